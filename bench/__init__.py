@@ -1,0 +1,1 @@
+"""Benchmarks: alternatives measured in one process, interleaved, as medians and ratios."""

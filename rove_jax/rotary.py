@@ -1,0 +1,250 @@
+"""Rotary position math: frequency tables, rotations by position, dense R_t.
+
+Shape letters used in this module:
+  T  sequence length            H  heads            D  head dimension
+  F  rotary pairs (len of the frequency table, 2F <= D)
+  A  position axes (1 for text, 2 for images, 3 for video)
+  ...  any leading batch dimensions
+
+R_t is block diagonal: pair m of the rotated dims turns by the angle t * inv_freq[m] with
+[[cos, -sin], [sin, cos]]. Which two coordinates form pair m is the layout:
+  "interleaved": (x[2m], x[2m+1])          (RoFormer, GPT-J, the RoVE paper)
+  "half":        (x[m], x[m + F])           (GPT-NeoX, Llama, HuggingFace)
+Dims beyond 2F pass through unchanged (partial rotary).
+
+Multi-axis positions (2-D / 3-D RoPE): positions carry a trailing axis [..., T, A] and the
+frequency table is a sequence of A tables; axis a's angles fill the next len(table_a) pairs,
+so (R_m q).(R_n k) depends only on n - m, axis by axis.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LAYOUTS = ("interleaved", "half")
+
+# A frequency table: one array [F] for 1-D positions, or a tuple of A arrays for A-axis positions.
+Frequencies = Union[jax.Array, np.ndarray, Sequence[Union[jax.Array, np.ndarray]]]
+
+
+def rope_frequencies(rot_dim: int, *, base: float = 10000.0) -> jax.Array:
+  """The RoPE frequency table theta_m = base^(-2m / rot_dim), m = 0 .. rot_dim/2 - 1.
+
+  Args:
+    rot_dim: number of rotated dims (even, > 0).
+    base: the RoPE base (> 1).
+
+  Returns:
+    inv_freq [rot_dim // 2] float32, computed in float64 then rounded once.
+  """
+  rot_dim = _check_rot_dim(rot_dim)
+  if not base > 1.0:
+    raise ValueError(f"rope base must be > 1, got base={base!r}")
+  exponent = np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim
+  return jnp.asarray(float(base) ** -exponent, dtype=jnp.float32)
+
+
+def axial_frequencies(rot_dim: int, n_axes: int, *, base: float = 10000.0) -> tuple[jax.Array, ...]:
+  """Frequency tables for multi-axis RoPE: the rotated dims split evenly among the axes.
+
+  Each axis gets the full RoPE spectrum over its share of dims (rot_dim / n_axes), the usual
+  2-D RoPE for images (axes = row, column) and 3-D RoPE for video (time, row, column).
+
+  Returns:
+    a tuple of n_axes tables, each [rot_dim // (2 * n_axes)].
+  """
+  if not (isinstance(n_axes, (int, np.integer)) and n_axes >= 1):
+    raise ValueError(f"n_axes must be a positive int, got {n_axes!r}")
+  rot_dim = _check_rot_dim(rot_dim)
+  if rot_dim % (2 * n_axes):
+    raise ValueError(
+        f"rot_dim={rot_dim} cannot be split evenly into {n_axes} axes of rotation pairs: "
+        f"it must be a multiple of 2 * n_axes = {2 * n_axes}")
+  table = rope_frequencies(rot_dim // n_axes, base=base)
+  return tuple(table for _ in range(n_axes))
+
+
+def rotation_angles(positions, inv_freq: Frequencies) -> jax.Array:
+  """Angles theta[..., T, F] = positions * inv_freq, in float32 (float64 if given float64).
+
+  Args:
+    positions: [..., T] for a single table, [..., T, A] for a sequence of A tables.
+    inv_freq: one table [F] or a sequence of A tables [F_a] (F = sum F_a).
+  """
+  positions = jnp.asarray(positions)
+  tables = _as_tables(inv_freq)
+  dtype = jnp.float64 if positions.dtype == jnp.float64 else jnp.float32
+  if not is_multi_axis(inv_freq):
+    return _outer(positions.astype(dtype), tables[0].astype(dtype))
+  if positions.ndim < 1 or positions.shape[-1] != len(tables):
+    raise ValueError(
+        f"multi-axis rotation with {len(tables)} frequency tables needs positions [..., T, "
+        f"{len(tables)}], got positions of shape {positions.shape}")
+  parts = [_outer(positions[..., a].astype(dtype), t.astype(dtype)) for a, t in enumerate(tables)]
+  return jnp.concatenate(parts, axis=-1)
+
+
+def _outer(p, table):
+  # Explicit ranks: the project runs with jax_numpy_rank_promotion="raise".
+  return p[..., None] * table.reshape((1,) * p.ndim + table.shape)
+
+
+def rotary_tables(positions, inv_freq: Frequencies) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) of the rotation angles, each [..., T, F]; compute once, apply many times."""
+  theta = rotation_angles(positions, inv_freq)
+  return jnp.cos(theta), jnp.sin(theta)
+
+
+def apply_rotary(x, cos, sin, *, inverse: bool = False, layout: str = "interleaved") -> jax.Array:
+  """Rotates x [..., T, H, D] by precomputed tables cos, sin [..., T, F] (broadcast over H).
+
+  The first 2F dims of D rotate, the rest pass through. The math runs in float32 (float64 for
+  float64 inputs) and the result is cast back to x.dtype.
+  """
+  x = jnp.asarray(x)
+  _check_layout(layout)
+  n_pairs = cos.shape[-1]
+  if x.ndim < 3:
+    raise ValueError(f"x must be [..., T, H, D], got shape {x.shape}")
+  if 2 * n_pairs > x.shape[-1]:
+    raise ValueError(
+        f"{n_pairs} rotary frequencies need 2 * {n_pairs} = {2 * n_pairs} dims but the head "
+        f"dimension D is {x.shape[-1]}; use a shorter frequency table (partial rotary) or a "
+        f"larger head")
+  if cos.shape != sin.shape:
+    raise ValueError(f"cos {cos.shape} and sin {sin.shape} must have the same shape")
+  # float32 at least (bf16 inputs rotate in float32); float64 inputs stay float64.
+  compute = jnp.promote_types(jnp.promote_types(cos.dtype, x.dtype), jnp.float32)
+  # [..., T, F] -> [..., T, 1, F]: the same angle for every head.
+  cos_T1F = jnp.expand_dims(cos.astype(compute), -2)
+  sin_T1F = jnp.expand_dims(sin.astype(compute), -2)
+  while cos_T1F.ndim < x.ndim:  # tables without x's leading batch dims broadcast over them
+    cos_T1F, sin_T1F = cos_T1F[None], sin_T1F[None]
+  if inverse:
+    sin_T1F = -sin_T1F
+  rot = x[..., : 2 * n_pairs].astype(compute)
+  if layout == "interleaved":
+    pairs = rot.reshape(rot.shape[:-1] + (n_pairs, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+  else:
+    x0, x1 = rot[..., :n_pairs], rot[..., n_pairs:]
+  y0 = x0 * cos_T1F - x1 * sin_T1F
+  y1 = x0 * sin_T1F + x1 * cos_T1F
+  if layout == "interleaved":
+    y = jnp.stack([y0, y1], axis=-1).reshape(rot.shape)
+  else:
+    y = jnp.concatenate([y0, y1], axis=-1)
+  y = y.astype(x.dtype)
+  if 2 * n_pairs == x.shape[-1]:
+    return y
+  return jnp.concatenate([y, x[..., 2 * n_pairs:]], axis=-1)
+
+
+def rotate(x, positions, inv_freq: Frequencies, *, inverse: bool = False,
+           layout: str = "interleaved") -> jax.Array:
+  """Applies R_t (or R_t^-1 = R_t^T when inverse) to every head vector of x.
+
+  Args:
+    x: [..., T, H, D], any float dtype (rotation math in float32, result in x.dtype).
+    positions: [..., T] int or float positions for one table; [..., T, A] for a sequence of A
+      tables (multi-axis RoPE). Leading dims must match x's (or be absent / 1 to broadcast).
+    inv_freq: one table [F] (2F <= D) or a sequence of A tables.
+    inverse: apply R_t^-1 instead of R_t.
+    layout: "interleaved" or "half" (see the module docstring).
+
+  Returns:
+    [..., T, H, D] in x.dtype.
+  """
+  x = jnp.asarray(x)
+  positions = jnp.asarray(positions)
+  _check_positions(x.shape, positions.shape, inv_freq, what="positions")
+  cos, sin = rotary_tables(positions, inv_freq)
+  return apply_rotary(x, cos, sin, inverse=inverse, layout=layout)
+
+
+def rotation_matrix(position, inv_freq: Frequencies, dim: int, *, layout: str = "interleaved",
+                    dtype=jnp.float32) -> jax.Array:
+  """The dense R_t [dim, dim] for one position (a scalar, or [A] for multi-axis tables).
+
+  rotate(x, t, inv_freq) == x @ R_t.T for a row vector x, i.e. R_t @ x for a column vector.
+  """
+  _check_layout(layout)
+  theta = rotation_angles(jnp.asarray(position, dtype=dtype), inv_freq)
+  n_pairs = theta.shape[-1]
+  if 2 * n_pairs > dim:
+    raise ValueError(f"{n_pairs} rotary frequencies need dim >= {2 * n_pairs}, got dim={dim}")
+  if layout == "interleaved":
+    first = 2 * jnp.arange(n_pairs)
+    second = first + 1
+  else:
+    first = jnp.arange(n_pairs)
+    second = first + n_pairs
+  c, s = jnp.cos(theta).astype(dtype), jnp.sin(theta).astype(dtype)
+  r = jnp.eye(dim, dtype=dtype)
+  r = r.at[first, first].set(c).at[second, second].set(c)
+  r = r.at[first, second].set(-s).at[second, first].set(s)
+  return r
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_rot_dim(rot_dim) -> int:
+  if not isinstance(rot_dim, (int, np.integer)) or isinstance(rot_dim, bool):
+    raise ValueError(f"rot_dim must be an int, got {rot_dim!r}")
+  if rot_dim <= 0 or rot_dim % 2:
+    raise ValueError(
+        f"rot_dim must be a positive even number (dims rotate in pairs), got rot_dim={rot_dim}")
+  return int(rot_dim)
+
+
+def _check_layout(layout: str) -> None:
+  if layout not in LAYOUTS:
+    raise ValueError(f"unknown rotary layout {layout!r}; expected one of {LAYOUTS}")
+
+
+def _as_tables(inv_freq: Frequencies) -> list[jax.Array]:
+  if isinstance(inv_freq, (tuple, list)):
+    if not inv_freq:
+      raise ValueError("inv_freq is an empty sequence; give one table per position axis")
+    tables = [jnp.asarray(t) for t in inv_freq]
+  else:
+    tables = [jnp.asarray(inv_freq)]
+  for t in tables:
+    if t.ndim != 1:
+      raise ValueError(f"a frequency table must be 1-D [F], got shape {t.shape}")
+  return tables
+
+
+def n_frequencies(inv_freq: Frequencies) -> int:
+  """F, the number of rotated pairs, for a single table or a sequence of per-axis tables."""
+  return sum(int(t.shape[0]) for t in _as_tables(inv_freq))
+
+
+def is_multi_axis(inv_freq: Frequencies) -> bool:
+  return isinstance(inv_freq, (tuple, list))
+
+
+def _check_positions(x_shape, pos_shape, inv_freq: Frequencies, *, what: str) -> None:
+  """positions must be [..., T] ([..., T, A] multi-axis) matching x [..., T, H, D]."""
+  lead = tuple(x_shape[:-2])
+  if is_multi_axis(inv_freq):
+    n_axes = len(inv_freq)
+    if len(pos_shape) < 2 or pos_shape[-1] != n_axes:
+      raise ValueError(
+          f"{what} for {n_axes} frequency tables must be [..., T, {n_axes}], got {pos_shape}")
+    pos_lead = tuple(pos_shape[:-1])
+  else:
+    pos_lead = tuple(pos_shape)
+  ok = 1 <= len(pos_lead) <= len(lead) and pos_lead[-1] == lead[-1] and all(
+      p in (1, l) for p, l in zip(pos_lead[::-1], lead[::-1]))
+  if not ok:
+    want = "[..., T]" if not is_multi_axis(inv_freq) else f"[..., T, {len(inv_freq)}]"
+    raise ValueError(
+        f"{what} of shape {tuple(pos_shape)} do not match x of shape {tuple(x_shape)}: expected "
+        f"{want} with T = {lead[-1] if lead else '?'} and leading dims equal to "
+        f"{lead[:-1]} (or broadcastable)")

@@ -1,0 +1,361 @@
+"""The RoPE-scaling family: context extension by changing the frequency table.
+
+Every function returns (inv_freq [rot_dim // 2] float32, attention_factor). The attention
+factor multiplies q and k (so the logits by attention_factor**2), exactly as HuggingFace's
+`attention_scaling` multiplies cos and sin; in this project it enters only the logit scale of
+`rope_attention` / `rove_attention`, never the value or output rotations, which stay orthogonal.
+
+Definitions follow HuggingFace transformers' `modeling_rope_utils` and the YaRN authors' code:
+  linear       Position Interpolation: inv_freq / factor.
+  ntk          NTK-aware base change: base * factor^(d / (d - 2)).
+  dynamic_ntk  NTK with factor' = factor * L / L0 - (factor - 1) for the current length L > L0.
+  yarn         per-pair blend of extrapolation and interpolation by a linear ramp over the pair
+               index between the correction dims of beta_fast and beta_slow rotations, and the
+               attention factor 0.1 ln(s) + 1 for s > 1.
+  dynamic_yarn yarn with s = max(1, L / L0).
+  llama3       wavelength bands: high frequencies kept, low ones / factor, a smooth band between.
+  longrope     per-pair rescale factors, short or long list by the current length.
+
+Static arguments are computed in float64 with numpy and rounded once. The dynamic variants also
+accept a traced `seq_len` (e.g. inside a jitted decoding loop) and then compute with jax.numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rove_jax import rotary
+
+ScalingResult = tuple[jax.Array, Any]
+
+
+def _xp(*values):
+  """numpy for static Python/numpy values (exact float64), jax.numpy once anything is traced."""
+  return jnp if any(isinstance(v, jax.Array) for v in values) else np
+
+
+def _pair_exponents(rot_dim: int, xp) -> Any:
+  return xp.arange(0, rot_dim, 2, dtype=xp.float32 if xp is jnp else np.float64) / rot_dim
+
+
+def _finish(inv_freq, attention_factor) -> ScalingResult:
+  if isinstance(attention_factor, (np.floating, np.ndarray)):
+    attention_factor = float(attention_factor)
+  return jnp.asarray(inv_freq, dtype=jnp.float32), attention_factor
+
+
+def _check_factor(name: str, factor, minimum: float = 1.0) -> None:
+  if isinstance(factor, jax.Array):
+    return  # traced: the caller's responsibility; checked where static
+  if not (isinstance(factor, (int, float, np.integer, np.floating)) and factor >= minimum):
+    raise ValueError(f"{name}: factor must be a number >= {minimum}, got factor={factor!r}")
+
+
+def _check_len(name: str, what: str, value) -> None:
+  if isinstance(value, jax.Array):
+    return
+  if not (isinstance(value, (int, float, np.integer, np.floating)) and value > 0):
+    raise ValueError(f"{name}: {what} must be a positive number, got {what}={value!r}")
+
+
+def _base_table(rot_dim: int, base, xp):
+  return xp.power(base, -_pair_exponents(rot_dim, xp)) if xp is jnp else float(base) ** -_pair_exponents(rot_dim, xp)
+
+
+def default(rot_dim: int, *, base: float = 10000.0) -> ScalingResult:
+  """Plain RoPE: (rope_frequencies(rot_dim, base), 1.0)."""
+  return rotary.rope_frequencies(rot_dim, base=base), 1.0
+
+
+def linear(rot_dim: int, *, base: float = 10000.0, factor: float) -> ScalingResult:
+  """Position Interpolation (Chen et al. 2023): every frequency divided by `factor`."""
+  rot_dim = rotary._check_rot_dim(rot_dim)
+  _check_factor("linear", factor)
+  return _finish(_base_table(rot_dim, base, np) / float(factor), 1.0)
+
+
+def ntk(rot_dim: int, *, base: float = 10000.0, factor: float) -> ScalingResult:
+  """NTK-aware scaling: the base becomes base * factor^(d / (d - 2)).
+
+  The highest frequency is unchanged and the lowest is divided by exactly `factor`.
+  """
+  rot_dim = rotary._check_rot_dim(rot_dim)
+  _check_factor("ntk", factor)
+  if rot_dim < 4:
+    raise ValueError(f"ntk: rot_dim must be >= 4 (the exponent d / (d - 2)), got {rot_dim}")
+  new_base = float(base) * float(factor) ** (rot_dim / (rot_dim - 2))
+  return _finish(_base_table(rot_dim, new_base, np), 1.0)
+
+
+def dynamic_ntk(rot_dim: int, *, base: float = 10000.0, factor: float, original_max_len: int,
+                seq_len) -> ScalingResult:
+  """Dynamic NTK (HuggingFace "dynamic"): the NTK base grows with the current length.
+
+  base' = base * (factor * L / L0 - (factor - 1))^(d / (d - 2)) with L = max(seq_len, L0), so
+  the table is the plain one up to L0.
+  """
+  rot_dim = rotary._check_rot_dim(rot_dim)
+  _check_factor("dynamic_ntk", factor)
+  _check_len("dynamic_ntk", "original_max_len", original_max_len)
+  _check_len("dynamic_ntk", "seq_len", seq_len)
+  if rot_dim < 4:
+    raise ValueError(f"dynamic_ntk: rot_dim must be >= 4, got {rot_dim}")
+  xp = _xp(seq_len, factor)
+  length = xp.maximum(xp.asarray(seq_len, dtype=xp.float32 if xp is jnp else np.float64),
+                      original_max_len)
+  new_base = base * (factor * length / original_max_len - (factor - 1)) ** (rot_dim / (rot_dim - 2))
+  return _finish(_base_table(rot_dim, new_base, xp), 1.0)
+
+
+def _yarn_mscale(scale, mscale, xp):
+  """0.1 * mscale * ln(scale) + 1 for scale > 1, else 1 (YaRN's attention temperature)."""
+  if xp is np:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+  scale = jnp.asarray(scale, jnp.float32)
+  return jnp.where(scale > 1, 0.1 * mscale * jnp.log(jnp.maximum(scale, 1.0)) + 1.0, 1.0)
+
+
+def yarn_correction_range(rot_dim: int, *, base: float, original_max_len: int, beta_fast: float,
+                          beta_slow: float, truncate: bool = True) -> tuple[float, float]:
+  """The pair indices (low, high) between which YaRN ramps from extrapolation to interpolation.
+
+  Pair m completes L0 / (2 pi base^(2m/d)) turns over the original context L0; the correction
+  dim for r turns solves that for m: d ln(L0 / (2 pi r)) / (2 ln base). With truncate, low is
+  floored and high ceiled; the range is clipped to [0, d - 1] as in the reference code.
+  """
+
+  def correction_dim(turns):
+    return rot_dim * math.log(original_max_len / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+  low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+  if truncate:
+    low, high = math.floor(low), math.ceil(high)
+  return max(low, 0), min(high, rot_dim - 1)
+
+
+def yarn(rot_dim: int, *, base: float = 10000.0, factor, original_max_len: int,
+         beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True,
+         attention_factor: float | None = None, mscale: float | None = None,
+         mscale_all_dim: float | None = None) -> ScalingResult:
+  """YaRN (Peng et al. 2024), as defined by HuggingFace transformers and the authors' code.
+
+  Args:
+    rot_dim: rotated dims d.
+    base: RoPE base.
+    factor: the context extension s (e.g. eval_len / train_len). May be traced.
+    original_max_len: L0, the context the model was trained at.
+    beta_fast, beta_slow: turn counts bounding the ramp (pairs turning more than beta_fast
+      times over L0 extrapolate, fewer than beta_slow interpolate).
+    truncate: floor/ceil the correction range (reference default).
+    attention_factor: overrides the computed factor when given.
+    mscale, mscale_all_dim: DeepSeek-style factor get_mscale(s, mscale) / get_mscale(s, all).
+
+  Returns:
+    (inv_freq [d/2], attention_factor) with attention_factor = 0.1 ln(s) + 1 for s > 1.
+  """
+  rot_dim = rotary._check_rot_dim(rot_dim)
+  _check_factor("yarn", factor)
+  _check_len("yarn", "original_max_len", original_max_len)
+  if not beta_fast > beta_slow > 0:
+    raise ValueError(f"yarn: need beta_fast > beta_slow > 0, got beta_fast={beta_fast}, "
+                     f"beta_slow={beta_slow}")
+  xp = _xp(factor)
+  if attention_factor is None:
+    if mscale and mscale_all_dim:
+      attention_factor = _yarn_mscale(factor, mscale, xp) / _yarn_mscale(factor, mscale_all_dim, xp)
+    else:
+      attention_factor = _yarn_mscale(factor, 1.0, xp)
+  low, high = yarn_correction_range(rot_dim, base=base, original_max_len=original_max_len,
+                                    beta_fast=beta_fast, beta_slow=beta_slow, truncate=truncate)
+  if low == high:
+    high += 0.001  # the reference's guard against a zero-width ramp
+  # The ramp does not depend on the factor: numpy float64 always.
+  ramp = np.clip((np.arange(rot_dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+  extrapolation_weight = 1.0 - ramp
+  extrapolated = _base_table(rot_dim, base, np)
+  if xp is np:
+    interpolated = extrapolated / float(factor)
+  else:
+    extrapolated = jnp.asarray(extrapolated, jnp.float32)
+    extrapolation_weight = jnp.asarray(extrapolation_weight, jnp.float32)
+    interpolated = extrapolated / factor
+  inv_freq = interpolated * (1 - extrapolation_weight) + extrapolated * extrapolation_weight
+  return _finish(inv_freq, attention_factor)
+
+
+def dynamic_yarn(rot_dim: int, *, base: float = 10000.0, original_max_len: int, seq_len,
+                 **yarn_kwargs) -> ScalingResult:
+  """YaRN with the factor taken from the current length: s = max(1, seq_len / original_max_len)."""
+  _check_len("dynamic_yarn", "seq_len", seq_len)
+  _check_len("dynamic_yarn", "original_max_len", original_max_len)
+  if isinstance(seq_len, jax.Array):
+    factor = jnp.maximum(1.0, seq_len.astype(jnp.float32) / original_max_len)
+  else:
+    factor = max(1.0, seq_len / original_max_len)
+  return yarn(rot_dim, base=base, factor=factor, original_max_len=original_max_len, **yarn_kwargs)
+
+
+def llama3(rot_dim: int, *, base: float = 500000.0, factor: float, original_max_len: int,
+           low_freq_factor: float = 1.0, high_freq_factor: float = 4.0) -> ScalingResult:
+  """Llama 3.1 scaling: wavelengths shorter than L0 / high_freq_factor are kept, longer than
+  L0 / low_freq_factor divided by `factor`, and the band between blends the two smoothly."""
+  rot_dim = rotary._check_rot_dim(rot_dim)
+  _check_factor("llama3", factor)
+  _check_len("llama3", "original_max_len", original_max_len)
+  if not high_freq_factor > low_freq_factor > 0:
+    raise ValueError(f"llama3: need high_freq_factor > low_freq_factor > 0, got "
+                     f"low_freq_factor={low_freq_factor}, high_freq_factor={high_freq_factor}")
+  inv_freq = _base_table(rot_dim, base, np)
+  wavelen = 2 * np.pi / inv_freq
+  low_freq_wavelen = original_max_len / low_freq_factor
+  high_freq_wavelen = original_max_len / high_freq_factor
+  smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+  blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+  out = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+  medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+  return _finish(np.where(medium, blended, out), 1.0)
+
+
+def longrope(rot_dim: int, *, base: float = 10000.0, short_factor: Sequence[float],
+             long_factor: Sequence[float], original_max_len: int, factor: float | None = None,
+             max_len: int | None = None, seq_len=None,
+             attention_factor: float | None = None) -> ScalingResult:
+  """LongRoPE (Phi-3): inv_freq = base^(-2m/d) / ext[m], ext = long_factor when the current
+  length exceeds L0, else short_factor.
+
+  The extension factor is max_len / original_max_len when max_len is given (as HuggingFace does
+  for Phi-3 configs), else `factor`; the attention factor defaults to
+  sqrt(1 + ln(factor) / ln(L0)) for factor > 1.
+  """
+  rot_dim = rotary._check_rot_dim(rot_dim)
+  _check_len("longrope", "original_max_len", original_max_len)
+  short = np.asarray(short_factor, dtype=np.float64)
+  long = np.asarray(long_factor, dtype=np.float64)
+  for name, arr in (("short_factor", short), ("long_factor", long)):
+    if arr.shape != (rot_dim // 2,):
+      raise ValueError(f"longrope: {name} must have rot_dim / 2 = {rot_dim // 2} entries, got "
+                       f"{arr.shape[0] if arr.ndim == 1 else arr.shape}")
+    if not np.all(arr > 0):
+      raise ValueError(f"longrope: {name} entries must be positive")
+  if max_len is not None:
+    factor = max_len / original_max_len
+  if factor is None:
+    factor = 1.0
+  if attention_factor is None:
+    attention_factor = 1.0 if factor <= 1.0 else math.sqrt(
+        1 + math.log(factor) / math.log(original_max_len))
+  table = _base_table(rot_dim, base, np)
+  if seq_len is None:
+    return _finish(table / short, attention_factor)
+  if isinstance(seq_len, jax.Array):
+    use_long = seq_len > original_max_len
+    inv = jnp.where(use_long, jnp.asarray(table / long, jnp.float32),
+                    jnp.asarray(table / short, jnp.float32))
+    return _finish(inv, attention_factor)
+  return _finish(table / (long if seq_len > original_max_len else short), attention_factor)
+
+
+# ---------------------------------------------------------------- HuggingFace-style dispatch
+
+# Keys each rope_type accepts in the dict, beside "rope_type" / "type" / "rope_theta".
+_HF_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "ntk": ("factor",),
+    "dynamic": ("factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
+             "attention_factor", "mscale", "mscale_all_dim"),
+    "dynamic_yarn": ("original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
+                     "attention_factor", "mscale", "mscale_all_dim", "factor"),
+    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
+               "high_freq_factor"),
+    "longrope": ("short_factor", "long_factor", "factor", "original_max_position_embeddings",
+                 "attention_factor"),
+}
+_ALIASES = {"dynamic_ntk": "dynamic", "pi": "linear", "ntk_aware": "ntk"}
+ROPE_TYPES = tuple(_HF_KEYS) + tuple(_ALIASES)
+
+
+def from_config(rope_scaling: Mapping[str, Any] | None, rot_dim: int, *, base: float = 10000.0,
+                max_len: int | None = None, seq_len=None) -> ScalingResult:
+  """Frequencies and attention factor from a HuggingFace-style `rope_scaling` dict.
+
+  Args:
+    rope_scaling: None (plain RoPE) or e.g. {"rope_type": "yarn", "factor": 4.0,
+      "original_max_position_embeddings": 1024}. The legacy key "type" is accepted, and
+      "rope_theta" (transformers v5 `rope_parameters`) overrides `base`.
+    rot_dim: rotated dims per head.
+    base: RoPE base when the dict has no rope_theta.
+    max_len: the model's max_position_embeddings; the fallback for
+      original_max_position_embeddings, and LongRoPE's extension factor as in transformers.
+    seq_len: current sequence length, needed by "dynamic", "dynamic_yarn" and "longrope".
+
+  Raises:
+    ValueError: unknown rope_type, unknown or missing keys, bad values.
+  """
+  if rope_scaling is None:
+    return default(rot_dim, base=base)
+  if not isinstance(rope_scaling, Mapping):
+    raise ValueError(f"rope_scaling must be a dict or None, got {type(rope_scaling).__name__}")
+  cfg = dict(rope_scaling)
+  rope_type = cfg.pop("rope_type", None)
+  legacy = cfg.pop("type", None)
+  rope_type = rope_type or legacy or "default"
+  rope_type = _ALIASES.get(rope_type, rope_type)
+  if rope_type not in _HF_KEYS:
+    raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {sorted(ROPE_TYPES)}")
+  if "rope_theta" in cfg:
+    base = float(cfg.pop("rope_theta"))
+  unknown = sorted(set(cfg) - set(_HF_KEYS[rope_type]))
+  if unknown:
+    raise ValueError(f"rope_scaling of type {rope_type!r} got unknown keys {unknown}; accepted "
+                     f"keys: {sorted(_HF_KEYS[rope_type])} (plus rope_type, type, rope_theta)")
+
+  def original_len():
+    value = cfg.get("original_max_position_embeddings", max_len)
+    if value is None:
+      raise ValueError(f"rope_scaling {rope_type!r} needs 'original_max_position_embeddings' "
+                       f"in the dict or max_len= (the model's training context)")
+    return value
+
+  def need(key):
+    if key not in cfg:
+      raise ValueError(f"rope_scaling of type {rope_type!r} needs the key {key!r}")
+    return cfg[key]
+
+  def need_seq_len():
+    if seq_len is None:
+      raise ValueError(f"rope_scaling of type {rope_type!r} depends on the current length: "
+                       f"pass seq_len=")
+    return seq_len
+
+  yarn_opts = {k: cfg[k] for k in ("beta_fast", "beta_slow", "truncate", "attention_factor",
+                                    "mscale", "mscale_all_dim") if cfg.get(k) is not None}
+  if rope_type == "default":
+    return default(rot_dim, base=base)
+  if rope_type == "linear":
+    return linear(rot_dim, base=base, factor=need("factor"))
+  if rope_type == "ntk":
+    return ntk(rot_dim, base=base, factor=need("factor"))
+  if rope_type == "dynamic":
+    return dynamic_ntk(rot_dim, base=base, factor=need("factor"),
+                       original_max_len=original_len(), seq_len=need_seq_len())
+  if rope_type == "yarn":
+    return yarn(rot_dim, base=base, factor=need("factor"), original_max_len=original_len(),
+                **yarn_opts)
+  if rope_type == "dynamic_yarn":
+    return dynamic_yarn(rot_dim, base=base, original_max_len=original_len(),
+                        seq_len=need_seq_len(), **yarn_opts)
+  if rope_type == "llama3":
+    return llama3(rot_dim, base=base, factor=need("factor"), original_max_len=original_len(),
+                  **{k: cfg[k] for k in ("low_freq_factor", "high_freq_factor") if k in cfg})
+  return longrope(rot_dim, base=base, short_factor=need("short_factor"),
+                  long_factor=need("long_factor"), original_max_len=original_len(),
+                  factor=cfg.get("factor"),
+                  max_len=max_len if "original_max_position_embeddings" in cfg else None,
+                  seq_len=seq_len, attention_factor=cfg.get("attention_factor"))

@@ -1,0 +1,283 @@
+"""rope_attention / rove_attention against float64 loops, and the properties RoVE promises."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import rove_jax as rj
+from tests.conftest import has_gpu
+from tests.reference import naive_attention
+
+IMPLS = ("reference", "xla", "chunked")
+FNS = {"rope": rj.rope_attention, "rove": rj.rove_attention}
+
+
+def make_qkv(rng, B=2, T=6, S=6, H=4, K=2, D=8, scale=1.0):
+  q = (scale * rng.standard_normal((B, T, H, D))).astype(np.float32)
+  k = (scale * rng.standard_normal((B, S, K, D))).astype(np.float32)
+  v = rng.standard_normal((B, S, K, D)).astype(np.float32)
+  return q, k, v
+
+
+CASES = {
+    # name: (B, T, S, H, K, D, rot_dim, causal, query offset, attention factor)
+    "mha_causal": (2, 6, 6, 2, 2, 8, 8, True, 0, 1.0),
+    "gqa_partial": (1, 7, 7, 4, 2, 12, 8, True, 0, 1.0),
+    "mqa_noncausal": (2, 5, 5, 3, 1, 8, 8, False, 0, 1.0),
+    "cache_like": (2, 3, 9, 4, 2, 8, 8, True, 6, 1.0),  # queries at 6..8 over keys 0..8
+    "yarn_factor": (1, 6, 6, 2, 1, 8, 8, True, 0, 1.3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kind", ["rope", "rove"])
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_matches_float64_loops(case, impl, kind, layout, rng):
+  B, T, S, H, K, D, rot, causal, offset, factor = CASES[case]
+  q, k, v = make_qkv(rng, B, T, S, H, K, D)
+  kv_pos = np.tile(np.arange(S) * 3 + 5, (B, 1))  # spacing 3 makes offsets matter more
+  q_pos = kv_pos[:, offset:offset + T]
+  inv = rj.rope_frequencies(rot, base=100.0)
+  out = FNS[kind](q, k, v, q_positions=q_pos, kv_positions=kv_pos, inv_freq=inv, causal=causal,
+                  attention_factor=factor, layout=layout, implementation=impl, chunk_size=4)
+  chex.assert_shape(out, (B, T, H, D))
+  want = naive_attention(q, k, v, q_pos, kv_pos, np.asarray(inv), rove=kind == "rove",
+                         causal=causal, factor=factor, layout=layout)
+  np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
+
+
+def test_rove_differs_from_rope_and_rope_kernel_is_plain_average(rng):
+  q, k, v = make_qkv(rng)
+  pos = np.tile(np.arange(6), (2, 1))
+  inv = rj.rope_frequencies(8)
+  kw = dict(q_positions=pos, kv_positions=pos, inv_freq=inv)
+  assert np.abs(rj.rove_attention(q, k, v, **kw) - rj.rope_attention(q, k, v, **kw)).max() > 1e-2
+
+
+@pytest.mark.parametrize("kind", ["rope", "rove"])
+def test_zero_frequencies_reduce_to_plain_softmax_attention(kind, rng):
+  q, k, v = make_qkv(rng, T=5, S=5, H=2, K=2)
+  pos = np.tile(np.arange(5) * 11, (2, 1))
+  zero = jnp.zeros(4)
+  out = FNS[kind](q, k, v, q_positions=pos, kv_positions=pos, inv_freq=zero)
+  # Plain causal softmax attention written directly (psi_delta == W_V: the identity kernel).
+  logits = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(8)
+  logits = np.where(np.tril(np.ones((5, 5), bool)), logits, -np.inf)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  np.testing.assert_allclose(out, np.einsum("bhts,bshd->bthd", w, v), atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["rope", "rove"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_shift_invariance(kind, impl, rng):
+  q, k, v = make_qkv(rng, T=8, S=8)
+  pos = np.tile(np.arange(8), (2, 1))
+  inv = rj.rope_frequencies(8)
+  f = functools.partial(FNS[kind], q, k, v, inv_freq=inv, implementation=impl, chunk_size=4)
+  base = f(q_positions=pos, kv_positions=pos)
+  np.testing.assert_allclose(f(q_positions=pos + 37, kv_positions=pos + 37), base, atol=3e-5)
+  # Shifting only the keys changes the result: the check above can fail.
+  assert np.abs(f(q_positions=pos + 37, kv_positions=pos + 30) - base).max() > 1e-3
+
+
+def test_rove_shift_equivariance_on_2d_grid(rng):
+  """Tokens on a 4x4 grid with 2-D positions, bidirectional. Translating every position and
+  listing the tokens in another order gives each token the same output (attentive convolution
+  with a 2-D relative kernel)."""
+  D, N = 16, 16
+  tables = rj.axial_frequencies(D, 2, base=50.0)
+  grid = np.stack(np.meshgrid(np.arange(4), np.arange(4), indexing="ij"), -1).reshape(N, 2)
+  q, k, v = make_qkv(rng, B=1, T=N, S=N, H=2, K=2, D=D)
+  kw = dict(inv_freq=tables, causal=False)
+  out = rj.rove_attention(q, k, v, q_positions=grid[None], kv_positions=grid[None], **kw)
+  perm = rng.permutation(N)
+  moved = grid[perm] + np.array([5, -3])
+  out2 = rj.rove_attention(q[:, perm], k[:, perm], v[:, perm], q_positions=moved[None],
+                           kv_positions=moved[None], **kw)
+  np.testing.assert_allclose(out2, np.asarray(out)[:, perm], atol=3e-5)
+  want = naive_attention(q, k, v, grid[None], grid[None], [np.asarray(t) for t in tables],
+                         rove=True, causal=False)
+  np.testing.assert_allclose(out, want, atol=3e-5)
+  # Transposing the grid (swapping the axes) changes the answer: axes are not interchangeable.
+  out_t = rj.rove_attention(q, k, v, q_positions=grid[None, :, ::-1], kv_positions=grid[None],
+                            **kw)
+  assert np.abs(out_t - out).max() > 1e-3
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kind", ["rope", "rove"])
+def test_packed_segments_equal_separate_sequences(impl, kind, rng):
+  q, k, v = make_qkv(rng, B=1, T=9, S=9, H=2, K=1)
+  inv = rj.rope_frequencies(8)
+  seg = np.array([[0] * 4 + [1] * 5])
+  pos = np.array([[0, 1, 2, 3, 0, 1, 2, 3, 4]])  # positions restart per document
+  f = functools.partial(FNS[kind], inv_freq=inv, implementation=impl, chunk_size=4)
+  packed = f(q, k, v, q_positions=pos, kv_positions=pos, segment_ids=seg)
+  a = f(q[:, :4], k[:, :4], v[:, :4], q_positions=pos[:, :4], kv_positions=pos[:, :4])
+  b = f(q[:, 4:], k[:, 4:], v[:, 4:], q_positions=pos[:, 4:], kv_positions=pos[:, 4:])
+  np.testing.assert_allclose(packed, np.concatenate([a, b], axis=1), atol=2e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_kv_mask_equals_dropping_slots_and_empty_rows_are_zero(impl, rng):
+  q, k, v = make_qkv(rng, B=1, T=2, S=6, H=2, K=2)
+  inv = rj.rope_frequencies(8)
+  kv_pos = np.arange(6)[None]
+  q_pos = np.array([[4, 5]])
+  keep = np.array([[True, False, True, True, False, True]])
+  f = functools.partial(rj.rove_attention, inv_freq=inv, implementation=impl, chunk_size=4)
+  masked = f(q, k, v, q_positions=q_pos, kv_positions=kv_pos, kv_mask=keep)
+  idx = np.flatnonzero(keep[0])
+  dropped = f(q, k[:, idx], v[:, idx], q_positions=q_pos, kv_positions=kv_pos[:, idx])
+  np.testing.assert_allclose(masked, dropped, atol=2e-6)
+  none_visible = f(q, k, v, q_positions=np.array([[-5, 4]]), kv_positions=kv_pos)
+  np.testing.assert_array_equal(np.asarray(none_visible)[0, 0], 0.0)
+  assert np.abs(np.asarray(none_visible)[0, 1]).max() > 0
+
+
+@pytest.mark.parametrize("kind", ["rope", "rove"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_chunked_equals_xla_equals_reference_long_ragged(kind, causal, rng):
+  B, T, S = 2, 37, 45  # not multiples of the chunk
+  q, k, v = make_qkv(rng, B=B, T=T, S=S, H=4, K=2, D=16)
+  kv_pos = np.tile(np.arange(S), (B, 1))
+  q_pos = kv_pos[:, S - T:]
+  inv = rj.rope_frequencies(12)
+  outs = [FNS[kind](q, k, v, q_positions=q_pos, kv_positions=kv_pos, inv_freq=inv,
+                    causal=causal, implementation=impl, chunk_size=8) for impl in IMPLS]
+  np.testing.assert_allclose(outs[1], outs[0], atol=3e-6)
+  np.testing.assert_allclose(outs[2], outs[0], atol=3e-6)
+
+
+def test_bf16_inputs(rng):
+  q, k, v = make_qkv(rng, T=16, S=16)
+  pos = np.tile(np.arange(16) + 500, (2, 1))
+  inv = rj.rope_frequencies(8)
+  want = rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, inv_freq=inv,
+                           implementation="reference")
+  for impl in IMPLS:
+    got = rj.rove_attention(*(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)), q_positions=pos,
+                            kv_positions=pos, inv_freq=inv, implementation=impl, chunk_size=8)
+    chex.assert_type(got, jnp.bfloat16)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=6e-2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_attention_factor_never_scales_value_or_output_rotations(impl, rng):
+  """One visible key: y = R_{j-i} v_j exactly, so |y| = |v| whatever the YaRN factor."""
+  q, k, v = make_qkv(rng, B=1, T=1, S=1, H=2, K=2, D=8)
+  inv, factor = rj.scaling.yarn(8, factor=8.0, original_max_len=16)
+  assert factor > 1.2
+  out = rj.rove_attention(q, k, v, q_positions=np.array([[40]]), kv_positions=np.array([[3]]),
+                          inv_freq=inv, attention_factor=factor, implementation=impl)
+  np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(v, axis=-1), rtol=1e-5)
+  # and the factor does reach the logits: two keys, weights change with it.
+  q2, k2, v2 = make_qkv(rng, B=1, T=1, S=2, H=1, K=1, D=8, scale=2.0)
+  f = functools.partial(rj.rove_attention, q2, k2, v2, q_positions=np.array([[5]]),
+                        kv_positions=np.array([[0, 5]]), inv_freq=inv, implementation=impl)
+  assert np.abs(f(attention_factor=factor) - f(attention_factor=1.0)).max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["rope", "rove"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradients_match_finite_differences(kind, impl, rng):
+  # float64 throughout; jax.nn.dot_product_attention ("xla") keeps its logits in float32
+  # whatever the input dtype, so its check carries a float32-sized tolerance.
+  tol = 2e-3 if impl == "xla" else 1e-6
+  q, k, v = make_qkv(rng, B=1, T=5, S=5, H=2, K=1, D=8)
+  pos = np.array([[0, 2, 3, 7, 9]])
+  with jax.enable_x64(True):
+    inv = jnp.asarray(rj.rope_frequencies(8), jnp.float64)
+    args = tuple(jnp.asarray(a, jnp.float64) for a in (q, k, v))
+    w = jnp.asarray(rng.standard_normal((1, 5, 2, 8)))
+
+    def loss(q, k, v):
+      out = FNS[kind](q, k, v, q_positions=pos, kv_positions=pos, inv_freq=inv,
+                      attention_factor=1.2, implementation=impl, chunk_size=2)
+      return jnp.sum(out * w)
+
+    jax.test_util.check_grads(loss, args, order=1, modes=("rev",), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("kind", ["rope", "rove"])
+def test_gradients_agree_across_implementations(kind, rng):
+  q, k, v = make_qkv(rng, T=12, S=12)
+  pos = np.tile(np.arange(12), (2, 1))
+  inv = rj.rope_frequencies(8)
+
+  def grads(impl):
+    def loss(q, k, v):
+      out = FNS[kind](q, k, v, q_positions=pos, kv_positions=pos, inv_freq=inv,
+                      implementation=impl, chunk_size=5)
+      return jnp.sum(jnp.sin(out))
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+  ref = grads("reference")
+  for impl in ("xla", "chunked"):
+    for g, r in zip(grads(impl), ref):
+      np.testing.assert_allclose(g, r, atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_jit_agrees_with_eager(impl, rng):
+  q, k, v = make_qkv(rng)
+  pos = np.tile(np.arange(6), (2, 1))
+  inv = rj.rope_frequencies(8)
+  f = functools.partial(rj.rove_attention, inv_freq=inv, implementation=impl, chunk_size=4)
+  eager = f(q, k, v, q_positions=pos, kv_positions=pos)
+  jitted = jax.jit(lambda q, k, v, p: f(q, k, v, q_positions=p, kv_positions=p))(q, k, v, pos)
+  np.testing.assert_allclose(jitted, eager, atol=1e-6)
+
+
+def test_bad_input_raises_clear_errors(rng):
+  q, k, v = make_qkv(rng, H=3, K=2)
+  pos = np.tile(np.arange(6), (2, 1))
+  inv = rj.rope_frequencies(8)
+  kw = dict(q_positions=pos, kv_positions=pos, inv_freq=inv)
+  with pytest.raises(ValueError, match="multiple of kv heads"):
+    rj.rove_attention(q, k, v, **kw)
+  q, k, v = make_qkv(rng)
+  with pytest.raises(ValueError, match="q_positions must have shape"):
+    rj.rove_attention(q, k, v, q_positions=pos[:, :5], kv_positions=pos, inv_freq=inv)
+  with pytest.raises(ValueError, match="kv_positions must have shape"):
+    rj.rope_attention(q, k, v, q_positions=pos, kv_positions=pos[None], inv_freq=inv)
+  with pytest.raises(ValueError, match="head dimension D is 8"):
+    rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, inv_freq=rj.rope_frequencies(10))
+  with pytest.raises(ValueError, match="unknown attention implementation 'flash'"):
+    rj.rove_attention(q, k, v, implementation="flash", **kw)
+  with pytest.raises(ValueError, match="causal=False"):
+    rj.rove_attention(q, k, v, q_positions=np.zeros((2, 6, 2)), kv_positions=np.zeros((2, 6, 2)),
+                      inv_freq=rj.axial_frequencies(8, 2))
+  with pytest.raises(ValueError, match="segment_ids"):
+    rj.rove_attention(q, k, v, segment_ids=np.zeros((2, 5), np.int32), **kw)
+  with pytest.raises(ValueError, match="kv_mask"):
+    rj.rove_attention(q, k, v, kv_mask=np.ones((2, 5), bool), **kw)
+  with pytest.raises(ValueError, match="same shape"):
+    rj.rove_attention(q, k, v[..., :4], **kw)
+
+
+@pytest.mark.skipif(has_gpu(), reason="checks the CPU error message")
+def test_cudnn_on_cpu_is_a_clear_error(rng):
+  q, k, v = make_qkv(rng)
+  pos = np.tile(np.arange(6), (2, 1))
+  with pytest.raises(ValueError, match="needs a CUDA GPU"):
+    rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos,
+                      inv_freq=rj.rope_frequencies(8), implementation="cudnn")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["rope", "rove"])
+def test_cudnn_equals_xla_in_bf16(kind, rng):
+  q, k, v = make_qkv(rng, B=2, T=256, S=256, H=8, K=4, D=64)
+  pos = np.tile(np.arange(256), (2, 1))
+  args = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
+  f = functools.partial(FNS[kind], *args, q_positions=pos, kv_positions=pos,
+                        inv_freq=rj.rope_frequencies(64))
+  np.testing.assert_allclose(np.asarray(f(implementation="cudnn"), np.float32),
+                             np.asarray(f(implementation="xla"), np.float32), atol=2e-2)

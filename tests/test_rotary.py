@@ -1,0 +1,185 @@
+"""rove_jax.rotary against dense rotation matrices built independently, and RoPE's properties."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import rove_jax as rj
+from tests.reference import angles_for, dense_rotation
+
+LAYOUTS = ("interleaved", "half")
+
+
+def test_rope_frequencies_hand_values():
+  np.testing.assert_allclose(rj.rope_frequencies(8), [1.0, 0.1, 0.01, 0.001], rtol=1e-7)
+  np.testing.assert_allclose(rj.rope_frequencies(6, base=1000.0), [1.0, 0.1, 0.01], rtol=1e-7)
+  assert rj.rope_frequencies(8).dtype == jnp.float32
+
+
+def test_axial_frequencies_split_dims():
+  tables = rj.axial_frequencies(16, 2, base=100.0)
+  assert len(tables) == 2
+  for t in tables:
+    np.testing.assert_allclose(t, [1.0, 100 ** -0.25, 0.1, 100 ** -0.75], rtol=1e-6)
+
+
+def test_rotation_matrix_single_pair_by_hand():
+  r = rj.rotation_matrix(2.0, jnp.array([0.5]), 3)
+  c, s = np.cos(1.0), np.sin(1.0)
+  np.testing.assert_allclose(r, [[c, -s, 0], [s, c, 0], [0, 0, 1]], atol=1e-7)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rotation_matrix_matches_pairwise_construction_and_is_orthogonal(layout):
+  inv = rj.rope_frequencies(6)
+  r = np.asarray(rj.rotation_matrix(7.0, inv, 8, layout=layout), np.float64)
+  np.testing.assert_allclose(r, dense_rotation(angles_for(7.0, inv), 8, layout), atol=1e-6)
+  np.testing.assert_allclose(r @ r.T, np.eye(8), atol=1e-6)
+  np.testing.assert_allclose(np.linalg.det(r), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("rot_dim", [8, 4])  # full and partial rotary on D = 8
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_rotate_equals_dense_matrix(layout, rot_dim, use_jit, rng):
+  B, T, H, D = 2, 5, 3, 8
+  x = rng.standard_normal((B, T, H, D)).astype(np.float32)
+  pos = rng.integers(0, 300, size=(B, T))
+  inv = rj.rope_frequencies(rot_dim)
+  fn = jax.jit(rj.rotate, static_argnames=("inverse", "layout")) if use_jit else rj.rotate
+  y = np.asarray(fn(x, pos, inv, layout=layout))
+  y_inv = np.asarray(fn(x, pos, inv, inverse=True, layout=layout))
+  for b in range(B):
+    for t in range(T):
+      r = dense_rotation(angles_for(pos[b, t], inv), D, layout)
+      np.testing.assert_allclose(y[b, t], x[b, t] @ r.T, atol=2e-5)
+      np.testing.assert_allclose(y_inv[b, t], x[b, t] @ r, atol=2e-5)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_inverse_roundtrip_norms_and_identity_at_zero(layout, rng):
+  x = rng.standard_normal((3, 7, 2, 16)).astype(np.float32)
+  pos = rng.uniform(-50, 50, size=(3, 7)).astype(np.float32)  # float positions too
+  inv = rj.rope_frequencies(12)
+  y = rj.rotate(x, pos, inv, layout=layout)
+  back = rj.rotate(y, pos, inv, inverse=True, layout=layout)
+  np.testing.assert_allclose(back, x, atol=1e-5)
+  np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+  assert np.abs(np.asarray(y) - x).max() > 0.1  # it did rotate
+  zero = rj.rotate(x, np.zeros((3, 7), np.int32), inv, layout=layout)
+  np.testing.assert_array_equal(zero, x)
+
+
+def test_half_layout_is_interleaved_under_permutation(rng):
+  D, rot = 10, 8
+  F = rot // 2
+  x = rng.standard_normal((2, 4, 3, D)).astype(np.float32)
+  pos = rng.integers(0, 100, size=(2, 4))
+  inv = rj.rope_frequencies(rot)
+  # interleaved pair m = (2m, 2m+1) <-> half pair m = (m, m + F); the tail stays put.
+  perm = np.concatenate([np.arange(0, rot, 2), np.arange(1, rot, 2), np.arange(rot, D)])
+  y_inter = np.asarray(rj.rotate(x, pos, inv, layout="interleaved"))
+  y_half = np.asarray(rj.rotate(x[..., perm], pos, inv, layout="half"))
+  np.testing.assert_allclose(y_half, y_inter[..., perm], atol=1e-6)
+  assert perm[:F].tolist() == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_partial_rotary_leaves_tail(layout, rng):
+  x = rng.standard_normal((1, 6, 2, 12)).astype(np.float32)
+  y = rj.rotate(x, np.arange(6)[None] + 3, rj.rope_frequencies(4), layout=layout)
+  np.testing.assert_array_equal(np.asarray(y)[..., 4:], x[..., 4:])
+  assert np.abs(np.asarray(y)[..., :4] - x[..., :4]).max() > 0.1
+
+
+def test_positions_broadcast_over_batch(rng):
+  x = rng.standard_normal((3, 5, 2, 8)).astype(np.float32)
+  inv = rj.rope_frequencies(8)
+  pos = np.arange(5) + 11
+  np.testing.assert_allclose(rj.rotate(x, pos, inv), rj.rotate(x, np.tile(pos, (3, 1)), inv),
+                             atol=0)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_relative_property_1d(layout, rng):
+  """(R_m q).(R_n k) depends only on n - m, and equals q . R_{n-m} k."""
+  D = 16
+  inv = rj.rope_frequencies(D)
+  q = rng.standard_normal((1, 1, 1, D)).astype(np.float32)
+  k = rng.standard_normal((1, 1, 1, D)).astype(np.float32)
+
+  def score(m, n):
+    rq = rj.rotate(q, np.array([[m]]), inv, layout=layout)
+    rk = rj.rotate(k, np.array([[n]]), inv, layout=layout)
+    return float(jnp.sum(rq * rk))
+
+  for offset in (0, 3, -7, 40):
+    values = [score(m, m + offset) for m in (0, 5, 123, 1000)]
+    np.testing.assert_allclose(values, values[0], rtol=1e-4, atol=1e-4)
+    direct = q[0, 0, 0] @ (dense_rotation(angles_for(offset, inv), D, layout) @ k[0, 0, 0])
+    np.testing.assert_allclose(values[0], direct, rtol=1e-4, atol=1e-4)
+  assert abs(score(0, 3) - score(0, 4)) > 1e-3  # the score does depend on the offset
+
+
+def test_relative_property_multi_axis(rng):
+  """2-D RoPE: the score depends on (n - m) per axis, and on each axis separately."""
+  D = 16
+  tables = rj.axial_frequencies(D, 2)
+  q = rng.standard_normal((1, 1, 1, D)).astype(np.float32)
+  k = rng.standard_normal((1, 1, 1, D)).astype(np.float32)
+
+  def score(m, n):
+    rq = rj.rotate(q, np.array([[m]], np.float32), tables)
+    rk = rj.rotate(k, np.array([[n]], np.float32), tables)
+    return float(jnp.sum(rq * rk))
+
+  offset = np.array([2.0, -5.0])
+  starts = [np.array([0.0, 0.0]), np.array([7.0, 3.0]), np.array([-4.0, 19.0])]
+  values = [score(m, m + offset) for m in starts]
+  np.testing.assert_allclose(values, values[0], rtol=1e-4, atol=1e-4)
+  swapped = score(np.zeros(2), offset[::-1].copy())
+  assert abs(swapped - values[0]) > 1e-3  # the axes are distinguished
+  r = dense_rotation(angles_for(offset, tables), D)
+  np.testing.assert_allclose(values[0], q[0, 0, 0] @ r @ k[0, 0, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_multi_axis_rotate_and_matrix_agree(rng):
+  tables = rj.axial_frequencies(12, 3)
+  x = rng.standard_normal((2, 4, 1, 12)).astype(np.float32)
+  pos = rng.integers(0, 20, size=(2, 4, 3))
+  y = np.asarray(rj.rotate(x, pos, tables))
+  for b in range(2):
+    for t in range(4):
+      r = np.asarray(rj.rotation_matrix(pos[b, t], tables, 12), np.float64)
+      np.testing.assert_allclose(r, dense_rotation(angles_for(pos[b, t], tables), 12), atol=1e-6)
+      np.testing.assert_allclose(y[b, t], x[b, t] @ r.T, atol=2e-5)
+
+
+def test_bf16_input_rotates_with_float32_angles(rng):
+  x = rng.standard_normal((1, 2, 1, 8)).astype(np.float32)
+  pos = np.array([[1001, 2049]])  # not representable in bf16
+  inv = rj.rope_frequencies(8)
+  y16 = rj.rotate(jnp.asarray(x, jnp.bfloat16), pos, inv)
+  chex.assert_type(y16, jnp.bfloat16)
+  y32 = rj.rotate(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32), pos, inv)
+  np.testing.assert_allclose(np.asarray(y16, np.float32), np.asarray(y32), atol=2e-2, rtol=1e-2)
+
+
+def test_bad_input_raises_clear_errors(rng):
+  x = np.zeros((1, 4, 2, 8), np.float32)
+  with pytest.raises(ValueError, match="even"):
+    rj.rope_frequencies(7)
+  with pytest.raises(ValueError, match="head dimension D is 8"):
+    rj.rotate(x, np.arange(4)[None], rj.rope_frequencies(10))
+  with pytest.raises(ValueError, match="do not match"):
+    rj.rotate(x, np.arange(5)[None], rj.rope_frequencies(8))
+  with pytest.raises(ValueError, match="do not match"):
+    rj.rotate(x, np.zeros((2, 4)), rj.rope_frequencies(8))
+  with pytest.raises(ValueError, match="layout"):
+    rj.rotate(x, np.arange(4)[None], rj.rope_frequencies(8), layout="neox")
+  with pytest.raises(ValueError, match=r"\[\.\.\., T, 2\]"):
+    rj.rotate(x, np.arange(4)[None], rj.axial_frequencies(8, 2))
+  with pytest.raises(ValueError, match="split evenly"):
+    rj.axial_frequencies(12, 4)
