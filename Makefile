@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: test install clean
+.PHONY: test install clean demo
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,3 +21,7 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# Until the training job lands (issue 4), the demo is a tour of the core functions.
+demo: $(STAMP)
+	$(PY) examples/tour.py
