@@ -55,14 +55,20 @@ def ratio(args) -> dict:
       jax.block_until_ready(f(q, k, v))
       times[name].append(time.perf_counter() - t0)
   med = {name: statistics.median(ts) for name, ts in times.items()}
+  # Paired ratios (same repeat, back to back) cancel slow drifts of the machine.
+  paired = sorted(r / p for r, p in zip(times["rove"], times["rope"]))
+  quart = statistics.quantiles(paired, n=4)
   result = {"bench": "attention fwd+bwd", "shape": dict(B=args.B, T=args.T, H=args.H, D=args.D),
             "impl": args.impl, "repeats": args.repeats,
             "median_s": med, "ratio_rove_over_rope": med["rove"] / med["rope"],
+            "paired_ratio_median": statistics.median(paired),
+            "paired_ratio_iqr": [quart[0], quart[2]],
             "device": str(jax.devices()[0].device_kind), "jax": jax.__version__}
   print(f"| kernel | median fwd+bwd (ms) |\n|---|---|")
   for name in steps:
     print(f"| {name} | {1e3 * med[name]:.2f} |")
-  print(f"\nratio rove/rope = {result['ratio_rove_over_rope']:.3f} "
+  print(f"\nratio rove/rope = {result['ratio_rove_over_rope']:.3f}; paired ratio median "
+        f"{result['paired_ratio_median']:.3f} (IQR {quart[0]:.3f}-{quart[2]:.3f}) "
         f"(B={args.B}, T={args.T}, H={args.H}, D={args.D}, {args.impl}, {args.repeats} repeats)")
   return result
 

@@ -127,7 +127,9 @@ def _rotary_attention(q, k, v, q_positions, kv_positions, inv_freq, *, rove, cau
                       attention_factor, layout, segment_ids, kv_mask, implementation,
                       chunk_size):
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-  q_positions, kv_positions = jnp.asarray(q_positions), jnp.asarray(kv_positions)
+  same_positions = kv_positions is q_positions
+  q_positions = jnp.asarray(q_positions)
+  kv_positions = q_positions if same_positions else jnp.asarray(kv_positions)
   multi_axis = rotary.is_multi_axis(inv_freq)
   _validate(q, k, v, q_positions, kv_positions, inv_freq, causal=causal, layout=layout,
             segment_ids=segment_ids, kv_mask=kv_mask, implementation=implementation,
@@ -140,7 +142,10 @@ def _rotary_attention(q, k, v, q_positions, kv_positions, inv_freq, *, rove, cau
 
   # One (cos, sin) table per position set, shared by q/output and by k/v.
   q_cos, q_sin = rotary.rotary_tables(q_pos, inv_freq)
-  kv_cos, kv_sin = rotary.rotary_tables(kv_pos, inv_freq)
+  if kv_positions is q_positions:  # self-attention without a cache: one table serves all four
+    kv_cos, kv_sin = q_cos, q_sin
+  else:
+    kv_cos, kv_sin = rotary.rotary_tables(kv_pos, inv_freq)
   rot = functools.partial(rotary.apply_rotary, layout=layout)
   q_r = rot(q, q_cos, q_sin)
   k_r = rot(k, kv_cos, kv_sin)
