@@ -8,7 +8,7 @@ Stable names:
 """
 
 from rove_jax import analysis, attention, rotary, scaling
-from rove_jax.attention import attention_mask, rope_attention, rove_attention
+from rove_jax.attention import attention_mask, masked_attention, rope_attention, rove_attention
 from rove_jax.rotary import (apply_rotary, axial_frequencies, rope_frequencies, rotary_tables,
                              rotate, rotation_angles, rotation_matrix)
 
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "analysis", "attention", "rotary", "scaling",
-    "rope_attention", "rove_attention", "attention_mask",
+    "rope_attention", "rove_attention", "masked_attention", "attention_mask",
     "rope_frequencies", "axial_frequencies", "rotate", "rotation_matrix", "rotation_angles",
     "rotary_tables", "apply_rotary",
 ]

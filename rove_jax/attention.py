@@ -38,7 +38,7 @@ SegmentIds = Union[jax.Array, tuple[jax.Array, jax.Array], None]
 def rope_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequencies,
                    causal: bool = True, attention_factor=1.0, layout: str = "interleaved",
                    segment_ids: SegmentIds = None, kv_mask=None, implementation: str = "xla",
-                   chunk_size: int = 512) -> jax.Array:
+                   chunk_size: int = 512, kv_prerotated: bool = False) -> jax.Array:
   """Attention with rotary queries and keys (RoPE).
 
   Args:
@@ -60,35 +60,62 @@ def rope_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequ
       GPU), "chunked" (blockwise online softmax, memory O(T * chunk_size)), "reference"
       (materialized einsum, for tests).
     chunk_size: block length of the "chunked" kernel.
+    kv_prerotated: k is already R_{kv_pos} k (for RoVE also v is R_{kv_pos} v), as a KV cache
+      stores them; only q (and RoVE's output) are rotated here.
 
   Returns:
     [B, T, H, D] in q.dtype.
   """
-  return _rotary_attention(q, k, v, q_positions, kv_positions, inv_freq, rove=False,
-                           causal=causal, attention_factor=attention_factor, layout=layout,
-                           segment_ids=segment_ids, kv_mask=kv_mask,
-                           implementation=implementation, chunk_size=chunk_size)
+  return _attention(q, k, v, q_positions, kv_positions, inv_freq,
+                    mode="rope", causal=causal,
+                    attention_factor=attention_factor, layout=layout, segment_ids=segment_ids,
+                    kv_mask=kv_mask, implementation=implementation, chunk_size=chunk_size,
+                    kv_prerotated=kv_prerotated)
 
 
 def rove_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequencies,
                    causal: bool = True, attention_factor=1.0, layout: str = "interleaved",
                    segment_ids: SegmentIds = None, kv_mask=None, implementation: str = "xla",
-                   chunk_size: int = 512) -> jax.Array:
+                   chunk_size: int = 512, kv_prerotated: bool = False) -> jax.Array:
   """Rotary Value Embeddings: RoPE attention whose values are rotated by R_j before the kernel
   and whose output is rotated by R_i^-1 after it, so y_i = sum_j A_ij R_{j-i} v_j.
 
   Same arguments and shapes as `rope_attention`. The rotations wrap any kernel, so the cuDNN
   flash path and the chunked kernel serve RoVE unchanged.
   """
-  return _rotary_attention(q, k, v, q_positions, kv_positions, inv_freq, rove=True,
-                           causal=causal, attention_factor=attention_factor, layout=layout,
-                           segment_ids=segment_ids, kv_mask=kv_mask,
-                           implementation=implementation, chunk_size=chunk_size)
+  return _attention(q, k, v, q_positions, kv_positions, inv_freq,
+                    mode="rove", causal=causal,
+                    attention_factor=attention_factor, layout=layout, segment_ids=segment_ids,
+                    kv_mask=kv_mask, implementation=implementation, chunk_size=chunk_size,
+                    kv_prerotated=kv_prerotated)
+
+
+def masked_attention(q, k, v, *, q_positions, kv_positions, causal: bool = True,
+                     segment_ids: SegmentIds = None, kv_mask=None, bias_fn=None,
+                     implementation: str = "xla", chunk_size: int = 512) -> jax.Array:
+  """Softmax attention without rotations, masked by positions like the rotary functions.
+
+  For position encodings that act elsewhere (NoPE, learned or sinusoidal absolute embeddings)
+  or as a logit bias (T5 relative buckets, ALiBi).
+
+  Args:
+    q, k, v, q_positions, kv_positions, causal, segment_ids, kv_mask, implementation,
+      chunk_size: as in `rope_attention` (positions [B, T] / [B, S]).
+    bias_fn: optional f(q_pos [B, t], kv_pos [B, s]) -> [B, H, t, s] float32 logit bias,
+      computed per block by the chunked kernel so no [T, S] array is needed.
+
+  Returns:
+    [B, T, H, D] in q.dtype.
+  """
+  return _attention(q, k, v, q_positions, kv_positions, None, mode="none", causal=causal,
+                    attention_factor=1.0, layout="interleaved", segment_ids=segment_ids,
+                    kv_mask=kv_mask, implementation=implementation, chunk_size=chunk_size,
+                    bias_fn=bias_fn)
 
 
 def dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, *, scale,
                           implementation: str = "xla", chunk_size: int = 512,
-                          mask_parts=None) -> jax.Array:
+                          mask_parts=None, bias_fn=None) -> jax.Array:
   """softmax(scale * q.k + mask) v with GQA, the kernel under both rotary attentions.
 
   Args:
@@ -96,19 +123,22 @@ def dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, *, scale,
     mask_BTS: bool [B, T, S], True where query i may read kv j (rows with no True give 0).
     scale: logit scale.
     implementation: see `rope_attention`.
-    mask_parts: for "chunked", the (q_pos, kv_pos, q_seg, kv_seg, kv_mask, causal) pieces the
-      mask is made of, so blocks can build it themselves instead of reading a [B, T, S] array.
+    mask_parts: the (q_pos, kv_pos, q_seg, kv_seg, kv_mask, causal) pieces the mask is made
+      of; the chunked kernel builds its mask per block from them (and needs them), and
+      bias_fn reads the positions from them.
+    bias_fn: optional f(q_pos, kv_pos) -> [B, H, t, s] logit bias (see `masked_attention`).
   """
+  bias = None
+  if bias_fn is not None and implementation != "chunked":
+    bias = bias_fn(mask_parts[0], mask_parts[1]).astype(jnp.float32)
   if implementation == "reference":
-    return _reference_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale)
-  if implementation == "xla":
-    return _xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, "xla")
-  if implementation == "cudnn":
-    return _xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, "cudnn")
+    return _reference_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, bias)
+  if implementation in ("xla", "cudnn"):
+    return _xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, implementation, bias)
   if implementation == "chunked":
     if mask_parts is None:
       raise ValueError("the chunked kernel builds its mask per block: pass mask_parts")
-    return _chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk_size)
+    return _chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk_size, bias_fn)
   raise ValueError(f"unknown attention implementation {implementation!r}; expected one of "
                    f"{IMPLEMENTATIONS}")
 
@@ -123,14 +153,16 @@ def attention_mask(q_positions_BT, kv_positions_BS, *, causal: bool = True,
 # ------------------------------------------------------------------------------ internals
 
 
-def _rotary_attention(q, k, v, q_positions, kv_positions, inv_freq, *, rove, causal,
-                      attention_factor, layout, segment_ids, kv_mask, implementation,
-                      chunk_size):
+def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, attention_factor,
+               layout, segment_ids, kv_mask, implementation, chunk_size, kv_prerotated=False,
+               bias_fn=None):
+  """mode "rope" | "rove" | "none": validation, rotations around the kernel, masks."""
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   same_positions = kv_positions is q_positions
   q_positions = jnp.asarray(q_positions)
   kv_positions = q_positions if same_positions else jnp.asarray(kv_positions)
-  multi_axis = rotary.is_multi_axis(inv_freq)
+  rotary_mode = mode != "none"
+  multi_axis = rotary_mode and rotary.is_multi_axis(inv_freq)
   _validate(q, k, v, q_positions, kv_positions, inv_freq, causal=causal, layout=layout,
             segment_ids=segment_ids, kv_mask=kv_mask, implementation=implementation,
             chunk_size=chunk_size)
@@ -138,33 +170,32 @@ def _rotary_attention(q, k, v, q_positions, kv_positions, inv_freq, *, rove, cau
   S = k.shape[1]
   pos_tail = q_positions.shape[2:]
   q_pos = jnp.broadcast_to(q_positions, (B, T) + pos_tail)
-  kv_pos = jnp.broadcast_to(kv_positions, (B, S) + pos_tail)
+  kv_pos = q_pos if same_positions else jnp.broadcast_to(kv_positions, (B, S) + pos_tail)
 
-  # One (cos, sin) table per position set, shared by q/output and by k/v.
-  q_cos, q_sin = rotary.rotary_tables(q_pos, inv_freq)
-  if kv_positions is q_positions:  # self-attention without a cache: one table serves all four
-    kv_cos, kv_sin = q_cos, q_sin
+  q_r, k_r, v_r = q, k, v
+  if rotary_mode:
+    rot = functools.partial(rotary.apply_rotary, layout=layout)
+    # One (cos, sin) table per position set, shared by q/output and by k/v.
+    q_cos, q_sin = rotary.rotary_tables(q_pos, inv_freq)
+    q_r = rot(q, q_cos, q_sin)
+    if not kv_prerotated:
+      kv_cos, kv_sin = (q_cos, q_sin) if same_positions else rotary.rotary_tables(kv_pos, inv_freq)
+      k_r = rot(k, kv_cos, kv_sin)
+      v_r = rot(v, kv_cos, kv_sin) if mode == "rove" else v
+
+  if isinstance(attention_factor, jax.Array):
+    scale = attention_factor.astype(jnp.float32) ** 2 / math.sqrt(D)
   else:
-    kv_cos, kv_sin = rotary.rotary_tables(kv_pos, inv_freq)
-  rot = functools.partial(rotary.apply_rotary, layout=layout)
-  q_r = rot(q, q_cos, q_sin)
-  k_r = rot(k, kv_cos, kv_sin)
-  v_r = rot(v, kv_cos, kv_sin) if rove else v
-
-  scale = jnp.asarray(attention_factor, jnp.float32) ** 2 / math.sqrt(D)
-  if not isinstance(attention_factor, jax.Array):
     scale = float(attention_factor) ** 2 / math.sqrt(D)
   q_seg, kv_seg = _split_segments(segment_ids)
   # Causal masking compares scalar positions; multi-axis positions are for bidirectional use.
-  mask_q_pos = q_pos if not multi_axis else q_pos[..., 0]
-  mask_kv_pos = kv_pos if not multi_axis else kv_pos[..., 0]
+  mask_q_pos = q_pos[..., 0] if multi_axis else q_pos
+  mask_kv_pos = kv_pos[..., 0] if multi_axis else kv_pos
   parts = (mask_q_pos, mask_kv_pos, q_seg, kv_seg, kv_mask, causal)
-  mask = None
-  if implementation != "chunked":
-    mask = _mask_block(*parts)
+  mask = None if implementation == "chunked" else _mask_block(*parts)
   out = dot_product_attention(q_r, k_r, v_r, mask, scale=scale, implementation=implementation,
-                              chunk_size=chunk_size, mask_parts=parts)
-  if rove:
+                              chunk_size=chunk_size, mask_parts=parts, bias_fn=bias_fn)
+  if mode == "rove":
     out = rot(out, q_cos, q_sin, inverse=True)
   return out
 
@@ -197,13 +228,15 @@ def _zero_empty_rows(out_BTHD, mask_BTS):
   return jnp.where(has_key_BT[:, :, None, None], out_BTHD, jnp.zeros((), out_BTHD.dtype))
 
 
-def _reference_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale):
+def _reference_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, bias_BHTS=None):
   """Materialized softmax attention in float32 (float64 if given), the test reference."""
   B, T, H, D = q_BTHD.shape
-  K = k_BSKD.shape[2]
+  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
   compute = jnp.promote_types(q_BTHD.dtype, jnp.float32)
   q_BTKGD = q_BTHD.astype(compute).reshape(B, T, K, H // K, D)
   logits_BKGTS = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k_BSKD.astype(compute)) * scale
+  if bias_BHTS is not None:
+    logits_BKGTS = logits_BKGTS + bias_BHTS.astype(compute).reshape(B, K, H // K, T, S)
   logits_BKGTS = jnp.where(mask_BTS[:, None, None], logits_BKGTS, -jnp.inf)
   row_max = jnp.max(logits_BKGTS, axis=-1, keepdims=True)
   row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
@@ -214,13 +247,15 @@ def _reference_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale):
   return out_BTKGD.reshape(B, T, H, D).astype(q_BTHD.dtype)
 
 
-def _xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, impl):
-  out = jax.nn.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask=mask_BTS[:, None], scale=scale,
-                                     implementation=impl)
+def _xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, impl, bias_BHTS=None):
+  if bias_BHTS is not None:
+    bias_BHTS = bias_BHTS.astype(q_BTHD.dtype)
+  out = jax.nn.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, bias=bias_BHTS,
+                                     mask=mask_BTS[:, None], scale=scale, implementation=impl)
   return _zero_empty_rows(out, mask_BTS)
 
 
-def _chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk):
+def _chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk, bias_fn=None):
   """Blockwise attention with an online softmax (flash-attention style) in pure JAX.
 
   Queries are processed chunk by chunk (lax.map) and, for each, keys chunk by chunk (lax.scan)
@@ -268,6 +303,8 @@ def _chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk):
 
       def compute_block(_):
         s = jnp.einsum("bckgd,bskd->bkgcs", q_bckgd, k_b.astype(compute))
+        if bias_fn is not None:
+          s = s + bias_fn(qpos_bc, kpos_b).astype(compute).reshape(B, K, G, cq, ck)
         s = jnp.where(mask[:, None, None], s, -jnp.inf)
         # The running max only stabilises exp(); the result does not depend on it, so it is a
         # constant for autodiff (all of it, or the rescaling terms would not cancel).
@@ -318,12 +355,12 @@ def _validate(q, k, v, q_positions, kv_positions, inv_freq, *, causal, layout, s
   if H % K:
     raise ValueError(f"query heads H={H} must be a multiple of kv heads K={K} (GQA groups "
                      f"query head h onto kv head h // (H / K))")
-  n_pairs = rotary.n_frequencies(inv_freq)
+  n_pairs = 0 if inv_freq is None else rotary.n_frequencies(inv_freq)
   if 2 * n_pairs > D:
     raise ValueError(f"{n_pairs} rotary frequencies need 2 * {n_pairs} = {2 * n_pairs} dims but "
                      f"the head dimension D is {D}; use a shorter table (partial rotary)")
   S = k.shape[1]
-  multi = rotary.is_multi_axis(inv_freq)
+  multi = inv_freq is not None and rotary.is_multi_axis(inv_freq)
   tail = (len(inv_freq),) if multi else ()
   for name, pos, n in (("q_positions", q_positions, T), ("kv_positions", kv_positions, S)):
     want = (B, n) + tail

@@ -281,3 +281,44 @@ def test_cudnn_equals_xla_in_bf16(kind, rng):
                         inv_freq=rj.rope_frequencies(64))
   np.testing.assert_allclose(np.asarray(f(implementation="cudnn"), np.float32),
                              np.asarray(f(implementation="xla"), np.float32), atol=2e-2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_masked_attention_with_position_bias_matches_loops(impl, rng):
+  """No rotation, a logit bias from positions (T5/ALiBi-style): checked against float64 loops."""
+  B, T, H, K, D = 2, 7, 4, 2, 8
+  q, k, v = make_qkv(rng, B=B, T=T, S=T, H=H, K=K, D=D)
+  pos = np.tile(np.arange(T) * 2, (B, 1))
+  slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+
+  def bias_fn(q_pos, kv_pos):  # ALiBi: -slope_h * (i - j)
+    dist = (q_pos[:, :, None] - kv_pos[:, None, :]).astype(jnp.float32)
+    return -jnp.asarray(slopes)[None, :, None, None] * dist[:, None]
+
+  out = rj.masked_attention(q, k, v, q_positions=pos, kv_positions=pos, bias_fn=bias_fn,
+                            implementation=impl, chunk_size=3)
+  want = np.zeros((B, T, H, D))
+  for b in range(B):
+    for h in range(H):
+      logits = q[b, :, h].astype(np.float64) @ k[b, :, h // 2].T.astype(np.float64) / np.sqrt(D)
+      logits -= slopes[h] * (pos[b][:, None] - pos[b][None, :])
+      logits[np.triu_indices(T, 1)] = -np.inf
+      w = np.exp(logits - logits.max(1, keepdims=True))
+      want[b, :, h] = (w / w.sum(1, keepdims=True)) @ v[b, :, h // 2]
+  np.testing.assert_allclose(out, want, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["rope", "rove"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_prerotated_kv_equals_rotating_inside(kind, impl, rng):
+  """What a KV cache does: store R_j k_j (and R_j v_j for RoVE), rotate only q and the output."""
+  q, k, v = make_qkv(rng, T=3, S=8)
+  kv_pos = np.tile(np.arange(8) + 4, (2, 1))
+  q_pos = kv_pos[:, 5:]
+  inv = rj.rope_frequencies(8)
+  kw = dict(q_positions=q_pos, kv_positions=kv_pos, inv_freq=inv, implementation=impl,
+            chunk_size=4)
+  k_r = rj.rotate(k, kv_pos, inv)
+  v_r = rj.rotate(v, kv_pos, inv) if kind == "rove" else v
+  np.testing.assert_allclose(FNS[kind](q, k_r, v_r, kv_prerotated=True, **kw),
+                             FNS[kind](q, k, v, **kw), atol=2e-6)
