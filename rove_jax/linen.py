@@ -1,0 +1,82 @@
+"""RoPE / RoVE self-attention as a Flax Linen module, for Linen codebases.
+
+Drop-in for a Linen transformer block: where the block builds its self-attention module,
+build `RotarySelfAttention(num_heads=..., pos_encoding="rove")` instead. It calls the same pure
+functions as the NNX model (`rove_jax.attention`), so numbers agree across the two.
+
+Shape letters: B batch, T length, E features, H heads, K kv heads, D head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from rove_jax import attention, scaling
+
+
+class RotarySelfAttention(nn.Module):
+  """Causal (or bidirectional) self-attention with RoPE or RoVE.
+
+  Attributes:
+    num_heads: query heads H.
+    num_kv_heads: key/value heads K (None: H).
+    head_dim: D (None: features // num_heads).
+    pos_encoding: "rove" or "rope".
+    rope_base, rotary_fraction, layout, rope_scaling: the rotary setup (see rove_jax.scaling
+      for the HuggingFace-style rope_scaling dict).
+    causal: mask future positions.
+    implementation: "xla" | "cudnn" | "chunked" | "reference".
+    use_bias: biases on the projections.
+    dtype: compute dtype; parameters stay in param_dtype.
+  """
+  num_heads: int
+  num_kv_heads: Optional[int] = None
+  head_dim: Optional[int] = None
+  pos_encoding: str = "rove"
+  rope_base: float = 10000.0
+  rotary_fraction: float = 1.0
+  layout: str = "interleaved"
+  rope_scaling: Optional[dict] = None
+  causal: bool = True
+  implementation: str = "xla"
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  kernel_init: Any = nn.initializers.normal(0.02)
+
+  @nn.compact
+  def __call__(self, x_BTE, positions=None, segment_ids=None):
+    """x [B, T, E] -> [B, T, E]; positions [B, T] default to 0..T-1."""
+    if self.pos_encoding not in ("rove", "rope"):
+      raise ValueError(f"RotarySelfAttention: pos_encoding must be 'rove' or 'rope', got "
+                       f"{self.pos_encoding!r}")
+    B, T, E = x_BTE.shape
+    H = self.num_heads
+    K = self.num_kv_heads or H
+    D = self.head_dim or E // H
+    if self.head_dim is None and E % H:
+      raise ValueError(f"RotarySelfAttention: features {E} not divisible by num_heads {H}; "
+                       f"set head_dim")
+    rot_dim = int(round(D * self.rotary_fraction))
+    inv_freq, factor = scaling.from_config(self.rope_scaling, rot_dim, base=self.rope_base,
+                                           seq_len=T)
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
+
+    def dense(name, heads):
+      return nn.DenseGeneral((heads, D), use_bias=self.use_bias, dtype=self.dtype,
+                             param_dtype=self.param_dtype, kernel_init=self.kernel_init, name=name)
+
+    q = dense("query", H)(x_BTE)
+    k = dense("key", K)(x_BTE)
+    v = dense("value", K)(x_BTE)
+    fn = attention.rove_attention if self.pos_encoding == "rove" else attention.rope_attention
+    out_BTHD = fn(q, k, v, q_positions=positions, kv_positions=positions, inv_freq=inv_freq,
+                  attention_factor=factor, layout=self.layout, causal=self.causal,
+                  segment_ids=segment_ids, implementation=self.implementation)
+    return nn.DenseGeneral(E, axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
+                           param_dtype=self.param_dtype, kernel_init=self.kernel_init,
+                           name="out")(out_BTHD)

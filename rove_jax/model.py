@@ -1,0 +1,606 @@
+"""A GPT in Flax NNX whose positional encoding is a switch: RoVE, RoPE, NoPE, learned or
+sinusoidal absolute embeddings, or T5 relative buckets.
+
+Shape letters:
+  B batch   T tokens in this call   L cache capacity   V vocabulary   E d_model
+  H query heads   K key/value heads   D head dim   F MLP hidden width
+
+RoVE wiring, the part to copy into your own model: project q, k, v; call
+`rove_attention(q, k, v, q_positions=..., kv_positions=..., inv_freq=...)` where you would call
+RoPE attention; project out. The KV cache stores R_j k_j and (RoVE) R_j v_j at their global
+positions, and decoding calls the same function with `kv_prerotated=True`.
+
+Parameters carry logical axis names in their `logical_axes` metadata (embed, vocab, heads,
+kv_heads, head_dim, mlp, or None), which the sharding rules map onto a device mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Mapping, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rove_jax import attention, rotary, scaling
+
+POS_ENCODINGS = ("rove", "rope", "nope", "learned", "sinusoidal", "t5_bias")
+ROTARY_ENCODINGS = ("rove", "rope")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+REMAT_POLICIES = ("none", "full", "dots")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_UNSET = object()
+
+
+def _freeze(value):
+  """Dicts and lists -> sorted tuples, so the config stays hashable (a static jit argument)."""
+  if isinstance(value, Mapping):
+    return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+  if isinstance(value, (list, tuple)):
+    return tuple(_freeze(v) for v in value)
+  return value
+
+
+def _thaw_scaling(frozen) -> Optional[dict]:
+  if frozen is None:
+    return None
+  return {k: (list(v) if isinstance(v, tuple) else v) for k, v in frozen}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+  """Model shape and positional encoding. Frozen and hashable; presets are classmethods.
+
+  `rope_scaling` takes a HuggingFace-style dict (stored frozen; `scaling_dict` returns it),
+  `rove_layers` the layer indices that use RoVE when pos_encoding="rove" (None: all; the
+  others use RoPE), `remat` one of "none", "full" (recompute each block in the backward pass)
+  or "dots" (save matmul outputs only).
+  """
+  vocab_size: int = 320
+  n_layer: int = 6
+  n_head: int = 6
+  n_kv_head: Optional[int] = None  # None: n_head (multi-head); fewer for GQA, 1 for MQA
+  d_model: int = 384
+  d_ff: Optional[int] = None  # None: 4 * d_model
+  max_len: int = 256  # the training context
+  pos_encoding: str = "rove"
+  rope_base: float = 10000.0
+  rotary_fraction: float = 1.0
+  rope_layout: str = "interleaved"
+  rope_scaling: Any = None
+  rove_layers: Optional[tuple] = None
+  norm: str = "layernorm"
+  mlp: str = "gelu"
+  use_bias: bool = True
+  tie_embeddings: bool = True
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  attention_impl: str = "xla"
+  attention_chunk: int = 512
+  remat: str = "none"
+  t5_num_buckets: int = 32
+  t5_max_distance: int = 128
+  init_std: float = 0.02
+  norm_eps: float = 1e-5
+
+  def __post_init__(self):
+    set_ = functools.partial(object.__setattr__, self)
+    if self.n_kv_head is None:
+      set_("n_kv_head", self.n_head)
+    if self.d_ff is None:
+      set_("d_ff", 4 * self.d_model)
+    if isinstance(self.rope_scaling, Mapping):
+      set_("rope_scaling", _freeze(self.rope_scaling))
+    if self.rove_layers is not None:
+      set_("rove_layers", tuple(int(i) for i in self.rove_layers))
+    self._validate()
+
+  # ---------------------------------------------------------------------------- presets
+  @classmethod
+  def tiny(cls, **overrides) -> "GPTConfig":
+    """6 layers, d_model 384, 6 heads, context 256, byte vocabulary (256 + EOT, padded to 320):
+    10.7M parameters, trains on 2 CPU cores in minutes."""
+    return cls(**{**dict(vocab_size=320, n_layer=6, n_head=6, d_model=384, d_ff=1536,
+                         max_len=256), **overrides})
+
+  @classmethod
+  def gpt2_124m(cls, **overrides) -> "GPTConfig":
+    """GPT-2 small: 12 layers, d_model 768, 12 heads, context 1024, vocab 50304, tied."""
+    return cls(**{**dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, d_ff=3072,
+                         max_len=1024), **overrides})
+
+  @classmethod
+  def gpt2_354m(cls, **overrides) -> "GPTConfig":
+    """GPT-2 medium: 24 layers, d_model 1024, 16 heads, context 1024, vocab 50304, tied."""
+    return cls(**{**dict(vocab_size=50304, n_layer=24, n_head=16, d_model=1024, d_ff=4096,
+                         max_len=1024), **overrides})
+
+  # ------------------------------------------------------------------------- derived
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.n_head
+
+  @property
+  def rot_dim(self) -> int:
+    """Rotated dims per head (0 for non-rotary encodings)."""
+    if self.pos_encoding not in ROTARY_ENCODINGS:
+      return 0
+    return int(round(self.head_dim * self.rotary_fraction))
+
+  @property
+  def scaling_dict(self) -> Optional[dict]:
+    return _thaw_scaling(self.rope_scaling)
+
+  def is_rove_layer(self, layer: int) -> bool:
+    return self.pos_encoding == "rove" and (self.rove_layers is None or layer in self.rove_layers)
+
+  def _validate(self):
+    def fail(msg):
+      raise ValueError(f"GPTConfig: {msg}")
+
+    for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_len"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        fail(f"{name} must be a positive int, got {value!r}")
+    if self.pos_encoding not in POS_ENCODINGS:
+      fail(f"unknown pos_encoding {self.pos_encoding!r}; expected one of {POS_ENCODINGS}")
+    if self.d_model % self.n_head:
+      fail(f"d_model={self.d_model} must be divisible by n_head={self.n_head}")
+    if self.n_head % self.n_kv_head:
+      fail(f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head}")
+    if self.norm not in NORMS:
+      fail(f"unknown norm {self.norm!r}; expected one of {NORMS}")
+    if self.mlp not in MLPS:
+      fail(f"unknown mlp {self.mlp!r}; expected one of {MLPS}")
+    if self.remat not in REMAT_POLICIES:
+      fail(f"unknown remat policy {self.remat!r}; expected one of {REMAT_POLICIES}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in DTYPES:
+        fail(f"unknown {name} {getattr(self, name)!r}; expected one of {tuple(DTYPES)}")
+    if self.attention_impl not in attention.IMPLEMENTATIONS:
+      fail(f"unknown attention_impl {self.attention_impl!r}; expected one of "
+           f"{attention.IMPLEMENTATIONS}")
+    if self.rope_layout not in rotary.LAYOUTS:
+      fail(f"unknown rope_layout {self.rope_layout!r}; expected one of {rotary.LAYOUTS}")
+    if self.pos_encoding in ROTARY_ENCODINGS:
+      if not 0.0 < self.rotary_fraction <= 1.0:
+        fail(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
+      exact = self.head_dim * self.rotary_fraction
+      if abs(exact - round(exact)) > 1e-6 or round(exact) % 2 or round(exact) == 0:
+        fail(f"rotary_fraction={self.rotary_fraction} of head_dim={self.head_dim} gives "
+             f"{exact:g} rotary dims; it must be a positive even integer")
+      if not self.rope_base > 1:
+        fail(f"rope_base must be > 1, got {self.rope_base}")
+      try:  # validates the dict (type, keys, values) once, up front
+        scaling.from_config(self.scaling_dict, self.rot_dim, base=self.rope_base,
+                            max_len=self.max_len, seq_len=self.max_len)
+      except ValueError as e:
+        fail(f"rope_scaling: {e}")
+    elif self.rope_scaling is not None:
+      fail(f"rope_scaling applies to rotary encodings only, not pos_encoding="
+           f"{self.pos_encoding!r}")
+    if self.rove_layers is not None:
+      if self.pos_encoding != "rove":
+        fail("rove_layers selects RoVE layers and needs pos_encoding='rove'")
+      bad = [i for i in self.rove_layers if not 0 <= i < self.n_layer]
+      if bad:
+        fail(f"rove_layers {bad} out of range for n_layer={self.n_layer}")
+    if self.pos_encoding == "t5_bias" and not self.t5_max_distance > self.t5_num_buckets // 2 >= 1:
+      fail("t5_bias needs t5_max_distance > t5_num_buckets // 2 >= 1")
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Decoding state, passed in and returned. k, v: one [B, L, K, D] per layer (rotary encodings
+  store R_p k and, for RoVE, R_p v); positions [B, L] the global position of each slot; length
+  the number of filled slots (shared by the batch)."""
+  k: tuple
+  v: tuple
+  positions: jax.Array
+  length: jax.Array
+
+
+# --------------------------------------------------------------------------------- layers
+
+
+def _param(rngs, shape, std, axes, dtype):
+  return nnx.Param(jax.random.normal(rngs.params(), shape, dtype) * std, logical_axes=axes)
+
+
+def _lead(v, ndim):
+  """Explicit leading unit dims (the project runs with rank promotion raising)."""
+  return v.reshape((1,) * (ndim - v.ndim) + v.shape)
+
+
+def _const(shape, value, axes, dtype):
+  return nnx.Param(jnp.full(shape, value, dtype), logical_axes=axes)
+
+
+class Norm(nnx.Module):
+  """LayerNorm or RMSNorm, computed in float32."""
+
+  def __init__(self, dim: int, cfg: GPTConfig):
+    pd = DTYPES[cfg.param_dtype]
+    self.kind, self.eps = cfg.norm, cfg.norm_eps
+    self.scale = _const((dim,), 1.0, ("embed",), pd)
+    self.bias = _const((dim,), 0.0, ("embed",), pd) if (
+        cfg.norm == "layernorm" and cfg.use_bias) else None
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    if self.kind == "layernorm":
+      x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    y = y * _lead(self.scale[...].astype(jnp.float32), y.ndim)
+    if self.bias is not None:
+      y = y + _lead(self.bias[...].astype(jnp.float32), y.ndim)
+    return y.astype(x.dtype)
+
+
+def t5_buckets(distance, num_buckets: int, max_distance: int):
+  """T5's causal relative-position buckets for distance = q_pos - kv_pos (>= 0 is the past):
+  exact buckets below num_buckets / 2, logarithmic ones up to max_distance, the last beyond."""
+  n = jnp.maximum(distance, 0)
+  exact = num_buckets // 2
+  log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact) / math.log(max_distance / exact)
+  large = exact + (log_ratio * (num_buckets - exact)).astype(jnp.int32)
+  return jnp.where(n < exact, n, jnp.minimum(large, num_buckets - 1))
+
+
+def sinusoidal_embedding(positions, dim: int):
+  """[..., dim]: sin(p / 10000^(2i/dim)) at 2i and cos at 2i + 1 (Vaswani et al. 2017)."""
+  inv = jnp.asarray(10000.0 ** -(np.arange(0, dim, 2) / dim), jnp.float32)
+  angle = positions.astype(jnp.float32)[..., None] * inv.reshape((1,) * positions.ndim + inv.shape)
+  return jnp.stack([jnp.sin(angle), jnp.cos(angle)], axis=-1).reshape(positions.shape + (dim,))
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg: GPTConfig, layer: int, *, rngs: nnx.Rngs):
+    E, H, K, D = cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    pd = DTYPES[cfg.param_dtype]
+    std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layer)
+    self.cfg = cfg
+    self.mode = ("rove" if cfg.is_rove_layer(layer) else
+                 "rope" if cfg.pos_encoding in ROTARY_ENCODINGS else "none")
+    self.wq = _param(rngs, (E, H, D), std, ("embed", "heads", "head_dim"), pd)
+    self.wk = _param(rngs, (E, K, D), std, ("embed", "kv_heads", "head_dim"), pd)
+    self.wv = _param(rngs, (E, K, D), std, ("embed", "kv_heads", "head_dim"), pd)
+    self.wo = _param(rngs, (H, D, E), out_std, ("heads", "head_dim", "embed"), pd)
+    if cfg.use_bias:
+      self.bq = _const((H, D), 0.0, ("heads", "head_dim"), pd)
+      self.bk = _const((K, D), 0.0, ("kv_heads", "head_dim"), pd)
+      self.bv = _const((K, D), 0.0, ("kv_heads", "head_dim"), pd)
+      self.bo = _const((E,), 0.0, ("embed",), pd)
+    else:
+      self.bq = self.bk = self.bv = self.bo = None
+
+  def _project(self, x_BTE, w, b):
+    dt = x_BTE.dtype
+    y = jnp.einsum("bte,ehd->bthd", x_BTE, w[...].astype(dt))
+    return y if b is None else y + b[...].astype(dt)[None, None]
+
+  def __call__(self, x_BTE, positions_BT, *, segment_ids, inv_freq, attention_factor,
+               t5_table, cache_kv, kv_positions_BL, kv_mask_BL):
+    cfg = self.cfg
+    q = self._project(x_BTE, self.wq, self.bq)
+    k = self._project(x_BTE, self.wk, self.bk)
+    v = self._project(x_BTE, self.wv, self.bv)
+    bias_fn = None
+    if t5_table is not None:
+      def bias_fn(q_pos, kv_pos):
+        buckets = t5_buckets(q_pos[:, :, None] - kv_pos[:, None, :], cfg.t5_num_buckets,
+                             cfg.t5_max_distance)
+        return jnp.moveaxis(t5_table[buckets], -1, 1)  # [B, t, s, H] -> [B, H, t, s]
+    common = dict(implementation=cfg.attention_impl, chunk_size=cfg.attention_chunk)
+    rotary_kw = dict(inv_freq=inv_freq, attention_factor=attention_factor,
+                     layout=cfg.rope_layout, **common)
+    fn = {"rove": attention.rove_attention, "rope": attention.rope_attention}.get(self.mode)
+
+    new_kv = None
+    if cache_kv is None:
+      if fn is not None:
+        out = fn(q, k, v, q_positions=positions_BT, kv_positions=positions_BT,
+                 segment_ids=segment_ids, **rotary_kw)
+      else:
+        out = attention.masked_attention(q, k, v, q_positions=positions_BT,
+                                         kv_positions=positions_BT, segment_ids=segment_ids,
+                                         bias_fn=bias_fn, **common)
+    else:
+      cache_k, cache_v, start = cache_kv
+      if fn is not None:  # the cache holds rotated keys (and RoVE values) at global positions
+        k = rotary.rotate(k, positions_BT, inv_freq, layout=cfg.rope_layout)
+        if self.mode == "rove":
+          v = rotary.rotate(v, positions_BT, inv_freq, layout=cfg.rope_layout)
+      cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (0, start, 0, 0))
+      cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (0, start, 0, 0))
+      new_kv = (cache_k, cache_v)
+      kv = dict(kv_positions=kv_positions_BL, kv_mask=kv_mask_BL)
+      if fn is not None:
+        out = fn(q, cache_k.astype(q.dtype), cache_v.astype(q.dtype), q_positions=positions_BT,
+                 kv_prerotated=True, **kv, **rotary_kw)
+      else:
+        out = attention.masked_attention(q, cache_k.astype(q.dtype), cache_v.astype(q.dtype),
+                                         q_positions=positions_BT, bias_fn=bias_fn, **kv,
+                                         **common)
+    y = jnp.einsum("bthd,hde->bte", out, self.wo[...].astype(out.dtype))
+    if self.bo is not None:
+      y = y + _lead(self.bo[...].astype(y.dtype), y.ndim)
+    return y, new_kv
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
+    E, F = cfg.d_model, cfg.d_ff
+    pd = DTYPES[cfg.param_dtype]
+    std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layer)
+    self.kind = cfg.mlp
+    self.w_in = _param(rngs, (E, F), std, ("embed", "mlp"), pd)
+    self.w_gate = _param(rngs, (E, F), std, ("embed", "mlp"), pd) if cfg.mlp == "swiglu" else None
+    self.w_out = _param(rngs, (F, E), out_std, ("mlp", "embed"), pd)
+    use_bias = cfg.use_bias and cfg.mlp == "gelu"
+    self.b_in = _const((F,), 0.0, ("mlp",), pd) if use_bias else None
+    self.b_out = _const((E,), 0.0, ("embed",), pd) if use_bias else None
+
+  def __call__(self, x_BTE):
+    dt = x_BTE.dtype
+    h = x_BTE @ self.w_in[...].astype(dt)
+    if self.b_in is not None:
+      h = h + _lead(self.b_in[...].astype(dt), h.ndim)
+    if self.kind == "swiglu":
+      h = jax.nn.silu(x_BTE @ self.w_gate[...].astype(dt)) * h
+    else:
+      h = jax.nn.gelu(h, approximate=True)
+    y = h @ self.w_out[...].astype(dt)
+    return y if self.b_out is None else y + _lead(self.b_out[...].astype(dt), y.ndim)
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg: GPTConfig, layer: int, *, rngs: nnx.Rngs):
+    self.norm1 = Norm(cfg.d_model, cfg)
+    self.attn = Attention(cfg, layer, rngs=rngs)
+    self.norm2 = Norm(cfg.d_model, cfg)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, positions, segment_ids, inv_freq, attention_factor, t5_table, cache_kv,
+               kv_positions, kv_mask):
+    a, new_kv = self.attn(self.norm1(x), positions, segment_ids=segment_ids, inv_freq=inv_freq,
+                          attention_factor=attention_factor, t5_table=t5_table,
+                          cache_kv=cache_kv, kv_positions_BL=kv_positions, kv_mask_BL=kv_mask)
+    x = x + a
+    return x + self.mlp(self.norm2(x)), new_kv
+
+
+def _block_call(block, *args):
+  return block(*args)
+
+
+# ---------------------------------------------------------------------------------- model
+
+
+class GPT(nnx.Module):
+  """Decoder-only transformer. `model(tokens)` -> logits [B, T, V] (float32);
+  `model(tokens, cache=cache)` -> (logits, cache) for decoding."""
+
+  def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs):
+    cfg = self.config = config
+    pd = DTYPES[cfg.param_dtype]
+    self.embed = _param(rngs, (cfg.vocab_size, cfg.d_model), cfg.init_std, ("vocab", "embed"), pd)
+    self.pos_embed = _param(rngs, (cfg.max_len, cfg.d_model), cfg.init_std, (None, "embed"), pd) \
+        if cfg.pos_encoding == "learned" else None
+    self.t5_table = _param(rngs, (cfg.t5_num_buckets, cfg.n_head), cfg.init_std, (None, "heads"),
+                           pd) if cfg.pos_encoding == "t5_bias" else None
+    self.blocks = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layer)])
+    self.final_norm = Norm(cfg.d_model, cfg)
+    self.lm_head = None if cfg.tie_embeddings else _param(
+        rngs, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"), pd)
+
+  # -------------------------------------------------------------------------- helpers
+  def rotary_frequencies(self, seq_len: int, rope_scaling=_UNSET):
+    """(inv_freq, attention_factor) for this call; `rope_scaling` overrides the config's."""
+    cfg = self.config
+    if cfg.pos_encoding not in ROTARY_ENCODINGS:
+      if rope_scaling is not _UNSET and rope_scaling is not None:
+        raise ValueError(f"rope_scaling applies to rotary encodings, not {cfg.pos_encoding!r}")
+      return None, 1.0
+    scaling_cfg = cfg.scaling_dict if rope_scaling is _UNSET else rope_scaling
+    return scaling.from_config(scaling_cfg, cfg.rot_dim, base=cfg.rope_base, max_len=cfg.max_len,
+                               seq_len=seq_len)
+
+  def init_cache(self, batch: int, max_len: int) -> KVCache:
+    """An empty cache of `max_len` slots per sequence."""
+    cfg = self.config
+    if cfg.pos_encoding == "learned" and max_len > cfg.max_len:
+      raise ValueError(f"learned position embeddings cover {cfg.max_len} positions; a cache of "
+                       f"{max_len} would decode past them. Use at most {cfg.max_len}.")
+    dt = DTYPES[cfg.dtype]
+    shape = (batch, max_len, cfg.n_kv_head, cfg.head_dim)
+    zeros = tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layer))
+    return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layer)),
+                   positions=jnp.zeros((batch, max_len), jnp.int32),
+                   length=jnp.zeros((), jnp.int32))
+
+  def embed_tokens(self, tokens_BT, positions_BT):
+    """Token embeddings plus, for absolute encodings, the position embeddings: [B, T, E]."""
+    cfg = self.config
+    dt = DTYPES[cfg.dtype]
+    x = self.embed[...].astype(dt)[tokens_BT]
+    if cfg.pos_encoding == "learned":
+      x = x + self.pos_embed[...].astype(dt)[positions_BT]
+    elif cfg.pos_encoding == "sinusoidal":
+      x = x + sinusoidal_embedding(positions_BT, cfg.d_model).astype(dt)
+    return x
+
+  def _check_positions(self, tokens_BT, positions_BT):
+    cfg = self.config
+    if cfg.pos_encoding != "learned":
+      return
+    if tokens_BT.shape[1] > cfg.max_len:
+      raise ValueError(f"learned position embeddings cover {cfg.max_len} positions; got a "
+                       f"sequence of {tokens_BT.shape[1]} tokens. Use a rotary, sinusoidal, "
+                       f"t5_bias or nope model for longer inputs.")
+    if positions_BT is not None and not isinstance(positions_BT, jax.core.Tracer):
+      top = int(np.max(np.asarray(positions_BT)))
+      if top >= cfg.max_len:
+        raise ValueError(f"learned position embeddings cover positions 0..{cfg.max_len - 1}; "
+                         f"got position {top}")
+
+  # ---------------------------------------------------------------------------- call
+  def __call__(self, tokens_BT, positions=None, segment_ids=None, *, cache: KVCache | None = None,
+               rope_scaling=_UNSET):
+    """Logits [B, T, V] in float32, or (logits, cache) when a cache is given.
+
+    Args:
+      tokens_BT: int tokens.
+      positions: [B, T] global positions (default: 0..T-1, or continuing the cache).
+      segment_ids: [B, T] document ids for packed sequences (not with a cache).
+      cache: a KVCache from `init_cache`; the new tokens are written after its filled slots.
+      rope_scaling: a HuggingFace-style dict (or None for plain RoPE) overriding the config's
+        for this call, e.g. {"rope_type": "yarn", "factor": L / max_len,
+        "original_max_position_embeddings": max_len}, for inference-time context extension.
+    """
+    tokens_BT = jnp.asarray(tokens_BT)
+    if tokens_BT.ndim != 2:
+      raise ValueError(f"tokens must be [B, T], got shape {tokens_BT.shape}")
+    self._check_positions(tokens_BT, positions)
+    B, T = tokens_BT.shape
+    if positions is None:
+      base = jnp.arange(T, dtype=jnp.int32)[None]
+      positions = base if cache is None else base + cache.length
+      positions = jnp.broadcast_to(positions, (B, T))
+    positions = jnp.asarray(positions).astype(jnp.int32)
+    if positions.shape != (B, T):
+      raise ValueError(f"positions must be [B, T] = {(B, T)}, got {positions.shape}")
+    x = self.embed_tokens(tokens_BT, positions)
+    return self.forward_embeddings(x, positions, segment_ids, cache=cache,
+                                   rope_scaling=rope_scaling)
+
+  def forward_embeddings(self, x_BTE, positions_BT, segment_ids=None, *, cache=None,
+                         rope_scaling=_UNSET):
+    """The transformer from input embeddings (after `embed_tokens`) to logits."""
+    cfg = self.config
+    B, T, _ = x_BTE.shape
+    if cache is not None and segment_ids is not None:
+      raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
+    if cache is not None:
+      L = cache.positions.shape[1]
+      if T > L:
+        raise ValueError(f"{T} new tokens do not fit a cache of {L} slots")
+      if not isinstance(cache.length, jax.core.Tracer) and int(cache.length) + T > L:
+        raise ValueError(f"the cache holds {int(cache.length)} of {L} slots; {T} more do not "
+                         f"fit. Create it with init_cache(batch, max_len >= total length).")
+      start = cache.length
+      kv_positions = jax.lax.dynamic_update_slice(cache.positions, positions_BT, (0, start))
+      kv_mask = jnp.broadcast_to(jnp.arange(L)[None] < start + T, (B, L))
+      seq_len = L
+    else:
+      kv_positions = kv_mask = start = None
+      seq_len = T
+    inv_freq, factor = self.rotary_frequencies(seq_len, rope_scaling)
+    t5_table = None if self.t5_table is None else self.t5_table[...].astype(jnp.float32)
+
+    call = _block_call
+    if cfg.remat != "none":
+      policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots"
+                else None)
+      call = nnx.remat(_block_call, policy=policy)
+    new_k, new_v = [], []
+    x = x_BTE
+    for i, block in enumerate(self.blocks):
+      cache_kv = None if cache is None else (cache.k[i], cache.v[i], start)
+      x, kv = call(block, x, positions_BT, segment_ids, inv_freq, factor, t5_table, cache_kv,
+                   kv_positions, kv_mask)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+    x = self.final_norm(x)
+    head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
+    logits = jnp.einsum("bte,ev->btv", x, head.astype(x.dtype),
+                        preferred_element_type=jnp.float32)
+    if cache is None:
+      return logits
+    return logits, KVCache(k=tuple(new_k), v=tuple(new_v), positions=kv_positions,
+                           length=start + T)
+
+
+def count_params(model_or_state) -> int:
+  """Number of parameters (works on nnx.eval_shape results: nothing allocated)."""
+  state = nnx.state(model_or_state, nnx.Param)
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(state)))
+
+
+def param_count(config: GPTConfig) -> int:
+  """Parameter count of a config, from shapes only."""
+  return count_params(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
+
+
+# ------------------------------------------------------------------------------- decoding
+
+
+def sample_logits(logits_BV, key, *, temperature: float, top_k: Optional[int]):
+  """Greedy when temperature == 0, else softmax(logits / temperature) restricted to top_k."""
+  if temperature == 0:
+    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  logits_BV = logits_BV.astype(jnp.float32) / temperature
+  if top_k is not None:
+    kth = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
+    logits_BV = jnp.where(logits_BV < kth, -jnp.inf, logits_BV)
+  return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
+
+
+@functools.lru_cache(maxsize=16)
+def _generate_fn(graphdef, max_new_tokens, temperature, top_k, scaling_key):
+  rope_scaling = _UNSET if scaling_key == "_unset" else _thaw_scaling(scaling_key)
+
+  @jax.jit
+  def run(state, prompt_BP, cache, rng):
+    model = nnx.merge(graphdef, state)
+    logits, cache = model(prompt_BP, cache=cache, rope_scaling=rope_scaling)
+    keys = jax.random.split(rng, max_new_tokens)
+    first = sample_logits(logits[:, -1], keys[0], temperature=temperature, top_k=top_k)
+
+    def step(carry, key):
+      token_B, cache = carry
+      logits, cache = model(token_B[:, None], cache=cache, rope_scaling=rope_scaling)
+      nxt = sample_logits(logits[:, -1], key, temperature=temperature, top_k=top_k)
+      return (nxt, cache), token_B
+
+    (last, _), emitted = jax.lax.scan(step, (first, cache), keys[1:])
+    return jnp.concatenate([emitted.T, last[:, None]], axis=1)
+
+  return run
+
+
+def generate(model: GPT, prompt, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: Optional[int] = None, rng=None, rope_scaling=_UNSET):
+  """Prompt [B, P] -> [B, P + max_new_tokens]: a jitted prefill, then a lax.scan of one-token
+  decoding steps against the KV cache.
+
+  temperature 0 is greedy (deterministic); top_k restricts sampling to the k likeliest tokens.
+  """
+  prompt = jnp.asarray(prompt, jnp.int32)
+  if prompt.ndim != 2 or prompt.shape[1] < 1:
+    raise ValueError(f"prompt must be [B, P] with P >= 1, got shape {prompt.shape}")
+  if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+    raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+  if temperature < 0:
+    raise ValueError(f"temperature must be >= 0, got {temperature}")
+  if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
+    raise ValueError(f"top_k must be in [1, vocab_size={model.config.vocab_size}], got {top_k}")
+  if temperature > 0 and rng is None:
+    raise ValueError("sampling (temperature > 0) needs rng=jax.random.key(...)")
+  B, P = prompt.shape
+  cache = model.init_cache(B, P + max_new_tokens)
+  graphdef, state = nnx.split(model)
+  scaling_key = "_unset" if rope_scaling is _UNSET else _freeze(rope_scaling)
+  fn = _generate_fn(graphdef, max_new_tokens, float(temperature), top_k, scaling_key)
+  rng = jax.random.key(0) if rng is None else rng
+  return jnp.concatenate([prompt, fn(state, prompt, cache, rng)], axis=1)
