@@ -1,0 +1,60 @@
+"""The Linen module: an existing Linen block switches to RoVE by swapping its attention module."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import rove_jax as rj
+from rove_jax.linen import RotarySelfAttention
+
+
+class Block(nn.Module):
+  """A pre-norm transformer block as a Linen codebase would have it, attention injected."""
+  attention: nn.Module
+
+  @nn.compact
+  def __call__(self, x):
+    x = x + self.attention(nn.LayerNorm()(x))
+    h = nn.gelu(nn.Dense(4 * x.shape[-1])(nn.LayerNorm()(x)))
+    return x + nn.Dense(x.shape[-1])(h)
+
+
+def _x(B=2, T=10, E=32):
+  return jax.random.normal(jax.random.key(0), (B, T, E))
+
+
+def test_swap_keeps_parameters_and_reduces_to_the_original_at_zero_frequency():
+  x = _x()
+  baseline = Block(attention=nn.MultiHeadDotProductAttention(num_heads=4, deterministic=True))
+  params = baseline.init(jax.random.key(1), x)
+  rove = Block(attention=RotarySelfAttention(num_heads=4, pos_encoding="rove", causal=False))
+  rove_params = rove.init(jax.random.key(1), x)
+  # Same parameter tree: a checkpoint of the Linen model loads into the RoVE version as is.
+  assert jax.tree.structure(params) == jax.tree.structure(rove_params)
+  assert all(a.shape == b.shape for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(rove_params)))
+  y_base = baseline.apply(params, x)
+  y_rove = rove.apply(params, x)
+  assert np.abs(y_rove - y_base).max() > 1e-3  # RoVE changes the block...
+  frozen = Block(attention=RotarySelfAttention(num_heads=4, pos_encoding="rove", causal=False,
+                                               rope_scaling={"rope_type": "linear",
+                                                             "factor": 1e30}))
+  # ...and with every frequency ~0 it is exactly the original attention.
+  np.testing.assert_allclose(frozen.apply(params, x), y_base, atol=1e-5)
+
+
+def test_module_equals_the_pure_function_on_its_parameters():
+  x = _x()
+  mod = RotarySelfAttention(num_heads=4, num_kv_heads=2, pos_encoding="rove", rope_base=100.0)
+  params = mod.init(jax.random.key(2), x)["params"]
+  y = mod.apply({"params": params}, x)
+  proj = lambda name: (jnp.einsum("bte,ehd->bthd", x, params[name]["kernel"])
+                      + params[name]["bias"][None, None])
+  pos = jnp.broadcast_to(jnp.arange(10)[None], (2, 10))
+  out = rj.rove_attention(proj("query"), proj("key"), proj("value"), q_positions=pos,
+                          kv_positions=pos, inv_freq=rj.rope_frequencies(8, base=100.0))
+  want = jnp.einsum("bthd,hde->bte", out, params["out"]["kernel"]) + params["out"]["bias"][None, None]
+  np.testing.assert_allclose(y, want, atol=1e-5)
+  # causal: the first output does not depend on later inputs
+  x2 = x.at[:, 5:].set(0.0)
+  np.testing.assert_allclose(mod.apply({"params": params}, x2)[:, :5], y[:, :5], atol=1e-6)
