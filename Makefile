@@ -2,26 +2,35 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
-STAMP   = $(VENV)/.installed
+CORE    = $(VENV)/.installed-core
+TEST    = $(VENV)/.installed-test
 
-.PHONY: test install clean demo
+# The demo: the tiny RoVE GPT on the embedded stdlib corpus, sized to finish (install
+# included) in about 10 minutes on 2 CPU cores. Rerunning resumes from runs/demo.
+DEMO_ARGS = --config configs/tiny.py --workdir runs/demo --config.steps=100 \
+            --config.optim.warmup_steps=20 --config.eval_every=50 --config.checkpoint_every=50
+
+.PHONY: test demo install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): $(PY) pyproject.toml
+$(CORE): $(PY) pyproject.toml
+	$(PY) -m pip install -q -e .
+	touch $(CORE)
+
+$(TEST): $(PY) pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	touch $(TEST) $(CORE)
 
-install: $(STAMP)
+install: $(TEST)
 
-test: $(STAMP)
+test: $(TEST)
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+
+demo: $(CORE)
+	$(PY) train.py $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
-
-# Until the training job lands (issue 4), the demo is a tour of the core functions.
-demo: $(STAMP)
-	$(PY) examples/tour.py

@@ -545,8 +545,13 @@ def param_count(config: GPTConfig) -> int:
 # ------------------------------------------------------------------------------- decoding
 
 
-def sample_logits(logits_BV, key, *, temperature: float, top_k: Optional[int]):
-  """Greedy when temperature == 0, else softmax(logits / temperature) restricted to top_k."""
+def sample_logits(logits_BV, key, *, temperature: float, top_k: Optional[int],
+                  valid_vocab: Optional[int] = None):
+  """Greedy when temperature == 0, else softmax(logits / temperature) restricted to top_k.
+  Ids >= valid_vocab (padding of the embedding table) are never chosen."""
+  if valid_vocab is not None and valid_vocab < logits_BV.shape[-1]:
+    ids = jnp.arange(logits_BV.shape[-1])[None]
+    logits_BV = jnp.where(ids < valid_vocab, logits_BV, -jnp.inf)
   if temperature == 0:
     return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
   logits_BV = logits_BV.astype(jnp.float32) / temperature
@@ -557,7 +562,7 @@ def sample_logits(logits_BV, key, *, temperature: float, top_k: Optional[int]):
 
 
 @functools.lru_cache(maxsize=16)
-def _generate_fn(graphdef, max_new_tokens, temperature, top_k, scaling_key):
+def _generate_fn(graphdef, max_new_tokens, temperature, top_k, valid_vocab, scaling_key):
   rope_scaling = _UNSET if scaling_key == "_unset" else _thaw_scaling(scaling_key)
 
   @jax.jit
@@ -565,12 +570,14 @@ def _generate_fn(graphdef, max_new_tokens, temperature, top_k, scaling_key):
     model = nnx.merge(graphdef, state)
     logits, cache = model(prompt_BP, cache=cache, rope_scaling=rope_scaling)
     keys = jax.random.split(rng, max_new_tokens)
-    first = sample_logits(logits[:, -1], keys[0], temperature=temperature, top_k=top_k)
+    sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k,
+                               valid_vocab=valid_vocab)
+    first = sample(logits[:, -1], keys[0])
 
     def step(carry, key):
       token_B, cache = carry
       logits, cache = model(token_B[:, None], cache=cache, rope_scaling=rope_scaling)
-      nxt = sample_logits(logits[:, -1], key, temperature=temperature, top_k=top_k)
+      nxt = sample(logits[:, -1], key)
       return (nxt, cache), token_B
 
     (last, _), emitted = jax.lax.scan(step, (first, cache), keys[1:])
@@ -580,11 +587,13 @@ def _generate_fn(graphdef, max_new_tokens, temperature, top_k, scaling_key):
 
 
 def generate(model: GPT, prompt, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: Optional[int] = None, rng=None, rope_scaling=_UNSET):
+             top_k: Optional[int] = None, rng=None, valid_vocab: Optional[int] = None,
+             rope_scaling=_UNSET):
   """Prompt [B, P] -> [B, P + max_new_tokens]: a jitted prefill, then a lax.scan of one-token
   decoding steps against the KV cache.
 
-  temperature 0 is greedy (deterministic); top_k restricts sampling to the k likeliest tokens.
+  temperature 0 is greedy (deterministic); top_k restricts sampling to the k likeliest tokens;
+  valid_vocab excludes the padded ids a tokenizer never produces (e.g. 257 for bytes).
   """
   prompt = jnp.asarray(prompt, jnp.int32)
   if prompt.ndim != 2 or prompt.shape[1] < 1:
@@ -601,6 +610,7 @@ def generate(model: GPT, prompt, max_new_tokens: int, *, temperature: float = 1.
   cache = model.init_cache(B, P + max_new_tokens)
   graphdef, state = nnx.split(model)
   scaling_key = "_unset" if rope_scaling is _UNSET else _freeze(rope_scaling)
-  fn = _generate_fn(graphdef, max_new_tokens, float(temperature), top_k, scaling_key)
+  fn = _generate_fn(graphdef, max_new_tokens, float(temperature), top_k, valid_vocab,
+                    scaling_key)
   rng = jax.random.key(0) if rng is None else rng
   return jnp.concatenate([prompt, fn(state, prompt, cache, rng)], axis=1)

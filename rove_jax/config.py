@@ -1,0 +1,187 @@
+"""Run configs (ml_collections) for train.py: the schema, defaults and validation.
+
+`base_config(preset)` returns every field a run reads, so `--config.a.b=value` overrides work
+for all of them and an unknown key is an error. configs/*.py start from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+from rove_jax.model import GPTConfig
+
+_PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "rope_scaling": dict, "rove_layers": tuple}
+
+
+def model_fields(cfg: GPTConfig) -> ml_collections.ConfigDict:
+  """A ConfigDict of every GPTConfig field, None fields as typed placeholders."""
+  out = ml_collections.ConfigDict()
+  derived = {"n_kv_head": cfg.n_head, "d_ff": 4 * cfg.d_model}  # left None: follow overrides
+  for f in dataclasses.fields(GPTConfig):
+    value = getattr(cfg, f.name)
+    if derived.get(f.name) == value:
+      value = None
+    if value is None:
+      value = config_dict.placeholder(_PLACEHOLDER_TYPES.get(f.name, str))
+    elif f.name == "rope_scaling":
+      value = dict(cfg.scaling_dict)
+    out[f.name] = value
+  return out
+
+
+def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.model = model_fields(getattr(GPTConfig, preset)())
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "stdlib"  # stdlib | text | parquet | hf
+  c.data.path = config_dict.placeholder(str)
+  c.data.val_path = config_dict.placeholder(str)
+  c.data.text_field = "text"
+  c.data.val_fraction = 0.02
+  c.data.max_files = config_dict.placeholder(int)
+  c.data.max_train_tokens = config_dict.placeholder(int)
+  c.data.max_val_tokens = config_dict.placeholder(int)
+  c.data.hf_config = config_dict.placeholder(str)
+  c.data.tokenizer = "bytes"  # bytes | bpe | bpe:VOCAB | path/to/tokenizer.json | tiktoken:gpt2
+  c.data.seq_len = c.model.max_len
+  c.data.batch_size = 16  # global
+  c.data.packing = False
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 1e-3
+  c.optim.min_lr_ratio = 0.1
+  c.optim.warmup_steps = 100
+  c.optim.weight_decay = 0.1
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.95
+  c.optim.eps = 1e-8
+  c.optim.clip_norm = 1.0
+  c.optim.grad_accum = 1
+  c.optim.max_nonfinite = 10  # consecutive skipped updates before the run stops
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+
+  c.steps = 1000
+  c.run_steps = config_dict.placeholder(int)  # stop this invocation after this many steps
+  c.log_every = 10
+  c.eval_every = 200
+  c.eval_batches = 16
+  c.checkpoint_every = 200
+  c.keep_checkpoints = 3
+  c.async_checkpoints = True
+  c.seed = 0
+  c.progress = True
+  c.sample_tokens = 200  # a generated sample printed at the end (0: none)
+  return c
+
+
+def to_model_config(c: ml_collections.ConfigDict) -> GPTConfig:
+  fields = {k: v for k, v in c.model.to_dict().items() if v is not None}
+  if "rope_scaling" in fields and not fields["rope_scaling"]:
+    fields.pop("rope_scaling")
+  try:
+    return GPTConfig(**fields)
+  except TypeError as e:  # an unknown field name
+    known = sorted(f.name for f in dataclasses.fields(GPTConfig))
+    raise ValueError(f"config.model: {e}; known fields: {known}") from None
+
+
+def validate(c: ml_collections.ConfigDict) -> GPTConfig:
+  """Checks the run config against the schema and its values; returns the model config.
+
+  Raises ValueError naming the field before anything expensive runs.
+  """
+  schema = base_config("tiny")
+  unknown = _unknown_keys(c, schema)
+  if unknown:
+    raise ValueError(f"unknown config keys {unknown}; see rove_jax/config.py:base_config for "
+                     f"the fields a run reads")
+  model = to_model_config(c)
+  d = c.data
+  if d.seq_len is None or d.seq_len < 1:
+    raise ValueError(f"data.seq_len must be a positive int, got {d.seq_len}")
+  if d.seq_len > model.max_len:
+    raise ValueError(f"data.seq_len={d.seq_len} exceeds model.max_len={model.max_len}, the "
+                     f"training context the positional encoding is set up for; set "
+                     f"--config.model.max_len={d.seq_len}")
+  for name in ("steps", "log_every", "eval_every", "checkpoint_every", "eval_batches"):
+    if not (isinstance(c[name], int) and c[name] >= 1):
+      raise ValueError(f"{name} must be an int >= 1, got {c[name]!r}")
+  o = c.optim
+  if not o.lr > 0:
+    raise ValueError(f"optim.lr must be > 0, got {o.lr}")
+  if not (isinstance(o.grad_accum, int) and o.grad_accum >= 1):
+    raise ValueError(f"optim.grad_accum must be an int >= 1, got {o.grad_accum!r}")
+  if not 0 <= o.warmup_steps <= c.steps:
+    raise ValueError(f"optim.warmup_steps={o.warmup_steps} must be in [0, steps={c.steps}]")
+  for name in ("data", "fsdp", "tensor"):
+    value = c.mesh[name]
+    if not (isinstance(value, int) and (value >= 1 or value == -1)):
+      raise ValueError(f"mesh.{name} must be a positive int or -1, got {value!r}")
+  return model
+
+
+def data_parallel_size(c: ml_collections.ConfigDict, n_devices: int) -> int:
+  sizes = {k: c.mesh[k] for k in ("data", "fsdp", "tensor")}
+  fill = [k for k, v in sizes.items() if v == -1]
+  if len(fill) > 1:
+    raise ValueError(f"at most one mesh axis may be -1, got {fill}")
+  known = 1
+  for k, v in sizes.items():
+    if v != -1:
+      known *= v
+  if fill:
+    if n_devices % known:
+      raise ValueError(f"mesh {sizes}: {n_devices} devices are not divisible by {known}")
+    sizes[fill[0]] = n_devices // known
+  elif known != n_devices:
+    raise ValueError(f"mesh data*fsdp*tensor = {known} but {n_devices} devices are in use; make "
+                     f"the product equal the device count (or set one axis to -1)")
+  return sizes["data"] * sizes["fsdp"]
+
+
+def _unknown_keys(c, schema, prefix="") -> list[str]:
+  out = []
+  for key in c.keys():
+    path = f"{prefix}{key}"
+    if key not in schema:
+      out.append(path)
+    elif isinstance(c[key], ml_collections.ConfigDict):
+      if isinstance(schema[key], ml_collections.ConfigDict):
+        out += _unknown_keys(c[key], schema[key], path + ".")
+  return out
+
+
+def check_workdir(workdir: str) -> str:
+  """Creates workdir if needed and proves it writable, before any work starts."""
+  workdir = os.path.abspath(workdir)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, f".write_test_{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise ValueError(f"workdir {workdir} is not writable ({e.strerror}); choose another "
+                     f"--workdir") from None
+  return workdir
+
+
+def as_plain(value: Any) -> Any:
+  """JSON-friendly copy of a config (ConfigDict -> dict, tuples -> lists)."""
+  if isinstance(value, ml_collections.ConfigDict):
+    value = value.to_dict()
+  if isinstance(value, dict):
+    return {k: as_plain(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [as_plain(v) for v in value]
+  return value

@@ -1,0 +1,405 @@
+"""Training: optimizer, jitted train step, evaluation and the preemption-safe loop.
+
+Shape letters: B batch (per process), T sequence length, A gradient-accumulation steps,
+V vocabulary.
+
+The loop resumes from the newest readable checkpoint in workdir (params, optimizer state,
+step and the data iterator's position), logs to workdir/metrics.jsonl and TensorBoard, and
+on SIGTERM / SIGINT finishes the current step, saves and returns. A step whose loss or
+gradient is not finite leaves the state unchanged and is counted; too many in a row stop the
+run with an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from rove_jax import checkpoint as ckpt_lib
+from rove_jax import config as config_lib
+from rove_jax import data as data_lib
+from rove_jax.model import GPT, GPTConfig
+
+# Weight decay applies to these matrices only; embeddings, norms, biases and the T5 table
+# are not decayed.
+_DECAY_NAMES = ("wq", "wk", "wv", "wo", "w_in", "w_gate", "w_out", "lm_head")
+
+
+@flax.struct.dataclass
+class TrainState:
+  params: Any
+  opt_state: Any
+  step: jax.Array
+
+
+class NonFiniteError(RuntimeError):
+  pass
+
+
+# --------------------------------------------------------------------------- components
+
+
+def lr_schedule(o: ml_collections.ConfigDict, steps: int):
+  """Linear warmup to optim.lr, then cosine decay to lr * min_lr_ratio at `steps`."""
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
+      decay_steps=max(steps, o.warmup_steps + 1), end_value=o.lr * o.min_lr_ratio)
+
+
+def decay_mask(params) -> Any:
+  """True for the projection matrices that get weight decay; False for the rest."""
+  def keep(path, leaf):
+    names = [getattr(k, "key", None) for k in path]
+    return any(n in _DECAY_NAMES for n in names)
+  return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def make_optimizer(o: ml_collections.ConfigDict, steps: int) -> optax.GradientTransformation:
+  """AdamW with warmup + cosine, global-norm clipping, decay on matrices only."""
+  parts = []
+  if o.clip_norm and o.clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(o.clip_norm))
+  parts.append(optax.adamw(lr_schedule(o, steps), b1=o.b1, b2=o.b2, eps=o.eps,
+                           weight_decay=o.weight_decay, mask=decay_mask))
+  return optax.chain(*parts)
+
+
+def cross_entropy(logits_BTV, targets_BT, mask_BT=None):
+  """Mean token cross-entropy in float32 (and the token count)."""
+  logp = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(logp, targets_BT[..., None], axis=-1)[..., 0]
+  if mask_BT is None:
+    return jnp.mean(nll), nll.size
+  mask = mask_BT.astype(jnp.float32)
+  return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0), jnp.sum(mask)
+
+
+def _batch_loss(graphdef, params, batch):
+  model = nnx.merge(graphdef, params)
+  logits = model(batch["inputs"], positions=batch.get("positions"),
+                 segment_ids=batch.get("segment_ids"))
+  return cross_entropy(logits, batch["targets"])[0]
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
+                    schedule=None):
+  """A jitted (state, batch) -> (state, metrics) with the state donated.
+
+  With grad_accum = A the batch [B, T] is split into A micro-batches [B / A, T] whose
+  gradients are averaged (a lax.scan), then one optimizer update is applied. A non-finite loss
+  or gradient norm leaves params and optimizer state unchanged (metrics["finite"] = False).
+  """
+  def step(state: TrainState, batch):
+    def micro(carry, mb):
+      loss, grads = jax.value_and_grad(functools.partial(_batch_loss, graphdef))(state.params, mb)
+      acc_loss, acc_grads = carry
+      return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), None
+
+    if grad_accum == 1:
+      loss, grads = jax.value_and_grad(functools.partial(_batch_loss, graphdef))(state.params, batch)
+    else:
+      split = jax.tree.map(lambda x: x.reshape((grad_accum, x.shape[0] // grad_accum)
+                                               + x.shape[1:]), batch)
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      (loss, grads), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), split)
+      loss = loss / grad_accum
+      grads = jax.tree.map(lambda g: g / grad_accum, grads)
+    grad_norm = _global_norm(grads)
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    # An update that overflows the parameters is rejected like a non-finite gradient.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(
+        _global_norm(new_params))
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = TrainState(params=keep(new_params, state.params),
+                           opt_state=keep(new_opt, state.opt_state),
+                           step=state.step + 1)
+    metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+    if schedule is not None:
+      metrics["lr"] = schedule(state.step)
+    return new_state, metrics
+
+  return jax.jit(step, donate_argnums=0)
+
+
+def _global_norm(tree):
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def make_eval_step(graphdef):
+  @jax.jit
+  def eval_step(params, batch):
+    return _batch_loss(graphdef, params, batch)
+  return eval_step
+
+
+def evaluate(eval_step, params, batches) -> Optional[float]:
+  losses = [float(eval_step(params, b)) for b in batches]
+  return float(np.mean(losses)) if losses else None
+
+
+# ------------------------------------------------------------------------------ logging
+
+
+class MetricsLog:
+  """workdir/metrics.jsonl (one JSON object a line) and TensorBoard event files."""
+
+  def __init__(self, workdir: str, *, resume_step: int, enabled: bool = True):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.enabled = enabled
+    self.tb = None
+    if not enabled:
+      return
+    # A resumed run recomputes the steps after its checkpoint: drop their old lines.
+    if os.path.exists(self.path):
+      with open(self.path) as f:
+        lines = [ln for ln in f if ln.strip()]
+      kept = [ln for ln in lines if _line_step(ln) is not None and _line_step(ln) <= resume_step]
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(kept)
+      os.replace(tmp, self.path)
+    try:
+      from tensorboardX import SummaryWriter
+      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    except ImportError:  # optional: the JSONL log is the record
+      self.tb = None
+
+  def write(self, record: dict) -> None:
+    if not self.enabled:
+      return
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    if self.tb is not None:
+      for k, v in record.items():
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+          self.tb.add_scalar(k, v, record["step"])
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.close()
+
+
+def _line_step(line: str):
+  try:
+    return json.loads(line).get("step")
+  except json.JSONDecodeError:  # a line cut by a kill
+    return None
+
+
+class _StopSignal:
+  """SIGTERM / SIGINT set a flag; the loop finishes its step, saves and returns."""
+
+  def __init__(self):
+    self.received = None
+    self._old = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: leave signals alone
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    self.received = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+
+def _progress(total, initial, enabled):
+  if not enabled:
+    return contextlib.nullcontext(None)
+  try:
+    from tqdm import tqdm
+  except ImportError:
+    return contextlib.nullcontext(None)
+  return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------- main
+
+
+def _corpus(c) -> data_lib.Corpus:
+  d = c.data
+  return data_lib.Corpus(source=d.source, path=d.path, val_path=d.val_path,
+                         text_field=d.text_field, val_fraction=d.val_fraction,
+                         max_files=d.max_files, hf_config=d.hf_config)
+
+
+def model_meta(model_cfg: GPTConfig) -> dict:
+  return config_lib.as_plain(dataclasses.asdict(model_cfg))
+
+
+_SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_len",
+                 "pos_encoding", "norm", "mlp", "use_bias", "tie_embeddings", "t5_num_buckets")
+
+
+def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
+  """Trains (or resumes) the run described by config `c` in `workdir`; returns a summary."""
+  model_cfg = config_lib.validate(c)
+  workdir = config_lib.check_workdir(workdir)
+  n_devices = jax.device_count() if -1 in (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) else (
+      c.mesh.data * c.mesh.fsdp * c.mesh.tensor)
+  dp = config_lib.data_parallel_size(c, n_devices)
+  if c.data.batch_size % dp:
+    raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by the data-parallel "
+                     f"size mesh.data * mesh.fsdp = {dp}")
+  if n_devices != 1:
+    raise NotImplementedError(
+        f"mesh {dict(c.mesh)}: sharded training over several devices is not implemented yet "
+        f"(the sharding issue); use mesh.data = mesh.fsdp = mesh.tensor = 1")
+  if c.data.batch_size % c.optim.grad_accum:
+    raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by "
+                     f"optim.grad_accum={c.optim.grad_accum}")
+
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=c.keep_checkpoints,
+                               async_save=c.async_checkpoints)
+  latest = ckpt.latest_step()
+  if latest is not None:  # a different model in this workdir is an error, before data work
+    saved = ckpt.read_meta(latest).get("model", {})
+    mine = model_meta(model_cfg)
+    diffs = {k: (saved.get(k), mine[k]) for k in _SHAPE_FIELDS if saved.get(k) != mine[k]}
+    if diffs:
+      raise ValueError(f"workdir {workdir} holds checkpoints of a different model "
+                       f"(field: saved, now): {diffs}; use another --workdir or the same model")
+
+  data = data_lib.prepare(_corpus(c), c.data.tokenizer, workdir=workdir,
+                          max_train_tokens=c.data.max_train_tokens,
+                          max_val_tokens=c.data.max_val_tokens)
+  if data.tokenizer.vocab_size > model_cfg.vocab_size:
+    need = -(-data.tokenizer.vocab_size // 64) * 64
+    raise ValueError(f"tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} ids but "
+                     f"model.vocab_size is {model_cfg.vocab_size}; set "
+                     f"--config.model.vocab_size={need}")
+
+  model = GPT(model_cfg, rngs=nnx.Rngs(c.seed))
+  graphdef, params = nnx.split(model, nnx.Param)
+  schedule = lr_schedule(c.optim, c.steps)
+  tx = make_optimizer(c.optim, c.steps)
+  state = TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+  iterator = data.train_iterator(seq_len=c.data.seq_len, global_batch_size=c.data.batch_size,
+                                 seed=c.seed, packing=c.data.packing)
+  meta = {"model": model_meta(model_cfg), "config": config_lib.as_plain(c),
+          "tokenizer": {"spec": c.data.tokenizer, "name": data.tokenizer.name,
+                        "vocab_size": data.tokenizer.vocab_size, "eot_id": data.tokenizer.eot_id}}
+
+  start = 0
+  restored = ckpt.restore_latest(ckpt_lib.to_flat(jax.tree.map(_abstract, state)), report=log)
+  if restored is not None:
+    start, flat, data_state, _ = restored
+    state = ckpt_lib.from_flat(flat, state)
+    iterator.set_state(data_state)
+    log(f"resumed from step {start} in {ckpt.directory}")
+  metrics_log = MetricsLog(workdir, resume_step=start)
+  train_step = make_train_step(graphdef, tx, c.optim.grad_accum, schedule)
+  eval_step = make_eval_step(graphdef)
+  eval_kw = dict(seq_len=c.data.seq_len, batch_size=c.data.batch_size,
+                 max_batches=c.eval_batches, packing=c.data.packing)
+
+  def save(step):
+    ckpt.save(step, ckpt_lib.to_flat(state), iterator.get_state(), {**meta, "step": step})
+
+  summary = {"start_step": start, "workdir": workdir}
+  nonfinite_run = nonfinite_total = 0
+  tokens_per_step = c.data.batch_size * c.data.seq_len
+  t_last, step_last = time.perf_counter(), start
+  last = {}
+  step = start
+  end = c.steps if c.run_steps is None else min(c.steps, start + c.run_steps)
+  with _StopSignal() as stop, _progress(c.steps, start, c.progress) as bar:
+    while step < end:
+      batch = next(iterator)
+      state, m = train_step(state, batch)
+      step += 1
+      finite = bool(m["finite"])
+      if step == start + 1:  # throughput from here on, compile time excluded
+        t_last, step_last = time.perf_counter(), step
+      if finite:
+        nonfinite_run = 0
+      else:
+        nonfinite_run += 1
+        nonfinite_total += 1
+        log(f"step {step}: non-finite loss or gradient, update skipped "
+            f"({nonfinite_run} in a row)")
+        if nonfinite_run >= c.optim.max_nonfinite:
+          ckpt.wait()
+          raise NonFiniteError(
+              f"{nonfinite_run} consecutive non-finite steps (last at step {step}); stopping. "
+              f"The last good checkpoint is kept; lower optim.lr or check the data.")
+      if step % c.log_every == 0 or step == c.steps:
+        now = time.perf_counter()
+        last = {"step": step, "loss": float(m["loss"]), "lr": float(m["lr"]),
+                "grad_norm": float(m["grad_norm"]),
+                "tokens_per_s": tokens_per_step * (step - step_last) / (now - t_last),
+                "nonfinite_steps": nonfinite_total}
+        t_last, step_last = now, step
+        metrics_log.write(last)
+        if bar is not None:
+          bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
+      if step % c.eval_every == 0 or step == c.steps:
+        val = evaluate(eval_step, state.params, data.eval_batches(**eval_kw))
+        if val is not None:
+          metrics_log.write({"step": step, "val_loss": val})
+          summary["val_loss"] = val
+          log(f"step {step}: val_loss {val:.4f}")
+      if step % c.checkpoint_every == 0 and step < c.steps:
+        save(step)
+      if bar is not None:
+        bar.update(1)
+      if stop.received:
+        log(f"{stop.received} received: saving a checkpoint at step {step} and exiting")
+        summary["stopped_by"] = stop.received
+        break
+    if ckpt.latest_step() != step:  # always end with a checkpoint of the final state
+      save(step)
+  ckpt.close()
+  metrics_log.close()
+  counts = np.bincount(np.asarray(data.val_tokens, np.int64), minlength=1).astype(np.float64)
+  probs = counts[counts > 0] / counts.sum()
+  summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())
+  summary.update(step=step, last=last, nonfinite_steps=nonfinite_total,
+                 tokenizer=data.tokenizer, model_config=model_cfg, params=state.params,
+                 graphdef=graphdef)
+  return summary
+
+
+def _abstract(x):
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+
+
+def report(summary: dict, c: ml_collections.ConfigDict, *, out=print) -> None:
+  """Prints the end-of-run summary and, if configured, a generated sample."""
+  last = summary.get("last") or {}
+  out(f"done: step {summary['step']} in {summary['workdir']}"
+      + (f", train loss {last['loss']:.4f}" if "loss" in last else "")
+      + (f", val loss {summary['val_loss']:.4f} nats/token (a unigram model of the validation "
+         f"tokens: {summary['val_unigram_entropy']:.4f})" if "val_loss" in summary else "")
+      + (f", {last['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in last else ""))
+  if c.sample_tokens and summary.get("params") is not None:
+    from rove_jax.model import generate
+    tok = summary["tokenizer"]
+    model = nnx.merge(summary["graphdef"], summary["params"])
+    prompt = tok.encode("def ")[None]
+    out_ids = generate(model, prompt, c.sample_tokens, temperature=0.8, top_k=40,
+                       rng=jax.random.key(c.seed), valid_vocab=tok.vocab_size)
+    out("sample:\n" + tok.decode(np.asarray(out_ids[0])))

@@ -1,0 +1,37 @@
+"""Train a RoVE (or baseline) GPT.
+
+  python train.py --config configs/tiny.py --workdir runs/tiny [--config.field=value ...]
+
+Rerunning the same command resumes from the newest readable checkpoint in --workdir.
+SIGTERM / Ctrl-C finish the current step, save a checkpoint and exit 0.
+"""
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics, tokenizer")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
+  from rove_jax import training  # after flag parsing: --help stays fast
+  try:
+    summary = training.train(_CONFIG.value, _WORKDIR.value)
+  except (ValueError, NotImplementedError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except training.NonFiniteError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 3
+  training.report(summary, _CONFIG.value)
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)
