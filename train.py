@@ -3,7 +3,9 @@
   python train.py --config configs/tiny.py --workdir runs/tiny [--config.field=value ...]
 
 Rerunning the same command resumes from the newest readable checkpoint in --workdir.
-SIGTERM / Ctrl-C finish the current step, save a checkpoint and exit 0.
+SIGTERM / Ctrl-C finish the current step, save a checkpoint and exit 0. Several processes
+(hosts): add --coordinator_address HOST:PORT --num_processes N --process_id I on each, or
+nothing on TPU pods and SLURM, where jax.distributed.initialize() detects the cluster.
 """
 
 import sys
@@ -13,6 +15,11 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics, tokenizer")
+_COORD = flags.DEFINE_string("coordinator_address", None,
+                             "multi-process: HOST:PORT of process 0 (with --num_processes, "
+                             "--process_id); without them, TPU pods and SLURM are auto-detected")
+_NPROC = flags.DEFINE_integer("num_processes", None, "multi-process: how many processes")
+_PID = flags.DEFINE_integer("process_id", None, "multi-process: this process's index")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -20,7 +27,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
-  from rove_jax import training  # after flag parsing: --help stays fast
+  from rove_jax import sharding, training  # after flag parsing: --help stays fast
+  sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
   try:
     summary = training.train(_CONFIG.value, _WORKDIR.value)
   except (ValueError, NotImplementedError) as e:

@@ -65,8 +65,8 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   c.optim.grad_accum = 1
   c.optim.max_nonfinite = 10  # consecutive skipped updates before the run stops
 
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = 1
+  c.mesh = ml_collections.ConfigDict()  # -1: the devices left over by the other axes
+  c.mesh.data = -1
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
 
@@ -128,25 +128,6 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
     if not (isinstance(value, int) and (value >= 1 or value == -1)):
       raise ValueError(f"mesh.{name} must be a positive int or -1, got {value!r}")
   return model
-
-
-def data_parallel_size(c: ml_collections.ConfigDict, n_devices: int) -> int:
-  sizes = {k: c.mesh[k] for k in ("data", "fsdp", "tensor")}
-  fill = [k for k, v in sizes.items() if v == -1]
-  if len(fill) > 1:
-    raise ValueError(f"at most one mesh axis may be -1, got {fill}")
-  known = 1
-  for k, v in sizes.items():
-    if v != -1:
-      known *= v
-  if fill:
-    if n_devices % known:
-      raise ValueError(f"mesh {sizes}: {n_devices} devices are not divisible by {known}")
-    sizes[fill[0]] = n_devices // known
-  elif known != n_devices:
-    raise ValueError(f"mesh data*fsdp*tensor = {known} but {n_devices} devices are in use; make "
-                     f"the product equal the device count (or set one axis to -1)")
-  return sizes["data"] * sizes["fsdp"]
 
 
 def _unknown_keys(c, schema, prefix="") -> list[str]:

@@ -34,6 +34,7 @@ from flax import nnx
 from rove_jax import checkpoint as ckpt_lib
 from rove_jax import config as config_lib
 from rove_jax import data as data_lib
+from rove_jax import sharding as sharding_lib
 from rove_jax.model import GPT, GPTConfig
 
 # Weight decay applies to these matrices only; embeddings, norms, biases and the T5 table
@@ -98,7 +99,7 @@ def _batch_loss(graphdef, params, batch):
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
-                    schedule=None):
+                    schedule=None, *, state_shardings=None, batch_sharding=None):
   """A jitted (state, batch) -> (state, metrics) with the state donated.
 
   With grad_accum = A the batch [B, T] is split into A micro-batches [B / A, T] whose
@@ -135,7 +136,10 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
       metrics["lr"] = schedule(state.step)
     return new_state, metrics
 
-  return jax.jit(step, donate_argnums=0)
+  if state_shardings is None:
+    return jax.jit(step, donate_argnums=0)
+  return jax.jit(step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, None))
 
 
 def _global_norm(tree):
@@ -254,20 +258,22 @@ _SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_f
                  "pos_encoding", "norm", "mlp", "use_bias", "tie_embeddings", "t5_num_buckets")
 
 
-def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
-  """Trains (or resumes) the run described by config `c` in `workdir`; returns a summary."""
+def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None) -> dict:
+  """Trains (or resumes) the run described by config `c` in `workdir`; returns a summary.
+
+  Runs SPMD over the (data, fsdp, tensor) mesh of `c.mesh` on all devices of all processes;
+  only process 0 logs. `devices` restricts the mesh to a subset (default: all devices).
+  """
   model_cfg = config_lib.validate(c)
+  if jax.process_index() != 0:
+    log = lambda *a, **k: None
   workdir = config_lib.check_workdir(workdir)
-  n_devices = jax.device_count() if -1 in (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) else (
-      c.mesh.data * c.mesh.fsdp * c.mesh.tensor)
-  dp = config_lib.data_parallel_size(c, n_devices)
-  if c.data.batch_size % dp:
+  mesh = sharding_lib.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
+  dp = sharding_lib.data_parallel_size(mesh)
+  nproc, pidx = jax.process_count(), jax.process_index()
+  if c.data.batch_size % dp or c.data.batch_size % nproc:
     raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by the data-parallel "
-                     f"size mesh.data * mesh.fsdp = {dp}")
-  if n_devices != 1:
-    raise NotImplementedError(
-        f"mesh {dict(c.mesh)}: sharded training over several devices is not implemented yet "
-        f"(the sharding issue); use mesh.data = mesh.fsdp = mesh.tensor = 1")
+                     f"size mesh.data * mesh.fsdp = {dp} (and the {nproc} processes)")
   if c.data.batch_size % c.optim.grad_accum:
     raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by "
                      f"optim.grad_accum={c.optim.grad_accum}")
@@ -292,29 +298,44 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
                      f"model.vocab_size is {model_cfg.vocab_size}; set "
                      f"--config.model.vocab_size={need}")
 
-  model = GPT(model_cfg, rngs=nnx.Rngs(c.seed))
-  graphdef, params = nnx.split(model, nnx.Param)
   schedule = lr_schedule(c.optim, c.steps)
   tx = make_optimizer(c.optim, c.steps)
-  state = TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+
+  def init_state():
+    _, params = nnx.split(GPT(model_cfg, rngs=nnx.Rngs(c.seed)), nnx.Param)
+    return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+
+  # Parameters and optimizer state are created already sharded: no full copy on one device.
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(c.seed))))
+  abstract_state = jax.eval_shape(init_state)
+  path_specs = sharding_lib.param_path_specs(abstract_state.params, mesh)
+  state_sh = sharding_lib.tree_shardings(abstract_state, path_specs, mesh)
+  state = jax.jit(init_state, out_shardings=state_sh)()
   iterator = data.train_iterator(seq_len=c.data.seq_len, global_batch_size=c.data.batch_size,
-                                 seed=c.seed, packing=c.data.packing)
+                                 seed=c.seed, packing=c.data.packing, process_index=pidx,
+                                 process_count=nproc)
   meta = {"model": model_meta(model_cfg), "config": config_lib.as_plain(c),
           "tokenizer": {"spec": c.data.tokenizer, "name": data.tokenizer.name,
                         "vocab_size": data.tokenizer.vocab_size, "eot_id": data.tokenizer.eot_id}}
 
   start = 0
-  restored = ckpt.restore_latest(ckpt_lib.to_flat(jax.tree.map(_abstract, state)), report=log)
+  target = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                        abstract_state, state_sh)  # restores onto this run's mesh
+  restored = ckpt.restore_latest(ckpt_lib.to_flat(target), report=log)
   if restored is not None:
     start, flat, data_state, _ = restored
     state = ckpt_lib.from_flat(flat, state)
     iterator.set_state(data_state)
     log(f"resumed from step {start} in {ckpt.directory}")
-  metrics_log = MetricsLog(workdir, resume_step=start)
-  train_step = make_train_step(graphdef, tx, c.optim.grad_accum, schedule)
+  metrics_log = MetricsLog(workdir, resume_step=start, enabled=pidx == 0)
+  batch_sh = sharding_lib.batch_sharding(mesh)
+  train_step = make_train_step(graphdef, tx, c.optim.grad_accum, schedule,
+                               state_shardings=state_sh, batch_sharding=batch_sh)
   eval_step = make_eval_step(graphdef)
   eval_kw = dict(seq_len=c.data.seq_len, batch_size=c.data.batch_size,
-                 max_batches=c.eval_batches, packing=c.data.packing)
+                 max_batches=c.eval_batches, packing=c.data.packing, process_index=pidx,
+                 process_count=nproc)
+  place = functools.partial(sharding_lib.place_batch, mesh=mesh)
 
   def save(step):
     ckpt.save(step, ckpt_lib.to_flat(state), iterator.get_state(), {**meta, "step": step})
@@ -326,9 +347,9 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   last = {}
   step = start
   end = c.steps if c.run_steps is None else min(c.steps, start + c.run_steps)
-  with _StopSignal() as stop, _progress(c.steps, start, c.progress) as bar:
+  with _StopSignal() as stop, _progress(c.steps, start, c.progress and pidx == 0) as bar:
     while step < end:
-      batch = next(iterator)
+      batch = place(next(iterator))
       state, m = train_step(state, batch)
       step += 1
       finite = bool(m["finite"])
@@ -357,7 +378,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
         if bar is not None:
           bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
       if step % c.eval_every == 0 or step == c.steps:
-        val = evaluate(eval_step, state.params, data.eval_batches(**eval_kw))
+        val = evaluate(eval_step, state.params, map(place, data.eval_batches(**eval_kw)))
         if val is not None:
           metrics_log.write({"step": step, "val_loss": val})
           summary["val_loss"] = val
@@ -366,9 +387,14 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
         save(step)
       if bar is not None:
         bar.update(1)
-      if stop.received:
-        log(f"{stop.received} received: saving a checkpoint at step {step} and exiting")
-        summary["stopped_by"] = stop.received
+      stop_now = stop.received is not None
+      if nproc > 1:  # every process must leave the loop at the same step
+        from jax.experimental import multihost_utils
+        stop_now = bool(np.any(multihost_utils.process_allgather(np.array(stop_now))))
+      if stop_now:
+        log(f"{stop.received or 'a stop signal on another process'} received: saving a "
+            f"checkpoint at step {step} and exiting")
+        summary["stopped_by"] = stop.received or "peer"
         break
     if ckpt.latest_step() != step:  # always end with a checkpoint of the final state
       save(step)
@@ -379,12 +405,10 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
   summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())
   summary.update(step=step, last=last, nonfinite_steps=nonfinite_total,
                  tokenizer=data.tokenizer, model_config=model_cfg, params=state.params,
-                 graphdef=graphdef)
+                 graphdef=graphdef, mesh=mesh)
   return summary
 
 
-def _abstract(x):
-  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
 
 
 def report(summary: dict, c: ml_collections.ConfigDict, *, out=print) -> None:
@@ -395,7 +419,7 @@ def report(summary: dict, c: ml_collections.ConfigDict, *, out=print) -> None:
       + (f", val loss {summary['val_loss']:.4f} nats/token (a unigram model of the validation "
          f"tokens: {summary['val_unigram_entropy']:.4f})" if "val_loss" in summary else "")
       + (f", {last['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in last else ""))
-  if c.sample_tokens and summary.get("params") is not None:
+  if c.sample_tokens and summary.get("params") is not None and jax.process_count() == 1:
     from rove_jax.model import generate
     tok = summary["tokenizer"]
     model = nnx.merge(summary["graphdef"], summary["params"])

@@ -22,6 +22,13 @@ from rove_jax import training
 from rove_jax.model import GPT, GPTConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+ONE = jax.devices()[:1]  # single-device runs inside the 8-fake-device test process
+# train.py subprocesses see one CPU device (the default mesh fills all devices)
+ENV1 = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+
+
+def run_train(c, workdir, **kw):
+  return training.train(c, str(workdir), devices=ONE, **kw)
 
 
 def write_corpus(directory: pathlib.Path, n_files=6, chars=6000, seed=0) -> str:
@@ -126,7 +133,7 @@ def test_tiny_run_on_stdlib_lowers_val_loss(tmp_path):
   c.model.n_layer, c.model.d_model, c.model.n_head, c.model.d_ff = 2, 64, 4, 256
   c.data.batch_size, c.steps, c.eval_every, c.checkpoint_every = 8, 40, 20, 40
   c.optim.lr, c.optim.warmup_steps, c.log_every = 3e-3, 5, 5
-  summary = training.train(c, str(tmp_path / "run"), log=lambda *a: None)
+  summary = run_train(c, tmp_path / "run", log=lambda *a: None)
   with open(tmp_path / "run" / "metrics.jsonl") as f:
     vals = [r["val_loss"] for r in map(json.loads, f) if "val_loss" in r]
   assert len(vals) == 2 and vals[1] < vals[0], vals
@@ -136,12 +143,12 @@ def test_tiny_run_on_stdlib_lowers_val_loss(tmp_path):
 
 def test_resume_equals_straight_run(tmp_path):
   straight = small_config(tmp_path)
-  training.train(straight, str(tmp_path / "a"), log=lambda *a: None)
+  run_train(straight, tmp_path / "a", log=lambda *a: None)
   first = small_config(tmp_path, run_steps=4)
-  training.train(first, str(tmp_path / "b"), log=lambda *a: None)
+  run_train(first, tmp_path / "b", log=lambda *a: None)
   assert final_params(tmp_path / "b")[0] == 4
   out = []
-  training.train(small_config(tmp_path), str(tmp_path / "b"), log=out.append)
+  run_train(small_config(tmp_path), tmp_path / "b", log=out.append)
   assert any("resumed from step 4" in line for line in out)
   step_a, params_a = final_params(tmp_path / "a")
   step_b, params_b = final_params(tmp_path / "b")
@@ -151,14 +158,14 @@ def test_resume_equals_straight_run(tmp_path):
 
 
 def test_corrupted_latest_checkpoint_falls_back_to_the_previous(tmp_path):
-  training.train(small_config(tmp_path), str(tmp_path / "a"), log=lambda *a: None)
+  run_train(small_config(tmp_path), tmp_path / "a", log=lambda *a: None)
   _, params_a = final_params(tmp_path / "a")
   state_dir = tmp_path / "a" / "checkpoints" / "8" / "state"
   for f in state_dir.rglob("*"):
     if f.is_file() and f.stat().st_size > 0:
       f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])  # truncate every file
   out = []
-  training.train(small_config(tmp_path), str(tmp_path / "a"), log=out.append)
+  run_train(small_config(tmp_path), tmp_path / "a", log=out.append)
   assert any("checkpoint at step 8 cannot be restored" in line for line in out), out
   assert any("resumed from step 4" in line for line in out), out
   assert list((tmp_path / "a" / "checkpoints_unreadable").iterdir())  # kept, not deleted
@@ -170,7 +177,7 @@ def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tmp_path):
   c = small_config(tmp_path, **{"optim.lr": 1e30, "optim.clip_norm": 0.0,
                                 "optim.max_nonfinite": 3, "optim.warmup_steps": 0})
   with pytest.raises(training.NonFiniteError, match="3 consecutive non-finite steps"):
-    training.train(c, str(tmp_path / "nan"), log=lambda *a: None)
+    run_train(c, tmp_path / "nan", log=lambda *a: None)
   with open(tmp_path / "nan" / "metrics.jsonl") as f:
     counts = [r["nonfinite_steps"] for r in map(json.loads, f) if "loss" in r]
   assert counts == [1, 2], counts  # the third stops the run before its log line
@@ -215,7 +222,7 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
   args = _cli_overrides(tmp_path, steps=100000, ckpt_every=100000)
   work = tmp_path / "run"
   proc = subprocess.Popen(_train_cmd(work, *args), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+                          stderr=subprocess.STDOUT, text=True, env=ENV1)
   try:
     assert _wait_for(lambda: len(losses(work)) >= 3 if (work / "metrics.jsonl").exists()
                      else False, 240, proc), "training did not start"
@@ -232,11 +239,11 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
 def test_sigkill_during_checkpoint_write_then_resume_is_bitwise_equal(tmp_path):
   args = _cli_overrides(tmp_path, steps=16, ckpt_every=2)
   straight = subprocess.run(_train_cmd(tmp_path / "straight", *args), capture_output=True,
-                            text=True, timeout=600)
+                            text=True, timeout=600, env=ENV1)
   assert straight.returncode == 0, straight.stderr[-2000:]
   work = tmp_path / "killed"
   proc = subprocess.Popen(_train_cmd(work, *args), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+                          stderr=subprocess.DEVNULL, env=ENV1)
   ckdir = work / "checkpoints"
 
   def saving():  # an unfinished (temporary) checkpoint directory exists right now
@@ -252,7 +259,8 @@ def test_sigkill_during_checkpoint_write_then_resume_is_bitwise_equal(tmp_path):
   finally:
     proc.kill()
   assert proc.returncode == -signal.SIGKILL
-  resumed = subprocess.run(_train_cmd(work, *args), capture_output=True, text=True, timeout=600)
+  resumed = subprocess.run(_train_cmd(work, *args), capture_output=True, text=True, timeout=600,
+                           env=ENV1)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   step_s, params_s = final_params(tmp_path / "straight")
   step_k, params_k = final_params(work)
@@ -268,9 +276,9 @@ def test_unknown_config_keys(tmp_path):
   c = small_config(tmp_path)
   c.optim.lrr = 0.1
   with pytest.raises(ValueError, match=r"unknown config keys \['optim.lrr'\]"):
-    training.train(c, str(tmp_path / "w"))
+    run_train(c, tmp_path / "w")
   r = subprocess.run(_train_cmd(tmp_path / "w2", "--config.model.n_layers=2"),
-                     capture_output=True, text=True, timeout=120)
+                     capture_output=True, text=True, timeout=120, env=ENV1)
   assert r.returncode != 0 and "n_layers" in r.stderr
 
 
@@ -281,32 +289,32 @@ def test_missing_or_empty_data_path(tmp_path, path_kind):
     path.mkdir()
   c = small_config(tmp_path, **{"data.path": str(path)})
   with pytest.raises(ValueError, match="nothing-here"):
-    training.train(c, str(tmp_path / "w"))
+    run_train(c, tmp_path / "w")
 
 
 def test_workdir_with_a_different_model(tmp_path):
-  training.train(small_config(tmp_path, steps=4), str(tmp_path / "w"), log=lambda *a: None)
+  run_train(small_config(tmp_path, steps=4), tmp_path / "w", log=lambda *a: None)
   other = small_config(tmp_path, steps=4, **{"model.d_model": 64})
   with pytest.raises(ValueError, match="different model.*d_model"):
-    training.train(other, str(tmp_path / "w"))
+    run_train(other, tmp_path / "w")
 
 
 def test_seq_len_above_the_model_context(tmp_path):
   with pytest.raises(ValueError, match="exceeds model.max_len=32"):
-    training.train(small_config(tmp_path, **{"data.seq_len": 64}), str(tmp_path / "w"))
+    run_train(small_config(tmp_path, **{"data.seq_len": 64}), tmp_path / "w")
 
 
 def test_batch_not_divisible(tmp_path):
   c = small_config(tmp_path, **{"mesh.data": 8, "data.batch_size": 12})
   with pytest.raises(ValueError, match="not divisible by the data-parallel size"):
-    training.train(c, str(tmp_path / "w"))
+    training.train(c, str(tmp_path / "w"))  # all 8 devices: data-parallel size 8
   c = small_config(tmp_path, **{"optim.grad_accum": 3})
   with pytest.raises(ValueError, match="grad_accum"):
-    training.train(c, str(tmp_path / "w"))
+    run_train(c, tmp_path / "w")
 
 
 def test_unwritable_workdir(tmp_path):
   blocker = tmp_path / "a-file"
   blocker.write_text("x")
   with pytest.raises(ValueError, match="not writable"):
-    training.train(small_config(tmp_path), str(blocker / "run"))
+    run_train(small_config(tmp_path), blocker / "run")
