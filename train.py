@@ -27,8 +27,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
-  from rove_jax import sharding, training  # after flag parsing: --help stays fast
-  sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
+  from rove_jax import training  # after flag parsing: --help stays fast
   try:
     summary = training.train(_CONFIG.value, _WORKDIR.value)
   except (ValueError, NotImplementedError) as e:
@@ -41,5 +40,23 @@ def main(argv):
   return 0
 
 
+def _start_distributed(argv):
+  """jax.distributed must start before anything touches a device, and evaluating the config
+  file already does (it validates the model config): read the three flags straight from argv."""
+  values = {}
+  for name in ("coordinator_address", "num_processes", "process_id"):
+    for i, arg in enumerate(argv):
+      if arg.startswith(f"--{name}="):
+        values[name] = arg.split("=", 1)[1]
+      elif arg == f"--{name}" and i + 1 < len(argv):
+        values[name] = argv[i + 1]
+  from rove_jax import sharding
+  as_int = lambda v: None if v is None else int(v)
+  sharding.initialize_distributed(values.get("coordinator_address"),
+                                  as_int(values.get("num_processes")),
+                                  as_int(values.get("process_id")))
+
+
 if __name__ == "__main__":
+  _start_distributed(sys.argv)
   app.run(main)

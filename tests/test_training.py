@@ -53,6 +53,11 @@ def small_config(tmp_path, **overrides):
   c.steps, c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every = 8, 1, 4, 2, 4
   c.progress = False
   c.sample_tokens = 0
+  return apply_overrides(c, overrides)
+
+
+def apply_overrides(c, overrides: dict):
+  """{"a.b": value} -> c.a.b = value."""
   for key, value in overrides.items():
     node = c
     *parents, leaf = key.split(".")

@@ -1,0 +1,167 @@
+"""Sharded training on 8 simulated CPU devices and on two real processes."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from rove_jax import config as config_lib
+from rove_jax import sharding, training
+from rove_jax.model import GPT, GPTConfig
+from tests.test_training import ROOT, apply_overrides, losses, small_config, write_corpus
+
+MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)]
+
+
+def mesh_config(tmp_path, mesh, **over):
+  c = small_config(tmp_path)
+  m = c.model
+  m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 2, 64, 8, 128, 32
+  c.data.batch_size = 8
+  c.steps, c.checkpoint_every, c.eval_every = 5, 100, 100
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
+  return apply_overrides(c, over)
+
+
+def run(c, workdir, n_devices):
+  return training.train(c, str(workdir), devices=jax.devices()[:n_devices], log=lambda *a: None)
+
+
+def test_five_steps_have_the_same_losses_on_every_mesh(tmp_path):
+  results = {}
+  for mesh in MESHES:
+    n = int(np.prod(mesh))
+    run(mesh_config(tmp_path, mesh), tmp_path / f"m{'x'.join(map(str, mesh))}", n)
+    results[mesh] = losses(tmp_path / f"m{'x'.join(map(str, mesh))}")
+  ref = results[(1, 1, 1)]
+  assert sorted(ref) == [1, 2, 3, 4, 5]
+  assert ref[5] < ref[1]
+  for mesh, got in results.items():
+    for step in ref:
+      assert abs(got[step] - ref[step]) <= 1e-5 * abs(ref[step]), (mesh, step, got, ref)
+
+
+def _abstract_params(cfg):
+  return nnx.state(nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+
+
+def test_parameter_specs_follow_the_rules():
+  cfg = GPTConfig.tiny(n_layer=1, d_model=64, n_head=8, d_ff=128, pos_encoding="t5_bias",
+                       tie_embeddings=False)
+  mesh = sharding.make_mesh(1, 4, 2)
+  specs = {k: spec for k, (_, spec) in sharding.param_path_specs(_abstract_params(cfg), mesh).items()}
+  get = lambda suffix: next(v for k, v in specs.items() if k.endswith(suffix))
+  assert get("['attn']['wo'].value") == P("tensor", None, "fsdp")  # heads over tensor
+  assert get("['attn']['wq'].value") == P("fsdp", "tensor", None)
+  assert get("['attn']['wk'].value") == P("fsdp", "tensor", None)
+  assert get("['mlp']['w_in'].value") == P("fsdp", "tensor")
+  assert get("['mlp']['w_out'].value") == P("tensor", "fsdp")
+  assert get("['embed'].value") == P("tensor", "fsdp")
+  assert get("['lm_head'].value") == P("fsdp", "tensor")
+  assert get("['t5_table'].value") == P(None, "tensor")
+  assert get("['norm1']['scale'].value") == P("fsdp")
+  # Pure FSDP: every parameter with an embed axis is split; the rules leave only the small
+  # parameters without one (per-head and MLP biases, the T5 table: tensor axes of size 1)
+  # replicated.
+  mesh = sharding.make_mesh(1, 8, 1)
+  params = _abstract_params(cfg)
+  flat = sharding.param_path_specs(params, mesh)
+  axes = {jax.tree_util.keystr(p) + ".value": v.get_metadata()["logical_axes"]
+          for p, v in jax.tree_util.tree_flatten_with_path(
+              params, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]}
+  replicated = sorted(k for k, (_, spec) in flat.items() if all(a is None for a in spec))
+  assert replicated == sorted(k for k, a in axes.items() if "embed" not in a), replicated
+  assert all("embed" not in axes[k] for k in replicated)
+  assert len(replicated) < len(flat) / 3
+
+
+def test_state_is_created_sharded(tmp_path):
+  c = mesh_config(tmp_path, (2, 2, 2), steps=1, **{"optim.warmup_steps": 0})
+  summary = run(c, tmp_path / "w", 8)
+  wo = summary["params"]["blocks"][0]["attn"]["wo"][...]
+  assert wo.sharding.spec == P("tensor", None, "fsdp")
+  shard_shapes = {s.data.shape for s in wo.addressable_shards}
+  assert shard_shapes == {(4, 8, 32)}  # [8 heads / 2, 8, 64 / 2] on every device
+
+
+def test_save_on_one_mesh_restore_on_another_and_continue(tmp_path):
+  straight = mesh_config(tmp_path, (8, 1, 1), steps=6)
+  run(straight, tmp_path / "straight", 8)
+  first = mesh_config(tmp_path, (8, 1, 1), steps=6, run_steps=3)
+  run(first, tmp_path / "moved", 8)
+  for mesh, n in (((1, 4, 2), 8), ((1, 1, 1), 1)):
+    out = []
+    second = mesh_config(tmp_path, mesh, steps=6, run_steps=None if n == 1 else 2)
+    training.train(second, str(tmp_path / "moved"), devices=jax.devices()[:n], log=out.append)
+    assert any("resumed from step" in line for line in out), out
+  want, got = losses(tmp_path / "straight"), losses(tmp_path / "moved")
+  assert sorted(got) == sorted(want) == [1, 2, 3, 4, 5, 6]
+  for step in want:
+    assert abs(got[step] - want[step]) <= 1e-5 * want[step], (step, got, want)
+
+
+def test_mesh_errors(tmp_path):
+  with pytest.raises(ValueError, match=r"needs 3 devices but 8 are available"):
+    sharding.make_mesh(3, 1, 1)
+  with pytest.raises(ValueError, match="at most one mesh axis may be -1"):
+    sharding.make_mesh(-1, -1, 1)
+  with pytest.raises(ValueError, match="not divisible by 3"):
+    sharding.make_mesh(-1, 3, 1)
+  c = mesh_config(tmp_path, (4, 2, 1), **{"data.batch_size": 12})
+  with pytest.raises(ValueError, match="data-parallel size mesh.data \\* mesh.fsdp = 8"):
+    run(c, tmp_path / "w", 8)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_equal_one_process(tmp_path):
+  corpus = write_corpus(tmp_path / "corpus")
+  args = ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=4",
+          "--config.model.d_ff=64", "--config.model.max_len=32", "--config.data.source=text",
+          f"--config.data.path={corpus}", "--config.data.seq_len=32",
+          "--config.data.batch_size=8", "--config.steps=5", "--config.optim.warmup_steps=2",
+          "--config.log_every=1", "--config.eval_every=1000", "--config.checkpoint_every=1000",
+          "--config.progress=False", "--config.sample_tokens=0", "--config.mesh.data=2",
+          "--config.mesh.fsdp=2"]
+
+  def cmd(workdir, *extra):
+    return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
+            "--workdir", str(workdir), *args, *extra]
+
+  def env(n):
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}",
+            "JAX_PLATFORMS": "cpu"}
+
+  single = subprocess.run(cmd(tmp_path / "one"), env=env(4), capture_output=True, text=True,
+                          timeout=300)
+  assert single.returncode == 0, single.stderr[-3000:]
+  port = _free_port()
+  procs = [subprocess.Popen(cmd(tmp_path / "two", f"--coordinator_address=localhost:{port}",
+                                "--num_processes=2", f"--process_id={i}"),
+                            env=env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True) for i in range(2)]
+  outs = []
+  try:
+    for p in procs:
+      outs.append(p.communicate(timeout=300)[0])
+  finally:
+    for p in procs:
+      p.kill()
+  assert all(p.returncode == 0 for p in procs), "\n\n".join(o[-3000:] for o in outs)
+  one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+  assert sorted(one) == sorted(two) == [1, 2, 3, 4, 5]
+  for step in one:
+    assert abs(one[step] - two[step]) <= 1e-5 * one[step], (step, one, two)
