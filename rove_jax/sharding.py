@@ -170,7 +170,19 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
     jax.distributed.initialize(coordinator_address=coordinator_address,
                                num_processes=num_processes, process_id=process_id)
     return
-  cluster_env = ("SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS",
-                 "OMPI_COMM_WORLD_SIZE")
-  if any(k in os.environ for k in cluster_env):
+  if auto_detect_cluster():
     jax.distributed.initialize()
+
+
+def auto_detect_cluster() -> bool:
+  """True where jax.distributed.initialize() can find the cluster by itself: a multi-task SLURM
+  job, a Cloud TPU VM (pod slices), Open MPI, or ROVE_JAX_DISTRIBUTED=1."""
+  env = os.environ
+  if env.get("ROVE_JAX_DISTRIBUTED") == "1":
+    return True
+  if int(env.get("SLURM_NTASKS", "1") or 1) > 1:
+    return True
+  if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
+    return True
+  return any(k in env for k in ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS",
+                                "TPU_ACCELERATOR_TYPE"))

@@ -292,6 +292,13 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
   data = data_lib.prepare(_corpus(c), c.data.tokenizer, workdir=workdir,
                           max_train_tokens=c.data.max_train_tokens,
                           max_val_tokens=c.data.max_val_tokens)
+  for split, toks in (("training", data.train_tokens), ("validation", data.val_tokens)):
+    windows = (len(toks) - 1) // c.data.seq_len
+    if windows < c.data.batch_size:  # found now, not when the first evaluation comes round
+      raise ValueError(f"the {split} split has {len(toks)} tokens: {windows} windows of "
+                       f"data.seq_len={c.data.seq_len}, fewer than one batch of "
+                       f"data.batch_size={c.data.batch_size}; use more data (data.max_files, "
+                       f"data.val_fraction, data.val_path) or a smaller seq_len / batch_size")
   if data.tokenizer.vocab_size > model_cfg.vocab_size:
     need = -(-data.tokenizer.vocab_size // 64) * 64
     raise ValueError(f"tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} ids but "

@@ -323,3 +323,11 @@ def test_unwritable_workdir(tmp_path):
   blocker.write_text("x")
   with pytest.raises(ValueError, match="not writable"):
     run_train(small_config(tmp_path), blocker / "run")
+
+
+def test_validation_split_too_small_is_an_error_before_training(tmp_path):
+  c = small_config(tmp_path, **{"data.source": "stdlib", "data.path": None,
+                                "data.max_files": 20, "data.seq_len": 32})
+  with pytest.raises(ValueError, match="validation split has .* fewer than one batch"):
+    run_train(c, tmp_path / "w")
+  assert not (tmp_path / "w" / "metrics.jsonl").exists()
