@@ -84,6 +84,30 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   return c
 
 
+def paper_config(preset: str, *, lr: float) -> ml_collections.ConfigDict:
+  """The paper's GPT-2 setup for a preset: context 1024, GPT-2 tokenizer, FineWeb-Edu parquet
+  shards, 0.5M-token batches for ~10B tokens, bf16 compute with float32 master weights."""
+  c = base_config(preset)
+  c.model.pos_encoding = "rove"
+  c.model.dtype = "bfloat16"
+  c.data.source = "parquet"
+  c.data.path = "fineweb-edu/*.parquet"
+  c.data.tokenizer = "tiktoken:gpt2"
+  c.data.seq_len = 1024
+  c.data.batch_size = 512  # 512 x 1024 = 0.5M tokens a step
+  c.optim.lr = lr
+  c.optim.warmup_steps = 700
+  c.optim.weight_decay = 0.1
+  c.steps = 19073  # ~10B tokens
+  c.log_every = 10
+  c.eval_every = 500
+  c.eval_batches = 40
+  c.checkpoint_every = 1000
+  c.keep_checkpoints = 3
+  c.sample_tokens = 0
+  return c
+
+
 def to_model_config(c: ml_collections.ConfigDict) -> GPTConfig:
   fields = {k: v for k, v in c.model.to_dict().items() if v is not None}
   if "rope_scaling" in fields and not fields["rope_scaling"]:

@@ -331,3 +331,17 @@ def test_validation_split_too_small_is_an_error_before_training(tmp_path):
   with pytest.raises(ValueError, match="validation split has .* fewer than one batch"):
     run_train(c, tmp_path / "w")
   assert not (tmp_path / "w" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("name", ["tiny", "gpt2_124m", "gpt2_354m"])
+def test_config_files_validate(name):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(f"cfg_{name}", ROOT / "configs" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  model = config_lib.validate(c)
+  assert model.pos_encoding == "rove" and c.data.seq_len == model.max_len
+  if name != "tiny":
+    assert (c.data.tokenizer, model.max_len, model.vocab_size) == ("tiktoken:gpt2", 1024, 50304)
+    assert c.data.batch_size * c.data.seq_len == 512 * 1024

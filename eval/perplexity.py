@@ -1,0 +1,131 @@
+"""Perplexity from 1x to 16x the training length, with and without YaRN at inference.
+
+Protocol (stated in the report):
+  non-overlapping  the held-out tokens are cut into windows of L + 1 tokens that share one
+                   token (window i = tokens[i L : i L + L + 1]); every token after the first
+                   is a target exactly once; the loss is the token-weighted mean over windows
+                   (capped at max_tokens targets per length).
+  sliding          windows of L + 1 tokens every `stride` tokens; the first window scores all
+                   its targets, later ones only their last `stride`, so again each token is a
+                   target once but (except at the start) with at least L - stride tokens of
+                   context.
+YaRN: for L > the training length T, frequencies from scaling.yarn with factor L / T (the
+model's own original length); at L <= T YaRN is the identity and is not recomputed. Encodings
+without rotary frequencies report YaRN as not applicable. Loss is also reported by position
+bucket inside the window (n_buckets equal slices of [0, L)).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from eval.scoring import UNSET
+
+YARN_SETTINGS = {"off": ("none",), "on": ("yarn",), "both": ("none", "yarn")}
+
+
+def windows(tokens: np.ndarray, length: int, *, stride: Optional[int] = None,
+            max_targets: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+  """Windows [N, L + 1] of the token stream and, for each, the first target index it scores.
+
+  Non-overlapping (stride None or L): targets of window i are positions 0..L-1. Sliding: window
+  starts advance by `stride`; all but the first score only their last `stride` targets.
+  """
+  tokens = np.asarray(tokens)
+  if length < 1:
+    raise ValueError(f"length must be >= 1, got {length}")
+  if tokens.size < length + 1:
+    raise ValueError(f"{tokens.size} held-out tokens cannot fill one window of {length + 1}; "
+                     f"use shorter lengths or more evaluation data")
+  stride = length if stride is None else stride
+  if not 1 <= stride <= length:
+    raise ValueError(f"stride must be in [1, length={length}], got {stride}")
+  starts = np.arange(0, tokens.size - length, stride)
+  first = np.where(starts == 0, 0, length - stride)
+  if max_targets is not None:
+    scored = np.cumsum(length - first)
+    keep = max(1, int(np.searchsorted(scored, max_targets, side="left")) + 1)
+    starts, first = starts[:keep], first[:keep]
+  idx = starts[:, None] + np.arange(length + 1)[None, :]
+  return tokens[idx].astype(np.int32), first
+
+
+def evaluate(scorer, tokens: np.ndarray, lengths: Sequence[int], *, yarn: str = "both",
+             max_tokens: int = 32768, stride_fraction: Optional[float] = None,
+             n_buckets: int = 8, progress: bool = True) -> dict:
+  """Perplexity at each length for each YaRN setting.
+
+  Args:
+    scorer: an eval.scoring.Scorer.
+    tokens: held-out token stream.
+    lengths: window lengths L (e.g. 1x..16x the training length).
+    yarn: "off", "on" or "both".
+    max_tokens: targets scored per length and setting.
+    stride_fraction: None for non-overlapping windows, else sliding with stride = L * fraction.
+    n_buckets: position buckets inside the window.
+
+  Returns:
+    {"protocol": {...}, "none": {L: {...}}, "yarn": {L: {...}} or {"not_applicable": why}}
+  """
+  if yarn not in YARN_SETTINGS:
+    raise ValueError(f"yarn must be one of {tuple(YARN_SETTINGS)}, got {yarn!r}")
+  for L in lengths:
+    scorer.check_length(L)
+  out = {"protocol": {"mode": "sliding" if stride_fraction else "non-overlapping",
+                      "stride_fraction": stride_fraction, "max_tokens": max_tokens,
+                      "train_len": scorer.config.max_len, "n_buckets": n_buckets,
+                      "yarn_factor": "L / train_len for L > train_len, else none"}}
+  bar = _bar(len(lengths) * len(YARN_SETTINGS[yarn]), progress)
+  for setting in YARN_SETTINGS[yarn]:
+    if setting == "yarn" and not scorer.rotary:
+      out["yarn"] = {"not_applicable": f"pos_encoding={scorer.config.pos_encoding!r} has no "
+                                       f"rotary frequencies to rescale"}
+      continue
+    rows = {}
+    for L in lengths:
+      scaling = scorer.yarn_scaling(L) if setting == "yarn" else None
+      scaling = UNSET if scaling is None else scaling  # the model's own configuration
+      stride = None if not stride_fraction else max(1, int(L * stride_fraction))
+      wins, first = windows(tokens, L, stride=stride, max_targets=max_tokens)
+      per_batch = max(1, scorer.max_tokens_per_batch // L)
+      total = count = 0.0
+      bucket_sum = np.zeros(n_buckets)
+      bucket_cnt = np.zeros(n_buckets)
+      bucket_of = np.minimum(np.arange(L) * n_buckets // L, n_buckets - 1)
+      for b in range(0, len(wins), per_batch):
+        batch, batch_first = wins[b:b + per_batch], first[b:b + per_batch]
+        rows_real = len(batch)
+        if rows_real < per_batch and len(wins) > per_batch:  # one shape: one compilation
+          batch = np.concatenate([batch, np.repeat(batch[-1:], per_batch - rows_real, 0)])
+          batch_first = np.concatenate([batch_first, np.full(per_batch - rows_real, L)])
+        nll, _ = scorer.token_nll(batch, scaling)
+        mask = np.arange(L)[None, :] >= batch_first[:, None]
+        total += float((nll * mask).sum())
+        count += float(mask.sum())
+        np.add.at(bucket_sum, bucket_of, (nll * mask).sum(0))
+        np.add.at(bucket_cnt, bucket_of, mask.sum(0))
+      loss = total / count
+      rows[str(L)] = {"loss": loss, "ppl": math.exp(loss), "tokens": int(count),
+                      "windows": int(len(wins)),
+                      "by_position": [float(s / c) if c else None
+                                      for s, c in zip(bucket_sum, bucket_cnt)]}
+      if bar is not None:
+        bar.set_postfix(L=L, yarn=setting, ppl=f"{math.exp(loss):.2f}")
+        bar.update(1)
+    out[setting] = rows
+  if bar is not None:
+    bar.close()
+  return out
+
+
+def _bar(total, enabled):
+  if not enabled:
+    return None
+  try:
+    from tqdm import tqdm
+  except ImportError:
+    return None
+  return tqdm(total=total, desc="perplexity", unit="length")

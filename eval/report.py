@@ -1,0 +1,334 @@
+"""report.json (schema below), report.md (the paper's table layout) and PNG plots.
+
+report.json, schema_version 1:
+  {"schema_version": 1, "suite": str, "created": ISO time, "runs": [RUN, ...]}
+  RUN = {"name": str, "workdir": str, "step": int,
+         "model": {"pos_encoding": str, "params": int, "n_layer": int, "d_model": int,
+                   "n_head": int, "max_len": int},
+         "perplexity": null | {"protocol": {...},
+                               "none": {LENGTH: {"loss", "ppl", "tokens", "windows",
+                                                 "by_position": [float | null]}},
+                               "yarn": {LENGTH: {...}} | {"not_applicable": str}},
+         "ruler": null | {"tasks": {TASK: {LENGTH: {"nll", "exact_match", "n"}}},
+                          "skipped": {TASK: reason}},
+         "icl": null | {"synthetic": {"tasks": {TASK: {...}}, "accuracy": float},
+                        "files": null | {"tasks": {...}, "core": float | null}},
+         "seconds": {"perplexity": float, "ruler": float, "icl": float}}
+  LENGTH keys are decimal strings of token counts; every number is finite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def validate(report: dict) -> None:
+  """Raises ValueError naming the first place where `report` breaks the schema."""
+  def need(obj, key, kind, where):
+    if not isinstance(obj, dict) or key not in obj:
+      raise ValueError(f"report: {where} lacks {key!r}")
+    if kind is not None and not isinstance(obj[key], kind):
+      raise ValueError(f"report: {where}.{key} must be {kind}, got {type(obj[key]).__name__}")
+    return obj[key]
+
+  def finite(x, where):
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+      raise ValueError(f"report: {where} must be a finite number, got {x!r}")
+
+  if need(report, "schema_version", int, "report") != SCHEMA_VERSION:
+    raise ValueError(f"report: schema_version must be {SCHEMA_VERSION}")
+  need(report, "suite", str, "report")
+  for i, run in enumerate(need(report, "runs", list, "report")):
+    w = f"runs[{i}]"
+    need(run, "name", str, w)
+    need(run, "step", int, w)
+    model = need(run, "model", dict, w)
+    for key in ("pos_encoding",):
+      need(model, key, str, w + ".model")
+    for key in ("params", "n_layer", "d_model", "n_head", "max_len"):
+      need(model, key, int, w + ".model")
+    ppl = need(run, "perplexity", (dict, type(None)), w)
+    if ppl is not None:
+      need(ppl, "protocol", dict, w + ".perplexity")
+      for setting in ("none", "yarn"):
+        rows = ppl.get(setting)
+        if rows is None or "not_applicable" in rows:
+          continue
+        for length, row in rows.items():
+          if not length.isdigit():
+            raise ValueError(f"report: {w}.perplexity.{setting} key {length!r} is not a length")
+          for key in ("loss", "ppl"):
+            finite(need(row, key, None, f"{w}.perplexity.{setting}.{length}"),
+                   f"{w}.perplexity.{setting}.{length}.{key}")
+          need(row, "tokens", int, f"{w}.perplexity.{setting}.{length}")
+    ruler = need(run, "ruler", (dict, type(None)), w)
+    if ruler is not None:
+      for task, by_len in need(ruler, "tasks", dict, w + ".ruler").items():
+        for length, row in by_len.items():
+          where = f"{w}.ruler.{task}.{length}"
+          finite(need(row, "nll", None, where), where + ".nll")
+          em = need(row, "exact_match", None, where)
+          finite(em, where + ".exact_match")
+          if not 0 <= em <= 1:
+            raise ValueError(f"report: {where}.exact_match must be in [0, 1]")
+    icl = need(run, "icl", (dict, type(None)), w)
+    if icl is not None:
+      synth = icl.get("synthetic")
+      if synth is not None:
+        finite(need(synth, "accuracy", None, w + ".icl.synthetic"), w + ".icl.synthetic.accuracy")
+
+
+# ------------------------------------------------------------------------------- markdown
+
+
+def _fmt(x, digits=2):
+  return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+  runs = report["runs"]
+  lines = [f"# Evaluation report ({report['suite']} suite)", ""]
+  lines.append("| run | encoding | params | step | train length |")
+  lines.append("|---|---|---|---|---|")
+  for r in runs:
+    m = r["model"]
+    lines.append(f"| {r['name']} | {m['pos_encoding']} | {m['params'] / 1e6:.1f}M | {r['step']} "
+                 f"| {m['max_len']} |")
+  ppl_runs = [r for r in runs if r.get("perplexity")]
+  if ppl_runs:
+    lengths = sorted({int(L) for r in ppl_runs for s in ("none", "yarn")
+                      for L in (r["perplexity"].get(s) or {}) if L.isdigit()})
+    proto = ppl_runs[0]["perplexity"]["protocol"]
+    lines += ["", "## Perplexity by evaluation length",
+              "", f"Protocol: {proto['mode']} windows, up to {proto['max_tokens']} target tokens "
+              f"per length on the held-out split; YaRN factor = L / {proto['train_len']} for "
+              f"longer L. Rows = runs, columns = lengths (tokens).", ""]
+    lines.append("| run | YaRN | " + " | ".join(str(L) for L in lengths) + " |")
+    lines.append("|---|---|" + "---|" * len(lengths))
+    for r in ppl_runs:
+      for setting in ("none", "yarn"):
+        rows = r["perplexity"].get(setting)
+        if rows is None:
+          continue
+        if "not_applicable" in rows:
+          lines.append(f"| {r['name']} | {setting} | n/a: {rows['not_applicable']} |")
+          continue
+        cells = [_fmt(rows.get(str(L), {}).get("ppl")) for L in lengths]
+        lines.append(f"| {r['name']} | {'+YaRN' if setting == 'yarn' else '-'} | "
+                     + " | ".join(cells) + " |")
+  ruler_runs = [r for r in runs if r.get("ruler")]
+  if ruler_runs:
+    tasks = sorted({t for r in ruler_runs for t in r["ruler"]["tasks"]})
+    lengths = sorted({int(L) for r in ruler_runs for t in r["ruler"]["tasks"].values() for L in t})
+    lines += ["", "## RULER: NLL of the gold answer (lower is better) / exact match", ""]
+    for L in lengths:
+      lines += [f"Length {L} tokens:", ""]
+      lines.append("| run | " + " | ".join(tasks) + " | mean |")
+      lines.append("|---|" + "---|" * (len(tasks) + 1))
+      for r in ruler_runs:
+        cells, nlls = [], []
+        for t in tasks:
+          row = r["ruler"]["tasks"].get(t, {}).get(str(L))
+          if row is None:
+            cells.append("-")
+          else:
+            nlls.append(row["nll"])
+            cells.append(f"{row['nll']:.2f} / {row['exact_match']:.2f}")
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + f" | {_fmt(np.mean(nlls) if nlls else None)} |")
+      lines.append("")
+    skipped = {t: why for r in ruler_runs for t, why in r["ruler"].get("skipped", {}).items()}
+    for t, why in sorted(skipped.items()):
+      lines.append(f"- {t}: skipped ({why})")
+  icl_runs = [r for r in runs if r.get("icl") and r["icl"].get("synthetic")]
+  if icl_runs:
+    tasks = sorted({t for r in icl_runs for t in r["icl"]["synthetic"]["tasks"]})
+    lines += ["", "## In-context learning (synthetic tasks, greedy exact match)", ""]
+    lines.append("| run | " + " | ".join(tasks) + " | mean |")
+    lines.append("|---|" + "---|" * (len(tasks) + 1))
+    for r in icl_runs:
+      t_rows = r["icl"]["synthetic"]["tasks"]
+      cells = [_fmt(t_rows.get(t, {}).get("accuracy")) for t in tasks]
+      lines.append(f"| {r['name']} | " + " | ".join(cells)
+                   + f" | {_fmt(r['icl']['synthetic']['accuracy'])} |")
+    core = [(r["name"], r["icl"]["files"].get("core")) for r in icl_runs if r["icl"].get("files")]
+    for name, value in core:
+      lines.append(f"\nCore (centered accuracy, task files) for {name}: {_fmt(value, 3)}")
+  lines += ["", "Plots: perplexity_vs_length.png, ruler_nll.png, icl_accuracy.png, "
+            "figure1_mixer.png", ""]
+  return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- plots
+
+
+def _plt():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def plot_perplexity(report: dict, path: str) -> Optional[str]:
+  runs = [r for r in report["runs"] if r.get("perplexity")]
+  if not runs:
+    return None
+  plt = _plt()
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  for r in runs:
+    for setting, style in (("none", "-"), ("yarn", "--")):
+      rows = r["perplexity"].get(setting)
+      if not rows or "not_applicable" in rows:
+        continue
+      lengths = sorted(int(L) for L in rows)
+      ax.plot(lengths, [rows[str(L)]["ppl"] for L in lengths], style, marker="o",
+              label=f"{r['name']} ({r['model']['pos_encoding']}{' + YaRN' if setting == 'yarn' else ''})")
+  train_len = runs[0]["model"]["max_len"]
+  ax.axvline(train_len, color="gray", lw=0.8, ls=":")
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log")
+  ax.set_xlabel("evaluation length (tokens)")
+  ax.set_ylabel("perplexity")
+  ax.set_title("Perplexity vs length (dotted: training length)")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def plot_ruler(report: dict, path: str) -> Optional[str]:
+  runs = [r for r in report["runs"] if r.get("ruler") and r["ruler"]["tasks"]]
+  if not runs:
+    return None
+  plt = _plt()
+  tasks = sorted({t for r in runs for t in r["ruler"]["tasks"]})
+  fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(tasks) * len(runs)), 4))
+  width = 0.8 / len(runs)
+  for i, r in enumerate(runs):
+    means = []
+    for t in tasks:
+      rows = r["ruler"]["tasks"].get(t, {})
+      means.append(np.mean([row["nll"] for row in rows.values()]) if rows else np.nan)
+    ax.bar(np.arange(len(tasks)) + i * width, means, width, label=r["name"])
+  ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2)
+  ax.set_xticklabels(tasks, rotation=45, ha="right", fontsize=7)
+  ax.set_ylabel("answer NLL (mean over lengths)")
+  ax.set_title("RULER")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def plot_icl(report: dict, path: str) -> Optional[str]:
+  runs = [r for r in report["runs"] if r.get("icl") and r["icl"].get("synthetic")]
+  if not runs:
+    return None
+  plt = _plt()
+  tasks = sorted({t for r in runs for t in r["icl"]["synthetic"]["tasks"]})
+  fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(tasks) * len(runs)), 4))
+  width = 0.8 / len(runs)
+  for i, r in enumerate(runs):
+    acc = [r["icl"]["synthetic"]["tasks"].get(t, {}).get("accuracy", np.nan) for t in tasks]
+    ax.bar(np.arange(len(tasks)) + i * width, acc, width, label=r["name"])
+  ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2)
+  ax.set_xticklabels(tasks, rotation=45, ha="right", fontsize=7)
+  ax.set_ylim(0, 1)
+  ax.set_ylabel("accuracy")
+  ax.set_title("In-context learning (synthetic)")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def layer_attention(model, tokens_T, *, layer: int = 0, head: int = 0):
+  """(A [T, T], w_v [D, E]) of one head of a trained model on a token sequence: the causal
+  attention weights (RoPE scores, as RoPE and RoVE share them) and the head's value matrix in
+  the column-vector convention of rove_jax.analysis."""
+  import jax
+  import jax.numpy as jnp
+
+  from rove_jax import rotary
+  T = len(tokens_T)
+  tokens = jnp.asarray(tokens_T, jnp.int32)[None]
+  pos = jnp.arange(T, dtype=jnp.int32)[None]
+  block = model.blocks[layer]
+  attn = block.attn
+  h = block.norm1(model.embed_tokens(tokens, pos))
+  q = attn._project(h, attn.wq, attn.bq)
+  k = attn._project(h, attn.wk, attn.bk)
+  inv_freq, factor = model.rotary_frequencies(T)
+  if inv_freq is not None:
+    q = rotary.rotate(q, pos, inv_freq, layout=model.config.rope_layout)
+    k = rotary.rotate(k, pos, inv_freq, layout=model.config.rope_layout)
+  group = model.config.n_head // model.config.n_kv_head
+  logits = jnp.einsum("td,sd->ts", q[0, :, head], k[0, :, head // group])
+  logits = logits * factor**2 / np.sqrt(q.shape[-1])
+  logits = jnp.where(jnp.tril(jnp.ones((T, T), bool)), logits, -jnp.inf)
+  a = jax.nn.softmax(logits, axis=-1)
+  w_v = attn.wv[...][:, head // group, :].T  # [D, E]
+  return np.asarray(a), np.asarray(w_v)
+
+
+def plot_figure1(model, tokens_T, path: str, *, title: str) -> str:
+  """The paper's Figure 1 for a trained layer: RoPE's mixer A (x) W_V next to RoVE's
+  block-Toeplitz mixer [A_ij R_{j-i} W_V], on the same attention weights."""
+  from rove_jax import analysis, rotary
+  plt = _plt()
+  a, w_v = layer_attention(model, tokens_T)
+  T = len(tokens_T)
+  rot_dim = model.config.rot_dim or w_v.shape[0]
+  inv = rotary.rope_frequencies(rot_dim, base=model.config.rope_base)
+  pos = np.arange(T)
+  rope = np.asarray(analysis.mixer_matrix(a, w_v, pos, pos, inv, rove=False))
+  rove = np.asarray(analysis.mixer_matrix(a, w_v, pos, pos, inv, rove=True))
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+  vmax = float(np.percentile(np.abs(rope), 99.5)) or 1.0
+  for ax, m, name in ((axes[0], rope, "RoPE: A \u2297 W_V"),
+                      (axes[1], rove, "RoVE: [A_ij R_{j-i} W_V] (block Toeplitz up to A)")):
+    ax.imshow(m, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
+    ax.set_title(name, fontsize=9)
+    ax.set_xlabel(f"input: {T} tokens x {w_v.shape[1]} features")
+    ax.set_ylabel(f"output: {T} tokens x {w_v.shape[0]} head dims")
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def write(report: dict, out_dir: str, *, figure1=None) -> dict:
+  """Validates and writes report.json, report.md and the plots; returns their paths."""
+  validate(report)
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {"json": os.path.join(out_dir, "report.json"), "md": os.path.join(out_dir, "report.md")}
+  tmp = paths["json"] + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(report, f, indent=2)
+  os.replace(tmp, paths["json"])
+  with open(paths["md"], "w") as f:
+    f.write(markdown(report))
+  for name, fn in (("perplexity", plot_perplexity), ("ruler", plot_ruler), ("icl", plot_icl)):
+    filename = {"perplexity": "perplexity_vs_length.png", "ruler": "ruler_nll.png",
+                "icl": "icl_accuracy.png"}[name]
+    p = fn(report, os.path.join(out_dir, filename))
+    if p:
+      paths[name] = p
+  if figure1 is not None:
+    model, tokens, title = figure1
+    paths["figure1"] = plot_figure1(model, tokens, os.path.join(out_dir, "figure1_mixer.png"),
+                                    title=title)
+  return paths

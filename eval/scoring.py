@@ -1,0 +1,202 @@
+"""Restoring a trained run and scoring token sequences with it.
+
+Shape letters: B batch, L window length (tokens scored), V vocabulary.
+
+`load_run(workdir)` restores the newest readable checkpoint's parameters, model config and
+tokenizer onto one device. `Scorer` wraps them: per-token negative log-likelihoods of windows
+(perplexity), and (mean answer NLL, greedy exact match) of prompt/answer pairs (RULER, ICL),
+at any length and with any inference-time `rope_scaling` (YaRN). Long inputs use the chunked
+attention kernel, so 16x the training context fits a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from rove_jax import checkpoint as ckpt_lib
+from rove_jax import data as data_lib
+from rove_jax import tokenization
+from rove_jax.model import GPT, GPTConfig, ROTARY_ENCODINGS
+
+UNSET = _UNSET = object()  # "use the model's configured rope_scaling"
+
+
+@dataclasses.dataclass
+class Run:
+  """A trained run restored for evaluation."""
+  workdir: str
+  name: str
+  step: int
+  model_config: GPTConfig
+  config: dict  # the run config as saved (plain dict)
+  params: Any  # nnx.State of the parameters
+  tokenizer: Any
+
+  @property
+  def train_len(self) -> int:
+    return int(self.config["data"]["seq_len"])
+
+  def val_tokens(self, max_tokens: Optional[int] = None) -> np.ndarray:
+    """The held-out split of the run's own training source, tokenized as in training."""
+    d = self.config["data"]
+    corpus = data_lib.Corpus(source=d["source"], path=d.get("path"), val_path=d.get("val_path"),
+                             text_field=d.get("text_field", "text"),
+                             val_fraction=d.get("val_fraction", 0.02),
+                             max_files=d.get("max_files"), hf_config=d.get("hf_config"))
+    return data_lib.load_tokens(corpus, "val", self.tokenizer,
+                                cache_dir=os.path.join(self.workdir, "data"),
+                                max_tokens=max_tokens)
+
+
+def model_config_from_meta(meta_model: dict) -> GPTConfig:
+  fields = dict(meta_model)
+  scaling = fields.get("rope_scaling")
+  if isinstance(scaling, list):  # stored as [key, value] pairs
+    fields["rope_scaling"] = {k: v for k, v in scaling}
+  if isinstance(fields.get("rove_layers"), list):
+    fields["rove_layers"] = tuple(fields["rove_layers"])
+  return GPTConfig(**fields)
+
+
+def load_run(workdir: str) -> Run:
+  """Restores the newest readable checkpoint of a training workdir (parameters only).
+
+  Raises:
+    ValueError: the workdir or its checkpoints are missing.
+  """
+  workdir = os.path.abspath(workdir)
+  ckdir = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(workdir):
+    raise ValueError(f"workdir {workdir} does not exist; give the --workdir of a training run")
+  if not os.path.isdir(ckdir):
+    raise ValueError(f"{workdir} holds no checkpoints/ directory: train it first "
+                     f"(python train.py --config ... --workdir {workdir})")
+  ck = ckpt_lib.Checkpointer(ckdir)
+  try:
+    steps = ck.steps()
+    if not steps:
+      raise ValueError(f"{ckdir} holds no finished checkpoint")
+    last_error = None
+    for step in reversed(steps):
+      try:
+        restored = ck.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+        break
+      except Exception as e:  # noqa: BLE001 - unreadable: try the previous one
+        last_error = e
+        print(f"checkpoint at step {step} of {workdir} cannot be restored ({type(e).__name__}); "
+              f"trying the previous one")
+    else:
+      raise ValueError(f"no checkpoint in {ckdir} could be restored: {last_error}")
+  finally:
+    ck.close()
+  meta = dict(restored["meta"])
+  model_cfg = model_config_from_meta(meta["model"])
+  abstract = nnx.state(nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
+  # The checkpoint is the flat train state (checkpoint.to_flat); keep the "params." entries.
+  flat = {k[len("params."):]: jnp.asarray(v) for k, v in restored["state"].items()
+          if k.startswith("params.")}
+  params = ckpt_lib.from_flat(flat, abstract)
+  tok = meta["tokenizer"]
+  tokenizer = tokenization.get_tokenizer(tok["spec"], workdir=workdir)
+  return Run(workdir=workdir, name=os.path.basename(workdir.rstrip("/")), step=int(step),
+             model_config=model_cfg, config=meta["config"], params=params, tokenizer=tokenizer)
+
+
+class Scorer:
+  """Teacher-forced scoring with a restored model.
+
+  Args:
+    run: from `load_run`.
+    implementation: attention kernel for evaluation ("chunked" keeps memory linear in length).
+    chunk_size: block length of the chunked kernel.
+    max_tokens_per_batch: windows are batched up to this many tokens.
+  """
+
+  def __init__(self, run: Run, *, implementation: str = "chunked", chunk_size: int = 512,
+               max_tokens_per_batch: int = 8192):
+    self.run = run
+    self.config = dataclasses.replace(run.model_config, attention_impl=implementation,
+                                      attention_chunk=chunk_size)
+    self.max_tokens_per_batch = max_tokens_per_batch
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(self.config, rngs=nnx.Rngs(0))))
+    self.model = nnx.merge(graphdef, run.params)
+    self._fns = {}
+
+  @property
+  def rotary(self) -> bool:
+    return self.config.pos_encoding in ROTARY_ENCODINGS
+
+  def yarn_scaling(self, length: int) -> Optional[dict]:
+    """YaRN for `length` tokens: factor = length / the training length (None at or below it)."""
+    train_len = self.config.max_len
+    if length <= train_len:
+      return None
+    return {"rope_type": "yarn", "factor": length / train_len,
+            "original_max_position_embeddings": train_len}
+
+  def check_length(self, length: int) -> None:
+    cfg = self.config
+    if cfg.pos_encoding == "learned" and length > cfg.max_len:
+      raise ValueError(f"run {self.run.name} uses learned position embeddings for "
+                       f"{cfg.max_len} positions and cannot score {length} tokens; drop the "
+                       f"longer lengths for this run")
+
+  def _fn(self, rope_scaling):
+    key = repr(rope_scaling)
+    if key not in self._fns:
+      graphdef, state = nnx.split(self.model)
+
+      @jax.jit
+      def token_scores(state, tokens_BL1):
+        model = nnx.merge(graphdef, state)
+        kw = {} if rope_scaling is _UNSET else {"rope_scaling": rope_scaling}
+        logits = model(tokens_BL1[:, :-1], **kw)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        targets = tokens_BL1[:, 1:]
+        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        return nll, jnp.argmax(logits, axis=-1) == targets
+
+      self._fns[key] = (token_scores, state)
+    return self._fns[key]
+
+  def token_nll(self, tokens_BL1, rope_scaling=_UNSET):
+    """Per-token NLL and greedy-match [B, L] for windows [B, L + 1] (numpy)."""
+    tokens = np.asarray(tokens_BL1, np.int32)
+    self.check_length(tokens.shape[1] - 1)
+    fn, state = self._fn(rope_scaling)
+    nll, match = fn(state, jnp.asarray(tokens))
+    return np.asarray(nll, np.float64), np.asarray(match)
+
+  def score(self, prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray],
+            rope_scaling=_UNSET) -> list[tuple[float, bool]]:
+    """(mean NLL of the answer tokens given the prompt, greedy exact match) per pair.
+
+    Pairs are right-padded to a multiple of 256 tokens (fewer recompilations); causal
+    attention makes the padding invisible to the scored positions.
+    """
+    out = []
+    for prompt, answer in zip(prompts, answers):
+      prompt, answer = np.asarray(prompt, np.int32), np.asarray(answer, np.int32)
+      if answer.size == 0:
+        raise ValueError("an answer has no tokens to score")
+      seq = np.concatenate([prompt, answer])
+      padded = -(-(seq.size - 1) // 256) * 256 + 1
+      window = np.full((1, padded), self.run.tokenizer.eot_id, np.int32)
+      window[0, :seq.size] = seq
+      nll, match = self.token_nll(window, rope_scaling)
+      span = slice(prompt.size - 1, seq.size - 1)  # positions predicting the answer tokens
+      out.append((float(nll[0, span].mean()), bool(match[0, span].all())))
+    return out
+
+  def score_fn(self, rope_scaling=_UNSET):
+    """The (prompts, answers) -> [(nll, exact_match)] callable the task modules take."""
+    return lambda prompts, answers: self.score(prompts, answers, rope_scaling)

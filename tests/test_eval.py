@@ -1,0 +1,133 @@
+"""Evaluation: scoring, perplexity protocol, report schema, and python -m eval end to end."""
+
+import json
+import math
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from eval import perplexity, report, scoring
+from rove_jax import tokenization
+from rove_jax.model import GPT, GPTConfig
+from tests.test_training import ROOT, losses, run_train, small_config
+
+ENV1 = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+
+
+def make_run(cfg, params=None, seed=0):
+  model = GPT(cfg, rngs=nnx.Rngs(seed))
+  state = nnx.state(model, nnx.Param) if params is None else params
+  return scoring.Run(workdir="/nonexistent", name="t", step=0, model_config=cfg,
+                     config={"data": {"seq_len": cfg.max_len}}, params=state,
+                     tokenizer=tokenization.get_tokenizer("bytes"))
+
+
+def tiny_cfg(**kw):
+  return GPTConfig(**{**dict(vocab_size=320, n_layer=1, n_head=2, d_model=32, d_ff=64,
+                             max_len=32), **kw})
+
+
+def test_uniform_logits_give_perplexity_equal_to_vocab_size():
+  cfg = tiny_cfg()
+  zeros = jax.tree.map(jnp.zeros_like, nnx.state(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param))
+  scorer = scoring.Scorer(make_run(cfg, zeros), chunk_size=16)
+  tokens = np.random.default_rng(0).integers(0, 257, 2000)
+  out = perplexity.evaluate(scorer, tokens, [32, 128], yarn="both", max_tokens=500,
+                            progress=False)
+  for setting in ("none", "yarn"):
+    for L in ("32", "128"):
+      np.testing.assert_allclose(out[setting][L]["ppl"], 320, rtol=1e-5)
+      assert out[setting][L]["tokens"] >= 500
+
+
+@pytest.mark.parametrize("stride", [None, 8, 13])
+def test_windows_cover_every_token_once(stride):
+  tokens = np.arange(200)
+  L = 16
+  wins, first = perplexity.windows(tokens, L, stride=stride)
+  targets = []
+  for w, f in zip(wins, first):
+    targets += list(w[1:][f:])
+  covered = np.array(targets)
+  assert len(set(targets)) == len(targets)  # once
+  np.testing.assert_array_equal(covered, np.arange(1, covered.max() + 1))  # every token
+  assert covered.max() >= 200 - L  # up to (nearly) the end of the stream
+  capped, _ = perplexity.windows(tokens, L, max_targets=40)
+  assert len(capped) == 3  # 16 + 16 + 16 >= 40 targets
+
+
+def test_scores_match_a_direct_forward_and_yarn_at_1x_is_identity():
+  cfg = tiny_cfg(pos_encoding="rove")
+  run = make_run(cfg, seed=3)
+  scorer = scoring.Scorer(run, chunk_size=8)
+  toks = np.random.default_rng(1).integers(0, 257, (2, 33)).astype(np.int32)
+  nll, match = scorer.token_nll(toks)
+  model = GPT(cfg, rngs=nnx.Rngs(3))
+  logp = jax.nn.log_softmax(model(toks[:, :-1]), -1)
+  want = -np.take_along_axis(np.asarray(logp), toks[:, 1:, None], -1)[..., 0]
+  np.testing.assert_allclose(nll, want, atol=1e-5)
+  np.testing.assert_array_equal(match, np.asarray(jnp.argmax(logp, -1)) == toks[:, 1:])
+  assert scorer.yarn_scaling(32) is None  # at the training length YaRN is not applied
+  yarn1 = {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 32}
+  np.testing.assert_allclose(scorer.token_nll(toks, yarn1)[0], nll, atol=1e-6)
+  # the (nll, exact match) scorer on a hand-built prompt/answer pair
+  prompt, answer = toks[0, :20], toks[0, 20:25]
+  (got_nll, got_em), = scorer.score([prompt], [answer])
+  np.testing.assert_allclose(got_nll, want[0, 19:24].mean(), atol=1e-5)
+  assert got_em == bool(np.all(np.asarray(jnp.argmax(logp, -1))[0, 19:24] == answer))
+
+
+def test_learned_positions_cannot_be_scored_past_their_table():
+  scorer = scoring.Scorer(make_run(tiny_cfg(pos_encoding="learned")))
+  with pytest.raises(ValueError, match="learned position embeddings for 32 positions"):
+    perplexity.evaluate(scorer, np.arange(500) % 250, [32, 64], progress=False)
+
+
+def _valid_report():
+  return {"schema_version": 1, "suite": "quick", "runs": [{
+      "name": "a", "workdir": "/x", "step": 3,
+      "model": {"pos_encoding": "rove", "params": 10, "n_layer": 1, "d_model": 8, "n_head": 2,
+                "max_len": 16},
+      "perplexity": {"protocol": {"mode": "non-overlapping", "max_tokens": 10, "train_len": 16},
+                     "none": {"16": {"loss": 1.0, "ppl": math.e, "tokens": 10}},
+                     "yarn": {"16": {"loss": 1.0, "ppl": math.e, "tokens": 10}}},
+      "ruler": {"tasks": {"vt": {"64": {"nll": 2.0, "exact_match": 0.5, "n": 2}}}, "skipped": {}},
+      "icl": {"synthetic": {"tasks": {"x": {"accuracy": 0.5}}, "accuracy": 0.5}, "files": None},
+      "seconds": {}}]}
+
+
+def test_report_schema_validation(tmp_path):
+  good = _valid_report()
+  report.validate(good)
+  paths = report.write(good, str(tmp_path))
+  assert json.loads(open(paths["json"]).read()) == good
+  assert "| a | - | 2.72 |" in open(paths["md"]).read()
+  for bad_path, value, msg in [
+      (("runs", 0, "perplexity", "none", "16", "ppl"), float("nan"), "finite"),
+      (("runs", 0, "ruler", "tasks", "vt", "64", "exact_match"), 1.5, r"\[0, 1\]"),
+      (("runs", 0, "model", "params"), "10", "must be"),
+  ]:
+    broken = json.loads(json.dumps(good))
+    node = broken
+    for key in bad_path[:-1]:
+      node = node[key]
+    node[bad_path[-1]] = value
+    with pytest.raises(ValueError, match=msg):
+      report.validate(broken)
+
+
+def test_missing_workdir_or_checkpoint_is_a_clear_error(tmp_path):
+  with pytest.raises(ValueError, match="does not exist"):
+    scoring.load_run(str(tmp_path / "nope"))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(ValueError, match="no checkpoints"):
+    scoring.load_run(str(tmp_path / "empty"))
+  r = subprocess.run([sys.executable, "-m", "eval", "--workdir", str(tmp_path / "nope")],
+                     cwd=ROOT, capture_output=True, text=True, timeout=120,
+                     env={**__import__("os").environ, **ENV1})
+  assert r.returncode == 2 and "does not exist" in r.stderr
