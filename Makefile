@@ -5,8 +5,9 @@ PY      = $(VENV)/bin/python
 CORE    = $(VENV)/.installed-core
 TEST    = $(VENV)/.installed-test
 
-# The demo: the tiny RoVE GPT on the embedded stdlib corpus, sized to finish (install
-# included) in about 10 minutes on 2 CPU cores. Rerunning resumes from runs/demo.
+# The demo: the tiny RoVE GPT on the embedded stdlib corpus, then the quick evaluation suite
+# (runs/demo/eval/report.md and plots), sized to finish (install included) in about 10
+# minutes on 2 CPU cores. Rerunning resumes from runs/demo.
 DEMO_ARGS = --config configs/tiny.py --workdir runs/demo --config.steps=100 \
             --config.optim.warmup_steps=20 --config.eval_every=50 --config.checkpoint_every=50
 
@@ -31,6 +32,7 @@ test: $(TEST)
 
 demo: $(CORE)
 	$(PY) train.py $(DEMO_ARGS)
+	$(PY) -m eval --workdir runs/demo --suite quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

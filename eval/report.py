@@ -206,52 +206,49 @@ def plot_perplexity(report: dict, path: str) -> Optional[str]:
   return path
 
 
-def plot_ruler(report: dict, path: str) -> Optional[str]:
-  runs = [r for r in report["runs"] if r.get("ruler") and r["ruler"]["tasks"]]
-  if not runs:
-    return None
+def _bars(runs, tasks, value, path, *, ylabel, title, ylim=None) -> str:
+  """Grouped bars: one group per task, one bar per run."""
   plt = _plt()
-  tasks = sorted({t for r in runs for t in r["ruler"]["tasks"]})
   fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(tasks) * len(runs)), 4))
   width = 0.8 / len(runs)
   for i, r in enumerate(runs):
-    means = []
-    for t in tasks:
-      rows = r["ruler"]["tasks"].get(t, {})
-      means.append(np.mean([row["nll"] for row in rows.values()]) if rows else np.nan)
-    ax.bar(np.arange(len(tasks)) + i * width, means, width, label=r["name"])
+    ax.bar(np.arange(len(tasks)) + i * width, [value(r, t) for t in tasks], width,
+           label=r["name"])
   ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2)
   ax.set_xticklabels(tasks, rotation=45, ha="right", fontsize=7)
-  ax.set_ylabel("answer NLL (mean over lengths)")
-  ax.set_title("RULER")
+  if ylim:
+    ax.set_ylim(*ylim)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
   ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return path
+
+
+def plot_ruler(report: dict, path: str) -> Optional[str]:
+  runs = [r for r in report["runs"] if r.get("ruler") and r["ruler"]["tasks"]]
+  if not runs:
+    return None
+  tasks = sorted({t for r in runs for t in r["ruler"]["tasks"]})
+
+  def mean_nll(r, t):
+    rows = r["ruler"]["tasks"].get(t, {})
+    return np.mean([row["nll"] for row in rows.values()]) if rows else np.nan
+
+  return _bars(runs, tasks, mean_nll, path, ylabel="answer NLL (mean over lengths)",
+               title="RULER")
 
 
 def plot_icl(report: dict, path: str) -> Optional[str]:
   runs = [r for r in report["runs"] if r.get("icl") and r["icl"].get("synthetic")]
   if not runs:
     return None
-  plt = _plt()
   tasks = sorted({t for r in runs for t in r["icl"]["synthetic"]["tasks"]})
-  fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(tasks) * len(runs)), 4))
-  width = 0.8 / len(runs)
-  for i, r in enumerate(runs):
-    acc = [r["icl"]["synthetic"]["tasks"].get(t, {}).get("accuracy", np.nan) for t in tasks]
-    ax.bar(np.arange(len(tasks)) + i * width, acc, width, label=r["name"])
-  ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2)
-  ax.set_xticklabels(tasks, rotation=45, ha="right", fontsize=7)
-  ax.set_ylim(0, 1)
-  ax.set_ylabel("accuracy")
-  ax.set_title("In-context learning (synthetic)")
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  accuracy = lambda r, t: r["icl"]["synthetic"]["tasks"].get(t, {}).get("accuracy", np.nan)
+  return _bars(runs, tasks, accuracy, path, ylabel="accuracy",
+               title="In-context learning (synthetic)", ylim=(0, 1))
 
 
 def layer_attention(model, tokens_T, *, layer: int = 0, head: int = 0):
@@ -292,6 +289,11 @@ def plot_figure1(model, tokens_T, path: str, *, title: str) -> str:
   T = len(tokens_T)
   rot_dim = model.config.rot_dim or w_v.shape[0]
   inv = rotary.rope_frequencies(rot_dim, base=model.config.rope_base)
+  # The first `dims` head dims (the fastest-turning rotary pairs) against the first `dims`
+  # input features: small enough to see the per-token blocks, and where rotations differ most.
+  dims = min(8, w_v.shape[0], w_v.shape[1])
+  w_v = w_v[:dims, :dims]
+  inv = inv[: dims // 2]
   pos = np.arange(T)
   rope = np.asarray(analysis.mixer_matrix(a, w_v, pos, pos, inv, rove=False))
   rove = np.asarray(analysis.mixer_matrix(a, w_v, pos, pos, inv, rove=True))
@@ -301,8 +303,8 @@ def plot_figure1(model, tokens_T, path: str, *, title: str) -> str:
                       (axes[1], rove, "RoVE: [A_ij R_{j-i} W_V] (block Toeplitz up to A)")):
     ax.imshow(m, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
     ax.set_title(name, fontsize=9)
-    ax.set_xlabel(f"input: {T} tokens x {w_v.shape[1]} features")
-    ax.set_ylabel(f"output: {T} tokens x {w_v.shape[0]} head dims")
+    ax.set_xlabel(f"input: {T} tokens x first {dims} features")
+    ax.set_ylabel(f"output: {T} tokens x first {dims} head dims")
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
