@@ -132,7 +132,8 @@ def evaluate_run(run, args, suite) -> dict:
     files = None
     if args.icl_tasks:
       specs = icl.load_specs(args.icl_tasks)
-      files = icl.run_task_files(fn, run.tokenizer, specs, seed=args.seed, progress=progress)
+      files = icl.run_task_files(fn, run.tokenizer, specs, seed=args.seed, progress=progress,
+                                 max_tokens=cfg.max_len if cfg.pos_encoding == "learned" else None)
     result["icl"] = {"synthetic": synthetic, "files": files}
     result["seconds"]["icl"] = time.perf_counter() - t0
   return result
