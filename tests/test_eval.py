@@ -131,3 +131,27 @@ def test_missing_workdir_or_checkpoint_is_a_clear_error(tmp_path):
                      cwd=ROOT, capture_output=True, text=True, timeout=120,
                      env={**__import__("os").environ, **ENV1})
   assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_python_m_eval_end_to_end_on_a_trained_checkpoint(tmp_path):
+  c = small_config(tmp_path, **{"data.source": "stdlib", "data.path": None,
+                                "data.max_files": 120, "model.max_len": 64,
+                                "data.seq_len": 64, "steps": 6})
+  run_train(c, tmp_path / "run", log=lambda *a: None)
+  r = subprocess.run([sys.executable, "-m", "eval", "--workdir", str(tmp_path / "run"),
+                      "--suite", "quick", "--lengths", "64,128", "--no-progress"],
+                     cwd=ROOT, capture_output=True, text=True, timeout=600,
+                     env={**__import__("os").environ, **ENV1})
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = tmp_path / "run" / "eval"
+  rep = json.loads((out / "report.json").read_text())
+  report.validate(rep)
+  run = rep["runs"][0]
+  assert run["step"] == 6 and run["model"]["pos_encoding"] == "rove"
+  assert set(run["perplexity"]["none"]) == set(run["perplexity"]["yarn"]) == {"64", "128"}
+  assert all(1 < row["ppl"] < 400 for row in run["perplexity"]["none"].values())
+  assert run["ruler"]["tasks"] and run["icl"]["synthetic"]["tasks"]
+  for name in ("report.md", "perplexity_vs_length.png", "ruler_nll.png", "icl_accuracy.png",
+               "figure1_mixer.png"):
+    assert (out / name).stat().st_size > 0, name
+  assert "| run | YaRN | 64 | 128 |" in (out / "report.md").read_text()
