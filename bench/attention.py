@@ -64,7 +64,7 @@ def ratio(args) -> dict:
             "paired_ratio_median": statistics.median(paired),
             "paired_ratio_iqr": [quart[0], quart[2]],
             "device": str(jax.devices()[0].device_kind), "jax": jax.__version__}
-  print(f"| kernel | median fwd+bwd (ms) |\n|---|---|")
+  print("| kernel | median fwd+bwd (ms) |\n|---|---|")
   for name in steps:
     print(f"| {name} | {1e3 * med[name]:.2f} |")
   print(f"\nratio rove/rope = {result['ratio_rove_over_rope']:.3f}; paired ratio median "

@@ -59,7 +59,7 @@ def main(argv=None):
       times[enc].append(time.perf_counter() - t0)
   med = {e: statistics.median(ts) for e, ts in times.items()}
   ntok = args.batch * args.seq
-  print(f"| encoding | median step (ms) | tokens/s | paired ratio vs rope |\n|---|---|---|---|")
+  print("| encoding | median step (ms) | tokens/s | paired ratio vs rope |\n|---|---|---|---|")
   result = {"preset": args.preset, "batch": args.batch, "seq": args.seq,
             "repeats": args.repeats, "device": jax.devices()[0].device_kind, "rows": {}}
   for e in encs:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional, Sequence, Union
+from typing import Union
 
 import jax
 import jax.numpy as jnp

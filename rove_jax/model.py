@@ -292,12 +292,12 @@ class Attention(nnx.Module):
     q = self._project(x_BTE, self.wq, self.bq)
     k = self._project(x_BTE, self.wk, self.bk)
     v = self._project(x_BTE, self.wv, self.bv)
-    bias_fn = None
-    if t5_table is not None:
-      def bias_fn(q_pos, kv_pos):
-        buckets = t5_buckets(q_pos[:, :, None] - kv_pos[:, None, :], cfg.t5_num_buckets,
-                             cfg.t5_max_distance)
-        return jnp.moveaxis(t5_table[buckets], -1, 1)  # [B, t, s, H] -> [B, H, t, s]
+    def t5_bias(q_pos, kv_pos):
+      buckets = t5_buckets(q_pos[:, :, None] - kv_pos[:, None, :], cfg.t5_num_buckets,
+                           cfg.t5_max_distance)
+      return jnp.moveaxis(t5_table[buckets], -1, 1)  # [B, t, s, H] -> [B, H, t, s]
+
+    bias_fn = None if t5_table is None else t5_bias
     common = dict(implementation=cfg.attention_impl, chunk_size=cfg.attention_chunk)
     rotary_kw = dict(inv_freq=inv_freq, attention_factor=attention_factor,
                      layout=cfg.rope_layout, **common)

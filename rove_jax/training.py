@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import math
 import os
 import signal
 import sys

@@ -25,7 +25,7 @@ def has_gpu() -> bool:
 def pytest_collection_modifyitems(config, items):
   if has_gpu():
     return
-  skip = pytest.mark.skip(reason="needs a CUDA GPU (run bench/gpu_check.sh on the GPU machine)")
+  skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
   for item in items:
     if "gpu" in item.keywords:
       item.add_marker(skip)

@@ -1,4 +1,7 @@
-"""Independent float64 NumPy references: dense rotations built pair by pair, naive attention."""
+"""Independent float64 NumPy references: dense rotations built pair by pair, naive attention;
+and two toy tokenizers for the evaluation tests."""
+
+import re
 
 import numpy as np
 
@@ -71,3 +74,36 @@ def naive_attention(q, k, v, q_pos, kv_pos, inv_freq, *, rove, causal=True, fact
           else:
             out[b, i, h] += w[j] * v[b, j, kh]
   return out
+
+
+class ByteTok:
+  """UTF-8 bytes, end-of-text 256."""
+
+  eot_id = 256
+
+  def encode(self, text):
+    return np.array(list(text.encode("utf-8")), dtype=np.int32)
+
+  def decode(self, ids):
+    return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", "replace")
+
+
+class WordTok:
+  """Words, single punctuation marks and whitespace runs as tokens; ids assigned on first use."""
+
+  eot_id = 0
+
+  def __init__(self):
+    self.ids, self.pieces = {}, ["<eot>"]
+
+  def encode(self, text):
+    out = []
+    for piece in re.findall(r"\w+|[^\w\s]|\s+", text):
+      if piece not in self.ids:
+        self.ids[piece] = len(self.pieces)
+        self.pieces.append(piece)
+      out.append(self.ids[piece])
+    return np.array(out, dtype=np.int32)
+
+  def decode(self, ids):
+    return "".join(self.pieces[int(i)] for i in ids if int(i) != self.eot_id)

@@ -1,7 +1,6 @@
 """Data pipeline: sources and splits, token arrays, windows, packing, resume, sharding, errors."""
 
 import json
-import os
 import sys
 
 import grain

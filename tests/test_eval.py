@@ -14,7 +14,7 @@ from flax import nnx
 from eval import perplexity, report, scoring
 from rove_jax import tokenization
 from rove_jax.model import GPT, GPTConfig
-from tests.test_training import ROOT, losses, run_train, small_config
+from tests.test_training import ROOT, run_train, small_config
 
 ENV1 = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 

@@ -9,39 +9,7 @@ import numpy as np
 import pytest
 
 from eval import icl
-
-
-class ByteTok:
-  """UTF-8 bytes, end-of-text 256."""
-
-  eot_id = 256
-
-  def encode(self, text):
-    return np.array(list(text.encode("utf-8")), dtype=np.int32)
-
-  def decode(self, ids):
-    return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8")
-
-
-class WordTok:
-  """Words, single punctuation marks and whitespace runs as tokens; ids assigned on first use."""
-
-  eot_id = 0
-
-  def __init__(self):
-    self.ids, self.words = {}, ["<eot>"]
-
-  def encode(self, text):
-    out = []
-    for piece in re.findall(r"\s+|\w+|[^\w\s]", text):
-      if piece not in self.ids:
-        self.ids[piece] = len(self.words)
-        self.words.append(piece)
-      out.append(self.ids[piece])
-    return np.array(out, dtype=np.int32)
-
-  def decode(self, ids):
-    return "".join(self.words[int(i)] for i in ids if int(i) != self.eot_id)
+from tests.reference import ByteTok, WordTok
 
 
 def write_jsonl(path, rows):

@@ -10,39 +10,7 @@ import numpy as np
 import pytest
 
 from eval import ruler
-
-
-class ByteTok:
-  """UTF-8 bytes, end-of-text 256."""
-
-  eot_id = 256
-
-  def encode(self, text):
-    return np.array(list(text.encode("utf-8")), dtype=np.int32)
-
-  def decode(self, ids):
-    return bytes(int(i) for i in ids if i != self.eot_id).decode("utf-8", "replace")
-
-
-class WordTok:
-  """Words, single punctuation marks and whitespace runs; ids handed out on first sight."""
-
-  eot_id = 0
-
-  def __init__(self):
-    self.ids, self.pieces = {}, ["<eot>"]
-
-  def encode(self, text):
-    out = []
-    for piece in re.findall(r"\w+|[^\w\s]|\s+", text):
-      if piece not in self.ids:
-        self.ids[piece] = len(self.pieces)
-        self.pieces.append(piece)
-      out.append(self.ids[piece])
-    return np.array(out, dtype=np.int32)
-
-  def decode(self, ids):
-    return "".join(self.pieces[int(i)] for i in ids if i != self.eot_id)
+from tests.reference import ByteTok, WordTok
 
 
 ESSAYS = [

@@ -1,20 +1,16 @@
 """Sharded training on 8 simulated CPU devices and on two real processes."""
 
-import json
 import os
-import pathlib
 import socket
 import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from rove_jax import config as config_lib
 from rove_jax import sharding, training
 from rove_jax.model import GPT, GPTConfig
 from tests.test_training import ROOT, apply_overrides, losses, small_config, write_corpus
