@@ -138,7 +138,10 @@ def test_python_m_eval_end_to_end_on_a_trained_checkpoint(tmp_path):
                                 "data.max_files": 120, "model.max_len": 64,
                                 "data.seq_len": 64, "steps": 6})
   run_train(c, tmp_path / "run", log=lambda *a: None)
+  c.model.pos_encoding = "rope"
+  run_train(c, tmp_path / "rope", log=lambda *a: None)
   r = subprocess.run([sys.executable, "-m", "eval", "--workdir", str(tmp_path / "run"),
+                      "--compare", str(tmp_path / "rope"),
                       "--suite", "quick", "--lengths", "64,128", "--no-progress"],
                      cwd=ROOT, capture_output=True, text=True, timeout=600,
                      env={**__import__("os").environ, **ENV1})
@@ -154,4 +157,7 @@ def test_python_m_eval_end_to_end_on_a_trained_checkpoint(tmp_path):
   for name in ("report.md", "perplexity_vs_length.png", "ruler_nll.png", "icl_accuracy.png",
                "figure1_mixer.png"):
     assert (out / name).stat().st_size > 0, name
-  assert "| run | YaRN | 64 | 128 |" in (out / "report.md").read_text()
+  md = (out / "report.md").read_text()
+  assert "| run | YaRN | 64 | 128 |" in md
+  assert [r["name"] for r in rep["runs"]] == ["run", "rope"]  # --compare: one table, both runs
+  assert rep["runs"][1]["model"]["pos_encoding"] == "rope" and "| rope | +YaRN |" in md

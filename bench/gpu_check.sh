@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU check for rove-jax on one CUDA GPU (written for an H200); about 8 minutes.
+#   bash bench/gpu_check.sh        (from the repository root; $OUT defaults to ./gpu_out)
+# 1. the cuDNN == XLA bf16 attention tests;
+# 2. python -m bench --suite gpu: GPT-2 124M (context 1024, bf16, cuDNN flash attention) and
+#    354M train steps RoVE/RoPE/NoPE with MFU against the measured bf16 matmul peak, peak device
+#    memory, 4k/8k/16k forwards (xla, chunked), decoding, compile time vs depth;
+# 3. a 16k-token evaluation forward of the 124M RoVE model through the cuDNN kernel.
+# Everything is teed to $OUT/gpu_check.log; the suite's JSON is saved after every section.
+set -euo pipefail
+
+# The image lacks grain and ml-collections; they travel as wheels in ./.whl.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+
+OUT="${OUT:-$PWD/gpu_out}"
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu_check.log") 2>&1
+start=$SECONDS
+stamp() { echo "== [$((SECONDS - start)) s] $*"; }
+
+stamp "devices"
+python3 -c 'import jax; print(jax.__version__, jax.devices())'
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
+
+stamp "cuDNN == XLA bf16 attention tests"
+timeout 120 python3 -m pytest -q tests/test_attention.py -k cudnn
+
+stamp "benchmark suite (gpu)"
+timeout 330 python3 -m bench --suite gpu --out "$OUT/bench_gpu.json"
+
+stamp "16k-token evaluation forward, 124M RoVE bf16, cuDNN kernel"
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 python3 -m bench.suite --worker long_forward \
+  '{"model": {"name": "gpt2_124m", "preset": "gpt2_124m", "overrides": [["dtype", "bfloat16"]], "batch": 1, "seq": 0}, "T": 16384, "kernel": "cudnn", "cap_gib": 0}' \
+  | tee "$OUT/forward_16k_cudnn.json"
+
+stamp "done"

@@ -1,0 +1,122 @@
+"""The benchmark suite: `python -m bench --suite cpu --quick` end to end (about 2 minutes on 2
+cores), the GPU suite's argument and device checks, the FLOP formula, the GPU script's syntax.
+
+Only properties that survive a noisy shared machine are asserted: positive finite ratios and
+throughputs, MFU in (0, 1], compile time growing from 2 to 12 layers. Not speed-ups.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import suite
+from rove_jax.model import GPTConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _clean_env():
+  # conftest splits the CPU into 8 fake devices; the suite must see the machine as it is.
+  env = dict(os.environ)
+  flags = [f for f in env.get("XLA_FLAGS", "").split()
+           if "xla_force_host_platform_device_count" not in f]
+  env["XLA_FLAGS"] = " ".join(flags)
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+  out = tmp_path_factory.mktemp("bench") / "quick.json"
+  proc = subprocess.run([sys.executable, "-m", "bench", "--suite", "cpu", "--quick",
+                         "--out", str(out)], cwd=ROOT, env=_clean_env(), capture_output=True,
+                        text=True, timeout=400)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(out) as f:
+    return json.load(f), proc.stdout
+
+
+def _positive(x):
+  return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_quick_suite_prints_every_table(quick):
+  _, stdout = quick
+  for title in ("## Train step", "## Peak memory", "## Long-context forward", "## Decoding",
+                "## Train-step compile time", "MFU = model FLOPs", "Measured peak matmul"):
+    assert title in stdout
+  assert stdout.count("|---|") >= 7
+
+
+def test_quick_suite_train_and_mfu(quick):
+  res, _ = quick
+  assert res["suite"] == "cpu" and res["quick"] is True and "6 * N_nonembed" in res["flops_formula"]
+  assert _positive(res["peak_matmul"]["flops_per_s"])
+  assert len(res["train"]) == 2
+  for t in res["train"]:
+    assert set(t["rows"]) == {"rove", "rope", "nope"}
+    assert _positive(t["ratio_rove_over_rope"]) and _positive(t["flops_per_step"])
+    assert t["rows"]["rope"]["paired_ratio_vs_rope"] == 1.0
+    for r in t["rows"].values():
+      assert _positive(r["tokens_per_s"]) and _positive(r["paired_ratio_vs_rope"])
+      assert 0 < r["mfu"] <= 1, r
+      assert len(r["times_s"]) == t["repeats"] and math.isfinite(r["loss"])
+
+
+def test_quick_suite_memory_longctx_decode_compile(quick):
+  res, _ = quick
+  mem = res["memory"]
+  assert mem["measure"] == "peak_rss_gib" and _positive(mem["ratio_rove_over_rope"])
+  for r in mem["rows"].values():
+    assert _positive(r["peak_rss_gib"]) and math.isfinite(r["loss"])
+  rows = res["longctx"]["rows"]
+  assert {(r["T"], r["kernel"]) for r in rows} == {(4096, "xla"), (4096, "chunked")}
+  for r in rows:
+    assert "error" not in r, r
+    assert _positive(r["tokens_per_s"]) and _positive(r["peak_rss_gib"]) and r["finite"]
+  dec = res["decode"]
+  assert _positive(dec["ratio_rove_over_rope"])
+  for r in dec["rows"].values():
+    assert _positive(r["tokens_per_s"])
+  comp = res["compile"]["rows"]
+  assert [r["n_layer"] for r in comp] == [2, 6, 12]
+  assert all(_positive(r["total_s"]) for r in comp)
+  # 2 -> 12 layers is six times the traced graph: robust; 2 -> 6 alone could be noise.
+  assert comp[-1]["total_s"] > comp[0]["total_s"]
+
+
+def test_gpu_suite_without_gpu_is_a_clear_error():
+  proc = subprocess.run([sys.executable, "-m", "bench", "--suite", "gpu"], cwd=ROOT,
+                        env=_clean_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  assert "--suite gpu needs a CUDA GPU" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_gpu_spec_builds_its_configs():
+  spec = suite.make_spec("gpu", quick=False)
+  names = [m.name for m in spec.train_models]
+  assert names == ["gpt2_124m", "gpt2_354m"]
+  cfg = spec.train_models[0].config()
+  assert (cfg.attention_impl, cfg.dtype, spec.train_models[0].seq) == ("cudnn", "bfloat16", 1024)
+  assert 16384 in spec.long_lengths and spec.matmul_dtype == "bfloat16"
+  with pytest.raises(ValueError, match="unknown suite"):
+    suite.make_spec("tpu", quick=True)
+
+
+def test_flops_formula_by_hand():
+  # Count tiny's non-embedding parameters (weights, biases, norms) independently.
+  cfg = GPTConfig.tiny(n_layer=2)
+  E, F, L = cfg.d_model, cfg.d_ff, cfg.n_layer
+  per_layer = 4 * E * E + 4 * E + 2 * E * F + F + E + 4 * E  # attn, mlp, two layernorms
+  n = L * per_layer + 2 * E  # + the final norm
+  B, T = 4, 128
+  want = 6 * n * B * T + 6 * L * T * E * B * T
+  assert suite.flops_per_step(cfg, B, T) == pytest.approx(want, rel=1e-12)
+
+
+def test_gpu_check_script_parses():
+  subprocess.run(["bash", "-n", os.path.join(ROOT, "bench", "gpu_check.sh")], check=True)
