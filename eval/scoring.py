@@ -23,7 +23,7 @@ from flax import nnx
 
 from rove_jax import checkpoint as ckpt_lib
 from rove_jax import data as data_lib
-from rove_jax import tokenization
+from rove_jax import tokenization, training
 from rove_jax.model import GPT, GPTConfig, ROTARY_ENCODINGS
 
 UNSET = _UNSET = object()  # "use the model's configured rope_scaling"
@@ -39,21 +39,20 @@ class Run:
   config: dict  # the run config as saved (plain dict)
   params: Any  # nnx.State of the parameters
   tokenizer: Any
+  _val_tokens: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
 
   @property
   def train_len(self) -> int:
     return int(self.config["data"]["seq_len"])
 
-  def val_tokens(self, max_tokens: Optional[int] = None) -> np.ndarray:
-    """The held-out split of the run's own training source, tokenized as in training."""
-    d = self.config["data"]
-    corpus = data_lib.Corpus(source=d["source"], path=d.get("path"), val_path=d.get("val_path"),
-                             text_field=d.get("text_field", "text"),
-                             val_fraction=d.get("val_fraction", 0.02),
-                             max_files=d.get("max_files"), hf_config=d.get("hf_config"))
-    return data_lib.load_tokens(corpus, "val", self.tokenizer,
-                                cache_dir=os.path.join(self.workdir, "data"),
-                                max_tokens=max_tokens)
+  def val_tokens(self) -> np.ndarray:
+    """The held-out split of the run's own training source, tokenized as in training (loaded
+    once: perplexity, the RULER haystack and Figure 1 all read it)."""
+    if self._val_tokens is None:
+      corpus = training.corpus_from_config(self.config["data"])
+      self._val_tokens = data_lib.load_tokens(corpus, "val", self.tokenizer,
+                                              cache_dir=os.path.join(self.workdir, "data"))
+    return self._val_tokens
 
 
 def model_config_from_meta(meta_model: dict) -> GPTConfig:

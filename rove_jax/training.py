@@ -242,11 +242,11 @@ def _progress(total, initial, enabled):
 # --------------------------------------------------------------------------------- main
 
 
-def _corpus(c) -> data_lib.Corpus:
-  d = c.data
-  return data_lib.Corpus(source=d.source, path=d.path, val_path=d.val_path,
-                         text_field=d.text_field, val_fraction=d.val_fraction,
-                         max_files=d.max_files, hf_config=d.hf_config)
+def corpus_from_config(d) -> data_lib.Corpus:
+  """The Corpus of a run config's `data` section (a ConfigDict, or the plain dict a checkpoint's
+  metadata holds); fields a saved config lacks take the Corpus defaults."""
+  fields = ("source", "path", "val_path", "text_field", "val_fraction", "max_files", "hf_config")
+  return data_lib.Corpus(**{k: d[k] for k in fields if k in d})
 
 
 def model_meta(model_cfg: GPTConfig) -> dict:
@@ -288,7 +288,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
       raise ValueError(f"workdir {workdir} holds checkpoints of a different model "
                        f"(field: saved, now): {diffs}; use another --workdir or the same model")
 
-  data = data_lib.prepare(_corpus(c), c.data.tokenizer, workdir=workdir,
+  data = data_lib.prepare(corpus_from_config(c.data), c.data.tokenizer, workdir=workdir,
                           max_train_tokens=c.data.max_train_tokens,
                           max_val_tokens=c.data.max_val_tokens)
   for split, toks in (("training", data.train_tokens), ("validation", data.val_tokens)):
