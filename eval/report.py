@@ -265,8 +265,7 @@ def layer_attention(model, tokens_T, *, layer: int = 0, head: int = 0):
   block = model.blocks[layer]
   attn = block.attn
   h = block.norm1(model.embed_tokens(tokens, pos))
-  q = attn._project(h, attn.wq, attn.bq)
-  k = attn._project(h, attn.wk, attn.bk)
+  q, k, _ = attn._qkv(h)
   inv_freq, factor = model.rotary_frequencies(T)
   if inv_freq is not None:
     q = rotary.rotate(q, pos, inv_freq, layout=model.config.rope_layout)

@@ -281,17 +281,28 @@ class Attention(nnx.Module):
     else:
       self.bq = self.bk = self.bv = self.bo = None
 
-  def _project(self, x_BTE, w, b):
+  def _project(self, x_BTE, pairs):
+    """x @ W + b for several (W [E, n, D], b [n, D]) of equal shape in ONE matmul: the weights
+    are stacked on a new axis (so a head-sharded W stays sharded per shard), which on CPU
+    turns three skinny [E, H*D] products into one [E, 3*H*D] product (~4% of a train step)."""
     dt = x_BTE.dtype
-    y = jnp.einsum("bte,ehd->bthd", x_BTE, w[...].astype(dt))
-    return y if b is None else y + b[...].astype(dt)[None, None]
+    w_EPND = jnp.stack([w[...] for w, _ in pairs], axis=1).astype(dt)
+    y_BTPND = jnp.einsum("bte,epnd->btpnd", x_BTE, w_EPND)
+    if pairs[0][1] is not None:
+      y_BTPND = y_BTPND + jnp.stack([b[...] for _, b in pairs]).astype(dt)[None, None]
+    return [y_BTPND[:, :, i] for i in range(len(pairs))]
+
+  def _qkv(self, x_BTE):
+    q_w, k_w, v_w = (self.wq, self.bq), (self.wk, self.bk), (self.wv, self.bv)
+    if self.cfg.n_kv_head == self.cfg.n_head:
+      return self._project(x_BTE, [q_w, k_w, v_w])
+    (q,) = self._project(x_BTE, [q_w])
+    return [q] + self._project(x_BTE, [k_w, v_w])
 
   def __call__(self, x_BTE, positions_BT, *, segment_ids, inv_freq, attention_factor,
                t5_table, cache_kv, kv_positions_BL, kv_mask_BL):
     cfg = self.cfg
-    q = self._project(x_BTE, self.wq, self.bq)
-    k = self._project(x_BTE, self.wk, self.bk)
-    v = self._project(x_BTE, self.wv, self.bv)
+    q, k, v = self._qkv(x_BTE)
     def t5_bias(q_pos, kv_pos):
       buckets = t5_buckets(q_pos[:, :, None] - kv_pos[:, None, :], cfg.t5_num_buckets,
                            cfg.t5_max_distance)
