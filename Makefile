@@ -11,7 +11,11 @@ TEST    = $(VENV)/.installed-test
 DEMO_ARGS = --config configs/tiny.py --workdir runs/demo --config.steps=100 \
             --config.optim.warmup_steps=20 --config.eval_every=50 --config.checkpoint_every=50
 
-.PHONY: test demo install clean
+# The paper's comparison at small scale (about 90 minutes on 2 CPU cores): RoVE and RoPE x 2
+# seeds and NoPE x 1, then the full evaluation suite; writes results/. Reruns resume.
+REPRODUCE_ARGS ?=
+
+.PHONY: test demo reproduce install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +37,9 @@ test: $(TEST)
 demo: $(CORE)
 	$(PY) train.py $(DEMO_ARGS)
 	$(PY) -m eval --workdir runs/demo --suite quick
+
+reproduce: $(CORE)
+	$(PY) reproduce.py $(REPRODUCE_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,173 @@
+"""The paper's RoPE vs RoVE comparison at small scale: train matched runs, evaluate them all,
+write results/ (README.md with the paper-layout tables, report.json, plots).
+
+  python reproduce.py [--out results] [--runs-dir runs/reproduce] [--seeds 0,1]
+                      [--encodings rove,rope,nope] [--nope-seeds 1] [--steps N] [--quick]
+
+Every run uses configs/reproduce.py with the same data, steps and size; only the positional
+encoding and the seed differ. Rerunning resumes: finished runs are kept (their checkpoints
+are the record), unfinished ones continue from their newest checkpoint, and the evaluation
+and the write-up are redone. --quick shrinks everything for tests (a few steps, short
+lengths); its output says so at the top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CONFIG = os.path.join(ROOT, "configs", "reproduce.py")
+
+
+def parse_args(argv):
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--out", default="results", help="where README.md, report.json, plots go")
+  p.add_argument("--runs-dir", default="runs/reproduce", help="training workdirs")
+  p.add_argument("--seeds", default="0,1", help="seeds for RoVE and RoPE")
+  p.add_argument("--encodings", default="rove,rope,nope")
+  p.add_argument("--nope-seeds", type=int, default=1,
+                 help="how many of the seeds NoPE (the third baseline) runs with")
+  p.add_argument("--steps", type=int, help="training steps (default: configs/reproduce.py)")
+  p.add_argument("--suite", default="full", choices=("quick", "full"))
+  p.add_argument("--quick", action="store_true",
+                 help="tiny settings for tests: 2 layers, few steps, short lengths")
+  args = p.parse_args(argv)
+  try:
+    args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
+  except ValueError:
+    p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+  args.encoding_list = [e.strip() for e in args.encodings.split(",") if e.strip()]
+  from rove_jax.model import POS_ENCODINGS
+  bad = [e for e in args.encoding_list if e not in POS_ENCODINGS]
+  if bad or not args.encoding_list:
+    p.error(f"--encodings: unknown {bad}; choose from {POS_ENCODINGS}")
+  if not args.seed_list:
+    p.error("--seeds: give at least one seed")
+  if args.steps is not None and args.steps < 1:
+    p.error("--steps must be >= 1")
+  return args
+
+
+def plan(args) -> list[dict]:
+  """The runs: every encoding x seed, NoPE on its first --nope-seeds seeds only."""
+  runs = []
+  for enc in args.encoding_list:
+    seeds = args.seed_list[: args.nope_seeds] if enc == "nope" else args.seed_list
+    for seed in seeds:
+      runs.append({"encoding": enc, "seed": seed,
+                   "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}")})
+  return runs
+
+
+def overrides(args, run) -> list[str]:
+  o = [f"--config.model.pos_encoding={run['encoding']}", f"--config.seed={run['seed']}"]
+  if args.steps is not None:
+    o.append(f"--config.steps={args.steps}")
+  if args.quick:
+    o += ["--config.model.n_layer=2", "--config.model.d_model=64", "--config.model.n_head=2",
+          "--config.model.max_len=32", "--config.data.seq_len=32", "--config.data.batch_size=8",
+          "--config.data.max_files=40", "--config.optim.warmup_steps=2",
+          "--config.log_every=2", "--config.eval_every=4", "--config.eval_batches=2",
+          "--config.checkpoint_every=4"]
+    if args.steps is None:
+      o.append("--config.steps=8")
+  return o
+
+
+def train_all(args, runs) -> None:
+  for i, run in enumerate(runs):
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--config", CONFIG,
+           "--workdir", run["workdir"]] + overrides(args, run)
+    print(f"[{i + 1}/{len(runs)}] {run['encoding']} seed {run['seed']} -> {run['workdir']}",
+          flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd)
+    run["train_seconds"] = time.perf_counter() - t0
+    if rc != 0:
+      raise SystemExit(f"training {run['workdir']} failed (exit {rc}); rerun "
+                       f"`{' '.join(sys.argv)}` to resume it")
+
+
+def evaluate_all(args, runs, eval_dir) -> dict:
+  cmd = [sys.executable, "-m", "eval", "--workdir", runs[0]["workdir"], "--compare"]
+  cmd += [r["workdir"] for r in runs[1:]]
+  cmd += ["--suite", "quick" if args.quick else args.suite, "--out", eval_dir, "--yarn", "both"]
+  print("evaluating:", " ".join(cmd[1:]), flush=True)
+  rc = subprocess.call(cmd, cwd=ROOT)
+  if rc != 0:
+    raise SystemExit(f"evaluation failed (exit {rc})")
+  with open(os.path.join(eval_dir, "report.json")) as f:
+    return json.load(f)
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, "metrics.jsonl")
+  rows = []
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          rows.append(json.loads(line))
+        except json.JSONDecodeError:
+          pass
+  return rows
+
+
+def machine() -> str:
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          cpu = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    pass
+  import jax
+  return (f"{os.cpu_count()} CPU cores ({cpu}), {platform.system()} {platform.release()}, "
+          f"Python {platform.python_version()}, jax {jax.__version__}, "
+          f"device {jax.devices()[0].device_kind}")
+
+
+def commit() -> str:
+  try:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return out + (" (with uncommitted changes)" if dirty else "")
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown (not a git checkout)"
+
+
+def main(argv=None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  t0 = time.perf_counter()
+  started = datetime.datetime.now(datetime.timezone.utc)
+  runs = plan(args)
+  os.makedirs(args.out, exist_ok=True)
+  train_all(args, runs)
+  eval_dir = os.path.join(args.out, "eval")
+  report = evaluate_all(args, runs, eval_dir)
+  from eval import results_writeup
+  curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
+  meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv),
+          "commit": commit(), "machine": machine(), "started": started.isoformat(timespec="seconds"),
+          "wall_seconds": time.perf_counter() - t0, "quick": args.quick,
+          "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs}}
+  results_writeup.write(args.out, report, runs, curves, meta)
+  print(f"wrote {os.path.join(args.out, 'README.md')} in {meta['wall_seconds'] / 60:.1f} min")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
