@@ -1,4 +1,4 @@
-"""The CPU default: a 10.7M-parameter RoVE GPT on the embedded stdlib corpus, byte tokens.
+"""The CPU default: a 10.8M-parameter RoVE GPT on the embedded stdlib corpus, byte tokens.
 
 python train.py --config configs/tiny.py --workdir runs/tiny
 RoPE twin for a side-by-side run: add --config.model.pos_encoding=rope (another --workdir).

@@ -376,13 +376,14 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
       if step % c.log_every == 0 or step == c.steps:
         now = time.perf_counter()
         last = {"step": step, "loss": float(m["loss"]), "lr": float(m["lr"]),
-                "grad_norm": float(m["grad_norm"]),
-                "tokens_per_s": tokens_per_step * (step - step_last) / (now - t_last),
-                "nonfinite_steps": nonfinite_total}
+                "grad_norm": float(m["grad_norm"]), "nonfinite_steps": nonfinite_total}
+        if step > step_last:  # the first step's time is compilation: no throughput for it
+          last["tokens_per_s"] = tokens_per_step * (step - step_last) / (now - t_last)
         t_last, step_last = now, step
         metrics_log.write(last)
         if bar is not None:
-          bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
+          bar.set_postfix(loss=f"{last['loss']:.3f}",
+                          tok_s=f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "-")
       if step % c.eval_every == 0 or step == c.steps:
         val = evaluate(eval_step, state.params, map(place, data.eval_batches(**eval_kw)))
         if val is not None:

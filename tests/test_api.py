@@ -26,3 +26,17 @@ def test_readme_python_example_runs():
   exec(compile(blocks[0], "README.md", "exec"), scope)  # noqa: S102
   y = scope["y"]
   assert y.shape == (2, 128, 8, 64) and np.isfinite(np.asarray(y)).all()
+
+
+def test_readme_model_example_runs():
+  """The second python block (the model): forward, sampling, YaRN at 4x, all as written."""
+  readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+  blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.S)
+  assert len(blocks) >= 2, "README.md lost its model example"
+  scope = {}
+  exec(compile(blocks[1], "README.md", "exec"), scope)  # noqa: S102
+  cfg = scope["model"].config
+  assert scope["logits"].shape == (2, 1024, cfg.vocab_size)  # the YaRN call, 4x the context
+  assert np.isfinite(np.asarray(scope["logits"])).all()
+  assert scope["out"].shape == (1, 8 + 64)
+  assert np.array_equal(np.asarray(scope["out"][:, :8]), np.asarray(scope["prompt"]))
