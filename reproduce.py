@@ -154,6 +154,7 @@ def main(argv=None) -> int:
   t0 = time.perf_counter()
   started = datetime.datetime.now(datetime.timezone.utc)
   runs = plan(args)
+  code_version = commit()  # at the start: the code that trains and evaluates
   os.makedirs(args.out, exist_ok=True)
   train_all(args, runs)
   eval_dir = os.path.join(args.out, "eval")
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
   from eval import results_writeup
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
   meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv),
-          "commit": commit(), "machine": machine(), "started": started.isoformat(timespec="seconds"),
+          "commit": code_version, "machine": machine(), "started": started.isoformat(timespec="seconds"),
           "wall_seconds": time.perf_counter() - t0, "quick": args.quick,
           "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs}}
   results_writeup.write(args.out, report, runs, curves, meta)

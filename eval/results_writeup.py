@@ -164,6 +164,11 @@ def plot_curves(curves: dict, runs: list[dict], path: str) -> Optional[str]:
   return path
 
 
+def _minutes(run_report) -> str:
+  seconds = (run_report or {}).get("seconds") or {}
+  return f"{sum(seconds.values()) / 60:.1f}" if seconds else "-"
+
+
 def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str, dict]:
   """(markdown, summary dict) for results/README.md and results/summary.json."""
   groups = _by_encoding(report)
@@ -187,11 +192,13 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str
       f"{first['max_len']} byte tokens, trained on the embedded stdlib corpus for "
       f"{', '.join(map(str, steps))} steps (configs/reproduce.py); the runs differ only in the "
       f"positional encoding and the seed. {len(report['runs'])} runs, all reported below.\n")
-  L.append(f"- Command: `{meta['command']}` (`make reproduce`)")
+  L.append(f"- Command: `{meta['command'].strip()}` (`make reproduce`)")
   L.append(f"- Commit: {meta['commit']}")
   L.append(f"- Started: {meta['started']}; wall time {meta['wall_seconds'] / 60:.1f} min "
            f"(training and evaluation)")
   L.append(f"- Machine: {meta['machine']}")
+  if meta.get("notes"):
+    L.append(f"- Notes: {meta['notes']}")
   L.append(f"- Evaluation: `python -m eval --suite {report['suite']} --compare ...`; "
            f"full report in [eval/report.md](eval/report.md), raw numbers in "
            f"[eval/report.json](eval/report.json).")
@@ -295,19 +302,19 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str
   # Every run.
   L.append("## Every run\n")
   L.append("| run | encoding | seed | steps | final train loss | final held-out loss | "
-           "training wall (min) |")
-  L.append("|---|---|---|---|---|---|---|")
+           "training wall (min) | evaluation wall (min) |")
+  L.append("|---|---|---|---|---|---|---|---|")
   for run in runs:
     rows = curves.get(run["workdir"]) or []
     tr = [r["loss"] for r in rows if "loss" in r]
     va = [r["val_loss"] for r in rows if "val_loss" in r]
-    rep = next((r for r in report["runs"] if os.path.normpath(r["workdir"]) ==
-                os.path.normpath(run["workdir"])), None)
+    rep = next((r for r in report["runs"] if os.path.abspath(r["workdir"]) ==
+                os.path.abspath(run["workdir"])), None)
     secs = meta.get("train_seconds", {}).get(run["workdir"])
     L.append(f"| {os.path.basename(run['workdir'])} | {NAMES.get(run['encoding'])} | "
              f"{run['seed']} | {rep['step'] if rep else '-'} | "
              f"{f'{tr[-1]:.4f}' if tr else '-'} | {f'{va[-1]:.4f}' if va else '-'} | "
-             f"{f'{secs / 60:.1f}' if secs else '-'} |")
+             f"{f'{secs / 60:.1f}' if secs else '-'} | {_minutes(rep)} |")
   L.append("\nPer-run perplexity, RULER and ICL numbers: [eval/report.md](eval/report.md).\n")
   L.append("![loss curves](loss_curves.png)\n")
   L.append("![Figure 1: the trained model's RoPE vs RoVE token mixers](eval/figure1_mixer.png)\n")
