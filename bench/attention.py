@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import rove_jax as rj
+from bench import peak_rss_gib
 
 
 def _inputs(B, T, H, K, D, dtype=jnp.float32):
@@ -83,7 +84,7 @@ def _one_length(T, impl, H, D, chunk):
   t0 = time.perf_counter()
   out = jax.block_until_ready(f(q, k, v))
   dt = time.perf_counter() - t0
-  peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+  peak_gib = peak_rss_gib()
   print(json.dumps({"T": T, "impl": impl, "seconds": dt, "tokens_per_s": T / dt,
                     "peak_rss_gib": peak_gib, "finite": bool(np.isfinite(np.asarray(out)).all())}))
 

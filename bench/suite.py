@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bench import peak_rss_gib
 from rove_jax import config as config_lib
 from rove_jax import training
 from rove_jax.model import GPT, GPTConfig, count_params, generate
@@ -213,7 +214,7 @@ def flops_per_step(cfg: GPTConfig, B: int, T: int) -> float:
 
 def _peak_memory() -> dict:
   """This process's peak host RSS and, on a GPU, the device allocator's peak."""
-  out = {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+  out = {"peak_rss_gib": peak_rss_gib()}
   dev = jax.devices()[0]
   if dev.platform == "gpu":
     stats = dev.memory_stats() or {}
