@@ -60,9 +60,7 @@ class GPTConfig:
   `rope_scaling` takes a HuggingFace-style dict (stored frozen; `scaling_dict` returns it),
   `rove_layers` the layer indices that use RoVE when pos_encoding="rove" (None: all; the
   others use RoPE), `remat` one of "none", "full" (recompute each block in the backward pass)
-  or "dots" (save matmul outputs only). `scan_layers` runs the blocks as one lax.scan over
-  their parameters stacked at call time: compile time stops growing with depth, and the
-  parameter tree (so checkpoints, sharding and optimizer state) is the same as without it.
+  or "dots" (save matmul outputs only).
   """
   vocab_size: int = 320
   n_layer: int = 6
@@ -86,7 +84,6 @@ class GPTConfig:
   attention_impl: str = "xla"
   attention_chunk: int = 512
   remat: str = "none"
-  scan_layers: bool = False
   t5_num_buckets: int = 32
   t5_max_distance: int = 128
   init_std: float = 0.02
@@ -188,13 +185,7 @@ class GPTConfig:
     elif self.rope_scaling is not None:
       fail(f"rope_scaling applies to rotary encodings only, not pos_encoding="
            f"{self.pos_encoding!r}")
-    if not isinstance(self.scan_layers, (bool, np.bool_)):
-      fail(f"scan_layers must be a bool, got {self.scan_layers!r}")
     if self.rove_layers is not None:
-      if self.scan_layers and set(self.rove_layers) != set(range(self.n_layer)):
-        fail(f"scan_layers runs one block body for every layer, but rove_layers="
-             f"{self.rove_layers} mixes RoVE and RoPE layers; set scan_layers=False for this "
-             f"ablation")
       if self.pos_encoding != "rove":
         fail("rove_layers selects RoVE layers and needs pos_encoding='rove'")
       bad = [i for i in self.rove_layers if not 0 <= i < self.n_layer]
@@ -473,27 +464,6 @@ class GPT(nnx.Module):
         raise ValueError(f"learned position embeddings cover positions 0..{cfg.max_len - 1}; "
                          f"got position {top}")
 
-  def _scan_blocks(self, x, positions, segment_ids, inv_freq, factor, t5_table):
-    """The blocks as one lax.scan: their parameters are stacked on a leading layer axis here
-    (a copy of the block weights per call, cheap next to the matmuls) and one block body is
-    traced and compiled whatever the depth. Gradients flow back through the stack to each
-    layer's own parameters. Decoding with a cache keeps the unrolled loop."""
-    cfg = self.config
-    graphdef = nnx.graphdef(self.blocks[0])
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in self.blocks])
-
-    def body(x, state):
-      y, _ = nnx.merge(graphdef, state)(x, positions, segment_ids, inv_freq, factor, t5_table,
-                                        None, None, None)
-      return y, None
-
-    if cfg.remat != "none":
-      policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots"
-                else None)
-      body = jax.checkpoint(body, policy=policy)
-    x, _ = jax.lax.scan(body, x, stacked)
-    return x
-
   # ---------------------------------------------------------------------------- call
   def __call__(self, tokens_BT, positions=None, segment_ids=None, *, cache: KVCache | None = None,
                rope_scaling=_UNSET):
@@ -555,10 +525,7 @@ class GPT(nnx.Module):
       call = nnx.remat(_block_call, policy=policy)
     new_k, new_v = [], []
     x = x_BTE
-    if cfg.scan_layers and cache is None:
-      x = self._scan_blocks(x, positions_BT, segment_ids, inv_freq, factor, t5_table)
-    blocks = () if cfg.scan_layers and cache is None else self.blocks
-    for i, block in enumerate(blocks):
+    for i, block in enumerate(self.blocks):
       cache_kv = None if cache is None else (cache.k[i], cache.v[i], start)
       x, kv = call(block, x, positions_BT, segment_ids, inv_freq, factor, t5_table, cache_kv,
                    kv_positions, kv_mask)

@@ -83,12 +83,10 @@ def test_quick_suite_memory_longctx_decode_compile(quick):
   for r in dec["rows"].values():
     assert _positive(r["tokens_per_s"])
   comp = res["compile"]["rows"]
-  unrolled = [r for r in comp if not r["scan_layers"]]
-  scanned = [r for r in comp if r["scan_layers"]]
-  assert [r["n_layer"] for r in unrolled] == [r["n_layer"] for r in scanned] == [2, 6, 12]
+  assert [r["n_layer"] for r in comp] == [2, 6, 12]
   assert all(_positive(r["total_s"]) for r in comp)
-  # 2 -> 12 unrolled layers is six times the traced graph: robust; 2 -> 6 alone could be noise.
-  assert unrolled[-1]["total_s"] > unrolled[0]["total_s"]
+  # 2 -> 12 layers is six times the traced graph: robust; 2 -> 6 alone could be noise.
+  assert comp[-1]["total_s"] > comp[0]["total_s"]
 
 
 def test_gpu_suite_without_gpu_is_a_clear_error():

@@ -196,8 +196,7 @@ def test_remat_and_chunked_give_the_same_loss_and_grads():
 
   ref_l, ref_g = nnx.value_and_grad(loss)(m)
   for variant in (dict(remat="full"), dict(remat="dots"),
-                  dict(attention_impl="chunked", attention_chunk=4),
-                  dict(scan_layers=True), dict(scan_layers=True, remat="full")):
+                  dict(attention_impl="chunked", attention_chunk=4)):
     other = transplant(m, dataclasses.replace(cfg, **variant))
     l, g = nnx.value_and_grad(loss)(other)
     np.testing.assert_allclose(l, ref_l, rtol=1e-6)
@@ -214,8 +213,6 @@ def test_remat_and_chunked_give_the_same_loss_and_grads():
     (dict(rope_scaling={"rope_type": "yarn", "facter": 2}), "unknown keys"),
     (dict(pos_encoding="rope", rove_layers=(0,)), "needs pos_encoding='rove'"),
     (dict(rove_layers=(5,)), "out of range"),
-    (dict(rove_layers=(0,), scan_layers=True), "set scan_layers=False"),
-    (dict(scan_layers="yes"), "scan_layers must be a bool"),
 ])
 def test_invalid_configs_raise_before_tracing(kw, msg):
   with pytest.raises(ValueError, match=msg):
@@ -240,25 +237,3 @@ def test_cache_overflow_is_an_error():
   _, cache = m(tokens(1, 4), cache=cache)
   with pytest.raises(ValueError, match="do not fit"):
     m(tokens(1, 3), cache=cache)
-
-
-@pytest.mark.parametrize("pe", ["rope", "t5_bias"])
-def test_scan_layers_same_params_same_outputs_and_decoding(pe):
-  """scan_layers keeps the parameter tree: the same state runs either way, with equal logits,
-  packed or not, and cached decoding (the unrolled path) still equals the scanned forward."""
-  cfg = small(pe)
-  m = make(cfg)
-  scanned = transplant(m, dataclasses.replace(cfg, scan_layers=True))
-  chex.assert_trees_all_equal_structs(nnx.state(m), nnx.state(scanned))
-  toks = tokens(2, 12)
-  seg = jnp.asarray([[1] * 5 + [2] * 7, [1] * 12])
-  np.testing.assert_allclose(scanned(toks, segment_ids=seg), m(toks, segment_ids=seg),
-                             atol=1e-5)
-  full = scanned(toks)
-  cache = scanned.init_cache(2, 12)
-  logits, cache = scanned(toks[:, :7], cache=cache)
-  steps = [logits]
-  for t in range(7, 12):
-    logits, cache = scanned(toks[:, t:t + 1], cache=cache)
-    steps.append(logits)
-  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-4)
