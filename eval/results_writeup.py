@@ -29,16 +29,11 @@ def _by_encoding(report: dict) -> dict:
   return groups
 
 
-def _ppl(run, setting, length) -> Optional[float]:
+def _ppl(run, setting, length, key="ppl") -> Optional[float]:
+  """A perplexity-table number (`key` "ppl" or "loss") of one run, or None if not measured."""
   rows = (run.get("perplexity") or {}).get(setting) or {}
   row = rows.get(str(length))
-  return None if row is None or "ppl" not in row else float(row["ppl"])
-
-
-def _loss(run, setting, length) -> Optional[float]:
-  rows = (run.get("perplexity") or {}).get(setting) or {}
-  row = rows.get(str(length))
-  return None if row is None or "loss" not in row else float(row["loss"])
+  return None if row is None or key not in row else float(row[key])
 
 
 def _ruler_nll(run, task, length=None) -> Optional[float]:
@@ -215,7 +210,7 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str
   L.append("|---|---|---|---|---|---|")
   for enc in order:
     rs = groups[enc]
-    row = {"loss": stats([_loss(r, "none", base) for r in rs]),
+    row = {"loss": stats([_ppl(r, "none", base, "loss") for r in rs]),
            "ppl": stats([_ppl(r, "none", base) for r in rs]),
            "icl_acc": stats([_icl_acc(r) for r in rs]),
            "icl_nll": stats([_icl_nll(r) for r in rs])}

@@ -2,6 +2,7 @@
 command end to end on tiny settings."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -16,7 +17,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(enc, seed, ppl_by_len, ruler_vt, icl_acc):
   lengths = sorted(ppl_by_len)
-  import math
   return {"name": f"{enc}-s{seed}", "workdir": f"runs/{enc}-s{seed}", "step": 10,
           "model": {"pos_encoding": enc, "params": 1000, "n_layer": 2, "d_model": 64,
                     "n_head": 2, "max_len": lengths[0]},
