@@ -159,7 +159,7 @@ def main(argv=None) -> int:
   train_all(args, runs)
   eval_dir = os.path.join(args.out, "eval")
   report = evaluate_all(args, runs, eval_dir)
-  from eval import results_writeup
+  from rove_jax.evaluation import results_writeup
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
   meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv),
           "commit": code_version, "machine": machine(), "started": started.isoformat(timespec="seconds"),

@@ -1,1 +1,1 @@
-"""Evaluation of trained runs: python -m eval (see eval/__main__.py)."""
+"""`python -m eval` from a checkout; the evaluation library is rove_jax.evaluation."""

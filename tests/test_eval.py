@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from eval import perplexity, report, scoring
+from rove_jax.evaluation import perplexity, report, scoring
 from rove_jax import tokenization
 from rove_jax.model import GPT, GPTConfig
 from tests.test_training import ROOT, run_train, small_config

@@ -8,7 +8,7 @@ import zlib
 import numpy as np
 import pytest
 
-from eval import icl
+from rove_jax.evaluation import icl
 from tests.reference import ByteTok, WordTok
 
 

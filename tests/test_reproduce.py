@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from eval import report as report_lib
-from eval import results_writeup as w
+from rove_jax.evaluation import report as report_lib
+from rove_jax.evaluation import results_writeup as w
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

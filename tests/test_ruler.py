@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from eval import ruler
+from rove_jax.evaluation import ruler
 from tests.reference import ByteTok, WordTok
 
 

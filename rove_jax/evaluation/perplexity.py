@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from eval.scoring import UNSET
+from rove_jax.evaluation.scoring import UNSET
 
 YARN_SETTINGS = {"off": ("none",), "on": ("yarn",), "both": ("none", "yarn")}
 

@@ -1,0 +1,180 @@
+"""GPTConfig: the model's shape and positional encoding, a frozen dataclass with presets.
+
+Validation happens at construction and names the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping, Optional
+
+import jax.numpy as jnp
+import numpy as np
+
+from rove_jax import attention, rotary, scaling
+
+POS_ENCODINGS = ("rove", "rope", "nope", "learned", "sinusoidal", "t5_bias")
+ROTARY_ENCODINGS = ("rove", "rope")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+REMAT_POLICIES = ("none", "full", "dots")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_UNSET = object()
+
+
+def _freeze(value):
+  """Dicts and lists -> sorted tuples, so the config stays hashable (a static jit argument)."""
+  if isinstance(value, Mapping):
+    return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+  if isinstance(value, (list, tuple)):
+    return tuple(_freeze(v) for v in value)
+  return value
+
+
+def _thaw_scaling(frozen) -> Optional[dict]:
+  if frozen is None:
+    return None
+  return {k: (list(v) if isinstance(v, tuple) else v) for k, v in frozen}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+  """Model shape and positional encoding. Frozen and hashable; presets are classmethods.
+
+  `rope_scaling` takes a HuggingFace-style dict (stored frozen; `scaling_dict` returns it),
+  `rove_layers` the layer indices that use RoVE when pos_encoding="rove" (None: all; the
+  others use RoPE), `remat` one of "none", "full" (recompute each block in the backward pass)
+  or "dots" (save matmul outputs only).
+  """
+  vocab_size: int = 320
+  n_layer: int = 6
+  n_head: int = 6
+  n_kv_head: Optional[int] = None  # None: n_head (multi-head); fewer for GQA, 1 for MQA
+  d_model: int = 384
+  d_ff: Optional[int] = None  # None: 4 * d_model
+  max_len: int = 256  # the training context
+  pos_encoding: str = "rove"
+  rope_base: float = 10000.0
+  rotary_fraction: float = 1.0
+  rope_layout: str = "interleaved"
+  rope_scaling: Any = None
+  rove_layers: Optional[tuple] = None
+  norm: str = "layernorm"
+  mlp: str = "gelu"
+  use_bias: bool = True
+  tie_embeddings: bool = True
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  attention_impl: str = "xla"
+  attention_chunk: int = 512
+  remat: str = "none"
+  t5_num_buckets: int = 32
+  t5_max_distance: int = 128
+  init_std: float = 0.02
+  norm_eps: float = 1e-5
+
+  def __post_init__(self):
+    set_ = functools.partial(object.__setattr__, self)
+    if self.n_kv_head is None:
+      set_("n_kv_head", self.n_head)
+    if self.d_ff is None:
+      set_("d_ff", 4 * self.d_model)
+    if isinstance(self.rope_scaling, Mapping):
+      set_("rope_scaling", _freeze(self.rope_scaling))
+    if self.rove_layers is not None:
+      set_("rove_layers", tuple(int(i) for i in self.rove_layers))
+    self._validate()
+
+  # ---------------------------------------------------------------------------- presets
+  @classmethod
+  def tiny(cls, **overrides) -> "GPTConfig":
+    """6 layers, d_model 384, 6 heads, context 256, byte vocabulary (256 + EOT, padded to 320):
+    10.7M parameters, trains on 2 CPU cores in minutes."""
+    return cls(**{**dict(vocab_size=320, n_layer=6, n_head=6, d_model=384, d_ff=1536,
+                         max_len=256), **overrides})
+
+  @classmethod
+  def gpt2_124m(cls, **overrides) -> "GPTConfig":
+    """GPT-2 small: 12 layers, d_model 768, 12 heads, context 1024, vocab 50304, tied."""
+    return cls(**{**dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, d_ff=3072,
+                         max_len=1024), **overrides})
+
+  @classmethod
+  def gpt2_354m(cls, **overrides) -> "GPTConfig":
+    """GPT-2 medium: 24 layers, d_model 1024, 16 heads, context 1024, vocab 50304, tied."""
+    return cls(**{**dict(vocab_size=50304, n_layer=24, n_head=16, d_model=1024, d_ff=4096,
+                         max_len=1024), **overrides})
+
+  # ------------------------------------------------------------------------- derived
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.n_head
+
+  @property
+  def rot_dim(self) -> int:
+    """Rotated dims per head (0 for non-rotary encodings)."""
+    if self.pos_encoding not in ROTARY_ENCODINGS:
+      return 0
+    return int(round(self.head_dim * self.rotary_fraction))
+
+  @property
+  def scaling_dict(self) -> Optional[dict]:
+    return _thaw_scaling(self.rope_scaling)
+
+  def is_rove_layer(self, layer: int) -> bool:
+    return self.pos_encoding == "rove" and (self.rove_layers is None or layer in self.rove_layers)
+
+  def _validate(self):
+    def fail(msg):
+      raise ValueError(f"GPTConfig: {msg}")
+
+    for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_len"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        fail(f"{name} must be a positive int, got {value!r}")
+    if self.pos_encoding not in POS_ENCODINGS:
+      fail(f"unknown pos_encoding {self.pos_encoding!r}; expected one of {POS_ENCODINGS}")
+    if self.d_model % self.n_head:
+      fail(f"d_model={self.d_model} must be divisible by n_head={self.n_head}")
+    if self.n_head % self.n_kv_head:
+      fail(f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head}")
+    if self.norm not in NORMS:
+      fail(f"unknown norm {self.norm!r}; expected one of {NORMS}")
+    if self.mlp not in MLPS:
+      fail(f"unknown mlp {self.mlp!r}; expected one of {MLPS}")
+    if self.remat not in REMAT_POLICIES:
+      fail(f"unknown remat policy {self.remat!r}; expected one of {REMAT_POLICIES}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in DTYPES:
+        fail(f"unknown {name} {getattr(self, name)!r}; expected one of {tuple(DTYPES)}")
+    if self.attention_impl not in attention.IMPLEMENTATIONS:
+      fail(f"unknown attention_impl {self.attention_impl!r}; expected one of "
+           f"{attention.IMPLEMENTATIONS}")
+    if self.rope_layout not in rotary.LAYOUTS:
+      fail(f"unknown rope_layout {self.rope_layout!r}; expected one of {rotary.LAYOUTS}")
+    if self.pos_encoding in ROTARY_ENCODINGS:
+      if not 0.0 < self.rotary_fraction <= 1.0:
+        fail(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
+      exact = self.head_dim * self.rotary_fraction
+      if abs(exact - round(exact)) > 1e-6 or round(exact) % 2 or round(exact) == 0:
+        fail(f"rotary_fraction={self.rotary_fraction} of head_dim={self.head_dim} gives "
+             f"{exact:g} rotary dims; it must be a positive even integer")
+      if not self.rope_base > 1:
+        fail(f"rope_base must be > 1, got {self.rope_base}")
+      try:  # validates the dict (type, keys, values) once, up front
+        scaling.from_config(self.scaling_dict, self.rot_dim, base=self.rope_base,
+                            max_len=self.max_len, seq_len=self.max_len)
+      except ValueError as e:
+        fail(f"rope_scaling: {e}")
+    elif self.rope_scaling is not None:
+      fail(f"rope_scaling applies to rotary encodings only, not pos_encoding="
+           f"{self.pos_encoding!r}")
+    if self.rove_layers is not None:
+      if self.pos_encoding != "rove":
+        fail("rove_layers selects RoVE layers and needs pos_encoding='rove'")
+      bad = [i for i in self.rove_layers if not 0 <= i < self.n_layer]
+      if bad:
+        fail(f"rove_layers {bad} out of range for n_layer={self.n_layer}")
+    if self.pos_encoding == "t5_bias" and not self.t5_max_distance > self.t5_num_buckets // 2 >= 1:
+      fail("t5_bias needs t5_max_distance > t5_num_buckets // 2 >= 1")

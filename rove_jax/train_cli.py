@@ -1,0 +1,107 @@
+"""rove-train (or `python train.py` from a checkout): train a RoVE (or baseline) GPT.
+
+  rove-train --config tiny --workdir runs/tiny [--config.field=value ...]
+
+--config takes a config file (configs/tiny.py) or the name of a packaged one (tiny,
+reproduce, gpt2_124m, gpt2_354m: rove_jax/configs/NAME.py), so an installed package trains
+without a checkout. Rerunning the same command resumes from the newest readable checkpoint in
+--workdir. SIGTERM / Ctrl-C finish the current step, save a checkpoint and exit 0. Several
+processes (hosts): add --coordinator_address HOST:PORT --num_processes N --process_id I on
+each, or nothing on TPU pods and SLURM, where jax.distributed.initialize() detects the cluster.
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "a config file (configs/tiny.py) or a packaged config's name (tiny, "
+    "reproduce, gpt2_124m, gpt2_354m)", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics, tokenizer")
+_COORD = flags.DEFINE_string("coordinator_address", None,
+                             "multi-process: HOST:PORT of process 0 (with --num_processes, "
+                             "--process_id); without them, TPU pods and SLURM are auto-detected")
+_NPROC = flags.DEFINE_integer("num_processes", None, "multi-process: how many processes")
+_PID = flags.DEFINE_integer("process_id", None, "multi-process: this process's index")
+flags.mark_flags_as_required(["config", "workdir"])
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def packaged_configs() -> list[str]:
+  """Names accepted by --config NAME."""
+  return sorted(f[:-3] for f in os.listdir(CONFIG_DIR)
+                if f.endswith(".py") and not f.startswith("_"))
+
+
+def resolve_config_arg(value: str) -> str:
+  """--config NAME[:ARGS] -> the packaged file; paths (with / or .py) pass through."""
+  name, sep, rest = value.partition(":")
+  if "/" in name or name.endswith(".py") or os.path.exists(name):
+    return value
+  if name not in packaged_configs():
+    raise app.UsageError(f"--config {value!r} is neither a file nor a packaged config; give a "
+                         f"path to a config file or one of {packaged_configs()}")
+  return os.path.join(CONFIG_DIR, name + ".py") + sep + rest
+
+
+def _rewrite_config_flag(argv: list[str]) -> list[str]:
+  out = list(argv)
+  for i, arg in enumerate(out):
+    if arg.startswith("--config="):
+      out[i] = "--config=" + resolve_config_arg(arg.split("=", 1)[1])
+    elif arg == "--config" and i + 1 < len(out):
+      out[i + 1] = resolve_config_arg(out[i + 1])
+  return out
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
+  from rove_jax import training  # after flag parsing: --help stays fast
+  try:
+    summary = training.train(_CONFIG.value, _WORKDIR.value)
+  except (ValueError, NotImplementedError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except training.NonFiniteError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 3
+  training.report(summary, _CONFIG.value)
+  return 0
+
+
+def _start_distributed(argv):
+  """jax.distributed must start before anything touches a device, and evaluating the config
+  file already does (it validates the model config): read the three flags straight from argv."""
+  values = {}
+  for name in ("coordinator_address", "num_processes", "process_id"):
+    for i, arg in enumerate(argv):
+      if arg.startswith(f"--{name}="):
+        values[name] = arg.split("=", 1)[1]
+      elif arg == f"--{name}" and i + 1 < len(argv):
+        values[name] = argv[i + 1]
+  from rove_jax import sharding
+  as_int = lambda v: None if v is None else int(v)
+  sharding.initialize_distributed(values.get("coordinator_address"),
+                                  as_int(values.get("num_processes")),
+                                  as_int(values.get("process_id")))
+
+
+def run(argv=None):
+  """Entry point of `rove-train` and train.py."""
+  argv = list(sys.argv if argv is None else argv)
+  try:
+    argv = _rewrite_config_flag(argv)
+  except app.UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  _start_distributed(argv)
+  app.run(main, argv=argv)
+
+
+if __name__ == "__main__":
+  run()
