@@ -30,7 +30,7 @@ from flax import nnx
 from rove_jax import attention, rotary, scaling
 
 from rove_jax.model_config import (DTYPES, MLPS, NORMS, POS_ENCODINGS, REMAT_POLICIES,  # noqa: F401
-                                   ROTARY_ENCODINGS, GPTConfig, _UNSET, _freeze, _thaw_scaling)
+                                   ROTARY_ENCODINGS, GPTConfig, FROM_CONFIG, _freeze, _thaw_scaling)
 
 
 @flax.struct.dataclass
@@ -253,14 +253,14 @@ class GPT(nnx.Module):
         rngs, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"), pd)
 
   # -------------------------------------------------------------------------- helpers
-  def rotary_frequencies(self, seq_len: int, rope_scaling=_UNSET):
+  def rotary_frequencies(self, seq_len: int, rope_scaling=FROM_CONFIG):
     """(inv_freq, attention_factor) for this call; `rope_scaling` overrides the config's."""
     cfg = self.config
     if cfg.pos_encoding not in ROTARY_ENCODINGS:
-      if rope_scaling is not _UNSET and rope_scaling is not None:
+      if rope_scaling is not FROM_CONFIG and rope_scaling is not None:
         raise ValueError(f"rope_scaling applies to rotary encodings, not {cfg.pos_encoding!r}")
       return None, 1.0
-    scaling_cfg = cfg.scaling_dict if rope_scaling is _UNSET else rope_scaling
+    scaling_cfg = cfg.scaling_dict if rope_scaling is FROM_CONFIG else rope_scaling
     return scaling.from_config(scaling_cfg, cfg.rot_dim, base=cfg.rope_base, max_len=cfg.max_len,
                                seq_len=seq_len)
 
@@ -304,7 +304,7 @@ class GPT(nnx.Module):
 
   # ---------------------------------------------------------------------------- call
   def __call__(self, tokens_BT, positions=None, segment_ids=None, *, cache: KVCache | None = None,
-               rope_scaling=_UNSET):
+               rope_scaling=FROM_CONFIG):
     """Logits [B, T, V] in float32, or (logits, cache) when a cache is given.
 
     Args:
@@ -333,7 +333,7 @@ class GPT(nnx.Module):
                                    rope_scaling=rope_scaling)
 
   def forward_embeddings(self, x_BTE, positions_BT, segment_ids=None, *, cache=None,
-                         rope_scaling=_UNSET):
+                         rope_scaling=FROM_CONFIG):
     """The transformer from input embeddings (after `embed_tokens`) to logits."""
     cfg = self.config
     B, T, _ = x_BTE.shape
@@ -412,7 +412,7 @@ def sample_logits(logits_BV, key, *, temperature: float, top_k: Optional[int],
 
 @functools.lru_cache(maxsize=16)
 def _generate_fn(graphdef, max_new_tokens, temperature, top_k, valid_vocab, scaling_key):
-  rope_scaling = _UNSET if scaling_key == "_unset" else _thaw_scaling(scaling_key)
+  rope_scaling = FROM_CONFIG if scaling_key == "_unset" else _thaw_scaling(scaling_key)
 
   @jax.jit
   def run(state, prompt_BP, cache, rng):
@@ -437,7 +437,7 @@ def _generate_fn(graphdef, max_new_tokens, temperature, top_k, valid_vocab, scal
 
 def generate(model: GPT, prompt, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: Optional[int] = None, rng=None, valid_vocab: Optional[int] = None,
-             rope_scaling=_UNSET):
+             rope_scaling=FROM_CONFIG):
   """Prompt [B, P] -> [B, P + max_new_tokens]: a jitted prefill, then a lax.scan of one-token
   decoding steps against the KV cache.
 
@@ -458,7 +458,7 @@ def generate(model: GPT, prompt, max_new_tokens: int, *, temperature: float = 1.
   B, P = prompt.shape
   cache = model.init_cache(B, P + max_new_tokens)
   graphdef, state = nnx.split(model)
-  scaling_key = "_unset" if rope_scaling is _UNSET else _freeze(rope_scaling)
+  scaling_key = "_unset" if rope_scaling is FROM_CONFIG else _freeze(rope_scaling)
   fn = _generate_fn(graphdef, max_new_tokens, float(temperature), top_k, valid_vocab,
                     scaling_key)
   rng = jax.random.key(0) if rng is None else rng

@@ -20,7 +20,17 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 REMAT_POLICIES = ("none", "full", "dots")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-_UNSET = object()
+
+
+class _FromConfig:
+  """The default of every `rope_scaling=` override: use the model config's own setting
+  (None, by contrast, means plain RoPE)."""
+
+  def __repr__(self):
+    return "FROM_CONFIG"
+
+
+FROM_CONFIG = _FromConfig()
 
 
 def _freeze(value):

@@ -67,7 +67,7 @@ def parse_args(argv):
 
 def evaluate_run(run, args, suite) -> dict:
   from rove_jax.evaluation import perplexity, scoring
-  from rove_jax.model import param_count
+  from rove_jax.model import FROM_CONFIG, param_count
   progress = not args.no_progress
   train_len = run.train_len
   lengths = args.lengths or [m * train_len for m in suite["multiples"]]
@@ -105,7 +105,7 @@ def evaluate_run(run, args, suite) -> dict:
     for L in r_lengths:
       # YaRN past the training length unless --yarn off (the run's own setting otherwise).
       scaling = scorer.yarn_scaling(L) if args.yarn != "off" and scorer.rotary else None
-      fn = scorer.score_fn(scoring.UNSET if scaling is None else scaling)
+      fn = scorer.score_fn(FROM_CONFIG if scaling is None else scaling)
       for task in tasks:
         try:
           res = ruler.evaluate(fn, run.tokenizer, tasks=[task], lengths=[L],

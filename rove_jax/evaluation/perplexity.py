@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from rove_jax.evaluation.scoring import UNSET
+from rove_jax.model import FROM_CONFIG
 
 YARN_SETTINGS = {"off": ("none",), "on": ("yarn",), "both": ("none", "yarn")}
 
@@ -87,7 +87,7 @@ def evaluate(scorer, tokens: np.ndarray, lengths: Sequence[int], *, yarn: str = 
     rows = {}
     for L in lengths:
       scaling = scorer.yarn_scaling(L) if setting == "yarn" else None
-      scaling = UNSET if scaling is None else scaling  # the model's own configuration
+      scaling = FROM_CONFIG if scaling is None else scaling  # the model's own configuration
       stride = None if not stride_fraction else max(1, int(L * stride_fraction))
       wins, first = windows(tokens, L, stride=stride, max_targets=max_tokens)
       per_batch = max(1, scorer.max_tokens_per_batch // L)

@@ -24,9 +24,8 @@ from flax import nnx
 from rove_jax import checkpoint as ckpt_lib
 from rove_jax import data as data_lib
 from rove_jax import tokenization, training
-from rove_jax.model import GPT, GPTConfig, ROTARY_ENCODINGS
+from rove_jax.model import FROM_CONFIG, GPT, GPTConfig, ROTARY_ENCODINGS
 
-UNSET = _UNSET = object()  # "use the model's configured rope_scaling"
 
 
 @dataclasses.dataclass
@@ -157,7 +156,7 @@ class Scorer:
       @jax.jit
       def token_scores(state, tokens_BL1):
         model = nnx.merge(graphdef, state)
-        kw = {} if rope_scaling is _UNSET else {"rope_scaling": rope_scaling}
+        kw = {} if rope_scaling is FROM_CONFIG else {"rope_scaling": rope_scaling}
         logits = model(tokens_BL1[:, :-1], **kw)
         logp = jax.nn.log_softmax(logits, axis=-1)
         targets = tokens_BL1[:, 1:]
@@ -167,7 +166,7 @@ class Scorer:
       self._fns[key] = (token_scores, state)
     return self._fns[key]
 
-  def token_nll(self, tokens_BL1, rope_scaling=_UNSET):
+  def token_nll(self, tokens_BL1, rope_scaling=FROM_CONFIG):
     """Per-token NLL and greedy-match [B, L] for windows [B, L + 1] (numpy)."""
     tokens = np.asarray(tokens_BL1, np.int32)
     self.check_length(tokens.shape[1] - 1)
@@ -176,7 +175,7 @@ class Scorer:
     return np.asarray(nll, np.float64), np.asarray(match)
 
   def score(self, prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray],
-            rope_scaling=_UNSET) -> list[tuple[float, bool]]:
+            rope_scaling=FROM_CONFIG) -> list[tuple[float, bool]]:
     """(mean NLL of the answer tokens given the prompt, greedy exact match) per pair.
 
     Pairs are right-padded to a multiple of 256 tokens (fewer recompilations); causal
@@ -196,6 +195,6 @@ class Scorer:
       out.append((float(nll[0, span].mean()), bool(match[0, span].all())))
     return out
 
-  def score_fn(self, rope_scaling=_UNSET):
+  def score_fn(self, rope_scaling=FROM_CONFIG):
     """The (prompts, answers) -> [(nll, exact_match)] callable the task modules take."""
     return lambda prompts, answers: self.score(prompts, answers, rope_scaling)
