@@ -5,6 +5,18 @@ Stable names:
   rope_attention, rove_attention                                 (rove_jax.attention)
   scaling.linear / ntk / dynamic_ntk / yarn / dynamic_yarn / llama3 / longrope / from_config
   analysis.value_kernel, analysis.mixer_matrix
+
+Shape letters, one meaning each in every module of the package (tensors are named with them,
+e.g. q_BTHD; module docstrings list only the letters they use):
+  B  batch (per process)                     T  query tokens / sequence length
+  S  key/value tokens                        W  window length: T + 1 (inputs and targets)
+  H  query heads                             K  key/value heads
+  G  query heads per key/value head: H // K  D  head dimension
+  P  rotary pairs (2P <= D)                  A  position axes (1 text, 2 images, 3 video)
+  E  model width (d_model)                   F  MLP hidden width (d_ff)
+  V  vocabulary                              L  KV-cache capacity (slots)
+  N  entries of a flat array (a token stream, a list of offsets)
+  M  gradient-accumulation micro-steps       U  T5 relative-position buckets
 """
 
 from rove_jax import analysis, attention, rotary, scaling

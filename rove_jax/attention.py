@@ -2,7 +2,7 @@
 
 Shape letters:
   B batch   T query length   S key/value length   H query heads   K key/value heads
-  G = H // K query heads per kv head (GQA/MQA)   D head dim   F rotary pairs (2F <= D)
+  G = H // K query heads per kv head (GQA/MQA)   D head dim   P rotary pairs (2P <= D)
 
 RoPE:  y_i = sum_j A_ij v_j,                A_ij = softmax_j(c^2 (R_i q_i).(R_j k_j) / sqrt(D))
 RoVE:  y_i = R_i^-1 sum_j A_ij R_j v_j  =  sum_j A_ij R_{j-i} v_j   (an attentive convolution)
@@ -48,7 +48,7 @@ def rope_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequ
     q_positions: [B, T] positions of the queries (int or float); [B, T, A] with A frequency
       tables for multi-axis RoPE.
     kv_positions: [B, S] (or [B, S, A]) positions of the keys and values.
-    inv_freq: frequency table [F] (e.g. from `rope_frequencies` or a `scaling` function), or a
+    inv_freq: frequency table [P] (e.g. from `rope_frequencies` or a `scaling` function), or a
       sequence of A tables.
     causal: mask kv j unless kv_positions[j] <= q_positions[i] (1-D positions only).
     attention_factor: multiplies q and k, i.e. the logits by attention_factor**2 (YaRN).

@@ -2,35 +2,38 @@
 
 `base_config(preset)` returns every field a run reads, so `--config.a.b=value` overrides work
 for all of them and an unknown key is an error. configs/*.py start from it.
+
+The model section is `GPTConfig.to_dict()` and `to_model_config` is `GPTConfig.from_dict()`:
+the same conversion that writes and reads checkpoint metadata. Nothing here touches a JAX
+device (validation is numpy only), so a config can be built before jax.distributed starts.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
 
-from rove_jax.model import GPTConfig
+from rove_jax.model_config import GPTConfig
 
 _PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "rope_scaling": dict, "rove_layers": tuple}
 
 
 def model_fields(cfg: GPTConfig) -> ml_collections.ConfigDict:
-  """A ConfigDict of every GPTConfig field, None fields as typed placeholders."""
+  """A ConfigDict of every GPTConfig field (`cfg.to_dict()`), None fields as typed
+  placeholders so that `--config.model.rope_scaling=...` style overrides type-check."""
   out = ml_collections.ConfigDict()
   derived = {"n_kv_head": cfg.n_head, "d_ff": 4 * cfg.d_model}  # left None: follow overrides
-  for f in dataclasses.fields(GPTConfig):
-    value = getattr(cfg, f.name)
-    if derived.get(f.name) == value:
+  for name, value in cfg.to_dict().items():
+    if derived.get(name) == value:
       value = None
     if value is None:
-      value = config_dict.placeholder(_PLACEHOLDER_TYPES.get(f.name, str))
-    elif f.name == "rope_scaling":
-      value = dict(cfg.scaling_dict)
-    out[f.name] = value
+      value = config_dict.placeholder(_PLACEHOLDER_TYPES.get(name, str))
+    elif name == "rove_layers":
+      value = tuple(value)  # the placeholder's type, so overrides of a set value check too
+    out[name] = value
   return out
 
 
@@ -109,14 +112,15 @@ def paper_config(preset: str, *, lr: float) -> ml_collections.ConfigDict:
 
 
 def to_model_config(c: ml_collections.ConfigDict) -> GPTConfig:
+  """The GPTConfig of a run config's model section (None fields take GPTConfig's defaults;
+  an empty rope_scaling dict means plain RoPE)."""
   fields = {k: v for k, v in c.model.to_dict().items() if v is not None}
   if "rope_scaling" in fields and not fields["rope_scaling"]:
     fields.pop("rope_scaling")
   try:
-    return GPTConfig(**fields)
-  except TypeError as e:  # an unknown field name
-    known = sorted(f.name for f in dataclasses.fields(GPTConfig))
-    raise ValueError(f"config.model: {e}; known fields: {known}") from None
+    return GPTConfig.from_dict(fields)
+  except ValueError as e:
+    raise ValueError(f"config.model: {e}") from None
 
 
 def validate(c: ml_collections.ConfigDict) -> GPTConfig:

@@ -4,7 +4,8 @@ Drop-in for a Linen transformer block: where the block builds its self-attention
 build `RotarySelfAttention(num_heads=..., pos_encoding="rove")` instead. It calls the same pure
 functions as the NNX model (`rove_jax.attention`), so numbers agree across the two.
 
-Shape letters: B batch, T length, E features, H heads, K kv heads, D head dim.
+Shape letters (legend in rove_jax): B batch, T length, E features, H heads, K kv heads,
+D head dim.
 """
 
 from __future__ import annotations

@@ -1,25 +1,22 @@
 """A GPT in Flax NNX whose positional encoding is a switch: RoVE, RoPE, NoPE, learned or
-sinusoidal absolute embeddings, or T5 relative buckets.
+sinusoidal absolute embeddings, or T5 relative buckets (the last three in rove_jax.baselines).
 
-Shape letters:
-  B batch   T tokens in this call   L cache capacity   V vocabulary   E d_model
-  H query heads   K key/value heads   D head dim   F MLP hidden width
+Shape letters (legend in rove_jax): B batch, T tokens of this call, S key/value tokens,
+L cache capacity, V vocabulary, E model width, H query heads, K key/value heads, D head dim,
+F MLP width, P rotary pairs.
 
-RoVE wiring, the part to copy into your own model: project q, k, v; call
-`rove_attention(q, k, v, q_positions=..., kv_positions=..., inv_freq=...)` where you would call
-RoPE attention; project out. The KV cache stores R_j k_j and (RoVE) R_j v_j at their global
-positions, and decoding calls the same function with `kv_prerotated=True`.
-
-Parameters carry logical axis names in their `logical_axes` metadata (embed, vocab, heads,
-kv_heads, head_dim, mlp, or None), which the sharding rules map onto a device mesh.
+`Attention` is the reference for wiring RoVE into your own model: project q, k, v; (decoding:
+write the cache); call `rove_attention` where you would call RoPE attention; project out. The
+KV cache stores R_j k_j and (RoVE) R_j v_j at their global positions j, and decoding calls the
+same function with `kv_prerotated=True`. Parameters carry logical axis names (`logical_axes`
+metadata) that rove_jax.sharding maps onto a device mesh.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import flax.struct
 import jax
@@ -27,10 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rove_jax import attention, rotary, scaling
-
+from rove_jax import attention, baselines, rotary, scaling
 from rove_jax.model_config import (DTYPES, MLPS, NORMS, POS_ENCODINGS, REMAT_POLICIES,  # noqa: F401
-                                   ROTARY_ENCODINGS, GPTConfig, FROM_CONFIG, _freeze, _thaw_scaling)
+                                   ROTARY_ENCODINGS, GPTConfig, FROM_CONFIG)
 
 
 @flax.struct.dataclass
@@ -44,11 +40,33 @@ class KVCache:
   length: jax.Array
 
 
+@flax.struct.dataclass
+class Context:
+  """What every layer's attention reads from one model call (built once, shared by layers).
+  The rotary fields hold the frequencies after any rope_scaling (None, 1.0 if not rotary)."""
+  positions: jax.Array  # [B, T] global positions of this call's tokens
+  segment_ids: Optional[jax.Array] = None  # [B, T] documents of packed sequences
+  inv_freq: Optional[jax.Array] = None  # [P] rotary frequencies
+  attention_factor: Any = 1.0  # multiplies q and k (YaRN's temperature)
+  t5_table: Optional[jax.Array] = None  # [buckets, H] T5 bias table, float32
+  cache_start: Optional[jax.Array] = None  # decoding: the first cache slot this call writes
+  kv_positions: Optional[jax.Array] = None  # decoding: [B, L] positions of the cache slots
+  kv_mask: Optional[jax.Array] = None  # decoding: [B, L] filled slots
+
+
 # --------------------------------------------------------------------------------- layers
 
 
+def _normal(rngs, shape, std, dtype):
+  return jax.random.normal(rngs.params(), shape, dtype) * std
+
+
 def _param(rngs, shape, std, axes, dtype):
-  return nnx.Param(jax.random.normal(rngs.params(), shape, dtype) * std, logical_axes=axes)
+  return nnx.Param(_normal(rngs, shape, std, dtype), logical_axes=axes)
+
+
+def _const(shape, value, axes, dtype):
+  return nnx.Param(jnp.full(shape, value, dtype), logical_axes=axes)
 
 
 def _lead(v, ndim):
@@ -56,8 +74,10 @@ def _lead(v, ndim):
   return v.reshape((1,) * (ndim - v.ndim) + v.shape)
 
 
-def _const(shape, value, axes, dtype):
-  return nnx.Param(jnp.full(shape, value, dtype), logical_axes=axes)
+def _dense(x_BTE, w, b):
+  """x @ w (+ b) for a weight [E, ...] whose trailing axes become the output's."""
+  y = jnp.einsum("bte,e...->bt...", x_BTE, w[...].astype(x_BTE.dtype))
+  return y if b is None else y + _lead(b[...].astype(y.dtype), y.ndim)
 
 
 class Norm(nnx.Module):
@@ -81,107 +101,116 @@ class Norm(nnx.Module):
     return y.astype(x.dtype)
 
 
-def t5_buckets(distance, num_buckets: int, max_distance: int):
-  """T5's causal relative-position buckets for distance = q_pos - kv_pos (>= 0 is the past):
-  exact buckets below num_buckets / 2, logarithmic ones up to max_distance, the last beyond."""
-  n = jnp.maximum(distance, 0)
-  exact = num_buckets // 2
-  log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact) / math.log(max_distance / exact)
-  large = exact + (log_ratio * (num_buckets - exact)).astype(jnp.int32)
-  return jnp.where(n < exact, n, jnp.minimum(large, num_buckets - 1))
-
-
-def sinusoidal_embedding(positions, dim: int):
-  """[..., dim]: sin(p / 10000^(2i/dim)) at 2i and cos at 2i + 1 (Vaswani et al. 2017)."""
-  inv = jnp.asarray(10000.0 ** -(np.arange(0, dim, 2) / dim), jnp.float32)
-  angle = positions.astype(jnp.float32)[..., None] * inv.reshape((1,) * positions.ndim + inv.shape)
-  return jnp.stack([jnp.sin(angle), jnp.cos(angle)], axis=-1).reshape(positions.shape + (dim,))
-
-
 class Attention(nnx.Module):
+  """Causal self-attention with RoVE, RoPE or (rotary=None) plain masked attention.
+
+  The q, k, v projections are stored fused, so one matmul makes all three: `wqkv` [E, 3, H, D]
+  (and `bqkv` [3, H, D]) when K == H; for GQA, `wq` [E, H, D] and `wkv` [E, 2, K, D] (`bq`,
+  `bkv`). Index 0, 1, 2 of the stacked axis is q, k, v.
+  """
 
   def __init__(self, cfg: GPTConfig, layer: int, *, rngs: nnx.Rngs):
     E, H, K, D = cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim
     pd = DTYPES[cfg.param_dtype]
     std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layer)
     self.cfg = cfg
-    self.mode = ("rove" if cfg.is_rove_layer(layer) else
-                 "rope" if cfg.pos_encoding in ROTARY_ENCODINGS else "none")
-    self.wq = _param(rngs, (E, H, D), std, ("embed", "heads", "head_dim"), pd)
-    self.wk = _param(rngs, (E, K, D), std, ("embed", "kv_heads", "head_dim"), pd)
-    self.wv = _param(rngs, (E, K, D), std, ("embed", "kv_heads", "head_dim"), pd)
+    self.rotary = ("rove" if cfg.is_rove_layer(layer) else
+                   "rope" if cfg.pos_encoding in ROTARY_ENCODINGS else None)
+    bias = lambda shape, axes: _const(shape, 0.0, axes, pd) if cfg.use_bias else None
+    q_EHD, k_EKD, v_EKD = (_normal(rngs, (E, n, D), std, pd) for n in (H, K, K))
+    if K == H:
+      self.wqkv = nnx.Param(jnp.stack([q_EHD, k_EKD, v_EKD], axis=1),
+                            logical_axes=("embed", None, "heads", "head_dim"))
+      self.bqkv = bias((3, H, D), (None, "heads", "head_dim"))
+      self.wq = self.bq = self.wkv = self.bkv = None
+    else:
+      self.wqkv = self.bqkv = None
+      self.wq = nnx.Param(q_EHD, logical_axes=("embed", "heads", "head_dim"))
+      self.wkv = nnx.Param(jnp.stack([k_EKD, v_EKD], axis=1),
+                           logical_axes=("embed", None, "kv_heads", "head_dim"))
+      self.bq = bias((H, D), ("heads", "head_dim"))
+      self.bkv = bias((2, K, D), (None, "kv_heads", "head_dim"))
     self.wo = _param(rngs, (H, D, E), out_std, ("heads", "head_dim", "embed"), pd)
-    if cfg.use_bias:
-      self.bq = _const((H, D), 0.0, ("heads", "head_dim"), pd)
-      self.bk = _const((K, D), 0.0, ("kv_heads", "head_dim"), pd)
-      self.bv = _const((K, D), 0.0, ("kv_heads", "head_dim"), pd)
-      self.bo = _const((E,), 0.0, ("embed",), pd)
-    else:
-      self.bq = self.bk = self.bv = self.bo = None
+    self.bo = bias((E,), ("embed",))
 
-  def _project(self, x_BTE, pairs):
-    """x @ W + b for several (W [E, n, D], b [n, D]) of equal shape in ONE matmul: the weights
-    are stacked on a new axis (so a head-sharded W stays sharded per shard), which on CPU
-    turns three skinny [E, H*D] products into one [E, 3*H*D] product (~4% of a train step)."""
-    dt = x_BTE.dtype
-    w_EPND = jnp.stack([w[...] for w, _ in pairs], axis=1).astype(dt)
-    y_BTPND = jnp.einsum("bte,epnd->btpnd", x_BTE, w_EPND)
-    if pairs[0][1] is not None:
-      y_BTPND = y_BTPND + jnp.stack([b[...] for _, b in pairs]).astype(dt)[None, None]
-    return [y_BTPND[:, :, i] for i in range(len(pairs))]
-
-  def _qkv(self, x_BTE):
-    q_w, k_w, v_w = (self.wq, self.bq), (self.wk, self.bk), (self.wv, self.bv)
-    if self.cfg.n_kv_head == self.cfg.n_head:
-      return self._project(x_BTE, [q_w, k_w, v_w])
-    (q,) = self._project(x_BTE, [q_w])
-    return [q] + self._project(x_BTE, [k_w, v_w])
-
-  def __call__(self, x_BTE, positions_BT, *, segment_ids, inv_freq, attention_factor,
-               t5_table, cache_kv, kv_positions_BL, kv_mask_BL):
-    cfg = self.cfg
-    q, k, v = self._qkv(x_BTE)
-    def t5_bias(q_pos, kv_pos):
-      buckets = t5_buckets(q_pos[:, :, None] - kv_pos[:, None, :], cfg.t5_num_buckets,
-                           cfg.t5_max_distance)
-      return jnp.moveaxis(t5_table[buckets], -1, 1)  # [B, t, s, H] -> [B, H, t, s]
-
-    bias_fn = None if t5_table is None else t5_bias
-    common = dict(implementation=cfg.attention_impl, chunk_size=cfg.attention_chunk)
-    rotary_kw = dict(inv_freq=inv_freq, attention_factor=attention_factor,
-                     layout=cfg.rope_layout, **common)
-    fn = {"rove": attention.rove_attention, "rope": attention.rope_attention}.get(self.mode)
-
-    new_kv = None
+  def __call__(self, x_BTE, ctx: Context, cache_kv=None):
+    """x [B, T, E] -> (y [B, T, E], the layer's cache (k [B, L, K, D], v) or None)."""
+    q_BTHD, k_BTKD, v_BTKD = self.qkv(x_BTE)
     if cache_kv is None:
-      if fn is not None:
-        out = fn(q, k, v, q_positions=positions_BT, kv_positions=positions_BT,
-                 segment_ids=segment_ids, **rotary_kw)
-      else:
-        out = attention.masked_attention(q, k, v, q_positions=positions_BT,
-                                         kv_positions=positions_BT, segment_ids=segment_ids,
-                                         bias_fn=bias_fn, **common)
-    else:
-      cache_k, cache_v, start = cache_kv
-      if fn is not None:  # the cache holds rotated keys (and RoVE values) at global positions
-        k = rotary.rotate(k, positions_BT, inv_freq, layout=cfg.rope_layout)
-        if self.mode == "rove":
-          v = rotary.rotate(v, positions_BT, inv_freq, layout=cfg.rope_layout)
-      cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (0, start, 0, 0))
-      cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (0, start, 0, 0))
-      new_kv = (cache_k, cache_v)
-      kv = dict(kv_positions=kv_positions_BL, kv_mask=kv_mask_BL)
-      if fn is not None:
-        out = fn(q, cache_k.astype(q.dtype), cache_v.astype(q.dtype), q_positions=positions_BT,
-                 kv_prerotated=True, **kv, **rotary_kw)
-      else:
-        out = attention.masked_attention(q, cache_k.astype(q.dtype), cache_v.astype(q.dtype),
-                                         q_positions=positions_BT, bias_fn=bias_fn, **kv,
-                                         **common)
-    y = jnp.einsum("bthd,hde->bte", out, self.wo[...].astype(out.dtype))
-    if self.bo is not None:
-      y = y + _lead(self.bo[...].astype(y.dtype), y.ndim)
-    return y, new_kv
+      out_BTHD = self.attend(q_BTHD, k_BTKD, v_BTKD, ctx, kv_positions=ctx.positions)
+    else:  # the cache holds R_j k_j (and, RoVE, R_j v_j) at the global positions j
+      if self.rotary:
+        rotate = functools.partial(rotary.rotate, positions=ctx.positions,
+                                   inv_freq=ctx.inv_freq, layout=self.cfg.rope_layout)
+        k_BTKD = rotate(k_BTKD)
+        v_BTKD = rotate(v_BTKD) if self.rotary == "rove" else v_BTKD
+      cache_kv = tuple(jax.lax.dynamic_update_slice(c, new.astype(c.dtype),
+                                                    (0, ctx.cache_start, 0, 0))
+                       for c, new in zip(cache_kv, (k_BTKD, v_BTKD)))
+      k_BLKD, v_BLKD = (c.astype(q_BTHD.dtype) for c in cache_kv)
+      out_BTHD = self.attend(q_BTHD, k_BLKD, v_BLKD, ctx, kv_positions=ctx.kv_positions,
+                             kv_mask=ctx.kv_mask, kv_prerotated=True)
+    return _dense_out(out_BTHD, self.wo, self.bo), cache_kv
+
+  def qkv(self, x_BTE):
+    """The projections q [B, T, H, D], k [B, T, K, D], v [B, T, K, D]."""
+    if self.wqkv is not None:
+      qkv_BT3HD = _dense(x_BTE, self.wqkv, self.bqkv)
+      return qkv_BT3HD[:, :, 0], qkv_BT3HD[:, :, 1], qkv_BT3HD[:, :, 2]
+    q_BTHD = _dense(x_BTE, self.wq, self.bq)
+    kv_BT2KD = _dense(x_BTE, self.wkv, self.bkv)
+    return q_BTHD, kv_BT2KD[:, :, 0], kv_BT2KD[:, :, 1]
+
+  def attend(self, q_BTHD, k_BSKD, v_BSKD, ctx: Context, *, kv_positions, kv_mask=None,
+             kv_prerotated=False):
+    """The attention function of this layer's encoding, with this call's context: [B, T, H, D]."""
+    cfg = self.cfg
+    kernel = dict(implementation=cfg.attention_impl, chunk_size=cfg.attention_chunk)
+    if not self.rotary:
+      return attention.masked_attention(
+          q_BTHD, k_BSKD, v_BSKD, q_positions=ctx.positions, kv_positions=kv_positions,
+          kv_mask=kv_mask, segment_ids=ctx.segment_ids, bias_fn=self.bias_fn(ctx), **kernel)
+    fn = attention.rove_attention if self.rotary == "rove" else attention.rope_attention
+    return fn(q_BTHD, k_BSKD, v_BSKD, q_positions=ctx.positions, kv_positions=kv_positions,
+              kv_mask=kv_mask, segment_ids=ctx.segment_ids, inv_freq=ctx.inv_freq,
+              attention_factor=ctx.attention_factor, layout=cfg.rope_layout,
+              kv_prerotated=kv_prerotated, **kernel)
+
+  def bias_fn(self, ctx: Context):
+    """The T5 logit bias f(q_pos, kv_pos) -> [B, H, t, s], or None without a T5 table."""
+    if ctx.t5_table is None:
+      return None
+    return functools.partial(baselines.t5_bias, ctx.t5_table, num_buckets=self.cfg.t5_num_buckets,
+                             max_distance=self.cfg.t5_max_distance)
+
+  # ----------------------------------------------------- for analysis (Figure 1), not training
+  def weights(self, x_BTE, ctx: Context):
+    """The attention probabilities [B, H, T, T] of a self-attention call on x (no cache): the
+    logits `attend` computes (rotated q and k, attention factor, T5 bias, mask), softmaxed."""
+    q_BTHD, k_BTKD, _ = self.qkv(x_BTE)
+    if self.rotary:
+      rotate = functools.partial(rotary.rotate, positions=ctx.positions, inv_freq=ctx.inv_freq,
+                                 layout=self.cfg.rope_layout)
+      q_BTHD, k_BTKD = rotate(q_BTHD), rotate(k_BTKD)
+    k_BTHD = jnp.repeat(k_BTKD, q_BTHD.shape[2] // k_BTKD.shape[2], axis=2)
+    scale = ctx.attention_factor**2 / math.sqrt(q_BTHD.shape[-1])
+    logits_BHTS = jnp.einsum("bthd,bshd->bhts", q_BTHD, k_BTHD).astype(jnp.float32) * scale
+    bias_fn = self.bias_fn(ctx)
+    if bias_fn is not None:
+      logits_BHTS = logits_BHTS + bias_fn(ctx.positions, ctx.positions).astype(jnp.float32)
+    mask_BTS = attention.attention_mask(ctx.positions, ctx.positions,
+                                        segment_ids=ctx.segment_ids)
+    return jax.nn.softmax(jnp.where(mask_BTS[:, None], logits_BHTS, -jnp.inf), axis=-1)
+
+  def value_projection(self):
+    """(w [E, K, D], b [K, D] or None): v = x @ w + b, the value path's only parameters."""
+    w, b = (self.wqkv, self.bqkv) if self.wqkv is not None else (self.wkv, self.bkv)
+    return w[...][:, -1], None if b is None else b[...][-1]  # v is last on the stacked axis
+
+
+def _dense_out(x_BTHD, w_HDE, b_E):
+  y = jnp.einsum("bthd,hde->bte", x_BTHD, w_HDE[...].astype(x_BTHD.dtype))
+  return y if b_E is None else y + _lead(b_E[...].astype(y.dtype), y.ndim)
 
 
 class MLP(nnx.Module):
@@ -219,17 +248,10 @@ class Block(nnx.Module):
     self.norm2 = Norm(cfg.d_model, cfg)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, positions, segment_ids, inv_freq, attention_factor, t5_table, cache_kv,
-               kv_positions, kv_mask):
-    a, new_kv = self.attn(self.norm1(x), positions, segment_ids=segment_ids, inv_freq=inv_freq,
-                          attention_factor=attention_factor, t5_table=t5_table,
-                          cache_kv=cache_kv, kv_positions_BL=kv_positions, kv_mask_BL=kv_mask)
-    x = x + a
-    return x + self.mlp(self.norm2(x)), new_kv
-
-
-def _block_call(block, *args):
-  return block(*args)
+  def __call__(self, x_BTE, ctx: Context, cache_kv=None):
+    a_BTE, cache_kv = self.attn(self.norm1(x_BTE), ctx, cache_kv)
+    x_BTE = x_BTE + a_BTE
+    return x_BTE + self.mlp(self.norm2(x_BTE)), cache_kv
 
 
 # ---------------------------------------------------------------------------------- model
@@ -254,7 +276,8 @@ class GPT(nnx.Module):
 
   # -------------------------------------------------------------------------- helpers
   def rotary_frequencies(self, seq_len: int, rope_scaling=FROM_CONFIG):
-    """(inv_freq, attention_factor) for this call; `rope_scaling` overrides the config's."""
+    """(inv_freq [P], attention_factor) for this call; `rope_scaling` overrides the config's.
+    (None, 1.0) for non-rotary encodings."""
     cfg = self.config
     if cfg.pos_encoding not in ROTARY_ENCODINGS:
       if rope_scaling is not FROM_CONFIG and rope_scaling is not None:
@@ -264,17 +287,25 @@ class GPT(nnx.Module):
     return scaling.from_config(scaling_cfg, cfg.rot_dim, base=cfg.rope_base, max_len=cfg.max_len,
                                seq_len=seq_len)
 
+  def context(self, positions_BT, segment_ids=None, *, seq_len: Optional[int] = None,
+              rope_scaling=FROM_CONFIG) -> Context:
+    """The attention Context of a call without a cache (positions and segment ids [B, T]);
+    rope scaling sees `seq_len` (default T) and `rope_scaling` (as in `__call__`)."""
+    seq_len = positions_BT.shape[1] if seq_len is None else seq_len
+    inv_freq, factor = self.rotary_frequencies(seq_len, rope_scaling)
+    t5_table = None if self.t5_table is None else self.t5_table[...].astype(jnp.float32)
+    return Context(positions=positions_BT, segment_ids=segment_ids, inv_freq=inv_freq,
+                   attention_factor=factor, t5_table=t5_table)
+
   def init_cache(self, batch: int, max_len: int) -> KVCache:
     """An empty cache of `max_len` slots per sequence."""
     cfg = self.config
     if cfg.pos_encoding == "learned" and max_len > cfg.max_len:
       raise ValueError(f"learned position embeddings cover {cfg.max_len} positions; a cache of "
                        f"{max_len} would decode past them. Use at most {cfg.max_len}.")
-    dt = DTYPES[cfg.dtype]
-    shape = (batch, max_len, cfg.n_kv_head, cfg.head_dim)
-    zeros = tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layer))
-    return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layer)),
-                   positions=jnp.zeros((batch, max_len), jnp.int32),
+    zeros = lambda: tuple(jnp.zeros((batch, max_len, cfg.n_kv_head, cfg.head_dim),
+                                    DTYPES[cfg.dtype]) for _ in range(cfg.n_layer))
+    return KVCache(k=zeros(), v=zeros(), positions=jnp.zeros((batch, max_len), jnp.int32),
                    length=jnp.zeros((), jnp.int32))
 
   def embed_tokens(self, tokens_BT, positions_BT):
@@ -283,24 +314,10 @@ class GPT(nnx.Module):
     dt = DTYPES[cfg.dtype]
     x = self.embed[...].astype(dt)[tokens_BT]
     if cfg.pos_encoding == "learned":
-      x = x + self.pos_embed[...].astype(dt)[positions_BT]
+      x = x + baselines.learned_embedding(self.pos_embed[...].astype(dt), positions_BT)
     elif cfg.pos_encoding == "sinusoidal":
-      x = x + sinusoidal_embedding(positions_BT, cfg.d_model).astype(dt)
+      x = x + baselines.sinusoidal_embedding(positions_BT, cfg.d_model).astype(dt)
     return x
-
-  def _check_positions(self, tokens_BT, positions_BT):
-    cfg = self.config
-    if cfg.pos_encoding != "learned":
-      return
-    if tokens_BT.shape[1] > cfg.max_len:
-      raise ValueError(f"learned position embeddings cover {cfg.max_len} positions; got a "
-                       f"sequence of {tokens_BT.shape[1]} tokens. Use a rotary, sinusoidal, "
-                       f"t5_bias or nope model for longer inputs.")
-    if positions_BT is not None and not isinstance(positions_BT, jax.core.Tracer):
-      top = int(np.max(np.asarray(positions_BT)))
-      if top >= cfg.max_len:
-        raise ValueError(f"learned position embeddings cover positions 0..{cfg.max_len - 1}; "
-                         f"got position {top}")
 
   # ---------------------------------------------------------------------------- call
   def __call__(self, tokens_BT, positions=None, segment_ids=None, *, cache: KVCache | None = None,
@@ -316,10 +333,11 @@ class GPT(nnx.Module):
         for this call, e.g. {"rope_type": "yarn", "factor": L / max_len,
         "original_max_position_embeddings": max_len}, for inference-time context extension.
     """
-    tokens_BT = jnp.asarray(tokens_BT)
+    cfg, tokens_BT = self.config, jnp.asarray(tokens_BT)
     if tokens_BT.ndim != 2:
       raise ValueError(f"tokens must be [B, T], got shape {tokens_BT.shape}")
-    self._check_positions(tokens_BT, positions)
+    if cfg.pos_encoding == "learned":
+      baselines.check_learned_positions(cfg.max_len, tokens_BT.shape[1], positions)
     B, T = tokens_BT.shape
     if positions is None:
       base = jnp.arange(T, dtype=jnp.int32)[None]
@@ -337,9 +355,11 @@ class GPT(nnx.Module):
     """The transformer from input embeddings (after `embed_tokens`) to logits."""
     cfg = self.config
     B, T, _ = x_BTE.shape
-    if cache is not None and segment_ids is not None:
-      raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
-    if cache is not None:
+    if cache is None:
+      ctx = self.context(positions_BT, segment_ids, rope_scaling=rope_scaling)
+    else:
+      if segment_ids is not None:
+        raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
       L = cache.positions.shape[1]
       if T > L:
         raise ValueError(f"{T} new tokens do not fit a cache of {L} slots")
@@ -347,37 +367,29 @@ class GPT(nnx.Module):
         raise ValueError(f"the cache holds {int(cache.length)} of {L} slots; {T} more do not "
                          f"fit. Create it with init_cache(batch, max_len >= total length).")
       start = cache.length
-      kv_positions = jax.lax.dynamic_update_slice(cache.positions, positions_BT, (0, start))
-      kv_mask = jnp.broadcast_to(jnp.arange(L)[None] < start + T, (B, L))
-      seq_len = L
-    else:
-      kv_positions = kv_mask = start = None
-      seq_len = T
-    inv_freq, factor = self.rotary_frequencies(seq_len, rope_scaling)
-    t5_table = None if self.t5_table is None else self.t5_table[...].astype(jnp.float32)
+      ctx = self.context(positions_BT, seq_len=L, rope_scaling=rope_scaling).replace(
+          cache_start=start,
+          kv_positions=jax.lax.dynamic_update_slice(cache.positions, positions_BT, (0, start)),
+          kv_mask=jnp.broadcast_to(jnp.arange(L)[None] < start + T, (B, L)))
 
-    call = _block_call
-    if cfg.remat != "none":
+    call = lambda block, *args: block(*args)
+    if cfg.remat != "none" and cache is None:  # remat saves training memory; decoding has no
+      # backward pass, and nnx.remat inside generate's lax.scan fails on the closed-over model
       policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots"
                 else None)
-      call = nnx.remat(_block_call, policy=policy)
-    new_k, new_v = [], []
-    x = x_BTE
+      call = nnx.remat(call, policy=policy)
+    x, new_kv = x_BTE, []
     for i, block in enumerate(self.blocks):
-      cache_kv = None if cache is None else (cache.k[i], cache.v[i], start)
-      x, kv = call(block, x, positions_BT, segment_ids, inv_freq, factor, t5_table, cache_kv,
-                   kv_positions, kv_mask)
-      if kv is not None:
-        new_k.append(kv[0])
-        new_v.append(kv[1])
+      x, kv = call(block, x, ctx, None if cache is None else (cache.k[i], cache.v[i]))
+      new_kv.append(kv)
     x = self.final_norm(x)
     head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
     logits = jnp.einsum("bte,ev->btv", x, head.astype(x.dtype),
                         preferred_element_type=jnp.float32)
     if cache is None:
       return logits
-    return logits, KVCache(k=tuple(new_k), v=tuple(new_v), positions=kv_positions,
-                           length=start + T)
+    return logits, KVCache(k=tuple(k for k, _ in new_kv), v=tuple(v for _, v in new_kv),
+                           positions=ctx.kv_positions, length=start + T)
 
 
 def count_params(model_or_state) -> int:
@@ -391,75 +403,6 @@ def param_count(config: GPTConfig) -> int:
   return count_params(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
 
 
-# ------------------------------------------------------------------------------- decoding
-
-
-def sample_logits(logits_BV, key, *, temperature: float, top_k: Optional[int],
-                  valid_vocab: Optional[int] = None):
-  """Greedy when temperature == 0, else softmax(logits / temperature) restricted to top_k.
-  Ids >= valid_vocab (padding of the embedding table) are never chosen."""
-  if valid_vocab is not None and valid_vocab < logits_BV.shape[-1]:
-    ids = jnp.arange(logits_BV.shape[-1])[None]
-    logits_BV = jnp.where(ids < valid_vocab, logits_BV, -jnp.inf)
-  if temperature == 0:
-    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-  logits_BV = logits_BV.astype(jnp.float32) / temperature
-  if top_k is not None:
-    kth = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
-    logits_BV = jnp.where(logits_BV < kth, -jnp.inf, logits_BV)
-  return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
-
-
-@functools.lru_cache(maxsize=16)
-def _generate_fn(graphdef, max_new_tokens, temperature, top_k, valid_vocab, scaling_key):
-  rope_scaling = FROM_CONFIG if scaling_key == "_unset" else _thaw_scaling(scaling_key)
-
-  @jax.jit
-  def run(state, prompt_BP, cache, rng):
-    model = nnx.merge(graphdef, state)
-    logits, cache = model(prompt_BP, cache=cache, rope_scaling=rope_scaling)
-    keys = jax.random.split(rng, max_new_tokens)
-    sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k,
-                               valid_vocab=valid_vocab)
-    first = sample(logits[:, -1], keys[0])
-
-    def step(carry, key):
-      token_B, cache = carry
-      logits, cache = model(token_B[:, None], cache=cache, rope_scaling=rope_scaling)
-      nxt = sample(logits[:, -1], key)
-      return (nxt, cache), token_B
-
-    (last, _), emitted = jax.lax.scan(step, (first, cache), keys[1:])
-    return jnp.concatenate([emitted.T, last[:, None]], axis=1)
-
-  return run
-
-
-def generate(model: GPT, prompt, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: Optional[int] = None, rng=None, valid_vocab: Optional[int] = None,
-             rope_scaling=FROM_CONFIG):
-  """Prompt [B, P] -> [B, P + max_new_tokens]: a jitted prefill, then a lax.scan of one-token
-  decoding steps against the KV cache.
-
-  temperature 0 is greedy (deterministic); top_k restricts sampling to the k likeliest tokens;
-  valid_vocab excludes the padded ids a tokenizer never produces (e.g. 257 for bytes).
-  """
-  prompt = jnp.asarray(prompt, jnp.int32)
-  if prompt.ndim != 2 or prompt.shape[1] < 1:
-    raise ValueError(f"prompt must be [B, P] with P >= 1, got shape {prompt.shape}")
-  if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
-    raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-  if temperature < 0:
-    raise ValueError(f"temperature must be >= 0, got {temperature}")
-  if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
-    raise ValueError(f"top_k must be in [1, vocab_size={model.config.vocab_size}], got {top_k}")
-  if temperature > 0 and rng is None:
-    raise ValueError("sampling (temperature > 0) needs rng=jax.random.key(...)")
-  B, P = prompt.shape
-  cache = model.init_cache(B, P + max_new_tokens)
-  graphdef, state = nnx.split(model)
-  scaling_key = "_unset" if rope_scaling is FROM_CONFIG else _freeze(rope_scaling)
-  fn = _generate_fn(graphdef, max_new_tokens, float(temperature), top_k, valid_vocab,
-                    scaling_key)
-  rng = jax.random.key(0) if rng is None else rng
-  return jnp.concatenate([prompt, fn(state, prompt, cache, rng)], axis=1)
+# generate and sample_logits live in rove_jax.decoding; imported here for `from rove_jax.model
+# import generate`.
+from rove_jax.decoding import generate, sample_logits  # noqa: E402,F401

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import jax.numpy as jnp
 import numpy as np
@@ -33,26 +34,54 @@ class _FromConfig:
 FROM_CONFIG = _FromConfig()
 
 
-def _freeze(value):
-  """Dicts and lists -> sorted tuples, so the config stays hashable (a static jit argument)."""
-  if isinstance(value, Mapping):
-    return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
-  if isinstance(value, (list, tuple)):
-    return tuple(_freeze(v) for v in value)
-  return value
+class FrozenMapping(Mapping):
+  """A read-only, hashable dict: how GPTConfig holds `rope_scaling`.
 
+  GPTConfig is a static jit argument, so every field must hash; list values (LongRoPE's
+  factors) are stored as tuples. `to_dict()` gives back a plain dict with lists.
+  """
 
-def _thaw_scaling(frozen) -> Optional[dict]:
-  if frozen is None:
-    return None
-  return {k: (list(v) if isinstance(v, tuple) else v) for k, v in frozen}
+  __slots__ = ("_data",)
+
+  def __init__(self, mapping: Mapping):
+    data = {}
+    for key, value in mapping.items():
+      data[str(key)] = tuple(value) if isinstance(value, (list, tuple)) else value
+    object.__setattr__(self, "_data", data)
+    hash(self)  # an unhashable value (a nested dict) fails here, at construction
+
+  def __getitem__(self, key):
+    return self._data[key]
+
+  def __iter__(self):
+    return iter(self._data)
+
+  def __len__(self):
+    return len(self._data)
+
+  def __hash__(self):
+    return hash(tuple(sorted(self._data.items())))
+
+  def __setattr__(self, name, value):
+    raise AttributeError(f"{type(self).__name__} is read-only")
+
+  def __repr__(self):
+    return f"{type(self).__name__}({self._data!r})"
+
+  def __reduce__(self):  # pickling goes through __init__ (no __dict__, read-only slots)
+    return (type(self), (self._data,))
+
+  def to_dict(self) -> dict:
+    """A plain, JSON-ready dict (tuples back to lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in self._data.items()}
 
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
   """Model shape and positional encoding. Frozen and hashable; presets are classmethods.
 
-  `rope_scaling` takes a HuggingFace-style dict (stored frozen; `scaling_dict` returns it),
+  `rope_scaling` takes a HuggingFace-style dict (stored as a read-only FrozenMapping;
+  `scaling_dict` returns a plain dict),
   `rove_layers` the layer indices that use RoVE when pos_encoding="rove" (None: all; the
   others use RoPE), `remat` one of "none", "full" (recompute each block in the backward pass)
   or "dots" (save matmul outputs only).
@@ -90,8 +119,12 @@ class GPTConfig:
       set_("n_kv_head", self.n_head)
     if self.d_ff is None:
       set_("d_ff", 4 * self.d_model)
-    if isinstance(self.rope_scaling, Mapping):
-      set_("rope_scaling", _freeze(self.rope_scaling))
+    if isinstance(self.rope_scaling, Mapping) and not isinstance(self.rope_scaling, FrozenMapping):
+      try:
+        set_("rope_scaling", FrozenMapping(self.rope_scaling))
+      except TypeError as e:  # unhashable value
+        raise ValueError(f"GPTConfig: rope_scaling values must be numbers, strings or lists, "
+                         f"got {dict(self.rope_scaling)!r} ({e})") from None
     if self.rove_layers is not None:
       set_("rove_layers", tuple(int(i) for i in self.rove_layers))
     self._validate()
@@ -130,7 +163,36 @@ class GPTConfig:
 
   @property
   def scaling_dict(self) -> Optional[dict]:
-    return _thaw_scaling(self.rope_scaling)
+    """rope_scaling as a plain dict (None for plain RoPE)."""
+    return None if self.rope_scaling is None else self.rope_scaling.to_dict()
+
+  # ------------------------------------------------------------------ serialisation
+  def to_dict(self) -> dict:
+    """Every field as plain JSON-ready values (rope_scaling a dict, rove_layers a list): what
+    run configs and checkpoint metadata hold. `from_dict` is its inverse."""
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    out["rope_scaling"] = self.scaling_dict
+    if self.rove_layers is not None:
+      out["rove_layers"] = list(self.rove_layers)
+    return out
+
+  @classmethod
+  def from_dict(cls, fields: Mapping[str, Any]) -> "GPTConfig":
+    """A GPTConfig from `to_dict()` output (a run config's model section, checkpoint metadata).
+
+    Raises:
+      ValueError: an unknown field (the message lists the known ones) or an invalid value.
+    """
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+      raise ValueError(f"GPTConfig: unknown fields {unknown}; known fields: {sorted(known)}")
+    fields = dict(fields)
+    scaling_value = fields.get("rope_scaling")
+    if isinstance(scaling_value, (list, tuple)):
+      # Checkpoints written before FrozenMapping stored rope_scaling as [key, value] pairs.
+      fields["rope_scaling"] = dict(scaling_value)
+    return cls(**fields)
 
   def is_rove_layer(self, layer: int) -> bool:
     return self.pos_encoding == "rove" and (self.rove_layers is None or layer in self.rove_layers)
@@ -172,7 +234,9 @@ class GPTConfig:
              f"{exact:g} rotary dims; it must be a positive even integer")
       if not self.rope_base > 1:
         fail(f"rope_base must be > 1, got {self.rope_base}")
-      try:  # validates the dict (type, keys, values) once, up front
+      if self.rope_scaling is not None and not isinstance(self.rope_scaling, Mapping):
+        fail(f"rope_scaling must be a dict or None, got {type(self.rope_scaling).__name__}")
+      try:  # validates the dict (type, keys, values) once, up front, in numpy: no JAX backend
         scaling.from_config(self.scaling_dict, self.rot_dim, base=self.rope_base,
                             max_len=self.max_len, seq_len=self.max_len)
       except ValueError as e:

@@ -2,15 +2,15 @@
 
 Shape letters used in this module:
   T  sequence length            H  heads            D  head dimension
-  F  rotary pairs (len of the frequency table, 2F <= D)
+  P  rotary pairs (len of the frequency table, 2P <= D)
   A  position axes (1 for text, 2 for images, 3 for video)
   ...  any leading batch dimensions
 
 R_t is block diagonal: pair m of the rotated dims turns by the angle t * inv_freq[m] with
 [[cos, -sin], [sin, cos]]. Which two coordinates form pair m is the layout:
   "interleaved": (x[2m], x[2m+1])          (RoFormer, GPT-J, the RoVE paper)
-  "half":        (x[m], x[m + F])           (GPT-NeoX, Llama, HuggingFace)
-Dims beyond 2F pass through unchanged (partial rotary).
+  "half":        (x[m], x[m + P])           (GPT-NeoX, Llama, HuggingFace)
+Dims beyond 2P pass through unchanged (partial rotary).
 
 Multi-axis positions (2-D / 3-D RoPE): positions carry a trailing axis [..., T, A] and the
 frequency table is a sequence of A tables; axis a's angles fill the next len(table_a) pairs,
@@ -27,7 +27,7 @@ import numpy as np
 
 LAYOUTS = ("interleaved", "half")
 
-# A frequency table: one array [F] for 1-D positions, or a tuple of A arrays for A-axis positions.
+# A frequency table: one array [P] for 1-D positions, or a tuple of A arrays for A-axis positions.
 Frequencies = Union[jax.Array, np.ndarray, Sequence[Union[jax.Array, np.ndarray]]]
 
 
@@ -69,11 +69,11 @@ def axial_frequencies(rot_dim: int, n_axes: int, *, base: float = 10000.0) -> tu
 
 
 def rotation_angles(positions, inv_freq: Frequencies) -> jax.Array:
-  """Angles theta[..., T, F] = positions * inv_freq, in float32 (float64 if given float64).
+  """Angles theta[..., T, P] = positions * inv_freq, in float32 (float64 if given float64).
 
   Args:
     positions: [..., T] for a single table, [..., T, A] for a sequence of A tables.
-    inv_freq: one table [F] or a sequence of A tables [F_a] (F = sum F_a).
+    inv_freq: one table [P] or a sequence of A tables [P_a] (P = sum P_a).
   """
   positions = jnp.asarray(positions)
   tables = _as_tables(inv_freq)
@@ -94,15 +94,15 @@ def _outer(p, table):
 
 
 def rotary_tables(positions, inv_freq: Frequencies) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) of the rotation angles, each [..., T, F]; compute once, apply many times."""
+  """(cos, sin) of the rotation angles, each [..., T, P]; compute once, apply many times."""
   theta = rotation_angles(positions, inv_freq)
   return jnp.cos(theta), jnp.sin(theta)
 
 
 def apply_rotary(x, cos, sin, *, inverse: bool = False, layout: str = "interleaved") -> jax.Array:
-  """Rotates x [..., T, H, D] by precomputed tables cos, sin [..., T, F] (broadcast over H).
+  """Rotates x [..., T, H, D] by precomputed tables cos, sin [..., T, P] (broadcast over H).
 
-  The first 2F dims of D rotate, the rest pass through. The math runs in float32 (float64 for
+  The first 2P dims of D rotate, the rest pass through. The math runs in float32 (float64 for
   float64 inputs) and the result is cast back to x.dtype.
   """
   x = jnp.asarray(x)
@@ -120,7 +120,7 @@ def apply_rotary(x, cos, sin, *, inverse: bool = False, layout: str = "interleav
   # float32 at least (bf16 inputs rotate in float32); float64 inputs stay float64.
   compute = jnp.promote_types(jnp.promote_types(cos.dtype, x.dtype), jnp.float32)
   # y = x * C + swap(x) * S with full-width tables C, S [..., T, 1, D] built from the small
-  # [T, F] ones: one elementwise fusion over x, no stack or concatenate of x-sized arrays
+  # [T, P] ones: one elementwise fusion over x, no stack or concatenate of x-sized arrays
   # (whose backward passes are pads and slices, ~9% of a CPU train step when written that way).
   # Pair (a, b) -> (a cos - b sin, a sin + b cos), so C = (cos, cos), S = (-sin, +sin) and
   # swap exchanges the two members of every pair.
@@ -161,7 +161,7 @@ def rotate(x, positions, inv_freq: Frequencies, *, inverse: bool = False,
     x: [..., T, H, D], any float dtype (rotation math in float32, result in x.dtype).
     positions: [..., T] int or float positions for one table; [..., T, A] for a sequence of A
       tables (multi-axis RoPE). Leading dims must match x's (or be absent / 1 to broadcast).
-    inv_freq: one table [F] (2F <= D) or a sequence of A tables.
+    inv_freq: one table [P] (2P <= D) or a sequence of A tables.
     inverse: apply R_t^-1 instead of R_t.
     layout: "interleaved" or "half" (see the module docstring).
 
@@ -225,12 +225,12 @@ def _as_tables(inv_freq: Frequencies) -> list[jax.Array]:
     tables = [jnp.asarray(inv_freq)]
   for t in tables:
     if t.ndim != 1:
-      raise ValueError(f"a frequency table must be 1-D [F], got shape {t.shape}")
+      raise ValueError(f"a frequency table must be 1-D [P], got shape {t.shape}")
   return tables
 
 
 def n_frequencies(inv_freq: Frequencies) -> int:
-  """F, the number of rotated pairs, for a single table or a sequence of per-axis tables."""
+  """P, the number of rotated pairs, for a single table or a sequence of per-axis tables."""
   return sum(int(t.shape[0]) for t in _as_tables(inv_freq))
 
 

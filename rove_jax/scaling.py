@@ -16,8 +16,10 @@ Definitions follow HuggingFace transformers' `modeling_rope_utils` and the YaRN 
   llama3       wavelength bands: high frequencies kept, low ones / factor, a smooth band between.
   longrope     per-pair rescale factors, short or long list by the current length.
 
-Static arguments are computed in float64 with numpy and rounded once. The dynamic variants also
-accept a traced `seq_len` (e.g. inside a jitted decoding loop) and then compute with jax.numpy.
+Static arguments are computed in float64 with numpy and rounded once, and the table comes back
+as a numpy float32 array (no JAX backend is started: config validation relies on that). The
+dynamic variants also accept a traced `seq_len` (e.g. inside a jitted decoding loop) and then
+compute with jax.numpy and return a jax array.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 
 from rove_jax import rotary
 
-ScalingResult = tuple[jax.Array, Any]
+ScalingResult = tuple[Any, Any]  # (inv_freq: np.ndarray or jax.Array, factor)
 
 
 def _xp(*values):
@@ -44,9 +46,13 @@ def _pair_exponents(rot_dim: int, xp) -> Any:
 
 
 def _finish(inv_freq, attention_factor) -> ScalingResult:
+  """Rounds the table to float32 once. A static table stays a numpy array, so building and
+  validating a model config never starts a JAX backend; a traced one stays jax."""
   if isinstance(attention_factor, (np.floating, np.ndarray)):
     attention_factor = float(attention_factor)
-  return jnp.asarray(inv_freq, dtype=jnp.float32), attention_factor
+  if isinstance(inv_freq, jax.Array):
+    return inv_freq.astype(jnp.float32), attention_factor
+  return np.asarray(inv_freq, dtype=np.float32), attention_factor
 
 
 def _check_factor(name: str, factor, minimum: float = 1.0) -> None:
@@ -68,8 +74,11 @@ def _base_table(rot_dim: int, base, xp):
 
 
 def default(rot_dim: int, *, base: float = 10000.0) -> ScalingResult:
-  """Plain RoPE: (rope_frequencies(rot_dim, base), 1.0)."""
-  return rotary.rope_frequencies(rot_dim, base=base), 1.0
+  """Plain RoPE: (rope_frequencies(rot_dim, base), 1.0), as a numpy table."""
+  rot_dim = rotary._check_rot_dim(rot_dim)
+  if not base > 1.0:
+    raise ValueError(f"rope base must be > 1, got base={base!r}")
+  return _finish(_base_table(rot_dim, base, np), 1.0)
 
 
 def linear(rot_dim: int, *, base: float = 10000.0, factor: float) -> ScalingResult:

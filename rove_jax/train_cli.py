@@ -61,8 +61,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
-  from rove_jax import training  # after flag parsing: --help stays fast
+  # after flag parsing: --help stays fast
+  from rove_jax import sharding, training
   try:
+    # Evaluating the config file touched no device (validation is numpy only), so
+    # jax.distributed can still start here, before the first device is used.
+    sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
     summary = training.train(_CONFIG.value, _WORKDIR.value)
   except (ValueError, NotImplementedError) as e:
     print(f"error: {e}", file=sys.stderr)
@@ -74,23 +78,6 @@ def main(argv):
   return 0
 
 
-def _start_distributed(argv):
-  """jax.distributed must start before anything touches a device, and evaluating the config
-  file already does (it validates the model config): read the three flags straight from argv."""
-  values = {}
-  for name in ("coordinator_address", "num_processes", "process_id"):
-    for i, arg in enumerate(argv):
-      if arg.startswith(f"--{name}="):
-        values[name] = arg.split("=", 1)[1]
-      elif arg == f"--{name}" and i + 1 < len(argv):
-        values[name] = argv[i + 1]
-  from rove_jax import sharding
-  as_int = lambda v: None if v is None else int(v)
-  sharding.initialize_distributed(values.get("coordinator_address"),
-                                  as_int(values.get("num_processes")),
-                                  as_int(values.get("process_id")))
-
-
 def run(argv=None):
   """Entry point of `rove-train` and train.py."""
   argv = list(sys.argv if argv is None else argv)
@@ -99,7 +86,11 @@ def run(argv=None):
   except app.UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-  _start_distributed(argv)
+  # absl prints the __main__ module's docstring as --help's usage; under the rove-train
+  # console script that module is pip's generated wrapper, which has none.
+  main_module = sys.modules.get("__main__")
+  if main_module is not None and not getattr(main_module, "__doc__", None):
+    main_module.__doc__ = __doc__
   app.run(main, argv=argv)
 
 

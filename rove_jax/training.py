@@ -1,7 +1,7 @@
 """Training: optimizer, jitted train step, evaluation and the preemption-safe loop.
 
-Shape letters: B batch (per process), T sequence length, A gradient-accumulation steps,
-V vocabulary.
+Shape letters (legend in rove_jax): B batch (per process), T sequence length,
+M gradient-accumulation micro-steps, V vocabulary.
 
 The loop resumes from the newest readable checkpoint in workdir (params, optimizer state,
 step and the data iterator's position), logs to workdir/metrics.jsonl and TensorBoard, and
@@ -13,7 +13,6 @@ run with an error.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import os
@@ -38,7 +37,7 @@ from rove_jax.model import GPT, GPTConfig
 
 # Weight decay applies to these matrices only; embeddings, norms, biases and the T5 table
 # are not decayed.
-_DECAY_NAMES = ("wq", "wk", "wv", "wo", "w_in", "w_gate", "w_out", "lm_head")
+_DECAY_NAMES = ("wqkv", "wq", "wkv", "wo", "w_in", "w_gate", "w_out", "lm_head")
 
 
 @flax.struct.dataclass
@@ -101,7 +100,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
                     schedule=None, *, state_shardings=None, batch_sharding=None):
   """A jitted (state, batch) -> (state, metrics) with the state donated.
 
-  With grad_accum = A the batch [B, T] is split into A micro-batches [B / A, T] whose
+  With grad_accum = M the batch [B, T] is split into M micro-batches [B / M, T] whose
   gradients are averaged (a lax.scan), then one optimizer update is applied. A non-finite loss
   or gradient norm leaves params and optimizer state unchanged (metrics["finite"] = False).
   """
@@ -250,11 +249,23 @@ def corpus_from_config(d) -> data_lib.Corpus:
 
 
 def model_meta(model_cfg: GPTConfig) -> dict:
-  return config_lib.as_plain(dataclasses.asdict(model_cfg))
+  """The model section of checkpoint metadata; `GPTConfig.from_dict` reads it back."""
+  return model_cfg.to_dict()
 
 
+# The fields that fix the parameter shapes: a workdir's checkpoints must agree on them.
 _SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_len",
                  "pos_encoding", "norm", "mlp", "use_bias", "tie_embeddings", "t5_num_buckets")
+
+
+def check_same_model(saved: dict, model_cfg: GPTConfig, workdir: str) -> None:
+  """Raises ValueError naming the shape fields in which checkpoint metadata `saved` (its
+  "model" section) differs from `model_cfg`."""
+  mine = model_meta(model_cfg)
+  diffs = {k: (saved.get(k), mine[k]) for k in _SHAPE_FIELDS if saved.get(k) != mine[k]}
+  if diffs:
+    raise ValueError(f"workdir {workdir} holds checkpoints of a different model "
+                     f"(field: saved, now): {diffs}; use another --workdir or the same model")
 
 
 def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None) -> dict:
@@ -277,16 +288,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
     raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by "
                      f"optim.grad_accum={c.optim.grad_accum}")
 
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=c.keep_checkpoints,
+  ckpt = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints,
                                async_save=c.async_checkpoints)
   latest = ckpt.latest_step()
   if latest is not None:  # a different model in this workdir is an error, before data work
-    saved = ckpt.read_meta(latest).get("model", {})
-    mine = model_meta(model_cfg)
-    diffs = {k: (saved.get(k), mine[k]) for k in _SHAPE_FIELDS if saved.get(k) != mine[k]}
-    if diffs:
-      raise ValueError(f"workdir {workdir} holds checkpoints of a different model "
-                       f"(field: saved, now): {diffs}; use another --workdir or the same model")
+    check_same_model(ckpt.read_meta(latest).get("model", {}), model_cfg, workdir)
 
   data = data_lib.prepare(corpus_from_config(c.data), c.data.tokenizer, workdir=workdir,
                           max_train_tokens=c.data.max_train_tokens,

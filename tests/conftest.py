@@ -1,15 +1,21 @@
-"""Strict test configuration: rank promotion raises, 8 fake CPU devices for sharding tests."""
+"""Strict test configuration (rank promotion raises, 8 fake CPU devices for the sharding tests)
+and the fixtures the test files share: child-process environments, model and run configs."""
 
 import os
+import pathlib
 
 # Must happen before JAX initialises its backends.
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
 _flags = os.environ.get("XLA_FLAGS", "")
-if "xla_force_host_platform_device_count" not in _flags:
-  os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+if _DEVICE_FLAG not in _flags:
+  os.environ["XLA_FLAGS"] = (_flags + f" {_DEVICE_FLAG}=8").strip()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+from rove_jax import config as config_lib  # noqa: E402
+from rove_jax.model_config import GPTConfig  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -34,3 +40,128 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def rng():
   return np.random.default_rng(0)
+
+
+# ------------------------------------------------------------------ child processes
+
+
+def subprocess_env(devices=1, **overrides) -> dict:
+  """os.environ for a child process (train.py, python -m eval, a notebook kernel, bench).
+
+  This process splits the CPU into 8 fake devices; a child inherits that through XLA_FLAGS
+  unless told otherwise, and its default mesh then spans all 8.
+
+  Args:
+    devices: how many CPU devices the child sees; None: the machine as it is (no fake split).
+      Other XLA flags are kept.
+    **overrides: further variables to set, e.g. JAX_PLATFORMS="cpu".
+
+  Returns:
+    A new dict; os.environ is not modified.
+  """
+  env = dict(os.environ)
+  flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(_DEVICE_FLAG)]
+  if devices is not None:
+    flags.append(f"{_DEVICE_FLAG}={int(devices)}")
+  env["XLA_FLAGS"] = " ".join(flags)
+  env.update(overrides)
+  return env
+
+
+# ---------------------------------------------------------------------------- configs
+
+
+def gpt_config(**overrides) -> GPTConfig:
+  """A GPTConfig small enough for unit tests (one layer, width 32, 32 positions).
+
+  Args:
+    **overrides: GPTConfig fields to change; the rest keep GPTConfig's defaults (vocabulary
+      320, RoVE, rope_base 1e4).
+
+  Returns:
+    The validated config.
+  """
+  return GPTConfig(**{**dict(n_layer=1, n_head=2, d_model=32, d_ff=64, max_len=32),
+                      **overrides})
+
+
+def write_corpus(directory: pathlib.Path, n_files=6, chars=6000, seed=0) -> str:
+  """A few text files of code-like words in `directory`; returns its path as a string."""
+  rng = np.random.default_rng(seed)
+  words = ["def", "return", "self", "value", "class", "import", "for", "in", "if", "else",
+           "print", "(", ")", ":", "=", "+", "0", "1", "x", "y", "\n"]
+  directory.mkdir(parents=True, exist_ok=True)
+  for i in range(n_files):
+    text = " ".join(rng.choice(words, size=chars // 4))
+    (directory / f"doc{i}.txt").write_text(text)
+  return str(directory)
+
+
+def apply_overrides(c, overrides: dict):
+  """{"a.b": value} -> c.a.b = value; returns c."""
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def small_config(tmp_path, **overrides):
+  """The tiny run config on a corpus written under tmp_path: 8 steps of [4, 32] batches.
+
+  Args:
+    tmp_path: a directory for the corpus (pytest's tmp_path).
+    **overrides: dotted keys, e.g. **{"optim.lr": 0.0}, or top-level ones like steps=4.
+
+  Returns:
+    The ml_collections ConfigDict.
+  """
+  c = config_lib.base_config("tiny")
+  m = c.model
+  m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 1, 32, 2, 64, 32
+  c.data.source = "text"
+  c.data.path = write_corpus(tmp_path / "corpus")
+  c.data.seq_len, c.data.batch_size = 32, 4
+  c.optim.warmup_steps = 2
+  c.steps, c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every = 8, 1, 4, 2, 4
+  c.progress = False
+  c.sample_tokens = 0
+  return apply_overrides(c, overrides)
+
+
+# ------------------------------------------------------------------------ a trained run
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> pathlib.Path:
+  """The workdir of a tiny RoVE run trained once per test session, for tests that only read it.
+
+  small_config on the stdlib corpus (120 files), max_len = seq_len = 64, 6 steps, checkpoints
+  at steps 4 and 6. Under pytest-xdist the workers share it: the first to take the file lock
+  trains it, the others wait and reuse it. Tests must not write into it (give python -m eval an
+  --out directory).
+
+  Returns:
+    The workdir (a pathlib.Path).
+  """
+  import fcntl
+  import shutil
+
+  from rove_jax import training
+  base = tmp_path_factory.getbasetemp()
+  # Under xdist each worker's base is <session dir>/popen-gwN: the parent is this session's
+  # alone. Without xdist the parent holds other sessions' directories, so stay in base.
+  root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+  workdir = root / "shared-trained-run"
+  with open(root / "shared-trained-run.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not (workdir / "TRAINED").exists():
+      shutil.rmtree(workdir, ignore_errors=True)  # a worker that died mid-training
+      c = small_config(root / "shared-trained-run-data", steps=6, **{
+          "data.source": "stdlib", "data.path": None, "data.max_files": 120,
+          "model.max_len": 64, "data.seq_len": 64})
+      training.train(c, str(workdir), devices=jax.devices()[:1], log=lambda *a: None)
+      (workdir / "TRAINED").write_text("the run is complete\n")
+  return workdir

@@ -1,4 +1,8 @@
-"""rope_attention / rove_attention against float64 loops, and the properties RoVE promises."""
+"""rope_attention / rove_attention against float64 loops, and the properties RoVE promises.
+
+The equivalences (each kernel == the float64 loops, xla == chunked == reference, relative-position
+invariance) run eagerly and under jit (chex variants), with positions, frequencies, masks and the
+attention factor as traced arguments under jit."""
 
 import functools
 
@@ -7,13 +11,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 
 import rove_jax as rj
 from tests.conftest import has_gpu
 from tests.reference import naive_attention
 
 IMPLS = ("reference", "xla", "chunked")
-FNS = {"rope": rj.rope_attention, "rove": rj.rove_attention}
+FNS = {"rope": rj.rope_attention, "rove": rj.rove_attention, "masked": rj.masked_attention}
+KINDS = ("rope", "rove")
+LAYOUTS = ("interleaved", "half")
 
 
 def make_qkv(rng, B=2, T=6, S=6, H=4, K=2, D=8, scale=1.0):
@@ -33,126 +40,208 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("kind", ["rope", "rove"])
-@pytest.mark.parametrize("layout", ["interleaved", "half"])
-def test_matches_float64_loops(case, impl, kind, layout, rng):
+@functools.lru_cache(maxsize=None)
+def loop_case(case, kind, layout):
+  """Inputs and the float64 loop answer of one case; shared by its kernels and variants."""
   B, T, S, H, K, D, rot, causal, offset, factor = CASES[case]
-  q, k, v = make_qkv(rng, B, T, S, H, K, D)
+  q, k, v = make_qkv(np.random.default_rng(0), B, T, S, H, K, D)
   kv_pos = np.tile(np.arange(S) * 3 + 5, (B, 1))  # spacing 3 makes offsets matter more
   q_pos = kv_pos[:, offset:offset + T]
-  inv = rj.rope_frequencies(rot, base=100.0)
-  out = FNS[kind](q, k, v, q_positions=q_pos, kv_positions=kv_pos, inv_freq=inv, causal=causal,
-                  attention_factor=factor, layout=layout, implementation=impl, chunk_size=4)
-  chex.assert_shape(out, (B, T, H, D))
-  want = naive_attention(q, k, v, q_pos, kv_pos, np.asarray(inv), rove=kind == "rove",
-                         causal=causal, factor=factor, layout=layout)
-  np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
+  inv = np.asarray(rj.rope_frequencies(rot, base=100.0))
+  want = naive_attention(q, k, v, q_pos, kv_pos, inv, rove=kind == "rove", causal=causal,
+                         factor=factor, layout=layout)
+  return (q, k, v, q_pos, kv_pos, inv), want
 
 
-def test_rove_differs_from_rope_and_rope_kernel_is_plain_average(rng):
+class AttentionEquivalences(chex.TestCase):
+  """Pure attention functions, eager and jitted."""
+
+  def setUp(self):
+    super().setUp()
+    self.rng = np.random.default_rng(0)
+
+  def attend(self, kind, **static):
+    """self.variant of the attention function: q, k, v and a dict of array arguments
+    (positions, frequencies, masks, factor) are traced under jit; `static` is closed over."""
+    return self.variant(lambda q, k, v, arrays: FNS[kind](q, k, v, **arrays, **static))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(case=sorted(CASES), impl=IMPLS, kind=KINDS, layout=LAYOUTS)
+  def test_matches_float64_loops(self, case, impl, kind, layout):
+    B, T, S, H, K, D, rot, causal, offset, factor = CASES[case]
+    (q, k, v, q_pos, kv_pos, inv), want = loop_case(case, kind, layout)
+    f = self.attend(kind, causal=causal, layout=layout, implementation=impl, chunk_size=4)
+    out = f(q, k, v, dict(q_positions=q_pos, kv_positions=kv_pos, inv_freq=inv,
+                          attention_factor=factor))
+    chex.assert_shape(out, (B, T, H, D))
+    chex.assert_trees_all_close(out, want, atol=2e-5, rtol=2e-5)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*KINDS)
+  def test_zero_frequencies_reduce_to_plain_softmax_attention(self, kind):
+    q, k, v = make_qkv(self.rng, T=5, S=5, H=2, K=2)
+    pos = np.tile(np.arange(5) * 11, (2, 1))
+    out = self.attend(kind)(q, k, v, dict(q_positions=pos, kv_positions=pos,
+                                          inv_freq=jnp.zeros(4)))
+    # Plain causal softmax attention written directly (psi_delta == W_V: the identity kernel).
+    logits = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(8)
+    logits = np.where(np.tril(np.ones((5, 5), bool)), logits, -np.inf)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    chex.assert_trees_all_close(out, np.einsum("bhts,bshd->bthd", w, v), atol=2e-6, rtol=1e-7)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(kind=KINDS, impl=IMPLS)
+  def test_shift_invariance(self, kind, impl):
+    q, k, v = make_qkv(self.rng, T=8, S=8)
+    pos = np.tile(np.arange(8), (2, 1))
+    inv = rj.rope_frequencies(8)
+    attend = self.attend(kind, implementation=impl, chunk_size=4)
+    f = lambda qp, kp: attend(q, k, v, dict(q_positions=qp, kv_positions=kp, inv_freq=inv))
+    base = f(pos, pos)
+    chex.assert_trees_all_close(f(pos + 37, pos + 37), base, atol=3e-5, rtol=1e-7)
+    # Shifting only the keys changes the result: the check above can fail.
+    assert np.abs(f(pos + 37, pos + 30) - base).max() > 1e-3
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_rove_shift_equivariance_on_2d_grid(self):
+    """Tokens on a 4x4 grid with 2-D positions, bidirectional. Translating every position and
+    listing the tokens in another order gives each token the same output (attentive convolution
+    with a 2-D relative kernel)."""
+    D, N = 16, 16
+    tables = rj.axial_frequencies(D, 2, base=50.0)
+    grid = np.stack(np.meshgrid(np.arange(4), np.arange(4), indexing="ij"), -1).reshape(N, 2)
+    q, k, v = make_qkv(self.rng, B=1, T=N, S=N, H=2, K=2, D=D)
+    attend = self.attend("rove", causal=False)
+    f = lambda q, k, v, qp, kp: attend(q, k, v, dict(q_positions=qp, kv_positions=kp,
+                                                     inv_freq=tables))
+    out = f(q, k, v, grid[None], grid[None])
+    perm = self.rng.permutation(N)
+    moved = grid[perm] + np.array([5, -3])
+    out2 = f(q[:, perm], k[:, perm], v[:, perm], moved[None], moved[None])
+    chex.assert_trees_all_close(out2, np.asarray(out)[:, perm], atol=3e-5, rtol=1e-7)
+    want = naive_attention(q, k, v, grid[None], grid[None], [np.asarray(t) for t in tables],
+                           rove=True, causal=False)
+    chex.assert_trees_all_close(out, want, atol=3e-5, rtol=1e-7)
+    # Transposing the grid (swapping the axes) changes the answer: axes are not interchangeable.
+    out_t = f(q, k, v, grid[None, :, ::-1], grid[None])
+    assert np.abs(out_t - out).max() > 1e-3
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(impl=IMPLS, kind=KINDS)
+  def test_packed_segments_equal_separate_sequences(self, impl, kind):
+    q, k, v = make_qkv(self.rng, B=1, T=9, S=9, H=2, K=1)
+    inv = rj.rope_frequencies(8)
+    seg = np.array([[0] * 4 + [1] * 5])
+    pos = np.array([[0, 1, 2, 3, 0, 1, 2, 3, 4]])  # positions restart per document
+    f = self.attend(kind, implementation=impl, chunk_size=4)
+    packed = f(q, k, v, dict(q_positions=pos, kv_positions=pos, inv_freq=inv, segment_ids=seg))
+    a, b = (f(q[:, s], k[:, s], v[:, s], dict(q_positions=pos[:, s], kv_positions=pos[:, s],
+                                              inv_freq=inv))
+            for s in (slice(0, 4), slice(4, None)))
+    chex.assert_trees_all_close(packed, np.concatenate([a, b], axis=1), atol=2e-6, rtol=1e-7)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*IMPLS)
+  def test_kv_mask_equals_dropping_slots_and_empty_rows_are_zero(self, impl):
+    q, k, v = make_qkv(self.rng, B=1, T=2, S=6, H=2, K=2)
+    inv = rj.rope_frequencies(8)
+    kv_pos = np.arange(6)[None]
+    q_pos = np.array([[4, 5]])
+    keep = np.array([[True, False, True, True, False, True]])
+    f = self.attend("rove", implementation=impl, chunk_size=4)
+    masked = f(q, k, v, dict(q_positions=q_pos, kv_positions=kv_pos, inv_freq=inv,
+                             kv_mask=keep))
+    idx = np.flatnonzero(keep[0])
+    dropped = f(q, k[:, idx], v[:, idx], dict(q_positions=q_pos, kv_positions=kv_pos[:, idx],
+                                              inv_freq=inv))
+    chex.assert_trees_all_close(masked, dropped, atol=2e-6, rtol=1e-7)
+    none_visible = f(q, k, v, dict(q_positions=np.array([[-5, 4]]), kv_positions=kv_pos,
+                                   inv_freq=inv))
+    chex.assert_trees_all_equal(np.asarray(none_visible)[0, 0], np.zeros((2, 8), np.float32))
+    assert np.abs(np.asarray(none_visible)[0, 1]).max() > 0
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(kind=KINDS, causal=(True, False))
+  def test_chunked_equals_xla_equals_reference_long_ragged(self, kind, causal):
+    B, T, S = 2, 37, 45  # not multiples of the chunk
+    q, k, v = make_qkv(self.rng, B=B, T=T, S=S, H=4, K=2, D=16)
+    kv_pos = np.tile(np.arange(S), (B, 1))
+    arrays = dict(q_positions=kv_pos[:, S - T:], kv_positions=kv_pos,
+                  inv_freq=rj.rope_frequencies(12))
+    outs = [self.attend(kind, causal=causal, implementation=impl, chunk_size=8)(q, k, v, arrays)
+            for impl in IMPLS]
+    chex.assert_shape(outs, (B, T, 4, 16))
+    chex.assert_trees_all_close(outs[1], outs[0], atol=3e-6, rtol=1e-7)
+    chex.assert_trees_all_close(outs[2], outs[0], atol=3e-6, rtol=1e-7)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*IMPLS)
+  def test_attention_factor_never_scales_value_or_output_rotations(self, impl):
+    """One visible key: y = R_{j-i} v_j exactly, so |y| = |v| whatever the YaRN factor."""
+    q, k, v = make_qkv(self.rng, B=1, T=1, S=1, H=2, K=2, D=8)
+    inv, factor = rj.scaling.yarn(8, factor=8.0, original_max_len=16)
+    assert factor > 1.2
+    f = self.attend("rove", implementation=impl)
+    out = f(q, k, v, dict(q_positions=np.array([[40]]), kv_positions=np.array([[3]]),
+                          inv_freq=inv, attention_factor=factor))
+    chex.assert_trees_all_close(np.linalg.norm(out, axis=-1), np.linalg.norm(v, axis=-1),
+                                rtol=1e-5)
+    # and the factor does reach the logits: two keys, weights change with it.
+    q2, k2, v2 = make_qkv(self.rng, B=1, T=1, S=2, H=1, K=1, D=8, scale=2.0)
+    g = lambda a: f(q2, k2, v2, dict(q_positions=np.array([[5]]),
+                                     kv_positions=np.array([[0, 5]]), inv_freq=inv,
+                                     attention_factor=a))
+    assert np.abs(g(factor) - g(1.0)).max() > 1e-3
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*IMPLS)
+  def test_masked_attention_with_position_bias_matches_loops(self, impl):
+    """No rotation, a logit bias from positions (T5/ALiBi-style): checked against float64 loops."""
+    B, T, H, K, D = 2, 7, 4, 2, 8
+    q, k, v = make_qkv(self.rng, B=B, T=T, S=T, H=H, K=K, D=D)
+    pos = np.tile(np.arange(T) * 2, (B, 1))
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+
+    def bias_fn(q_pos, kv_pos):  # ALiBi: -slope_h * (i - j)
+      dist = (q_pos[:, :, None] - kv_pos[:, None, :]).astype(jnp.float32)
+      return -jnp.asarray(slopes)[None, :, None, None] * dist[:, None]
+
+    f = self.attend("masked", bias_fn=bias_fn, implementation=impl, chunk_size=3)
+    out = f(q, k, v, dict(q_positions=pos, kv_positions=pos))
+    want = np.zeros((B, T, H, D))
+    for b in range(B):
+      for h in range(H):
+        logits = q[b, :, h].astype(np.float64) @ k[b, :, h // 2].T.astype(np.float64) / np.sqrt(D)
+        logits -= slopes[h] * (pos[b][:, None] - pos[b][None, :])
+        logits[np.triu_indices(T, 1)] = -np.inf
+        w = np.exp(logits - logits.max(1, keepdims=True))
+        want[b, :, h] = (w / w.sum(1, keepdims=True)) @ v[b, :, h // 2]
+    chex.assert_trees_all_close(out, want, atol=2e-5, rtol=1e-7)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(kind=KINDS, impl=IMPLS)
+  def test_prerotated_kv_equals_rotating_inside(self, kind, impl):
+    """What a KV cache does: store R_j k_j (and R_j v_j for RoVE), rotate only q and the
+    output."""
+    q, k, v = make_qkv(self.rng, T=3, S=8)
+    kv_pos = np.tile(np.arange(8) + 4, (2, 1))
+    inv = rj.rope_frequencies(8)
+    arrays = dict(q_positions=kv_pos[:, 5:], kv_positions=kv_pos, inv_freq=inv)
+    k_r = rj.rotate(k, kv_pos, inv)
+    v_r = rj.rotate(v, kv_pos, inv) if kind == "rove" else v
+    pre = self.attend(kind, kv_prerotated=True, implementation=impl, chunk_size=4)
+    inside = self.attend(kind, implementation=impl, chunk_size=4)
+    chex.assert_trees_all_close(pre(q, k_r, v_r, arrays), inside(q, k, v, arrays), atol=2e-6,
+                                rtol=1e-7)
+
+
+def test_rove_differs_from_rope(rng):
   q, k, v = make_qkv(rng)
   pos = np.tile(np.arange(6), (2, 1))
   inv = rj.rope_frequencies(8)
   kw = dict(q_positions=pos, kv_positions=pos, inv_freq=inv)
   assert np.abs(rj.rove_attention(q, k, v, **kw) - rj.rope_attention(q, k, v, **kw)).max() > 1e-2
-
-
-@pytest.mark.parametrize("kind", ["rope", "rove"])
-def test_zero_frequencies_reduce_to_plain_softmax_attention(kind, rng):
-  q, k, v = make_qkv(rng, T=5, S=5, H=2, K=2)
-  pos = np.tile(np.arange(5) * 11, (2, 1))
-  zero = jnp.zeros(4)
-  out = FNS[kind](q, k, v, q_positions=pos, kv_positions=pos, inv_freq=zero)
-  # Plain causal softmax attention written directly (psi_delta == W_V: the identity kernel).
-  logits = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(8)
-  logits = np.where(np.tril(np.ones((5, 5), bool)), logits, -np.inf)
-  w = np.exp(logits - logits.max(-1, keepdims=True))
-  w /= w.sum(-1, keepdims=True)
-  np.testing.assert_allclose(out, np.einsum("bhts,bshd->bthd", w, v), atol=2e-6)
-
-
-@pytest.mark.parametrize("kind", ["rope", "rove"])
-@pytest.mark.parametrize("impl", IMPLS)
-def test_shift_invariance(kind, impl, rng):
-  q, k, v = make_qkv(rng, T=8, S=8)
-  pos = np.tile(np.arange(8), (2, 1))
-  inv = rj.rope_frequencies(8)
-  f = functools.partial(FNS[kind], q, k, v, inv_freq=inv, implementation=impl, chunk_size=4)
-  base = f(q_positions=pos, kv_positions=pos)
-  np.testing.assert_allclose(f(q_positions=pos + 37, kv_positions=pos + 37), base, atol=3e-5)
-  # Shifting only the keys changes the result: the check above can fail.
-  assert np.abs(f(q_positions=pos + 37, kv_positions=pos + 30) - base).max() > 1e-3
-
-
-def test_rove_shift_equivariance_on_2d_grid(rng):
-  """Tokens on a 4x4 grid with 2-D positions, bidirectional. Translating every position and
-  listing the tokens in another order gives each token the same output (attentive convolution
-  with a 2-D relative kernel)."""
-  D, N = 16, 16
-  tables = rj.axial_frequencies(D, 2, base=50.0)
-  grid = np.stack(np.meshgrid(np.arange(4), np.arange(4), indexing="ij"), -1).reshape(N, 2)
-  q, k, v = make_qkv(rng, B=1, T=N, S=N, H=2, K=2, D=D)
-  kw = dict(inv_freq=tables, causal=False)
-  out = rj.rove_attention(q, k, v, q_positions=grid[None], kv_positions=grid[None], **kw)
-  perm = rng.permutation(N)
-  moved = grid[perm] + np.array([5, -3])
-  out2 = rj.rove_attention(q[:, perm], k[:, perm], v[:, perm], q_positions=moved[None],
-                           kv_positions=moved[None], **kw)
-  np.testing.assert_allclose(out2, np.asarray(out)[:, perm], atol=3e-5)
-  want = naive_attention(q, k, v, grid[None], grid[None], [np.asarray(t) for t in tables],
-                         rove=True, causal=False)
-  np.testing.assert_allclose(out, want, atol=3e-5)
-  # Transposing the grid (swapping the axes) changes the answer: axes are not interchangeable.
-  out_t = rj.rove_attention(q, k, v, q_positions=grid[None, :, ::-1], kv_positions=grid[None],
-                            **kw)
-  assert np.abs(out_t - out).max() > 1e-3
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("kind", ["rope", "rove"])
-def test_packed_segments_equal_separate_sequences(impl, kind, rng):
-  q, k, v = make_qkv(rng, B=1, T=9, S=9, H=2, K=1)
-  inv = rj.rope_frequencies(8)
-  seg = np.array([[0] * 4 + [1] * 5])
-  pos = np.array([[0, 1, 2, 3, 0, 1, 2, 3, 4]])  # positions restart per document
-  f = functools.partial(FNS[kind], inv_freq=inv, implementation=impl, chunk_size=4)
-  packed = f(q, k, v, q_positions=pos, kv_positions=pos, segment_ids=seg)
-  a = f(q[:, :4], k[:, :4], v[:, :4], q_positions=pos[:, :4], kv_positions=pos[:, :4])
-  b = f(q[:, 4:], k[:, 4:], v[:, 4:], q_positions=pos[:, 4:], kv_positions=pos[:, 4:])
-  np.testing.assert_allclose(packed, np.concatenate([a, b], axis=1), atol=2e-6)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_kv_mask_equals_dropping_slots_and_empty_rows_are_zero(impl, rng):
-  q, k, v = make_qkv(rng, B=1, T=2, S=6, H=2, K=2)
-  inv = rj.rope_frequencies(8)
-  kv_pos = np.arange(6)[None]
-  q_pos = np.array([[4, 5]])
-  keep = np.array([[True, False, True, True, False, True]])
-  f = functools.partial(rj.rove_attention, inv_freq=inv, implementation=impl, chunk_size=4)
-  masked = f(q, k, v, q_positions=q_pos, kv_positions=kv_pos, kv_mask=keep)
-  idx = np.flatnonzero(keep[0])
-  dropped = f(q, k[:, idx], v[:, idx], q_positions=q_pos, kv_positions=kv_pos[:, idx])
-  np.testing.assert_allclose(masked, dropped, atol=2e-6)
-  none_visible = f(q, k, v, q_positions=np.array([[-5, 4]]), kv_positions=kv_pos)
-  np.testing.assert_array_equal(np.asarray(none_visible)[0, 0], 0.0)
-  assert np.abs(np.asarray(none_visible)[0, 1]).max() > 0
-
-
-@pytest.mark.parametrize("kind", ["rope", "rove"])
-@pytest.mark.parametrize("causal", [True, False])
-def test_chunked_equals_xla_equals_reference_long_ragged(kind, causal, rng):
-  B, T, S = 2, 37, 45  # not multiples of the chunk
-  q, k, v = make_qkv(rng, B=B, T=T, S=S, H=4, K=2, D=16)
-  kv_pos = np.tile(np.arange(S), (B, 1))
-  q_pos = kv_pos[:, S - T:]
-  inv = rj.rope_frequencies(12)
-  outs = [FNS[kind](q, k, v, q_positions=q_pos, kv_positions=kv_pos, inv_freq=inv,
-                    causal=causal, implementation=impl, chunk_size=8) for impl in IMPLS]
-  np.testing.assert_allclose(outs[1], outs[0], atol=3e-6)
-  np.testing.assert_allclose(outs[2], outs[0], atol=3e-6)
 
 
 def test_bf16_inputs(rng):
@@ -165,23 +254,7 @@ def test_bf16_inputs(rng):
     got = rj.rove_attention(*(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)), q_positions=pos,
                             kv_positions=pos, inv_freq=inv, implementation=impl, chunk_size=8)
     chex.assert_type(got, jnp.bfloat16)
-    np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=6e-2)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_attention_factor_never_scales_value_or_output_rotations(impl, rng):
-  """One visible key: y = R_{j-i} v_j exactly, so |y| = |v| whatever the YaRN factor."""
-  q, k, v = make_qkv(rng, B=1, T=1, S=1, H=2, K=2, D=8)
-  inv, factor = rj.scaling.yarn(8, factor=8.0, original_max_len=16)
-  assert factor > 1.2
-  out = rj.rove_attention(q, k, v, q_positions=np.array([[40]]), kv_positions=np.array([[3]]),
-                          inv_freq=inv, attention_factor=factor, implementation=impl)
-  np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(v, axis=-1), rtol=1e-5)
-  # and the factor does reach the logits: two keys, weights change with it.
-  q2, k2, v2 = make_qkv(rng, B=1, T=1, S=2, H=1, K=1, D=8, scale=2.0)
-  f = functools.partial(rj.rove_attention, q2, k2, v2, q_positions=np.array([[5]]),
-                        kv_positions=np.array([[0, 5]]), inv_freq=inv, implementation=impl)
-  assert np.abs(f(attention_factor=factor) - f(attention_factor=1.0)).max() > 1e-3
+    chex.assert_trees_all_close(got.astype(jnp.float32), want, atol=6e-2, rtol=1e-7)
 
 
 @pytest.mark.parametrize("kind", ["rope", "rove"])
@@ -221,7 +294,7 @@ def test_gradients_agree_across_implementations(kind, rng):
   ref = grads("reference")
   for impl in ("xla", "chunked"):
     for g, r in zip(grads(impl), ref):
-      np.testing.assert_allclose(g, r, atol=2e-5)
+      chex.assert_trees_all_close(g, r, atol=2e-5, rtol=1e-7)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -232,7 +305,7 @@ def test_jit_agrees_with_eager(impl, rng):
   f = functools.partial(rj.rove_attention, inv_freq=inv, implementation=impl, chunk_size=4)
   eager = f(q, k, v, q_positions=pos, kv_positions=pos)
   jitted = jax.jit(lambda q, k, v, p: f(q, k, v, q_positions=p, kv_positions=p))(q, k, v, pos)
-  np.testing.assert_allclose(jitted, eager, atol=1e-6)
+  chex.assert_trees_all_close(jitted, eager, atol=1e-6, rtol=1e-7)
 
 
 def test_bad_input_raises_clear_errors(rng):
@@ -281,44 +354,3 @@ def test_cudnn_equals_xla_in_bf16(kind, rng):
                         inv_freq=rj.rope_frequencies(64))
   np.testing.assert_allclose(np.asarray(f(implementation="cudnn"), np.float32),
                              np.asarray(f(implementation="xla"), np.float32), atol=2e-2)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_masked_attention_with_position_bias_matches_loops(impl, rng):
-  """No rotation, a logit bias from positions (T5/ALiBi-style): checked against float64 loops."""
-  B, T, H, K, D = 2, 7, 4, 2, 8
-  q, k, v = make_qkv(rng, B=B, T=T, S=T, H=H, K=K, D=D)
-  pos = np.tile(np.arange(T) * 2, (B, 1))
-  slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
-
-  def bias_fn(q_pos, kv_pos):  # ALiBi: -slope_h * (i - j)
-    dist = (q_pos[:, :, None] - kv_pos[:, None, :]).astype(jnp.float32)
-    return -jnp.asarray(slopes)[None, :, None, None] * dist[:, None]
-
-  out = rj.masked_attention(q, k, v, q_positions=pos, kv_positions=pos, bias_fn=bias_fn,
-                            implementation=impl, chunk_size=3)
-  want = np.zeros((B, T, H, D))
-  for b in range(B):
-    for h in range(H):
-      logits = q[b, :, h].astype(np.float64) @ k[b, :, h // 2].T.astype(np.float64) / np.sqrt(D)
-      logits -= slopes[h] * (pos[b][:, None] - pos[b][None, :])
-      logits[np.triu_indices(T, 1)] = -np.inf
-      w = np.exp(logits - logits.max(1, keepdims=True))
-      want[b, :, h] = (w / w.sum(1, keepdims=True)) @ v[b, :, h // 2]
-  np.testing.assert_allclose(out, want, atol=2e-5)
-
-
-@pytest.mark.parametrize("kind", ["rope", "rove"])
-@pytest.mark.parametrize("impl", IMPLS)
-def test_prerotated_kv_equals_rotating_inside(kind, impl, rng):
-  """What a KV cache does: store R_j k_j (and R_j v_j for RoVE), rotate only q and the output."""
-  q, k, v = make_qkv(rng, T=3, S=8)
-  kv_pos = np.tile(np.arange(8) + 4, (2, 1))
-  q_pos = kv_pos[:, 5:]
-  inv = rj.rope_frequencies(8)
-  kw = dict(q_positions=q_pos, kv_positions=kv_pos, inv_freq=inv, implementation=impl,
-            chunk_size=4)
-  k_r = rj.rotate(k, kv_pos, inv)
-  v_r = rj.rotate(v, kv_pos, inv) if kind == "rove" else v
-  np.testing.assert_allclose(FNS[kind](q, k_r, v_r, kv_prerotated=True, **kw),
-                             FNS[kind](q, k, v, **kw), atol=2e-6)

@@ -15,18 +15,14 @@ import pytest
 
 from bench import suite
 from rove_jax.model import GPTConfig
+from tests.conftest import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _clean_env():
   # conftest splits the CPU into 8 fake devices; the suite must see the machine as it is.
-  env = dict(os.environ)
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if "xla_force_host_platform_device_count" not in f]
-  env["XLA_FLAGS"] = " ".join(flags)
-  env["JAX_PLATFORMS"] = "cpu"
-  return env
+  return subprocess_env(devices=None, JAX_PLATFORMS="cpu")
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -13,10 +14,11 @@ from flax import nnx
 
 from rove_jax.evaluation import perplexity, report, scoring
 from rove_jax import tokenization
-from rove_jax.model import GPT, GPTConfig
-from tests.test_training import ROOT, run_train, small_config
+from rove_jax.model import GPT
+from tests.conftest import gpt_config, small_config, subprocess_env
+from tests.test_training import ROOT, run_train
 
-ENV1 = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+ENV1 = subprocess_env(devices=1)
 
 
 def make_run(cfg, params=None, seed=0):
@@ -27,13 +29,8 @@ def make_run(cfg, params=None, seed=0):
                      tokenizer=tokenization.get_tokenizer("bytes"))
 
 
-def tiny_cfg(**kw):
-  return GPTConfig(**{**dict(vocab_size=320, n_layer=1, n_head=2, d_model=32, d_ff=64,
-                             max_len=32), **kw})
-
-
 def test_uniform_logits_give_perplexity_equal_to_vocab_size():
-  cfg = tiny_cfg()
+  cfg = gpt_config()
   zeros = jax.tree.map(jnp.zeros_like, nnx.state(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param))
   scorer = scoring.Scorer(make_run(cfg, zeros), chunk_size=16)
   tokens = np.random.default_rng(0).integers(0, 257, 2000)
@@ -62,7 +59,7 @@ def test_windows_cover_every_token_once(stride):
 
 
 def test_scores_match_a_direct_forward_and_yarn_at_1x_is_identity():
-  cfg = tiny_cfg(pos_encoding="rove")
+  cfg = gpt_config(pos_encoding="rove")
   run = make_run(cfg, seed=3)
   scorer = scoring.Scorer(run, chunk_size=8)
   toks = np.random.default_rng(1).integers(0, 257, (2, 33)).astype(np.int32)
@@ -83,9 +80,39 @@ def test_scores_match_a_direct_forward_and_yarn_at_1x_is_identity():
 
 
 def test_learned_positions_cannot_be_scored_past_their_table():
-  scorer = scoring.Scorer(make_run(tiny_cfg(pos_encoding="learned")))
+  scorer = scoring.Scorer(make_run(gpt_config(pos_encoding="learned")))
   with pytest.raises(ValueError, match="learned position embeddings for 32 positions"):
     perplexity.evaluate(scorer, np.arange(500) % 250, [32, 64], progress=False)
+
+
+def test_exact_match_needs_every_answer_token_to_be_greedy(trained_run):
+  """Scorer.score's exact match is all() over the answer tokens: of two-token answers, only the
+  one whose both tokens are the greedy continuation matches (not any(), first or last only)."""
+  run = scoring.load_run(str(trained_run))
+  scorer = scoring.Scorer(run, chunk_size=64)
+  model = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: GPT(run.model_config,
+                                                             rngs=nnx.Rngs(0)))), run.params)
+
+  def greedy_next(seq):  # the argmax after seq and its margin over the runner-up
+    logits = np.asarray(model(jnp.asarray(seq, jnp.int32)[None]))[0, -1]
+    runner_up, best = np.sort(logits)[-2:]
+    return int(np.argmax(logits)), float(best - runner_up)
+
+  rng = np.random.default_rng(0)
+  for _ in range(20):  # a prompt whose greedy choices are not near-ties between kernels
+    prompt = rng.integers(0, 256, 20)
+    first, m1 = greedy_next(prompt)
+    second, m2 = greedy_next(np.append(prompt, first))
+    not_first = (first + 1) % 256
+    second_after_miss, m3 = greedy_next(np.append(prompt, not_first))
+    if min(m1, m2, m3) > 1e-3:
+      break
+  answers = {"both greedy": ([first, second], True),
+             "first only": ([first, (second + 1) % 256], False),
+             "second only": ([not_first, second_after_miss], False)}
+  got = scorer.score([prompt] * 3, [np.array(a) for a, _ in answers.values()])
+  assert {k: em for k, (_, em) in zip(answers, got)} == {k: want for k, (_, want)
+                                                       in answers.items()}
 
 
 def _valid_report():
@@ -129,22 +156,22 @@ def test_missing_workdir_or_checkpoint_is_a_clear_error(tmp_path):
     scoring.load_run(str(tmp_path / "empty"))
   r = subprocess.run([sys.executable, "-m", "eval", "--workdir", str(tmp_path / "nope")],
                      cwd=ROOT, capture_output=True, text=True, timeout=120,
-                     env={**__import__("os").environ, **ENV1})
+                     env=ENV1)
   assert r.returncode == 2 and "does not exist" in r.stderr
 
 
-def test_python_m_eval_end_to_end_on_a_trained_checkpoint(tmp_path):
+def test_python_m_eval_end_to_end_on_a_trained_checkpoint(tmp_path, trained_run):
   c = small_config(tmp_path, **{"data.source": "stdlib", "data.path": None,
                                 "data.max_files": 120, "model.max_len": 64,
                                 "data.seq_len": 64, "steps": 6})
-  run_train(c, tmp_path / "run", log=lambda *a: None)
+  shutil.copytree(trained_run, tmp_path / "run")  # this config, trained once per session
   c.model.pos_encoding = "rope"
   run_train(c, tmp_path / "rope", log=lambda *a: None)
   r = subprocess.run([sys.executable, "-m", "eval", "--workdir", str(tmp_path / "run"),
                       "--compare", str(tmp_path / "rope"),
                       "--suite", "quick", "--lengths", "64,128", "--no-progress"],
                      cwd=ROOT, capture_output=True, text=True, timeout=600,
-                     env={**__import__("os").environ, **ENV1})
+                     env=ENV1)
   assert r.returncode == 0, r.stderr[-3000:]
   out = tmp_path / "run" / "eval"
   rep = json.loads((out / "report.json").read_text())

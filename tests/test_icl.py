@@ -5,6 +5,7 @@ import json
 import re
 import zlib
 
+import chex
 import numpy as np
 import pytest
 
@@ -24,7 +25,8 @@ def keyword_score_fn(tok, calls):
   def score_fn(prompts, continuations):
     out = []
     for p, c in zip(prompts, continuations):
-      assert p.dtype == np.int32 and c.dtype == np.int32 and p[0] == tok.eot_id
+      chex.assert_type([p, c], np.int32)
+      assert p[0] == tok.eot_id
       prompt, cont = tok.decode(p[1:]), tok.decode(c)
       calls.append((prompt, cont))
       hit = "right" in prompt.split("\n")[-1] + cont
@@ -141,8 +143,9 @@ def test_prompt_text_tokens_and_delimiters(tmp_path, files):
   icl.run_task_files(score_fn, tok, [icl.TaskSpec("mc", files["mc"], "multiple_choice")],
                      progress=False, max_examples=10)
   prompt_ids, cont_ids = seen[0]
-  np.testing.assert_array_equal(prompt_ids, [256] + list(b"Question 0:"))
-  np.testing.assert_array_equal(cont_ids, list(b" wrong 0a"))  # choice 0 of example 0
+  chex.assert_trees_all_equal(prompt_ids, np.array([256] + list(b"Question 0:"), np.int32))
+  # Choice 0 of example 0.
+  chex.assert_trees_all_equal(cont_ids, np.array(list(b" wrong 0a"), np.int32))
 
   calls.clear()
   spec = icl.TaskSpec("lm", files["lm"], "language_modeling", num_fewshot=1,

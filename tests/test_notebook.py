@@ -6,7 +6,6 @@ overridden by a cell injected after the cell tagged "parameters" (as papermill d
 """
 
 import json
-import os
 import pathlib
 import sys
 import time
@@ -17,6 +16,8 @@ nbformat = pytest.importorskip("nbformat", reason="needs the test extra: pip ins
 nbclient = pytest.importorskip("nbclient", reason="needs the test extra: pip install -e '.[test]'")
 pytest.importorskip("ipykernel", reason="needs the test extra: pip install -e '.[test]'")
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel  # noqa: E402
+
+from tests.conftest import subprocess_env  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
@@ -45,9 +46,15 @@ def test_committed_notebook_is_valid_and_has_no_outputs():
     if cell.cell_type == "code":
       assert cell.outputs == [], f"cell {i} has outputs; strip them before committing"
       assert cell.execution_count is None, f"cell {i} has an execution count"
-  # The install cell comes first and only pip-installs inside Colab.
+  # The install cell comes first and only pip-installs inside Colab: the package alone carries
+  # everything the notebook uses (no clone, no repository root on sys.path).
   first = next(c for c in nb.cells if c.cell_type == "code")
   assert 'REPO_URL = "' in first.source and '"google.colab" in sys.modules' in first.source
+  assert '"pip", "install"' in first.source
+  for i, cell in enumerate(nb.cells):
+    if cell.cell_type == "code":
+      for banned in ("clone", "sys.path", "from eval ", "import eval"):
+        assert banned not in cell.source, f"cell {i} uses {banned!r}: install with pip only"
   # Every override names a knob the parameters cell defines.
   params = nb.cells[parameters_index(nb)].source
   for name in TINY:
@@ -76,15 +83,10 @@ def test_notebook_runs_end_to_end(tmp_path):
   injected.id = "injected-parameters"
   nb.cells.insert(parameters_index(nb) + 1, injected)
 
-  env = dict(os.environ)
-  env["MPLBACKEND"] = "Agg"
   # One CPU device in the kernel (the test process itself runs with 8 fake ones), as in Colab
   # or a local Jupyter; the run config's data-parallel mesh spans all devices.
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
-  env["XLA_FLAGS"] = " ".join(flags + ["--xla_force_host_platform_device_count=1"])
+  env = subprocess_env(devices=1, MPLBACKEND="Agg")
   env.setdefault("JAX_PLATFORMS", "cpu")
-  env.pop("ROVE_JAX_ROOT", None)  # the notebook finds the repository from its directory
   env["PYTHONUNBUFFERED"] = "1"
 
   client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600, startup_timeout=120,

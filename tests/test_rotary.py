@@ -1,10 +1,12 @@
-"""rove_jax.rotary against dense rotation matrices built independently, and RoPE's properties."""
+"""rove_jax.rotary against dense rotation matrices built independently, and RoPE's properties.
+
+The equivalences run eagerly and under jit (chex variants); hand values and errors run once."""
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 
 import rove_jax as rj
 from tests.reference import angles_for, dense_rotation
@@ -13,148 +15,168 @@ LAYOUTS = ("interleaved", "half")
 
 
 def test_rope_frequencies_hand_values():
-  np.testing.assert_allclose(rj.rope_frequencies(8), [1.0, 0.1, 0.01, 0.001], rtol=1e-7)
-  np.testing.assert_allclose(rj.rope_frequencies(6, base=1000.0), [1.0, 0.1, 0.01], rtol=1e-7)
-  assert rj.rope_frequencies(8).dtype == jnp.float32
+  chex.assert_trees_all_close(rj.rope_frequencies(8), np.array([1.0, 0.1, 0.01, 0.001]),
+                              rtol=1e-7)
+  chex.assert_trees_all_close(rj.rope_frequencies(6, base=1000.0), np.array([1.0, 0.1, 0.01]),
+                              rtol=1e-7)
+  chex.assert_type(rj.rope_frequencies(8), jnp.float32)
 
 
 def test_axial_frequencies_split_dims():
   tables = rj.axial_frequencies(16, 2, base=100.0)
   assert len(tables) == 2
   for t in tables:
-    np.testing.assert_allclose(t, [1.0, 100 ** -0.25, 0.1, 100 ** -0.75], rtol=1e-6)
+    chex.assert_shape(t, (4,))
+    chex.assert_trees_all_close(t, np.array([1.0, 100 ** -0.25, 0.1, 100 ** -0.75]), rtol=1e-6)
 
 
 def test_rotation_matrix_single_pair_by_hand():
   r = rj.rotation_matrix(2.0, jnp.array([0.5]), 3)
   c, s = np.cos(1.0), np.sin(1.0)
-  np.testing.assert_allclose(r, [[c, -s, 0], [s, c, 0], [0, 0, 1]], atol=1e-7)
+  chex.assert_trees_all_close(r, np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]]), atol=1e-7,
+                              rtol=1e-7)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_rotation_matrix_matches_pairwise_construction_and_is_orthogonal(layout):
-  inv = rj.rope_frequencies(6)
-  r = np.asarray(rj.rotation_matrix(7.0, inv, 8, layout=layout), np.float64)
-  np.testing.assert_allclose(r, dense_rotation(angles_for(7.0, inv), 8, layout), atol=1e-6)
-  np.testing.assert_allclose(r @ r.T, np.eye(8), atol=1e-6)
-  np.testing.assert_allclose(np.linalg.det(r), 1.0, atol=1e-6)
+class RotaryEquivalences(chex.TestCase):
+  """Each pure function, eager and jitted, against the float64 pair-by-pair construction."""
 
+  def setUp(self):
+    super().setUp()
+    self.rng = np.random.default_rng(0)
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("rot_dim", [8, 4])  # full and partial rotary on D = 8
-@pytest.mark.parametrize("use_jit", [False, True])
-def test_rotate_equals_dense_matrix(layout, rot_dim, use_jit, rng):
-  B, T, H, D = 2, 5, 3, 8
-  x = rng.standard_normal((B, T, H, D)).astype(np.float32)
-  pos = rng.integers(0, 300, size=(B, T))
-  inv = rj.rope_frequencies(rot_dim)
-  fn = jax.jit(rj.rotate, static_argnames=("inverse", "layout")) if use_jit else rj.rotate
-  y = np.asarray(fn(x, pos, inv, layout=layout))
-  y_inv = np.asarray(fn(x, pos, inv, inverse=True, layout=layout))
-  for b in range(B):
-    for t in range(T):
-      r = dense_rotation(angles_for(pos[b, t], inv), D, layout)
-      np.testing.assert_allclose(y[b, t], x[b, t] @ r.T, atol=2e-5)
-      np.testing.assert_allclose(y_inv[b, t], x[b, t] @ r, atol=2e-5)
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*LAYOUTS)
+  def test_rotation_matrix_matches_pairwise_construction_and_is_orthogonal(self, layout):
+    inv = rj.rope_frequencies(6)
+    matrix = self.variant(lambda p: rj.rotation_matrix(p, inv, 8, layout=layout))
+    r = np.asarray(matrix(7.0), np.float64)
+    chex.assert_shape(r, (8, 8))
+    chex.assert_trees_all_close(r, dense_rotation(angles_for(7.0, inv), 8, layout), atol=1e-6,
+                                rtol=1e-7)
+    chex.assert_trees_all_close(r @ r.T, np.eye(8), atol=1e-6, rtol=1e-7)
+    chex.assert_trees_all_close(np.linalg.det(r), 1.0, atol=1e-6, rtol=1e-7)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(layout=LAYOUTS, rot_dim=(8, 4))  # full and partial rotary on D = 8
+  def test_rotate_equals_dense_matrix(self, layout, rot_dim):
+    B, T, H, D = 2, 5, 3, 8
+    x = self.rng.standard_normal((B, T, H, D)).astype(np.float32)
+    pos = self.rng.integers(0, 300, size=(B, T))
+    inv = rj.rope_frequencies(rot_dim)
+    fwd = self.variant(lambda x, p: rj.rotate(x, p, inv, layout=layout))
+    back = self.variant(lambda x, p: rj.rotate(x, p, inv, inverse=True, layout=layout))
+    y, y_inv = np.asarray(fwd(x, pos)), np.asarray(back(x, pos))
+    chex.assert_shape([y, y_inv], (B, T, H, D))
+    for b in range(B):
+      for t in range(T):
+        r = dense_rotation(angles_for(pos[b, t], inv), D, layout)
+        chex.assert_trees_all_close(y[b, t], x[b, t] @ r.T, atol=2e-5, rtol=1e-7)
+        chex.assert_trees_all_close(y_inv[b, t], x[b, t] @ r, atol=2e-5, rtol=1e-7)
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_inverse_roundtrip_norms_and_identity_at_zero(layout, rng):
-  x = rng.standard_normal((3, 7, 2, 16)).astype(np.float32)
-  pos = rng.uniform(-50, 50, size=(3, 7)).astype(np.float32)  # float positions too
-  inv = rj.rope_frequencies(12)
-  y = rj.rotate(x, pos, inv, layout=layout)
-  back = rj.rotate(y, pos, inv, inverse=True, layout=layout)
-  np.testing.assert_allclose(back, x, atol=1e-5)
-  np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
-  assert np.abs(np.asarray(y) - x).max() > 0.1  # it did rotate
-  zero = rj.rotate(x, np.zeros((3, 7), np.int32), inv, layout=layout)
-  np.testing.assert_array_equal(zero, x)
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*LAYOUTS)
+  def test_inverse_roundtrip_norms_and_identity_at_zero(self, layout):
+    x = self.rng.standard_normal((3, 7, 2, 16)).astype(np.float32)
+    pos = self.rng.uniform(-50, 50, size=(3, 7)).astype(np.float32)  # float positions too
+    inv = rj.rope_frequencies(12)
+    fwd = self.variant(lambda x, p: rj.rotate(x, p, inv, layout=layout))
+    back = self.variant(lambda x, p: rj.rotate(x, p, inv, inverse=True, layout=layout))
+    y = fwd(x, pos)
+    chex.assert_trees_all_close(back(y, pos), x, atol=1e-5, rtol=1e-7)
+    chex.assert_trees_all_close(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1),
+                                rtol=1e-5)
+    assert np.abs(np.asarray(y) - x).max() > 0.1  # it did rotate
+    chex.assert_trees_all_equal(fwd(x, np.zeros((3, 7), np.int32)), x)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_half_layout_is_interleaved_under_permutation(self):
+    D, rot = 10, 8
+    F = rot // 2
+    x = self.rng.standard_normal((2, 4, 3, D)).astype(np.float32)
+    pos = self.rng.integers(0, 100, size=(2, 4))
+    inv = rj.rope_frequencies(rot)
+    # interleaved pair m = (2m, 2m+1) <-> half pair m = (m, m + F); the tail stays put.
+    perm = np.concatenate([np.arange(0, rot, 2), np.arange(1, rot, 2), np.arange(rot, D)])
+    inter = self.variant(lambda x, p: rj.rotate(x, p, inv, layout="interleaved"))
+    half = self.variant(lambda x, p: rj.rotate(x, p, inv, layout="half"))
+    y_inter = np.asarray(inter(x, pos))
+    y_half = np.asarray(half(x[..., perm], pos))
+    chex.assert_trees_all_close(y_half, y_inter[..., perm], atol=1e-6, rtol=1e-7)
+    assert perm[:F].tolist() == [0, 2, 4, 6]
 
-def test_half_layout_is_interleaved_under_permutation(rng):
-  D, rot = 10, 8
-  F = rot // 2
-  x = rng.standard_normal((2, 4, 3, D)).astype(np.float32)
-  pos = rng.integers(0, 100, size=(2, 4))
-  inv = rj.rope_frequencies(rot)
-  # interleaved pair m = (2m, 2m+1) <-> half pair m = (m, m + F); the tail stays put.
-  perm = np.concatenate([np.arange(0, rot, 2), np.arange(1, rot, 2), np.arange(rot, D)])
-  y_inter = np.asarray(rj.rotate(x, pos, inv, layout="interleaved"))
-  y_half = np.asarray(rj.rotate(x[..., perm], pos, inv, layout="half"))
-  np.testing.assert_allclose(y_half, y_inter[..., perm], atol=1e-6)
-  assert perm[:F].tolist() == [0, 2, 4, 6]
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*LAYOUTS)
+  def test_partial_rotary_leaves_tail(self, layout):
+    x = self.rng.standard_normal((1, 6, 2, 12)).astype(np.float32)
+    rot = self.variant(lambda x, p: rj.rotate(x, p, rj.rope_frequencies(4), layout=layout))
+    y = np.asarray(rot(x, np.arange(6)[None] + 3))
+    chex.assert_trees_all_equal(y[..., 4:], x[..., 4:])
+    assert np.abs(y[..., :4] - x[..., :4]).max() > 0.1
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_positions_broadcast_over_batch(self):
+    x = self.rng.standard_normal((3, 5, 2, 8)).astype(np.float32)
+    inv = rj.rope_frequencies(8)
+    pos = np.arange(5) + 11
+    rot = self.variant(lambda x, p: rj.rotate(x, p, inv))
+    chex.assert_trees_all_close(rot(x, pos), rot(x, np.tile(pos, (3, 1))), atol=0, rtol=1e-7)
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_partial_rotary_leaves_tail(layout, rng):
-  x = rng.standard_normal((1, 6, 2, 12)).astype(np.float32)
-  y = rj.rotate(x, np.arange(6)[None] + 3, rj.rope_frequencies(4), layout=layout)
-  np.testing.assert_array_equal(np.asarray(y)[..., 4:], x[..., 4:])
-  assert np.abs(np.asarray(y)[..., :4] - x[..., :4]).max() > 0.1
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*LAYOUTS)
+  def test_relative_property_1d(self, layout):
+    """(R_m q).(R_n k) depends only on n - m, and equals q . R_{n-m} k."""
+    D = 16
+    inv = rj.rope_frequencies(D)
+    q = self.rng.standard_normal((1, 1, 1, D)).astype(np.float32)
+    k = self.rng.standard_normal((1, 1, 1, D)).astype(np.float32)
+    rot = self.variant(lambda x, p: rj.rotate(x, p, inv, layout=layout))
 
+    def score(m, n):
+      return float(jnp.sum(rot(q, np.array([[m]])) * rot(k, np.array([[n]]))))
 
-def test_positions_broadcast_over_batch(rng):
-  x = rng.standard_normal((3, 5, 2, 8)).astype(np.float32)
-  inv = rj.rope_frequencies(8)
-  pos = np.arange(5) + 11
-  np.testing.assert_allclose(rj.rotate(x, pos, inv), rj.rotate(x, np.tile(pos, (3, 1)), inv),
-                             atol=0)
+    for offset in (0, 3, -7, 40):
+      values = np.array([score(m, m + offset) for m in (0, 5, 123, 1000)])
+      chex.assert_trees_all_close(values, values[0], rtol=1e-4, atol=1e-4)
+      direct = q[0, 0, 0] @ (dense_rotation(angles_for(offset, inv), D, layout) @ k[0, 0, 0])
+      chex.assert_trees_all_close(values[0], direct, rtol=1e-4, atol=1e-4)
+    assert abs(score(0, 3) - score(0, 4)) > 1e-3  # the score does depend on the offset
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_relative_property_multi_axis(self):
+    """2-D RoPE: the score depends on (n - m) per axis, and on each axis separately."""
+    D = 16
+    tables = rj.axial_frequencies(D, 2)
+    q = self.rng.standard_normal((1, 1, 1, D)).astype(np.float32)
+    k = self.rng.standard_normal((1, 1, 1, D)).astype(np.float32)
+    rot = self.variant(lambda x, p: rj.rotate(x, p, tables))
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_relative_property_1d(layout, rng):
-  """(R_m q).(R_n k) depends only on n - m, and equals q . R_{n-m} k."""
-  D = 16
-  inv = rj.rope_frequencies(D)
-  q = rng.standard_normal((1, 1, 1, D)).astype(np.float32)
-  k = rng.standard_normal((1, 1, 1, D)).astype(np.float32)
+    def score(m, n):
+      rq = rot(q, np.array([[m]], np.float32))
+      rk = rot(k, np.array([[n]], np.float32))
+      return float(jnp.sum(rq * rk))
 
-  def score(m, n):
-    rq = rj.rotate(q, np.array([[m]]), inv, layout=layout)
-    rk = rj.rotate(k, np.array([[n]]), inv, layout=layout)
-    return float(jnp.sum(rq * rk))
+    offset = np.array([2.0, -5.0])
+    starts = [np.array([0.0, 0.0]), np.array([7.0, 3.0]), np.array([-4.0, 19.0])]
+    values = np.array([score(m, m + offset) for m in starts])
+    chex.assert_trees_all_close(values, values[0], rtol=1e-4, atol=1e-4)
+    swapped = score(np.zeros(2), offset[::-1].copy())
+    assert abs(swapped - values[0]) > 1e-3  # the axes are distinguished
+    r = dense_rotation(angles_for(offset, tables), D)
+    chex.assert_trees_all_close(values[0], q[0, 0, 0] @ r @ k[0, 0, 0], rtol=1e-4, atol=1e-4)
 
-  for offset in (0, 3, -7, 40):
-    values = [score(m, m + offset) for m in (0, 5, 123, 1000)]
-    np.testing.assert_allclose(values, values[0], rtol=1e-4, atol=1e-4)
-    direct = q[0, 0, 0] @ (dense_rotation(angles_for(offset, inv), D, layout) @ k[0, 0, 0])
-    np.testing.assert_allclose(values[0], direct, rtol=1e-4, atol=1e-4)
-  assert abs(score(0, 3) - score(0, 4)) > 1e-3  # the score does depend on the offset
-
-
-def test_relative_property_multi_axis(rng):
-  """2-D RoPE: the score depends on (n - m) per axis, and on each axis separately."""
-  D = 16
-  tables = rj.axial_frequencies(D, 2)
-  q = rng.standard_normal((1, 1, 1, D)).astype(np.float32)
-  k = rng.standard_normal((1, 1, 1, D)).astype(np.float32)
-
-  def score(m, n):
-    rq = rj.rotate(q, np.array([[m]], np.float32), tables)
-    rk = rj.rotate(k, np.array([[n]], np.float32), tables)
-    return float(jnp.sum(rq * rk))
-
-  offset = np.array([2.0, -5.0])
-  starts = [np.array([0.0, 0.0]), np.array([7.0, 3.0]), np.array([-4.0, 19.0])]
-  values = [score(m, m + offset) for m in starts]
-  np.testing.assert_allclose(values, values[0], rtol=1e-4, atol=1e-4)
-  swapped = score(np.zeros(2), offset[::-1].copy())
-  assert abs(swapped - values[0]) > 1e-3  # the axes are distinguished
-  r = dense_rotation(angles_for(offset, tables), D)
-  np.testing.assert_allclose(values[0], q[0, 0, 0] @ r @ k[0, 0, 0], rtol=1e-4, atol=1e-4)
-
-
-def test_multi_axis_rotate_and_matrix_agree(rng):
-  tables = rj.axial_frequencies(12, 3)
-  x = rng.standard_normal((2, 4, 1, 12)).astype(np.float32)
-  pos = rng.integers(0, 20, size=(2, 4, 3))
-  y = np.asarray(rj.rotate(x, pos, tables))
-  for b in range(2):
-    for t in range(4):
-      r = np.asarray(rj.rotation_matrix(pos[b, t], tables, 12), np.float64)
-      np.testing.assert_allclose(r, dense_rotation(angles_for(pos[b, t], tables), 12), atol=1e-6)
-      np.testing.assert_allclose(y[b, t], x[b, t] @ r.T, atol=2e-5)
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_multi_axis_rotate_and_matrix_agree(self):
+    tables = rj.axial_frequencies(12, 3)
+    x = self.rng.standard_normal((2, 4, 1, 12)).astype(np.float32)
+    pos = self.rng.integers(0, 20, size=(2, 4, 3))
+    y = np.asarray(self.variant(lambda x, p: rj.rotate(x, p, tables))(x, pos))
+    matrix = self.variant(lambda p: rj.rotation_matrix(p, tables, 12))
+    for b in range(2):
+      for t in range(4):
+        r = np.asarray(matrix(pos[b, t]), np.float64)
+        chex.assert_trees_all_close(r, dense_rotation(angles_for(pos[b, t], tables), 12),
+                                    atol=1e-6, rtol=1e-7)
+        chex.assert_trees_all_close(y[b, t], x[b, t] @ r.T, atol=2e-5, rtol=1e-7)
 
 
 def test_bf16_input_rotates_with_float32_angles(rng):
@@ -164,7 +186,7 @@ def test_bf16_input_rotates_with_float32_angles(rng):
   y16 = rj.rotate(jnp.asarray(x, jnp.bfloat16), pos, inv)
   chex.assert_type(y16, jnp.bfloat16)
   y32 = rj.rotate(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32), pos, inv)
-  np.testing.assert_allclose(np.asarray(y16, np.float32), np.asarray(y32), atol=2e-2, rtol=1e-2)
+  chex.assert_trees_all_close(y16.astype(jnp.float32), y32, atol=2e-2, rtol=1e-2)
 
 
 def test_bad_input_raises_clear_errors(rng):

@@ -6,10 +6,11 @@ import collections
 import json
 import re
 
+import chex
 import numpy as np
 import pytest
 
-from rove_jax.evaluation import ruler
+from rove_jax.evaluation import prompting, ruler
 from tests.reference import ByteTok, WordTok
 
 
@@ -27,7 +28,7 @@ ESSAYS = [
     "People defend the tool that has become invisible to them. Is that irrational? Not entirely, "
     "since learning a new tool costs real time!",
 ]
-NOISE = " ".join(ruler._NOISE)
+NOISE = " ".join(prompting.NOISE_SENTENCES)
 # Tasks whose fixed parts need more than 512 bytes; they are checked from 1024 bytes.
 LONG_MIN = {"niah_multikey_1", "niah_multivalue", "niah_multiquery", "cwe", "fwe"}
 KIND = {t: "uuid" if t in ("niah_single_3", "niah_multikey_3") else "number" for t in ruler.TASKS}
@@ -167,11 +168,12 @@ def test_task_size_determinism_and_content(task, tok_name):
     total = s.prompt_ids.size + s.answer_ids.size
     assert 0.98 * length <= total <= length, (task, length, total)
     assert s.meta["tokens"] == total and s.length == length and s.task == task
-    assert s.prompt_ids.dtype == np.int32 and s.answer_ids.dtype == np.int32
+    chex.assert_type([s.prompt_ids, s.answer_ids], np.int32)
+    chex.assert_rank([s.prompt_ids, s.answer_ids], 1)
     assert s.prompt_ids[0] == tok.eot_id and tok.eot_id not in s.prompt_ids[1:]
     again = gen(task, length, tok)
-    np.testing.assert_array_equal(again.prompt_ids, s.prompt_ids)
-    np.testing.assert_array_equal(again.answer_ids, s.answer_ids)
+    chex.assert_trees_all_equal((again.prompt_ids, again.answer_ids),
+                                (s.prompt_ids, s.answer_ids))
     other = gen(task, length, tok, seed=8)
     assert (other.prompt_ids.shape != s.prompt_ids.shape
             or not np.array_equal(other.prompt_ids, s.prompt_ids))
@@ -281,7 +283,7 @@ def test_evaluate_errors_before_any_scoring():
     ruler.evaluate(score, ByteTok(), tasks=["vt", "cwe"], lengths=[1024, 480],
                    samples_per_task=2, seed=0, progress=False)
   assert calls == []
-  with pytest.raises(ValueError, match="returned 0 scores for 1 samples"):
+  with pytest.raises(ValueError, match="returned 0 results for 1 pairs of task .vt. at length"):
     ruler.evaluate(lambda p, a: [], ByteTok(), tasks=["vt"], **kw)
   res = ruler.evaluate(score, ByteTok(), tasks=["niah_single_2", "qa_1", "qa_2"], **kw)
   assert res["tasks"] == {} and calls == []
@@ -387,7 +389,7 @@ def test_qa_samples(task, qa_files):
       total = s.prompt_ids.size + s.answer_ids.size
       assert 0.98 * length <= total <= length
       again = ruler.generate(task, length=length, tokenizer=tok, seed=3, **paths)
-      np.testing.assert_array_equal(again.prompt_ids, s.prompt_ids)
+      chex.assert_trees_all_equal(again.prompt_ids, s.prompt_ids)
       text = tok.decode(s.prompt_ids)
       q = data.questions[s.meta["question_index"]]
       assert text.startswith("Answer the question based on the given documents.")

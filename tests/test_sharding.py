@@ -1,10 +1,12 @@
 """Sharded training on 8 simulated CPU devices and on two real processes."""
 
+import json
 import os
 import socket
 import subprocess
 import sys
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -13,7 +15,8 @@ from jax.sharding import PartitionSpec as P
 
 from rove_jax import sharding, training
 from rove_jax.model import GPT, GPTConfig
-from tests.test_training import ROOT, apply_overrides, losses, small_config, write_corpus
+from tests.conftest import apply_overrides, small_config, subprocess_env, write_corpus
+from tests.test_training import ROOT, losses
 
 MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)]
 
@@ -32,18 +35,32 @@ def run(c, workdir, n_devices):
   return training.train(c, str(workdir), devices=jax.devices()[:n_devices], log=lambda *a: None)
 
 
+def grad_norms(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return {r["step"]: r["grad_norm"] for r in map(json.loads, f) if "grad_norm" in r}
+
+
 def test_five_steps_have_the_same_losses_on_every_mesh(tmp_path):
-  results = {}
+  """Every mesh gives the one-device run's losses, gradient norms and final parameters: a loss
+  is computed before its step's update, so only the parameters show the last update, and the
+  grad norm shows a gradient scaled per device (which AdamW would hide from the losses)."""
+  results, norms, params = {}, {}, {}
   for mesh in MESHES:
     n = int(np.prod(mesh))
-    run(mesh_config(tmp_path, mesh), tmp_path / f"m{'x'.join(map(str, mesh))}", n)
-    results[mesh] = losses(tmp_path / f"m{'x'.join(map(str, mesh))}")
+    work = tmp_path / f"m{'x'.join(map(str, mesh))}"
+    summary = run(mesh_config(tmp_path, mesh), work, n)
+    results[mesh], norms[mesh] = losses(work), grad_norms(work)
+    params[mesh] = jax.tree.map(np.asarray, summary["params"])
   ref = results[(1, 1, 1)]
   assert sorted(ref) == [1, 2, 3, 4, 5]
   assert ref[5] < ref[1]
   for mesh, got in results.items():
     for step in ref:
       assert abs(got[step] - ref[step]) <= 1e-5 * abs(ref[step]), (mesh, step, got, ref)
+    assert sorted(norms[mesh]) == [1, 2, 3, 4, 5], mesh
+    chex.assert_trees_all_close(norms[mesh], norms[(1, 1, 1)], rtol=1e-5)
+    # AdamW moves each parameter by ~lr = 1e-3 a step; 1e-5 is 1% of one step.
+    chex.assert_trees_all_close(params[mesh], params[(1, 1, 1)], atol=1e-5, rtol=0)
 
 
 def _abstract_params(cfg):
@@ -57,8 +74,14 @@ def test_parameter_specs_follow_the_rules():
   specs = {k: spec for k, (_, spec) in sharding.param_path_specs(_abstract_params(cfg), mesh).items()}
   get = lambda suffix: next(v for k, v in specs.items() if k.endswith(suffix))
   assert get("['attn']['wo'].value") == P("tensor", None, "fsdp")  # heads over tensor
-  assert get("['attn']['wq'].value") == P("fsdp", "tensor", None)
-  assert get("['attn']['wk'].value") == P("fsdp", "tensor", None)
+  assert get("['attn']['wqkv'].value") == P("fsdp", None, "tensor", None)  # [E, 3, H, D]
+  gqa = GPTConfig.tiny(n_layer=1, d_model=64, n_head=8, n_kv_head=2, d_ff=128)
+  gqa_specs = {k: spec for k, (_, spec) in
+               sharding.param_path_specs(_abstract_params(gqa), mesh).items()}
+  assert next(v for k, v in gqa_specs.items() if k.endswith("['attn']['wq'].value")) == P(
+      "fsdp", "tensor", None)
+  assert next(v for k, v in gqa_specs.items() if k.endswith("['attn']['wkv'].value")) == P(
+      "fsdp", None, "tensor", None)
   assert get("['mlp']['w_in'].value") == P("fsdp", "tensor")
   assert get("['mlp']['w_out'].value") == P("tensor", "fsdp")
   assert get("['embed'].value") == P("tensor", "fsdp")
@@ -138,8 +161,7 @@ def test_two_processes_equal_one_process(tmp_path):
             "--workdir", str(workdir), *args, *extra]
 
   def env(n):
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}",
-            "JAX_PLATFORMS": "cpu"}
+    return subprocess_env(devices=n, JAX_PLATFORMS="cpu")
 
   single = subprocess.run(cmd(tmp_path / "one"), env=env(4), capture_output=True, text=True,
                           timeout=300)
@@ -161,3 +183,5 @@ def test_two_processes_equal_one_process(tmp_path):
   assert sorted(one) == sorted(two) == [1, 2, 3, 4, 5]
   for step in one:
     assert abs(one[step] - two[step]) <= 1e-5 * one[step], (step, one, two)
+  chex.assert_trees_all_close(grad_norms(tmp_path / "two"), grad_norms(tmp_path / "one"),
+                              rtol=1e-5)

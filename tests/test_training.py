@@ -5,14 +5,17 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -20,51 +23,16 @@ from rove_jax import checkpoint as ckpt_lib
 from rove_jax import config as config_lib
 from rove_jax import training
 from rove_jax.model import GPT, GPTConfig
+from tests.conftest import small_config, subprocess_env, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ONE = jax.devices()[:1]  # single-device runs inside the 8-fake-device test process
 # train.py subprocesses see one CPU device (the default mesh fills all devices)
-ENV1 = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+ENV1 = subprocess_env(devices=1)
 
 
 def run_train(c, workdir, **kw):
   return training.train(c, str(workdir), devices=ONE, **kw)
-
-
-def write_corpus(directory: pathlib.Path, n_files=6, chars=6000, seed=0) -> str:
-  rng = np.random.default_rng(seed)
-  words = ["def", "return", "self", "value", "class", "import", "for", "in", "if", "else",
-           "print", "(", ")", ":", "=", "+", "0", "1", "x", "y", "\n"]
-  directory.mkdir(parents=True, exist_ok=True)
-  for i in range(n_files):
-    text = " ".join(rng.choice(words, size=chars // 4))
-    (directory / f"doc{i}.txt").write_text(text)
-  return str(directory)
-
-
-def small_config(tmp_path, **overrides):
-  c = config_lib.base_config("tiny")
-  m = c.model
-  m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 1, 32, 2, 64, 32
-  c.data.source = "text"
-  c.data.path = write_corpus(tmp_path / "corpus")
-  c.data.seq_len, c.data.batch_size = 32, 4
-  c.optim.warmup_steps = 2
-  c.steps, c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every = 8, 1, 4, 2, 4
-  c.progress = False
-  c.sample_tokens = 0
-  return apply_overrides(c, overrides)
-
-
-def apply_overrides(c, overrides: dict):
-  """{"a.b": value} -> c.a.b = value."""
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
 
 
 def losses(workdir):
@@ -105,21 +73,40 @@ def test_loss_falls_when_overfitting_one_batch(tmp_path):
 
 
 def test_grad_accumulation_equals_the_full_batch(tmp_path):
-  c = small_config(tmp_path)
+  """A = 4 micro-batches give the full batch's loss and gradient, checked against a jax.grad
+  of the full-batch cross-entropy, and the same parameters after a step with a nonzero learning
+  rate: with AdamW (nearly scale-invariant, so the grad norm is what catches a missing 1 / A)
+  and with SGD (whose update is the gradient itself)."""
+  c = small_config(tmp_path, **{"optim.warmup_steps": 0, "optim.lr": 1e-2})
   model = GPT(config_lib.to_model_config(c), rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
-  tx = training.make_optimizer(c.optim, 10)
   toks = jax.random.randint(jax.random.key(1), (4, 33), 0, 64)
   batch = {"inputs": toks[:, :-1], "targets": toks[:, 1:]}
-  outs = []
-  for accum in (1, 4):
-    state = training.TrainState(jax.tree.map(jnp.copy, params), tx.init(params),
-                                jnp.zeros((), jnp.int32))
-    state, m = training.make_train_step(graphdef, tx, accum)(state, batch)
-    outs.append((state, m))
-  np.testing.assert_allclose(outs[0][1]["loss"], outs[1][1]["loss"], rtol=1e-6)
-  for a, b in zip(jax.tree.leaves(outs[0][0].params), jax.tree.leaves(outs[1][0].params)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+
+  def full_batch_loss(p):
+    logp = jax.nn.log_softmax(nnx.merge(graphdef, p)(batch["inputs"]), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1))
+
+  want_loss, want_grads = jax.value_and_grad(full_batch_loss)(params)
+  want_norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(g, np.float64))))
+                            for g in jax.tree.leaves(want_grads)))
+  # AdamW moves every parameter by ~lr; where a gradient is near its eps the float32 rounding
+  # of the two sums shows up, hence atol 1e-3 lr. SGD's update is the gradient.
+  for tx, atol in ((training.make_optimizer(c.optim, 10), 1e-3 * c.optim.lr),
+                   (optax.sgd(1.0), 1e-6)):
+    outs = []
+    for accum in (1, 4):
+      state = training.TrainState(jax.tree.map(jnp.copy, params), tx.init(params),
+                                  jnp.zeros((), jnp.int32))
+      outs.append(training.make_train_step(graphdef, tx, accum)(state, batch))
+    for _, m in outs:
+      np.testing.assert_allclose(m["loss"], want_loss, rtol=1e-6)
+      np.testing.assert_allclose(m["grad_norm"], want_norm, rtol=1e-5)
+    np.testing.assert_allclose(outs[0][1]["loss"], outs[1][1]["loss"], rtol=1e-6)
+    chex.assert_trees_all_close(outs[0][0].params, outs[1][0].params, atol=atol, rtol=0)
+    moved = max(float(np.max(np.abs(a - b))) for a, b in
+                zip(jax.tree.leaves(outs[1][0].params), jax.tree.leaves(params)))
+    assert moved > 1e-3, moved  # the update was not a no-op (lr 0 would make this vacuous)
 
 
 def test_decay_mask_only_on_projection_matrices():
@@ -128,7 +115,7 @@ def test_decay_mask_only_on_projection_matrices():
   mask = training.decay_mask(nnx.state(model, nnx.Param))
   flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
   decayed = sorted(k.split("'")[-2] for k, v in flat.items() if v)
-  assert decayed == ["w_in", "w_out", "wk", "wo", "wq", "wv"]
+  assert decayed == ["w_in", "w_out", "wo", "wqkv"]
   assert not any(v for k, v in flat.items() if "embed" in k or "t5_table" in k or "norm" in k)
 
 
@@ -241,32 +228,54 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
   assert step >= 3 and step == max(losses(work))
 
 
+def _unfinished_saves(ckdir: pathlib.Path) -> set:
+  """Steps whose orbax temporary directory exists and that are not finalized yet."""
+  try:
+    names = [p.name for p in ckdir.iterdir()]
+  except FileNotFoundError:
+    return set()
+  tmp = {n.split(".")[0] for n in names if ".orbax-checkpoint-tmp" in n}
+  return {int(s) for s in tmp if s.isdigit()} - {int(n) for n in names if n.isdigit()}
+
+
 def test_sigkill_during_checkpoint_write_then_resume_is_bitwise_equal(tmp_path):
   args = _cli_overrides(tmp_path, steps=16, ckpt_every=2)
   straight = subprocess.run(_train_cmd(tmp_path / "straight", *args), capture_output=True,
                             text=True, timeout=600, env=ENV1)
   assert straight.returncode == 0, straight.stderr[-2000:]
   work = tmp_path / "killed"
+  ckdir = work / "checkpoints"
   proc = subprocess.Popen(_train_cmd(work, *args), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, env=ENV1)
-  ckdir = work / "checkpoints"
-
-  def saving():  # an unfinished (temporary) checkpoint directory exists right now
-    return ckdir.exists() and any("tmp" in p.name for p in ckdir.iterdir())
-
+  killed_during = set()
   try:
-    caught_mid_save = _wait_for(saving, 300, proc)
-    if not caught_mid_save:  # saves too quick to observe: kill right after the first one
-      _wait_for(lambda: ckdir.exists() and any(p.name.isdigit() for p in ckdir.iterdir()), 60)
-    print(f"SIGKILL while a checkpoint was being written: {caught_mid_save}")
-    os.kill(proc.pid, signal.SIGKILL)
+    # Saves come every 2 steps. Freeze the process when a write is seen in progress and look
+    # again while it cannot move: still unfinished -> SIGKILL; finished meanwhile -> resume it
+    # and wait for the next save.
+    while not killed_during and _wait_for(lambda: _unfinished_saves(ckdir), 300, proc):
+      proc.send_signal(signal.SIGSTOP)
+      killed_during = _unfinished_saves(ckdir)
+      if killed_during:
+        os.kill(proc.pid, signal.SIGKILL)
+      else:
+        proc.send_signal(signal.SIGCONT)
     proc.wait(timeout=60)
   finally:
     proc.kill()
+  assert killed_during, "no checkpoint write was caught in progress before the run ended"
   assert proc.returncode == -signal.SIGKILL
+  # The kill interrupted that write: its temporary directory outlives the process unfinalized,
+  # and every finalized checkpoint is older.
+  assert _unfinished_saves(ckdir) == killed_during
+  finished = sorted(int(p.name) for p in ckdir.iterdir() if p.name.isdigit())
+  assert all(s < min(killed_during) for s in finished), (finished, killed_during)
   resumed = subprocess.run(_train_cmd(work, *args), capture_output=True, text=True, timeout=600,
                            env=ENV1)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert ("resumed from step" in resumed.stdout) == bool(finished), resumed.stdout[-2000:]
+  if finished:
+    assert f"resumed from step {finished[-1]} " in resumed.stdout, resumed.stdout[-2000:]
+  assert not _unfinished_saves(ckdir)  # the half-written directory was cleaned up
   step_s, params_s = final_params(tmp_path / "straight")
   step_k, params_k = final_params(work)
   assert step_s == step_k == 16
@@ -297,9 +306,10 @@ def test_missing_or_empty_data_path(tmp_path, path_kind):
     run_train(c, tmp_path / "w")
 
 
-def test_workdir_with_a_different_model(tmp_path):
-  run_train(small_config(tmp_path, steps=4), tmp_path / "w", log=lambda *a: None)
-  other = small_config(tmp_path, steps=4, **{"model.d_model": 64})
+def test_workdir_with_a_different_model(tmp_path, trained_run):
+  shutil.copytree(trained_run, tmp_path / "w")  # d_model 32, max_len 64
+  other = small_config(tmp_path, steps=4, **{"model.d_model": 64, "model.max_len": 64,
+                                            "data.seq_len": 64})
   with pytest.raises(ValueError, match="different model.*d_model"):
     run_train(other, tmp_path / "w")
 

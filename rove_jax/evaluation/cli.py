@@ -5,7 +5,8 @@ NLL and in-context learning for trained runs, written as report.json, report.md 
             [--yarn off|on|both] [--tasks ppl,ruler,icl] [--compare runs/Y runs/Z]
             [--out DIR] [--squad FILE] [--hotpot FILE] [--icl-tasks SPECS.json]
 
-Lengths default to multiples of the training length (quick: 1x 4x 16x; full: 1x 2x 4x 8x 16x).
+Lengths default to multiples of the training length, the run's data.seq_len (quick: 1x 4x
+16x; full: 1x 2x 4x 8x 16x); YaRN factors and the report's labels use the same length.
 The report goes to <first workdir>/eval/ unless --out is given.
 """
 
@@ -69,7 +70,7 @@ def evaluate_run(run, args, suite) -> dict:
   from rove_jax.evaluation import perplexity, scoring
   from rove_jax.model import FROM_CONFIG, param_count
   progress = not args.no_progress
-  train_len = run.train_len
+  train_len = run.train_len  # the one training length: lengths, YaRN factors, labels
   lengths = args.lengths or [m * train_len for m in suite["multiples"]]
   scorer = scoring.Scorer(run, implementation="chunked", chunk_size=args.chunk)
   for L in lengths:  # before any work: a learned-position model cannot go past its table
@@ -78,7 +79,7 @@ def evaluate_run(run, args, suite) -> dict:
   result = {"name": run.name, "workdir": run.workdir, "step": run.step,
             "model": {"pos_encoding": cfg.pos_encoding, "params": int(param_count(cfg)),
                       "n_layer": cfg.n_layer, "d_model": cfg.d_model, "n_head": cfg.n_head,
-                      "max_len": cfg.max_len},
+                      "max_len": cfg.max_len, "train_len": train_len},
             "perplexity": None, "ruler": None, "icl": None, "seconds": {}}
   if "ppl" in args.task_list:
     t0 = time.perf_counter()

@@ -9,8 +9,9 @@ Protocol (stated in the report):
                    its targets, later ones only their last `stride`, so again each token is a
                    target once but (except at the start) with at least L - stride tokens of
                    context.
-YaRN: for L > the training length T, frequencies from scaling.yarn with factor L / T (the
-model's own original length); at L <= T YaRN is the identity and is not recomputed. Encodings
+YaRN: for L > the training length T (run.train_len, the data.seq_len the model was trained
+on), frequencies from scaling.yarn with factor L / T and original length T; at L <= T YaRN is
+the identity and is not recomputed. Encodings
 without rotary frequencies report YaRN as not applicable. Loss is also reported by position
 bucket inside the window (n_buckets equal slices of [0, L)).
 """
@@ -76,7 +77,7 @@ def evaluate(scorer, tokens: np.ndarray, lengths: Sequence[int], *, yarn: str = 
     scorer.check_length(L)
   out = {"protocol": {"mode": "sliding" if stride_fraction else "non-overlapping",
                       "stride_fraction": stride_fraction, "max_tokens": max_tokens,
-                      "train_len": scorer.config.max_len, "n_buckets": n_buckets,
+                      "train_len": scorer.train_len, "n_buckets": n_buckets,
                       "yarn_factor": "L / train_len for L > train_len, else none"}}
   bar = _bar(len(lengths) * len(YARN_SETTINGS[yarn]), progress)
   for setting in YARN_SETTINGS[yarn]:

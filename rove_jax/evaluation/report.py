@@ -4,7 +4,7 @@ report.json, schema_version 1:
   {"schema_version": 1, "suite": str, "created": ISO time, "runs": [RUN, ...]}
   RUN = {"name": str, "workdir": str, "step": int,
          "model": {"pos_encoding": str, "params": int, "n_layer": int, "d_model": int,
-                   "n_head": int, "max_len": int},
+                   "n_head": int, "max_len": int, "train_len": int (optional)},
          "perplexity": null | {"protocol": {...},
                                "none": {LENGTH: {"loss", "ppl", "tokens", "windows",
                                                  "by_position": [float | null]}},
@@ -57,6 +57,8 @@ def validate(report: dict) -> None:
       need(model, key, str, w + ".model")
     for key in ("params", "n_layer", "d_model", "n_head", "max_len"):
       need(model, key, int, w + ".model")
+    if "train_len" in model:
+      need(model, "train_len", int, w + ".model")
     ppl = need(run, "perplexity", (dict, type(None)), w)
     if ppl is not None:
       need(ppl, "protocol", dict, w + ".perplexity")
@@ -95,6 +97,13 @@ def _fmt(x, digits=2):
   return "-" if x is None else f"{x:.{digits}f}"
 
 
+def train_len(run: dict) -> int:
+  """The length a report's run was trained on (data.seq_len; reports written before it was
+  recorded ran with seq_len == max_len)."""
+  model = run["model"]
+  return model.get("train_len", model["max_len"])
+
+
 def markdown(report: dict) -> str:
   runs = report["runs"]
   lines = [f"# Evaluation report ({report['suite']} suite)", ""]
@@ -103,7 +112,7 @@ def markdown(report: dict) -> str:
   for r in runs:
     m = r["model"]
     lines.append(f"| {r['name']} | {m['pos_encoding']} | {m['params'] / 1e6:.1f}M | {r['step']} "
-                 f"| {m['max_len']} |")
+                 f"| {train_len(r)} |")
   ppl_runs = [r for r in runs if r.get("perplexity")]
   if ppl_runs:
     lengths = sorted({int(L) for r in ppl_runs for s in ("none", "yarn")
@@ -192,8 +201,7 @@ def plot_perplexity(report: dict, path: str) -> Optional[str]:
       lengths = sorted(int(L) for L in rows)
       ax.plot(lengths, [rows[str(L)]["ppl"] for L in lengths], style, marker="o",
               label=f"{r['name']} ({r['model']['pos_encoding']}{' + YaRN' if setting == 'yarn' else ''})")
-  train_len = runs[0]["model"]["max_len"]
-  ax.axvline(train_len, color="gray", lw=0.8, ls=":")
+  ax.axvline(train_len(runs[0]), color="gray", lw=0.8, ls=":")
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
   ax.set_xlabel("evaluation length (tokens)")
@@ -251,59 +259,97 @@ def plot_icl(report: dict, path: str) -> Optional[str]:
                title="In-context learning (synthetic)", ylim=(0, 1))
 
 
-def layer_attention(model, tokens_T, *, layer: int = 0, head: int = 0):
-  """(A [T, T], w_v [D, E]) of one head of a trained model on a token sequence: the causal
-  attention weights (RoPE scores, as RoPE and RoVE share them) and the head's value matrix in
-  the column-vector convention of rove_jax.analysis."""
-  import jax
+def layer_attention(model, tokens_T, *, layer: int = 0, head: int = 0) -> dict:
+  """What one head of a model does to a token sequence, read through the model's own code.
+
+  The attention probabilities come from `Attention.weights` (the model's projections, rotary
+  frequencies after the config's rope_scaling, attention factor, layout, T5 bias and mask),
+  the value matrix from `Attention.value_projection`.
+
+  Args:
+    model: a rove_jax GPT.
+    tokens_T: [T] token ids (positions 0..T-1).
+    layer, head: which attention head.
+
+  Returns:
+    {"a": A [T, T] probabilities, "w_v": [D, E] value matrix (column-vector convention of
+    rove_jax.analysis), "b_v": [D] or None, "x": [T, E] the layer's attention input,
+    "inv_freq": [P] the frequencies the layer rotates with (for a non-rotary model, plain
+    RoPE's of the whole head, to show what RoVE would do), "layout": the rotary layout}.
+  """
   import jax.numpy as jnp
 
   from rove_jax import rotary
-  T = len(tokens_T)
+  cfg = model.config
   tokens = jnp.asarray(tokens_T, jnp.int32)[None]
-  pos = jnp.arange(T, dtype=jnp.int32)[None]
+  pos = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
   block = model.blocks[layer]
-  attn = block.attn
-  h = block.norm1(model.embed_tokens(tokens, pos))
-  q, k, _ = attn._qkv(h)
-  inv_freq, factor = model.rotary_frequencies(T)
-  if inv_freq is not None:
-    q = rotary.rotate(q, pos, inv_freq, layout=model.config.rope_layout)
-    k = rotary.rotate(k, pos, inv_freq, layout=model.config.rope_layout)
-  group = model.config.n_head // model.config.n_kv_head
-  logits = jnp.einsum("td,sd->ts", q[0, :, head], k[0, :, head // group])
-  logits = logits * factor**2 / np.sqrt(q.shape[-1])
-  logits = jnp.where(jnp.tril(jnp.ones((T, T), bool)), logits, -jnp.inf)
-  a = jax.nn.softmax(logits, axis=-1)
-  w_v = attn.wv[...][:, head // group, :].T  # [D, E]
-  return np.asarray(a), np.asarray(w_v)
+  x_BTE = block.norm1(model.embed_tokens(tokens, pos))
+  ctx = model.context(pos)
+  a_BHTS = block.attn.weights(x_BTE, ctx)
+  w_EKD, b_KD = block.attn.value_projection()
+  kv_head = head // (cfg.n_head // cfg.n_kv_head)
+  inv_freq = ctx.inv_freq if ctx.inv_freq is not None else rotary.rope_frequencies(
+      cfg.head_dim, base=cfg.rope_base)
+  return {"a": np.asarray(a_BHTS[0, head], np.float32),
+          "w_v": np.asarray(w_EKD[:, kv_head].T, np.float32),
+          "b_v": None if b_KD is None else np.asarray(b_KD[kv_head], np.float32),
+          "x": np.asarray(x_BTE[0], np.float32), "inv_freq": np.asarray(inv_freq),
+          "layout": cfg.rope_layout}
 
 
-def plot_figure1(model, tokens_T, path: str, *, title: str) -> str:
+def figure1_mixers(head_view: dict, *, pairs: Optional[int] = None,
+                   features: Optional[int] = None) -> dict:
+  """RoPE's mixer A (x) W_V and RoVE's [A_ij R_{j-i} W_V] for a `layer_attention` result.
+
+  Args:
+    head_view: the dict `layer_attention` returns.
+    pairs: show only the head dims of the first (fastest-turning) `pairs` rotary pairs, taken
+      whole in the model's layout (so each shown dim keeps its rotation partner); None: all D.
+    features: show only the first `features` input features; None: all E.
+
+  Returns:
+    {"rope", "rove": [T * d, T * e] mixers, "dims": the d head dims shown}. With pairs and
+    features None, y = mixer @ x.ravel() is the head's attention output (before the output
+    projection; value bias aside) as [T, D] raveled.
+  """
+  from rove_jax import analysis
+  a, w_v, inv = head_view["a"], head_view["w_v"], head_view["inv_freq"]
+  n_pairs = len(inv)
+  if pairs is None:
+    dims = np.arange(w_v.shape[0])
+  else:
+    inv = inv[:min(pairs, n_pairs)]
+    k = len(inv)
+    dims = (np.arange(2 * k) if head_view["layout"] == "interleaved" else
+            np.concatenate([np.arange(k), n_pairs + np.arange(k)]))
+  w_v = w_v[dims][:, :features]
+  pos = np.arange(a.shape[0])
+  mix = lambda rove: np.asarray(analysis.mixer_matrix(a, w_v, pos, pos, inv, rove=rove,
+                                                      layout=head_view["layout"]))
+  return {"rope": mix(False), "rove": mix(True), "dims": dims}
+
+
+def plot_figure1(model, tokens_T, path: str, *, title: str, layer: int = 0,
+                 head: int = 0) -> str:
   """The paper's Figure 1 for a trained layer: RoPE's mixer A (x) W_V next to RoVE's
   block-Toeplitz mixer [A_ij R_{j-i} W_V], on the same attention weights."""
-  from rove_jax import analysis, rotary
   plt = _plt()
-  a, w_v = layer_attention(model, tokens_T)
+  view = layer_attention(model, tokens_T, layer=layer, head=head)
   T = len(tokens_T)
-  rot_dim = model.config.rot_dim or w_v.shape[0]
-  inv = rotary.rope_frequencies(rot_dim, base=model.config.rope_base)
-  # The first `dims` head dims (the fastest-turning rotary pairs) against the first `dims`
-  # input features: small enough to see the per-token blocks, and where rotations differ most.
-  dims = min(8, w_v.shape[0], w_v.shape[1])
-  w_v = w_v[:dims, :dims]
-  inv = inv[: dims // 2]
-  pos = np.arange(T)
-  rope = np.asarray(analysis.mixer_matrix(a, w_v, pos, pos, inv, rove=False))
-  rove = np.asarray(analysis.mixer_matrix(a, w_v, pos, pos, inv, rove=True))
+  # The four fastest-turning rotary pairs against the first 8 input features: small enough to
+  # see the per-token blocks, and where the rotations differ most.
+  features = min(8, view["w_v"].shape[1])
+  m = figure1_mixers(view, pairs=4, features=features)
+  rope, rove, dims = m["rope"], m["rove"], len(m["dims"])
   fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
   vmax = float(np.percentile(np.abs(rope), 99.5)) or 1.0
-  for ax, m, name in ((axes[0], rope, "RoPE: A \u2297 W_V"),
-                      (axes[1], rove, "RoVE: [A_ij R_{j-i} W_V] (block Toeplitz up to A)")):
-    ax.imshow(m, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
+  for ax, mat, name in ((axes[0], rope, "RoPE: A \u2297 W_V"),
+                        (axes[1], rove, "RoVE: [A_ij R_{j-i} W_V] (block Toeplitz up to A)")):
+    ax.imshow(mat, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
     ax.set_title(name, fontsize=9)
-    ax.set_xlabel(f"input: {T} tokens x first {dims} features")
-    ax.set_ylabel(f"output: {T} tokens x first {dims} head dims")
+    ax.set_xlabel(f"input: {T} tokens x first {features} features")
+    ax.set_ylabel(f"output: {T} tokens x {dims} head dims (first {dims // 2} rotary pairs)")
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110)

@@ -15,6 +15,8 @@ from typing import Optional
 
 import numpy as np
 
+from rove_jax.evaluation.report import train_len
+
 NAMES = {"rove": "RoVE", "rope": "RoPE", "nope": "NoPE", "learned": "learned",
          "sinusoidal": "sinusoidal", "t5_bias": "T5 bias"}
 
@@ -184,7 +186,7 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str
   L.append(
       f"Every run: a {first['n_layer']}-layer GPT, d_model {first['d_model']}, "
       f"{first['n_head']} heads, {first['params']:,} parameters, training context "
-      f"{first['max_len']} byte tokens, trained on the embedded stdlib corpus for "
+      f"{train_len(report['runs'][0])} byte tokens, trained on the embedded stdlib corpus for "
       f"{', '.join(map(str, steps))} steps (configs/reproduce.py); the runs differ only in the "
       f"positional encoding and the seed. {len(report['runs'])} runs, all reported below.\n")
   L.append(f"- Command: `{meta['command'].strip()}` (`make reproduce`)")

@@ -1,6 +1,7 @@
 """Restoring a trained run and scoring token sequences with it.
 
-Shape letters: B batch, L window length (tokens scored), V vocabulary.
+Shape letters (legend in rove_jax): B batch, T tokens scored, W = T + 1 window length,
+V vocabulary.
 
 `load_run(workdir)` restores the newest readable checkpoint's parameters, model config and
 tokenizer onto one device. `Scorer` wraps them: per-token negative log-likelihoods of windows
@@ -18,7 +19,6 @@ from typing import Any, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from rove_jax import checkpoint as ckpt_lib
@@ -42,6 +42,8 @@ class Run:
 
   @property
   def train_len(self) -> int:
+    """The length the model was trained on (data.seq_len; model.max_len may be larger): the
+    one source of evaluation lengths, YaRN factors and report labels."""
     return int(self.config["data"]["seq_len"])
 
   def val_tokens(self) -> np.ndarray:
@@ -54,59 +56,25 @@ class Run:
     return self._val_tokens
 
 
-def model_config_from_meta(meta_model: dict) -> GPTConfig:
-  fields = dict(meta_model)
-  scaling = fields.get("rope_scaling")
-  if isinstance(scaling, list):  # stored as [key, value] pairs
-    fields["rope_scaling"] = {k: v for k, v in scaling}
-  if isinstance(fields.get("rove_layers"), list):
-    fields["rove_layers"] = tuple(fields["rove_layers"])
-  return GPTConfig(**fields)
+def abstract_params(model_cfg: GPTConfig):
+  """The parameter tree of a model config, shapes only (nothing is allocated)."""
+  return nnx.state(nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
 
 
 def load_run(workdir: str) -> Run:
   """Restores the newest readable checkpoint of a training workdir (parameters only).
 
   Raises:
-    ValueError: the workdir or its checkpoints are missing.
+    ValueError: the workdir or its checkpoints are missing or unreadable, or (a
+      checkpoint.LayoutError) they were written by another parameter layout.
   """
+  step, params, meta = ckpt_lib.read_run(
+      workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])))
   workdir = os.path.abspath(workdir)
-  ckdir = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(workdir):
-    raise ValueError(f"workdir {workdir} does not exist; give the --workdir of a training run")
-  if not os.path.isdir(ckdir):
-    raise ValueError(f"{workdir} holds no checkpoints/ directory: train it first "
-                     f"(python train.py --config ... --workdir {workdir})")
-  ck = ckpt_lib.Checkpointer(ckdir)
-  try:
-    steps = ck.steps()
-    if not steps:
-      raise ValueError(f"{ckdir} holds no finished checkpoint")
-    last_error = None
-    for step in reversed(steps):
-      try:
-        restored = ck.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
-        break
-      except Exception as e:  # noqa: BLE001 - unreadable: try the previous one
-        last_error = e
-        print(f"checkpoint at step {step} of {workdir} cannot be restored ({type(e).__name__}); "
-              f"trying the previous one")
-    else:
-      raise ValueError(f"no checkpoint in {ckdir} could be restored: {last_error}")
-  finally:
-    ck.close()
-  meta = dict(restored["meta"])
-  model_cfg = model_config_from_meta(meta["model"])
-  abstract = nnx.state(nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
-  # The checkpoint is the flat train state (checkpoint.to_flat); keep the "params." entries.
-  flat = {k[len("params."):]: jnp.asarray(v) for k, v in restored["state"].items()
-          if k.startswith("params.")}
-  params = ckpt_lib.from_flat(flat, abstract)
-  tok = meta["tokenizer"]
-  tokenizer = tokenization.get_tokenizer(tok["spec"], workdir=workdir)
+  tokenizer = tokenization.get_tokenizer(meta["tokenizer"]["spec"], workdir=workdir)
   return Run(workdir=workdir, name=os.path.basename(workdir.rstrip("/")), step=int(step),
-             model_config=model_cfg, config=meta["config"], params=params, tokenizer=tokenizer)
+             model_config=GPTConfig.from_dict(meta["model"]), config=meta["config"],
+             params=params, tokenizer=tokenizer)
 
 
 class Scorer:
@@ -133,9 +101,13 @@ class Scorer:
   def rotary(self) -> bool:
     return self.config.pos_encoding in ROTARY_ENCODINGS
 
+  @property
+  def train_len(self) -> int:
+    return self.run.train_len
+
   def yarn_scaling(self, length: int) -> Optional[dict]:
-    """YaRN for `length` tokens: factor = length / the training length (None at or below it)."""
-    train_len = self.config.max_len
+    """YaRN for `length` tokens: factor = length / run.train_len (None at or below it)."""
+    train_len = self.train_len
     if length <= train_len:
       return None
     return {"rope_type": "yarn", "factor": length / train_len,
@@ -154,21 +126,21 @@ class Scorer:
       graphdef, state = nnx.split(self.model)
 
       @jax.jit
-      def token_scores(state, tokens_BL1):
+      def token_scores(state, tokens_BW):
         model = nnx.merge(graphdef, state)
         kw = {} if rope_scaling is FROM_CONFIG else {"rope_scaling": rope_scaling}
-        logits = model(tokens_BL1[:, :-1], **kw)
+        logits = model(tokens_BW[:, :-1], **kw)
         logp = jax.nn.log_softmax(logits, axis=-1)
-        targets = tokens_BL1[:, 1:]
+        targets = tokens_BW[:, 1:]
         nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
         return nll, jnp.argmax(logits, axis=-1) == targets
 
       self._fns[key] = (token_scores, state)
     return self._fns[key]
 
-  def token_nll(self, tokens_BL1, rope_scaling=FROM_CONFIG):
-    """Per-token NLL and greedy-match [B, L] for windows [B, L + 1] (numpy)."""
-    tokens = np.asarray(tokens_BL1, np.int32)
+  def token_nll(self, tokens_BW, rope_scaling=FROM_CONFIG):
+    """Per-token NLL and greedy-match [B, T] for windows [B, W = T + 1] (numpy)."""
+    tokens = np.asarray(tokens_BW, np.int32)
     self.check_length(tokens.shape[1] - 1)
     fn, state = self._fn(rope_scaling)
     nll, match = fn(state, jnp.asarray(tokens))

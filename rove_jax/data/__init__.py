@@ -1,0 +1,51 @@
+"""Text corpora -> token streams -> resumable grain batches.
+
+One concern a module:
+  sources.py      Corpus, the train/val split, iter_documents, held_out_keys
+  files.py        local files: discovery, the .txt/.jsonl/parquet readers, the stdlib corpus
+  hf.py           the hf source: datasets.load_dataset(..., streaming=True)
+  token_cache.py  load_tokens: documents -> flat token array, cached as tokens-*.npy
+  pipeline.py     train_iterator (grain), eval_batches, make_batch, prepare -> Data
+
+Shape letters (here):
+  B  per-process batch = global_batch_size / process_count
+  T  sequence length (seq_len)              W  window length = T + 1
+  N  tokens in a flat token array
+
+Public API:
+  Corpus(source, path=None, ...)                  frozen description of a corpus (see below)
+  iter_documents(corpus, split) -> Iterator[str]  the documents of the "train" or "val" split
+  load_tokens(corpus, split, tokenizer, *, cache_dir=None, max_tokens=None) -> tokens [N]
+  train_iterator(tokens, *, seq_len, global_batch_size, seed, ...) -> grain DatasetIterator
+  eval_batches(tokens, *, seq_len, batch_size, max_batches=None, ...) -> Iterator[batch]
+  make_batch(windows_BW, *, packing=False, eot_id=None) -> batch   windows [B, W] -> batch dict
+  held_out_keys(keys, fraction) -> set[str]       which files the validation split holds out
+  prepare(corpus, tokenizer, *, workdir, ...) -> Data(tokenizer, train_tokens, val_tokens)
+
+Sources:
+  "stdlib"   the running interpreter's standard library: its *.py sources plus its docs (the
+             pydoc topics text, .txt/.rst/.md files), tens of MB, no download. Site-packages,
+             virtualenvs, __pycache__ and empty files are skipped; files are read in sorted
+             relative-path order. `path` may name another library root.
+  "text"     .txt files (one document each) and .jsonl files (one document per line, the
+             `text_field` of each object), from a file, a directory or a glob.
+  "parquet"  parquet shards (file, directory or glob) with a `text_field` column, read one
+             row-group batch at a time (FineWeb-Edu shards, for instance).
+  "hf"       `datasets.load_dataset(path, hf_config, split=hf_split, streaming=True)`; the `hf`
+             extra. For local files use path="parquet" (or "json") and hf_data_files.
+
+The validation split, windows, packing and resuming are described in sources.py and
+pipeline.py.
+"""
+
+from rove_jax.data.files import PARQUET_EXTENSIONS, STDLIB_EXTENSIONS, TEXT_EXTENSIONS
+from rove_jax.data.pipeline import (Data, eval_batches, make_batch, prepare,
+                                    train_iterator)
+from rove_jax.data.sources import SOURCES, SPLITS, Corpus, held_out_keys, iter_documents
+from rove_jax.data.token_cache import load_tokens
+
+__all__ = [
+    "Corpus", "SOURCES", "SPLITS", "TEXT_EXTENSIONS", "PARQUET_EXTENSIONS", "STDLIB_EXTENSIONS",
+    "iter_documents", "held_out_keys", "load_tokens", "train_iterator", "eval_batches",
+    "make_batch", "prepare", "Data",
+]

@@ -1,0 +1,218 @@
+"""Local documents: file discovery and the readers of the text, parquet and stdlib sources.
+
+A `Unit` is one file (or, for the stdlib's pydoc topics, one topic): what the validation split
+holds out whole, and what the token cache's key lists with its size and modification time.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import glob as globlib
+import io
+import json
+import os
+import tokenize
+from typing import Callable, Iterator, Optional
+
+TEXT_EXTENSIONS = (".txt", ".jsonl")
+PARQUET_EXTENSIONS = (".parquet",)
+STDLIB_EXTENSIONS = (".py", ".txt", ".rst", ".md")
+_STDLIB_SKIP_DIRS = ("site-packages", "dist-packages", "__pycache__")
+_TOPICS = "pydoc_data/topics.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+  """One file (or pydoc topic): the unit the validation split holds out."""
+  key: str                                # relative path, the input of the held-out hash
+  docs: Callable[[], Iterator[str]]
+  stamp: tuple = ()                       # (size, mtime_ns): part of the token-cache key
+  whole: bool = False                     # exactly one document (a .txt file)
+
+
+def resolve_files(pattern: str, exts: tuple[str, ...], what: str) -> list[str]:
+  """The sorted files a path, directory or glob names, all ending in one of exts.
+
+  Args:
+    pattern: a file, a directory (searched recursively) or a glob (`**` allowed).
+    exts: the accepted file-name endings.
+    what: names the corpus in error messages.
+
+  Returns:
+    the file paths, sorted. Raises ValueError when nothing matches or a file has another ending.
+  """
+  expanded = os.path.expanduser(pattern)
+  if any(c in expanded for c in "*?["):
+    files = sorted(f for f in globlib.glob(expanded, recursive=True) if os.path.isfile(f))
+    if not files:
+      raise ValueError(f"{what}: the glob {pattern!r} matched no files; expected {exts} files")
+  elif os.path.isdir(expanded):
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(expanded) for f in names
+                   if f.endswith(exts))
+    if not files:
+      raise ValueError(f"{what}: the directory {pattern!r} holds no {exts} files")
+  elif os.path.isfile(expanded):
+    files = [expanded]
+  else:
+    raise ValueError(f"{what}: path {pattern!r} does not exist; expected a file, a directory "
+                     f"or a glob of {exts} files")
+  bad = [f for f in files if not f.endswith(exts)]
+  if bad:
+    raise ValueError(f"{what}: {bad[0]!r} is not one of {exts}; narrow the glob to those files")
+  return files
+
+
+def file_units(source: str, pattern: str, text_field: str) -> list[Unit]:
+  """The units of a text or parquet corpus path (see `resolve_files`), in sorted order.
+
+  Args:
+    source: "text" or "parquet".
+    pattern: the corpus path or val_path.
+    text_field: the jsonl key / parquet column holding the text.
+
+  Returns:
+    one `Unit` per file, keyed by its path relative to the files' common directory.
+  """
+  exts = TEXT_EXTENSIONS if source == "text" else PARQUET_EXTENSIONS
+  files = [os.path.abspath(f) for f in resolve_files(pattern, exts, f"{source} corpus")]
+  # Keys relative to the files' common directory: the held-out choice survives moving the data.
+  root = os.path.dirname(files[0]) if len(files) == 1 else os.path.commonpath(files)
+  units = []
+  for f in files:
+    st = os.stat(f)
+    key = os.path.relpath(f, root).replace(os.sep, "/")
+    if source == "parquet":
+      docs = _parquet_reader(f, text_field)
+    elif f.endswith(".jsonl"):
+      docs = _jsonl_reader(f, text_field)
+    else:
+      docs = _txt_reader(f)
+    units.append(Unit(key, docs, (st.st_size, st.st_mtime_ns), whole=f.endswith(".txt")))
+  return units
+
+
+def _txt_reader(path: str):
+  def docs():
+    with open(path, encoding="utf-8", errors="replace") as f:
+      yield f.read()
+  return docs
+
+
+def _jsonl_reader(path: str, field: str):
+  def docs():
+    with open(path, encoding="utf-8", errors="replace") as f:
+      for line_no, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{path}:{line_no} is not valid JSON ({e})") from None
+        yield text_of(row, field, f"{path}:{line_no}")
+  return docs
+
+
+def _parquet_reader(path: str, field: str):
+  def docs():
+    try:
+      import pyarrow.parquet as pq
+    except ImportError as e:
+      raise ImportError("the parquet source needs pyarrow: pip install 'rove_jax[data]'") from e
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    if field not in names:
+      raise ValueError(f"parquet file {path} has no column text_field={field!r}; its columns "
+                       f"are {names}")
+    # Row-group batches: a multi-GB shard never sits in memory at once.
+    for batch in pf.iter_batches(batch_size=1024, columns=[field]):
+      for text in batch.column(0).to_pylist():
+        if text is not None:
+          yield text
+  return docs
+
+
+def text_of(row, field: str, where: str) -> str:
+  """row[field] as a string ("" for None); a clear error for a missing or non-text field."""
+  if not isinstance(row, dict) or field not in row:
+    keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+    raise ValueError(f"{where} has no text_field={field!r} (found {keys}); set text_field")
+  text = row[field]
+  if text is not None and not isinstance(text, str):
+    raise ValueError(f"{where}: text_field={field!r} holds {type(text).__name__}, not text")
+  return text or ""
+
+
+# ----------------------------------------------------------------------------------- stdlib
+
+
+def stdlib_units(root: str) -> list[Unit]:
+  """The standard library under root: its sources and docs, one unit per file or pydoc topic.
+
+  Args:
+    root: the library root (the directory holding os.py, for instance).
+
+  Returns:
+    units sorted by relative path; site-packages, virtualenvs, __pycache__ and empty files are
+    skipped.
+  """
+  root = os.path.abspath(os.path.expanduser(root))
+  if not os.path.isdir(root):
+    raise ValueError(f"stdlib corpus: the library root {root!r} does not exist; expected the "
+                     f"directory holding the standard library's .py files")
+  units = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    # A virtualenv (pyvenv.cfg) or installed packages are not the standard library.
+    dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP_DIRS and not os.path.exists(
+        os.path.join(dirpath, d, "pyvenv.cfg")))
+    for name in filenames:
+      if not (name.endswith(STDLIB_EXTENSIONS) or name.startswith("README")):
+        continue
+      path = os.path.join(dirpath, name)
+      st = os.stat(path)
+      if st.st_size == 0:
+        continue
+      key = os.path.relpath(path, root).replace(os.sep, "/")
+      stamp = (st.st_size, st.st_mtime_ns)
+      topics = _pydoc_topics(path) if key == _TOPICS else None
+      if topics:
+        # The topics module is prose stored in string literals: use the prose, one document
+        # (and one held-out unit) per topic.
+        units += [Unit(f"{key}::{t}", lambda text=text: iter([text]), stamp)
+                  for t, text in sorted(topics.items())]
+      else:
+        units.append(Unit(key, lambda p=path: _read_stdlib_file(p), stamp))
+  units.sort(key=lambda u: u.key)
+  if not units:
+    raise ValueError(f"stdlib corpus: no {STDLIB_EXTENSIONS} files under {root!r}")
+  return units
+
+
+def _read_stdlib_file(path: str) -> Iterator[str]:
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    if path.endswith(".py"):  # honour PEP 263 coding cookies
+      encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    else:
+      encoding = "utf-8-sig"
+    text = data.decode(encoding)
+  except (SyntaxError, UnicodeDecodeError, LookupError):
+    # Deliberately mis-encoded test fixtures (test/bad_coding*.py, cjkencodings/*.txt): skip.
+    return iter(())
+  return iter([text])
+
+
+def _pydoc_topics(path: str) -> Optional[dict[str, str]]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    for node in tree.body:
+      if isinstance(node, ast.Assign) and any(
+          isinstance(t, ast.Name) and t.id == "topics" for t in node.targets):
+        topics = ast.literal_eval(node.value)
+        if isinstance(topics, dict) and all(isinstance(v, str) for v in topics.values()):
+          return {str(k): v for k, v in topics.items()}
+  except (SyntaxError, ValueError, UnicodeDecodeError):
+    pass
+  return None  # an unexpected layout: read it as ordinary source

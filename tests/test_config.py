@@ -1,0 +1,200 @@
+"""Config path: config file -> run config -> GPTConfig -> checkpoint metadata -> GPTConfig, the
+errors on the way, no JAX backend while building configs, and `rove-train --config NAME`."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import chex
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from absl import app, flags
+from ml_collections import config_flags
+
+from rove_jax import config as config_lib
+from rove_jax import scaling, train_cli, training
+from rove_jax.model_config import FrozenMapping, GPTConfig
+from tests.conftest import subprocess_env
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# rot_dim of the tiny preset is 384 / 6 = 64: LongRoPE takes 32 factors per list.
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + i / 64 for i in range(32)],
+            "long_factor": [2.0 + i / 16 for i in range(32)],
+            "original_max_position_embeddings": 128}
+
+
+def parse_config_file(path, *overrides):
+  """The ConfigDict that `rove-train --config=path --config.x=y ...` parses (absl config_flags
+  reads the overrides from sys.argv)."""
+  argv = ["rove-train", f"--config={path}", *overrides]
+  saved = sys.argv
+  sys.argv = argv
+  try:
+    values = flags.FlagValues()
+    holder = config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                             lock_config=True)
+    values(argv)
+    return holder.value
+  finally:
+    sys.argv = saved
+
+
+def write_tiny_with_longrope(tmp_path):
+  path = tmp_path / "tiny_longrope.py"
+  path.write_text(textwrap.dedent(f"""
+      from rove_jax.configs import tiny
+
+      def get_config():
+        c = tiny.get_config()
+        c.model.rope_scaling = {LONGROPE!r}
+        return c
+      """))
+  return path
+
+
+def test_round_trip_config_file_to_metadata_and_back(tmp_path):
+  c = parse_config_file(write_tiny_with_longrope(tmp_path), "--config.model.rove_layers=(0,2)",
+                        "--config.model.n_kv_head=2")
+  model = config_lib.validate(c)
+  assert model.rove_layers == (0, 2) and model.n_kv_head == 2
+  assert isinstance(model.rope_scaling, FrozenMapping)
+  assert model.scaling_dict == LONGROPE
+  # the metadata a checkpoint stores is plain JSON, and reads back to an equal, hashable config
+  meta = json.loads(json.dumps(training.model_meta(model)))
+  assert meta["rope_scaling"] == LONGROPE and meta["rove_layers"] == [0, 2]
+  back = GPTConfig.from_dict(meta)
+  assert back == model and hash(back) == hash(model)
+  assert len({back, model}) == 1
+  # a JSON copy of the run config (as training stores it) gives the same model too
+  assert config_lib.to_model_config(
+      ml_collections.ConfigDict(json.loads(json.dumps(config_lib.as_plain(c))))) == model
+  # the restored rope_scaling gives the same frequencies, at a length that picks long_factor
+  want = scaling.from_config(LONGROPE, 64, max_len=256, seq_len=512)
+  got = scaling.from_config(back.scaling_dict, back.rot_dim, base=back.rope_base,
+                            max_len=back.max_len, seq_len=512)
+  chex.assert_trees_all_close(got, want, rtol=0, atol=0)
+  # a valid static argument of jit: the same config hits the same compilation
+  traces = []
+
+  def f(x, cfg):
+    traces.append(cfg)
+    return x * cfg.n_layer
+
+  f = jax.jit(f, static_argnums=1)
+  chex.assert_trees_all_close(f(np.float32(1.0), model), np.float32(6.0))
+  f(np.float32(1.0), back)
+  assert len(traces) == 1
+
+
+def test_presets_pass_through_the_run_config_unchanged():
+  for preset in ("tiny", "gpt2_124m", "gpt2_354m"):
+    assert config_lib.validate(config_lib.base_config(preset)) == getattr(GPTConfig, preset)()
+
+
+def test_rope_scaling_is_read_only_and_lists_come_back_as_lists():
+  cfg = GPTConfig.tiny(rope_scaling=LONGROPE)
+  with pytest.raises(TypeError):
+    cfg.rope_scaling["factor"] = 2.0
+  assert isinstance(cfg.scaling_dict["short_factor"], list)
+  assert cfg.scaling_dict == LONGROPE and cfg.scaling_dict is not cfg.scaling_dict
+  # a dict mutated after construction does not reach the config
+  source = {"rope_type": "linear", "factor": 2.0}
+  cfg = GPTConfig.tiny(rope_scaling=source)
+  source["factor"] = 8.0
+  assert cfg.rope_scaling["factor"] == 2.0
+
+
+def test_metadata_of_older_checkpoints_reads_back():
+  """Checkpoints written before FrozenMapping stored rope_scaling as [key, value] pairs."""
+  model = GPTConfig.tiny(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+  old = {**model.to_dict(), "rope_scaling": [["factor", 4.0], ["rope_type", "yarn"]]}
+  assert GPTConfig.from_dict(old) == model
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"model.n_head": 5}, r"d_model=384 must be divisible by n_head=5"),
+    ({"model.rope_scaling": {"rope_type": "yarn", "factr": 2.0}}, r"rope_scaling.*'factr'"),
+    ({"model.rope_scaling": {"rope_type": "yarn", "factor": 0.5}}, r"rope_scaling.*factor"),
+    ({"model.rove_layers": (0, 9)}, r"rove_layers \[9\] out of range for n_layer=6"),
+    ({"model.pos_encoding": "nope", "model.rope_scaling": {"rope_type": "linear",
+                                                            "factor": 2.0}},
+     r"rope_scaling applies to rotary encodings only"),
+    ({"data.seq_len": 512}, r"data.seq_len=512 exceeds model.max_len=256"),
+    ({"optim.warmup_steps": 10**6}, r"optim.warmup_steps"),
+])
+def test_validation_errors_name_the_field(override, message):
+  c = config_lib.base_config("tiny")
+  for key, value in override.items():
+    section, name = key.split(".")
+    c[section][name] = value
+  with pytest.raises(ValueError, match=message):
+    config_lib.validate(c)
+
+
+def test_unknown_model_fields_are_named_with_the_known_ones():
+  with pytest.raises(ValueError, match=r"unknown fields \['n_layers'\]; known fields: .*'n_layer'"):
+    GPTConfig.from_dict({**GPTConfig.tiny().to_dict(), "n_layers": 2})
+
+
+_NO_BACKEND = textwrap.dedent("""
+    import sys
+    from jax._src import xla_bridge
+    from rove_jax import config as config_lib
+    from rove_jax.model_config import GPTConfig
+    from rove_jax import train_cli  # defines the rove-train flags on absl's FLAGS
+    from absl import flags
+
+    config_lib.validate(config_lib.base_config("tiny"))
+    for scaling in ({"rope_type": "yarn", "factor": 4.0}, {"rope_type": "dynamic", "factor": 2.0},
+                    {"rope_type": "llama3", "factor": 8.0}, {"rope_type": "ntk", "factor": 2.0},
+                    %(longrope)r):
+      GPTConfig.tiny(rope_scaling=scaling)
+    sys.argv = ["rove-train", "--config=tiny", "--workdir=/nonexistent",
+                "--config.model.rove_layers=(0,2)"]
+    argv = train_cli._rewrite_config_flag(sys.argv)
+    sys.argv = argv
+    flags.FLAGS(argv)  # what app.run does before main: evaluates configs/tiny.py
+    c = train_cli._CONFIG.value
+    assert config_lib.validate(c).rove_layers == (0, 2)
+    print("before:", xla_bridge.backends_are_initialized())
+    import jax.numpy as jnp
+    jnp.zeros(1)  # the check below can fail: a device array starts a backend
+    print("after:", xla_bridge.backends_are_initialized())
+    """) % {"longrope": LONGROPE}
+
+
+def test_building_and_validating_configs_starts_no_jax_backend():
+  """jax.distributed must start before any backend: rove-train starts it in main, after absl
+  has evaluated the config file."""
+  r = subprocess.run([sys.executable, "-c", _NO_BACKEND], cwd=ROOT, capture_output=True,
+                     text=True, timeout=120, env=subprocess_env(devices=1))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "before: False" in r.stdout and "after: True" in r.stdout, r.stdout
+
+
+def test_config_names_resolve_to_packaged_files(tmp_path):
+  path = train_cli.resolve_config_arg("tiny")
+  assert path == os.path.join(train_cli.CONFIG_DIR, "tiny.py") and os.path.isfile(path)
+  assert train_cli.resolve_config_arg("reproduce:quick").endswith(
+      os.path.join("configs", "reproduce.py") + ":quick")
+  assert set(train_cli.packaged_configs()) >= {"tiny", "reproduce", "gpt2_124m", "gpt2_354m"}
+  for given in ("configs/tiny.py", "my_config.py"):  # paths pass through untouched
+    assert train_cli.resolve_config_arg(given) == given
+  assert train_cli._rewrite_config_flag(["x", "--config", "tiny", "--workdir", "w"])[2] == path
+  assert train_cli._rewrite_config_flag(["x", "--config=tiny"])[1] == "--config=" + path
+  with pytest.raises(app.UsageError, match=r"'tinny' is neither a file nor a packaged config.*"
+                                           r"'tiny'"):
+    train_cli.resolve_config_arg("tinny")
+
+
+def test_rove_train_with_an_unknown_config_name_exits_2(tmp_path):
+  r = subprocess.run([sys.executable, "-m", "rove_jax.train_cli", "--config", "tinny",
+                      "--workdir", str(tmp_path / "w")], cwd=tmp_path, capture_output=True,
+                     text=True, timeout=120, env=subprocess_env(devices=1))
+  assert r.returncode == 2 and "neither a file nor a packaged config" in r.stderr, r.stderr

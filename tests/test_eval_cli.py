@@ -1,0 +1,76 @@
+"""Evaluation's command-line options end to end (rove_jax.evaluation.cli.main, what
+`python -m eval` and `rove-eval` run) on the shared trained run: --yarn off / on / both,
+--stride and --data-path, the numbers checked against the float64 reference of
+tests/test_perplexity.py."""
+
+import json
+
+import chex
+import numpy as np
+import pytest
+
+from rove_jax.evaluation import cli, scoring
+from tests.test_perplexity import (TRAIN_LEN, assert_row_matches, reference_model,
+                                   reference_ppl)
+
+LENGTHS = (TRAIN_LEN, 2 * TRAIN_LEN)
+PPL_TOKENS = cli.SUITES["quick"]["ppl_tokens"]  # targets scored per length
+
+
+def perplexity_report(workdir, out, *options) -> dict:
+  """cli.main on the perplexity task alone; returns the run's "perplexity" entry."""
+  argv = ["--workdir", str(workdir), "--out", str(out), "--tasks", "ppl", "--suite", "quick",
+          "--lengths", ",".join(map(str, LENGTHS)), "--no-progress", *options]
+  assert cli.main(argv) == 0
+  return json.loads((out / "report.json").read_text())["runs"][0]["perplexity"]
+
+
+@pytest.fixture(scope="module")
+def by_yarn(trained_run, tmp_path_factory):
+  out = tmp_path_factory.mktemp("eval-yarn")
+  return {yarn: perplexity_report(trained_run, out / yarn, "--yarn", yarn)
+          for yarn in ("off", "on", "both")}
+
+
+def test_yarn_off_on_both_select_the_settings(by_yarn):
+  off, on, both = by_yarn["off"], by_yarn["on"], by_yarn["both"]
+  assert set(off) == {"protocol", "none"}
+  assert set(on) == {"protocol", "yarn"}
+  assert set(both) == {"protocol", "none", "yarn"}
+  for rep in (off, on, both):
+    assert rep["protocol"]["train_len"] == TRAIN_LEN
+    assert rep["protocol"]["mode"] == "non-overlapping"
+    for setting in set(rep) - {"protocol"}:
+      assert set(rep[setting]) == {str(L) for L in LENGTHS}
+  chex.assert_trees_all_close(off["none"], both["none"])  # each setting computed the same way
+  chex.assert_trees_all_close(on["yarn"], both["yarn"])
+  at_1x, at_2x = str(TRAIN_LEN), str(2 * TRAIN_LEN)
+  assert both["yarn"][at_1x]["loss"] == both["none"][at_1x]["loss"]  # identity at 1x
+  assert abs(both["yarn"][at_2x]["loss"] / both["none"][at_2x]["loss"] - 1) > 2e-5  # on at 2x
+
+
+@pytest.mark.parametrize("stride", [None, 0.5])
+def test_data_path_and_stride_score_the_given_text_file(trained_run, tmp_path, stride):
+  rng = np.random.default_rng(3)
+  words = ["def", "return", "self", "import", "for", "in", "if", "else:", "(x)", "=", "\n    "]
+  text = " ".join(rng.choice(words, size=4000))
+  # The file's last 2% is its held-out part; the scored windows end well before it.
+  assert len(text) * 0.97 > PPL_TOKENS + 2 * TRAIN_LEN + 1
+  (tmp_path / "held_out.txt").write_text(text)
+  options = ["--data-path", str(tmp_path / "held_out.txt"), "--yarn", "both"]
+  if stride is not None:
+    options += ["--stride", str(stride)]
+  got = perplexity_report(trained_run, tmp_path / "eval", *options)
+  assert got["protocol"]["mode"] == ("non-overlapping" if stride is None else "sliding")
+  assert got["protocol"]["stride_fraction"] == stride
+  tokens = np.frombuffer(text.encode(), np.uint8)
+  model = reference_model(scoring.load_run(str(trained_run)))
+  for L in LENGTHS:
+    for setting, yarn_train_len in (("none", None), ("yarn", TRAIN_LEN)):
+      kw = dict(max_tokens=PPL_TOKENS, yarn_train_len=yarn_train_len)
+      want = reference_ppl(model, tokens, L, stride=None if stride is None else int(L * stride),
+                           **kw)
+      assert_row_matches(got[setting][str(L)], want, (setting, L, stride))
+      if stride is not None:  # sliding windows give the targets other contexts
+        other = reference_ppl(model, tokens, L, **kw)
+        assert abs(want["loss"] - other["loss"]) > 1e-4 * other["loss"], (want, other)
