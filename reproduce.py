@@ -98,11 +98,12 @@ def train_all(args, runs) -> None:
 
 
 def evaluate_all(args, runs, eval_dir) -> dict:
-  cmd = [sys.executable, "-m", "eval", "--workdir", runs[0]["workdir"], "--compare"]
+  cmd = [sys.executable, "-m", "rove_jax.evaluation.cli", "--workdir", runs[0]["workdir"],
+         "--compare"]
   cmd += [r["workdir"] for r in runs[1:]]
   cmd += ["--suite", "quick" if args.quick else args.suite, "--out", eval_dir, "--yarn", "both"]
   print("evaluating:", " ".join(cmd[1:]), flush=True)
-  rc = subprocess.call(cmd, cwd=ROOT)
+  rc = subprocess.call(cmd)
   if rc != 0:
     raise SystemExit(f"evaluation failed (exit {rc})")
   with open(os.path.join(eval_dir, "report.json")) as f:

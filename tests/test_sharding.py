@@ -185,3 +185,7 @@ def test_two_processes_equal_one_process(tmp_path):
     assert abs(one[step] - two[step]) <= 1e-5 * one[step], (step, one, two)
   chex.assert_trees_all_close(grad_norms(tmp_path / "two"), grad_norms(tmp_path / "one"),
                               rtol=1e-5)
+  # The evaluation restore reads a checkpoint two processes wrote onto this one process.
+  from rove_jax.evaluation import scoring
+  p_one, p_two = (scoring.load_run(tmp_path / w).params for w in ("one", "two"))
+  chex.assert_trees_all_close(p_two, p_one, rtol=1e-5, atol=1e-6)
