@@ -103,7 +103,10 @@ def evaluate_all(args, runs, eval_dir) -> dict:
   cmd += [r["workdir"] for r in runs[1:]]
   cmd += ["--suite", "quick" if args.quick else args.suite, "--out", eval_dir, "--yarn", "both"]
   print("evaluating:", " ".join(cmd[1:]), flush=True)
-  rc = subprocess.call(cmd)
+  # rove_jax from this checkout even when it is not installed (train.py finds it by its path)
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+      p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+  rc = subprocess.call(cmd, env=env)
   if rc != 0:
     raise SystemExit(f"evaluation failed (exit {rc})")
   with open(os.path.join(eval_dir, "report.json")) as f:

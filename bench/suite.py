@@ -1,4 +1,4 @@
-"""The benchmark suite behind `python -m bench --suite cpu|gpu [--quick] [--out FILE]`.
+"""The benchmark suite behind `python -m bench --suite cpu|gpu [--quick|--smoke] [--out FILE]`.
 
 Six measurements, each comparing its alternatives inside one process (or one process per
 alternative where memory is the quantity), because on a shared machine only ratios taken in
@@ -65,6 +65,7 @@ class Spec:
   """Everything a suite run measures; built by `make_spec`, recorded in the JSON."""
   suite: str
   quick: bool
+  smoke: bool  # the smallest shapes: the suite runs end to end; its figures mean nothing
   train_models: tuple
   repeats: int
   matmul_n: int
@@ -82,11 +83,30 @@ class Spec:
   compile_depths: tuple
 
 
-def make_spec(suite: str, quick: bool) -> Spec:
-  """The measurement plan for a suite. Pure: checks arguments and configs, touches no device."""
+def make_spec(suite: str, quick: bool, smoke: bool = False) -> Spec:
+  """The measurement plan for a suite. Pure: checks arguments and configs, touches no device.
+
+  `smoke` (cpu only, implies `quick`) shrinks every model to one or two layers of width 64 and
+  32 tokens: what the test suite runs to check that every section works and every table
+  prints, in well under a minute."""
   if suite not in ("cpu", "gpu"):
     raise ValueError(f"unknown suite {suite!r}; expected 'cpu' or 'gpu'")
-  if suite == "cpu":
+  if smoke and suite != "cpu":
+    raise ValueError("--smoke is for the cpu suite; the gpu suite's smallest run is --quick")
+  quick = quick or smoke
+  if smoke:
+    one = (("n_layer", 1), ("d_model", 64), ("n_head", 2), ("d_ff", 128))
+    two = (("n_layer", 2),) + one[1:]
+    spec = Spec(
+        suite=suite, quick=True, smoke=True,
+        train_models=(Model("smoke-L1", "tiny", one, 2, 32), Model("smoke-L2", "tiny", two, 2, 32)),
+        repeats=2, matmul_n=256, matmul_dtype="float32",
+        memory_model=Model("smoke-L1", "tiny", one, 2, 32), memory_steps=2,
+        long_model=Model("smoke-L1", "tiny", one, 1, 0), long_lengths=(1024,),
+        long_kernels=("xla", "chunked"), long_cap_gib=4.0,
+        decode_model=Model("smoke-L1", "tiny", one, 2, 0), decode_prompt=8, decode_new=8,
+        compile_model=Model("smoke", "tiny", one[1:], 2, 32), compile_depths=(1, 3, 6))
+  elif suite == "cpu":
     small = (("n_layer", 2), ("d_model", 128), ("n_head", 4), ("d_ff", 512))
     if quick:
       train = (Model("tiny-L2", "tiny", (("n_layer", 2),), 4, 128),
@@ -97,7 +117,7 @@ def make_spec(suite: str, quick: bool) -> Spec:
                Model("mid-L8-d512", "tiny", (("n_layer", 8), ("d_model", 512), ("n_head", 8),
                                                ("d_ff", 2048)), 4, 256))
     spec = Spec(
-        suite=suite, quick=quick, train_models=train, repeats=3 if quick else 7,
+        suite=suite, quick=quick, smoke=False, train_models=train, repeats=3 if quick else 7,
         matmul_n=1024 if quick else 2048, matmul_dtype="float32",
         memory_model=(Model("tiny-L2", "tiny", (("n_layer", 2),), 4, 128) if quick
                       else Model("tiny", "tiny", (), 16, 256)),
@@ -115,7 +135,7 @@ def make_spec(suite: str, quick: bool) -> Spec:
   else:
     gpu = (("dtype", "bfloat16"), ("attention_impl", "cudnn"))
     spec = Spec(
-        suite=suite, quick=quick,
+        suite=suite, quick=quick, smoke=False,
         train_models=(Model("gpt2_124m", "gpt2_124m", gpu, 8 if quick else 16, 1024),
                       Model("gpt2_354m", "gpt2_354m", gpu, 4 if quick else 8, 1024)),
         repeats=3 if quick else 5, matmul_n=8192, matmul_dtype="bfloat16",
@@ -392,15 +412,18 @@ def compile_times(model: Model, depths: tuple) -> dict:
 # ------------------------------------------------------------------------------- driver
 
 
-def run(suite: str, quick: bool, out: Optional[str] = None, log=print) -> dict:
+def run(suite: str, quick: bool, out: Optional[str] = None, log=print, smoke: bool = False
+        ) -> dict:
   """Run a suite; print markdown tables through `log`; return (and write) all results."""
-  spec = make_spec(suite, quick)
+  spec = make_spec(suite, quick, smoke)
+  quick = spec.quick
   device = check_device(suite)
   t_start = time.perf_counter()
   timeout = 600.0 if quick else 1800.0
-  res = {"suite": suite, "quick": quick, "device": device, "jax": jax.__version__,
+  res = {"suite": suite, "quick": quick, "smoke": spec.smoke, "device": device, "jax": jax.__version__,
          "spec": dataclasses.asdict(spec), "flops_formula": FLOPS_FORMULA}
-  log(f"# rove-jax benchmarks: suite {suite}{' --quick' if quick else ''} on {device} "
+  size = " --smoke (figures meaningless)" if spec.smoke else " --quick" if quick else ""
+  log(f"# rove-jax benchmarks: suite {suite}{size} on {device} "
       f"(jax {jax.__version__})\n")
 
   def save():  # after every section: a run stopped by a time limit keeps what it measured

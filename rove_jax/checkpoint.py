@@ -7,9 +7,10 @@ A checkpoint at step s is `workdir/checkpoints/s/` with three items:
   meta   the resolved run config, `GPTConfig.to_dict()` under "model" and the tokenizer (JSON),
          read before anything is built
 
-Training resumes with `Checkpointer.restore_latest`; evaluation, the notebook and bench read a
-finished run with `read_run(workdir, abstract_params)` (step, parameters, metadata) or
-`restore_params`. A checkpoint whose entry names differ from the model's (written by another
+Training resumes with `Checkpointer.restore_latest`; evaluation (and the notebook, through
+`rove_jax.evaluation.scoring.load_run`) reads a finished run with `read_run(workdir,
+abstract_params)` (step, parameters, metadata); `restore_params` does the same for a known
+parameter tree. A checkpoint whose entry names differ from the model's (written by another
 parameter layout, e.g. separate attn.wq/wk/wv where the model now fuses them) is a LayoutError
 naming the missing and unexpected entries; it is never taken for an unreadable one.
 
@@ -22,7 +23,6 @@ one is restored instead.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import time
@@ -30,8 +30,6 @@ from typing import Any, Callable, Optional
 
 import jax
 import orbax.checkpoint as ocp
-
-log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"  # the directory inside a workdir
 PARAMS = "params."  # the prefix of the parameter entries in the flat state
@@ -117,6 +115,7 @@ class Checkpointer:
       RuntimeError: checkpoints exist but none could be restored.
     """
     steps = self.steps()
+    last = None
     for step in reversed(steps):
       try:
         return step, restore_step(step)
@@ -124,9 +123,10 @@ class Checkpointer:
         raise
       except Exception as e:  # noqa: BLE001 - any failure to read means: try the older one
         on_unreadable(step, e)
+        last = e
     if steps:
       raise RuntimeError(f"none of the checkpoints {steps} in {self.directory} could be "
-                         f"restored")
+                         f"restored (the oldest failed with {_describe(last)})") from last
     return None
 
   def check_layout(self, step: int, expected_names) -> None:
@@ -166,7 +166,7 @@ class Checkpointer:
     try:
       found = self.newest_readable(restore_step, on_unreadable=unreadable)
     except RuntimeError as e:
-      raise RuntimeError(f"{e}; they were moved to {self._quarantine_dir()}") from None
+      raise RuntimeError(f"{e}; they were moved to {self._quarantine_dir()}") from e.__cause__
     if found is None:
       return None
     step, (state, data_state, meta) = found
@@ -264,7 +264,7 @@ def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=pri
   try:
     found = ck.newest_readable(restore_step, on_unreadable=unreadable)
   except RuntimeError as e:
-    raise ValueError(str(e)) from None
+    raise ValueError(str(e)) from e.__cause__
   finally:
     ck.close()
   if found is None:

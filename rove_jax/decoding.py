@@ -7,14 +7,13 @@ Shape letters (legend in rove_jax): B batch, T prompt tokens, V vocabulary.
 from __future__ import annotations
 
 import functools
-from typing import Mapping, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from rove_jax.model_config import FROM_CONFIG, FrozenMapping
-
 
 
 def sample_logits(logits_BV, key, *, temperature: float, top_k: Optional[int],
@@ -82,8 +81,8 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 1.0,
   B, T = prompt.shape
   cache = model.init_cache(B, T + max_new_tokens)
   graphdef, state = nnx.split(model)
-  if isinstance(rope_scaling, Mapping):
-    rope_scaling = FrozenMapping(rope_scaling)
+  if rope_scaling is not None and rope_scaling is not FROM_CONFIG:
+    rope_scaling = FrozenMapping(rope_scaling)  # a clear ValueError for a non-dict
   fn = _generate_fn(graphdef, max_new_tokens, float(temperature), top_k, valid_vocab,
                     rope_scaling)
   rng = jax.random.key(0) if rng is None else rng

@@ -25,6 +25,9 @@ import numpy as np
 from flax import nnx
 
 from rove_jax import attention, baselines, rotary, scaling
+# generate and sample_logits live in rove_jax.decoding; re-exported for `from rove_jax.model
+# import generate`.
+from rove_jax.decoding import generate, sample_logits  # noqa: F401
 from rove_jax.model_config import (DTYPES, MLPS, NORMS, POS_ENCODINGS, REMAT_POLICIES,  # noqa: F401
                                    ROTARY_ENCODINGS, GPTConfig, FROM_CONFIG)
 
@@ -186,7 +189,9 @@ class Attention(nnx.Module):
   # ----------------------------------------------------- for analysis (Figure 1), not training
   def weights(self, x_BTE, ctx: Context):
     """The attention probabilities [B, H, T, T] of a self-attention call on x (no cache): the
-    logits `attend` computes (rotated q and k, attention factor, T5 bias, mask), softmaxed."""
+    logits `attend` computes (rotated q and k, attention factor, T5 bias, mask), softmaxed.
+    The q.k products run in the activation dtype and are then cast to float32, so under
+    bfloat16 they differ from the kernels' (which compute in float32) by bf16 rounding."""
     q_BTHD, k_BTKD, _ = self.qkv(x_BTE)
     if self.rotary:
       rotate = functools.partial(rotary.rotate, positions=ctx.positions, inv_freq=ctx.inv_freq,
@@ -289,8 +294,9 @@ class GPT(nnx.Module):
 
   def context(self, positions_BT, segment_ids=None, *, seq_len: Optional[int] = None,
               rope_scaling=FROM_CONFIG) -> Context:
-    """The attention Context of a call without a cache (positions and segment ids [B, T]);
-    rope scaling sees `seq_len` (default T) and `rope_scaling` (as in `__call__`)."""
+    """The attention Context of a call (positions and segment ids [B, T]); rope scaling sees
+    `seq_len` (default T; a cached call passes the cache length) and `rope_scaling` (as in
+    `__call__`)."""
     seq_len = positions_BT.shape[1] if seq_len is None else seq_len
     inv_freq, factor = self.rotary_frequencies(seq_len, rope_scaling)
     t5_table = None if self.t5_table is None else self.t5_table[...].astype(jnp.float32)
@@ -401,8 +407,3 @@ def count_params(model_or_state) -> int:
 def param_count(config: GPTConfig) -> int:
   """Parameter count of a config, from shapes only."""
   return count_params(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
-
-
-# generate and sample_logits live in rove_jax.decoding; imported here for `from rove_jax.model
-# import generate`.
-from rove_jax.decoding import generate, sample_logits  # noqa: E402,F401

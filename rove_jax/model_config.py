@@ -44,11 +44,19 @@ class FrozenMapping(Mapping):
   __slots__ = ("_data",)
 
   def __init__(self, mapping: Mapping):
+    if not isinstance(mapping, Mapping):
+      raise ValueError(f"rope_scaling must be a dict (e.g. {{'rope_type': 'yarn', 'factor': 4.0, "
+                       f"...}}) or None, got {type(mapping).__name__}: {mapping!r}")
     data = {}
     for key, value in mapping.items():
-      data[str(key)] = tuple(value) if isinstance(value, (list, tuple)) else value
+      value = tuple(value) if isinstance(value, (list, tuple)) else value
+      try:
+        hash(value)
+      except TypeError:
+        raise ValueError(f"rope_scaling[{key!r}] must be a number, a string or a list of "
+                         f"numbers, got {type(value).__name__}: {value!r}") from None
+      data[str(key)] = value
     object.__setattr__(self, "_data", data)
-    hash(self)  # an unhashable value (a nested dict) fails here, at construction
 
   def __getitem__(self, key):
     return self._data[key]

@@ -39,7 +39,7 @@ def packaged_configs() -> list[str]:
 def resolve_config_arg(value: str) -> str:
   """--config NAME[:ARGS] -> the packaged file; paths (with / or .py) pass through."""
   name, sep, rest = value.partition(":")
-  if "/" in name or name.endswith(".py") or os.path.exists(name):
+  if "/" in name or name.endswith(".py") or os.path.isfile(name):
     return value
   if name not in packaged_configs():
     raise app.UsageError(f"--config {value!r} is neither a file nor a packaged config; give a "

@@ -186,6 +186,14 @@ def test_config_names_resolve_to_packaged_files(tmp_path):
   assert set(train_cli.packaged_configs()) >= {"tiny", "reproduce", "gpt2_124m", "gpt2_354m"}
   for given in ("configs/tiny.py", "my_config.py"):  # paths pass through untouched
     assert train_cli.resolve_config_arg(given) == given
+  # A directory named like a config (a workdir: `--config tiny --workdir tiny`) is not a file.
+  (tmp_path / "tiny").mkdir()
+  cwd = os.getcwd()
+  try:
+    os.chdir(tmp_path)
+    assert train_cli.resolve_config_arg("tiny") == path
+  finally:
+    os.chdir(cwd)
   assert train_cli._rewrite_config_flag(["x", "--config", "tiny", "--workdir", "w"])[2] == path
   assert train_cli._rewrite_config_flag(["x", "--config=tiny"])[1] == "--config=" + path
   with pytest.raises(app.UsageError, match=r"'tinny' is neither a file nor a packaged config.*"

@@ -160,6 +160,7 @@ def test_missing_workdir_or_checkpoint_is_a_clear_error(tmp_path):
   assert r.returncode == 2 and "does not exist" in r.stderr
 
 
+@pytest.mark.slow
 def test_python_m_eval_end_to_end_on_a_trained_checkpoint(tmp_path, trained_run):
   c = small_config(tmp_path, **{"data.source": "stdlib", "data.path": None,
                                 "data.max_files": 120, "model.max_len": 64,

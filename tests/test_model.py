@@ -200,6 +200,7 @@ def test_sampling_respects_top_k():
   assert np.any(np.asarray(other) != np.asarray(out))  # sampling does sample
 
 
+@pytest.mark.slow
 def test_remat_and_chunked_give_the_same_loss_and_grads():
   cfg = small("rove")
   m = make(cfg)
@@ -381,6 +382,11 @@ def test_generate_with_rope_scaling_follows_the_scaled_forward():
   np.testing.assert_array_equal(out[:, 6:], jnp.argmax(scaled[:, 5:], axis=-1))
   plain = M.generate(m, prompt, 14, temperature=0.0)
   assert np.any(np.asarray(plain) != np.asarray(out))  # the override changed the continuation
+  with pytest.raises(ValueError, match="rope_scaling must be a dict"):
+    M.generate(m, prompt, 2, temperature=0.0, rope_scaling=[("rope_type", "yarn")])
+  with pytest.raises(ValueError, match=r"rope_scaling\['factor'\] must be a number"):
+    M.generate(m, prompt, 2, temperature=0.0,
+               rope_scaling={"rope_type": "yarn", "factor": {"x": 2}})
 
 
 def test_generate_with_remat_config():

@@ -71,6 +71,7 @@ def python3_kernel_spec():
   return spec
 
 
+@pytest.mark.slow
 def test_notebook_runs_end_to_end(tmp_path):
   python3_kernel_spec()
   nb = read_notebook()

@@ -24,7 +24,7 @@ MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)]
 def mesh_config(tmp_path, mesh, **over):
   c = small_config(tmp_path)
   m = c.model
-  m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 2, 64, 8, 128, 32
+  m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 1, 64, 8, 128, 32
   c.data.batch_size = 8
   c.steps, c.checkpoint_every, c.eval_every = 5, 100, 100
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
@@ -40,6 +40,7 @@ def grad_norms(workdir):
     return {r["step"]: r["grad_norm"] for r in map(json.loads, f) if "grad_norm" in r}
 
 
+@pytest.mark.slow
 def test_five_steps_have_the_same_losses_on_every_mesh(tmp_path):
   """Every mesh gives the one-device run's losses, gradient norms and final parameters: a loss
   is computed before its step's update, so only the parameters show the last update, and the
@@ -112,6 +113,7 @@ def test_state_is_created_sharded(tmp_path):
   assert shard_shapes == {(4, 8, 32)}  # [8 heads / 2, 8, 64 / 2] on every device
 
 
+@pytest.mark.slow
 def test_save_on_one_mesh_restore_on_another_and_continue(tmp_path):
   straight = mesh_config(tmp_path, (8, 1, 1), steps=6)
   run(straight, tmp_path / "straight", 8)
@@ -146,6 +148,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
   corpus = write_corpus(tmp_path / "corpus")
   args = ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=4",

@@ -72,6 +72,7 @@ def test_loss_falls_when_overfitting_one_batch(tmp_path):
   assert float(m["loss"]) < 0.2 * first, (first, float(m["loss"]))  # memorised
 
 
+@pytest.mark.slow
 def test_grad_accumulation_equals_the_full_batch(tmp_path):
   """A = 4 micro-batches give the full batch's loss and gradient, checked against a jax.grad
   of the full-batch cross-entropy, and the same parameters after a step with a nonzero learning
@@ -238,6 +239,7 @@ def _unfinished_saves(ckdir: pathlib.Path) -> set:
   return {int(s) for s in tmp if s.isdigit()} - {int(n) for n in names if n.isdigit()}
 
 
+@pytest.mark.slow
 def test_sigkill_during_checkpoint_write_then_resume_is_bitwise_equal(tmp_path):
   args = _cli_overrides(tmp_path, steps=16, ckpt_every=2)
   straight = subprocess.run(_train_cmd(tmp_path / "straight", *args), capture_output=True,

@@ -60,7 +60,7 @@ def evaluate(scorer, tokens: np.ndarray, lengths: Sequence[int], *, yarn: str = 
   """Perplexity at each length for each YaRN setting.
 
   Args:
-    scorer: an eval.scoring.Scorer.
+    scorer: a rove_jax.evaluation.scoring.Scorer.
     tokens: held-out token stream.
     lengths: window lengths L (e.g. 1x..16x the training length).
     yarn: "off", "on" or "both".

@@ -3,7 +3,7 @@ seeds, per-run rows (every run made), loss curves, and a claim-by-claim comparis
 paper computed from the numbers (never written by hand).
 
 write(out_dir, report, runs, curves, meta) is called by reproduce.py; `report` is the
-schema-v1 report.json of `python -m eval --compare` over all runs.
+schema-v1 report.json of `rove-eval --compare` over all runs.
 """
 
 from __future__ import annotations
@@ -166,6 +166,16 @@ def _minutes(run_report) -> str:
   return f"{sum(seconds.values()) / 60:.1f}" if seconds else "-"
 
 
+def _train_len(report: dict, lengths: list):
+  """The runs' training length (report runs[].model.train_len); reports written before that
+  field existed: the shortest evaluated length, which the suites set to the training length."""
+  found = {r["model"]["train_len"] for r in report["runs"] if "train_len" in r["model"]}
+  if len(found) > 1:
+    raise ValueError(f"the runs were trained at different lengths {sorted(found)}; the write-up "
+                     f"compares matched runs only")
+  return found.pop() if found else (lengths[0] if lengths else None)
+
+
 def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str, dict]:
   """(markdown, summary dict) for results/README.md and results/summary.json."""
   groups = _by_encoding(report)
@@ -173,7 +183,7 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str
           [e for e in groups if e not in ("rove", "rope", "nope")]
   lengths = _lengths(report)
   yarn_lengths = _lengths(report, "yarn")
-  base = lengths[0] if lengths else None
+  base = _train_len(report, lengths)
   tasks, r_lengths = _ruler_tasks(report)
   summary = {"encodings": {}, "claims": []}
   L = []
@@ -196,7 +206,7 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str
   L.append(f"- Machine: {meta['machine']}")
   if meta.get("notes"):
     L.append(f"- Notes: {meta['notes']}")
-  L.append(f"- Evaluation: `python -m eval --suite {report['suite']} --compare ...`; "
+  L.append(f"- Evaluation: `rove-eval --suite {report['suite']} --compare ...`; "
            f"full report in [eval/report.md](eval/report.md), raw numbers in "
            f"[eval/report.json](eval/report.json).")
   L.append("- Spread: ± is half the range over seeds (with two seeds, each seed's distance from "

@@ -27,7 +27,6 @@ from rove_jax import tokenization, training
 from rove_jax.model import FROM_CONFIG, GPT, GPTConfig, ROTARY_ENCODINGS
 
 
-
 @dataclasses.dataclass
 class Run:
   """A trained run restored for evaluation."""
