@@ -39,7 +39,7 @@ def parse_args(argv):
   p.add_argument("--steps", type=int, help="training steps (default: configs/reproduce.py)")
   p.add_argument("--suite", default="full", choices=("quick", "full"))
   p.add_argument("--quick", action="store_true",
-                 help="tiny settings for tests: 2 layers, few steps, short lengths")
+                 help="tiny settings for tests: 1 layer, few steps, short lengths")
   args = p.parse_args(argv)
   try:
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -73,7 +73,7 @@ def overrides(args, run) -> list[str]:
   if args.steps is not None:
     o.append(f"--config.steps={args.steps}")
   if args.quick:
-    o += ["--config.model.n_layer=2", "--config.model.d_model=64", "--config.model.n_head=2",
+    o += ["--config.model.n_layer=1", "--config.model.d_model=64", "--config.model.n_head=2",
           "--config.model.max_len=32", "--config.data.seq_len=32", "--config.data.batch_size=8",
           "--config.data.max_files=40", "--config.optim.warmup_steps=2",
           "--config.log_every=2", "--config.eval_every=4", "--config.eval_batches=2",
@@ -111,19 +111,6 @@ def evaluate_all(args, runs, eval_dir) -> dict:
     raise SystemExit(f"evaluation failed (exit {rc})")
   with open(os.path.join(eval_dir, "report.json")) as f:
     return json.load(f)
-
-
-def read_metrics(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, "metrics.jsonl")
-  rows = []
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          rows.append(json.loads(line))
-        except json.JSONDecodeError:
-          pass
-  return rows
 
 
 def machine() -> str:
@@ -164,6 +151,7 @@ def main(argv=None) -> int:
   eval_dir = os.path.join(args.out, "eval")
   report = evaluate_all(args, runs, eval_dir)
   from rove_jax.evaluation import results_writeup
+  from rove_jax.metrics_log import read_metrics
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
   meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv),
           "commit": code_version, "machine": machine(), "started": started.isoformat(timespec="seconds"),

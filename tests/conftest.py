@@ -18,6 +18,17 @@ if _OPT_FLAG not in _flags:
   _flags += f" {_OPT_FLAG}=0"
 os.environ["XLA_FLAGS"] = _flags.strip()
 
+# One persistent compilation cache for the whole test session: the controller creates it before
+# the xdist workers start, and they and every child process (train.py, eval, the notebook)
+# inherit it, so a program compiled by one test (the tiny model's train step, the evaluation
+# forwards) is read back by the next instead of compiled again. Removed when the session ends.
+_CACHE_VAR = "JAX_COMPILATION_CACHE_DIR"
+_OWN_CACHE = None
+if _CACHE_VAR not in os.environ:
+  import tempfile
+  _OWN_CACHE = os.environ[_CACHE_VAR] = tempfile.mkdtemp(prefix="rove-jax-test-xla-cache-")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -34,6 +45,12 @@ def has_gpu() -> bool:
     return bool(jax.devices("gpu"))
   except RuntimeError:
     return False
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE is not None:
+    import shutil
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

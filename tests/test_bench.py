@@ -22,8 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _clean_env():
-  # conftest splits the CPU into 8 fake devices; the suite must see the machine as it is.
-  return subprocess_env(devices=None, JAX_PLATFORMS="cpu")
+  # conftest splits the CPU into 8 fake devices; the suite must see the machine as it is, and
+  # compile its programs itself (it times compilation): no shared compilation cache.
+  return subprocess_env(devices=None, JAX_PLATFORMS="cpu", JAX_ENABLE_COMPILATION_CACHE="false")
 
 
 @pytest.fixture(scope="module")
