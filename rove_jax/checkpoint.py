@@ -16,13 +16,23 @@ naming the missing and unexpected entries; it is never taken for an unreadable o
 
 Orbax writes each checkpoint into a temporary directory and renames it when complete, so a
 process killed mid-save leaves the previous checkpoints intact; old checkpoints are deleted
-only after a newer one is finalized. A checkpoint that cannot be read (truncated or deleted
-files) is reported by step, moved aside to `workdir/checkpoints_unreadable/`, and the previous
-one is restored instead.
+only after a newer one is finalized.
+
+Integrity: every save records in meta["integrity"] a checksum of each state array and of the
+iterator state (`rove_jax.checksums`), computed from the state in memory; every restore
+verifies them. A checkpoint that cannot be read for its own reasons (truncated, missing or
+corrupted files, a checksum mismatch, non-finite values) is reported by step, moved aside to
+`workdir/checkpoints_unreadable/` (never deleted), and the previous one is restored instead.
+A failure that is not the checkpoint's own (out of memory, permissions, a full disk, a
+network file system timing out) stops the restore with every file left where it is.
+
+Readers (`read_run`, evaluation, the notebook) open the directory read-only: they create,
+clean up, move and delete nothing, so they are safe beside a run that is writing.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -30,6 +40,8 @@ from typing import Any, Callable, Optional
 
 import jax
 import orbax.checkpoint as ocp
+
+from rove_jax import checksums
 
 CHECKPOINTS = "checkpoints"  # the directory inside a workdir
 PARAMS = "params."  # the prefix of the parameter entries in the flat state
@@ -39,26 +51,60 @@ class LayoutError(ValueError):
   """A readable checkpoint whose entries do not match the tree it is restored into."""
 
 
+class CorruptCheckpoint(ValueError):
+  """A checkpoint whose contents fail their recorded checksums (or hold non-finite values)."""
+
+
+class RestoreEnvironmentError(RuntimeError):
+  """A restore that failed for a reason outside the checkpoint (memory, permissions, disk)."""
+
+
+_ENV_ERRNOS = {errno.ENOMEM, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EMFILE,
+               errno.ENFILE, errno.ETIMEDOUT, errno.EAGAIN, errno.EINTR}
+_ENV_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "PERMISSION_DENIED",
+                "DEADLINE_EXCEEDED", "UNAVAILABLE", "Cannot allocate memory")
+
+
+def _not_the_checkpoints_fault(e: BaseException) -> bool:
+  """Failures of the machine rather than of the files: retrying later may well succeed, so
+  they must never get a checkpoint moved aside."""
+  if isinstance(e, (MemoryError, PermissionError, TimeoutError, ConnectionError)):
+    return True
+  if isinstance(e, OSError) and e.errno in _ENV_ERRNOS:
+    return True
+  return any(m in str(e) for m in _ENV_MARKERS)
+
+
 def checkpoint_dir(workdir: str) -> str:
   """Where a training workdir keeps its checkpoints."""
   return os.path.join(os.path.abspath(workdir), CHECKPOINTS)
 
 
 class Checkpointer:
-  """A CheckpointManager with fallback on unreadable checkpoints."""
+  """A CheckpointManager with integrity checks and fallback on unreadable checkpoints.
 
-  def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+  Args:
+    directory: the checkpoints directory (`checkpoint_dir(workdir)`).
+    keep: how many checkpoints to keep (older ones are deleted after a newer one is final).
+    async_save: save in a background thread (the state is copied to the host first).
+    read_only: for readers: nothing is created, cleaned up, moved or deleted.
+  """
+
+  def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True,
+               read_only: bool = False):
     if not (isinstance(keep, int) and keep >= 1):
       raise ValueError(f"keep_checkpoints must be an int >= 1, got {keep!r}")
     self.directory = os.path.abspath(directory)
     self.keep = keep
     self.async_save = async_save
+    self.read_only = read_only
     self._open()
 
   def _open(self):
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=self.keep, create=True, cleanup_tmp_directories=True,
-        enable_async_checkpointing=self.async_save)
+        max_to_keep=self.keep, create=not self.read_only,
+        cleanup_tmp_directories=not self.read_only, read_only=self.read_only,
+        enable_async_checkpointing=self.async_save and not self.read_only)
     # Handlers named up front: metadata and single items read back without orbax warnings.
     handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
@@ -76,6 +122,16 @@ class Checkpointer:
     restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     return dict(restored["meta"])
 
+  def newest_meta(self, *, report=print) -> Optional[tuple[int, dict]]:
+    """(step, metadata) of the newest checkpoint whose metadata reads, or None; checkpoints
+    whose metadata does not read are reported (the restore will deal with them)."""
+    for step in reversed(self.steps()):
+      try:
+        return step, self.read_meta(step)
+      except Exception as e:  # noqa: BLE001 - any failure: look at the older one
+        report(f"checkpoint at step {step}: its metadata cannot be read ({_describe(e)})")
+    return None
+
   def stored_entries(self, step: int) -> Optional[dict]:
     """{entry name: array metadata (shape, dtype)} of the state at `step`, or None when its
     metadata cannot be read (the restore that follows reports that checkpoint as unreadable)."""
@@ -87,11 +143,17 @@ class Checkpointer:
 
   # ------------------------------------------------------------------------------- save
   def save(self, step: int, state: Any, data_state: dict, meta: dict) -> None:
-    """Starts an (async) save of `state` at `step`; refuses a state that is not finite."""
+    """Starts an (async) save of the flat `state` at `step` with the checksums of its arrays
+    and of `data_state` in the metadata; refuses a state that is not finite."""
+    if self.read_only:
+      raise RuntimeError(f"{self.directory} was opened read-only")
     bad = non_finite_leaves(state)
     if bad:
       raise FloatingPointError(f"refusing to checkpoint a non-finite train state at step {step} "
                                f"(first bad leaves: {bad[:3]})")
+    meta = {**meta, "integrity": {"algorithm": checksums.ALGORITHM,
+                                  "state": checksums.array_checksums(state),
+                                  "data": checksums.json_checksum(data_state)}}
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
         meta=ocp.args.JsonSave(meta)), force=True)
@@ -122,6 +184,11 @@ class Checkpointer:
       except LayoutError:
         raise
       except Exception as e:  # noqa: BLE001 - any failure to read means: try the older one
+        if _not_the_checkpoints_fault(e):
+          raise RestoreEnvironmentError(
+              f"restoring the checkpoint at step {step} in {self.directory} failed for a reason "
+              f"that is not the checkpoint's own ({_describe(e)}); nothing was moved or deleted: "
+              f"fix the cause and rerun") from e
         on_unreadable(step, e)
         last = e
     if steps:
@@ -147,16 +214,23 @@ class Checkpointer:
 
     Raises:
       LayoutError: the newest checkpoint names other entries than `abstract_state`.
+      RestoreEnvironmentError: a restore failed for a reason outside the checkpoint (nothing
+        is moved).
+      RuntimeError: every checkpoint was unreadable (each was moved aside).
     """
     def restore_step(step):
       self.check_layout(step, abstract_state)
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
           meta=ocp.args.JsonRestore()))
-      bad = non_finite_leaves(restored["state"])
+      state, data_state, meta = restored["state"], dict(restored["data"]), dict(restored["meta"])
+      if not verify(state, meta, data_state):
+        report(f"checkpoint at step {step} carries no checksums (written before they existed): "
+               f"restored unverified")
+      bad = non_finite_leaves(state)
       if bad:
-        raise ValueError(f"non-finite values in {bad[:3]}")
-      return restored["state"], dict(restored["data"]), dict(restored["meta"])
+        raise CorruptCheckpoint(f"non-finite values in {bad[:3]}")
+      return state, data_state, meta
 
     def unreadable(step, e):
       report(f"checkpoint at step {step} cannot be restored ({_describe(e)}); falling back "
@@ -165,28 +239,59 @@ class Checkpointer:
 
     try:
       found = self.newest_readable(restore_step, on_unreadable=unreadable)
+    except RestoreEnvironmentError:
+      raise
     except RuntimeError as e:
-      raise RuntimeError(f"{e}; they were moved to {self._quarantine_dir()}") from e.__cause__
+      raise RuntimeError(f"{e}; they were moved to {self.quarantine_dir()}") from e.__cause__
     if found is None:
       return None
     step, (state, data_state, meta) = found
     return step, state, data_state, meta
 
-  def _quarantine_dir(self) -> str:
+  def quarantine_dir(self) -> str:
+    """Where unreadable checkpoints are moved (`workdir/checkpoints_unreadable`)."""
     return os.path.join(os.path.dirname(self.directory),
                         os.path.basename(self.directory) + "_unreadable")
+
+  def quarantined(self) -> list[str]:
+    """The checkpoints moved aside so far (directory names `<step>-<milliseconds>`)."""
+    qdir = self.quarantine_dir()
+    return sorted(os.listdir(qdir)) if os.path.isdir(qdir) else []
 
   def _quarantine(self, step: int) -> None:
     """Moves an unreadable step aside (never deletes it) so a new save can reuse the step."""
     src = os.path.join(self.directory, str(step))
     if not os.path.exists(src):
       return
-    os.makedirs(self._quarantine_dir(), exist_ok=True)
-    dst = os.path.join(self._quarantine_dir(), f"{step}-{int(time.time() * 1000)}")
+    os.makedirs(self.quarantine_dir(), exist_ok=True)
+    dst = os.path.join(self.quarantine_dir(), f"{step}-{int(time.time() * 1000)}")
     self.manager.wait_until_finished()
     shutil.move(src, dst)
     self.manager.close()
     self._open()
+
+
+def verify(state: dict, meta: dict, data_state: Optional[dict] = None) -> bool:
+  """Checks a restored flat state (and iterator state) against the checksums in its metadata.
+
+  Returns:
+    True when verified, False when the checkpoint carries no checksums (older versions).
+
+  Raises:
+    CorruptCheckpoint: naming the entries whose checksums differ.
+  """
+  integrity = meta.get("integrity")
+  if integrity is None:
+    return False
+  if integrity.get("algorithm") != checksums.ALGORITHM:
+    raise CorruptCheckpoint(f"unknown checksum algorithm {integrity.get('algorithm')!r}")
+  bad = checksums.mismatches(integrity["state"], checksums.array_checksums(state))
+  if bad:
+    raise CorruptCheckpoint(f"{len(bad)} arrays fail their checksums: "
+                            f"{', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}")
+  if data_state is not None and checksums.json_checksum(data_state) != integrity["data"]:
+    raise CorruptCheckpoint("the data iterator state fails its checksum")
+  return True
 
 
 def _describe(e: Exception) -> str:
@@ -235,7 +340,7 @@ def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=pri
   if not os.path.isdir(ckdir):
     raise ValueError(f"{workdir} holds no {CHECKPOINTS}/ directory: train it first "
                      f"(rove-train --config ... --workdir {workdir})")
-  ck = Checkpointer(ckdir)
+  ck = Checkpointer(ckdir, read_only=True)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
   def restore_step(step):
@@ -247,6 +352,7 @@ def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=pri
     restored = ck.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
     meta, state = dict(restored["meta"]), restored["state"]
+    verify(state, meta)
     try:
       abstract = abstract_params(meta)
     except ValueError as e:  # readable, but not a model this code builds: no fallback

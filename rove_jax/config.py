@@ -10,6 +10,7 @@ device (validation is numpy only), so a config can be built before jax.distribut
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -81,6 +82,7 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   c.checkpoint_every = 200
   c.keep_checkpoints = 3
   c.async_checkpoints = True
+  c.fresh_start = False  # start from step 0 although earlier checkpoints were found unreadable
   c.seed = 0
   c.progress = True
   c.sample_tokens = 200  # a generated sample printed at the end (0: none)
@@ -145,8 +147,17 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
     if not (isinstance(c[name], int) and c[name] >= 1):
       raise ValueError(f"{name} must be an int >= 1, got {c[name]!r}")
   o = c.optim
-  if not o.lr > 0:
-    raise ValueError(f"optim.lr must be > 0, got {o.lr}")
+  ranges = {"lr": (0, math.inf, False), "weight_decay": (0, math.inf, True),
+            "min_lr_ratio": (0, 1, True), "b1": (0, 1, True), "b2": (0, 1, True),
+            "eps": (0, math.inf, False), "clip_norm": (0, math.inf, True)}
+  for name, (lo, hi, lo_ok) in ranges.items():
+    value = o[name]
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (lo <= value if lo_ok else lo < value) and value <= hi)
+    if not ok:
+      interval = f"{'[' if lo_ok else '('}{lo}, {hi}{']' if hi != math.inf else ')'}"
+      raise ValueError(f"optim.{name} must be a finite number in {interval}, got {value!r}"
+                       + (" (clip_norm=0 turns clipping off)" if name == "clip_norm" else ""))
   if not (isinstance(o.grad_accum, int) and o.grad_accum >= 1):
     raise ValueError(f"optim.grad_accum must be an int >= 1, got {o.grad_accum!r}")
   if not 0 <= o.warmup_steps <= c.steps:

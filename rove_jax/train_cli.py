@@ -57,25 +57,54 @@ def _rewrite_config_flag(argv: list[str]) -> list[str]:
   return out
 
 
+_STARTED = []  # set when main runs: errors before that come from parsing the flags
+TRACEBACK_VAR = "ROVE_JAX_TRACEBACK"  # =1: expected errors show their traceback too
+
+
+def _fail(message: str, code: int) -> int:
+  print(f"error: {message}", file=sys.stderr)
+  if os.environ.get(TRACEBACK_VAR) == "1":
+    raise
+  return code
+
+
 def main(argv):
+  _STARTED.append(True)
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
   # after flag parsing: --help stays fast
   from rove_jax import sharding, training
+  # Expected failures end with one message and an exit code, no traceback (set
+  # ROVE_JAX_TRACEBACK=1 to see it): 2 a bad config or input, 3 a run that diverged, 1 the rest
+  # (a missing package, files, the machine: memory, disk, permissions, another trainer).
   try:
     # Evaluating the config file touched no device (validation is numpy only), so
     # jax.distributed can still start here, before the first device is used.
     sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
     summary = training.train(_CONFIG.value, _WORKDIR.value)
+    training.report(summary, _CONFIG.value)
   except (ValueError, NotImplementedError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  except training.NonFiniteError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 3
-  training.report(summary, _CONFIG.value)
+    return _fail(str(e), 2)
+  except (training.NonFiniteError, FloatingPointError) as e:
+    return _fail(str(e), 3)
+  except ImportError as e:
+    return _fail(str(e) if "pip install" in str(e) else
+                 f"{e}; is rove_jax installed with its extras (pip install 'rove_jax[all]')?", 1)
+  except (OSError, RuntimeError) as e:
+    return _fail(f"{type(e).__name__}: {e}", 1)
   return 0
+
+
+def _override_error(e: Exception, argv: list[str]) -> str:
+  """A one-paragraph message for an exception raised while absl parsed the flags."""
+  text = " ".join(str(e).replace("\\n", " ").replace("\\'", "'").split()).strip("'\"")
+  overrides = [a.split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  words = [w.strip("'\"") for w in text.split()]
+  culprit = next((o for o in overrides if any(o.endswith("." + w) for w in words if w)), None)
+  where = f"{culprit}: " if culprit else ""
+  return (f"{where}{type(e).__name__}: {text} (the fields a run reads are in "
+          f"rove_jax/config.py:base_config)")
 
 
 def run(argv=None):
@@ -91,7 +120,13 @@ def run(argv=None):
   main_module = sys.modules.get("__main__")
   if main_module is not None and not getattr(main_module, "__doc__", None):
     main_module.__doc__ = __doc__
-  app.run(main, argv=argv)
+  try:
+    app.run(main, argv=argv)
+  except Exception as e:  # noqa: BLE001 - only errors of flag parsing are caught here
+    if _STARTED:
+      raise
+    print(f"error: invalid --config override: {_override_error(e, argv)}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

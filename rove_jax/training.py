@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import signal
 import sys
@@ -32,7 +31,9 @@ from flax import nnx
 from rove_jax import checkpoint as ckpt_lib
 from rove_jax import config as config_lib
 from rove_jax import data as data_lib
+from rove_jax import resume
 from rove_jax import sharding as sharding_lib
+from rove_jax.metrics_log import MetricsLog
 from rove_jax.model import GPT, GPTConfig
 
 # Weight decay applies to these matrices only; embeddings, norms, biases and the T5 table
@@ -159,52 +160,6 @@ def evaluate(eval_step, params, batches) -> Optional[float]:
 # ------------------------------------------------------------------------------ logging
 
 
-class MetricsLog:
-  """workdir/metrics.jsonl (one JSON object a line) and TensorBoard event files."""
-
-  def __init__(self, workdir: str, *, resume_step: int, enabled: bool = True):
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    self.enabled = enabled
-    self.tb = None
-    if not enabled:
-      return
-    # A resumed run recomputes the steps after its checkpoint: drop their old lines.
-    if os.path.exists(self.path):
-      with open(self.path) as f:
-        lines = [ln for ln in f if ln.strip()]
-      kept = [ln for ln in lines if _line_step(ln) is not None and _line_step(ln) <= resume_step]
-      tmp = self.path + ".tmp"
-      with open(tmp, "w") as f:
-        f.writelines(kept)
-      os.replace(tmp, self.path)
-    try:
-      from tensorboardX import SummaryWriter
-      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-    except ImportError:  # optional: the JSONL log is the record
-      self.tb = None
-
-  def write(self, record: dict) -> None:
-    if not self.enabled:
-      return
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
-    if self.tb is not None:
-      for k, v in record.items():
-        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-          self.tb.add_scalar(k, v, record["step"])
-
-  def close(self):
-    if self.tb is not None:
-      self.tb.close()
-
-
-def _line_step(line: str):
-  try:
-    return json.loads(line).get("step")
-  except json.JSONDecodeError:  # a line cut by a kill
-    return None
-
-
 class _StopSignal:
   """SIGTERM / SIGINT set a flag; the loop finishes its step, saves and returns."""
 
@@ -253,21 +208,6 @@ def model_meta(model_cfg: GPTConfig) -> dict:
   return model_cfg.to_dict()
 
 
-# The fields that fix the parameter shapes: a workdir's checkpoints must agree on them.
-_SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_len",
-                 "pos_encoding", "norm", "mlp", "use_bias", "tie_embeddings", "t5_num_buckets")
-
-
-def check_same_model(saved: dict, model_cfg: GPTConfig, workdir: str) -> None:
-  """Raises ValueError naming the shape fields in which checkpoint metadata `saved` (its
-  "model" section) differs from `model_cfg`."""
-  mine = model_meta(model_cfg)
-  diffs = {k: (saved.get(k), mine[k]) for k in _SHAPE_FIELDS if saved.get(k) != mine[k]}
-  if diffs:
-    raise ValueError(f"workdir {workdir} holds checkpoints of a different model "
-                     f"(field: saved, now): {diffs}; use another --workdir or the same model")
-
-
 def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None) -> dict:
   """Trains (or resumes) the run described by config `c` in `workdir`; returns a summary.
 
@@ -287,12 +227,57 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
   if c.data.batch_size % c.optim.grad_accum:
     raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by "
                      f"optim.grad_accum={c.optim.grad_accum}")
+  # The lock comes first: opening the checkpoints for writing cleans up unfinished saves,
+  # which must never happen under another trainer's feet.
+  lock = resume.WriterLock(workdir)
+  error = None
+  if pidx == 0:
+    try:
+      lock.acquire(log=log)
+    except resume.LockError as e:
+      error = e
+  if nproc > 1:  # every process stops if process 0 could not lock
+    from jax.experimental import multihost_utils
+    failed = multihost_utils.broadcast_one_to_all(np.array(error is not None))
+    if bool(failed) and error is None:
+      error = resume.LockError(f"process 0 could not lock {workdir}; see its log")
+  if error is not None:
+    raise error
+  ckpt = None
+  try:
+    ckpt = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints,
+                                 async_save=c.async_checkpoints)
+    return _train(c, workdir, model_cfg, mesh, ckpt, log)
+  finally:
+    if ckpt is not None:
+      ckpt.close()
+    if pidx == 0:
+      lock.release()
 
-  ckpt = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints,
-                               async_save=c.async_checkpoints)
-  latest = ckpt.latest_step()
-  if latest is not None:  # a different model in this workdir is an error, before data work
-    check_same_model(ckpt.read_meta(latest).get("model", {}), model_cfg, workdir)
+
+def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
+  """The body of `train`, inside the writer lock and with the checkpoints open."""
+  nproc, pidx = jax.process_count(), jax.process_index()
+  schedule = lr_schedule(c.optim, c.steps)
+  tx = make_optimizer(c.optim, c.steps)
+
+  def init_state():
+    _, params = nnx.split(GPT(model_cfg, rngs=nnx.Rngs(c.seed)), nnx.Param)
+    return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+
+  abstract_state = jax.eval_shape(init_state)
+  meta = {"model": model_meta(model_cfg), "config": config_lib.as_plain(c),
+          "tokenizer": {"spec": c.data.tokenizer}}
+  # Before data work and before any restore: a config that cannot continue the saved run is an
+  # error that leaves every checkpoint where it is.
+  resume.check_resumable(ckpt, meta, ckpt_lib.to_flat(abstract_state), workdir=workdir,
+                         log=log)
+  if ckpt.latest_step() is None and ckpt.quarantined() and not c.fresh_start:
+    raise ValueError(
+        f"{ckpt.directory} holds no checkpoint, but {len(ckpt.quarantined())} earlier ones of "
+        f"this run were found unreadable and moved to {ckpt.quarantine_dir()}. Starting again "
+        f"from step 0 would overwrite its metrics: move a checkpoint back if you can repair it, "
+        f"or pass --config.fresh_start=True to start from step 0 (the moved ones stay).")
 
   data = data_lib.prepare(corpus_from_config(c.data), c.data.tokenizer, workdir=workdir,
                           max_train_tokens=c.data.max_train_tokens,
@@ -310,25 +295,16 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
                      f"model.vocab_size is {model_cfg.vocab_size}; set "
                      f"--config.model.vocab_size={need}")
 
-  schedule = lr_schedule(c.optim, c.steps)
-  tx = make_optimizer(c.optim, c.steps)
-
-  def init_state():
-    _, params = nnx.split(GPT(model_cfg, rngs=nnx.Rngs(c.seed)), nnx.Param)
-    return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
-
   # Parameters and optimizer state are created already sharded: no full copy on one device.
   graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(c.seed))))
-  abstract_state = jax.eval_shape(init_state)
   path_specs = sharding_lib.param_path_specs(abstract_state.params, mesh)
   state_sh = sharding_lib.tree_shardings(abstract_state, path_specs, mesh)
   state = jax.jit(init_state, out_shardings=state_sh)()
   iterator = data.train_iterator(seq_len=c.data.seq_len, global_batch_size=c.data.batch_size,
                                  seed=c.seed, packing=c.data.packing, process_index=pidx,
                                  process_count=nproc)
-  meta = {"model": model_meta(model_cfg), "config": config_lib.as_plain(c),
-          "tokenizer": {"spec": c.data.tokenizer, "name": data.tokenizer.name,
-                        "vocab_size": data.tokenizer.vocab_size, "eot_id": data.tokenizer.eot_id}}
+  meta["tokenizer"].update(name=data.tokenizer.name, vocab_size=data.tokenizer.vocab_size,
+                           eot_id=data.tokenizer.eot_id)
 
   start = 0
   target = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
@@ -339,7 +315,7 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
     state = ckpt_lib.from_flat(flat, state)
     iterator.set_state(data_state)
     log(f"resumed from step {start} in {ckpt.directory}")
-  metrics_log = MetricsLog(workdir, resume_step=start, enabled=pidx == 0)
+  metrics_log = MetricsLog(workdir, resume_step=start, enabled=pidx == 0, report=log)
   batch_sh = sharding_lib.batch_sharding(mesh)
   train_step = make_train_step(graphdef, tx, c.optim.grad_accum, schedule,
                                state_shardings=state_sh, batch_sharding=batch_sh)
@@ -411,8 +387,10 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
         break
     if ckpt.latest_step() != step:  # always end with a checkpoint of the final state
       save(step)
-  ckpt.close()
   metrics_log.close()
+  if step > start and nonfinite_total == step - start:
+    raise NonFiniteError(f"every one of the {step - start} steps run was skipped as non-finite: "
+                         f"nothing was learned; lower optim.lr or check the data")
   counts = np.bincount(np.asarray(data.val_tokens, np.int64), minlength=1).astype(np.float64)
   probs = counts[counts > 0] / counts.sum()
   summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())

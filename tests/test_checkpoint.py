@@ -124,7 +124,8 @@ def test_training_resume_with_another_layout_raises_and_quarantines_nothing(tmp_
   # the same names restore (the check does not reject a good checkpoint)
   same = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), old)
   step, state, _, meta = ck.restore_latest(same, report=pytest.fail)
-  assert step == 3 and meta == {"step": 3}
+  assert step == 3 and meta["step"] == 3 and sorted(meta) == ["integrity", "step"]
+  assert sorted(meta["integrity"]["state"]) == sorted(old)  # a checksum for every array
   chex.assert_trees_all_close(state, old)
   ck.close()
 

@@ -9,7 +9,7 @@ import chex
 import numpy as np
 import pytest
 
-from rove_jax.evaluation import cli, scoring
+from rove_jax.evaluation import cli, report, scoring
 from tests.test_perplexity import (TRAIN_LEN, assert_row_matches, reference_model,
                                    reference_ppl)
 
@@ -74,3 +74,40 @@ def test_data_path_and_stride_score_the_given_text_file(trained_run, tmp_path, s
       if stride is not None:  # sliding windows give the targets other contexts
         other = reference_ppl(model, tokens, L, **kw)
         assert abs(want["loss"] - other["loss"]) > 1e-4 * other["loss"], (want, other)
+
+
+def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plots(
+    trained_run, tmp_path, monkeypatch, capsys):
+  monkeypatch.setitem(cli.SUITES, "quick", {**cli.SUITES["quick"], "ppl_tokens": 256})
+  out = tmp_path / "eval"
+  out.mkdir()
+  before = {name: f"an earlier report's {name}".encode() for name in (
+      "report.json", "report.md", *report.PLOT_FILES.values(), "mine.png")}
+  for name, data in before.items():
+    (out / name).write_bytes(data)
+  argv = ["--workdir", str(trained_run), "--out", str(out), "--tasks", "ppl", "--lengths",
+          str(TRAIN_LEN), "--yarn", "off", "--no-progress"]
+  original = report._write_data
+
+  def disk_full_at_json(f, data, path):
+    if path.endswith("report.json"):
+      original(f, data[:10], path)
+      raise OSError(28, "No space left on device")
+    original(f, data, path)
+
+  monkeypatch.setattr(report, "_write_data", disk_full_at_json)
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err
+  assert err.splitlines()[-1] == "rove-eval: error: [Errno 28] No space left on device"
+  assert "Traceback" not in err
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no change, no temp files
+  monkeypatch.setattr(report, "_write_data", original)
+  assert cli.main(argv) == 0
+  md = (out / "report.md").read_text()
+  assert md.strip() in capsys.readouterr().out  # printed as written
+  assert md.strip().splitlines()[-1] == "Plots: perplexity_vs_length.png, figure1_mixer.png"
+  assert sorted(p.name for p in out.iterdir()) == [  # the earlier ruler and icl plots are gone
+      "figure1_mixer.png", "mine.png", "perplexity_vs_length.png", "report.json", "report.md"]
+  for name in ("figure1_mixer.png", "perplexity_vs_length.png"):
+    assert (out / name).read_bytes()[:4] == b"\x89PNG", name
+  assert json.loads((out / "report.json").read_text())["runs"][0]["perplexity"]["none"]

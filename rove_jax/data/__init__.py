@@ -4,7 +4,8 @@ One concern a module:
   sources.py      Corpus, the train/val split, iter_documents, held_out_keys
   files.py        local files: discovery, the .txt/.jsonl/parquet readers, the stdlib corpus
   hf.py           the hf source: datasets.load_dataset(..., streaming=True)
-  token_cache.py  load_tokens: documents -> flat token array, cached as tokens-*.npy
+  token_cache.py  load_tokens: documents -> flat token array, cached as tokens-*.npy with a
+                  tokens-*.json record that is checked on load (a damaged cache is rebuilt)
   pipeline.py     train_iterator (grain), eval_batches, make_batch, prepare -> Data
 
 Shape letters (here):
@@ -28,7 +29,8 @@ Sources:
              virtualenvs, __pycache__ and empty files are skipped; files are read in sorted
              relative-path order. `path` may name another library root.
   "text"     .txt files (one document each) and .jsonl files (one document per line, the
-             `text_field` of each object), from a file, a directory or a glob.
+             `text_field` of each object), from a file, a directory or a glob. UTF-8 only: a
+             binary file is refused when named, skipped with a warning when matched.
   "parquet"  parquet shards (file, directory or glob) with a `text_field` column, read one
              row-group batch at a time (FineWeb-Edu shards, for instance).
   "hf"       `datasets.load_dataset(path, hf_config, split=hf_split, streaming=True)`; the `hf`

@@ -1,5 +1,10 @@
 """Local documents: file discovery and the readers of the text, parquet and stdlib sources.
 
+Text files must be UTF-8 without NUL bytes: one the corpus path names itself is refused, one a
+directory or glob matched is skipped with a warning (listing reads each file's first 8 KiB; a
+bad byte found later fails the read, naming the file). Parquet files are checked for their
+magic bytes when listed. Every read error names its file.
+
 A `Unit` is one file (or, for the stdlib's pydoc topics, one topic): what the validation split
 holds out whole, and what the token cache's key lists with its size and modification time.
 """
@@ -7,12 +12,14 @@ holds out whole, and what the token cache's key lists with its size and modifica
 from __future__ import annotations
 
 import ast
+import codecs
 import dataclasses
 import glob as globlib
 import io
 import json
 import os
 import tokenize
+import warnings
 from typing import Callable, Iterator, Optional
 
 TEXT_EXTENSIONS = (".txt", ".jsonl")
@@ -20,6 +27,8 @@ PARQUET_EXTENSIONS = (".parquet",)
 STDLIB_EXTENSIONS = (".py", ".txt", ".rst", ".md")
 _STDLIB_SKIP_DIRS = ("site-packages", "dist-packages", "__pycache__")
 _TOPICS = "pydoc_data/topics.py"
+_SNIFF_BYTES = 8192  # read of each text file when listing: NUL bytes or bad UTF-8 -> binary
+_TO_UTF8 = "convert it to UTF-8 text (e.g. iconv -t UTF-8) or remove it from the corpus"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +40,7 @@ class Unit:
   whole: bool = False                     # exactly one document (a .txt file)
 
 
-def resolve_files(pattern: str, exts: tuple[str, ...], what: str) -> list[str]:
+def resolve_files(pattern: str, exts: tuple[str, ...], what: str) -> tuple[list[str], bool]:
   """The sorted files a path, directory or glob names, all ending in one of exts.
 
   Args:
@@ -40,9 +49,11 @@ def resolve_files(pattern: str, exts: tuple[str, ...], what: str) -> list[str]:
     what: names the corpus in error messages.
 
   Returns:
-    the file paths, sorted. Raises ValueError when nothing matches or a file has another ending.
+    (the file paths, sorted; whether pattern named one file itself rather than a directory or
+    glob). Raises ValueError when nothing matches or a file has another ending.
   """
   expanded = os.path.expanduser(pattern)
+  named = False
   if any(c in expanded for c in "*?["):
     files = sorted(f for f in globlib.glob(expanded, recursive=True) if os.path.isfile(f))
     if not files:
@@ -53,14 +64,14 @@ def resolve_files(pattern: str, exts: tuple[str, ...], what: str) -> list[str]:
     if not files:
       raise ValueError(f"{what}: the directory {pattern!r} holds no {exts} files")
   elif os.path.isfile(expanded):
-    files = [expanded]
+    files, named = [expanded], True
   else:
     raise ValueError(f"{what}: path {pattern!r} does not exist; expected a file, a directory "
                      f"or a glob of {exts} files")
   bad = [f for f in files if not f.endswith(exts)]
   if bad:
     raise ValueError(f"{what}: {bad[0]!r} is not one of {exts}; narrow the glob to those files")
-  return files
+  return files, named
 
 
 def file_units(source: str, pattern: str, text_field: str) -> list[Unit]:
@@ -72,10 +83,20 @@ def file_units(source: str, pattern: str, text_field: str) -> list[Unit]:
     text_field: the jsonl key / parquet column holding the text.
 
   Returns:
-    one `Unit` per file, keyed by its path relative to the files' common directory.
+    one `Unit` per file, keyed by its path relative to the files' common directory. A text
+    file that is not UTF-8 text (see `text_problem`) raises ValueError when pattern names it,
+    and is skipped with a warning when a directory or glob matched it; a file that is not
+    parquet (no PAR1 magic bytes) raises ValueError.
   """
+  what = f"{source} corpus"
   exts = TEXT_EXTENSIONS if source == "text" else PARQUET_EXTENSIONS
-  files = [os.path.abspath(f) for f in resolve_files(pattern, exts, f"{source} corpus")]
+  found, named = resolve_files(pattern, exts, what)
+  files = [os.path.abspath(f) for f in found]
+  if source == "text":
+    files = _drop_binary(files, named, pattern, what)
+  else:
+    for f in files:
+      _check_parquet_magic(f, what)
   # Keys relative to the files' common directory: the held-out choice survives moving the data.
   root = os.path.dirname(files[0]) if len(files) == 1 else os.path.commonpath(files)
   units = []
@@ -92,40 +113,145 @@ def file_units(source: str, pattern: str, text_field: str) -> list[Unit]:
   return units
 
 
+def _drop_binary(files: list[str], named: bool, pattern: str, what: str) -> list[str]:
+  kept, skipped = [], []
+  for f in files:
+    problem = text_problem(f, _SNIFF_BYTES)
+    if problem is None:
+      kept.append(f)
+    elif named:
+      raise ValueError(f"{what}: {f} is not UTF-8 text ({problem}); {_TO_UTF8}")
+    else:
+      skipped.append(f)
+      warnings.warn(f"{what}: skipping {f}, matched by {pattern!r}: it is not UTF-8 text "
+                    f"({problem}); {_TO_UTF8}", stacklevel=2)
+  if not kept:
+    raise ValueError(f"{what}: none of the {len(skipped)} files {pattern!r} matched is UTF-8 "
+                     f"text (skipped {skipped[:3]}); point path at text files or convert them "
+                     f"to UTF-8")
+  return kept
+
+
+def text_problem(path: str, limit: Optional[int] = None) -> Optional[str]:
+  """Why a file is not UTF-8 text (a NUL byte, invalid UTF-8), or None if it is.
+
+  Args:
+    path: the file.
+    limit: look at only its first limit bytes (None: all of it).
+
+  Returns:
+    None, or a short reason with the byte offset, e.g. "invalid UTF-8 at byte 12".
+  """
+  decoder = codecs.getincrementaldecoder("utf-8")()
+  offset = 0
+  with open(path, "rb") as f:
+    while limit is None or offset < limit:
+      chunk = f.read(1 << 20 if limit is None else min(1 << 20, limit - offset))
+      pending = len(decoder.getstate()[0])  # bytes of an unfinished character
+      if not chunk:
+        try:
+          decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+          return f"a truncated UTF-8 sequence at its end, byte {offset - pending}"
+        return None
+      nul = chunk.find(b"\x00")
+      if nul >= 0:
+        return f"a NUL byte at byte {offset + nul}"
+      try:
+        decoder.decode(chunk)
+      except UnicodeDecodeError as e:
+        return f"invalid UTF-8 at byte {offset - pending + e.start}"
+      offset += len(chunk)
+  return None
+
+
+def _read_text_error(path: str, error: UnicodeDecodeError) -> ValueError:
+  problem = text_problem(path) or f"{error.reason}"
+  return ValueError(f"text corpus: {path} is not UTF-8 text ({problem}); {_TO_UTF8}")
+
+
 def _txt_reader(path: str):
   def docs():
-    with open(path, encoding="utf-8", errors="replace") as f:
-      yield f.read()
+    try:
+      with open(path, encoding="utf-8") as f:
+        text = f.read()
+    except UnicodeDecodeError as e:
+      raise _read_text_error(path, e) from None
+    if "\x00" in text:
+      raise ValueError(f"text corpus: {path} is not text (a NUL byte at character "
+                       f"{text.index(chr(0))}); {_TO_UTF8}")
+    yield text
   return docs
 
 
 def _jsonl_reader(path: str, field: str):
   def docs():
-    with open(path, encoding="utf-8", errors="replace") as f:
-      for line_no, line in enumerate(f, 1):
+    with open(path, encoding="utf-8") as f:
+      lines = enumerate(f, 1)
+      while True:
+        try:
+          line_no, line = next(lines)
+        except StopIteration:
+          return
+        except UnicodeDecodeError as e:
+          raise _read_text_error(path, e) from None
         if not line.strip():
           continue
         try:
           row = json.loads(line)
         except json.JSONDecodeError as e:
-          raise ValueError(f"{path}:{line_no} is not valid JSON ({e})") from None
+          raise ValueError(f"{path}:{line_no} is not valid JSON ({e}); fix or remove that "
+                           f"line (one JSON object per line)") from None
         yield text_of(row, field, f"{path}:{line_no}")
   return docs
+
+
+def _check_parquet_magic(path: str, what: str) -> None:
+  # Cheap (8 bytes): a truncated download or a non-parquet file fails here, before any work.
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    head = f.read(4)
+    f.seek(max(size - 4, 0))
+    tail = f.read(4)
+  if size < 12 or head not in (b"PAR1", b"PARE") or tail != head:
+    raise ValueError(f"{what}: {path} is not a parquet file ({size} bytes, starting "
+                     f"{head!r} and ending {tail!r}, not with the magic bytes b'PAR1'): a "
+                     f"truncated download or another format; re-download it or remove it")
 
 
 def _parquet_reader(path: str, field: str):
   def docs():
     try:
+      import pyarrow as pa
       import pyarrow.parquet as pq
     except ImportError as e:
       raise ImportError("the parquet source needs pyarrow: pip install 'rove_jax[data]'") from e
-    pf = pq.ParquetFile(path)
-    names = pf.schema_arrow.names
-    if field not in names:
+    fix = "the file is damaged or not parquet: re-download it or remove it"
+    try:
+      pf = pq.ParquetFile(path)
+      schema = pf.schema_arrow
+    except Exception as e:  # pyarrow's errors name no file
+      raise ValueError(f"parquet file {path} could not be opened ({type(e).__name__}: {e}); "
+                       f"{fix}") from e
+    if field not in schema.names:
       raise ValueError(f"parquet file {path} has no column text_field={field!r}; its columns "
-                       f"are {names}")
+                       f"are {schema.names}; set text_field")
+    kind = schema.field(field).type
+    is_view = getattr(pa.types, "is_string_view", lambda _: False)  # pyarrow >= 16
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or is_view(kind)):
+      raise ValueError(f"parquet file {path}: column text_field={field!r} holds {kind}, not "
+                       f"text; set text_field to the text column")
     # Row-group batches: a multi-GB shard never sits in memory at once.
-    for batch in pf.iter_batches(batch_size=1024, columns=[field]):
+    batches, rows = pf.iter_batches(batch_size=1024, columns=[field]), 0
+    while True:
+      try:
+        batch = next(batches)
+      except StopIteration:
+        return
+      except Exception as e:
+        raise ValueError(f"parquet file {path}: reading column {field!r} failed after {rows} "
+                         f"rows ({type(e).__name__}: {e}); {fix}") from e
+      rows += batch.num_rows
       for text in batch.column(0).to_pylist():
         if text is not None:
           yield text

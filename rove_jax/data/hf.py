@@ -41,4 +41,20 @@ def hf_texts(corpus, split: str) -> Iterator[str]:
         f"split={hf_split!r} hf_data_files={corpus.hf_data_files!r} "
         f"({type(e).__name__}: {e})") from e
   where = f"hf dataset {corpus.path!r} split {hf_split!r}"
-  return (text_of(row, corpus.text_field, where) for row in stream)
+  return _texts(stream, corpus, where)
+
+
+def _texts(stream, corpus, where: str) -> Iterator[str]:
+  rows, n = iter(stream), 0
+  while True:
+    try:
+      row = next(rows)
+    except StopIteration:
+      return
+    except Exception as e:  # a damaged data file or a dropped connection, mid-stream
+      raise ValueError(
+          f"{where}: reading failed after {n} rows ({type(e).__name__}: {e}); check the files "
+          f"of hf_data_files={corpus.hf_data_files!r} (re-download a damaged one) or the "
+          f"connection") from e
+    n += 1
+    yield text_of(row, corpus.text_field, where)

@@ -35,8 +35,8 @@ def train_iterator(tokens, *, seq_len: int, global_batch_size: int, seed: int,
   """An endless, shuffled, checkpointable iterator of this process's training batches.
 
   Windows (see the module docstring) are shuffled with seed and every epoch is reshuffled.
-  Global step s takes the next global_batch_size shuffled windows; process p gets rows [p*B, (p+1)*B) of them
-  and reads only those.
+  Global step s takes the next global_batch_size shuffled windows; process p gets rows
+  [p*B, (p+1)*B) of them and reads only those.
 
   Args:
     tokens: [N] flat token array (e.g. from `load_tokens`), N >= seq_len + 1.

@@ -4,10 +4,18 @@ Token arrays put tokenizer.eot_id after every document. A cache file is named by
 everything that decides its contents (corpus, split, tokenizer fingerprint, max_tokens, the
 files with their sizes and times, the Python version for the stdlib), so editing the data or
 switching tokenizers never reads stale tokens.
+
+Beside each tokens-*.npy sits its record, tokens-*.json: the full cache key, the number of
+tokens, their dtype and the file's size. Loading checks the record against the file's size and
+.npy header (no hashing: cheap on a multi-GB cache); a missing, damaged or mismatched cache is
+reported on stderr, naming the file and the problem, and rebuilt from the sources. Both files
+are written atomically (a temporary file, then os.replace), the record after the data, so a
+build killed half-way never leaves a cache that validates.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -22,7 +30,8 @@ import numpy as np
 from rove_jax.data.sources import Corpus, check_split, iter_documents, list_units
 from rove_jax.tokenization import Tokenizer
 
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 1   # part of the cache key: bumping it renames (rebuilds) every cache
+_RECORD_FORMAT = 1
 _ENCODE_CHUNK_CHARS = 1 << 20  # texts handed to encode_batch at once (parallel in tokenizers)
 
 
@@ -47,27 +56,124 @@ def load_tokens(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
       max_tokens, (int, np.integer)) or max_tokens < 1):
     raise ValueError(f"max_tokens must be a positive int or None, got {max_tokens!r}")
   label = f"{corpus.source} corpus {corpus.path or '(stdlib)'} split {split!r}"
-  path = None
+  dtype = token_dtype(tokenizer)
+  path = key = None
   if cache_dir is not None:
     key = cache_key(corpus, split, tokenizer, max_tokens)
     path = os.path.join(os.fspath(cache_dir), f"tokens-{corpus.source}-{split}-{key[:20]}.npy")
-    if os.path.isfile(path):
-      tokens = np.load(path, mmap_mode="r")
-      log(f"{label}: {tokens.size} cached tokens from {path}")
-      return tokens
+    if os.path.exists(path):
+      problem = cache_problem(path, key, dtype)
+      if problem is None:
+        try:
+          tokens = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as e:
+          problem = f"it could not be read ({type(e).__name__}: {e})"
+        else:
+          log(f"{label}: {tokens.size} cached tokens from {path}")
+          return tokens
+      log(f"WARNING: token cache {path} is unusable: {problem}; rebuilding it from the sources")
   tokens = _tokenize(iter_documents(corpus, split), tokenizer, max_tokens, label)
   if tokens.size == 0:
     raise ValueError(f"{label} is empty: no non-empty documents were found; check path and "
                      f"text_field={corpus.text_field!r}")
   if path is None:
     return tokens
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  # Atomic publish: concurrent processes or a crash never expose a half-written file.
-  tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
-  with open(tmp, "wb") as f:
-    np.save(f, tokens)
-  os.replace(tmp, path)
+  _write_cache(path, tokens, {"key": key, "tokenizer": tokenizer.fingerprint, "corpus": label})
   return np.load(path, mmap_mode="r")
+
+
+def token_dtype(tokenizer: Tokenizer) -> np.dtype:
+  """uint16 when the tokenizer's ids fit in it, else int32."""
+  return np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32)
+
+
+def record_path(path: str) -> str:
+  """The record (tokens-*.json) that vouches for the token cache file path (tokens-*.npy)."""
+  return os.path.splitext(path)[0] + ".json"
+
+
+def cache_problem(path: str, key: str, dtype) -> Optional[str]:
+  """Why the cache file path cannot be used for key, or None when its record vouches for it.
+
+  Args:
+    path: a tokens-*.npy file.
+    key: the full `cache_key` its tokens must have been built for.
+    dtype: the token dtype the tokenizer needs.
+
+  Returns:
+    None, or what is wrong (missing or mismatched record, wrong size or .npy header). Reads
+    the record, the file's size and its .npy header only.
+  """
+  rec_path = record_path(path)
+  try:
+    with open(rec_path, encoding="utf-8") as f:
+      record = json.load(f)
+  except FileNotFoundError:
+    return (f"its record {rec_path} is missing (it is written last, so the build was "
+            f"interrupted, or the cache predates these records)")
+  except (OSError, ValueError) as e:
+    return f"its record {rec_path} is unreadable ({type(e).__name__}: {e})"
+  if not isinstance(record, dict):
+    return f"its record {rec_path} is not a JSON object"
+  want = {"format": _RECORD_FORMAT, "key": key, "dtype": np.dtype(dtype).name}
+  for name, value in want.items():
+    if record.get(name) != value:
+      return f"its record {rec_path} has {name}={record.get(name)!r}, expected {value!r}"
+  n, size = record.get("tokens"), os.path.getsize(path)
+  if record.get("bytes") != size:
+    return (f"the file has {size} bytes but its record says {record.get('bytes')!r} (truncated "
+            f"or overwritten)")
+  try:
+    with open(path, "rb") as f:
+      version = np.lib.format.read_magic(f)
+      read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                     (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+      if read_header is None:
+        return f"its .npy format version {version} is not one np.save writes here"
+      shape, fortran, file_dtype = read_header(f)
+      data_start = f.tell()
+  except (OSError, ValueError) as e:
+    return f"its .npy header is unreadable ({type(e).__name__}: {e})"
+  if shape != (n,) or fortran or file_dtype != np.dtype(dtype):
+    return (f"its .npy header says {file_dtype} {shape}, its record {record.get('dtype')} "
+            f"({n},)")
+  if data_start + n * np.dtype(dtype).itemsize != size:
+    return f"{size} bytes cannot hold the header and {n} {np.dtype(dtype).name} tokens"
+  return None
+
+
+def _write_cache(path: str, tokens: np.ndarray, record: dict[str, Any]) -> None:
+  rec_path = record_path(path)
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # A stale record must not vouch for a file that a killed build leaves behind.
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(rec_path)
+    size = _atomic_write(path, lambda f: np.save(f, tokens))
+    record = {"format": _RECORD_FORMAT, **record, "tokens": int(tokens.size),
+              "dtype": tokens.dtype.name, "bytes": size}
+    _atomic_write(rec_path, lambda f: f.write(json.dumps(record, indent=1).encode("utf-8")))
+  except OSError as e:
+    raise OSError(f"could not write the token cache {path} ({type(e).__name__}: {e}); free disk "
+                  f"space or make its directory writable, or use another workdir") from e
+
+
+def _atomic_write(path: str, write) -> int:
+  """write(file) into a temporary file that then replaces path; returns the bytes written."""
+  # Concurrent processes or a crash never expose a half-written file.
+  tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
+  try:
+    with open(tmp, "wb") as f:
+      write(f)
+      f.flush()
+      os.fsync(f.fileno())
+      size = f.tell()
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+  return size
 
 
 def cache_key(corpus: Corpus, split: str, tokenizer: Tokenizer, max_tokens) -> str:
@@ -86,7 +192,7 @@ def cache_key(corpus: Corpus, split: str, tokenizer: Tokenizer, max_tokens) -> s
 
 
 def _tokenize(docs: Iterable[str], tokenizer: Tokenizer, max_tokens, label) -> np.ndarray:
-  dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32
+  dtype = token_dtype(tokenizer)
   eot = np.array([tokenizer.eot_id], dtype=dtype)
   chunks, pending, pending_chars = [], [], 0
   n_docs = n_chars = n_tokens = 0

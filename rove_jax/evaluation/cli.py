@@ -8,14 +8,19 @@ NLL and in-context learning for trained runs, written as report.json, report.md 
 Lengths default to multiples of the training length, the run's data.seq_len (quick: 1x 4x
 16x; full: 1x 2x 4x 8x 16x); YaRN factors and the report's labels use the same length.
 The report goes to <first workdir>/eval/ unless --out is given.
+
+Exit status: 2 for a bad argument or input file (checked before any checkpoint is restored),
+1 for a failure after that (a one-line message on stderr), 0 when the report is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import sys
+import tempfile
 import time
 
 SUITES = {
@@ -28,10 +33,24 @@ SUITES = {
              "icl_shots": (0, 1, 2, 4, 8), "icl_length_multiples": (1, 2, 4)},
 }
 TASKS = ("ppl", "ruler", "icl")
+PROG = "rove-eval"
 
 
-def parse_args(argv):
-  p = argparse.ArgumentParser(prog="rove-eval", description=__doc__,
+def parse_args(argv, *, check_files: bool = False):
+  """Parses and checks the command line; every argument error exits 2 (argparse's error).
+
+  Args:
+    argv: the arguments.
+    check_files: also check, as `main` does before any work, that the workdirs and the
+      --data-path, --squad, --hotpot and --icl-tasks inputs exist (the spec file and its task
+      files are read and validated), and create the report directory and prove it writable.
+      Sets args.icl_specs (None without --icl-tasks), args.out_dir (absolute) and
+      args.created_out. Off: no file system access (the README's command checks).
+
+  Returns:
+    The namespace, with args.task_list (the --tasks names) and --lengths as integers.
+  """
+  p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--workdir", required=True, help="a training workdir (checkpoints/ inside)")
   p.add_argument("--compare", nargs="*", default=[], help="more workdirs for the same tables")
@@ -52,10 +71,7 @@ def parse_args(argv):
   p.add_argument("--chunk", type=int, default=512, help="attention block length")
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
-  args.task_list = [t.strip() for t in args.tasks.split(",") if t.strip()]
-  bad = [t for t in args.task_list if t not in TASKS]
-  if bad:
-    p.error(f"unknown --tasks {bad}; choose from {TASKS}")
+  args.task_list = _task_list(p, args.tasks)
   if args.lengths:
     try:
       args.lengths = [int(x) for x in args.lengths.split(",")]
@@ -63,7 +79,85 @@ def parse_args(argv):
       p.error(f"--lengths must be comma-separated integers, got {args.lengths!r}")
     if any(L < 2 for L in args.lengths):
       p.error("--lengths must be >= 2 tokens")
+  if check_files:
+    _check_inputs(p, args)
   return args
+
+
+def _task_list(p, value: str) -> list:
+  """The --tasks names in order, without repeats; an empty or unknown name is an error."""
+  choices = ", ".join(TASKS)
+  names = [t.strip() for t in value.split(",")]
+  if not any(names):
+    p.error(f"--tasks {value!r} names no task; give one or more of {choices}, comma-separated")
+  if "" in names:
+    p.error(f"--tasks {value!r} has an empty entry; give names from {choices}, "
+            f"comma-separated")
+  bad = [t for t in names if t not in TASKS]
+  if bad:
+    p.error(f"--tasks {value!r}: unknown task {bad[0]!r}; choose from {choices}")
+  return list(dict.fromkeys(names))
+
+
+def _check_inputs(p, args) -> None:
+  """parse_args' checks of the file system (see check_files there)."""
+  for flag, workdir in [("--workdir", args.workdir)] + [("--compare", w) for w in args.compare]:
+    if not os.path.isdir(workdir):
+      what = "is not a directory" if os.path.exists(workdir) else "does not exist"
+      p.error(f"{flag} {workdir} {what}; give the workdir of a training run")
+  if args.data_path:
+    from rove_jax import data as data_lib
+    from rove_jax.data import files
+    exts = (data_lib.PARQUET_EXTENSIONS if args.data_path.endswith(".parquet")
+            else data_lib.TEXT_EXTENSIONS)
+    try:
+      files.resolve_files(args.data_path, exts, "--data-path")
+    except ValueError as e:
+      p.error(str(e))
+  for flag, path in (("--squad", args.squad), ("--hotpot", args.hotpot)):
+    if path is not None and not os.path.isfile(path):
+      what = "is not a file" if os.path.exists(path) else "does not exist"
+      p.error(f"{flag} {path} {what}; give a local JSON file (see --help)")
+  args.icl_specs = None
+  if args.icl_tasks is not None:
+    from rove_jax.evaluation import icl
+    if not os.path.isfile(args.icl_tasks):
+      what = "is not a file" if os.path.exists(args.icl_tasks) else "does not exist"
+      p.error(f"--icl-tasks {args.icl_tasks} {what}; give a JSON list of ICL task specs")
+    try:
+      args.icl_specs = icl.load_specs(args.icl_tasks)
+      for spec in args.icl_specs:
+        icl.read_task_file(spec)  # validates every example
+    except (ValueError, OSError) as e:
+      p.error(f"--icl-tasks {args.icl_tasks}: {e}")
+    if not args.icl_specs:
+      p.error(f"--icl-tasks {args.icl_tasks} lists no tasks; give at least one task spec or "
+              f"drop the option")
+  args.out_dir = os.path.abspath(args.out or os.path.join(args.workdir, "eval"))
+  args.created_out = not os.path.exists(args.out_dir)
+  try:
+    prepare_out_dir(args.out_dir)
+  except OSError as e:
+    p.error(f"--out {args.out or args.out_dir}: {e}")
+
+
+def prepare_out_dir(out_dir: str) -> None:
+  """Creates the report directory and proves it writable (a file is made and removed).
+
+  Raises:
+    OSError: a clear message: the path is a file, or it cannot be created or written.
+  """
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise OSError(f"{out_dir} is an existing file, not a directory; give a directory for the "
+                  f"report")
+  try:
+    os.makedirs(out_dir, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=out_dir, prefix=".rove-eval-write-test-")
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    raise OSError(f"cannot create or write the report directory {out_dir} "
+                  f"({e.strerror or e}); give a writable --out") from None
 
 
 def evaluate_run(run, args, suite) -> dict:
@@ -141,8 +235,10 @@ def evaluate_run(run, args, suite) -> dict:
     accs = [t["accuracy"] for t in synthetic["tasks"].values()]
     synthetic["accuracy"] = float(sum(accs) / len(accs)) if accs else 0.0
     files = None
-    if args.icl_tasks:
+    specs = getattr(args, "icl_specs", None)
+    if specs is None and args.icl_tasks:
       specs = icl.load_specs(args.icl_tasks)
+    if specs:
       files = icl.run_task_files(fn, run.tokenizer, specs, seed=args.seed, progress=progress,
                                  max_tokens=cfg.max_len if cfg.pos_encoding == "learned" else None)
     result["icl"] = {"synthetic": synthetic, "files": files}
@@ -154,32 +250,40 @@ def _haystack_texts(run, max_chars: int = 400_000):
   """Essay-style haystack text: documents of the run's held-out split."""
   tokens = run.val_tokens()
   text = run.tokenizer.decode(tokens[: max_chars])
-  return [t for t in text.split(run.tokenizer.decode([run.tokenizer.eot_id])) if t.strip()] or [text]
+  eot = run.tokenizer.decode([run.tokenizer.eot_id])
+  return [t for t in text.split(eot) if t.strip()] or [text]
 
 
 def main(argv=None) -> int:
-  args = parse_args(sys.argv[1:] if argv is None else argv)
+  """The rove-eval command: 0 on success; 2 for argument errors (before any work); 1, with a
+  one-paragraph message on stderr and no traceback, for an expected failure (a run that cannot
+  be restored or scored, an unreadable input, an unwritable report, a missing package)."""
+  args = parse_args(sys.argv[1:] if argv is None else argv, check_files=True)
+  try:
+    return _evaluate(args)
+  except (ValueError, OSError, ImportError) as e:
+    message = " ".join(str(e).split()) or type(e).__name__
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    if args.created_out:
+      with contextlib.suppress(OSError):
+        os.rmdir(args.out_dir)  # only if still empty: nothing was written
+    return 1
+
+
+def _evaluate(args) -> int:
   from rove_jax.evaluation import report as report_lib
   from rove_jax.evaluation import scoring
   suite = SUITES[args.suite]
   workdirs = [args.workdir, *args.compare]
-  try:
-    runs = [scoring.load_run(w) for w in workdirs]  # every run restorable before any scoring
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  runs = [scoring.load_run(w) for w in workdirs]  # every run restorable before any scoring
   results = []
-  try:
-    for run in runs:
-      print(f"== {run.name}: {run.model_config.pos_encoding}, step {run.step}", file=sys.stderr)
-      results.append(evaluate_run(run, args, suite))
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  for run in runs:
+    print(f"== {run.name}: {run.model_config.pos_encoding}, step {run.step}", file=sys.stderr)
+    results.append(evaluate_run(run, args, suite))
   rep = {"schema_version": report_lib.SCHEMA_VERSION, "suite": args.suite,
          "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "runs": results}
-  out_dir = args.out or os.path.join(runs[0].workdir, "eval")
+  out_dir = args.out_dir  # made and probed by parse_args
   figure1 = None
   first = runs[0]
   if first.model_config.pos_encoding in ("rove", "rope"):
@@ -191,7 +295,7 @@ def main(argv=None) -> int:
     sample = first.val_tokens()[:12]
     figure1 = (model, sample, f"{first.name}: layer 0, head 0, {len(sample)} held-out tokens")
   paths = report_lib.write(rep, out_dir, figure1=figure1)
-  print(report_lib.markdown(rep))
+  print(report_lib.markdown(rep, plots=report_lib.drawn_plots(paths)))
   print(f"\nwrote {', '.join(sorted(paths.values()))}", file=sys.stderr)
   return 0
 

@@ -15,18 +15,27 @@ report.json, schema_version 1:
                         "files": null | {"tasks": {...}, "core": float | null}},
          "seconds": {"perplexity": float, "ruler": float, "icl": float}}
   LENGTH keys are decimal strings of token counts; every number is finite.
+
+`write` replaces report.json, report.md and the plots (PLOT_FILES) atomically, removes plots of
+an earlier report that it did not draw, and lists exactly the plots drawn in report.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
-from typing import Optional
+import tempfile
+from typing import Optional, Union
 
 import numpy as np
 
 SCHEMA_VERSION = 1
+# The plot files `write` draws, by key of its returned paths (the only files it ever removes).
+PLOT_FILES = {"perplexity": "perplexity_vs_length.png", "ruler": "ruler_nll.png",
+              "icl": "icl_accuracy.png", "figure1": "figure1_mixer.png"}
 
 
 # ----------------------------------------------------------------------------- validation
@@ -104,7 +113,9 @@ def train_len(run: dict) -> int:
   return model.get("train_len", model["max_len"])
 
 
-def markdown(report: dict) -> str:
+def markdown(report: dict, plots: Optional[list] = None) -> str:
+  """The report's tables as Markdown; `plots` (file names, see `drawn_plots`) are listed at
+  the end, None leaves the list out."""
   runs = report["runs"]
   lines = [f"# Evaluation report ({report['suite']} suite)", ""]
   lines.append("| run | encoding | params | step | train length |")
@@ -172,8 +183,9 @@ def markdown(report: dict) -> str:
     core = [(r["name"], r["icl"]["files"].get("core")) for r in icl_runs if r["icl"].get("files")]
     for name, value in core:
       lines.append(f"\nCore (centered accuracy, task files) for {name}: {_fmt(value, 3)}")
-  lines += ["", "Plots: perplexity_vs_length.png, ruler_nll.png, icl_accuracy.png, "
-            "figure1_mixer.png", ""]
+  if plots is not None:
+    lines += ["", "Plots: " + (", ".join(plots) if plots else "none (nothing to plot)")]
+  lines.append("")
   return "\n".join(lines)
 
 
@@ -187,7 +199,24 @@ def _plt():
   return plt
 
 
-def plot_perplexity(report: dict, path: str) -> Optional[str]:
+Target = Union[str, io.BytesIO]  # a file path (written atomically) or an in-memory buffer
+
+
+def _save(fig, target: Target, dpi: int) -> Target:
+  """Saves a figure as PNG to `target` and closes it."""
+  buf = io.BytesIO()
+  try:
+    fig.savefig(buf, format="png", dpi=dpi)
+  finally:
+    _plt().close(fig)
+  if isinstance(target, str):
+    replace_files({target: buf.getvalue()})
+  else:
+    target.write(buf.getvalue())
+  return target
+
+
+def plot_perplexity(report: dict, path: Target) -> Optional[Target]:
   runs = [r for r in report["runs"] if r.get("perplexity")]
   if not runs:
     return None
@@ -209,12 +238,10 @@ def plot_perplexity(report: dict, path: str) -> Optional[str]:
   ax.set_title("Perplexity vs length (dotted: training length)")
   ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _save(fig, path, 120)
 
 
-def _bars(runs, tasks, value, path, *, ylabel, title, ylim=None) -> str:
+def _bars(runs, tasks, value, path, *, ylabel, title, ylim=None) -> Target:
   """Grouped bars: one group per task, one bar per run."""
   plt = _plt()
   fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(tasks) * len(runs)), 4))
@@ -230,12 +257,10 @@ def _bars(runs, tasks, value, path, *, ylabel, title, ylim=None) -> str:
   ax.set_title(title)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _save(fig, path, 120)
 
 
-def plot_ruler(report: dict, path: str) -> Optional[str]:
+def plot_ruler(report: dict, path: Target) -> Optional[Target]:
   runs = [r for r in report["runs"] if r.get("ruler") and r["ruler"]["tasks"]]
   if not runs:
     return None
@@ -249,7 +274,7 @@ def plot_ruler(report: dict, path: str) -> Optional[str]:
                title="RULER")
 
 
-def plot_icl(report: dict, path: str) -> Optional[str]:
+def plot_icl(report: dict, path: Target) -> Optional[Target]:
   runs = [r for r in report["runs"] if r.get("icl") and r["icl"].get("synthetic")]
   if not runs:
     return None
@@ -330,8 +355,8 @@ def figure1_mixers(head_view: dict, *, pairs: Optional[int] = None,
   return {"rope": mix(False), "rove": mix(True), "dims": dims}
 
 
-def plot_figure1(model, tokens_T, path: str, *, title: str, layer: int = 0,
-                 head: int = 0) -> str:
+def plot_figure1(model, tokens_T, path: Target, *, title: str, layer: int = 0,
+                 head: int = 0) -> Target:
   """The paper's Figure 1 for a trained layer: RoPE's mixer A (x) W_V next to RoVE's
   block-Toeplitz mixer [A_ij R_{j-i} W_V], on the same attention weights."""
   plt = _plt()
@@ -352,30 +377,85 @@ def plot_figure1(model, tokens_T, path: str, *, title: str, layer: int = 0,
     ax.set_ylabel(f"output: {T} tokens x {dims} head dims (first {dims // 2} rotary pairs)")
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _save(fig, path, 110)
+
+
+# ---------------------------------------------------------------------------------- files
+
+
+def _write_data(f, data: Union[str, bytes], path: str) -> None:
+  """Writes the contents meant for `path` to its temporary file f (a seam for tests)."""
+  f.write(data)
+
+
+def replace_files(files: dict) -> None:
+  """Writes {path: str or bytes} so that each path holds either its old or its new contents.
+
+  Every file is written to a temporary file in its own directory and flushed to disk first;
+  only then are they moved over their paths with os.replace. On any error the temporary
+  files are removed and nothing has been replaced.
+  """
+  umask = os.umask(0)
+  os.umask(umask)
+  temps = {}
+  try:
+    for path, data in files.items():
+      directory, name = os.path.split(os.path.abspath(path))
+      fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+      temps[path] = tmp
+      os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
+      binary = isinstance(data, bytes)
+      with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as f:
+        _write_data(f, data, path)
+        f.flush()
+        os.fsync(f.fileno())
+    for path, tmp in temps.items():
+      os.replace(tmp, path)
+  except BaseException:
+    for tmp in temps.values():
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(tmp)
+    raise
+
+
+def drawn_plots(paths: dict) -> list:
+  """The plot file names among `write`'s returned paths, in PLOT_FILES order."""
+  return [PLOT_FILES[key] for key in PLOT_FILES if key in paths]
 
 
 def write(report: dict, out_dir: str, *, figure1=None) -> dict:
-  """Validates and writes report.json, report.md and the plots; returns their paths."""
+  """Validates and writes report.json, report.md and the plots.
+
+  Everything is rendered in memory, then replaced together (`replace_files`): a failure
+  leaves the previous report and plots as they were. Then the PLOT_FILES this report did not
+  draw are removed (no other file), so out_dir's plots are those report.md lists.
+
+  Args:
+    report: the report (validated first).
+    out_dir: the report directory (created if missing).
+    figure1: (model, tokens, title) for `plot_figure1`, or None.
+
+  Returns:
+    {"json": path, "md": path, and a path per plot drawn, keyed as in PLOT_FILES}.
+  """
   validate(report)
-  os.makedirs(out_dir, exist_ok=True)
-  paths = {"json": os.path.join(out_dir, "report.json"), "md": os.path.join(out_dir, "report.md")}
-  tmp = paths["json"] + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(report, f, indent=2)
-  os.replace(tmp, paths["json"])
-  with open(paths["md"], "w") as f:
-    f.write(markdown(report))
-  for name, fn in (("perplexity", plot_perplexity), ("ruler", plot_ruler), ("icl", plot_icl)):
-    filename = {"perplexity": "perplexity_vs_length.png", "ruler": "ruler_nll.png",
-                "icl": "icl_accuracy.png"}[name]
-    p = fn(report, os.path.join(out_dir, filename))
-    if p:
-      paths[name] = p
+  text = json.dumps(report, indent=2)
+  images = {}
+  for key, fn in (("perplexity", plot_perplexity), ("ruler", plot_ruler), ("icl", plot_icl)):
+    buf = fn(report, io.BytesIO())
+    if buf is not None:
+      images[key] = buf.getvalue()
   if figure1 is not None:
     model, tokens, title = figure1
-    paths["figure1"] = plot_figure1(model, tokens, os.path.join(out_dir, "figure1_mixer.png"),
-                                    title=title)
+    images["figure1"] = plot_figure1(model, tokens, io.BytesIO(), title=title).getvalue()
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {"json": os.path.join(out_dir, "report.json"), "md": os.path.join(out_dir, "report.md")}
+  paths.update({key: os.path.join(out_dir, PLOT_FILES[key]) for key in images})
+  files = {paths[key]: data for key, data in images.items()}
+  files[paths["md"]] = markdown(report, plots=drawn_plots(paths))
+  files[paths["json"]] = text  # last: report.json is what other tools read
+  replace_files(files)
+  for key in PLOT_FILES.keys() - images.keys():
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(os.path.join(out_dir, PLOT_FILES[key]))
   return paths

@@ -1,0 +1,98 @@
+"""workdir/metrics.jsonl, a training run's metrics record: the only code that writes or reads it.
+
+One JSON object a line, each with a "step": training lines {"step", "loss", "lr", "grad_norm",
+"nonfinite_steps", "tokens_per_s"} and evaluation lines {"step", "val_loss"}. A resumed run
+recomputes the steps after its checkpoint, so `MetricsLog` first drops the lines past it; a
+line cut short by a kill is reported, never dropped without a word. TensorBoard event files
+are written beside it when tensorboardX is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+FILE = "metrics.jsonl"
+
+
+def _parse(lines) -> tuple[list[dict], list[int]]:
+  """(records, 1-based numbers of the lines that are not JSON objects with a step)."""
+  records, bad = [], []
+  for i, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      record = None
+    if isinstance(record, dict) and isinstance(record.get("step"), int):
+      records.append(record)
+    else:
+      bad.append(i)
+  return records, bad
+
+
+def _describe_bad(path: str, bad: list[int]) -> str:
+  shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+  return (f"{path}: {len(bad)} unreadable line(s) (line {shown}; a line cut by a kill or "
+          f"edited by hand)")
+
+
+def read_metrics(workdir: str, *, report=print) -> list[dict]:
+  """The records of a run's metrics log ([] if there is none); unreadable lines are reported
+  through `report` and skipped."""
+  path = os.path.join(workdir, FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    records, bad = _parse(f)
+  if bad:
+    report(_describe_bad(path, bad) + ": skipped")
+  return records
+
+
+class MetricsLog:
+  """Appends metrics records to workdir/metrics.jsonl (and TensorBoard).
+
+  Args:
+    workdir: the run's directory.
+    resume_step: the step the run starts from: lines of later steps are dropped.
+    enabled: False on processes other than 0 (they write nothing).
+    report: where a note about dropped unreadable lines goes.
+  """
+
+  def __init__(self, workdir: str, *, resume_step: int, enabled: bool = True, report=print):
+    self.path = os.path.join(workdir, FILE)
+    self.enabled = enabled
+    self.tb = None
+    if not enabled:
+      return
+    if os.path.exists(self.path):
+      with open(self.path) as f:
+        records, bad = _parse(f)
+      if bad:
+        report(_describe_bad(self.path, bad) + ": dropped")
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records if r["step"] <= resume_step)
+      os.replace(tmp, self.path)
+    try:
+      from tensorboardX import SummaryWriter
+      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    except ImportError:  # optional: the JSONL log is the record
+      self.tb = None
+
+  def write(self, record: dict) -> None:
+    if not self.enabled:
+      return
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    if self.tb is not None:
+      for k, v in record.items():
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+          self.tb.add_scalar(k, v, record["step"])
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.close()
+      self.tb = None
