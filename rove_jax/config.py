@@ -17,20 +17,44 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
+from rove_jax import scaling
 from rove_jax.model_config import GPTConfig
 
-_PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "rope_scaling": dict, "rove_layers": tuple}
+_PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "rove_layers": tuple}
+# model.rope_scaling is a section with one typed field per key any rope_type reads, unset ones
+# None, so `--config.model.rope_scaling.rope_type=yarn --config.model.rope_scaling.factor=4`
+# works from the command line; a config file may also assign a whole dict.
+_SCALING_TYPES = {"rope_type": str, "rope_theta": float, "truncate": bool,
+                  "original_max_position_embeddings": int, "short_factor": tuple,
+                  "long_factor": tuple}
+
+
+def scaling_fields(rope_scaling) -> ml_collections.ConfigDict:
+  """The model.rope_scaling section: every key of every rope_type, set from `rope_scaling`."""
+  keys = ["rope_type", "rope_theta"] + sorted({k for ks in scaling._HF_KEYS.values() for k in ks})
+  out = ml_collections.ConfigDict()
+  for key in keys:
+    out[key] = config_dict.placeholder(_SCALING_TYPES.get(key, float))
+  for key, value in (rope_scaling or {}).items():
+    if key not in out:  # unknown keys reach GPTConfig's validation, which names them
+      out[key] = value
+    else:
+      out[key] = tuple(value) if isinstance(value, list) else value
+  return out
 
 
 def model_fields(cfg: GPTConfig) -> ml_collections.ConfigDict:
   """A ConfigDict of every GPTConfig field (`cfg.to_dict()`), None fields as typed
-  placeholders so that `--config.model.rope_scaling=...` style overrides type-check."""
+  placeholders so that `--config.model.n_kv_head=...` style overrides type-check, and
+  rope_scaling as a section (`scaling_fields`)."""
   out = ml_collections.ConfigDict()
   derived = {"n_kv_head": cfg.n_head, "d_ff": 4 * cfg.d_model}  # left None: follow overrides
   for name, value in cfg.to_dict().items():
     if derived.get(name) == value:
       value = None
-    if value is None:
+    if name == "rope_scaling":
+      value = scaling_fields(value)
+    elif value is None:
       value = config_dict.placeholder(_PLACEHOLDER_TYPES.get(name, str))
     elif name == "rove_layers":
       value = tuple(value)  # the placeholder's type, so overrides of a set value check too
@@ -117,8 +141,10 @@ def to_model_config(c: ml_collections.ConfigDict) -> GPTConfig:
   """The GPTConfig of a run config's model section (None fields take GPTConfig's defaults;
   an empty rope_scaling dict means plain RoPE)."""
   fields = {k: v for k, v in c.model.to_dict().items() if v is not None}
-  if "rope_scaling" in fields and not fields["rope_scaling"]:
-    fields.pop("rope_scaling")
+  rope_scaling = {k: v for k, v in (fields.pop("rope_scaling", None) or {}).items()
+                  if v is not None}
+  if rope_scaling:  # all keys unset (or an empty dict): plain RoPE
+    fields["rope_scaling"] = rope_scaling
   try:
     return GPTConfig.from_dict(fields)
   except ValueError as e:
@@ -175,6 +201,8 @@ def _unknown_keys(c, schema, prefix="") -> list[str]:
     path = f"{prefix}{key}"
     if key not in schema:
       out.append(path)
+    elif path == "model.rope_scaling":
+      continue  # its keys depend on rope_type: the scaling validation names unknown ones
     elif isinstance(c[key], ml_collections.ConfigDict):
       if isinstance(schema[key], ml_collections.ConfigDict):
         out += _unknown_keys(c[key], schema[key], path + ".")
@@ -184,6 +212,9 @@ def _unknown_keys(c, schema, prefix="") -> list[str]:
 def check_workdir(workdir: str) -> str:
   """Creates workdir if needed and proves it writable, before any work starts."""
   workdir = os.path.abspath(workdir)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"--workdir {workdir} is a file, not a directory: a run keeps its "
+                     f"checkpoints, metrics and data cache in a directory; choose another path")
   try:
     os.makedirs(workdir, exist_ok=True)
     probe = os.path.join(workdir, f".write_test_{os.getpid()}")

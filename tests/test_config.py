@@ -127,6 +127,13 @@ def test_metadata_of_older_checkpoints_reads_back():
      r"rope_scaling applies to rotary encodings only"),
     ({"data.seq_len": 512}, r"data.seq_len=512 exceeds model.max_len=256"),
     ({"optim.warmup_steps": 10**6}, r"optim.warmup_steps"),
+    ({"optim.lr": float("inf")}, r"optim.lr must be a finite number in \(0, inf\), got inf"),
+    ({"optim.lr": float("nan")}, r"optim.lr must be a finite number"),
+    ({"optim.weight_decay": float("inf")}, r"optim.weight_decay must be a finite number"),
+    ({"optim.weight_decay": -0.1}, r"optim.weight_decay must be a finite number in \[0, inf\)"),
+    ({"optim.b2": 1.5}, r"optim.b2 must be a finite number in \[0, 1\]"),
+    ({"optim.clip_norm": -1.0}, r"optim.clip_norm .*clip_norm=0 turns clipping off"),
+    ({"optim.eps": 0.0}, r"optim.eps must be a finite number in \(0, inf\)"),
 ])
 def test_validation_errors_name_the_field(override, message):
   c = config_lib.base_config("tiny")
@@ -135,6 +142,32 @@ def test_validation_errors_name_the_field(override, message):
     c[section][name] = value
   with pytest.raises(ValueError, match=message):
     config_lib.validate(c)
+
+
+def test_rope_scaling_from_the_command_line(tmp_path):
+  tiny = ROOT / "configs" / "tiny.py"
+  c = parse_config_file(tiny, "--config.model.rope_scaling.rope_type=yarn",
+                        "--config.model.rope_scaling.factor=4",
+                        "--config.model.rope_scaling.original_max_position_embeddings=128")
+  assert dict(config_lib.validate(c).rope_scaling) == {
+      "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+  assert config_lib.validate(parse_config_file(tiny)).rope_scaling is None  # unset: plain RoPE
+  # A dict from a config file, with one key overridden on the command line.
+  c = parse_config_file(write_tiny_with_longrope(tmp_path),
+                        "--config.model.rope_scaling.original_max_position_embeddings=64")
+  got = config_lib.validate(c).rope_scaling
+  assert got["original_max_position_embeddings"] == 64
+  assert list(got["short_factor"]) == LONGROPE["short_factor"]
+  with pytest.raises(ValueError, match=r"rope_scaling.*unknown keys \['facter'\]"):
+    c = config_lib.base_config("tiny")
+    c.model.rope_scaling = {"rope_type": "yarn", "facter": 2.0}
+    config_lib.validate(c)
+
+
+def test_a_workdir_that_is_a_file_has_its_own_message(tmp_path):
+  (tmp_path / "f").write_text("x")
+  with pytest.raises(ValueError, match=r"is a file, not a directory"):
+    config_lib.check_workdir(str(tmp_path / "f"))
 
 
 def test_unknown_model_fields_are_named_with_the_known_ones():
