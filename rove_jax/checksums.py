@@ -49,11 +49,39 @@ def _sums(flat: dict) -> dict:
   return {name: _sum(x) for name, x in flat.items()}
 
 
+def _host_sum(x: np.ndarray) -> int:
+  """`_sum` in numpy, for arrays this process holds whole (no compile)."""
+  x = np.ascontiguousarray(x).reshape(-1)
+  if x.dtype == np.bool_:
+    x = x.astype(np.uint8)
+  size = x.dtype.itemsize
+  if size == 8:
+    bits_N = x.view(np.uint32)
+  elif size in _UINT:
+    bits_N = x.view(np.dtype(f"uint{8 * size}")).astype(np.uint32)
+  else:
+    raise TypeError(f"no checksum for dtype {x.dtype}")
+  weights_N = np.arange(bits_N.shape[0], dtype=np.uint32) * np.uint32(2654435761) | np.uint32(1)
+  return int(np.sum(bits_N * weights_N, dtype=np.uint32))
+
+
+def _whole_here(x) -> bool:
+  return not isinstance(x, jax.Array) or x.is_fully_addressable
+
+
 def array_checksums(flat: dict) -> dict:
-  """{entry name: 8 hex digits} of a flat {name: array} state (jax or numpy arrays)."""
-  out = _sums(flat)
-  # Each sum is replicated: any local copy holds it (also on one host of many).
-  return {name: f"{int(np.asarray(v.addressable_shards[0].data)):08x}" for name, v in out.items()}
+  """{entry name: 8 hex digits} of a flat {name: array} state (jax or numpy arrays).
+
+  Arrays this process holds whole are summed on the host (numpy; no compile, and orbax copies
+  them there to save anyway); arrays sharded across processes where they live (jitted), each
+  process getting the same replicated values. Both paths compute the same integers."""
+  if all(_whole_here(x) for x in flat.values()):
+    sums = {name: _host_sum(np.asarray(x)) for name, x in flat.items()}
+  else:
+    # Each sum is replicated: any local copy holds it (also on one host of many).
+    sums = {name: int(np.asarray(v.addressable_shards[0].data))
+            for name, v in _sums(flat).items()}
+  return {name: f"{v:08x}" for name, v in sums.items()}
 
 
 def json_checksum(record) -> str:

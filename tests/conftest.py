@@ -18,16 +18,16 @@ if _OPT_FLAG not in _flags:
   _flags += f" {_OPT_FLAG}=0"
 os.environ["XLA_FLAGS"] = _flags.strip()
 
-# One persistent compilation cache for the whole test session: the controller creates it before
-# the xdist workers start, and they and every child process (train.py, eval, the notebook)
-# inherit it, so a program compiled by one test (the tiny model's train step, the evaluation
-# forwards) is read back by the next instead of compiled again. Removed when the session ends.
-_CACHE_VAR = "JAX_COMPILATION_CACHE_DIR"
+# One persistent compilation cache for the child processes of the session (train.py, eval, the
+# notebook; see subprocess_env): they compile the same tiny programs again and again, and read
+# them back instead. The controller creates it before the xdist workers start; they inherit its
+# path under a name JAX does not read, because in-process tests compile programs no other test
+# shares, and writing each to the cache cost them about a quarter more time. Removed at the end.
+_CHILD_CACHE_VAR = "ROVE_JAX_TEST_CHILD_XLA_CACHE"
 _OWN_CACHE = None
-if _CACHE_VAR not in os.environ:
+if _CHILD_CACHE_VAR not in os.environ:
   import tempfile
-  _OWN_CACHE = os.environ[_CACHE_VAR] = tempfile.mkdtemp(prefix="rove-jax-test-xla-cache-")
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+  _OWN_CACHE = os.environ[_CHILD_CACHE_VAR] = tempfile.mkdtemp(prefix="rove-jax-test-xla-cache-")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -89,6 +89,8 @@ def subprocess_env(devices=1, **overrides) -> dict:
     A new dict; os.environ is not modified.
   """
   env = dict(os.environ)
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", env[_CHILD_CACHE_VAR])
+  env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
   flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(_DEVICE_FLAG)]
   if devices is not None:
     flags.append(f"{_DEVICE_FLAG}={int(devices)}")
