@@ -19,6 +19,7 @@ import jax  # noqa: E402
 
 from rove_jax import config as config_lib  # noqa: E402
 from rove_jax import training  # noqa: E402
+from rove_jax.metrics_log import read_metrics  # noqa: E402
 
 MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)]
 
@@ -41,8 +42,7 @@ def main(argv=None):
     n = mesh[0] * mesh[1] * mesh[2]
     with tempfile.TemporaryDirectory() as work:
       training.train(c, work, devices=jax.devices()[:n], log=lambda *a: None)
-      with open(os.path.join(work, "metrics.jsonl")) as f:
-        tps = [r["tokens_per_s"] for r in map(json.loads, f) if "tokens_per_s" in r][1:]
+      tps = [r["tokens_per_s"] for r in read_metrics(work) if "tokens_per_s" in r][1:]
     step_s = 16 * 128 / statistics.median(tps)
     rows.append({"mesh": mesh, "step_s": step_s})
     print(f"mesh (data, fsdp, tensor) = {mesh}: {1e3 * step_s:.0f} ms/step "

@@ -99,12 +99,17 @@ def _task_list(p, value: str) -> list:
   return list(dict.fromkeys(names))
 
 
+def _what_is_wrong(path: str, kind: str) -> str:
+  """Why `path` is not the existing `kind` ("file" or "directory") an option needs."""
+  return f"is not a {kind}" if os.path.exists(path) else "does not exist"
+
+
 def _check_inputs(p, args) -> None:
   """parse_args' checks of the file system (see check_files there)."""
   for flag, workdir in [("--workdir", args.workdir)] + [("--compare", w) for w in args.compare]:
     if not os.path.isdir(workdir):
-      what = "is not a directory" if os.path.exists(workdir) else "does not exist"
-      p.error(f"{flag} {workdir} {what}; give the workdir of a training run")
+      p.error(f"{flag} {workdir} {_what_is_wrong(workdir, 'directory')}; give the workdir of a "
+              f"training run")
   if args.data_path:
     from rove_jax import data as data_lib
     from rove_jax.data import files
@@ -116,14 +121,13 @@ def _check_inputs(p, args) -> None:
       p.error(str(e))
   for flag, path in (("--squad", args.squad), ("--hotpot", args.hotpot)):
     if path is not None and not os.path.isfile(path):
-      what = "is not a file" if os.path.exists(path) else "does not exist"
-      p.error(f"{flag} {path} {what}; give a local JSON file (see --help)")
+      p.error(f"{flag} {path} {_what_is_wrong(path, 'file')}; give a local JSON file (see --help)")
   args.icl_specs = None
   if args.icl_tasks is not None:
     from rove_jax.evaluation import icl
     if not os.path.isfile(args.icl_tasks):
-      what = "is not a file" if os.path.exists(args.icl_tasks) else "does not exist"
-      p.error(f"--icl-tasks {args.icl_tasks} {what}; give a JSON list of ICL task specs")
+      p.error(f"--icl-tasks {args.icl_tasks} {_what_is_wrong(args.icl_tasks, 'file')}; give a "
+              f"JSON list of ICL task specs")
     try:
       args.icl_specs = icl.load_specs(args.icl_tasks)
       for spec in args.icl_specs:
