@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rove_jax import analysis, scaling, training
 from rove_jax import model as M
-from rove_jax import scaling, training
-from rove_jax.evaluation import report
 from rove_jax.model import GPT, GPTConfig
 from tests import reference as ref
 from tests.conftest import gpt_config
@@ -411,22 +410,22 @@ def test_figure1_mixer_reproduces_the_layer_output(pe, kw):
   m = randomized(small(pe, use_bias=False, **kw))
   toks = np.asarray(tokens(1, 10))[0]
   layer, T, D, E = 1, 10, 8, 32
-  views = [report.layer_attention(m, toks, layer=layer, head=h) for h in range(4)]
+  views = [analysis.layer_attention(m, toks, layer=layer, head=h) for h in range(4)]
   x_TE = views[0]["x"]
   attn = m.blocks[layer].attn
   real_TE = attn(jnp.asarray(x_TE)[None], m.context(jnp.arange(T)[None]))[0][0]
   wo_HDE = np.asarray(attn.wo[...])
   mixed = {}
   for kind in ("rope", "rove"):
-    heads = [(report.figure1_mixers(v)[kind] @ x_TE.ravel()).reshape(T, D) for v in views]
+    heads = [(analysis.figure1_mixers(v)[kind] @ x_TE.ravel()).reshape(T, D) for v in views]
     mixed[kind] = sum(y_TD @ wo_HDE[h] for h, y_TD in enumerate(heads))
   other = "rope" if pe == "rove" else "rove"
   chex.assert_trees_all_close(mixed[pe], real_TE, atol=1e-4, rtol=1e-4)
   assert float(np.abs(mixed[other] - real_TE).max()) > 1e-2
   # The drawn part: whole rotary pairs in the model's layout and the first features, exactly
   # the rows and columns of the full mixer.
-  full, part = report.figure1_mixers(views[0]), report.figure1_mixers(views[0], pairs=2,
-                                                                       features=5)
+  full = analysis.figure1_mixers(views[0])
+  part = analysis.figure1_mixers(views[0], pairs=2, features=5)
   P = m.config.rot_dim // 2
   dims = [0, 1, 2, 3] if m.config.rope_layout == "interleaved" else [0, 1, P, P + 1]
   np.testing.assert_array_equal(part["dims"], dims)

@@ -51,7 +51,8 @@ def test_stats_and_verdicts_by_hand():
   assert w.compare(None, rope) == "not measured"
 
 
-def test_build_tables_from_a_hand_made_report():
+def _hand_made():
+  """(report, runs, curves, meta): two seeds of RoVE and RoPE, one of NoPE."""
   runs_rep = [_run("rove", 0, {32: 10.0, 128: 12.0}, 3.0, 0.5),
               _run("rove", 1, {32: 11.0, 128: 13.0}, 3.2, 0.4),
               _run("rope", 0, {32: 11.0, 128: 20.0}, 4.0, 0.1),
@@ -66,6 +67,11 @@ def test_build_tables_from_a_hand_made_report():
                            {"step": 10, "val_loss": 2.6}] for r in runs}
   meta = {"command": "python reproduce.py", "commit": "abc", "machine": "m", "quick": False,
           "started": "t", "wall_seconds": 120.0, "train_seconds": {}}
+  return report, runs, curves, meta
+
+
+def test_build_tables_from_a_hand_made_report():
+  report, runs, curves, meta = _hand_made()
   text, summary = w.build(report, runs, curves, meta)
   e = summary["encodings"]
   assert e["rove"]["table1"]["ppl"]["mean"] == pytest.approx(10.5)
@@ -85,6 +91,36 @@ def test_build_tables_from_a_hand_made_report():
   assert "best cell of any run: 0.25" in text
   for name in ("rove-s0", "rove-s1", "rope-s0", "rope-s1", "nope-s0"):  # every run reported
     assert f"| {name} |" in text
+
+
+def test_write_replaces_readme_summary_and_curves_together(tmp_path, monkeypatch):
+  report, runs, curves, meta = _hand_made()
+  summary = w.write(str(tmp_path), report, runs, curves, meta)
+  text, _ = w.build(report, runs, curves, meta)
+  assert (tmp_path / "README.md").read_text() == text
+  assert json.loads((tmp_path / "summary.json").read_text())["claims"] == summary["claims"]
+  png = (tmp_path / "loss_curves.png").read_bytes()
+  assert png.startswith(b"\x89PNG")
+  before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+  # A failure while writing the second file (a full disk) replaces none of the three.
+  original = report_lib._write_data
+
+  def fail_on_summary(f, data, path):
+    if path.endswith("summary.json"):
+      raise OSError(28, "No space left on device")
+    original(f, data, path)
+
+  monkeypatch.setattr(report_lib, "_write_data", fail_on_summary)
+  meta2 = {**meta, "commit": "def"}
+  with pytest.raises(OSError, match="No space"):
+    w.write(str(tmp_path), report, runs, {}, meta2)
+  assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp files left
+  monkeypatch.setattr(report_lib, "_write_data", original)
+  assert "(loss_curves.png)" in text
+  w.write(str(tmp_path), report, runs, {}, meta2)  # no curves logged: neither link nor file
+  text2 = (tmp_path / "README.md").read_text()
+  assert "def" in text2 and "(loss_curves.png)" not in text2
+  assert not (tmp_path / "loss_curves.png").exists()
 
 
 @pytest.mark.slow

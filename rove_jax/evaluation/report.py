@@ -16,14 +16,14 @@ report.json, schema_version 1:
          "seconds": {"perplexity": float, "ruler": float, "icl": float}}
   LENGTH keys are decimal strings of token counts; every number is finite.
 
-`write` replaces report.json, report.md and the plots (PLOT_FILES) atomically, removes plots of
-an earlier report that it did not draw, and lists exactly the plots drawn in report.md.
+`write` replaces report.json, report.md and the plots (PLOT_FILES, drawn by plots.py)
+atomically, removes plots of an earlier report that it did not draw, and lists exactly the
+plots drawn in report.md. `replace_files` is the package's atomic multi-file writer.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import os
@@ -189,197 +189,6 @@ def markdown(report: dict, plots: Optional[list] = None) -> str:
   return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------- plots
-
-
-def _plt():
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  return plt
-
-
-Target = Union[str, io.BytesIO]  # a file path (written atomically) or an in-memory buffer
-
-
-def _save(fig, target: Target, dpi: int) -> Target:
-  """Saves a figure as PNG to `target` and closes it."""
-  buf = io.BytesIO()
-  try:
-    fig.savefig(buf, format="png", dpi=dpi)
-  finally:
-    _plt().close(fig)
-  if isinstance(target, str):
-    replace_files({target: buf.getvalue()})
-  else:
-    target.write(buf.getvalue())
-  return target
-
-
-def plot_perplexity(report: dict, path: Target) -> Optional[Target]:
-  runs = [r for r in report["runs"] if r.get("perplexity")]
-  if not runs:
-    return None
-  plt = _plt()
-  fig, ax = plt.subplots(figsize=(6.5, 4.2))
-  for r in runs:
-    for setting, style in (("none", "-"), ("yarn", "--")):
-      rows = r["perplexity"].get(setting)
-      if not rows or "not_applicable" in rows:
-        continue
-      lengths = sorted(int(L) for L in rows)
-      ax.plot(lengths, [rows[str(L)]["ppl"] for L in lengths], style, marker="o",
-              label=f"{r['name']} ({r['model']['pos_encoding']}{' + YaRN' if setting == 'yarn' else ''})")
-  ax.axvline(train_len(runs[0]), color="gray", lw=0.8, ls=":")
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log")
-  ax.set_xlabel("evaluation length (tokens)")
-  ax.set_ylabel("perplexity")
-  ax.set_title("Perplexity vs length (dotted: training length)")
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  return _save(fig, path, 120)
-
-
-def _bars(runs, tasks, value, path, *, ylabel, title, ylim=None) -> Target:
-  """Grouped bars: one group per task, one bar per run."""
-  plt = _plt()
-  fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(tasks) * len(runs)), 4))
-  width = 0.8 / len(runs)
-  for i, r in enumerate(runs):
-    ax.bar(np.arange(len(tasks)) + i * width, [value(r, t) for t in tasks], width,
-           label=r["name"])
-  ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2)
-  ax.set_xticklabels(tasks, rotation=45, ha="right", fontsize=7)
-  if ylim:
-    ax.set_ylim(*ylim)
-  ax.set_ylabel(ylabel)
-  ax.set_title(title)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  return _save(fig, path, 120)
-
-
-def plot_ruler(report: dict, path: Target) -> Optional[Target]:
-  runs = [r for r in report["runs"] if r.get("ruler") and r["ruler"]["tasks"]]
-  if not runs:
-    return None
-  tasks = sorted({t for r in runs for t in r["ruler"]["tasks"]})
-
-  def mean_nll(r, t):
-    rows = r["ruler"]["tasks"].get(t, {})
-    return np.mean([row["nll"] for row in rows.values()]) if rows else np.nan
-
-  return _bars(runs, tasks, mean_nll, path, ylabel="answer NLL (mean over lengths)",
-               title="RULER")
-
-
-def plot_icl(report: dict, path: Target) -> Optional[Target]:
-  runs = [r for r in report["runs"] if r.get("icl") and r["icl"].get("synthetic")]
-  if not runs:
-    return None
-  tasks = sorted({t for r in runs for t in r["icl"]["synthetic"]["tasks"]})
-  accuracy = lambda r, t: r["icl"]["synthetic"]["tasks"].get(t, {}).get("accuracy", np.nan)
-  return _bars(runs, tasks, accuracy, path, ylabel="accuracy",
-               title="In-context learning (synthetic)", ylim=(0, 1))
-
-
-def layer_attention(model, tokens_T, *, layer: int = 0, head: int = 0) -> dict:
-  """What one head of a model does to a token sequence, read through the model's own code.
-
-  The attention probabilities come from `Attention.weights` (the model's projections, rotary
-  frequencies after the config's rope_scaling, attention factor, layout, T5 bias and mask),
-  the value matrix from `Attention.value_projection`.
-
-  Args:
-    model: a rove_jax GPT.
-    tokens_T: [T] token ids (positions 0..T-1).
-    layer, head: which attention head.
-
-  Returns:
-    {"a": A [T, T] probabilities, "w_v": [D, E] value matrix (column-vector convention of
-    rove_jax.analysis), "b_v": [D] or None, "x": [T, E] the layer's attention input,
-    "inv_freq": [P] the frequencies the layer rotates with (for a non-rotary model, plain
-    RoPE's of the whole head, to show what RoVE would do), "layout": the rotary layout}.
-  """
-  import jax.numpy as jnp
-
-  from rove_jax import rotary
-  cfg = model.config
-  tokens = jnp.asarray(tokens_T, jnp.int32)[None]
-  pos = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
-  block = model.blocks[layer]
-  x_BTE = block.norm1(model.embed_tokens(tokens, pos))
-  ctx = model.context(pos)
-  a_BHTS = block.attn.weights(x_BTE, ctx)
-  w_EKD, b_KD = block.attn.value_projection()
-  kv_head = head // (cfg.n_head // cfg.n_kv_head)
-  inv_freq = ctx.inv_freq if ctx.inv_freq is not None else rotary.rope_frequencies(
-      cfg.head_dim, base=cfg.rope_base)
-  return {"a": np.asarray(a_BHTS[0, head], np.float32),
-          "w_v": np.asarray(w_EKD[:, kv_head].T, np.float32),
-          "b_v": None if b_KD is None else np.asarray(b_KD[kv_head], np.float32),
-          "x": np.asarray(x_BTE[0], np.float32), "inv_freq": np.asarray(inv_freq),
-          "layout": cfg.rope_layout}
-
-
-def figure1_mixers(head_view: dict, *, pairs: Optional[int] = None,
-                   features: Optional[int] = None) -> dict:
-  """RoPE's mixer A (x) W_V and RoVE's [A_ij R_{j-i} W_V] for a `layer_attention` result.
-
-  Args:
-    head_view: the dict `layer_attention` returns.
-    pairs: show only the head dims of the first (fastest-turning) `pairs` rotary pairs, taken
-      whole in the model's layout (so each shown dim keeps its rotation partner); None: all D.
-    features: show only the first `features` input features; None: all E.
-
-  Returns:
-    {"rope", "rove": [T * d, T * e] mixers, "dims": the d head dims shown}. With pairs and
-    features None, y = mixer @ x.ravel() is the head's attention output (before the output
-    projection; value bias aside) as [T, D] raveled.
-  """
-  from rove_jax import analysis
-  a, w_v, inv = head_view["a"], head_view["w_v"], head_view["inv_freq"]
-  n_pairs = len(inv)
-  if pairs is None:
-    dims = np.arange(w_v.shape[0])
-  else:
-    inv = inv[:min(pairs, n_pairs)]
-    k = len(inv)
-    dims = (np.arange(2 * k) if head_view["layout"] == "interleaved" else
-            np.concatenate([np.arange(k), n_pairs + np.arange(k)]))
-  w_v = w_v[dims][:, :features]
-  pos = np.arange(a.shape[0])
-  mix = lambda rove: np.asarray(analysis.mixer_matrix(a, w_v, pos, pos, inv, rove=rove,
-                                                      layout=head_view["layout"]))
-  return {"rope": mix(False), "rove": mix(True), "dims": dims}
-
-
-def plot_figure1(model, tokens_T, path: Target, *, title: str, layer: int = 0,
-                 head: int = 0) -> Target:
-  """The paper's Figure 1 for a trained layer: RoPE's mixer A (x) W_V next to RoVE's
-  block-Toeplitz mixer [A_ij R_{j-i} W_V], on the same attention weights."""
-  plt = _plt()
-  view = layer_attention(model, tokens_T, layer=layer, head=head)
-  T = len(tokens_T)
-  # The four fastest-turning rotary pairs against the first 8 input features: small enough to
-  # see the per-token blocks, and where the rotations differ most.
-  features = min(8, view["w_v"].shape[1])
-  m = figure1_mixers(view, pairs=4, features=features)
-  rope, rove, dims = m["rope"], m["rove"], len(m["dims"])
-  fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-  vmax = float(np.percentile(np.abs(rope), 99.5)) or 1.0
-  for ax, mat, name in ((axes[0], rope, "RoPE: A \u2297 W_V"),
-                        (axes[1], rove, "RoVE: [A_ij R_{j-i} W_V] (block Toeplitz up to A)")):
-    ax.imshow(mat, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
-    ax.set_title(name, fontsize=9)
-    ax.set_xlabel(f"input: {T} tokens x first {features} features")
-    ax.set_ylabel(f"output: {T} tokens x {dims} head dims (first {dims // 2} rotary pairs)")
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  return _save(fig, path, 110)
-
-
 # ---------------------------------------------------------------------------------- files
 
 
@@ -433,21 +242,20 @@ def write(report: dict, out_dir: str, *, figure1=None) -> dict:
   Args:
     report: the report (validated first).
     out_dir: the report directory (created if missing).
-    figure1: (model, tokens, title) for `plot_figure1`, or None.
+    figure1: (model, tokens, title) for `plots.figure1`, or None.
 
   Returns:
     {"json": path, "md": path, and a path per plot drawn, keyed as in PLOT_FILES}.
   """
+  from rove_jax.evaluation import plots  # matplotlib and the model code, only when drawing
   validate(report)
   text = json.dumps(report, indent=2)
-  images = {}
-  for key, fn in (("perplexity", plot_perplexity), ("ruler", plot_ruler), ("icl", plot_icl)):
-    buf = fn(report, io.BytesIO())
-    if buf is not None:
-      images[key] = buf.getvalue()
+  images = {key: fn(report) for key, fn in (("perplexity", plots.perplexity),
+                                           ("ruler", plots.ruler), ("icl", plots.icl))}
   if figure1 is not None:
     model, tokens, title = figure1
-    images["figure1"] = plot_figure1(model, tokens, io.BytesIO(), title=title).getvalue()
+    images["figure1"] = plots.figure1(model, tokens, title=title)
+  images = {key: data for key, data in images.items() if data is not None}
   os.makedirs(out_dir, exist_ok=True)
   paths = {"json": os.path.join(out_dir, "report.json"), "md": os.path.join(out_dir, "report.md")}
   paths.update({key: os.path.join(out_dir, PLOT_FILES[key]) for key in images})

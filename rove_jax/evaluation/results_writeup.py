@@ -8,6 +8,7 @@ schema-v1 report.json of `rove-eval --compare` over all runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from rove_jax.evaluation.report import train_len
+from rove_jax.evaluation.report import replace_files, train_len
 
 NAMES = {"rove": "RoVE", "rope": "RoPE", "nope": "NoPE", "learned": "learned",
          "sinusoidal": "sinusoidal", "t5_bias": "T5 bias"}
@@ -126,39 +127,6 @@ def _ruler_tasks(report) -> tuple[list[str], list[int]]:
       tasks.add(t)
       lengths |= {int(k) for k in rows}
   return sorted(tasks), sorted(lengths)
-
-
-def plot_curves(curves: dict, runs: list[dict], path: str) -> Optional[str]:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  colors = {"rove": "tab:red", "rope": "tab:blue", "nope": "tab:gray"}
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  drew = False
-  for i, run in enumerate(runs):
-    rows = curves.get(run["workdir"]) or []
-    c = colors.get(run["encoding"], f"C{i}")
-    style = ["-", "--", ":", "-."][run["seed"] % 4]
-    label = f"{NAMES.get(run['encoding'], run['encoding'])} seed {run['seed']}"
-    tr = [(r["step"], r["loss"]) for r in rows if "loss" in r]
-    va = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
-    if tr:
-      axes[0].plot(*zip(*tr), style, color=c, label=label, lw=1)
-      drew = True
-    if va:
-      axes[1].plot(*zip(*va), style + "o", color=c, label=label, ms=3)
-  if not drew:
-    plt.close(fig)
-    return None
-  axes[0].set(title="training loss", xlabel="step", ylabel="nats / byte")
-  axes[1].set(title="held-out loss", xlabel="step", ylabel="nats / byte")
-  for ax in axes:
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
 
 
 def _minutes(run_report) -> str:
@@ -323,19 +291,26 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str
              f"{f'{tr[-1]:.4f}' if tr else '-'} | {f'{va[-1]:.4f}' if va else '-'} | "
              f"{f'{secs / 60:.1f}' if secs else '-'} | {_minutes(rep)} |")
   L.append("\nPer-run perplexity, RULER and ICL numbers: [eval/report.md](eval/report.md).\n")
-  L.append("![loss curves](loss_curves.png)\n")
+  if any("loss" in row for run in runs for row in curves.get(run["workdir"]) or []):
+    L.append("![loss curves](loss_curves.png)\n")  # plots.loss_curves draws these rows
   L.append("![Figure 1: the trained model's RoPE vs RoVE token mixers](eval/figure1_mixer.png)\n")
   return "\n".join(L), summary
 
 
 def write(out_dir: str, report: dict, runs: list[dict], curves: dict, meta: dict) -> dict:
+  """Writes README.md, summary.json and loss_curves.png to out_dir, all or none of them
+  (report.replace_files); returns the summary."""
+  from rove_jax.evaluation import plots
   os.makedirs(out_dir, exist_ok=True)
   text, summary = build(report, runs, curves, meta)
-  plot_curves(curves, runs, os.path.join(out_dir, "loss_curves.png"))
-  tmp = os.path.join(out_dir, "README.md.tmp")
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, os.path.join(out_dir, "README.md"))
-  with open(os.path.join(out_dir, "summary.json"), "w") as f:
-    json.dump({"meta": meta, **summary}, f, indent=2)
+  files = {os.path.join(out_dir, "README.md"): text,
+           os.path.join(out_dir, "summary.json"): json.dumps({"meta": meta, **summary}, indent=2)}
+  curves_png = plots.loss_curves(curves, runs, NAMES)
+  png_path = os.path.join(out_dir, "loss_curves.png")
+  if curves_png is not None:
+    files[png_path] = curves_png
+  replace_files(files)
+  if curves_png is None:  # README.md does not link it: no stale curves of an earlier write
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(png_path)
   return summary
