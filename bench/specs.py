@@ -67,7 +67,7 @@ def make_spec(suite: str, quick: bool, smoke: bool = False) -> Spec:
         long_model=Model("smoke-L1", "tiny", one, 1, 0), long_lengths=(1024,),
         long_kernels=("xla", "chunked"), long_cap_gib=4.0,
         decode_model=Model("smoke-L1", "tiny", one, 2, 0), decode_prompt=8, decode_new=8,
-        compile_model=Model("smoke", "tiny", one[1:], 2, 32), compile_depths=(1, 3, 6))
+        compile_model=Model("smoke", "tiny", one[1:], 2, 32), compile_depths=(1, 2, 4))
   elif suite == "cpu":
     small = (("n_layer", 2), ("d_model", 128), ("n_head", 4), ("d_ff", 512))
     if quick:

@@ -3,7 +3,7 @@ quick suite at the smallest shapes, under a minute on 2 cores), the GPU suite's 
 device checks, the FLOP formula, the GPU script's syntax.
 
 Only properties that survive a noisy shared machine are asserted: positive finite ratios and
-throughputs, MFU in (0, 1], compile time growing from 1 to 6 layers. Not speed-ups.
+throughputs, MFU in (0, 1], compile time growing from 1 to 4 layers. Not speed-ups.
 """
 
 import json
@@ -85,9 +85,9 @@ def test_quick_suite_memory_longctx_decode_compile(quick):
   for r in dec["rows"].values():
     assert _positive(r["tokens_per_s"])
   comp = res["compile"]["rows"]
-  assert [r["n_layer"] for r in comp] == [1, 3, 6]
+  assert [r["n_layer"] for r in comp] == [1, 2, 4]
   assert all(_positive(r["total_s"]) for r in comp)
-  # 1 -> 6 layers is six times the traced graph: robust; 1 -> 3 alone could be noise.
+  # 1 -> 4 layers is four times the traced graph: robust; 1 -> 2 alone could be noise.
   assert comp[-1]["total_s"] > comp[0]["total_s"]
 
 
