@@ -32,7 +32,9 @@ clean up, move and delete nothing, so they are safe beside a run that is writing
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
 import shutil
 import time
@@ -80,6 +82,23 @@ def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), CHECKPOINTS)
 
 
+@contextlib.contextmanager
+def _without_read_only_notice(active: bool):
+  """Drops orbax's "Given directory is read only" warning (absl), which a reader opening the
+  directory read-only on purpose gets on every open; every other message passes."""
+  def keep(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Given directory is read only")
+
+  logger = logging.getLogger("absl")
+  if active:
+    logger.addFilter(keep)
+  try:
+    yield
+  finally:
+    if active:
+      logger.removeFilter(keep)
+
+
 class Checkpointer:
   """A CheckpointManager with integrity checks and fallback on unreadable checkpoints.
 
@@ -101,14 +120,19 @@ class Checkpointer:
     self._open()
 
   def _open(self):
+    # Read-only: the saving and cleanup options orbax would otherwise reset, with a warning
+    # each, are given as it wants them.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=self.keep, create=not self.read_only,
+        max_to_keep=None if self.read_only else self.keep,
+        save_interval_steps=0 if self.read_only else 1, create=not self.read_only,
         cleanup_tmp_directories=not self.read_only, read_only=self.read_only,
         enable_async_checkpointing=self.async_save and not self.read_only)
     # Handlers named up front: metadata and single items read back without orbax warnings.
     handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    with _without_read_only_notice(self.read_only):
+      self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                           item_handlers=handlers)
 
   # ------------------------------------------------------------------------------ query
   def steps(self) -> list[int]:

@@ -10,9 +10,10 @@ device (validation is numpy only), so a config can be built before jax.distribut
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
-from typing import Any
+from typing import Any, Optional
 
 import ml_collections
 from ml_collections import config_dict
@@ -169,23 +170,33 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
     raise ValueError(f"data.seq_len={d.seq_len} exceeds model.max_len={model.max_len}, the "
                      f"training context the positional encoding is set up for; set "
                      f"--config.model.max_len={d.seq_len}")
-  for name in ("steps", "log_every", "eval_every", "checkpoint_every", "eval_batches"):
-    if not (isinstance(c[name], int) and c[name] >= 1):
-      raise ValueError(f"{name} must be an int >= 1, got {c[name]!r}")
+  for name in ("steps", "log_every", "eval_every", "checkpoint_every", "eval_batches",
+               "keep_checkpoints", "optim.grad_accum", "optim.max_nonfinite"):
+    value = _get(c, name)
+    if not (_is_int(value) and value >= 1):
+      raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+  if c.run_steps is not None and not (_is_int(c.run_steps) and c.run_steps >= 1):
+    raise ValueError(f"run_steps must be an int >= 1 (the steps this invocation runs before it "
+                     f"saves and exits) or unset, got {c.run_steps!r}")
+  if not (_is_int(c.sample_tokens) and c.sample_tokens >= 0):
+    raise ValueError(f"sample_tokens must be an int >= 0 (0: no sample), got "
+                     f"{c.sample_tokens!r}")
   o = c.optim
-  ranges = {"lr": (0, math.inf, False), "weight_decay": (0, math.inf, True),
-            "min_lr_ratio": (0, 1, True), "b1": (0, 1, True), "b2": (0, 1, True),
-            "eps": (0, math.inf, False), "clip_norm": (0, math.inf, True)}
-  for name, (lo, hi, lo_ok) in ranges.items():
+  # name: (low, high, low included, high included)
+  ranges = {"lr": (0, math.inf, False, False), "weight_decay": (0, math.inf, True, False),
+            "min_lr_ratio": (0, 1, True, True), "b1": (0, 1, True, False),
+            "b2": (0, 1, True, False), "eps": (0, math.inf, False, False),
+            "clip_norm": (0, math.inf, True, False)}
+  for name, (lo, hi, lo_ok, hi_ok) in ranges.items():
     value = o[name]
     ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-          and (lo <= value if lo_ok else lo < value) and value <= hi)
+          and (lo <= value if lo_ok else lo < value) and (value <= hi if hi_ok else value < hi))
     if not ok:
-      interval = f"{'[' if lo_ok else '('}{lo}, {hi}{']' if hi != math.inf else ')'}"
-      raise ValueError(f"optim.{name} must be a finite number in {interval}, got {value!r}"
-                       + (" (clip_norm=0 turns clipping off)" if name == "clip_norm" else ""))
-  if not (isinstance(o.grad_accum, int) and o.grad_accum >= 1):
-    raise ValueError(f"optim.grad_accum must be an int >= 1, got {o.grad_accum!r}")
+      interval = f"{'[' if lo_ok else '('}{lo}, {hi}{']' if hi_ok else ')'}"
+      hint = {"clip_norm": " (clip_norm=0 turns clipping off)",
+              "b1": " (Adam's moment decay: 1 never forgets, the updates turn NaN)",
+              "b2": " (Adam's moment decay: 1 never forgets, the updates turn NaN)"}.get(name, "")
+      raise ValueError(f"optim.{name} must be a finite number in {interval}, got {value!r}{hint}")
   if not 0 <= o.warmup_steps <= c.steps:
     raise ValueError(f"optim.warmup_steps={o.warmup_steps} must be in [0, steps={c.steps}]")
   for name in ("data", "fsdp", "tensor"):
@@ -193,6 +204,46 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
     if not (isinstance(value, int) and (value >= 1 or value == -1)):
       raise ValueError(f"mesh.{name} must be a positive int or -1, got {value!r}")
   return model
+
+
+def override_problem(key: str, value: Optional[str] = None) -> Optional[str]:
+  """Why a command-line override `--config.KEY=VALUE` cannot set a field, or None.
+
+  Checks KEY against the schema (`base_config`): an unknown name gets the closest valid one
+  at its level, a section (e.g. model.rope_scaling) is refused with how to set its fields.
+  The value's type is absl's to check.
+  """
+  node, path, parts = base_config("tiny"), [], key.split(".")
+  for i, part in enumerate(parts):
+    here = ".".join(path) or "the config"
+    if not isinstance(node, ml_collections.ConfigDict):
+      return (f"--config.{key}: {here} is a field, not a section: it has no {part!r}; set "
+              f"--config.{here}=VALUE")
+    if part not in node:
+      close = difflib.get_close_matches(part, list(node.keys()), n=1, cutoff=0.5)
+      fields = ", ".join(sorted(node.keys()))
+      hint = (f"did you mean --config.{'.'.join(path + close + parts[i + 1:])}?" if close
+              else f"{here} has: {fields}")
+      return (f"--config.{key}: {here} has no field {part!r}; {hint} (the schema is "
+              f"rove_jax/config.py:base_config)")
+    node = node[part]
+    path.append(part)
+  if isinstance(node, ml_collections.ConfigDict):
+    example = {"model.rope_scaling": " (e.g. --config.model.rope_scaling.rope_type=yarn "
+                                     "--config.model.rope_scaling.factor=4)"}.get(key, "")
+    return (f"--config.{key}{'=' + value if value is not None else ''}: {key} is a section, "
+            f"not a field; set its fields one by one, --config.{key}.FIELD=VALUE{example}")
+  return None
+
+
+def _get(c, dotted: str):
+  for part in dotted.split("."):
+    c = c[part]
+  return c
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _unknown_keys(c, schema, prefix="") -> list[str]:

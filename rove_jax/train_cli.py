@@ -57,7 +57,6 @@ def _rewrite_config_flag(argv: list[str]) -> list[str]:
   return out
 
 
-_STARTED = []  # set when main runs: errors before that come from parsing the flags
 TRACEBACK_VAR = "ROVE_JAX_TRACEBACK"  # =1: expected errors show their traceback too
 
 
@@ -69,7 +68,6 @@ def _fail(message: str, code: int) -> int:
 
 
 def main(argv):
-  _STARTED.append(True)
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
@@ -96,15 +94,32 @@ def main(argv):
   return 0
 
 
-def _override_error(e: Exception, argv: list[str]) -> str:
-  """A one-paragraph message for an exception raised while absl parsed the flags."""
-  text = " ".join(str(e).replace("\\n", " ").replace("\\'", "'").split()).strip("'\"")
-  overrides = [a.split("=", 1)[0] for a in argv if a.startswith("--config.")]
-  words = [w.strip("'\"") for w in text.split()]
-  culprit = next((o for o in overrides if any(o.endswith("." + w) for w in words if w)), None)
-  where = f"{culprit}: " if culprit else ""
-  return (f"{where}{type(e).__name__}: {text} (the fields a run reads are in "
-          f"rove_jax/config.py:base_config)")
+def _override_problems(argv: list[str]) -> list[str]:
+  """config.override_problem for every --config.KEY[=VALUE] in argv."""
+  from rove_jax import config as config_lib
+  problems = []
+  for arg in argv[1:]:
+    if arg.startswith("--config."):
+      key, eq, value = arg[len("--config."):].partition("=")
+      problem = config_lib.override_problem(key, value if eq else None)
+      if problem:
+        problems.append(problem)
+  return problems
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with its errors as one `error:` line and exit status 2."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 - absl's errors and the config file's own
+    message = " ".join(str(e).replace("\\n", " ").split())
+    if not isinstance(e, flags.Error):  # raised by executing the config file or an override
+      message = f"{type(e).__name__}: {message}"
+    if "get_config" in message:
+      message += ("; a config file defines get_config() returning the run's ConfigDict (see "
+                  "configs/tiny.py)")
+    print(f"error: {message}\nrun with --helpshort for the flags", file=sys.stderr)
+    sys.exit(2)
 
 
 def run(argv=None):
@@ -115,18 +130,16 @@ def run(argv=None):
   except app.UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  problems = _override_problems(argv)  # before absl, which blames the wrong flag or none
+  if problems:
+    print("error: " + "\nerror: ".join(problems), file=sys.stderr)
+    sys.exit(2)
   # absl prints the __main__ module's docstring as --help's usage; under the rove-train
   # console script that module is pip's generated wrapper, which has none.
   main_module = sys.modules.get("__main__")
   if main_module is not None and not getattr(main_module, "__doc__", None):
     main_module.__doc__ = __doc__
-  try:
-    app.run(main, argv=argv)
-  except Exception as e:  # noqa: BLE001 - only errors of flag parsing are caught here
-    if _STARTED:
-      raise
-    print(f"error: invalid --config override: {_override_error(e, argv)}", file=sys.stderr)
-    sys.exit(2)
+  app.run(main, argv=argv, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

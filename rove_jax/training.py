@@ -330,6 +330,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
 
   summary = {"start_step": start, "workdir": workdir}
   nonfinite_run = nonfinite_total = 0
+  learning = learning_skipped = 0  # steps run with a nonzero learning rate; of them skipped
   tokens_per_step = c.data.batch_size * c.data.seq_len
   t_last, step_last = time.perf_counter(), start
   last = {}
@@ -341,6 +342,9 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
       state, m = train_step(state, batch)
       step += 1
       finite = bool(m["finite"])
+      if float(m["lr"]) > 0:  # warmup's first step (lr 0) changes nothing, skipped or not
+        learning += 1
+        learning_skipped += not finite
       if step == start + 1:  # throughput from here on, compile time excluded
         t_last, step_last = time.perf_counter(), step
       if finite:
@@ -388,13 +392,15 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
     if ckpt.latest_step() != step:  # always end with a checkpoint of the final state
       save(step)
   metrics_log.close()
-  if step > start and nonfinite_total == step - start:
-    raise NonFiniteError(f"every one of the {step - start} steps run was skipped as non-finite: "
-                         f"nothing was learned; lower optim.lr or check the data")
+  if step > start and (nonfinite_total == step - start or learning_skipped == learning > 0):
+    raise NonFiniteError(
+        f"{nonfinite_total} of the {step - start} steps run were skipped as non-finite, every "
+        f"one with a nonzero learning rate: nothing was learned; lower optim.lr or check the "
+        f"data")
   counts = np.bincount(np.asarray(data.val_tokens, np.int64), minlength=1).astype(np.float64)
   probs = counts[counts > 0] / counts.sum()
   summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())
-  summary.update(step=step, last=last, nonfinite_steps=nonfinite_total,
+  summary.update(step=step, last=last, nonfinite_steps=nonfinite_total, steps_run=step - start,
                  tokenizer=data.tokenizer, model_config=model_cfg, params=state.params,
                  graphdef=graphdef, mesh=mesh)
   return summary
@@ -409,7 +415,9 @@ def report(summary: dict, c: ml_collections.ConfigDict, *, out=print) -> None:
       + (f", train loss {last['loss']:.4f}" if "loss" in last else "")
       + (f", val loss {summary['val_loss']:.4f} nats/token (a unigram model of the validation "
          f"tokens: {summary['val_unigram_entropy']:.4f})" if "val_loss" in summary else "")
-      + (f", {last['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in last else ""))
+      + (f", {last['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in last else "")
+      + (f"; {summary['nonfinite_steps']} of the {summary['steps_run']} steps run were skipped "
+         f"as non-finite (their updates not applied)" if summary.get("nonfinite_steps") else ""))
   if c.sample_tokens and summary.get("params") is not None and jax.process_count() == 1:
     from rove_jax.model import generate
     tok = summary["tokenizer"]

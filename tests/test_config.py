@@ -4,6 +4,7 @@ errors on the way, no JAX backend while building configs, and `rove-train --conf
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -131,17 +132,70 @@ def test_metadata_of_older_checkpoints_reads_back():
     ({"optim.lr": float("nan")}, r"optim.lr must be a finite number"),
     ({"optim.weight_decay": float("inf")}, r"optim.weight_decay must be a finite number"),
     ({"optim.weight_decay": -0.1}, r"optim.weight_decay must be a finite number in \[0, inf\)"),
-    ({"optim.b2": 1.5}, r"optim.b2 must be a finite number in \[0, 1\]"),
+    ({"optim.b2": 1.5}, r"optim.b2 must be a finite number in \[0, 1\)"),
+    ({"optim.b1": 1.0}, r"optim.b1 must be a finite number in \[0, 1\).*NaN"),
+    ({"optim.min_lr_ratio": 1.5}, r"optim.min_lr_ratio must be a finite number in \[0, 1\]"),
+    ({"run_steps": 0}, r"run_steps must be an int >= 1"),
+    ({"run_steps": -1}, r"run_steps must be an int >= 1"),
+    ({"keep_checkpoints": 0}, r"keep_checkpoints must be an int >= 1"),
+    ({"optim.max_nonfinite": 0}, r"optim.max_nonfinite must be an int >= 1"),
+    ({"sample_tokens": -5}, r"sample_tokens must be an int >= 0"),
     ({"optim.clip_norm": -1.0}, r"optim.clip_norm .*clip_norm=0 turns clipping off"),
     ({"optim.eps": 0.0}, r"optim.eps must be a finite number in \(0, inf\)"),
 ])
 def test_validation_errors_name_the_field(override, message):
   c = config_lib.base_config("tiny")
   for key, value in override.items():
-    section, name = key.split(".")
-    c[section][name] = value
+    *sections, name = key.split(".")
+    node = c
+    for section in sections:
+      node = node[section]
+    node[name] = value
   with pytest.raises(ValueError, match=message):
     config_lib.validate(c)
+
+
+@pytest.mark.parametrize("key, message", [
+    ("model.n_layers", r"model has no field 'n_layers'; did you mean --config.model.n_layer\?"),
+    ("optimizer.lr", r"the config has no field 'optimizer'; did you mean --config.optim.lr\?"),
+    ("model.rope_scaling.type", r"did you mean --config.model.rope_scaling.rope_type\?"),
+    ("model.rope_scaling", r"model.rope_scaling is a section, not a field; .*rope_type=yarn"),
+    ("steps.max", r"steps is a field, not a section"),
+    ("zzz", r"the config has no field 'zzz'; the config has: async_checkpoints, "),
+])
+def test_command_line_overrides_of_unknown_fields_name_the_closest(key, message):
+  assert re.search(message, config_lib.override_problem(key, "1"))
+
+
+def test_every_schema_field_is_a_valid_override():
+  def keys(c, prefix=""):
+    for k, v in c.items():
+      yield from keys(v, f"{prefix}{k}.") if isinstance(v, ml_collections.ConfigDict) else [
+          prefix + k]
+  fields = list(keys(config_lib.base_config("tiny")))
+  assert "model.rope_scaling.factor" in fields and "optim.lr" in fields
+  assert [k for k in fields if config_lib.override_problem(k, "1") is not None] == []
+
+
+def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
+  """rove-train's flag errors: the unknown key is named although the valid one is given too;
+  absl's type errors and a config file without get_config() exit 2 too, without a traceback."""
+  noget = tmp_path / "noget.py"
+  noget.write_text("X = 1\n")
+  tiny = str(ROOT / "configs" / "tiny.py")
+  for argv, expected in [
+      (["--config", tiny, "--config.model.n_layer=2", "--config.model.n_layers=2"],
+       "error: --config.model.n_layers: model has no field 'n_layers'; did you mean "
+       "--config.model.n_layer?"),
+      (["--config", tiny, "--config.steps=abc"],
+       "error: flag --config.steps=abc: invalid literal for int()"),
+      (["--config", str(noget)], "a config file defines get_config()")]:
+    r = subprocess.run([sys.executable, "-m", "rove_jax.train_cli", *argv, "--workdir",
+                        str(tmp_path / "w")], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env=subprocess_env())
+    assert r.returncode == 2, (argv, r.stderr[-2000:])
+    assert expected in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr[-2000:])
+  assert not (tmp_path / "w").exists()  # nothing ran
 
 
 def test_rope_scaling_from_the_command_line(tmp_path):

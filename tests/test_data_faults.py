@@ -97,6 +97,38 @@ def test_failed_rebuild_leaves_no_cache_that_validates(tmp_path, capsys, monkeyp
   assert "is missing" in err
 
 
+def test_write_cache_false_reads_a_valid_cache_and_never_writes(tmp_path, capsys):
+  """Readers of a training workdir: a valid cache is read; a damaged or missing one is made up
+  for in memory and the directory is left exactly as it was."""
+  corpus, tokens, npy, record = _cached(tmp_path, capsys)
+  cache = tmp_path / "cache"
+
+  def read():
+    got = data.load_tokens(corpus, "train", BYTES, cache_dir=cache, write_cache=False)
+    return np.array(got), capsys.readouterr().err
+
+  def listing():
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(cache.iterdir())}
+
+  got, err = read()
+  np.testing.assert_array_equal(got, tokens)
+  assert f"cached tokens from {npy}" in err and "tokenizing" not in err
+  npy.write_bytes(npy.read_bytes()[:-100])
+  before = listing()
+  got, err = read()
+  np.testing.assert_array_equal(got, tokens)
+  assert f"token cache {npy} is unusable" in err and "the cache is left as it is" in err
+  assert "rebuilding" not in err and listing() == before
+  npy.unlink()
+  record.unlink()
+  got, err = read()
+  np.testing.assert_array_equal(got, tokens)
+  assert "tokenizing" in err and list(cache.iterdir()) == []
+  got = data.load_tokens(corpus, "train", BYTES, cache_dir=tmp_path / "new", write_cache=False)
+  np.testing.assert_array_equal(got, tokens)
+  assert not (tmp_path / "new").exists()
+
+
 def test_binary_txt_named_explicitly_is_refused(tmp_path):
   binary = tmp_path / "model.txt"
   binary.write_bytes(np.random.default_rng(0).bytes(4000))

@@ -1,17 +1,21 @@
 """Evaluation's command-line options end to end (rove_jax.evaluation.cli.main, what
 `python -m eval` and `rove-eval` run) on the shared trained run: --yarn off / on / both,
 --stride and --data-path, the numbers checked against the float64 reference of
-tests/test_perplexity.py."""
+tests/test_perplexity.py; RULER's QA tasks from --squad / --hotpot; quiet checkpoint reads."""
 
 import json
+import logging
 
 import chex
 import numpy as np
 import pytest
+from absl import logging as absl_logging
 
-from rove_jax.evaluation import cli, report, scoring
+from rove_jax import checkpoint as ckpt_lib
+from rove_jax.evaluation import cli, report, ruler, scoring
 from tests.test_perplexity import (TRAIN_LEN, assert_row_matches, reference_model,
                                    reference_ppl)
+from tests.test_ruler import SQUAD
 
 LENGTHS = (TRAIN_LEN, 2 * TRAIN_LEN)
 PPL_TOKENS = cli.SUITES["quick"]["ppl_tokens"]  # targets scored per length
@@ -111,3 +115,46 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
   for name in ("figure1_mixer.png", "perplexity_vs_length.png"):
     assert (out / name).read_bytes()[:4] == b"\x89PNG", name
   assert json.loads((out / "report.json").read_text())["runs"][0]["perplexity"]["none"]
+
+
+def test_ruler_scores_qa_1_from_squad_and_reports_qa_2_skipped(trained_run, tmp_path):
+  squad = tmp_path / "squad.json"
+  squad.write_text(json.dumps(SQUAD))
+  args = cli.parse_args(["--workdir", str(trained_run), "--out", str(tmp_path / "eval"),
+                         "--tasks", "ruler", "--yarn", "off", "--squad", str(squad),
+                         "--no-progress"], check_files=True)
+  suite = {**cli.SUITES["quick"], "ruler_multiples": (8,), "ruler_tasks": ("qa_1", "qa_2"),
+           "ruler_samples": 1}
+  run = scoring.load_run(str(trained_run))
+  result = cli.evaluate_run(run, args, suite)
+  got, length = result["ruler"], 8 * TRAIN_LEN
+  assert list(got["tasks"]) == ["qa_1"] and list(got["tasks"]["qa_1"]) == [str(length)]
+  assert list(got["skipped"]) == ["qa_2"]
+  assert got["skipped"]["qa_2"].startswith("needs --hotpot FILE: a local HotpotQA dev JSON")
+  md = report.markdown({"suite": "quick", "runs": [result]})
+  assert "- qa_2: skipped (needs --hotpot FILE" in md
+  # The same sample scored directly: the report holds qa_1's real answer NLL.
+  want = ruler.evaluate(scoring.Scorer(run).score_fn(), run.tokenizer, tasks=["qa_1"],
+                        lengths=[length], samples_per_task=1, seed=0,
+                        haystack_texts=cli._haystack_texts(run), squad_path=squad,
+                        progress=False)["tasks"]["qa_1"][str(length)]
+  row = got["tasks"]["qa_1"][str(length)]
+  assert row["n"] == 1 and np.isfinite(row["nll"]) and row["nll"] > 0
+  np.testing.assert_allclose(row["nll"], want["nll"], rtol=1e-5)
+  assert row["exact_match"] == want["exact_match"]
+
+
+def test_reading_a_run_logs_no_read_only_warnings(trained_run, caplog):
+  caplog.set_level(logging.INFO)
+  absl = logging.getLogger("absl")
+  filters = list(absl.filters)
+  run = scoring.load_run(str(trained_run))
+  assert run.step == 6
+  said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert [m for m in said if "read_only" in m or "read only" in m] == []
+  assert absl.filters == filters  # nothing stays installed
+  caplog.clear()
+  with ckpt_lib._without_read_only_notice(True):  # only that one message is dropped
+    absl_logging.warning("Given directory is read only=%s", "/x")
+    absl_logging.warning("a real problem")
+  assert [r.getMessage() for r in caplog.records] == ["a real problem"]

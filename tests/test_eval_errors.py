@@ -5,10 +5,18 @@ is replaced atomically and lists exactly the plots in its directory. No trained 
 import json
 import math
 import os
+import re
+import warnings
 
+import numpy as np
 import pytest
 
-from rove_jax.evaluation import cli, report, scoring
+from rove_jax import config as config_lib
+from rove_jax import data as data_lib
+from rove_jax import training
+from rove_jax.evaluation import cli, plots, report, ruler_qa, scoring
+from tests.conftest import small_config
+from tests.test_ruler import HOTPOT, SQUAD
 
 TASK_CHOICES = "ppl, ruler, icl"
 
@@ -139,6 +147,136 @@ def test_missing_input_files_exit_2_naming_them(capsys, tmp_path, empty_workdir,
   assert no_restore == [] and not (tmp_path / "eval").exists()  # checked before --out
 
 
+@pytest.mark.parametrize("option, value, says", [
+    ("--stride", "0", "got 0"), ("--stride", "-0.5", "got -0.5"), ("--stride", "2", "got 2"),
+    ("--stride", "nan", "got nan"), ("--chunk", "0", "got 0"), ("--chunk", "-8", "got -8"),
+    ("--seed", "-1", "got -1")])
+def test_out_of_range_numbers_exit_2_before_any_restore(capsys, tmp_path, empty_workdir,
+                                                        no_restore, option, value, says):
+  line = argument_error(capsys, ["--workdir", empty_workdir, "--out", tmp_path / "eval",
+                                 option, value])
+  assert line.startswith(f"rove-eval: error: {option} must be") and says in line
+  assert f"e.g. {option} " in line  # an example of a valid value
+  assert no_restore == [] and not (tmp_path / "eval").exists()
+
+
+def test_in_range_numbers_are_accepted():
+  args = cli.parse_args(["--workdir", "w", "--stride", "1", "--chunk", "1", "--seed", "0"])
+  assert (args.stride, args.chunk, args.seed) == (1.0, 1, 0)
+  assert cli.parse_args(["--workdir", "w", "--stride", "1e-3"]).stride == 1e-3
+
+
+def test_both_suites_include_the_qa_tasks():
+  for name, suite in cli.SUITES.items():
+    tasks = cli.ruler_tasks(suite)
+    assert {"qa_1", "qa_2"} <= set(tasks) and len(set(tasks)) == len(tasks), name
+  assert len(cli.ruler_tasks(cli.SUITES["full"])) == 13  # the 11 synthetic tasks and the 2 QA
+
+
+@pytest.mark.parametrize("flag, content, says", [
+    ("--squad", '{"data": [', "invalid JSON"),
+    ("--squad", "{}", "the top level has no 'data'"),
+    ("--squad", "[]", "the top level is a list, not an object"),
+    ("--squad", '{"data": [{"paragraphs": [{"context": "c"}]}]}',
+     "data[0].paragraphs[0] has no 'qas'"),
+    ("--squad", json.dumps({"data": [{"paragraphs": [{"context": "c", "qas": [
+        {"question": "q", "answers": [{"text": 7}]}]}]}]}),
+     "data[0].paragraphs[0].qas[0].answers[0].text is a number, not a string"),
+    ("--squad", '{"data": []}', "holds no answerable questions"),
+    ("--hotpot", "[{", "invalid JSON"),
+    ("--hotpot", "{}", "the top level is an object, not a list"),
+    ("--hotpot", '[{"question": "q", "context": []}]', "[0] has no 'answer'"),
+    ("--hotpot", '[{"question": "q", "answer": "a", "context": "text"}]',
+     "[0].context is a string, not a list"),
+    ("--hotpot", '[{"question": "q", "answer": "a", "context": [["t", "s"]]}]',
+     "[0].context[0] is not a [title, [sentence, ...]] pair"),
+    ("--squad", json.dumps(HOTPOT), "the top level is a list"),
+    ("--hotpot", json.dumps(SQUAD), "the top level is an object")])
+def test_malformed_qa_files_exit_2_before_any_restore(capsys, tmp_path, empty_workdir,
+                                                      no_restore, flag, content, says):
+  path = tmp_path / "dev.json"
+  path.write_text(content)
+  line = argument_error(capsys, ["--workdir", empty_workdir, "--out", tmp_path / "eval",
+                                 flag, path])
+  assert line.startswith(f"rove-eval: error: {flag} {path}: "), line
+  assert says in line, line
+  if "invalid JSON" not in says and "no answerable" not in says:
+    assert ("not a SQuAD file; expected" if flag == "--squad" else
+            "not a HotpotQA file; expected") in line
+  assert no_restore == [] and not (tmp_path / "eval").exists()
+
+
+def test_qa_loaders_raise_value_errors_only(tmp_path):
+  """Every wrong structure is a ValueError naming the file, never a KeyError or TypeError."""
+  shapes = [{}, [], "text", 3, None, {"data": {}}, {"data": [[]]}, {"data": [{"paragraphs": 1}]},
+            {"data": [{"paragraphs": [{"context": ["c"], "qas": []}]}]},
+            {"data": [{"paragraphs": [{"context": "c", "qas": ["q"]}]}]},
+            {"data": [{"paragraphs": [{"context": "c", "qas": [{"question": "q",
+                                                                 "answers": "a"}]}]}]},
+            [1], [{}], [{"question": "q", "answer": "a", "context": [["t"]]}],
+            [{"question": "q", "answer": 1, "context": []}],
+            [{"question": "q", "answer": "a", "context": [["t", [1]]]}]]
+  for i, shape in enumerate(shapes):
+    path = tmp_path / f"{i}.json"
+    path.write_text(json.dumps(shape))
+    for load in (ruler_qa.load_squad, ruler_qa.load_hotpotqa):
+      with pytest.raises(ValueError, match=re.escape(str(path))):
+        load(path)
+  binary = tmp_path / "binary.json"
+  binary.write_bytes(b"\xff\xfe{}")
+  with pytest.raises(ValueError, match="is not UTF-8 text"):
+    ruler_qa.load_squad(binary)
+
+
+def test_valid_qa_files_pass_the_checks(tmp_path, empty_workdir):
+  (tmp_path / "squad.json").write_text(json.dumps(SQUAD))
+  (tmp_path / "hotpot.json").write_text(json.dumps(HOTPOT))
+  args = cli.parse_args(["--workdir", str(empty_workdir), "--out", str(tmp_path / "eval"),
+                         "--squad", str(tmp_path / "squad.json"),
+                         "--hotpot", str(tmp_path / "hotpot.json")], check_files=True)
+  assert (args.squad, args.hotpot) == (str(tmp_path / "squad.json"),
+                                       str(tmp_path / "hotpot.json"))
+
+
+# ------------------------------------------------------------------ the training workdir
+
+
+def _listing(directory) -> dict:
+  return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+          for p in sorted(directory.iterdir())}
+
+
+def test_eval_reads_the_runs_capped_val_cache_and_writes_nothing(tmp_path, capsys):
+  """The held-out split comes from training's own cache (data.max_val_tokens included); a
+  deleted cache is tokenized in memory, not written back into the workdir."""
+  c = small_config(tmp_path, **{"data.max_val_tokens": 300})
+  workdir = tmp_path / "run"
+  prepared = data_lib.prepare(  # what training.train does before its first step
+      training.corpus_from_config(c.data), c.data.tokenizer, workdir=str(workdir),
+      max_train_tokens=c.data.max_train_tokens, max_val_tokens=c.data.max_val_tokens)
+  assert prepared.val_tokens.size == 300
+  data_dir = workdir / "data"
+
+  def val_tokens():
+    run = scoring.Run(workdir=str(workdir), name="run", step=8, model_config=None,
+                      config=config_lib.as_plain(c), params=None, tokenizer=prepared.tokenizer)
+    capsys.readouterr()
+    tokens = np.array(run.val_tokens())
+    return tokens, capsys.readouterr().err
+
+  before = _listing(data_dir)
+  tokens, err = val_tokens()
+  np.testing.assert_array_equal(tokens, prepared.val_tokens)
+  assert "cached tokens from" in err and "tokenizing" not in err
+  assert _listing(data_dir) == before  # names, sizes, times and bytes
+  for path in data_dir.glob("tokens-*-val-*"):
+    path.unlink()
+  before = _listing(data_dir)
+  tokens, err = val_tokens()
+  np.testing.assert_array_equal(tokens, prepared.val_tokens)
+  assert "tokenizing" in err and _listing(data_dir) == before  # not recreated
+
+
 # ------------------------------------------------------------------ failures after parsing
 
 
@@ -238,6 +376,20 @@ def test_a_failed_json_dump_leaves_no_file(monkeypatch, tmp_path):
   with pytest.raises(ValueError, match="injected"):
     report.write(_report(), str(tmp_path / "eval"))
   assert not (tmp_path / "eval").exists() or os.listdir(tmp_path / "eval") == []
+
+
+def test_plots_with_nothing_labelled_draw_no_empty_legend():
+  """matplotlib warns "No artists with labels found to put in legend" on an empty legend."""
+  rep = _report(ruler=False, icl=False)
+  rep["runs"][0]["perplexity"] = {"protocol": {"train_len": 16},
+                                  "yarn": {"not_applicable": "a learned-position run"}}
+  curves = {"/w": [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]}  # no held-out loss yet
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert plots.perplexity(rep)[:4] == b"\x89PNG"
+    assert plots.loss_curves(curves, [{"workdir": "/w", "encoding": "rove", "seed": 0}],
+                             {"rove": "RoVE"})[:4] == b"\x89PNG"
+  assert [str(w.message) for w in caught if "legend" in str(w.message)] == []
 
 
 def _umask() -> int:

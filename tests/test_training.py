@@ -14,6 +14,7 @@ import time
 import chex
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -176,6 +177,30 @@ def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tmp_path):
   assert counts == [1, 2], counts  # the third stops the run before its log line
   assert not (tmp_path / "nan" / "checkpoints").exists() or not list(
       (tmp_path / "nan" / "checkpoints").glob("[0-9]*"))
+
+
+def test_a_run_whose_every_learning_step_was_skipped_fails(tmp_path):
+  """Warmup's first step (lr 0) comes out finite even at lr 1e30; it must not make a run in
+  which every real update was skipped look like a success."""
+  c = small_config(tmp_path, **{"optim.lr": 1e30, "optim.clip_norm": 0.0, "steps": 5,
+                                "optim.max_nonfinite": 100, "optim.warmup_steps": 2})
+  with pytest.raises(training.NonFiniteError,
+                     match="4 of the 5 steps run were skipped as non-finite, every one with a "
+                           "nonzero learning rate"):
+    run_train(c, tmp_path / "nan", log=lambda *a: None)
+
+
+def test_the_closing_line_counts_skipped_steps():
+  lines = []
+  summary = {"step": 8, "workdir": "w", "last": {"loss": 2.0}, "nonfinite_steps": 3,
+             "steps_run": 8}
+  training.report(summary, ml_collections.ConfigDict({"sample_tokens": 0}), out=lines.append)
+  assert lines == ["done: step 8 in w, train loss 2.0000; 3 of the 8 steps run were skipped "
+                   "as non-finite (their updates not applied)"]
+  lines.clear()
+  training.report({**summary, "nonfinite_steps": 0}, ml_collections.ConfigDict(
+      {"sample_tokens": 0}), out=lines.append)
+  assert lines == ["done: step 8 in w, train loss 2.0000"]
 
 
 def test_checkpointer_refuses_non_finite_state(tmp_path):

@@ -16,7 +16,8 @@ Shape letters (here):
 Public API:
   Corpus(source, path=None, ...)                  frozen description of a corpus (see below)
   iter_documents(corpus, split) -> Iterator[str]  the documents of the "train" or "val" split
-  load_tokens(corpus, split, tokenizer, *, cache_dir=None, max_tokens=None) -> tokens [N]
+  load_tokens(corpus, split, tokenizer, *, cache_dir=None, max_tokens=None, write_cache=True)
+      -> tokens [N]
   train_iterator(tokens, *, seq_len, global_batch_size, seed, ...) -> grain DatasetIterator
   eval_batches(tokens, *, seq_len, batch_size, max_batches=None, ...) -> Iterator[batch]
   make_batch(windows_BW, *, packing=False, eot_id=None) -> batch   windows [B, W] -> batch dict

@@ -8,7 +8,8 @@ switching tokenizers never reads stale tokens.
 Beside each tokens-*.npy sits its record, tokens-*.json: the full cache key, the number of
 tokens, their dtype and the file's size. Loading checks the record against the file's size and
 .npy header (no hashing: cheap on a multi-GB cache); a missing, damaged or mismatched cache is
-reported on stderr, naming the file and the problem, and rebuilt from the sources. Both files
+reported on stderr, naming the file and the problem, and rebuilt from the sources (readers
+that pass write_cache=False tokenize in memory instead and write nothing). Both files
 are written atomically (a temporary file, then os.replace), the record after the data, so a
 build killed half-way never leaves a cache that validates.
 """
@@ -36,7 +37,8 @@ _ENCODE_CHUNK_CHARS = 1 << 20  # texts handed to encode_batch at once (parallel 
 
 
 def load_tokens(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
-                cache_dir: Optional[str] = None, max_tokens: Optional[int] = None) -> np.ndarray:
+                cache_dir: Optional[str] = None, max_tokens: Optional[int] = None,
+                write_cache: bool = True) -> np.ndarray:
   """Tokenizes a split into one flat array, eot_id after each document, cached on disk.
 
   Args:
@@ -46,10 +48,13 @@ def load_tokens(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
     cache_dir: where to keep tokens-*.npy (keyed by corpus, files, split, tokenizer and
       max_tokens); a later call memory-maps it instead of tokenizing. None: no cache.
     max_tokens: stop after this many tokens (needed for huge hf streams).
+    write_cache: False for readers of another process's directory (evaluation of a training
+      workdir): a valid cache is read, but a missing or unusable one is neither built nor
+      replaced; the split is tokenized in memory and nothing is written.
 
   Returns:
     tokens [N]: uint16 when tokenizer.vocab_size <= 65536, else int32 (a read-only memmap when
-    cached). Batches convert windows to int32.
+    read from the cache). Batches convert windows to int32.
   """
   check_split(split)
   if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(
@@ -71,12 +76,14 @@ def load_tokens(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
         else:
           log(f"{label}: {tokens.size} cached tokens from {path}")
           return tokens
-      log(f"WARNING: token cache {path} is unusable: {problem}; rebuilding it from the sources")
+      action = ("rebuilding it from the sources" if write_cache else
+                "tokenizing the sources in memory (the cache is left as it is)")
+      log(f"WARNING: token cache {path} is unusable: {problem}; {action}")
   tokens = _tokenize(iter_documents(corpus, split), tokenizer, max_tokens, label)
   if tokens.size == 0:
     raise ValueError(f"{label} is empty: no non-empty documents were found; check path and "
                      f"text_field={corpus.text_field!r}")
-  if path is None:
+  if path is None or not write_cache:
     return tokens
   _write_cache(path, tokens, {"key": key, "tokenizer": tokenizer.fingerprint, "corpus": label})
   return np.load(path, mmap_mode="r")

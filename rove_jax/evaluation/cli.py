@@ -25,7 +25,7 @@ import time
 
 SUITES = {
     "quick": {"multiples": (1, 4, 16), "ppl_tokens": 8192, "ruler_multiples": (4, 16),
-              "ruler_tasks": ("niah_single_1", "niah_multikey_1", "vt", "cwe"),
+              "ruler_tasks": ("niah_single_1", "niah_multikey_1", "vt", "cwe", "qa_1", "qa_2"),
               "ruler_samples": 2, "icl_samples": 8, "icl_shots": (0, 2, 8),
               "icl_length_multiples": (1, 2)},
     "full": {"multiples": (1, 2, 4, 8, 16), "ppl_tokens": 65536, "ruler_multiples": (4, 8, 16),
@@ -34,6 +34,9 @@ SUITES = {
 }
 TASKS = ("ppl", "ruler", "icl")
 PROG = "rove-eval"
+# RULER's QA tasks read local dev files; without one a task is reported as skipped.
+QA_FLAGS = {"qa_1": ("--squad", "squad", "SQuAD", "dev-v2.0.json"),
+            "qa_2": ("--hotpot", "hotpot", "HotpotQA", "hotpot_dev_distractor_v1.json")}
 
 
 def parse_args(argv, *, check_files: bool = False):
@@ -42,8 +45,9 @@ def parse_args(argv, *, check_files: bool = False):
   Args:
     argv: the arguments.
     check_files: also check, as `main` does before any work, that the workdirs and the
-      --data-path, --squad, --hotpot and --icl-tasks inputs exist (the spec file and its task
-      files are read and validated), and create the report directory and prove it writable.
+      --data-path, --squad, --hotpot and --icl-tasks inputs exist (the QA files, the spec file
+      and its task files are read and validated), and create the report directory and prove it
+      writable.
       Sets args.icl_specs (None without --icl-tasks), args.out_dir (absolute) and
       args.created_out. Off: no file system access (the README's command checks).
 
@@ -62,16 +66,25 @@ def parse_args(argv, *, check_files: bool = False):
   p.add_argument("--out", help="report directory (default: WORKDIR/eval)")
   p.add_argument("--data-path", help="score perplexity on this text/parquet source instead of "
                                      "the run's held-out split")
-  p.add_argument("--stride", type=float, help="sliding-window perplexity with stride = "
-                                              "fraction of the length (default: non-overlapping)")
+  p.add_argument("--stride", type=float, help="sliding-window perplexity with stride = this "
+                                              "fraction of the length, in (0, 1] (default: "
+                                              "non-overlapping)")
   p.add_argument("--squad", help="local SQuAD dev JSON for RULER qa_1")
   p.add_argument("--hotpot", help="local HotpotQA dev JSON for RULER qa_2")
   p.add_argument("--icl-tasks", help="JSON list of ICL task specs (LLM-Foundry JSONL files)")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--chunk", type=int, default=512, help="attention block length")
+  p.add_argument("--seed", type=int, default=0, help="seed of the RULER and ICL samples (>= 0)")
+  p.add_argument("--chunk", type=int, default=512, help="attention block length (>= 1)")
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
   args.task_list = _task_list(p, args.tasks)
+  if args.stride is not None and not 0 < args.stride <= 1:
+    p.error(f"--stride must be a fraction of the length in (0, 1], e.g. --stride 0.5 for "
+            f"windows that advance by half a length (omit it for non-overlapping windows); "
+            f"got {args.stride:g}")
+  if args.chunk < 1:
+    p.error(f"--chunk must be a block length >= 1 token, e.g. --chunk 512; got {args.chunk}")
+  if args.seed < 0:
+    p.error(f"--seed must be >= 0, e.g. --seed 0; got {args.seed}")
   if args.lengths:
     try:
       args.lengths = [int(x) for x in args.lengths.split(",")]
@@ -119,9 +132,18 @@ def _check_inputs(p, args) -> None:
       files.resolve_files(args.data_path, exts, "--data-path")
     except ValueError as e:
       p.error(str(e))
-  for flag, path in (("--squad", args.squad), ("--hotpot", args.hotpot)):
-    if path is not None and not os.path.isfile(path):
+  for flag, dest, _, _ in QA_FLAGS.values():
+    path = getattr(args, dest)
+    if path is None:
+      continue
+    if not os.path.isfile(path):
       p.error(f"{flag} {path} {_what_is_wrong(path, 'file')}; give a local JSON file (see --help)")
+    from rove_jax.evaluation import ruler_qa
+    load = ruler_qa.load_squad if flag == "--squad" else ruler_qa.load_hotpotqa
+    try:
+      load(path)  # parsed and validated now (cached for the RULER tasks)
+    except (ValueError, OSError) as e:
+      p.error(f"{flag} {path}: {e}")
   args.icl_specs = None
   if args.icl_tasks is not None:
     from rove_jax.evaluation import icl
@@ -195,12 +217,17 @@ def evaluate_run(run, args, suite) -> dict:
   if "ruler" in args.task_list:
     from rove_jax.evaluation import ruler
     t0 = time.perf_counter()
-    tasks = suite["ruler_tasks"] or ruler.TASKS
+    tasks = ruler_tasks(suite)
     r_lengths = [m * train_len for m in suite["ruler_multiples"]]
     if cfg.pos_encoding == "learned":
       r_lengths = [L for L in r_lengths if L <= cfg.max_len] or [cfg.max_len]
     haystack = _haystack_texts(run)
     merged = {"tasks": {}, "skipped": {}, "yarn": args.yarn != "off" and scorer.rotary}
+    for task in [t for t in tasks if t in QA_FLAGS and getattr(args, QA_FLAGS[t][1]) is None]:
+      flag, _, name, example = QA_FLAGS[task]
+      merged["skipped"][task] = (f"needs {flag} FILE: a local {name} dev JSON file (e.g. "
+                                 f"{example}); none was given")
+    tasks = [t for t in tasks if t not in merged["skipped"]]
     for L in r_lengths:
       # YaRN past the training length unless --yarn off (the run's own setting otherwise).
       scaling = scorer.yarn_scaling(L) if args.yarn != "off" and scorer.rotary else None
@@ -248,6 +275,12 @@ def evaluate_run(run, args, suite) -> dict:
     result["icl"] = {"synthetic": synthetic, "files": files}
     result["seconds"]["icl"] = time.perf_counter() - t0
   return result
+
+
+def ruler_tasks(suite: dict) -> tuple:
+  """The RULER tasks of a suite (None: all of them, the QA tasks included)."""
+  from rove_jax.evaluation import ruler
+  return tuple(suite["ruler_tasks"] or ruler.TASKS + ruler.QA_TASKS)
 
 
 def _haystack_texts(run, max_chars: int = 400_000):

@@ -34,6 +34,13 @@ def png(fig, dpi: int) -> bytes:
   return buf.getvalue()
 
 
+def legend(ax) -> None:
+  """A small legend, drawn only when the axes hold labelled artists (matplotlib warns on an
+  empty one)."""
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=7)
+
+
 def perplexity(report: dict) -> Optional[bytes]:
   """Perplexity against evaluation length, with and without YaRN, one line per run."""
   runs = [r for r in report["runs"] if r.get("perplexity")]
@@ -55,7 +62,7 @@ def perplexity(report: dict) -> Optional[bytes]:
   ax.set_xlabel("evaluation length (tokens)")
   ax.set_ylabel("perplexity")
   ax.set_title("Perplexity vs length (dotted: training length)")
-  ax.legend(fontsize=7)
+  legend(ax)
   fig.tight_layout()
   return png(fig, 120)
 
@@ -73,7 +80,7 @@ def _bars(runs, tasks, value, *, ylabel, title, ylim=None) -> bytes:
     ax.set_ylim(*ylim)
   ax.set_ylabel(ylabel)
   ax.set_title(title)
-  ax.legend(fontsize=7)
+  legend(ax)
   fig.tight_layout()
   return png(fig, 120)
 
@@ -161,6 +168,6 @@ def loss_curves(curves: dict, runs: list, names: dict) -> Optional[bytes]:
   axes[1].set(title="held-out loss", xlabel="step", ylabel="nats / byte")
   for ax in axes:
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    legend(ax)
   fig.tight_layout()
   return png(fig, 110)

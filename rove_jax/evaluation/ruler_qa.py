@@ -117,39 +117,95 @@ def _file_key(path):
   return os.path.abspath(path), st.st_mtime_ns, st.st_size
 
 
+_FORMS = {
+    "squad": ('{"data": [{"paragraphs": [{"context": str, "qas": [{"question": str, "answers": '
+              '[{"text": str}]}]}]}]}'),
+    "hotpot": '[{"question": str, "answer": str, "context": [[title, [sentence, ...]], ...]}]'}
+_NAMES = {"squad": "SQuAD", "hotpot": "HotpotQA"}
+
+
+class _Malformed(Exception):
+  """Where a QA file departs from its format (turned into a ValueError by `_load_qa`)."""
+
+
 @functools.lru_cache(maxsize=4)
 def _load_qa(kind: str, path: str, mtime_ns: int, size: int) -> QAData:
   # Keyed on mtime and size so an edited file is read again.
-  obj = prompting.read_json(path)
-  docs: dict[str, int] = {}
-  questions = []
   try:
-    if kind == "squad":
-      if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
-        raise TypeError
-      for article in obj["data"]:
-        for para in article["paragraphs"]:
-          di = docs.setdefault(para["context"], len(docs))
-          for qa in para["qas"]:
-            answers = tuple(dict.fromkeys(a["text"] for a in qa.get("answers", []) if a["text"]))
-            if answers:  # SQuAD 2.0's unanswerable questions have none
-              questions.append(QAQuestion(qa["question"], answers, (di,)))
-    else:
-      if not isinstance(obj, list):
-        raise TypeError
-      for ex in obj:
-        gold = [docs.setdefault(f"{title}\n{''.join(sents)}", len(docs))
-                for title, sents in ex["context"]]
-        if str(ex["answer"]):
-          questions.append(QAQuestion(ex["question"], (str(ex["answer"]),),
-                                      tuple(dict.fromkeys(gold))))
-  except (KeyError, TypeError, ValueError):
-    form = ('{"data": [{"paragraphs": [{"context": str, "qas": [{"question": str, "answers": '
-            '[{"text": str}]}]}]}]}' if kind == "squad" else
-            '[{"question": str, "answer": str, "context": [[title, [sentence, ...]], ...]}]')
-    raise ValueError(f"{path} is not a {'SQuAD' if kind == 'squad' else 'HotpotQA'} file; "
-                     f"expected {form}") from None
+    obj = prompting.read_json(path)
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path} is not UTF-8 text ({e}); give a {_NAMES[kind]} JSON file") from None
+  docs: dict[str, int] = {}
+  try:
+    questions = (_squad if kind == "squad" else _hotpot)(obj, docs)
+  except _Malformed as e:
+    raise ValueError(f"{path} is not a {_NAMES[kind]} file; expected {_FORMS[kind]}, but {e}"
+                     ) from None
   if not questions:
-    raise ValueError(f"{path} holds no answerable questions")
+    raise ValueError(f"{path} holds no answerable questions; give a {_NAMES[kind]} dev file with "
+                     f"at least one answered question")
   return QAData(tuple(docs), tuple(questions))
 
+
+def _squad(obj, docs: dict) -> list:
+  questions = []
+  for i, article in enumerate(_field(obj, "data", list, "")):
+    for j, para in enumerate(_field(article, "paragraphs", list, f"data[{i}]")):
+      where = f"data[{i}].paragraphs[{j}]"
+      di = docs.setdefault(_field(para, "context", str, where), len(docs))
+      for k, qa in enumerate(_field(para, "qas", list, where)):
+        at = f"{where}.qas[{k}]"
+        question = _field(qa, "question", str, at)
+        answers = _field(qa, "answers", list, at, default=[])  # SQuAD 2.0: [] if unanswerable
+        texts = [_field(a, "text", str, f"{at}.answers[{n}]") for n, a in enumerate(answers)]
+        texts = tuple(dict.fromkeys(t for t in texts if t))
+        if texts:
+          questions.append(QAQuestion(question, texts, (di,)))
+  return questions
+
+
+def _hotpot(obj, docs: dict) -> list:
+  if not isinstance(obj, list):
+    raise _Malformed(f"the top level is {_kind(obj)}, not a list")
+  questions = []
+  for i, ex in enumerate(obj):
+    where = f"[{i}]"
+    question = _field(ex, "question", str, where)
+    answer = _field(ex, "answer", str, where)
+    gold = []
+    for j, pair in enumerate(_field(ex, "context", list, where)):
+      at = f"{where}.context[{j}]"
+      if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
+              and isinstance(pair[1], list) and all(isinstance(x, str) for x in pair[1])):
+        raise _Malformed(f"{at} is not a [title, [sentence, ...]] pair of strings")
+      gold.append(docs.setdefault(f"{pair[0]}\n{''.join(pair[1])}", len(docs)))
+    if answer:
+      questions.append(QAQuestion(question, (answer,), tuple(dict.fromkeys(gold))))
+  return questions
+
+
+_MISSING = object()
+
+
+def _field(obj, key: str, kind: type, where: str, default=_MISSING):
+  """obj[key], checked to be a `kind`; `where` locates obj in the file ("" at the top)."""
+  if not isinstance(obj, dict):
+    raise _Malformed(f"{where or 'the top level'} is {_kind(obj)}, not an object")
+  if key not in obj and default is not _MISSING:
+    return default
+  if key not in obj:
+    raise _Malformed(f"{where or 'the top level'} has no {key!r}")
+  value = obj[key]
+  if not isinstance(value, kind):
+    name = f"{where}.{key}" if where else key
+    raise _Malformed(f"{name} is {_kind(value)}, not {_kind(kind())}")
+  return value
+
+
+def _kind(value) -> str:
+  """A JSON value's kind, with its article: "an object", "a list", "a string", "null"..."""
+  if value is None:
+    return "null"
+  names = {bool: "a boolean", dict: "an object", list: "a list", str: "a string",
+           int: "a number", float: "a number"}
+  return names.get(type(value), type(value).__name__)

@@ -46,12 +46,16 @@ class Run:
     return int(self.config["data"]["seq_len"])
 
   def val_tokens(self) -> np.ndarray:
-    """The held-out split of the run's own training source, tokenized as in training (loaded
-    once: perplexity, the RULER haystack and Figure 1 all read it)."""
+    """The held-out split of the run's own training source, tokenized as in training, with its
+    data.max_val_tokens cap (loaded once: perplexity, the RULER haystack and Figure 1 all read
+    it). The training-time cache in workdir/data is read when valid; nothing is ever written
+    into the workdir (a missing cache is made up for in memory)."""
     if self._val_tokens is None:
-      corpus = training.corpus_from_config(self.config["data"])
-      self._val_tokens = data_lib.load_tokens(corpus, "val", self.tokenizer,
-                                              cache_dir=os.path.join(self.workdir, "data"))
+      data = self.config["data"]
+      corpus = training.corpus_from_config(data)
+      self._val_tokens = data_lib.load_tokens(
+          corpus, "val", self.tokenizer, cache_dir=os.path.join(self.workdir, "data"),
+          max_tokens=data.get("max_val_tokens"), write_cache=False)
     return self._val_tokens
 
 
