@@ -77,7 +77,7 @@ def overrides(args, run) -> list[str]:
           "--config.model.max_len=32", "--config.data.seq_len=32", "--config.data.batch_size=8",
           "--config.data.max_files=40", "--config.optim.warmup_steps=2",
           "--config.log_every=2", "--config.eval_every=4", "--config.eval_batches=2",
-          "--config.checkpoint_every=4"]
+          "--config.checkpoint_every=4", "--config.sample_tokens=0"]
     if args.steps is None:
       o.append("--config.steps=8")
   return o
