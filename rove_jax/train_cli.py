@@ -39,8 +39,12 @@ def packaged_configs() -> list[str]:
 def resolve_config_arg(value: str) -> str:
   """--config NAME[:ARGS] -> the packaged file; paths (with / or .py) pass through."""
   name, sep, rest = value.partition(":")
-  if "/" in name or name.endswith(".py") or os.path.isfile(name):
+  if os.path.isfile(name):
     return value
+  if "/" in name or name.endswith(".py"):
+    what = "is not a file" if os.path.exists(name) else "no such file"
+    raise app.UsageError(f"--config {name}: {what}; give a config file (e.g. configs/tiny.py) "
+                         f"or one of {packaged_configs()}")
   if name not in packaged_configs():
     raise app.UsageError(f"--config {value!r} is neither a file nor a packaged config; give a "
                          f"path to a config file or one of {packaged_configs()}")
@@ -69,7 +73,9 @@ def _fail(message: str, code: int) -> int:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    print(f"error: unexpected arguments {argv[1:]}: every setting is a flag, e.g. "
+          f"--config.steps=100", file=sys.stderr)
+    return 2
   logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
   # after flag parsing: --help stays fast
   from rove_jax import sharding, training

@@ -271,8 +271,14 @@ def test_config_names_resolve_to_packaged_files(tmp_path):
   assert train_cli.resolve_config_arg("reproduce:quick").endswith(
       os.path.join("configs", "reproduce.py") + ":quick")
   assert set(train_cli.packaged_configs()) >= {"tiny", "reproduce", "gpt2_124m", "gpt2_354m"}
-  for given in ("configs/tiny.py", "my_config.py"):  # paths pass through untouched
-    assert train_cli.resolve_config_arg(given) == given
+  mine = tmp_path / "my_config.py"
+  mine.write_text("")
+  for given in (str(ROOT / "configs" / "tiny.py"), str(mine), f"{mine}:arg"):
+    assert train_cli.resolve_config_arg(given) == given  # files pass through untouched
+  for missing in ("configs/tinny.py", "nothing_here.py", str(tmp_path)):
+    with pytest.raises(app.UsageError, match=r"--config .*: (no such file|is not a file); give "
+                                             r"a config file \(e.g. configs/tiny.py\)"):
+      train_cli.resolve_config_arg(missing)
   # A directory named like a config (a workdir: `--config tiny --workdir tiny`) is not a file.
   (tmp_path / "tiny").mkdir()
   cwd = os.getcwd()
@@ -293,3 +299,9 @@ def test_rove_train_with_an_unknown_config_name_exits_2(tmp_path):
                       "--workdir", str(tmp_path / "w")], cwd=tmp_path, capture_output=True,
                      text=True, timeout=120, env=subprocess_env(devices=1))
   assert r.returncode == 2 and "neither a file nor a packaged config" in r.stderr, r.stderr
+  # A stray positional argument: one line, exit 2, nothing run.
+  r = subprocess.run([sys.executable, "-m", "rove_jax.train_cli", "--config", "tiny",
+                      "--workdir", str(tmp_path / "w"), "steps=5"], cwd=tmp_path,
+                     capture_output=True, text=True, timeout=120, env=subprocess_env(devices=1))
+  assert r.returncode == 2 and "error: unexpected arguments ['steps=5']" in r.stderr, r.stderr
+  assert not (tmp_path / "w").exists()

@@ -183,6 +183,11 @@ def test_both_suites_include_the_qa_tasks():
         {"question": "q", "answers": [{"text": 7}]}]}]}]}),
      "data[0].paragraphs[0].qas[0].answers[0].text is a number, not a string"),
     ("--squad", '{"data": []}', "holds no answerable questions"),
+    ("--squad", json.dumps({"data": [{"paragraphs": [{"context": "one text", "qas": [
+        {"question": "q", "answers": [{"text": "one"}]}]}]}]}),
+     "holds no document besides its questions' own (1 in all)"),
+    ("--hotpot", '[{"question": "q", "answer": "a", "context": [["t", ["s."]], ["u", ["v."]]]}]',
+     "holds no document besides its questions' own (2 in all)"),
     ("--hotpot", "[{", "invalid JSON"),
     ("--hotpot", "{}", "the top level is an object, not a list"),
     ("--hotpot", '[{"question": "q", "context": []}]', "[0] has no 'answer'"),
@@ -200,7 +205,7 @@ def test_malformed_qa_files_exit_2_before_any_restore(capsys, tmp_path, empty_wo
                                  flag, path])
   assert line.startswith(f"rove-eval: error: {flag} {path}: "), line
   assert says in line, line
-  if "invalid JSON" not in says and "no answerable" not in says:
+  if not any(x in says for x in ("invalid JSON", "no answerable", "no document besides")):
     assert ("not a SQuAD file; expected" if flag == "--squad" else
             "not a HotpotQA file; expected") in line
   assert no_restore == [] and not (tmp_path / "eval").exists()

@@ -415,7 +415,8 @@ def test_qa_file_errors(tmp_path):
     ruler.generate("qa_2", length=2048, tokenizer=ByteTok(), seed=0, hotpot_path=bad)
   lonely = tmp_path / "one.json"  # a single paragraph: nothing to pad the haystack with
   lonely.write_text(json.dumps({"data": [{"paragraphs": SQUAD["data"][1]["paragraphs"][:1]}]}))
-  with pytest.raises(ValueError, match=r"'qa_1' cannot fill length=2048.*material ran out"):
+  with pytest.raises(ValueError, match=r"holds no document besides its questions' own "
+                                       r"\(1 in all\).*distractors"):
     ruler.generate("qa_1", length=2048, tokenizer=ByteTok(), seed=0, squad_path=lonely)
   with pytest.raises(ValueError, match="does not exist"):
     ruler.generate("qa_1", length=2048, tokenizer=ByteTok(), seed=0,

@@ -144,6 +144,11 @@ def _load_qa(kind: str, path: str, mtime_ns: int, size: int) -> QAData:
   if not questions:
     raise ValueError(f"{path} holds no answerable questions; give a {_NAMES[kind]} dev file with "
                      f"at least one answered question")
+  if all(len(q.gold) >= len(docs) for q in questions):
+    raise ValueError(f"{path} holds no document besides its questions' own ({len(docs)} in all): "
+                     f"the QA tasks surround a question's documents with the file's other "
+                     f"documents as distractors; give a fuller {_NAMES[kind]} dev file (the "
+                     f"official one)")
   return QAData(tuple(docs), tuple(questions))
 
 
