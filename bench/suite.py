@@ -312,8 +312,8 @@ def run(suite: str, quick: bool, out: Optional[str] = None, log=print, smoke: bo
   device = check_device(suite)
   t_start = time.perf_counter()
   timeout = 600.0 if quick else 1800.0
-  res = {"suite": suite, "quick": quick, "smoke": spec.smoke, "device": device, "jax": jax.__version__,
-         "spec": dataclasses.asdict(spec), "flops_formula": FLOPS_FORMULA}
+  res = {"suite": suite, "quick": quick, "smoke": spec.smoke, "device": device,
+         "jax": jax.__version__, "spec": dataclasses.asdict(spec), "flops_formula": FLOPS_FORMULA}
   size = " --smoke (figures meaningless)" if spec.smoke else " --quick" if quick else ""
   log(f"# rove-jax benchmarks: suite {suite}{size} on {device} "
       f"(jax {jax.__version__})\n")

@@ -5,8 +5,9 @@ An array's checksum is a position-weighted sum of its bit patterns in uint32 ari
 associative and commutative, so the value does not depend on how the array is sharded or on the
 order XLA reduces in: a state checksummed on one mesh verifies on another. A single flipped bit
 changes the sum by an odd multiple of a power of two below 2^32, so it is always detected; any
-other damage escapes with probability about 2^-32. It is computed where the arrays live (one
-small jitted reduction per leaf) and only the uint32 values come back to the host.
+other damage escapes with probability about 2^-32. Arrays a process holds whole are summed on
+the host in numpy; arrays sharded across processes where they live (one jitted reduction), and
+only the uint32 values come back. Both paths compute the same integers.
 
 Shape letters (legend in rove_jax): N elements.
 """

@@ -152,6 +152,9 @@ def to_model_config(c: ml_collections.ConfigDict) -> GPTConfig:
     raise ValueError(f"config.model: {e}") from None
 
 
+_DECAY_HINT = " (Adam's moment decay: 1 never forgets, the updates turn NaN)"
+
+
 def validate(c: ml_collections.ConfigDict) -> GPTConfig:
   """Checks the run config against the schema and its values; returns the model config.
 
@@ -194,8 +197,7 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
     if not ok:
       interval = f"{'[' if lo_ok else '('}{lo}, {hi}{']' if hi_ok else ')'}"
       hint = {"clip_norm": " (clip_norm=0 turns clipping off)",
-              "b1": " (Adam's moment decay: 1 never forgets, the updates turn NaN)",
-              "b2": " (Adam's moment decay: 1 never forgets, the updates turn NaN)"}.get(name, "")
+              "b1": _DECAY_HINT, "b2": _DECAY_HINT}.get(name, "")
       raise ValueError(f"optim.{name} must be a finite number in {interval}, got {value!r}{hint}")
   if not 0 <= o.warmup_steps <= c.steps:
     raise ValueError(f"optim.warmup_steps={o.warmup_steps} must be in [0, steps={c.steps}]")
@@ -206,14 +208,16 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
   return model
 
 
-def override_problem(key: str, value: Optional[str] = None) -> Optional[str]:
+def override_problem(key: str, value: Optional[str] = None, *,
+                     schema: Optional[ml_collections.ConfigDict] = None) -> Optional[str]:
   """Why a command-line override `--config.KEY=VALUE` cannot set a field, or None.
 
-  Checks KEY against the schema (`base_config`): an unknown name gets the closest valid one
-  at its level, a section (e.g. model.rope_scaling) is refused with how to set its fields.
-  The value's type is absl's to check.
+  Checks KEY against the schema (`base_config`, built once by the caller that checks several
+  keys): an unknown name gets the closest valid one at its level, a section (e.g.
+  model.rope_scaling) is refused with how to set its fields. The value's type is absl's to
+  check.
   """
-  node, path, parts = base_config("tiny"), [], key.split(".")
+  node, path, parts = schema or base_config("tiny"), [], key.split(".")
   for i, part in enumerate(parts):
     here = ".".join(path) or "the config"
     if not isinstance(node, ml_collections.ConfigDict):

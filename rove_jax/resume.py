@@ -63,7 +63,7 @@ def _alive(pid: int) -> bool:
 
 
 class WriterLock:
-  """The exclusive writer lock of a workdir; a context manager (acquire on enter)."""
+  """The exclusive writer lock of a workdir: `acquire`, then `release` when the run ends."""
 
   def __init__(self, workdir: str, *, stale_after_s: float = STALE_AFTER_S,
                heartbeat_s: float = HEARTBEAT_S):
@@ -151,13 +151,6 @@ class WriterLock:
       self._thread = None
       if self._holder() == self.record:
         os.remove(self.path)
-
-  def __enter__(self):
-    self.acquire()
-    return self
-
-  def __exit__(self, *exc):
-    self.release()
 
 
 # --------------------------------------------------------------------------- compatibility

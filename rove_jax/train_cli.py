@@ -103,11 +103,12 @@ def main(argv):
 def _override_problems(argv: list[str]) -> list[str]:
   """config.override_problem for every --config.KEY[=VALUE] in argv."""
   from rove_jax import config as config_lib
+  schema = config_lib.base_config("tiny")
   problems = []
   for arg in argv[1:]:
     if arg.startswith("--config."):
       key, eq, value = arg[len("--config."):].partition("=")
-      problem = config_lib.override_problem(key, value if eq else None)
+      problem = config_lib.override_problem(key, value if eq else None, schema=schema)
       if problem:
         problems.append(problem)
   return problems

@@ -210,3 +210,25 @@ def test_unwritable_cache_dir_is_named(tmp_path):
   (tmp_path / "file").write_text("a file where the cache directory should be\n")
   with pytest.raises(OSError, match=r"could not write the token cache .*file/tokens-text-train"):
     data.load_tokens(corpus, "train", BYTES, cache_dir=tmp_path / "file")
+
+
+def test_guarded_reading_names_how_far_it_got_and_leaves_the_consumer_alone():
+  def batches():
+    yield [1, 2, 3]
+    yield [4, 5]
+    raise OSError("a torn page")
+
+  def error(e, n):
+    return ValueError(f"failed after {n} rows ({e})")
+
+  got = files.guarded(batches(), error, count=len)
+  assert next(got) == [1, 2, 3] and next(got) == [4, 5]
+  with pytest.raises(ValueError, match=r"failed after 5 rows \(a torn page\)") as info:
+    next(got)
+  assert isinstance(info.value.__cause__, OSError)
+  # Only errors of the kind asked for are turned, and only those raised while reading.
+  with pytest.raises(OSError, match="a torn page"):
+    list(files.guarded(batches(), error, catch=UnicodeDecodeError))
+  with pytest.raises(KeyError):
+    for _ in files.guarded(batches(), error):
+      raise KeyError("the consumer's own")

@@ -184,17 +184,29 @@ def _txt_reader(path: str):
   return docs
 
 
+def guarded(items, error: Callable[[Exception, int], Exception], *, catch=Exception,
+            count: Callable[[object], int] = lambda item: 1) -> Iterator:
+  """Yields from items; an exception of type `catch` raised while getting the next one becomes
+  `error(e, n)`, n the total `count` of the items yielded before it (rows read, for a message
+  that says where reading failed). Exceptions raised by the consumer are not touched."""
+  items, n = iter(items), 0
+  while True:
+    try:
+      item = next(items)
+    except StopIteration:
+      return
+    except catch as e:
+      raise error(e, n) from e
+    n += count(item)
+    yield item
+
+
 def _jsonl_reader(path: str, field: str):
   def docs():
     with open(path, encoding="utf-8") as f:
-      lines = enumerate(f, 1)
-      while True:
-        try:
-          line_no, line = next(lines)
-        except StopIteration:
-          return
-        except UnicodeDecodeError as e:
-          raise _read_text_error(path, e) from None
+      lines = guarded(enumerate(f, 1), lambda e, _: _read_text_error(path, e),
+                      catch=UnicodeDecodeError)
+      for line_no, line in lines:
         if not line.strip():
           continue
         try:
@@ -242,16 +254,12 @@ def _parquet_reader(path: str, field: str):
       raise ValueError(f"parquet file {path}: column text_field={field!r} holds {kind}, not "
                        f"text; set text_field to the text column")
     # Row-group batches: a multi-GB shard never sits in memory at once.
-    batches, rows = pf.iter_batches(batch_size=1024, columns=[field]), 0
-    while True:
-      try:
-        batch = next(batches)
-      except StopIteration:
-        return
-      except Exception as e:
-        raise ValueError(f"parquet file {path}: reading column {field!r} failed after {rows} "
-                         f"rows ({type(e).__name__}: {e}); {fix}") from e
-      rows += batch.num_rows
+    batches = guarded(
+        pf.iter_batches(batch_size=1024, columns=[field]),
+        lambda e, rows: ValueError(f"parquet file {path}: reading column {field!r} failed after "
+                                   f"{rows} rows ({type(e).__name__}: {e}); {fix}"),
+        count=lambda batch: batch.num_rows)
+    for batch in batches:
       for text in batch.column(0).to_pylist():
         if text is not None:
           yield text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from rove_jax.data.files import text_of
+from rove_jax.data.files import guarded, text_of
 
 
 def hf_texts(corpus, split: str) -> Iterator[str]:
@@ -45,16 +45,9 @@ def hf_texts(corpus, split: str) -> Iterator[str]:
 
 
 def _texts(stream, corpus, where: str) -> Iterator[str]:
-  rows, n = iter(stream), 0
-  while True:
-    try:
-      row = next(rows)
-    except StopIteration:
-      return
-    except Exception as e:  # a damaged data file or a dropped connection, mid-stream
-      raise ValueError(
-          f"{where}: reading failed after {n} rows ({type(e).__name__}: {e}); check the files "
-          f"of hf_data_files={corpus.hf_data_files!r} (re-download a damaged one) or the "
-          f"connection") from e
-    n += 1
+  # A damaged data file or a dropped connection, mid-stream: one error naming where.
+  rows = guarded(stream, lambda e, n: ValueError(
+      f"{where}: reading failed after {n} rows ({type(e).__name__}: {e}); check the files of "
+      f"hf_data_files={corpus.hf_data_files!r} (re-download a damaged one) or the connection"))
+  for row in rows:
     yield text_of(row, corpus.text_field, where)
