@@ -14,6 +14,15 @@ Positions are the only source of truth: kv j is visible to query i iff
 kv_positions[j] <= q_positions[i] (causal), segment ids are equal (packing) and kv_mask[j] is
 set (cache slots). The same code therefore serves training, packed sequences, KV-cache decoding,
 sliding-window evaluation and YaRN. A query that sees no key returns zeros.
+
+Kernels (`implementation`): "xla" (jax.nn.dot_product_attention), "cudnn" (cuDNN flash attention
+on a CUDA GPU), "splash" (the Pallas splash flash kernel on TPU, rove_jax.splash), "chunked"
+(blockwise online softmax in pure JAX), "reference" (materialised einsum, for tests) and
+"auto", which picks one per call (`resolve_implementation`). The flash kernels know causality and
+packing by index, not by position: a caller whose positions grow with the index inside each
+segment (plain aranges, packed documents; T == S) says so with `positions_ordered=True`, and
+then "cudnn" and "xla" use their own causal masks and "splash" its mask objects, with no
+[B, T, S] array. Without the promise every kernel but "splash" builds the mask from positions.
 """
 
 from __future__ import annotations
@@ -25,9 +34,11 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 
-from rove_jax import rotary
+from rove_jax import kernels, rotary
 
-IMPLEMENTATIONS = ("xla", "cudnn", "chunked", "reference")
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash", "chunked", "reference")
+# "auto" on CPU picks the chunked kernel (memory linear in length) from this many keys.
+AUTO_CHUNKED_MIN_KV = 8192
 
 SegmentIds = Union[jax.Array, tuple[jax.Array, jax.Array], None]
 
@@ -38,7 +49,8 @@ SegmentIds = Union[jax.Array, tuple[jax.Array, jax.Array], None]
 def rope_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequencies,
                    causal: bool = True, attention_factor=1.0, layout: str = "interleaved",
                    segment_ids: SegmentIds = None, kv_mask=None, implementation: str = "xla",
-                   chunk_size: int = 512, kv_prerotated: bool = False) -> jax.Array:
+                   chunk_size: int = 512, kv_prerotated: bool = False,
+                   positions_ordered: bool = False) -> jax.Array:
   """Attention with rotary queries and keys (RoPE).
 
   Args:
@@ -56,12 +68,17 @@ def rope_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequ
     segment_ids: [B, T] when T == S (packed self-attention) or a pair ([B, T], [B, S]); a query
       sees only keys of its own segment.
     kv_mask: [B, S] bool, False for invalid kv slots (e.g. empty cache entries).
-    implementation: "xla" (jax.nn.dot_product_attention), "cudnn" (flash attention on a CUDA
-      GPU), "chunked" (blockwise online softmax, memory O(T * chunk_size)), "reference"
-      (materialized einsum, for tests).
+    implementation: "auto" (see `resolve_implementation`), "xla" (jax.nn.dot_product_attention),
+      "cudnn" (flash attention on a CUDA GPU), "splash" (flash attention on TPU; needs
+      positions_ordered), "chunked" (blockwise online softmax, memory O(T * chunk_size)),
+      "reference" (materialized einsum, for tests).
     chunk_size: block length of the "chunked" kernel.
     kv_prerotated: k is already R_{kv_pos} k (for RoVE also v is R_{kv_pos} v), as a KV cache
       stores them; only q (and RoVE's output) are rotated here.
+    positions_ordered: a promise that T == S, that query i and kv i share a position and that
+      positions increase with the index inside each segment (aranges, packed documents), so
+      index-causal masking equals position-causal masking; lets the flash kernels use their own
+      masks. Positions still drive the rotations. Not checked (it would need the [T, S] mask).
 
   Returns:
     [B, T, H, D] in q.dtype.
@@ -70,13 +87,14 @@ def rope_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequ
                     mode="rope", causal=causal,
                     attention_factor=attention_factor, layout=layout, segment_ids=segment_ids,
                     kv_mask=kv_mask, implementation=implementation, chunk_size=chunk_size,
-                    kv_prerotated=kv_prerotated)
+                    kv_prerotated=kv_prerotated, positions_ordered=positions_ordered)
 
 
 def rove_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequencies,
                    causal: bool = True, attention_factor=1.0, layout: str = "interleaved",
                    segment_ids: SegmentIds = None, kv_mask=None, implementation: str = "xla",
-                   chunk_size: int = 512, kv_prerotated: bool = False) -> jax.Array:
+                   chunk_size: int = 512, kv_prerotated: bool = False,
+                   positions_ordered: bool = False) -> jax.Array:
   """Rotary Value Embeddings: RoPE attention whose values are rotated by R_j before the kernel
   and whose output is rotated by R_i^-1 after it, so y_i = sum_j A_ij R_{j-i} v_j.
 
@@ -87,12 +105,13 @@ def rove_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequ
                     mode="rove", causal=causal,
                     attention_factor=attention_factor, layout=layout, segment_ids=segment_ids,
                     kv_mask=kv_mask, implementation=implementation, chunk_size=chunk_size,
-                    kv_prerotated=kv_prerotated)
+                    kv_prerotated=kv_prerotated, positions_ordered=positions_ordered)
 
 
 def masked_attention(q, k, v, *, q_positions, kv_positions, causal: bool = True,
                      segment_ids: SegmentIds = None, kv_mask=None, bias_fn=None,
-                     implementation: str = "xla", chunk_size: int = 512) -> jax.Array:
+                     implementation: str = "xla", chunk_size: int = 512,
+                     positions_ordered: bool = False) -> jax.Array:
   """Softmax attention without rotations, masked by positions like the rotary functions.
 
   For position encodings that act elsewhere (NoPE, learned or sinusoidal absolute embeddings)
@@ -100,7 +119,7 @@ def masked_attention(q, k, v, *, q_positions, kv_positions, causal: bool = True,
 
   Args:
     q, k, v, q_positions, kv_positions, causal, segment_ids, kv_mask, implementation,
-      chunk_size: as in `rope_attention` (positions [B, T] / [B, S]).
+      chunk_size, positions_ordered: as in `rope_attention` (positions [B, T] / [B, S]).
     bias_fn: optional f(q_pos [B, t], kv_pos [B, s]) -> [B, H, t, s] float32 logit bias,
       computed per block by the chunked kernel so no [T, S] array is needed.
 
@@ -110,44 +129,95 @@ def masked_attention(q, k, v, *, q_positions, kv_positions, causal: bool = True,
   return _attention(q, k, v, q_positions, kv_positions, None, mode="none", causal=causal,
                     attention_factor=1.0, layout="interleaved", segment_ids=segment_ids,
                     kv_mask=kv_mask, implementation=implementation, chunk_size=chunk_size,
-                    bias_fn=bias_fn)
+                    bias_fn=bias_fn, positions_ordered=positions_ordered)
 
 
 def dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, *, scale,
                           implementation: str = "xla", chunk_size: int = 512,
-                          mask_parts=None, bias_fn=None) -> jax.Array:
+                          mask_parts=None, bias_fn=None,
+                          positions_ordered: bool = False) -> jax.Array:
   """softmax(scale * q.k + mask) v with GQA, the kernel under both rotary attentions.
 
   Args:
     q_BTHD, k_BSKD, v_BSKD: already rotated as the caller wants.
-    mask_BTS: bool [B, T, S], True where query i may read kv j (rows with no True give 0).
+    mask_BTS: bool [B, T, S], True where query i may read kv j (rows with no True give 0); None
+      where the kernel masks by index (positions_ordered) or per block ("chunked", "splash").
     scale: logit scale.
-    implementation: see `rope_attention`.
+    implementation: a concrete kernel (see `rope_attention`; "auto" is resolved by the caller).
     mask_parts: the (q_pos, kv_pos, q_seg, kv_seg, kv_mask, causal) pieces the mask is made
-      of; the chunked kernel builds its mask per block from them (and needs them), and
+      of; the chunked and splash kernels build their masks from them (and need them), and
       bias_fn reads the positions from them.
     bias_fn: optional f(q_pos, kv_pos) -> [B, H, t, s] logit bias (see `masked_attention`).
+    positions_ordered: see `rope_attention`.
   """
+  if implementation in ("chunked", "splash") and mask_parts is None:
+    raise ValueError(f"the {implementation} kernel builds its mask from the positions and "
+                     f"segments: pass mask_parts")
   bias = None
   if bias_fn is not None and implementation != "chunked":
     bias = bias_fn(mask_parts[0], mask_parts[1]).astype(jnp.float32)
   if implementation == "reference":
-    return _reference_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, bias)
+    return kernels.reference_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, bias)
   if implementation in ("xla", "cudnn"):
-    return _xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, implementation, bias)
+    causal = None
+    if mask_BTS is None:  # index masking: only when positions are ordered and nothing else masks
+      causal = bool(mask_parts[5])
+    return kernels.xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, implementation, bias,
+                              is_causal=causal)
   if implementation == "chunked":
-    if mask_parts is None:
-      raise ValueError("the chunked kernel builds its mask per block: pass mask_parts")
-    return _chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk_size, bias_fn)
+    return kernels.chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk_size, bias_fn)
+  if implementation == "splash":
+    from rove_jax import splash  # Pallas imports cost time; only splash users pay them
+    _, _, q_seg, kv_seg, kv_valid, causal = mask_parts
+    if not positions_ordered or kv_valid is not None or bias is not None:
+      raise ValueError("the splash kernel masks by index: it needs positions_ordered=True and "
+                       "no kv_mask or bias; use implementation='auto' or 'xla' for other calls")
+    return splash.splash_attention(q_BTHD, k_BSKD, v_BSKD, scale=scale, causal=causal,
+                                   q_segment_ids=q_seg, kv_segment_ids=kv_seg)
   raise ValueError(f"unknown attention implementation {implementation!r}; expected one of "
                    f"{IMPLEMENTATIONS}")
+
+
+def target_platform() -> str:
+  """The platform being compiled for: that of the mesh set by `jax.set_mesh` (so ahead-of-time
+  compiles for a TPU topology from a CPU host choose TPU kernels), else JAX's default backend.
+  "cpu", "gpu" or "tpu"."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+  platform = jax.default_backend() if device is None else device.platform
+  return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+def resolve_implementation(implementation: str, *, T: int, S: int, H: int, K: int, D: int,
+                           dtype, causal: bool, positions_ordered: bool, kv_mask: bool = False,
+                           bias: bool = False, platform: str | None = None) -> str:
+  """The kernel `implementation` names for one call; "auto" becomes:
+
+  - TPU: "splash" for ordered positions (training, prefill, evaluation windows) whose shapes it
+    supports, with no kv_mask or bias; "xla" otherwise (decoding steps, general positions);
+  - GPU: "cudnn" for ordered positions in bfloat16/float16 with head dim <= 128, a multiple of
+    8, no kv_mask or bias; "xla" otherwise;
+  - CPU: "chunked" from AUTO_CHUNKED_MIN_KV keys on (memory O(T * chunk)), else "xla".
+  """
+  if implementation != "auto":
+    return implementation
+  platform = target_platform() if platform is None else platform
+  plain = positions_ordered and not kv_mask and not bias
+  if platform == "tpu":
+    from rove_jax import splash
+    ok = plain and splash.unsupported_reason(T, S, H, K, D, causal=causal) is None
+    return "splash" if ok else "xla"
+  if platform == "gpu":
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return "cudnn" if plain and half and D <= 128 and D % 8 == 0 else "xla"
+  return "chunked" if S >= AUTO_CHUNKED_MIN_KV else "xla"
 
 
 def attention_mask(q_positions_BT, kv_positions_BS, *, causal: bool = True,
                    segment_ids: SegmentIds = None, kv_mask_BS=None) -> jax.Array:
   """The bool visibility mask [B, T, S] from positions, segments and kv validity."""
   q_seg, kv_seg = _split_segments(segment_ids)
-  return _mask_block(q_positions_BT, kv_positions_BS, q_seg, kv_seg, kv_mask_BS, causal)
+  return kernels.mask_block(q_positions_BT, kv_positions_BS, q_seg, kv_seg, kv_mask_BS, causal)
 
 
 # ------------------------------------------------------------------------------ internals
@@ -155,7 +225,7 @@ def attention_mask(q_positions_BT, kv_positions_BS, *, causal: bool = True,
 
 def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, attention_factor,
                layout, segment_ids, kv_mask, implementation, chunk_size, kv_prerotated=False,
-               bias_fn=None):
+               bias_fn=None, positions_ordered=False):
   """mode "rope" | "rove" | "none": validation, rotations around the kernel, masks."""
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   same_positions = kv_positions is q_positions
@@ -165,9 +235,14 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
   multi_axis = rotary_mode and rotary.is_multi_axis(inv_freq)
   _validate(q, k, v, q_positions, kv_positions, inv_freq, causal=causal, layout=layout,
             segment_ids=segment_ids, kv_mask=kv_mask, implementation=implementation,
-            chunk_size=chunk_size)
+            chunk_size=chunk_size, positions_ordered=positions_ordered)
   B, T, H, D = q.shape
-  S = k.shape[1]
+  S, K = k.shape[1], k.shape[2]
+  implementation = resolve_implementation(
+      implementation, T=T, S=S, H=H, K=K, D=D, dtype=q.dtype, causal=causal,
+      positions_ordered=positions_ordered, kv_mask=kv_mask is not None, bias=bias_fn is not None)
+  _check_kernel(implementation, q, T=T, S=S, H=H, K=K, D=D, causal=causal,
+                positions_ordered=positions_ordered)
   pos_tail = q_positions.shape[2:]
   q_pos = jnp.broadcast_to(q_positions, (B, T) + pos_tail)
   kv_pos = q_pos if same_positions else jnp.broadcast_to(kv_positions, (B, S) + pos_tail)
@@ -192,9 +267,14 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
   mask_q_pos = q_pos[..., 0] if multi_axis else q_pos
   mask_kv_pos = kv_pos[..., 0] if multi_axis else kv_pos
   parts = (mask_q_pos, mask_kv_pos, q_seg, kv_seg, kv_mask, causal)
-  mask = None if implementation == "chunked" else _mask_block(*parts)
+  # Index masks where the kernel has them and nothing position-specific is left to mask.
+  by_index = (implementation in ("chunked", "splash") or
+              (implementation in ("xla", "cudnn") and positions_ordered and q_seg is None
+               and kv_mask is None))
+  mask = None if by_index else kernels.mask_block(*parts)
   out = dot_product_attention(q_r, k_r, v_r, mask, scale=scale, implementation=implementation,
-                              chunk_size=chunk_size, mask_parts=parts, bias_fn=bias_fn)
+                              chunk_size=chunk_size, mask_parts=parts, bias_fn=bias_fn,
+                              positions_ordered=positions_ordered)
   if mode == "rove":
     out = rot(out, q_cos, q_sin, inverse=True)
   return out
@@ -210,135 +290,8 @@ def _split_segments(segment_ids):
   return segment_ids, segment_ids
 
 
-def _mask_block(q_pos_BT, kv_pos_BS, q_seg_BT, kv_seg_BS, kv_mask_BS, causal):
-  B, T = q_pos_BT.shape[:2]
-  S = kv_pos_BS.shape[1]
-  mask = jnp.ones((B, T, S), dtype=bool)
-  if causal:
-    mask = kv_pos_BS[:, None, :] <= q_pos_BT[:, :, None]
-  if q_seg_BT is not None:
-    mask = mask & (q_seg_BT[:, :, None] == kv_seg_BS[:, None, :])
-  if kv_mask_BS is not None:
-    mask = mask & kv_mask_BS.astype(bool)[:, None, :]
-  return mask
-
-
-def _zero_empty_rows(out_BTHD, mask_BTS):
-  has_key_BT = jnp.any(mask_BTS, axis=-1)
-  return jnp.where(has_key_BT[:, :, None, None], out_BTHD, jnp.zeros((), out_BTHD.dtype))
-
-
-def _reference_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, bias_BHTS=None):
-  """Materialized softmax attention in float32 (float64 if given), the test reference."""
-  B, T, H, D = q_BTHD.shape
-  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
-  compute = jnp.promote_types(q_BTHD.dtype, jnp.float32)
-  q_BTKGD = q_BTHD.astype(compute).reshape(B, T, K, H // K, D)
-  logits_BKGTS = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k_BSKD.astype(compute)) * scale
-  if bias_BHTS is not None:
-    logits_BKGTS = logits_BKGTS + bias_BHTS.astype(compute).reshape(B, K, H // K, T, S)
-  logits_BKGTS = jnp.where(mask_BTS[:, None, None], logits_BKGTS, -jnp.inf)
-  row_max = jnp.max(logits_BKGTS, axis=-1, keepdims=True)
-  row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
-  p = jnp.exp(logits_BKGTS - row_max)
-  denom = jnp.sum(p, axis=-1, keepdims=True)
-  weights = p / jnp.where(denom > 0, denom, 1.0)
-  out_BTKGD = jnp.einsum("bkgts,bskd->btkgd", weights, v_BSKD.astype(compute))
-  return out_BTKGD.reshape(B, T, H, D).astype(q_BTHD.dtype)
-
-
-def _xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, impl, bias_BHTS=None):
-  if bias_BHTS is not None:
-    bias_BHTS = bias_BHTS.astype(q_BTHD.dtype)
-  out = jax.nn.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, bias=bias_BHTS,
-                                     mask=mask_BTS[:, None], scale=scale, implementation=impl)
-  return _zero_empty_rows(out, mask_BTS)
-
-
-def _chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk, bias_fn=None):
-  """Blockwise attention with an online softmax (flash-attention style) in pure JAX.
-
-  Queries are processed chunk by chunk (lax.map) and, for each, keys chunk by chunk (lax.scan)
-  with running max / sum / accumulator in float32, so memory is O(T * chunk) rather than
-  O(T * S). Blocks a query chunk cannot see (all keys later than all queries) are skipped.
-  """
-  q_pos, kv_pos, q_seg, kv_seg, kv_valid, causal = mask_parts
-  B, T, H, D = q_BTHD.shape
-  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
-  G = H // K
-  cq, ck = min(chunk, T), min(chunk, S)
-  nq, nk = -(-T // cq), -(-S // ck)
-  pad_t, pad_s = nq * cq - T, nk * ck - S
-
-  def pad(x, n, value=0):
-    if n == 0:
-      return x
-    widths = [(0, 0)] * x.ndim
-    widths[1] = (0, n)
-    return jnp.pad(x, widths, constant_values=value)
-
-  kv_valid = jnp.ones((B, S), bool) if kv_valid is None else kv_valid.astype(bool)
-  if q_seg is None:
-    q_seg, kv_seg = jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32)
-  # Padded keys are invalid; padded queries are computed and dropped.
-  k_p, v_p = pad(k_BSKD, pad_s), pad(v_BSKD, pad_s)
-  kv_pos_p, kv_seg_p, kv_valid_p = pad(kv_pos, pad_s), pad(kv_seg, pad_s), pad(kv_valid, pad_s, False)
-  q_p, q_pos_p, q_seg_p = pad(q_BTHD, pad_t), pad(q_pos, pad_t), pad(q_seg, pad_t)
-
-  def to_blocks(x, n, c):  # [B, n*c, ...] -> [n, B, c, ...]
-    return jnp.moveaxis(x.reshape((B, n, c) + x.shape[2:]), 1, 0)
-
-  kb = (to_blocks(k_p, nk, ck), to_blocks(v_p, nk, ck), to_blocks(kv_pos_p, nk, ck),
-        to_blocks(kv_seg_p, nk, ck), to_blocks(kv_valid_p, nk, ck))
-  compute = jnp.promote_types(q_BTHD.dtype, jnp.float32)
-
-  def one_query_block(args):
-    q_bc, qpos_bc, qseg_bc = args
-    q_bckgd = q_bc.astype(compute).reshape(B, cq, K, G, D) * scale
-
-    def step(carry, kv_block):
-      m, l, acc = carry
-      k_b, v_b, kpos_b, kseg_b, kval_b = kv_block
-      mask = _mask_block(qpos_bc, kpos_b, qseg_bc, kseg_b, kval_b, causal)  # [B, cq, ck]
-
-      def compute_block(_):
-        s = jnp.einsum("bckgd,bskd->bkgcs", q_bckgd, k_b.astype(compute))
-        if bias_fn is not None:
-          s = s + bias_fn(qpos_bc, kpos_b).astype(compute).reshape(B, K, G, cq, ck)
-        s = jnp.where(mask[:, None, None], s, -jnp.inf)
-        # The running max only stabilises exp(); the result does not depend on it, so it is a
-        # constant for autodiff (all of it, or the rescaling terms would not cancel).
-        m_new = jnp.maximum(m, jax.lax.stop_gradient(jnp.max(s, axis=-1)))
-        m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-        p = jnp.exp(s - m_safe[..., None])
-        correction = jnp.exp(m - m_safe)
-        l_new = l * correction + jnp.sum(p, axis=-1)
-        acc_new = acc * correction[..., None] + jnp.einsum("bkgcs,bskd->bkgcd", p,
-                                                           v_b.astype(compute))
-        return m_new, l_new, acc_new
-
-      if causal:
-        # Skip blocks in which every key is later than every query (about half of them).
-        visible = jnp.any(mask)
-        new = jax.lax.cond(visible, compute_block, lambda _: (m, l, acc), None)
-      else:
-        new = compute_block(None)
-      return new, None
-
-    init = (jnp.full((B, K, G, cq), -jnp.inf, compute), jnp.zeros((B, K, G, cq), compute),
-            jnp.zeros((B, K, G, cq, D), compute))
-    (m, l, acc), _ = jax.lax.scan(step, init, kb)
-    out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # rows that saw nothing stay 0
-    return jnp.moveaxis(out, 3, 1).reshape(B, cq, H, D)  # [B,K,G,c,D] -> [B,c,K,G,D]
-
-  qb = (to_blocks(q_p, nq, cq), to_blocks(q_pos_p, nq, cq), to_blocks(q_seg_p, nq, cq))
-  out_nBcHD = jax.lax.map(one_query_block, qb)
-  out = jnp.moveaxis(out_nBcHD, 0, 1).reshape(B, nq * cq, H, D)[:, :T]
-  return out.astype(q_BTHD.dtype)
-
-
 def _validate(q, k, v, q_positions, kv_positions, inv_freq, *, causal, layout, segment_ids,
-              kv_mask, implementation, chunk_size):
+              kv_mask, implementation, chunk_size, positions_ordered=False):
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"unknown attention implementation {implementation!r}; expected one of "
                      f"{IMPLEMENTATIONS}")
@@ -375,12 +328,31 @@ def _validate(q, k, v, q_positions, kv_positions, inv_freq, *, causal, layout, s
                      f"([B, T], [B, S]) = ({(B, T)}, {(B, S)}); got {q_seg.shape}, {kv_seg.shape}")
   if kv_mask is not None and jnp.shape(kv_mask) != (B, S):
     raise ValueError(f"kv_mask must be [B, S] = {(B, S)}, got {jnp.shape(kv_mask)}")
+  if positions_ordered and (T != S or multi):
+    raise ValueError(f"positions_ordered=True promises self-attention over 1-D positions that "
+                     f"grow with the index (T == S); got T={T}, S={S}"
+                     f"{' and multi-axis positions' if multi else ''}. Leave it False here.")
+  if implementation == "chunked" and not (isinstance(chunk_size, int) and chunk_size > 0):
+    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+
+
+def _check_kernel(implementation, q, *, T, S, H, K, D, causal, positions_ordered):
+  """Errors for a concrete kernel that cannot run this call (after "auto" is resolved)."""
   if implementation == "cudnn":
-    if jax.default_backend() != "gpu":
-      raise ValueError(f"implementation='cudnn' needs a CUDA GPU but JAX's backend here is "
-                       f"{jax.default_backend()!r}; use 'xla' or 'chunked'")
+    platform = target_platform()
+    if platform != "gpu":
+      raise ValueError(f"implementation='cudnn' needs a CUDA GPU but the target platform here "
+                       f"is {platform!r}; use 'auto', 'xla' or 'chunked'")
     if q.dtype not in (jnp.bfloat16, jnp.float16):
       raise ValueError(f"implementation='cudnn' runs in bfloat16/float16, got q.dtype={q.dtype}; "
                        f"cast q, k, v (e.g. the model's dtype='bfloat16')")
-  if implementation == "chunked" and not (isinstance(chunk_size, int) and chunk_size > 0):
-    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+  if implementation == "splash":
+    from rove_jax import splash
+    if not positions_ordered:
+      raise ValueError("implementation='splash' masks by index: pass positions_ordered=True "
+                       "(positions that grow with the index, T == S), or use 'auto', which "
+                       "falls back to 'xla' for other calls")
+    reason = splash.unsupported_reason(T, S, H, K, D, causal=causal)
+    if reason is not None:
+      raise ValueError(f"implementation='splash' cannot run this call: {reason}; use 'auto' "
+                       f"(falls back to 'xla') or 'chunked'")

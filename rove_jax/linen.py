@@ -29,7 +29,8 @@ class RotarySelfAttention(nn.Module):
     rope_base, rotary_fraction, layout, rope_scaling: the rotary setup (see rove_jax.scaling
       for the HuggingFace-style rope_scaling dict).
     causal: mask future positions.
-    implementation: "xla" | "cudnn" | "chunked" | "reference".
+    implementation: "auto" | "xla" | "cudnn" | "splash" | "chunked" | "reference" (see
+      rove_jax.attention; "auto" picks splash on TPU, cudnn on GPU in bf16, xla on CPU).
     use_bias: biases on the projections.
     dtype: compute dtype; parameters stay in param_dtype.
   """
@@ -42,7 +43,7 @@ class RotarySelfAttention(nn.Module):
   layout: str = "interleaved"
   rope_scaling: Optional[dict] = None
   causal: bool = True
-  implementation: str = "xla"
+  implementation: str = "auto"
   use_bias: bool = True
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -50,7 +51,8 @@ class RotarySelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTE, positions=None, segment_ids=None):
-    """x [B, T, E] -> [B, T, E]; positions [B, T] default to 0..T-1."""
+    """x [B, T, E] -> [B, T, E]; positions [B, T] default to 0..T-1 (then the flash kernels
+    mask by index; explicit positions are taken as general, see rove_jax.attention)."""
     if self.pos_encoding not in ("rove", "rope"):
       raise ValueError(f"RotarySelfAttention: pos_encoding must be 'rove' or 'rope', got "
                        f"{self.pos_encoding!r}")
@@ -64,6 +66,7 @@ class RotarySelfAttention(nn.Module):
     rot_dim = int(round(D * self.rotary_fraction))
     inv_freq, factor = scaling.from_config(self.rope_scaling, rot_dim, base=self.rope_base,
                                            seq_len=T)
+    ordered = positions is None
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
 
@@ -77,7 +80,8 @@ class RotarySelfAttention(nn.Module):
     fn = attention.rove_attention if self.pos_encoding == "rove" else attention.rope_attention
     out_BTHD = fn(q, k, v, q_positions=positions, kv_positions=positions, inv_freq=inv_freq,
                   attention_factor=factor, layout=self.layout, causal=self.causal,
-                  segment_ids=segment_ids, implementation=self.implementation)
+                  segment_ids=segment_ids, implementation=self.implementation,
+                  positions_ordered=ordered)
     return nn.DenseGeneral(E, axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
                            param_dtype=self.param_dtype, kernel_init=self.kernel_init,
                            name="out")(out_BTHD)

@@ -55,6 +55,8 @@ class Context:
   cache_start: Optional[jax.Array] = None  # decoding: the first cache slot this call writes
   kv_positions: Optional[jax.Array] = None  # decoding: [B, L] positions of the cache slots
   kv_mask: Optional[jax.Array] = None  # decoding: [B, L] filled slots
+  # Positions grow with the index in each segment (no cache): flash kernels mask by index.
+  positions_ordered: bool = flax.struct.field(pytree_node=False, default=False)
 
 
 # --------------------------------------------------------------------------------- layers
@@ -168,7 +170,11 @@ class Attention(nnx.Module):
              kv_prerotated=False):
     """The attention function of this layer's encoding, with this call's context: [B, T, H, D]."""
     cfg = self.cfg
-    kernel = dict(implementation=cfg.attention_impl, chunk_size=cfg.attention_chunk)
+    impl = cfg.attention_impl
+    if impl == "splash" and not ctx.positions_ordered:
+      impl = "xla"  # splash masks by index; cached (decoding) calls take the xla kernel
+    kernel = dict(implementation=impl, chunk_size=cfg.attention_chunk,
+                  positions_ordered=ctx.positions_ordered)
     if not self.rotary:
       return attention.masked_attention(
           q_BTHD, k_BSKD, v_BSKD, q_positions=ctx.positions, kv_positions=kv_positions,
@@ -293,7 +299,7 @@ class GPT(nnx.Module):
                                seq_len=seq_len)
 
   def context(self, positions_BT, segment_ids=None, *, seq_len: Optional[int] = None,
-              rope_scaling=FROM_CONFIG) -> Context:
+              rope_scaling=FROM_CONFIG, positions_ordered: bool = False) -> Context:
     """The attention Context of a call (positions and segment ids [B, T]); rope scaling sees
     `seq_len` (default T; a cached call passes the cache length) and `rope_scaling` (as in
     `__call__`)."""
@@ -301,7 +307,8 @@ class GPT(nnx.Module):
     inv_freq, factor = self.rotary_frequencies(seq_len, rope_scaling)
     t5_table = None if self.t5_table is None else self.t5_table[...].astype(jnp.float32)
     return Context(positions=positions_BT, segment_ids=segment_ids, inv_freq=inv_freq,
-                   attention_factor=factor, t5_table=t5_table)
+                   attention_factor=factor, t5_table=t5_table,
+                   positions_ordered=positions_ordered)
 
   def init_cache(self, batch: int, max_len: int) -> KVCache:
     """An empty cache of `max_len` slots per sequence."""
@@ -327,7 +334,7 @@ class GPT(nnx.Module):
 
   # ---------------------------------------------------------------------------- call
   def __call__(self, tokens_BT, positions=None, segment_ids=None, *, cache: KVCache | None = None,
-               rope_scaling=FROM_CONFIG):
+               rope_scaling=FROM_CONFIG, positions_ordered: Optional[bool] = None):
     """Logits [B, T, V] in float32, or (logits, cache) when a cache is given.
 
     Args:
@@ -338,8 +345,14 @@ class GPT(nnx.Module):
       rope_scaling: a HuggingFace-style dict (or None for plain RoPE) overriding the config's
         for this call, e.g. {"rope_type": "yarn", "factor": L / max_len,
         "original_max_position_embeddings": max_len}, for inference-time context extension.
+      positions_ordered: the positions grow with the index inside each segment (as the packed
+        training batches' do), so the flash kernels may mask by index (see
+        rove_jax.attention). Default: True exactly when positions are the default 0..T-1
+        without a cache.
     """
     cfg, tokens_BT = self.config, jnp.asarray(tokens_BT)
+    if positions_ordered is None:
+      positions_ordered = positions is None and cache is None
     if tokens_BT.ndim != 2:
       raise ValueError(f"tokens must be [B, T], got shape {tokens_BT.shape}")
     if cfg.pos_encoding == "learned":
@@ -354,15 +367,16 @@ class GPT(nnx.Module):
       raise ValueError(f"positions must be [B, T] = {(B, T)}, got {positions.shape}")
     x = self.embed_tokens(tokens_BT, positions)
     return self.forward_embeddings(x, positions, segment_ids, cache=cache,
-                                   rope_scaling=rope_scaling)
+                                   rope_scaling=rope_scaling, positions_ordered=positions_ordered)
 
   def forward_embeddings(self, x_BTE, positions_BT, segment_ids=None, *, cache=None,
-                         rope_scaling=FROM_CONFIG):
+                         rope_scaling=FROM_CONFIG, positions_ordered: bool = False):
     """The transformer from input embeddings (after `embed_tokens`) to logits."""
     cfg = self.config
     B, T, _ = x_BTE.shape
     if cache is None:
-      ctx = self.context(positions_BT, segment_ids, rope_scaling=rope_scaling)
+      ctx = self.context(positions_BT, segment_ids, rope_scaling=rope_scaling,
+                         positions_ordered=positions_ordered)
     else:
       if segment_ids is not None:
         raise ValueError("segment_ids (packing) cannot be combined with a KV cache")

@@ -113,7 +113,7 @@ class GPTConfig:
   tie_embeddings: bool = True
   dtype: str = "float32"
   param_dtype: str = "float32"
-  attention_impl: str = "xla"
+  attention_impl: str = "auto"  # per call: splash (TPU), cudnn (GPU bf16), xla/chunked (CPU)
   attention_chunk: int = 512
   remat: str = "none"
   t5_num_buckets: int = 32

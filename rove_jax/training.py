@@ -92,8 +92,9 @@ def cross_entropy(logits_BTV, targets_BT, mask_BT=None):
 
 def _batch_loss(graphdef, params, batch):
   model = nnx.merge(graphdef, params)
+  # The pipeline's positions restart at each packed document and grow inside it.
   logits = model(batch["inputs"], positions=batch.get("positions"),
-                 segment_ids=batch.get("segment_ids"))
+                 segment_ids=batch.get("segment_ids"), positions_ordered=True)
   return cross_entropy(logits, batch["targets"])[0]
 
 
@@ -247,7 +248,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
   try:
     ckpt = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints,
                                  async_save=c.async_checkpoints)
-    return _train(c, workdir, model_cfg, mesh, ckpt, log)
+    with jax.set_mesh(mesh):  # kernels that shard themselves (TPU splash) see the mesh
+      return _train(c, workdir, model_cfg, mesh, ckpt, log)
   finally:
     if ckpt is not None:
       ckpt.close()
