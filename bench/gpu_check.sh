@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for rove-jax on one CUDA GPU (written for an H200); about 8 minutes.
 #   bash bench/gpu_check.sh        (from the repository root; $OUT defaults to ./gpu_out)
-# 1. the cuDNN == XLA bf16 attention tests;
+# 1. the cuDNN == XLA bf16 attention tests, the causal fast path (positions_ordered: cuDNN's own
+#    mask, no [B, T, S] array) included, and kernel selection ("auto" picks cudnn in bf16);
 # 2. python -m bench --suite gpu: GPT-2 124M (context 1024, bf16, cuDNN flash attention) and
 #    354M train steps RoVE/RoPE/NoPE with MFU against the measured bf16 matmul peak, peak device
 #    memory, 4k/8k/16k forwards (xla, chunked), decoding, compile time vs depth;
@@ -22,8 +23,16 @@ stamp "devices"
 python3 -c 'import jax; print(jax.__version__, jax.devices())'
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
 
-stamp "cuDNN == XLA bf16 attention tests"
-timeout 120 python3 -m pytest -q tests/test_attention.py -k cudnn
+stamp "cuDNN == XLA bf16 attention tests (dense mask and causal fast path), kernel selection"
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_attention.py -k cudnn
+python3 - <<'PY'
+import jax, jax.numpy as jnp
+from rove_jax import attention
+got = attention.resolve_implementation("auto", T=1024, S=1024, H=12, K=12, D=64,
+                                       dtype=jnp.bfloat16, causal=True, positions_ordered=True)
+print("auto on this GPU in bf16 ->", got, "(expected cudnn)")
+assert got == "cudnn", got
+PY
 
 stamp "benchmark suite (gpu)"
 timeout 330 python3 -m bench --suite gpu --out "$OUT/bench_gpu.json"
