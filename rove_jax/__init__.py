@@ -4,6 +4,7 @@ Stable names:
   rope_frequencies, axial_frequencies, rotate, rotation_matrix   (rove_jax.rotary)
   rope_attention, rove_attention                                 (rove_jax.attention)
   scaling.linear / ntk / dynamic_ntk / yarn / dynamic_yarn / llama3 / longrope / from_config
+  rope_from_hf_config (a transformers config.json's rot_dim, inv_freq, attention factor)
   analysis.value_kernel, analysis.mixer_matrix
 
 Shape letters, one meaning each in every module of the package (tensors are named with them,
@@ -21,6 +22,7 @@ e.g. q_BTHD; module docstrings list only the letters they use):
 
 from rove_jax import analysis, attention, rotary, scaling
 from rove_jax.attention import attention_mask, masked_attention, rope_attention, rove_attention
+from rove_jax.hf_rope import rope_from_hf_config
 from rove_jax.rotary import (apply_rotary, axial_frequencies, rope_frequencies, rotary_tables,
                              rotate, rotation_angles, rotation_matrix)
 
@@ -30,5 +32,5 @@ __all__ = [
     "analysis", "attention", "rotary", "scaling",
     "rope_attention", "rove_attention", "masked_attention", "attention_mask",
     "rope_frequencies", "axial_frequencies", "rotate", "rotation_matrix", "rotation_angles",
-    "rotary_tables", "apply_rotary",
+    "rotary_tables", "apply_rotary", "rope_from_hf_config",
 ]

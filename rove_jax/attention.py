@@ -4,11 +4,15 @@ Shape letters:
   B batch   T query length   S key/value length   H query heads   K key/value heads
   G = H // K query heads per kv head (GQA/MQA)   D head dim   P rotary pairs (2P <= D)
 
-RoPE:  y_i = sum_j A_ij v_j,                A_ij = softmax_j(c^2 (R_i q_i).(R_j k_j) / sqrt(D))
+RoPE:  y_i = sum_j A_ij v_j,                A_ij = softmax_j((C R_i q_i).(C R_j k_j) / sqrt(D))
 RoVE:  y_i = R_i^-1 sum_j A_ij R_j v_j  =  sum_j A_ij R_{j-i} v_j   (an attentive convolution)
 
-c is the attention factor (YaRN's temperature); it scales the logits only. The value and output
-rotations are pure rotations in both cases.
+The attention factor convention: C multiplies the rotated dims by the attention factor c (YaRN's
+and LongRoPE's temperature) and leaves the pass-through dims of a partial rotary head alone, as
+transformers multiplies cos and sin by its `attention_scaling`; at full rotary the logits are
+times c^2. It is applied as c^2 on the rotated dims of q alone (the same logits), so keys from a
+KV cache (kv_prerotated) carry no factor, and every kernel gets the scaled q and the plain scale
+1 / sqrt(D). The value and output rotations are pure rotations in both cases.
 
 Positions are the only source of truth: kv j is visible to query i iff
 kv_positions[j] <= q_positions[i] (causal), segment ids are equal (packing) and kv_mask[j] is
@@ -63,7 +67,8 @@ def rope_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequ
     inv_freq: frequency table [P] (e.g. from `rope_frequencies` or a `scaling` function), or a
       sequence of A tables.
     causal: mask kv j unless kv_positions[j] <= q_positions[i] (1-D positions only).
-    attention_factor: multiplies q and k, i.e. the logits by attention_factor**2 (YaRN).
+    attention_factor: c, multiplying the rotated dims of q and k (YaRN, LongRoPE; see the
+      module docstring): the logits times c**2 at full rotary. A float or a traced scalar.
     layout: rotary pairing, "interleaved" or "half".
     segment_ids: [B, T] when T == S (packed self-attention) or a pair ([B, T], [B, S]); a query
       sees only keys of its own segment.
@@ -252,16 +257,14 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
     rot = functools.partial(rotary.apply_rotary, layout=layout)
     # One (cos, sin) table per position set, shared by q/output and by k/v.
     q_cos, q_sin = rotary.rotary_tables(q_pos, inv_freq)
-    q_r = rot(q, q_cos, q_sin)
+    q_r = rot(_factor_on_rotated(q, attention_factor, 2 * rotary.n_frequencies(inv_freq)),
+              q_cos, q_sin).astype(q.dtype)
     if not kv_prerotated:
       kv_cos, kv_sin = (q_cos, q_sin) if same_positions else rotary.rotary_tables(kv_pos, inv_freq)
       k_r = rot(k, kv_cos, kv_sin)
       v_r = rot(v, kv_cos, kv_sin) if mode == "rove" else v
 
-  if isinstance(attention_factor, jax.Array):
-    scale = attention_factor.astype(jnp.float32) ** 2 / math.sqrt(D)
-  else:
-    scale = float(attention_factor) ** 2 / math.sqrt(D)
+  scale = 1.0 / math.sqrt(D)  # the attention factor is in q_r
   q_seg, kv_seg = _split_segments(segment_ids)
   # Causal masking compares scalar positions; multi-axis positions are for bidirectional use.
   mask_q_pos = q_pos[..., 0] if multi_axis else q_pos
@@ -278,6 +281,20 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
   if mode == "rove":
     out = rot(out, q_cos, q_sin, inverse=True)
   return out
+
+
+def _factor_on_rotated(q_BTHD, attention_factor, n_rotated: int):
+  """q with its first n_rotated dims (those the rotation turns) times attention_factor**2: the
+  convention of the module docstring. Scaling commutes with the rotation of those dims, so it
+  is applied before it, in float32, and q is rounded to its dtype once, after the rotation. A
+  static factor of 1 returns q unchanged."""
+  if not isinstance(attention_factor, jax.Array) and float(attention_factor) == 1.0:
+    return q_BTHD
+  D = q_BTHD.shape[-1]
+  c2 = jnp.asarray(attention_factor, jnp.float32) ** 2
+  c2_D = jnp.where(jnp.arange(D) < n_rotated, c2, jnp.float32(1.0))
+  compute = jnp.promote_types(q_BTHD.dtype, jnp.float32)
+  return q_BTHD.astype(compute) * c2_D.astype(compute).reshape((1,) * (q_BTHD.ndim - 1) + (D,))
 
 
 def _split_segments(segment_ids):

@@ -202,9 +202,11 @@ class Attention(nnx.Module):
     if self.rotary:
       rotate = functools.partial(rotary.rotate, positions=ctx.positions, inv_freq=ctx.inv_freq,
                                  layout=self.cfg.rope_layout)
-      q_BTHD, k_BTKD = rotate(q_BTHD), rotate(k_BTKD)
+      n_rotated = 2 * rotary.n_frequencies(ctx.inv_freq)  # the factor's dims (attention.py)
+      q_BTHD = attention._factor_on_rotated(q_BTHD, ctx.attention_factor, n_rotated)
+      q_BTHD, k_BTKD = rotate(q_BTHD).astype(k_BTKD.dtype), rotate(k_BTKD)
     k_BTHD = jnp.repeat(k_BTKD, q_BTHD.shape[2] // k_BTKD.shape[2], axis=2)
-    scale = ctx.attention_factor**2 / math.sqrt(q_BTHD.shape[-1])
+    scale = 1.0 / math.sqrt(q_BTHD.shape[-1])
     logits_BHTS = jnp.einsum("bthd,bshd->bhts", q_BTHD, k_BTHD).astype(jnp.float32) * scale
     bias_fn = self.bias_fn(ctx)
     if bias_fn is not None:
@@ -296,7 +298,7 @@ class GPT(nnx.Module):
       return None, 1.0
     scaling_cfg = cfg.scaling_dict if rope_scaling is FROM_CONFIG else rope_scaling
     return scaling.from_config(scaling_cfg, cfg.rot_dim, base=cfg.rope_base, max_len=cfg.max_len,
-                               seq_len=seq_len)
+                               seq_len=seq_len, head_dim=cfg.head_dim)
 
   def context(self, positions_BT, segment_ids=None, *, seq_len: Optional[int] = None,
               rope_scaling=FROM_CONFIG, positions_ordered: bool = False) -> Context:

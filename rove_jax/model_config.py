@@ -246,7 +246,7 @@ class GPTConfig:
         fail(f"rope_scaling must be a dict or None, got {type(self.rope_scaling).__name__}")
       try:  # validates the dict (type, keys, values) once, up front, in numpy: no JAX backend
         scaling.from_config(self.scaling_dict, self.rot_dim, base=self.rope_base,
-                            max_len=self.max_len, seq_len=self.max_len)
+                            max_len=self.max_len, seq_len=self.max_len, head_dim=self.head_dim)
       except ValueError as e:
         fail(f"rope_scaling: {e}")
     elif self.rope_scaling is not None:

@@ -1,9 +1,10 @@
 """The RoPE-scaling family: context extension by changing the frequency table.
 
 Every function returns (inv_freq [rot_dim // 2] float32, attention_factor). The attention
-factor multiplies q and k (so the logits by attention_factor**2), exactly as HuggingFace's
-`attention_scaling` multiplies cos and sin; in this project it enters only the logit scale of
-`rope_attention` / `rove_attention`, never the value or output rotations, which stay orthogonal.
+factor multiplies the rotated dims of q and k, exactly as HuggingFace's `attention_scaling`
+multiplies cos and sin (so the logits by attention_factor**2 at full rotary; the pass-through
+dims of a partial rotary head are not scaled). `rope_attention` / `rove_attention` apply it;
+the value and output rotations never see it and stay orthogonal.
 
 Definitions follow HuggingFace transformers' `modeling_rope_utils` and the YaRN authors' code:
   linear       Position Interpolation: inv_freq / factor.
@@ -15,6 +16,8 @@ Definitions follow HuggingFace transformers' `modeling_rope_utils` and the YaRN 
   dynamic_yarn yarn with s = max(1, L / L0).
   llama3       wavelength bands: high frequencies kept, low ones / factor, a smooth band between.
   longrope     per-pair rescale factors, short or long list by the current length.
+  proportional (Gemma-style) the whole head's table over base^(-2m/D), zero beyond a fraction.
+  axial        (Qwen3-VL vision) two tables, one per image axis, over half the dims each.
 
 Static arguments are computed in float64 with numpy and rounded once, and the table comes back
 as a numpy float32 array (no JAX backend is started: config validation relies on that). The
@@ -25,6 +28,7 @@ compute with jax.numpy and return a jax array.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -70,7 +74,9 @@ def _check_len(name: str, what: str, value) -> None:
 
 
 def _base_table(rot_dim: int, base, xp):
-  return xp.power(base, -_pair_exponents(rot_dim, xp)) if xp is jnp else float(base) ** -_pair_exponents(rot_dim, xp)
+  if xp is jnp:
+    return xp.power(base, -_pair_exponents(rot_dim, xp))
+  return float(base) ** -_pair_exponents(rot_dim, xp)
 
 
 def default(rot_dim: int, *, base: float = 10000.0) -> ScalingResult:
@@ -237,9 +243,9 @@ def longrope(rot_dim: int, *, base: float = 10000.0, short_factor: Sequence[floa
   """LongRoPE (Phi-3): inv_freq = base^(-2m/d) / ext[m], ext = long_factor when the current
   length exceeds L0, else short_factor.
 
-  The extension factor is max_len / original_max_len when max_len is given (as HuggingFace does
-  for Phi-3 configs), else `factor`; the attention factor defaults to
-  sqrt(1 + ln(factor) / ln(L0)) for factor > 1.
+  The extension factor is `factor` when given, else max_len / original_max_len when max_len is
+  given (Phi-3 configs state no factor), else 1, as in transformers 5; the attention factor
+  defaults to sqrt(1 + ln(factor) / ln(L0)) for factor > 1.
   """
   rot_dim = rotary._check_rot_dim(rot_dim)
   _check_len("longrope", "original_max_len", original_max_len)
@@ -251,10 +257,9 @@ def longrope(rot_dim: int, *, base: float = 10000.0, short_factor: Sequence[floa
                        f"{arr.shape[0] if arr.ndim == 1 else arr.shape}")
     if not np.all(arr > 0):
       raise ValueError(f"longrope: {name} entries must be positive")
-  if max_len is not None:
-    factor = max_len / original_max_len
   if factor is None:
-    factor = 1.0
+    factor = 1.0 if max_len is None else max_len / original_max_len
+  _check_factor("longrope", factor, minimum=0.0)
   if attention_factor is None:
     attention_factor = 1.0 if factor <= 1.0 else math.sqrt(
         1 + math.log(factor) / math.log(original_max_len))
@@ -269,9 +274,38 @@ def longrope(rot_dim: int, *, base: float = 10000.0, short_factor: Sequence[floa
   return _finish(table / (long if seq_len > original_max_len else short), attention_factor)
 
 
-# ---------------------------------------------------------------- HuggingFace-style dispatch
+def proportional(rot_dim: int, *, base: float = 10000.0, partial_rotary_factor: float = 1.0,
+                 factor: float = 1.0) -> ScalingResult:
+  """transformers' "proportional" RoPE (Gemma 4): rot_dim is the whole head D; the first
+  int(partial_rotary_factor * D // 2) pairs turn at base^(-2m/D) / factor (exponents over D, not
+  over the turning dims) and the other pairs get frequency 0, i.e. do not turn."""
+  rot_dim = rotary._check_rot_dim(rot_dim)
+  if not 0.0 <= partial_rotary_factor <= 1.0:
+    raise ValueError(f"proportional: partial_rotary_factor must be in [0, 1], got "
+                     f"{partial_rotary_factor!r}")
+  if not factor > 0:
+    raise ValueError(f"proportional: factor must be > 0, got factor={factor!r}")
+  turning = int(partial_rotary_factor * rot_dim // 2)
+  table = _base_table(rot_dim, base, np)
+  table[turning:] = 0.0
+  return _finish(table / float(factor), 1.0)
 
-# Keys each rope_type accepts in the dict, beside "rope_type" / "type" / "rope_theta".
+
+def axial(rot_dim: int, *, base: float = 10000.0) -> tuple[tuple[np.ndarray, np.ndarray], float]:
+  """transformers' "axial" RoPE (Qwen3-VL vision): two equal tables, one per image axis (height
+  then width), each the plain table of rot_dim / 2 dims. Rotating with positions [..., T, 2] and
+  layout="half" matches transformers' concatenated (h, w) cos / sin."""
+  rot_dim = rotary._check_rot_dim(rot_dim)
+  if rot_dim % 4:
+    raise ValueError(f"axial: rot_dim must be a multiple of 4 (two axes of pairs), got {rot_dim}")
+  table = _finish(_base_table(rot_dim // 2, base, np), 1.0)[0]
+  return (table, table.copy()), 1.0
+
+
+# ----------------------------------------------------------------- transformers-style dispatch
+
+# Keys each rope_type reads, beside _COMMON_KEYS. rove_jax.config builds the model.rope_scaling
+# section from these.
 _HF_KEYS = {
     "default": (),
     "linear": ("factor",),
@@ -285,55 +319,85 @@ _HF_KEYS = {
                "high_freq_factor"),
     "longrope": ("short_factor", "long_factor", "factor", "original_max_position_embeddings",
                  "attention_factor"),
+    "proportional": ("factor",),
+    "axial": (),
 }
-_ALIASES = {"dynamic_ntk": "dynamic", "pi": "linear", "ntk_aware": "ntk"}
+# Read by every type: transformers v5 keeps rope_theta and partial_rotary_factor in the dict.
+_COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+# "mrope" is Qwen2-VL's v4 name for default RoPE over (t, h, w) sections; transformers 5 renames
+# it "default" and so do we (for text positions the sections change nothing).
+_ALIASES = {"dynamic_ntk": "dynamic", "pi": "linear", "ntk_aware": "ntk", "mrope": "default"}
 ROPE_TYPES = tuple(_HF_KEYS) + tuple(_ALIASES)
 
 
 def from_config(rope_scaling: Mapping[str, Any] | None, rot_dim: int, *, base: float = 10000.0,
-                max_len: int | None = None, seq_len=None) -> ScalingResult:
-  """Frequencies and attention factor from a HuggingFace-style `rope_scaling` dict.
+                max_len: int | None = None, seq_len=None, head_dim: int | None = None,
+                strict: bool = True) -> ScalingResult:
+  """Frequencies and attention factor from a transformers-style rope dict.
+
+  Takes both of transformers' spellings: a v4 `rope_scaling` dict ({"type": "linear",
+  "factor": 2.0}) and a v5 `rope_parameters` dict as a model config holds it ({"rope_type":
+  "yarn", "rope_theta": 1e6, "partial_rotary_factor": 0.5, "factor": 4.0, ...}). Values are
+  resolved as transformers 5 resolves them:
+    rope_theta       in the dict, overrides `base`.
+    partial_rotary_factor  rot_dim is the caller's: it already says how many dims turn. With
+      `head_dim` given the dict must agree, int(head_dim * factor) == rot_dim (transformers'
+      rounding), else ValueError; without it the key is not checked. "proportional" is the
+      exception: there rot_dim is the whole head and the factor says how many pairs turn.
+      `rope_from_hf_config` derives rot_dim from the model config.
+    original_max_position_embeddings  defaults to max_len (llama3, yarn, longrope).
+    dynamic          scales from max_len (transformers' max_position_embeddings); the dict's
+      original_max_position_embeddings, which transformers ignores, is used only without max_len.
+    yarn             a missing (or None) factor is max_len / original (DeepSeek-V3).
+    longrope         the explicit factor, else max_len / original, sets the attention factor.
 
   Args:
-    rope_scaling: None (plain RoPE) or e.g. {"rope_type": "yarn", "factor": 4.0,
-      "original_max_position_embeddings": 1024}. The legacy key "type" is accepted, and
-      "rope_theta" (transformers v5 `rope_parameters`) overrides `base`.
-    rot_dim: rotated dims per head.
+    rope_scaling: None (plain RoPE) or the dict.
+    rot_dim: rotated dims per head (the whole head for "proportional").
     base: RoPE base when the dict has no rope_theta.
-    max_len: the model's max_position_embeddings; the fallback for
-      original_max_position_embeddings, and LongRoPE's extension factor as in transformers.
+    max_len: the model's max_position_embeddings.
     seq_len: current sequence length, needed by "dynamic", "dynamic_yarn" and "longrope".
+    head_dim: the head dimension, to check the dict's partial_rotary_factor against rot_dim.
+    strict: keys this rope_type does not read are errors (default: a typo in a hand-written
+      config fails loudly). False ignores them with a warning, as transformers does (it warns
+      "Unrecognized keys" and goes on), e.g. mrope_section, or attention_factor on linear.
+
+  Returns:
+    (inv_freq, attention_factor); for "axial" inv_freq is a pair of per-axis tables.
 
   Raises:
-    ValueError: unknown rope_type, unknown or missing keys, bad values.
+    ValueError: unknown rope_type, unknown keys (strict), missing keys, bad values.
   """
   if rope_scaling is None:
     return default(rot_dim, base=base)
   if not isinstance(rope_scaling, Mapping):
     raise ValueError(f"rope_scaling must be a dict or None, got {type(rope_scaling).__name__}")
   cfg = dict(rope_scaling)
-  rope_type = cfg.pop("rope_type", None)
-  legacy = cfg.pop("type", None)
-  rope_type = rope_type or legacy or "default"
+  rope_type = cfg.get("rope_type") or cfg.get("type") or "default"
   rope_type = _ALIASES.get(rope_type, rope_type)
   if rope_type not in _HF_KEYS:
     raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {sorted(ROPE_TYPES)}")
-  if "rope_theta" in cfg:
-    base = float(cfg.pop("rope_theta"))
-  unknown = sorted(set(cfg) - set(_HF_KEYS[rope_type]))
-  if unknown:
+  if cfg.get("rope_theta") is not None:
+    base = float(cfg["rope_theta"])
+  unknown = sorted(set(cfg) - set(_HF_KEYS[rope_type]) - set(_COMMON_KEYS))
+  if unknown and strict:
     raise ValueError(f"rope_scaling of type {rope_type!r} got unknown keys {unknown}; accepted "
-                     f"keys: {sorted(_HF_KEYS[rope_type])} (plus rope_type, type, rope_theta)")
+                     f"keys: {sorted(_HF_KEYS[rope_type])} (plus {', '.join(_COMMON_KEYS)}). "
+                     f"Pass strict=False to ignore them with a warning, as transformers does")
+  if unknown:
+    warnings.warn(f"rope_scaling of type {rope_type!r}: ignoring keys {unknown}, which this type "
+                  f"does not read (transformers ignores them too)", stacklevel=2)
+  partial = _partial_factor(cfg, rope_type, rot_dim, head_dim)
 
   def original_len():
-    value = cfg.get("original_max_position_embeddings", max_len)
+    value = cfg.get("original_max_position_embeddings") or max_len
     if value is None:
       raise ValueError(f"rope_scaling {rope_type!r} needs 'original_max_position_embeddings' "
                        f"in the dict or max_len= (the model's training context)")
     return value
 
   def need(key):
-    if key not in cfg:
+    if cfg.get(key) is None:
       raise ValueError(f"rope_scaling of type {rope_type!r} needs the key {key!r}")
     return cfg[key]
 
@@ -352,19 +416,53 @@ def from_config(rope_scaling: Mapping[str, Any] | None, rot_dim: int, *, base: f
   if rope_type == "ntk":
     return ntk(rot_dim, base=base, factor=need("factor"))
   if rope_type == "dynamic":
+    original = cfg.get("original_max_position_embeddings")
+    if max_len is not None and original is not None and original != max_len:
+      warnings.warn(f"dynamic rope: original_max_position_embeddings={original} is ignored; like "
+                    f"transformers, the scaling starts at max_len={max_len} (the model's "
+                    f"max_position_embeddings)", stacklevel=2)
     return dynamic_ntk(rot_dim, base=base, factor=need("factor"),
-                       original_max_len=original_len(), seq_len=need_seq_len())
+                       original_max_len=max_len or original_len(), seq_len=need_seq_len())
   if rope_type == "yarn":
-    return yarn(rot_dim, base=base, factor=need("factor"), original_max_len=original_len(),
-                **yarn_opts)
+    factor = cfg.get("factor")
+    if factor is None:
+      factor = need("factor") if max_len is None else max_len / original_len()
+    return yarn(rot_dim, base=base, factor=factor, original_max_len=original_len(), **yarn_opts)
   if rope_type == "dynamic_yarn":
     return dynamic_yarn(rot_dim, base=base, original_max_len=original_len(),
                         seq_len=need_seq_len(), **yarn_opts)
   if rope_type == "llama3":
     return llama3(rot_dim, base=base, factor=need("factor"), original_max_len=original_len(),
                   **{k: cfg[k] for k in ("low_freq_factor", "high_freq_factor") if k in cfg})
+  if rope_type == "proportional":
+    return proportional(rot_dim, base=base, partial_rotary_factor=partial,
+                        factor=cfg.get("factor") or 1.0)
+  if rope_type == "axial":
+    return axial(rot_dim, base=base)
   return longrope(rot_dim, base=base, short_factor=need("short_factor"),
                   long_factor=need("long_factor"), original_max_len=original_len(),
-                  factor=cfg.get("factor"),
-                  max_len=max_len if "original_max_position_embeddings" in cfg else None,
-                  seq_len=seq_len, attention_factor=cfg.get("attention_factor"))
+                  factor=cfg.get("factor"), max_len=max_len, seq_len=seq_len,
+                  attention_factor=cfg.get("attention_factor"))
+
+
+def _partial_factor(cfg, rope_type, rot_dim, head_dim) -> float:
+  """The dict's partial_rotary_factor (1.0 when absent), checked against rot_dim and head_dim."""
+  partial = cfg.get("partial_rotary_factor")
+  if partial is None:
+    return 1.0
+  if not (isinstance(partial, (int, float)) and not isinstance(partial, bool)
+          and 0.0 < partial <= 1.0):
+    raise ValueError(f"rope_scaling: partial_rotary_factor must be a number in (0, 1], got "
+                     f"{partial!r}")
+  if head_dim is None:
+    return float(partial)
+  if rope_type == "proportional":
+    if rot_dim != head_dim:
+      raise ValueError(f"rope_scaling 'proportional' rotates the whole head: rot_dim must be "
+                       f"head_dim={head_dim}, got rot_dim={rot_dim} (partial_rotary_factor="
+                       f"{partial} picks how many pairs turn)")
+  elif int(head_dim * partial) != rot_dim:
+    raise ValueError(f"rope_scaling: partial_rotary_factor={partial} of head_dim={head_dim} turns "
+                     f"int({head_dim} * {partial}) = {int(head_dim * partial)} dims, but "
+                     f"rot_dim={rot_dim}; pass rot_dim={int(head_dim * partial)}, or drop the key")
+  return float(partial)

@@ -44,6 +44,9 @@ def naive_attention(q, k, v, q_pos, kv_pos, inv_freq, *, rove, causal=True, fact
   G = H // K
   out = np.zeros((B, T, H, D))
   multi = isinstance(inv_freq, (tuple, list))
+  # The attention factor multiplies the rotated dims (the first 2P) of q and k.
+  n_rotated = 2 * (sum(len(f) for f in inv_freq) if multi else len(np.atleast_1d(inv_freq)))
+  c_D = np.where(np.arange(D) < n_rotated, factor, 1.0)
   for b in range(B):
     for h in range(H):
       kh = h // G
@@ -60,7 +63,7 @@ def naive_attention(q, k, v, q_pos, kv_pos, inv_freq, *, rove, causal=True, fact
             visible &= bool(kv_mask[b, j])
           if visible:
             r_j = dense_rotation(angles_for(kv_pos[b, j], inv_freq), D, layout)
-            logits[j] = factor**2 * (r_i @ q[b, i, h]) @ (r_j @ k[b, j, kh]) / np.sqrt(D)
+            logits[j] = (r_i @ (c_D * q[b, i, h])) @ (r_j @ (c_D * k[b, j, kh])) / np.sqrt(D)
             if bias is not None:
               logits[j] += bias[b, h, i, j]
         if not np.isfinite(logits).any():

@@ -403,6 +403,7 @@ def test_generate_with_remat_config():
     ("rove", {}), ("rope", {}), ("rove", dict(rope_layout="half")),
     ("rove", dict(rope_layout="half", rotary_fraction=0.5)),
     ("rove", dict(max_len=8, rope_scaling=YARN)), ("rope", dict(max_len=8, rope_scaling=YARN)),
+    ("rove", dict(max_len=8, rope_scaling=YARN, rotary_fraction=0.5)),  # factor on rotated dims
 ])
 def test_figure1_mixer_reproduces_the_layer_output(pe, kw):
   """Figure 1's mixers, applied to the layer's input and projected out, give the attention

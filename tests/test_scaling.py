@@ -252,3 +252,133 @@ def test_hf_dict_errors_name_the_problem():
     scaling.yarn(16, factor=0.5, original_max_len=128)
   with pytest.raises(ValueError, match="even"):
     scaling.yarn(15, factor=2.0, original_max_len=128)
+
+
+# ------------------------------------------------- transformers-v5 dicts (issue 15, cases 2-5)
+
+
+def test_v5_dicts_keep_partial_rotary_factor_and_rope_theta():
+  """Every type takes transformers v5's rope_parameters as a model config holds them; the
+  partial factor is checked against rot_dim when head_dim is given."""
+  common = {"rope_theta": 100.0, "partial_rotary_factor": 0.5}
+  for cfg in ({"rope_type": "default"}, {"rope_type": "linear", "factor": 2.0},
+              {"rope_type": "dynamic", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0},
+              {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0},
+              {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}):
+    inv, _ = scaling.from_config({**cfg, **common}, 8, max_len=128, seq_len=64, head_dim=16)
+    assert inv.shape == (4,), cfg
+  inv, _ = scaling.from_config({"rope_type": "default", **common}, 8, head_dim=16)
+  chex.assert_trees_all_close(inv, PLAIN8_BASE100, rtol=1e-7)
+  with pytest.raises(ValueError, match=r"partial_rotary_factor=0.5 of head_dim=16 turns .* 8 "
+                                       r"dims, but rot_dim=16; pass rot_dim=8"):
+    scaling.from_config({"rope_type": "default", **common}, 16, head_dim=16)
+  with pytest.raises(ValueError, match=r"partial_rotary_factor must be a number in \(0, 1\]"):
+    scaling.from_config({"partial_rotary_factor": 1.5}, 16)
+  # transformers' rounding: int(80 * 0.4) = 32 (80 * 0.4 is 32.00000000000001).
+  inv, _ = scaling.from_config({"partial_rotary_factor": 0.4}, 32, head_dim=80)
+  assert inv.shape == (16,)
+
+
+def test_unread_keys_strict_errors_or_warnings():
+  """Keys a type does not read: an error by default (typos in project configs), ignored with a
+  warning under strict=False, as transformers does."""
+  cfg = {"rope_type": "linear", "factor": 2.0, "attention_factor": 1.5}
+  with pytest.raises(ValueError, match=r"unknown keys \['attention_factor'\].*strict=False"):
+    scaling.from_config(cfg, 8)
+  with pytest.warns(UserWarning, match=r"ignoring keys \['attention_factor'\]"):
+    inv, att = scaling.from_config(cfg, 8, strict=False)
+  chex.assert_trees_all_close(inv, PLAIN8 / 2, rtol=1e-7)
+  assert att == 1.0  # ignored, as in transformers
+  qwen2_vl = {"type": "mrope", "mrope_section": [1, 1, 2]}  # v4 spelling of default RoPE
+  with pytest.warns(UserWarning, match="mrope_section"):
+    inv, _ = scaling.from_config(qwen2_vl, 8, strict=False)
+  chex.assert_trees_all_close(inv, PLAIN8, rtol=1e-7)
+
+
+def test_longrope_explicit_factor_wins_over_max_len():
+  """Issue 15 case 3: factor 4 with L0 4096 and max_len 131072 gives sqrt(1 + ln 4 / ln 4096)
+  = sqrt(7 / 6) = 1.080123, not the ratio 32's 1.190238."""
+  kw = dict(short_factor=[1.0] * 4, long_factor=[2.0] * 4, original_max_len=4096, max_len=131072)
+  _, att = scaling.longrope(8, factor=4.0, **kw)
+  np.testing.assert_allclose(att, math.sqrt(7 / 6), rtol=1e-12)
+  np.testing.assert_allclose(att, 1.080123, atol=1e-6)
+  _, att = scaling.longrope(8, **kw)  # no factor: max_len / L0 = 32
+  np.testing.assert_allclose(att, 1.190238, atol=1e-6)
+
+
+def test_dynamic_starts_at_max_len_like_transformers():
+  """Issue 15 case 4: the dict's original_max_position_embeddings (1024) is ignored with a
+  warning; up to max_len (4096) the table is the plain one, and beyond it grows from there."""
+  cfg = {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 1024}
+  with pytest.warns(UserWarning, match="is ignored"):
+    inv, _ = scaling.from_config(cfg, 64, max_len=4096, seq_len=4096)
+  np.testing.assert_allclose(inv[-1], 1e4 ** (-62 / 64), rtol=1e-6)  # 1.3335e-04
+  with pytest.warns(UserWarning):
+    inv, _ = scaling.from_config(cfg, 64, max_len=4096, seq_len=8192)
+  want, _ = scaling.dynamic_ntk(64, factor=4.0, original_max_len=4096, seq_len=8192)
+  chex.assert_trees_all_equal(inv, want)
+  inv, _ = scaling.from_config(cfg, 8, seq_len=2048)  # no max_len: the dict's length
+  chex.assert_trees_all_equal(inv, scaling.dynamic_ntk(8, factor=4.0, original_max_len=1024,
+                                                       seq_len=2048)[0])
+
+
+def test_yarn_without_factor_takes_max_len_over_original():
+  cfg = {"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 1024}
+  inv, att = scaling.from_config(cfg, 8, max_len=4096)
+  want = scaling.yarn(8, factor=4.0, original_max_len=1024)
+  chex.assert_trees_all_equal(inv, want[0])
+  assert att == want[1]
+  with pytest.raises(ValueError, match="needs the key 'factor'"):
+    scaling.from_config(cfg, 8)
+
+
+def test_proportional_and_axial_by_hand():
+  # proportional: the whole head (D=8) at base^(-2m/8) for the first int(0.5 * 8 // 2) = 2
+  # pairs, zero (no turn) for the other 2; then / factor.
+  inv, att = scaling.from_config({"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                  "factor": 2.0}, 8, head_dim=8)
+  chex.assert_trees_all_close(inv, np.array([1.0, 0.1, 0.0, 0.0]) / 2, rtol=1e-7)
+  assert att == 1.0
+  with pytest.raises(ValueError, match="rotates the whole head"):
+    scaling.from_config({"rope_type": "proportional", "partial_rotary_factor": 0.5}, 4,
+                        head_dim=8)
+  # axial: two copies of the plain table of D/2 dims, one per image axis.
+  (h, w), att = scaling.from_config({"rope_type": "axial", "rope_theta": 100.0}, 16)
+  chex.assert_trees_all_close(h, PLAIN8_BASE100, rtol=1e-7)
+  chex.assert_trees_all_equal(h, w)
+  assert att == 1.0
+  with pytest.raises(ValueError, match="multiple of 4"):
+    scaling.axial(6)
+
+
+def test_rope_from_hf_config_errors_name_the_problem(tmp_path):
+  with pytest.raises(ValueError, match="no head dimension"):
+    rj.rope_from_hf_config({"rope_theta": 1e4})
+  nested = {"head_dim": 16, "rope_parameters": {
+      "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+      "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+  with pytest.raises(ValueError, match=r"nested by layer type .*pass layer_type="):
+    rj.rope_from_hf_config(nested)
+  rope = rj.rope_from_hf_config(nested, layer_type="full_attention")
+  chex.assert_trees_all_close(rope.inv_freq, np.asarray(rj.rope_frequencies(16, base=1e6)) / 8,
+                              rtol=1e-6)
+  with pytest.raises(ValueError, match="odd"):
+    rj.rope_from_hf_config({"head_dim": 10, "partial_rotary_factor": 0.5})
+  with pytest.raises(ValueError, match="cannot read the transformers config"):
+    rj.rope_from_hf_config(tmp_path / "missing.json")
+  (tmp_path / "config.json").write_text("[1, 2]")
+  with pytest.raises(ValueError, match="not a config object"):
+    rj.rope_from_hf_config(tmp_path)
+  with pytest.raises(ValueError, match="unknown keys"):
+    rj.rope_from_hf_config({"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 2,
+                                                            "facter": 2}}, strict=True)
+
+
+def test_rope_from_hf_config_reads_a_multimodal_text_config():
+  with pytest.warns(UserWarning, match=r"ignoring keys \['mrope_section'\]"):
+    rope = rj.rope_from_hf_config({"text_config": {
+        "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 100.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}})
+  assert (rope.rot_dim, rope.rope_type, rope.attention_factor) == (16, "default", 1.0)
+  chex.assert_trees_all_close(rope.inv_freq, 100.0 ** -(np.arange(8) / 8), rtol=1e-6)
