@@ -74,7 +74,8 @@ def splash_attention(q_BTHD, k_BSKD, v_BSKD, *, scale: float, causal: bool,
     causal: mask kv j > query i.
     q_segment_ids: optional int [B, T]; alone (T == S), it is also the kv segment ids.
     kv_segment_ids: optional int [B, S]; needs q_segment_ids.
-    interpret: Pallas interpret mode; None: on unless JAX's default backend is TPU.
+    interpret: Pallas interpret mode; None: on unless compiling for TPU (the mesh's platform
+      under jax.set_mesh, else JAX's default backend; see attention.target_platform).
     block_size: largest q/kv block, a multiple of 128 (default 512); the blocks used are the
       largest multiples of 128 that divide T and S and do not exceed it.
 
@@ -97,8 +98,9 @@ def splash_attention(q_BTHD, k_BSKD, v_BSKD, *, scale: float, causal: bool,
   block = DEFAULT_BLOCK if block_size is None else block_size
   if not isinstance(block, int) or block < LANES or block % LANES:
     raise ValueError(f"block_size must be a positive multiple of {LANES}, got {block_size!r}")
-  if interpret is None:
-    interpret = jax.default_backend() != "tpu"
+  if interpret is None:  # the platform compiled for: TPU also in ahead-of-time compiles
+    from rove_jax.attention import target_platform
+    interpret = target_platform() != "tpu"
 
   q_seg, kv_seg, zero_empty = _segments(q_segment_ids, kv_segment_ids, B, T, S)
   # Splash has no logit scale: scale q in float32, then back to q.dtype.

@@ -27,6 +27,7 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rove_jax import checkpoint as ckpt_lib
 from rove_jax import config as config_lib
@@ -115,8 +116,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
     if grad_accum == 1:
       loss, grads = jax.value_and_grad(functools.partial(_batch_loss, graphdef))(state.params, batch)
     else:
-      split = jax.tree.map(lambda x: x.reshape((grad_accum, x.shape[0] // grad_accum)
-                                               + x.shape[1:]), batch)
+      split = jax.tree.map(functools.partial(_micro_batches, grad_accum, batch_sharding), batch)
       zeros = jax.tree.map(jnp.zeros_like, state.params)
       (loss, grads), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), split)
       loss = loss / grad_accum
@@ -140,6 +140,18 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
     return jax.jit(step, donate_argnums=0)
   return jax.jit(step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, None))
+
+
+def _micro_batches(M: int, batch_sharding, x):
+  """[B, ...] -> [M, B / M, ...]: micro-batch m holds rows m, M + m, 2 M + m, ... so that each
+  device's contiguous share of the batch splits into M local pieces and every micro-batch stays
+  split over the data axes (a plain reshape to [M, B / M] would put the sharding on the M axis
+  and replicate each micro-batch on every device)."""
+  split = x.reshape((x.shape[0] // M, M) + x.shape[1:]).swapaxes(0, 1)
+  if batch_sharding is None:
+    return split
+  spec = P(None, *batch_sharding.spec)
+  return jax.lax.with_sharding_constraint(split, NamedSharding(batch_sharding.mesh, spec))
 
 
 def _global_norm(tree):

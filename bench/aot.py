@@ -1,0 +1,180 @@
+"""Compile a run's train step, long-context evaluation and decoding step for a TPU slice, here.
+
+  python -m bench.aot --config configs/gpt2_124m.py --topology v5e-8 \\
+      [--config.mesh.fsdp=2 --config.optim.grad_accum=8 ...] [--recommend] \\
+      [--jobs train,eval,decode] [--eval-len 16384] [--decode-len N] [--eval-impl chunked] \\
+      [--batch N] [--json OUT] [--markdown] [--dump-hlo DIR]
+
+No TPU is needed, only libtpu (pip install 'rove_jax[tpu]'); --topology cpu:N uses this host's
+CPU devices instead. --config and --config.a.b=value overrides work as for train.py (the same
+parser, rove_jax.train_cli). --recommend applies rove_jax.aot.recommend's mesh and grad_accum
+(a --config.mesh.* or --config.optim.grad_accum on the command line wins). For each job it
+prints the per-device memory against the chip's HBM, FLOPs (compiled and model), bytes
+accessed, collectives and a roofline bound on step time and MFU (bounds from the compiler's
+figures, not measurements; see rove_jax/aot_analysis.py); for the train step also
+bench/memory_estimate.py's analytic figure beside the compiled one. A program that does not fit
+the chip's HBM is reported as such (XLA's TPU compiler refuses it). --json writes every figure,
+--markdown prints rows for bench/RESULTS.md, --dump-hlo the compiled HLO. Progress goes to
+stderr with elapsed seconds: a TPU compile takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+PRESETS = ("tiny", "gpt2_124m", "gpt2_354m")  # the presets bench/memory_estimate.py knows
+
+
+def load_config(argv: list[str]):
+  """The run config of `--config FILE [--config.a.b=value ...]`, parsed as train.py does;
+  returns (config, the config argument as given)."""
+  from absl import flags
+  from ml_collections import config_flags
+  from rove_jax import train_cli
+  argv = train_cli._rewrite_config_flag(["bench.aot"] + argv)
+  problems = train_cli._override_problems(argv)
+  if problems:
+    raise ValueError("\n".join(problems))
+  values = flags.FlagValues()
+  config = config_flags.DEFINE_config_file("config", None, "a run config file",
+                                           flag_values=values, lock_config=True, sys_argv=argv)
+  try:
+    extra = values(argv)
+  except Exception as e:  # noqa: BLE001 - absl's errors and the config file's own
+    raise ValueError(" ".join(str(e).replace("\\n", " ").split())) from None
+  if len(extra) > 1:
+    raise ValueError(f"unexpected arguments {extra[1:]}; every setting is a flag")
+  if config.value is None:
+    raise ValueError("--config is required: a config file (configs/gpt2_124m.py) or a packaged "
+                     "config's name")
+  name = next((a.split("=", 1)[1] if "=" in a else argv[i + 1]) for i, a in enumerate(argv)
+              if a == "--config" or a.startswith("--config="))
+  return config.value, os.path.basename(name.split(":")[0]).removesuffix(".py")
+
+
+def memory_estimate(c, report: dict):
+  """bench/memory_estimate.py's figure for a train-step report, or None for a model that is
+  not one of its presets."""
+  from bench import memory_estimate as estimator
+  from rove_jax import config as config_lib
+  from rove_jax.model import GPTConfig
+  cfg = config_lib.validate(c)
+  shape = lambda m: (m.vocab_size, m.n_layer, m.n_head, m.d_model, m.d_ff, m.n_kv_head)
+  preset = next((p for p in PRESETS if shape(getattr(GPTConfig, p)()) == shape(cfg)), None)
+  if preset is None:
+    return None
+  mesh = report["mesh"]
+  dp = mesh["data"] * mesh["fsdp"]
+  rows = report["batch"] // (dp * report["grad_accum"])
+  est = estimator.estimate(preset, (mesh["data"], mesh["fsdp"], mesh["tensor"]), rows,
+                           report["length"])
+  total = est["total_remat_gib"] if cfg.remat == "full" else est["total_gib"]
+  compiled = report["memory"]["total"] / 2**30
+  return {"preset": preset, "batch_per_device": rows, "estimate_gib": total,
+          "compiled_gib": compiled, "compiled_over_estimate": compiled / total,
+          "parts_gib": {k: est[k] for k in ("state_gib", "activations_gib",
+                                            "activations_remat_gib", "logits_gib")}}
+
+
+def markdown(name: str, reports: list[dict]) -> str:
+  rows = ["| config | topology | mesh (d, f, t) | grad_accum | job | batch x length | compile s "
+          "| GiB/device (HBM) | TFLOP/device | model/compiled FLOPs | collectives (count, GiB) "
+          "| step bound ms | MFU bound |", "|" + "---|" * 13]
+  for r in reports:
+    mesh, roof = r["mesh"], r.get("roofline") or {}
+    head = (f"| {name} | {r['accelerator']} | ({mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}) "
+            f"| {r['grad_accum'] if r['job'] == 'train' else '-'} | {r['job']} "
+            f"| {r['batch']} x {r['length']} | {r['compile_s']:.0f} ")
+    if r.get("error"):
+      rows.append(head + "| DOES NOT FIT | - | - | - | - | - |")
+      continue
+    coll = ", ".join(f"{k} {v['count']} ({v['bytes'] / 2**30:.2f})"
+                     for k, v in r["collectives"].items() if v["count"]) or "none"
+    hbm = f" ({r['hbm_bytes'] / 2**30:.0f}{'' if r['fits'] else ', DOES NOT FIT'})" \
+        if r.get("hbm_bytes") else ""
+    rows.append(
+        head + f"| {r['memory']['total'] / 2**30:.2f}{hbm} | {r['flops'] / 1e12:.3f} "
+        f"| {r['model_to_compiled'] or 0:.3f} | {coll} "
+        f"| {roof.get('step_time_bound_s', float('nan')) * 1e3:.1f} "
+        f"| {roof.get('mfu_bound', float('nan')):.3f} |")
+  return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m bench.aot", description=__doc__, allow_abbrev=False,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--topology", required=True,
+                 help="v5e-8, v5e-256, v4-32, v5p-128, v6e-16, v5e:2x4, v4:2x2x4 or cpu:N")
+  p.add_argument("--jobs", default="train", help="comma-separated: train, eval, decode")
+  p.add_argument("--eval-len", type=int, default=16384, help="evaluation length (and cache)")
+  p.add_argument("--decode-len", type=int, help="KV-cache length of decode (default eval-len)")
+  p.add_argument("--eval-impl", help="attention kernel of eval (default: evaluation's own)")
+  p.add_argument("--batch", type=int, help="eval/decode sequences (default: data-parallel size)")
+  p.add_argument("--recommend", action="store_true",
+                 help="use aot.recommend's mesh and grad_accum unless given as --config.*")
+  p.add_argument("--json", help="write every figure here")
+  p.add_argument("--dump-hlo", metavar="DIR", help="write each job's compiled HLO text here")
+  p.add_argument("--markdown", action="store_true", help="print rows for bench/RESULTS.md")
+  args, rest = p.parse_known_args(argv)
+  t0 = time.perf_counter()
+  log = lambda line: print(f"[{time.perf_counter() - t0:7.1f} s] {line}", file=sys.stderr,
+                           flush=True)
+  jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
+  try:
+    from rove_jax import aot
+    bad = [j for j in jobs if j not in aot.JOBS]
+    if bad:
+      raise ValueError(f"--jobs: unknown {bad}; choose from {aot.JOBS}")
+    topology = aot.parse_topology(args.topology)
+    c, name = load_config(rest)
+    if args.recommend:
+      rec = aot.recommend(c, topology)
+      explicit = " ".join(rest)
+      if "--config.mesh." not in explicit:
+        for axis, size in rec["mesh"].items():
+          c.mesh[axis] = size
+      if "--config.optim.grad_accum" not in explicit:
+        c.optim.grad_accum = rec["grad_accum"]
+      log(f"recommended mesh {rec['mesh']}, grad_accum {rec['grad_accum']} (state "
+          f"{rec['state_bytes_per_device'] / 2**30:.2f} GiB, activations "
+          f"{rec['activation_bytes_per_device'] / 2**30:.2f} GiB a device; rule: "
+          f"rove_jax.aot.recommend)")
+    if args.dump_hlo:
+      os.makedirs(args.dump_hlo, exist_ok=True)
+    reports = []
+    for job in jobs:
+      r = aot.compile_job(c, topology, job, eval_len=args.eval_len, decode_len=args.decode_len,
+                          eval_impl=args.eval_impl, batch=args.batch, log=log,
+                          hlo_path=args.dump_hlo and os.path.join(args.dump_hlo, f"{job}.hlo"))
+      if job == "train" and not r.get("error"):
+        r["memory_estimate"] = memory_estimate(c, r)
+      reports.append(r)
+      print(aot.format_report(r))
+      est = r.get("memory_estimate")
+      if est:
+        print(f"  memory_estimate {est['estimate_gib']:.2f} GiB (bench/memory_estimate.py, "
+              f"{est['preset']}, {est['batch_per_device']} rows a device); compiled / estimate "
+              f"{est['compiled_over_estimate']:.2f}")
+      print(flush=True)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except ImportError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  if args.markdown:
+    print(markdown(name, reports))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"argv": sys.argv if argv is None else argv, "config": name,
+                 "reports": reports}, f, indent=2, default=str)
+    log(f"wrote {args.json}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
