@@ -5,8 +5,10 @@
       [--jobs train,eval,decode] [--eval-len 16384] [--decode-len N] [--eval-impl chunked] \\
       [--batch N] [--json OUT] [--markdown] [--dump-hlo DIR]
 
-No TPU is needed, only libtpu (pip install 'rove_jax[tpu]'); --topology cpu:N uses this host's
-CPU devices instead. --config and --config.a.b=value overrides work as for train.py (the same
+No TPU is needed, only libtpu (pip install 'rove_jax[tpu]'). No GPU is needed for
+--topology h100-8 / h200-8 (N GPUs: 1-8 or whole hosts of 8), only JAX's CUDA plugin and ptxas
+(rove_jax/aot_gpu.py names the wheels). --topology cpu:N uses this host's CPU devices, local the
+devices this process runs on. --config and --config.a.b=value overrides work as for train.py (the same
 parser, rove_jax.train_cli). --recommend applies rove_jax.aot.recommend's mesh and grad_accum
 (a --config.mesh.* or --config.optim.grad_accum on the command line wins). For each job it
 prints the per-device memory against the chip's HBM, FLOPs (compiled and model), bytes
@@ -25,6 +27,10 @@ import json
 import os
 import sys
 import time
+
+# JAX's CUDA plugin registers without a driver only with this set (compile-only GPU topologies);
+# it must be set before JAX starts.
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 PRESETS = ("tiny", "gpt2_124m", "gpt2_354m")  # the presets bench/memory_estimate.py knows
 

@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from rove_jax import aot_analysis, sharding
+from rove_jax import aot_analysis, aot_gpu, sharding
 from rove_jax import config as config_lib
 from rove_jax.model import FROM_CONFIG, GPT, ROTARY_ENCODINGS, param_count
 from rove_jax.aot_analysis import format_report  # noqa: F401 (re-exported)
@@ -73,6 +73,14 @@ CHIPS = {
     "v6e": Chip("v6e", "v6e", 918e12, 32 * GiB, 1638e9, 800e9, 1, 8, _GRIDS_2D),
 }
 _ALIASES = {"v5litepod": "v5e"}
+# NVIDIA GPUs (rove_jax.aot_gpu): "h100-8" is 8 GPUs, hosts of 8 beyond that.
+GPU_CHIPS = {g.name: Chip(g.name, g.name, g.peak_bf16, g.memory_bytes, g.memory_bandwidth,
+                          g.nvlink_bandwidth, 1, aot_gpu.GPUS_PER_HOST, {})
+             for g in aot_gpu.GPUS.values()}
+# device_kind prefixes of the chips, for the "local" topology (this process's own devices).
+_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5p": "v5p",
+          "TPU v5": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e", "NVIDIA H100": "h100",
+          "NVIDIA H200": "h200"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +100,12 @@ class Topology:
     return f"{self.chip.accelerator}-{self.n_devices * self.chip.cores_per_chip}"
 
   def devices(self) -> list:
-    """The topology's devices: compile-only TPU devices, or this process's CPU devices."""
+    """The topology's devices: compile-only TPU or GPU devices, this process's CPU devices
+    (cpu:N) or all of its devices ("local")."""
+    if self.name == "local":
+      return jax.devices()
+    if self.chip is not None and self.chip.name in GPU_CHIPS:
+      return aot_gpu.devices(aot_gpu.GPUS[self.chip.name], self.n_devices)
     if self.chip is None:
       cpus = jax.devices("cpu")
       if len(cpus) < self.n_devices:
@@ -107,7 +120,8 @@ def known_topologies() -> list[str]:
   """The names parse_topology takes, one pattern a generation."""
   sizes = lambda c: ",".join(str(n * c.cores_per_chip) for n in c.grids)
   return ([f"{c.name}-{{{sizes(c)}}}" for c in CHIPS.values()]
-          + ["v5e:AxB, v6e:AxB, v4:AxBxC, v5p:AxBxC (chip grids)", "cpu:N"])
+          + ["v5e:AxB, v6e:AxB, v4:AxBxC, v5p:AxBxC (chip grids)",
+             "h100-N, h200-N (N GPUs: 1-8 or a multiple of 8)", "cpu:N", "local"])
 
 
 def parse_topology(name) -> Topology:
@@ -117,6 +131,14 @@ def parse_topology(name) -> Topology:
   text, chips = str(name).strip().lower(), "|".join(list(CHIPS) + list(_ALIASES))
   if m := re.fullmatch(r"cpu:(\d+)", text):
     return Topology(f"cpu:{int(m[1])}", None, (int(m[1]),))
+  if text == "local":  # the devices this process runs on (a pre-flight on the job's machine)
+    devices = jax.devices()
+    kind = next((v for k, v in _KINDS.items() if devices[0].device_kind.startswith(k)), None)
+    chip = CHIPS.get(kind) or GPU_CHIPS.get(kind)
+    return Topology("local", chip, (len(devices),))
+  if m := re.fullmatch(rf"({'|'.join(GPU_CHIPS)})-(\d+)", text):
+    aot_gpu.gpu_grid(int(m[2]))  # 1-8 or whole hosts of 8
+    return Topology(f"{m[1]}-{int(m[2])}", GPU_CHIPS[m[1]], (int(m[2]),))
   m = re.fullmatch(rf"({chips})(?:-(\d+)|:(\d+(?:x\d+)+))", text)
   if not m:
     raise ValueError(f"unknown topology {name!r}; known: {'; '.join(known_topologies())}")

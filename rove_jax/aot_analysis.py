@@ -195,9 +195,16 @@ def analyze(compiled, chip, *, n_devices: int, tokens: int, model_flops: float,
   memory["total"] = memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+  notes = []
+  if not cost:  # the CUDA plugin implements no cost_analysis
+    from rove_jax import aot_gpu
+    cost = aot_gpu.gpu_costs(compiled)
+    notes.append("flops and bytes accessed from XLA's HLO cost model on the CPU client (the "
+                 "compiler has no cost_analysis)" if cost else "no FLOPs or bytes: the compiler "
+                 "has no cost_analysis and its HLO cost model was unavailable")
   xla_flops, xla_bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
   hlo = compiled.as_text()
-  calls, loops, notes = custom_calls(hlo), while_loops(hlo), []
+  calls, loops = custom_calls(hlo), while_loops(hlo)
   scale = accumulation if accumulation > 1 and (accumulation, 0) in loops else 1
   if scale > 1:
     loops.remove((accumulation, 0))

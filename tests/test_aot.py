@@ -5,6 +5,7 @@ whose FLOPs and memory are checked against independent counts."""
 import dataclasses
 import os
 
+import jax
 import pytest
 
 from rove_jax import aot
@@ -241,3 +242,16 @@ def test_gradient_accumulation_keeps_micro_batches_split_over_the_devices():
   c.optim.grad_accum = 2
   two = aot.compile_job(c, "cpu:4", "train", hlo_path=None)
   assert two["memory"]["temp"] <= one["memory"]["temp"], (two["memory"], one["memory"])
+
+
+def test_gpu_topologies_and_their_target_description():
+  from rove_jax import aot_gpu
+  t = aot.parse_topology("h200-16")
+  assert (t.name, t.n_devices, t.chip.hbm_bytes, t.chip.peak_flops) == (
+      "h200-16", 16, 143771 * 2**20, 989e12)
+  assert aot_gpu.gpu_grid(8) == (1, 1, 8) and aot_gpu.gpu_grid(16) == (1, 2, 8)
+  with pytest.raises(ValueError, match="multiple of 8"):
+    aot.parse_topology("h100-12")
+  text = aot_gpu.target_config(aot_gpu.GPUS["h100"])
+  assert "core_count: 132" in text and f"device_memory_size: {81559 * 2**20}" in text
+  assert aot.parse_topology("local").devices() == jax.devices()
