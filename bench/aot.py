@@ -92,7 +92,7 @@ def markdown(name: str, reports: list[dict]) -> str:
           "| step bound ms | MFU bound |", "|" + "---|" * 13]
   for r in reports:
     mesh, roof = r["mesh"], r.get("roofline") or {}
-    head = (f"| {name} | {r['accelerator']} | ({mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}) "
+    head = (f"| {name} {r.get('pos_encoding', '')} | {r['accelerator']} | ({mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}) "
             f"| {r['grad_accum'] if r['job'] == 'train' else '-'} | {r['job']} "
             f"| {r['batch']} x {r['length']} | {r['compile_s']:.0f} ")
     if r.get("error"):

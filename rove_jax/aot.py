@@ -345,7 +345,7 @@ def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
       f"{dict(mesh.shape)}")
   report = dict(job=job, topology=topology.name, accelerator=topology.accelerator_type,
                 devices=topology.n_devices, mesh=dict(mesh.shape), grad_accum=M,
-                dtype=model_cfg.dtype, remat=model_cfg.remat,
+                dtype=model_cfg.dtype, remat=model_cfg.remat, pos_encoding=model_cfg.pos_encoding,
                 attention_impl=model_cfg.attention_impl)
   report.update(info)
   t0 = time.perf_counter()

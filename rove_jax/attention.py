@@ -170,7 +170,8 @@ def dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, *, scale,
     return kernels.xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, implementation, bias,
                               is_causal=causal)
   if implementation == "chunked":
-    return kernels.chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk_size, bias_fn)
+    return kernels.chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk_size, bias_fn,
+                                  positions_ordered=positions_ordered)
   if implementation == "splash":
     from rove_jax import splash  # Pallas imports cost time; only splash users pay them
     _, _, q_seg, kv_seg, kv_valid, causal = mask_parts

@@ -111,6 +111,12 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   c.seed = 0
   c.progress = True
   c.sample_tokens = 200  # a generated sample printed at the end (0: none)
+  # Pre-flight: compile the train step for the mesh and print memory, FLOPs and collectives
+  # (rove_jax.aot), then exit without training; on this machine's devices, or, ahead of time
+  # from any host, on a named slice ("v5e-256", "v4-32", "h100-8"; needs libtpu or JAX's CUDA
+  # plugin).
+  c.dry_run = False
+  c.dry_run_topology = config_dict.placeholder(str)
   return c
 
 

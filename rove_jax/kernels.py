@@ -67,12 +67,15 @@ def xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, impl, bias_BHTS=None, *,
   return zero_empty_rows(out, mask_BTS)
 
 
-def chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk, bias_fn=None):
+def chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk, bias_fn=None, *,
+                   positions_ordered=False):
   """Blockwise attention with an online softmax (flash-attention style) in pure JAX.
 
   Queries are processed chunk by chunk (lax.map) and, for each, keys chunk by chunk (lax.scan)
   with running max / sum / accumulator in float32, so memory is O(T * chunk) rather than
-  O(T * S). Blocks a query chunk cannot see (all keys later than all queries) are skipped.
+  O(T * S). Blocks a query chunk cannot see (all keys later than all queries) are skipped: by
+  block index when positions are ordered (see rove_jax.attention), else by testing the block's
+  mask, a reduction over the whole batch (one all-reduce a block pair when it is sharded).
   """
   q_pos, kv_pos, q_seg, kv_seg, kv_valid, causal = mask_parts
   B, T, H, D = q_BTHD.shape
@@ -101,16 +104,16 @@ def chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk, bias_fn=Non
     return jnp.moveaxis(x.reshape((B, n, c) + x.shape[2:]), 1, 0)
 
   kb = (to_blocks(k_p, nk, ck), to_blocks(v_p, nk, ck), to_blocks(kv_pos_p, nk, ck),
-        to_blocks(kv_seg_p, nk, ck), to_blocks(kv_valid_p, nk, ck))
+        to_blocks(kv_seg_p, nk, ck), to_blocks(kv_valid_p, nk, ck), jnp.arange(nk))
   compute = jnp.promote_types(q_BTHD.dtype, jnp.float32)
 
   def one_query_block(args):
-    q_bc, qpos_bc, qseg_bc = args
+    q_bc, qpos_bc, qseg_bc, qi = args
     q_bckgd = q_bc.astype(compute).reshape(B, cq, K, G, D) * scale
 
     def step(carry, kv_block):
       m, l, acc = carry
-      k_b, v_b, kpos_b, kseg_b, kval_b = kv_block
+      k_b, v_b, kpos_b, kseg_b, kval_b, ki = kv_block
       mask = mask_block(qpos_bc, kpos_b, qseg_bc, kseg_b, kval_b, causal)  # [B, cq, ck]
 
       def compute_block(_):
@@ -131,7 +134,7 @@ def chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk, bias_fn=Non
 
       if causal:
         # Skip blocks in which every key is later than every query (about half of them).
-        visible = jnp.any(mask)
+        visible = ki * ck <= qi * cq + cq - 1 if positions_ordered else jnp.any(mask)
         new = jax.lax.cond(visible, compute_block, lambda _: (m, l, acc), None)
       else:
         new = compute_block(None)
@@ -143,7 +146,8 @@ def chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk, bias_fn=Non
     out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # rows that saw nothing stay 0
     return jnp.moveaxis(out, 3, 1).reshape(B, cq, H, D)  # [B,K,G,c,D] -> [B,c,K,G,D]
 
-  qb = (to_blocks(q_p, nq, cq), to_blocks(q_pos_p, nq, cq), to_blocks(q_seg_p, nq, cq))
+  qb = (to_blocks(q_p, nq, cq), to_blocks(q_pos_p, nq, cq), to_blocks(q_seg_p, nq, cq),
+        jnp.arange(nq))
   out_nBcHD = jax.lax.map(one_query_block, qb)
   out = jnp.moveaxis(out_nBcHD, 0, 1).reshape(B, nq * cq, H, D)[:, :T]
   return out.astype(q_BTHD.dtype)

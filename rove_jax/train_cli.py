@@ -86,6 +86,8 @@ def main(argv):
     # Evaluating the config file touched no device (validation is numpy only), so
     # jax.distributed can still start here, before the first device is used.
     sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
+    if _CONFIG.value.dry_run:
+      return _dry_run(_CONFIG.value)
     summary = training.train(_CONFIG.value, _WORKDIR.value)
     training.report(summary, _CONFIG.value)
   except (ValueError, NotImplementedError) as e:
@@ -97,6 +99,21 @@ def main(argv):
                  f"{e}; is rove_jax installed with its extras (pip install 'rove_jax[all]')?", 1)
   except (OSError, RuntimeError) as e:
     return _fail(f"{type(e).__name__}: {e}", 1)
+  return 0
+
+
+def _dry_run(c) -> int:
+  """--config.dry_run=True: compile the configured train step for this machine's devices (or
+  --config.dry_run_topology) and print its figures; exit 0 if it fits the chip's memory, 1 if
+  not. Nothing is trained or written."""
+  from rove_jax import aot
+  topology = c.dry_run_topology or "local"
+  report = aot.compile_job(c, topology, "train", log=lambda line: print(line, file=sys.stderr))
+  print(aot.format_report(report))
+  if report.get("fits") is False:
+    return _fail(f"the train step does not fit a device of {report['topology']}: see above "
+                 f"(a larger fsdp axis, optim.grad_accum or model.remat=full; python -m bench.aot "
+                 f"--recommend proposes a mesh)", 1)
   return 0
 
 

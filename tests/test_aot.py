@@ -219,7 +219,7 @@ def test_command_line_on_cpu_devices(tmp_path, capsys):
                    "eval,decode", "--eval-len", "128", "--markdown", "--json", str(out)]) == 0
   printed = capsys.readouterr().out
   assert "decode on cpu:4 (cpu:4), mesh data=2 fsdp=2 tensor=1" in printed
-  assert "| tiny | cpu:4 | (2, 2, 1) | - | eval | 4 x 128 |" in printed
+  assert "| tiny rove | cpu:4 | (2, 2, 1) | - | eval | 4 x 128 |" in printed
   ev, dec = json.loads(out.read_text())["reports"]
   # one window a data shard, YaRN for 128 tokens of a model trained on 64
   assert (ev["batch"], ev["length"], ev["tokens"]) == (4, 128, 4 * 128)

@@ -116,3 +116,24 @@ def test_ordered_positions_and_splash_errors(rng):
     rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos,
                       inv_freq=rj.rope_frequencies(8), implementation="splash",
                       positions_ordered=True)  # T = 24 is no multiple of a splash block
+
+
+def test_chunked_kernel_skips_blocks_by_index_for_ordered_positions(rng):
+  """Ordered positions: the chunked kernel decides which blocks to skip from their indices, so
+  a batch sharded over devices needs no all-reduce per block pair; the result is unchanged
+  (here with two packed documents, positions restarting at the second)."""
+  q, k, v = _inputs(rng, B=4, T=64)
+  pos = jnp.broadcast_to(jnp.arange(64)[None], (4, 64))
+  segs = jnp.broadcast_to((jnp.arange(64) >= 40)[None].astype(jnp.int32), (4, 64))
+  pos = jnp.where(segs == 1, pos - 40, pos)
+  kw = dict(q_positions=pos, kv_positions=pos, inv_freq=rj.rope_frequencies(8),
+            implementation="chunked", chunk_size=16, segment_ids=segs)
+  mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
+  shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  args = [jax.device_put(a, shard) for a in (q, k, v)]
+  hlo = lambda ordered: jax.jit(lambda *a: rj.rove_attention(
+      *a, positions_ordered=ordered, **kw)).lower(*args).compile().as_text()
+  assert "all-reduce" in hlo(False) and "all-reduce" not in hlo(True)
+  fast = rj.rove_attention(*args, positions_ordered=True, **kw)
+  ref = rj.rove_attention(q, k, v, **dict(kw, implementation="reference"))
+  np.testing.assert_allclose(np.asarray(fast), np.asarray(ref), rtol=1e-5, atol=1e-6)

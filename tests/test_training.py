@@ -382,3 +382,16 @@ def test_config_files_validate(name):
   if name != "tiny":
     assert (c.data.tokenizer, model.max_len, model.vocab_size) == ("tiktoken:gpt2", 1024, 50304)
     assert c.data.batch_size * c.data.seq_len == 512 * 1024
+
+
+def test_dry_run_compiles_the_job_and_trains_nothing(tmp_path):
+  """--config.dry_run=True: the configured train step is compiled for the mesh (here 2 CPU
+  devices, data=2) and its figures printed; no step runs and the workdir stays empty."""
+  work = tmp_path / "work"
+  args = _cli_overrides(tmp_path, steps=5, ckpt_every=5)
+  proc = subprocess.run(_train_cmd(work, *args, "--config.dry_run=True"), capture_output=True,
+                        text=True, timeout=300, env=subprocess_env(devices=2))
+  assert proc.returncode == 0, proc.stderr
+  assert "train on local (local), mesh data=2 fsdp=1 tensor=1" in proc.stdout
+  assert "memory/device" in proc.stdout and "FLOPs/device" in proc.stdout
+  assert not work.exists() or not any(work.iterdir())
