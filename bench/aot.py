@@ -13,8 +13,7 @@ parser, rove_jax.train_cli). --recommend applies rove_jax.aot.recommend's mesh a
 (a --config.mesh.* or --config.optim.grad_accum on the command line wins). For each job it
 prints the per-device memory against the chip's HBM, FLOPs (compiled and model), bytes
 accessed, collectives and a roofline bound on step time and MFU (bounds from the compiler's
-figures, not measurements; see rove_jax/aot_analysis.py); for the train step also
-bench/memory_estimate.py's analytic figure beside the compiled one. A program that does not fit
+figures, not measurements; see rove_jax/aot_analysis.py). A program that does not fit
 the chip's HBM is reported as such (XLA's TPU compiler refuses it). --json writes every figure,
 --markdown prints rows for bench/RESULTS.md, --dump-hlo the compiled HLO. Progress goes to
 stderr with elapsed seconds: a TPU compile takes minutes.
@@ -31,9 +30,6 @@ import time
 # JAX's CUDA plugin registers without a driver only with this set (compile-only GPU topologies);
 # it must be set before JAX starts.
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-
-PRESETS = ("tiny", "gpt2_124m", "gpt2_354m")  # the presets bench/memory_estimate.py knows
-
 
 def load_config(argv: list[str]):
   """The run config of `--config FILE [--config.a.b=value ...]`, parsed as train.py does;
@@ -62,52 +58,10 @@ def load_config(argv: list[str]):
   return config.value, os.path.basename(name.split(":")[0]).removesuffix(".py")
 
 
-def memory_estimate(c, report: dict):
-  """bench/memory_estimate.py's figure for a train-step report, or None for a model that is
-  not one of its presets."""
-  from bench import memory_estimate as estimator
-  from rove_jax import config as config_lib
-  from rove_jax.model import GPTConfig
-  cfg = config_lib.validate(c)
-  shape = lambda m: (m.vocab_size, m.n_layer, m.n_head, m.d_model, m.d_ff, m.n_kv_head)
-  preset = next((p for p in PRESETS if shape(getattr(GPTConfig, p)()) == shape(cfg)), None)
-  if preset is None:
-    return None
-  mesh = report["mesh"]
-  dp = mesh["data"] * mesh["fsdp"]
-  rows = report["batch"] // (dp * report["grad_accum"])
-  est = estimator.estimate(preset, (mesh["data"], mesh["fsdp"], mesh["tensor"]), rows,
-                           report["length"])
-  total = est["total_remat_gib"] if cfg.remat == "full" else est["total_gib"]
-  compiled = report["memory"]["total"] / 2**30
-  return {"preset": preset, "batch_per_device": rows, "estimate_gib": total,
-          "compiled_gib": compiled, "compiled_over_estimate": compiled / total,
-          "parts_gib": {k: est[k] for k in ("state_gib", "activations_gib",
-                                            "activations_remat_gib", "logits_gib")}}
-
-
 def markdown(name: str, reports: list[dict]) -> str:
-  rows = ["| config | topology | mesh (d, f, t) | grad_accum | job | batch x length | compile s "
-          "| GiB/device (HBM) | TFLOP/device | model/compiled FLOPs | collectives (count, GiB) "
-          "| step bound ms | MFU bound |", "|" + "---|" * 13]
-  for r in reports:
-    mesh, roof = r["mesh"], r.get("roofline") or {}
-    head = (f"| {name} {r.get('pos_encoding', '')} | {r['accelerator']} | ({mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}) "
-            f"| {r['grad_accum'] if r['job'] == 'train' else '-'} | {r['job']} "
-            f"| {r['batch']} x {r['length']} | {r['compile_s']:.0f} ")
-    if r.get("error"):
-      rows.append(head + "| DOES NOT FIT | - | - | - | - | - |")
-      continue
-    coll = ", ".join(f"{k} {v['count']} ({v['bytes'] / 2**30:.2f})"
-                     for k, v in r["collectives"].items() if v["count"]) or "none"
-    hbm = f" ({r['hbm_bytes'] / 2**30:.0f}{'' if r['fits'] else ', DOES NOT FIT'})" \
-        if r.get("hbm_bytes") else ""
-    rows.append(
-        head + f"| {r['memory']['total'] / 2**30:.2f}{hbm} | {r['flops'] / 1e12:.3f} "
-        f"| {r['model_to_compiled'] or 0:.3f} | {coll} "
-        f"| {roof.get('step_time_bound_s', float('nan')) * 1e3:.1f} "
-        f"| {roof.get('mfu_bound', float('nan')):.3f} |")
-  return "\n".join(rows)
+  """Rows for bench/RESULTS.md (bench.aot_summary's table)."""
+  from bench import aot_summary
+  return aot_summary.table([dict(r, config=name) for r in reports])
 
 
 def main(argv=None) -> int:
@@ -156,16 +110,8 @@ def main(argv=None) -> int:
       r = aot.compile_job(c, topology, job, eval_len=args.eval_len, decode_len=args.decode_len,
                           eval_impl=args.eval_impl, batch=args.batch, log=log,
                           hlo_path=args.dump_hlo and os.path.join(args.dump_hlo, f"{job}.hlo"))
-      if job == "train" and not r.get("error"):
-        r["memory_estimate"] = memory_estimate(c, r)
       reports.append(r)
-      print(aot.format_report(r))
-      est = r.get("memory_estimate")
-      if est:
-        print(f"  memory_estimate {est['estimate_gib']:.2f} GiB (bench/memory_estimate.py, "
-              f"{est['preset']}, {est['batch_per_device']} rows a device); compiled / estimate "
-              f"{est['compiled_over_estimate']:.2f}")
-      print(flush=True)
+      print(aot.format_report(r), end="\n\n", flush=True)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

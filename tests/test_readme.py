@@ -153,13 +153,24 @@ def argparse_problems(target, args, mode) -> list:
                                 .get(target, target))
   parse = getattr(mod, "parse_args", None) or mod.main
   with mock.patch.object(argparse.ArgumentParser, "parse_args", autospec=True,
-                         side_effect=LookupError) as grab, contextlib.suppress(LookupError):
+                         side_effect=LookupError) as grab, \
+       mock.patch.object(argparse.ArgumentParser, "parse_known_args", autospec=True,
+                         side_effect=LookupError) as grab_known, contextlib.suppress(LookupError):
     parse([])  # builds its parser, caught before anything runs
-  parser = grab.call_args.args[0]
-  parse = parse if parse.__name__ == "parse_args" else parser.parse_args
+  known = grab.call_args is None  # parse_known_args: the rest are --config overrides (bench.aot)
+  parser = (grab_known if known else grab).call_args.args[0]
+  if known:
+    def parse(argv):
+      rest = parser.parse_known_args(argv)[1]
+      bad = [a for a in rest if a.startswith("-") and not a.startswith("--config")]
+      if bad:
+        parser.error(f"unrecognized arguments: {bad}")
+  elif parse.__name__ != "parse_args":
+    parse = parser.parse_args
   choices = {c for a in parser._actions for c in (a.choices or ())}
   problems = [f"{n} is not an option of {target}" for n in option_names(args)
-              if n not in parser._option_string_actions]
+              if n not in parser._option_string_actions
+              and not (known and n.startswith("--config"))]
   problems += [f"{alt!r} is not a choice of {target}" for t in args if "|" in t
                for alt in t.strip("[]").split("|") if alt not in choices]
   for argv in {"exact": [args], "synopsis": expansions(args)}.get(mode, []):
@@ -295,7 +306,9 @@ def problems_of(cmd: Command, readme: str = README, commands=None) -> list:
   if cmd.text.startswith("--"):
     first, *siblings = re.split(r"\s*/\s*", cmd.text)
     names = [first] + [f"{first.rsplit('.', 1)[0]}.{s}" for s in siblings]
-    if any(not argparse_problems(t, names, "reference") for t in ("eval", "reproduce", "bench")):
+    aot = () if first.startswith("--config") else ("bench.aot",)  # it passes --config on
+    if any(not argparse_problems(t, names, "reference")
+           for t in ("eval", "reproduce", "bench") + aot):
       return []
     return [f"{p}, nor an option of another README program"
             for p in train_problems(names, "reference")]
