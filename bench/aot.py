@@ -8,8 +8,8 @@
 No TPU is needed, only libtpu (pip install 'rove_jax[tpu]'). No GPU is needed for
 --topology h100-8 / h200-8 (N GPUs: 1-8 or whole hosts of 8), only JAX's CUDA plugin and ptxas
 (rove_jax/aot_gpu.py names the wheels). --topology cpu:N uses this host's CPU devices, local the
-devices this process runs on. --config and --config.a.b=value overrides work as for train.py (the same
-parser, rove_jax.train_cli). --recommend applies rove_jax.aot.recommend's mesh and grad_accum
+devices this process runs on. --config and --config.a.b=value overrides work as for train.py
+(the same parser, rove_jax.train_cli). --recommend applies rove_jax.aot.recommend's mesh and grad_accum
 (a --config.mesh.* or --config.optim.grad_accum on the command line wins). For each job it
 prints the per-device memory against the chip's HBM, FLOPs (compiled and model), bytes
 accessed, collectives and a roofline bound on step time and MFU (bounds from the compiler's

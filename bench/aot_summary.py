@@ -4,7 +4,8 @@
 
 Prints one row per compiled program (per-device memory against the chip's HBM, FLOPs, the
 compiled-to-model FLOPs ratio, collectives, the roofline bound and, where the report has it,
-the retired bench/memory_estimate.py's analytic figure), then RoVE / RoPE ratios of compiled FLOPs and memory for each preset
+the retired bench/memory_estimate.py's analytic figure), then RoVE / RoPE ratios of compiled
+FLOPs and memory for each preset
 and slice compiled with both encodings. Every figure comes from the JSON files; nothing is
 recomputed but the ratios.
 """
@@ -60,7 +61,8 @@ def ratios(rows: list[dict]) -> str:
   """RoVE / RoPE compiled FLOPs and memory per (preset, slice, job)."""
   by = {(r["config"], r["accelerator"], r["job"], r["pos_encoding"]): r for r in rows
         if not r.get("error")}
-  out = ["| model | slice | job | RoVE / RoPE FLOPs | RoVE / RoPE memory |", "|---|---|---|---|---|"]
+  out = ["| model | slice | job | RoVE / RoPE FLOPs | RoVE / RoPE memory |",
+         "|---|---|---|---|---|"]
   for (config, acc, job, enc), rove in sorted(by.items()):
     rope = by.get((config, acc, job, "rope"))
     if enc != "rove" or rope is None:

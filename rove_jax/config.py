@@ -121,8 +121,14 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
 
 
 def paper_config(preset: str, *, lr: float) -> ml_collections.ConfigDict:
-  """The paper's GPT-2 setup for a preset: context 1024, GPT-2 tokenizer, FineWeb-Edu parquet
-  shards, 0.5M-token batches for ~10B tokens, bf16 compute with float32 master weights."""
+  """A GPT-2 run for a preset set up like the paper's, as far as the paper says.
+
+  From the paper (2606.11275, the experiments section): GPT-2-style models of ~124M and ~354M
+  parameters, trained on FineWebEdu-10B with a context of 1024 tokens. Everything else here is
+  an ASSUMPTION, nanoGPT-style defaults the paper does not give: the GPT-2 tokenizer, 0.5M-token
+  batches (512 x 1024), 19,073 steps (one pass over ~10B tokens), the learning rate `lr`, 700
+  warmup steps, weight decay 0.1, AdamW's betas, bf16 compute with float32 master weights.
+  """
   c = base_config(preset)
   c.model.pos_encoding = "rove"
   c.model.dtype = "bfloat16"
@@ -130,11 +136,11 @@ def paper_config(preset: str, *, lr: float) -> ml_collections.ConfigDict:
   c.data.path = "fineweb-edu/*.parquet"
   c.data.tokenizer = "tiktoken:gpt2"
   c.data.seq_len = 1024
-  c.data.batch_size = 512  # 512 x 1024 = 0.5M tokens a step
-  c.optim.lr = lr
-  c.optim.warmup_steps = 700
-  c.optim.weight_decay = 0.1
-  c.steps = 19073  # ~10B tokens
+  c.data.batch_size = 512  # assumed: 512 x 1024 = 0.5M tokens a step
+  c.optim.lr = lr  # assumed (the paper gives no optimizer settings)
+  c.optim.warmup_steps = 700  # assumed
+  c.optim.weight_decay = 0.1  # assumed
+  c.steps = 19073  # assumed: one pass over ~10B tokens
   c.log_every = 10
   c.eval_every = 500
   c.eval_batches = 40

@@ -97,7 +97,8 @@ def chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk, bias_fn=Non
     q_seg, kv_seg = jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32)
   # Padded keys are invalid; padded queries are computed and dropped.
   k_p, v_p = pad(k_BSKD, pad_s), pad(v_BSKD, pad_s)
-  kv_pos_p, kv_seg_p, kv_valid_p = pad(kv_pos, pad_s), pad(kv_seg, pad_s), pad(kv_valid, pad_s, False)
+  kv_pos_p, kv_seg_p = pad(kv_pos, pad_s), pad(kv_seg, pad_s)
+  kv_valid_p = pad(kv_valid, pad_s, False)
   q_p, q_pos_p, q_seg_p = pad(q_BTHD, pad_t), pad(q_pos, pad_t), pad(q_seg, pad_t)
 
   def to_blocks(x, n, c):  # [B, n*c, ...] -> [n, B, c, ...]
