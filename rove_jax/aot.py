@@ -235,37 +235,30 @@ def _train_program(c, model_cfg, mesh):
 
 def _yarn(model_cfg, length: int, train_len: int):
   """evaluation.scoring's YaRN past the training length; FROM_CONFIG at or below it."""
-  if length <= train_len or model_cfg.pos_encoding not in ROTARY_ENCODINGS:
-    return FROM_CONFIG
-  return {"rope_type": "yarn", "factor": length / train_len,
-          "original_max_position_embeddings": train_len}
+  from rove_jax.evaluation import scoring
+  scaling = scoring.yarn_scaling(length, train_len)
+  return FROM_CONFIG if scaling is None or model_cfg.pos_encoding not in ROTARY_ENCODINGS \
+      else scaling
 
 
 def _eval_program(c, model_cfg, mesh, length, batch, impl):
-  if impl is None:  # evaluation's own default kernel (Scorer's)
-    import inspect
-    from rove_jax.evaluation.scoring import Scorer
-    impl = inspect.signature(Scorer).parameters["implementation"].default
+  from rove_jax.evaluation import scoring
+  impl = impl or scoring.DEFAULT_KERNEL  # evaluation's own kernel unless told
   model_cfg = dataclasses.replace(model_cfg, attention_impl=impl)
   if model_cfg.pos_encoding == "learned" and length > model_cfg.max_len:
     raise ValueError(f"learned position embeddings cover {model_cfg.max_len} positions; "
                      f"choose an evaluation length <= {model_cfg.max_len}")
   graphdef, params, params_sh, _ = _abstract(model_cfg, mesh)
   scaling = _yarn(model_cfg, length, c.data.seq_len)
-  kw = {} if not isinstance(scaling, dict) else {"rope_scaling": scaling}
 
-  def token_scores(params, tokens_BW):  # evaluation.scoring.Scorer's token_scores
-    logits = nnx.merge(graphdef, params)(tokens_BW[:, :-1], **kw)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    targets = tokens_BW[:, 1:]
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return nll, jnp.argmax(logits, axis=-1) == targets
+  def token_scores(params, tokens_BW):  # what evaluation runs
+    return scoring.token_scores(nnx.merge(graphdef, params), tokens_BW, scaling)
 
   batch_sh = sharding.batch_sharding(mesh)
   fn = jax.jit(token_scores, in_shardings=(params_sh, batch_sh))
   tokens = jax.ShapeDtypeStruct((batch, length + 1), jnp.int32, sharding=batch_sh)
   info = dict(batch=batch, length=length, tokens=batch * length, attention_impl=impl,
-              rope_scaling=kw.get("rope_scaling"))
+              rope_scaling=scaling if isinstance(scaling, dict) else None)
   return fn, (_sds(params, params_sh), tokens), info
 
 

@@ -43,6 +43,7 @@ from rove_jax import kernels, rotary
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash", "chunked", "reference")
 # "auto" on CPU picks the chunked kernel (memory linear in length) from this many keys.
 AUTO_CHUNKED_MIN_KV = 8192
+_CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # cuDNN flash runs in these
 
 SegmentIds = Union[jax.Array, tuple[jax.Array, jax.Array], None]
 
@@ -214,7 +215,7 @@ def resolve_implementation(implementation: str, *, T: int, S: int, H: int, K: in
     ok = plain and splash.unsupported_reason(T, S, H, K, D, causal=causal) is None
     return "splash" if ok else "xla"
   if platform == "gpu":
-    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    half = jnp.dtype(dtype) in _CUDNN_DTYPES
     return "cudnn" if plain and half and D <= 128 and D % 8 == 0 else "xla"
   return "chunked" if S >= AUTO_CHUNKED_MIN_KV else "xla"
 
@@ -258,7 +259,7 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
     rot = functools.partial(rotary.apply_rotary, layout=layout)
     # One (cos, sin) table per position set, shared by q/output and by k/v.
     q_cos, q_sin = rotary.rotary_tables(q_pos, inv_freq)
-    q_r = rot(_factor_on_rotated(q, attention_factor, 2 * rotary.n_frequencies(inv_freq)),
+    q_r = rot(factor_on_rotated(q, attention_factor, 2 * rotary.n_frequencies(inv_freq)),
               q_cos, q_sin).astype(q.dtype)
     if not kv_prerotated:
       kv_cos, kv_sin = (q_cos, q_sin) if same_positions else rotary.rotary_tables(kv_pos, inv_freq)
@@ -284,8 +285,8 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
   return out
 
 
-def _factor_on_rotated(q_BTHD, attention_factor, n_rotated: int):
-  """q with its first n_rotated dims (those the rotation turns) times attention_factor**2: the
+def factor_on_rotated(q_BTHD, attention_factor, n_rotated: int):
+  """(Also used by the model's Figure-1 weights.) q with its first n_rotated dims (those the rotation turns) times attention_factor**2: the
   convention of the module docstring. Scaling commutes with the rotation of those dims, so it
   is applied before it, in float32, and q is rounded to its dtype once, after the rotation. A
   static factor of 1 returns q unchanged."""
@@ -361,7 +362,7 @@ def _check_kernel(implementation, q, *, T, S, H, K, D, causal, positions_ordered
     if platform != "gpu":
       raise ValueError(f"implementation='cudnn' needs a CUDA GPU but the target platform here "
                        f"is {platform!r}; use 'auto', 'xla' or 'chunked'")
-    if q.dtype not in (jnp.bfloat16, jnp.float16):
+    if q.dtype not in _CUDNN_DTYPES:
       raise ValueError(f"implementation='cudnn' runs in bfloat16/float16, got q.dtype={q.dtype}; "
                        f"cast q, k, v (e.g. the model's dtype='bfloat16')")
   if implementation == "splash":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+
 def mask_block(q_pos_BT, kv_pos_BS, q_seg_BT, kv_seg_BS, kv_mask_BS, causal):
   B, T = q_pos_BT.shape[:2]
   S = kv_pos_BS.shape[1]

@@ -203,7 +203,7 @@ class Attention(nnx.Module):
       rotate = functools.partial(rotary.rotate, positions=ctx.positions, inv_freq=ctx.inv_freq,
                                  layout=self.cfg.rope_layout)
       n_rotated = 2 * rotary.n_frequencies(ctx.inv_freq)  # the factor's dims (attention.py)
-      q_BTHD = attention._factor_on_rotated(q_BTHD, ctx.attention_factor, n_rotated)
+      q_BTHD = attention.factor_on_rotated(q_BTHD, ctx.attention_factor, n_rotated)
       q_BTHD, k_BTKD = rotate(q_BTHD).astype(k_BTKD.dtype), rotate(k_BTKD)
     k_BTHD = jnp.repeat(k_BTKD, q_BTHD.shape[2] // k_BTKD.shape[2], axis=2)
     scale = 1.0 / math.sqrt(q_BTHD.shape[-1])

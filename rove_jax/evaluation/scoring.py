@@ -80,6 +80,28 @@ def load_run(workdir: str) -> Run:
              params=params, tokenizer=tokenizer)
 
 
+DEFAULT_KERNEL = "chunked"  # evaluation's attention kernel: memory linear in the length
+
+
+def yarn_scaling(length: int, train_len: int) -> Optional[dict]:
+  """YaRN for `length` tokens of a model trained on `train_len`: factor = length / train_len
+  (None at or below it)."""
+  if length <= train_len:
+    return None
+  return {"rope_type": "yarn", "factor": length / train_len,
+          "original_max_position_embeddings": train_len}
+
+
+def token_scores(model, tokens_BW, rope_scaling=FROM_CONFIG):
+  """Per-token NLL and greedy match [B, T] of windows tokens [B, T + 1] (traceable; jit it)."""
+  kw = {} if rope_scaling is FROM_CONFIG else {"rope_scaling": rope_scaling}
+  logits = model(tokens_BW[:, :-1], **kw)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  targets = tokens_BW[:, 1:]
+  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  return nll, jnp.argmax(logits, axis=-1) == targets
+
+
 class Scorer:
   """Teacher-forced scoring with a restored model.
 
@@ -90,7 +112,7 @@ class Scorer:
     max_tokens_per_batch: windows are batched up to this many tokens.
   """
 
-  def __init__(self, run: Run, *, implementation: str = "chunked", chunk_size: int = 512,
+  def __init__(self, run: Run, *, implementation: str = DEFAULT_KERNEL, chunk_size: int = 512,
                max_tokens_per_batch: int = 8192):
     self.run = run
     self.config = dataclasses.replace(run.model_config, attention_impl=implementation,
@@ -110,11 +132,7 @@ class Scorer:
 
   def yarn_scaling(self, length: int) -> Optional[dict]:
     """YaRN for `length` tokens: factor = length / run.train_len (None at or below it)."""
-    train_len = self.train_len
-    if length <= train_len:
-      return None
-    return {"rope_type": "yarn", "factor": length / train_len,
-            "original_max_position_embeddings": train_len}
+    return yarn_scaling(length, self.train_len)
 
   def check_length(self, length: int) -> None:
     cfg = self.config
@@ -128,17 +146,9 @@ class Scorer:
     if key not in self._fns:
       graphdef, state = nnx.split(self.model)
 
-      @jax.jit
-      def token_scores(state, tokens_BW):
-        model = nnx.merge(graphdef, state)
-        kw = {} if rope_scaling is FROM_CONFIG else {"rope_scaling": rope_scaling}
-        logits = model(tokens_BW[:, :-1], **kw)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        targets = tokens_BW[:, 1:]
-        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-        return nll, jnp.argmax(logits, axis=-1) == targets
-
-      self._fns[key] = (token_scores, state)
+      fn = jax.jit(lambda state, tokens_BW: token_scores(nnx.merge(graphdef, state), tokens_BW,
+                                                         rope_scaling))
+      self._fns[key] = (fn, state)
     return self._fns[key]
 
   def token_nll(self, tokens_BW, rope_scaling=FROM_CONFIG):
