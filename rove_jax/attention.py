@@ -100,15 +100,19 @@ def rove_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequ
                    causal: bool = True, attention_factor=1.0, layout: str = "interleaved",
                    segment_ids: SegmentIds = None, kv_mask=None, implementation: str = "xla",
                    chunk_size: int = 512, kv_prerotated: bool = False,
-                   positions_ordered: bool = False) -> jax.Array:
+                   positions_ordered: bool = False, rotate_output: bool = True) -> jax.Array:
   """Rotary Value Embeddings: RoPE attention whose values are rotated by R_j before the kernel
   and whose output is rotated by R_i^-1 after it, so y_i = sum_j A_ij R_{j-i} v_j.
 
   Same arguments and shapes as `rope_attention`. The rotations wrap any kernel, so the cuDNN
-  flash path and the chunked kernel serve RoVE unchanged.
+  flash path and the chunked kernel serve RoVE unchanged. rotate_output=False returns R_i y_i,
+  the kernel's output before the inverse rotation: the caller applies
+  `rotary.rotate(out, q_positions, inv_freq, inverse=True)` itself, e.g. fused with the output
+  projection under jax.checkpoint so that training keeps one [B, T, H, D] residual per layer
+  instead of two (the kernel's output and the rotated one; see model.Attention).
   """
   return _attention(q, k, v, q_positions, kv_positions, inv_freq,
-                    mode="rove", causal=causal,
+                    mode="rove" if rotate_output else "rove_rotated", causal=causal,
                     attention_factor=attention_factor, layout=layout, segment_ids=segment_ids,
                     kv_mask=kv_mask, implementation=implementation, chunk_size=chunk_size,
                     kv_prerotated=kv_prerotated, positions_ordered=positions_ordered)
@@ -233,7 +237,8 @@ def attention_mask(q_positions_BT, kv_positions_BS, *, causal: bool = True,
 def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, attention_factor,
                layout, segment_ids, kv_mask, implementation, chunk_size, kv_prerotated=False,
                bias_fn=None, positions_ordered=False):
-  """mode "rope" | "rove" | "none": validation, rotations around the kernel, masks."""
+  """mode "rope" | "rove" | "rove_rotated" (RoVE without the output's inverse rotation) |
+  "none": validation, rotations around the kernel, masks."""
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   same_positions = kv_positions is q_positions
   q_positions = jnp.asarray(q_positions)
@@ -256,15 +261,17 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
 
   q_r, k_r, v_r = q, k, v
   if rotary_mode:
-    rot = functools.partial(rotary.apply_rotary, layout=layout)
-    # One (cos, sin) table per position set, shared by q/output and by k/v.
-    q_cos, q_sin = rotary.rotary_tables(q_pos, inv_freq)
+    # One pair of full-width tables per position set, shared by q and the output and by k
+    # and v: the backward pass keeps one pair, not one per rotated tensor.
+    expand = functools.partial(rotary.expand_tables, head_dim=D, layout=layout, dtype=q.dtype)
+    rot = functools.partial(rotary.apply_expanded, layout=layout)
+    q_tab = expand(*rotary.rotary_tables(q_pos, inv_freq))
     q_r = rot(factor_on_rotated(q, attention_factor, 2 * rotary.n_frequencies(inv_freq)),
-              q_cos, q_sin).astype(q.dtype)
+              q_tab).astype(q.dtype)
     if not kv_prerotated:
-      kv_cos, kv_sin = (q_cos, q_sin) if same_positions else rotary.rotary_tables(kv_pos, inv_freq)
-      k_r = rot(k, kv_cos, kv_sin)
-      v_r = rot(v, kv_cos, kv_sin) if mode == "rove" else v
+      kv_tab = q_tab if same_positions else expand(*rotary.rotary_tables(kv_pos, inv_freq))
+      k_r = rot(k, kv_tab)
+      v_r = rot(v, kv_tab) if mode.startswith("rove") else v
 
   scale = 1.0 / math.sqrt(D)  # the attention factor is in q_r
   q_seg, kv_seg = _split_segments(segment_ids)
@@ -281,7 +288,7 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
                               chunk_size=chunk_size, mask_parts=parts, bias_fn=bias_fn,
                               positions_ordered=positions_ordered)
   if mode == "rove":
-    out = rot(out, q_cos, q_sin, inverse=True)
+    out = rot(out, q_tab, inverse=True)
   return out
 
 

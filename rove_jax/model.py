@@ -141,6 +141,16 @@ class Attention(nnx.Module):
   def __call__(self, x_BTE, ctx: Context, cache_kv=None):
     """x [B, T, E] -> (y [B, T, E], the layer's cache (k [B, L, K, D], v) or None)."""
     q_BTHD, k_BTKD, v_BTKD = self.qkv(x_BTE)
+    if cache_kv is None and self.rotary == "rove":
+      # R_i^-1 and the output projection under one checkpoint: the backward pass recomputes
+      # y = R_i^-1 o from the kernel's output o (which the kernel keeps for its own backward)
+      # rather than keeping y too, so RoVE holds as many [B, T, H, D] residuals as RoPE.
+      o_BTHD = self.attend(q_BTHD, k_BTKD, v_BTKD, ctx, kv_positions=ctx.positions,
+                           rotate_output=False)
+      project = jax.checkpoint(functools.partial(_rotated_out, layout=self.cfg.rope_layout))
+      y = project(o_BTHD, ctx.positions, ctx.inv_freq, self.wo[...],
+                  None if self.bo is None else self.bo[...])
+      return y, None
     if cache_kv is None:
       out_BTHD = self.attend(q_BTHD, k_BTKD, v_BTKD, ctx, kv_positions=ctx.positions)
     else:  # the cache holds R_j k_j (and, RoVE, R_j v_j) at the global positions j
@@ -167,7 +177,7 @@ class Attention(nnx.Module):
     return q_BTHD, kv_BT2KD[:, :, 0], kv_BT2KD[:, :, 1]
 
   def attend(self, q_BTHD, k_BSKD, v_BSKD, ctx: Context, *, kv_positions, kv_mask=None,
-             kv_prerotated=False):
+             kv_prerotated=False, rotate_output=True):
     """The attention function of this layer's encoding, with this call's context: [B, T, H, D]."""
     cfg = self.cfg
     impl = cfg.attention_impl
@@ -179,7 +189,9 @@ class Attention(nnx.Module):
       return attention.masked_attention(
           q_BTHD, k_BSKD, v_BSKD, q_positions=ctx.positions, kv_positions=kv_positions,
           kv_mask=kv_mask, segment_ids=ctx.segment_ids, bias_fn=self.bias_fn(ctx), **kernel)
-    fn = attention.rove_attention if self.rotary == "rove" else attention.rope_attention
+    fn = attention.rope_attention
+    if self.rotary == "rove":
+      fn = functools.partial(attention.rove_attention, rotate_output=rotate_output)
     return fn(q_BTHD, k_BSKD, v_BSKD, q_positions=ctx.positions, kv_positions=kv_positions,
               kv_mask=kv_mask, segment_ids=ctx.segment_ids, inv_freq=ctx.inv_freq,
               attention_factor=ctx.attention_factor, layout=cfg.rope_layout,
@@ -219,6 +231,12 @@ class Attention(nnx.Module):
     """(w [E, K, D], b [K, D] or None): v = x @ w + b, the value path's only parameters."""
     w, b = (self.wqkv, self.bqkv) if self.wqkv is not None else (self.wkv, self.bkv)
     return w[...][:, -1], None if b is None else b[...][-1]  # v is last on the stacked axis
+
+
+def _rotated_out(o_BTHD, positions, inv_freq, w_HDE, b_E, *, layout):
+  """RoVE's R_i^-1 on the kernel output o, then the output projection."""
+  y_BTHD = rotary.rotate(o_BTHD, positions, inv_freq, inverse=True, layout=layout)
+  return _dense_out(y_BTHD, w_HDE, b_E)
 
 
 def _dense_out(x_BTHD, w_HDE, b_E):

@@ -19,7 +19,7 @@ so (R_m q).(R_n k) depends only on n - m, axis by axis.
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import NamedTuple, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -106,51 +106,87 @@ def apply_rotary(x, cos, sin, *, inverse: bool = False, layout: str = "interleav
   float64 inputs) and the result is cast back to x.dtype.
   """
   x = jnp.asarray(x)
-  _check_layout(layout)
-  n_pairs = cos.shape[-1]
   if x.ndim < 3:
     raise ValueError(f"x must be [..., T, H, D], got shape {x.shape}")
-  if 2 * n_pairs > x.shape[-1]:
+  tables = expand_tables(cos, sin, x.shape[-1], layout=layout, dtype=x.dtype)
+  return apply_expanded(x, tables, inverse=inverse, layout=layout)
+
+
+class ExpandedTables(NamedTuple):
+  """`expand_tables`' result: full-width C, S [..., T, 1, D] and the rotated pair count."""
+  c: jax.Array
+  s: jax.Array
+  n_pairs: int
+
+
+def expand_tables(cos, sin, head_dim: int, *, layout: str = "interleaved",
+                  dtype=jnp.float32) -> ExpandedTables:
+  """Full-width tables C, S, each [..., T, 1, head_dim], from cos, sin [..., T, P]:
+  `apply_expanded(x, tables)` is R_t x. Build them once per position set and apply them to
+  every tensor at those positions (RoVE's q and output; k and v): the backward pass then keeps
+  one pair of tables, not one per rotated tensor. Computed in float32 at least (float64 when
+  cos or dtype is float64).
+  """
+  _check_layout(layout)
+  n_pairs = cos.shape[-1]
+  if 2 * n_pairs > head_dim:
     raise ValueError(
         f"{n_pairs} rotary frequencies need 2 * {n_pairs} = {2 * n_pairs} dims but the head "
-        f"dimension D is {x.shape[-1]}; use a shorter frequency table (partial rotary) or a "
+        f"dimension D is {head_dim}; use a shorter frequency table (partial rotary) or a "
         f"larger head")
   if cos.shape != sin.shape:
     raise ValueError(f"cos {cos.shape} and sin {sin.shape} must have the same shape")
-  # float32 at least (bf16 inputs rotate in float32); float64 inputs stay float64.
-  compute = jnp.promote_types(jnp.promote_types(cos.dtype, x.dtype), jnp.float32)
+  compute = jnp.promote_types(jnp.promote_types(cos.dtype, dtype), jnp.float32)
   # y = x * C + swap(x) * S with full-width tables C, S [..., T, 1, D] built from the small
   # [T, P] ones: one elementwise fusion over x, no stack or concatenate of x-sized arrays
   # (whose backward passes are pads and slices, ~9% of a CPU train step when written that way).
   # Pair (a, b) -> (a cos - b sin, a sin + b cos), so C = (cos, cos), S = (-sin, +sin) and
   # swap exchanges the two members of every pair.
   c, s = cos.astype(compute), sin.astype(compute)
-  if inverse:
-    s = -s
   if layout == "interleaved":
     c_full = jnp.repeat(c, 2, axis=-1)
     s_full = jnp.stack([-s, s], axis=-1).reshape(s.shape[:-1] + (2 * n_pairs,))
   else:
     c_full = jnp.concatenate([c, c], axis=-1)
     s_full = jnp.concatenate([-s, s], axis=-1)
-  rest = x.shape[-1] - 2 * n_pairs
+  rest = head_dim - 2 * n_pairs
   if rest:  # partial rotary: the tail passes through (C = 1, S = 0)
     c_full = jnp.concatenate([c_full, jnp.ones(c_full.shape[:-1] + (rest,), compute)], axis=-1)
     s_full = jnp.concatenate([s_full, jnp.zeros(s_full.shape[:-1] + (rest,), compute)], axis=-1)
   # [..., T, D] -> [..., T, 1, D]: the same angle for every head.
-  c_full, s_full = jnp.expand_dims(c_full, -2), jnp.expand_dims(s_full, -2)
+  return ExpandedTables(jnp.expand_dims(c_full, -2), jnp.expand_dims(s_full, -2), n_pairs)
+
+
+def apply_expanded(x, tables: ExpandedTables, *, inverse: bool = False,
+                   layout: str = "interleaved") -> jax.Array:
+  """R_t x (R_t^-1 x when inverse) for x [..., T, H, D] and `expand_tables`' tables; the
+  result in x.dtype (the math in the tables' dtype or x's, whichever is wider)."""
+  x = jnp.asarray(x)
+  _check_layout(layout)
+  c_full, s_full, n_pairs = tables
+  if c_full.shape[-1] != x.shape[-1]:
+    raise ValueError(f"tables of head dimension {c_full.shape[-1]} cannot rotate x {x.shape}; "
+                     f"build them with expand_tables(cos, sin, {x.shape[-1]})")
   while c_full.ndim < x.ndim:  # tables without x's leading batch dims broadcast over them
     c_full, s_full = c_full[None], s_full[None]
-  xc = x.astype(compute)
+  xc = x.astype(jnp.promote_types(c_full.dtype, x.dtype))
+  rest = x.shape[-1] - 2 * n_pairs
   head = xc[..., : 2 * n_pairs]
   if layout == "interleaved":
-    pairs = head.reshape(head.shape[:-1] + (n_pairs, 2))
-    swapped = pairs[..., ::-1].reshape(head.shape)
+    # Each member of a pair takes its partner: even dims the next one, odd dims the previous
+    # one. Two shifts and a select keep D the minor dim (a [..., P, 2] reshape puts a size-2
+    # dim minor, which TPU layouts pad and materialise for every rotated tensor).
+    ahead = jnp.concatenate([head[..., 1:], head[..., :1]], axis=-1)
+    behind = jnp.concatenate([head[..., -1:], head[..., :-1]], axis=-1)
+    even = (jnp.arange(2 * n_pairs) % 2 == 0).reshape((1,) * (head.ndim - 1) + (2 * n_pairs,))
+    swapped = jnp.where(even, ahead, behind)
   else:
     swapped = jnp.concatenate([head[..., n_pairs:], head[..., :n_pairs]], axis=-1)
   if rest:
     swapped = jnp.concatenate([swapped, xc[..., 2 * n_pairs:]], axis=-1)
-  return (xc * c_full + swapped * s_full).astype(x.dtype)
+  # R^-1 is R with sin -> -sin: subtract rather than negate S, so both directions share S.
+  y = xc * c_full - swapped * s_full if inverse else xc * c_full + swapped * s_full
+  return y.astype(x.dtype)
 
 
 def rotate(x, positions, inv_freq: Frequencies, *, inverse: bool = False,
