@@ -244,6 +244,23 @@ def test_rove_differs_from_rope(rng):
   assert np.abs(rj.rove_attention(q, k, v, **kw) - rj.rope_attention(q, k, v, **kw)).max() > 1e-2
 
 
+def test_rove_rotate_output_false_is_the_kernel_output_before_r_inverse(rng):
+  """rotate_output=False returns R_i y_i: the rotation matrix applied to it gives back y_i, and
+  it is what a float64 reference of sum_j A_ij R_j v_j gives."""
+  q, k, v = make_qkv(rng)
+  pos = np.tile(np.arange(6) + 3, (2, 1))
+  inv = rj.rope_frequencies(8)
+  kw = dict(q_positions=pos, kv_positions=pos, inv_freq=inv)
+  y = np.asarray(rj.rove_attention(q, k, v, **kw))
+  o = rj.rove_attention(q, k, v, rotate_output=False, **kw)
+  np.testing.assert_allclose(np.asarray(rj.rotate(o, pos, inv, inverse=True)), y, atol=1e-5)
+  # R_i y_i with y the float64 attentive-convolution reference and R_i dense matrices
+  want_y = naive_attention(q, k, v, pos, pos, inv, rove=True)
+  R = np.stack([np.asarray(rj.rotation_matrix(p, inv, 8), np.float64) for p in range(3, 9)])
+  want = np.einsum("tde,bthe->bthd", R, want_y)
+  np.testing.assert_allclose(np.asarray(o, np.float64), want, atol=1e-5)
+
+
 def test_bf16_inputs(rng):
   q, k, v = make_qkv(rng, T=16, S=16)
   pos = np.tile(np.arange(16) + 500, (2, 1))
