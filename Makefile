@@ -5,14 +5,16 @@ PY      = $(VENV)/bin/python
 CORE    = $(VENV)/.installed-core
 TEST    = $(VENV)/.installed-test
 
-# The demo: the tiny RoVE GPT on the embedded stdlib corpus, then the quick evaluation suite
-# (runs/demo/eval/report.md and plots), sized to finish (install included) in about 10
-# minutes on 2 CPU cores. Rerunning resumes from runs/demo.
-DEMO_ARGS = --config configs/tiny.py --workdir runs/demo --config.steps=100 \
-            --config.optim.warmup_steps=20 --config.eval_every=50 --config.checkpoint_every=50
+# The demo: a RoVE GPT and its RoPE twin (configs/demo.py, 0.6M parameters, 64-token context)
+# trained on the embedded stdlib corpus, then perplexity from 0.5x to 16x the training length
+# without YaRN, with YaRN at L / 64 and with one fixed YaRN factor, side by side
+# (runs/demo/eval/report.md and perplexity_vs_length.png); sized to finish, install included,
+# within 10 minutes on 2 CPU cores. Rerunning resumes from runs/demo.
+DEMO_ARGS = --config configs/demo.py
+DEMO_EVAL = --suite quick --tasks ppl --yarn all --lengths 32,64,128,256,512,1024
 
-# The paper's comparison at small scale (about 90 minutes on 2 CPU cores): RoVE and RoPE x 2
-# seeds and NoPE x 1, then the full evaluation suite; writes results/. Reruns resume.
+# The paper's comparison at small scale (about 2 hours on 2 CPU cores): RoVE, RoPE and NoPE x 3
+# seeds, the full evaluation suite and the retrieval study; writes results/. Reruns resume.
 REPRODUCE_ARGS ?=
 
 .PHONY: test demo reproduce install clean
@@ -35,8 +37,9 @@ test: $(TEST)
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
 demo: $(CORE)
-	$(PY) train.py $(DEMO_ARGS)
-	$(PY) -m eval --workdir runs/demo --suite quick
+	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rove --config.model.pos_encoding=rove
+	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rope --config.model.pos_encoding=rope
+	$(PY) -m eval --workdir runs/demo/rove --compare runs/demo/rope $(DEMO_EVAL) --out runs/demo/eval
 
 reproduce: $(CORE)
 	$(PY) reproduce.py $(REPRODUCE_ARGS)

@@ -1,30 +1,47 @@
 """The paper's RoPE vs RoVE comparison at small scale: train matched runs, evaluate them all,
-write results/ (README.md with the paper-layout tables, report.json, plots).
+write results/ (README.md with the paper-layout tables and 95 % intervals, report.json, plots).
 
-  python reproduce.py [--out results] [--runs-dir runs/reproduce] [--seeds 0,1]
-                      [--encodings rove,rope,nope] [--nope-seeds 1] [--steps N] [--quick]
+  python reproduce.py [--out results] [--runs-dir runs/reproduce] [--seeds 0,1,2]
+                      [--encodings rove,rope,nope] [--nope-seeds N] [--steps N] [--quick]
+                      [--no-recall]
 
 Every run uses configs/reproduce.py with the same data, steps and size; only the positional
-encoding and the seed differ. Rerunning resumes: finished runs are kept (their checkpoints
-are the record), unfinished ones continue from their newest checkpoint, and the evaluation
-and the write-up are redone. --quick shrinks everything for tests (a few steps, short
-lengths); its output says so at the top.
+encoding and the seed differ (every encoding, NoPE included, runs every seed unless
+--nope-seeds says fewer). The evaluation scores every setting (`--yarn all`: no YaRN, YaRN
+with factor L / T, YaRN with one fixed factor). Then, when rove_jax/evaluation/recall_study.py
+is present (and not --no-recall), the retrieval study runs into <out>/recall/:
+
+  python -m rove_jax.evaluation.recall_study --out <out>/recall --runs-dir <runs-dir>/recall
+      --seeds S --encodings E [--quick]
+
+and its records (<out>/recall/recall.json: a list of records, or {"records": [...]}) go into
+the write-up. Rerunning resumes: finished runs are kept (their checkpoints are the record),
+unfinished ones continue from their newest checkpoint, and the evaluation, the retrieval
+study's scoring and the write-up are redone. --quick shrinks everything for tests (a few
+steps, short lengths); its output says so at the top.
+
+  python reproduce.py --scale gpt2_124m|gpt2_354m --data GLOB [--dry-run] ...
+
+runs the paper-scale recipe instead (its own flags: --scale X --help; rove_jax/paper_recipe.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
+import importlib.util
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(ROOT, "configs", "reproduce.py")
+RECALL_STUDY = "rove_jax.evaluation.recall_study"  # the retrieval study, when present
+SCALES = ("gpt2_124m", "gpt2_354m")  # --scale: rove_jax/paper_recipe.py
 
 
 def parse_args(argv):
@@ -32,14 +49,19 @@ def parse_args(argv):
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default="results", help="where README.md, report.json, plots go")
   p.add_argument("--runs-dir", default="runs/reproduce", help="training workdirs")
-  p.add_argument("--seeds", default="0,1", help="seeds for RoVE and RoPE")
+  p.add_argument("--seeds", default="0,1,2", help="seeds for every encoding")
   p.add_argument("--encodings", default="rove,rope,nope")
-  p.add_argument("--nope-seeds", type=int, default=1,
-                 help="how many of the seeds NoPE (the third baseline) runs with")
+  p.add_argument("--nope-seeds", type=int, default=None,
+                 help="how many of the seeds NoPE (the third baseline) runs with (default: all)")
   p.add_argument("--steps", type=int, help="training steps (default: configs/reproduce.py)")
   p.add_argument("--suite", default="full", choices=("quick", "full"))
   p.add_argument("--quick", action="store_true",
                  help="tiny settings for tests: 1 layer, few steps, short lengths")
+  p.add_argument("--no-recall", action="store_true",
+                 help=f"skip the retrieval study ({RECALL_STUDY}) even when it is present")
+  p.add_argument("--scale", choices=SCALES,
+                 help="the paper-scale recipe instead (GPT-2 on your FineWeb-Edu shards): "
+                      "see `python reproduce.py --scale gpt2_124m --help`")
   args = p.parse_args(argv)
   try:
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -54,14 +76,18 @@ def parse_args(argv):
     p.error("--seeds: give at least one seed")
   if args.steps is not None and args.steps < 1:
     p.error("--steps must be >= 1")
+  if args.nope_seeds is not None and args.nope_seeds < 1:
+    p.error("--nope-seeds must be >= 1")
   return args
 
 
 def plan(args) -> list[dict]:
-  """The runs: every encoding x seed, NoPE on its first --nope-seeds seeds only."""
+  """The runs: every encoding x seed (NoPE on its first --nope-seeds seeds when given)."""
   runs = []
   for enc in args.encoding_list:
-    seeds = args.seed_list[: args.nope_seeds] if enc == "nope" else args.seed_list
+    seeds = args.seed_list
+    if enc == "nope" and args.nope_seeds is not None:
+      seeds = seeds[: args.nope_seeds]
     for seed in seeds:
       runs.append({"encoding": enc, "seed": seed,
                    "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}")})
@@ -101,16 +127,47 @@ def evaluate_all(args, runs, eval_dir) -> dict:
   cmd = [sys.executable, "-m", "rove_jax.evaluation.cli", "--workdir", runs[0]["workdir"],
          "--compare"]
   cmd += [r["workdir"] for r in runs[1:]]
-  cmd += ["--suite", "quick" if args.quick else args.suite, "--out", eval_dir, "--yarn", "both"]
+  cmd += ["--suite", "quick" if args.quick else args.suite, "--out", eval_dir, "--yarn", "all"]
   print("evaluating:", " ".join(cmd[1:]), flush=True)
-  # rove_jax from this checkout even when it is not installed (train.py finds it by its path)
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-      p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
-  rc = subprocess.call(cmd, env=env)
+  rc = subprocess.call(cmd, env=_env())
   if rc != 0:
     raise SystemExit(f"evaluation failed (exit {rc})")
   with open(os.path.join(eval_dir, "report.json")) as f:
     return json.load(f)
+
+
+def _env() -> dict:
+  """rove_jax from this checkout even when it is not installed (train.py finds it by its
+  path)."""
+  return {**os.environ, "PYTHONPATH": os.pathsep.join(
+      p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+
+
+def recall_available() -> bool:
+  """Whether the retrieval study's module is present with a callable main()."""
+  if importlib.util.find_spec(RECALL_STUDY) is None:
+    return False
+  return callable(getattr(importlib.import_module(RECALL_STUDY), "main", None))
+
+
+def recall_study(args, out_dir) -> list | None:
+  """Runs the retrieval study into out_dir (module docstring) and returns its records; None
+  when it is skipped (--no-recall or the module is not present)."""
+  if args.no_recall or not recall_available():
+    print(f"retrieval study: skipped ({'--no-recall' if args.no_recall else RECALL_STUDY} "
+          f"{'given' if args.no_recall else 'not present'})", flush=True)
+    return None
+  cmd = [sys.executable, "-m", RECALL_STUDY, "--out", out_dir, "--runs-dir",
+         os.path.join(args.runs_dir, "recall"), "--seeds", ",".join(map(str, args.seed_list)),
+         "--encodings", ",".join(args.encoding_list)] + (["--quick"] if args.quick else [])
+  print("retrieval study:", " ".join(cmd[1:]), flush=True)
+  rc = subprocess.call(cmd, env=_env())
+  if rc != 0:
+    raise SystemExit(f"the retrieval study failed (exit {rc}); rerun `{' '.join(sys.argv)}` "
+                     f"to resume it")
+  with open(os.path.join(out_dir, "recall.json")) as f:
+    data = json.load(f)
+  return data["records"] if isinstance(data, dict) else data
 
 
 def machine() -> str:
@@ -141,7 +198,11 @@ def commit() -> str:
 
 
 def main(argv=None) -> int:
-  args = parse_args(sys.argv[1:] if argv is None else argv)
+  argv = sys.argv[1:] if argv is None else argv
+  if any(a == "--scale" or a.startswith("--scale=") for a in argv):
+    from rove_jax import paper_recipe  # its own flags: --data, --topology, --dry-run, ...
+    return paper_recipe.main(argv)
+  args = parse_args(argv)
   t0 = time.perf_counter()
   started = datetime.datetime.now(datetime.timezone.utc)
   runs = plan(args)
@@ -150,14 +211,16 @@ def main(argv=None) -> int:
   train_all(args, runs)
   eval_dir = os.path.join(args.out, "eval")
   report = evaluate_all(args, runs, eval_dir)
+  recall = recall_study(args, os.path.join(args.out, "recall"))
   from rove_jax.evaluation import results_writeup
   from rove_jax.metrics_log import read_metrics
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
   meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv),
-          "commit": code_version, "machine": machine(), "started": started.isoformat(timespec="seconds"),
+          "commit": code_version, "machine": machine(),
+          "started": started.isoformat(timespec="seconds"),
           "wall_seconds": time.perf_counter() - t0, "quick": args.quick,
           "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs}}
-  results_writeup.write(args.out, report, runs, curves, meta)
+  results_writeup.write(args.out, report, runs, curves, meta, recall=recall)
   print(f"wrote {os.path.join(args.out, 'README.md')} in {meta['wall_seconds'] / 60:.1f} min")
   return 0
 

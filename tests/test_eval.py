@@ -83,6 +83,24 @@ def test_learned_positions_cannot_be_scored_past_their_table():
   scorer = scoring.Scorer(make_run(gpt_config(pos_encoding="learned")))
   with pytest.raises(ValueError, match="learned position embeddings for 32 positions"):
     perplexity.evaluate(scorer, np.arange(500) % 250, [32, 64], progress=False)
+  out = perplexity.evaluate(scorer, np.arange(500) % 250, [32], yarn="all", max_tokens=64,
+                            progress=False)
+  assert out["none"]["32"]["windows"] == 2
+  for setting in ("yarn", "yarn_fixed"):  # nothing rotary to rescale
+    assert "no rotary frequencies" in out[setting]["not_applicable"]
+  (nll, _), = scorer.score([np.arange(20)], [np.arange(20, 25)])  # padded within the table
+  assert np.isfinite(nll)
+
+
+def test_the_fixed_yarn_factor():
+  assert perplexity.fixed_factor([16, 32, 512], 32) == 16.0  # max(lengths) / train_len
+  assert perplexity.fixed_factor([16, 32], 32, 8) == 8.0  # given
+  assert perplexity.fixed_factor([16, 32], 32) is None  # nothing past the training length
+  assert scoring.fixed_yarn_scaling(16, 32) == {
+      "rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 32}
+  for bad in (1, 0.5, float("inf"), True):
+    with pytest.raises(ValueError, match="finite number > 1"):
+      scoring.fixed_yarn_scaling(bad, 32)
 
 
 def test_exact_match_needs_every_answer_token_to_be_greedy(trained_run):
@@ -115,16 +133,47 @@ def test_exact_match_needs_every_answer_token_to_be_greedy(trained_run):
                                                        in answers.items()}
 
 
+def ppl_row(loss, tokens=10, windows=2):
+  """A perplexity row with its per-window records (report schema v2)."""
+  share = [tokens // windows + (i < tokens % windows) for i in range(windows)]
+  return {"loss": loss, "ppl": math.exp(loss), "tokens": tokens, "windows": windows,
+          "window_nll": [loss * n for n in share], "window_tokens": share}
+
+
+def ruler_row(sample_nll, sample_correct):
+  return {"nll": float(np.mean(sample_nll)), "exact_match": float(np.mean(sample_correct)),
+          "n": len(sample_nll), "correct": sum(sample_correct), "sample_nll": sample_nll,
+          "sample_correct": sample_correct}
+
+
 def _valid_report():
-  return {"schema_version": 1, "suite": "quick", "runs": [{
+  return {"schema_version": report.SCHEMA_VERSION, "suite": "quick", "runs": [{
       "name": "a", "workdir": "/x", "step": 3,
       "model": {"pos_encoding": "rove", "params": 10, "n_layer": 1, "d_model": 8, "n_head": 2,
-                "max_len": 16},
-      "perplexity": {"protocol": {"mode": "non-overlapping", "max_tokens": 10, "train_len": 16},
-                     "none": {"16": {"loss": 1.0, "ppl": math.e, "tokens": 10}},
-                     "yarn": {"16": {"loss": 1.0, "ppl": math.e, "tokens": 10}}},
-      "ruler": {"tasks": {"vt": {"64": {"nll": 2.0, "exact_match": 0.5, "n": 2}}}, "skipped": {}},
-      "icl": {"synthetic": {"tasks": {"x": {"accuracy": 0.5}}, "accuracy": 0.5}, "files": None},
+                "max_len": 16, "train_len": 16},
+      "perplexity": {"protocol": {"mode": "non-overlapping", "max_tokens": 10, "train_len": 16,
+                                  "yarn_fixed_factor": 4.0},
+                     "none": {"8": ppl_row(1.5), "16": ppl_row(1.0)},
+                     "yarn": {"8": ppl_row(1.5), "16": ppl_row(1.0)},
+                     "yarn_fixed": {"8": ppl_row(1.7), "16": ppl_row(1.2)}},
+      "ruler": {"protocol": {"samples": 2, "seed": 0, "lengths": [32, 64], "train_len": 16},
+                "settings": {
+                    "none": {"tasks": {"vt": {"32": ruler_row([2.0, 3.0], [1, 0]),
+                                              "64": ruler_row([2.0, 2.0], [1, 0])},
+                                       "cwe": {"64": ruler_row([4.0, 5.0], [0, 0])}}},
+                    "yarn": {"tasks": {"vt": {"32": ruler_row([1.0, 2.0], [1, 1]),
+                                              "64": ruler_row([1.0, 1.0], [0, 1])},
+                                       "cwe": {"64": ruler_row([3.0, 5.0], [0, 1])}}}},
+                "skipped": {"cwe@32": "length=32 is too short for task 'cwe'"}},
+      "icl": {"protocol": {"context": 16, "lengths": [16], "samples": 2, "shots": [0, 2],
+                           "seed": 0, "rule": "cut from the left"},
+              "synthetic": {"tasks": {"x": {"by_length": {"16": 0.5}, "accuracy": 0.5, "n": 2,
+                                            "correct": 1, "prompts": 2, "truncated": 0},
+                                      "y": {"by_shots": {"0": 0.0, "2": 0.5},
+                                            "accuracy": 0.25, "n": 4, "correct": 1,
+                                            "prompts": 4, "truncated": 3}},
+                            "skipped": {}, "accuracy": 0.375, "prompts": 6, "truncated": 3},
+              "files": None},
       "seconds": {}}]}
 
 
@@ -133,10 +182,18 @@ def test_report_schema_validation(tmp_path):
   report.validate(good)
   paths = report.write(good, str(tmp_path))
   assert json.loads(open(paths["json"]).read()) == good
-  assert "| a | - | 2.72 |" in open(paths["md"]).read()
+  assert "| a | - | 4.48 | 2.72 |" in open(paths["md"]).read()
+  ruler_none = ("runs", 0, "ruler", "settings", "none", "tasks", "vt", "32")
   for bad_path, value, msg in [
       (("runs", 0, "perplexity", "none", "16", "ppl"), float("nan"), "finite"),
-      (("runs", 0, "ruler", "tasks", "vt", "64", "exact_match"), 1.5, r"\[0, 1\]"),
+      (("runs", 0, "perplexity", "yarn_fixed", "16", "window_tokens"), [5, 4], "sum to tokens"),
+      (("runs", 0, "perplexity", "none", "16", "window_nll"), [5.0, 6.0], "is not the loss"),
+      (("runs", 0, "perplexity", "yarn", "8", "window_nll"), [15.0], "one entry a window"),
+      (ruler_none + ("exact_match",), 1.5, r"\[0, 1\]"),
+      (ruler_none + ("sample_nll",), [2.0], "need n=2 entries"),
+      (ruler_none + ("sample_correct",), [1, 2], "sample_correct of 0 or 1"),
+      (ruler_none + ("correct",), 2, r"sum\(sample_correct\)"),
+      (("runs", 0, "ruler", "settings", "yarn_fixed"), {"tasks": {}}, "settings are"),
       (("runs", 0, "model", "params"), "10", "must be"),
   ]:
     broken = json.loads(json.dumps(good))
@@ -146,6 +203,42 @@ def test_report_schema_validation(tmp_path):
     node[bad_path[-1]] = value
     with pytest.raises(ValueError, match=msg):
       report.validate(broken)
+
+
+def test_version_1_reports_are_refused_by_validate_and_still_rendered():
+  assert report.SCHEMA_VERSION == 2
+  old = {"schema_version": 1, "suite": "quick", "runs": [{
+      **_valid_report()["runs"][0],
+      "ruler": {"tasks": {"vt": {"64": {"nll": 2.0, "exact_match": 0.5, "n": 2}}},
+                "skipped": {}, "yarn": True}}]}
+  with pytest.raises(ValueError, match="schema_version 1 is the layout before per-window.*"
+                                       "rerun rove-eval"):
+    report.validate(old)
+  with pytest.raises(ValueError, match="schema_version must be 2, got 3"):
+    report.validate({**old, "schema_version": 3})
+  md = report.markdown(old)
+  assert "### +YaRN" in md and "| a | 2.00, 1/2 | 2.00 | 1/2 |" in md
+
+
+def test_markdown_shows_every_setting_and_counts_with_exact_captions():
+  md = report.markdown(_valid_report())
+  assert "| run | YaRN | 8 | 16 |" in md
+  assert "| a | +YaRN fixed s=4 | 5.47 | 3.32 |" in md  # exp(1.7), exp(1.2)
+  assert "+YaRN fixed: one factor s = 4 at every length, those <= 16 included" in md
+  assert md.index("### No YaRN") < md.index("### +YaRN")
+  # Per length: "NLL, exact matches / samples" per task, the mean over the tasks scored there.
+  assert "| run | cwe | vt | mean NLL | exact match |" in md
+  assert "| a | - | 2.50, 1/2 | 2.50 | 1/2 |" in md  # no YaRN at 32: cwe was skipped
+  assert "| a | 4.50, 0/2 | 2.00, 1/2 | 3.25 | 1/4 |" in md  # no YaRN at 64
+  # Per task over lengths: the caption names the task scored at fewer lengths.
+  assert ("averaged over the lengths it was scored at: 32, 64 tokens for every task except "
+          "cwe (64 only), skipped at the other lengths") in md
+  assert "| a | 4.50, 0/2 | 2.25, 2/4 | 3.38 |" in md
+  assert "- cwe@32: skipped (length=32 is too short" in md
+  # ICL: counts, pooled over the tasks, and the prompts cut to the context.
+  assert "| run | x | y | all | cut |" in md and "| a | 1/2 | 1/4 | 2/6 | 3/6 |" in md
+  assert "Protocol: cut from the left. By-length tasks at 16 tokens" in md
+  assert "%" not in md  # floor metrics are never relative percentages
 
 
 def test_missing_workdir_or_checkpoint_is_a_clear_error(tmp_path):
@@ -181,7 +274,9 @@ def test_python_m_eval_end_to_end_on_a_trained_checkpoint(tmp_path, trained_run)
   assert run["step"] == 6 and run["model"]["pos_encoding"] == "rove"
   assert set(run["perplexity"]["none"]) == set(run["perplexity"]["yarn"]) == {"64", "128"}
   assert all(1 < row["ppl"] < 400 for row in run["perplexity"]["none"].values())
-  assert run["ruler"]["tasks"] and run["icl"]["synthetic"]["tasks"]
+  assert set(run["ruler"]["settings"]) == {"none", "yarn"}  # --yarn both: RULER under both
+  assert run["ruler"]["settings"]["none"]["tasks"] and run["icl"]["synthetic"]["tasks"]
+  assert run["icl"]["protocol"]["lengths"] == [64]  # ICL inside the training context
   for name in ("report.md", "perplexity_vs_length.png", "ruler_nll.png", "icl_accuracy.png",
                "figure1_mixer.png"):
     assert (out / name).stat().st_size > 0, name

@@ -1,7 +1,8 @@
 """Evaluation's command-line options end to end (rove_jax.evaluation.cli.main, what
-`python -m eval` and `rove-eval` run) on the shared trained run: --yarn off / on / both,
---stride and --data-path, the numbers checked against the float64 reference of
-tests/test_perplexity.py; RULER's QA tasks from --squad / --hotpot; quiet checkpoint reads."""
+`python -m eval` and `rove-eval` run) on the shared trained run: --yarn off / on / both / all
+(yarn_fixed at one factor), --stride and --data-path, the numbers checked against the float64
+reference of tests/test_perplexity.py; RULER with and without YaRN, its QA tasks from --squad /
+--hotpot; ICL inside the training context; quiet checkpoint reads."""
 
 import json
 import logging
@@ -32,25 +33,49 @@ def perplexity_report(workdir, out, *options) -> dict:
 @pytest.fixture(scope="module")
 def by_yarn(trained_run, tmp_path_factory):
   out = tmp_path_factory.mktemp("eval-yarn")
+  # "both" (none and yarn) is "all" without yarn_fixed (tests/test_perplexity.py runs it).
   return {yarn: perplexity_report(trained_run, out / yarn, "--yarn", yarn)
-          for yarn in ("off", "on", "both")}
+          for yarn in ("off", "on", "all")}
 
 
-def test_yarn_off_on_both_select_the_settings(by_yarn):
-  off, on, both = by_yarn["off"], by_yarn["on"], by_yarn["both"]
+def test_yarn_off_on_all_select_the_settings(by_yarn):
+  off, on, all_ = by_yarn["off"], by_yarn["on"], by_yarn["all"]
   assert set(off) == {"protocol", "none"}
   assert set(on) == {"protocol", "yarn"}
-  assert set(both) == {"protocol", "none", "yarn"}
-  for rep in (off, on, both):
+  assert set(all_) == {"protocol", "none", "yarn", "yarn_fixed"}
+  assert cli.parse_args(["--workdir", "w"]).yarn == "both"  # the default: none and yarn
+  for rep in (off, on, all_):
     assert rep["protocol"]["train_len"] == TRAIN_LEN
     assert rep["protocol"]["mode"] == "non-overlapping"
     for setting in set(rep) - {"protocol"}:
       assert set(rep[setting]) == {str(L) for L in LENGTHS}
-  chex.assert_trees_all_close(off["none"], both["none"])  # each setting computed the same way
-  chex.assert_trees_all_close(on["yarn"], both["yarn"])
+  chex.assert_trees_all_close(off["none"], all_["none"])  # each setting computed the same way
+  chex.assert_trees_all_close(on["yarn"], all_["yarn"])
   at_1x, at_2x = str(TRAIN_LEN), str(2 * TRAIN_LEN)
-  assert both["yarn"][at_1x]["loss"] == both["none"][at_1x]["loss"]  # identity at 1x
-  assert abs(both["yarn"][at_2x]["loss"] / both["none"][at_2x]["loss"] - 1) > 2e-5  # on at 2x
+  assert all_["yarn"][at_1x]["loss"] == all_["none"][at_1x]["loss"]  # identity at 1x
+  assert abs(all_["yarn"][at_2x]["loss"] / all_["none"][at_2x]["loss"] - 1) > 2e-5  # on at 2x
+
+
+def test_yarn_fixed_scores_every_length_with_one_factor(by_yarn, trained_run):
+  """--yarn all: yarn_fixed uses max(lengths) / T = 2 at 1x too (there it is not the
+  identity), and at 2x it is the per-length setting; a window scored directly at factor 2
+  gives the report's per-window record."""
+  got = by_yarn["all"]
+  assert got["protocol"]["yarn_fixed_factor"] == 2.0
+  fixed, at_1x, at_2x = got["yarn_fixed"], str(TRAIN_LEN), str(2 * TRAIN_LEN)
+  assert fixed[at_2x] == got["yarn"][at_2x]
+  assert abs(fixed[at_1x]["loss"] / got["none"][at_1x]["loss"] - 1) > 2e-5
+  run = scoring.load_run(str(trained_run))
+  scorer = scoring.Scorer(run)
+  window = run.val_tokens()[None, :TRAIN_LEN + 1]  # the first window at 1x
+  nll, _ = scorer.token_nll(window, scorer.fixed_yarn_scaling(2.0))
+  np.testing.assert_allclose(fixed[at_1x]["window_nll"][0], nll.sum(), rtol=1e-5)
+  assert fixed[at_1x]["window_tokens"][0] == TRAIN_LEN
+  for rows in (fixed, got["none"]):  # per-window records add up to the aggregate
+    for row in rows.values():
+      assert len(row["window_nll"]) == len(row["window_tokens"]) == row["windows"]
+      np.testing.assert_allclose(sum(row["window_nll"]) / sum(row["window_tokens"]),
+                                 row["loss"], rtol=1e-6)
 
 
 @pytest.mark.parametrize("stride", [None, 0.5])
@@ -117,31 +142,44 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
   assert json.loads((out / "report.json").read_text())["runs"][0]["perplexity"]["none"]
 
 
-def test_ruler_scores_qa_1_from_squad_and_reports_qa_2_skipped(trained_run, tmp_path):
+def test_ruler_scores_qa_1_with_and_without_yarn_and_reports_qa_2_skipped(trained_run,
+                                                                          tmp_path):
   squad = tmp_path / "squad.json"
   squad.write_text(json.dumps(SQUAD))
   args = cli.parse_args(["--workdir", str(trained_run), "--out", str(tmp_path / "eval"),
-                         "--tasks", "ruler", "--yarn", "off", "--squad", str(squad),
-                         "--no-progress"], check_files=True)
-  suite = {**cli.SUITES["quick"], "ruler_multiples": (8,), "ruler_tasks": ("qa_1", "qa_2"),
-           "ruler_samples": 1}
+                         "--tasks", "ruler", "--yarn", "both", "--squad", str(squad),
+                         "--ruler-lengths", str(8 * TRAIN_LEN), "--no-progress"],
+                        check_files=True)  # --ruler-lengths, not the suite's (4, 16) multiples
+  suite = {**cli.SUITES["quick"], "ruler_tasks": ("qa_1", "qa_2"), "ruler_samples": 2}
   run = scoring.load_run(str(trained_run))
   result = cli.evaluate_run(run, args, suite)
   got, length = result["ruler"], 8 * TRAIN_LEN
-  assert list(got["tasks"]) == ["qa_1"] and list(got["tasks"]["qa_1"]) == [str(length)]
+  assert list(got["settings"]) == ["none", "yarn"]
+  assert got["protocol"]["samples"] == 2 and got["protocol"]["lengths"] == [length]
   assert list(got["skipped"]) == ["qa_2"]
   assert got["skipped"]["qa_2"].startswith("needs --hotpot FILE: a local HotpotQA dev JSON")
-  md = report.markdown({"suite": "quick", "runs": [result]})
+  rep = {"schema_version": report.SCHEMA_VERSION, "suite": "quick", "runs": [result]}
+  report.validate(rep)
+  md = report.markdown(rep)
   assert "- qa_2: skipped (needs --hotpot FILE" in md
-  # The same sample scored directly: the report holds qa_1's real answer NLL.
+  assert "### No YaRN" in md and "### +YaRN" in md
+  # The same samples scored directly without YaRN: "none" holds qa_1's real answer NLLs.
   want = ruler.evaluate(scoring.Scorer(run).score_fn(), run.tokenizer, tasks=["qa_1"],
-                        lengths=[length], samples_per_task=1, seed=0,
+                        lengths=[length], samples_per_task=2, seed=0,
                         haystack_texts=cli._haystack_texts(run), squad_path=squad,
                         progress=False)["tasks"]["qa_1"][str(length)]
-  row = got["tasks"]["qa_1"][str(length)]
-  assert row["n"] == 1 and np.isfinite(row["nll"]) and row["nll"] > 0
+  rows = {s: got["settings"][s]["tasks"]["qa_1"][str(length)] for s in ("none", "yarn")}
+  assert all(list(got["settings"][s]["tasks"]) == ["qa_1"] for s in rows)
+  row = rows["none"]
   np.testing.assert_allclose(row["nll"], want["nll"], rtol=1e-5)
-  assert row["exact_match"] == want["exact_match"]
+  np.testing.assert_allclose(row["sample_nll"], want["sample_nll"], rtol=1e-5)
+  assert row["sample_correct"] == want["sample_correct"]
+  for row in rows.values():  # per-sample records: n of them, in order, averaging to the cell
+    assert row["n"] == len(row["sample_nll"]) == len(row["sample_correct"]) == 2
+    assert np.isfinite(row["nll"]) and row["nll"] > 0
+    assert row["exact_match"] == np.mean(row["sample_correct"])
+    np.testing.assert_allclose(np.mean(row["sample_nll"]), row["nll"], rtol=1e-5)
+  assert rows["yarn"]["sample_nll"] != rows["none"]["sample_nll"]  # factor 8 at 8x
 
 
 def test_reading_a_run_logs_no_read_only_warnings(trained_run, caplog):

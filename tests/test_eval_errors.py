@@ -52,15 +52,17 @@ def argument_error(capsys, argv) -> str:
 
 
 def _report(ruler=True, icl=True):
-  return {"schema_version": 1, "suite": "quick", "runs": [{
+  row = lambda loss: {"loss": loss, "ppl": math.exp(loss), "tokens": 10, "windows": 1,
+                      "window_nll": [10 * loss], "window_tokens": [10]}
+  vt = {"64": {"nll": 2.0, "exact_match": 0.5, "n": 2, "correct": 1, "sample_nll": [1.5, 2.5],
+               "sample_correct": [0, 1]}}
+  return {"schema_version": report.SCHEMA_VERSION, "suite": "quick", "runs": [{
       "name": "a", "workdir": "/x", "step": 3,
       "model": {"pos_encoding": "rove", "params": 10, "n_layer": 1, "d_model": 8, "n_head": 2,
                 "max_len": 16},
       "perplexity": {"protocol": {"mode": "non-overlapping", "max_tokens": 10, "train_len": 16},
-                     "none": {"16": {"loss": 1.0, "ppl": math.e, "tokens": 10},
-                              "32": {"loss": 2.0, "ppl": math.e ** 2, "tokens": 10}}},
-      "ruler": {"tasks": {"vt": {"64": {"nll": 2.0, "exact_match": 0.5, "n": 2}}},
-                "skipped": {}} if ruler else None,
+                     "none": {"16": row(1.0), "32": row(2.0)}},
+      "ruler": {"settings": {"none": {"tasks": {"vt": vt}}}, "skipped": {}} if ruler else None,
       "icl": {"synthetic": {"tasks": {"x": {"accuracy": 0.5}}, "accuracy": 0.5},
               "files": None} if icl else None,
       "seconds": {}}]}
@@ -150,7 +152,9 @@ def test_missing_input_files_exit_2_naming_them(capsys, tmp_path, empty_workdir,
 @pytest.mark.parametrize("option, value, says", [
     ("--stride", "0", "got 0"), ("--stride", "-0.5", "got -0.5"), ("--stride", "2", "got 2"),
     ("--stride", "nan", "got nan"), ("--chunk", "0", "got 0"), ("--chunk", "-8", "got -8"),
-    ("--seed", "-1", "got -1")])
+    ("--seed", "-1", "got -1"), ("--yarn-fixed-factor", "1", "got 1"),
+    ("--yarn-fixed-factor", "0.5", "got 0.5"), ("--yarn-fixed-factor", "nan", "got nan"),
+    ("--ruler-lengths", "4k", "got '4k'"), ("--lengths", "64,x", "got '64,x'")])
 def test_out_of_range_numbers_exit_2_before_any_restore(capsys, tmp_path, empty_workdir,
                                                         no_restore, option, value, says):
   line = argument_error(capsys, ["--workdir", empty_workdir, "--out", tmp_path / "eval",
@@ -164,6 +168,24 @@ def test_in_range_numbers_are_accepted():
   args = cli.parse_args(["--workdir", "w", "--stride", "1", "--chunk", "1", "--seed", "0"])
   assert (args.stride, args.chunk, args.seed) == (1.0, 1, 0)
   assert cli.parse_args(["--workdir", "w", "--stride", "1e-3"]).stride == 1e-3
+  args = cli.parse_args(["--workdir", "w", "--yarn", "all", "--yarn-fixed-factor", "1.5"])
+  assert (args.yarn, args.yarn_fixed_factor) == ("all", 1.5)
+  args = cli.parse_args(["--workdir", "w", "--ruler-lengths", "4096,8192"])
+  assert args.ruler_lengths == [4096, 8192] and args.lengths is None
+
+
+def test_a_fixed_yarn_factor_needs_yarn_all(capsys):
+  for yarn in ("off", "on", "both"):
+    line = argument_error(capsys, ["--workdir", "w", "--yarn", yarn, "--yarn-fixed-factor", "8"])
+    assert f"only --yarn all evaluates; got --yarn {yarn}" in line
+
+
+def test_suite_lengths_include_half_the_training_length():
+  assert cli.suite_lengths(cli.SUITES["full"]["multiples"], 1024) == [
+      512, 1024, 2048, 4096, 8192, 16384]
+  assert cli.suite_lengths((0.5, 1, 1.0, 4), 33) == [16, 33, 132]  # int(m T), no repeats
+  assert cli.SUITES["full"]["ruler_samples"] >= 25
+  assert all(s["icl_length_multiples"] == (1,) for s in cli.SUITES.values())
 
 
 def test_both_suites_include_the_qa_tasks():

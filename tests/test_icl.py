@@ -463,3 +463,59 @@ def test_task_results_do_not_depend_on_the_other_tasks():
   accuracies = [t["accuracy"] for t in full["tasks"].values()]
   assert full["accuracy"] == pytest.approx(np.mean(accuracies))
   assert 0.0 < full["accuracy"] < 1.0
+  for name, task in full["tasks"].items():  # per-sample records: 8 a cell, mean = aggregate
+    axis = "shots" if name.startswith("fewshot") else "length"
+    assert set(task[f"sample_correct_by_{axis}"]) == set(task[f"by_{axis}"])
+    for value, accuracy in task[f"by_{axis}"].items():
+      correct = task[f"sample_correct_by_{axis}"][value]
+      assert len(correct) == len(task[f"sample_nll_by_{axis}"][value]) == 8
+      assert set(correct) <= {0, 1} and np.mean(correct) == accuracy
+      assert task[f"sample_nll_by_{axis}"][value] == [1.0] * 8
+    assert task["n"] == 8 * len(task[f"by_{axis}"])
+    assert task["correct"] == sum(map(sum, task[f"sample_correct_by_{axis}"].values()))
+
+
+# ------------------------------------------------------------- inside the training context
+
+
+def test_cli_icl_scores_inside_the_training_context_and_counts_cut_prompts(files):
+  """rove-eval's ICL: the by-length tasks at the training length T only; every pair (synthetic
+  or task file) longer than T is cut from the left to T tokens, whatever the encoding, and the
+  cut prompts are counted per task."""
+  import argparse
+  import types
+
+  from rove_jax.evaluation import cli
+  tok, T, seen = ByteTok(), 64, []
+
+  def score_fn(prompts, answers):
+    seen.extend(len(p) + len(a) for p, a in zip(prompts, answers))
+    return [(1.0, True)] * len(prompts)
+
+  run = types.SimpleNamespace(train_len=T, tokenizer=tok)
+  scorer = types.SimpleNamespace(score_fn=lambda: score_fn)
+  args = argparse.Namespace(no_progress=True, seed=0, icl_tasks="specs.json", icl_specs=[
+      icl.TaskSpec("mc", files["mc"], "multiple_choice", num_fewshot=3)])
+  suite = {**cli.SUITES["full"], "icl_shots": (0, 8), "icl_samples": 2}
+  got = cli._icl(run, scorer, args, suite, lengths=None)
+  assert got["protocol"]["context"] == T and got["protocol"]["lengths"] == [T]
+  assert f"training context of {T} tokens" in got["protocol"]["rule"]
+  synth = got["synthetic"]
+  assert set(synth["tasks"]) | set(synth["skipped"]) == set(icl.synthetic_tasks())
+  assert max(seen) <= T and len(seen) == synth["prompts"] + got["files"]["prompts"]
+  for name, task in synth["tasks"].items():
+    if name in icl.LENGTH_TASKS:
+      assert list(task["by_length"]) == [str(T)] and task["truncated"] == 0
+      continue
+    pairs = [p for k in (0, 8) for p in icl.synthetic_examples(name, tok, shots=k, max_shots=8,
+                                                               samples=2)]
+    too_long = sum(1 + len(tok.encode(p)) + len(tok.encode(a)) > T for p, a in pairs)
+    assert (task["prompts"], task["truncated"]) == (4, too_long) and too_long > 0
+  assert synth["truncated"] == sum(t["truncated"] for t in synth["tasks"].values())
+  spec = args.icl_specs[0]
+  examples = icl.read_task_file(spec)
+  too_long = sum(1 + len(tok.encode(p)) + len(tok.encode(c)) > T for i in range(len(examples))
+                 for p, c in icl.build_prompts(spec, examples, i, seed=0))
+  mc = got["files"]["tasks"]["mc"]  # 4 choices of 10 examples, each after 3 shots
+  assert (mc["prompts"], mc["truncated"], got["files"]["truncated"]) == (40, too_long, too_long)
+  assert got["files"]["core"] == icl.core_score(got["files"]["tasks"])

@@ -180,3 +180,31 @@ def test_score_pairs_and_means_on_hand_numbers():
   assert nll == pytest.approx(2.0) and exact == pytest.approx(2 / 3)
   with pytest.raises(ValueError, match="returned 2 results for 3 pairs of task 'x'; it must"):
     prompting.score_pairs(lambda p, a: [(0.0, True)] * 2, prompts, answers, " of task 'x'")
+
+
+def test_sample_records_round_to_six_digits_in_order():
+  records = prompting.sample_records([(1 / 3, True), (123456.78, False), (2.0, True)])
+  assert records == {"sample_nll": [0.333333, 123457.0, 2.0], "sample_correct": [1, 0, 1]}
+  assert prompting.round_sig(-0.000123456789) == -0.000123457
+
+
+def test_context_fit_cuts_prompts_from_the_left_and_counts_them():
+  seen = []
+
+  def score_fn(prompts, answers):
+    seen.append([p.tolist() for p in prompts])
+    return [(float(len(p)), True) for p in prompts]
+
+  fit = prompting.ContextFit(score_fn, 6)
+  answers = [np.array([9, 9], np.int32)] * 3
+  prompts = [np.arange(4, dtype=np.int32), np.arange(5, dtype=np.int32),
+             np.arange(10, dtype=np.int32)]
+  assert fit(prompts, answers) == [(4.0, True), (4.0, True), (4.0, True)]
+  # The one that fit is untouched; the others keep their last tokens (the question).
+  assert seen == [[[0, 1, 2, 3], [1, 2, 3, 4], [6, 7, 8, 9]]]
+  assert (fit.prompts, fit.truncated) == (3, 2)
+  fit(prompts[:1], answers[:1])
+  assert (fit.prompts, fit.truncated) == (4, 2)  # counts add up over calls
+  with pytest.raises(ValueError, match="an answer of 6 tokens leaves no room for a prompt in a "
+                                       "context of 6 tokens"):
+    fit(prompts[:1], [np.arange(6, dtype=np.int32)])

@@ -13,6 +13,7 @@ import collections
 import contextlib
 import importlib
 import io
+import itertools
 import pathlib
 import re
 import shlex
@@ -123,6 +124,8 @@ def program(tokens):
   elif head == "python" and rest[:1] in (["train.py"], ["reproduce.py"]):
     head, rest = rest[0][:-3], rest[1:]
   kind = head.split(".")[0]
+  if kind == "reproduce" and any(a.split("=")[0] == "--scale" for a in rest):
+    return kind, "rove_jax.paper_recipe", rest  # reproduce.py --scale: the paper-scale recipe
   return kind, head if kind in ("train", "eval", "reproduce", "bench") else None, rest
 
 
@@ -212,8 +215,8 @@ def train_problems(args, mode) -> list:
 
 
 def make_problems(kind, args, context) -> list:
-  """A Makefile target whose dry run runs what MAKE_EXPECTS says, on one workdir, each pip /
-  train / eval / reproduce line of it passing its own check."""
+  """A Makefile target whose dry run runs what MAKE_EXPECTS says, evaluates the workdirs it
+  trains, and each pip / train / eval / reproduce line of it passes its own check."""
   makefile, problems = (ROOT / "Makefile").read_text(), []
   assert not re.search(r"^\t[@-]*\+", makefile, re.M), "`make -n` would run the `+` lines"
   for t in [a for a in args if "=" not in a and not a.startswith("-")] or [None]:
@@ -223,15 +226,29 @@ def make_problems(kind, args, context) -> list:
     # -n prints the recipes without running them; -B prints all, whatever .venv's state.
     p = subprocess.run(["make", "-n", "-B", "--no-print-directory", *[a for a in args if "=" in a],
                         t], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    workdirs = set(re.findall(r"--workdir[= ](\S+)", p.stdout))
+    trained, evaluated = _workdirs(p.stdout)
     problems += [f"`make -n {t}` exited {p.returncode}: {p.stderr[-800:]}"] * bool(p.returncode)
     problems += [f"`make -n {t}` does not run `{e}`" for e in MAKE_EXPECTS.get(t, [])
                  if e not in p.stdout]
-    problems += [f"make {t} uses several workdirs: {workdirs}"] * (len(workdirs) > 1)
+    problems += [f"make {t} evaluates {sorted(evaluated)}, not what it trains "
+                 f"{sorted(trained)}"] * bool(trained and evaluated and trained != evaluated)
     problems += [q for sub in map(words, p.stdout.splitlines())
                  if sub and program(sub)[0] in ("pip", "train", "eval", "reproduce")
                  for q in command_problems(sub, context)]
   return problems
+
+
+def _workdirs(recipe: str) -> tuple:
+  """(the train lines' --workdir values, the eval lines' --workdir and --compare values)."""
+  trained, evaluated = set(), set()
+  for sub in filter(None, map(words, recipe.splitlines())):
+    kind, _, args = program(sub)
+    for i, a in enumerate(args):
+      if kind == "train" and a == "--workdir":
+        trained.add(args[i + 1])
+      elif kind == "eval" and a in ("--workdir", "--compare"):
+        evaluated.update(itertools.takewhile(lambda w: not w.startswith("-"), args[i + 1:]))
+  return trained, evaluated
 
 
 def pip_problems(kind, args, context) -> list:
@@ -308,7 +325,7 @@ def problems_of(cmd: Command, readme: str = README, commands=None) -> list:
     names = [first] + [f"{first.rsplit('.', 1)[0]}.{s}" for s in siblings]
     aot = () if first.startswith("--config") else ("bench.aot",)  # it passes --config on
     if any(not argparse_problems(t, names, "reference")
-           for t in ("eval", "reproduce", "bench") + aot):
+           for t in ("eval", "reproduce", "rove_jax.paper_recipe", "bench") + aot):
       return []
     return [f"{p}, nor an option of another README program"
             for p in train_problems(names, "reference")]
@@ -347,7 +364,7 @@ SAMPLES = [
     ("python -m bench.attention ratio|sideways", "'sideways' is not a choice"),
     ("python reproduce.py --encodings rove,alibi", "unknown ['alibi']"),
     ("make no_such_target", "no such target"),
-    ("make demo DEMO_ARGS=--config.steps=x", "rove-train --config.steps=x rejected"),
+    ("make demo DEMO_ARGS=--config.steps=x", "rove-train --config.steps=x --workdir"),
     ("pip install -e '.[no_such_extra]'", "'no_such_extra' is not in pyproject.toml"),
     ("bash bench/no_such_script.sh", "no such script"),
     ("srun --nodes=2 python train.py ... --config.mesh.fsdp=0", "could not be run"),

@@ -4,6 +4,8 @@ command end to end on tiny settings."""
 import json
 import math
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -16,48 +18,95 @@ from tests.conftest import subprocess_env
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(enc, seed, ppl_by_len, ruler_vt, icl_acc):
-  lengths = sorted(ppl_by_len)
+T = 32  # the hand-made runs' training length
+SEED_OFFSET = {0: -0.05, 1: 0.0, 2: 0.05}
+WINDOW_DIFFICULTY = (-0.2, 0.1, 0.3, -0.2)  # shared by every run: the units are paired
+SAMPLE_DIFFICULTY = (-0.3, 0.0, 0.3)
+# Per-token loss without YaRN by length: RoVE clearly lower past T, level with RoPE at T.
+PPL = {"rove": {16: 2.5, 32: 2.0, 64: 2.3, 128: 2.6},
+       "rope": {16: 2.51, 32: 2.01, 64: 2.7, 128: 3.2},
+       "nope": {16: 3.0, 32: 2.8, 64: 3.5, 128: 4.0}}
+YARN_GAIN = {"rove": 0.3, "rope": 0.4}  # YaRN lowers the loss past T by this much
+# RULER answer NLL by task: RoVE clearly lower on niah_single_1, cwe and fwe, level on vt.
+RULER = {"rove": {"niah_single_1": 1.0, "vt": 2.0, "cwe": 1.5, "fwe": 2.5},
+         "rope": {"niah_single_1": 1.5, "vt": 2.02, "cwe": 2.5, "fwe": 3.0},
+         "nope": {"niah_single_1": 2.0, "vt": 2.0, "cwe": 2.0, "fwe": 2.0}}
+RULER_LENGTHS = (64, 128)
+ICL_NLL = {"rove": 2.0, "rope": 2.5, "nope": 3.0}
+
+
+def _ppl_row(loss, seed):
+  nll = [round((loss + SEED_OFFSET[seed] + d) * 8, 4) for d in WINDOW_DIFFICULTY]
+  mean = sum(nll) / 32
+  return {"loss": mean, "ppl": math.exp(mean), "tokens": 32, "windows": 4, "by_position": [],
+          "window_nll": nll, "window_tokens": [8, 8, 8, 8]}
+
+
+def _ruler_row(nll, seed, correct):
+  samples = [round(nll + SEED_OFFSET[seed] * 2 + d, 4) for d in SAMPLE_DIFFICULTY]
+  return {"nll": sum(samples) / 3, "exact_match": sum(correct) / 3, "n": 3,
+          "correct": sum(correct), "sample_nll": samples, "sample_correct": correct}
+
+
+def _icl_row(axis, values, nll, seed, correct):
+  """A synthetic ICL task row with 4 samples at each axis value; `correct` right answers in
+  its first cell."""
+  row = {f"by_{axis}": {}, f"nll_by_{axis}": {}, f"sample_nll_by_{axis}": {},
+         f"sample_correct_by_{axis}": {}}
+  for i, v in enumerate(values):
+    right = [1] * (correct if i == 0 else 0) + [0] * (4 - (correct if i == 0 else 0))
+    samples = [round(nll + SEED_OFFSET[seed] + d, 4) for d in (-0.2, 0.0, 0.1, 0.1)]
+    row[f"by_{axis}"][v] = sum(right) / 4
+    row[f"nll_by_{axis}"][v] = sum(samples) / 4
+    row[f"sample_nll_by_{axis}"][v] = samples
+    row[f"sample_correct_by_{axis}"][v] = right
+  n = 4 * len(values)
+  k = sum(sum(x) for x in row[f"sample_correct_by_{axis}"].values())
+  return {**row, "accuracy": k / n, "n": n, "correct": k, "prompts": n, "truncated": 1}
+
+
+def _run(enc, seed):
+  """One schema-v2 run of the hand-made study (RoVE's seed 0 gets one ICL answer right)."""
+  rotary = enc != "nope"
+  ppl = {"protocol": {"yarn_fixed_factor": 4.0},
+         "none": {str(L): _ppl_row(x, seed) for L, x in PPL[enc].items()}}
+  for setting, gain in (("yarn", 1.0), ("yarn_fixed", 0.8)):
+    ppl[setting] = ({str(L): _ppl_row(x - (YARN_GAIN[enc] * gain if L > T else 0.0), seed)
+                     for L, x in PPL[enc].items()} if rotary else
+                    {"not_applicable": "pos_encoding='nope' has no rotary frequencies"})
+  settings = {}
+  for setting, shift in (("none", 0.0), ("yarn", -0.1)):
+    if setting == "yarn" and not rotary:
+      settings[setting] = {"not_applicable": "no rotary frequencies"}
+      continue
+    settings[setting] = {"tasks": {task: {
+        str(L): _ruler_row(nll + shift, seed, [0, 0, 0]) for L in RULER_LENGTHS
+        if not (task == "cwe" and L == 64)} for task, nll in RULER[enc].items()}}
+  correct = 1 if (enc, seed) == ("rove", 0) else 0
+  tasks = {"associative_recall": _icl_row("length", ["32"], ICL_NLL[enc], seed, correct),
+           "fewshot_reverse": _icl_row("shots", ["0", "2"], ICL_NLL[enc] + 0.5, seed, 0)}
   return {"name": f"{enc}-s{seed}", "workdir": f"runs/{enc}-s{seed}", "step": 10,
           "model": {"pos_encoding": enc, "params": 1000, "n_layer": 2, "d_model": 64,
-                    "n_head": 2, "max_len": lengths[0]},
-          "perplexity": {"protocol": {},
-                         "none": {str(L): {"loss": math.log(p), "ppl": p, "tokens": 100}
-                                  for L, p in ppl_by_len.items()},
-                         "yarn": {str(L): {"loss": math.log(p - 1), "ppl": p - 1, "tokens": 100}
-                                  for L, p in ppl_by_len.items()}},
-          "ruler": {"tasks": {"vt": {"512": {"nll": ruler_vt, "exact_match": 0.25, "n": 4}}},
-                    "skipped": {}, "yarn": True},
-          "icl": {"synthetic": {"tasks": {"recall": {"by_length": {"32": icl_acc},
-                                                     "nll_by_length": {"32": 2.0},
-                                                     "accuracy": icl_acc}},
-                                "accuracy": icl_acc}, "files": None},
-          "seconds": {}}
-
-
-def test_stats_and_verdicts_by_hand():
-  s = w.stats([10.0, 12.0])
-  assert s["mean"] == 11.0 and s["spread"] == 1.0 and s["n"] == 2
-  assert w.stats([None, float("nan")]) is None
-  rope = w.stats([20.0, 22.0])  # mean 21 +- 1
-  assert w.compare(w.stats([16.0, 18.0]), rope).startswith("agrees")       # gap 4 > noise 2
-  assert w.compare(w.stats([19.0, 21.0]), rope).startswith("same direction, within")  # gap 1
-  assert w.compare(w.stats([25.0, 27.0]), rope).startswith("disagrees")    # gap -5
-  assert w.compare(w.stats([21.0, 23.0]), rope).startswith("opposite direction, within")
-  assert "RoVE 19.0% better" in w.compare(w.stats([16.0, 18.0]), rope)
-  assert w.compare(w.stats([0.6, 0.6]), w.stats([0.2, 0.3]), lower_is_better=False) \
-      .startswith("agrees")
-  assert "one seed" in w.compare(w.stats([16.0]), w.stats([21.0]))
-  assert w.compare(None, rope) == "not measured"
+                    "n_head": 2, "max_len": T, "train_len": T},
+          "perplexity": ppl,
+          "ruler": {"protocol": {"samples": 3, "seed": 0, "lengths": list(RULER_LENGTHS),
+                                 "train_len": T, "yarn_factor": "L / train_len"},
+                    "settings": settings,
+                    "skipped": {"cwe@64": "the task's fixed text does not fit in 64 tokens",
+                                "qa_1": "needs --squad FILE"}},
+          "icl": {"protocol": {"context": T, "lengths": [T], "samples": 4, "shots": [0, 2],
+                               "seed": 0, "rule": "every prompt is scored inside the "
+                                                  "training context of 32 tokens"},
+                  "synthetic": {"tasks": tasks, "skipped": {},
+                                "accuracy": sum(t["accuracy"] for t in tasks.values()) / 2,
+                                "prompts": 12, "truncated": 2},
+                  "files": None},
+          "seconds": {"perplexity": 6.0}}
 
 
 def _hand_made():
-  """(report, runs, curves, meta): two seeds of RoVE and RoPE, one of NoPE."""
-  runs_rep = [_run("rove", 0, {32: 10.0, 128: 12.0}, 3.0, 0.5),
-              _run("rove", 1, {32: 11.0, 128: 13.0}, 3.2, 0.4),
-              _run("rope", 0, {32: 11.0, 128: 20.0}, 4.0, 0.1),
-              _run("rope", 1, {32: 12.0, 128: 22.0}, 4.4, 0.2),
-              _run("nope", 0, {32: 15.0, 128: 40.0}, 5.0, 0.0)]
+  """(report, runs, curves, meta): three seeds of RoVE, RoPE and NoPE."""
+  runs_rep = [_run(enc, seed) for enc in ("rove", "rope", "nope") for seed in (0, 1, 2)]
   report = {"schema_version": report_lib.SCHEMA_VERSION, "suite": "full", "created": "now",
             "runs": runs_rep}
   report_lib.validate(report)
@@ -70,37 +119,125 @@ def _hand_made():
   return report, runs, curves, meta
 
 
+def _recall_records():
+  """Retrieval-study records (training length 16): RoVE clearly better at 64 tokens without
+  YaRN, level with RoPE at 32; NoPE at chance."""
+  acc = {"rove": {16: 4, 32: 3, 64: 3}, "rope": {16: 4, 32: 3, 64: 0},
+         "nope": {16: 1, 32: 0, 64: 0}}  # correct answers out of 4, seed 0
+  records = []
+  for enc, by_len in acc.items():
+    for seed in (0, 1, 2):
+      for setting in ("none", "yarn") if enc != "nope" else ("none",):
+        for L, k in by_len.items():
+          right = [1] * k + [0] * (4 - k)
+          nll = [round(0.5 + (4 - k) * 0.5 + d + 0.01 * seed, 4) for d in (0.0, 0.1, 0.2, 0.3)]
+          records.append({"encoding": enc, "seed": seed, "setting": setting, "length": L,
+                          "multiple": L / 16, "n": 4, "accuracy": k / 4,
+                          "nll": sum(nll) / 4, "sample_correct": right, "sample_nll": nll})
+  return records
+
+
+N_BOOT = 400  # fewer replicates than the write-up's default: the tests compare like with like
+
+
+def _section(text, heading):
+  start = text.index(heading)
+  end = text.find("\n## ", start + 1)
+  return text[start:end if end > 0 else len(text)]
+
+
+def _claims(text):
+  """The claims table's rows as (id, claim, test, figure, verdict)."""
+  table = _section(text, "## The paper's claims, one by one")
+  return [tuple(c.strip() for c in line.strip("|").split(" | "))
+          for line in table.splitlines() if re.match(r"\| [a-f]\d? \|", line)]
+
+
 def test_build_tables_from_a_hand_made_report():
+  from rove_jax.evaluation import stats
   report, runs, curves, meta = _hand_made()
-  text, summary = w.build(report, runs, curves, meta)
-  e = summary["encodings"]
-  assert e["rove"]["table1"]["ppl"]["mean"] == pytest.approx(10.5)
-  assert e["rove"]["table1"]["ppl"]["spread"] == pytest.approx(0.5)
-  assert e["rope"]["ppl"]["yarn"]["128"]["mean"] == pytest.approx(20.0)
-  assert e["nope"]["table1"]["ppl"]["n"] == 1
-  assert e["rove"]["ruler"]["vt"]["mean"] == pytest.approx(3.1)
-  verdicts = {c["claim"]: c["verdict"] for c in summary["claims"]}
-  # 1x: 10.5 +- 0.5 vs 11.5 +- 0.5: gap 1.0 == noise 1.0, not beyond it.
-  assert verdicts["RoVE lowers in-context perplexity (training length)"].startswith(
-      "same direction, within")
-  assert verdicts["RoVE lowers perplexity at 128 tokens (4x) without YaRN"].startswith("agrees")
-  assert verdicts["RoVE lowers RULER NLL on vt"].startswith("agrees")
-  assert verdicts["RoVE raises in-context-learning accuracy"].startswith("agrees")
-  assert "| RoVE | 2 | " in text and "| NoPE | 1 | " in text
-  assert "10.50 ± 0.50" in text  # the 1x perplexity cell
-  assert "best cell of any run: 0.25" in text
-  for name in ("rove-s0", "rove-s1", "rope-s0", "rope-s1", "nope-s0"):  # every run reported
+  text, summary, png = w.build(report, runs, curves, meta, n_boot=N_BOOT)
+  assert png is None  # no retrieval records
+  rove = [r for r in report["runs"] if r["model"]["pos_encoding"] == "rove"]
+  # A perplexity cell is stats.mean_interval of the token-weighted loss, under exp.
+  rows = [r["perplexity"]["none"]["128"] for r in rove]
+  iv = stats.mean_interval([r["window_nll"] for r in rows], weights=[r["window_tokens"]
+                           for r in rows], n_boot=N_BOOT, seed=0).transformed(math.exp)
+  assert iv.estimate == pytest.approx(math.exp(2.6), rel=1e-3)
+  cell = f"{iv.estimate:.2f} [{iv.lower:.2f}, {iv.upper:.2f}]"
+  row = next(line for line in _section(text, "## Perplexity by").splitlines()
+             if line.startswith("| RoVE | no YaRN |"))
+  assert row.split(" | ")[-1] == cell + " |"
+  assert summary["encodings"]["rove"]["ppl"]["none"]["128"]["estimate"] == iv.estimate
+  # RULER: a task's NLL is the mean over the lengths it was scored at (cwe: 128 only).
+  nll = stats.mean_interval([r["ruler"]["settings"]["none"]["tasks"]["cwe"]["128"]["sample_nll"]
+                             for r in rove], n_boot=N_BOOT, seed=0)
+  assert summary["ruler"]["none"]["cwe"]["nll"]["rove"]["estimate"] == pytest.approx(nll.estimate)
+  assert summary["ruler"]["none"]["cwe"]["lengths"] == [128]
+  assert "- cwe: skipped at 64 tokens (the task's fixed text" in text
+  assert "- qa_1: not scored (needs --squad FILE)" in text
+  # Verdicts from intervals: level at T (inconclusive), RoVE clearly lower past it (supports).
+  claims = _claims(text)
+  by_test = {c[2]: c for c in claims}
+  at_t = by_test["perplexity at the training length (32 tokens), no YaRN: RoVE / RoPE - 1"]
+  assert at_t[0] == "b" and at_t[4] == "inconclusive"
+  assert by_test["perplexity at 128 tokens (4x), no YaRN: RoVE / RoPE - 1"][4] == "supports"
+  ruler_rows = [c for c in claims if c[2].startswith("RULER ") and "aggregation" not in c[2]]
+  for task in ("niah_single_1", "vt", "cwe", "fwe"):
+    for setting in ("no YaRN", "YaRN, factor L/T"):
+      [row] = [c for c in ruler_rows if c[2].startswith(f"RULER {task} ") and setting in c[2]]
+      assert row[4] == ("inconclusive" if task == "vt" else "supports"), row
+      assert "exact match RoVE 0/" in row[3]  # floor metrics as counts
+  # ICL accuracy is at the floor (1 of 36 right): counts, no verdict, no percentage.
+  [acc] = [c for c in claims if c[0] == "a" and "exact match" in c[2]]
+  assert acc[4] == "at the floor: RoVE 1/36, RoPE 0/36 correct" and "%" not in acc[3]
+  assert "%" not in _section(text, "## In-context learning inside")
+  [icl_nll] = [c for c in claims if c[0] == "a" and "NLL" in c[2]]
+  assert icl_nll[4] == "supports"
+  assert {c[0] for c in claims} >= {"a", "b", "c", "d1", "d2", "e", "f"}
+  assert "| NoPE | 3 | " in text and "± " not in text and "spreads added" not in text
+  assert "88.5" in text and str(N_BOOT) in text  # the method paragraph and its limit
+  for name in ("rove-s0", "rope-s2", "nope-s1"):  # every run reported
     assert f"| {name} |" in text
 
 
-def test_write_replaces_readme_summary_and_curves_together(tmp_path, monkeypatch):
+def test_build_with_one_encoding_and_perplexity_only():
   report, runs, curves, meta = _hand_made()
-  summary = w.write(str(tmp_path), report, runs, curves, meta)
-  text, _ = w.build(report, runs, curves, meta)
+  report["runs"] = [r for r in report["runs"] if r["model"]["pos_encoding"] == "rove"]
+  for r in report["runs"]:
+    r["ruler"] = r["icl"] = None
+  text, summary, _ = w.build(report, runs[:3], curves, meta, n_boot=N_BOOT)
+  assert "## RULER" not in text and "## In-context learning" not in text
+  assert "Needs RoVE and RoPE runs." in text and summary["claims"] == []
+  assert "| RoVE | no YaRN | " in text and "| RoVE | 3 | " in text
+
+
+def test_writeup_quotes_the_coverage_that_stats_measured():
+  from rove_jax.evaluation import results_stats, stats
+  doc = " ".join(stats.__doc__.split())
+  sds = " / ".join(s for s, _ in results_stats.COVERAGE)
+  cover = " / ".join(c for _, c in results_stats.COVERAGE)
+  assert f"seed-offset sd {sds}: {cover} %" in doc
+
+
+def test_pooled_scores_average_to_the_linear_combination():
+  from rove_jax.evaluation import results_stats as rs
+  # two runs; part A has 2 units, part B 4: 0.5 * mean(A) - 0.25 * mean(B)
+  a, b = [[1.0, 3.0], [2.0, 2.0]], [[4.0, 4.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
+  runs = rs.pooled([(0.5, a), (-0.25, b)])
+  assert [float(x.mean()) for x in runs] == pytest.approx([0.5 * 2 - 0.25 * 2, 1 - 0.25])
+
+
+def test_write_replaces_readme_summary_and_curves_together(tmp_path, monkeypatch):
+  calls = _fake_plots(monkeypatch)
+  report, runs, curves, meta = _hand_made()
+  summary = w.write(str(tmp_path), report, runs, curves, meta, n_boot=N_BOOT)
+  text, _, _ = w.build(report, runs, curves, meta, n_boot=N_BOOT)
   assert (tmp_path / "README.md").read_text() == text
   assert json.loads((tmp_path / "summary.json").read_text())["claims"] == summary["claims"]
-  png = (tmp_path / "loss_curves.png").read_bytes()
-  assert png.startswith(b"\x89PNG")
+  assert (tmp_path / "loss_curves.png").read_bytes() == b"\x89PNG loss"
+  assert calls == [("loss_curves", 9)]  # no retrieval records: no retrieval plot
+  assert not (tmp_path / w.RECALL_PNG).exists()
   before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
   # A failure while writing the second file (a full disk) replaces none of the three.
   original = report_lib._write_data
@@ -113,14 +250,60 @@ def test_write_replaces_readme_summary_and_curves_together(tmp_path, monkeypatch
   monkeypatch.setattr(report_lib, "_write_data", fail_on_summary)
   meta2 = {**meta, "commit": "def"}
   with pytest.raises(OSError, match="No space"):
-    w.write(str(tmp_path), report, runs, {}, meta2)
+    w.write(str(tmp_path), report, runs, {}, meta2, n_boot=N_BOOT)
   assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp files left
   monkeypatch.setattr(report_lib, "_write_data", original)
   assert "(loss_curves.png)" in text
-  w.write(str(tmp_path), report, runs, {}, meta2)  # no curves logged: neither link nor file
+  w.write(str(tmp_path), report, runs, {}, meta2, n_boot=N_BOOT)  # no curves: no link, no file
   text2 = (tmp_path / "README.md").read_text()
   assert "def" in text2 and "(loss_curves.png)" not in text2
   assert not (tmp_path / "loss_curves.png").exists()
+
+
+def _fake_plots(monkeypatch):
+  """plots' PNG renderers replaced by stand-ins that record their calls (tests/test_plots.py
+  covers the drawing; these tests cover which files the write-up writes and links)."""
+  from rove_jax.evaluation import plots
+  calls = []
+
+  def loss_curves(curves, runs, names):
+    calls.append(("loss_curves", len(runs)))
+    return b"\x89PNG loss" if any("loss" in r for rows in curves.values() for r in rows) else None
+
+  def retrieval_study(records, *, title="", train_lengths=()):
+    calls.append(("retrieval_study", len(records), list(train_lengths)))
+    return b"\x89PNG recall" if records else None
+
+  monkeypatch.setattr(plots, "loss_curves", loss_curves)
+  monkeypatch.setattr(plots, "retrieval_study", retrieval_study)
+  return calls
+
+
+def test_write_adds_the_retrieval_study_and_its_plot(tmp_path, monkeypatch):
+  from rove_jax.evaluation import stats
+  calls = _fake_plots(monkeypatch)
+  report, runs, curves, meta = _hand_made()
+  records = _recall_records()
+  w.write(str(tmp_path), report, runs, {}, meta, recall=records, n_boot=N_BOOT)
+  text = (tmp_path / "README.md").read_text()
+  assert (tmp_path / w.RECALL_PNG).read_bytes() == b"\x89PNG recall"
+  assert ("retrieval_study", len(records), [16]) in calls  # T = length / multiple
+  study = _section(text, "## Retrieval study")
+  assert f"![retrieval study]({w.RECALL_PNG})" in study
+  cells = [r["sample_correct"] for r in records
+           if (r["encoding"], r["setting"], r["length"]) == ("rove", "none", 64)]
+  iv = stats.mean_interval(cells, n_boot=N_BOOT, seed=0)
+  row = next(line for line in study.splitlines() if line.startswith("| RoVE | no YaRN |"))
+  assert row.endswith(f"{iv.estimate:.2f} [{iv.lower:.2f}, {iv.upper:.2f}] |")
+  # The paragraph's tally, from the comparisons past T = 16: accuracy higher at 64 (both
+  # settings), level at 32 (both).
+  assert "Of the 4 length-setting cells past the training length, RoVE's accuracy is higher " \
+         "than RoPE's (interval excluding 0) in 2, lower in 0, and the interval includes 0 " \
+         "in 2;" in study
+  rows = [c for c in _claims(text) if c[2].startswith("retrieval study")]
+  assert [c[4] for c in rows if "accuracy" in c[2]] == ["supports", "supports"]
+  w.write(str(tmp_path), report, runs, {}, meta, n_boot=N_BOOT)  # no records: no stale plot
+  assert not (tmp_path / w.RECALL_PNG).exists()
 
 
 @pytest.mark.slow
@@ -129,13 +312,13 @@ def test_reproduce_quick_end_to_end(tmp_path):
   out, runs_dir = tmp_path / "results", tmp_path / "runs"
   cmd = [sys.executable, os.path.join(ROOT, "reproduce.py"), "--quick", "--out", str(out),
          "--runs-dir", str(runs_dir), "--seeds", "0", "--encodings", "rove,rope",
-         "--steps", "4"]
+         "--steps", "4", "--no-recall"]
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   text = (out / "README.md").read_text()
   assert "--quick smoke run" in text
   assert "| RoVE | 1 |" in text and "| RoPE | 1 |" in text
-  assert "## Where the small-scale result agrees with the paper" in text
+  assert "## The paper's claims, one by one" in text and "(1 seed: units only)" in text
   report = json.loads((out / "eval" / "report.json").read_text())
   report_lib.validate(report)
   assert sorted(r["model"]["pos_encoding"] for r in report["runs"]) == ["rope", "rove"]
@@ -172,3 +355,224 @@ def test_reproduce_rejects_bad_arguments():
     with pytest.raises(SystemExit) as e:
       reproduce.parse_args(argv)
     assert e.value.code == 2
+
+
+def test_plan_runs_every_encoding_on_three_seeds_by_default():
+  import reproduce
+  plan = reproduce.plan(reproduce.parse_args([]))
+  assert [(r["encoding"], r["seed"]) for r in plan] == [
+      (e, s) for e in ("rove", "rope", "nope") for s in (0, 1, 2)]
+  plan = reproduce.plan(reproduce.parse_args(["--nope-seeds", "1"]))
+  assert [r["seed"] for r in plan if r["encoding"] == "nope"] == [0]
+  with pytest.raises(SystemExit):
+    reproduce.parse_args(["--nope-seeds", "0"])
+
+
+def _fake_reproduce(monkeypatch, tmp_path, *, recall_present):
+  """reproduce.main's children faked: training does nothing, the evaluation writes the
+  hand-made report, the retrieval study its records. Returns (commands, write calls)."""
+  import reproduce
+  from rove_jax.evaluation import results_writeup
+  report = _hand_made()[0]
+  calls, writes = [], []
+
+  def fake_call(cmd, env=None):
+    calls.append(cmd)
+    out = cmd[cmd.index("--out") + 1] if "--out" in cmd else None
+    if "rove_jax.evaluation.cli" in cmd:
+      os.makedirs(out, exist_ok=True)
+      with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f)
+    elif reproduce.RECALL_STUDY in cmd:
+      os.makedirs(out, exist_ok=True)
+      with open(os.path.join(out, "recall.json"), "w") as f:
+        json.dump({"records": _recall_records()}, f)
+    return 0
+
+  monkeypatch.setattr(reproduce.subprocess, "call", fake_call)
+  monkeypatch.setattr(reproduce, "recall_available", lambda: recall_present)
+  monkeypatch.setattr(reproduce, "machine", lambda: "m")
+  monkeypatch.setattr(results_writeup, "write", lambda *a, **k: writes.append((a, k)))
+  argv = ["--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]
+  assert reproduce.main(argv) == 0
+  return calls, writes
+
+
+def test_reproduce_evaluates_every_setting_then_the_retrieval_study(tmp_path, monkeypatch):
+  import reproduce
+  calls, writes = _fake_reproduce(monkeypatch, tmp_path, recall_present=True)
+  train = [c for c in calls if c[1].endswith("train.py")]
+  [ev] = [c for c in calls if "rove_jax.evaluation.cli" in c]
+  [study] = [c for c in calls if reproduce.RECALL_STUDY in c]
+  assert len(train) == 9 and calls.index(ev) > calls.index(train[-1])
+  assert ev[ev.index("--yarn") + 1] == "all" and len(ev[ev.index("--compare") + 1:]) >= 8
+  assert calls.index(study) > calls.index(ev)
+  assert study[study.index("--out") + 1] == str(tmp_path / "out" / "recall")
+  assert study[study.index("--seeds") + 1] == "0,1,2"
+  [(args, kwargs)] = writes
+  assert kwargs["recall"] == _recall_records()
+
+
+def test_reproduce_without_the_retrieval_study_writes_no_records(tmp_path, monkeypatch, capsys):
+  import reproduce
+  calls, writes = _fake_reproduce(monkeypatch, tmp_path, recall_present=False)
+  assert not [c for c in calls if reproduce.RECALL_STUDY in c]
+  assert writes[0][1]["recall"] is None
+  assert "retrieval study: skipped" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------- the paper-scale recipe (--scale)
+
+
+def _scale(capsys, tmp_path, *extra):
+  """reproduce.main on a --scale command line: (exit code, stdout, stderr). The parquet shard
+  is empty: a dry run only checks that the data exists, never reads it."""
+  import reproduce
+  (tmp_path / "fw").mkdir(exist_ok=True)
+  (tmp_path / "fw" / "000_00000.parquet").write_bytes(b"")
+  argv = ["--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), *extra]
+  try:
+    code = reproduce.main(argv)
+  except SystemExit as e:
+    code = e.code
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def _commands(out, program):
+  return [shlex.split(line) for line in out.splitlines()
+          if line.strip().startswith(f"python {program}")]
+
+
+@pytest.mark.parametrize("preset", ["gpt2_124m", "gpt2_354m"])
+def test_scale_dry_run_prints_the_paper_plan(capsys, tmp_path, preset):
+  data = str(tmp_path / "fw" / "*.parquet")
+  code, out, err = _scale(capsys, tmp_path, "--scale", preset, "--data", data, "--dry-run")
+  assert code == 0, err
+  train = _commands(out, "train.py")
+  assert [t[t.index("--workdir") + 1] for t in train] == [
+      str(tmp_path / "runs" / "rove-s0"), str(tmp_path / "runs" / "rope-s0")]
+  for cmd, enc in zip(train, ("rove", "rope")):
+    assert cmd[cmd.index("--config") + 1].endswith(f"configs/{preset}.py")
+    assert f"--config.model.pos_encoding={enc}" in cmd and f"--config.data.path={data}" in cmd
+  [ev] = _commands(out, "-m rove_jax.evaluation.cli")
+  assert ev[ev.index("--lengths") + 1] == "512,1024,2048,4096,8192,16384"
+  assert ev[ev.index("--ruler-lengths") + 1] == "4096,8192"  # the paper's RULER lengths
+  assert ev[ev.index("--yarn") + 1] == "all" and "--icl-tasks" not in ev
+  assert "Core: SKIPPED: no --icl-tasks" in out and "one seed (0): a cost choice" in out
+  # Cost lines: each cites its compiled figures; the numbers are the JSON's.
+  from rove_jax import paper_recipe
+  steps = paper_recipe.load_config(preset).steps
+  cited = re.findall(r"^  (\w+) on (\S+) .*\[(\S+\.json)\]$", out, re.M)
+  assert [c[0] for c in cited] == ["rove", "rope"]
+  for enc, _, path in cited:
+    with open(os.path.join(ROOT, path) if not os.path.isabs(path) else path) as f:
+      [row] = [r for r in json.load(f)["reports"] if r["job"] == "train"]
+    assert row["pos_encoding"] == enc
+    hours = steps * row["roofline"]["step_time_bound_s"] / 3600
+    flops = steps * row["flops"] * row["devices"]
+    assert f">= {hours:.2f} h a run, >= {hours * row['devices']:.1f} device-hours; " \
+           f"{flops:.3e} FLOPs a run" in out
+    cmd = train[["rove", "rope"].index(enc)]
+    assert f"--config.mesh.data={row['mesh']['data']}" in cmd
+    assert f"--config.optim.grad_accum={row['grad_accum']}" in cmd
+  assert "compiled-figure bounds, not measurements" in out
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
+def test_scale_printed_commands_parse_with_train_and_eval_parsers(capsys, tmp_path):
+  """The printed train.py commands load and validate with rove-train's own flag parsing (the
+  config file and every override, nothing trained); the rove-eval one parses too."""
+  from unittest import mock
+
+  from absl import flags
+
+  from rove_jax import config as config_lib, train_cli
+  from rove_jax.evaluation import cli
+  data = str(tmp_path / "fw" / "*.parquet")
+  code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data", data,
+                          "--topology", "v5e-8", "--dry-run")
+  assert code == 0, err
+  FLAGS = flags.FLAGS
+  for cmd, enc in zip(_commands(out, "train.py"), ("rove", "rope")):
+    argv = train_cli._rewrite_config_flag(["rove-train", *cmd[2:]])
+    assert not train_cli._override_problems(argv)
+    try:
+      with mock.patch.object(sys, "argv", argv):
+        assert FLAGS(argv) == ["rove-train"]
+      c = FLAGS.config
+      model = config_lib.validate(c)
+    finally:
+      for name in [n for n in FLAGS if n.startswith("config.")]:
+        delattr(FLAGS, name)
+      FLAGS.unparse_flags()
+    assert model.pos_encoding == enc and model.n_layer == 12 and c.data.path == data
+    assert (c.data.batch_size, c.data.seq_len, c.data.tokenizer) == (512, 1024, "tiktoken:gpt2")
+    assert (c.mesh.data, c.optim.grad_accum) == (8, 8)  # bench/aot_results/124m_*_v5e-8.json
+  [ev] = _commands(out, "-m rove_jax.evaluation.cli")
+  args = cli.parse_args(ev[3:])
+  assert args.suite == "full" and args.lengths == [512, 1024, 2048, 4096, 8192, 16384]
+
+
+def test_scale_without_compiled_figures_prints_analytic_flops(capsys, tmp_path, monkeypatch):
+  import rove_jax.model
+  monkeypatch.setattr(rove_jax.model, "param_count", lambda cfg: 1000)
+  code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_354m", "--data",
+                          str(tmp_path / "fw"), "--topology", "v6e-16", "--encodings", "rove",
+                          "--aot-dir", str(tmp_path), "--dry-run")
+  assert code == 0, err
+  tokens = 19073 * 512 * 1024
+  assert f"6 x 1,000 x {tokens:,} = {6000 * tokens:.3e} FLOPs" in out
+  assert ("python -m bench.aot --config configs/gpt2_354m.py --topology v6e-16 "
+          "--config.model.pos_encoding=rove --recommend --json") in out
+  [cmd] = _commands(out, "train.py")
+  assert not [t for t in cmd if t.startswith(("--config.mesh", "--config.optim.grad_accum"))]
+
+
+def test_scale_input_errors_exit_2_before_any_work(capsys, tmp_path):
+  code, _, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--dry-run")
+  assert code == 2 and "--data" in err
+  code, _, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data",
+                        str(tmp_path / "none" / "*.parquet"))  # not a dry run: would train
+  assert code == 2 and "--data: the glob" in err and "matched no files" in err
+  code, _, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data", str(tmp_path / "fw"),
+                        "--icl-tasks", str(tmp_path / "core.json"))
+  assert code == 2 and "--icl-tasks" in err and "does not exist" in err
+  code, _, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data", str(tmp_path / "fw"),
+                        "--topology", "v9-8")
+  assert code == 2 and "unknown topology 'v9-8'" in err
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+  import reproduce
+  from rove_jax import paper_recipe
+  assert reproduce.SCALES == paper_recipe.PRESETS
+
+
+def test_scale_runs_the_plan_in_order_and_writes_the_report(capsys, tmp_path, monkeypatch):
+  """Without --dry-run: every train command, then the one evaluation (faked here), then
+  --out/README.md; a failed run stops the plan with how to resume it."""
+  from rove_jax import paper_recipe
+  calls = []
+
+  def fake_call(cmd, env=None):
+    calls.append(cmd)
+    if "rove_jax.evaluation.cli" in cmd:
+      out = cmd[cmd.index("--out") + 1]
+      os.makedirs(out)
+      with open(os.path.join(out, "report.md"), "w") as f:
+        f.write("# Evaluation report\n\n| run | 512 |\n|---|---|\n| rove-s0 | 21.5 |\n")
+    return 0
+
+  monkeypatch.setattr(paper_recipe.subprocess, "call", fake_call)
+  code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data",
+                          str(tmp_path / "fw"), "--encodings", "rove,rope")
+  assert code == 0, err
+  assert [c[0] for c in calls] == [sys.executable] * 3
+  assert [c[1].endswith("train.py") for c in calls] == [True, True, False]
+  readme = (tmp_path / "out" / "README.md").read_text()
+  assert "# Paper-scale run: gpt2_124m, rove vs rope" in readme and "| rove-s0 |" in readme
+  assert "## Evaluation report\n\n| run | 512 |" in readme  # rove-eval's, one level down
+  assert "Core: SKIPPED" in readme  # the plan, as printed, is part of the report
+  monkeypatch.setattr(paper_recipe.subprocess, "call", lambda cmd, env=None: 3)
+  with pytest.raises(SystemExit, match=r"training .*rove-s0 failed \(exit 3\); rerun"):
+    paper_recipe.main(["--scale", "gpt2_124m", "--data", str(tmp_path / "fw"),
+                       "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])

@@ -244,8 +244,11 @@ def test_evaluate_aggregates_hand_checkable_numbers():
   assert set(res["tasks"]) == set(expected)
   for task, (nll, em) in expected.items():
     for length in ("1024", "2048"):
-      assert res["tasks"][task][length] == {"nll": pytest.approx(nll), "exact_match":
-                                            pytest.approx(em), "n": 3}
+      correct = [1, 0, 1] if em else [0, 0, 0]  # per sample, in sample order
+      assert res["tasks"][task][length] == {
+          "nll": pytest.approx(nll), "exact_match": pytest.approx(em), "n": 3,
+          "correct": sum(correct), "sample_nll": [nll - 1, nll, nll + 1],
+          "sample_correct": correct}
   assert list(res["skipped"]) == ["qa_1"] and "squad_path" in res["skipped"]["qa_1"]
   assert [len(p) for p, _ in batches] == [3] * 6
   for prompts, answers in batches:
@@ -262,9 +265,41 @@ def test_evaluate_aggregates_hand_checkable_numbers():
 def test_evaluate_progress_bar(capsys):
   res = ruler.evaluate(lambda p, a: [(1.5, True)] * len(p), ByteTok(), tasks=["vt"],
                        lengths=[1024], samples_per_task=2, seed=1, progress=True)
-  assert res == {"tasks": {"vt": {"1024": {"nll": 1.5, "exact_match": 1.0, "n": 2}}},
+  assert res == {"tasks": {"vt": {"1024": {"nll": 1.5, "exact_match": 1.0, "n": 2, "correct": 2,
+                                          "sample_nll": [1.5, 1.5], "sample_correct": [1, 1]}}},
                  "skipped": {}}
   assert "RULER" in capsys.readouterr().err
+
+
+def test_evaluate_settings_scores_the_same_samples_under_each_setting():
+  """Each cell's samples are built once and scored by every setting's function of the length;
+  per-sample lists hold n entries in sample order, and their mean is the cell's aggregate."""
+  tok, calls = ByteTok(), []
+
+  def setting(offset):
+    def at_length(length):
+      def score(prompts, answers):
+        calls.append((offset, length, [p.tobytes() for p in prompts]))
+        return [(offset + 0.25 * i + 1 / 3, i % 2 == 0) for i in range(len(prompts))]
+      return score
+    return at_length
+
+  res = ruler.evaluate_settings({"none": setting(1.0), "yarn": setting(2.0)}, tok,
+                                tasks=["vt"], lengths=[1024], samples_per_task=3, seed=2,
+                                progress=False)
+  assert set(res) == {"settings", "skipped"} and list(res["settings"]) == ["none", "yarn"]
+  assert [(offset, length) for offset, length, _ in calls] == [(1.0, 1024), (2.0, 1024)]
+  assert calls[0][2] == calls[1][2]  # the same three samples
+  for offset, name in ((1.0, "none"), (2.0, "yarn")):
+    row = res["settings"][name]["tasks"]["vt"]["1024"]
+    assert row["n"] == len(row["sample_nll"]) == len(row["sample_correct"]) == 3
+    assert row["sample_correct"] == [1, 0, 1] and row["correct"] == 2
+    assert row["sample_nll"] == [round(offset + 0.25 * i + 1 / 3, 5) for i in range(3)]
+    assert np.mean(row["sample_nll"]) == pytest.approx(row["nll"], rel=1e-5)  # 6 digits
+    assert np.mean(row["sample_correct"]) == row["exact_match"]
+  alone = ruler.evaluate(setting(1.0)(1024), tok, tasks=["vt"], lengths=[1024],
+                         samples_per_task=3, seed=2, progress=False)
+  assert alone["tasks"] == res["settings"]["none"]["tasks"]
 
 
 def test_evaluate_errors_before_any_scoring():

@@ -60,7 +60,7 @@ def test_eval_lengths_yarn_and_labels_all_use_the_trained_length(short_run):
   np.testing.assert_allclose(ppl["yarn"][str(SEQ_LEN)]["loss"],
                              ppl["none"][str(SEQ_LEN)]["loss"], rtol=1e-6)
   # the report labels the run with the trained length
-  rep = {"schema_version": 1, "suite": "quick", "runs": [
+  rep = {"schema_version": report.SCHEMA_VERSION, "suite": "quick", "runs": [
       {**result, "ruler": None, "icl": None}]}
   report.validate(rep)
   md = report.markdown(rep)

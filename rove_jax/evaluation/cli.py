@@ -2,11 +2,19 @@
 NLL and in-context learning for trained runs, written as report.json, report.md and plots.
 
   rove-eval --workdir runs/X [--suite quick|full] [--lengths 256,512,...]
-            [--yarn off|on|both] [--tasks ppl,ruler,icl] [--compare runs/Y runs/Z]
-            [--out DIR] [--squad FILE] [--hotpot FILE] [--icl-tasks SPECS.json]
+            [--yarn off|on|both|all] [--yarn-fixed-factor F] [--tasks ppl,ruler,icl]
+            [--compare runs/Y runs/Z] [--out DIR] [--squad FILE] [--hotpot FILE]
+            [--icl-tasks SPECS.json]
 
-Lengths default to multiples of the training length, the run's data.seq_len (quick: 1x 4x
-16x; full: 1x 2x 4x 8x 16x); YaRN factors and the report's labels use the same length.
+Lengths default to multiples of the training length T, the run's data.seq_len (quick: 1x 4x
+16x; full: 0.5x 1x 2x 4x 8x 16x); YaRN factors and the report's labels use the same length.
+--yarn: off = the model as trained ("none"), on = YaRN with factor L / T at each length L > T
+("yarn"), both = none and yarn, all = none, yarn and "yarn_fixed" (perplexity at every length
+with one factor, max(lengths) / T or --yarn-fixed-factor). RULER is scored under none and/or
+yarn; encodings without rotary frequencies under none only.
+In-context learning is scored inside the training context: the by-length tasks at T tokens,
+and every prompt whose prompt + answer exceeds T tokens is cut from the left to fit (the same
+rule for every encoding; the report counts the cut prompts).
 The report goes to <first workdir>/eval/ unless --out is given.
 
 Exit status: 2 for a bad argument or input file (checked before any checkpoint is restored),
@@ -18,20 +26,30 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import math
 import os
 import sys
 import tempfile
 import time
 
+# Lengths are int(multiple * T). ICL's by-length tasks run at T only: the paper's ICL is inside
+# the training context. The quick suite leaves out 0.5x: it is a smoke test (reproduce --quick
+# and the test suite run it), and 0.5x added about a tenth to its perplexity time.
 SUITES = {
     "quick": {"multiples": (1, 4, 16), "ppl_tokens": 8192, "ruler_multiples": (4, 16),
               "ruler_tasks": ("niah_single_1", "niah_multikey_1", "vt", "cwe", "qa_1", "qa_2"),
               "ruler_samples": 2, "icl_samples": 8, "icl_shots": (0, 2, 8),
-              "icl_length_multiples": (1, 2)},
-    "full": {"multiples": (1, 2, 4, 8, 16), "ppl_tokens": 65536, "ruler_multiples": (4, 8, 16),
-             "ruler_tasks": None, "ruler_samples": 5, "icl_samples": 32,
-             "icl_shots": (0, 1, 2, 4, 8), "icl_length_multiples": (1, 2, 4)},
+              "icl_length_multiples": (1,)},
+    "full": {"multiples": (0.5, 1, 2, 4, 8, 16), "ppl_tokens": 65536,
+             "ruler_multiples": (4, 8, 16), "ruler_tasks": None, "ruler_samples": 25,
+             "icl_samples": 32, "icl_shots": (0, 1, 2, 4, 8), "icl_length_multiples": (1,)},
 }
+YARN_CHOICES = ("off", "on", "both", "all")
+# The ICL rule, as the report states it.
+ICL_CONTEXT_RULE = ("every prompt is scored inside the training context of {T} tokens: a prompt "
+                    "whose prompt + answer exceeds {T} tokens is cut from the left to fit "
+                    "(keeping the question and the nearest shots), for every encoding alike; "
+                    "no YaRN")
 TASKS = ("ppl", "ruler", "icl")
 PROG = "rove-eval"
 # RULER's QA tasks read local dev files; without one a task is reported as skipped.
@@ -61,7 +79,12 @@ def parse_args(argv, *, check_files: bool = False):
   p.add_argument("--suite", choices=tuple(SUITES), default="quick")
   p.add_argument("--lengths", help="comma-separated token counts (default: suite multiples of "
                                    "the training length)")
-  p.add_argument("--yarn", choices=("off", "on", "both"), default="both")
+  p.add_argument("--yarn", choices=YARN_CHOICES, default="both",
+                 help="off: none; on: yarn (factor L / T); both: none and yarn; all: none, yarn "
+                      "and yarn_fixed (one factor at every length; perplexity only)")
+  p.add_argument("--yarn-fixed-factor", type=float,
+                 help="the yarn_fixed factor (> 1; default: longest length / training length); "
+                      "needs --yarn all")
   p.add_argument("--tasks", default="ppl,ruler,icl")
   p.add_argument("--out", help="report directory (default: WORKDIR/eval)")
   p.add_argument("--data-path", help="score perplexity on this text/parquet source instead of "
@@ -69,6 +92,8 @@ def parse_args(argv, *, check_files: bool = False):
   p.add_argument("--stride", type=float, help="sliding-window perplexity with stride = this "
                                               "fraction of the length, in (0, 1] (default: "
                                               "non-overlapping)")
+  p.add_argument("--ruler-lengths", help="comma-separated RULER lengths in tokens (default: "
+                 "suite multiples of the training length), e.g. 4096,8192 as in the paper")
   p.add_argument("--squad", help="local SQuAD dev JSON for RULER qa_1")
   p.add_argument("--hotpot", help="local HotpotQA dev JSON for RULER qa_2")
   p.add_argument("--icl-tasks", help="JSON list of ICL task specs (LLM-Foundry JSONL files)")
@@ -85,13 +110,25 @@ def parse_args(argv, *, check_files: bool = False):
     p.error(f"--chunk must be a block length >= 1 token, e.g. --chunk 512; got {args.chunk}")
   if args.seed < 0:
     p.error(f"--seed must be >= 0, e.g. --seed 0; got {args.seed}")
-  if args.lengths:
+  factor = args.yarn_fixed_factor
+  if factor is not None:
+    if not (math.isfinite(factor) and factor > 1):
+      p.error(f"--yarn-fixed-factor must be a YaRN factor > 1, e.g. --yarn-fixed-factor 16 "
+              f"for 16x the training length; got {factor:g}")
+    if args.yarn != "all":
+      p.error(f"--yarn-fixed-factor applies to the yarn_fixed setting, which only --yarn all "
+              f"evaluates; got --yarn {args.yarn}")
+  for flag in ("lengths", "ruler_lengths"):
+    value = getattr(args, flag)
+    if not value:
+      continue
+    name = "--" + flag.replace("_", "-")
     try:
-      args.lengths = [int(x) for x in args.lengths.split(",")]
+      setattr(args, flag, [int(x) for x in value.split(",")])
     except ValueError:
-      p.error(f"--lengths must be comma-separated integers, got {args.lengths!r}")
-    if any(L < 2 for L in args.lengths):
-      p.error("--lengths must be >= 2 tokens")
+      p.error(f"{name} must be comma-separated integers, e.g. {name} 4096,8192; got {value!r}")
+    if any(L < 2 for L in getattr(args, flag)):
+      p.error(f"{name} must be >= 2 tokens")
   if check_files:
     _check_inputs(p, args)
   return args
@@ -187,11 +224,11 @@ def prepare_out_dir(out_dir: str) -> None:
 
 
 def evaluate_run(run, args, suite) -> dict:
-  from rove_jax.evaluation import perplexity, scoring
-  from rove_jax.model import FROM_CONFIG, param_count
-  progress = not args.no_progress
+  """One run's report entry (report.py's RUN) for the tasks in args.task_list."""
+  from rove_jax.evaluation import scoring
+  from rove_jax.model import param_count
   train_len = run.train_len  # the one training length: lengths, YaRN factors, labels
-  lengths = args.lengths or [m * train_len for m in suite["multiples"]]
+  lengths = args.lengths or suite_lengths(suite["multiples"], train_len)
   scorer = scoring.Scorer(run, implementation="chunked", chunk_size=args.chunk)
   for L in lengths:  # before any work: a learned-position model cannot go past its table
     scorer.check_length(L)
@@ -201,80 +238,130 @@ def evaluate_run(run, args, suite) -> dict:
                       "n_layer": cfg.n_layer, "d_model": cfg.d_model, "n_head": cfg.n_head,
                       "max_len": cfg.max_len, "train_len": train_len},
             "perplexity": None, "ruler": None, "icl": None, "seconds": {}}
-  if "ppl" in args.task_list:
-    t0 = time.perf_counter()
-    if args.data_path:
-      from rove_jax import data as data_lib
-      source = "parquet" if args.data_path.endswith(".parquet") else "text"
-      corpus = data_lib.Corpus(source=source, path=args.data_path)
-      tokens = data_lib.load_tokens(corpus, "train", run.tokenizer)
-    else:
-      tokens = run.val_tokens()
-    result["perplexity"] = perplexity.evaluate(
-        scorer, tokens, lengths, yarn=args.yarn, max_tokens=suite["ppl_tokens"],
-        stride_fraction=args.stride, progress=progress)
-    result["seconds"]["perplexity"] = time.perf_counter() - t0
-  if "ruler" in args.task_list:
-    from rove_jax.evaluation import ruler
-    t0 = time.perf_counter()
-    tasks = ruler_tasks(suite)
-    r_lengths = [m * train_len for m in suite["ruler_multiples"]]
-    if cfg.pos_encoding == "learned":
-      r_lengths = [L for L in r_lengths if L <= cfg.max_len] or [cfg.max_len]
-    haystack = _haystack_texts(run)
-    merged = {"tasks": {}, "skipped": {}, "yarn": args.yarn != "off" and scorer.rotary}
-    for task in [t for t in tasks if t in QA_FLAGS and getattr(args, QA_FLAGS[t][1]) is None]:
-      flag, _, name, example = QA_FLAGS[task]
-      merged["skipped"][task] = (f"needs {flag} FILE: a local {name} dev JSON file (e.g. "
-                                 f"{example}); none was given")
-    tasks = [t for t in tasks if t not in merged["skipped"]]
-    for L in r_lengths:
-      # YaRN past the training length unless --yarn off (the run's own setting otherwise).
-      scaling = scorer.yarn_scaling(L) if args.yarn != "off" and scorer.rotary else None
-      fn = scorer.score_fn(FROM_CONFIG if scaling is None else scaling)
-      for task in tasks:
-        try:
-          res = ruler.evaluate(fn, run.tokenizer, tasks=[task], lengths=[L],
-                               samples_per_task=suite["ruler_samples"], seed=args.seed,
-                               haystack_texts=haystack, squad_path=args.squad,
-                               hotpot_path=args.hotpot, progress=progress)
-        except ValueError as e:  # e.g. a length below the task's fixed parts
-          merged["skipped"][f"{task}@{L}"] = str(e)
-          continue
-        for name, rows in res["tasks"].items():
-          merged["tasks"].setdefault(name, {}).update(rows)
-        merged["skipped"].update(res.get("skipped", {}))
-    result["ruler"] = merged
-    result["seconds"]["ruler"] = time.perf_counter() - t0
-  if "icl" in args.task_list:
-    from rove_jax.evaluation import icl
-    t0 = time.perf_counter()
-    fn = scorer.score_fn()
-    lengths_icl = tuple(m * train_len for m in suite["icl_length_multiples"])
-    if cfg.pos_encoding == "learned":
-      lengths_icl = tuple(L for L in lengths_icl if L <= cfg.max_len) or (cfg.max_len,)
-    synthetic = {"tasks": {}, "skipped": {}}
-    for task in icl.synthetic_tasks():
-      try:
-        res = icl.run_synthetic(fn, run.tokenizer, tasks=[task], shots=suite["icl_shots"],
-                                lengths=lengths_icl, samples=suite["icl_samples"],
-                                seed=args.seed, progress=progress)
-      except ValueError as e:  # e.g. a passkey context shorter than its fixed text
-        synthetic["skipped"][task] = str(e)
-        continue
-      synthetic["tasks"].update(res["tasks"])
-    accs = [t["accuracy"] for t in synthetic["tasks"].values()]
-    synthetic["accuracy"] = float(sum(accs) / len(accs)) if accs else 0.0
-    files = None
-    specs = getattr(args, "icl_specs", None)
-    if specs is None and args.icl_tasks:
-      specs = icl.load_specs(args.icl_tasks)
-    if specs:
-      files = icl.run_task_files(fn, run.tokenizer, specs, seed=args.seed, progress=progress,
-                                 max_tokens=cfg.max_len if cfg.pos_encoding == "learned" else None)
-    result["icl"] = {"synthetic": synthetic, "files": files}
-    result["seconds"]["icl"] = time.perf_counter() - t0
+  for task, fn in (("ppl", _perplexity), ("ruler", _ruler), ("icl", _icl)):
+    if task in args.task_list:
+      t0 = time.perf_counter()
+      key = "perplexity" if task == "ppl" else task
+      result[key] = fn(run, scorer, args, suite, lengths)
+      result["seconds"][key] = time.perf_counter() - t0
   return result
+
+
+def suite_lengths(multiples, train_len: int) -> list:
+  """int(m * train_len) for each multiple, in order, without repeats."""
+  return list(dict.fromkeys(int(m * train_len) for m in multiples))
+
+
+def _perplexity(run, scorer, args, suite, lengths) -> dict:
+  from rove_jax.evaluation import perplexity
+  if args.data_path:
+    from rove_jax import data as data_lib
+    source = "parquet" if args.data_path.endswith(".parquet") else "text"
+    corpus = data_lib.Corpus(source=source, path=args.data_path)
+    tokens = data_lib.load_tokens(corpus, "train", run.tokenizer)
+  else:
+    tokens = run.val_tokens()
+  return perplexity.evaluate(scorer, tokens, lengths, yarn=args.yarn,
+                             max_tokens=suite["ppl_tokens"], stride_fraction=args.stride,
+                             yarn_fixed_factor=getattr(args, "yarn_fixed_factor", None),
+                             progress=not args.no_progress)
+
+
+def ruler_settings(yarn: str) -> tuple:
+  """The RULER settings of --yarn: off "none", on "yarn", both and all "none" and "yarn"."""
+  return {"off": ("none",), "on": ("yarn",)}.get(yarn, ("none", "yarn"))
+
+
+def _ruler(run, scorer, args, suite, lengths) -> dict:
+  """report.py's RULER entry: every (task, length) cell under each setting, same samples."""
+  from rove_jax.evaluation import ruler
+  from rove_jax.model import FROM_CONFIG
+  cfg, train_len = run.model_config, run.train_len
+  r_lengths = args.ruler_lengths or suite_lengths(suite["ruler_multiples"], train_len)
+  if cfg.pos_encoding == "learned":
+    r_lengths = [L for L in r_lengths if L <= cfg.max_len] or [cfg.max_len]
+  wanted = ruler_settings(args.yarn)
+  settings, fns = {}, {}
+  if "none" in wanted or not scorer.rotary:  # YaRN has nothing to rescale: the run as trained
+    fns["none"] = lambda L: scorer.score_fn()
+  if "yarn" in wanted and scorer.rotary:
+    fns["yarn"] = lambda L: scorer.score_fn(scorer.yarn_scaling(L) or FROM_CONFIG)
+  elif "yarn" in wanted:
+    settings["yarn"] = {"not_applicable": f"pos_encoding={cfg.pos_encoding!r} has no rotary "
+                                          f"frequencies to rescale"}
+  settings = {**{name: {"tasks": {}} for name in fns}, **settings}
+  out = {"protocol": {"samples": suite["ruler_samples"], "seed": args.seed,
+                      "lengths": r_lengths, "train_len": train_len,
+                      "yarn_factor": "L / train_len for L > train_len, else none"},
+         "settings": settings, "skipped": {}}
+  tasks = ruler_tasks(suite)
+  for task in [t for t in tasks if t in QA_FLAGS and getattr(args, QA_FLAGS[t][1]) is None]:
+    flag, _, name, example = QA_FLAGS[task]
+    out["skipped"][task] = (f"needs {flag} FILE: a local {name} dev JSON file (e.g. "
+                            f"{example}); none was given")
+  tasks = [t for t in tasks if t not in out["skipped"]]
+  haystack = _haystack_texts(run)
+  for L in r_lengths:
+    for task in tasks:
+      try:
+        res = ruler.evaluate_settings(
+            fns, run.tokenizer, tasks=[task], lengths=[L],
+            samples_per_task=suite["ruler_samples"], seed=args.seed, haystack_texts=haystack,
+            squad_path=args.squad, hotpot_path=args.hotpot, progress=not args.no_progress)
+      except ValueError as e:  # e.g. a length below the task's fixed parts
+        out["skipped"][f"{task}@{L}"] = str(e)
+        continue
+      for setting, got in res["settings"].items():
+        for name, rows in got["tasks"].items():
+          settings[setting]["tasks"].setdefault(name, {}).update(rows)
+      out["skipped"].update(res["skipped"])
+  return out
+
+
+def _icl(run, scorer, args, suite, lengths) -> dict:
+  """report.py's ICL entry: synthetic tasks (and task files) inside the training context."""
+  from rove_jax.evaluation import icl, prompting
+  progress, train_len = not args.no_progress, run.train_len
+  fn = scorer.score_fn()
+  icl_lengths = tuple(suite_lengths(suite["icl_length_multiples"], train_len))
+  synthetic = {"tasks": {}, "skipped": {}}
+  for task in icl.synthetic_tasks():
+    fit = prompting.ContextFit(fn, train_len)
+    try:
+      res = icl.run_synthetic(fit, run.tokenizer, tasks=[task], shots=suite["icl_shots"],
+                              lengths=icl_lengths, samples=suite["icl_samples"],
+                              seed=args.seed, progress=progress)
+    except ValueError as e:  # e.g. a passkey context shorter than its fixed text
+      synthetic["skipped"][task] = str(e)
+      continue
+    for row in res["tasks"].values():
+      row.update(prompts=fit.prompts, truncated=fit.truncated)
+    synthetic["tasks"].update(res["tasks"])
+  rows = synthetic["tasks"].values()
+  synthetic["accuracy"] = float(sum(t["accuracy"] for t in rows) / len(rows)) if rows else 0.0
+  synthetic["prompts"] = sum(t["prompts"] for t in rows)
+  synthetic["truncated"] = sum(t["truncated"] for t in rows)
+  files = None
+  specs = getattr(args, "icl_specs", None)
+  if specs is None and args.icl_tasks:
+    specs = icl.load_specs(args.icl_tasks)
+  if specs:
+    tasks = {}
+    for spec in specs:  # one at a time: a count of cut prompts per task
+      fit = prompting.ContextFit(fn, train_len)
+      try:
+        row = icl.run_task_files(fit, run.tokenizer, [spec], seed=args.seed,
+                                 progress=progress)["tasks"][spec.name]
+      except ValueError as e:  # e.g. an answer longer than the training context
+        raise ValueError(f"ICL task {spec.name!r} ({spec.path}): {e}") from None
+      tasks[spec.name] = {**row, "prompts": fit.prompts, "truncated": fit.truncated}
+    files = {"tasks": tasks, "core": icl.core_score(tasks),
+             "prompts": sum(t["prompts"] for t in tasks.values()),
+             "truncated": sum(t["truncated"] for t in tasks.values())}
+  protocol = {"context": train_len, "lengths": list(icl_lengths),
+              "samples": suite["icl_samples"], "shots": list(suite["icl_shots"]),
+              "seed": args.seed, "rule": ICL_CONTEXT_RULE.format(T=train_len)}
+  return {"protocol": protocol, "synthetic": synthetic, "files": files}
 
 
 def ruler_tasks(suite: dict) -> tuple:

@@ -300,8 +300,14 @@ def run_synthetic(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks=None,
   Returns:
     {"tasks": {name: {"by_shots" | "by_length": {str(k or L): accuracy},
                       "nll_by_shots" | "nll_by_length": {str(k or L): mean answer NLL},
-                      "accuracy": mean over the shots or lengths}},
-     "accuracy": mean over the tasks}.
+                      "sample_nll_by_shots" | "sample_nll_by_length": {str(k or L): [per
+                        sample mean answer NLL, 6 significant digits]},
+                      "sample_correct_by_shots" | "sample_correct_by_length": {str(k or L):
+                        [1 for a greedy exact match, else 0, per sample]},
+                      "accuracy": mean over the shots or lengths,
+                      "n": samples scored over all of them, "correct": their exact matches}},
+     "accuracy": mean over the tasks}. Sample i of a (task, shots or length) cell is the same
+    for every run given the seed, so the lists pair up across runs.
   """
   names = _check_tasks(tasks)
   prompting.check_int("seed", seed, 0)
@@ -320,14 +326,21 @@ def run_synthetic(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks=None,
     prompts = [prompting.encode_prompt(tokenizer, prompt) for prompt, _ in pairs]
     answers = [prompting.encode(tokenizer, answer) for _, answer in pairs]
     results = prompting.score_pairs(score_fn, prompts, answers)
-    task = out.setdefault(name, {f"by_{axis}": {}, f"nll_by_{axis}": {}})
+    task = out.setdefault(name, {f"by_{axis}": {}, f"nll_by_{axis}": {},
+                                 f"sample_nll_by_{axis}": {}, f"sample_correct_by_{axis}": {}})
     nll, accuracy = prompting.mean_scores(results)
+    records = prompting.sample_records(results)
     task[f"by_{axis}"][str(value)] = accuracy
     task[f"nll_by_{axis}"][str(value)] = nll
+    task[f"sample_nll_by_{axis}"][str(value)] = records["sample_nll"]
+    task[f"sample_correct_by_{axis}"][str(value)] = records["sample_correct"]
     bar.update(samples)
   bar.close()
   for task in out.values():
-    accuracies = next(v for k, v in task.items() if k.startswith("by_"))
-    task["accuracy"] = float(np.mean(list(accuracies.values())))
+    axis = "shots" if "by_shots" in task else "length"
+    task["accuracy"] = float(np.mean(list(task[f"by_{axis}"].values())))
+    correct = task[f"sample_correct_by_{axis}"].values()
+    task["n"] = sum(len(c) for c in correct)
+    task["correct"] = sum(sum(c) for c in correct)
   return {"tasks": out,
           "accuracy": float(np.mean([t["accuracy"] for t in out.values()])) if out else None}

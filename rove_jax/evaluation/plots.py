@@ -2,18 +2,38 @@
 
 The writers own the files: report.write places perplexity / ruler / icl / figure1 next to
 report.json, results_writeup.write places loss_curves in results/, both atomically. A function
-returns None when the report holds nothing it could draw.
+returns None when the report holds nothing it could draw; the *_figure functions return the
+open matplotlib figure instead of PNG bytes (for callers that add to it, and for tests).
+
+Curves against evaluation length follow one convention: runs are grouped by encoding
+(run["model"]["pos_encoding"]), one fixed colour per encoding (ENCODING_COLORS), one line style
+per YaRN setting (SETTING_STYLES: none solid, yarn dashed, yarn_fixed dotted); the line is the
+mean over seeds and the shaded band the seed spread, min-max over seeds (no band with one
+seed; the intervals over evaluation units are in results/README.md's tables).
+matplotlib is imported only when a figure is drawn.
 """
 
 from __future__ import annotations
 
 import io
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from rove_jax import analysis
 from rove_jax.evaluation.report import train_len
+
+ENCODING_COLORS = {"rove": "tab:red", "rope": "tab:blue", "nope": "tab:gray",
+                   "learned": "tab:green", "sinusoidal": "tab:purple", "t5_bias": "tab:orange"}
+ENCODING_NAMES = {"rove": "RoVE", "rope": "RoPE", "nope": "NoPE", "learned": "learned",
+                  "sinusoidal": "sinusoidal", "t5_bias": "T5 bias"}
+SETTING_STYLES = {"none": "-", "yarn": "--", "yarn_fixed": ":"}
+SETTING_NAMES = {"none": "no YaRN", "yarn": "YaRN, factor L / T",
+                 "yarn_fixed": "YaRN, one fixed factor"}
+# Encodings and settings outside the fixed maps, in sorted order of those present in a figure.
+_EXTRA_COLORS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black")
+_EXTRA_STYLES = ("-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (1, 1)))
+_BAND_LABELS = {"range": "band: min-max over seeds"}
 
 
 def pyplot():
@@ -41,30 +61,253 @@ def legend(ax) -> None:
     ax.legend(fontsize=7)
 
 
-def perplexity(report: dict) -> Optional[bytes]:
-  """Perplexity against evaluation length, with and without YaRN, one line per run."""
+# ------------------------------------------------------------------- curves against length
+
+
+def _styles(keys, fixed: dict, extra: tuple) -> dict:
+  """{key: fixed[key]}, keys outside `fixed` taking `extra` in sorted order (cycled)."""
+  others = sorted(k for k in set(keys) if k not in fixed)
+  return {**{k: fixed[k] for k in keys if k in fixed},
+          **{k: extra[i % len(extra)] for i, k in enumerate(others)}}
+
+
+def _cell(items, key: str, transform):
+  """(line value, band lower, band upper, band kind) of one (encoding, setting, length) cell
+  from its seeds' items: the mean over seeds and their min-max (None with one seed). The band
+  is the seed spread only: an interval over evaluation units would show the spread of window
+  or sample difficulty, which is shared by every run and cancels in the paired comparisons of
+  results_stats (the tables carry those intervals)."""
+  transform = transform or (lambda x: x)
+  values = np.array([float(item[key]) for item in items])
+  center = float(transform(values.mean()))
+  if len(values) < 2:
+    return center, None, None, None
+  return center, float(transform(values.min())), float(transform(values.max())), "range"
+
+
+def _draw_curves(ax, series: dict, key: str, *, transform=None) -> set:
+  """One line per (encoding, setting) of `series` ({(encoding, setting): {length: [items]}}),
+  the mean over seeds of item[key] (under `transform`), with its band. Lines and bands carry
+  the gid "encoding/setting". Returns the band kinds drawn."""
+  colors = _styles([e for e, _ in series], ENCODING_COLORS, _EXTRA_COLORS)
+  styles = _styles([s for _, s in series], SETTING_STYLES, _EXTRA_STYLES)
+  kinds = set()
+  for (encoding, setting), by_length in sorted(series.items()):
+    lengths = sorted(by_length)
+    cells = [_cell(by_length[L], key, transform) for L in lengths]
+    center = [c[0] for c in cells]
+    gid = f"{encoding}/{setting}"
+    ax.plot(lengths, center, linestyle=styles[setting], color=colors[encoding], marker="o",
+            ms=3, lw=1.4, gid=gid)
+    if any(c[3] for c in cells):
+      lower = [c[0] if c[1] is None else c[1] for c in cells]
+      upper = [c[0] if c[2] is None else c[2] for c in cells]
+      band = ax.fill_between(lengths, lower, upper, color=colors[encoding], alpha=0.18, lw=0)
+      band.set_gid(gid)
+      kinds.update(c[3] for c in cells if c[3])
+  return kinds
+
+
+def _length_axis(ax, lengths) -> None:
+  """Log2 x axis with a labelled tick at every evaluated length."""
+  from matplotlib.ticker import NullLocator
+  ax.set_xscale("log", base=2)
+  lengths = sorted(set(lengths))
+  if lengths:
+    ax.set_xticks(lengths)
+    ax.set_xticklabels([f"{L // 1024}k" if L >= 1024 and L % 1024 == 0 else str(L)
+                        for L in lengths], fontsize=7)
+    ax.xaxis.set_minor_locator(NullLocator())
+  ax.set_xlabel("evaluation length (tokens)")
+
+
+def _train_lines(ax, lengths) -> list:
+  """A thin gray vertical line at each training length; its legend handles."""
+  from matplotlib.lines import Line2D
+  for T in sorted(set(lengths)):
+    ax.axvline(T, color="0.6", lw=0.8, zorder=0, gid="train_len")
+  return [Line2D([], [], color="0.6", lw=0.8, label="training length")] if lengths else []
+
+
+def _curve_legend(ax, series: dict, kinds: set, extra=()) -> None:
+  """One legend entry per encoding (colour) and per setting (style), then the band kinds."""
+  from matplotlib.lines import Line2D
+  from matplotlib.patches import Patch
+  if not series:
+    return
+  colors = _styles([e for e, _ in series], ENCODING_COLORS, _EXTRA_COLORS)
+  styles = _styles([s for _, s in series], SETTING_STYLES, _EXTRA_STYLES)
+  encodings, settings = _ordered(colors, ENCODING_COLORS), _ordered(styles, SETTING_STYLES)
+  handles = [Line2D([], [], color=colors[e], lw=2, label=ENCODING_NAMES.get(e, e))
+             for e in encodings]
+  handles += [Line2D([], [], color="black", ls=styles[s], lw=1.2,
+                     label=SETTING_NAMES.get(s, s)) for s in settings]
+  handles += [Patch(color="0.5", alpha=0.3, label=_BAND_LABELS[k]) for k in sorted(kinds)]
+  ax.legend(handles=handles + list(extra), fontsize=7)
+
+
+def _ordered(keys, known: dict) -> list:
+  """`keys` in the order of `known`, then the others sorted."""
+  order = list(known)
+  return sorted(keys, key=lambda k: (order.index(k) if k in order else len(order), k))
+
+
+def _ppl_settings(ppl: dict) -> list:
+  """The scored settings of a perplexity entry: known ones in SETTING_STYLES order, then any
+  other entry keyed by lengths."""
+  return _ordered([k for k in ppl if k != "protocol" and isinstance(ppl[k], dict) and ppl[k]
+                   and "not_applicable" not in ppl[k]
+                   and all(str(L).isdigit() for L in ppl[k])], SETTING_STYLES)
+
+
+def perplexity_figure(report: dict):
+  """`perplexity`'s figure (open), or None."""
   runs = [r for r in report["runs"] if r.get("perplexity")]
   if not runs:
     return None
-  fig, ax = pyplot().subplots(figsize=(6.5, 4.2))
+  series = {}
   for r in runs:
-    for setting, style in (("none", "-"), ("yarn", "--")):
-      rows = r["perplexity"].get(setting)
-      if not rows or "not_applicable" in rows:
-        continue
-      lengths = sorted(int(L) for L in rows)
-      yarn = " + YaRN" if setting == "yarn" else ""
-      ax.plot(lengths, [rows[str(L)]["ppl"] for L in lengths], style, marker="o",
-              label=f"{r['name']} ({r['model']['pos_encoding']}{yarn})")
-  ax.axvline(train_len(runs[0]), color="gray", lw=0.8, ls=":")
-  ax.set_xscale("log", base=2)
+    for setting in _ppl_settings(r["perplexity"]):
+      for L, row in r["perplexity"][setting].items():
+        cell = series.setdefault((r["model"]["pos_encoding"], setting), {})
+        cell.setdefault(int(L), []).append(row)
+  fig, ax = pyplot().subplots(figsize=(7, 4.5), layout="constrained")  # laid out when drawn
+  kinds = _draw_curves(ax, series, "loss", transform=np.exp)
+  _length_axis(ax, [L for cells in series.values() for L in cells])
+  extra = _train_lines(ax, [train_len(r) for r in runs])
+  from matplotlib.ticker import LogFormatter
   ax.set_yscale("log")
-  ax.set_xlabel("evaluation length (tokens)")
-  ax.set_ylabel("perplexity")
-  ax.set_title("Perplexity vs length (dotted: training length)")
-  legend(ax)
-  fig.tight_layout()
-  return png(fig, 120)
+  ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))  # 20, 30, not 2 x 10^1
+  ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+  ax.set_ylabel("perplexity (exp of the mean loss over seeds)")
+  ax.set_title("Perplexity vs evaluation length")
+  ax.grid(alpha=0.3, which="major")
+  _curve_legend(ax, series, kinds, extra)
+  return fig
+
+
+def perplexity(report: dict) -> Optional[bytes]:
+  """Perplexity against evaluation length: a line per encoding and YaRN setting, the mean
+  over seeds (exp of the mean loss), a band for the seed spread (module docstring)."""
+  fig = perplexity_figure(report)
+  return None if fig is None else png(fig, 120)
+
+
+# ------------------------------------------------------------------------- retrieval study
+
+
+RECORD_KEYS = ("encoding", "seed", "setting", "length", "accuracy", "nll")
+
+
+def retrieval_figure(records: Sequence[dict], *, title: str = "Retrieval vs evaluation length",
+                     train_lengths: Sequence[int] = ()):
+  """`retrieval_study`'s figure (open), or None when there are no records."""
+  series, seen = {}, set()
+  for i, rec in enumerate(records):
+    missing = [k for k in RECORD_KEYS if k not in rec]
+    if missing:
+      raise ValueError(f"records[{i}] lacks {missing}; each record needs {list(RECORD_KEYS)}")
+    key = (rec["encoding"], rec["setting"], int(rec["length"]), rec["seed"])
+    if key in seen:
+      raise ValueError(f"records[{i}] repeats encoding, setting, length and seed {key}")
+    seen.add(key)
+    series.setdefault(key[:2], {}).setdefault(key[2], []).append(rec)
+  if not series:
+    return None
+  fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+  kinds = _draw_curves(axes[0], series, "accuracy")
+  kinds |= _draw_curves(axes[1], series, "nll")
+  lengths = [L for cells in series.values() for L in cells]
+  extra = []
+  for ax in axes:
+    _length_axis(ax, lengths)
+    extra = _train_lines(ax, list(train_lengths))
+    ax.grid(alpha=0.3)
+  axes[0].set(ylim=(-0.02, 1.02), ylabel="accuracy (exact match)", title="accuracy")
+  axes[1].set(ylabel="answer NLL (nats, mean per sample)", title="answer NLL (lower is better)")
+  _curve_legend(axes[1], series, kinds, extra)
+  fig.suptitle(title, fontsize=10)
+  return fig
+
+
+def retrieval_study(records: Sequence[dict], *, title: str = "Retrieval vs evaluation length",
+                    train_lengths: Sequence[int] = ()) -> Optional[bytes]:
+  """Accuracy (left) and answer NLL (right) against evaluation length, the curve conventions
+  of the module docstring.
+
+  Args:
+    records: one dict per (encoding, seed, setting, length), e.g. recall.evaluate's:
+      encoding: str, the pos_encoding ("rove", "rope", ...): the colour;
+      seed: int or str, the run within the encoding (lines are means over seeds);
+      setting: str, "none", "yarn" or "yarn_fixed" (others get further styles): the style;
+      length: int, evaluation length in tokens;
+      accuracy: float in [0, 1]; nll: float, mean answer NLL;
+      optional sample_correct: [0 or 1 per sample], sample_nll: [float per sample], in the
+      same sample order for every run: when every seed of a cell has them, its band is the
+      bootstrap 95 % interval over seeds and samples, else min-max over seeds.
+    title: the figure's title.
+    train_lengths: training lengths to mark with a vertical line.
+
+  Returns:
+    PNG bytes, or None when `records` is empty.
+
+  Raises:
+    ValueError: a record lacking one of RECORD_KEYS, or two records with the same encoding,
+      setting, length and seed.
+  """
+  fig = retrieval_figure(records, title=title, train_lengths=train_lengths)
+  return None if fig is None else png(fig, 120)
+
+
+def _ruler_settings(ruler: dict) -> dict:
+  """{setting: {task: {LENGTH: row}}} of a RULER entry: version 2's ruler["settings"], or a
+  version-1 (or flattened) {"tasks": ...} map as "none" ("yarn" if ruler["yarn"])."""
+  if "settings" in ruler:
+    return {s: v["tasks"] for s, v in ruler["settings"].items() if v.get("tasks")}
+  return {"yarn" if ruler.get("yarn") else "none": ruler.get("tasks") or {}}
+
+
+def ruler_records(report: dict) -> list:
+  """The report's RULER as retrieval records: per run, setting and length, the mean over the
+  tasks that every run scored at that setting and length (so encodings are compared on the
+  same tasks); per-sample lists concatenated over those tasks, in task order."""
+  runs = [(i, r) for i, r in enumerate(report["runs"]) if r.get("ruler")]
+  cells = {}  # (setting, length) -> {run index: {task: row}}
+  for i, r in runs:
+    for setting, tasks in _ruler_settings(r["ruler"]).items():
+      for task, rows in tasks.items():
+        for L, row in rows.items():
+          cells.setdefault((setting, int(L)), {}).setdefault(i, {})[task] = row
+  records = []
+  for (setting, L), by_run in sorted(cells.items()):
+    common = sorted(set.intersection(*(set(t) for t in by_run.values())))
+    for i, task_rows in sorted(by_run.items()):
+      rows = [task_rows[t] for t in common]
+      if not rows:
+        continue
+      rec = {"encoding": report["runs"][i]["model"]["pos_encoding"], "seed": i,
+             "setting": setting, "length": L,
+             "accuracy": float(np.mean([row["exact_match"] for row in rows])),
+             "nll": float(np.mean([row["nll"] for row in rows]))}
+      for key in ("sample_correct", "sample_nll"):
+        if all(row.get(key) for row in rows):
+          rec[key] = [x for row in rows for x in row[key]]
+      records.append(rec)
+  return records
+
+
+def ruler_figure(report: dict):
+  """`ruler`'s figure (open), or None."""
+  train = [train_len(r) for r in report["runs"] if r.get("ruler")]
+  return retrieval_figure(ruler_records(report), train_lengths=train,
+                          title="RULER: mean over the tasks every run scored")
+
+
+def ruler(report: dict) -> Optional[bytes]:
+  """RULER exact match and answer NLL against length (mean over tasks), a line per encoding
+  and setting with the seed spread as a band; None when no run scored a RULER task."""
+  fig = ruler_figure(report)
+  return None if fig is None else png(fig, 120)
 
 
 def _bars(runs, tasks, value, *, ylabel, title, ylim=None) -> bytes:
@@ -83,20 +326,6 @@ def _bars(runs, tasks, value, *, ylabel, title, ylim=None) -> bytes:
   legend(ax)
   fig.tight_layout()
   return png(fig, 120)
-
-
-def ruler(report: dict) -> Optional[bytes]:
-  """Each RULER task's answer NLL (mean over lengths), one bar per run."""
-  runs = [r for r in report["runs"] if r.get("ruler") and r["ruler"]["tasks"]]
-  if not runs:
-    return None
-  tasks = sorted({t for r in runs for t in r["ruler"]["tasks"]})
-
-  def mean_nll(r, t):
-    rows = r["ruler"]["tasks"].get(t, {})
-    return np.mean([row["nll"] for row in rows.values()]) if rows else np.nan
-
-  return _bars(runs, tasks, mean_nll, ylabel="answer NLL (mean over lengths)", title="RULER")
 
 
 def icl(report: dict) -> Optional[bytes]:
@@ -133,7 +362,7 @@ def figure1(model, tokens_T, *, title: str, layer: int = 0, head: int = 0) -> by
   return png(fig, 110)
 
 
-LOSS_COLORS = {"rove": "tab:red", "rope": "tab:blue", "nope": "tab:gray"}
+LOSS_COLORS = ENCODING_COLORS  # an encoding has the same colour in every figure
 
 
 def loss_curves(curves: dict, runs: list, names: dict) -> Optional[bytes]:

@@ -11,7 +11,10 @@ finds the largest n whose prompt + answer still fits the target; `within_toleran
 that n comes close enough (each task keeps its own tolerance: RULER 2%, ICL 5%).
 
 Scoring: `score_pairs` hands (prompt ids, answer ids) pairs to the caller's ScoreFn and checks
-what comes back; `mean_scores` turns the results into a mean NLL and an exact-match fraction.
+what comes back; `mean_scores` turns the results into a mean NLL and an exact-match fraction,
+`sample_records` into per-sample lists (for paired statistics across runs). `ContextFit` wraps a
+ScoreFn so that every pair fits a context (the ICL rule: prompts cut from the left), counting
+the prompts it cut.
 """
 
 from __future__ import annotations
@@ -221,3 +224,50 @@ def mean_scores(results: Sequence[tuple[float, bool]]) -> tuple[float, float]:
   """(mean NLL, exact-match fraction) of `score_pairs` results."""
   return (float(np.mean([nll for nll, _ in results])),
           float(np.mean([match for _, match in results])))
+
+
+SIGNIFICANT_DIGITS = 6  # of the per-unit NLLs in a report
+
+
+def round_sig(x: float, digits: int = SIGNIFICANT_DIGITS) -> float:
+  """x to `digits` significant digits (keeps report.json small; exact enough for statistics)."""
+  return float(f"{x:.{digits}g}")
+
+
+def sample_records(results: Sequence[tuple[float, bool]]) -> dict:
+  """Per-sample records of `score_pairs` results, in order: {"sample_nll": [mean answer NLL,
+  SIGNIFICANT_DIGITS digits], "sample_correct": [1 for a greedy exact match, else 0]}."""
+  return {"sample_nll": [round_sig(nll) for nll, _ in results],
+          "sample_correct": [int(match) for _, match in results]}
+
+
+class ContextFit:
+  """A ScoreFn that cuts each prompt from the left so that prompt + answer fits `max_tokens`.
+
+  Left truncation keeps the question and the nearest shots (LLM-Foundry's rule); the cut
+  prompt loses its leading eot_id. Used for every encoding alike, so that all are scored on
+  the same tokens.
+
+  Attributes:
+    prompts: pairs scored so far.
+    truncated: pairs whose prompt was cut.
+  """
+
+  def __init__(self, score_fn: ScoreFn, max_tokens: int):
+    check_int("max_tokens", max_tokens, 2)
+    self.score_fn, self.max_tokens = score_fn, max_tokens
+    self.prompts = self.truncated = 0
+
+  def __call__(self, prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray]):
+    cut = []
+    for prompt, answer in zip(prompts, answers):
+      room = self.max_tokens - len(answer)
+      if room < 1:
+        raise ValueError(f"an answer of {len(answer)} tokens leaves no room for a prompt in a "
+                         f"context of {self.max_tokens} tokens")
+      if len(prompt) > room:
+        prompt = prompt[len(prompt) - room:]
+        self.truncated += 1
+      cut.append(prompt)
+    self.prompts += len(cut)
+    return self.score_fn(cut, list(answers))

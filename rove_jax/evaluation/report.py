@@ -1,20 +1,49 @@
 """report.json (schema below), report.md (the paper's table layout) and PNG plots.
 
-report.json, schema_version 1:
-  {"schema_version": 1, "suite": str, "created": ISO time, "runs": [RUN, ...]}
+report.json, schema_version 2:
+  {"schema_version": 2, "suite": str, "created": ISO time, "runs": [RUN, ...]}
   RUN = {"name": str, "workdir": str, "step": int,
          "model": {"pos_encoding": str, "params": int, "n_layer": int, "d_model": int,
-                   "n_head": int, "max_len": int, "train_len": int (optional)},
-         "perplexity": null | {"protocol": {...},
-                               "none": {LENGTH: {"loss", "ppl", "tokens", "windows",
-                                                 "by_position": [float | null]}},
-                               "yarn": {LENGTH: {...}} | {"not_applicable": str}},
-         "ruler": null | {"tasks": {TASK: {LENGTH: {"nll", "exact_match", "n"}}},
-                          "skipped": {TASK: reason}},
-         "icl": null | {"synthetic": {"tasks": {TASK: {...}}, "accuracy": float},
-                        "files": null | {"tasks": {...}, "core": float | null}},
+                   "n_head": int, "max_len": int, "train_len": int},
+         "perplexity": null | PERPLEXITY, "ruler": null | RULER, "icl": null | ICL,
          "seconds": {"perplexity": float, "ruler": float, "icl": float}}
-  LENGTH keys are decimal strings of token counts; every number is finite.
+  PERPLEXITY = {"protocol": {"mode": "non-overlapping" | "sliding", "stride_fraction",
+                             "max_tokens", "train_len", "n_buckets", "yarn_factor": str,
+                             "yarn_fixed_factor": float | null},
+                SETTING: {LENGTH: PPL_ROW} | {"not_applicable": str}, ...}
+    SETTING: "none" (as trained), "yarn" (factor L / train_len for L > train_len),
+      "yarn_fixed" (one factor, protocol.yarn_fixed_factor, at every length); the ones
+      --yarn asked for (off: none; on: yarn; both: none, yarn; all: the three).
+    PPL_ROW = {"loss": float, "ppl": float, "tokens": int, "windows": int,
+               "by_position": [float | null], "window_nll": [float], "window_tokens": [int]}
+      window_nll[i]: window i's summed target NLL (6 significant digits); window_tokens[i]: its
+      targets; one entry per window, so loss = sum(window_nll) / sum(window_tokens).
+  RULER = {"protocol": {"samples", "seed", "lengths": [int], "train_len", "yarn_factor": str},
+           "settings": {"none" | "yarn": {"tasks": {TASK: {LENGTH: RULER_ROW}}}
+                                         | {"not_applicable": str}},
+           "skipped": {TASK or "TASK@LENGTH": reason}}
+    "yarn": YaRN with factor L / train_len at each length L. Settings by --yarn: off none; on
+      yarn; both and all none and yarn. A non-rotary encoding is always scored under "none",
+      and "yarn" is {"not_applicable": why} when asked. Both settings score the same samples.
+    RULER_ROW = {"nll": mean answer NLL, "exact_match": fraction, "n": int, "correct": int,
+                 "sample_nll": [n floats], "sample_correct": [n of 0 | 1]}
+  ICL = {"protocol": {"context": train_len, "lengths": [int], "samples", "shots": [int], "seed",
+                      "rule": str},
+         "synthetic": {"tasks": {TASK: SYNTHETIC_ROW}, "skipped": {TASK: reason},
+                       "accuracy": mean over tasks, "prompts": int, "truncated": int},
+         "files": null | {"tasks": {TASK: {"accuracy", "centered", "baseline", "n", "kind",
+                                           "num_fewshot", "prompts", "truncated"}},
+                          "core": float | null, "prompts": int, "truncated": int}}
+    SYNTHETIC_ROW = {"by_AXIS": {V: accuracy}, "nll_by_AXIS": {V: mean answer NLL},
+                     "sample_nll_by_AXIS": {V: [floats]}, "sample_correct_by_AXIS": {V: [0 | 1]},
+                     "accuracy": mean over V, "n": int, "correct": int, "prompts": int,
+                     "truncated": int}, AXIS "length" (V = str(tokens)) or "shots" (V = str(k)).
+    prompts / truncated: prompt-answer pairs scored / cut from the left to fit the context.
+  LENGTH keys are decimal strings of token counts; every number is finite. Per-unit lists are
+  in unit order (window, sample), the same for every run given the data and the seed.
+
+Version 1 reports (no per-unit records, RULER without settings) are refused by `validate`;
+`markdown` still renders them.
 
 `write` replaces report.json, report.md and the plots (PLOT_FILES, drawn by plots.py)
 atomically, removes plots of an earlier report that it did not draw, and lists exactly the
@@ -30,9 +59,9 @@ import os
 import tempfile
 from typing import Optional, Union
 
-import numpy as np
-
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+PPL_SETTINGS = ("none", "yarn", "yarn_fixed")
+RULER_SETTINGS = ("none", "yarn")
 # The plot files `write` draws, by key of its returned paths (the only files it ever removes).
 PLOT_FILES = {"perplexity": "perplexity_vs_length.png", "ruler": "ruler_nll.png",
               "icl": "icl_accuracy.png", "figure1": "figure1_mixer.png"}
@@ -43,67 +72,104 @@ PLOT_FILES = {"perplexity": "perplexity_vs_length.png", "ruler": "ruler_nll.png"
 
 def validate(report: dict) -> None:
   """Raises ValueError naming the first place where `report` breaks the schema."""
-  def need(obj, key, kind, where):
-    if not isinstance(obj, dict) or key not in obj:
-      raise ValueError(f"report: {where} lacks {key!r}")
-    if kind is not None and not isinstance(obj[key], kind):
-      raise ValueError(f"report: {where}.{key} must be {kind}, got {type(obj[key]).__name__}")
-    return obj[key]
-
-  def finite(x, where):
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-      raise ValueError(f"report: {where} must be a finite number, got {x!r}")
-
-  if need(report, "schema_version", int, "report") != SCHEMA_VERSION:
-    raise ValueError(f"report: schema_version must be {SCHEMA_VERSION}")
+  version = need(report, "schema_version", int, "report")
+  if version == 1:
+    raise ValueError("report: schema_version 1 is the layout before per-window and per-sample "
+                     "records, yarn_fixed and RULER's YaRN settings; this reader needs "
+                     f"schema_version {SCHEMA_VERSION}: rerun rove-eval to rewrite the report")
+  if version != SCHEMA_VERSION:
+    raise ValueError(f"report: schema_version must be {SCHEMA_VERSION}, got {version}")
   need(report, "suite", str, "report")
   for i, run in enumerate(need(report, "runs", list, "report")):
     w = f"runs[{i}]"
     need(run, "name", str, w)
     need(run, "step", int, w)
     model = need(run, "model", dict, w)
-    for key in ("pos_encoding",):
-      need(model, key, str, w + ".model")
+    need(model, "pos_encoding", str, w + ".model")
     for key in ("params", "n_layer", "d_model", "n_head", "max_len"):
       need(model, key, int, w + ".model")
     if "train_len" in model:
       need(model, "train_len", int, w + ".model")
     ppl = need(run, "perplexity", (dict, type(None)), w)
     if ppl is not None:
-      need(ppl, "protocol", dict, w + ".perplexity")
-      for setting in ("none", "yarn"):
-        rows = ppl.get(setting)
-        if rows is None or "not_applicable" in rows:
-          continue
-        for length, row in rows.items():
-          if not length.isdigit():
-            raise ValueError(f"report: {w}.perplexity.{setting} key {length!r} is not a length")
-          for key in ("loss", "ppl"):
-            finite(need(row, key, None, f"{w}.perplexity.{setting}.{length}"),
-                   f"{w}.perplexity.{setting}.{length}.{key}")
-          need(row, "tokens", int, f"{w}.perplexity.{setting}.{length}")
+      _validate_perplexity(ppl, w + ".perplexity")
     ruler = need(run, "ruler", (dict, type(None)), w)
     if ruler is not None:
-      for task, by_len in need(ruler, "tasks", dict, w + ".ruler").items():
-        for length, row in by_len.items():
-          where = f"{w}.ruler.{task}.{length}"
-          finite(need(row, "nll", None, where), where + ".nll")
-          em = need(row, "exact_match", None, where)
-          finite(em, where + ".exact_match")
-          if not 0 <= em <= 1:
-            raise ValueError(f"report: {where}.exact_match must be in [0, 1]")
+      _validate_ruler(ruler, w + ".ruler")
     icl = need(run, "icl", (dict, type(None)), w)
-    if icl is not None:
-      synth = icl.get("synthetic")
-      if synth is not None:
-        finite(need(synth, "accuracy", None, w + ".icl.synthetic"), w + ".icl.synthetic.accuracy")
+    if icl is not None and icl.get("synthetic") is not None:
+      synth = icl["synthetic"]
+      finite(need(synth, "accuracy", None, w + ".icl.synthetic"), w + ".icl.synthetic.accuracy")
+      for task, row in need(synth, "tasks", dict, w + ".icl.synthetic").items():
+        finite(need(row, "accuracy", None, f"{w}.icl.synthetic.{task}"),
+               f"{w}.icl.synthetic.{task}.accuracy")
+
+
+def need(obj, key, kind, where):
+  """obj[key], which must exist and (unless kind is None) be an instance of kind."""
+  if not isinstance(obj, dict) or key not in obj:
+    raise ValueError(f"report: {where} lacks {key!r}")
+  if kind is not None and not isinstance(obj[key], kind):
+    raise ValueError(f"report: {where}.{key} must be {kind}, got {type(obj[key]).__name__}")
+  return obj[key]
+
+
+def finite(x, where) -> None:
+  """Raises unless x is a finite int or float (not a bool)."""
+  if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+    raise ValueError(f"report: {where} must be a finite number, got {x!r}")
+
+
+def _validate_perplexity(ppl: dict, w: str) -> None:
+  need(ppl, "protocol", dict, w)
+  for setting in PPL_SETTINGS:
+    rows = ppl.get(setting)
+    if rows is None or "not_applicable" in rows:
+      continue
+    for length, row in rows.items():
+      where = f"{w}.{setting}.{length}"
+      if not length.isdigit():
+        raise ValueError(f"report: {w}.{setting} key {length!r} is not a length")
+      for key in ("loss", "ppl"):
+        finite(need(row, key, None, where), f"{where}.{key}")
+      tokens = need(row, "tokens", int, where)
+      nll, counts = need(row, "window_nll", list, where), need(row, "window_tokens", list, where)
+      if len(nll) != len(counts) or sum(counts) != tokens:
+        raise ValueError(f"report: {where}: window_nll and window_tokens must have one entry a "
+                         f"window and window_tokens must sum to tokens={tokens}")
+      for j, x in enumerate(nll):
+        finite(x, f"{where}.window_nll[{j}]")
+      if tokens and not math.isclose(sum(nll) / tokens, row["loss"], rel_tol=1e-4):
+        raise ValueError(f"report: {where}: sum(window_nll) / tokens is not the loss")
+
+
+def _validate_ruler(ruler: dict, w: str) -> None:
+  need(ruler, "skipped", dict, w)
+  for setting, entry in need(ruler, "settings", dict, w).items():
+    if setting not in RULER_SETTINGS:
+      raise ValueError(f"report: {w}.settings has {setting!r}; settings are {RULER_SETTINGS}")
+    if "not_applicable" in entry:
+      continue
+    for task, by_len in need(entry, "tasks", dict, f"{w}.settings.{setting}").items():
+      for length, row in by_len.items():
+        where = f"{w}.settings.{setting}.tasks.{task}.{length}"
+        finite(need(row, "nll", None, where), where + ".nll")
+        em = need(row, "exact_match", None, where)
+        finite(em, where + ".exact_match")
+        if not 0 <= em <= 1:
+          raise ValueError(f"report: {where}.exact_match must be in [0, 1]")
+        n = need(row, "n", int, where)
+        nll, right = need(row, "sample_nll", list, where), need(row, "sample_correct", list, where)
+        if len(nll) != n or len(right) != n or any(c not in (0, 1) for c in right):
+          raise ValueError(f"report: {where}: sample_nll and sample_correct need n={n} entries, "
+                           f"sample_correct of 0 or 1")
+        for j, x in enumerate(nll):
+          finite(x, f"{where}.sample_nll[{j}]")
+        if need(row, "correct", int, where) != sum(right):
+          raise ValueError(f"report: {where}.correct must be sum(sample_correct)")
 
 
 # ------------------------------------------------------------------------------- markdown
-
-
-def _fmt(x, digits=2):
-  return "-" if x is None else f"{x:.{digits}f}"
 
 
 def train_len(run: dict) -> int:
@@ -113,80 +179,19 @@ def train_len(run: dict) -> int:
   return model.get("train_len", model["max_len"])
 
 
+def ruler_settings(ruler: dict) -> dict:
+  """A RULER entry's {setting: {"tasks": ...} or {"not_applicable": why}}; a version-1 entry
+  (one "tasks" map, "yarn": whether YaRN was used) as its one setting."""
+  if "settings" in ruler:
+    return ruler["settings"]
+  return {"yarn" if ruler.get("yarn") else "none": {"tasks": ruler.get("tasks", {})}}
+
+
 def markdown(report: dict, plots: Optional[list] = None) -> str:
-  """The report's tables as Markdown; `plots` (file names, see `drawn_plots`) are listed at
-  the end, None leaves the list out."""
-  runs = report["runs"]
-  lines = [f"# Evaluation report ({report['suite']} suite)", ""]
-  lines.append("| run | encoding | params | step | train length |")
-  lines.append("|---|---|---|---|---|")
-  for r in runs:
-    m = r["model"]
-    lines.append(f"| {r['name']} | {m['pos_encoding']} | {m['params'] / 1e6:.1f}M | {r['step']} "
-                 f"| {train_len(r)} |")
-  ppl_runs = [r for r in runs if r.get("perplexity")]
-  if ppl_runs:
-    lengths = sorted({int(L) for r in ppl_runs for s in ("none", "yarn")
-                      for L in (r["perplexity"].get(s) or {}) if L.isdigit()})
-    proto = ppl_runs[0]["perplexity"]["protocol"]
-    lines += ["", "## Perplexity by evaluation length",
-              "", f"Protocol: {proto['mode']} windows, up to {proto['max_tokens']} target tokens "
-              f"per length on the held-out split; YaRN factor = L / {proto['train_len']} for "
-              f"longer L. Rows = runs, columns = lengths (tokens).", ""]
-    lines.append("| run | YaRN | " + " | ".join(str(L) for L in lengths) + " |")
-    lines.append("|---|---|" + "---|" * len(lengths))
-    for r in ppl_runs:
-      for setting in ("none", "yarn"):
-        rows = r["perplexity"].get(setting)
-        if rows is None:
-          continue
-        if "not_applicable" in rows:
-          lines.append(f"| {r['name']} | {setting} | n/a: {rows['not_applicable']} |")
-          continue
-        cells = [_fmt(rows.get(str(L), {}).get("ppl")) for L in lengths]
-        lines.append(f"| {r['name']} | {'+YaRN' if setting == 'yarn' else '-'} | "
-                     + " | ".join(cells) + " |")
-  ruler_runs = [r for r in runs if r.get("ruler")]
-  if ruler_runs:
-    tasks = sorted({t for r in ruler_runs for t in r["ruler"]["tasks"]})
-    lengths = sorted({int(L) for r in ruler_runs for t in r["ruler"]["tasks"].values() for L in t})
-    lines += ["", "## RULER: NLL of the gold answer (lower is better) / exact match", ""]
-    for L in lengths:
-      lines += [f"Length {L} tokens:", ""]
-      lines.append("| run | " + " | ".join(tasks) + " | mean |")
-      lines.append("|---|" + "---|" * (len(tasks) + 1))
-      for r in ruler_runs:
-        cells, nlls = [], []
-        for t in tasks:
-          row = r["ruler"]["tasks"].get(t, {}).get(str(L))
-          if row is None:
-            cells.append("-")
-          else:
-            nlls.append(row["nll"])
-            cells.append(f"{row['nll']:.2f} / {row['exact_match']:.2f}")
-        lines.append(f"| {r['name']} | " + " | ".join(cells) + f" | {_fmt(np.mean(nlls) if nlls else None)} |")
-      lines.append("")
-    skipped = {t: why for r in ruler_runs for t, why in r["ruler"].get("skipped", {}).items()}
-    for t, why in sorted(skipped.items()):
-      lines.append(f"- {t}: skipped ({why})")
-  icl_runs = [r for r in runs if r.get("icl") and r["icl"].get("synthetic")]
-  if icl_runs:
-    tasks = sorted({t for r in icl_runs for t in r["icl"]["synthetic"]["tasks"]})
-    lines += ["", "## In-context learning (synthetic tasks, greedy exact match)", ""]
-    lines.append("| run | " + " | ".join(tasks) + " | mean |")
-    lines.append("|---|" + "---|" * (len(tasks) + 1))
-    for r in icl_runs:
-      t_rows = r["icl"]["synthetic"]["tasks"]
-      cells = [_fmt(t_rows.get(t, {}).get("accuracy")) for t in tasks]
-      lines.append(f"| {r['name']} | " + " | ".join(cells)
-                   + f" | {_fmt(r['icl']['synthetic']['accuracy'])} |")
-    core = [(r["name"], r["icl"]["files"].get("core")) for r in icl_runs if r["icl"].get("files")]
-    for name, value in core:
-      lines.append(f"\nCore (centered accuracy, task files) for {name}: {_fmt(value, 3)}")
-  if plots is not None:
-    lines += ["", "Plots: " + (", ".join(plots) if plots else "none (nothing to plot)")]
-  lines.append("")
-  return "\n".join(lines)
+  """The report's tables as Markdown (report_md); `plots` (file names, see `drawn_plots`) are
+  listed at the end, None leaves the list out. Exact match and accuracy are shown as counts."""
+  from rove_jax.evaluation import report_md
+  return report_md.markdown(report, plots)
 
 
 # ---------------------------------------------------------------------------------- files

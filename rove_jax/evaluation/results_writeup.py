@@ -1,115 +1,38 @@
-"""results/README.md for `make reproduce`: the paper's tables with the mean and spread over
-seeds, per-run rows (every run made), loss curves, and a claim-by-claim comparison with the
-paper computed from the numbers (never written by hand).
+"""results/README.md for `make reproduce`: the paper's tables with 95 % intervals over seeds and
+evaluation units, per-run rows (every run made), loss curves, the retrieval study, and a
+claim-by-claim table against the paper, all computed from the numbers (never written by hand).
 
-write(out_dir, report, runs, curves, meta) is called by reproduce.py; `report` is the
-schema-v1 report.json of `rove-eval --compare` over all runs.
+write(out_dir, report, runs, curves, meta, recall=None) is called by reproduce.py; `report` is
+the schema-v2 report.json of `rove-eval --compare` over all runs, `recall` the retrieval
+study's records (rove_jax.evaluation.recall.evaluate's). The intervals and comparisons come
+from results_stats (stats.mean_interval / stats.paired_difference); the retrieval-study
+section, the claims table and the closing note from results_claims.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
-import numpy as np
-
+from rove_jax.evaluation import results_claims as claims_lib
+from rove_jax.evaluation import results_stats as rs
 from rove_jax.evaluation.report import replace_files, train_len
 
 NAMES = {"rove": "RoVE", "rope": "RoPE", "nope": "NoPE", "learned": "learned",
          "sinusoidal": "sinusoidal", "t5_bias": "T5 bias"}
+SETTING_NAMES = {"none": "no YaRN", "yarn": "YaRN, factor L/T", "yarn_fixed": "YaRN, fixed s"}
+RECALL_PNG = "retrieval_study.png"
 
 
-# --------------------------------------------------------------------------- aggregation
+def name(enc: str) -> str:
+  return NAMES.get(enc, enc)
 
 
-def _by_encoding(report: dict) -> dict:
-  groups = {}
-  for run in report["runs"]:
-    groups.setdefault(run["model"]["pos_encoding"], []).append(run)
-  return groups
-
-
-def _ppl(run, setting, length, key="ppl") -> Optional[float]:
-  """A perplexity-table number (`key` "ppl" or "loss") of one run, or None if not measured."""
-  rows = (run.get("perplexity") or {}).get(setting) or {}
-  row = rows.get(str(length))
-  return None if row is None or key not in row else float(row[key])
-
-
-def _ruler_nll(run, task, length=None) -> Optional[float]:
-  rows = ((run.get("ruler") or {}).get("tasks") or {}).get(task)
-  if not rows:
-    return None
-  if length is not None:
-    return float(rows[str(length)]["nll"]) if str(length) in rows else None
-  return float(np.mean([r["nll"] for r in rows.values()]))
-
-
-def _icl_acc(run) -> Optional[float]:
-  syn = ((run.get("icl") or {}).get("synthetic") or {})
-  return None if syn.get("accuracy") is None else float(syn["accuracy"])
-
-
-def _icl_nll(run) -> Optional[float]:
-  """Mean answer NLL over the synthetic ICL tasks and their settings."""
-  tasks = ((run.get("icl") or {}).get("synthetic") or {}).get("tasks") or {}
-  vals = [v for t in tasks.values() for k, d in t.items() if k.startswith("nll_by_")
-          for v in d.values()]
-  return float(np.mean(vals)) if vals else None
-
-
-def _best_ruler_em(report) -> float:
-  return max([float(row["exact_match"]) for run in report["runs"]
-              for rows in ((run.get("ruler") or {}).get("tasks") or {}).values()
-              for row in rows.values()] or [0.0])
-
-
-def stats(values) -> Optional[dict]:
-  """mean, spread (half the range: with two seeds, the distance of each from the mean), n."""
-  vals = [v for v in values if v is not None and math.isfinite(v)]
-  if not vals:
-    return None
-  return {"mean": float(np.mean(vals)), "spread": float((max(vals) - min(vals)) / 2),
-          "n": len(vals), "values": vals}
-
-
-def _fmt(s: Optional[dict], digits=3) -> str:
-  if s is None:
-    return "-"
-  if s["n"] == 1:
-    return f"{s['mean']:.{digits}f}"
-  return f"{s['mean']:.{digits}f} ± {s['spread']:.{digits}f}"
-
-
-# ------------------------------------------------------------------------------ verdicts
-
-
-def compare(better: Optional[dict], worse: Optional[dict], lower_is_better=True) -> str:
-  """Does `better` (RoVE) beat `worse` (RoPE) as the paper says? Beyond the noise band means
-  the gap exceeds the sum of the two half-ranges over seeds."""
-  if better is None or worse is None:
-    return "not measured"
-  gap = (worse["mean"] - better["mean"]) if lower_is_better else (better["mean"] - worse["mean"])
-  noise = better["spread"] + worse["spread"]
-  single = better["n"] < 2 or worse["n"] < 2
-  rel = gap / abs(worse["mean"]) if worse["mean"] else float("nan")
-  where = (f"(RoVE {abs(rel):.1%} {'better' if gap > 0 else 'worse'})"
-           if math.isfinite(rel) and gap else "")
-  if gap == 0:
-    return "tie"
-  if gap > 0:
-    verdict = "agrees" if (gap > noise and not single) else "same direction, within the seed noise"
-  else:
-    verdict = "disagrees" if (-gap > noise and not single) else "opposite direction, within the seed noise"
-  if single:
-    verdict += " (one seed: no noise estimate)"
-  return f"{verdict} {where}".strip()
-
-
-# -------------------------------------------------------------------------------- writing
+def mult(length: int, base: Optional[int]) -> str:
+  """"4x" for a length 4 times the training length ("0.5x" below it)."""
+  return f"{length / base:g}x" if base else "?"
 
 
 def _lengths(report, setting="none") -> list[int]:
@@ -120,13 +43,13 @@ def _lengths(report, setting="none") -> list[int]:
   return sorted(out)
 
 
-def _ruler_tasks(report) -> tuple[list[str], list[int]]:
-  tasks, lengths = set(), set()
-  for run in report["runs"]:
-    for t, rows in ((run.get("ruler") or {}).get("tasks") or {}).items():
-      tasks.add(t)
-      lengths |= {int(k) for k in rows}
-  return sorted(tasks), sorted(lengths)
+def _train_len(report: dict):
+  """The runs' training length; refuses runs trained at different lengths."""
+  found = {train_len(r) for r in report["runs"]}
+  if len(found) > 1:
+    raise ValueError(f"the runs were trained at different lengths {sorted(found)}; the write-up "
+                     f"compares matched runs only")
+  return found.pop() if found else None
 
 
 def _minutes(run_report) -> str:
@@ -134,39 +57,38 @@ def _minutes(run_report) -> str:
   return f"{sum(seconds.values()) / 60:.1f}" if seconds else "-"
 
 
-def _train_len(report: dict, lengths: list):
-  """The runs' training length (report runs[].model.train_len); reports written before that
-  field existed: the shortest evaluated length, which the suites set to the training length."""
-  found = {r["model"]["train_len"] for r in report["runs"] if "train_len" in r["model"]}
-  if len(found) > 1:
-    raise ValueError(f"the runs were trained at different lengths {sorted(found)}; the write-up "
-                     f"compares matched runs only")
-  return found.pop() if found else (lengths[0] if lengths else None)
+def _js(x) -> Optional[dict]:
+  """An Interval or Comparison as JSON numbers."""
+  if x is None:
+    return None
+  return {"estimate": x.estimate, "lower": x.lower, "upper": x.upper}
 
 
-def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str, dict]:
-  """(markdown, summary dict) for results/README.md and results/summary.json."""
-  groups = _by_encoding(report)
-  order = [e for e in ("rove", "rope", "nope") if e in groups] + \
-          [e for e in groups if e not in ("rove", "rope", "nope")]
-  lengths = _lengths(report)
-  yarn_lengths = _lengths(report, "yarn")
-  base = _train_len(report, lengths)
-  tasks, r_lengths = _ruler_tasks(report)
-  summary = {"encodings": {}, "claims": []}
-  L = []
-  L.append("# Small-scale replication: RoVE vs RoPE (vs NoPE)\n")
+def _cmp_cell(c, claim="lower") -> str:
+  return "-" if c is None else f"{rs.fmt_change(c)} {rs.verdict(c, claim)}"
+
+
+# -------------------------------------------------------------------------------- sections
+
+
+def _header(st: rs.Study, meta: dict) -> list:
+  report = st.report
+  first = report["runs"][0]["model"]
+  steps = sorted({r["step"] for r in report["runs"]})
+  seeds = "; ".join(f"{name(e)} {len(st.groups[e])}" for e in st.order)
+  L = ["# Small-scale replication: RoVE vs RoPE (vs NoPE)\n"]
   if meta.get("quick"):
     L.append("**This is a --quick smoke run (tiny model, a few steps): its numbers mean nothing "
              "about RoVE.**\n")
-  first = report["runs"][0]["model"]
-  steps = sorted({r["step"] for r in report["runs"]})
   L.append(
       f"Every run: a {first['n_layer']}-layer GPT, d_model {first['d_model']}, "
       f"{first['n_head']} heads, {first['params']:,} parameters, training context "
       f"{train_len(report['runs'][0])} byte tokens, trained on the embedded stdlib corpus for "
       f"{', '.join(map(str, steps))} steps (configs/reproduce.py); the runs differ only in the "
-      f"positional encoding and the seed. {len(report['runs'])} runs, all reported below.\n")
+      f"positional encoding and the seed. {len(report['runs'])} runs (seeds: {seeds}), all "
+      f"reported below.\n")
+  settings = {s for r in report["runs"] for s in (r.get("perplexity") or {}) if s != "protocol"}
+  yarn = "all" if "yarn_fixed" in settings else "both" if "yarn" in settings else "off"
   L.append(f"- Command: `{meta['command'].strip()}` (`make reproduce`)")
   L.append(f"- Commit: {meta['commit']}")
   L.append(f"- Started: {meta['started']}; wall time {meta['wall_seconds'] / 60:.1f} min "
@@ -174,111 +96,264 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str
   L.append(f"- Machine: {meta['machine']}")
   if meta.get("notes"):
     L.append(f"- Notes: {meta['notes']}")
-  L.append(f"- Evaluation: `rove-eval --suite {report['suite']} --compare ...`; "
-           f"full report in [eval/report.md](eval/report.md), raw numbers in "
-           f"[eval/report.json](eval/report.json).")
-  L.append("- Spread: ± is half the range over seeds (with two seeds, each seed's distance from "
-           "the mean). A difference counts as real below only when it exceeds the two "
-           "encodings' spreads added together.\n")
+  L.append(f"- Evaluation: `python -m rove_jax.evaluation.cli --suite {report['suite']} --yarn "
+           f"{yarn} --compare ...`; full report in [eval/report.md](eval/report.md), raw "
+           f"numbers in [eval/report.json](eval/report.json).\n")
+  return L
 
-  # Table 1: in-context.
-  L.append("## Table 1: in-context loss, perplexity and in-context learning\n")
-  L.append(f"Held-out loss and perplexity at the training length ({base} tokens), no YaRN; "
-           "synthetic ICL accuracy (exact match) and mean answer NLL over the synthetic ICL "
-           "tasks.\n")
-  L.append("| encoding | seeds | loss (nats/byte) | perplexity | ICL accuracy | ICL answer NLL |")
-  L.append("|---|---|---|---|---|---|")
-  for enc in order:
-    rs = groups[enc]
-    row = {"loss": stats([_ppl(r, "none", base, "loss") for r in rs]),
-           "ppl": stats([_ppl(r, "none", base) for r in rs]),
-           "icl_acc": stats([_icl_acc(r) for r in rs]),
-           "icl_nll": stats([_icl_nll(r) for r in rs])}
-    summary["encodings"][enc] = {"table1": row}
-    L.append(f"| {NAMES.get(enc, enc)} | {len(rs)} | {_fmt(row['loss'], 4)} | "
-             f"{_fmt(row['ppl'])} | {_fmt(row['icl_acc'])} | {_fmt(row['icl_nll'])} |")
-  L.append("")
 
-  # OOD perplexity.
-  L.append("## Perplexity by evaluation length, without and with YaRN\n")
-  L.append("YaRN factor = length / training length, applied at inference only (the rotary "
-           "encodings; NoPE has no frequencies to scale).\n")
-  L.append("| encoding | YaRN | " + " | ".join(f"{n} ({n // base}x)" for n in lengths) + " |")
+def _unit_counts(st: rs.Study) -> str:
+  parts = []
+  ppl = {L: st.ppl_units(st.order[0], "none", L) for L in _lengths(st.report)}
+  ppl = {L: u.n_units for L, u in ppl.items() if u is not None}
+  if ppl:
+    parts.append("perplexity windows (" + ", ".join(f"{n} at {L} tokens"
+                                                    for L, n in sorted(ppl.items())) + ")")
+  samples = {len(row["sample_nll"]) for r in st.report["runs"]
+             for s in ("none", "yarn") for rows in rs.ruler_tasks(r, s).values()
+             for row in rows.values()}
+  if samples:
+    parts.append(f"RULER samples ({'/'.join(map(str, sorted(samples)))} a task and length)")
+  tasks = st.icl_tasks()
+  if tasks:
+    icl = st.icl_units(st.order[0], tasks, 0)
+    if icl is not None:
+      parts.append(f"ICL prompts ({icl.n_units} a run over {len(tasks)} tasks)")
+  if st.recall:
+    n = sorted({len(r.get("sample_nll") or ()) for r in st.recall})
+    parts.append(f"retrieval-study samples ({'/'.join(map(str, n))} a length)")
+  return ", ".join(parts) or "none"
+
+
+def _method(st: rs.Study) -> list:
+  seeds = ", ".join(f"{len(st.groups[e])} {name(e)}" for e in st.order)
+  fewest = min(len(runs) for runs in st.groups.values())
+  cover = " / ".join(c for _, c in rs.COVERAGE)
+  sds = " / ".join(s for s, _ in rs.COVERAGE)
+  return [
+      "## How the intervals are computed\n",
+      f"Every cell is `estimate [lower, upper]`, a {rs.CI * 100:g} % percentile interval from a "
+      f"hierarchical paired bootstrap (rove_jax/evaluation/stats.py, {st.boot.n_boot} "
+      f"replicates): each replicate resamples the seeds within each encoding ({seeds} seeds) "
+      f"and the evaluation units, {_unit_counts(st)}, with the same unit indices for "
+      f"every run: all runs are scored on the same windows and samples in the same order, so "
+      f"every comparison is paired. A comparison is RoVE minus the other encoding: for "
+      f"perplexity the relative difference exp(loss_RoVE - loss_other) - 1, for answer NLLs "
+      f"and accuracies the plain difference. Its verdict on a claim is *supports* when the "
+      f"interval excludes 0 on the claimed side, *contradicts* when it excludes 0 on the other "
+      f"side, *inconclusive* otherwise. Accuracy below {rs.FLOOR} for every compared encoding "
+      f"is *at the floor*: it is given as counts of correct answers, with no verdict. Known "
+      f"limit: with {fewest} seed{'s' if fewest > 1 else ''} the seed level is resampled from "
+      f"{fewest} value{'s' if fewest > 1 else ''}, so an interval can under-cover when "
+      f"seed-to-seed variation is large. stats.py measured the coverage of the nominal 95 % "
+      f"difference interval in simulation (3 seeds an encoding, 40 units with noise sd 1, "
+      f"i.e. sd 0.16 for a run's mean) at {cover} % for a seed-to-seed sd of {sds} in the "
+      f"same units (5 seeds: still 88.5 % at sd 0.5).\n"]
+
+
+def _table1(st: rs.Study, base, summary) -> list:
+  tasks = st.icl_tasks()
+  L = ["## Table 1: inside the training context\n",
+       f"Held-out loss and perplexity at the training length ({base} tokens), no YaRN; the "
+       f"synthetic ICL tasks ({', '.join(tasks) or 'none'}) scored inside the training "
+       f"context: exact matches as counts (correct/prompts, summed over seeds) and the mean "
+       f"answer NLL over all their prompts.\n",
+       "| encoding | seeds | loss (nats/token) | perplexity | ICL correct | ICL answer NLL |",
+       "|---|---|---|---|---|---|"]
+  for enc in st.order:
+    loss, ppl = st.loss(enc, "none", base), st.ppl(enc, "none", base)
+    nll, right = st.icl_nll(enc, tasks), st.icl_count(enc, tasks)
+    summary["encodings"].setdefault(enc, {})["table1"] = {
+        "loss": _js(loss), "ppl": _js(ppl), "icl_nll": _js(nll), "icl_correct": right}
+    L.append(f"| {name(enc)} | {len(st.groups[enc])} | {rs.fmt_interval(loss, 4)} | "
+             f"{rs.fmt_interval(ppl)} | {rs.fmt_count(right)} | {rs.fmt_interval(nll)} |")
+  for a, b in st.pairs():
+    counts = [st.icl_count(a, tasks), st.icl_count(b, tasks)]
+    acc = ("at the floor" if rs.at_floor(counts) else
+           _cmp_cell(st.icl_cmp(a, b, tasks, 1), "higher"))
+    L.append(f"| {name(a)} - {name(b)} | | | {_cmp_cell(st.ppl_cmp(a, b, 'none', base))} | "
+             f"{acc} | {_cmp_cell(st.icl_cmp(a, b, tasks, 0))} |")
+  L.append("\nDifference rows: perplexity as the relative difference (RoVE / other - 1), ICL "
+           "accuracy and answer NLL as plain differences, each with its verdict on the "
+           "paper's direction (RoVE lower perplexity and NLL, higher accuracy).\n")
+  return L
+
+
+def _perplexity(st: rs.Study, base, summary) -> list:
+  lengths = _lengths(st.report)
+  protocols = [(r.get("perplexity") or {}).get("protocol") or {} for r in st.report["runs"]]
+  fixed = next((p.get("yarn_fixed_factor") for p in protocols if p.get("yarn_fixed_factor")),
+               None)
+  L = ["## Perplexity by evaluation length\n",
+       "Settings: **no YaRN** (the model as trained); **YaRN, factor L/T** (YaRN at inference "
+       "with factor L / T at each length L > T; at L <= T it is the model as trained, so those "
+       "cells repeat the no-YaRN ones)"]
+  if fixed:
+    L[-1] += (f"; **YaRN, fixed s** (one factor s = {fixed:g} = longest length / T, at every "
+              f"length, the shorter ones included: what a model deployed with one setting "
+              f"would use)")
+  L[-1] += (". NoPE has no rotary frequencies to scale: no YaRN only. Cells: perplexity "
+            "(exp of the token-weighted loss) with its interval.\n")
+  L.append("| encoding | setting | " + " | ".join(f"{n} ({mult(n, base)})" for n in lengths)
+           + " |")
   L.append("|---|---|" + "---|" * len(lengths))
-  for enc in order:
-    rs = groups[enc]
-    for setting in ("none", "yarn"):
-      cells = [stats([_ppl(r, setting, n) for r in rs]) for n in lengths]
+  for enc in st.order:
+    for setting in SETTING_NAMES:
+      cells = [st.ppl(enc, setting, n) for n in lengths]
       if all(c is None for c in cells):
         continue
-      summary["encodings"][enc].setdefault("ppl", {})[setting] = {
-          str(n): c for n, c in zip(lengths, cells)}
-      L.append(f"| {NAMES.get(enc, enc)} | {'yes' if setting == 'yarn' else 'no'} | "
-               + " | ".join(_fmt(c, 2) for c in cells) + " |")
+      summary["encodings"].setdefault(enc, {}).setdefault("ppl", {})[setting] = {
+          str(n): _js(c) for n, c in zip(lengths, cells)}
+      L.append(f"| {name(enc)} | {SETTING_NAMES[setting]} | "
+               + " | ".join(rs.fmt_interval(c) for c in cells) + " |")
+  if st.pairs():
+    L.append("\nRelative perplexity difference (RoVE / other - 1; below 0: RoVE lower) and "
+             "its verdict on \"RoVE is lower\":\n")
+    L.append("| comparison | setting | " + " | ".join(f"{n} ({mult(n, base)})" for n in lengths)
+             + " |")
+    L.append("|---|---|" + "---|" * len(lengths))
+    for a, b in st.pairs():
+      for setting in SETTING_NAMES:
+        cells = [st.ppl_cmp(a, b, setting, n) for n in lengths]
+        if all(c is None for c in cells):
+          continue
+        L.append(f"| {name(a)} - {name(b)} | {SETTING_NAMES[setting]} | "
+                 + " | ".join(_cmp_cell(c) for c in cells) + " |")
   L.append("\n![perplexity vs length](eval/perplexity_vs_length.png)\n")
+  return L
 
-  # Table 2: RULER.
-  if tasks:
-    L.append("## Table 2: RULER answer NLL by task (lower is better)\n")
-    L.append(f"Mean over the evaluation lengths {', '.join(map(str, r_lengths))} tokens "
-             f"({', '.join(f'{n // base}x' for n in r_lengths)}), "
-             f"{'with YaRN' if any((r.get('ruler') or {}).get('yarn') for r in report['runs']) else 'without YaRN'}"
-             f" past the training length. Greedy exact match, best cell of any run: "
-             f"{_best_ruler_em(report):.2f} (per task in eval/report.md).\n")
-    L.append("| encoding | " + " | ".join(tasks) + " | mean |")
-    L.append("|---|" + "---|" * (len(tasks) + 1))
-    for enc in order:
-      rs = groups[enc]
-      cells = [stats([_ruler_nll(r, t) for r in rs]) for t in tasks]
-      mean = stats([np.mean([_ruler_nll(r, t) for t in tasks if _ruler_nll(r, t) is not None])
-                    for r in rs])
-      summary["encodings"][enc]["ruler"] = {t: c for t, c in zip(tasks, cells)}
-      summary["encodings"][enc]["ruler"]["mean"] = mean
-      L.append(f"| {NAMES.get(enc, enc)} | " + " | ".join(_fmt(c, 2) for c in cells)
-               + f" | {_fmt(mean, 2)} |")
-    L.append("\n![RULER NLL](eval/ruler_nll.png)\n")
 
-  # Claims.
-  if "rove" in groups and "rope" in groups:
-    L.append("## Where the small-scale result agrees with the paper, and where not\n")
-    L.append("Computed from the tables above (RoVE vs RoPE means, against the seed noise).\n")
-    L.append("| the paper says | here |")
-    L.append("|---|---|")
-    e = summary["encodings"]
-    claims = [("RoVE lowers in-context perplexity (training length)",
-               compare(e["rove"]["table1"]["ppl"], e["rope"]["table1"]["ppl"])),
-              ("RoVE raises in-context-learning accuracy",
-               compare(e["rove"]["table1"]["icl_acc"], e["rope"]["table1"]["icl_acc"], False)),
-              ("RoVE lowers the answer NLL of in-context-learning tasks",
-               compare(e["rove"]["table1"]["icl_nll"], e["rope"]["table1"]["icl_nll"]))]
-    for n in lengths[1:]:
-      for setting, what in (("none", "without YaRN"), ("yarn", "with YaRN")):
-        a = e["rove"].get("ppl", {}).get(setting, {}).get(str(n))
-        b = e["rope"].get("ppl", {}).get(setting, {}).get(str(n))
-        if a is not None and b is not None:
-          claims.append((f"RoVE lowers perplexity at {n} tokens ({n // base}x) {what}",
-                         compare(a, b)))
-    if tasks:
-      claims.append(("RoVE lowers RULER NLL (mean over tasks)",
-                     compare(e["rove"]["ruler"]["mean"], e["rope"]["ruler"]["mean"])))
-      for t in tasks:
-        if t.startswith(("vt", "niah")):
-          claims.append((f"RoVE lowers RULER NLL on {t}",
-                         compare(e["rove"]["ruler"][t], e["rope"]["ruler"][t])))
-    for claim, verdict in claims:
-      L.append(f"| {claim} | {verdict} |")
-      summary["claims"].append({"claim": claim, "verdict": verdict})
-    counts = {}
-    for _, v in claims:
-      key = v.split(" (")[0]
-      counts[key] = counts.get(key, 0) + 1
-    L.append("\nTally: " + ", ".join(f"{k}: {n}" for k, n in sorted(counts.items())) + ".\n")
+def _skipped(st: rs.Study) -> list:
+  """Bullets naming the RULER tasks skipped at some lengths or entirely, with the reason."""
+  by_task: dict = {}
+  for run in st.report["runs"]:
+    for key, why in ((run.get("ruler") or {}).get("skipped") or {}).items():
+      task, _, length = key.partition("@")
+      by_task.setdefault(task, {}).setdefault(length, why)
+  out = []
+  for task, where in sorted(by_task.items()):
+    if "" in where:
+      out.append(f"- {task}: not scored ({where['']})")
+    else:
+      lens = sorted(int(L) for L in where)
+      out.append(f"- {task}: skipped at {', '.join(map(str, lens))} tokens "
+                 f"({where[str(lens[0])]})")
+  return out
 
-  # Every run.
-  L.append("## Every run\n")
-  L.append("| run | encoding | seed | steps | final train loss | final held-out loss | "
-           "training wall (min) | evaluation wall (min) |")
-  L.append("|---|---|---|---|---|---|---|---|")
+
+def _ruler(st: rs.Study, base, summary) -> list:
+  L = []
+  for setting in ("none", "yarn"):
+    lengths, encs = st.ruler_lengths(setting), st.ruler_encodings(setting)
+    if not lengths:
+      continue
+    if not L:
+      proto = next(((r.get("ruler") or {}).get("protocol") for r in st.report["runs"]
+                    if (r.get("ruler") or {}).get("protocol")), {})
+      all_lengths = sorted({n for ls in lengths.values() for n in ls})
+      L += ["## RULER: answer NLL by task (lower is better)\n",
+            f"{proto.get('samples', '?')} samples a task and length (seed "
+            f"{proto.get('seed', '?')}), the same samples for every run and setting; lengths "
+            f"{', '.join(f'{n} ({mult(n, base)})' for n in all_lengths)}. Answer NLL: the mean "
+            f"NLL of the gold answer's tokens (the paper scores RULER by NLL). Exact match "
+            f"(greedy) as counts, summed over lengths and seeds. A task's figure is the mean "
+            f"over the lengths where that task was scored; the mean over tasks is over the "
+            f"tasks in the table.\n"]
+      skipped = _skipped(st)
+      L.append(("Tasks not scored at every length or at all:\n\n" + "\n".join(skipped)
+                + "\n") if skipped else "Every task was scored at every length.\n")
+    L.append(f"### RULER, {SETTING_NAMES[setting]}\n")
+    if setting == "yarn":
+      L.append("YaRN with factor L / T at each length. NoPE has no rotary frequencies: no "
+               "YaRN row.\n")
+    pairs = st.pairs(encs)
+    head = (["task", "lengths"] + [name(e) for e in encs]
+            + [f"{name(a)} - {name(b)}" for a, b in pairs]
+            + ["exact match (" + " / ".join(name(e) for e in encs) + ")"])
+    L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out = summary["ruler"].setdefault(setting, {})
+    for task in list(lengths) + ["mean"]:
+      lens = "each task's" if task == "mean" else ", ".join(map(str, lengths[task]))
+      cells = [st.ruler_nll(e, setting, task) for e in encs]
+      cmps = [st.ruler_cmp(a, b, setting, task) for a, b in pairs]
+      counts = [rs.fmt_count(st.ruler_count(e, setting, task)) for e in encs]
+      out[task] = {"lengths": lengths.get(task), "nll": {e: _js(c) for e, c in zip(encs, cells)},
+                   "comparisons": {f"{a}-{b}": _js(c) for (a, b), c in zip(pairs, cmps)}}
+      label = "**mean over tasks**" if task == "mean" else task
+      row = ([label, lens] + [rs.fmt_interval(c) for c in cells] + [_cmp_cell(c) for c in cmps]
+             + [" / ".join(counts)])
+      L.append("| " + " | ".join(row) + " |")
+    L.append("")
+  if L:
+    L.append("![RULER NLL](eval/ruler_nll.png)\n")
+  return L
+
+
+def _icl(st: rs.Study, summary) -> list:
+  tasks = st.icl_tasks()
+  if not tasks:
+    return []
+  proto = next(((r.get("icl") or {}).get("protocol") for r in st.report["runs"]
+                if (r.get("icl") or {}).get("protocol")), {})
+  L = ["## In-context learning inside the training context\n"]
+  if proto.get("rule"):
+    L.append(f"Rule (the report's protocol): \"{proto['rule']}\". By-length tasks at "
+             f"{', '.join(map(str, proto.get('lengths', [])))} tokens, few-shot tasks at "
+             f"{', '.join(map(str, proto.get('shots', [])))} shots, {proto.get('samples')} "
+             f"samples each (seed {proto.get('seed')}).\n")
+  cut = {e: [((r["icl"]["synthetic"].get("truncated")), r["icl"]["synthetic"].get("prompts"))
+             for r in st.groups[e]] for e in st.order}
+  L.append("Prompts cut from the left to fit: " + "; ".join(
+      f"{name(e)} {sum(c[0] or 0 for c in v)} of {sum(c[1] or 0 for c in v)}"
+      for e, v in cut.items()) + ". Accuracy is greedy exact match, given as counts "
+      "(correct/prompts over seeds); the answer NLL is the mean over the task's prompts.\n")
+  pairs = st.pairs()
+  head = (["task"] + [f"{name(e)} correct" for e in st.order]
+          + [f"{name(e)} answer NLL" for e in st.order]
+          + [f"{name(a)} - {name(b)} NLL" for a, b in pairs]
+          + [f"{name(a)} - {name(b)} accuracy" for a, b in pairs])
+  L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for task in tasks + ["all"]:
+    sel = tasks if task == "all" else [task]
+    counts = {e: st.icl_count(e, sel) for e in st.order}
+    accs = []
+    for a, b in pairs:
+      floor = rs.at_floor([counts[a], counts[b]])
+      accs.append("at the floor" if floor else _cmp_cell(st.icl_cmp(a, b, sel, 1), "higher"))
+    summary["icl"][task] = {"correct": counts,
+                            "nll": {e: _js(st.icl_nll(e, sel)) for e in st.order}}
+    cells = ([f"{'**all tasks**' if task == 'all' else task}"]
+             + [rs.fmt_count(counts[e]) for e in st.order]
+             + [rs.fmt_interval(st.icl_nll(e, sel)) for e in st.order]
+             + [_cmp_cell(st.icl_cmp(a, b, sel, 0)) for a, b in pairs] + accs)
+    L.append("| " + " | ".join(cells) + " |")
+  L.append("")
+  return L
+
+
+def build(report: dict, runs: list[dict], curves: dict, meta: dict,
+          recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT):
+  """(markdown, summary dict, retrieval PNG bytes or None) for results/."""
+  st = rs.Study(report, recall, rs.Boot(n_boot))
+  base = _train_len(report)
+  summary = {"encodings": {}, "ruler": {}, "icl": {}, "claims": []}
+  L = _header(st, meta) + _method(st) + _table1(st, base, summary)
+  L += _perplexity(st, base, summary) + _ruler(st, base, summary) + _icl(st, summary)
+  recall_md, png, summary["retrieval"] = claims_lib.retrieval(st, RECALL_PNG)
+  L += recall_md
+  rows = claims_lib.rows(st, base)
+  summary["claims"] = rows
+  L += claims_lib.table(rows)
+  L += _every_run(report, runs, curves, meta)
+  L += claims_lib.closing(st, base, rows, meta)
+  return "\n".join(L), summary, png
+
+
+def _every_run(report, runs, curves, meta) -> list:
+  L = ["## Every run\n",
+       "| run | encoding | seed | steps | final train loss | final held-out loss | "
+       "training wall (min) | evaluation wall (min) |",
+       "|---|---|---|---|---|---|---|---|"]
   for run in runs:
     rows = curves.get(run["workdir"]) or []
     tr = [r["loss"] for r in rows if "loss" in r]
@@ -286,7 +361,7 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str
     rep = next((r for r in report["runs"] if os.path.abspath(r["workdir"]) ==
                 os.path.abspath(run["workdir"])), None)
     secs = meta.get("train_seconds", {}).get(run["workdir"])
-    L.append(f"| {os.path.basename(run['workdir'])} | {NAMES.get(run['encoding'])} | "
+    L.append(f"| {os.path.basename(run['workdir'])} | {name(run['encoding'])} | "
              f"{run['seed']} | {rep['step'] if rep else '-'} | "
              f"{f'{tr[-1]:.4f}' if tr else '-'} | {f'{va[-1]:.4f}' if va else '-'} | "
              f"{f'{secs / 60:.1f}' if secs else '-'} | {_minutes(rep)} |")
@@ -294,23 +369,26 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict) -> tuple[str
   if any("loss" in row for run in runs for row in curves.get(run["workdir"]) or []):
     L.append("![loss curves](loss_curves.png)\n")  # plots.loss_curves draws these rows
   L.append("![Figure 1: the trained model's RoPE vs RoVE token mixers](eval/figure1_mixer.png)\n")
-  return "\n".join(L), summary
+  return L
 
 
-def write(out_dir: str, report: dict, runs: list[dict], curves: dict, meta: dict) -> dict:
-  """Writes README.md, summary.json and loss_curves.png to out_dir, all or none of them
-  (report.replace_files); returns the summary."""
+def write(out_dir: str, report: dict, runs: list[dict], curves: dict, meta: dict,
+          recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT) -> dict:
+  """Writes README.md, summary.json, loss_curves.png and (with `recall` records)
+  retrieval_study.png to out_dir, all or none of them (report.replace_files); a PNG the
+  README does not link is removed. Returns the summary."""
   from rove_jax.evaluation import plots
   os.makedirs(out_dir, exist_ok=True)
-  text, summary = build(report, runs, curves, meta)
+  text, summary, recall_png = build(report, runs, curves, meta, recall, n_boot=n_boot)
   files = {os.path.join(out_dir, "README.md"): text,
            os.path.join(out_dir, "summary.json"): json.dumps({"meta": meta, **summary}, indent=2)}
-  curves_png = plots.loss_curves(curves, runs, NAMES)
-  png_path = os.path.join(out_dir, "loss_curves.png")
-  if curves_png is not None:
-    files[png_path] = curves_png
+  pngs = {"loss_curves.png": plots.loss_curves(curves, runs, NAMES), RECALL_PNG: recall_png}
+  for file, data in pngs.items():
+    if data is not None:
+      files[os.path.join(out_dir, file)] = data
   replace_files(files)
-  if curves_png is None:  # README.md does not link it: no stale curves of an earlier write
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(png_path)
+  for file, data in pngs.items():
+    if data is None:  # README.md does not link it: no stale plot of an earlier write
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(out_dir, file))
   return summary

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -61,7 +61,8 @@ from rove_jax.evaluation.ruler_haystack import TOLERANCE, fit_problem
 from rove_jax.evaluation.ruler_qa import QAData, QAQuestion, load_hotpotqa, load_squad
 from rove_jax.evaluation.ruler_tasks import NIAH
 
-__all__ = ["TASKS", "QA_TASKS", "TOLERANCE", "Sample", "generate", "evaluate", "QAData",
+__all__ = ["TASKS", "QA_TASKS", "TOLERANCE", "Sample", "generate", "evaluate",
+           "evaluate_settings", "sample_row", "QAData",
            "QAQuestion", "load_squad", "load_hotpotqa", "ScoreFn", "Tokenizer"]
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1",
@@ -169,12 +170,42 @@ def evaluate(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks: Sequence[str],
     progress: show a tqdm bar.
 
   Returns:
-    {"tasks": {task: {str(length): {"nll": mean, "exact_match": fraction, "n": count}}},
-     "skipped": {task: reason}}.
+    {"tasks": {task: {str(length): ROW}}, "skipped": {task: reason}}, ROW = {"nll": mean,
+     "exact_match": fraction, "n": count, "correct": count, "sample_nll": [per sample mean
+     answer NLL, 6 significant digits], "sample_correct": [0 or 1 per sample]}; the lists
+     are in sample order, which is the same for every run and setting given the seed.
 
   Raises:
     ValueError: unknown task names (the message lists the valid ones), a length too short for
       a task (raised before any score_fn call), or a score_fn returning the wrong count.
+  """
+  res = evaluate_settings({"_": lambda length: score_fn}, tokenizer, tasks=tasks,
+                          lengths=lengths, samples_per_task=samples_per_task, seed=seed,
+                          haystack_texts=haystack_texts, squad_path=squad_path,
+                          hotpot_path=hotpot_path, progress=progress)
+  return {"tasks": res["settings"]["_"]["tasks"], "skipped": res["skipped"]}
+
+
+def evaluate_settings(score_fns: Mapping[str, Callable[[int], ScoreFn]], tokenizer: Tokenizer,
+                      *, tasks: Sequence[str], lengths: Sequence[int], samples_per_task: int,
+                      seed: int, haystack_texts: Optional[Sequence[str]] = None,
+                      squad_path=None, hotpot_path=None, progress: bool = True) -> dict:
+  """`evaluate` under several model settings (e.g. with and without YaRN) on the same samples.
+
+  Each (task, length) cell's samples are generated once and scored under every setting.
+
+  Args:
+    score_fns: {setting name: length -> ScoreFn}: the score function of each setting at each
+      length (e.g. YaRN with a factor that depends on the length).
+    tokenizer, tasks, lengths, samples_per_task, seed, haystack_texts, squad_path,
+    hotpot_path, progress: as in `evaluate`.
+
+  Returns:
+    {"settings": {setting: {"tasks": {task: {str(length): ROW}}}}, "skipped": {task: reason}},
+    ROW as in `evaluate`.
+
+  Raises:
+    ValueError: as `evaluate`.
   """
   if isinstance(tasks, str):
     raise ValueError(f"tasks must be a list of task names, got the string {tasks!r}; "
@@ -183,6 +214,8 @@ def evaluate(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks: Sequence[str],
   unknown = [t for t in tasks if t not in TASKS + QA_TASKS]
   if unknown:
     raise ValueError(f"unknown RULER task(s) {unknown}; valid tasks: {list(TASKS + QA_TASKS)}")
+  if not score_fns:
+    raise ValueError("score_fns names no setting; give at least one")
   lengths = list(dict.fromkeys(lengths))
   for i, length in enumerate(lengths):
     prompting.check_int(f"lengths[{i}]", length, 1)
@@ -198,22 +231,29 @@ def evaluate(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks: Sequence[str],
            for t in run for n in lengths}
   from tqdm.auto import tqdm  # imported here: generate() alone needs nothing beyond numpy
 
-  results = {}
-  with tqdm(total=len(first) * samples_per_task, desc="RULER", unit="sample",
+  results = {setting: {} for setting in score_fns}
+  with tqdm(total=len(first) * samples_per_task * len(score_fns), desc="RULER", unit="sample",
             disable=not progress) as bar:
     for t in run:
       for n in lengths:
-        bar.set_postfix_str(f"{t} @ {n}")
         samples = [first.pop((t, n))] + [
             generate(t, length=n, tokenizer=tokenizer, seed=s, **inputs) for s in seeds[1:]]
-        scores = prompting.score_pairs(score_fn, [s.prompt_ids for s in samples],
-                                       [s.answer_ids for s in samples],
-                                       f" of task {t!r} at length {n}")
-        nll, exact_match = prompting.mean_scores(scores)
-        results.setdefault(t, {})[str(n)] = {"nll": nll, "exact_match": exact_match,
-                                             "n": len(samples)}
-        bar.update(len(samples))
-  return {"tasks": results, "skipped": skipped}
+        for setting, make_fn in score_fns.items():
+          bar.set_postfix_str(f"{t} @ {n}" + ("" if setting == "_" else f", {setting}"))
+          scores = prompting.score_pairs(make_fn(n), [s.prompt_ids for s in samples],
+                                         [s.answer_ids for s in samples],
+                                         f" of task {t!r} at length {n}")
+          results[setting].setdefault(t, {})[str(n)] = sample_row(scores)
+          bar.update(len(samples))
+  return {"settings": {setting: {"tasks": rows} for setting, rows in results.items()},
+          "skipped": skipped}
+
+
+def sample_row(scores: Sequence[tuple[float, bool]]) -> dict:
+  """A cell's aggregates and per-sample records from `prompting.score_pairs` results."""
+  nll, exact_match = prompting.mean_scores(scores)
+  return {"nll": nll, "exact_match": exact_match, "n": len(scores),
+          "correct": int(sum(match for _, match in scores)), **prompting.sample_records(scores)}
 
 
 def _sample_seed(seed: int, i: int) -> int:

@@ -13,6 +13,7 @@ attention kernel, so 16x the training context fits a CPU.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Optional, Sequence
 
@@ -88,7 +89,21 @@ def yarn_scaling(length: int, train_len: int) -> Optional[dict]:
   (None at or below it)."""
   if length <= train_len:
     return None
-  return {"rope_type": "yarn", "factor": length / train_len,
+  return fixed_yarn_scaling(length / train_len, train_len)
+
+
+def fixed_yarn_scaling(factor: float, train_len: int) -> dict:
+  """YaRN at one factor for every length (a deployed model's setting; at lengths up to the
+  training length it is not the identity: the low frequencies are interpolated and the
+  attention factor is 0.1 ln(factor) + 1).
+
+  Raises:
+    ValueError: factor is not a finite number > 1.
+  """
+  if not (isinstance(factor, (int, float)) and not isinstance(factor, bool)
+          and math.isfinite(factor) and factor > 1):
+    raise ValueError(f"a fixed YaRN factor must be a finite number > 1, got {factor!r}")
+  return {"rope_type": "yarn", "factor": float(factor),
           "original_max_position_embeddings": train_len}
 
 
@@ -134,6 +149,10 @@ class Scorer:
     """YaRN for `length` tokens: factor = length / run.train_len (None at or below it)."""
     return yarn_scaling(length, self.train_len)
 
+  def fixed_yarn_scaling(self, factor: float) -> dict:
+    """YaRN at `factor` over run.train_len, whatever the length (see `fixed_yarn_scaling`)."""
+    return fixed_yarn_scaling(factor, self.train_len)
+
   def check_length(self, length: int) -> None:
     cfg = self.config
     if cfg.pos_encoding == "learned" and length > cfg.max_len:
@@ -163,9 +182,12 @@ class Scorer:
             rope_scaling=FROM_CONFIG) -> list[tuple[float, bool]]:
     """(mean NLL of the answer tokens given the prompt, greedy exact match) per pair.
 
-    Pairs are right-padded to a multiple of 256 tokens (fewer recompilations); causal
-    attention makes the padding invisible to the scored positions.
+    Pairs are right-padded to a multiple of 256 tokens (fewer recompilations; a model with
+    learned positions only up to its table); causal attention makes the padding invisible to
+    the scored positions.
     """
+    cfg = self.config
+    table = cfg.max_len if cfg.pos_encoding == "learned" else None
     out = []
     for prompt, answer in zip(prompts, answers):
       prompt, answer = np.asarray(prompt, np.int32), np.asarray(answer, np.int32)
@@ -173,6 +195,8 @@ class Scorer:
         raise ValueError("an answer has no tokens to score")
       seq = np.concatenate([prompt, answer])
       padded = -(-(seq.size - 1) // 256) * 256 + 1
+      if table is not None and seq.size - 1 <= table:
+        padded = min(padded, table + 1)
       window = np.full((1, padded), self.run.tokenizer.eot_id, np.int32)
       window[0, :seq.size] = seq
       nll, match = self.token_nll(window, rope_scaling)
