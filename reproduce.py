@@ -187,14 +187,8 @@ def machine() -> str:
 
 
 def commit() -> str:
-  try:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    return out + (" (with uncommitted changes)" if dirty else "")
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown (not a git checkout)"
+  from rove_jax.paper_recipe import git_commit
+  return git_commit()
 
 
 def main(argv=None) -> int:

@@ -358,7 +358,9 @@ def format_plan(plan, args) -> str:
   return "\n".join(L)
 
 
-def _commit() -> str:
+def git_commit() -> str:
+  """The checkout's HEAD, marked when tracked files have uncommitted changes (reproduce.py's
+  record of the code that trained and evaluated)."""
   try:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout.strip()
@@ -372,7 +374,7 @@ def _commit() -> str:
 def execute(plan, args, text: str, argv) -> int:
   """Trains every run (resuming), evaluates them all and writes --out/README.md."""
   t0, started = time.perf_counter(), datetime.datetime.now(datetime.timezone.utc)
-  meta = {"command": "python reproduce.py " + shlex.join(argv), "commit": _commit(),
+  meta = {"command": "python reproduce.py " + shlex.join(argv), "commit": git_commit(),
           "started": started.isoformat(timespec="seconds")}
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "plan.txt"), "w") as f:
