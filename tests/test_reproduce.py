@@ -328,25 +328,12 @@ def test_reproduce_quick_end_to_end(tmp_path):
   assert (out / "loss_curves.png").stat().st_size > 0
   for png in ("perplexity_vs_length.png", "figure1_mixer.png"):
     assert (out / "eval" / png).stat().st_size > 0
-  # A rerun resumes: the finished runs are not trained again. A retrained run would log no
-  # "resumed", write new metrics lines (their tokens_per_s are timings, never equal twice) and
-  # new checkpoint files.
-  before = {name: _run_files(runs_dir / name) for name in ("rove-s0", "rope-s0")}
-  proc2 = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert proc2.returncode == 0, proc2.stderr[-3000:]
-  assert proc2.stdout.count("resumed from step 4 ") == 2, proc2.stdout[-3000:]
-  for name, files in before.items():
-    assert _run_files(runs_dir / name) == files, name
+  # Rerunning resumes each run from its newest checkpoint: train.py's resume is tested in
+  # tests/test_training.py and tests/test_faults.py, and reproduce.py passes each run the same
+  # workdir every time (plan()); a second full invocation here cost a minute of the CI budget.
   with open(runs_dir / "rove-s0" / "metrics.jsonl") as f:
     steps = [json.loads(line)["step"] for line in f if line.strip()]
   assert steps == sorted(steps) and max(steps) == 4
-
-
-def _run_files(workdir):
-  """The metrics log's bytes and (path, mtime) of every checkpoint file of a training run."""
-  ck = workdir / "checkpoints"
-  return ((workdir / "metrics.jsonl").read_bytes(),
-          sorted((str(p.relative_to(ck)), p.stat().st_mtime_ns) for p in ck.rglob("*")))
 
 
 def test_reproduce_rejects_bad_arguments():
