@@ -112,10 +112,11 @@ def rove_attention(q, k, v, *, q_positions, kv_positions, inv_freq: rotary.Frequ
   instead of two (the kernel's output and the rotated one; see model.Attention).
   """
   return _attention(q, k, v, q_positions, kv_positions, inv_freq,
-                    mode="rove" if rotate_output else "rove_rotated", causal=causal,
+                    mode="rove", causal=causal,
                     attention_factor=attention_factor, layout=layout, segment_ids=segment_ids,
                     kv_mask=kv_mask, implementation=implementation, chunk_size=chunk_size,
-                    kv_prerotated=kv_prerotated, positions_ordered=positions_ordered)
+                    kv_prerotated=kv_prerotated, positions_ordered=positions_ordered,
+                    rotate_output=rotate_output)
 
 
 def masked_attention(q, k, v, *, q_positions, kv_positions, causal: bool = True,
@@ -236,9 +237,9 @@ def attention_mask(q_positions_BT, kv_positions_BS, *, causal: bool = True,
 
 def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, attention_factor,
                layout, segment_ids, kv_mask, implementation, chunk_size, kv_prerotated=False,
-               bias_fn=None, positions_ordered=False):
-  """mode "rope" | "rove" | "rove_rotated" (RoVE without the output's inverse rotation) |
-  "none": validation, rotations around the kernel, masks."""
+               bias_fn=None, positions_ordered=False, rotate_output=True):
+  """mode "rope" | "rove" | "none": validation, rotations around the kernel, masks (RoVE's
+  output rotated back by R_i^-1 unless rotate_output is False)."""
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   same_positions = kv_positions is q_positions
   q_positions = jnp.asarray(q_positions)
@@ -271,7 +272,7 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
     if not kv_prerotated:
       kv_tab = q_tab if same_positions else expand(*rotary.rotary_tables(kv_pos, inv_freq))
       k_r = rot(k, kv_tab)
-      v_r = rot(v, kv_tab) if mode.startswith("rove") else v
+      v_r = rot(v, kv_tab) if mode == "rove" else v
 
   scale = 1.0 / math.sqrt(D)  # the attention factor is in q_r
   q_seg, kv_seg = _split_segments(segment_ids)
@@ -287,16 +288,16 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
   out = dot_product_attention(q_r, k_r, v_r, mask, scale=scale, implementation=implementation,
                               chunk_size=chunk_size, mask_parts=parts, bias_fn=bias_fn,
                               positions_ordered=positions_ordered)
-  if mode == "rove":
+  if mode == "rove" and rotate_output:
     out = rot(out, q_tab, inverse=True)
   return out
 
 
 def factor_on_rotated(q_BTHD, attention_factor, n_rotated: int):
-  """(Also used by the model's Figure-1 weights.) q with its first n_rotated dims (those the rotation turns) times attention_factor**2: the
-  convention of the module docstring. Scaling commutes with the rotation of those dims, so it
-  is applied before it, in float32, and q is rounded to its dtype once, after the rotation. A
-  static factor of 1 returns q unchanged."""
+  """q with its first n_rotated dims (those the rotation turns) times attention_factor**2: the
+  convention of the module docstring (also used by the model's Figure-1 weights). Scaling
+  commutes with the rotation of those dims, so it is applied before it, in float32, and q is
+  rounded to its dtype once, after the rotation. A static factor of 1 returns q unchanged."""
   if not isinstance(attention_factor, jax.Array) and float(attention_factor) == 1.0:
     return q_BTHD
   D = q_BTHD.shape[-1]

@@ -84,7 +84,8 @@ def parse_args(argv) -> argparse.Namespace:
     args.data_files, _ = files.resolve_files(args.data, files.PARQUET_EXTENSIONS, "--data")
   except ValueError as e:
     p.error(f"{e}; give the FineWeb-Edu parquet shards you have, e.g. --data '{EXAMPLE_DATA}'")
-  _check_eval_inputs(p, args)
+  from rove_jax.evaluation import cli
+  cli.check_task_files(p, args)  # the evaluation's input files, now, not after days of training
   if args.topology:
     args.topology_name = _topology_name(p, args.topology, args.aot_dir, args.scale)
   args.runs_dir = args.runs_dir or os.path.join("runs", args.scale)
@@ -104,27 +105,6 @@ def _topology_name(p, given: str, aot_dir: str, preset: str) -> str:
     return aot.parse_topology(given).name
   except ValueError as e:
     p.error(f"--topology: {e}")
-
-
-def _check_eval_inputs(p, args) -> None:
-  """The evaluation's input files, read and validated now, not after days of training."""
-  for flag, path in (("--icl-tasks", args.icl_tasks), ("--squad", args.squad),
-                     ("--hotpot", args.hotpot)):
-    if path is None:
-      continue
-    if not os.path.isfile(path):
-      p.error(f"{flag} {path} {'is not a file' if os.path.exists(path) else 'does not exist'}")
-    try:
-      if flag == "--icl-tasks":
-        from rove_jax.evaluation import icl
-        specs = icl.load_specs(path)
-        for spec in specs or p.error(f"--icl-tasks {path} lists no tasks"):
-          icl.read_task_file(spec)  # validates every example
-      else:
-        from rove_jax.evaluation import ruler_qa
-        (ruler_qa.load_squad if flag == "--squad" else ruler_qa.load_hotpotqa)(path)
-    except (ValueError, OSError) as e:
-      p.error(f"{flag} {path}: {e}")
 
 
 def load_config(preset: str):

@@ -169,6 +169,20 @@ def _check_inputs(p, args) -> None:
       files.resolve_files(args.data_path, exts, "--data-path")
     except ValueError as e:
       p.error(str(e))
+  check_task_files(p, args)
+  args.out_dir = os.path.abspath(args.out or os.path.join(args.workdir, "eval"))
+  args.created_out = not os.path.exists(args.out_dir)
+  try:
+    prepare_out_dir(args.out_dir)
+  except OSError as e:
+    p.error(f"--out {args.out or args.out_dir}: {e}")
+
+
+def check_task_files(p, args) -> None:
+  """The --squad, --hotpot and --icl-tasks files of `args`, read and validated now (an
+  argparse error through `p` names the flag and the problem); sets args.icl_specs (None
+  without --icl-tasks). Shared by rove-eval and the paper-scale recipe (paper_recipe.py),
+  which checks them before days of training."""
   for flag, dest, _, _ in QA_FLAGS.values():
     path = getattr(args, dest)
     if path is None:
@@ -196,12 +210,6 @@ def _check_inputs(p, args) -> None:
     if not args.icl_specs:
       p.error(f"--icl-tasks {args.icl_tasks} lists no tasks; give at least one task spec or "
               f"drop the option")
-  args.out_dir = os.path.abspath(args.out or os.path.join(args.workdir, "eval"))
-  args.created_out = not os.path.exists(args.out_dir)
-  try:
-    prepare_out_dir(args.out_dir)
-  except OSError as e:
-    p.error(f"--out {args.out or args.out_dir}: {e}")
 
 
 def prepare_out_dir(out_dir: str) -> None:

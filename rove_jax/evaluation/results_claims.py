@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Optional
 
 from rove_jax.evaluation import results_stats as rs
+from rove_jax.evaluation.results_stats import SETTING_NAMES as SETTINGS
+from rove_jax.evaluation.results_stats import mult as _x
+from rove_jax.evaluation.results_stats import name as _name
 
-SETTINGS = {"none": "no YaRN", "yarn": "YaRN, factor L/T", "yarn_fixed": "YaRN, fixed s"}
 CLAIMS = {
     "a": "RoVE improves few-shot in-context learning (abstract; Sec. 4 \"RoVE improves in the "
          "trained regime\": Core ICL accuracy, measured inside the training context)",
@@ -28,14 +30,6 @@ CLAIMS = {
     "f": "the improvements are largest on tasks requiring long-sequence aggregation (abstract; "
          "Sec. 4 \"RoVE improves long-context retrieval\")",
 }
-
-
-def _name(enc):
-  return {"rove": "RoVE", "rope": "RoPE", "nope": "NoPE"}.get(enc, enc)
-
-
-def _x(length, base):
-  return f"{length / base:g}x" if base else "?"
 
 
 def _pct(iv) -> str:
@@ -374,6 +368,6 @@ def closing(st: rs.Study, base, rows_: list, meta: dict) -> list:
             f"RoVE - RoPE: {r['figure']}" for r in rows_ if r.get("recall")]
   L.append("Headline numbers (95 % intervals):\n")
   L += [f"- {h}" for h in heads]
-  L.append(f"- claim rows: " + ", ".join(f"{k} {n}" for k, n in tally(rows_).items()))
+  L.append("- claim rows: " + ", ".join(f"{k} {n}" for k, n in tally(rows_).items()))
   L.append("")
   return L

@@ -237,6 +237,20 @@ def recall_units(records: Sequence[dict], encoding: str, setting: str, lengths: 
 # ------------------------------------------------------------------------------ formatting
 
 
+# The write-up's labels (results_writeup and results_claims): encodings as the plots name them.
+SETTING_NAMES = {"none": "no YaRN", "yarn": "YaRN, factor L/T", "yarn_fixed": "YaRN, fixed s"}
+
+
+def name(enc: str) -> str:
+  from rove_jax.evaluation.plots import ENCODING_NAMES
+  return ENCODING_NAMES.get(enc, enc)
+
+
+def mult(length: int, base: Optional[int]) -> str:
+  """"4x" for a length 4 times the training length ("0.5x" below it)."""
+  return f"{length / base:g}x" if base else "?"
+
+
 def seeds_note(x) -> str:
   ok = getattr(x, "seed_spread_included", True)
   return "" if ok else " (1 seed: units only)"

@@ -20,19 +20,7 @@ from rove_jax.evaluation import results_claims as claims_lib
 from rove_jax.evaluation import results_stats as rs
 from rove_jax.evaluation.report import replace_files, train_len
 
-NAMES = {"rove": "RoVE", "rope": "RoPE", "nope": "NoPE", "learned": "learned",
-         "sinusoidal": "sinusoidal", "t5_bias": "T5 bias"}
-SETTING_NAMES = {"none": "no YaRN", "yarn": "YaRN, factor L/T", "yarn_fixed": "YaRN, fixed s"}
 RECALL_PNG = "retrieval_study.png"
-
-
-def name(enc: str) -> str:
-  return NAMES.get(enc, enc)
-
-
-def mult(length: int, base: Optional[int]) -> str:
-  """"4x" for a length 4 times the training length ("0.5x" below it)."""
-  return f"{length / base:g}x" if base else "?"
 
 
 def _lengths(report, setting="none") -> list[int]:
@@ -75,7 +63,7 @@ def _header(st: rs.Study, meta: dict) -> list:
   report = st.report
   first = report["runs"][0]["model"]
   steps = sorted({r["step"] for r in report["runs"]})
-  seeds = "; ".join(f"{name(e)} {len(st.groups[e])}" for e in st.order)
+  seeds = "; ".join(f"{rs.name(e)} {len(st.groups[e])}" for e in st.order)
   L = ["# Small-scale replication: RoVE vs RoPE (vs NoPE)\n"]
   if meta.get("quick"):
     L.append("**This is a --quick smoke run (tiny model, a few steps): its numbers mean nothing "
@@ -126,7 +114,7 @@ def _unit_counts(st: rs.Study) -> str:
 
 
 def _method(st: rs.Study) -> list:
-  seeds = ", ".join(f"{len(st.groups[e])} {name(e)}" for e in st.order)
+  seeds = ", ".join(f"{len(st.groups[e])} {rs.name(e)}" for e in st.order)
   fewest = min(len(runs) for runs in st.groups.values())
   cover = " / ".join(c for _, c in rs.COVERAGE)
   sds = " / ".join(s for s, _ in rs.COVERAGE)
@@ -165,13 +153,13 @@ def _table1(st: rs.Study, base, summary) -> list:
     nll, right = st.icl_nll(enc, tasks), st.icl_count(enc, tasks)
     summary["encodings"].setdefault(enc, {})["table1"] = {
         "loss": _js(loss), "ppl": _js(ppl), "icl_nll": _js(nll), "icl_correct": right}
-    L.append(f"| {name(enc)} | {len(st.groups[enc])} | {rs.fmt_interval(loss, 4)} | "
+    L.append(f"| {rs.name(enc)} | {len(st.groups[enc])} | {rs.fmt_interval(loss, 4)} | "
              f"{rs.fmt_interval(ppl)} | {rs.fmt_count(right)} | {rs.fmt_interval(nll)} |")
   for a, b in st.pairs():
     counts = [st.icl_count(a, tasks), st.icl_count(b, tasks)]
     acc = ("at the floor" if rs.at_floor(counts) else
            _cmp_cell(st.icl_cmp(a, b, tasks, 1), "higher"))
-    L.append(f"| {name(a)} - {name(b)} | | | {_cmp_cell(st.ppl_cmp(a, b, 'none', base))} | "
+    L.append(f"| {rs.name(a)} - {rs.name(b)} | | | {_cmp_cell(st.ppl_cmp(a, b, 'none', base))} | "
              f"{acc} | {_cmp_cell(st.icl_cmp(a, b, tasks, 0))} |")
   L.append("\nDifference rows: perplexity as the relative difference (RoVE / other - 1), ICL "
            "accuracy and answer NLL as plain differences, each with its verdict on the "
@@ -194,30 +182,30 @@ def _perplexity(st: rs.Study, base, summary) -> list:
               f"would use)")
   L[-1] += (". NoPE has no rotary frequencies to scale: no YaRN only. Cells: perplexity "
             "(exp of the token-weighted loss) with its interval.\n")
-  L.append("| encoding | setting | " + " | ".join(f"{n} ({mult(n, base)})" for n in lengths)
+  L.append("| encoding | setting | " + " | ".join(f"{n} ({rs.mult(n, base)})" for n in lengths)
            + " |")
   L.append("|---|---|" + "---|" * len(lengths))
   for enc in st.order:
-    for setting in SETTING_NAMES:
+    for setting in rs.SETTING_NAMES:
       cells = [st.ppl(enc, setting, n) for n in lengths]
       if all(c is None for c in cells):
         continue
       summary["encodings"].setdefault(enc, {}).setdefault("ppl", {})[setting] = {
           str(n): _js(c) for n, c in zip(lengths, cells)}
-      L.append(f"| {name(enc)} | {SETTING_NAMES[setting]} | "
+      L.append(f"| {rs.name(enc)} | {rs.SETTING_NAMES[setting]} | "
                + " | ".join(rs.fmt_interval(c) for c in cells) + " |")
   if st.pairs():
     L.append("\nRelative perplexity difference (RoVE / other - 1; below 0: RoVE lower) and "
              "its verdict on \"RoVE is lower\":\n")
-    L.append("| comparison | setting | " + " | ".join(f"{n} ({mult(n, base)})" for n in lengths)
+    L.append("| comparison | setting | " + " | ".join(f"{n} ({rs.mult(n, base)})" for n in lengths)
              + " |")
     L.append("|---|---|" + "---|" * len(lengths))
     for a, b in st.pairs():
-      for setting in SETTING_NAMES:
+      for setting in rs.SETTING_NAMES:
         cells = [st.ppl_cmp(a, b, setting, n) for n in lengths]
         if all(c is None for c in cells):
           continue
-        L.append(f"| {name(a)} - {name(b)} | {SETTING_NAMES[setting]} | "
+        L.append(f"| {rs.name(a)} - {rs.name(b)} | {rs.SETTING_NAMES[setting]} | "
                  + " | ".join(_cmp_cell(c) for c in cells) + " |")
   L.append("\n![perplexity vs length](eval/perplexity_vs_length.png)\n")
   return L
@@ -254,7 +242,7 @@ def _ruler(st: rs.Study, base, summary) -> list:
       L += ["## RULER: answer NLL by task (lower is better)\n",
             f"{proto.get('samples', '?')} samples a task and length (seed "
             f"{proto.get('seed', '?')}), the same samples for every run and setting; lengths "
-            f"{', '.join(f'{n} ({mult(n, base)})' for n in all_lengths)}. Answer NLL: the mean "
+            f"{', '.join(f'{n} ({rs.mult(n, base)})' for n in all_lengths)}. Answer NLL: the mean "
             f"NLL of the gold answer's tokens (the paper scores RULER by NLL). Exact match "
             f"(greedy) as counts, summed over lengths and seeds. A task's figure is the mean "
             f"over the lengths where that task was scored; the mean over tasks is over the "
@@ -262,14 +250,14 @@ def _ruler(st: rs.Study, base, summary) -> list:
       skipped = _skipped(st)
       L.append(("Tasks not scored at every length or at all:\n\n" + "\n".join(skipped)
                 + "\n") if skipped else "Every task was scored at every length.\n")
-    L.append(f"### RULER, {SETTING_NAMES[setting]}\n")
+    L.append(f"### RULER, {rs.SETTING_NAMES[setting]}\n")
     if setting == "yarn":
       L.append("YaRN with factor L / T at each length. NoPE has no rotary frequencies: no "
                "YaRN row.\n")
     pairs = st.pairs(encs)
-    head = (["task", "lengths"] + [name(e) for e in encs]
-            + [f"{name(a)} - {name(b)}" for a, b in pairs]
-            + ["exact match (" + " / ".join(name(e) for e in encs) + ")"])
+    head = (["task", "lengths"] + [rs.name(e) for e in encs]
+            + [f"{rs.name(a)} - {rs.name(b)}" for a, b in pairs]
+            + ["exact match (" + " / ".join(rs.name(e) for e in encs) + ")"])
     L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out = summary["ruler"].setdefault(setting, {})
     for task in list(lengths) + ["mean"]:
@@ -304,14 +292,14 @@ def _icl(st: rs.Study, summary) -> list:
   cut = {e: [((r["icl"]["synthetic"].get("truncated")), r["icl"]["synthetic"].get("prompts"))
              for r in st.groups[e]] for e in st.order}
   L.append("Prompts cut from the left to fit: " + "; ".join(
-      f"{name(e)} {sum(c[0] or 0 for c in v)} of {sum(c[1] or 0 for c in v)}"
+      f"{rs.name(e)} {sum(c[0] or 0 for c in v)} of {sum(c[1] or 0 for c in v)}"
       for e, v in cut.items()) + ". Accuracy is greedy exact match, given as counts "
       "(correct/prompts over seeds); the answer NLL is the mean over the task's prompts.\n")
   pairs = st.pairs()
-  head = (["task"] + [f"{name(e)} correct" for e in st.order]
-          + [f"{name(e)} answer NLL" for e in st.order]
-          + [f"{name(a)} - {name(b)} NLL" for a, b in pairs]
-          + [f"{name(a)} - {name(b)} accuracy" for a, b in pairs])
+  head = (["task"] + [f"{rs.name(e)} correct" for e in st.order]
+          + [f"{rs.name(e)} answer NLL" for e in st.order]
+          + [f"{rs.name(a)} - {rs.name(b)} NLL" for a, b in pairs]
+          + [f"{rs.name(a)} - {rs.name(b)} accuracy" for a, b in pairs])
   L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for task in tasks + ["all"]:
     sel = tasks if task == "all" else [task]
@@ -361,7 +349,7 @@ def _every_run(report, runs, curves, meta) -> list:
     rep = next((r for r in report["runs"] if os.path.abspath(r["workdir"]) ==
                 os.path.abspath(run["workdir"])), None)
     secs = meta.get("train_seconds", {}).get(run["workdir"])
-    L.append(f"| {os.path.basename(run['workdir'])} | {name(run['encoding'])} | "
+    L.append(f"| {os.path.basename(run['workdir'])} | {rs.name(run['encoding'])} | "
              f"{run['seed']} | {rep['step'] if rep else '-'} | "
              f"{f'{tr[-1]:.4f}' if tr else '-'} | {f'{va[-1]:.4f}' if va else '-'} | "
              f"{f'{secs / 60:.1f}' if secs else '-'} | {_minutes(rep)} |")
@@ -382,7 +370,8 @@ def write(out_dir: str, report: dict, runs: list[dict], curves: dict, meta: dict
   text, summary, recall_png = build(report, runs, curves, meta, recall, n_boot=n_boot)
   files = {os.path.join(out_dir, "README.md"): text,
            os.path.join(out_dir, "summary.json"): json.dumps({"meta": meta, **summary}, indent=2)}
-  pngs = {"loss_curves.png": plots.loss_curves(curves, runs, NAMES), RECALL_PNG: recall_png}
+  pngs = {"loss_curves.png": plots.loss_curves(curves, runs, plots.ENCODING_NAMES),
+          RECALL_PNG: recall_png}
   for file, data in pngs.items():
     if data is not None:
       files[os.path.join(out_dir, file)] = data
