@@ -98,8 +98,9 @@ def _cached_logits(m, toks, prompt=4, **kw):
   cache = m.init_cache(toks.shape[0], toks.shape[1])
   logits, cache = m(toks[:, :prompt], cache=cache, **kw)
   outs = [logits]
+  step = jax.jit(lambda t, c: m(t, cache=c, **kw))  # one compile, not op by op each step
   for t in range(prompt, toks.shape[1]):
-    logits, cache = m(toks[:, t:t + 1], cache=cache, **kw)
+    logits, cache = step(toks[:, t:t + 1], cache)
     outs.append(logits)
   return jnp.concatenate(outs, axis=1)
 
