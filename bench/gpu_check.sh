@@ -2,7 +2,8 @@
 # GPU check for rove-jax on one CUDA GPU (written for an H200); about 8 minutes.
 #   bash bench/gpu_check.sh        (from the repository root; $OUT defaults to ./gpu_out)
 # 1. the cuDNN == XLA bf16 attention tests, the causal fast path (positions_ordered: cuDNN's own
-#    mask, no [B, T, S] array) included, and kernel selection ("auto" picks cudnn in bf16);
+#    mask, no [B, T, S] array) and packed documents (cuDNN's packed layout: segment starts and
+#    lengths) included, and kernel selection ("auto" picks cudnn in bf16);
 # 2. python -m bench --suite gpu: GPT-2 124M (context 1024, bf16, cuDNN flash attention) and
 #    354M train steps RoVE/RoPE/NoPE with MFU against the measured bf16 matmul peak, peak device
 #    memory, 4k/8k/16k forwards (xla, chunked), decoding, compile time vs depth;
@@ -23,7 +24,7 @@ stamp "devices"
 python3 -c 'import jax; print(jax.__version__, jax.devices())'
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
 
-stamp "cuDNN == XLA bf16 attention tests (dense mask and causal fast path), kernel selection"
+stamp "cuDNN == XLA bf16 attention tests (dense mask, causal fast path, packed documents), kernel selection"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_attention.py -k cudnn
 python3 - <<'PY'
 import jax, jax.numpy as jnp

@@ -14,7 +14,8 @@ and JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (bench.aot sets it), or the plugin, findin
 does not register. Known limits of deviceless compiles: cost_analysis() is not implemented by
 the GPU plugin (FLOPs then come from XLA's HLO cost model on the CPU client, see `gpu_costs`),
 cuDNN attention is a custom call whose FLOPs no cost model sees, and its workspace is sized
-when a GPU is present, so temporaries may undercount it.
+when a GPU is present, so temporaries may undercount it. jax asks the local GPU for its compute
+capability when it traces cuDNN attention; `answer_capability_checks` makes the target answer.
 """
 
 from __future__ import annotations
@@ -106,7 +107,21 @@ def devices(spec: GpuSpec, n_gpus: int) -> list:
     raise ImportError(f"cannot describe {n_gpus} x {spec.name} for compilation ({e}); this needs "
                       f"JAX's CUDA plugin at jax {version} (no GPU needed): {fix}"
                       f"{'' if skip else ' (it is unset now)'}") from None
+  answer_capability_checks(spec)
   return list(topo.devices)
+
+
+def answer_capability_checks(spec: GpuSpec) -> None:
+  """jax's cuDNN attention asks the local GPU for its compute capability while tracing (the
+  packed layout, rove_jax.kernels.cudnn_packed_kernel, needs 9.0); a host without a GPU would
+  answer "no". For compile-only devices the target answers: every GpuSpec here is 9.0. Patches
+  jax's private module for this process, which compiles for that GPU only."""
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+  target = (9, 0)
+  assert spec.name in GPUS  # all compute capability 9.0 (target_config)
+  as_tuple = lambda capability: tuple(int(x) for x in capability.split("."))
+  cudnn_fa.check_compute_capability = lambda capability: as_tuple(capability) <= target
+  cudnn_fa.is_cuda_compute_capability_equal = lambda capability: as_tuple(capability) == target
 
 
 def gpu_costs(compiled) -> dict:

@@ -25,8 +25,8 @@ on a CUDA GPU), "splash" (the Pallas splash flash kernel on TPU, rove_jax.splash
 "auto", which picks one per call (`resolve_implementation`). The flash kernels know causality and
 packing by index, not by position: a caller whose positions grow with the index inside each
 segment (plain aranges, packed documents; T == S) says so with `positions_ordered=True`, and
-then "cudnn" and "xla" use their own causal masks and "splash" its mask objects, with no
-[B, T, S] array. Without the promise every kernel but "splash" builds the mask from positions.
+then "cudnn" and "xla" use their own causal masks ("cudnn" on a Hopper GPU also packed documents,
+by their starts and lengths) and "splash" its mask objects, with no [B, T, S] array. Without the promise every kernel but "splash" builds the mask from positions.
 """
 
 from __future__ import annotations
@@ -169,6 +169,9 @@ def dot_product_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, *, scale,
     bias = bias_fn(mask_parts[0], mask_parts[1]).astype(jnp.float32)
   if implementation == "reference":
     return kernels.reference_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, bias)
+  if implementation == "cudnn" and mask_BTS is None and mask_parts[2] is not None and bias is None:
+    _, _, q_seg, _, _, causal = mask_parts  # packed documents; see _attention's by_index
+    return kernels.cudnn_packed_kernel(q_BTHD, k_BSKD, v_BSKD, q_seg, scale, causal)
   if implementation in ("xla", "cudnn"):
     causal = None
     if mask_BTS is None:  # index masking: only when positions are ordered and nothing else masks
@@ -280,10 +283,14 @@ def _attention(q, k, v, q_positions, kv_positions, inv_freq, *, mode, causal, at
   mask_q_pos = q_pos[..., 0] if multi_axis else q_pos
   mask_kv_pos = kv_pos[..., 0] if multi_axis else kv_pos
   parts = (mask_q_pos, mask_kv_pos, q_seg, kv_seg, kv_mask, causal)
-  # Index masks where the kernel has them and nothing position-specific is left to mask.
+  # Index masks where the kernel has them and nothing position-specific is left to mask:
+  # cuDNN also takes packed documents by their starts and lengths (one set of segment ids for
+  # queries and keys, a Hopper GPU or later).
+  cudnn_packed = (implementation == "cudnn" and q_seg is not None and kv_seg is q_seg
+                  and bias_fn is None and kernels.cudnn_packs())
   by_index = (implementation in ("chunked", "splash") or
-              (implementation in ("xla", "cudnn") and positions_ordered and q_seg is None
-               and kv_mask is None))
+              (implementation in ("xla", "cudnn") and positions_ordered and kv_mask is None
+               and (q_seg is None or cudnn_packed)))
   mask = None if by_index else kernels.mask_block(*parts)
   out = dot_product_attention(q_r, k_r, v_r, mask, scale=scale, implementation=implementation,
                               chunk_size=chunk_size, mask_parts=parts, bias_fn=bias_fn,

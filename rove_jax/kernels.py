@@ -5,6 +5,9 @@ visibility mask, with GQA. Inputs are already rotated; rows that see no key give
   reference_kernel materialised einsum in float32 (float64 if given), the test reference
   xla_kernel       jax.nn.dot_product_attention, "xla" or "cudnn" (dense mask, or cuDNN's own
                    causal mask when positions are ordered and nothing else masks)
+  cudnn_packed_kernel  cuDNN flash attention over packed documents: segment starts and lengths
+                   (the packed layout cuDNN reads), no [B, T, S] array
+  segment_runs     those starts and lengths from segment ids [B, T]
   chunked_kernel   blockwise online softmax in pure JAX, memory O(T * chunk)
 
 The TPU flash kernel lives in rove_jax.splash; rove_jax.attention chooses among them.
@@ -66,6 +69,63 @@ def xla_kernel(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, impl, bias_BHTS=None, *,
   out = jax.nn.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, bias=bias_BHTS,
                                      mask=mask_BTS[:, None], scale=scale, implementation=impl)
   return zero_empty_rows(out, mask_BTS)
+
+
+# Segments a row the packed cuDNN kernel is compiled for, per this many tokens: cuDNN launches
+# work for every slot, used or not, so the bound is kept small. A row with more segments gets NaN
+# (see cudnn_packed_kernel). 32 tokens a document on average is far shorter than any pretraining
+# corpus's documents.
+CUDNN_TOKENS_PER_SEGMENT = 32
+
+
+def cudnn_max_segments(T: int) -> int:
+  return max(1, -(-T // CUDNN_TOKENS_PER_SEGMENT))
+
+
+def segment_runs(seg_BT, max_segments: int):
+  """Packed-layout descriptors of rows of contiguous segments (runs of equal ids).
+
+  Returns (offsets [B, M + 1], lengths [B, M], count [B]) in int32, M = max_segments: per row
+  the start index of each run followed by T, and each run's length, -1 in the slots past the
+  row's `count` runs (cuDNN's convention for unused slots). Rows with count > M are cut off
+  (their descriptors are wrong); the caller checks count.
+  """
+  B, T = seg_BT.shape
+  is_start = jnp.concatenate([jnp.ones((B, 1), bool), seg_BT[:, 1:] != seg_BT[:, :-1]], axis=1)
+  count = jnp.sum(is_start, axis=1, dtype=jnp.int32)
+  starts = jax.vmap(lambda row: jnp.nonzero(row, size=max_segments + 1, fill_value=T)[0])(
+      is_start).astype(jnp.int32)  # [B, M + 1]: the run starts, then T
+  slot = jnp.arange(max_segments + 1, dtype=jnp.int32)[None]
+  offsets = jnp.where(slot <= count[:, None], starts, -1)
+  lengths = jnp.where(slot[:, :-1] < count[:, None], starts[:, 1:] - starts[:, :-1], -1)
+  return offsets, lengths, count
+
+
+def cudnn_packs() -> bool:
+  """Whether cuDNN's packed layout is available: jax allows it from compute capability 9.0
+  (Hopper) on. rove_jax.aot_gpu answers for the GPU it compiles for."""
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+  return bool(cudnn_fa.check_compute_capability("9.0"))
+
+
+def cudnn_packed_kernel(q_BTHD, k_BSKD, v_BSKD, seg_BT, scale, causal):
+  """cuDNN flash attention over packed documents (self-attention, T == S, each segment a
+  contiguous run, causal by index inside it), described to cuDNN by segment starts and lengths
+  (`segment_runs`), so no [B, T, S] mask or bias exists and cuDNN skips what no query sees.
+
+  The descriptors have a static number of slots, `cudnn_max_segments(T)`. A row with more
+  segments cannot be described: its output is NaN, never a wrong number, so a training step
+  on it is skipped as non-finite (rove_jax.training). (A lax.cond to an exact fallback kernel
+  was tried: under a sharded batch XLA all-gathered q, k and v around it, 4.7 GB a layer.)
+  """
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+  offsets, lengths, count = segment_runs(seg_BT, cudnn_max_segments(seg_BT.shape[1]))
+  mask_type = cudnn_fa.MaskType.PADDING_CAUSAL if causal else cudnn_fa.MaskType.PADDING
+  out = cudnn_fa.dot_product_attention(
+      q_BTHD, k_BSKD, v_BSKD, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
+      kv_offsets=offsets, scale=scale, mask_type=mask_type)
+  fits_B = count <= offsets.shape[1] - 1
+  return jnp.where(fits_B[:, None, None, None], out, jnp.full((), jnp.nan, out.dtype))
 
 
 def chunked_kernel(q_BTHD, k_BSKD, v_BSKD, mask_parts, scale, chunk, bias_fn=None, *,

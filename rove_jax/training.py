@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from rove_jax import checkpoint as ckpt_lib
 from rove_jax import config as config_lib
 from rove_jax import data as data_lib
+from rove_jax import kernels
 from rove_jax import resume
 from rove_jax import sharding as sharding_lib
 from rove_jax.metrics_log import MetricsLog
@@ -382,7 +383,10 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
           ckpt.wait()
           raise NonFiniteError(
               f"{nonfinite_run} consecutive non-finite steps (last at step {step}); stopping. "
-              f"The last good checkpoint is kept; lower optim.lr or check the data.")
+              f"The last good checkpoint is kept; lower optim.lr or check the data (with "
+              f"packing on a GPU's cuDNN kernel, a row of more than seq_len / "
+              f"{kernels.CUDNN_TOKENS_PER_SEGMENT} documents is NaN: set "
+              f"model.attention_impl=xla for such data).")
       if step % c.log_every == 0 or step == c.steps:
         now = time.perf_counter()
         last = {"step": step, "loss": float(m["loss"]), "lr": float(m["lr"]),

@@ -398,3 +398,39 @@ def test_cudnn_causal_fast_path_equals_xla_in_bf16(kind, rng):
                                atol=3e-2 * scale)
   hlo = jax.jit(lambda *a: loss("cudnn", True, *a)[0]).lower(*args).as_text()
   assert "pred[2,512,512]" not in hlo and "pred[2,1,512,512]" not in hlo  # no dense mask
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["rope", "rove"])
+def test_cudnn_packed_documents_equal_xla_in_bf16(kind, rng):
+  """Packed documents (positions restarting in each) through cuDNN's packed layout on a Hopper
+  GPU give the dense-mask xla result, forward and gradients; a row of more documents than the
+  layout is compiled for (T / 32) is NaN. tests/test_cudnn_packed.py checks the descriptors."""
+  from rove_jax import kernels
+  B, T = 3, 512
+  q, k, v = make_qkv(rng, B=B, T=T, S=T, H=8, K=4, D=64)
+  args = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
+  docs = [3, 1, kernels.cudnn_max_segments(T) + 4]
+  seg = np.stack([np.searchsorted(np.sort(rng.choice(np.arange(1, T), n - 1, replace=False)),
+                                  np.arange(T), side="right") for n in docs]).astype(np.int32)
+  first = np.maximum.accumulate(np.where(np.diff(seg, prepend=-1, axis=1) != 0, np.arange(T), 0),
+                                axis=1)
+  pos = np.arange(T) - first
+
+  def loss(impl, ordered, q, k, v):
+    out = FNS[kind](q, k, v, q_positions=pos, kv_positions=pos, inv_freq=rj.rope_frequencies(64),
+                    segment_ids=seg, implementation=impl, positions_ordered=ordered)
+    return jnp.sum(out[:2].astype(jnp.float32) ** 2), out
+
+  grad = lambda impl, ordered: jax.grad(functools.partial(loss, impl, ordered), argnums=(0, 1, 2),
+                                        has_aux=True)(*args)
+  (g_fast, out_fast), (g_ref, out_ref) = grad("cudnn", True), grad("xla", False)
+  np.testing.assert_allclose(np.asarray(out_fast[:2], np.float32),
+                             np.asarray(out_ref[:2], np.float32), atol=2e-2)
+  assert np.isnan(np.asarray(out_fast[2], np.float32)).all()
+  for a, b in zip(g_fast, g_ref):
+    scale = float(jnp.max(jnp.abs(b.astype(jnp.float32))))
+    np.testing.assert_allclose(np.asarray(a[:2], np.float32), np.asarray(b[:2], np.float32),
+                               atol=3e-2 * scale)
+  hlo = jax.jit(lambda *a: loss("cudnn", True, *a)[0]).lower(*args).as_text()
+  assert f"pred[{B},{T},{T}]" not in hlo and f"pred[{B},1,{T},{T}]" not in hlo  # no dense mask
