@@ -28,3 +28,5 @@ run 124m_rove_v5e-256 v5e-256 gpt2_124m rove
 run 354m_rove_v5p-128 v5p-128 gpt2_354m rove
 run 124m_rove_v5e-8_eval_decode v5e-8 gpt2_124m rove --jobs eval,decode --eval-impl auto
 PY="${PYTHON_GPU:-$PY}" run 124m_rove_h200-8 h200-8 gpt2_124m rove  # JAX CUDA plugin venv
+# packed documents: cuDNN's packed layout (segment starts and lengths), no dense mask
+PY="${PYTHON_GPU:-$PY}" run 124m_rove_h200-8_packed h200-8 gpt2_124m rove --config.data.packing=True

@@ -169,19 +169,24 @@ def apply_expanded(x, tables: ExpandedTables, *, inverse: bool = False,
                      f"build them with expand_tables(cos, sin, {x.shape[-1]})")
   while c_full.ndim < x.ndim:  # tables without x's leading batch dims broadcast over them
     c_full, s_full = c_full[None], s_full[None]
-  xc = x.astype(jnp.promote_types(c_full.dtype, x.dtype))
+  compute = jnp.promote_types(c_full.dtype, x.dtype)
+  xc = x.astype(compute)
   rest = x.shape[-1] - 2 * n_pairs
-  head = xc[..., : 2 * n_pairs]
+  head = x[..., : 2 * n_pairs]  # the swap moves data only: done in x's dtype, then widened
   if layout == "interleaved":
     # Each member of a pair takes its partner: even dims the next one, odd dims the previous
-    # one. Two shifts and a select keep D the minor dim (a [..., P, 2] reshape puts a size-2
-    # dim minor, which TPU layouts pad and materialise for every rotated tensor).
-    ahead = jnp.concatenate([head[..., 1:], head[..., :1]], axis=-1)
-    behind = jnp.concatenate([head[..., -1:], head[..., :-1]], axis=-1)
+    # one. Two shifts (pads by one, no slices: TPU layouts materialised the 63-wide slices of
+    # a concatenate in float32) and a select keep D the minor dim (a [..., P, 2] reshape puts
+    # a size-2 dim minor, which TPU layouts pad and materialise for every rotated tensor).
+    no_pad = [(0, 0, 0)] * (head.ndim - 1)
+    zero = jnp.zeros((), head.dtype)
+    ahead = jax.lax.pad(head, zero, no_pad + [(-1, 1, 0)])  # [x1, x2, ..., 0]
+    behind = jax.lax.pad(head, zero, no_pad + [(1, -1, 0)])  # [0, x0, x1, ...]
     even = (jnp.arange(2 * n_pairs) % 2 == 0).reshape((1,) * (head.ndim - 1) + (2 * n_pairs,))
     swapped = jnp.where(even, ahead, behind)
   else:
     swapped = jnp.concatenate([head[..., n_pairs:], head[..., :n_pairs]], axis=-1)
+  swapped = swapped.astype(compute)
   if rest:
     swapped = jnp.concatenate([swapped, xc[..., 2 * n_pairs:]], axis=-1)
   # R^-1 is R with sin -> -sin: subtract rather than negate S, so both directions share S.
