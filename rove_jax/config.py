@@ -68,7 +68,7 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   c.model = model_fields(getattr(GPTConfig, preset)())
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "stdlib"  # stdlib | text | parquet | hf
+  c.data.source = "stdlib"  # stdlib | text | parquet | hf | recall (synthetic, data.recall)
   c.data.path = config_dict.placeholder(str)
   c.data.val_path = config_dict.placeholder(str)
   c.data.text_field = "text"
@@ -185,6 +185,16 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
     raise ValueError(f"data.seq_len={d.seq_len} exceeds model.max_len={model.max_len}, the "
                      f"training context the positional encoding is set up for; set "
                      f"--config.model.max_len={d.seq_len}")
+  if d.source == "recall":
+    from rove_jax.data import recall  # numpy only
+    spec = recall.RecallSpec.parse(d.path)
+    if spec.seq_len != d.seq_len:
+      raise ValueError(f"data.path={d.path!r}: the recall documents are made for seq_len="
+                       f"{spec.seq_len} but data.seq_len={d.seq_len}; set seq_len={d.seq_len} "
+                       f"in data.path (each document must fill one training window)")
+    if d.packing:
+      raise ValueError("data.packing: a recall window is [eot] + one document, the layout its "
+                       "test samples use; train the recall source with packing=False")
   for name in ("steps", "log_every", "eval_every", "checkpoint_every", "eval_batches",
                "keep_checkpoints", "optim.grad_accum", "optim.max_nonfinite"):
     value = _get(c, name)

@@ -107,7 +107,7 @@ def _batch_loss(graphdef, params, batch):
   # The pipeline's positions restart at each packed document and grow inside it.
   logits = model(batch["inputs"], positions=batch.get("positions"),
                  segment_ids=batch.get("segment_ids"), positions_ordered=True)
-  return cross_entropy(logits, batch["targets"])[0]
+  return cross_entropy(logits, batch["targets"], batch.get("loss_mask"))[0]
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,

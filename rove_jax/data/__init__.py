@@ -20,9 +20,11 @@ Public API:
       -> tokens [N]
   train_iterator(tokens, *, seq_len, global_batch_size, seed, ...) -> grain DatasetIterator
   eval_batches(tokens, *, seq_len, batch_size, max_batches=None, ...) -> Iterator[batch]
-  make_batch(windows_BW, *, packing=False, eot_id=None) -> batch   windows [B, W] -> batch dict
+  make_batch(windows_BW, *, packing=False, eot_id=None, loss_mask_T=None) -> batch
+      windows [B, W] -> batch dict
   held_out_keys(keys, fraction) -> set[str]       which files the validation split holds out
-  prepare(corpus, tokenizer, *, workdir, ...) -> Data(tokenizer, train_tokens, val_tokens)
+  prepare(corpus, tokenizer, *, workdir, ...) -> Data(tokenizer, train_tokens, val_tokens,
+      loss_mask_T)
 
 Sources:
   "stdlib"   the running interpreter's standard library: its *.py sources plus its docs (the

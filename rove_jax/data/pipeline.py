@@ -5,7 +5,9 @@ A window is tokens[i*T : i*T + W] (so consecutive windows share one token and ev
 target once); a batch is a dict of int32 arrays: inputs [B, T] = window[:-1], targets [B, T] =
 window[1:] and, with packing=True, segment_ids [B, T] (the number of end-of-text tokens before
 each input in its row: a new document starts after each one) and positions [B, T] (restarting
-at 0 in each document, and at the start of the row).
+at 0 in each document, and at the start of the row). A source whose windows have a fixed layout
+can weight the targets (`Data.loss_mask_T`, from `sources.loss_mask`: the recall source's
+answers): the batches then also hold loss_mask [B, T], 1 where a target counts in the loss.
 
 Resuming: the training iterator's state (`get_state()`, JSON-serializable) counts global steps,
 so restoring it with `set_state` replays exactly the batches the run would have seen, even with
@@ -24,14 +26,15 @@ import grain
 import numpy as np
 
 from rove_jax import tokenization
-from rove_jax.data.sources import Corpus, iter_documents
+from rove_jax.data.sources import Corpus, iter_documents, loss_mask
 from rove_jax.data.token_cache import load_tokens
 from rove_jax.tokenization import Tokenizer
 
 
 def train_iterator(tokens, *, seq_len: int, global_batch_size: int, seed: int,
                    process_index: int = 0, process_count: int = 1, packing: bool = False,
-                   eot_id: Optional[int] = None, num_threads: int = 2) -> grain.DatasetIterator:
+                   eot_id: Optional[int] = None, num_threads: int = 2,
+                   loss_mask_T: Optional[np.ndarray] = None) -> grain.DatasetIterator:
   """An endless, shuffled, checkpointable iterator of this process's training batches.
 
   Windows (see the module docstring) are shuffled with seed and every epoch is reshuffled.
@@ -48,16 +51,19 @@ def train_iterator(tokens, *, seq_len: int, global_batch_size: int, seed: int,
     packing: also return segment_ids and positions (needs eot_id).
     eot_id: the tokenizer's end-of-text id.
     num_threads: grain reader threads prefetching batches.
+    loss_mask_T: [T] 0/1 per target position, the same for every window (None: none).
 
   Returns:
     a grain `DatasetIterator` of dicts of int32 arrays: inputs [B, T], targets [B, T]
-    (+ segment_ids [B, T], positions [B, T] with packing). get_state() / set_state() resume it.
+    (+ segment_ids [B, T], positions [B, T] with packing; + loss_mask [B, T] with loss_mask_T).
+    get_state() / set_state() resume it.
   """
   tokens = _check_tokens(tokens, seq_len)
   lo, hi = _process_rows(global_batch_size, process_index, process_count)
   if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
     raise ValueError(f"seed must be an int in [0, 2**32), got {seed!r}")
   _check_packing(packing, eot_id)
+  loss_mask_T = _check_loss_mask(loss_mask_T, seq_len)
   n_windows = (tokens.size - 1) // seq_len
   # grain reseeds epoch e with seed + e, so seeds 0 and 1 would share shuffles one epoch
   # apart; hashing the user's seed first decorrelates neighbouring seeds.
@@ -65,7 +71,7 @@ def train_iterator(tokens, *, seq_len: int, global_batch_size: int, seed: int,
                                 "big")
   ds = grain.MapDataset.range(n_windows).shuffle(seed=shuffle_seed).repeat()
   ds = ds.batch(global_batch_size, drop_remainder=True)  # batches of window indices
-  ds = ds.map(_WindowBatch(tokens, seq_len, lo, hi, packing, eot_id))
+  ds = ds.map(_WindowBatch(tokens, seq_len, lo, hi, packing, eot_id, loss_mask_T))
   read = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=max(2, 2 * num_threads))
   inner = iter(ds.to_iter_dataset(read))
   pipeline = {"seq_len": int(seq_len), "global_batch_size": int(global_batch_size),
@@ -76,14 +82,14 @@ def train_iterator(tokens, *, seq_len: int, global_batch_size: int, seed: int,
 class _WindowBatch:
   """Maps the global batch of window indices of a step to this process's batch dict."""
 
-  def __init__(self, tokens, seq_len, lo, hi, packing, eot_id):
+  def __init__(self, tokens, seq_len, lo, hi, packing, eot_id, loss_mask_T):
     self.tokens, self.seq_len, self.lo, self.hi = tokens, seq_len, lo, hi
-    self.packing, self.eot_id = packing, eot_id
+    self.packing, self.eot_id, self.loss_mask_T = packing, eot_id, loss_mask_T
 
   def __call__(self, window_ids: np.ndarray) -> dict[str, np.ndarray]:
     starts_B = np.asarray(window_ids[self.lo:self.hi], dtype=np.int64) * self.seq_len
     return make_batch(_gather(self.tokens, starts_B, self.seq_len + 1),
-                      packing=self.packing, eot_id=self.eot_id)
+                      packing=self.packing, eot_id=self.eot_id, loss_mask_T=self.loss_mask_T)
 
 
 class _CheckedIterator(grain.DatasetIterator):
@@ -120,7 +126,8 @@ class _CheckedIterator(grain.DatasetIterator):
 
 def eval_batches(tokens, *, seq_len: int, batch_size: int, max_batches: Optional[int] = None,
                  process_index: int = 0, process_count: int = 1, packing: bool = False,
-                 eot_id: Optional[int] = None) -> Iterator[dict[str, np.ndarray]]:
+                 eot_id: Optional[int] = None,
+                 loss_mask_T: Optional[np.ndarray] = None) -> Iterator[dict[str, np.ndarray]]:
   """Deterministic evaluation batches: windows in order, no shuffle, a partial last batch
   dropped.
 
@@ -130,7 +137,7 @@ def eval_batches(tokens, *, seq_len: int, batch_size: int, max_batches: Optional
     batch_size: global rows per batch (divisible by process_count); each process yields its
       rows [p*B, (p+1)*B) as in `train_iterator`.
     max_batches: stop after this many batches (None: all full batches).
-    packing, eot_id: as in `train_iterator`.
+    packing, eot_id, loss_mask_T: as in `train_iterator`.
 
   Returns:
     an iterator of batch dicts (see `train_iterator`); always the same ones for the same args.
@@ -138,6 +145,7 @@ def eval_batches(tokens, *, seq_len: int, batch_size: int, max_batches: Optional
   tokens = _check_tokens(tokens, seq_len)
   lo, hi = _process_rows(batch_size, process_index, process_count)
   _check_packing(packing, eot_id)
+  loss_mask_T = _check_loss_mask(loss_mask_T, seq_len)
   if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(
       max_batches, (int, np.integer)) or max_batches < 1):
     raise ValueError(f"max_batches must be a positive int or None, got {max_batches!r}")
@@ -153,21 +161,25 @@ def eval_batches(tokens, *, seq_len: int, batch_size: int, max_batches: Optional
   def batches():
     for b in range(n_batches):
       starts_B = (b * batch_size + np.arange(lo, hi, dtype=np.int64)) * seq_len
-      yield make_batch(_gather(tokens, starts_B, seq_len + 1), packing=packing, eot_id=eot_id)
+      yield make_batch(_gather(tokens, starts_B, seq_len + 1), packing=packing, eot_id=eot_id,
+                       loss_mask_T=loss_mask_T)
   return batches()
 
 
 def make_batch(windows_BW, *, packing: bool = False,
-               eot_id: Optional[int] = None) -> dict[str, np.ndarray]:
-  """Splits windows [B, T + 1] into inputs/targets (+ segment_ids/positions with packing).
+               eot_id: Optional[int] = None,
+               loss_mask_T: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
+  """Splits windows [B, T + 1] into inputs/targets (+ segment_ids/positions with packing,
+  + loss_mask with loss_mask_T).
 
   Args:
     windows_BW: [B, W] token windows, W = T + 1.
     packing: also return segment_ids and positions (see the module docstring).
     eot_id: the end-of-text id that separates documents (needed with packing).
+    loss_mask_T: [T] 0/1, which target positions count in the loss (every row the same).
 
   Returns:
-    a dict of int32 arrays [B, T]: inputs, targets (+ segment_ids, positions).
+    a dict of int32 arrays [B, T]: inputs, targets (+ segment_ids, positions; + loss_mask).
   """
   windows_BW = np.asarray(windows_BW, dtype=np.int32)
   batch = {"inputs": windows_BW[:, :-1], "targets": windows_BW[:, 1:]}
@@ -181,6 +193,9 @@ def make_batch(windows_BW, *, packing: bool = False,
     after_eot_BT[:, 1:] = np.where(eot_BT[:, :-1] == 1, t_T[None, 1:], 0)
     start_BT = np.maximum.accumulate(after_eot_BT, axis=1)  # where each token's document began
     batch["positions"] = (t_T[None, :] - start_BT).astype(np.int32)
+  if loss_mask_T is not None:
+    batch["loss_mask"] = np.repeat(np.asarray(loss_mask_T, np.int32)[None],
+                                   windows_BW.shape[0], axis=0)
   return batch
 
 
@@ -219,6 +234,16 @@ def _process_rows(global_batch_size, process_index, process_count) -> tuple[int,
   return process_index * per_process, (process_index + 1) * per_process
 
 
+def _check_loss_mask(loss_mask_T, seq_len) -> Optional[np.ndarray]:
+  if loss_mask_T is None:
+    return None
+  mask = np.asarray(loss_mask_T)
+  if mask.shape != (seq_len,) or not np.isin(mask, (0, 1)).all() or not mask.any():
+    raise ValueError(f"loss_mask_T must be [seq_len={seq_len}] zeros and ones, not all zero; "
+                     f"got shape {mask.shape}")
+  return mask.astype(np.int32)
+
+
 def _check_packing(packing, eot_id) -> None:
   if packing and eot_id is None:
     raise ValueError("packing=True needs eot_id (the tokenizer's end-of-text id) to find "
@@ -230,18 +255,22 @@ def _check_packing(packing, eot_id) -> None:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Data:
-  """A run's tokenizer and token arrays, from `prepare`."""
+  """A run's tokenizer and token arrays, from `prepare`; loss_mask_T: the corpus's
+  `sources.loss_mask` (None for most sources), which the batches then carry."""
   tokenizer: Tokenizer
   train_tokens: np.ndarray
   val_tokens: np.ndarray
+  loss_mask_T: Optional[np.ndarray] = None
 
   def train_iterator(self, **kwargs) -> grain.DatasetIterator:
-    """`train_iterator(self.train_tokens, eot_id=tokenizer.eot_id, **kwargs)`."""
-    return train_iterator(self.train_tokens, eot_id=self.tokenizer.eot_id, **kwargs)
+    """`train_iterator(self.train_tokens, eot_id=tokenizer.eot_id, loss_mask_T=..., **kwargs)`."""
+    return train_iterator(self.train_tokens, eot_id=self.tokenizer.eot_id,
+                          loss_mask_T=self.loss_mask_T, **kwargs)
 
   def eval_batches(self, **kwargs) -> Iterator[dict[str, np.ndarray]]:
-    """`eval_batches(self.val_tokens, eot_id=tokenizer.eot_id, **kwargs)`."""
-    return eval_batches(self.val_tokens, eot_id=self.tokenizer.eot_id, **kwargs)
+    """`eval_batches(self.val_tokens, eot_id=tokenizer.eot_id, loss_mask_T=..., **kwargs)`."""
+    return eval_batches(self.val_tokens, eot_id=self.tokenizer.eot_id,
+                        loss_mask_T=self.loss_mask_T, **kwargs)
 
 
 def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
@@ -270,7 +299,7 @@ def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
   cache_dir = os.path.join(workdir, "data")
   train = load_tokens(corpus, "train", tok, cache_dir=cache_dir, max_tokens=max_train_tokens)
   val = load_tokens(corpus, "val", tok, cache_dir=cache_dir, max_tokens=max_val_tokens)
-  return Data(tok, train, val)
+  return Data(tok, train, val, loss_mask(corpus))
 
 
 def _take_chars(docs: Iterable[str], limit: int) -> Iterator[str]:

@@ -4,7 +4,8 @@ The validation split is `val_path` when given; else a deterministic held-out `va
 the files (chosen by a hash of each file's relative path) when there are several; of the
 documents (every round(1 / val_fraction)-th, starting with the first) in a single .jsonl /
 parquet file or an hf stream; of the text's tail, cut at a line break, for a single .txt file.
-The held-out part is never empty and never overlaps "train".
+The held-out part is never empty and never overlaps "train". The synthetic "recall" source
+(rove_jax.data.recall) generates both splits from its spec, the corpus path.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import os
 import sysconfig
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
-from rove_jax.data import files, hf
+from rove_jax.data import files, hf, recall
 
-SOURCES = ("stdlib", "text", "parquet", "hf")
+SOURCES = ("stdlib", "text", "parquet", "hf", "recall")
 SPLITS = ("train", "val")
 
 
@@ -28,7 +29,7 @@ class Corpus:
   Attributes:
     source: one of SOURCES.
     path: file, directory or glob (text, parquet); dataset name (hf); library root (stdlib,
-      default: this interpreter's).
+      default: this interpreter's); "name=value,..." sizes (recall: `recall.RecallSpec`).
     val_path: explicit validation files (text, parquet) or split name (hf).
     text_field: the jsonl key / parquet column / hf column holding the text.
     val_fraction: share held out for validation when val_path is not given.
@@ -73,6 +74,11 @@ class Corpus:
     if self.source == "stdlib" and self.val_path is not None:
       raise ValueError("the stdlib corpus holds out its validation files itself; val_path is "
                        "for the text, parquet and hf sources")
+    if self.source == "recall":
+      recall.RecallSpec.parse(self.path)  # a bad spec fails here, naming the field
+      if self.val_path is not None or self.max_files is not None:
+        raise ValueError("the recall source generates its own validation split and has no "
+                         "files: leave val_path and max_files unset")
     if not (isinstance(self.val_fraction, (int, float)) and 0.0 < self.val_fraction < 1.0):
       raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
     if self.source == "hf" and self.val_path is not None and self.val_path == self.hf_split:
@@ -144,8 +150,23 @@ def held_out_keys(keys: Sequence[str], fraction: float) -> set[str]:
   return held
 
 
+def loss_mask(corpus: Corpus):
+  """[T] 0/1: which target positions of a training window count in the loss, for a source
+  whose windows have a fixed layout (recall with answer_loss=1: the query values,
+  `recall.loss_mask`); None (every target counts) otherwise."""
+  if corpus.source != "recall":
+    return None
+  return recall.loss_mask(recall.RecallSpec.parse(corpus.path))
+
+
 def list_units(corpus: Corpus) -> tuple[list[files.Unit], Optional[list[files.Unit]]]:
   """The training units and the val_path units (None without val_path) of a local corpus."""
+  if corpus.source == "recall":
+    spec = recall.RecallSpec.parse(corpus.path)
+    unit = lambda split: files.Unit(key=f"recall/{split}/{spec.to_string()}",
+                                    docs=lambda: recall.documents(spec, split),
+                                    stamp=(recall.FORMAT,))
+    return [unit("train")], [unit("val")]
   if corpus.source == "stdlib":
     units = files.stdlib_units(corpus.path or sysconfig.get_paths()["stdlib"])
     val_units = None
