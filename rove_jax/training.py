@@ -425,9 +425,10 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
         f"{nonfinite_total} of the {step - start} steps run were skipped as non-finite, every "
         f"one with a nonzero learning rate: nothing was learned; lower optim.lr or check the "
         f"data")
-  counts = np.bincount(np.asarray(data.val_tokens, np.int64), minlength=1).astype(np.float64)
-  probs = counts[counts > 0] / counts.sum()
-  summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())
+  if data.loss_mask_T is None:  # a masked val loss scores some targets only: no comparison
+    counts = np.bincount(np.asarray(data.val_tokens, np.int64), minlength=1).astype(np.float64)
+    probs = counts[counts > 0] / counts.sum()
+    summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())
   summary.update(step=step, last=last, nonfinite_steps=nonfinite_total, steps_run=step - start,
                  tokenizer=data.tokenizer, model_config=model_cfg, params=state.params,
                  graphdef=graphdef, mesh=mesh)
@@ -441,8 +442,9 @@ def report(summary: dict, c: ml_collections.ConfigDict, *, out=print) -> None:
   last = summary.get("last") or {}
   out(f"done: step {summary['step']} in {summary['workdir']}"
       + (f", train loss {last['loss']:.4f}" if "loss" in last else "")
-      + (f", val loss {summary['val_loss']:.4f} nats/token (a unigram model of the validation "
-         f"tokens: {summary['val_unigram_entropy']:.4f})" if "val_loss" in summary else "")
+      + (f", val loss {summary['val_loss']:.4f} nats/token" if "val_loss" in summary else "")
+      + (f" (a unigram model of the validation tokens: {summary['val_unigram_entropy']:.4f})"
+         if "val_loss" in summary and "val_unigram_entropy" in summary else "")
       + (f", {last['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in last else "")
       + (f"; {summary['nonfinite_steps']} of the {summary['steps_run']} steps run were skipped "
          f"as non-finite (their updates not applied)" if summary.get("nonfinite_steps") else ""))

@@ -126,7 +126,8 @@ def program(tokens):
   kind = head.split(".")[0]
   if kind == "reproduce" and any(a.split("=")[0] == "--scale" for a in rest):
     return kind, "rove_jax.paper_recipe", rest  # reproduce.py --scale: the paper-scale recipe
-  return kind, head if kind in ("train", "eval", "reproduce", "bench") else None, rest
+  known = ("train", "eval", "reproduce", "bench", "rove_jax")  # rove_jax: python -m <module>
+  return kind, head if kind in known else None, rest
 
 
 def expansions(tokens) -> list:

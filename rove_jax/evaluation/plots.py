@@ -242,9 +242,8 @@ def retrieval_study(records: Sequence[dict], *, title: str = "Retrieval vs evalu
       setting: str, "none", "yarn" or "yarn_fixed" (others get further styles): the style;
       length: int, evaluation length in tokens;
       accuracy: float in [0, 1]; nll: float, mean answer NLL;
-      optional sample_correct: [0 or 1 per sample], sample_nll: [float per sample], in the
-      same sample order for every run: when every seed of a cell has them, its band is the
-      bootstrap 95 % interval over seeds and samples, else min-max over seeds.
+      other keys (e.g. per-sample lists) are ignored. A cell's band is the min-max over its
+      seeds (the intervals over samples are in the study's tables).
     title: the figure's title.
     train_lengths: training lengths to mark with a vertical line.
 
