@@ -230,7 +230,8 @@ def _train_program(c, model_cfg, mesh):
   B, T = c.data.batch_size, c.data.seq_len
   keys = ("inputs", "targets") + (("positions", "segment_ids") if c.data.packing else ())
   batch = {k: jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=batch_sh) for k in keys}
-  return step, (_sds(state, state_sh), batch), dict(batch=B, length=T, tokens=B * T)
+  return step, (_sds(state, state_sh), batch), dict(batch=B, length=T, tokens=B * T,
+                                                    packing=bool(c.data.packing))
 
 
 def _yarn(model_cfg, length: int, train_len: int):
