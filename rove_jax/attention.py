@@ -26,7 +26,8 @@ on a CUDA GPU), "splash" (the Pallas splash flash kernel on TPU, rove_jax.splash
 packing by index, not by position: a caller whose positions grow with the index inside each
 segment (plain aranges, packed documents; T == S) says so with `positions_ordered=True`, and
 then "cudnn" and "xla" use their own causal masks ("cudnn" on a Hopper GPU also packed documents,
-by their starts and lengths) and "splash" its mask objects, with no [B, T, S] array. Without the promise every kernel but "splash" builds the mask from positions.
+by their starts and lengths) and "splash" its mask objects, with no [B, T, S] array. Without the
+promise every kernel but "splash" builds the mask from positions.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ def test_ratios_pair_rove_with_rope_and_leave_packed_rows_out(tmp_path):
   assert "| gpt2_124m rove packed | v4-32 |" in table
   assert "| 10.00 (32, 22.00) | 28.20 | 2.000 | all-reduce 7 (0.60) | 250.0 | 0.400 |" in table
   assert "estimate" not in table  # no report carries the retired estimate
-  assert aot_summary.ratios(rows).splitlines()[2] == "| gpt2_124m | v4-32 | train | 1.0071 | 1.2500 |"
+  ratio_row = aot_summary.ratios(rows).splitlines()[2]
+  assert ratio_row == "| gpt2_124m | v4-32 | train | 1.0071 | 1.2500 |"
   write(tmp_path, "d", report("rope", 8.0, 28.0, estimate=24.0))
   assert "estimate GiB" in aot_summary.table(aot_summary.load(str(tmp_path)))
