@@ -92,6 +92,9 @@ def parse_args(argv, *, check_files: bool = False):
   p.add_argument("--stride", type=float, help="sliding-window perplexity with stride = this "
                                               "fraction of the length, in (0, 1] (default: "
                                               "non-overlapping)")
+  p.add_argument("--ppl-tokens", type=int,
+                 help="perplexity targets scored per length and setting (default: the "
+                      "suite's, quick 8192 and full 65536)")
   p.add_argument("--ruler-lengths", help="comma-separated RULER lengths in tokens (default: "
                  "suite multiples of the training length), e.g. 4096,8192 as in the paper")
   p.add_argument("--squad", help="local SQuAD dev JSON for RULER qa_1")
@@ -108,6 +111,9 @@ def parse_args(argv, *, check_files: bool = False):
             f"got {args.stride:g}")
   if args.chunk < 1:
     p.error(f"--chunk must be a block length >= 1 token, e.g. --chunk 512; got {args.chunk}")
+  if args.ppl_tokens is not None and args.ppl_tokens < 1:
+    p.error(f"--ppl-tokens must be >= 1 target a length, e.g. --ppl-tokens 16384; got "
+            f"{args.ppl_tokens}")
   if args.seed < 0:
     p.error(f"--seed must be >= 0, e.g. --seed 0; got {args.seed}")
   factor = args.yarn_fixed_factor
@@ -405,7 +411,9 @@ def main(argv=None) -> int:
 def _evaluate(args) -> int:
   from rove_jax.evaluation import report as report_lib
   from rove_jax.evaluation import scoring
-  suite = SUITES[args.suite]
+  suite = dict(SUITES[args.suite])
+  if args.ppl_tokens is not None:
+    suite["ppl_tokens"] = args.ppl_tokens
   workdirs = [args.workdir, *args.compare]
   runs = [scoring.load_run(w) for w in workdirs]  # every run restorable before any scoring
   results = []
