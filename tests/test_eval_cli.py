@@ -107,7 +107,6 @@ def test_data_path_and_stride_score_the_given_text_file(trained_run, tmp_path, s
 
 def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plots(
     trained_run, tmp_path, monkeypatch, capsys):
-  monkeypatch.setitem(cli.SUITES, "quick", {**cli.SUITES["quick"], "ppl_tokens": 256})
   out = tmp_path / "eval"
   out.mkdir()
   before = {name: f"an earlier report's {name}".encode() for name in (
@@ -115,7 +114,7 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
   for name, data in before.items():
     (out / name).write_bytes(data)
   argv = ["--workdir", str(trained_run), "--out", str(out), "--tasks", "ppl", "--lengths",
-          str(TRAIN_LEN), "--yarn", "off", "--no-progress"]
+          str(TRAIN_LEN), "--yarn", "off", "--ppl-tokens", "256", "--no-progress"]
   original = report._write_data
 
   def disk_full_at_json(f, data, path):
@@ -139,7 +138,9 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
       "figure1_mixer.png", "mine.png", "perplexity_vs_length.png", "report.json", "report.md"]
   for name in ("figure1_mixer.png", "perplexity_vs_length.png"):
     assert (out / name).read_bytes()[:4] == b"\x89PNG", name
-  assert json.loads((out / "report.json").read_text())["runs"][0]["perplexity"]["none"]
+  ppl = json.loads((out / "report.json").read_text())["runs"][0]["perplexity"]
+  assert ppl["protocol"]["max_tokens"] == 256  # --ppl-tokens over the suite's 8192
+  assert ppl["none"][str(TRAIN_LEN)]["tokens"] == 256
 
 
 def test_ruler_scores_qa_1_with_and_without_yarn_and_reports_qa_2_skipped(trained_run,

@@ -154,7 +154,8 @@ def test_missing_input_files_exit_2_naming_them(capsys, tmp_path, empty_workdir,
     ("--stride", "nan", "got nan"), ("--chunk", "0", "got 0"), ("--chunk", "-8", "got -8"),
     ("--seed", "-1", "got -1"), ("--yarn-fixed-factor", "1", "got 1"),
     ("--yarn-fixed-factor", "0.5", "got 0.5"), ("--yarn-fixed-factor", "nan", "got nan"),
-    ("--ruler-lengths", "4k", "got '4k'"), ("--lengths", "64,x", "got '64,x'")])
+    ("--ruler-lengths", "4k", "got '4k'"), ("--lengths", "64,x", "got '64,x'"),
+    ("--ppl-tokens", "0", "got 0")])
 def test_out_of_range_numbers_exit_2_before_any_restore(capsys, tmp_path, empty_workdir,
                                                         no_restore, option, value, says):
   line = argument_error(capsys, ["--workdir", empty_workdir, "--out", tmp_path / "eval",

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from rove_jax.evaluation import cli
 from rove_jax.evaluation import report as report_lib
 from rove_jax.evaluation import results_writeup as w
 from tests.conftest import subprocess_env
@@ -334,6 +335,23 @@ def test_reproduce_quick_end_to_end(tmp_path):
   with open(runs_dir / "rove-s0" / "metrics.jsonl") as f:
     steps = [json.loads(line)["step"] for line in f if line.strip()]
   assert steps == sorted(steps) and max(steps) == 4
+
+
+def test_reproduce_evaluation_command():
+  """The full evaluation's sizing reaches rove-eval; --quick keeps the quick suite as it is."""
+  import reproduce
+  args = reproduce.parse_args(["--seeds", "0", "--encodings", "rove,rope"])
+  runs = reproduce.plan(args)
+  cmd = reproduce.eval_command(args, runs, "out/eval")
+  parsed = cli.parse_args(cmd[3:])  # after python -m rove_jax.evaluation.cli
+  T = reproduce._config().data.seq_len
+  assert parsed.suite == "full" and parsed.yarn == "all" and parsed.out == "out/eval"
+  assert [parsed.workdir, *parsed.compare] == [r["workdir"] for r in runs]
+  assert parsed.ppl_tokens == reproduce.PPL_TOKENS
+  assert parsed.ruler_lengths == [m * T for m in reproduce.RULER_MULTIPLES]
+  quick = reproduce.parse_args(["--quick"])
+  parsed = cli.parse_args(reproduce.eval_command(quick, runs, "q")[3:])
+  assert parsed.suite == "quick" and parsed.ppl_tokens is None and parsed.ruler_lengths is None
 
 
 def test_reproduce_rejects_bad_arguments():
