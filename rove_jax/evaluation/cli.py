@@ -4,7 +4,7 @@ NLL and in-context learning for trained runs, written as report.json, report.md 
   rove-eval --workdir runs/X [--suite quick|full] [--lengths 256,512,...]
             [--yarn off|on|both|all] [--yarn-fixed-factor F] [--tasks ppl,ruler,icl]
             [--compare runs/Y runs/Z] [--out DIR] [--squad FILE] [--hotpot FILE]
-            [--icl-tasks SPECS.json]
+            [--icl-tasks SPECS.json] [--ppl-tokens N] [--ruler-lengths 4096,8192]
 
 Lengths default to multiples of the training length T, the run's data.seq_len (quick: 1x 4x
 16x; full: 0.5x 1x 2x 4x 8x 16x); YaRN factors and the report's labels use the same length.
