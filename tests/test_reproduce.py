@@ -69,7 +69,7 @@ def _icl_row(axis, values, nll, seed, correct):
 def _run(enc, seed):
   """One schema-v2 run of the hand-made study (RoVE's seed 0 gets one ICL answer right)."""
   rotary = enc != "nope"
-  ppl = {"protocol": {"yarn_fixed_factor": 4.0},
+  ppl = {"protocol": {"yarn_fixed_factor": 4.0, "max_tokens": 128},
          "none": {str(L): _ppl_row(x, seed) for L, x in PPL[enc].items()}}
   for setting, gain in (("yarn", 1.0), ("yarn_fixed", 0.8)):
     ppl[setting] = ({str(L): _ppl_row(x - (YARN_GAIN[enc] * gain if L > T else 0.0), seed)
@@ -235,6 +235,8 @@ def test_write_replaces_readme_summary_and_curves_together(tmp_path, monkeypatch
   summary = w.write(str(tmp_path), report, runs, curves, meta, n_boot=N_BOOT)
   text, _, _ = w.build(report, runs, curves, meta, n_boot=N_BOOT)
   assert (tmp_path / "README.md").read_text() == text
+  assert ("`python -m rove_jax.evaluation.cli --suite full --yarn all --ppl-tokens 128 "
+          "--ruler-lengths 64,128 --compare ...`") in text  # the sizing the report was scored at
   assert json.loads((tmp_path / "summary.json").read_text())["claims"] == summary["claims"]
   assert (tmp_path / "loss_curves.png").read_bytes() == b"\x89PNG loss"
   assert calls == [("loss_curves", 9)]  # no retrieval records: no retrieval plot

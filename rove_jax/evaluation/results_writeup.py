@@ -85,9 +85,23 @@ def _header(st: rs.Study, meta: dict) -> list:
   if meta.get("notes"):
     L.append(f"- Notes: {meta['notes']}")
   L.append(f"- Evaluation: `python -m rove_jax.evaluation.cli --suite {report['suite']} --yarn "
-           f"{yarn} --compare ...`; full report in [eval/report.md](eval/report.md), raw "
-           f"numbers in [eval/report.json](eval/report.json).\n")
+           f"{yarn}{_sizing_flags(report)} --compare ...`; full report in "
+           f"[eval/report.md](eval/report.md), raw numbers in [eval/report.json](eval/report.json)"
+           f".\n")
   return L
+
+
+def _sizing_flags(report: dict) -> str:
+  """The --ppl-tokens and --ruler-lengths the report was scored with (when every run agrees)."""
+  runs, flags = report["runs"], ""
+  tokens = {((r.get("perplexity") or {}).get("protocol") or {}).get("max_tokens") for r in runs}
+  if len(tokens) == 1 and None not in tokens:
+    flags += f" --ppl-tokens {tokens.pop()}"
+  lengths = {tuple(((r.get("ruler") or {}).get("protocol") or {}).get("lengths") or ())
+             for r in runs}
+  if len(lengths) == 1 and () not in lengths:
+    flags += " --ruler-lengths " + ",".join(map(str, lengths.pop()))
+  return flags
 
 
 def _unit_counts(st: rs.Study) -> str:
