@@ -64,7 +64,11 @@ def parse_args(argv):
   p.add_argument("--quick", action="store_true",
                  help="tiny settings for tests: 1 layer, few steps, short lengths")
   p.add_argument("--no-recall", action="store_true",
-                 help=f"skip the retrieval study ({RECALL_STUDY}) even when it is present")
+                 help=f"skip the retrieval study ({RECALL_STUDY}) even when it is present; "
+                      f"records of an earlier run in <out>/recall/recall.json still go into "
+                      f"the write-up")
+  p.add_argument("--note", help="a line for the write-up's header (e.g. what a resumed run "
+                                "did before)")
   p.add_argument("--scale", choices=SCALES,
                  help="the paper-scale recipe instead (GPT-2 on your FineWeb-Edu shards): "
                       "see `python reproduce.py --scale gpt2_124m --help`")
@@ -178,9 +182,14 @@ def recall_available() -> bool:
 def recall_study(args, out_dir) -> list | None:
   """Runs the retrieval study into out_dir (module docstring) and returns its records; None
   when it is skipped (--no-recall or the module is not present)."""
+  path = os.path.join(out_dir, "recall.json")
   if args.no_recall or not recall_available():
-    print(f"retrieval study: skipped ({'--no-recall' if args.no_recall else RECALL_STUDY} "
-          f"{'given' if args.no_recall else 'not present'})", flush=True)
+    why = "--no-recall given" if args.no_recall else f"{RECALL_STUDY} not present"
+    if args.no_recall and os.path.exists(path):
+      print(f"retrieval study: not rerun ({why}); the write-up uses the records of an earlier "
+            f"run in {path}", flush=True)
+      return _recall_records(path)
+    print(f"retrieval study: skipped ({why})", flush=True)
     return None
   cmd = [sys.executable, "-m", RECALL_STUDY, "--out", out_dir, "--runs-dir",
          os.path.join(args.runs_dir, "recall"), "--seeds", ",".join(map(str, args.seed_list)),
@@ -190,7 +199,11 @@ def recall_study(args, out_dir) -> list | None:
   if rc != 0:
     raise SystemExit(f"the retrieval study failed (exit {rc}); rerun `{' '.join(sys.argv)}` "
                      f"to resume it")
-  with open(os.path.join(out_dir, "recall.json")) as f:
+  return _recall_records(path)
+
+
+def _recall_records(path) -> list:
+  with open(path) as f:
     data = json.load(f)
   return data["records"] if isinstance(data, dict) else data
 
@@ -239,6 +252,8 @@ def main(argv=None) -> int:
           "started": started.isoformat(timespec="seconds"),
           "wall_seconds": time.perf_counter() - t0, "quick": args.quick,
           "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs}}
+  if args.note:
+    meta["notes"] = args.note
   results_writeup.write(args.out, report, runs, curves, meta, recall=recall)
   print(f"wrote {os.path.join(args.out, 'README.md')} in {meta['wall_seconds'] / 60:.1f} min")
   return 0

@@ -375,7 +375,7 @@ def test_plan_runs_every_encoding_on_three_seeds_by_default():
     reproduce.parse_args(["--nope-seeds", "0"])
 
 
-def _fake_reproduce(monkeypatch, tmp_path, *, recall_present):
+def _fake_reproduce(monkeypatch, tmp_path, *, recall_present, extra=()):
   """reproduce.main's children faked: training does nothing, the evaluation writes the
   hand-made report, the retrieval study its records. Returns (commands, write calls)."""
   import reproduce
@@ -400,7 +400,7 @@ def _fake_reproduce(monkeypatch, tmp_path, *, recall_present):
   monkeypatch.setattr(reproduce, "recall_available", lambda: recall_present)
   monkeypatch.setattr(reproduce, "machine", lambda: "m")
   monkeypatch.setattr(results_writeup, "write", lambda *a, **k: writes.append((a, k)))
-  argv = ["--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]
+  argv = ["--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"), *extra]
   assert reproduce.main(argv) == 0
   return calls, writes
 
@@ -426,6 +426,19 @@ def test_reproduce_without_the_retrieval_study_writes_no_records(tmp_path, monke
   assert not [c for c in calls if reproduce.RECALL_STUDY in c]
   assert writes[0][1]["recall"] is None
   assert "retrieval study: skipped" in capsys.readouterr().out
+
+
+def test_no_recall_keeps_an_earlier_runs_records_and_the_note(tmp_path, monkeypatch, capsys):
+  import reproduce
+  (tmp_path / "out" / "recall").mkdir(parents=True)
+  (tmp_path / "out" / "recall" / "recall.json").write_text(
+      json.dumps({"records": _recall_records()}))
+  calls, writes = _fake_reproduce(monkeypatch, tmp_path, recall_present=True,
+                                  extra=("--no-recall", "--note", "resumed"))
+  assert not [c for c in calls if reproduce.RECALL_STUDY in c]  # not rerun
+  assert writes[0][1]["recall"] == _recall_records()
+  assert writes[0][0][4]["notes"] == "resumed"  # meta
+  assert "the write-up uses the records of an earlier run" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------- the paper-scale recipe (--scale)

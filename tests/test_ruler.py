@@ -456,3 +456,30 @@ def test_qa_file_errors(tmp_path):
   with pytest.raises(ValueError, match="does not exist"):
     ruler.generate("qa_1", length=2048, tokenizer=ByteTok(), seed=0,
                    squad_path=tmp_path / "missing.json")
+
+
+def test_a_sample_cache_builds_each_sample_once_for_every_model(monkeypatch):
+  """rove-eval scores every --compare run on one cache: the second model gets the very samples
+  the first got, and none is generated again."""
+  tok, built, seen = ByteTok(), [], []
+  real = ruler.generate
+
+  def counting(task, **kw):
+    built.append((task, kw["length"], kw["seed"]))
+    return real(task, **kw)
+
+  def score(prompts, answers):
+    seen.append([p.tobytes() for p in prompts])
+    return [(1.0, False)] * len(prompts)
+
+  monkeypatch.setattr(ruler, "generate", counting)
+  cache = {}
+  kw = dict(tasks=["vt", "niah_single_1"], lengths=[1024], samples_per_task=2, seed=3,
+            progress=False, sample_cache=cache)
+  ruler.evaluate_settings({"none": lambda L: score}, tok, **kw)
+  assert len(built) == 4 and len(cache) == 4
+  ruler.evaluate_settings({"none": lambda L: score}, tok, **kw)
+  assert len(built) == 4  # nothing generated for the second model
+  assert seen[2:] == seen[:2]  # the same prompts, task by task
+  ruler.evaluate_settings({"none": lambda L: score}, tok, **{**kw, "sample_cache": None})
+  assert len(built) == 8  # without a cache every call generates its own

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import hashlib
 import math
 import os
 import sys
@@ -281,6 +282,11 @@ def _perplexity(run, scorer, args, suite, lengths) -> dict:
                              progress=not args.no_progress)
 
 
+# RULER samples by (tokenizer fingerprint, haystack digest, --squad, --hotpot): runs that share
+# them (every --compare run on one corpus and tokenizer) are scored on samples generated once.
+_RULER_SAMPLES: dict = {}
+
+
 def ruler_settings(yarn: str) -> tuple:
   """The RULER settings of --yarn: off "none", on "yarn", both and all "none" and "yarn"."""
   return {"off": ("none",), "on": ("yarn",)}.get(yarn, ("none", "yarn"))
@@ -315,13 +321,17 @@ def _ruler(run, scorer, args, suite, lengths) -> dict:
                             f"{example}); none was given")
   tasks = [t for t in tasks if t not in out["skipped"]]
   haystack = _haystack_texts(run)
+  cache = _RULER_SAMPLES.setdefault(
+      (run.tokenizer.fingerprint(), hashlib.sha256("\0".join(haystack).encode()).hexdigest(),
+       args.squad, args.hotpot), {})
   for L in r_lengths:
     for task in tasks:
       try:
         res = ruler.evaluate_settings(
             fns, run.tokenizer, tasks=[task], lengths=[L],
             samples_per_task=suite["ruler_samples"], seed=args.seed, haystack_texts=haystack,
-            squad_path=args.squad, hotpot_path=args.hotpot, progress=not args.no_progress)
+            squad_path=args.squad, hotpot_path=args.hotpot, progress=not args.no_progress,
+            sample_cache=cache)
       except ValueError as e:  # e.g. a length below the task's fixed parts
         out["skipped"][f"{task}@{L}"] = str(e)
         continue

@@ -189,7 +189,8 @@ def evaluate(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks: Sequence[str],
 def evaluate_settings(score_fns: Mapping[str, Callable[[int], ScoreFn]], tokenizer: Tokenizer,
                       *, tasks: Sequence[str], lengths: Sequence[int], samples_per_task: int,
                       seed: int, haystack_texts: Optional[Sequence[str]] = None,
-                      squad_path=None, hotpot_path=None, progress: bool = True) -> dict:
+                      squad_path=None, hotpot_path=None, progress: bool = True,
+                      sample_cache: Optional[dict] = None) -> dict:
   """`evaluate` under several model settings (e.g. with and without YaRN) on the same samples.
 
   Each (task, length) cell's samples are generated once and scored under every setting.
@@ -199,6 +200,10 @@ def evaluate_settings(score_fns: Mapping[str, Callable[[int], ScoreFn]], tokeniz
       length (e.g. YaRN with a factor that depends on the length).
     tokenizer, tasks, lengths, samples_per_task, seed, haystack_texts, squad_path,
     hotpot_path, progress: as in `evaluate`.
+    sample_cache: a dict that keeps the generated samples by (task, length, sample seed), for
+      scoring several models on them without generating them again (on a small model the
+      generation takes longer than the scoring). One cache per tokenizer and inputs: the
+      caller keys it (rove-eval by tokenizer fingerprint, haystack and QA files).
 
   Returns:
     {"settings": {setting: {"tasks": {task: {str(length): ROW}}}}, "skipped": {task: reason}},
@@ -222,13 +227,18 @@ def evaluate_settings(score_fns: Mapping[str, Callable[[int], ScoreFn]], tokeniz
   prompting.check_int("samples_per_task", samples_per_task, 1)
   prompting.check_int("seed", seed, 0)
   inputs = dict(haystack_texts=haystack_texts, squad_path=squad_path, hotpot_path=hotpot_path)
+  cache = {} if sample_cache is None else sample_cache
+
+  def sample(t, n, s):
+    if (t, n, s) not in cache:
+      cache[(t, n, s)] = generate(t, length=n, tokenizer=tokenizer, seed=s, **inputs)
+    return cache[(t, n, s)]
   skipped = {t: r for t in tasks if (r := _skip_reason(t, **inputs))}
   run = [t for t in tasks if t not in skipped]
   seeds = [_sample_seed(seed, i) for i in range(samples_per_task)]
   # The first sample of every (task, length) is built before any scoring, so a length that is
   # too short or a malformed file fails in seconds, not after hours of model time.
-  first = {(t, n): generate(t, length=n, tokenizer=tokenizer, seed=seeds[0], **inputs)
-           for t in run for n in lengths}
+  first = {(t, n): sample(t, n, seeds[0]) for t in run for n in lengths}
   from tqdm.auto import tqdm  # imported here: generate() alone needs nothing beyond numpy
 
   results = {setting: {} for setting in score_fns}
@@ -236,8 +246,7 @@ def evaluate_settings(score_fns: Mapping[str, Callable[[int], ScoreFn]], tokeniz
             disable=not progress) as bar:
     for t in run:
       for n in lengths:
-        samples = [first.pop((t, n))] + [
-            generate(t, length=n, tokenizer=tokenizer, seed=s, **inputs) for s in seeds[1:]]
+        samples = [first.pop((t, n))] + [sample(t, n, s) for s in seeds[1:]]
         for setting, make_fn in score_fns.items():
           bar.set_postfix_str(f"{t} @ {n}" + ("" if setting == "_" else f", {setting}"))
           scores = prompting.score_pairs(make_fn(n), [s.prompt_ids for s in samples],
