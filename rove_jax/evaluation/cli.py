@@ -322,7 +322,7 @@ def _ruler(run, scorer, args, suite, lengths) -> dict:
   tasks = [t for t in tasks if t not in out["skipped"]]
   haystack = _haystack_texts(run)
   cache = _RULER_SAMPLES.setdefault(
-      (run.tokenizer.fingerprint(), hashlib.sha256("\0".join(haystack).encode()).hexdigest(),
+      (run.tokenizer.fingerprint, hashlib.sha256("\0".join(haystack).encode()).hexdigest(),
        args.squad, args.hotpot), {})
   for L in r_lengths:
     for task in tasks:
