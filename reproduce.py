@@ -67,6 +67,10 @@ def parse_args(argv):
                  help=f"skip the retrieval study ({RECALL_STUDY}) even when it is present; "
                       f"records of an earlier run in <out>/recall/recall.json still go into "
                       f"the write-up")
+  p.add_argument("--write-only", action="store_true",
+                 help="only redo the write-up from what an earlier run left in --out (its "
+                      "report, retrieval records and meta), e.g. after a change to the "
+                      "write-up; give the same --runs-dir, --seeds and --encodings")
   p.add_argument("--note", help="a line for the write-up's header (e.g. what a resumed run "
                                 "did before)")
   p.add_argument("--scale", choices=SCALES,
@@ -235,6 +239,8 @@ def main(argv=None) -> int:
     from rove_jax import paper_recipe  # its own flags: --data, --topology, --dry-run, ...
     return paper_recipe.main(argv)
   args = parse_args(argv)
+  if args.write_only:
+    return rewrite(args)
   t0 = time.perf_counter()
   started = datetime.datetime.now(datetime.timezone.utc)
   runs = plan(args)
@@ -244,6 +250,7 @@ def main(argv=None) -> int:
   eval_dir = os.path.join(args.out, "eval")
   report = evaluate_all(args, runs, eval_dir)
   recall = recall_study(args, os.path.join(args.out, "recall"))
+  recall_rerun = recall is not None and not args.no_recall
   from rove_jax.evaluation import results_writeup
   from rove_jax.metrics_log import read_metrics
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
@@ -251,11 +258,44 @@ def main(argv=None) -> int:
           "commit": code_version, "machine": machine(),
           "started": started.isoformat(timespec="seconds"),
           "wall_seconds": time.perf_counter() - t0, "quick": args.quick,
-          "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs}}
+          "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs},
+          "recall_rerun": recall_rerun}
   if args.note:
     meta["notes"] = args.note
   results_writeup.write(args.out, report, runs, curves, meta, recall=recall)
   print(f"wrote {os.path.join(args.out, 'README.md')} in {meta['wall_seconds'] / 60:.1f} min")
+  return 0
+
+
+def rewrite(args) -> int:
+  """--write-only: results/README.md and the rest of the write-up again, from the earlier run's
+  <out>/eval/report.json, <out>/summary.json (its meta) and <out>/recall/recall.json; nothing
+  is trained or evaluated. The meta gains a note naming the commit that rewrote it."""
+  from rove_jax.evaluation import results_writeup
+  from rove_jax.metrics_log import read_metrics
+  report_path = os.path.join(args.out, "eval", "report.json")
+  summary_path = os.path.join(args.out, "summary.json")
+  missing = [p for p in (report_path, summary_path) if not os.path.exists(p)]
+  if missing:
+    raise SystemExit(f"--write-only needs an earlier run's {' and '.join(missing)}; run "
+                     f"`python reproduce.py --out {args.out}` first")
+  with open(report_path) as f:
+    report = json.load(f)
+  with open(summary_path) as f:
+    meta = json.load(f)["meta"]
+  runs = plan(args)
+  if [r["workdir"] for r in runs] != list(meta.get("train_seconds") or {}):
+    raise SystemExit(f"--write-only: the runs {[r['workdir'] for r in runs]} are not the "
+                     f"earlier run's {list(meta.get('train_seconds') or {})}; give the same "
+                     f"--runs-dir, --seeds and --encodings as `{meta.get('command')}`")
+  recall_path = os.path.join(args.out, "recall", "recall.json")
+  recall = _recall_records(recall_path) if os.path.exists(recall_path) else None
+  meta.setdefault("recall_rerun", "--no-recall" not in (meta.get("command") or "").split())
+  note = f"write-up redone from the same report by `python reproduce.py --write-only` at {commit()}"
+  meta["notes"] = f"{meta['notes']}; {note}" if meta.get("notes") else note
+  curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
+  results_writeup.write(args.out, report, runs, curves, meta, recall=recall)
+  print(f"rewrote {os.path.join(args.out, 'README.md')}")
   return 0
 
 

@@ -309,6 +309,32 @@ def test_write_adds_the_retrieval_study_and_its_plot(tmp_path, monkeypatch):
   assert not (tmp_path / w.RECALL_PNG).exists()
 
 
+def test_retrieval_cells_where_every_answer_is_right_get_no_verdict(monkeypatch):
+  """At the ceiling (both encodings right on > 95 % of the queries) a systematic but tiny NLL
+  difference would pass the interval test; it is shown with no verdict."""
+  _fake_plots(monkeypatch)
+  report, runs, curves, meta = _hand_made()
+  records = _recall_records()
+  for r in records:
+    if r["setting"] == "yarn" and r["length"] > 16:  # every answer right, RoVE 0.001 lower
+      r["sample_correct"], r["accuracy"] = [1] * 4, 1.0
+      r["sample_nll"] = [0.01 - 0.001 * (r["encoding"] == "rove") + 0.0001 * r["seed"]] * 4
+      r["nll"] = r["sample_nll"][0]
+  text, _, _ = w.build(report, runs, curves, {**meta, "recall_rerun": False}, recall=records,
+                       n_boot=N_BOOT)
+  rows = {(c[2].split(",")[1].split(":")[0].strip(), "NLL" in c[2]): c[4] for c in _claims(text)
+          if c[2].startswith("retrieval study")}
+  assert rows[("YaRN", False)] == "at the ceiling: RoVE 24/24, RoPE 24/24 correct"
+  assert rows[("YaRN", True)] == "at the ceiling: every answer right, no verdict"
+  assert rows[("no YaRN", False)] == "supports"  # the rest keeps its verdicts
+  study = _section(text, "## Retrieval study")
+  assert "both at the ceiling (no verdict) in 2" in study
+  yarn = [line for line in study.splitlines() if line.startswith("| RoVE - RoPE | YaRN")]
+  # every cell of both YaRN rows: past T by construction, at T = 16 both were 4/4 already
+  assert len(yarn) == 2 and all(line.count("at the ceiling") == 3 for line in yarn)
+  assert "the retrieval study's records are an earlier run's, not rerun" in text
+
+
 @pytest.mark.slow
 def test_reproduce_quick_end_to_end(tmp_path):
   env = subprocess_env(devices=None)
@@ -439,6 +465,35 @@ def test_no_recall_keeps_an_earlier_runs_records_and_the_note(tmp_path, monkeypa
   assert writes[0][1]["recall"] == _recall_records()
   assert writes[0][0][4]["notes"] == "resumed"  # meta
   assert "the write-up uses the records of an earlier run" in capsys.readouterr().out
+
+
+def test_write_only_redoes_the_write_up_from_an_earlier_runs_files(tmp_path, monkeypatch):
+  import reproduce
+  _fake_plots(monkeypatch)
+  monkeypatch.setattr(reproduce, "commit", lambda: "abc1234")
+  report, _, _, meta = _hand_made()
+  out, runs_dir = tmp_path / "out", tmp_path / "runs"
+  argv = ["--out", str(out), "--runs-dir", str(runs_dir), "--write-only"]
+  with pytest.raises(SystemExit, match="needs an earlier run's"):
+    reproduce.main(argv)
+  (out / "eval").mkdir(parents=True)
+  (out / "eval" / "report.json").write_text(json.dumps(report))
+  (out / "recall").mkdir()
+  (out / "recall" / "recall.json").write_text(json.dumps({"records": _recall_records()}))
+  workdirs = [r["workdir"] for r in reproduce.plan(reproduce.parse_args(argv))]
+  meta = {**meta, "command": "python reproduce.py --no-recall", "notes": "trained earlier",
+          "train_seconds": dict.fromkeys(workdirs, 60.0)}
+  (out / "summary.json").write_text(json.dumps({"meta": meta}))
+  with pytest.raises(SystemExit, match="give the same --runs-dir, --seeds and --encodings"):
+    reproduce.main(argv + ["--seeds", "0"])
+  assert reproduce.main(argv) == 0
+  text = (out / "README.md").read_text()
+  assert ("- Notes: trained earlier; write-up redone from the same report by `python "
+          "reproduce.py --write-only` at abc1234") in text
+  assert "## Retrieval study" in text
+  assert "the retrieval study's records are an earlier run's, not rerun" in text  # --no-recall
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["meta"]["recall_rerun"] is False and summary["claims"]
 
 
 # ---------------------------------------------------------- the paper-scale recipe (--scale)

@@ -123,8 +123,9 @@ def retrieval(st: rs.Study, png_name: str):
         if all(c is None for c in cells):
           continue
         L.append(f"| {_name(a)} - {_name(b)} | {SETTINGS[s]} | " + " | ".join(
-            "-" if c is None else f"{rs.fmt_change(c)} {rs.verdict(c, claim)}" for c in cells)
-            + " |")
+            "-" if c is None else f"{rs.fmt_change(c)} "
+            + ("at the ceiling" if _ceiling(st, a, b, s, [x]) else rs.verdict(c, claim))
+            for x, c in zip(lengths, cells)) + " |")
     L.append("")
   png = plots.retrieval_study(st.recall, train_lengths=[T] if T else [],
                               title="Retrieval study: accuracy and answer NLL vs length")
@@ -132,6 +133,11 @@ def retrieval(st: rs.Study, png_name: str):
     L.append(f"![retrieval study]({png_name})\n")
   L.append(_recall_paragraph(st, encs, settings, lengths, T) + "\n")
   return L, png, summary
+
+
+def _ceiling(st, a, b, s, xs) -> bool:
+  """Whether both encodings answer (nearly) every retrieval query right at lengths xs."""
+  return rs.at_ceiling([rs.count(st.recall_units(e, s, xs, "sample_correct")) for e in (a, b)])
 
 
 def _recall_paragraph(st, encs, settings, lengths, T) -> str:
@@ -147,7 +153,7 @@ def _recall_paragraph(st, encs, settings, lengths, T) -> str:
   parts = []
   for key, what, claim in (("sample_correct", "accuracy", "higher"),
                            ("sample_nll", "answer NLL", "lower")):
-    tally = {"supports": 0, "contradicts": 0, "inconclusive": 0, "floor": 0}
+    tally = {"supports": 0, "contradicts": 0, "inconclusive": 0, "floor": 0, "ceiling": 0}
     for s in settings:
       for x in (x for x in lengths if T is None or x > T):
         c = st.recall_cmp("rove", "rope", s, [x], key)
@@ -156,13 +162,17 @@ def _recall_paragraph(st, encs, settings, lengths, T) -> str:
         if key == "sample_correct" and rs.at_floor([rs.count(st.recall_units(e, s, [x], key))
                                                     for e in ("rove", "rope")]):
           tally["floor"] += 1
+        elif _ceiling(st, "rove", "rope", s, [x]):
+          tally["ceiling"] += 1
         else:
           tally[rs.verdict(c, claim)] += 1
     other = "lower" if claim == "higher" else "higher"
     parts.append(f"RoVE's {what} is {claim} than RoPE's (interval excluding 0) in "
                  f"{tally['supports']}, {other} in {tally['contradicts']}, and the interval "
                  f"includes 0 in {tally['inconclusive']}"
-                 + (f", both at the floor in {tally['floor']}" if tally["floor"] else ""))
+                 + (f", both at the floor in {tally['floor']}" if tally["floor"] else "")
+                 + (f", both at the ceiling (no verdict) in {tally['ceiling']}"
+                    if tally["ceiling"] else ""))
     cells = sum(tally.values())
   text += (f"Of the {cells} length-setting cells past the training length, "
            + "; ".join(parts) + ". ")
@@ -304,15 +314,18 @@ def _recall_rows(st) -> list:
     shown = f"RoVE {rs.fmt_count(counts[0])}, RoPE {rs.fmt_count(counts[1])} correct"
     if c is None:
       continue
+    ceiling = rs.at_ceiling(counts)
     if rs.at_floor(counts):
       out.append(_row("e", test, shown, f"at the floor: {shown}", claim, recall=s))
     else:
-      out.append(_row("e", test, f"{rs.fmt_change(c, 3)} ({shown})", rs.verdict(c, "higher"),
+      out.append(_row("e", test, f"{rs.fmt_change(c, 3)} ({shown})",
+                      f"at the ceiling: {shown}" if ceiling else rs.verdict(c, "higher"),
                       claim, result=c, recall=s))
     c = st.recall_cmp("rove", "rope", s, longer, "sample_nll")
     out.append(_row("e", f"retrieval study, {SETTINGS[s]}: answer NLL, mean over {where} "
-                         f"tokens, RoVE - RoPE", rs.fmt_change(c) + " nats", rs.verdict(c),
-                    claim, result=c))
+                         f"tokens, RoVE - RoPE", rs.fmt_change(c) + " nats",
+                    "at the ceiling: every answer right, no verdict" if ceiling
+                    else rs.verdict(c), claim, result=c))
   return out
 
 
@@ -341,9 +354,12 @@ def tally(rows_: list) -> dict:
 
 def closing(st: rs.Study, base, rows_: list, meta: dict) -> list:
   """The closing note: wall time and the headline numbers with their intervals."""
+  what = ""
+  if st.recall:
+    what = (", retrieval study included" if meta.get("recall_rerun", True)
+            else "; the retrieval study's records are an earlier run's, not rerun")
   L = ["## Closing note\n",
-       f"Wall time {meta['wall_seconds'] / 60:.1f} min (training and evaluation"
-       f"{', retrieval study included' if st.recall else ''})."]
+       f"Wall time {meta['wall_seconds'] / 60:.1f} min (training and evaluation{what})."]
   if not rows_:
     return L + [""]
   lengths = _ppl_lengths(st)

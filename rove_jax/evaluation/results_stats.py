@@ -212,6 +212,13 @@ def count(units: Optional[Units]) -> Optional[tuple[int, int]]:
   return int(sum(x.sum() for x in units.scores)), units.n_runs * units.n_units
 
 
+def at_ceiling(counts: Sequence[Optional[tuple[int, int]]]) -> bool:
+  """Whether every count's accuracy is above 1 - FLOOR: (nearly) every answer right, where a
+  difference in accuracy or answer NLL measures nothing (missing counts are ignored)."""
+  got = [c for c in counts if c is not None and c[1]]
+  return bool(got) and all(k / n > 1 - FLOOR for k, n in got)
+
+
 def at_floor(counts: Sequence[Optional[tuple[int, int]]]) -> bool:
   """Whether every count's accuracy is below FLOOR (missing counts are ignored)."""
   got = [c for c in counts if c is not None and c[1]]
