@@ -145,7 +145,8 @@ def eval_command(args, runs, eval_dir) -> list[str]:
   cmd += [r["workdir"] for r in runs[1:]]
   cmd += ["--suite", "quick" if args.quick else args.suite, "--out", eval_dir, "--yarn", "all"]
   if not args.quick and args.suite == "full":
-    train_len = _config().data.seq_len
+    from rove_jax.paper_recipe import load_config  # configs/NAME.py, as for --scale
+    train_len = load_config("reproduce").data.seq_len
     cmd += ["--ppl-tokens", str(PPL_TOKENS),
             "--ruler-lengths", ",".join(str(m * train_len) for m in RULER_MULTIPLES)]
   return cmd
@@ -159,14 +160,6 @@ def evaluate_all(args, runs, eval_dir) -> dict:
     raise SystemExit(f"evaluation failed (exit {rc})")
   with open(os.path.join(eval_dir, "report.json")) as f:
     return json.load(f)
-
-
-def _config():
-  """configs/reproduce.py's config (every run's, before its encoding and seed)."""
-  spec = importlib.util.spec_from_file_location("reproduce_config", CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def _env() -> dict:

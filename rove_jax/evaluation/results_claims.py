@@ -124,7 +124,8 @@ def retrieval(st: rs.Study, png_name: str):
           continue
         L.append(f"| {_name(a)} - {_name(b)} | {SETTINGS[s]} | " + " | ".join(
             "-" if c is None else f"{rs.fmt_change(c)} "
-            + ("at the ceiling" if _ceiling(st, a, b, s, [x]) else rs.verdict(c, claim))
+            + ("at the ceiling" if rs.at_ceiling(_counts(st, a, b, s, [x]))
+               else rs.verdict(c, claim))
             for x, c in zip(lengths, cells)) + " |")
     L.append("")
   png = plots.retrieval_study(st.recall, train_lengths=[T] if T else [],
@@ -135,9 +136,9 @@ def retrieval(st: rs.Study, png_name: str):
   return L, png, summary
 
 
-def _ceiling(st, a, b, s, xs) -> bool:
-  """Whether both encodings answer (nearly) every retrieval query right at lengths xs."""
-  return rs.at_ceiling([rs.count(st.recall_units(e, s, xs, "sample_correct")) for e in (a, b)])
+def _counts(st, a, b, s, xs) -> list:
+  """Both encodings' retrieval (correct, queries) at lengths xs, for at_floor / at_ceiling."""
+  return [rs.count(st.recall_units(e, s, xs, "sample_correct")) for e in (a, b)]
 
 
 def _recall_paragraph(st, encs, settings, lengths, T) -> str:
@@ -159,10 +160,10 @@ def _recall_paragraph(st, encs, settings, lengths, T) -> str:
         c = st.recall_cmp("rove", "rope", s, [x], key)
         if c is None:
           continue
-        if key == "sample_correct" and rs.at_floor([rs.count(st.recall_units(e, s, [x], key))
-                                                    for e in ("rove", "rope")]):
+        counts = _counts(st, "rove", "rope", s, [x])
+        if key == "sample_correct" and rs.at_floor(counts):
           tally["floor"] += 1
-        elif _ceiling(st, "rove", "rope", s, [x]):
+        elif rs.at_ceiling(counts):
           tally["ceiling"] += 1
         else:
           tally[rs.verdict(c, claim)] += 1
