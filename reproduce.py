@@ -5,13 +5,13 @@ write results/ (README.md with the paper-layout tables and 95 % intervals, repor
                       [--encodings rove,rope,nope] [--nope-seeds N] [--steps N] [--quick]
                       [--no-recall]
 
-Every run uses configs/reproduce.py with the same data, steps and size; only the positional
+Every run uses study/configs/reproduce.py with the same data, steps and size; only the positional
 encoding and the seed differ (every encoding, NoPE included, runs every seed unless
 --nope-seeds says fewer). The evaluation scores every setting (`--yarn all`: no YaRN, YaRN
-with factor L / T, YaRN with one fixed factor). Then, when rove_jax/evaluation/recall_study.py
+with factor L / T, YaRN with one fixed factor). Then, when study/retrieval.py
 is present (and not --no-recall), the retrieval study runs into <out>/recall/:
 
-  python -m rove_jax.evaluation.recall_study --out <out>/recall --runs-dir <runs-dir>/recall
+  python -m study.retrieval --out <out>/recall --runs-dir <runs-dir>/recall
       --seeds S --encodings E [--quick]
 
 and its records (<out>/recall/recall.json: a list of records, or {"records": [...]}) go into
@@ -22,7 +22,7 @@ steps, short lengths); its output says so at the top.
 
   python reproduce.py --scale gpt2_124m|gpt2_354m --data GLOB [--dry-run] ...
 
-runs the paper-scale recipe instead (its own flags: --scale X --help; rove_jax/paper_recipe.py).
+runs the paper-scale recipe instead (its own flags: --scale X --help; study/paper_recipe.py).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CONFIG = os.path.join(ROOT, "configs", "reproduce.py")
-RECALL_STUDY = "rove_jax.evaluation.recall_study"  # the retrieval study, when present
-SCALES = ("gpt2_124m", "gpt2_354m")  # --scale: rove_jax/paper_recipe.py
+CONFIG = os.path.join(ROOT, "study", "configs", "reproduce.py")
+RECALL_STUDY = "study.retrieval"  # the retrieval study, when present
+SCALES = ("gpt2_124m", "gpt2_354m")  # --scale: study/paper_recipe.py
 # The full evaluation, sized with training to fit about 2 hours on 2 cores (9 runs; measured
 # 2026-12-02: training 49 min, evaluation 31.5 min, the retrieval study 16 min): 16k
 # perplexity targets a length and setting (the full suite's 64k took 254 s a rotary run) and
@@ -59,7 +59,7 @@ def parse_args(argv):
   p.add_argument("--encodings", default="rove,rope,nope")
   p.add_argument("--nope-seeds", type=int, default=None,
                  help="how many of the seeds NoPE (the third baseline) runs with (default: all)")
-  p.add_argument("--steps", type=int, help="training steps (default: configs/reproduce.py)")
+  p.add_argument("--steps", type=int, help="training steps (default: study/configs/reproduce.py)")
   p.add_argument("--suite", default="full", choices=("quick", "full"))
   p.add_argument("--quick", action="store_true",
                  help="tiny settings for tests: 1 layer, few steps, short lengths")
@@ -82,7 +82,7 @@ def parse_args(argv):
   except ValueError:
     p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
   args.encoding_list = [e.strip() for e in args.encodings.split(",") if e.strip()]
-  from rove_jax.model import POS_ENCODINGS
+  from rove_jax.nn.model import POS_ENCODINGS
   bad = [e for e in args.encoding_list if e not in POS_ENCODINGS]
   if bad or not args.encoding_list:
     p.error(f"--encodings: unknown {bad}; choose from {POS_ENCODINGS}")
@@ -145,8 +145,8 @@ def eval_command(args, runs, eval_dir) -> list[str]:
   cmd += [r["workdir"] for r in runs[1:]]
   cmd += ["--suite", "quick" if args.quick else args.suite, "--out", eval_dir, "--yarn", "all"]
   if not args.quick and args.suite == "full":
-    from rove_jax.paper_recipe import load_config  # configs/NAME.py, as for --scale
-    train_len = load_config("reproduce").data.seq_len
+    from study.paper_recipe import load_config
+    train_len = load_config(CONFIG).data.seq_len
     cmd += ["--ppl-tokens", str(PPL_TOKENS),
             "--ruler-lengths", ",".join(str(m * train_len) for m in RULER_MULTIPLES)]
   return cmd
@@ -222,14 +222,14 @@ def machine() -> str:
 
 
 def commit() -> str:
-  from rove_jax.paper_recipe import git_commit
+  from study.paper_recipe import git_commit
   return git_commit()
 
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if any(a == "--scale" or a.startswith("--scale=") for a in argv):
-    from rove_jax import paper_recipe  # its own flags: --data, --topology, --dry-run, ...
+    from study import paper_recipe  # its own flags: --data, --topology, --dry-run, ...
     return paper_recipe.main(argv)
   args = parse_args(argv)
   if args.write_only:
@@ -244,8 +244,8 @@ def main(argv=None) -> int:
   report = evaluate_all(args, runs, eval_dir)
   recall = recall_study(args, os.path.join(args.out, "recall"))
   recall_rerun = recall is not None and not args.no_recall
-  from rove_jax.evaluation import results_writeup
-  from rove_jax.metrics_log import read_metrics
+  from study import writeup as results_writeup
+  from rove_jax.train.metrics import read_metrics
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
   meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv),
           "commit": code_version, "machine": machine(),
@@ -264,8 +264,8 @@ def rewrite(args) -> int:
   """--write-only: results/README.md and the rest of the write-up again, from the earlier run's
   <out>/eval/report.json, <out>/summary.json (its meta) and <out>/recall/recall.json; nothing
   is trained or evaluated. The meta gains a note naming the commit that rewrote it."""
-  from rove_jax.evaluation import results_writeup
-  from rove_jax.metrics_log import read_metrics
+  from study import writeup as results_writeup
+  from rove_jax.train.metrics import read_metrics
   report_path = os.path.join(args.out, "eval", "report.json")
   summary_path = os.path.join(args.out, "summary.json")
   missing = [p for p in (report_path, summary_path) if not os.path.exists(p)]

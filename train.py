@@ -2,10 +2,10 @@
 
   python train.py --config configs/tiny.py --workdir runs/tiny [--config.field=value ...]
 
-See rove_jax/train_cli.py for the flags.
+See rove_jax/train/cli.py for the flags.
 """
 
-from rove_jax.train_cli import run
+from rove_jax.train.cli import run
 
 if __name__ == "__main__":
   run()

@@ -7,13 +7,13 @@
 
 No TPU is needed, only libtpu (pip install 'rove_jax[tpu]'). No GPU is needed for
 --topology h100-8 / h200-8 (N GPUs: 1-8 or whole hosts of 8), only JAX's CUDA plugin and ptxas
-(rove_jax/aot_gpu.py names the wheels). --topology cpu:N uses this host's CPU devices, local the
+(rove_jax/aot/gpu.py names the wheels). --topology cpu:N uses this host's CPU devices, local the
 devices this process runs on. --config and --config.a.b=value overrides work as for train.py
-(the same parser, rove_jax.train_cli). --recommend applies rove_jax.aot.recommend's mesh and grad_accum
+(the same parser, rove_jax.train.cli). --recommend applies rove_jax.aot.compile.recommend's mesh and grad_accum
 (a --config.mesh.* or --config.optim.grad_accum on the command line wins). For each job it
 prints the per-device memory against the chip's HBM, FLOPs (compiled and model), bytes
 accessed, collectives and a roofline bound on step time and MFU (bounds from the compiler's
-figures, not measurements; see rove_jax/aot_analysis.py). A program that does not fit
+figures, not measurements; see rove_jax/aot/analysis.py). A program that does not fit
 the chip's HBM is reported as such (XLA's TPU compiler refuses it). --json writes every figure,
 --markdown prints rows for bench/RESULTS.md, --dump-hlo the compiled HLO. Progress goes to
 stderr with elapsed seconds: a TPU compile takes minutes.
@@ -36,7 +36,7 @@ def load_config(argv: list[str]):
   returns (config, the config argument as given)."""
   from absl import flags
   from ml_collections import config_flags
-  from rove_jax import train_cli
+  from rove_jax.train import cli as train_cli
   argv = train_cli._rewrite_config_flag(["bench.aot"] + argv)
   problems = train_cli._override_problems(argv)
   if problems:
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
                            flush=True)
   jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
   try:
-    from rove_jax import aot
+    from rove_jax.aot import compile as aot
     bad = [j for j in jobs if j not in aot.JOBS]
     if bad:
       raise ValueError(f"--jobs: unknown {bad}; choose from {aot.JOBS}")
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
       log(f"recommended mesh {rec['mesh']}, grad_accum {rec['grad_accum']} (state "
           f"{rec['state_bytes_per_device'] / 2**30:.2f} GiB, activations "
           f"{rec['activation_bytes_per_device'] / 2**30:.2f} GiB a device; rule: "
-          f"rove_jax.aot.recommend)")
+          f"rove_jax.aot.compile.recommend)")
     if args.dump_hlo:
       os.makedirs(args.dump_hlo, exist_ok=True)
     reports = []

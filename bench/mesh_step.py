@@ -17,9 +17,9 @@ import tempfile  # noqa: E402
 
 import jax  # noqa: E402
 
-from rove_jax import config as config_lib  # noqa: E402
-from rove_jax import training  # noqa: E402
-from rove_jax.metrics_log import read_metrics  # noqa: E402
+from rove_jax.train import run_config as config_lib  # noqa: E402
+from rove_jax.train import loop as training  # noqa: E402
+from rove_jax.train.metrics import read_metrics  # noqa: E402
 
 MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)]
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rove_jax.model import GPT, GPTConfig
+from rove_jax.nn.model import GPT, GPTConfig
 
 
 def loss_fn(model, tokens):

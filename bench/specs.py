@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rove_jax.model import GPTConfig
+from rove_jax.nn.model import GPTConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ the same run mean anything:
   memory   peak memory of N train steps, one fresh subprocess per encoding;
   longctx  forward of a RoVE model at long contexts, "xla" vs "chunked" attention, one fresh
            subprocess per (length, kernel) under a memory cap;
-  decode   KV-cache greedy decoding tokens/s (rove_jax.model.generate), compile excluded;
+  decode   KV-cache greedy decoding tokens/s (rove_jax.nn.model.generate), compile excluded;
   compile  lower + compile time of the train step as depth grows.
 
 Shape letters: B batch, T sequence length.
@@ -34,9 +34,9 @@ from flax import nnx
 
 from bench import peak_rss_gib
 from bench.specs import Model, make_spec
-from rove_jax import config as config_lib
-from rove_jax import training
-from rove_jax.model import GPT, GPTConfig, count_params, generate
+from rove_jax.train import run_config as config_lib
+from rove_jax.train import loop as training
+from rove_jax.nn.model import GPT, GPTConfig, count_params, generate
 
 GIB = 2**30
 ENCODINGS = ("rove", "rope", "nope")

@@ -103,7 +103,7 @@ def segment_runs(seg_BT, max_segments: int):
 
 def cudnn_packs() -> bool:
   """Whether cuDNN's packed layout is available: jax allows it from compute capability 9.0
-  (Hopper) on. rove_jax.aot_gpu answers for the GPU it compiles for."""
+  (Hopper) on. rove_jax.aot.gpu answers for the GPU it compiles for."""
   from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
   return bool(cudnn_fa.check_compute_capability("9.0"))
 
@@ -115,7 +115,7 @@ def cudnn_packed_kernel(q_BTHD, k_BSKD, v_BSKD, seg_BT, scale, causal):
 
   The descriptors have a static number of slots, `cudnn_max_segments(T)`. A row with more
   segments cannot be described: its output is NaN, never a wrong number, so a training step
-  on it is skipped as non-finite (rove_jax.training). (A lax.cond to an exact fallback kernel
+  on it is skipped as non-finite (rove_jax.train.loop). (A lax.cond to an exact fallback kernel
   was tried: under a sharded batch XLA all-gathered q, k and v around it, 4.7 GB a layer.)
   """
   from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa

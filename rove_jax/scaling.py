@@ -304,7 +304,7 @@ def axial(rot_dim: int, *, base: float = 10000.0) -> tuple[tuple[np.ndarray, np.
 
 # ----------------------------------------------------------------- transformers-style dispatch
 
-# Keys each rope_type reads, beside _COMMON_KEYS. rove_jax.config builds the model.rope_scaling
+# Keys each rope_type reads, beside _COMMON_KEYS. rove_jax.train.run_config builds the model.rope_scaling
 # section from these.
 _HF_KEYS = {
     "default": (),

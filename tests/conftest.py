@@ -36,8 +36,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from rove_jax import config as config_lib  # noqa: E402
-from rove_jax.model_config import GPTConfig  # noqa: E402
+from rove_jax.train import run_config as config_lib  # noqa: E402
+from rove_jax.nn.model_config import GPTConfig  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -183,7 +183,7 @@ def trained_run(tmp_path_factory) -> pathlib.Path:
   import fcntl
   import shutil
 
-  from rove_jax import training
+  from rove_jax.train import loop as training
   base = tmp_path_factory.getbasetemp()
   # Under xdist each worker's base is <session dir>/popen-gwN: the parent is this session's
   # alone. Without xdist the parent holds other sessions' directories, so stay in base.

@@ -1,4 +1,4 @@
-"""rove_jax.aot / aot_analysis: topology names, the HLO collective parser, the roofline, the mesh
+"""rove_jax.aot.compile / aot_analysis: topology names, the HLO collective parser, the roofline, the mesh
 recommendation, and a train step compiled ahead of time for this host's CPU devices (cpu:4),
 whose FLOPs and memory are checked against independent counts."""
 
@@ -8,9 +8,9 @@ import os
 import jax
 import pytest
 
-from rove_jax import aot
-from rove_jax import aot_analysis as hlo
-from rove_jax import config as config_lib
+from rove_jax.aot import compile as aot
+from rove_jax.aot import analysis as hlo
+from rove_jax.train import run_config as config_lib
 
 # A module in the forms XLA prints: a variadic all-reduce, the async -start/-done pairs (only
 # -start counts; all-gather-start and collective-permute-start return their operands too), a
@@ -202,7 +202,7 @@ def test_train_step_compiled_for_cpu_devices_matches_independent_counts():
 
 
 def param_count(c):
-  from rove_jax.model import param_count as count
+  from rove_jax.nn.model import param_count as count
   return count(config_lib.validate(c))
 
 
@@ -245,7 +245,7 @@ def test_gradient_accumulation_keeps_micro_batches_split_over_the_devices():
 
 
 def test_gpu_topologies_and_their_target_description():
-  from rove_jax import aot_gpu
+  from rove_jax.aot import gpu as aot_gpu
   t = aot.parse_topology("h200-16")
   assert (t.name, t.n_devices, t.chip.hbm_bytes, t.chip.peak_flops) == (
       "h200-16", 16, 143771 * 2**20, 989e12)

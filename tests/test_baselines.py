@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rove_jax import baselines
+from rove_jax.nn import baselines
 from tests import reference as ref
 
 # (distance, bucket) for 32 buckets up to distance 128: 16 exact buckets, then

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from bench import suite
-from rove_jax.model import GPTConfig
+from rove_jax.nn.model import GPTConfig
 from tests.conftest import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

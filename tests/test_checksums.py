@@ -1,4 +1,4 @@
-"""rove_jax.checksums: the host (numpy) and device (jitted) paths agree, on every mesh, and
+"""rove_jax.train.checksums: the host (numpy) and device (jitted) paths agree, on every mesh, and
 every single-bit flip is detected."""
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rove_jax import checksums, sharding
+from rove_jax.train import checksums, sharding
 
 
 def _arrays(rng):

@@ -17,9 +17,10 @@ import pytest
 from absl import app, flags
 from ml_collections import config_flags
 
-from rove_jax import config as config_lib
-from rove_jax import scaling, train_cli, training
-from rove_jax.model_config import FrozenMapping, GPTConfig
+from rove_jax.train import run_config as config_lib
+from rove_jax import scaling
+from rove_jax.train import cli as train_cli, loop as training
+from rove_jax.nn.model_config import FrozenMapping, GPTConfig
 from tests.conftest import subprocess_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def parse_config_file(path, *overrides):
 def write_tiny_with_longrope(tmp_path):
   path = tmp_path / "tiny_longrope.py"
   path.write_text(textwrap.dedent(f"""
-      from rove_jax.configs import tiny
+      from rove_jax.train.configs import tiny
 
       def get_config():
         c = tiny.get_config()
@@ -190,7 +191,7 @@ def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
       (["--config", tiny, "--config.steps=abc"],
        "error: flag --config.steps=abc: invalid literal for int()"),
       (["--config", str(noget)], "a config file defines get_config()")]:
-    r = subprocess.run([sys.executable, "-m", "rove_jax.train_cli", *argv, "--workdir",
+    r = subprocess.run([sys.executable, "-m", "rove_jax.train.cli", *argv, "--workdir",
                         str(tmp_path / "w")], capture_output=True, text=True, timeout=120,
                        cwd=ROOT, env=subprocess_env())
     assert r.returncode == 2, (argv, r.stderr[-2000:])
@@ -233,7 +234,7 @@ _NO_BACKEND = textwrap.dedent("""
     import sys
     from jax._src import xla_bridge
     from rove_jax import config as config_lib
-    from rove_jax.model_config import GPTConfig
+    from rove_jax.nn.model_config import GPTConfig
     from rove_jax import train_cli  # defines the rove-train flags on absl's FLAGS
     from absl import flags
 
@@ -268,9 +269,9 @@ def test_building_and_validating_configs_starts_no_jax_backend():
 def test_config_names_resolve_to_packaged_files(tmp_path):
   path = train_cli.resolve_config_arg("tiny")
   assert path == os.path.join(train_cli.CONFIG_DIR, "tiny.py") and os.path.isfile(path)
-  assert train_cli.resolve_config_arg("reproduce:quick").endswith(
-      os.path.join("configs", "reproduce.py") + ":quick")
-  assert set(train_cli.packaged_configs()) >= {"tiny", "reproduce", "gpt2_124m", "gpt2_354m"}
+  assert train_cli.resolve_config_arg("demo:quick").endswith(
+      os.path.join("configs", "demo.py") + ":quick")
+  assert set(train_cli.packaged_configs()) >= {"tiny", "demo", "gpt2_124m", "gpt2_354m"}
   mine = tmp_path / "my_config.py"
   mine.write_text("")
   for given in (str(ROOT / "configs" / "tiny.py"), str(mine), f"{mine}:arg"):
@@ -295,12 +296,12 @@ def test_config_names_resolve_to_packaged_files(tmp_path):
 
 
 def test_rove_train_with_an_unknown_config_name_exits_2(tmp_path):
-  r = subprocess.run([sys.executable, "-m", "rove_jax.train_cli", "--config", "tinny",
+  r = subprocess.run([sys.executable, "-m", "rove_jax.train.cli", "--config", "tinny",
                       "--workdir", str(tmp_path / "w")], cwd=tmp_path, capture_output=True,
                      text=True, timeout=120, env=subprocess_env(devices=1))
   assert r.returncode == 2 and "neither a file nor a packaged config" in r.stderr, r.stderr
   # A stray positional argument: one line, exit 2, nothing run.
-  r = subprocess.run([sys.executable, "-m", "rove_jax.train_cli", "--config", "tiny",
+  r = subprocess.run([sys.executable, "-m", "rove_jax.train.cli", "--config", "tiny",
                       "--workdir", str(tmp_path / "w"), "steps=5"], cwd=tmp_path,
                      capture_output=True, text=True, timeout=120, env=subprocess_env(devices=1))
   assert r.returncode == 2 and "error: unexpected arguments ['steps=5']" in r.stderr, r.stderr

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rove_jax import data, tokenization
+from rove_jax import data
+from rove_jax.data import tokenization
 
 EOT = 256
 BYTES = tokenization.ByteTokenizer()

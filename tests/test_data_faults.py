@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from rove_jax import data, tokenization
+from rove_jax import data
+from rove_jax.data import tokenization
 from rove_jax.data import files, hf, token_cache
 from tests.conftest import write_corpus
 

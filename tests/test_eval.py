@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 
 from rove_jax.evaluation import perplexity, report, scoring
-from rove_jax import tokenization
-from rove_jax.model import GPT
+from rove_jax.data import tokenization
+from rove_jax.nn.model import GPT
 from tests.conftest import gpt_config, small_config, subprocess_env
 from tests.test_training import ROOT, run_train
 

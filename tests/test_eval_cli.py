@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from absl import logging as absl_logging
 
-from rove_jax import checkpoint as ckpt_lib
-from rove_jax.evaluation import cli, report, ruler, scoring
+from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.evaluation import cli, report, scoring
+from rove_jax.evaluation.ruler import suite as ruler
 from tests.test_perplexity import (TRAIN_LEN, assert_row_matches, reference_model,
                                    reference_ppl)
 from tests.test_ruler import SQUAD

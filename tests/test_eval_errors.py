@@ -11,10 +11,11 @@ import warnings
 import numpy as np
 import pytest
 
-from rove_jax import config as config_lib
+from rove_jax.train import run_config as config_lib
 from rove_jax import data as data_lib
-from rove_jax import training
-from rove_jax.evaluation import cli, plots, report, ruler_qa, scoring
+from rove_jax.train import loop as training
+from rove_jax.evaluation import cli, plots, report, scoring
+from rove_jax.evaluation.ruler import qa as ruler_qa
 from tests.conftest import small_config
 from tests.test_ruler import HOTPOT, SQUAD
 

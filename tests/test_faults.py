@@ -35,12 +35,12 @@ import orbax.checkpoint as ocp
 import pytest
 from orbax.checkpoint._src.path import atomicity
 
-from rove_jax import checkpoint as ckpt_lib
-from rove_jax import config as config_lib
-from rove_jax import resume, training
+from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import run_config as config_lib
+from rove_jax.train import resume, loop as training
 from rove_jax.evaluation import scoring
-from rove_jax.metrics_log import read_metrics
-from rove_jax.model_config import GPTConfig
+from rove_jax.train.metrics import read_metrics
+from rove_jax.nn.model_config import GPTConfig
 from tests.conftest import apply_overrides, small_config, subprocess_env, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from flax import nnx
 
 import rove_jax as rj
 from rove_jax import attention, kernels
-from rove_jax.model import GPT, GPTConfig
+from rove_jax.nn.model import GPT, GPTConfig
 
 SHAPES = dict(T=256, S=256, H=4, K=2, D=64, causal=True)
 

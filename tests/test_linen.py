@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import rove_jax as rj
-from rove_jax.linen import RotarySelfAttention
+from rove_jax.nn.linen import RotarySelfAttention
 
 
 class Block(nn.Module):

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rove_jax import analysis, scaling, training
-from rove_jax import model as M
-from rove_jax.model import GPT, GPTConfig
+from rove_jax import analysis, scaling
+from rove_jax.train import loop as training
+from rove_jax.nn import model as M
+from rove_jax.nn.model import GPT, GPTConfig
 from tests import reference as ref
 from tests.conftest import gpt_config
 

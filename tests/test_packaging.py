@@ -41,8 +41,8 @@ def test_wheel_ships_evaluation_and_configs(wheel):
              if "__pycache__" not in p.parts}
   missing = sorted(tracked - names)
   assert not missing, f"modules left out of the wheel: {missing}"
-  for name in ("rove_jax/evaluation/cli.py", "rove_jax/evaluation/ruler.py",
-               "rove_jax/configs/tiny.py", "rove_jax/data/pipeline.py"):
+  for name in ("rove_jax/evaluation/cli.py", "rove_jax/evaluation/ruler/suite.py",
+               "rove_jax/train/configs/tiny.py", "rove_jax/data/pipeline.py"):
     assert name in names
   # Only the package: no top-level eval/, tests/ or bench/ to clobber other installs.
   assert not [n for n in names if n.split("/")[0] in ("eval", "tests", "bench", "configs")]
@@ -52,6 +52,6 @@ def test_wheel_declares_both_commands(wheel):
   (entry,) = [n for n in wheel.namelist() if n.endswith("entry_points.txt")]
   parser = configparser.ConfigParser()
   parser.read_string(wheel.read(entry).decode())
-  assert dict(parser["console_scripts"]) == {"rove-train": "rove_jax.train_cli:run",
+  assert dict(parser["console_scripts"]) == {"rove-train": "rove_jax.train.cli:run",
                                              "rove-eval": "rove_jax.evaluation.cli:main"}
 

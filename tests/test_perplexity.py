@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from rove_jax.evaluation import perplexity, scoring
-from rove_jax.model import GPT
+from rove_jax.nn.model import GPT
 
 TRAIN_LEN = 64  # the shared run's max_len = data.seq_len
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgba
 
-from rove_jax.evaluation import plots, stats
+from rove_jax.evaluation import plots
+from study import stats
 
 LENGTHS = (64, 128, 256)
 plots.pyplot()  # import pyplot (about a second) once, outside the tests' timings

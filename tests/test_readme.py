@@ -38,7 +38,7 @@ PLACEHOLDERS = {"$RANK": "0", "$TPU": "my-tpu", "$ZONE": "us-central2-b", "$BUCK
 MAKE_EXPECTS = {"demo": ["-m venv", "train.py", "-m eval"],
                 "test": ["-m venv", ".[test]", "-m pytest"], "reproduce": ["reproduce.py"]}
 CHECKOUT_FILES = {"train": "train.py", "eval": "eval/__main__.py", "reproduce": "reproduce.py"}
-SCRIPTS = {"rove-train": "rove_jax.train_cli:run", "rove-eval": "rove_jax.evaluation.cli:main"}
+SCRIPTS = {"rove-train": "rove_jax.train.cli:run", "rove-eval": "rove_jax.evaluation.cli:main"}
 GENERIC = ("--config.field=value", "--config.x=y")  # the override syntax, not a field
 PIP_OK = ("-e", "--editable", "-U", "--upgrade", "-q", "--quiet", "git+THIS-REPO", "pip")
 # A fenced block (lang, body) and an indented one (after a blank line; blank lines inside).
@@ -125,7 +125,7 @@ def program(tokens):
     head, rest = rest[0][:-3], rest[1:]
   kind = head.split(".")[0]
   if kind == "reproduce" and any(a.split("=")[0] == "--scale" for a in rest):
-    return kind, "rove_jax.paper_recipe", rest  # reproduce.py --scale: the paper-scale recipe
+    return kind, "study.paper_recipe", rest  # reproduce.py --scale: the paper-scale recipe
   known = ("train", "eval", "reproduce", "bench", "rove_jax")  # rove_jax: python -m <module>
   return kind, head if kind in known else None, rest
 
@@ -190,7 +190,7 @@ def argparse_problems(target, args, mode) -> list:
 def train_problems(args, mode) -> list:
   """rove-train's absl flags (parsed on the global FLAGS, reset after) and the validation."""
   from absl import flags
-  from rove_jax import config as config_lib, train_cli
+  from rove_jax.train import run_config as config_lib, cli as train_cli
   FLAGS, schema = flags.FLAGS, config_lib.base_config("tiny")
 
   def known(name):
@@ -326,7 +326,7 @@ def problems_of(cmd: Command, readme: str = README, commands=None) -> list:
     names = [first] + [f"{first.rsplit('.', 1)[0]}.{s}" for s in siblings]
     aot = () if first.startswith("--config") else ("bench.aot",)  # it passes --config on
     if any(not argparse_problems(t, names, "reference")
-           for t in ("eval", "reproduce", "rove_jax.paper_recipe", "bench") + aot):
+           for t in ("eval", "reproduce", "study.paper_recipe", "bench") + aot):
       return []
     return [f"{p}, nor an option of another README program"
             for p in train_problems(names, "reference")]

@@ -1,6 +1,6 @@
 """The recall study: the MQAR generator (rove_jax.data.recall), its corpus source and answer-only
-loss mask, the evaluation (rove_jax.evaluation.recall) against hand-computed scores, and the
-driver (rove_jax.evaluation.recall_study): its plan, its checks and a --quick study end to end."""
+loss mask, the evaluation (study.retrieval_scoring) against hand-computed scores, and the
+driver (study.retrieval): its plan, its checks and a --quick study end to end."""
 
 import json
 import math
@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rove_jax import config as config_lib
-from rove_jax import training
-from rove_jax.configs import recall as recall_config
+from rove_jax.train import run_config as config_lib
+from rove_jax.train import loop as training
+from study.configs import retrieval as recall_config
 from rove_jax.data import Corpus, iter_documents, prepare
 from rove_jax.data import recall as gen
-from rove_jax.evaluation import recall, recall_study, scoring
-from rove_jax.model import GPT, GPTConfig
-from rove_jax.tokenization import ByteTokenizer
+from rove_jax.evaluation import scoring
+from study import retrieval_scoring as recall, retrieval as recall_study
+from rove_jax.nn.model import GPT, GPTConfig
+from rove_jax.data.tokenization import ByteTokenizer
 
 SPEC = gen.RecallSpec(seq_len=32, pairs=4, queries=8, train_docs=300, val_docs=50, seed=3)
 EOT = 256

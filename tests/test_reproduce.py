@@ -13,7 +13,7 @@ import pytest
 
 from rove_jax.evaluation import cli
 from rove_jax.evaluation import report as report_lib
-from rove_jax.evaluation import results_writeup as w
+from study import writeup as w
 from tests.conftest import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,7 +155,7 @@ def _claims(text):
 
 
 def test_build_tables_from_a_hand_made_report():
-  from rove_jax.evaluation import stats
+  from study import stats
   report, runs, curves, meta = _hand_made()
   text, summary, png = w.build(report, runs, curves, meta, n_boot=N_BOOT)
   assert png is None  # no retrieval records
@@ -214,7 +214,7 @@ def test_build_with_one_encoding_and_perplexity_only():
 
 
 def test_writeup_quotes_the_coverage_that_stats_measured():
-  from rove_jax.evaluation import results_stats, stats
+  from study import numbers as results_stats, stats
   doc = " ".join(stats.__doc__.split())
   sds = " / ".join(s for s, _ in results_stats.COVERAGE)
   cover = " / ".join(c for _, c in results_stats.COVERAGE)
@@ -222,7 +222,7 @@ def test_writeup_quotes_the_coverage_that_stats_measured():
 
 
 def test_pooled_scores_average_to_the_linear_combination():
-  from rove_jax.evaluation import results_stats as rs
+  from study import numbers as rs
   # two runs; part A has 2 units, part B 4: 0.5 * mean(A) - 0.25 * mean(B)
   a, b = [[1.0, 3.0], [2.0, 2.0]], [[4.0, 4.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
   runs = rs.pooled([(0.5, a), (-0.25, b)])
@@ -283,7 +283,7 @@ def _fake_plots(monkeypatch):
 
 
 def test_write_adds_the_retrieval_study_and_its_plot(tmp_path, monkeypatch):
-  from rove_jax.evaluation import stats
+  from study import stats
   calls = _fake_plots(monkeypatch)
   report, runs, curves, meta = _hand_made()
   records = _recall_records()
@@ -372,7 +372,7 @@ def test_reproduce_evaluation_command():
   runs = reproduce.plan(args)
   cmd = reproduce.eval_command(args, runs, "out/eval")
   parsed = cli.parse_args(cmd[3:])  # after python -m rove_jax.evaluation.cli
-  from rove_jax.paper_recipe import load_config
+  from study.paper_recipe import load_config
   T = load_config("reproduce").data.seq_len
   assert parsed.suite == "full" and parsed.yarn == "all" and parsed.out == "out/eval"
   assert [parsed.workdir, *parsed.compare] == [r["workdir"] for r in runs]
@@ -406,7 +406,7 @@ def _fake_reproduce(monkeypatch, tmp_path, *, recall_present, extra=()):
   """reproduce.main's children faked: training does nothing, the evaluation writes the
   hand-made report, the retrieval study its records. Returns (commands, write calls)."""
   import reproduce
-  from rove_jax.evaluation import results_writeup
+  from study import writeup as results_writeup
   report = _hand_made()[0]
   calls, writes = [], []
 
@@ -537,7 +537,7 @@ def test_scale_dry_run_prints_the_paper_plan(capsys, tmp_path, preset):
   assert ev[ev.index("--yarn") + 1] == "all" and "--icl-tasks" not in ev
   assert "Core: SKIPPED: no --icl-tasks" in out and "one seed (0): a cost choice" in out
   # Cost lines: each cites its compiled figures; the numbers are the JSON's.
-  from rove_jax import paper_recipe
+  from study import paper_recipe
   steps = paper_recipe.load_config(preset).steps
   cited = re.findall(r"^  (\w+) on (\S+) .*\[(\S+\.json)\]$", out, re.M)
   assert [c[0] for c in cited] == ["rove", "rope"]
@@ -563,7 +563,7 @@ def test_scale_printed_commands_parse_with_train_and_eval_parsers(capsys, tmp_pa
 
   from absl import flags
 
-  from rove_jax import config as config_lib, train_cli
+  from rove_jax.train import run_config as config_lib, cli as train_cli
   from rove_jax.evaluation import cli
   data = str(tmp_path / "fw" / "*.parquet")
   code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data", data,
@@ -591,8 +591,8 @@ def test_scale_printed_commands_parse_with_train_and_eval_parsers(capsys, tmp_pa
 
 
 def test_scale_without_compiled_figures_prints_analytic_flops(capsys, tmp_path, monkeypatch):
-  import rove_jax.model
-  monkeypatch.setattr(rove_jax.model, "param_count", lambda cfg: 1000)
+  import rove_jax.nn.model
+  monkeypatch.setattr(rove_jax.nn.model, "param_count", lambda cfg: 1000)
   code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_354m", "--data",
                           str(tmp_path / "fw"), "--topology", "v6e-16", "--encodings", "rove",
                           "--aot-dir", str(tmp_path), "--dry-run")
@@ -619,14 +619,14 @@ def test_scale_input_errors_exit_2_before_any_work(capsys, tmp_path):
   assert code == 2 and "unknown topology 'v9-8'" in err
   assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
   import reproduce
-  from rove_jax import paper_recipe
+  from study import paper_recipe
   assert reproduce.SCALES == paper_recipe.PRESETS
 
 
 def test_scale_runs_the_plan_in_order_and_writes_the_report(capsys, tmp_path, monkeypatch):
   """Without --dry-run: every train command, then the one evaluation (faked here), then
   --out/README.md; a failed run stops the plan with how to resume it."""
-  from rove_jax import paper_recipe
+  from study import paper_recipe
   calls = []
 
   def fake_call(cmd, env=None):

@@ -10,7 +10,8 @@ import chex
 import numpy as np
 import pytest
 
-from rove_jax.evaluation import prompting, ruler
+from rove_jax.evaluation import prompting
+from rove_jax.evaluation.ruler import suite as ruler
 from tests.reference import ByteTok, WordTok
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rove_jax import tokenization
+from rove_jax.data import tokenization
 from rove_jax.evaluation import cli, perplexity, report, scoring
-from rove_jax.model import GPT
+from rove_jax.nn.model import GPT
 from tests.conftest import gpt_config
 
 SEQ_LEN, MAX_LEN = 128, 256  # trained on 128 tokens, positions set up for 256

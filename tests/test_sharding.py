@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from rove_jax import sharding, training
-from rove_jax.model import GPT, GPTConfig
+from rove_jax.train import sharding, loop as training
+from rove_jax.nn.model import GPT, GPTConfig
 from tests.conftest import apply_overrides, small_config, subprocess_env, write_corpus
 from tests.test_training import ROOT, losses
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rove_jax import sharding
+from rove_jax.train import sharding
 from rove_jax.splash import splash_attention, unsupported_reason
 
 T = 256  # splash needs lengths that are multiples of 128; 256 gives 2 x 2 blocks of 128

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rove_jax.evaluation import stats
+from study import stats
 
 
 def simulate(rng, *, n_seeds=3, n_units=40, delta=0.3, unit_sd=2.0, seed_sd=0.22,

@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from rove_jax import tokenization
-from rove_jax.tokenization import EOT_TEXT
+from rove_jax.data import tokenization
+from rove_jax.data.tokenization import EOT_TEXT
 
 TEXT = "héllo wörld — naïve café, 日本語 🎉\n\tdef f(x):\n    return x ** 2  # ok\n"
 

@@ -20,10 +20,10 @@ import optax
 import pytest
 from flax import nnx
 
-from rove_jax import checkpoint as ckpt_lib
-from rove_jax import config as config_lib
-from rove_jax import training
-from rove_jax.model import GPT, GPTConfig
+from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import run_config as config_lib
+from rove_jax.train import loop as training
+from rove_jax.nn.model import GPT, GPTConfig
 from tests.conftest import small_config, subprocess_env, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -25,10 +25,10 @@ from typing import Any, Iterable, Iterator, Optional
 import grain
 import numpy as np
 
-from rove_jax import tokenization
+from rove_jax.data import tokenization
 from rove_jax.data.sources import Corpus, iter_documents, loss_mask
 from rove_jax.data.token_cache import load_tokens
-from rove_jax.tokenization import Tokenizer
+from rove_jax.data.tokenization import Tokenizer
 
 
 def train_iterator(tokens, *, seq_len: int, global_batch_size: int, seed: int,

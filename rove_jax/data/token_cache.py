@@ -29,7 +29,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from rove_jax.data.sources import Corpus, check_split, iter_documents, list_units
-from rove_jax.tokenization import Tokenizer
+from rove_jax.data.tokenization import Tokenizer
 
 _CACHE_FORMAT = 1   # part of the cache key: bumping it renames (rebuilds) every cache
 _RECORD_FORMAT = 1

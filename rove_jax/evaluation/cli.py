@@ -196,7 +196,7 @@ def check_task_files(p, args) -> None:
       continue
     if not os.path.isfile(path):
       p.error(f"{flag} {path} {_what_is_wrong(path, 'file')}; give a local JSON file (see --help)")
-    from rove_jax.evaluation import ruler_qa
+    from rove_jax.evaluation.ruler import qa as ruler_qa
     load = ruler_qa.load_squad if flag == "--squad" else ruler_qa.load_hotpotqa
     try:
       load(path)  # parsed and validated now (cached for the RULER tasks)
@@ -241,7 +241,7 @@ def prepare_out_dir(out_dir: str) -> None:
 def evaluate_run(run, args, suite) -> dict:
   """One run's report entry (report.py's RUN) for the tasks in args.task_list."""
   from rove_jax.evaluation import scoring
-  from rove_jax.model import param_count
+  from rove_jax.nn.model import param_count
   train_len = run.train_len  # the one training length: lengths, YaRN factors, labels
   lengths = args.lengths or suite_lengths(suite["multiples"], train_len)
   scorer = scoring.Scorer(run, implementation="chunked", chunk_size=args.chunk)
@@ -294,8 +294,8 @@ def ruler_settings(yarn: str) -> tuple:
 
 def _ruler(run, scorer, args, suite, lengths) -> dict:
   """report.py's RULER entry: every (task, length) cell under each setting, same samples."""
-  from rove_jax.evaluation import ruler
-  from rove_jax.model import FROM_CONFIG
+  from rove_jax.evaluation.ruler import suite as ruler
+  from rove_jax.nn.model import FROM_CONFIG
   cfg, train_len = run.model_config, run.train_len
   r_lengths = args.ruler_lengths or suite_lengths(suite["ruler_multiples"], train_len)
   if cfg.pos_encoding == "learned":
@@ -390,7 +390,7 @@ def _icl(run, scorer, args, suite, lengths) -> dict:
 
 def ruler_tasks(suite: dict) -> tuple:
   """The RULER tasks of a suite (None: all of them, the QA tasks included)."""
-  from rove_jax.evaluation import ruler
+  from rove_jax.evaluation.ruler import suite as ruler
   return tuple(suite["ruler_tasks"] or ruler.TASKS + ruler.QA_TASKS)
 
 
@@ -439,7 +439,7 @@ def _evaluate(args) -> int:
   if first.model_config.pos_encoding in ("rove", "rope"):
     from flax import nnx
 
-    from rove_jax.model import GPT
+    from rove_jax.nn.model import GPT
     model = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: GPT(first.model_config,
                                                               rngs=nnx.Rngs(0)))), first.params)
     sample = first.val_tokens()[:12]

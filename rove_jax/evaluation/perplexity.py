@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from rove_jax.evaluation.prompting import round_sig
-from rove_jax.model import FROM_CONFIG
+from rove_jax.nn.model import FROM_CONFIG
 
 YARN_SETTINGS = {"off": ("none",), "on": ("yarn",), "both": ("none", "yarn"),
                  "all": ("none", "yarn", "yarn_fixed")}

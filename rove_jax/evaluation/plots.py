@@ -368,7 +368,7 @@ def loss_curves(curves: dict, runs: list, names: dict) -> Optional[bytes]:
   """Training and held-out loss against step, one line per run.
 
   Args:
-    curves: {workdir: metrics rows (rove_jax.metrics_log.read_metrics)}.
+    curves: {workdir: metrics rows (rove_jax.train.metrics.read_metrics)}.
     runs: [{"workdir", "encoding", "seed"}], the runs to draw.
     names: display names by encoding.
 

@@ -37,7 +37,7 @@ NOISE_SENTENCES = ("The grass is green.", "The sky is blue.", "The sun is yellow
 
 
 class Tokenizer(Protocol):
-  """What the tasks need from a tokenizer (rove_jax.tokenization's tokenizers qualify)."""
+  """What the tasks need from a tokenizer (rove_jax.data.tokenization's tokenizers qualify)."""
 
   eot_id: int
 

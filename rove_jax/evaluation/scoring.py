@@ -22,10 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rove_jax import checkpoint as ckpt_lib
+from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax import data as data_lib
-from rove_jax import tokenization, training
-from rove_jax.model import FROM_CONFIG, GPT, GPTConfig, ROTARY_ENCODINGS
+from rove_jax.data import tokenization
+from rove_jax.train import loop as training
+from rove_jax.nn.model import FROM_CONFIG, GPT, GPTConfig, ROTARY_ENCODINGS
 
 
 @dataclasses.dataclass

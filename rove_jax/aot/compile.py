@@ -1,0 +1,409 @@
+"""Ahead-of-time compilation of a run's programs for a Cloud TPU slice, with no TPU attached.
+
+  from rove_jax import aot, config
+  c = config.paper_config("gpt2_124m", lr=6e-4)
+  print(aot.recommend(c, "v5e-8"))                 # a (data, fsdp, tensor) mesh and grad_accum
+  report = aot.compile_job(c, "v5e-8", "train")    # or "eval", "decode"
+  print(aot.format_report(report))                 # the command line: python -m bench.aot
+
+jax.experimental.topologies describes a TPU slice as compile-only devices (libtpu must be
+installed, `pip install 'rove_jax[tpu]'`; no TPU is needed), so XLA's TPU compiler lowers and
+compiles on this host the programs a run executes, on the config's (data, fsdp, tensor) mesh and
+under `jax.set_mesh`, so that kernels chosen at trace time see the target platform:
+  train   training.make_train_step with the config's batch, grad_accum, dtype and remat;
+  eval    the long-context evaluation forward (evaluation.scoring's token scores) at a length
+          (default 16384) with YaRN past data.seq_len, one window a data-parallel shard;
+  decode  one new token a sequence against a KV cache of that length.
+Topology names: accelerator types (v5e-8, v4-32, v5p-128, v6e-16; v4 and v5p count TensorCores,
+two a chip), chip grids (v5e:2x4, v4:2x2x4) and cpu:N, this process's first N CPU devices (no
+libtpu needed, no chip figures: tests and a first look). Every figure is per device; what they
+are and how the roofline bound is made: rove_jax.aot.analysis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import time
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from rove_jax.aot import analysis as aot_analysis, gpu as aot_gpu
+from rove_jax.train import sharding
+from rove_jax.train import run_config as config_lib
+from rove_jax.nn.model import FROM_CONFIG, GPT, ROTARY_ENCODINGS, param_count
+from rove_jax.aot.analysis import format_report  # noqa: F401 (re-exported)
+
+GiB = 2**30
+JOBS = ("train", "eval", "decode")
+
+
+# ------------------------------------------------------------------------------- topologies
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Per-chip figures of a TPU generation, from the Cloud TPU system-architecture pages."""
+  name: str
+  accelerator: str  # accelerator-type prefix (v5e is sold as v5litepod)
+  peak_flops: float  # bf16 FLOP/s
+  hbm_bytes: int
+  hbm_bandwidth: float  # bytes/s
+  ici_bandwidth: Optional[float]  # bidirectional bytes/s a chip; None: not in the table
+  cores_per_chip: int  # what the "-N" of a name counts: v4 and v5p count TensorCores
+  chips_per_host: int
+  grids: dict  # chips -> the slice's chip grid
+
+
+_GRIDS_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
+             256: (16, 16)}
+_GRIDS_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4),
+             128: (4, 4, 8), 256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16),
+             2048: (8, 16, 16), 4096: (16, 16, 16)}
+CHIPS = {
+    "v4": Chip("v4", "v4", 275e12, 32 * GiB, 1200e9, None, 2, 4, _GRIDS_3D),
+    "v5e": Chip("v5e", "v5litepod", 197e12, 16 * GiB, 819e9, 400e9, 1, 8, _GRIDS_2D),
+    "v5p": Chip("v5p", "v5p", 459e12, 95 * GiB, 2765e9, 1200e9, 2, 4, _GRIDS_3D),
+    "v6e": Chip("v6e", "v6e", 918e12, 32 * GiB, 1638e9, 800e9, 1, 8, _GRIDS_2D),
+}
+_ALIASES = {"v5litepod": "v5e"}
+# NVIDIA GPUs (rove_jax.aot.gpu): "h100-8" is 8 GPUs, hosts of 8 beyond that.
+GPU_CHIPS = {g.name: Chip(g.name, g.name, g.peak_bf16, g.memory_bytes, g.memory_bandwidth,
+                          g.nvlink_bandwidth, 1, aot_gpu.GPUS_PER_HOST, {})
+             for g in aot_gpu.GPUS.values()}
+# device_kind prefixes of the chips, for the "local" topology (this process's own devices).
+_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5p": "v5p",
+          "TPU v5": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e", "NVIDIA H100": "h100",
+          "NVIDIA H200": "h200"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  name: str  # canonical: "v5e:2x4" or "cpu:8"
+  chip: Optional[Chip]  # None for cpu:N
+  grid: tuple
+
+  @property
+  def n_devices(self) -> int:
+    return int(np.prod(self.grid))
+
+  @property
+  def accelerator_type(self) -> str:
+    if self.chip is None:
+      return self.name
+    return f"{self.chip.accelerator}-{self.n_devices * self.chip.cores_per_chip}"
+
+  def devices(self) -> list:
+    """The topology's devices: compile-only TPU or GPU devices, this process's CPU devices
+    (cpu:N) or all of its devices ("local")."""
+    if self.name == "local":
+      return jax.devices()
+    if self.chip is not None and self.chip.name in GPU_CHIPS:
+      return aot_gpu.devices(aot_gpu.GPUS[self.chip.name], self.n_devices)
+    if self.chip is None:
+      cpus = jax.devices("cpu")
+      if len(cpus) < self.n_devices:
+        raise ValueError(f"topology {self.name} needs {self.n_devices} CPU devices but this "
+                         f"process has {len(cpus)}; set XLA_FLAGS=--xla_force_host_platform_"
+                         f"device_count={self.n_devices} before JAX starts")
+      return cpus[:self.n_devices]
+    return list(_tpu_devices(self))
+
+
+def known_topologies() -> list[str]:
+  """The names parse_topology takes, one pattern a generation."""
+  sizes = lambda c: ",".join(str(n * c.cores_per_chip) for n in c.grids)
+  return ([f"{c.name}-{{{sizes(c)}}}" for c in CHIPS.values()]
+          + ["v5e:AxB, v6e:AxB, v4:AxBxC, v5p:AxBxC (chip grids)",
+             "h100-N, h200-N (N GPUs: 1-8 or a multiple of 8)", "cpu:N", "local"])
+
+
+def parse_topology(name) -> Topology:
+  """"v5e-8", "v4-32", "v5e:2x4", "v4:2x2x4", "cpu:8" (or a Topology) -> Topology."""
+  if isinstance(name, Topology):
+    return name
+  text, chips = str(name).strip().lower(), "|".join(list(CHIPS) + list(_ALIASES))
+  if m := re.fullmatch(r"cpu:(\d+)", text):
+    return Topology(f"cpu:{int(m[1])}", None, (int(m[1]),))
+  if text == "local":  # the devices this process runs on (a pre-flight on the job's machine)
+    devices = jax.devices()
+    kind = next((v for k, v in _KINDS.items() if devices[0].device_kind.startswith(k)), None)
+    chip = CHIPS.get(kind) or GPU_CHIPS.get(kind)
+    return Topology("local", chip, (len(devices),))
+  if m := re.fullmatch(rf"({'|'.join(GPU_CHIPS)})-(\d+)", text):
+    aot_gpu.gpu_grid(int(m[2]))  # 1-8 or whole hosts of 8
+    return Topology(f"{m[1]}-{int(m[2])}", GPU_CHIPS[m[1]], (int(m[2]),))
+  m = re.fullmatch(rf"({chips})(?:-(\d+)|:(\d+(?:x\d+)+))", text)
+  if not m:
+    raise ValueError(f"unknown topology {name!r}; known: {'; '.join(known_topologies())}")
+  chip = CHIPS[_ALIASES.get(m[1], m[1])]
+  if m[2]:  # an accelerator type: v4 and v5p count TensorCores
+    chips_n, rest = divmod(int(m[2]), chip.cores_per_chip)
+    grid = None if rest else chip.grids.get(chips_n)
+    if grid is None:
+      raise ValueError(f"topology {name!r}: no {chip.name} slice of that size; known: "
+                       f"{known_topologies()[list(CHIPS).index(chip.name)]}, or give a chip "
+                       f"grid such as {chip.name}:{'x'.join(map(str, chip.grids[16]))}")
+  else:
+    grid = tuple(int(d) for d in m[3].split("x"))
+    if len(grid) != len(chip.grids[16]) or min(grid) < 1:
+      raise ValueError(f"topology {name!r}: a {chip.name} chip grid has {len(chip.grids[16])} "
+                       f"positive sizes, e.g. {chip.name}:{'x'.join(map(str, chip.grids[16]))}")
+  return Topology(f"{chip.name}:{'x'.join(map(str, grid))}", chip, grid)
+
+
+_DEVICE_CACHE: dict = {}
+
+
+def _tpu_devices(topology: Topology):
+  if topology.name in _DEVICE_CACHE:
+    return _DEVICE_CACHE[topology.name]
+  from jax.experimental import topologies
+  chip, kwargs = topology.chip, {}
+  if chip.cores_per_chip == 2:
+    kwargs["chip_config_name"] = "megacore"  # one JAX device a chip, as JAX runs v4 and v5p
+  if topology.n_devices <= chip.chips_per_host:  # a single host holds the whole slice
+    kwargs["chips_per_host_bounds"] = (topology.grid + (1, 1))[:3]
+  with _quiet_libtpu(topology):
+    try:
+      devices = topologies.get_topology_desc(topology_name=topology.name, platform="tpu",
+                                             **kwargs).devices
+    except RuntimeError as e:
+      if "not installed" in str(e):
+        raise ImportError(f"topology {topology.name} needs libtpu to compile for TPU (no TPU "
+                          f"needed): pip install 'rove_jax[tpu]'") from None
+      raise ValueError(f"libtpu cannot describe topology {topology.name}: {e}") from None
+  _DEVICE_CACHE[topology.name] = devices
+  return devices
+
+
+@contextlib.contextmanager
+def _quiet_libtpu(topology: Topology):
+  """libtpu reads the host's TPU environment when it starts and, on a machine without a TPU,
+  prints warnings for each variable it cannot determine; names for a single local host silence
+  them. Variables already set win; they are restored afterwards (sharding.auto_detect_cluster
+  reads them)."""
+  values = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0",
+            "TPU_ACCELERATOR_TYPE": topology.accelerator_type, "TPU_SKIP_MDS_QUERY": "1"}
+  added = [k for k in values if k not in os.environ]
+  os.environ.update({k: values[k] for k in added})
+  try:
+    yield
+  finally:
+    for k in added:
+      os.environ.pop(k, None)
+
+
+# --------------------------------------------------------------------------------- programs
+
+
+def _abstract(model_cfg, mesh):
+  """(graphdef, abstract params, their shardings, path specs) of a model config on a mesh."""
+  model = nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0)))
+  params = nnx.state(model, nnx.Param)
+  specs = sharding.param_path_specs(params, mesh)
+  return nnx.graphdef(model), params, sharding.tree_shardings(params, specs, mesh), specs
+
+
+def _sds(tree, shardings):
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree,
+                      shardings)
+
+
+def _train_program(c, model_cfg, mesh):
+  from rove_jax.train import loop as training
+  tx = training.make_optimizer(c.optim, c.steps)
+  graphdef, params, _, specs = _abstract(model_cfg, mesh)
+  state = jax.eval_shape(lambda: training.TrainState(params=params, opt_state=tx.init(params),
+                                                     step=jnp.zeros((), jnp.int32)))
+  state_sh = sharding.tree_shardings(state, specs, mesh)
+  batch_sh = sharding.batch_sharding(mesh)
+  step = training.make_train_step(graphdef, tx, c.optim.grad_accum,
+                                  training.lr_schedule(c.optim, c.steps),
+                                  state_shardings=state_sh, batch_sharding=batch_sh)
+  B, T = c.data.batch_size, c.data.seq_len
+  keys = ("inputs", "targets") + (("positions", "segment_ids") if c.data.packing else ())
+  batch = {k: jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=batch_sh) for k in keys}
+  return step, (_sds(state, state_sh), batch), dict(batch=B, length=T, tokens=B * T,
+                                                    packing=bool(c.data.packing))
+
+
+def _yarn(model_cfg, length: int, train_len: int):
+  """evaluation.scoring's YaRN past the training length; FROM_CONFIG at or below it."""
+  from rove_jax.evaluation import scoring
+  scaling = scoring.yarn_scaling(length, train_len)
+  return FROM_CONFIG if scaling is None or model_cfg.pos_encoding not in ROTARY_ENCODINGS \
+      else scaling
+
+
+def _eval_program(c, model_cfg, mesh, length, batch, impl):
+  from rove_jax.evaluation import scoring
+  impl = impl or scoring.DEFAULT_KERNEL  # evaluation's own kernel unless told
+  model_cfg = dataclasses.replace(model_cfg, attention_impl=impl)
+  if model_cfg.pos_encoding == "learned" and length > model_cfg.max_len:
+    raise ValueError(f"learned position embeddings cover {model_cfg.max_len} positions; "
+                     f"choose an evaluation length <= {model_cfg.max_len}")
+  graphdef, params, params_sh, _ = _abstract(model_cfg, mesh)
+  scaling = _yarn(model_cfg, length, c.data.seq_len)
+
+  def token_scores(params, tokens_BW):  # what evaluation runs
+    return scoring.token_scores(nnx.merge(graphdef, params), tokens_BW, scaling)
+
+  batch_sh = sharding.batch_sharding(mesh)
+  fn = jax.jit(token_scores, in_shardings=(params_sh, batch_sh))
+  tokens = jax.ShapeDtypeStruct((batch, length + 1), jnp.int32, sharding=batch_sh)
+  info = dict(batch=batch, length=length, tokens=batch * length, attention_impl=impl,
+              rope_scaling=scaling if isinstance(scaling, dict) else None)
+  return fn, (_sds(params, params_sh), tokens), info
+
+
+def _decode_program(c, model_cfg, mesh, length, batch):
+  graphdef, params, params_sh, _ = _abstract(model_cfg, mesh)
+  model = nnx.eval_shape(lambda: nnx.merge(graphdef, params))
+  cache = jax.eval_shape(lambda: model.init_cache(batch, length))
+  axes = {4: ("batch", None, "kv_heads", "head_dim"), 2: ("batch", None), 0: ()}
+  cache_sh = jax.tree.map(lambda a: NamedSharding(mesh, sharding.logical_to_spec(
+      axes[a.ndim], a.shape, mesh)), cache)
+  scaling = _yarn(model_cfg, length, c.data.seq_len)
+
+  def decode_step(params, tokens_B1, cache):  # one token a sequence; greedy next token
+    logits, cache = nnx.merge(graphdef, params)(tokens_B1, cache=cache, rope_scaling=scaling)
+    return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32), cache
+
+  batch_sh = sharding.batch_sharding(mesh)
+  fn = jax.jit(decode_step, in_shardings=(params_sh, batch_sh, cache_sh),
+               out_shardings=(batch_sh, cache_sh), donate_argnums=2)
+  tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=batch_sh)
+  info = dict(batch=batch, length=length, tokens=batch,
+              rope_scaling=scaling if isinstance(scaling, dict) else None)
+  return fn, (_sds(params, params_sh), tokens, _sds(cache, cache_sh)), info
+
+
+# ------------------------------------------------------------------------------ compile_job
+
+
+def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
+                eval_impl: Optional[str] = None, decode_len: Optional[int] = None,
+                batch: Optional[int] = None, log: Optional[Callable[[str], None]] = None,
+                hlo_path: Optional[str] = None) -> dict:
+  """Lowers and compiles one program of run config `c` for a topology; returns its figures.
+
+  Args:
+    c: a run config (rove_jax.train.run_config.base_config / paper_config / configs/*.py get_config()).
+    topology: a name for parse_topology ("v5e-8", "v4:2x2x4", "cpu:4") or a Topology.
+    job: "train" (the config's batch, grad_accum, dtype, remat), "eval" (the forward and
+      token scores of `batch` windows of eval_len tokens, YaRN past data.seq_len) or "decode"
+      (one token for each of `batch` sequences against a KV cache of decode_len slots).
+    eval_len: evaluation length; decode_len defaults to it.
+    eval_impl: attention kernel of the evaluation forward (default: evaluation's own).
+    batch: eval / decode sequences (default: the data-parallel size, one per shard).
+    log: called with progress lines.
+    hlo_path: where to write the compiled HLO text (for a closer look), if given.
+
+  Raises:
+    ValueError: a mesh that does not fit the topology, a batch that does not split over it,
+      an unknown job or topology. ImportError: a TPU topology without libtpu.
+  """
+  if job not in JOBS:
+    raise ValueError(f"unknown job {job!r}; choose from {JOBS}")
+  topology, model_cfg = parse_topology(topology), config_lib.validate(c)
+  log = log or (lambda line: None)
+  devices = topology.devices()
+  try:
+    mesh = sharding.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
+  except ValueError as e:
+    raise ValueError(f"topology {topology.name} has {len(devices)} devices: {e}") from None
+  dp, B, M = sharding.data_parallel_size(mesh), c.data.batch_size, c.optim.grad_accum
+  notes = []
+  if job == "train":
+    if B % dp or B % M:
+      raise ValueError(f"data.batch_size={B} must divide by the data-parallel size mesh.data * "
+                       f"mesh.fsdp = {dp} and by optim.grad_accum={M}")
+    if (B // M) % dp:
+      notes.append(f"a micro-batch of {B // M} rows does not split over {dp} data shards")
+    fn, args, info = _train_program(c, model_cfg, mesh)
+  elif (batch or dp) % dp:
+    raise ValueError(f"{job} batch {batch} does not split over the data-parallel size {dp}; "
+                     f"choose a multiple of {dp}")
+  elif job == "eval":
+    fn, args, info = _eval_program(c, model_cfg, mesh, eval_len, batch or dp, eval_impl)
+  else:
+    fn, args, info = _decode_program(c, model_cfg, mesh, decode_len or eval_len, batch or dp)
+  log(f"{job}: lowering and compiling for {topology.name} ({topology.accelerator_type}), mesh "
+      f"{dict(mesh.shape)}")
+  report = dict(job=job, topology=topology.name, accelerator=topology.accelerator_type,
+                devices=topology.n_devices, mesh=dict(mesh.shape), grad_accum=M,
+                dtype=model_cfg.dtype, remat=model_cfg.remat, pos_encoding=model_cfg.pos_encoding,
+                attention_impl=model_cfg.attention_impl)
+  report.update(info)
+  t0 = time.perf_counter()
+  with jax.set_mesh(mesh):
+    lowered = fn.lower(*args)
+    t1 = time.perf_counter()
+    try:
+      compiled = lowered.compile()
+    except Exception as e:  # noqa: BLE001 - XLA raises no specific type for running out of HBM
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      log(f"{job}: does not fit ({time.perf_counter() - t1:.1f} s)")
+      return dict(report, lower_s=t1 - t0, compile_s=time.perf_counter() - t1, fits=False,
+                  error=" ".join(str(e).split("\n")[0].split()[:40]), notes=notes)
+  report.update(lower_s=t1 - t0, compile_s=time.perf_counter() - t1)
+  log(f"{job}: compiled in {report['compile_s']:.1f} s (lowering {t1 - t0:.1f} s)")
+  if hlo_path:
+    with open(hlo_path, "w") as f:
+      f.write(compiled.as_text())
+  per_token, attention = aot_analysis.model_flops_per_token(model_cfg, job, info["length"])
+  report.update(aot_analysis.analyze(compiled, topology.chip, n_devices=topology.n_devices,
+                                     tokens=info["tokens"], model_flops=per_token,
+                                     attention_flops=attention,
+                                     accumulation=M if job == "train" else 1))
+  report["notes"] = notes + report.pop("analysis_notes")
+  return report
+
+
+# ------------------------------------------------------------------------- recommendation
+
+
+def recommend(c, topology, *, usable: float = 0.9) -> dict:
+  """A (data, fsdp, tensor) mesh and grad_accum for run config `c` on a TPU topology.
+
+  The rule (an estimate to check with compile_job):
+    mesh: data parallelism alone while the training state (float32 parameters, gradients and
+      Adam's two moments: 16 bytes a parameter) takes at most half of a chip's HBM; else the
+      smallest power-of-two fsdp that brings a chip's share under half. tensor stays 1: at GPT-2
+      widths Megatron tensor parallelism's per-layer all-reduces cost more than they save.
+    grad_accum: the smallest M dividing the per-device batch whose micro-batch activations fit
+      what the state leaves of `usable` x HBM: per token n_layer (34 E + 5 H T) bytes without
+      remat, n_layer 2 E with remat="full" (Korthikanti et al. 2022, bfloat16; float32 doubles
+      them), plus 8 V for the float32 logits and their gradient.
+  """
+  topology, model_cfg = parse_topology(topology), config_lib.validate(c)
+  if topology.chip is None:
+    raise ValueError(f"recommend needs a TPU topology's HBM figure; {topology.name} has none")
+  n, hbm, B, T = topology.n_devices, topology.chip.hbm_bytes, c.data.batch_size, c.data.seq_len
+  if B % n:
+    raise ValueError(f"data.batch_size={B} does not split over the {n} devices of "
+                     f"{topology.name}; choose a multiple of {n}")
+  state = 16 * param_count(model_cfg)
+  fsdp = 1
+  while state / fsdp > hbm / 2 and fsdp < n and n % (2 * fsdp) == 0:
+    fsdp *= 2
+  E, H, V, L = model_cfg.d_model, model_cfg.n_head, model_cfg.vocab_size, model_cfg.n_layer
+  per_layer = 2 * E if model_cfg.remat == "full" else 34 * E + 5 * H * T
+  per_token = L * per_layer * (2 if model_cfg.dtype == "float32" else 1) + 8 * V
+  budget = usable * hbm - state / fsdp
+  rows = B // n
+  M = next((m for m in range(1, rows + 1) if rows % m == 0
+            and rows // m * T * per_token <= budget), rows)
+  activations = rows // M * T * per_token
+  return dict(mesh=dict(data=n // fsdp, fsdp=fsdp, tensor=1), grad_accum=M,
+              state_bytes_per_device=state / fsdp, activation_bytes_per_device=activations,
+              fits=state / fsdp + activations <= usable * hbm, rule=recommend.__doc__)

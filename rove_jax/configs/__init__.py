@@ -1,2 +1,0 @@
-"""Run configs shipped with the package: `rove-train --config NAME` (tiny, reproduce,
-gpt2_124m, gpt2_354m) or `--config path/to/file.py`. `configs/` in a checkout points here."""

@@ -1,0 +1,444 @@
+"""A GPT in Flax NNX whose positional encoding is a switch: RoVE, RoPE, NoPE, learned or
+sinusoidal absolute embeddings, or T5 relative buckets (the last three in rove_jax.nn.baselines).
+
+Shape letters (legend in rove_jax): B batch, T tokens of this call, S key/value tokens,
+L cache capacity, V vocabulary, E model width, H query heads, K key/value heads, D head dim,
+F MLP width, P rotary pairs.
+
+`Attention` is the reference for wiring RoVE into your own model: project q, k, v; (decoding:
+write the cache); call `rove_attention` where you would call RoPE attention; project out. The
+KV cache stores R_j k_j and (RoVE) R_j v_j at their global positions j, and decoding calls the
+same function with `kv_prerotated=True`. Parameters carry logical axis names (`logical_axes`
+metadata) that rove_jax.train.sharding maps onto a device mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rove_jax import attention, rotary, scaling
+from rove_jax.nn import baselines
+# generate and sample_logits live in rove_jax.nn.decoding; re-exported for `from rove_jax.nn.model
+# import generate`.
+from rove_jax.nn.decoding import generate, sample_logits  # noqa: F401
+from rove_jax.nn.model_config import (DTYPES, MLPS, NORMS, POS_ENCODINGS, REMAT_POLICIES,  # noqa: F401
+                                   ROTARY_ENCODINGS, GPTConfig, FROM_CONFIG)
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Decoding state, passed in and returned. k, v: one [B, L, K, D] per layer (rotary encodings
+  store R_p k and, for RoVE, R_p v); positions [B, L] the global position of each slot; length
+  the number of filled slots (shared by the batch)."""
+  k: tuple
+  v: tuple
+  positions: jax.Array
+  length: jax.Array
+
+
+@flax.struct.dataclass
+class Context:
+  """What every layer's attention reads from one model call (built once, shared by layers).
+  The rotary fields hold the frequencies after any rope_scaling (None, 1.0 if not rotary)."""
+  positions: jax.Array  # [B, T] global positions of this call's tokens
+  segment_ids: Optional[jax.Array] = None  # [B, T] documents of packed sequences
+  inv_freq: Optional[jax.Array] = None  # [P] rotary frequencies
+  attention_factor: Any = 1.0  # multiplies q and k (YaRN's temperature)
+  t5_table: Optional[jax.Array] = None  # [buckets, H] T5 bias table, float32
+  cache_start: Optional[jax.Array] = None  # decoding: the first cache slot this call writes
+  kv_positions: Optional[jax.Array] = None  # decoding: [B, L] positions of the cache slots
+  kv_mask: Optional[jax.Array] = None  # decoding: [B, L] filled slots
+  # Positions grow with the index in each segment (no cache): flash kernels mask by index.
+  positions_ordered: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+# --------------------------------------------------------------------------------- layers
+
+
+def _normal(rngs, shape, std, dtype):
+  return jax.random.normal(rngs.params(), shape, dtype) * std
+
+
+def _param(rngs, shape, std, axes, dtype):
+  return nnx.Param(_normal(rngs, shape, std, dtype), logical_axes=axes)
+
+
+def _const(shape, value, axes, dtype):
+  return nnx.Param(jnp.full(shape, value, dtype), logical_axes=axes)
+
+
+def _lead(v, ndim):
+  """Explicit leading unit dims (the project runs with rank promotion raising)."""
+  return v.reshape((1,) * (ndim - v.ndim) + v.shape)
+
+
+def _dense(x_BTE, w, b):
+  """x @ w (+ b) for a weight [E, ...] whose trailing axes become the output's."""
+  y = jnp.einsum("bte,e...->bt...", x_BTE, w[...].astype(x_BTE.dtype))
+  return y if b is None else y + _lead(b[...].astype(y.dtype), y.ndim)
+
+
+class Norm(nnx.Module):
+  """LayerNorm or RMSNorm, computed in float32."""
+
+  def __init__(self, dim: int, cfg: GPTConfig):
+    pd = DTYPES[cfg.param_dtype]
+    self.kind, self.eps = cfg.norm, cfg.norm_eps
+    self.scale = _const((dim,), 1.0, ("embed",), pd)
+    self.bias = _const((dim,), 0.0, ("embed",), pd) if (
+        cfg.norm == "layernorm" and cfg.use_bias) else None
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    if self.kind == "layernorm":
+      x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    y = y * _lead(self.scale[...].astype(jnp.float32), y.ndim)
+    if self.bias is not None:
+      y = y + _lead(self.bias[...].astype(jnp.float32), y.ndim)
+    return y.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Causal self-attention with RoVE, RoPE or (rotary=None) plain masked attention.
+
+  The q, k, v projections are stored fused, so one matmul makes all three: `wqkv` [E, 3, H, D]
+  (and `bqkv` [3, H, D]) when K == H; for GQA, `wq` [E, H, D] and `wkv` [E, 2, K, D] (`bq`,
+  `bkv`). Index 0, 1, 2 of the stacked axis is q, k, v.
+  """
+
+  def __init__(self, cfg: GPTConfig, layer: int, *, rngs: nnx.Rngs):
+    E, H, K, D = cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    pd = DTYPES[cfg.param_dtype]
+    std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layer)
+    self.cfg = cfg
+    self.rotary = ("rove" if cfg.is_rove_layer(layer) else
+                   "rope" if cfg.pos_encoding in ROTARY_ENCODINGS else None)
+    bias = lambda shape, axes: _const(shape, 0.0, axes, pd) if cfg.use_bias else None
+    q_EHD, k_EKD, v_EKD = (_normal(rngs, (E, n, D), std, pd) for n in (H, K, K))
+    if K == H:
+      self.wqkv = nnx.Param(jnp.stack([q_EHD, k_EKD, v_EKD], axis=1),
+                            logical_axes=("embed", None, "heads", "head_dim"))
+      self.bqkv = bias((3, H, D), (None, "heads", "head_dim"))
+      self.wq = self.bq = self.wkv = self.bkv = None
+    else:
+      self.wqkv = self.bqkv = None
+      self.wq = nnx.Param(q_EHD, logical_axes=("embed", "heads", "head_dim"))
+      self.wkv = nnx.Param(jnp.stack([k_EKD, v_EKD], axis=1),
+                           logical_axes=("embed", None, "kv_heads", "head_dim"))
+      self.bq = bias((H, D), ("heads", "head_dim"))
+      self.bkv = bias((2, K, D), (None, "kv_heads", "head_dim"))
+    self.wo = _param(rngs, (H, D, E), out_std, ("heads", "head_dim", "embed"), pd)
+    self.bo = bias((E,), ("embed",))
+
+  def __call__(self, x_BTE, ctx: Context, cache_kv=None):
+    """x [B, T, E] -> (y [B, T, E], the layer's cache (k [B, L, K, D], v) or None)."""
+    q_BTHD, k_BTKD, v_BTKD = self.qkv(x_BTE)
+    if cache_kv is None and self.rotary == "rove":
+      # R_i^-1 and the output projection under one checkpoint: the backward pass recomputes
+      # y = R_i^-1 o from the kernel's output o (which the kernel keeps for its own backward)
+      # rather than keeping y too, so RoVE holds as many [B, T, H, D] residuals as RoPE.
+      o_BTHD = self.attend(q_BTHD, k_BTKD, v_BTKD, ctx, kv_positions=ctx.positions,
+                           rotate_output=False)
+      project = jax.checkpoint(functools.partial(_rotated_out, layout=self.cfg.rope_layout))
+      y = project(o_BTHD, ctx.positions, ctx.inv_freq, self.wo[...],
+                  None if self.bo is None else self.bo[...])
+      return y, None
+    if cache_kv is None:
+      out_BTHD = self.attend(q_BTHD, k_BTKD, v_BTKD, ctx, kv_positions=ctx.positions)
+    else:  # the cache holds R_j k_j (and, RoVE, R_j v_j) at the global positions j
+      if self.rotary:
+        rotate = functools.partial(rotary.rotate, positions=ctx.positions,
+                                   inv_freq=ctx.inv_freq, layout=self.cfg.rope_layout)
+        k_BTKD = rotate(k_BTKD)
+        v_BTKD = rotate(v_BTKD) if self.rotary == "rove" else v_BTKD
+      cache_kv = tuple(jax.lax.dynamic_update_slice(c, new.astype(c.dtype),
+                                                    (0, ctx.cache_start, 0, 0))
+                       for c, new in zip(cache_kv, (k_BTKD, v_BTKD)))
+      k_BLKD, v_BLKD = (c.astype(q_BTHD.dtype) for c in cache_kv)
+      out_BTHD = self.attend(q_BTHD, k_BLKD, v_BLKD, ctx, kv_positions=ctx.kv_positions,
+                             kv_mask=ctx.kv_mask, kv_prerotated=True)
+    return _dense_out(out_BTHD, self.wo, self.bo), cache_kv
+
+  def qkv(self, x_BTE):
+    """The projections q [B, T, H, D], k [B, T, K, D], v [B, T, K, D]."""
+    if self.wqkv is not None:
+      qkv_BT3HD = _dense(x_BTE, self.wqkv, self.bqkv)
+      return qkv_BT3HD[:, :, 0], qkv_BT3HD[:, :, 1], qkv_BT3HD[:, :, 2]
+    q_BTHD = _dense(x_BTE, self.wq, self.bq)
+    kv_BT2KD = _dense(x_BTE, self.wkv, self.bkv)
+    return q_BTHD, kv_BT2KD[:, :, 0], kv_BT2KD[:, :, 1]
+
+  def attend(self, q_BTHD, k_BSKD, v_BSKD, ctx: Context, *, kv_positions, kv_mask=None,
+             kv_prerotated=False, rotate_output=True):
+    """The attention function of this layer's encoding, with this call's context: [B, T, H, D]."""
+    cfg = self.cfg
+    impl = cfg.attention_impl
+    if impl == "splash" and not ctx.positions_ordered:
+      impl = "xla"  # splash masks by index; cached (decoding) calls take the xla kernel
+    kernel = dict(implementation=impl, chunk_size=cfg.attention_chunk,
+                  positions_ordered=ctx.positions_ordered)
+    if not self.rotary:
+      return attention.masked_attention(
+          q_BTHD, k_BSKD, v_BSKD, q_positions=ctx.positions, kv_positions=kv_positions,
+          kv_mask=kv_mask, segment_ids=ctx.segment_ids, bias_fn=self.bias_fn(ctx), **kernel)
+    fn = attention.rope_attention
+    if self.rotary == "rove":
+      fn = functools.partial(attention.rove_attention, rotate_output=rotate_output)
+    return fn(q_BTHD, k_BSKD, v_BSKD, q_positions=ctx.positions, kv_positions=kv_positions,
+              kv_mask=kv_mask, segment_ids=ctx.segment_ids, inv_freq=ctx.inv_freq,
+              attention_factor=ctx.attention_factor, layout=cfg.rope_layout,
+              kv_prerotated=kv_prerotated, **kernel)
+
+  def bias_fn(self, ctx: Context):
+    """The T5 logit bias f(q_pos, kv_pos) -> [B, H, t, s], or None without a T5 table."""
+    if ctx.t5_table is None:
+      return None
+    return functools.partial(baselines.t5_bias, ctx.t5_table, num_buckets=self.cfg.t5_num_buckets,
+                             max_distance=self.cfg.t5_max_distance)
+
+  # ----------------------------------------------------- for analysis (Figure 1), not training
+  def weights(self, x_BTE, ctx: Context):
+    """The attention probabilities [B, H, T, T] of a self-attention call on x (no cache): the
+    logits `attend` computes (rotated q and k, attention factor, T5 bias, mask), softmaxed.
+    The q.k products run in the activation dtype and are then cast to float32, so under
+    bfloat16 they differ from the kernels' (which compute in float32) by bf16 rounding."""
+    q_BTHD, k_BTKD, _ = self.qkv(x_BTE)
+    if self.rotary:
+      rotate = functools.partial(rotary.rotate, positions=ctx.positions, inv_freq=ctx.inv_freq,
+                                 layout=self.cfg.rope_layout)
+      n_rotated = 2 * rotary.n_frequencies(ctx.inv_freq)  # the factor's dims (attention.py)
+      q_BTHD = attention.factor_on_rotated(q_BTHD, ctx.attention_factor, n_rotated)
+      q_BTHD, k_BTKD = rotate(q_BTHD).astype(k_BTKD.dtype), rotate(k_BTKD)
+    k_BTHD = jnp.repeat(k_BTKD, q_BTHD.shape[2] // k_BTKD.shape[2], axis=2)
+    scale = 1.0 / math.sqrt(q_BTHD.shape[-1])
+    logits_BHTS = jnp.einsum("bthd,bshd->bhts", q_BTHD, k_BTHD).astype(jnp.float32) * scale
+    bias_fn = self.bias_fn(ctx)
+    if bias_fn is not None:
+      logits_BHTS = logits_BHTS + bias_fn(ctx.positions, ctx.positions).astype(jnp.float32)
+    mask_BTS = attention.attention_mask(ctx.positions, ctx.positions,
+                                        segment_ids=ctx.segment_ids)
+    return jax.nn.softmax(jnp.where(mask_BTS[:, None], logits_BHTS, -jnp.inf), axis=-1)
+
+  def value_projection(self):
+    """(w [E, K, D], b [K, D] or None): v = x @ w + b, the value path's only parameters."""
+    w, b = (self.wqkv, self.bqkv) if self.wqkv is not None else (self.wkv, self.bkv)
+    return w[...][:, -1], None if b is None else b[...][-1]  # v is last on the stacked axis
+
+
+def _rotated_out(o_BTHD, positions, inv_freq, w_HDE, b_E, *, layout):
+  """RoVE's R_i^-1 on the kernel output o, then the output projection."""
+  y_BTHD = rotary.rotate(o_BTHD, positions, inv_freq, inverse=True, layout=layout)
+  return _dense_out(y_BTHD, w_HDE, b_E)
+
+
+def _dense_out(x_BTHD, w_HDE, b_E):
+  y = jnp.einsum("bthd,hde->bte", x_BTHD, w_HDE[...].astype(x_BTHD.dtype))
+  return y if b_E is None else y + _lead(b_E[...].astype(y.dtype), y.ndim)
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
+    E, F = cfg.d_model, cfg.d_ff
+    pd = DTYPES[cfg.param_dtype]
+    std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layer)
+    self.kind = cfg.mlp
+    self.w_in = _param(rngs, (E, F), std, ("embed", "mlp"), pd)
+    self.w_gate = _param(rngs, (E, F), std, ("embed", "mlp"), pd) if cfg.mlp == "swiglu" else None
+    self.w_out = _param(rngs, (F, E), out_std, ("mlp", "embed"), pd)
+    use_bias = cfg.use_bias and cfg.mlp == "gelu"
+    self.b_in = _const((F,), 0.0, ("mlp",), pd) if use_bias else None
+    self.b_out = _const((E,), 0.0, ("embed",), pd) if use_bias else None
+
+  def __call__(self, x_BTE):
+    dt = x_BTE.dtype
+    h = x_BTE @ self.w_in[...].astype(dt)
+    if self.b_in is not None:
+      h = h + _lead(self.b_in[...].astype(dt), h.ndim)
+    if self.kind == "swiglu":
+      h = jax.nn.silu(x_BTE @ self.w_gate[...].astype(dt)) * h
+    else:
+      h = jax.nn.gelu(h, approximate=True)
+    y = h @ self.w_out[...].astype(dt)
+    return y if self.b_out is None else y + _lead(self.b_out[...].astype(dt), y.ndim)
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg: GPTConfig, layer: int, *, rngs: nnx.Rngs):
+    self.norm1 = Norm(cfg.d_model, cfg)
+    self.attn = Attention(cfg, layer, rngs=rngs)
+    self.norm2 = Norm(cfg.d_model, cfg)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x_BTE, ctx: Context, cache_kv=None):
+    a_BTE, cache_kv = self.attn(self.norm1(x_BTE), ctx, cache_kv)
+    x_BTE = x_BTE + a_BTE
+    return x_BTE + self.mlp(self.norm2(x_BTE)), cache_kv
+
+
+# ---------------------------------------------------------------------------------- model
+
+
+class GPT(nnx.Module):
+  """Decoder-only transformer. `model(tokens)` -> logits [B, T, V] (float32);
+  `model(tokens, cache=cache)` -> (logits, cache) for decoding."""
+
+  def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs):
+    cfg = self.config = config
+    pd = DTYPES[cfg.param_dtype]
+    self.embed = _param(rngs, (cfg.vocab_size, cfg.d_model), cfg.init_std, ("vocab", "embed"), pd)
+    self.pos_embed = _param(rngs, (cfg.max_len, cfg.d_model), cfg.init_std, (None, "embed"), pd) \
+        if cfg.pos_encoding == "learned" else None
+    self.t5_table = _param(rngs, (cfg.t5_num_buckets, cfg.n_head), cfg.init_std, (None, "heads"),
+                           pd) if cfg.pos_encoding == "t5_bias" else None
+    self.blocks = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layer)])
+    self.final_norm = Norm(cfg.d_model, cfg)
+    self.lm_head = None if cfg.tie_embeddings else _param(
+        rngs, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"), pd)
+
+  # -------------------------------------------------------------------------- helpers
+  def rotary_frequencies(self, seq_len: int, rope_scaling=FROM_CONFIG):
+    """(inv_freq [P], attention_factor) for this call; `rope_scaling` overrides the config's.
+    (None, 1.0) for non-rotary encodings."""
+    cfg = self.config
+    if cfg.pos_encoding not in ROTARY_ENCODINGS:
+      if rope_scaling is not FROM_CONFIG and rope_scaling is not None:
+        raise ValueError(f"rope_scaling applies to rotary encodings, not {cfg.pos_encoding!r}")
+      return None, 1.0
+    scaling_cfg = cfg.scaling_dict if rope_scaling is FROM_CONFIG else rope_scaling
+    return scaling.from_config(scaling_cfg, cfg.rot_dim, base=cfg.rope_base, max_len=cfg.max_len,
+                               seq_len=seq_len, head_dim=cfg.head_dim)
+
+  def context(self, positions_BT, segment_ids=None, *, seq_len: Optional[int] = None,
+              rope_scaling=FROM_CONFIG, positions_ordered: bool = False) -> Context:
+    """The attention Context of a call (positions and segment ids [B, T]); rope scaling sees
+    `seq_len` (default T; a cached call passes the cache length) and `rope_scaling` (as in
+    `__call__`)."""
+    seq_len = positions_BT.shape[1] if seq_len is None else seq_len
+    inv_freq, factor = self.rotary_frequencies(seq_len, rope_scaling)
+    t5_table = None if self.t5_table is None else self.t5_table[...].astype(jnp.float32)
+    return Context(positions=positions_BT, segment_ids=segment_ids, inv_freq=inv_freq,
+                   attention_factor=factor, t5_table=t5_table,
+                   positions_ordered=positions_ordered)
+
+  def init_cache(self, batch: int, max_len: int) -> KVCache:
+    """An empty cache of `max_len` slots per sequence."""
+    cfg = self.config
+    if cfg.pos_encoding == "learned" and max_len > cfg.max_len:
+      raise ValueError(f"learned position embeddings cover {cfg.max_len} positions; a cache of "
+                       f"{max_len} would decode past them. Use at most {cfg.max_len}.")
+    zeros = lambda: tuple(jnp.zeros((batch, max_len, cfg.n_kv_head, cfg.head_dim),
+                                    DTYPES[cfg.dtype]) for _ in range(cfg.n_layer))
+    return KVCache(k=zeros(), v=zeros(), positions=jnp.zeros((batch, max_len), jnp.int32),
+                   length=jnp.zeros((), jnp.int32))
+
+  def embed_tokens(self, tokens_BT, positions_BT):
+    """Token embeddings plus, for absolute encodings, the position embeddings: [B, T, E]."""
+    cfg = self.config
+    dt = DTYPES[cfg.dtype]
+    x = self.embed[...].astype(dt)[tokens_BT]
+    if cfg.pos_encoding == "learned":
+      x = x + baselines.learned_embedding(self.pos_embed[...].astype(dt), positions_BT)
+    elif cfg.pos_encoding == "sinusoidal":
+      x = x + baselines.sinusoidal_embedding(positions_BT, cfg.d_model).astype(dt)
+    return x
+
+  # ---------------------------------------------------------------------------- call
+  def __call__(self, tokens_BT, positions=None, segment_ids=None, *, cache: KVCache | None = None,
+               rope_scaling=FROM_CONFIG, positions_ordered: Optional[bool] = None):
+    """Logits [B, T, V] in float32, or (logits, cache) when a cache is given.
+
+    Args:
+      tokens_BT: int tokens.
+      positions: [B, T] global positions (default: 0..T-1, or continuing the cache).
+      segment_ids: [B, T] document ids for packed sequences (not with a cache).
+      cache: a KVCache from `init_cache`; the new tokens are written after its filled slots.
+      rope_scaling: a HuggingFace-style dict (or None for plain RoPE) overriding the config's
+        for this call, e.g. {"rope_type": "yarn", "factor": L / max_len,
+        "original_max_position_embeddings": max_len}, for inference-time context extension.
+      positions_ordered: the positions grow with the index inside each segment (as the packed
+        training batches' do), so the flash kernels may mask by index (see
+        rove_jax.attention). Default: True exactly when positions are the default 0..T-1
+        without a cache.
+    """
+    cfg, tokens_BT = self.config, jnp.asarray(tokens_BT)
+    if positions_ordered is None:
+      positions_ordered = positions is None and cache is None
+    if tokens_BT.ndim != 2:
+      raise ValueError(f"tokens must be [B, T], got shape {tokens_BT.shape}")
+    if cfg.pos_encoding == "learned":
+      baselines.check_learned_positions(cfg.max_len, tokens_BT.shape[1], positions)
+    B, T = tokens_BT.shape
+    if positions is None:
+      base = jnp.arange(T, dtype=jnp.int32)[None]
+      positions = base if cache is None else base + cache.length
+      positions = jnp.broadcast_to(positions, (B, T))
+    positions = jnp.asarray(positions).astype(jnp.int32)
+    if positions.shape != (B, T):
+      raise ValueError(f"positions must be [B, T] = {(B, T)}, got {positions.shape}")
+    x = self.embed_tokens(tokens_BT, positions)
+    return self.forward_embeddings(x, positions, segment_ids, cache=cache,
+                                   rope_scaling=rope_scaling, positions_ordered=positions_ordered)
+
+  def forward_embeddings(self, x_BTE, positions_BT, segment_ids=None, *, cache=None,
+                         rope_scaling=FROM_CONFIG, positions_ordered: bool = False):
+    """The transformer from input embeddings (after `embed_tokens`) to logits."""
+    cfg = self.config
+    B, T, _ = x_BTE.shape
+    if cache is None:
+      ctx = self.context(positions_BT, segment_ids, rope_scaling=rope_scaling,
+                         positions_ordered=positions_ordered)
+    else:
+      if segment_ids is not None:
+        raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
+      L = cache.positions.shape[1]
+      if T > L:
+        raise ValueError(f"{T} new tokens do not fit a cache of {L} slots")
+      if not isinstance(cache.length, jax.core.Tracer) and int(cache.length) + T > L:
+        raise ValueError(f"the cache holds {int(cache.length)} of {L} slots; {T} more do not "
+                         f"fit. Create it with init_cache(batch, max_len >= total length).")
+      start = cache.length
+      ctx = self.context(positions_BT, seq_len=L, rope_scaling=rope_scaling).replace(
+          cache_start=start,
+          kv_positions=jax.lax.dynamic_update_slice(cache.positions, positions_BT, (0, start)),
+          kv_mask=jnp.broadcast_to(jnp.arange(L)[None] < start + T, (B, L)))
+
+    call = lambda block, *args: block(*args)
+    if cfg.remat != "none" and cache is None:  # remat saves training memory; decoding has no
+      # backward pass, and nnx.remat inside generate's lax.scan fails on the closed-over model
+      policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots"
+                else None)
+      call = nnx.remat(call, policy=policy)
+    x, new_kv = x_BTE, []
+    for i, block in enumerate(self.blocks):
+      x, kv = call(block, x, ctx, None if cache is None else (cache.k[i], cache.v[i]))
+      new_kv.append(kv)
+    x = self.final_norm(x)
+    head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
+    logits = jnp.einsum("bte,ev->btv", x, head.astype(x.dtype),
+                        preferred_element_type=jnp.float32)
+    if cache is None:
+      return logits
+    return logits, KVCache(k=tuple(k for k, _ in new_kv), v=tuple(v for _, v in new_kv),
+                           positions=ctx.kv_positions, length=start + T)
+
+
+def count_params(model_or_state) -> int:
+  """Number of parameters (works on nnx.eval_shape results: nothing allocated)."""
+  state = nnx.state(model_or_state, nnx.Param)
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(state)))
+
+
+def param_count(config: GPTConfig) -> int:
+  """Parameter count of a config, from shapes only."""
+  return count_params(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))

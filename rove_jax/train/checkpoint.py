@@ -1,0 +1,447 @@
+"""Orbax checkpoints of a training run: the only module that knows their layout.
+
+A checkpoint at step s is `workdir/checkpoints/s/` with three items:
+  state  the train state flattened to {entry name: array} (`to_flat`): "params.<path>" for the
+         parameters, "opt_state.<path>" and "step"; written by orbax/tensorstore
+  data   the grain iterator state (JSON), so a resumed run sees exactly the same batches
+  meta   the resolved run config, `GPTConfig.to_dict()` under "model" and the tokenizer (JSON),
+         read before anything is built
+
+Training resumes with `Checkpointer.restore_latest`; evaluation (and the notebook, through
+`rove_jax.evaluation.scoring.load_run`) reads a finished run with `read_run(workdir,
+abstract_params)` (step, parameters, metadata); `restore_params` does the same for a known
+parameter tree. A checkpoint whose entry names differ from the model's (written by another
+parameter layout, e.g. separate attn.wq/wk/wv where the model now fuses them) is a LayoutError
+naming the missing and unexpected entries; it is never taken for an unreadable one.
+
+Orbax writes each checkpoint into a temporary directory and renames it when complete, so a
+process killed mid-save leaves the previous checkpoints intact; old checkpoints are deleted
+only after a newer one is finalized.
+
+Integrity: every save records in meta["integrity"] a checksum of each state array and of the
+iterator state (`rove_jax.train.checksums`), computed from the state in memory; every restore
+verifies them. A checkpoint that cannot be read for its own reasons (truncated, missing or
+corrupted files, a checksum mismatch, non-finite values) is reported by step, moved aside to
+`workdir/checkpoints_unreadable/` (never deleted), and the previous one is restored instead.
+A failure that is not the checkpoint's own (out of memory, permissions, a full disk, a
+network file system timing out) stops the restore with every file left where it is.
+
+Readers (`read_run`, evaluation, the notebook) open the directory read-only: they create,
+clean up, move and delete nothing, so they are safe beside a run that is writing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import orbax.checkpoint as ocp
+
+from rove_jax.train import checksums
+
+CHECKPOINTS = "checkpoints"  # the directory inside a workdir
+PARAMS = "params."  # the prefix of the parameter entries in the flat state
+
+
+class LayoutError(ValueError):
+  """A readable checkpoint whose entries do not match the tree it is restored into."""
+
+
+class CorruptCheckpoint(ValueError):
+  """A checkpoint whose contents fail their recorded checksums (or hold non-finite values)."""
+
+
+class RestoreEnvironmentError(RuntimeError):
+  """A restore that failed for a reason outside the checkpoint (memory, permissions, disk)."""
+
+
+_ENV_ERRNOS = {errno.ENOMEM, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EMFILE,
+               errno.ENFILE, errno.ETIMEDOUT, errno.EAGAIN, errno.EINTR}
+_ENV_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "PERMISSION_DENIED",
+                "DEADLINE_EXCEEDED", "UNAVAILABLE", "Cannot allocate memory")
+
+
+def _not_the_checkpoints_fault(e: BaseException) -> bool:
+  """Failures of the machine rather than of the files: retrying later may well succeed, so
+  they must never get a checkpoint moved aside."""
+  if isinstance(e, (MemoryError, PermissionError, TimeoutError, ConnectionError)):
+    return True
+  if isinstance(e, OSError) and e.errno in _ENV_ERRNOS:
+    return True
+  return any(m in str(e) for m in _ENV_MARKERS)
+
+
+def checkpoint_dir(workdir: str) -> str:
+  """Where a training workdir keeps its checkpoints."""
+  return os.path.join(os.path.abspath(workdir), CHECKPOINTS)
+
+
+@contextlib.contextmanager
+def _without_read_only_notice(active: bool):
+  """Drops orbax's "Given directory is read only" warning (absl), which a reader opening the
+  directory read-only on purpose gets on every open; every other message passes."""
+  def keep(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Given directory is read only")
+
+  logger = logging.getLogger("absl")
+  if active:
+    logger.addFilter(keep)
+  try:
+    yield
+  finally:
+    if active:
+      logger.removeFilter(keep)
+
+
+class Checkpointer:
+  """A CheckpointManager with integrity checks and fallback on unreadable checkpoints.
+
+  Args:
+    directory: the checkpoints directory (`checkpoint_dir(workdir)`).
+    keep: how many checkpoints to keep (older ones are deleted after a newer one is final).
+    async_save: save in a background thread (the state is copied to the host first).
+    read_only: for readers: nothing is created, cleaned up, moved or deleted.
+  """
+
+  def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True,
+               read_only: bool = False):
+    if not (isinstance(keep, int) and keep >= 1):
+      raise ValueError(f"keep_checkpoints must be an int >= 1, got {keep!r}")
+    self.directory = os.path.abspath(directory)
+    self.keep = keep
+    self.async_save = async_save
+    self.read_only = read_only
+    self._open()
+
+  def _open(self):
+    # Read-only: the saving and cleanup options orbax would otherwise reset, with a warning
+    # each, are given as it wants them.
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=None if self.read_only else self.keep,
+        save_interval_steps=0 if self.read_only else 1, create=not self.read_only,
+        cleanup_tmp_directories=not self.read_only, read_only=self.read_only,
+        enable_async_checkpointing=self.async_save and not self.read_only)
+    # Handlers named up front: metadata and single items read back without orbax warnings.
+    handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler()}
+    with _without_read_only_notice(self.read_only):
+      self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                           item_handlers=handlers)
+
+  # ------------------------------------------------------------------------------ query
+  def steps(self) -> list[int]:
+    return sorted(int(s) for s in self.manager.all_steps())
+
+  def latest_step(self) -> Optional[int]:
+    steps = self.steps()
+    return steps[-1] if steps else None
+
+  def read_meta(self, step: int) -> dict:
+    restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(restored["meta"])
+
+  def newest_meta(self, *, report=print) -> Optional[tuple[int, dict]]:
+    """(step, metadata) of the newest checkpoint whose metadata reads, or None; checkpoints
+    whose metadata does not read are reported (the restore will deal with them)."""
+    for step in reversed(self.steps()):
+      try:
+        return step, self.read_meta(step)
+      except Exception as e:  # noqa: BLE001 - any failure: look at the older one
+        report(f"checkpoint at step {step}: its metadata cannot be read ({_describe(e)})")
+    return None
+
+  def stored_entries(self, step: int) -> Optional[dict]:
+    """{entry name: array metadata (shape, dtype)} of the state at `step`, or None when its
+    metadata cannot be read (the restore that follows reports that checkpoint as unreadable)."""
+    try:
+      tree = self.manager.item_metadata(step)["state"]
+      return {name: tree[name] for name in tree.keys()}
+    except Exception:  # noqa: BLE001 - unreadable metadata: the restore will say so
+      return None
+
+  # ------------------------------------------------------------------------------- save
+  def save(self, step: int, state: Any, data_state: dict, meta: dict) -> None:
+    """Starts an (async) save of the flat `state` at `step` with the checksums of its arrays
+    and of `data_state` in the metadata; refuses a state that is not finite."""
+    if self.read_only:
+      raise RuntimeError(f"{self.directory} was opened read-only")
+    bad = non_finite_leaves(state)
+    if bad:
+      raise FloatingPointError(f"refusing to checkpoint a non-finite train state at step {step} "
+                               f"(first bad leaves: {bad[:3]})")
+    meta = {**meta, "integrity": {"algorithm": checksums.ALGORITHM,
+                                  "state": checksums.array_checksums(state),
+                                  "data": checksums.json_checksum(data_state)}}
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
+        meta=ocp.args.JsonSave(meta)), force=True)
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+  # ---------------------------------------------------------------------------- restore
+  def newest_readable(self, restore_step: Callable[[int], Any], *,
+                      on_unreadable: Callable[[int, Exception], None]):
+    """(step, restore_step(step)) for the newest step that restores, or None if there are no
+    checkpoints. The one fallback loop: a step whose restore raises is passed to
+    `on_unreadable` and the next older one is tried; a LayoutError (a readable checkpoint of
+    another parameter layout) is raised at once.
+
+    Raises:
+      RuntimeError: checkpoints exist but none could be restored.
+    """
+    steps = self.steps()
+    last = None
+    for step in reversed(steps):
+      try:
+        return step, restore_step(step)
+      except LayoutError:
+        raise
+      except Exception as e:  # noqa: BLE001 - any failure to read means: try the older one
+        if _not_the_checkpoints_fault(e):
+          raise RestoreEnvironmentError(
+              f"restoring the checkpoint at step {step} in {self.directory} failed for a reason "
+              f"that is not the checkpoint's own ({_describe(e)}); nothing was moved or deleted: "
+              f"fix the cause and rerun") from e
+        on_unreadable(step, e)
+        last = e
+    if steps:
+      raise RuntimeError(f"none of the checkpoints {steps} in {self.directory} could be "
+                         f"restored (the oldest failed with {_describe(last)})") from last
+    return None
+
+  def check_layout(self, step: int, expected_names) -> None:
+    """Raises LayoutError when the state at `step` has other entries than `expected_names`
+    (nothing is checked when its metadata is unreadable: then the restore fails)."""
+    stored = self.stored_entries(step)
+    if stored is not None:
+      check_layout(set(stored), set(expected_names), where=f"checkpoint at step {step} in "
+                                                            f"{self.directory}")
+
+  def restore_latest(self, abstract_state: Any, *, report=print):
+    """(step, state, data_state, meta) of the newest readable checkpoint, or None if none
+    exists. Unreadable ones are reported, moved aside, and the next older one is tried.
+
+    Args:
+      abstract_state: the flat train state (`to_flat`) of ShapeDtypeStructs with shardings.
+      report: where the fallback messages go.
+
+    Raises:
+      LayoutError: the newest checkpoint names other entries than `abstract_state`.
+      RestoreEnvironmentError: a restore failed for a reason outside the checkpoint (nothing
+        is moved).
+      RuntimeError: every checkpoint was unreadable (each was moved aside).
+    """
+    def restore_step(step):
+      self.check_layout(step, abstract_state)
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
+          meta=ocp.args.JsonRestore()))
+      state, data_state, meta = restored["state"], dict(restored["data"]), dict(restored["meta"])
+      if not verify(state, meta, data_state):
+        report(f"checkpoint at step {step} carries no checksums (written before they existed): "
+               f"restored unverified")
+      bad = non_finite_leaves(state)
+      if bad:
+        raise CorruptCheckpoint(f"non-finite values in {bad[:3]}")
+      return state, data_state, meta
+
+    def unreadable(step, e):
+      report(f"checkpoint at step {step} cannot be restored ({_describe(e)}); falling back "
+             f"to the previous checkpoint")
+      self._quarantine(step)
+
+    try:
+      found = self.newest_readable(restore_step, on_unreadable=unreadable)
+    except RestoreEnvironmentError:
+      raise
+    except RuntimeError as e:
+      raise RuntimeError(f"{e}; they were moved to {self.quarantine_dir()}") from e.__cause__
+    if found is None:
+      return None
+    step, (state, data_state, meta) = found
+    return step, state, data_state, meta
+
+  def quarantine_dir(self) -> str:
+    """Where unreadable checkpoints are moved (`workdir/checkpoints_unreadable`)."""
+    return os.path.join(os.path.dirname(self.directory),
+                        os.path.basename(self.directory) + "_unreadable")
+
+  def quarantined(self) -> list[str]:
+    """The checkpoints moved aside so far (directory names `<step>-<milliseconds>`)."""
+    qdir = self.quarantine_dir()
+    return sorted(os.listdir(qdir)) if os.path.isdir(qdir) else []
+
+  def _quarantine(self, step: int) -> None:
+    """Moves an unreadable step aside (never deletes it) so a new save can reuse the step."""
+    src = os.path.join(self.directory, str(step))
+    if not os.path.exists(src):
+      return
+    os.makedirs(self.quarantine_dir(), exist_ok=True)
+    dst = os.path.join(self.quarantine_dir(), f"{step}-{int(time.time() * 1000)}")
+    self.manager.wait_until_finished()
+    shutil.move(src, dst)
+    self.manager.close()
+    self._open()
+
+
+def verify(state: dict, meta: dict, data_state: Optional[dict] = None) -> bool:
+  """Checks a restored flat state (and iterator state) against the checksums in its metadata.
+
+  Returns:
+    True when verified, False when the checkpoint carries no checksums (older versions).
+
+  Raises:
+    CorruptCheckpoint: naming the entries whose checksums differ.
+  """
+  integrity = meta.get("integrity")
+  if integrity is None:
+    return False
+  if integrity.get("algorithm") != checksums.ALGORITHM:
+    raise CorruptCheckpoint(f"unknown checksum algorithm {integrity.get('algorithm')!r}")
+  bad = checksums.mismatches(integrity["state"], checksums.array_checksums(state))
+  if bad:
+    raise CorruptCheckpoint(f"{len(bad)} arrays fail their checksums: "
+                            f"{', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}")
+  if data_state is not None and checksums.json_checksum(data_state) != integrity["data"]:
+    raise CorruptCheckpoint("the data iterator state fails its checksum")
+  return True
+
+
+def _describe(e: Exception) -> str:
+  text = str(e).splitlines()[0][:200] if str(e) else ""
+  return f"{type(e).__name__}: {text}"
+
+
+def check_layout(stored: set, expected: set, *, where: str) -> None:
+  """Raises LayoutError naming the entries `expected` lacks and those it does not know."""
+  if stored == expected:
+    return
+  def show(names):
+    # parameter entries first: they say which layout wrote the checkpoint
+    names = sorted(names, key=lambda n: (not n.startswith(PARAMS), n))
+    return ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+  missing, unexpected = sorted(expected - stored), sorted(stored - expected)
+  raise LayoutError(
+      f"{where} was written by an older (or another) parameter layout of the model: it lacks "
+      f"{len(missing)} entries the model needs [{show(missing)}] and has {len(unexpected)} the "
+      f"model does not know [{show(unexpected)}]. Restore it with the rove-jax version that "
+      f"wrote it, or train into a fresh --workdir.")
+
+
+def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=print):
+  """Restores the parameters of the newest readable checkpoint of a training workdir onto one
+  device, for evaluation. Nothing is moved or deleted (a training run may be writing there);
+  an unreadable checkpoint is reported and the previous one is read instead.
+
+  Args:
+    workdir: a training run's directory (checkpoints/ inside).
+    abstract_params: meta -> the parameter tree to fill (leaves with .shape and .dtype, e.g.
+      `nnx.state(nnx.eval_shape(...), nnx.Param)` of the model built from meta["model"]).
+    report: where the fallback messages go.
+
+  Returns:
+    (step, params: the tree of abstract_params with arrays, meta: the checkpoint's metadata).
+
+  Raises:
+    ValueError: no workdir, no checkpoints, or none readable.
+    LayoutError: the checkpoint's parameters are named differently from the model's.
+  """
+  workdir = os.path.abspath(workdir)
+  ckdir = checkpoint_dir(workdir)
+  if not os.path.isdir(workdir):
+    raise ValueError(f"workdir {workdir} does not exist; give the --workdir of a training run")
+  if not os.path.isdir(ckdir):
+    raise ValueError(f"{workdir} holds no {CHECKPOINTS}/ directory: train it first "
+                     f"(rove-train --config ... --workdir {workdir})")
+  ck = Checkpointer(ckdir, read_only=True)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+  def restore_step(step):
+    stored = ck.stored_entries(step)
+    # Every entry onto one device, whatever mesh wrote it (orbax restores a whole item).
+    target = None if stored is None else {
+        name: jax.ShapeDtypeStruct(md.shape, md.dtype, sharding=device)
+        for name, md in stored.items()}
+    restored = ck.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+    meta, state = dict(restored["meta"]), restored["state"]
+    verify(state, meta)
+    try:
+      abstract = abstract_params(meta)
+    except ValueError as e:  # readable, but not a model this code builds: no fallback
+      raise LayoutError(f"checkpoint at step {step} in {ckdir} describes a model this version "
+                        f"cannot build: {e}") from e
+    want = {PARAMS + name for name in to_flat(abstract)}
+    check_layout({n for n in state if n.startswith(PARAMS)}, want,
+                 where=f"checkpoint at step {step} in {ckdir}")
+    return from_flat({name[len(PARAMS):]: state[name] for name in want}, abstract), meta
+
+  def unreadable(step, e):
+    report(f"checkpoint at step {step} of {workdir} cannot be restored ({_describe(e)}); "
+           f"trying the previous one")
+
+  try:
+    found = ck.newest_readable(restore_step, on_unreadable=unreadable)
+  except RuntimeError as e:
+    raise ValueError(str(e)) from e.__cause__
+  finally:
+    ck.close()
+  if found is None:
+    raise ValueError(f"{ckdir} holds no finished checkpoint")
+  step, (params, meta) = found
+  return step, params, meta
+
+
+def restore_params(workdir: str, abstract_params: Any, *, report=print):
+  """(step, params) of the newest readable checkpoint in workdir: `read_run` for a model whose
+  abstract parameter tree is already known."""
+  step, params, _ = read_run(workdir, lambda meta: abstract_params, report=report)
+  return step, params
+
+
+def _leaf_name(path) -> str:
+  """A file-system-safe, unique name for a pytree path (orbax stores one entry per leaf)."""
+  name = jax.tree_util.keystr(path)
+  for ch in "[]'\".":
+    name = name.replace(ch, " ")
+  return ".".join(name.split())
+
+
+def to_flat(tree) -> dict:
+  """{path name: leaf}: any pytree (optax states, nnx.State, dataclasses) as a plain dict."""
+  flat = {_leaf_name(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  if len(flat) != len(jax.tree.leaves(tree)):
+    raise ValueError("two leaves of the train state map to the same checkpoint name")
+  return flat
+
+
+def from_flat(flat: dict, like):
+  """Inverse of to_flat, with `like` giving the tree structure."""
+  paths, treedef = jax.tree_util.tree_flatten_with_path(like)
+  missing = [_leaf_name(p) for p, _ in paths if _leaf_name(p) not in flat]
+  if missing:
+    raise ValueError(f"checkpoint lacks {len(missing)} entries of the train state, e.g. "
+                     f"{missing[:3]}")
+  return jax.tree_util.tree_unflatten(treedef, [flat[_leaf_name(p)] for p, _ in paths])
+
+
+def non_finite_leaves(tree) -> list[str]:
+  """Paths of floating-point leaves holding NaN or Inf."""
+  bad = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
+      # reduced where the array lives (works for sharded arrays), one bool comes back
+      if not bool(jax.numpy.all(jax.numpy.isfinite(leaf))):
+        bad.append(jax.tree_util.keystr(path))
+  return bad

@@ -1,0 +1,170 @@
+"""rove-train (or `python train.py` from a checkout): train a RoVE (or baseline) GPT.
+
+  rove-train --config tiny --workdir runs/tiny [--config.field=value ...]
+
+--config takes a config file (configs/tiny.py) or the name of a packaged one (tiny,
+demo, gpt2_124m, gpt2_354m: rove_jax/train/configs/NAME.py), so an installed package trains
+without a checkout. Rerunning the same command resumes from the newest readable checkpoint in
+--workdir. SIGTERM / Ctrl-C finish the current step, save a checkpoint and exit 0. Several
+processes (hosts): add --coordinator_address HOST:PORT --num_processes N --process_id I on
+each, or nothing on TPU pods and SLURM, where jax.distributed.initialize() detects the cluster.
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "a config file (configs/tiny.py) or a packaged config's name (tiny, "
+    "demo, gpt2_124m, gpt2_354m)", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics, tokenizer")
+_COORD = flags.DEFINE_string("coordinator_address", None,
+                             "multi-process: HOST:PORT of process 0 (with --num_processes, "
+                             "--process_id); without them, TPU pods and SLURM are auto-detected")
+_NPROC = flags.DEFINE_integer("num_processes", None, "multi-process: how many processes")
+_PID = flags.DEFINE_integer("process_id", None, "multi-process: this process's index")
+flags.mark_flags_as_required(["config", "workdir"])
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def packaged_configs() -> list[str]:
+  """Names accepted by --config NAME."""
+  return sorted(f[:-3] for f in os.listdir(CONFIG_DIR)
+                if f.endswith(".py") and not f.startswith("_"))
+
+
+def resolve_config_arg(value: str) -> str:
+  """--config NAME[:ARGS] -> the packaged file; paths (with / or .py) pass through."""
+  name, sep, rest = value.partition(":")
+  if os.path.isfile(name):
+    return value
+  if "/" in name or name.endswith(".py"):
+    what = "is not a file" if os.path.exists(name) else "no such file"
+    raise app.UsageError(f"--config {name}: {what}; give a config file (e.g. configs/tiny.py) "
+                         f"or one of {packaged_configs()}")
+  if name not in packaged_configs():
+    raise app.UsageError(f"--config {value!r} is neither a file nor a packaged config; give a "
+                         f"path to a config file or one of {packaged_configs()}")
+  return os.path.join(CONFIG_DIR, name + ".py") + sep + rest
+
+
+def _rewrite_config_flag(argv: list[str]) -> list[str]:
+  out = list(argv)
+  for i, arg in enumerate(out):
+    if arg.startswith("--config="):
+      out[i] = "--config=" + resolve_config_arg(arg.split("=", 1)[1])
+    elif arg == "--config" and i + 1 < len(out):
+      out[i + 1] = resolve_config_arg(out[i + 1])
+  return out
+
+
+TRACEBACK_VAR = "ROVE_JAX_TRACEBACK"  # =1: expected errors show their traceback too
+
+
+def _fail(message: str, code: int) -> int:
+  print(f"error: {message}", file=sys.stderr)
+  if os.environ.get(TRACEBACK_VAR) == "1":
+    raise
+  return code
+
+
+def main(argv):
+  if len(argv) > 1:
+    print(f"error: unexpected arguments {argv[1:]}: every setting is a flag, e.g. "
+          f"--config.steps=100", file=sys.stderr)
+    return 2
+  logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
+  # after flag parsing: --help stays fast
+  from rove_jax.train import sharding, loop as training
+  # Expected failures end with one message and an exit code, no traceback (set
+  # ROVE_JAX_TRACEBACK=1 to see it): 2 a bad config or input, 3 a run that diverged, 1 the rest
+  # (a missing package, files, the machine: memory, disk, permissions, another trainer).
+  try:
+    # Evaluating the config file touched no device (validation is numpy only), so
+    # jax.distributed can still start here, before the first device is used.
+    sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
+    if _CONFIG.value.dry_run:
+      return _dry_run(_CONFIG.value)
+    summary = training.train(_CONFIG.value, _WORKDIR.value)
+    training.report(summary, _CONFIG.value)
+  except (ValueError, NotImplementedError) as e:
+    return _fail(str(e), 2)
+  except (training.NonFiniteError, FloatingPointError) as e:
+    return _fail(str(e), 3)
+  except ImportError as e:
+    return _fail(str(e) if "pip install" in str(e) else
+                 f"{e}; is rove_jax installed with its extras (pip install 'rove_jax[all]')?", 1)
+  except (OSError, RuntimeError) as e:
+    return _fail(f"{type(e).__name__}: {e}", 1)
+  return 0
+
+
+def _dry_run(c) -> int:
+  """--config.dry_run=True: compile the configured train step for this machine's devices (or
+  --config.dry_run_topology) and print its figures; exit 0 if it fits the chip's memory, 1 if
+  not. Nothing is trained or written."""
+  from rove_jax.aot import compile as aot
+  topology = c.dry_run_topology or "local"
+  report = aot.compile_job(c, topology, "train", log=lambda line: print(line, file=sys.stderr))
+  print(aot.format_report(report))
+  if report.get("fits") is False:
+    return _fail(f"the train step does not fit a device of {report['topology']}: see above "
+                 f"(a larger fsdp axis, optim.grad_accum or model.remat=full; python -m bench.aot "
+                 f"--recommend proposes a mesh)", 1)
+  return 0
+
+
+def _override_problems(argv: list[str]) -> list[str]:
+  """config.override_problem for every --config.KEY[=VALUE] in argv."""
+  from rove_jax.train import run_config as config_lib
+  schema = config_lib.base_config("tiny")
+  problems = []
+  for arg in argv[1:]:
+    if arg.startswith("--config."):
+      key, eq, value = arg[len("--config."):].partition("=")
+      problem = config_lib.override_problem(key, value if eq else None, schema=schema)
+      if problem:
+        problems.append(problem)
+  return problems
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with its errors as one `error:` line and exit status 2."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # noqa: BLE001 - absl's errors and the config file's own
+    message = " ".join(str(e).replace("\\n", " ").split())
+    if not isinstance(e, flags.Error):  # raised by executing the config file or an override
+      message = f"{type(e).__name__}: {message}"
+    if "get_config" in message:
+      message += ("; a config file defines get_config() returning the run's ConfigDict (see "
+                  "configs/tiny.py)")
+    print(f"error: {message}\nrun with --helpshort for the flags", file=sys.stderr)
+    sys.exit(2)
+
+
+def run(argv=None):
+  """Entry point of `rove-train` and train.py."""
+  argv = list(sys.argv if argv is None else argv)
+  try:
+    argv = _rewrite_config_flag(argv)
+  except app.UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  problems = _override_problems(argv)  # before absl, which blames the wrong flag or none
+  if problems:
+    print("error: " + "\nerror: ".join(problems), file=sys.stderr)
+    sys.exit(2)
+  # absl prints the __main__ module's docstring as --help's usage; under the rove-train
+  # console script that module is pip's generated wrapper, which has none.
+  main_module = sys.modules.get("__main__")
+  if main_module is not None and not getattr(main_module, "__doc__", None):
+    main_module.__doc__ = __doc__
+  app.run(main, argv=argv, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,458 @@
+"""Training: optimizer, jitted train step, evaluation and the preemption-safe loop.
+
+Shape letters (legend in rove_jax): B batch (per process), T sequence length,
+M gradient-accumulation micro-steps, V vocabulary.
+
+The loop resumes from the newest readable checkpoint in workdir (params, optimizer state,
+step and the data iterator's position), logs to workdir/metrics.jsonl and TensorBoard, and
+on SIGTERM / SIGINT finishes the current step, saves and returns. A step whose loss or
+gradient is not finite leaves the state unchanged and is counted; too many in a row stop the
+run with an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import run_config as config_lib
+from rove_jax import data as data_lib
+from rove_jax import kernels
+from rove_jax.train import resume
+from rove_jax.train import sharding as sharding_lib
+from rove_jax.train.metrics import MetricsLog
+from rove_jax.nn.model import GPT, GPTConfig
+
+# Weight decay applies to these matrices only; embeddings, norms, biases and the T5 table
+# are not decayed.
+_DECAY_NAMES = ("wqkv", "wq", "wkv", "wo", "w_in", "w_gate", "w_out", "lm_head")
+
+
+@flax.struct.dataclass
+class TrainState:
+  params: Any
+  opt_state: Any
+  step: jax.Array
+
+
+class NonFiniteError(RuntimeError):
+  pass
+
+
+# --------------------------------------------------------------------------- components
+
+
+def lr_schedule(o: ml_collections.ConfigDict, steps: int):
+  """Linear warmup to optim.lr, then cosine decay to lr * min_lr_ratio at `steps`."""
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
+      decay_steps=max(steps, o.warmup_steps + 1), end_value=o.lr * o.min_lr_ratio)
+
+
+def decay_mask(params) -> Any:
+  """True for the projection matrices that get weight decay; False for the rest."""
+  def keep(path, leaf):
+    names = [getattr(k, "key", None) for k in path]
+    return any(n in _DECAY_NAMES for n in names)
+  return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def make_optimizer(o: ml_collections.ConfigDict, steps: int) -> optax.GradientTransformation:
+  """AdamW with warmup + cosine, global-norm clipping, decay on matrices only."""
+  parts = []
+  if o.clip_norm and o.clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(o.clip_norm))
+  parts.append(optax.adamw(lr_schedule(o, steps), b1=o.b1, b2=o.b2, eps=o.eps,
+                           weight_decay=o.weight_decay, mask=decay_mask))
+  return optax.chain(*parts)
+
+
+def cross_entropy(logits_BTV, targets_BT, mask_BT=None):
+  """Mean token cross-entropy in float32 (and the token count).
+
+  Written as logsumexp minus the target's logit, picked by a comparison with the vocabulary
+  index rather than a gather from log_softmax: both passes are then elementwise fusions and
+  reductions over the [B, T, V] logits, and the gradient (softmax - one-hot) is one fusion, so
+  the compiler keeps no second [B, T, V] float32 buffer (a materialised log_softmax next to
+  the logits doubled the peak of the GPT-2 train step on TPU).
+  """
+  logits_BTV = logits_BTV.astype(jnp.float32)
+  vocab_V = jnp.arange(logits_BTV.shape[-1], dtype=jnp.int32)
+  hit_BTV = vocab_V.reshape(1, 1, -1) == targets_BT.astype(jnp.int32)[..., None]
+  target_logit_BT = jnp.sum(jnp.where(hit_BTV, logits_BTV, 0.0), axis=-1)
+  nll = jax.nn.logsumexp(logits_BTV, axis=-1) - target_logit_BT
+  if mask_BT is None:
+    return jnp.mean(nll), nll.size
+  mask = mask_BT.astype(jnp.float32)
+  return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0), jnp.sum(mask)
+
+
+def _batch_loss(graphdef, params, batch):
+  model = nnx.merge(graphdef, params)
+  # The pipeline's positions restart at each packed document and grow inside it.
+  logits = model(batch["inputs"], positions=batch.get("positions"),
+                 segment_ids=batch.get("segment_ids"), positions_ordered=True)
+  return cross_entropy(logits, batch["targets"], batch.get("loss_mask"))[0]
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
+                    schedule=None, *, state_shardings=None, batch_sharding=None):
+  """A jitted (state, batch) -> (state, metrics) with the state donated.
+
+  With grad_accum = M the batch [B, T] is split into M micro-batches [B / M, T] whose
+  gradients are averaged (a lax.scan), then one optimizer update is applied. A non-finite loss
+  or gradient norm leaves params and optimizer state unchanged (metrics["finite"] = False).
+  """
+  def step(state: TrainState, batch):
+    def micro(carry, mb):
+      loss, grads = jax.value_and_grad(functools.partial(_batch_loss, graphdef))(state.params, mb)
+      acc_loss, acc_grads = carry
+      return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), None
+
+    if grad_accum == 1:
+      loss, grads = jax.value_and_grad(functools.partial(_batch_loss, graphdef))(state.params, batch)
+    else:
+      split = jax.tree.map(functools.partial(_micro_batches, grad_accum, batch_sharding), batch)
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      (loss, grads), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), split)
+      loss = loss / grad_accum
+      grads = jax.tree.map(lambda g: g / grad_accum, grads)
+    grad_norm = _global_norm(grads)
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    # An update that overflows the parameters is rejected like a non-finite gradient.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(
+        _global_norm(new_params))
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = TrainState(params=keep(new_params, state.params),
+                           opt_state=keep(new_opt, state.opt_state),
+                           step=state.step + 1)
+    metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+    if schedule is not None:
+      metrics["lr"] = schedule(state.step)
+    return new_state, metrics
+
+  if state_shardings is None:
+    return jax.jit(step, donate_argnums=0)
+  return jax.jit(step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, None))
+
+
+def _micro_batches(M: int, batch_sharding, x):
+  """[B, ...] -> [M, B / M, ...]: micro-batch m holds rows m, M + m, 2 M + m, ... so that each
+  device's contiguous share of the batch splits into M local pieces and every micro-batch stays
+  split over the data axes (a plain reshape to [M, B / M] would put the sharding on the M axis
+  and replicate each micro-batch on every device)."""
+  split = x.reshape((x.shape[0] // M, M) + x.shape[1:]).swapaxes(0, 1)
+  if batch_sharding is None:
+    return split
+  spec = P(None, *batch_sharding.spec)
+  return jax.lax.with_sharding_constraint(split, NamedSharding(batch_sharding.mesh, spec))
+
+
+def _global_norm(tree):
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def make_eval_step(graphdef):
+  @jax.jit
+  def eval_step(params, batch):
+    return _batch_loss(graphdef, params, batch)
+  return eval_step
+
+
+def evaluate(eval_step, params, batches) -> Optional[float]:
+  losses = [float(eval_step(params, b)) for b in batches]
+  return float(np.mean(losses)) if losses else None
+
+
+# ------------------------------------------------------------------------------ logging
+
+
+class _StopSignal:
+  """SIGTERM / SIGINT set a flag; the loop finishes its step, saves and returns."""
+
+  def __init__(self):
+    self.received = None
+    self._old = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: leave signals alone
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    self.received = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+
+def _progress(total, initial, enabled):
+  if not enabled:
+    return contextlib.nullcontext(None)
+  try:
+    from tqdm import tqdm
+  except ImportError:
+    return contextlib.nullcontext(None)
+  return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------- main
+
+
+def corpus_from_config(d) -> data_lib.Corpus:
+  """The Corpus of a run config's `data` section (a ConfigDict, or the plain dict a checkpoint's
+  metadata holds); fields a saved config lacks take the Corpus defaults."""
+  fields = ("source", "path", "val_path", "text_field", "val_fraction", "max_files", "hf_config")
+  return data_lib.Corpus(**{k: d[k] for k in fields if k in d})
+
+
+def model_meta(model_cfg: GPTConfig) -> dict:
+  """The model section of checkpoint metadata; `GPTConfig.from_dict` reads it back."""
+  return model_cfg.to_dict()
+
+
+def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None) -> dict:
+  """Trains (or resumes) the run described by config `c` in `workdir`; returns a summary.
+
+  Runs SPMD over the (data, fsdp, tensor) mesh of `c.mesh` on all devices of all processes;
+  only process 0 logs. `devices` restricts the mesh to a subset (default: all devices).
+  """
+  model_cfg = config_lib.validate(c)
+  if jax.process_index() != 0:
+    log = lambda *a, **k: None
+  workdir = config_lib.check_workdir(workdir)
+  mesh = sharding_lib.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
+  dp = sharding_lib.data_parallel_size(mesh)
+  nproc, pidx = jax.process_count(), jax.process_index()
+  if c.data.batch_size % dp or c.data.batch_size % nproc:
+    raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by the data-parallel "
+                     f"size mesh.data * mesh.fsdp = {dp} (and the {nproc} processes)")
+  if c.data.batch_size % c.optim.grad_accum:
+    raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by "
+                     f"optim.grad_accum={c.optim.grad_accum}")
+  # The lock comes first: opening the checkpoints for writing cleans up unfinished saves,
+  # which must never happen under another trainer's feet.
+  lock = resume.WriterLock(workdir)
+  error = None
+  if pidx == 0:
+    try:
+      lock.acquire(log=log)
+    except resume.LockError as e:
+      error = e
+  if nproc > 1:  # every process stops if process 0 could not lock
+    from jax.experimental import multihost_utils
+    failed = multihost_utils.broadcast_one_to_all(np.array(error is not None))
+    if bool(failed) and error is None:
+      error = resume.LockError(f"process 0 could not lock {workdir}; see its log")
+  if error is not None:
+    raise error
+  ckpt = None
+  try:
+    ckpt = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints,
+                                 async_save=c.async_checkpoints)
+    with jax.set_mesh(mesh):  # kernels that shard themselves (TPU splash) see the mesh
+      return _train(c, workdir, model_cfg, mesh, ckpt, log)
+  finally:
+    if ckpt is not None:
+      ckpt.close()
+    if pidx == 0:
+      lock.release()
+
+
+def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
+  """The body of `train`, inside the writer lock and with the checkpoints open."""
+  nproc, pidx = jax.process_count(), jax.process_index()
+  schedule = lr_schedule(c.optim, c.steps)
+  tx = make_optimizer(c.optim, c.steps)
+
+  def init_state():
+    _, params = nnx.split(GPT(model_cfg, rngs=nnx.Rngs(c.seed)), nnx.Param)
+    return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+
+  abstract_state = jax.eval_shape(init_state)
+  meta = {"model": model_meta(model_cfg), "config": config_lib.as_plain(c),
+          "tokenizer": {"spec": c.data.tokenizer}}
+  # Before data work and before any restore: a config that cannot continue the saved run is an
+  # error that leaves every checkpoint where it is.
+  resume.check_resumable(ckpt, meta, ckpt_lib.to_flat(abstract_state), workdir=workdir,
+                         log=log)
+  if ckpt.latest_step() is None and ckpt.quarantined() and not c.fresh_start:
+    raise ValueError(
+        f"{ckpt.directory} holds no checkpoint, but {len(ckpt.quarantined())} earlier ones of "
+        f"this run were found unreadable and moved to {ckpt.quarantine_dir()}. Starting again "
+        f"from step 0 would overwrite its metrics: move a checkpoint back if you can repair it, "
+        f"or pass --config.fresh_start=True to start from step 0 (the moved ones stay).")
+
+  data = data_lib.prepare(corpus_from_config(c.data), c.data.tokenizer, workdir=workdir,
+                          max_train_tokens=c.data.max_train_tokens,
+                          max_val_tokens=c.data.max_val_tokens)
+  for split, toks in (("training", data.train_tokens), ("validation", data.val_tokens)):
+    windows = (len(toks) - 1) // c.data.seq_len
+    if windows < c.data.batch_size:  # found now, not when the first evaluation comes round
+      raise ValueError(f"the {split} split has {len(toks)} tokens: {windows} windows of "
+                       f"data.seq_len={c.data.seq_len}, fewer than one batch of "
+                       f"data.batch_size={c.data.batch_size}; use more data (data.max_files, "
+                       f"data.val_fraction, data.val_path) or a smaller seq_len / batch_size")
+  if data.tokenizer.vocab_size > model_cfg.vocab_size:
+    need = -(-data.tokenizer.vocab_size // 64) * 64
+    raise ValueError(f"tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} ids but "
+                     f"model.vocab_size is {model_cfg.vocab_size}; set "
+                     f"--config.model.vocab_size={need}")
+
+  # Parameters and optimizer state are created already sharded: no full copy on one device.
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(c.seed))))
+  path_specs = sharding_lib.param_path_specs(abstract_state.params, mesh)
+  state_sh = sharding_lib.tree_shardings(abstract_state, path_specs, mesh)
+  state = jax.jit(init_state, out_shardings=state_sh)()
+  iterator = data.train_iterator(seq_len=c.data.seq_len, global_batch_size=c.data.batch_size,
+                                 seed=c.seed, packing=c.data.packing, process_index=pidx,
+                                 process_count=nproc)
+  meta["tokenizer"].update(name=data.tokenizer.name, vocab_size=data.tokenizer.vocab_size,
+                           eot_id=data.tokenizer.eot_id)
+
+  start = 0
+  target = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                        abstract_state, state_sh)  # restores onto this run's mesh
+  restored = ckpt.restore_latest(ckpt_lib.to_flat(target), report=log)
+  if restored is not None:
+    start, flat, data_state, _ = restored
+    state = ckpt_lib.from_flat(flat, state)
+    iterator.set_state(data_state)
+    log(f"resumed from step {start} in {ckpt.directory}")
+  metrics_log = MetricsLog(workdir, resume_step=start, enabled=pidx == 0, report=log)
+  batch_sh = sharding_lib.batch_sharding(mesh)
+  train_step = make_train_step(graphdef, tx, c.optim.grad_accum, schedule,
+                               state_shardings=state_sh, batch_sharding=batch_sh)
+  eval_step = make_eval_step(graphdef)
+  eval_kw = dict(seq_len=c.data.seq_len, batch_size=c.data.batch_size,
+                 max_batches=c.eval_batches, packing=c.data.packing, process_index=pidx,
+                 process_count=nproc)
+  place = functools.partial(sharding_lib.place_batch, mesh=mesh)
+
+  def save(step):
+    ckpt.save(step, ckpt_lib.to_flat(state), iterator.get_state(), {**meta, "step": step})
+
+  summary = {"start_step": start, "workdir": workdir}
+  nonfinite_run = nonfinite_total = 0
+  learning = learning_skipped = 0  # steps run with a nonzero learning rate; of them skipped
+  tokens_per_step = c.data.batch_size * c.data.seq_len
+  t_last, step_last = time.perf_counter(), start
+  last = {}
+  step = start
+  end = c.steps if c.run_steps is None else min(c.steps, start + c.run_steps)
+  with _StopSignal() as stop, _progress(c.steps, start, c.progress and pidx == 0) as bar:
+    while step < end:
+      batch = place(next(iterator))
+      state, m = train_step(state, batch)
+      step += 1
+      finite = bool(m["finite"])
+      if float(m["lr"]) > 0:  # warmup's first step (lr 0) changes nothing, skipped or not
+        learning += 1
+        learning_skipped += not finite
+      if step == start + 1:  # throughput from here on, compile time excluded
+        t_last, step_last = time.perf_counter(), step
+      if finite:
+        nonfinite_run = 0
+      else:
+        nonfinite_run += 1
+        nonfinite_total += 1
+        log(f"step {step}: non-finite loss or gradient, update skipped "
+            f"({nonfinite_run} in a row)")
+        if nonfinite_run >= c.optim.max_nonfinite:
+          ckpt.wait()
+          raise NonFiniteError(
+              f"{nonfinite_run} consecutive non-finite steps (last at step {step}); stopping. "
+              f"The last good checkpoint is kept; lower optim.lr or check the data (with "
+              f"packing on a GPU's cuDNN kernel, a row of more than seq_len / "
+              f"{kernels.CUDNN_TOKENS_PER_SEGMENT} documents is NaN: set "
+              f"model.attention_impl=xla for such data).")
+      if step % c.log_every == 0 or step == c.steps:
+        now = time.perf_counter()
+        last = {"step": step, "loss": float(m["loss"]), "lr": float(m["lr"]),
+                "grad_norm": float(m["grad_norm"]), "nonfinite_steps": nonfinite_total}
+        if step > step_last:  # the first step's time is compilation: no throughput for it
+          last["tokens_per_s"] = tokens_per_step * (step - step_last) / (now - t_last)
+        t_last, step_last = now, step
+        metrics_log.write(last)
+        if bar is not None:
+          bar.set_postfix(loss=f"{last['loss']:.3f}",
+                          tok_s=f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "-")
+      if step % c.eval_every == 0 or step == c.steps:
+        val = evaluate(eval_step, state.params, map(place, data.eval_batches(**eval_kw)))
+        if val is not None:
+          metrics_log.write({"step": step, "val_loss": val})
+          summary["val_loss"] = val
+          log(f"step {step}: val_loss {val:.4f}")
+      if step % c.checkpoint_every == 0 and step < c.steps:
+        save(step)
+      if bar is not None:
+        bar.update(1)
+      stop_now = stop.received is not None
+      if nproc > 1:  # every process must leave the loop at the same step
+        from jax.experimental import multihost_utils
+        stop_now = bool(np.any(multihost_utils.process_allgather(np.array(stop_now))))
+      if stop_now:
+        log(f"{stop.received or 'a stop signal on another process'} received: saving a "
+            f"checkpoint at step {step} and exiting")
+        summary["stopped_by"] = stop.received or "peer"
+        break
+    if ckpt.latest_step() != step:  # always end with a checkpoint of the final state
+      save(step)
+  metrics_log.close()
+  if step > start and (nonfinite_total == step - start or learning_skipped == learning > 0):
+    raise NonFiniteError(
+        f"{nonfinite_total} of the {step - start} steps run were skipped as non-finite, every "
+        f"one with a nonzero learning rate: nothing was learned; lower optim.lr or check the "
+        f"data")
+  if data.loss_mask_T is None:  # a masked val loss scores some targets only: no comparison
+    counts = np.bincount(np.asarray(data.val_tokens, np.int64), minlength=1).astype(np.float64)
+    probs = counts[counts > 0] / counts.sum()
+    summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())
+  summary.update(step=step, last=last, nonfinite_steps=nonfinite_total, steps_run=step - start,
+                 tokenizer=data.tokenizer, model_config=model_cfg, params=state.params,
+                 graphdef=graphdef, mesh=mesh)
+  return summary
+
+
+
+
+def report(summary: dict, c: ml_collections.ConfigDict, *, out=print) -> None:
+  """Prints the end-of-run summary and, if configured, a generated sample."""
+  last = summary.get("last") or {}
+  out(f"done: step {summary['step']} in {summary['workdir']}"
+      + (f", train loss {last['loss']:.4f}" if "loss" in last else "")
+      + (f", val loss {summary['val_loss']:.4f} nats/token" if "val_loss" in summary else "")
+      + (f" (a unigram model of the validation tokens: {summary['val_unigram_entropy']:.4f})"
+         if "val_loss" in summary and "val_unigram_entropy" in summary else "")
+      + (f", {last['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in last else "")
+      + (f"; {summary['nonfinite_steps']} of the {summary['steps_run']} steps run were skipped "
+         f"as non-finite (their updates not applied)" if summary.get("nonfinite_steps") else ""))
+  if c.sample_tokens and summary.get("params") is not None and jax.process_count() == 1:
+    from rove_jax.nn.model import generate
+    tok = summary["tokenizer"]
+    model = nnx.merge(summary["graphdef"], summary["params"])
+    prompt = tok.encode("def ")[None]
+    out_ids = generate(model, prompt, c.sample_tokens, temperature=0.8, top_k=40,
+                       rng=jax.random.key(c.seed), valid_vocab=tok.vocab_size)
+    out("sample:\n" + tok.decode(np.asarray(out_ids[0])))

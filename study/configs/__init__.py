@@ -1,0 +1,1 @@
+"""Run configs of the study: reproduce (the comparison) and retrieval (the retrieval study)."""

@@ -1,0 +1,443 @@
+"""The numbers of results/README.md with their intervals (results_writeup draws the tables).
+
+Every cell and comparison comes from per-unit records, gathered per run (seed) into `Units`:
+perplexity windows (report PPL_ROW window_nll / window_tokens), RULER samples (sample_nll /
+sample_correct), ICL samples (sample_nll_by_AXIS / sample_correct_by_AXIS) and retrieval-study
+samples (records' sample_nll / sample_correct). `Boot` turns Units into a cell
+(stats.mean_interval) or a comparison (stats.paired_difference) with one bootstrap setting.
+
+A statistic that averages several cells (RULER's mean over lengths, the mean over tasks, a
+difference between task groups) is a fixed linear combination of per-unit means; `pooled`
+writes it as the plain mean of rescaled unit scores, so it is bootstrapped like any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from study import stats
+
+N_BOOT = 2000
+CI = 0.95
+BOOT_SEED = 0
+# Accuracy below this for every compared encoding is "at the floor": counts, never a verdict.
+FLOOR = 0.05
+# stats.py's measured coverage of the 95 % difference interval (3 seeds an encoding, 40 units,
+# unit noise sd 1, i.e. sd 0.16 of a run's mean), by seed-offset sd; tests check the quote.
+COVERAGE = (("0", "99.5"), ("0.1", "98"), ("0.22", "95"), ("0.5", "88.5"), ("1.0", "84"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Units:
+  """One encoding's per-unit scores for one statistic: one array per run (seed), all on the
+  same units in the same order; with `weights` the statistic is sum(scores) / sum(weights)."""
+  scores: tuple
+  weights: Optional[tuple] = None
+
+  @property
+  def n_runs(self) -> int:
+    return len(self.scores)
+
+  @property
+  def n_units(self) -> int:
+    return len(self.scores[0])
+
+  def scaled(self, other: "Units", a: float, b: float) -> "Units":
+    """a * self + b * other, unit by unit (same runs, units and weights)."""
+    if self.n_runs != other.n_runs or self.n_units != other.n_units:
+      raise ValueError("combined statistics need the same runs and units")
+    return Units(tuple(a * x + b * y for x, y in zip(self.scores, other.scores)), self.weights)
+
+
+def _arrays(lists) -> tuple:
+  return tuple(np.asarray(x, dtype=np.float64) for x in lists)
+
+
+def pooled(parts: Sequence[tuple[float, Sequence]]) -> tuple:
+  """Per-run scores whose plain mean is sum_p coef_p * mean(part_p).
+
+  Args:
+    parts: (coef, per-run lists of unit scores) per part; every part has the same runs.
+
+  Returns:
+    One array per run: the parts' scores concatenated, each scaled by coef * N / n_part.
+  """
+  n_runs = {len(runs) for _, runs in parts}
+  if len(n_runs) != 1:
+    raise ValueError("every part needs the same runs")
+  out = []
+  for i in range(n_runs.pop()):
+    arrays = [(c, np.asarray(runs[i], dtype=np.float64)) for c, runs in parts]
+    total = sum(len(x) for _, x in arrays)
+    out.append(np.concatenate([x * (c * total / len(x)) for c, x in arrays]))
+  return tuple(out)
+
+
+class Boot:
+  """Cells and comparisons with one bootstrap setting (replicates, seed, coverage)."""
+
+  def __init__(self, n_boot: int = N_BOOT, seed: int = BOOT_SEED, ci: float = CI):
+    self.n_boot, self.seed, self.ci = n_boot, seed, ci
+
+  def cell(self, units: Optional[Units],
+           transform: Optional[Callable[[float], float]] = None) -> Optional[stats.Interval]:
+    """stats.mean_interval of `units` (None stays None), under an increasing `transform`."""
+    if units is None:
+      return None
+    weights = None if units.weights is None else np.stack(units.weights)
+    iv = stats.mean_interval(list(units.scores), weights=weights, n_boot=self.n_boot,
+                             seed=self.seed, ci=self.ci)
+    return iv if transform is None else iv.transformed(transform)
+
+  def compare(self, a: Optional[Units], b: Optional[Units],
+              contrast: str = "difference") -> Optional[stats.Comparison]:
+    """stats.paired_difference of A against B (None when either is missing)."""
+    if a is None or b is None:
+      return None
+    weights = None
+    if a.weights is not None and b.weights is not None:
+      weights = (np.stack(a.weights), np.stack(b.weights))
+    elif a.weights is not None or b.weights is not None:
+      raise ValueError("compare: both or neither statistic must be weighted")
+    return stats.paired_difference(list(a.scores), list(b.scores), weights=weights,
+                                   contrast=contrast, n_boot=self.n_boot, seed=self.seed,
+                                   ci=self.ci)
+
+
+def verdict(result: Optional[stats.Comparison], claim: str = "lower") -> str:
+  """supports / contradicts / inconclusive from the interval; "not measured" for None."""
+  return "not measured" if result is None else stats.verdict(result, claim)
+
+
+# ------------------------------------------------------------------------- gathering units
+
+
+def ppl_units(runs: Sequence[dict], setting: str, length: int) -> Optional[Units]:
+  """Per-window summed NLLs weighted by window tokens, or None unless every run has them."""
+  rows = [((r.get("perplexity") or {}).get(setting) or {}).get(str(length)) for r in runs]
+  if not runs or any(not isinstance(row, dict) or not row.get("window_nll") for row in rows):
+    return None
+  return Units(_arrays(row["window_nll"] for row in rows),
+               _arrays(row["window_tokens"] for row in rows))
+
+
+def ruler_tasks(run: dict, setting: str) -> dict:
+  """{task: {length str: RULER_ROW}} of one run under a setting ({} when not scored)."""
+  entry = ((run.get("ruler") or {}).get("settings") or {}).get(setting) or {}
+  return entry.get("tasks") or {}
+
+
+def ruler_lengths(runs: Sequence[dict], setting: str) -> dict:
+  """{task: sorted lengths that every run scored under the setting} (tasks all runs have)."""
+  maps = [ruler_tasks(r, setting) for r in runs]
+  if not runs or not all(maps):
+    return {}
+  tasks = set.intersection(*(set(m) for m in maps))
+  out = {t: sorted(set.intersection(*(set(int(L) for L in m[t]) for m in maps))) for t in tasks}
+  return {t: ls for t, ls in sorted(out.items()) if ls}
+
+
+def ruler_units(runs: Sequence[dict], setting: str, coefs: dict, lengths: dict,
+                key: str = "sample_nll") -> Optional[Units]:
+  """Units of sum_task coefs[task] * (mean over the task's lengths of the per-length mean).
+
+  Args:
+    runs: the runs of one encoding.
+    setting: "none" or "yarn".
+    coefs: {task: coefficient}, e.g. {task: 1} (one task) or 1 / n_tasks each (mean).
+    lengths: {task: lengths}, from `ruler_lengths` over every run being compared.
+    key: "sample_nll" or "sample_correct".
+  """
+  parts = []
+  for task, c in coefs.items():
+    for L in lengths.get(task, ()):
+      rows = [ruler_tasks(r, setting).get(task, {}).get(str(L)) for r in runs]
+      if any(row is None or not row.get(key) for row in rows):
+        return None
+      parts.append((c / len(lengths[task]), [row[key] for row in rows]))
+  return Units(pooled(parts)) if parts and runs else None
+
+
+def ruler_count(runs: Sequence[dict], setting: str, tasks: dict) -> tuple[int, int]:
+  """(exact matches, samples) over the runs, the given tasks and their lengths."""
+  k = n = 0
+  for r in runs:
+    for task, lengths in tasks.items():
+      for L in lengths:
+        row = ruler_tasks(r, setting)[task][str(L)]
+        k, n = k + int(sum(row["sample_correct"])), n + len(row["sample_correct"])
+  return k, n
+
+
+def icl_samples(run: dict) -> dict:
+  """{task: (sample NLLs, sample correct)} of a run's synthetic ICL, each task's lists
+  concatenated over its axis values (lengths or shot counts) in numeric order."""
+  tasks = (((run.get("icl") or {}).get("synthetic") or {}).get("tasks") or {})
+  out = {}
+  for task, row in sorted(tasks.items()):
+    nll, right = [], []
+    for key in sorted(k for k in row if k.startswith("sample_nll_by_")):
+      axis = key[len("sample_nll_by_"):]
+      by_v, correct = row[key], row.get(f"sample_correct_by_{axis}") or {}
+      for v in sorted(by_v, key=lambda s: (len(s), s)):
+        nll += list(by_v[v])
+        right += list(correct.get(v, ()))
+    if nll and len(nll) == len(right):
+      out[task] = (nll, right)
+  return out
+
+
+def icl_units(runs: Sequence[dict], tasks: Sequence[str], index: int) -> Optional[Units]:
+  """Units pooled over the samples of `tasks` (index 0: answer NLL, 1: correct)."""
+  per_run = [icl_samples(r) for r in runs]
+  if not runs or not tasks or any(t not in s for s in per_run for t in tasks):
+    return None
+  return Units(_arrays([x for t in tasks for x in s[t][index]] for s in per_run))
+
+
+def icl_common_tasks(groups: Sequence[Sequence[dict]]) -> list:
+  """The synthetic ICL tasks that every run of every group scored."""
+  sets = [set(icl_samples(r)) for runs in groups for r in runs]
+  return sorted(set.intersection(*sets)) if sets else []
+
+
+def count(units: Optional[Units]) -> Optional[tuple[int, int]]:
+  """(correct, samples) summed over the runs of 0/1 units."""
+  if units is None:
+    return None
+  return int(sum(x.sum() for x in units.scores)), units.n_runs * units.n_units
+
+
+def at_ceiling(counts: Sequence[Optional[tuple[int, int]]]) -> bool:
+  """Whether every count's accuracy is above 1 - FLOOR: (nearly) every answer right, where a
+  difference in accuracy or answer NLL measures nothing (missing counts are ignored)."""
+  got = [c for c in counts if c is not None and c[1]]
+  return bool(got) and all(k / n > 1 - FLOOR for k, n in got)
+
+
+def at_floor(counts: Sequence[Optional[tuple[int, int]]]) -> bool:
+  """Whether every count's accuracy is below FLOOR (missing counts are ignored)."""
+  got = [c for c in counts if c is not None and c[1]]
+  return bool(got) and all(k / n < FLOOR for k, n in got)
+
+
+def recall_units(records: Sequence[dict], encoding: str, setting: str, lengths: Sequence[int],
+                 key: str) -> Optional[Units]:
+  """A retrieval-study statistic of one encoding: the mean over `lengths` of the per-length
+  mean of `key` ("sample_nll" or "sample_correct"), one run per seed."""
+  cells = {}
+  for rec in records:
+    if rec["encoding"] == encoding and rec["setting"] == setting:
+      cells.setdefault(rec["seed"], {})[int(rec["length"])] = rec
+  seeds = sorted(cells, key=str)
+  if not seeds or any(L not in cells[s] or not cells[s][L].get(key)
+                      for s in seeds for L in lengths):
+    return None
+  parts = [(1 / len(lengths), [cells[s][L][key] for s in seeds]) for L in lengths]
+  return Units(pooled(parts))
+
+
+# ------------------------------------------------------------------------------ formatting
+
+
+# The write-up's labels (results_writeup and results_claims): encodings as the plots name them.
+SETTING_NAMES = {"none": "no YaRN", "yarn": "YaRN, factor L/T", "yarn_fixed": "YaRN, fixed s"}
+
+
+def name(enc: str) -> str:
+  from rove_jax.evaluation.plots import ENCODING_NAMES
+  return ENCODING_NAMES.get(enc, enc)
+
+
+def mult(length: int, base: Optional[int]) -> str:
+  """"4x" for a length 4 times the training length ("0.5x" below it)."""
+  return f"{length / base:g}x" if base else "?"
+
+
+def seeds_note(x) -> str:
+  ok = getattr(x, "seed_spread_included", True)
+  return "" if ok else " (1 seed: units only)"
+
+
+def fmt_interval(iv: Optional[stats.Interval], digits: int = 2) -> str:
+  """"estimate [lower, upper]", "-" for None."""
+  if iv is None:
+    return "-"
+  return (f"{iv.estimate:.{digits}f} [{iv.lower:.{digits}f}, {iv.upper:.{digits}f}]"
+          + seeds_note(iv))
+
+
+def fmt_change(c, digits: int = 2) -> str:
+  """A comparison: signed "+x [lo, hi]"; relative and exp contrasts in percent."""
+  if c is None:
+    return "-"
+  if getattr(c, "contrast", "difference") in ("relative", "exp"):
+    return (f"{100 * c.estimate:+.1f} % [{100 * c.lower:+.1f}, {100 * c.upper:+.1f}]"
+            + seeds_note(c))
+  return f"{c.estimate:+.{digits}f} [{c.lower:+.{digits}f}, {c.upper:+.{digits}f}]" + seeds_note(c)
+
+
+def fmt_count(kn: Optional[tuple[int, int]]) -> str:
+  return "-" if kn is None else f"{kn[0]}/{kn[1]}"
+
+
+def interval_verdict(iv: Optional[stats.Interval], claim: str = "lower") -> str:
+  """The verdict of an interval on a contrast whose null value is 0 (e.g. a within-run
+  change), as stats.verdict does for comparisons."""
+  if iv is None:
+    return "not measured"
+  if iv.lower <= 0 <= iv.upper:
+    return "inconclusive"
+  return "supports" if (iv.upper < 0) == (claim == "lower") else "contradicts"
+
+
+# ---------------------------------------------------------------------------------- study
+
+
+ORDER = ("rove", "rope", "nope")
+
+
+class Study:
+  """A report's runs grouped by encoding (and retrieval-study records), with every cell and
+  comparison computed once."""
+
+  def __init__(self, report: dict, recall: Optional[Sequence[dict]] = None,
+               boot: Optional[Boot] = None):
+    self.report, self.recall, self.boot = report, list(recall or []), boot or Boot()
+    self.groups: dict = {}
+    for run in report["runs"]:
+      self.groups.setdefault(run["model"]["pos_encoding"], []).append(run)
+    self.order = [e for e in ORDER if e in self.groups] + sorted(
+        e for e in self.groups if e not in ORDER)
+    self._cache: dict = {}
+
+  def _once(self, key, fn):
+    if key not in self._cache:
+      self._cache[key] = fn()
+    return self._cache[key]
+
+  def pairs(self, encodings: Optional[Sequence[str]] = None) -> list:
+    """The comparisons: RoVE against RoPE, then against NoPE, those present."""
+    have = self.order if encodings is None else encodings
+    return [("rove", b) for b in ("rope", "nope") if "rove" in have and b in have]
+
+  # perplexity
+  def ppl_units(self, enc, setting, length) -> Optional[Units]:
+    return self._once(("ppl", enc, setting, length),
+                      lambda: ppl_units(self.groups[enc], setting, length))
+
+  def loss(self, enc, setting, length):
+    return self._once(("loss", enc, setting, length),
+                      lambda: self.boot.cell(self.ppl_units(enc, setting, length)))
+
+  def ppl(self, enc, setting, length):
+    return self._once(("ppl_iv", enc, setting, length), lambda: self.boot.cell(
+        self.ppl_units(enc, setting, length), math.exp))
+
+  def ppl_cmp(self, a, b, setting, length):
+    return self._once(("ppl_cmp", a, b, setting, length), lambda: self.boot.compare(
+        self.ppl_units(a, setting, length), self.ppl_units(b, setting, length), "exp"))
+
+  def _ppl_mix(self, enc, setting, length, keep):
+    """Units of loss(setting) - keep * loss(none) per run (the same windows)."""
+    y, n = self.ppl_units(enc, setting, length), self.ppl_units(enc, "none", length)
+    return None if y is None or n is None else y.scaled(n, 1.0, -keep)
+
+  def yarn_change(self, enc, setting, length):
+    """A YaRN setting against none within the same runs: ppl ratio - 1 (seeds paired)."""
+    return self._once(("yarn_change", enc, setting, length), lambda: self.boot.cell(
+        self._ppl_mix(enc, setting, length, 1.0), math.expm1))
+
+  def gap_kept(self, setting, length, keep: float = 0.5):
+    """(RoVE - RoPE loss with YaRN) - keep * (the same without): below 0 when the gap with
+    YaRN is more than `keep` of the gap without (both gaps negative, RoVE lower)."""
+    return self._once(("gap_kept", setting, length, keep), lambda: self.boot.compare(
+        self._ppl_mix("rove", setting, length, keep),
+        self._ppl_mix("rope", setting, length, keep)))
+
+  # RULER
+  def ruler_encodings(self, setting) -> list:
+    return [e for e in self.order if all(ruler_tasks(r, setting) for r in self.groups[e])]
+
+  def ruler_lengths(self, setting) -> dict:
+    """{task: lengths} scored by every run of every encoding scored under the setting."""
+    return self._once(("ruler_lengths", setting), lambda: ruler_lengths(
+        [r for e in self.ruler_encodings(setting) for r in self.groups[e]], setting))
+
+  def _ruler(self, enc, setting, coefs_key, key):
+    coefs = self.ruler_coefs(setting, coefs_key)
+    return self._once(("ruler_units", enc, setting, coefs_key, key), lambda: ruler_units(
+        self.groups[enc], setting, coefs, self.ruler_lengths(setting), key))
+
+  def ruler_coefs(self, setting, which) -> dict:
+    """Task coefficients: a task name (that task), "mean" (mean over tasks), "agg" / "other"
+    (mean over the AGGREGATION tasks / the others) or "agg-other" (the first minus the
+    second); {} when a group is empty."""
+    tasks = list(self.ruler_lengths(setting))
+    agg = [t for t in tasks if t in AGGREGATION]
+    groups = {"mean": tasks, "agg": agg, "other": [t for t in tasks if t not in AGGREGATION]}
+    if which in groups:
+      return {t: 1 / len(groups[which]) for t in groups[which]}
+    if which == "agg-other":
+      if not agg or not groups["other"]:
+        return {}
+      return {**self.ruler_coefs(setting, "agg"),
+              **{t: -c for t, c in self.ruler_coefs(setting, "other").items()}}
+    return {which: 1.0} if which in tasks else {}
+
+  def ruler_nll(self, enc, setting, which):
+    return self._once(("ruler_nll", enc, setting, which), lambda: self.boot.cell(
+        self._ruler(enc, setting, which, "sample_nll")))
+
+  def ruler_cmp(self, a, b, setting, which):
+    return self._once(("ruler_cmp", a, b, setting, which), lambda: self.boot.compare(
+        self._ruler(a, setting, which, "sample_nll"),
+        self._ruler(b, setting, which, "sample_nll")))
+
+  def ruler_count(self, enc, setting, which) -> Optional[tuple[int, int]]:
+    lengths = self.ruler_lengths(setting)
+    tasks = {t: lengths[t] for t in self.ruler_coefs(setting, which)}
+    return ruler_count(self.groups[enc], setting, tasks) if tasks else None
+
+  # ICL
+  def icl_tasks(self) -> list:
+    return self._once("icl_tasks", lambda: icl_common_tasks(list(self.groups.values())))
+
+  def icl_units(self, enc, tasks, index):
+    tasks = tuple(tasks)
+    return self._once(("icl_units", enc, tasks, index),
+                      lambda: icl_units(self.groups[enc], tasks, index))
+
+  def icl_nll(self, enc, tasks):
+    return self._once(("icl_nll", enc, tuple(tasks)),
+                      lambda: self.boot.cell(self.icl_units(enc, tasks, 0)))
+
+  def icl_count(self, enc, tasks):
+    return count(self.icl_units(enc, tasks, 1))
+
+  def icl_cmp(self, a, b, tasks, index):
+    return self._once(("icl_cmp", a, b, tuple(tasks), index), lambda: self.boot.compare(
+        self.icl_units(a, tasks, index), self.icl_units(b, tasks, index)))
+
+  # retrieval study
+  def recall_units(self, enc, setting, lengths, key):
+    lengths = tuple(lengths)
+    return self._once(("recall_units", enc, setting, lengths, key),
+                      lambda: recall_units(self.recall, enc, setting, lengths, key))
+
+  def recall_cell(self, enc, setting, lengths, key):
+    return self._once(("recall_cell", enc, setting, tuple(lengths), key), lambda: self.boot.cell(
+        self.recall_units(enc, setting, lengths, key)))
+
+  def recall_cmp(self, a, b, setting, lengths, key):
+    return self._once(("recall_cmp", a, b, setting, tuple(lengths), key),
+                      lambda: self.boot.compare(self.recall_units(a, setting, lengths, key),
+                                                self.recall_units(b, setting, lengths, key)))
+
+
+# RULER's aggregation category (Hsieh et al. 2024): common and frequent words extraction.
+AGGREGATION = ("cwe", "fwe")

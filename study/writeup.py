@@ -1,0 +1,397 @@
+"""results/README.md for `make reproduce`: the paper's tables with 95 % intervals over seeds and
+evaluation units, per-run rows (every run made), loss curves, the retrieval study, and a
+claim-by-claim table against the paper, all computed from the numbers (never written by hand).
+
+write(out_dir, report, runs, curves, meta, recall=None) is called by reproduce.py; `report` is
+the schema-v2 report.json of `rove-eval --compare` over all runs, `recall` the retrieval
+study's records (study.retrieval_scoring.evaluate's). The intervals and comparisons come
+from results_stats (stats.mean_interval / stats.paired_difference); the retrieval-study
+section, the claims table and the closing note from results_claims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Optional, Sequence
+
+from study import claims as claims_lib
+from study import numbers as rs
+from rove_jax.evaluation.report import replace_files, train_len
+
+RECALL_PNG = "retrieval_study.png"
+
+
+def _lengths(report, setting="none") -> list[int]:
+  out = set()
+  for run in report["runs"]:
+    rows = (run.get("perplexity") or {}).get(setting) or {}
+    out |= {int(k) for k in rows if k.isdigit()}
+  return sorted(out)
+
+
+def _train_len(report: dict):
+  """The runs' training length; refuses runs trained at different lengths."""
+  found = {train_len(r) for r in report["runs"]}
+  if len(found) > 1:
+    raise ValueError(f"the runs were trained at different lengths {sorted(found)}; the write-up "
+                     f"compares matched runs only")
+  return found.pop() if found else None
+
+
+def _minutes(run_report) -> str:
+  seconds = (run_report or {}).get("seconds") or {}
+  return f"{sum(seconds.values()) / 60:.1f}" if seconds else "-"
+
+
+def _js(x) -> Optional[dict]:
+  """An Interval or Comparison as JSON numbers."""
+  if x is None:
+    return None
+  return {"estimate": x.estimate, "lower": x.lower, "upper": x.upper}
+
+
+def _cmp_cell(c, claim="lower") -> str:
+  return "-" if c is None else f"{rs.fmt_change(c)} {rs.verdict(c, claim)}"
+
+
+# -------------------------------------------------------------------------------- sections
+
+
+def _header(st: rs.Study, meta: dict) -> list:
+  report = st.report
+  first = report["runs"][0]["model"]
+  steps = sorted({r["step"] for r in report["runs"]})
+  seeds = "; ".join(f"{rs.name(e)} {len(st.groups[e])}" for e in st.order)
+  L = ["# Small-scale replication: RoVE vs RoPE (vs NoPE)\n"]
+  if meta.get("quick"):
+    L.append("**This is a --quick smoke run (tiny model, a few steps): its numbers mean nothing "
+             "about RoVE.**\n")
+  L.append(
+      f"Every run: a {first['n_layer']}-layer GPT, d_model {first['d_model']}, "
+      f"{first['n_head']} heads, {first['params']:,} parameters, training context "
+      f"{train_len(report['runs'][0])} byte tokens, trained on the embedded stdlib corpus for "
+      f"{', '.join(map(str, steps))} steps (study/configs/reproduce.py); the runs differ only in the "
+      f"positional encoding and the seed. {len(report['runs'])} runs (seeds: {seeds}), all "
+      f"reported below.\n")
+  settings = {s for r in report["runs"] for s in (r.get("perplexity") or {}) if s != "protocol"}
+  yarn = "all" if "yarn_fixed" in settings else "both" if "yarn" in settings else "off"
+  L.append(f"- Command: `{meta['command'].strip()}` (`make reproduce`)")
+  L.append(f"- Commit: {meta['commit']}")
+  L.append(f"- Started: {meta['started']}; wall time {meta['wall_seconds'] / 60:.1f} min "
+           f"(training and evaluation)")
+  L.append(f"- Machine: {meta['machine']}")
+  if meta.get("notes"):
+    L.append(f"- Notes: {meta['notes']}")
+  L.append(f"- Evaluation: `python -m rove_jax.evaluation.cli --suite {report['suite']} --yarn "
+           f"{yarn}{_sizing_flags(report)} --compare ...`; full report in "
+           f"[eval/report.md](eval/report.md), raw numbers in [eval/report.json](eval/report.json)"
+           f".\n")
+  return L
+
+
+def _sizing_flags(report: dict) -> str:
+  """The --ppl-tokens and --ruler-lengths the report was scored with (when every run agrees)."""
+  runs, flags = report["runs"], ""
+  tokens = {((r.get("perplexity") or {}).get("protocol") or {}).get("max_tokens") for r in runs}
+  if len(tokens) == 1 and None not in tokens:
+    flags += f" --ppl-tokens {tokens.pop()}"
+  lengths = {tuple(((r.get("ruler") or {}).get("protocol") or {}).get("lengths") or ())
+             for r in runs}
+  if len(lengths) == 1 and () not in lengths:
+    flags += " --ruler-lengths " + ",".join(map(str, lengths.pop()))
+  return flags
+
+
+def _unit_counts(st: rs.Study) -> str:
+  parts = []
+  ppl = {L: st.ppl_units(st.order[0], "none", L) for L in _lengths(st.report)}
+  ppl = {L: u.n_units for L, u in ppl.items() if u is not None}
+  if ppl:
+    parts.append("perplexity windows (" + ", ".join(f"{n} at {L} tokens"
+                                                    for L, n in sorted(ppl.items())) + ")")
+  samples = {len(row["sample_nll"]) for r in st.report["runs"]
+             for s in ("none", "yarn") for rows in rs.ruler_tasks(r, s).values()
+             for row in rows.values()}
+  if samples:
+    parts.append(f"RULER samples ({'/'.join(map(str, sorted(samples)))} a task and length)")
+  tasks = st.icl_tasks()
+  if tasks:
+    icl = st.icl_units(st.order[0], tasks, 0)
+    if icl is not None:
+      parts.append(f"ICL prompts ({icl.n_units} a run over {len(tasks)} tasks)")
+  if st.recall:
+    n = sorted({len(r.get("sample_nll") or ()) for r in st.recall})
+    parts.append(f"retrieval-study samples ({'/'.join(map(str, n))} a length)")
+  return ", ".join(parts) or "none"
+
+
+def _method(st: rs.Study) -> list:
+  seeds = ", ".join(f"{len(st.groups[e])} {rs.name(e)}" for e in st.order)
+  fewest = min(len(runs) for runs in st.groups.values())
+  cover = " / ".join(c for _, c in rs.COVERAGE)
+  sds = " / ".join(s for s, _ in rs.COVERAGE)
+  return [
+      "## How the intervals are computed\n",
+      f"Every cell is `estimate [lower, upper]`, a {rs.CI * 100:g} % percentile interval from a "
+      f"hierarchical paired bootstrap (study/stats.py, {st.boot.n_boot} "
+      f"replicates): each replicate resamples the seeds within each encoding ({seeds} seeds) "
+      f"and the evaluation units, {_unit_counts(st)}, with the same unit indices for "
+      f"every run: all runs are scored on the same windows and samples in the same order, so "
+      f"every comparison is paired. A comparison is RoVE minus the other encoding: for "
+      f"perplexity the relative difference exp(loss_RoVE - loss_other) - 1, for answer NLLs "
+      f"and accuracies the plain difference. Its verdict on a claim is *supports* when the "
+      f"interval excludes 0 on the claimed side, *contradicts* when it excludes 0 on the other "
+      f"side, *inconclusive* otherwise. Accuracy below {rs.FLOOR} for every compared encoding "
+      f"is *at the floor*: it is given as counts of correct answers, with no verdict. Known "
+      f"limit: with {fewest} seed{'s' if fewest > 1 else ''} the seed level is resampled from "
+      f"{fewest} value{'s' if fewest > 1 else ''}, so an interval can under-cover when "
+      f"seed-to-seed variation is large. stats.py measured the coverage of the nominal 95 % "
+      f"difference interval in simulation (3 seeds an encoding, 40 units with noise sd 1, "
+      f"i.e. sd 0.16 for a run's mean) at {cover} % for a seed-to-seed sd of {sds} in the "
+      f"same units (5 seeds: still 88.5 % at sd 0.5).\n"]
+
+
+def _table1(st: rs.Study, base, summary) -> list:
+  tasks = st.icl_tasks()
+  L = ["## Table 1: inside the training context\n",
+       f"Held-out loss and perplexity at the training length ({base} tokens), no YaRN; the "
+       f"synthetic ICL tasks ({', '.join(tasks) or 'none'}) scored inside the training "
+       f"context: exact matches as counts (correct/prompts, summed over seeds) and the mean "
+       f"answer NLL over all their prompts.\n",
+       "| encoding | seeds | loss (nats/token) | perplexity | ICL correct | ICL answer NLL |",
+       "|---|---|---|---|---|---|"]
+  for enc in st.order:
+    loss, ppl = st.loss(enc, "none", base), st.ppl(enc, "none", base)
+    nll, right = st.icl_nll(enc, tasks), st.icl_count(enc, tasks)
+    summary["encodings"].setdefault(enc, {})["table1"] = {
+        "loss": _js(loss), "ppl": _js(ppl), "icl_nll": _js(nll), "icl_correct": right}
+    L.append(f"| {rs.name(enc)} | {len(st.groups[enc])} | {rs.fmt_interval(loss, 4)} | "
+             f"{rs.fmt_interval(ppl)} | {rs.fmt_count(right)} | {rs.fmt_interval(nll)} |")
+  for a, b in st.pairs():
+    counts = [st.icl_count(a, tasks), st.icl_count(b, tasks)]
+    acc = ("at the floor" if rs.at_floor(counts) else
+           _cmp_cell(st.icl_cmp(a, b, tasks, 1), "higher"))
+    L.append(f"| {rs.name(a)} - {rs.name(b)} | | | {_cmp_cell(st.ppl_cmp(a, b, 'none', base))} | "
+             f"{acc} | {_cmp_cell(st.icl_cmp(a, b, tasks, 0))} |")
+  L.append("\nDifference rows: perplexity as the relative difference (RoVE / other - 1), ICL "
+           "accuracy and answer NLL as plain differences, each with its verdict on the "
+           "paper's direction (RoVE lower perplexity and NLL, higher accuracy).\n")
+  return L
+
+
+def _perplexity(st: rs.Study, base, summary) -> list:
+  lengths = _lengths(st.report)
+  protocols = [(r.get("perplexity") or {}).get("protocol") or {} for r in st.report["runs"]]
+  fixed = next((p.get("yarn_fixed_factor") for p in protocols if p.get("yarn_fixed_factor")),
+               None)
+  L = ["## Perplexity by evaluation length\n",
+       "Settings: **no YaRN** (the model as trained); **YaRN, factor L/T** (YaRN at inference "
+       "with factor L / T at each length L > T; at L <= T it is the model as trained, so those "
+       "cells repeat the no-YaRN ones)"]
+  if fixed:
+    L[-1] += (f"; **YaRN, fixed s** (one factor s = {fixed:g} = longest length / T, at every "
+              f"length, the shorter ones included: what a model deployed with one setting "
+              f"would use)")
+  L[-1] += (". NoPE has no rotary frequencies to scale: no YaRN only. Cells: perplexity "
+            "(exp of the token-weighted loss) with its interval.\n")
+  L.append("| encoding | setting | " + " | ".join(f"{n} ({rs.mult(n, base)})" for n in lengths)
+           + " |")
+  L.append("|---|---|" + "---|" * len(lengths))
+  for enc in st.order:
+    for setting in rs.SETTING_NAMES:
+      cells = [st.ppl(enc, setting, n) for n in lengths]
+      if all(c is None for c in cells):
+        continue
+      summary["encodings"].setdefault(enc, {}).setdefault("ppl", {})[setting] = {
+          str(n): _js(c) for n, c in zip(lengths, cells)}
+      L.append(f"| {rs.name(enc)} | {rs.SETTING_NAMES[setting]} | "
+               + " | ".join(rs.fmt_interval(c) for c in cells) + " |")
+  if st.pairs():
+    L.append("\nRelative perplexity difference (RoVE / other - 1; below 0: RoVE lower) and "
+             "its verdict on \"RoVE is lower\":\n")
+    L.append("| comparison | setting | " + " | ".join(f"{n} ({rs.mult(n, base)})" for n in lengths)
+             + " |")
+    L.append("|---|---|" + "---|" * len(lengths))
+    for a, b in st.pairs():
+      for setting in rs.SETTING_NAMES:
+        cells = [st.ppl_cmp(a, b, setting, n) for n in lengths]
+        if all(c is None for c in cells):
+          continue
+        L.append(f"| {rs.name(a)} - {rs.name(b)} | {rs.SETTING_NAMES[setting]} | "
+                 + " | ".join(_cmp_cell(c) for c in cells) + " |")
+  L.append("\n![perplexity vs length](eval/perplexity_vs_length.png)\n")
+  return L
+
+
+def _skipped(st: rs.Study) -> list:
+  """Bullets naming the RULER tasks skipped at some lengths or entirely, with the reason."""
+  by_task: dict = {}
+  for run in st.report["runs"]:
+    for key, why in ((run.get("ruler") or {}).get("skipped") or {}).items():
+      task, _, length = key.partition("@")
+      by_task.setdefault(task, {}).setdefault(length, why)
+  out = []
+  for task, where in sorted(by_task.items()):
+    if "" in where:
+      out.append(f"- {task}: not scored ({where['']})")
+    else:
+      lens = sorted(int(L) for L in where)
+      out.append(f"- {task}: skipped at {', '.join(map(str, lens))} tokens "
+                 f"({where[str(lens[0])]})")
+  return out
+
+
+def _ruler(st: rs.Study, base, summary) -> list:
+  L = []
+  for setting in ("none", "yarn"):
+    lengths, encs = st.ruler_lengths(setting), st.ruler_encodings(setting)
+    if not lengths:
+      continue
+    if not L:
+      proto = next(((r.get("ruler") or {}).get("protocol") for r in st.report["runs"]
+                    if (r.get("ruler") or {}).get("protocol")), {})
+      all_lengths = sorted({n for ls in lengths.values() for n in ls})
+      L += ["## RULER: answer NLL by task (lower is better)\n",
+            f"{proto.get('samples', '?')} samples a task and length (seed "
+            f"{proto.get('seed', '?')}), the same samples for every run and setting; lengths "
+            f"{', '.join(f'{n} ({rs.mult(n, base)})' for n in all_lengths)}. Answer NLL: the mean "
+            f"NLL of the gold answer's tokens (the paper scores RULER by NLL). Exact match "
+            f"(greedy) as counts, summed over lengths and seeds. A task's figure is the mean "
+            f"over the lengths where that task was scored; the mean over tasks is over the "
+            f"tasks in the table.\n"]
+      skipped = _skipped(st)
+      L.append(("Tasks not scored at every length or at all:\n\n" + "\n".join(skipped)
+                + "\n") if skipped else "Every task was scored at every length.\n")
+    L.append(f"### RULER, {rs.SETTING_NAMES[setting]}\n")
+    if setting == "yarn":
+      L.append("YaRN with factor L / T at each length. NoPE has no rotary frequencies: no "
+               "YaRN row.\n")
+    pairs = st.pairs(encs)
+    head = (["task", "lengths"] + [rs.name(e) for e in encs]
+            + [f"{rs.name(a)} - {rs.name(b)}" for a, b in pairs]
+            + ["exact match (" + " / ".join(rs.name(e) for e in encs) + ")"])
+    L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out = summary["ruler"].setdefault(setting, {})
+    for task in list(lengths) + ["mean"]:
+      lens = "each task's" if task == "mean" else ", ".join(map(str, lengths[task]))
+      cells = [st.ruler_nll(e, setting, task) for e in encs]
+      cmps = [st.ruler_cmp(a, b, setting, task) for a, b in pairs]
+      counts = [rs.fmt_count(st.ruler_count(e, setting, task)) for e in encs]
+      out[task] = {"lengths": lengths.get(task), "nll": {e: _js(c) for e, c in zip(encs, cells)},
+                   "comparisons": {f"{a}-{b}": _js(c) for (a, b), c in zip(pairs, cmps)}}
+      label = "**mean over tasks**" if task == "mean" else task
+      row = ([label, lens] + [rs.fmt_interval(c) for c in cells] + [_cmp_cell(c) for c in cmps]
+             + [" / ".join(counts)])
+      L.append("| " + " | ".join(row) + " |")
+    L.append("")
+  if L:
+    L.append("![RULER NLL](eval/ruler_nll.png)\n")
+  return L
+
+
+def _icl(st: rs.Study, summary) -> list:
+  tasks = st.icl_tasks()
+  if not tasks:
+    return []
+  proto = next(((r.get("icl") or {}).get("protocol") for r in st.report["runs"]
+                if (r.get("icl") or {}).get("protocol")), {})
+  L = ["## In-context learning inside the training context\n"]
+  if proto.get("rule"):
+    L.append(f"Rule (the report's protocol): \"{proto['rule']}\". By-length tasks at "
+             f"{', '.join(map(str, proto.get('lengths', [])))} tokens, few-shot tasks at "
+             f"{', '.join(map(str, proto.get('shots', [])))} shots, {proto.get('samples')} "
+             f"samples each (seed {proto.get('seed')}).\n")
+  cut = {e: [((r["icl"]["synthetic"].get("truncated")), r["icl"]["synthetic"].get("prompts"))
+             for r in st.groups[e]] for e in st.order}
+  L.append("Prompts cut from the left to fit: " + "; ".join(
+      f"{rs.name(e)} {sum(c[0] or 0 for c in v)} of {sum(c[1] or 0 for c in v)}"
+      for e, v in cut.items()) + ". Accuracy is greedy exact match, given as counts "
+      "(correct/prompts over seeds); the answer NLL is the mean over the task's prompts.\n")
+  pairs = st.pairs()
+  head = (["task"] + [f"{rs.name(e)} correct" for e in st.order]
+          + [f"{rs.name(e)} answer NLL" for e in st.order]
+          + [f"{rs.name(a)} - {rs.name(b)} NLL" for a, b in pairs]
+          + [f"{rs.name(a)} - {rs.name(b)} accuracy" for a, b in pairs])
+  L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for task in tasks + ["all"]:
+    sel = tasks if task == "all" else [task]
+    counts = {e: st.icl_count(e, sel) for e in st.order}
+    accs = []
+    for a, b in pairs:
+      floor = rs.at_floor([counts[a], counts[b]])
+      accs.append("at the floor" if floor else _cmp_cell(st.icl_cmp(a, b, sel, 1), "higher"))
+    summary["icl"][task] = {"correct": counts,
+                            "nll": {e: _js(st.icl_nll(e, sel)) for e in st.order}}
+    cells = ([f"{'**all tasks**' if task == 'all' else task}"]
+             + [rs.fmt_count(counts[e]) for e in st.order]
+             + [rs.fmt_interval(st.icl_nll(e, sel)) for e in st.order]
+             + [_cmp_cell(st.icl_cmp(a, b, sel, 0)) for a, b in pairs] + accs)
+    L.append("| " + " | ".join(cells) + " |")
+  L.append("")
+  return L
+
+
+def build(report: dict, runs: list[dict], curves: dict, meta: dict,
+          recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT):
+  """(markdown, summary dict, retrieval PNG bytes or None) for results/."""
+  st = rs.Study(report, recall, rs.Boot(n_boot))
+  base = _train_len(report)
+  summary = {"encodings": {}, "ruler": {}, "icl": {}, "claims": []}
+  L = _header(st, meta) + _method(st) + _table1(st, base, summary)
+  L += _perplexity(st, base, summary) + _ruler(st, base, summary) + _icl(st, summary)
+  recall_md, png, summary["retrieval"] = claims_lib.retrieval(st, RECALL_PNG)
+  L += recall_md
+  rows = claims_lib.rows(st, base)
+  summary["claims"] = rows
+  L += claims_lib.table(rows)
+  L += _every_run(report, runs, curves, meta)
+  L += claims_lib.closing(st, base, rows, meta)
+  return "\n".join(L), summary, png
+
+
+def _every_run(report, runs, curves, meta) -> list:
+  L = ["## Every run\n",
+       "| run | encoding | seed | steps | final train loss | final held-out loss | "
+       "training wall (min) | evaluation wall (min) |",
+       "|---|---|---|---|---|---|---|---|"]
+  for run in runs:
+    rows = curves.get(run["workdir"]) or []
+    tr = [r["loss"] for r in rows if "loss" in r]
+    va = [r["val_loss"] for r in rows if "val_loss" in r]
+    rep = next((r for r in report["runs"] if os.path.abspath(r["workdir"]) ==
+                os.path.abspath(run["workdir"])), None)
+    secs = meta.get("train_seconds", {}).get(run["workdir"])
+    L.append(f"| {os.path.basename(run['workdir'])} | {rs.name(run['encoding'])} | "
+             f"{run['seed']} | {rep['step'] if rep else '-'} | "
+             f"{f'{tr[-1]:.4f}' if tr else '-'} | {f'{va[-1]:.4f}' if va else '-'} | "
+             f"{f'{secs / 60:.1f}' if secs else '-'} | {_minutes(rep)} |")
+  L.append("\nPer-run perplexity, RULER and ICL numbers: [eval/report.md](eval/report.md).\n")
+  if any("loss" in row for run in runs for row in curves.get(run["workdir"]) or []):
+    L.append("![loss curves](loss_curves.png)\n")  # plots.loss_curves draws these rows
+  L.append("![Figure 1: the trained model's RoPE vs RoVE token mixers](eval/figure1_mixer.png)\n")
+  return L
+
+
+def write(out_dir: str, report: dict, runs: list[dict], curves: dict, meta: dict,
+          recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT) -> dict:
+  """Writes README.md, summary.json, loss_curves.png and (with `recall` records)
+  retrieval_study.png to out_dir, all or none of them (report.replace_files); a PNG the
+  README does not link is removed. Returns the summary."""
+  from rove_jax.evaluation import plots
+  os.makedirs(out_dir, exist_ok=True)
+  text, summary, recall_png = build(report, runs, curves, meta, recall, n_boot=n_boot)
+  files = {os.path.join(out_dir, "README.md"): text,
+           os.path.join(out_dir, "summary.json"): json.dumps({"meta": meta, **summary}, indent=2)}
+  pngs = {"loss_curves.png": plots.loss_curves(curves, runs, plots.ENCODING_NAMES),
+          RECALL_PNG: recall_png}
+  for file, data in pngs.items():
+    if data is not None:
+      files[os.path.join(out_dir, file)] = data
+  replace_files(files)
+  for file, data in pngs.items():
+    if data is None:  # README.md does not link it: no stale plot of an earlier write
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(out_dir, file))
+  return summary
