@@ -24,7 +24,7 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 $(CORE): $(PY) pyproject.toml
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[all]'
 	touch $(CORE)
 
 $(TEST): $(PY) pyproject.toml

@@ -42,9 +42,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(ROOT, "study", "configs", "reproduce.py")
 RECALL_STUDY = "study.retrieval"  # the retrieval study, when present
 SCALES = ("gpt2_124m", "gpt2_354m")  # --scale: study/paper_recipe.py
-# The full evaluation, sized with training to fit about 2 hours on 2 cores (9 runs; measured
-# 2026-12-02: training 49 min, evaluation 31.5 min, the retrieval study 16 min): 16k
-# perplexity targets a length and setting (the full suite's 64k took 254 s a rotary run) and
+# The full evaluation, sized with training to fit about 2 hours on 2 cores for the 9 runs
+# (bench/RESULTS.md has the measured times): 16k perplexity targets a length and setting, and
 # RULER at 4x and 8x the training length, the paper's 4k and 8k for its 1k context.
 PPL_TOKENS = 16384
 RULER_MULTIPLES = (4, 8)

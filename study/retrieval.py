@@ -31,6 +31,7 @@ import sys
 import time
 
 from rove_jax.data import recall as recall_data
+from study.configs import retrieval as recall_config
 from study import retrieval_scoring as recall
 
 DONE = "recall_study_done.json"
@@ -81,7 +82,6 @@ def plan(args) -> list[dict]:
   Every run's config (study/configs/retrieval.py with its overrides) is validated first, so a bad
   generator spec or setting is an error (ValueError) before any training starts."""
   from rove_jax.train import run_config as config_lib
-  from study.configs import retrieval as recall_config
   base = {}
   if args.quick:
     base.update(QUICK, steps=args.steps or 4)
@@ -122,7 +122,7 @@ def train_all(runs, log=print) -> None:
       with open(os.path.join(run["workdir"], DONE)) as f:
         run["train_seconds"] = json.load(f).get("train_seconds")
       continue
-    cmd = [sys.executable, "-m", "rove_jax.train.cli", "--config", "recall",
+    cmd = [sys.executable, "-m", "rove_jax.train.cli", "--config", recall_config.__file__,
            "--workdir", run["workdir"]] + run["overrides"]
     log(f"[{i + 1}/{len(runs)}] {run['encoding']} seed {run['seed']} -> {run['workdir']}")
     t0 = time.perf_counter()

@@ -11,9 +11,9 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 # semantics are the same (no fast-math at any level); only the generated machine code is less
 # optimised. Child processes inherit it through XLA_FLAGS; set the flag yourself to override.
 _OPT_FLAG = "--xla_backend_optimization_level"
-# XLA's newer MLIR fusion emitters take about three times as long as the classic LLVM IR
-# emitters to compile the suite's small programs (measured: 283 eager-op compiles of one model
-# test, 16.3 s with them, 5.7 s without). Both emit the same HLO semantics without fast-math.
+# XLA's newer MLIR fusion emitters compile the suite's many small programs several times more
+# slowly than the classic LLVM IR emitters (bench/RESULTS.md has the measurement). Both emit the
+# same HLO semantics without fast-math.
 _EMITTER_FLAG = "--xla_cpu_use_fusion_emitters"
 _flags = os.environ.get("XLA_FLAGS", "")
 for _flag, _default in ((_DEVICE_FLAG, "8"), (_OPT_FLAG, "0"), (_EMITTER_FLAG, "false")):

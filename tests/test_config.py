@@ -233,9 +233,9 @@ def test_unknown_model_fields_are_named_with_the_known_ones():
 _NO_BACKEND = textwrap.dedent("""
     import sys
     from jax._src import xla_bridge
-    from rove_jax import config as config_lib
+    from rove_jax.train import run_config as config_lib
     from rove_jax.nn.model_config import GPTConfig
-    from rove_jax import train_cli  # defines the rove-train flags on absl's FLAGS
+    from rove_jax.train import cli as train_cli  # defines the rove-train flags on absl's FLAGS
     from absl import flags
 
     config_lib.validate(config_lib.base_config("tiny"))

@@ -1,4 +1,5 @@
-"""The wheel carries the whole system: library, evaluation, packaged configs and both commands.
+"""The wheel carries the library, evaluation, packaged configs and both commands, and nothing of
+the study (reproduce.py's write-up, outside the package) or the checkout's tools.
 
 Builds a wheel from a copy of the tracked files (nothing is written into the checkout) and
 reads its contents; tests/test_eval_cli.py and test_training.py run the commands' code.
@@ -44,8 +45,24 @@ def test_wheel_ships_evaluation_and_configs(wheel):
   for name in ("rove_jax/evaluation/cli.py", "rove_jax/evaluation/ruler/suite.py",
                "rove_jax/train/configs/tiny.py", "rove_jax/data/pipeline.py"):
     assert name in names
-  # Only the package: no top-level eval/, tests/ or bench/ to clobber other installs.
-  assert not [n for n in names if n.split("/")[0] in ("eval", "tests", "bench", "configs")]
+  # Only the package: no top-level eval/, tests/, bench/ or study/ to clobber other installs.
+  assert not [n for n in names if n.split("/")[0] in ("eval", "tests", "bench", "configs",
+                                                       "study")]
+  assert not [n for n in names if "paper_recipe" in n or "writeup" in n or "claims" in n]
+
+
+def test_wheel_core_needs_only_jax_and_numpy(wheel):
+  """The functions install with jax and numpy alone; the layers above come with extras."""
+  (meta,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+  requires = [line.split(":", 1)[1].strip() for line in wheel.read(meta).decode().splitlines()
+              if line.startswith("Requires-Dist:")]
+  core = sorted(r.split(">")[0].split("=")[0].split("[")[0].strip() for r in requires
+                if "extra ==" not in r)
+  assert core == ["jax", "numpy"], requires
+  extras = {r.split("extra ==")[1].strip().strip("'\"") for r in requires if "extra ==" in r}
+  assert {"nn", "train", "eval", "all", "test"} <= extras
+  flax = [r for r in requires if r.startswith("flax")]
+  assert flax and all("extra == \"nn\"" in r or "extra == 'nn'" in r for r in flax), flax
 
 
 def test_wheel_declares_both_commands(wheel):

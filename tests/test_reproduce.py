@@ -373,7 +373,7 @@ def test_reproduce_evaluation_command():
   cmd = reproduce.eval_command(args, runs, "out/eval")
   parsed = cli.parse_args(cmd[3:])  # after python -m rove_jax.evaluation.cli
   from study.paper_recipe import load_config
-  T = load_config("reproduce").data.seq_len
+  T = load_config(reproduce.CONFIG).data.seq_len
   assert parsed.suite == "full" and parsed.yarn == "all" and parsed.out == "out/eval"
   assert [parsed.workdir, *parsed.compare] == [r["workdir"] for r in runs]
   assert parsed.ppl_tokens == reproduce.PPL_TOKENS

@@ -102,7 +102,13 @@ class RotaryEquivalences(chex.TestCase):
     y_inter = np.asarray(inter(x, pos))
     y_half = np.asarray(half(x[..., perm], pos))
     chex.assert_trees_all_close(y_half, y_inter[..., perm], atol=1e-6, rtol=1e-7)
-    assert perm[:F].tolist() == [0, 2, 4, 6]
+    # And against the definition, in float64: half pair m is (x[m], x[m + F]), turned by
+    # pos * inv_freq[m]; the tail passes through.
+    angle = pos[..., None, None].astype(np.float64) * np.asarray(inv, np.float64)  # [B,T,1,F]
+    a, b = x[..., :F].astype(np.float64), x[..., F:rot].astype(np.float64)
+    want = np.concatenate([a * np.cos(angle) - b * np.sin(angle),
+                           a * np.sin(angle) + b * np.cos(angle), x[..., rot:]], axis=-1)
+    chex.assert_trees_all_close(np.asarray(half(x, pos)), want, atol=1e-4)
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters(*LAYOUTS)

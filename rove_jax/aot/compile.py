@@ -1,6 +1,7 @@
 """Ahead-of-time compilation of a run's programs for a Cloud TPU slice, with no TPU attached.
 
-  from rove_jax import aot, config
+  from rove_jax.aot import compile as aot
+  from rove_jax.train import run_config as config
   c = config.paper_config("gpt2_124m", lr=6e-4)
   print(aot.recommend(c, "v5e-8"))                 # a (data, fsdp, tensor) mesh and grad_accum
   report = aot.compile_job(c, "v5e-8", "train")    # or "eval", "decode"

@@ -1,7 +1,7 @@
 """The small-scale replication of the paper's comparison (`make reproduce`): a 4-layer,
 d_model 256 GPT (3.3M parameters) on the embedded stdlib corpus, byte tokens, 128-token
-context, 16 x 128 tokens a step for 300 steps (sized with reproduce.py's evaluation to fit
-about 2 hours on 2 cores: about 1 s a step, 49 min for the 9 runs). reproduce.py sets
+context, 16 x 128 tokens a step for 300 steps, sized with reproduce.py's evaluation to fit
+about 2 hours on 2 cores (the measured times are in bench/RESULTS.md). reproduce.py sets
 model.pos_encoding and seed per run.
 
 python train.py --config study/configs/reproduce.py --workdir runs/reproduce/rove-s0 \
