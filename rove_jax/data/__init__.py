@@ -43,6 +43,10 @@ The validation split, windows, packing and resuming are described in sources.py 
 pipeline.py.
 """
 
+from rove_jax import extras
+
+extras.require("train", "rove_jax.data")
+
 from rove_jax.data.files import PARQUET_EXTENSIONS, STDLIB_EXTENSIONS, TEXT_EXTENSIONS
 from rove_jax.data.pipeline import (Data, eval_batches, make_batch, prepare,
                                     train_iterator)
