@@ -126,7 +126,7 @@ def program(tokens):
   kind = head.split(".")[0]
   if kind == "reproduce" and any(a.split("=")[0] == "--scale" for a in rest):
     return kind, "study.paper_recipe", rest  # reproduce.py --scale: the paper-scale recipe
-  known = ("train", "eval", "reproduce", "bench", "rove_jax")  # rove_jax: python -m <module>
+  known = ("train", "eval", "reproduce", "bench", "rove_jax", "study")  # python -m <module>
   return kind, head if kind in known else None, rest
 
 

@@ -1,6 +1,7 @@
 """Ahead-of-time compilation of a run's programs for a Cloud TPU slice, with no TPU attached.
 
-  from rove_jax import aot, config
+  from rove_jax.aot import compile as aot
+  from rove_jax.train import run_config as config
   c = config.paper_config("gpt2_124m", lr=6e-4)
   print(aot.recommend(c, "v5e-8"))                 # a (data, fsdp, tensor) mesh and grad_accum
   report = aot.compile_job(c, "v5e-8", "train")    # or "eval", "decode"
@@ -218,6 +219,8 @@ def _sds(tree, shardings):
 
 
 def _train_program(c, model_cfg, mesh):
+  # Here, not at the top: the training loop loads orbax and grain, which parse_topology's users
+  # and the eval and decode programs do not need.
   from rove_jax.train import loop as training
   tx = training.make_optimizer(c.optim, c.steps)
   graphdef, params, _, specs = _abstract(model_cfg, mesh)
@@ -237,14 +240,14 @@ def _train_program(c, model_cfg, mesh):
 
 def _yarn(model_cfg, length: int, train_len: int):
   """evaluation.scoring's YaRN past the training length; FROM_CONFIG at or below it."""
-  from rove_jax.evaluation import scoring
+  from rove_jax.evaluation import scoring  # loads orbax and grain: only eval programs need it
   scaling = scoring.yarn_scaling(length, train_len)
   return FROM_CONFIG if scaling is None or model_cfg.pos_encoding not in ROTARY_ENCODINGS \
       else scaling
 
 
 def _eval_program(c, model_cfg, mesh, length, batch, impl):
-  from rove_jax.evaluation import scoring
+  from rove_jax.evaluation import scoring  # loads orbax and grain: only eval programs need it
   impl = impl or scoring.DEFAULT_KERNEL  # evaluation's own kernel unless told
   model_cfg = dataclasses.replace(model_cfg, attention_impl=impl)
   if model_cfg.pos_encoding == "learned" and length > model_cfg.max_len:
