@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from study import numbers as rs
+from study import plots
 from study.numbers import SETTING_NAMES as SETTINGS
 from study.numbers import mult as _x
 from study.numbers import name as _name
@@ -84,7 +85,6 @@ def retrieval(st: rs.Study, png_name: str):
   """(markdown lines, PNG bytes or None, summary dict or None) of the retrieval study."""
   if not st.recall:
     return [], None, None
-  from rove_jax.evaluation import plots
   encs, settings, lengths = _recall_layout(st)
   T = recall_train_len(st.recall)
   n = sorted({len(r.get("sample_nll") or ()) for r in st.recall})

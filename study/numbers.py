@@ -19,6 +19,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from rove_jax.evaluation.plots import ENCODING_NAMES
 from study import stats
 
 N_BOOT = 2000
@@ -249,7 +250,6 @@ SETTING_NAMES = {"none": "no YaRN", "yarn": "YaRN, factor L/T", "yarn_fixed": "Y
 
 
 def name(enc: str) -> str:
-  from rove_jax.evaluation.plots import ENCODING_NAMES
   return ENCODING_NAMES.get(enc, enc)
 
 

@@ -21,12 +21,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
+import importlib.util
 import json
 import os
 import shlex
 import subprocess
 import sys
 import time
+
+from rove_jax.nn.model_config import POS_ENCODINGS
+from rove_jax.train import run_config as config_lib
+from rove_jax.train.metrics import read_metrics
+
+# rove_jax.data (its package loads grain), rove_jax.evaluation.cli, rove_jax.aot.compile and
+# rove_jax.nn.model (flax, optax, orbax) are imported inside the --scale recipe's functions:
+# reproduce.py's small-scale path imports this module for load_config and git_commit only.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AOT_DIR = os.path.join(ROOT, "bench", "aot_results")
@@ -74,17 +83,16 @@ def parse_args(argv) -> argparse.Namespace:
     p.error("--seeds: give at least one seed")
   args.encoding_list = list(dict.fromkeys(e.strip() for e in args.encodings.split(",")
                                           if e.strip()))
-  from rove_jax.nn.model_config import POS_ENCODINGS
   bad = [e for e in args.encoding_list if e not in POS_ENCODINGS]
   if bad or not args.encoding_list:
     p.error(f"--encodings: unknown {bad}; choose from {POS_ENCODINGS}")
-  from rove_jax.data import files
+  from rove_jax.data import files  # heavy: see the note above ROOT
   args.data = os.path.expanduser(args.data)
   try:
     args.data_files, _ = files.resolve_files(args.data, files.PARQUET_EXTENSIONS, "--data")
   except ValueError as e:
     p.error(f"{e}; give the FineWeb-Edu parquet shards you have, e.g. --data '{EXAMPLE_DATA}'")
-  from rove_jax.evaluation import cli
+  from rove_jax.evaluation import cli  # heavy: see the note above ROOT
   cli.check_task_files(p, args)  # the evaluation's input files, now, not after days of training
   if args.topology:
     args.topology_name = _topology_name(p, args.topology, args.aot_dir, args.scale)
@@ -100,7 +108,8 @@ def _topology_name(p, given: str, aot_dir: str, preset: str) -> str:
   for r in compiled_rows(aot_dir, preset):
     if given.lower() in {str(r.get(k)).lower() for k in ("name", "topology", "accelerator")}:
       return r["topology"]
-  from rove_jax.aot import compile as aot  # a topology nothing was compiled for yet: check its name
+  # A topology nothing was compiled for yet: check its name (heavy: see the note above ROOT).
+  from rove_jax.aot import compile as aot
   try:
     return aot.parse_topology(given).name
   except ValueError as e:
@@ -109,7 +118,6 @@ def _topology_name(p, given: str, aot_dir: str, preset: str) -> str:
 
 def load_config(preset: str):
   """A run config: configs/PRESET.py for a preset's name, or the config file at that path."""
-  import importlib.util
   path = preset if preset.endswith(".py") else os.path.join(ROOT, "configs", f"{preset}.py")
   preset = os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(f"_paper_config_{preset}", path)
@@ -189,7 +197,7 @@ def build_plan(args) -> dict:
           cmd.append(f"--config.model.remat={mesh_row['remat']}")
       runs.append({"encoding": enc, "seed": seed, "workdir": workdir, "train": cmd,
                    "compiled": row, "mesh_from": mesh_row and mesh_row["pos_encoding"]})
-  from rove_jax.evaluation import cli
+  from rove_jax.evaluation import cli  # heavy: see the note above ROOT
   full = cli.SUITES["full"]
   eval_dir = os.path.join(args.out, "eval")
   ev = ["python", "-m", "rove_jax.evaluation.cli", "--workdir", runs[0]["workdir"]]
@@ -243,8 +251,7 @@ def cost_lines(plan, args) -> list[str]:
                f"compiled figures: >= {hours:.2f} h in sequence, >= {dev_hours:.1f} "
                f"device-hours, {flops:.3e} FLOPs")
   if missing:
-    from rove_jax.train import run_config as config_lib
-    from rove_jax.nn.model import param_count
+    from rove_jax.nn.model import param_count  # heavy: see the note above ROOT
     n = param_count(config_lib.to_model_config(plan["config"]))
     where = f"for {topo_name}" if topo else "for any topology"
     for enc in missing:
@@ -384,7 +391,6 @@ def execute(plan, args, text: str, argv) -> int:
 
 def write_readme(out: str, plan, text: str, meta: dict) -> str:
   """--out/README.md: what ran, each run's training, rove-eval's report.md and the plan."""
-  from rove_jax.train.metrics import read_metrics
   encodings = " vs ".join(dict.fromkeys(r["encoding"] for r in plan["runs"]))
   L = [f"# Paper-scale run: {plan['preset']}, {encodings}\n",
        f"- Command: `{meta['command']}`", f"- Commit: {meta['commit']}",

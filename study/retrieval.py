@@ -1,6 +1,6 @@
 """The retrieval study: train RoVE / RoPE / NoPE GPTs on synthetic associative recall at 32
-tokens (study/configs/retrieval.py, rove_jax.data.recall) and score them at 1x..16x that length, with
-and without YaRN; writes OUT/recall.json.
+tokens (study/configs/retrieval.py, rove_jax.data.recall) and score them at 1x..16x that
+length, with and without YaRN; writes OUT/recall.json.
 
   python -m study.retrieval --out results/recall --runs-dir runs/recall
       [--seeds 0,1,2] [--encodings rove,rope,nope] [--samples 200] [--steps N] [--data SPEC]
@@ -17,7 +17,8 @@ the per-sample lists, from study.retrieval_scoring.evaluate), "sample_distance" 
 the query-to-pair distance of every sample; the same samples for every run), "comparisons"
 (RoVE against each other encoding at every setting and length: paired bootstrap intervals over
 seeds and samples from study.stats), the runs with their training times, the
-spec and the wall time. recall.png: accuracy and NLL against length (plots.retrieval_study).
+spec and the wall time. recall.png: accuracy and NLL against length
+(study.plots.retrieval_study).
 """
 
 from __future__ import annotations
@@ -31,8 +32,12 @@ import sys
 import time
 
 from rove_jax.data import recall as recall_data
-from study.configs import retrieval as recall_config
+from rove_jax.evaluation import scoring
+from rove_jax.nn.model_config import POS_ENCODINGS
+from rove_jax.train import run_config as config_lib
+from study import plots, stats
 from study import retrieval_scoring as recall
+from study.configs import retrieval as recall_config
 
 DONE = "recall_study_done.json"
 QUICK = {"model.n_layer": 1, "model.d_model": 32, "model.n_head": 2, "data.batch_size": 8,
@@ -53,8 +58,9 @@ def parse_args(argv):
                  help="test lengths as multiples of the training length")
   p.add_argument("--test-seed", type=int, default=0)
   p.add_argument("--steps", type=int, help="training steps (default: study/configs/retrieval.py)")
-  p.add_argument("--data", help="the generator spec, data.path (default: study/configs/retrieval.py's); "
-                 "e.g. seq_len=32,pairs=4,queries=8 (rove_jax.data.recall.RecallSpec)")
+  p.add_argument("--data", help="the generator spec, data.path (default: "
+                 "study/configs/retrieval.py's); e.g. seq_len=32,pairs=4,queries=8 "
+                 "(rove_jax.data.recall.RecallSpec)")
   p.add_argument("--quick", action="store_true", help="tiny settings for tests")
   args = p.parse_args(argv)
   try:
@@ -63,7 +69,6 @@ def parse_args(argv):
   except ValueError:
     p.error("--seeds and --multiples take comma-separated integers")
   args.encoding_list = [e.strip() for e in args.encodings.split(",") if e.strip()]
-  from rove_jax.nn.model_config import POS_ENCODINGS
   bad = [e for e in args.encoding_list if e not in POS_ENCODINGS]
   if bad or not args.encoding_list or not args.seed_list:
     p.error(f"--encodings: choose from {POS_ENCODINGS}; --seeds: at least one")
@@ -81,7 +86,6 @@ def plan(args) -> list[dict]:
 
   Every run's config (study/configs/retrieval.py with its overrides) is validated first, so a bad
   generator spec or setting is an error (ValueError) before any training starts."""
-  from rove_jax.train import run_config as config_lib
   base = {}
   if args.quick:
     base.update(QUICK, steps=args.steps or 4)
@@ -137,7 +141,6 @@ def train_all(runs, log=print) -> None:
 
 def evaluate_all(args, runs, log=print) -> dict:
   """Scores every run on one shared test set; returns the recall.json content (no timing)."""
-  from rove_jax.evaluation import scoring
   records, spec, samples, train_len = [], None, None, None
   for run in runs:
     loaded = scoring.load_run(run["workdir"])
@@ -165,11 +168,7 @@ def evaluate_all(args, runs, log=print) -> dict:
 
 def comparisons(records: list[dict], reference: str = "rove") -> list[dict]:
   """RoVE against each other encoding per (setting, length): paired bootstrap intervals of
-  the accuracy and NLL differences (A = RoVE), from study.stats; [] without it."""
-  try:
-    from study import stats
-  except ImportError:
-    return []
+  the accuracy and NLL differences (A = RoVE), from study.stats."""
   cells: dict = {}
   for r in records:
     cells.setdefault((r["setting"], r["length"]), {}).setdefault(r["encoding"], []).append(r)
@@ -209,8 +208,7 @@ def main(argv=None) -> int:
   path = os.path.join(args.out, "recall.json")
   with open(path, "w") as f:
     json.dump(result, f)
-  try:  # the figure needs matplotlib (the eval extra); the JSON does not
-    from rove_jax.evaluation import plots
+  try:  # the figure needs matplotlib; the JSON does not
     png = plots.retrieval_study(
         result["records"], train_lengths=[result["train_len"]],
         title=f"Associative recall vs length (trained at {result['train_len']} tokens)")

@@ -16,9 +16,12 @@ import json
 import os
 from typing import Optional, Sequence
 
+from rove_jax.evaluation.plots import ENCODING_NAMES
+from rove_jax.evaluation.report import train_len
+from rove_jax.evaluation.report_files import replace_files
 from study import claims as claims_lib
 from study import numbers as rs
-from rove_jax.evaluation.report import replace_files, train_len
+from study import plots
 
 RECALL_PNG = "retrieval_study.png"
 
@@ -377,14 +380,13 @@ def _every_run(report, runs, curves, meta) -> list:
 def write(out_dir: str, report: dict, runs: list[dict], curves: dict, meta: dict,
           recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT) -> dict:
   """Writes README.md, summary.json, loss_curves.png and (with `recall` records)
-  retrieval_study.png to out_dir, all or none of them (report.replace_files); a PNG the
+  retrieval_study.png to out_dir, all or none of them (report_files.replace_files); a PNG the
   README does not link is removed. Returns the summary."""
-  from rove_jax.evaluation import plots
   os.makedirs(out_dir, exist_ok=True)
   text, summary, recall_png = build(report, runs, curves, meta, recall, n_boot=n_boot)
   files = {os.path.join(out_dir, "README.md"): text,
            os.path.join(out_dir, "summary.json"): json.dumps({"meta": meta, **summary}, indent=2)}
-  pngs = {"loss_curves.png": plots.loss_curves(curves, runs, plots.ENCODING_NAMES),
+  pngs = {"loss_curves.png": plots.loss_curves(curves, runs, ENCODING_NAMES),
           RECALL_PNG: recall_png}
   for file, data in pngs.items():
     if data is not None:

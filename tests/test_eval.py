@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rove_jax.evaluation import perplexity, report, scoring
+from rove_jax.evaluation import perplexity, report, report_files, report_md, scoring
 from rove_jax.data import tokenization
 from rove_jax.nn.model import GPT
 from tests.conftest import gpt_config, small_config, subprocess_env
@@ -180,7 +180,7 @@ def _valid_report():
 def test_report_schema_validation(tmp_path):
   good = _valid_report()
   report.validate(good)
-  paths = report.write(good, str(tmp_path))
+  paths = report_files.write(good, str(tmp_path))
   assert json.loads(open(paths["json"]).read()) == good
   assert "| a | - | 4.48 | 2.72 |" in open(paths["md"]).read()
   ruler_none = ("runs", 0, "ruler", "settings", "none", "tasks", "vt", "32")
@@ -216,12 +216,12 @@ def test_version_1_reports_are_refused_by_validate_and_still_rendered():
     report.validate(old)
   with pytest.raises(ValueError, match="schema_version must be 2, got 3"):
     report.validate({**old, "schema_version": 3})
-  md = report.markdown(old)
+  md = report_md.markdown(old)
   assert "### +YaRN" in md and "| a | 2.00, 1/2 | 2.00 | 1/2 |" in md
 
 
 def test_markdown_shows_every_setting_and_counts_with_exact_captions():
-  md = report.markdown(_valid_report())
+  md = report_md.markdown(_valid_report())
   assert "| run | YaRN | 8 | 16 |" in md
   assert "| a | +YaRN fixed s=4 | 5.47 | 3.32 |" in md  # exp(1.7), exp(1.2)
   assert "+YaRN fixed: one factor s = 4 at every length, those <= 16 included" in md

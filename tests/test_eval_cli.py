@@ -13,7 +13,7 @@ import pytest
 from absl import logging as absl_logging
 
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.evaluation import cli, report, scoring
+from rove_jax.evaluation import cli, report, report_files, report_md, scoring
 from rove_jax.evaluation.ruler import suite as ruler
 from tests.test_perplexity import (TRAIN_LEN, assert_row_matches, reference_model,
                                    reference_ppl)
@@ -111,12 +111,12 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
   out = tmp_path / "eval"
   out.mkdir()
   before = {name: f"an earlier report's {name}".encode() for name in (
-      "report.json", "report.md", *report.PLOT_FILES.values(), "mine.png")}
+      "report.json", "report.md", *report_files.PLOT_FILES.values(), "mine.png")}
   for name, data in before.items():
     (out / name).write_bytes(data)
   argv = ["--workdir", str(trained_run), "--out", str(out), "--tasks", "ppl", "--lengths",
           str(TRAIN_LEN), "--yarn", "off", "--ppl-tokens", "256", "--no-progress"]
-  original = report._write_data
+  original = report_files._write_data
 
   def disk_full_at_json(f, data, path):
     if path.endswith("report.json"):
@@ -124,13 +124,13 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
       raise OSError(28, "No space left on device")
     original(f, data, path)
 
-  monkeypatch.setattr(report, "_write_data", disk_full_at_json)
+  monkeypatch.setattr(report_files, "_write_data", disk_full_at_json)
   assert cli.main(argv) == 1
   err = capsys.readouterr().err
   assert err.splitlines()[-1] == "rove-eval: error: [Errno 28] No space left on device"
   assert "Traceback" not in err
   assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no change, no temp files
-  monkeypatch.setattr(report, "_write_data", original)
+  monkeypatch.setattr(report_files, "_write_data", original)
   assert cli.main(argv) == 0
   md = (out / "report.md").read_text()
   assert md.strip() in capsys.readouterr().out  # printed as written
@@ -162,7 +162,7 @@ def test_ruler_scores_qa_1_with_and_without_yarn_and_reports_qa_2_skipped(traine
   assert got["skipped"]["qa_2"].startswith("needs --hotpot FILE: a local HotpotQA dev JSON")
   rep = {"schema_version": report.SCHEMA_VERSION, "suite": "quick", "runs": [result]}
   report.validate(rep)
-  md = report.markdown(rep)
+  md = report_md.markdown(rep)
   assert "- qa_2: skipped (needs --hotpot FILE" in md
   assert "### No YaRN" in md and "### +YaRN" in md
   # The same samples scored directly without YaRN: "none" holds qa_1's real answer NLLs.

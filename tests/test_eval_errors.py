@@ -14,8 +14,9 @@ import pytest
 from rove_jax.train import run_config as config_lib
 from rove_jax import data as data_lib
 from rove_jax.train import loop as training
-from rove_jax.evaluation import cli, plots, report, scoring
+from rove_jax.evaluation import cli, plots, report, report_files, scoring
 from rove_jax.evaluation.ruler import qa as ruler_qa
+from study import plots as study_plots
 from tests.conftest import small_config
 from tests.test_ruler import HOTPOT, SQUAD
 
@@ -351,29 +352,29 @@ def plots_listed(md_text: str) -> set:
 
 
 def test_stale_plots_are_removed_and_the_list_matches_the_directory(tmp_path):
-  first = report.write(_report(), str(tmp_path))
-  assert report.drawn_plots(first) == ["perplexity_vs_length.png", "ruler_nll.png",
+  first = report_files.write(_report(), str(tmp_path))
+  assert report_files.drawn_plots(first) == ["perplexity_vs_length.png", "ruler_nll.png",
                                        "icl_accuracy.png"]
   (tmp_path / "figure1_mixer.png").write_bytes(b"an older report's figure")
   (tmp_path / "notes.png").write_bytes(b"not ours")
-  paths = report.write(_report(ruler=False, icl=False), str(tmp_path))
-  assert report.drawn_plots(paths) == ["perplexity_vs_length.png"]
+  paths = report_files.write(_report(ruler=False, icl=False), str(tmp_path))
+  assert report_files.drawn_plots(paths) == ["perplexity_vs_length.png"]
   pngs = {p for p in os.listdir(tmp_path) if p.endswith(".png")}
   assert pngs == {"perplexity_vs_length.png", "notes.png"}  # only known names are removed
   assert plots_listed((tmp_path / "report.md").read_text()) == {"perplexity_vs_length.png"}
   assert (tmp_path / "perplexity_vs_length.png").read_bytes()[:4] == b"\x89PNG"
   no_plots = dict(_report(), runs=[dict(_report()["runs"][0], perplexity=None, ruler=None,
                                         icl=None)])
-  report.write(no_plots, str(tmp_path))
+  report_files.write(no_plots, str(tmp_path))
   assert sorted(os.listdir(tmp_path)) == ["notes.png", "report.json", "report.md"]
   assert "Plots: none" in (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.parametrize("fail_on", ["report.json", "report.md", "ruler_nll.png"])
 def test_a_failed_write_keeps_the_previous_report_whole(monkeypatch, tmp_path, fail_on):
-  report.write(_report(), str(tmp_path))
+  report_files.write(_report(), str(tmp_path))
   before = {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)}
-  original = report._write_data
+  original = report_files._write_data
 
   def write_half_then_fail(f, data, path):
     if os.path.basename(path) == fail_on:
@@ -381,17 +382,17 @@ def test_a_failed_write_keeps_the_previous_report_whole(monkeypatch, tmp_path, f
       raise OSError(28, "No space left on device")
     original(f, data, path)
 
-  monkeypatch.setattr(report, "_write_data", write_half_then_fail)
+  monkeypatch.setattr(report_files, "_write_data", write_half_then_fail)
   new = _report(icl=False)  # draws no icl_accuracy.png
   new["runs"][0]["step"] = 99
   with pytest.raises(OSError, match="No space left"):
-    report.write(new, str(tmp_path))
+    report_files.write(new, str(tmp_path))
   after = {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)}
   assert after == before  # nothing replaced, nothing removed, no temporary files left
   if fail_on != "report.json":
     return
-  monkeypatch.setattr(report, "_write_data", original)
-  report.write(new, str(tmp_path))
+  monkeypatch.setattr(report_files, "_write_data", original)
+  report_files.write(new, str(tmp_path))
   assert json.loads((tmp_path / "report.json").read_text())["runs"][0]["step"] == 99
   assert not (tmp_path / "icl_accuracy.png").exists()
   assert oct((tmp_path / "report.json").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
@@ -401,9 +402,9 @@ def test_a_failed_json_dump_leaves_no_file(monkeypatch, tmp_path):
   def dumps(*args, **kwargs):
     raise ValueError("injected")
 
-  monkeypatch.setattr(report.json, "dumps", dumps)
+  monkeypatch.setattr(report_files.json, "dumps", dumps)
   with pytest.raises(ValueError, match="injected"):
-    report.write(_report(), str(tmp_path / "eval"))
+    report_files.write(_report(), str(tmp_path / "eval"))
   assert not (tmp_path / "eval").exists() or os.listdir(tmp_path / "eval") == []
 
 
@@ -416,7 +417,7 @@ def test_plots_with_nothing_labelled_draw_no_empty_legend():
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     assert plots.perplexity(rep)[:4] == b"\x89PNG"
-    assert plots.loss_curves(curves, [{"workdir": "/w", "encoding": "rove", "seed": 0}],
+    assert study_plots.loss_curves(curves, [{"workdir": "/w", "encoding": "rove", "seed": 0}],
                              {"rove": "RoVE"})[:4] == b"\x89PNG"
   assert [str(w.message) for w in caught if "legend" in str(w.message)] == []
 

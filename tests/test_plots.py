@@ -9,6 +9,7 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from rove_jax.evaluation import plots
+from study import plots as study_plots
 from study import stats
 
 LENGTHS = (64, 128, 256)
@@ -135,10 +136,10 @@ def test_retrieval_study_draws_two_panels_with_the_same_conventions(close_figure
 def test_the_png_functions_render_the_figures(monkeypatch, close_figures):
   drawn = []
   monkeypatch.setattr(plots, "png", lambda fig, dpi: drawn.append(fig) or b"PNG")  # no render
-  assert plots.retrieval_study(records()[:3]) == b"PNG"
+  assert study_plots.retrieval_study(records()[:3]) == b"PNG"
   assert plots.perplexity({"runs": [ppl_run("rove", 0)]}) == b"PNG"
   assert [len(fig.axes) for fig in drawn] == [2, 1]
-  assert plots.retrieval_study([]) is None and plots.perplexity({"runs": []}) is None
+  assert study_plots.retrieval_study([]) is None and plots.perplexity({"runs": []}) is None
 
 
 def test_retrieval_records_are_checked(close_figures):

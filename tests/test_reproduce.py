@@ -13,6 +13,7 @@ import pytest
 
 from rove_jax.evaluation import cli
 from rove_jax.evaluation import report as report_lib
+from rove_jax.evaluation import report_files
 from study import writeup as w
 from tests.conftest import subprocess_env
 
@@ -243,19 +244,19 @@ def test_write_replaces_readme_summary_and_curves_together(tmp_path, monkeypatch
   assert not (tmp_path / w.RECALL_PNG).exists()
   before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
   # A failure while writing the second file (a full disk) replaces none of the three.
-  original = report_lib._write_data
+  original = report_files._write_data
 
   def fail_on_summary(f, data, path):
     if path.endswith("summary.json"):
       raise OSError(28, "No space left on device")
     original(f, data, path)
 
-  monkeypatch.setattr(report_lib, "_write_data", fail_on_summary)
+  monkeypatch.setattr(report_files, "_write_data", fail_on_summary)
   meta2 = {**meta, "commit": "def"}
   with pytest.raises(OSError, match="No space"):
     w.write(str(tmp_path), report, runs, {}, meta2, n_boot=N_BOOT)
   assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp files left
-  monkeypatch.setattr(report_lib, "_write_data", original)
+  monkeypatch.setattr(report_files, "_write_data", original)
   assert "(loss_curves.png)" in text
   w.write(str(tmp_path), report, runs, {}, meta2, n_boot=N_BOOT)  # no curves: no link, no file
   text2 = (tmp_path / "README.md").read_text()
@@ -264,9 +265,9 @@ def test_write_replaces_readme_summary_and_curves_together(tmp_path, monkeypatch
 
 
 def _fake_plots(monkeypatch):
-  """plots' PNG renderers replaced by stand-ins that record their calls (tests/test_plots.py
+  """study.plots' PNG renderers replaced by stand-ins that record their calls (tests/test_plots.py
   covers the drawing; these tests cover which files the write-up writes and links)."""
-  from rove_jax.evaluation import plots
+  from study import plots
   calls = []
 
   def loss_curves(curves, runs, names):

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from rove_jax.data import tokenization
-from rove_jax.evaluation import cli, perplexity, report, scoring
+from rove_jax.evaluation import cli, perplexity, report, report_md, scoring
 from rove_jax.nn.model import GPT
 from tests.conftest import gpt_config
 
@@ -63,7 +63,7 @@ def test_eval_lengths_yarn_and_labels_all_use_the_trained_length(short_run):
   rep = {"schema_version": report.SCHEMA_VERSION, "suite": "quick", "runs": [
       {**result, "ruler": None, "icl": None}]}
   report.validate(rep)
-  md = report.markdown(rep)
+  md = report_md.markdown(rep)
   assert f"| short | rove | {result['model']['params'] / 1e6:.1f}M | 0 | {SEQ_LEN} |" in md
   assert f"YaRN factor = L / {SEQ_LEN}" in md
   assert math.isfinite(ppl["yarn"][str(L)]["ppl"])

@@ -1,6 +1,6 @@
 """What a compiled XLA program costs, per device: the figures behind rove_jax.aot.compile's reports.
 
-  from rove_jax import aot_analysis as hlo
+  from rove_jax.aot import analysis as hlo
   figures = hlo.analyze(jax.jit(f).lower(*args).compile(), chip, n_devices=8, tokens=B * T,
                         model_flops=..., attention_flops=..., accumulation=M)
   hlo.parse_collectives(compiled.as_text())  # {"all-reduce": {"count", "bytes"}, ...}
@@ -36,7 +36,12 @@ import math
 import re
 from typing import Optional
 
+import jax
 import numpy as np
+from flax import nnx
+
+from rove_jax.aot import gpu as aot_gpu
+from rove_jax.nn.model import GPT
 
 GiB = 2**30
 
@@ -161,9 +166,6 @@ def roofline(flops: float, bytes_accessed: float, chip,
 
 def matmul_params(model_cfg) -> int:
   """Parameters that multiply activations: all but the embedding lookups."""
-  import jax
-  from flax import nnx
-  from rove_jax.nn.model import GPT
   model = nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0)))
   size = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
   lookups = [model.pos_embed, model.t5_table] + ([model.embed] if model.lm_head else [])
@@ -197,7 +199,6 @@ def analyze(compiled, chip, *, n_devices: int, tokens: int, model_flops: float,
   cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
   notes = []
   if not cost:  # the CUDA plugin implements no cost_analysis
-    from rove_jax.aot import gpu as aot_gpu
     cost = aot_gpu.gpu_costs(compiled)
     notes.append("flops and bytes accessed from XLA's HLO cost model on the CPU client (the "
                  "compiler has no cost_analysis)" if cost else "no FLOPs or bytes: the compiler "

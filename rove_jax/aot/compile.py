@@ -219,6 +219,8 @@ def _sds(tree, shardings):
 
 
 def _train_program(c, model_cfg, mesh):
+  # Here, not at the top: the training loop loads orbax and grain, which parse_topology's users
+  # and the eval and decode programs do not need.
   from rove_jax.train import loop as training
   tx = training.make_optimizer(c.optim, c.steps)
   graphdef, params, _, specs = _abstract(model_cfg, mesh)
@@ -238,14 +240,14 @@ def _train_program(c, model_cfg, mesh):
 
 def _yarn(model_cfg, length: int, train_len: int):
   """evaluation.scoring's YaRN past the training length; FROM_CONFIG at or below it."""
-  from rove_jax.evaluation import scoring
+  from rove_jax.evaluation import scoring  # loads orbax and grain: only eval programs need it
   scaling = scoring.yarn_scaling(length, train_len)
   return FROM_CONFIG if scaling is None or model_cfg.pos_encoding not in ROTARY_ENCODINGS \
       else scaling
 
 
 def _eval_program(c, model_cfg, mesh, length, batch, impl):
-  from rove_jax.evaluation import scoring
+  from rove_jax.evaluation import scoring  # loads orbax and grain: only eval programs need it
   impl = impl or scoring.DEFAULT_KERNEL  # evaluation's own kernel unless told
   model_cfg = dataclasses.replace(model_cfg, attention_impl=impl)
   if model_cfg.pos_encoding == "learned" and length > model_cfg.max_len:

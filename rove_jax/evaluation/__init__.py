@@ -4,7 +4,8 @@ from a checkout): rove_jax.evaluation.cli.
 
 Modules: cli (the command), scoring (restore a run, score windows and prompt/answer pairs),
 perplexity, prompting (what RULER and ICL share: tokenizer protocol, filler text, fitting a
-prompt to a length, answer scoring), ruler (+ ruler_tasks, ruler_haystack, ruler_qa), icl
-(+ icl_specs, icl_files, icl_synthetic), report (report.json/md and plots), results_writeup
-(the results/ README of `make reproduce`).
+prompt to a length, answer scoring), ruler/ (suite, tasks, haystack, qa), icl/ (synthetic,
+files, specs), report (the report.json schema and its validation), and its writers: report_md
+(report.md's tables), plots (the PNGs) and report_files (the report directory, replaced
+atomically). The paper reproduction's write-up is study/, outside the package.
 """

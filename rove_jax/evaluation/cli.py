@@ -33,6 +33,15 @@ import sys
 import tempfile
 import time
 
+from flax import nnx
+
+from rove_jax import data as data_lib
+from rove_jax.data import files as data_files
+from rove_jax.evaluation import icl, perplexity, prompting, report, report_files, report_md, scoring
+from rove_jax.evaluation.ruler import qa as ruler_qa
+from rove_jax.evaluation.ruler import suite as ruler
+from rove_jax.nn.model import FROM_CONFIG, GPT, param_count
+
 # Lengths are int(multiple * T). ICL's by-length tasks run at T only: the paper's ICL is inside
 # the training context. The quick suite leaves out 0.5x: it is a smoke test (reproduce --quick
 # and the test suite run it), and 0.5x added about a tenth to its perplexity time.
@@ -168,12 +177,10 @@ def _check_inputs(p, args) -> None:
       p.error(f"{flag} {workdir} {_what_is_wrong(workdir, 'directory')}; give the workdir of a "
               f"training run")
   if args.data_path:
-    from rove_jax import data as data_lib
-    from rove_jax.data import files
     exts = (data_lib.PARQUET_EXTENSIONS if args.data_path.endswith(".parquet")
             else data_lib.TEXT_EXTENSIONS)
     try:
-      files.resolve_files(args.data_path, exts, "--data-path")
+      data_files.resolve_files(args.data_path, exts, "--data-path")
     except ValueError as e:
       p.error(str(e))
   check_task_files(p, args)
@@ -196,7 +203,6 @@ def check_task_files(p, args) -> None:
       continue
     if not os.path.isfile(path):
       p.error(f"{flag} {path} {_what_is_wrong(path, 'file')}; give a local JSON file (see --help)")
-    from rove_jax.evaluation.ruler import qa as ruler_qa
     load = ruler_qa.load_squad if flag == "--squad" else ruler_qa.load_hotpotqa
     try:
       load(path)  # parsed and validated now (cached for the RULER tasks)
@@ -204,7 +210,6 @@ def check_task_files(p, args) -> None:
       p.error(f"{flag} {path}: {e}")
   args.icl_specs = None
   if args.icl_tasks is not None:
-    from rove_jax.evaluation import icl
     if not os.path.isfile(args.icl_tasks):
       p.error(f"--icl-tasks {args.icl_tasks} {_what_is_wrong(args.icl_tasks, 'file')}; give a "
               f"JSON list of ICL task specs")
@@ -240,8 +245,6 @@ def prepare_out_dir(out_dir: str) -> None:
 
 def evaluate_run(run, args, suite) -> dict:
   """One run's report entry (report.py's RUN) for the tasks in args.task_list."""
-  from rove_jax.evaluation import scoring
-  from rove_jax.nn.model import param_count
   train_len = run.train_len  # the one training length: lengths, YaRN factors, labels
   lengths = args.lengths or suite_lengths(suite["multiples"], train_len)
   scorer = scoring.Scorer(run, implementation="chunked", chunk_size=args.chunk)
@@ -268,9 +271,7 @@ def suite_lengths(multiples, train_len: int) -> list:
 
 
 def _perplexity(run, scorer, args, suite, lengths) -> dict:
-  from rove_jax.evaluation import perplexity
   if args.data_path:
-    from rove_jax import data as data_lib
     source = "parquet" if args.data_path.endswith(".parquet") else "text"
     corpus = data_lib.Corpus(source=source, path=args.data_path)
     tokens = data_lib.load_tokens(corpus, "train", run.tokenizer)
@@ -294,8 +295,6 @@ def ruler_settings(yarn: str) -> tuple:
 
 def _ruler(run, scorer, args, suite, lengths) -> dict:
   """report.py's RULER entry: every (task, length) cell under each setting, same samples."""
-  from rove_jax.evaluation.ruler import suite as ruler
-  from rove_jax.nn.model import FROM_CONFIG
   cfg, train_len = run.model_config, run.train_len
   r_lengths = args.ruler_lengths or suite_lengths(suite["ruler_multiples"], train_len)
   if cfg.pos_encoding == "learned":
@@ -344,7 +343,6 @@ def _ruler(run, scorer, args, suite, lengths) -> dict:
 
 def _icl(run, scorer, args, suite, lengths) -> dict:
   """report.py's ICL entry: synthetic tasks (and task files) inside the training context."""
-  from rove_jax.evaluation import icl, prompting
   progress, train_len = not args.no_progress, run.train_len
   fn = scorer.score_fn()
   icl_lengths = tuple(suite_lengths(suite["icl_length_multiples"], train_len))
@@ -390,7 +388,6 @@ def _icl(run, scorer, args, suite, lengths) -> dict:
 
 def ruler_tasks(suite: dict) -> tuple:
   """The RULER tasks of a suite (None: all of them, the QA tasks included)."""
-  from rove_jax.evaluation.ruler import suite as ruler
   return tuple(suite["ruler_tasks"] or ruler.TASKS + ruler.QA_TASKS)
 
 
@@ -419,8 +416,6 @@ def main(argv=None) -> int:
 
 
 def _evaluate(args) -> int:
-  from rove_jax.evaluation import report as report_lib
-  from rove_jax.evaluation import scoring
   suite = dict(SUITES[args.suite])
   if args.ppl_tokens is not None:
     suite["ppl_tokens"] = args.ppl_tokens
@@ -430,22 +425,19 @@ def _evaluate(args) -> int:
   for run in runs:
     print(f"== {run.name}: {run.model_config.pos_encoding}, step {run.step}", file=sys.stderr)
     results.append(evaluate_run(run, args, suite))
-  rep = {"schema_version": report_lib.SCHEMA_VERSION, "suite": args.suite,
+  rep = {"schema_version": report.SCHEMA_VERSION, "suite": args.suite,
          "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "runs": results}
   out_dir = args.out_dir  # made and probed by parse_args
   figure1 = None
   first = runs[0]
   if first.model_config.pos_encoding in ("rove", "rope"):
-    from flax import nnx
-
-    from rove_jax.nn.model import GPT
     model = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: GPT(first.model_config,
                                                               rngs=nnx.Rngs(0)))), first.params)
     sample = first.val_tokens()[:12]
     figure1 = (model, sample, f"{first.name}: layer 0, head 0, {len(sample)} held-out tokens")
-  paths = report_lib.write(rep, out_dir, figure1=figure1)
-  print(report_lib.markdown(rep, plots=report_lib.drawn_plots(paths)))
+  paths = report_files.write(rep, out_dir, figure1=figure1)
+  print(report_md.markdown(rep, plots=report_files.drawn_plots(paths)))
   print(f"\nwrote {', '.join(sorted(paths.values()))}", file=sys.stderr)
   return 0
 

@@ -1,17 +1,17 @@
-"""The evaluation's figures, each rendered to PNG bytes (matplotlib, Agg backend).
+"""The report's figures, each rendered to PNG bytes (matplotlib, Agg backend), and the curve
+conventions and helpers that study/plots.py's write-up figures share.
 
-The writers own the files: report.write places perplexity / ruler / icl / figure1 next to
-report.json, results_writeup.write places loss_curves in results/, both atomically. A function
-returns None when the report holds nothing it could draw; the *_figure functions return the
-open matplotlib figure instead of PNG bytes (for callers that add to it, and for tests).
+The writers own the files: report_files.write places perplexity / ruler / icl / figure1 next to
+report.json, atomically. A function returns None when the report holds nothing it could draw;
+the *_figure functions return the open matplotlib figure instead of PNG bytes (for callers that
+add to it, and for tests).
 
 Curves against evaluation length follow one convention: runs are grouped by encoding
 (run["model"]["pos_encoding"]), one fixed colour per encoding (ENCODING_COLORS), one line style
 per YaRN setting (SETTING_STYLES: none solid, yarn dashed, yarn_fixed dotted); the line is the
 mean over seeds and the shaded band the seed spread, min-max over seeds (no band with one
 seed; the intervals over evaluation units are in results/README.md's tables).
-matplotlib is imported only when a figure is drawn.
-"""
+matplotlib is imported only when a figure is drawn."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def _cell(items, key: str, transform):
   from its seeds' items: the mean over seeds and their min-max (None with one seed). The band
   is the seed spread only: an interval over evaluation units would show the spread of window
   or sample difficulty, which is shared by every run and cancels in the paired comparisons of
-  results_stats (the tables carry those intervals)."""
+  study/stats.py (the tables carry those intervals)."""
   transform = transform or (lambda x: x)
   values = np.array([float(item[key]) for item in items])
   center = float(transform(values.mean()))
@@ -193,7 +193,7 @@ def perplexity(report: dict) -> Optional[bytes]:
   return None if fig is None else png(fig, 120)
 
 
-# ------------------------------------------------------------------------- retrieval study
+# --------------------------------------------------------------------- retrieval and RULER
 
 
 RECORD_KEYS = ("encoding", "seed", "setting", "length", "accuracy", "nll")
@@ -201,7 +201,30 @@ RECORD_KEYS = ("encoding", "seed", "setting", "length", "accuracy", "nll")
 
 def retrieval_figure(records: Sequence[dict], *, title: str = "Retrieval vs evaluation length",
                      train_lengths: Sequence[int] = ()):
-  """`retrieval_study`'s figure (open), or None when there are no records."""
+  """Accuracy (left) and answer NLL (right) against evaluation length, the curve conventions
+  of the module docstring, as an open figure (RULER's plot here, the retrieval study's in
+  study/plots.py).
+
+  Args:
+    records: one dict per (encoding, seed, setting, length), e.g. `ruler_records`' or the
+      retrieval study's:
+      encoding: str, the pos_encoding ("rove", "rope", ...): the colour;
+      seed: int or str, the run within the encoding (lines are means over seeds);
+      setting: str, "none", "yarn" or "yarn_fixed" (others get further styles): the style;
+      length: int, evaluation length in tokens;
+      accuracy: float in [0, 1]; nll: float, mean answer NLL;
+      other keys (e.g. per-sample lists) are ignored. A cell's band is the min-max over its
+      seeds (the intervals over samples are in the study's tables).
+    title: the figure's title.
+    train_lengths: training lengths to mark with a vertical line.
+
+  Returns:
+    The figure, or None when `records` is empty.
+
+  Raises:
+    ValueError: a record lacking one of RECORD_KEYS, or two records with the same encoding,
+      setting, length and seed.
+  """
   series, seen = {}, set()
   for i, rec in enumerate(records):
     missing = [k for k in RECORD_KEYS if k not in rec]
@@ -228,34 +251,6 @@ def retrieval_figure(records: Sequence[dict], *, title: str = "Retrieval vs eval
   _curve_legend(axes[1], series, kinds, extra)
   fig.suptitle(title, fontsize=10)
   return fig
-
-
-def retrieval_study(records: Sequence[dict], *, title: str = "Retrieval vs evaluation length",
-                    train_lengths: Sequence[int] = ()) -> Optional[bytes]:
-  """Accuracy (left) and answer NLL (right) against evaluation length, the curve conventions
-  of the module docstring.
-
-  Args:
-    records: one dict per (encoding, seed, setting, length), e.g. recall.evaluate's:
-      encoding: str, the pos_encoding ("rove", "rope", ...): the colour;
-      seed: int or str, the run within the encoding (lines are means over seeds);
-      setting: str, "none", "yarn" or "yarn_fixed" (others get further styles): the style;
-      length: int, evaluation length in tokens;
-      accuracy: float in [0, 1]; nll: float, mean answer NLL;
-      other keys (e.g. per-sample lists) are ignored. A cell's band is the min-max over its
-      seeds (the intervals over samples are in the study's tables).
-    title: the figure's title.
-    train_lengths: training lengths to mark with a vertical line.
-
-  Returns:
-    PNG bytes, or None when `records` is empty.
-
-  Raises:
-    ValueError: a record lacking one of RECORD_KEYS, or two records with the same encoding,
-      setting, length and seed.
-  """
-  fig = retrieval_figure(records, title=title, train_lengths=train_lengths)
-  return None if fig is None else png(fig, 120)
 
 
 def _ruler_settings(ruler: dict) -> dict:
@@ -357,45 +352,5 @@ def figure1(model, tokens_T, *, title: str, layer: int = 0, head: int = 0) -> by
     ax.set_xlabel(f"input: {T} tokens x first {features} features")
     ax.set_ylabel(f"output: {T} tokens x {dims} head dims (first {dims // 2} rotary pairs)")
   fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  return png(fig, 110)
-
-
-LOSS_COLORS = ENCODING_COLORS  # an encoding has the same colour in every figure
-
-
-def loss_curves(curves: dict, runs: list, names: dict) -> Optional[bytes]:
-  """Training and held-out loss against step, one line per run.
-
-  Args:
-    curves: {workdir: metrics rows (rove_jax.train.metrics.read_metrics)}.
-    runs: [{"workdir", "encoding", "seed"}], the runs to draw.
-    names: display names by encoding.
-
-  Returns:
-    PNG bytes, or None when no run logged a training loss.
-  """
-  fig, axes = pyplot().subplots(1, 2, figsize=(11, 4))
-  drew = False
-  for i, run in enumerate(runs):
-    rows = curves.get(run["workdir"]) or []
-    c = LOSS_COLORS.get(run["encoding"], f"C{i}")
-    style = ["-", "--", ":", "-."][run["seed"] % 4]
-    label = f"{names.get(run['encoding'], run['encoding'])} seed {run['seed']}"
-    tr = [(r["step"], r["loss"]) for r in rows if "loss" in r]
-    va = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
-    if tr:
-      axes[0].plot(*zip(*tr), style, color=c, label=label, lw=1)
-      drew = True
-    if va:
-      axes[1].plot(*zip(*va), style + "o", color=c, label=label, ms=3)
-  if not drew:
-    pyplot().close(fig)
-    return None
-  axes[0].set(title="training loss", xlabel="step", ylabel="nats / byte")
-  axes[1].set(title="held-out loss", xlabel="step", ylabel="nats / byte")
-  for ax in axes:
-    ax.grid(alpha=0.3)
-    legend(ax)
   fig.tight_layout()
   return png(fig, 110)

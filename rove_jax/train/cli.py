@@ -16,6 +16,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from rove_jax.train import run_config as config_lib
+from rove_jax.train import sharding
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "a config file (configs/tiny.py) or a packaged config's name (tiny, "
     "demo, gpt2_124m, gpt2_354m)", lock_config=True)
@@ -77,8 +80,8 @@ def main(argv):
           f"--config.steps=100", file=sys.stderr)
     return 2
   logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
-  # after flag parsing: --help stays fast
-  from rove_jax.train import sharding, loop as training
+  # after flag parsing: --help and flag errors do not load flax, optax, orbax and grain
+  from rove_jax.train import loop as training
   # Expected failures end with one message and an exit code, no traceback (set
   # ROVE_JAX_TRACEBACK=1 to see it): 2 a bad config or input, 3 a run that diverged, 1 the rest
   # (a missing package, files, the machine: memory, disk, permissions, another trainer).
@@ -106,7 +109,7 @@ def _dry_run(c) -> int:
   """--config.dry_run=True: compile the configured train step for this machine's devices (or
   --config.dry_run_topology) and print its figures; exit 0 if it fits the chip's memory, 1 if
   not. Nothing is trained or written."""
-  from rove_jax.aot import compile as aot
+  from rove_jax.aot import compile as aot  # the compiler's machinery, for this flag only
   topology = c.dry_run_topology or "local"
   report = aot.compile_job(c, topology, "train", log=lambda line: print(line, file=sys.stderr))
   print(aot.format_report(report))
@@ -119,7 +122,6 @@ def _dry_run(c) -> int:
 
 def _override_problems(argv: list[str]) -> list[str]:
   """config.override_problem for every --config.KEY[=VALUE] in argv."""
-  from rove_jax.train import run_config as config_lib
   schema = config_lib.base_config("tiny")
   problems = []
   for arg in argv[1:]:

@@ -36,7 +36,7 @@ from rove_jax import kernels
 from rove_jax.train import resume
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train.metrics import MetricsLog
-from rove_jax.nn.model import GPT, GPTConfig
+from rove_jax.nn.model import GPT, GPTConfig, generate
 
 # Weight decay applies to these matrices only; embeddings, norms, biases and the T5 table
 # are not decayed.
@@ -449,7 +449,6 @@ def report(summary: dict, c: ml_collections.ConfigDict, *, out=print) -> None:
       + (f"; {summary['nonfinite_steps']} of the {summary['steps_run']} steps run were skipped "
          f"as non-finite (their updates not applied)" if summary.get("nonfinite_steps") else ""))
   if c.sample_tokens and summary.get("params") is not None and jax.process_count() == 1:
-    from rove_jax.nn.model import generate
     tok = summary["tokenizer"]
     model = nnx.merge(summary["graphdef"], summary["params"])
     prompt = tok.encode("def ")[None]

@@ -186,7 +186,8 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
                      f"training context the positional encoding is set up for; set "
                      f"--config.model.max_len={d.seq_len}")
   if d.source == "recall":
-    from rove_jax.data import recall  # numpy only
+    # numpy only, but rove_jax.data's package loads grain: only recall configs pay for it
+    from rove_jax.data import recall
     spec = recall.RecallSpec.parse(d.path)
     if spec.seq_len != d.seq_len:
       raise ValueError(f"data.path={d.path!r}: the recall documents are made for seq_len="
