@@ -295,7 +295,6 @@ def ruler_settings(yarn: str) -> tuple:
 def _ruler(run, scorer, args, suite, lengths) -> dict:
   """report.py's RULER entry: every (task, length) cell under each setting, same samples."""
   from rove_jax.evaluation.ruler import suite as ruler
-  from rove_jax.nn.model import FROM_CONFIG
   cfg, train_len = run.model_config, run.train_len
   r_lengths = args.ruler_lengths or suite_lengths(suite["ruler_multiples"], train_len)
   if cfg.pos_encoding == "learned":
@@ -305,7 +304,7 @@ def _ruler(run, scorer, args, suite, lengths) -> dict:
   if "none" in wanted or not scorer.rotary:  # YaRN has nothing to rescale: the run as trained
     fns["none"] = lambda L: scorer.score_fn()
   if "yarn" in wanted and scorer.rotary:
-    fns["yarn"] = lambda L: scorer.score_fn(scorer.yarn_scaling(L) or FROM_CONFIG)
+    fns["yarn"] = lambda L: scorer.score_fn(scorer.yarn_scaling(L))  # None: as trained
   elif "yarn" in wanted:
     settings["yarn"] = {"not_applicable": f"pos_encoding={cfg.pos_encoding!r} has no rotary "
                                           f"frequencies to rescale"}
