@@ -4,6 +4,7 @@ Stable names:
   rope_frequencies, axial_frequencies, rotate, rotation_matrix   (rove_jax.rotary)
   rope_attention, rove_attention                                 (rove_jax.attention)
   scaling.linear / ntk / dynamic_ntk / yarn / dynamic_yarn / llama3 / longrope / from_config
+  scaling.RopeScaling (a transformers rope dict parsed once: from_dict, to_dict, frequencies)
   rope_from_hf_config (a transformers config.json's rot_dim, inv_freq, attention factor)
   analysis.value_kernel, analysis.mixer_matrix
 

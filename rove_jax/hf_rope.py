@@ -2,6 +2,7 @@
 
     rope = rove_jax.rope_from_hf_config("path/to/config.json")  # or the dict, or its folder
     rope.rot_dim, rope.inv_freq, rope.attention_factor
+    rope.rope_scaling  # the resolved rope dict, parsed: a scaling.RopeScaling
 
 The config is read as transformers 5 reads it, for v4 files (`rope_scaling`, `rope_theta` and
 `partial_rotary_factor` beside it) and v5 files (`rope_parameters` holding all three):
@@ -46,7 +47,7 @@ class HFRope(NamedTuple):
   attention_factor: float  # multiplies the rotated dims of q and k (transformers' scaling)
   head_dim: int
   rope_type: str
-  rope_parameters: dict  # the resolved v5-style dict given to scaling.from_config
+  rope_scaling: scaling.RopeScaling  # the resolved setting; .to_dict() is its v5-style dict
 
 
 def rope_from_hf_config(config: str | os.PathLike | Mapping[str, Any], *,
@@ -101,12 +102,11 @@ def rope_from_hf_config(config: str | os.PathLike | Mapping[str, Any], *,
                      f"transformers pads an odd count by one pair: not supported")
   if rope_type == "dynamic" and seq_len is None:
     seq_len = max_len  # transformers' table at load time
-  inv_freq, factor = scaling.from_config(params, rot_dim, base=params["rope_theta"],
-                                         max_len=max_len, seq_len=seq_len,
-                                         head_dim=head_dim if partial is not None else None,
-                                         strict=strict)
+  spec = scaling.RopeScaling.from_dict(params, strict=strict)
+  inv_freq, factor = spec.frequencies(rot_dim, max_len=max_len, seq_len=seq_len,
+                                      head_dim=head_dim if partial is not None else None)
   return HFRope(rot_dim=rot_dim, inv_freq=inv_freq, attention_factor=float(factor),
-                head_dim=int(head_dim), rope_type=rope_type, rope_parameters=params)
+                head_dim=int(head_dim), rope_type=rope_type, rope_scaling=spec)
 
 
 def _load(config) -> dict:

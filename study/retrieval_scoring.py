@@ -26,6 +26,7 @@ from flax import nnx
 from rove_jax.data import recall as recall_data
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model import GPT
+from rove_jax.scaling import RopeScaling
 
 SETTINGS = ("none", "yarn", "yarn_fixed")
 MULTIPLES = (1, 2, 4, 8, 16)
@@ -56,7 +57,7 @@ def test_set(spec: recall_data.RecallSpec, lengths: Iterable[int], n: int, *, eo
 
 
 def setting_scaling(setting: str, length: int, train_len: int,
-                    fixed_factor: float) -> Optional[dict]:
+                    fixed_factor: float) -> Optional[RopeScaling]:
   """The rope_scaling of a setting at one length (None: the training frequencies)."""
   if setting == "none":
     return None
@@ -68,7 +69,7 @@ def setting_scaling(setting: str, length: int, train_len: int,
 
 
 def score_tokens(scorer: scoring.Scorer, tokens_NL: np.ndarray, answer_index: int,
-                 rope_scaling=None) -> tuple[np.ndarray, np.ndarray]:
+                 rope_scaling: Optional[RopeScaling] = None) -> tuple[np.ndarray, np.ndarray]:
   """(answer NLL [N], greedy match [N]) of samples whose answer is token answer_index.
 
   Rows are batched up to scorer.max_tokens_per_batch tokens; a short last batch is padded with
@@ -102,7 +103,7 @@ def _scores_fn(config, rope_scaling):
   """scoring.token_scores jitted for a model config (the Scorer's: its attention kernel) and a
   rope_scaling, taking the parameters as an argument: runs of one config (the seeds of an
   encoding) share the compiled programs."""
-  key = (config, repr(rope_scaling))
+  key = (config, rope_scaling)
   if key not in _FNS:
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
     _FNS[key] = jax.jit(lambda params, tokens_BW: scoring.token_scores(
@@ -131,7 +132,8 @@ def evaluate(scorer: scoring.Scorer, samples: dict[int, recall_data.Samples], *,
   Returns:
     [{encoding, seed, setting, length, multiple, rope_scaling, n, accuracy, nll,
       sample_correct: [0/1 per sample], sample_nll: [per sample, 6 significant digits]}],
-    accuracy and nll being the means of the per-sample lists.
+    accuracy and nll being the means of the per-sample lists, rope_scaling the setting's
+    `RopeScaling.to_dict()` (None: the training frequencies).
   """
   train_len = scorer.train_len
   encoding = encoding or scorer.config.pos_encoding
@@ -149,13 +151,14 @@ def evaluate(scorer: scoring.Scorer, samples: dict[int, recall_data.Samples], *,
   for setting in settings:
     for length, smp in sorted(samples.items()):
       scaling = setting_scaling(setting, length, train_len, fixed_factor)
-      key = (length, repr(scaling))
+      key = (length, scaling)
       if key not in done:  # yarn at 1x is none at 1x: scored once
         done[key] = score_tokens(scorer, smp.tokens, smp.answer_index, scaling)
       nll, match = done[key]
       records.append({
           "encoding": encoding, "seed": seed, "setting": setting, "length": int(length),
-          "multiple": length / train_len, "rope_scaling": scaling, "n": int(nll.size),
+          "multiple": length / train_len,
+          "rope_scaling": None if scaling is None else scaling.to_dict(), "n": int(nll.size),
           "accuracy": float(np.mean(match)), "nll": float(np.mean(nll)),
           "sample_correct": [int(m) for m in match],
           "sample_nll": [_round(x) for x in nll]})

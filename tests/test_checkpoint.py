@@ -64,6 +64,18 @@ def test_read_run_restores_the_newest_checkpoint(trained_run):
   assert run.step == 6 and run.model_config == GPTConfig.from_dict(meta["model"])
   assert run.train_len == 64
   chex.assert_trees_all_close(run.params, params, rtol=0, atol=0)
+  assert "model" not in meta["config"]  # the model config is stored once, under "model"
+
+
+def test_load_run_reads_the_model_config_from_one_place(trained_run, monkeypatch):
+  """Older checkpoints also kept the run config's model section in meta["config"]; evaluation
+  reads the model config from meta["model"] only and drops the copy."""
+  step, params, meta = ckpt_lib.read_run(str(trained_run), model_params)
+  older = {**meta, "config": {**meta["config"], "model": {**meta["model"], "n_layer": 99}}}
+  monkeypatch.setattr(ckpt_lib, "read_run", lambda workdir, abstract: (step, params, older))
+  run = scoring.load_run(str(trained_run))
+  assert run.model_config == GPTConfig.from_dict(meta["model"]) and "model" not in run.config
+  assert run.config == meta["config"]
 
 
 def test_read_run_falls_back_past_an_unreadable_newest_checkpoint(run_copy):

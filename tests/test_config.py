@@ -1,6 +1,7 @@
 """Config path: config file -> run config -> GPTConfig -> checkpoint metadata -> GPTConfig, the
 errors on the way, no JAX backend while building configs, and `rove-train --config NAME`."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -19,8 +20,8 @@ from ml_collections import config_flags
 
 from rove_jax.train import run_config as config_lib
 from rove_jax import scaling
-from rove_jax.train import cli as train_cli, loop as training
-from rove_jax.nn.model_config import FrozenMapping, GPTConfig
+from rove_jax.train import cli as train_cli
+from rove_jax.nn.model_config import GPTConfig
 from tests.conftest import subprocess_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -65,21 +66,21 @@ def test_round_trip_config_file_to_metadata_and_back(tmp_path):
                         "--config.model.n_kv_head=2")
   model = config_lib.validate(c)
   assert model.rove_layers == (0, 2) and model.n_kv_head == 2
-  assert isinstance(model.rope_scaling, FrozenMapping)
-  assert model.scaling_dict == LONGROPE
+  assert model.rope_scaling == scaling.RopeScaling.from_dict(LONGROPE)
+  assert model.to_dict()["rope_scaling"] == LONGROPE
   # the metadata a checkpoint stores is plain JSON, and reads back to an equal, hashable config
-  meta = json.loads(json.dumps(training.model_meta(model)))
+  meta = json.loads(json.dumps(model.to_dict()))
   assert meta["rope_scaling"] == LONGROPE and meta["rove_layers"] == [0, 2]
   back = GPTConfig.from_dict(meta)
   assert back == model and hash(back) == hash(model)
   assert len({back, model}) == 1
-  # a JSON copy of the run config (as training stores it) gives the same model too
+  # a JSON copy of the run config's sections gives the same model too
   assert config_lib.to_model_config(
       ml_collections.ConfigDict(json.loads(json.dumps(config_lib.as_plain(c))))) == model
   # the restored rope_scaling gives the same frequencies, at a length that picks long_factor
   want = scaling.from_config(LONGROPE, 64, max_len=256, seq_len=512)
-  got = scaling.from_config(back.scaling_dict, back.rot_dim, base=back.rope_base,
-                            max_len=back.max_len, seq_len=512)
+  got = back.rope_scaling.frequencies(back.rot_dim, base=back.rope_base, max_len=back.max_len,
+                                      seq_len=512)
   chex.assert_trees_all_close(got, want, rtol=0, atol=0)
   # a valid static argument of jit: the same config hits the same compilation
   traces = []
@@ -99,24 +100,48 @@ def test_presets_pass_through_the_run_config_unchanged():
     assert config_lib.validate(config_lib.base_config(preset)) == getattr(GPTConfig, preset)()
 
 
-def test_rope_scaling_is_read_only_and_lists_come_back_as_lists():
+def test_rope_scaling_is_parsed_once_and_lists_come_back_as_lists():
   cfg = GPTConfig.tiny(rope_scaling=LONGROPE)
-  with pytest.raises(TypeError):
-    cfg.rope_scaling["factor"] = 2.0
-  assert isinstance(cfg.scaling_dict["short_factor"], list)
-  assert cfg.scaling_dict == LONGROPE and cfg.scaling_dict is not cfg.scaling_dict
+  assert isinstance(cfg.rope_scaling, scaling.RopeScaling)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    cfg.rope_scaling.factor = 2.0
+  plain = cfg.to_dict()["rope_scaling"]
+  assert isinstance(plain["short_factor"], list) and plain == LONGROPE
+  assert GPTConfig.tiny(rope_scaling=scaling.RopeScaling.from_dict(LONGROPE)) == cfg
   # a dict mutated after construction does not reach the config
   source = {"rope_type": "linear", "factor": 2.0}
   cfg = GPTConfig.tiny(rope_scaling=source)
   source["factor"] = 8.0
-  assert cfg.rope_scaling["factor"] == 2.0
+  assert cfg.rope_scaling.factor == 2.0
+  assert dataclasses.replace(cfg, rope_scaling={"type": "linear", "factor": 2}) == cfg
+  with pytest.raises(ValueError, match=r"GPTConfig: rope_scaling must be a scaling.RopeScaling, "
+                                       r"a transformers-style dict .* got list"):
+    GPTConfig.tiny(rope_scaling=[("rope_type", "yarn")])
+  with pytest.raises(ValueError, match=r"GPTConfig: rope_scaling: .*needs the key 'factor'"):
+    GPTConfig.tiny(rope_scaling={"rope_type": "linear"})
+  with pytest.raises(ValueError, match=r"GPTConfig: rope_scaling: .*rot_dim / 2 = 32 entries"):
+    GPTConfig.tiny(rope_scaling={**LONGROPE, "short_factor": [1.0] * 4})
 
 
-def test_metadata_of_older_checkpoints_reads_back():
-  """Checkpoints written before FrozenMapping stored rope_scaling as [key, value] pairs."""
-  model = GPTConfig.tiny(rope_scaling={"rope_type": "yarn", "factor": 4.0})
-  old = {**model.to_dict(), "rope_scaling": [["factor", 4.0], ["rope_type", "yarn"]]}
-  assert GPTConfig.from_dict(old) == model
+@pytest.mark.parametrize("stored", [
+    {"rope_type": "yarn", "factor": 4.0},  # a dict, as written now
+    {"factor": 4.0, "type": "yarn"},  # a hand-written v4 dict
+    [["factor", 4.0], ["rope_type", "yarn"]],  # [key, value] pairs, as older checkpoints hold
+])
+def test_metadata_of_older_checkpoints_reads_back(stored):
+  model = GPTConfig.tiny(rope_scaling=scaling.RopeScaling(rope_type="yarn", factor=4.0))
+  assert GPTConfig.from_dict({**model.to_dict(), "rope_scaling": stored}) == model
+  assert model.to_dict()["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0}
+
+
+def test_checkpoint_metadata_holds_the_model_config_once():
+  c = config_lib.base_config("tiny")
+  c.model.rope_scaling.rope_type = "linear"
+  c.model.rope_scaling.factor = 2.0
+  saved = json.loads(json.dumps(config_lib.metadata_config(c)))
+  assert "model" not in saved and saved["data"] == config_lib.as_plain(c.data)
+  assert saved == {k: v for k, v in config_lib.as_plain(c).items() if k != "model"}
+  assert "model" in c  # the run config itself is left whole
 
 
 @pytest.mark.parametrize("override, message", [
@@ -204,15 +229,15 @@ def test_rope_scaling_from_the_command_line(tmp_path):
   c = parse_config_file(tiny, "--config.model.rope_scaling.rope_type=yarn",
                         "--config.model.rope_scaling.factor=4",
                         "--config.model.rope_scaling.original_max_position_embeddings=128")
-  assert dict(config_lib.validate(c).rope_scaling) == {
+  assert config_lib.validate(c).rope_scaling.to_dict() == {
       "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
   assert config_lib.validate(parse_config_file(tiny)).rope_scaling is None  # unset: plain RoPE
   # A dict from a config file, with one key overridden on the command line.
   c = parse_config_file(write_tiny_with_longrope(tmp_path),
                         "--config.model.rope_scaling.original_max_position_embeddings=64")
   got = config_lib.validate(c).rope_scaling
-  assert got["original_max_position_embeddings"] == 64
-  assert list(got["short_factor"]) == LONGROPE["short_factor"]
+  assert got.original_max_position_embeddings == 64
+  assert list(got.short_factor) == LONGROPE["short_factor"]
   with pytest.raises(ValueError, match=r"rope_scaling.*unknown keys \['facter'\]"):
     c = config_lib.base_config("tiny")
     c.model.rope_scaling = {"rope_type": "yarn", "facter": 2.0}

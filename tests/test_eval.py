@@ -96,7 +96,7 @@ def test_the_fixed_yarn_factor():
   assert perplexity.fixed_factor([16, 32, 512], 32) == 16.0  # max(lengths) / train_len
   assert perplexity.fixed_factor([16, 32], 32, 8) == 8.0  # given
   assert perplexity.fixed_factor([16, 32], 32) is None  # nothing past the training length
-  assert scoring.fixed_yarn_scaling(16, 32) == {
+  assert scoring.fixed_yarn_scaling(16, 32).to_dict() == {
       "rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 32}
   for bad in (1, 0.5, float("inf"), True):
     with pytest.raises(ValueError, match="finite number > 1"):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import rove_jax as rj
+from rove_jax import scaling
 from rove_jax.nn.linen import RotarySelfAttention
 
 
@@ -43,6 +44,10 @@ def test_swap_keeps_parameters_and_reduces_to_the_original_at_zero_frequency():
                                                              "factor": 1e30}))
   # ...and with every frequency ~0 it is exactly the original attention.
   chex.assert_trees_all_close(frozen.apply(params, x), y_base, atol=1e-5, rtol=1e-7)
+  typed = Block(attention=RotarySelfAttention(
+      num_heads=4, pos_encoding="rove", causal=False,
+      rope_scaling=scaling.RopeScaling(rope_type="linear", factor=1e30)))
+  chex.assert_trees_all_equal(typed.apply(params, x), frozen.apply(params, x))
 
 
 def test_module_equals_the_pure_function_on_its_parameters():

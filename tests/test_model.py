@@ -11,7 +11,7 @@ from flax import nnx
 
 from rove_jax import analysis, scaling
 from rove_jax.train import loop as training
-from rove_jax.nn import model as M
+from rove_jax.nn import decoding, model as M
 from rove_jax.nn.model import GPT, GPTConfig
 from tests import reference as ref
 from tests.conftest import gpt_config
@@ -177,6 +177,14 @@ def test_yarn_at_inference(pe):
   # the same scaling from the config instead of the call
   configured = transplant(m, small(pe, max_len=16, rope_scaling=yarn3))
   np.testing.assert_allclose(configured(long), m(long, rope_scaling=yarn3), atol=1e-6)
+  # a call's override: None keeps the config's, RopeScaling() is plain RoPE, a RopeScaling
+  # and its dict are the same setting
+  np.testing.assert_array_equal(configured(long, rope_scaling=None), configured(long))
+  np.testing.assert_array_equal(configured(long, rope_scaling=scaling.RopeScaling()), m(long))
+  np.testing.assert_array_equal(m(long, rope_scaling=scaling.RopeScaling.from_dict(yarn3)),
+                                m(long, rope_scaling=yarn3))
+  with pytest.raises(ValueError, match=r"unknown keys \['facter'\]"):
+    m(long, rope_scaling={"rope_type": "yarn", "facter": 3.0})
 
 
 def test_greedy_generation_is_deterministic_and_matches_argmax():
@@ -386,6 +394,11 @@ def test_generate_with_rope_scaling_follows_the_scaled_forward():
   np.testing.assert_array_equal(out[:, 6:], jnp.argmax(scaled[:, 5:], axis=-1))
   plain = M.generate(m, prompt, 14, temperature=0.0)
   assert np.any(np.asarray(plain) != np.asarray(out))  # the override changed the continuation
+  hits = decoding._generate_fn.cache_info().hits
+  typed = M.generate(m, prompt, 14, temperature=0.0,
+                     rope_scaling=scaling.RopeScaling.from_dict(YARN))
+  np.testing.assert_array_equal(typed, out)
+  assert decoding._generate_fn.cache_info().hits == hits + 1  # the dict's program, reused
   with pytest.raises(ValueError, match="rope_scaling must be a dict"):
     M.generate(m, prompt, 2, temperature=0.0, rope_scaling=[("rope_type", "yarn")])
   with pytest.raises(ValueError, match=r"rope_scaling\['factor'\] must be a number"):

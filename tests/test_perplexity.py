@@ -18,6 +18,7 @@ from flax import nnx
 
 from rove_jax.evaluation import perplexity, scoring
 from rove_jax.nn.model import GPT
+from rove_jax.scaling import RopeScaling
 
 TRAIN_LEN = 64  # the shared run's max_len = data.seq_len
 
@@ -29,11 +30,10 @@ def reference_model(run):
 
   @functools.partial(jax.jit, static_argnames="yarn")
   def logits(params, inputs_BL, yarn=None):
-    kw = {} if yarn is None else {"rope_scaling": dict(yarn)}
-    return nnx.merge(graphdef, params)(inputs_BL, **kw)
+    return nnx.merge(graphdef, params)(inputs_BL, rope_scaling=yarn)
 
   def call(inputs_BL, yarn=None):
-    return logits(run.params, inputs_BL, yarn=None if yarn is None else tuple(yarn.items()))
+    return logits(run.params, inputs_BL, yarn=yarn)
   call.vocab_size = run.model_config.vocab_size
   return call
 
@@ -64,8 +64,8 @@ def reference_ppl(model, tokens, length, *, max_tokens, stride=None, yarn_train_
     start += stride
   yarn = None
   if yarn_train_len is not None and (yarn_factor or length > yarn_train_len):
-    yarn = {"rope_type": "yarn", "factor": yarn_factor or length / yarn_train_len,
-            "original_max_position_embeddings": yarn_train_len}
+    yarn = RopeScaling(rope_type="yarn", factor=yarn_factor or length / yarn_train_len,
+                       original_max_position_embeddings=yarn_train_len)
   inputs = np.stack([tokens[s:s + length] for s in starts]).astype(np.int32)
   logits = np.asarray(model(jnp.asarray(inputs), yarn), np.float64)
   chex.assert_shape(logits, (len(starts), length, model.vocab_size))

@@ -1,11 +1,16 @@
-"""The RoPE-scaling family against values derived by hand, and the HF-style dispatcher.
+"""The RoPE-scaling family against values derived by hand, the HF-style dispatcher and the
+typed RopeScaling.
 
 Every hand check runs eagerly and under jit (chex variants): under jit the static arguments are
 closed over and the length / factor arguments that may be traced are passed as arrays."""
 
+import dataclasses
+import json
 import math
+import pickle
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -382,3 +387,154 @@ def test_rope_from_hf_config_reads_a_multimodal_text_config():
         "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}})
   assert (rope.rot_dim, rope.rope_type, rope.attention_factor) == (16, "default", 1.0)
   chex.assert_trees_all_close(rope.inv_freq, 100.0 ** -(np.arange(8) / 8), rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------ RopeScaling
+
+# One setting of every rope_type (and the v4 aliases), as a transformers-style dict.
+EVERY_TYPE = [
+    {"rope_type": "default"},
+    {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5},
+    {"rope_type": "linear", "factor": 2.0},
+    {"type": "linear", "factor": 3},  # v4 spelling, an int factor
+    {"rope_type": "ntk", "factor": 2.0},
+    {"rope_type": "dynamic", "factor": 2.0},
+    {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 128},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+     "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False},
+    {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707},
+    {"rope_type": "yarn", "factor": 2.0, "attention_factor": 1.5},
+    {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 64},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0],
+     "long_factor": [1.0, 2.0, 4.0, 8.0], "original_max_position_embeddings": 64},
+    {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+     "factor": 4.0, "attention_factor": 1.2},
+    {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0},
+    {"rope_type": "axial", "rope_theta": 100.0},
+    {"rope_type": "pi", "factor": 2.0},  # aliases: stored by their transformers-5 names
+    {"type": "mrope"},
+]
+
+
+@pytest.mark.parametrize("cfg", EVERY_TYPE, ids=lambda c: c.get("rope_type") or c["type"])
+def test_rope_scaling_round_trips_through_its_dict(cfg):
+  spec = scaling.RopeScaling.from_dict(cfg)
+  plain = spec.to_dict()
+  assert json.loads(json.dumps(plain)) == plain  # JSON-ready as is
+  assert scaling.RopeScaling.from_dict(plain) == spec
+  assert hash(scaling.RopeScaling.from_dict(json.loads(json.dumps(plain)))) == hash(spec)
+  assert pickle.loads(pickle.dumps(spec)) == spec
+  assert list(plain)[0] == "rope_type" and plain["rope_type"] in scaling._HF_KEYS
+  # the keys keep their transformers spelling: the dict is the one given, the type canonical
+  given = {k: v for k, v in cfg.items() if k not in ("type", "rope_type")}
+  assert {k: v for k, v in plain.items() if k != "rope_type"} == given
+
+
+@pytest.mark.parametrize("cfg", EVERY_TYPE, ids=lambda c: c.get("rope_type") or c["type"])
+@pytest.mark.filterwarnings("ignore:dynamic rope")  # the ignored original length
+def test_rope_scaling_frequencies_are_from_config_s_to_the_bit(cfg):
+  """frequencies on the parsed setting, from_config on the dict and on the setting agree exactly,
+  eagerly and with a traced length."""
+  spec = scaling.RopeScaling.from_dict(cfg)
+  rot_dim = 16 if spec.rope_type in ("proportional", "axial") else 8
+  head_dim = 16
+  if spec.rope_type not in ("proportional", "axial") and spec.partial_rotary_factor is None:
+    head_dim = None  # partial_rotary_factor unset: nothing to check against
+  kw = dict(base=1e4, max_len=256, head_dim=head_dim)
+  for seq_len in (128, 512, jnp.int32(512)):
+    want = scaling.from_config(cfg, rot_dim, seq_len=seq_len, **kw)
+    for got in (spec.frequencies(rot_dim, seq_len=seq_len, **kw),
+                scaling.from_config(spec, rot_dim, seq_len=seq_len, **kw)):
+      chex.assert_trees_all_equal(got, want)
+
+
+def test_rope_scaling_equality_and_hash_follow_the_setting():
+  a = scaling.RopeScaling.from_dict({"type": "yarn", "factor": 4, "beta_fast": 32})
+  b = scaling.RopeScaling(rope_type="yarn", beta_fast=32.0, factor=4.0)
+  assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+  assert a != scaling.RopeScaling(rope_type="yarn", factor=4.0)  # beta_fast set vs unset
+  assert scaling.RopeScaling.from_dict({"rope_type": "pi", "factor": 2.0}) == \
+      scaling.RopeScaling(rope_type="linear", factor=2.0)
+  assert scaling.RopeScaling() == scaling.RopeScaling.from_dict({}) == \
+      scaling.RopeScaling(rope_type="default")
+  lr = scaling.RopeScaling(rope_type="longrope", short_factor=np.ones(4), long_factor=[2, 2, 2, 2])
+  assert lr.short_factor == (1.0,) * 4 and lr.long_factor == (2.0,) * 4  # tuples: hashable
+  hash(lr)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    lr.factor = 2.0
+  assert repr(b) == "RopeScaling(rope_type='yarn', factor=4.0, beta_fast=32.0)"
+
+
+def test_rope_scaling_is_a_static_jit_argument():
+  traces = []
+
+  def f(x, spec):
+    traces.append(spec)
+    inv, att = spec.frequencies(8, max_len=64, seq_len=x.shape[0])
+    return x[:, None] * jnp.asarray(inv)[None] * att
+
+  f = jax.jit(f, static_argnums=1)
+  yarn = {"rope_type": "yarn", "factor": 4.0}
+  out = f(jnp.ones(4), scaling.RopeScaling.from_dict(yarn))
+  f(jnp.ones(4), scaling.RopeScaling.from_dict(dict(yarn)))  # an equal setting: no retrace
+  assert len(traces) == 1
+  inv, att = scaling.from_config(yarn, 8, max_len=64)
+  chex.assert_trees_all_close(out[0], inv * att, rtol=1e-6)
+  f(jnp.ones(4), scaling.RopeScaling(rope_type="yarn", factor=2.0))
+  assert len(traces) == 2
+
+
+def test_rope_scaling_construction_errors_name_the_problem():
+  R = scaling.RopeScaling
+  for kwargs, message in [
+      (dict(rope_type="su"), "unknown rope_type 'su'"),
+      (dict(rope_type=3), "rope_type must be a string"),
+      (dict(rope_type="linear"), "type 'linear' needs the key 'factor'"),
+      (dict(rope_type="longrope", short_factor=[1.0]), "needs the key 'long_factor'"),
+      (dict(rope_type="linear", factor=2.0, beta_fast=4.0),
+       r"type 'linear' got unknown keys \['beta_fast'\].*strict=False"),
+      (dict(rope_type="linear", factor=0.5), "linear: factor must be a number >= 1"),
+      (dict(rope_type="dynamic", factor=0.5), "dynamic_ntk: factor must be a number >= 1"),
+      (dict(rope_type="yarn", factor="4"), r"rope_scaling\['factor'\] must be a number, got str"),
+      (dict(rope_type="yarn", factor=True), r"rope_scaling\['factor'\] must be a number"),
+      (dict(rope_type="yarn", factor=float("nan")), "must be a finite number"),
+      (dict(rope_type="yarn", beta_fast=1.0, beta_slow=2.0), "need beta_fast > beta_slow > 0"),
+      (dict(rope_type="yarn", truncate="no"), r"\['truncate'\] must be true or false"),
+      (dict(rope_type="yarn", original_max_position_embeddings=100.5), "must be a positive int"),
+      (dict(rope_type="yarn", original_max_position_embeddings=0), "must be a positive int"),
+      (dict(rope_type="llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0),
+       "need high_freq_factor > low_freq_factor > 0"),
+      (dict(rope_type="longrope", short_factor=[1.0, -1.0], long_factor=[1.0, 1.0]),
+       "short_factor entries must be positive"),
+      (dict(rope_type="longrope", short_factor="1, 2", long_factor=[1.0]),
+       r"\['short_factor'\] must be a list of numbers"),
+      (dict(rope_type="proportional", factor=0.0), "proportional: factor must be > 0"),
+      (dict(partial_rotary_factor=1.5), r"partial_rotary_factor must be a number in \(0, 1\]"),
+      (dict(rope_theta=1.0), "rope_theta .* must be > 1"),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      R(**kwargs)
+  with pytest.raises(ValueError, match=r"rope_scaling must be a dict .* got list"):
+    R.from_dict([("rope_type", "yarn")])
+  with pytest.raises(ValueError, match=r"rope_scaling must be a dict .* got str"):
+    R.coerce("yarn")
+  assert R.coerce(None) is None and R.coerce(R()) == R()
+  assert R.coerce({"rope_type": "linear", "factor": 2.0}) == R(rope_type="linear", factor=2.0)
+  # What needs the model's shape is checked by frequencies.
+  with pytest.raises(ValueError, match="4 entries"):
+    R(rope_type="longrope", short_factor=[1.0], long_factor=[1.0]).frequencies(8, max_len=64)
+
+
+def test_from_dict_ignores_unread_keys_with_a_warning_unless_strict():
+  cfg = {"rope_type": "linear", "factor": 2.0, "attention_factor": 1.5, "mrope_section": [1]}
+  with pytest.raises(ValueError, match=r"unknown keys \['attention_factor', 'mrope_section'\]"):
+    scaling.RopeScaling.from_dict(cfg)
+  with pytest.warns(UserWarning, match=r"ignoring keys \['attention_factor', 'mrope_section'\]"):
+    spec = scaling.RopeScaling.from_dict(cfg, strict=False)
+  assert spec == scaling.RopeScaling(rope_type="linear", factor=2.0)
+  # None is unset, and "rope_type" wins over "type"
+  assert scaling.RopeScaling.from_dict({"rope_type": "ntk", "type": "linear", "factor": 2.0,
+                                        "rope_theta": None}) == \
+      scaling.RopeScaling(rope_type="ntk", factor=2.0)

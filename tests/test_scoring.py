@@ -33,8 +33,9 @@ def test_yarn_factor_is_the_length_over_the_trained_length(short_run):
   assert run.train_len == scorer.train_len == SEQ_LEN
   assert scorer.yarn_scaling(SEQ_LEN) is None
   for length in (2 * SEQ_LEN, 4 * SEQ_LEN):  # 2x is past training even though max_len = 2x
-    assert scorer.yarn_scaling(length) == {"rope_type": "yarn", "factor": length / SEQ_LEN,
-                                           "original_max_position_embeddings": SEQ_LEN}
+    assert scorer.yarn_scaling(length).to_dict() == {
+        "rope_type": "yarn", "factor": length / SEQ_LEN,
+        "original_max_position_embeddings": SEQ_LEN}
 
 
 def test_eval_lengths_yarn_and_labels_all_use_the_trained_length(short_run):

@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding
 from rove_jax.aot import analysis as aot_analysis, gpu as aot_gpu
 from rove_jax.train import sharding
 from rove_jax.train import run_config as config_lib
-from rove_jax.nn.model import FROM_CONFIG, GPT, ROTARY_ENCODINGS, param_count
+from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, param_count
 from rove_jax.aot.analysis import format_report  # noqa: F401 (re-exported)
 
 GiB = 2**30
@@ -239,11 +239,12 @@ def _train_program(c, model_cfg, mesh):
 
 
 def _yarn(model_cfg, length: int, train_len: int):
-  """evaluation.scoring's YaRN past the training length; FROM_CONFIG at or below it."""
+  """evaluation.scoring's YaRN (a RopeScaling) past the training length; None (the model
+  config's own) at or below it."""
   from rove_jax.evaluation import scoring  # loads orbax and grain: only eval programs need it
-  scaling = scoring.yarn_scaling(length, train_len)
-  return FROM_CONFIG if scaling is None or model_cfg.pos_encoding not in ROTARY_ENCODINGS \
-      else scaling
+  if model_cfg.pos_encoding not in ROTARY_ENCODINGS:
+    return None
+  return scoring.yarn_scaling(length, train_len)
 
 
 def _eval_program(c, model_cfg, mesh, length, batch, impl):
@@ -263,7 +264,7 @@ def _eval_program(c, model_cfg, mesh, length, batch, impl):
   fn = jax.jit(token_scores, in_shardings=(params_sh, batch_sh))
   tokens = jax.ShapeDtypeStruct((batch, length + 1), jnp.int32, sharding=batch_sh)
   info = dict(batch=batch, length=length, tokens=batch * length, attention_impl=impl,
-              rope_scaling=scaling if isinstance(scaling, dict) else None)
+              rope_scaling=None if scaling is None else scaling.to_dict())
   return fn, (_sds(params, params_sh), tokens), info
 
 
@@ -285,7 +286,7 @@ def _decode_program(c, model_cfg, mesh, length, batch):
                out_shardings=(batch_sh, cache_sh), donate_argnums=2)
   tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=batch_sh)
   info = dict(batch=batch, length=length, tokens=batch,
-              rope_scaling=scaling if isinstance(scaling, dict) else None)
+              rope_scaling=None if scaling is None else scaling.to_dict())
   return fn, (_sds(params, params_sh), tokens, _sds(cache, cache_sh)), info
 
 

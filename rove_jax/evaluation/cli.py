@@ -40,7 +40,7 @@ from rove_jax.data import files as data_files
 from rove_jax.evaluation import icl, perplexity, prompting, report, report_files, report_md, scoring
 from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.evaluation.ruler import suite as ruler
-from rove_jax.nn.model import FROM_CONFIG, GPT, param_count
+from rove_jax.nn.model import GPT, param_count
 
 # Lengths are int(multiple * T). ICL's by-length tasks run at T only: the paper's ICL is inside
 # the training context. The quick suite leaves out 0.5x: it is a smoke test (reproduce --quick
@@ -304,7 +304,7 @@ def _ruler(run, scorer, args, suite, lengths) -> dict:
   if "none" in wanted or not scorer.rotary:  # YaRN has nothing to rescale: the run as trained
     fns["none"] = lambda L: scorer.score_fn()
   if "yarn" in wanted and scorer.rotary:
-    fns["yarn"] = lambda L: scorer.score_fn(scorer.yarn_scaling(L) or FROM_CONFIG)
+    fns["yarn"] = lambda L: scorer.score_fn(scorer.yarn_scaling(L))  # None: as trained
   elif "yarn" in wanted:
     settings["yarn"] = {"not_applicable": f"pos_encoding={cfg.pos_encoding!r} has no rotary "
                                           f"frequencies to rescale"}

@@ -33,7 +33,6 @@ from typing import Optional, Sequence
 import numpy as np
 
 from rove_jax.evaluation.prompting import round_sig
-from rove_jax.nn.model import FROM_CONFIG
 
 YARN_SETTINGS = {"off": ("none",), "on": ("yarn",), "both": ("none", "yarn"),
                  "all": ("none", "yarn", "yarn_fixed")}
@@ -125,8 +124,7 @@ def evaluate(scorer, tokens: np.ndarray, lengths: Sequence[int], *, yarn: str = 
       if setting == "yarn_fixed":
         scaling = scorer.fixed_yarn_scaling(fixed)
       else:
-        scaling = scorer.yarn_scaling(L) if setting == "yarn" else None
-      scaling = FROM_CONFIG if scaling is None else scaling  # the model's own configuration
+        scaling = scorer.yarn_scaling(L) if setting == "yarn" else None  # None: the model's own
       rows[str(L)] = _score_length(scorer, tokens, L, scaling, max_tokens=max_tokens,
                                    stride_fraction=stride_fraction, n_buckets=n_buckets)
       if bar is not None:

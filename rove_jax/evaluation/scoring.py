@@ -6,8 +6,8 @@ V vocabulary.
 `load_run(workdir)` restores the newest readable checkpoint's parameters, model config and
 tokenizer onto one device. `Scorer` wraps them: per-token negative log-likelihoods of windows
 (perplexity), and (mean answer NLL, greedy exact match) of prompt/answer pairs (RULER, ICL),
-at any length and with any inference-time `rope_scaling` (YaRN). Long inputs use the chunked
-attention kernel, so 16x the training context fits a CPU.
+at any length and with any inference-time `rope_scaling` (a scaling.RopeScaling, e.g. YaRN).
+Long inputs use the chunked attention kernel, so 16x the training context fits a CPU.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax import data as data_lib
 from rove_jax.data import tokenization
 from rove_jax.train import loop as training
-from rove_jax.nn.model import FROM_CONFIG, GPT, GPTConfig, ROTARY_ENCODINGS
+from rove_jax.nn.model import GPT, GPTConfig, ROTARY_ENCODINGS
+from rove_jax.scaling import RopeScaling
 
 
 @dataclasses.dataclass
@@ -36,7 +37,7 @@ class Run:
   name: str
   step: int
   model_config: GPTConfig
-  config: dict  # the run config as saved (plain dict)
+  config: dict  # the run config as saved (plain dict), less its model section: model_config
   params: Any  # nnx.State of the parameters
   tokenizer: Any
   _val_tokens: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
@@ -77,15 +78,18 @@ def load_run(workdir: str) -> Run:
       workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])))
   workdir = os.path.abspath(workdir)
   tokenizer = tokenization.get_tokenizer(meta["tokenizer"]["spec"], workdir=workdir)
+  # The model config is read from meta["model"] only: older checkpoints also kept a copy of
+  # the run config's model section in meta["config"], which is dropped here.
+  config = {k: v for k, v in meta["config"].items() if k != "model"}
   return Run(workdir=workdir, name=os.path.basename(workdir.rstrip("/")), step=int(step),
-             model_config=GPTConfig.from_dict(meta["model"]), config=meta["config"],
+             model_config=GPTConfig.from_dict(meta["model"]), config=config,
              params=params, tokenizer=tokenizer)
 
 
 DEFAULT_KERNEL = "chunked"  # evaluation's attention kernel: memory linear in the length
 
 
-def yarn_scaling(length: int, train_len: int) -> Optional[dict]:
+def yarn_scaling(length: int, train_len: int) -> Optional[RopeScaling]:
   """YaRN for `length` tokens of a model trained on `train_len`: factor = length / train_len
   (None at or below it)."""
   if length <= train_len:
@@ -93,7 +97,7 @@ def yarn_scaling(length: int, train_len: int) -> Optional[dict]:
   return fixed_yarn_scaling(length / train_len, train_len)
 
 
-def fixed_yarn_scaling(factor: float, train_len: int) -> dict:
+def fixed_yarn_scaling(factor: float, train_len: int) -> RopeScaling:
   """YaRN at one factor for every length (a deployed model's setting; at lengths up to the
   training length it is not the identity: the low frequencies are interpolated and the
   attention factor is 0.1 ln(factor) + 1).
@@ -104,14 +108,14 @@ def fixed_yarn_scaling(factor: float, train_len: int) -> dict:
   if not (isinstance(factor, (int, float)) and not isinstance(factor, bool)
           and math.isfinite(factor) and factor > 1):
     raise ValueError(f"a fixed YaRN factor must be a finite number > 1, got {factor!r}")
-  return {"rope_type": "yarn", "factor": float(factor),
-          "original_max_position_embeddings": train_len}
+  return RopeScaling(rope_type="yarn", factor=float(factor),
+                     original_max_position_embeddings=train_len)
 
 
-def token_scores(model, tokens_BW, rope_scaling=FROM_CONFIG):
-  """Per-token NLL and greedy match [B, T] of windows tokens [B, T + 1] (traceable; jit it)."""
-  kw = {} if rope_scaling is FROM_CONFIG else {"rope_scaling": rope_scaling}
-  logits = model(tokens_BW[:, :-1], **kw)
+def token_scores(model, tokens_BW, rope_scaling: Optional[RopeScaling] = None):
+  """Per-token NLL and greedy match [B, T] of windows tokens [B, T + 1] (traceable; jit it);
+  rope_scaling overrides the model config's (None keeps it)."""
+  logits = model(tokens_BW[:, :-1], rope_scaling=rope_scaling)
   logp = jax.nn.log_softmax(logits, axis=-1)
   targets = tokens_BW[:, 1:]
   nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
@@ -146,11 +150,11 @@ class Scorer:
   def train_len(self) -> int:
     return self.run.train_len
 
-  def yarn_scaling(self, length: int) -> Optional[dict]:
+  def yarn_scaling(self, length: int) -> Optional[RopeScaling]:
     """YaRN for `length` tokens: factor = length / run.train_len (None at or below it)."""
     return yarn_scaling(length, self.train_len)
 
-  def fixed_yarn_scaling(self, factor: float) -> dict:
+  def fixed_yarn_scaling(self, factor: float) -> RopeScaling:
     """YaRN at `factor` over run.train_len, whatever the length (see `fixed_yarn_scaling`)."""
     return fixed_yarn_scaling(factor, self.train_len)
 
@@ -161,18 +165,19 @@ class Scorer:
                        f"{cfg.max_len} positions and cannot score {length} tokens; drop the "
                        f"longer lengths for this run")
 
-  def _fn(self, rope_scaling):
-    key = repr(rope_scaling)
-    if key not in self._fns:
+  def _fn(self, rope_scaling: Optional[RopeScaling]):
+    if rope_scaling not in self._fns:
       graphdef, state = nnx.split(self.model)
 
       fn = jax.jit(lambda state, tokens_BW: token_scores(nnx.merge(graphdef, state), tokens_BW,
                                                          rope_scaling))
-      self._fns[key] = (fn, state)
-    return self._fns[key]
+      self._fns[rope_scaling] = (fn, state)
+    return self._fns[rope_scaling]
 
-  def token_nll(self, tokens_BW, rope_scaling=FROM_CONFIG):
-    """Per-token NLL and greedy-match [B, T] for windows [B, W = T + 1] (numpy)."""
+  def token_nll(self, tokens_BW, rope_scaling: Optional[RopeScaling] = None):
+    """Per-token NLL and greedy-match [B, T] for windows [B, W = T + 1] (numpy); rope_scaling
+    overrides the model config's (None keeps it; a dict is parsed into a RopeScaling)."""
+    rope_scaling = RopeScaling.coerce(rope_scaling)
     tokens = np.asarray(tokens_BW, np.int32)
     self.check_length(tokens.shape[1] - 1)
     fn, state = self._fn(rope_scaling)
@@ -180,7 +185,7 @@ class Scorer:
     return np.asarray(nll, np.float64), np.asarray(match)
 
   def score(self, prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray],
-            rope_scaling=FROM_CONFIG) -> list[tuple[float, bool]]:
+            rope_scaling: Optional[RopeScaling] = None) -> list[tuple[float, bool]]:
     """(mean NLL of the answer tokens given the prompt, greedy exact match) per pair.
 
     Pairs are right-padded to a multiple of 256 tokens (fewer recompilations; a model with
@@ -205,6 +210,6 @@ class Scorer:
       out.append((float(nll[0, span].mean()), bool(match[0, span].all())))
     return out
 
-  def score_fn(self, rope_scaling=FROM_CONFIG):
+  def score_fn(self, rope_scaling: Optional[RopeScaling] = None):
     """The (prompts, answers) -> [(nll, exact_match)] callable the task modules take."""
     return lambda prompts, answers: self.score(prompts, answers, rope_scaling)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rove_jax.nn.model_config import FROM_CONFIG, FrozenMapping
+from rove_jax import scaling
 
 
 def sample_logits(logits_BV, key, *, temperature: float, top_k: Optional[int],
@@ -34,8 +34,7 @@ def sample_logits(logits_BV, key, *, temperature: float, top_k: Optional[int],
 
 @functools.lru_cache(maxsize=16)
 def _generate_fn(graphdef, max_new_tokens, temperature, top_k, valid_vocab, rope_scaling):
-  # Every argument is part of the cache key: rope_scaling is FROM_CONFIG, None or a
-  # (hashable) FrozenMapping.
+  # Every argument is part of the cache key: rope_scaling is None or a (hashable) RopeScaling.
 
   @jax.jit
   def run(state, prompt_BT, cache, rng):
@@ -60,12 +59,13 @@ def _generate_fn(graphdef, max_new_tokens, temperature, top_k, valid_vocab, rope
 
 def generate(model, prompt, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: Optional[int] = None, rng=None, valid_vocab: Optional[int] = None,
-             rope_scaling=FROM_CONFIG):
+             rope_scaling: Optional[scaling.RopeScaling] = None):
   """Prompt [B, T] -> [B, T + max_new_tokens]: a jitted prefill, then a lax.scan of one-token
   decoding steps against the KV cache.
 
   temperature 0 is greedy (deterministic); top_k restricts sampling to the k likeliest tokens;
-  valid_vocab excludes the padded ids a tokenizer never produces (e.g. 257 for bytes).
+  valid_vocab excludes the padded ids a tokenizer never produces (e.g. 257 for bytes);
+  rope_scaling overrides the config's as in the model call (None keeps it).
   """
   prompt = jnp.asarray(prompt, jnp.int32)
   if prompt.ndim != 2 or prompt.shape[1] < 1:
@@ -81,8 +81,7 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 1.0,
   B, T = prompt.shape
   cache = model.init_cache(B, T + max_new_tokens)
   graphdef, state = nnx.split(model)
-  if rope_scaling is not None and rope_scaling is not FROM_CONFIG:
-    rope_scaling = FrozenMapping(rope_scaling)  # a clear ValueError for a non-dict
+  rope_scaling = scaling.RopeScaling.coerce(rope_scaling)  # hashable; a bad value: ValueError
   fn = _generate_fn(graphdef, max_new_tokens, float(temperature), top_k, valid_vocab,
                     rope_scaling)
   rng = jax.random.key(0) if rng is None else rng

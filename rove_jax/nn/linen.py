@@ -26,8 +26,8 @@ class RotarySelfAttention(nn.Module):
     num_kv_heads: key/value heads K (None: H).
     head_dim: D (None: features // num_heads).
     pos_encoding: "rove" or "rope".
-    rope_base, rotary_fraction, layout, rope_scaling: the rotary setup (see rove_jax.scaling
-      for the HuggingFace-style rope_scaling dict).
+    rope_base, rotary_fraction, layout, rope_scaling: the rotary setup (rope_scaling a
+      scaling.RopeScaling or a transformers-style dict, see rove_jax.scaling).
     causal: mask future positions.
     implementation: "auto" | "xla" | "cudnn" | "splash" | "chunked" | "reference" (see
       rove_jax.attention; "auto" picks splash on TPU, cudnn on GPU in bf16, xla on CPU).
@@ -41,7 +41,7 @@ class RotarySelfAttention(nn.Module):
   rope_base: float = 10000.0
   rotary_fraction: float = 1.0
   layout: str = "interleaved"
-  rope_scaling: Optional[dict] = None
+  rope_scaling: Any = None
   causal: bool = True
   implementation: str = "auto"
   use_bias: bool = True

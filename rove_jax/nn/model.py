@@ -30,7 +30,7 @@ from rove_jax.nn import baselines
 # import generate`.
 from rove_jax.nn.decoding import generate, sample_logits  # noqa: F401
 from rove_jax.nn.model_config import (DTYPES, MLPS, NORMS, POS_ENCODINGS, REMAT_POLICIES,  # noqa: F401
-                                   ROTARY_ENCODINGS, GPTConfig, FROM_CONFIG)
+                                   ROTARY_ENCODINGS, GPTConfig)
 
 
 @flax.struct.dataclass
@@ -307,20 +307,21 @@ class GPT(nnx.Module):
         rngs, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"), pd)
 
   # -------------------------------------------------------------------------- helpers
-  def rotary_frequencies(self, seq_len: int, rope_scaling=FROM_CONFIG):
-    """(inv_freq [P], attention_factor) for this call; `rope_scaling` overrides the config's.
-    (None, 1.0) for non-rotary encodings."""
+  def rotary_frequencies(self, seq_len: int, rope_scaling: Optional[scaling.RopeScaling] = None):
+    """(inv_freq [P], attention_factor) for this call; `rope_scaling` overrides the config's
+    (None keeps it). (None, 1.0) for non-rotary encodings."""
     cfg = self.config
     if cfg.pos_encoding not in ROTARY_ENCODINGS:
-      if rope_scaling is not FROM_CONFIG and rope_scaling is not None:
+      if rope_scaling is not None:
         raise ValueError(f"rope_scaling applies to rotary encodings, not {cfg.pos_encoding!r}")
       return None, 1.0
-    scaling_cfg = cfg.scaling_dict if rope_scaling is FROM_CONFIG else rope_scaling
-    return scaling.from_config(scaling_cfg, cfg.rot_dim, base=cfg.rope_base, max_len=cfg.max_len,
-                               seq_len=seq_len, head_dim=cfg.head_dim)
+    spec = scaling.RopeScaling.coerce(rope_scaling) or cfg.rope_scaling or scaling.RopeScaling()
+    return spec.frequencies(cfg.rot_dim, base=cfg.rope_base, max_len=cfg.max_len,
+                            seq_len=seq_len, head_dim=cfg.head_dim)
 
   def context(self, positions_BT, segment_ids=None, *, seq_len: Optional[int] = None,
-              rope_scaling=FROM_CONFIG, positions_ordered: bool = False) -> Context:
+              rope_scaling: Optional[scaling.RopeScaling] = None,
+              positions_ordered: bool = False) -> Context:
     """The attention Context of a call (positions and segment ids [B, T]); rope scaling sees
     `seq_len` (default T; a cached call passes the cache length) and `rope_scaling` (as in
     `__call__`)."""
@@ -355,7 +356,8 @@ class GPT(nnx.Module):
 
   # ---------------------------------------------------------------------------- call
   def __call__(self, tokens_BT, positions=None, segment_ids=None, *, cache: KVCache | None = None,
-               rope_scaling=FROM_CONFIG, positions_ordered: Optional[bool] = None):
+               rope_scaling: Optional[scaling.RopeScaling] = None,
+               positions_ordered: Optional[bool] = None):
     """Logits [B, T, V] in float32, or (logits, cache) when a cache is given.
 
     Args:
@@ -363,9 +365,11 @@ class GPT(nnx.Module):
       positions: [B, T] global positions (default: 0..T-1, or continuing the cache).
       segment_ids: [B, T] document ids for packed sequences (not with a cache).
       cache: a KVCache from `init_cache`; the new tokens are written after its filled slots.
-      rope_scaling: a HuggingFace-style dict (or None for plain RoPE) overriding the config's
-        for this call, e.g. {"rope_type": "yarn", "factor": L / max_len,
-        "original_max_position_embeddings": max_len}, for inference-time context extension.
+      rope_scaling: a scaling.RopeScaling overriding the config's for this call, e.g.
+        RopeScaling(rope_type="yarn", factor=L / max_len,
+        original_max_position_embeddings=max_len) for inference-time context extension (a
+        transformers-style dict is parsed into one); None keeps the config's, RopeScaling() is
+        plain RoPE.
       positions_ordered: the positions grow with the index inside each segment (as the packed
         training batches' do), so the flash kernels may mask by index (see
         rove_jax.attention). Default: True exactly when positions are the default 0..T-1
@@ -391,7 +395,8 @@ class GPT(nnx.Module):
                                    rope_scaling=rope_scaling, positions_ordered=positions_ordered)
 
   def forward_embeddings(self, x_BTE, positions_BT, segment_ids=None, *, cache=None,
-                         rope_scaling=FROM_CONFIG, positions_ordered: bool = False):
+                         rope_scaling: Optional[scaling.RopeScaling] = None,
+                         positions_ordered: bool = False):
     """The transformer from input embeddings (after `embed_tokens`) to logits."""
     cfg = self.config
     B, T, _ = x_BTE.shape

@@ -23,76 +23,15 @@ REMAT_POLICIES = ("none", "full", "dots")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-class _FromConfig:
-  """The default of every `rope_scaling=` override: use the model config's own setting
-  (None, by contrast, means plain RoPE)."""
-
-  def __repr__(self):
-    return "FROM_CONFIG"
-
-
-FROM_CONFIG = _FromConfig()
-
-
-class FrozenMapping(Mapping):
-  """A read-only, hashable dict: how GPTConfig holds `rope_scaling`.
-
-  GPTConfig is a static jit argument, so every field must hash; list values (LongRoPE's
-  factors) are stored as tuples. `to_dict()` gives back a plain dict with lists.
-  """
-
-  __slots__ = ("_data",)
-
-  def __init__(self, mapping: Mapping):
-    if not isinstance(mapping, Mapping):
-      raise ValueError(f"rope_scaling must be a dict (e.g. {{'rope_type': 'yarn', 'factor': 4.0, "
-                       f"...}}) or None, got {type(mapping).__name__}: {mapping!r}")
-    data = {}
-    for key, value in mapping.items():
-      value = tuple(value) if isinstance(value, (list, tuple)) else value
-      try:
-        hash(value)
-      except TypeError:
-        raise ValueError(f"rope_scaling[{key!r}] must be a number, a string or a list of "
-                         f"numbers, got {type(value).__name__}: {value!r}") from None
-      data[str(key)] = value
-    object.__setattr__(self, "_data", data)
-
-  def __getitem__(self, key):
-    return self._data[key]
-
-  def __iter__(self):
-    return iter(self._data)
-
-  def __len__(self):
-    return len(self._data)
-
-  def __hash__(self):
-    return hash(tuple(sorted(self._data.items())))
-
-  def __setattr__(self, name, value):
-    raise AttributeError(f"{type(self).__name__} is read-only")
-
-  def __repr__(self):
-    return f"{type(self).__name__}({self._data!r})"
-
-  def __reduce__(self):  # pickling goes through __init__ (no __dict__, read-only slots)
-    return (type(self), (self._data,))
-
-  def to_dict(self) -> dict:
-    """A plain, JSON-ready dict (tuples back to lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in self._data.items()}
-
-
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
   """Model shape and positional encoding. Frozen and hashable; presets are classmethods.
 
-  `rope_scaling` takes a HuggingFace-style dict (stored as a read-only FrozenMapping;
-  `scaling_dict` returns a plain dict),
-  `rove_layers` the layer indices that use RoVE when pos_encoding="rove" (None: all; the
-  others use RoPE), `remat` one of "none", "full" (recompute each block in the backward pass)
-  or "dots" (save matmul outputs only).
+  `rope_scaling` is a `scaling.RopeScaling` (None: plain RoPE); a transformers-style dict given
+  for it is parsed once into one (`RopeScaling.from_dict`). `rove_layers` the layer indices
+  that use RoVE when pos_encoding="rove" (None: all; the others use RoPE), `remat` one of
+  "none", "full" (recompute each block in the backward pass) or "dots" (save matmul outputs
+  only).
   """
   vocab_size: int = 320
   n_layer: int = 6
@@ -105,7 +44,7 @@ class GPTConfig:
   rope_base: float = 10000.0
   rotary_fraction: float = 1.0
   rope_layout: str = "interleaved"
-  rope_scaling: Any = None
+  rope_scaling: Optional[scaling.RopeScaling] = None
   rove_layers: Optional[tuple] = None
   norm: str = "layernorm"
   mlp: str = "gelu"
@@ -127,12 +66,16 @@ class GPTConfig:
       set_("n_kv_head", self.n_head)
     if self.d_ff is None:
       set_("d_ff", 4 * self.d_model)
-    if isinstance(self.rope_scaling, Mapping) and not isinstance(self.rope_scaling, FrozenMapping):
+    if self.rope_scaling is not None and not isinstance(self.rope_scaling, scaling.RopeScaling):
+      if not isinstance(self.rope_scaling, Mapping):
+        raise ValueError(f"GPTConfig: rope_scaling must be a scaling.RopeScaling, a "
+                         f"transformers-style dict (e.g. {{'rope_type': 'yarn', 'factor': 4.0}}) "
+                         f"or None, got {type(self.rope_scaling).__name__}: "
+                         f"{self.rope_scaling!r}")
       try:
-        set_("rope_scaling", FrozenMapping(self.rope_scaling))
-      except TypeError as e:  # unhashable value
-        raise ValueError(f"GPTConfig: rope_scaling values must be numbers, strings or lists, "
-                         f"got {dict(self.rope_scaling)!r} ({e})") from None
+        set_("rope_scaling", scaling.RopeScaling.from_dict(self.rope_scaling))
+      except ValueError as e:
+        raise ValueError(f"GPTConfig: rope_scaling: {e}") from None
     if self.rove_layers is not None:
       set_("rove_layers", tuple(int(i) for i in self.rove_layers))
     self._validate()
@@ -169,17 +112,12 @@ class GPTConfig:
       return 0
     return int(round(self.head_dim * self.rotary_fraction))
 
-  @property
-  def scaling_dict(self) -> Optional[dict]:
-    """rope_scaling as a plain dict (None for plain RoPE)."""
-    return None if self.rope_scaling is None else self.rope_scaling.to_dict()
-
   # ------------------------------------------------------------------ serialisation
   def to_dict(self) -> dict:
     """Every field as plain JSON-ready values (rope_scaling a dict, rove_layers a list): what
     run configs and checkpoint metadata hold. `from_dict` is its inverse."""
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    out["rope_scaling"] = self.scaling_dict
+    out["rope_scaling"] = None if self.rope_scaling is None else self.rope_scaling.to_dict()
     if self.rove_layers is not None:
       out["rove_layers"] = list(self.rove_layers)
     return out
@@ -196,10 +134,9 @@ class GPTConfig:
     if unknown:
       raise ValueError(f"GPTConfig: unknown fields {unknown}; known fields: {sorted(known)}")
     fields = dict(fields)
-    scaling_value = fields.get("rope_scaling")
-    if isinstance(scaling_value, (list, tuple)):
-      # Checkpoints written before FrozenMapping stored rope_scaling as [key, value] pairs.
-      fields["rope_scaling"] = dict(scaling_value)
+    if isinstance(fields.get("rope_scaling"), (list, tuple)):
+      # Older checkpoint metadata stores rope_scaling as [key, value] pairs.
+      fields["rope_scaling"] = dict(fields["rope_scaling"])
     return cls(**fields)
 
   def is_rove_layer(self, layer: int) -> bool:
@@ -242,11 +179,10 @@ class GPTConfig:
              f"{exact:g} rotary dims; it must be a positive even integer")
       if not self.rope_base > 1:
         fail(f"rope_base must be > 1, got {self.rope_base}")
-      if self.rope_scaling is not None and not isinstance(self.rope_scaling, Mapping):
-        fail(f"rope_scaling must be a dict or None, got {type(self.rope_scaling).__name__}")
-      try:  # validates the dict (type, keys, values) once, up front, in numpy: no JAX backend
-        scaling.from_config(self.scaling_dict, self.rot_dim, base=self.rope_base,
-                            max_len=self.max_len, seq_len=self.max_len, head_dim=self.head_dim)
+      try:  # what needs the model's shape (rot_dim, lengths), in numpy: no JAX backend
+        (self.rope_scaling or scaling.RopeScaling()).frequencies(
+            self.rot_dim, base=self.rope_base, max_len=self.max_len, seq_len=self.max_len,
+            head_dim=self.head_dim)
       except ValueError as e:
         fail(f"rope_scaling: {e}")
     elif self.rope_scaling is not None:

@@ -4,8 +4,10 @@ A checkpoint at step s is `workdir/checkpoints/s/` with three items:
   state  the train state flattened to {entry name: array} (`to_flat`): "params.<path>" for the
          parameters, "opt_state.<path>" and "step"; written by orbax/tensorstore
   data   the grain iterator state (JSON), so a resumed run sees exactly the same batches
-  meta   the resolved run config, `GPTConfig.to_dict()` under "model" and the tokenizer (JSON),
-         read before anything is built
+  meta   the model config once, `GPTConfig.to_dict()` under "model" (read back with
+         `GPTConfig.from_dict`), the rest of the resolved run config under "config" (older
+         checkpoints also hold a copy of the model section there, which readers ignore) and
+         the tokenizer (JSON), read before anything is built
 
 Training resumes with `Checkpointer.restore_latest`; evaluation (and the notebook, through
 `rove_jax.evaluation.scoring.load_run`) reads a finished run with `read_run(workdir,

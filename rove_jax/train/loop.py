@@ -36,7 +36,7 @@ from rove_jax import kernels
 from rove_jax.train import resume
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train.metrics import MetricsLog
-from rove_jax.nn.model import GPT, GPTConfig, generate
+from rove_jax.nn.model import GPT, generate
 
 # Weight decay applies to these matrices only; embeddings, norms, biases and the T5 table
 # are not decayed.
@@ -227,11 +227,6 @@ def corpus_from_config(d) -> data_lib.Corpus:
   return data_lib.Corpus(**{k: d[k] for k in fields if k in d})
 
 
-def model_meta(model_cfg: GPTConfig) -> dict:
-  """The model section of checkpoint metadata; `GPTConfig.from_dict` reads it back."""
-  return model_cfg.to_dict()
-
-
 def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None) -> dict:
   """Trains (or resumes) the run described by config `c` in `workdir`; returns a summary.
 
@@ -291,7 +286,8 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
     return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
 
   abstract_state = jax.eval_shape(init_state)
-  meta = {"model": model_meta(model_cfg), "config": config_lib.as_plain(c),
+  # The model config is stored once, under "model"; "config" is the rest of the run config.
+  meta = {"model": model_cfg.to_dict(), "config": config_lib.metadata_config(c),
           "tokenizer": {"spec": c.data.tokenizer}}
   # Before data work and before any restore: a config that cannot continue the saved run is an
   # error that leaves every checkpoint where it is.

@@ -3,13 +3,16 @@
 `base_config(preset)` returns every field a run reads, so `--config.a.b=value` overrides work
 for all of them and an unknown key is an error. configs/*.py start from it.
 
-The model section is `GPTConfig.to_dict()` and `to_model_config` is `GPTConfig.from_dict()`:
-the same conversion that writes and reads checkpoint metadata. Nothing here touches a JAX
-device (validation is numpy only), so a config can be built before jax.distributed starts.
+The model section is `GPTConfig.to_dict()` and `to_model_config`, the one place a run config
+becomes a GPTConfig, is `GPTConfig.from_dict()`: the same conversion that writes and reads
+checkpoint metadata, which holds the model config once, resolved, beside the rest of the run
+config (`metadata_config`). Nothing here touches a JAX device (validation is numpy only), so a
+config can be built before jax.distributed starts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
@@ -22,20 +25,20 @@ from rove_jax import scaling
 from rove_jax.nn.model_config import GPTConfig
 
 _PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "rove_layers": tuple}
-# model.rope_scaling is a section with one typed field per key any rope_type reads, unset ones
+# model.rope_scaling is a section with one typed field per scaling.RopeScaling field, unset ones
 # None, so `--config.model.rope_scaling.rope_type=yarn --config.model.rope_scaling.factor=4`
-# works from the command line; a config file may also assign a whole dict.
-_SCALING_TYPES = {"rope_type": str, "rope_theta": float, "truncate": bool,
-                  "original_max_position_embeddings": int, "short_factor": tuple,
-                  "long_factor": tuple}
+# works from the command line; a config file may also assign a whole dict. Fields not named
+# here are floats.
+_SCALING_TYPES = {"rope_type": str, "truncate": bool, "original_max_position_embeddings": int,
+                  "short_factor": tuple, "long_factor": tuple}
 
 
 def scaling_fields(rope_scaling) -> ml_collections.ConfigDict:
-  """The model.rope_scaling section: every key of every rope_type, set from `rope_scaling`."""
-  keys = ["rope_type", "rope_theta"] + sorted({k for ks in scaling._HF_KEYS.values() for k in ks})
+  """The model.rope_scaling section: every RopeScaling field, set from `rope_scaling` (its
+  `to_dict()`, or a dict a config file assigns)."""
   out = ml_collections.ConfigDict()
-  for key in keys:
-    out[key] = config_dict.placeholder(_SCALING_TYPES.get(key, float))
+  for field in dataclasses.fields(scaling.RopeScaling):
+    out[field.name] = config_dict.placeholder(_SCALING_TYPES.get(field.name, float))
   for key, value in (rope_scaling or {}).items():
     if key not in out:  # unknown keys reach GPTConfig's validation, which names them
       out[key] = value
@@ -303,6 +306,15 @@ def check_workdir(workdir: str) -> str:
     raise ValueError(f"workdir {workdir} is not writable ({e.strerror}); choose another "
                      f"--workdir") from None
   return workdir
+
+
+def metadata_config(c: ml_collections.ConfigDict) -> dict:
+  """The run config as checkpoint metadata stores it: `as_plain(c)` less the model section.
+  The metadata holds the model config once, resolved: `GPTConfig.to_dict()` under "model",
+  read back with `GPTConfig.from_dict`."""
+  out = as_plain(c)
+  out.pop("model", None)
+  return out
 
 
 def as_plain(value: Any) -> Any:
