@@ -24,6 +24,7 @@ import numpy as np
 
 import rove_jax as rj
 from bench import peak_rss_gib
+from rove_jax import kernels
 
 
 def _inputs(B, T, H, K, D, dtype=jnp.float32):
@@ -37,11 +38,12 @@ def _inputs(B, T, H, K, D, dtype=jnp.float32):
 
 def ratio(args) -> dict:
   q, k, v, pos = _inputs(args.B, args.T, args.H, args.H, args.D)
-  inv = rj.rope_frequencies(args.D)
+  rope = rj.Rope(rj.rope_frequencies(args.D))
+  kernel = kernels.chunked.kernel(args.chunk) if args.impl == "chunked" else args.impl
 
   def make(fn):
     def loss(q, k, v):
-      out = fn(q, k, v, q_positions=pos, kv_positions=pos, inv_freq=inv, implementation=args.impl)
+      out = fn(q, k, v, q_positions=pos, kv_positions=pos, rope=rope, kernel=kernel)
       return jnp.sum(out.astype(jnp.float32) ** 2)
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
@@ -76,10 +78,10 @@ def ratio(args) -> dict:
 
 def _one_length(T, impl, H, D, chunk):
   q, k, v, pos = _inputs(1, T, H, H, D)
-  inv = rj.rope_frequencies(D)
+  rope = rj.Rope(rj.rope_frequencies(D))
+  kernel = kernels.chunked.kernel(chunk) if impl == "chunked" else impl
   f = jax.jit(lambda q, k, v: rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos,
-                                                inv_freq=inv, implementation=impl,
-                                                chunk_size=chunk))
+                                                rope=rope, kernel=kernel))
   jax.block_until_ready(f(q, k, v))
   t0 = time.perf_counter()
   out = jax.block_until_ready(f(q, k, v))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for rove-jax on one CUDA GPU (written for an H200); about 8 minutes.
 #   bash bench/gpu_check.sh        (from the repository root; $OUT defaults to ./gpu_out)
-# 1. the cuDNN == XLA bf16 attention tests, the causal fast path (positions_ordered: cuDNN's own
+# 1. the cuDNN == XLA bf16 attention tests, the causal fast path (an ordered Mask: cuDNN's own
 #    mask, no [B, T, S] array) and packed documents (cuDNN's packed layout: segment starts and
 #    lengths) included, and kernel selection ("auto" picks cudnn in bf16);
 # 2. python -m bench --suite gpu: GPT-2 124M (context 1024, bf16, cuDNN flash attention) and
@@ -28,9 +28,9 @@ stamp "cuDNN == XLA bf16 attention tests (dense mask, causal fast path, packed d
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_attention.py -k cudnn
 python3 - <<'PY'
 import jax, jax.numpy as jnp
-from rove_jax import attention
-got = attention.resolve_implementation("auto", T=1024, S=1024, H=12, K=12, D=64,
-                                       dtype=jnp.bfloat16, causal=True, positions_ordered=True)
+from rove_jax import kernels
+q = jax.ShapeDtypeStruct((1, 1024, 12, 64), jnp.bfloat16)
+got = kernels.choose("auto", q=q, k=q, mask=kernels.Mask(ordered=True))
 print("auto on this GPU in bf16 ->", got, "(expected cudnn)")
 assert got == "cudnn", got
 PY

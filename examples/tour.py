@@ -25,7 +25,8 @@ def main():
   v = rng.standard_normal((B, T, K, D)).astype(np.float32)
   pos = np.arange(T)[None]
   inv = rj.rope_frequencies(D, base=100.0)
-  out = np.asarray(rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, inv_freq=inv))
+  rope = rj.Rope(inv)
+  out = np.asarray(rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, rope=rope))
 
   # 1. attentive convolution with dense kernels psi_delta = R_delta (W_V folded into v).
   q_r = np.asarray(rj.rotate(q, pos, inv), np.float64)
@@ -44,24 +45,24 @@ def main():
 
   # 2. shift invariance.
   shifted = rj.rove_attention(q, k, v, q_positions=pos + 1000, kv_positions=pos + 1000,
-                              inv_freq=inv)
+                              rope=rope)
   print(f"2. RoVE with all positions + 1000:        max |diff| = {np.abs(shifted - out).max():.2e}")
 
   # 3. the last 3 queries against all keys, as a KV cache would run them.
   tail = rj.rove_attention(q[:, -3:], k, v, q_positions=pos[:, -3:], kv_positions=pos,
-                           inv_freq=inv)
+                           rope=rope)
   print(f"3. cache-style queries vs full pass:      max |diff| = {np.abs(tail - out[:, -3:]).max():.2e}")
 
   # 4. chunked vs xla at 4k tokens.
   L = 4096
   q4, k4, v4 = (jnp.asarray(rng.standard_normal((1, L, 4, 32)), jnp.float32) for _ in range(3))
   p4 = jnp.arange(L)[None]
-  inv4 = rj.rope_frequencies(32)
+  rope4 = rj.Rope(rj.rope_frequencies(32))
   timings = {}
   results = {}
   for impl in ("xla", "chunked"):
     f = jax.jit(lambda q, k, v, impl=impl: rj.rove_attention(
-        q, k, v, q_positions=p4, kv_positions=p4, inv_freq=inv4, implementation=impl))
+        q, k, v, q_positions=p4, kv_positions=p4, rope=rope4, kernel=impl))
     jax.block_until_ready(f(q4, k4, v4))
     t0 = time.perf_counter()
     results[impl] = jax.block_until_ready(f(q4, k4, v4))

@@ -15,11 +15,14 @@ Dims beyond 2P pass through unchanged (partial rotary).
 Multi-axis positions (2-D / 3-D RoPE): positions carry a trailing axis [..., T, A] and the
 frequency table is a sequence of A tables; axis a's angles fill the next len(table_a) pairs,
 so (R_m q).(R_n k) depends only on n - m, axis by axis.
+
+`Rope` bundles one rotary setup (tables, attention factor, layout) for rove_jax.attention.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence, Union
+import dataclasses
+from typing import Any, NamedTuple, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -238,6 +241,65 @@ def rotation_matrix(position, inv_freq: Frequencies, dim: int, *, layout: str = 
   r = r.at[first, first].set(c).at[second, second].set(c)
   r = r.at[first, second].set(-s).at[second, first].set(s)
   return r
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, eq=False)  # arrays: compared by identity
+class Rope:
+  """One rotary setup: what rove_jax.attention's rope_attention and rove_attention rotate with.
+  A pytree: the tables and the factor are leaves (traced under jit), the layout is static.
+
+  Attributes:
+    inv_freq: a frequency table [P] (e.g. `rope_frequencies` or a rove_jax.scaling function),
+      or a sequence of A tables for multi-axis positions [..., T, A]; 2P <= D, and the dims past
+      2P pass through (partial rotary).
+    attention_factor: c, YaRN's and LongRoPE's temperature, a float or a traced scalar. It
+      multiplies the rotated dims of q and k (the logits by c**2 at full rotary), applied as
+      c**2 on q alone (`scale_query`); value and output rotations are never scaled.
+    layout: "interleaved" or "half" (module docstring).
+  """
+  inv_freq: Frequencies
+  attention_factor: Any = 1.0
+  layout: str = dataclasses.field(default="interleaved", metadata=dict(static=True))
+
+  def __post_init__(self):
+    _check_layout(self.layout)
+
+  @property
+  def n_rotated(self) -> int:
+    """2P, the dims the rotation turns."""
+    return 2 * n_frequencies(self.inv_freq)
+
+  @property
+  def multi_axis(self) -> bool:
+    return is_multi_axis(self.inv_freq)
+
+  def tables(self, positions, head_dim: int, dtype) -> ExpandedTables:
+    """`expand_tables`' full-width tables of these positions ([..., T] or [..., T, A])."""
+    cos, sin = rotary_tables(positions, self.inv_freq)
+    return expand_tables(cos, sin, head_dim=head_dim, layout=self.layout, dtype=dtype)
+
+  def apply(self, x, tables: ExpandedTables, *, inverse: bool = False) -> jax.Array:
+    """R_t x (R_t^-1 x when inverse) with tables from `tables`."""
+    return apply_expanded(x, tables, inverse=inverse, layout=self.layout)
+
+  def rotate(self, x, positions, *, inverse: bool = False) -> jax.Array:
+    """`rotate(x, positions, inv_freq, inverse=, layout=)` with this setup."""
+    return rotate(x, positions, self.inv_freq, inverse=inverse, layout=self.layout)
+
+  def scale_query(self, q_BTHD) -> jax.Array:
+    """q with its rotated dims times attention_factor**2: the factor of q and k, all on q, so
+    keys from a KV cache carry none. Scaling commutes with the rotation of those dims, so it is
+    applied before it, in float32 (q is rounded to its dtype once, after the rotation). A
+    static factor of 1 returns q unchanged."""
+    factor = self.attention_factor
+    if not isinstance(factor, jax.Array) and float(factor) == 1.0:
+      return q_BTHD
+    D = q_BTHD.shape[-1]
+    c2 = jnp.asarray(factor, jnp.float32) ** 2
+    c2_D = jnp.where(jnp.arange(D) < self.n_rotated, c2, jnp.float32(1.0))
+    compute = jnp.promote_types(q_BTHD.dtype, jnp.float32)
+    return q_BTHD.astype(compute) * c2_D.astype(compute).reshape((1,) * (q_BTHD.ndim - 1) + (D,))
 
 
 # ----------------------------------------------------------------------------- validation

@@ -30,9 +30,11 @@ def angles_for(position, inv_freq):
 
 
 def naive_attention(q, k, v, q_pos, kv_pos, inv_freq, *, rove, causal=True, factor=1.0,
-                    layout="interleaved", q_seg=None, kv_seg=None, kv_mask=None, bias=None):
+                    layout="interleaved", q_seg=None, kv_seg=None, kv_mask=None, bias=None,
+                    window=None):
   """Loops over batch, heads, queries and keys in float64. bias: optional [B, H, T, S] added
-  to the logits.
+  to the logits; window: key j visible only if q_pos[i] - kv_pos[j] < window. inv_freq None:
+  no rotation (plain softmax attention).
 
   RoPE: y_i = sum_j A_ij v_j. RoVE: y_i = sum_j A_ij R_{p_j - p_i} v_j (the attentive
   convolution, built from dense kernels, not by rotating before and after).
@@ -44,6 +46,8 @@ def naive_attention(q, k, v, q_pos, kv_pos, inv_freq, *, rove, causal=True, fact
   G = H // K
   out = np.zeros((B, T, H, D))
   multi = isinstance(inv_freq, (tuple, list))
+  if inv_freq is None:  # no rotation: every angle 0
+    inv_freq, factor = np.zeros(D // 2), 1.0
   # The attention factor multiplies the rotated dims (the first 2P) of q and k.
   n_rotated = 2 * (sum(len(f) for f in inv_freq) if multi else len(np.atleast_1d(inv_freq)))
   c_D = np.where(np.arange(D) < n_rotated, factor, 1.0)
@@ -61,6 +65,8 @@ def naive_attention(q, k, v, q_pos, kv_pos, inv_freq, *, rove, causal=True, fact
             visible &= q_seg[b, i] == kv_seg[b, j]
           if kv_mask is not None:
             visible &= bool(kv_mask[b, j])
+          if window is not None:
+            visible &= q_pos[b, i] - kv_pos[b, j] < window
           if visible:
             r_j = dense_rotation(angles_for(kv_pos[b, j], inv_freq), D, layout)
             logits[j] = (r_i @ (c_D * q[b, i, h])) @ (r_j @ (c_D * k[b, j, kh])) / np.sqrt(D)

@@ -64,7 +64,7 @@ class Analysis(chex.TestCase):
     y_mixer = (m @ x.reshape(-1)).reshape(T, D)
     attn = rj.rove_attention if rove else rj.rope_attention
     y_attn = attn(q[None, :, None], k[None, :, None], (x @ w_v.T)[None, :, None],
-                  q_positions=pos[None], kv_positions=pos[None], inv_freq=inv)
+                  q_positions=pos[None], kv_positions=pos[None], rope=rj.Rope(inv))
     chex.assert_trees_all_close(y_mixer, np.asarray(y_attn)[0, :, 0], atol=1e-4, rtol=1e-7)
     if not rove:
       chex.assert_trees_all_close(m, np.kron(a, w_v), atol=1e-6, rtol=1e-7)

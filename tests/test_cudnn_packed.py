@@ -15,7 +15,7 @@ import pytest
 from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
 
 import rove_jax as rj
-from rove_jax import attention, kernels
+from rove_jax.kernels import platform, reference, xla
 
 
 def runs_reference(seg, M):
@@ -45,7 +45,7 @@ def random_segments(rng, B, T, docs):
 def test_segment_runs_match_a_reference(docs, M, rng):
   seg = random_segments(rng, 3, 40, docs)
   seg[0] = np.sort(rng.integers(0, 3, 40))  # ids need not start at 0 or be consecutive
-  got = [np.asarray(x) for x in jax.jit(kernels.segment_runs, static_argnums=1)(seg, M)]
+  got = [np.asarray(x) for x in jax.jit(xla.segment_runs, static_argnums=1)(seg, M)]
   for a, b in zip(got, runs_reference(seg, M)):
     np.testing.assert_array_equal(a, b)
 
@@ -64,7 +64,7 @@ def packed_stand_in(calls):
     mask = (slot[:, :, None] == slot[:, None, :]) & (slot[:, :, None] >= 0)
     if mask_type == cudnn_fa.MaskType.PADDING_CAUSAL:
       mask = mask & (t <= jnp.arange(T)[None, :, None])
-    return kernels.reference_kernel(q, k, v, mask, scale)
+    return reference.softmax_attention(q, k, v, mask, scale)
   return fake
 
 
@@ -72,8 +72,8 @@ def packed_stand_in(calls):
 def hopper(monkeypatch):
   """A Hopper GPU as far as rove_jax's kernel choice can tell, and the stand-in for cuDNN."""
   calls = []
-  monkeypatch.setattr(attention, "target_platform", lambda: "gpu")
-  monkeypatch.setattr(kernels, "cudnn_packs", lambda: True)
+  monkeypatch.setattr(platform, "target_platform", lambda: "gpu")
+  monkeypatch.setattr(xla, "cudnn_packs", lambda: True)
   monkeypatch.setattr(cudnn_fa, "dot_product_attention", packed_stand_in(calls))
   return calls
 
@@ -88,40 +88,44 @@ def test_packed_documents_reach_cudnn_as_starts_and_lengths(fn, docs, hopper, rn
   starts = np.maximum.accumulate(np.where(np.diff(seg, prepend=-1, axis=1) != 0,
                                           np.arange(T), 0), axis=1)
   pos = np.arange(T) - starts  # positions restart in every document, as the pipeline's do
-  kw = dict(q_positions=pos, kv_positions=pos, inv_freq=rj.rope_frequencies(D), segment_ids=seg)
-  f = jax.jit(lambda q, k, v: fn(q, k, v, implementation="cudnn", positions_ordered=True, **kw))
+  kw = dict(q_positions=pos, kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(D)))
+  ordered = rj.Mask(segment_ids=seg, ordered=True)
+  f = jax.jit(lambda q, k, v: fn(q, k, v, kernel="cudnn", mask=ordered, **kw))
   hlo = f.lower(q, k, v).as_text()
   assert f"pred[{B},{T},{T}]" not in hlo and f"pred[{B},1,{T},{T}]" not in hlo  # no dense mask
   assert hopper and set(hopper) == {cudnn_fa.MaskType.PADDING_CAUSAL}
-  want = np.asarray(fn(*(x.astype(jnp.float32) for x in (q, k, v)), implementation="reference",
-                       **kw))
+  want = np.asarray(fn(*(x.astype(jnp.float32) for x in (q, k, v)), kernel="reference",
+                       mask=rj.Mask(segment_ids=seg), **kw))
   got = np.asarray(f(q, k, v), np.float32)
-  fits = docs <= kernels.cudnn_max_segments(T)
+  fits = docs <= xla.cudnn_max_segments(T)
   np.testing.assert_allclose(got[:-1], want[:-1], atol=3e-2)
   if fits:
     np.testing.assert_allclose(got[-1], want[-1], atol=3e-2)
   else:  # too many documents to describe: NaN, never a wrong number
     assert np.isnan(got[-1]).all()
   if docs > 1:  # the stand-in is not vacuous: ignoring the segments changes the result
-    plain = fn(*(x.astype(jnp.float32) for x in (q, k, v)), implementation="reference",
-               **dict(kw, segment_ids=None))
+    plain = fn(*(x.astype(jnp.float32) for x in (q, k, v)), kernel="reference", **kw)
     assert float(jnp.max(jnp.abs(plain[0] - want[0]))) > 0.3
 
 
 def test_packed_path_needs_hopper_and_one_set_of_segments(monkeypatch, rng):
   """Before Hopper, with separate query and key segments, or with a bias, the dense mask."""
-  monkeypatch.setattr(attention, "target_platform", lambda: "gpu")
+  monkeypatch.setattr(platform, "target_platform", lambda: "gpu")
   monkeypatch.setattr(cudnn_fa, "dot_product_attention", packed_stand_in([]))
   seen = []
-  monkeypatch.setattr(kernels, "xla_kernel", lambda q, k, v, mask, *a, **kw: seen.append(mask)
-                      or jnp.zeros_like(q))
+  monkeypatch.setattr(jax.nn, "dot_product_attention", lambda q, k, v, mask=None, **kw:
+                      seen.append(mask) or jnp.zeros_like(q))
   q = jnp.zeros((1, 16, 2, 8), jnp.bfloat16)
   seg = np.repeat([[0, 1]], 8, axis=1)
   pos = np.arange(16)[None]
-  kw = dict(q_positions=pos, kv_positions=pos, inv_freq=rj.rope_frequencies(8),
-            implementation="cudnn", positions_ordered=True)
-  monkeypatch.setattr(kernels, "cudnn_packs", lambda: False)
-  rj.rope_attention(q, q, q, segment_ids=seg, **kw)
-  monkeypatch.setattr(kernels, "cudnn_packs", lambda: True)
-  rj.rope_attention(q, q, q, segment_ids=(seg, seg.copy()), **kw)
-  assert len(seen) == 2 and all(m is not None and m.shape == (1, 16, 16) for m in seen)
+  kw = dict(q_positions=pos, kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(8)),
+            kernel="cudnn")
+  monkeypatch.setattr(xla, "cudnn_packs", lambda: False)
+  rj.rope_attention(q, q, q, mask=rj.Mask(segment_ids=seg, ordered=True), **kw)
+  monkeypatch.setattr(xla, "cudnn_packs", lambda: True)
+  rj.rope_attention(q, q, q, mask=rj.Mask(segment_ids=seg, kv_segment_ids=seg.copy(),
+                                          ordered=True), **kw)
+  rj.masked_attention(q, q, q, q_positions=pos, kv_positions=pos, kernel="cudnn",
+                      mask=rj.Mask(segment_ids=seg, ordered=True),
+                      bias_fn=lambda q_pos, kv_pos: jnp.zeros((1, 2, 16, 16)))
+  assert len(seen) == 3 and all(m is not None and m.shape == (1, 1, 16, 16) for m in seen)

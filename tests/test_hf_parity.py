@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 
 import rove_jax as rj
-from rove_jax import rotary, scaling
+from rove_jax import attention, scaling
+from rove_jax.kernels import chunked
 
 DATA = pathlib.Path(__file__).parent / "data" / "hf_rope_reference.json"
 TABLE_RTOL, FACTOR_RTOL, OUT_ATOL = 2e-6, 1e-6, 2e-5
@@ -167,8 +168,9 @@ def attention_inputs(case):
                          ids=lambda c: f"{c['name']}/{c['layout']}")
 def test_attention_matches_transformers(case):
   q, k, v, pos, inv, att = attention_inputs(case)
-  out = jax.jit(functools.partial(rj.rope_attention, attention_factor=att, layout=case["layout"]))(
-      q, k, v, q_positions=pos, kv_positions=pos, inv_freq=inv)
+  out = jax.jit(lambda q, k, v, inv: rj.rope_attention(
+      q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(inv, att, case["layout"])))(
+          q, k, v, inv)
   np.testing.assert_allclose(out, case["out"], atol=OUT_ATOL, rtol=0)
 
 
@@ -176,18 +178,21 @@ def test_attention_matches_transformers(case):
 def test_every_kernel_matches_transformers_under_jit(layout):
   """One partial-rotary YaRN case per layout through the reference, xla and chunked kernels,
   with the factor traced (a jax.Array under jit) and with keys rotated beforehand, as a KV
-  cache stores them (kv_prerotated): the factor rides on q, so the cache carries none."""
+  cache stores them (queries rotated by rotate_queries, then masked_attention): the factor
+  rides on q, so the cache carries none."""
   (case,) = [c for c in reference()["attention"]
              if c["name"] == "yarn D=16 partial 0.5 factor 4.0" and c["layout"] == layout]
   q, k, v, pos, inv, att = attention_inputs(case)
 
   @functools.partial(jax.jit, static_argnames=("impl", "prerotated"))
   def f(q, k, v, factor, impl, prerotated=False):
+    rope = rj.Rope(inv, factor, layout)
+    kernel = chunked.kernel(4) if impl == "chunked" else impl
     if prerotated:
-      k = rotary.rotate(k, pos, inv, layout=layout)
-    return rj.rope_attention(q, k, v, q_positions=pos, kv_positions=pos, inv_freq=inv,
-                             attention_factor=factor, layout=layout, implementation=impl,
-                             chunk_size=4, kv_prerotated=prerotated)
+      q_r, _ = attention.rotate_queries(q, pos, rope)
+      return rj.masked_attention(q_r, rope.rotate(k, pos), v, q_positions=pos, kv_positions=pos,
+                                 kernel=kernel)
+    return rj.rope_attention(q, k, v, q_positions=pos, kv_positions=pos, rope=rope, kernel=kernel)
 
   for impl, prerotated in (("reference", False), ("xla", False), ("chunked", False),
                            ("xla", True)):
@@ -201,8 +206,8 @@ def test_issue_15_reproducer():
   np.testing.assert_allclose(case["out"][0][1][0], [0.5269, 0.4731, 0, 0], atol=1e-4)
   q, k, v, pos, inv, att = attention_inputs(case)
   np.testing.assert_array_equal(inv, [1.0])
-  out = jax.jit(functools.partial(rj.rope_attention, attention_factor=att, layout="half"))(
-      q, k, v, q_positions=pos, kv_positions=pos, inv_freq=inv)
+  out = jax.jit(lambda q, k, v, inv: rj.rope_attention(
+      q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(inv, att, "half")))(q, k, v, inv)
   np.testing.assert_allclose(out[0, 1, 0], [0.5269339, 0.4730661, 0, 0], atol=1e-6)
 
 
@@ -215,10 +220,11 @@ def test_splash_scales_only_rotated_dims():
   pos = np.arange(T)[None]
   inv, att = scaling.yarn(rot, base=100.0, factor=4.0, original_max_len=32)
   c_D = np.where(np.arange(D) < rot, att, 1.0).astype(np.float32)
-  by_hand = jax.jit(functools.partial(rj.rope_attention, layout="half"))(
-      q * c_D, k * c_D, v, q_positions=pos, kv_positions=pos, inv_freq=inv)
+  by_hand = jax.jit(lambda q, k, v, inv: rj.rope_attention(
+      q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(inv, layout="half")))(
+          q * c_D, k * c_D, v, inv)
   out = jax.jit(lambda a: rj.rope_attention(
-      q, k, v, q_positions=pos, kv_positions=pos, inv_freq=inv, attention_factor=a,
-      layout="half", implementation="splash", positions_ordered=True))(jnp.float32(att))
+      q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(inv, a, "half"), kernel="splash",
+      mask=rj.Mask(ordered=True)))(jnp.float32(att))
   np.testing.assert_allclose(out, by_hand, atol=2e-5, rtol=0)
   assert math.isclose(att, 0.1 * math.log(4.0) + 1, rel_tol=1e-12)

@@ -1,4 +1,5 @@
-"""Kernel selection ("auto") and the index-masked fast path (positions_ordered)."""
+"""Kernel selection ("auto", rove_jax.kernels.dispatch) and the index-masked fast path (an
+ordered Mask)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,10 +8,19 @@ import pytest
 from flax import nnx
 
 import rove_jax as rj
-from rove_jax import attention, kernels
+from rove_jax import kernels
+from rove_jax.kernels import chunked, mask as mask_lib
 from rove_jax.nn.model import GPT, GPTConfig
 
-SHAPES = dict(T=256, S=256, H=4, K=2, D=64, causal=True)
+
+def choose(name="auto", *, dtype=jnp.float32, T=256, S=256, H=4, K=2, D=64, platform="cpu",
+           bias=False, **mask):
+  """kernels.choose for a call of these shapes (no arrays: shape-dtype structs), with
+  Mask(**mask) (kv_valid=True: a [B, S] array of it)."""
+  mask["kv_valid"] = jnp.ones((1, S), bool) if mask.get("kv_valid") else None
+  q = jax.ShapeDtypeStruct((1, T, H, D), dtype)
+  k = jax.ShapeDtypeStruct((1, S, K, D), dtype)
+  return kernels.choose(name, q=q, k=k, mask=rj.Mask(**mask), bias=bias, platform_name=platform)
 
 
 @pytest.mark.parametrize("platform, dtype, ordered, kv_mask, S, want", [
@@ -23,34 +33,50 @@ SHAPES = dict(T=256, S=256, H=4, K=2, D=64, causal=True)
     ("gpu", jnp.float32, True, False, 256, "xla"),  # cuDNN flash runs in half precision
     ("gpu", jnp.bfloat16, False, False, 256, "xla"),
     ("cpu", jnp.float32, True, False, 256, "xla"),
-    ("cpu", jnp.float32, False, False, attention.AUTO_CHUNKED_MIN_KV, "chunked"),
+    ("cpu", jnp.float32, False, False, kernels.AUTO_CHUNKED_MIN_KV, "chunked"),
 ])
 def test_auto_picks_the_platforms_kernel(platform, dtype, ordered, kv_mask, S, want):
-  shapes = dict(SHAPES, S=S, T=S)
-  got = attention.resolve_implementation("auto", dtype=dtype, positions_ordered=ordered,
-                                         kv_mask=kv_mask, platform=platform, **shapes)
+  got = choose(dtype=dtype, T=S, S=S, platform=platform, ordered=ordered, kv_valid=kv_mask)
   assert got == want
 
 
-def test_auto_avoids_splash_for_shapes_it_cannot_run_and_for_biases():
-  odd = dict(SHAPES, T=100, S=100)
-  assert attention.resolve_implementation("auto", dtype=jnp.bfloat16, positions_ordered=True,
-                                          platform="tpu", **odd) == "xla"
-  assert attention.resolve_implementation("auto", dtype=jnp.bfloat16, positions_ordered=True,
-                                          bias=True, platform="gpu", **SHAPES) == "xla"
+def test_auto_avoids_kernels_that_cannot_run_the_call():
+  assert choose(dtype=jnp.bfloat16, T=100, S=100, platform="tpu", ordered=True) == "xla"
+  assert choose(dtype=jnp.bfloat16, platform="gpu", ordered=True, bias=True) == "xla"
+  for platform in ("tpu", "gpu"):  # neither flash kernel takes a sliding window
+    assert choose(dtype=jnp.bfloat16, platform=platform, ordered=True, window=64) == "xla"
+  assert choose(platform="cpu", S=kernels.AUTO_CHUNKED_MIN_KV, T=1, window=64) == "chunked"
   # Explicit kernels pass through untouched.
-  assert attention.resolve_implementation("chunked", dtype=jnp.float32, positions_ordered=True,
-                                          platform="tpu", **SHAPES) == "chunked"
+  assert choose("chunked", platform="tpu", ordered=True) == "chunked"
+  with pytest.raises(ValueError, match="splash' cannot run.*window"):
+    choose("splash", platform="tpu", ordered=True, window=64)
+  with pytest.raises(ValueError, match="splash' cannot run.*kv_valid"):
+    choose("splash", platform="tpu", ordered=True, kv_valid=True)
+  with pytest.raises(ValueError, match="bfloat16/float16"):
+    choose("cudnn", platform="gpu", ordered=True)
+
+
+def test_select_returns_the_kernel_function():
+  q = k = jnp.zeros((1, 8, 2, 8), jnp.float32)
+  mask = rj.Mask()
+  assert kernels.select("xla", q=q, k=k, mask=mask) is kernels.xla.attend
+  assert kernels.select("reference", q=q, k=k, mask=mask) is kernels.reference.attend
+  assert kernels.select("auto", q=q, k=k, mask=mask) is kernels.xla.attend  # CPU, 8 keys
+  f = kernels.select("chunked", q=q, k=k, mask=mask, chunk_size=3)
+  want = kernels.reference.attend(q + 1, k, k + 2, mask, jnp.arange(8)[None], jnp.arange(8)[None],
+                                  0.5)
+  np.testing.assert_allclose(f(q + 1, k, k + 2, mask, jnp.arange(8)[None], jnp.arange(8)[None],
+                               0.5), want, atol=1e-6)
 
 
 def test_target_platform_follows_the_mesh_being_compiled_for():
-  assert attention.target_platform() == "cpu"
+  assert kernels.target_platform() == "cpu"
   cpu_device = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1]).abstract_mesh
   tpu = type(cpu_device.abstract_device)(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
   seen = []
 
   def f(x):
-    seen.append(attention.target_platform())
+    seen.append(kernels.target_platform())
     return x
 
   with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("data",),
@@ -69,20 +95,19 @@ def _inputs(rng, B=2, T=24, H=4, K=2, D=8):
 @pytest.mark.parametrize("fn", [rj.rove_attention, rj.rope_attention])
 @pytest.mark.parametrize("causal", [True, False])
 def test_index_masking_equals_position_masking(fn, causal, rng):
-  """positions_ordered: the xla kernel's own causal mask gives what the positions' mask gives,
+  """An ordered mask: the xla kernel's own causal mask gives what the positions' mask gives,
   for plain aranges with an offset and for packed documents (positions restarting)."""
   q, k, v = _inputs(rng)
   B, T = q.shape[:2]
-  inv = rj.rope_frequencies(8)
+  rope = rj.Rope(rj.rope_frequencies(8))
   offset = jnp.broadcast_to(jnp.arange(T)[None] + jnp.array([[0], [37]]), (B, T))
   seg = jnp.broadcast_to(jnp.array([0] * 10 + [1] * 9 + [2] * 5)[None], (B, T))
   packed = jnp.concatenate([jnp.arange(10), jnp.arange(9), jnp.arange(5)])[None].repeat(B, 0)
   for pos, segs in ((offset, None), (packed, seg)):
-    kw = dict(q_positions=pos, kv_positions=pos, inv_freq=inv, causal=causal, segment_ids=segs,
-              implementation="xla")
-    fast = fn(q, k, v, positions_ordered=True, **kw)
-    want = fn(q, k, v, **kw)
-    ref = fn(q, k, v, **dict(kw, implementation="reference"))
+    kw = dict(q_positions=pos, kv_positions=pos, rope=rope)
+    fast = fn(q, k, v, mask=rj.Mask(causal=causal, segment_ids=segs, ordered=True), **kw)
+    want = fn(q, k, v, mask=rj.Mask(causal=causal, segment_ids=segs), **kw)
+    ref = fn(q, k, v, mask=rj.Mask(causal=causal, segment_ids=segs), kernel="reference", **kw)
     np.testing.assert_allclose(np.asarray(fast), np.asarray(want), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(fast), np.asarray(ref), rtol=1e-5, atol=1e-6)
 
@@ -94,8 +119,8 @@ def test_model_skips_the_dense_mask_for_default_positions(monkeypatch, rng):
   model = GPT(cfg, rngs=nnx.Rngs(0))
   tokens = jnp.asarray(rng.integers(0, 64, size=(2, 32)))
   calls = []
-  real = kernels.mask_block
-  monkeypatch.setattr(kernels, "mask_block", lambda *a: calls.append(1) or real(*a))
+  real = mask_lib.visible
+  monkeypatch.setattr(mask_lib, "visible", lambda *a: calls.append(1) or real(*a))
   ordered = model(tokens)
   assert calls == []
   general = model(tokens, positions=jnp.broadcast_to(jnp.arange(32)[None], (2, 32)))
@@ -106,16 +131,15 @@ def test_model_skips_the_dense_mask_for_default_positions(monkeypatch, rng):
 def test_ordered_positions_and_splash_errors(rng):
   q, k, v = _inputs(rng)
   pos = jnp.arange(q.shape[1])
+  rope = rj.Rope(rj.rope_frequencies(8))
   with pytest.raises(ValueError, match="T == S"):
     rj.rope_attention(q, k[:, :20], v[:, :20], q_positions=pos, kv_positions=pos[:20],
-                      inv_freq=rj.rope_frequencies(8), positions_ordered=True)
-  with pytest.raises(ValueError, match="positions_ordered=True"):
-    rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos,
-                      inv_freq=rj.rope_frequencies(8), implementation="splash")
+                      rope=rope, mask=rj.Mask(ordered=True))
+  with pytest.raises(ValueError, match="ordered=True"):
+    rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, rope=rope, kernel="splash")
   with pytest.raises(ValueError, match="splash' cannot run"):
-    rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos,
-                      inv_freq=rj.rope_frequencies(8), implementation="splash",
-                      positions_ordered=True)  # T = 24 is no multiple of a splash block
+    rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, rope=rope, kernel="splash",
+                      mask=rj.Mask(ordered=True))  # T = 24 is no multiple of a splash block
 
 
 def test_chunked_kernel_skips_blocks_by_index_for_ordered_positions(rng):
@@ -126,14 +150,15 @@ def test_chunked_kernel_skips_blocks_by_index_for_ordered_positions(rng):
   pos = jnp.broadcast_to(jnp.arange(64)[None], (4, 64))
   segs = jnp.broadcast_to((jnp.arange(64) >= 40)[None].astype(jnp.int32), (4, 64))
   pos = jnp.where(segs == 1, pos - 40, pos)
-  kw = dict(q_positions=pos, kv_positions=pos, inv_freq=rj.rope_frequencies(8),
-            implementation="chunked", chunk_size=16, segment_ids=segs)
+  kw = dict(q_positions=pos, kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(8)),
+            kernel=chunked.kernel(16))
   mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
   shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
   args = [jax.device_put(a, shard) for a in (q, k, v)]
+  mask = lambda ordered: rj.Mask(segment_ids=segs, ordered=ordered)
   hlo = lambda ordered: jax.jit(lambda *a: rj.rove_attention(
-      *a, positions_ordered=ordered, **kw)).lower(*args).compile().as_text()
+      *a, mask=mask(ordered), **kw)).lower(*args).compile().as_text()
   assert "all-reduce" in hlo(False) and "all-reduce" not in hlo(True)
-  fast = rj.rove_attention(*args, positions_ordered=True, **kw)
-  ref = rj.rove_attention(q, k, v, **dict(kw, implementation="reference"))
+  fast = rj.rove_attention(*args, mask=mask(True), **kw)
+  ref = rj.rove_attention(q, k, v, mask=mask(False), **dict(kw, kernel="reference"))
   np.testing.assert_allclose(np.asarray(fast), np.asarray(ref), rtol=1e-5, atol=1e-6)

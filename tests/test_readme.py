@@ -343,6 +343,7 @@ PY_BLOCKS = re.findall(r"^```python\n(.*?)^```", README, re.M | re.S)
 # A README python block (found by a phrase of it) -> what it must compute.
 EXPECT = {
     "rj.rove_attention(": lambda s: chex.assert_shape([s["y"], s["y_long"]], (2, 128, 8, 64)),
+    "minimal.rove_attention(": lambda s: chex.assert_shape(s["y"], (2, 16, 4, 32)),
     "generate(": lambda s: (
         chex.assert_shape(s["logits"], (2, 1024, s["model"].config.vocab_size)),  # YaRN at 4x
         chex.assert_shape(s["out"], (1, 8 + 64)),

@@ -1,6 +1,7 @@
-"""rove_jax.splash (TPU splash attention; Pallas interpret mode on CPU) against a float64 NumPy
-softmax with the same mask: causal, bidirectional, packed documents, GQA and MQA, bfloat16,
-rows that see no key, gradients, and under a (data, fsdp, tensor) mesh through shard_map."""
+"""rove_jax.kernels.splash (TPU splash attention; Pallas interpret mode on CPU) against a
+float64 NumPy softmax with the same mask: causal, bidirectional, packed documents, GQA and MQA,
+bfloat16, rows that see no key, gradients, and under a (data, fsdp, tensor) mesh through
+shard_map."""
 
 import functools
 
@@ -9,12 +10,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rove_jax.kernels import Mask
+from rove_jax.kernels import splash
+from rove_jax.kernels.splash import unsupported_reason
 from rove_jax.train import sharding
-from rove_jax.splash import splash_attention, unsupported_reason
 
 T = 256  # splash needs lengths that are multiples of 128; 256 gives 2 x 2 blocks of 128
 D = 64  # GPT-2's head dim
 SCALE = 1 / np.sqrt(D)
+
+
+def splash_attention(q, k, v, *, scale, causal, q_segment_ids=None, kv_segment_ids=None,
+                     block_size=splash.DEFAULT_BLOCK):
+  """The splash kernel on index-ordered positions (which it does not read)."""
+  mask = Mask(causal=causal, segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+              ordered=True)
+  return splash.kernel(block_size)(q, k, v, mask, None, None, scale)
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,6 +162,10 @@ def test_unsupported_reason():
     splash_attention(q[:, :100], k[:, :100], v[:, :100], scale=1.0, causal=True)
   with pytest.raises(ValueError, match="block_size"):
     splash_attention(q, k, v, scale=1.0, causal=True, block_size=100)
+  for mask, reason in ((Mask(), "ordered=True"), (Mask(ordered=True, window=8), "window"),
+                       (Mask(ordered=True, kv_valid=np.ones((1, T), bool)), "kv_valid")):
+    with pytest.raises(ValueError, match=reason):
+      splash.attend(q, k, v, mask, None, None, 1.0)
 
 
 def test_sharded_matches_unsharded():

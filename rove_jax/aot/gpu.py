@@ -113,7 +113,7 @@ def devices(spec: GpuSpec, n_gpus: int) -> list:
 
 def answer_capability_checks(spec: GpuSpec) -> None:
   """jax's cuDNN attention asks the local GPU for its compute capability while tracing (the
-  packed layout, rove_jax.kernels.cudnn_packed_kernel, needs 9.0); a host without a GPU would
+  packed layout of rove_jax.kernels.xla's cuDNN kernel needs 9.0); a host without a GPU would
   answer "no". For compile-only devices the target answers: every GpuSpec here is 9.0. Patches
   jax's private module for this process, which compiles for that GPU only."""
   from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa

@@ -15,7 +15,8 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
-from rove_jax import attention, scaling
+from rove_jax import attention, rotary, scaling
+from rove_jax.kernels import Mask
 
 
 class RotarySelfAttention(nn.Module):
@@ -30,7 +31,7 @@ class RotarySelfAttention(nn.Module):
       scaling.RopeScaling or a transformers-style dict, see rove_jax.scaling).
     causal: mask future positions.
     implementation: "auto" | "xla" | "cudnn" | "splash" | "chunked" | "reference" (see
-      rove_jax.attention; "auto" picks splash on TPU, cudnn on GPU in bf16, xla on CPU).
+      rove_jax.kernels.dispatch; "auto" picks splash on TPU, cudnn on GPU in bf16, xla on CPU).
     use_bias: biases on the projections.
     dtype: compute dtype; parameters stay in param_dtype.
   """
@@ -52,7 +53,7 @@ class RotarySelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x_BTE, positions=None, segment_ids=None):
     """x [B, T, E] -> [B, T, E]; positions [B, T] default to 0..T-1 (then the flash kernels
-    mask by index; explicit positions are taken as general, see rove_jax.attention)."""
+    mask by index; explicit positions are taken as general, see rove_jax.kernels.mask)."""
     if self.pos_encoding not in ("rove", "rope"):
       raise ValueError(f"RotarySelfAttention: pos_encoding must be 'rove' or 'rope', got "
                        f"{self.pos_encoding!r}")
@@ -78,10 +79,10 @@ class RotarySelfAttention(nn.Module):
     k = dense("key", K)(x_BTE)
     v = dense("value", K)(x_BTE)
     fn = attention.rove_attention if self.pos_encoding == "rove" else attention.rope_attention
-    out_BTHD = fn(q, k, v, q_positions=positions, kv_positions=positions, inv_freq=inv_freq,
-                  attention_factor=factor, layout=self.layout, causal=self.causal,
-                  segment_ids=segment_ids, implementation=self.implementation,
-                  positions_ordered=ordered)
+    out_BTHD = fn(q, k, v, q_positions=positions, kv_positions=positions,
+                  rope=rotary.Rope(inv_freq, factor, self.layout),
+                  mask=Mask(causal=self.causal, segment_ids=segment_ids, ordered=ordered),
+                  kernel=self.implementation)
     return nn.DenseGeneral(E, axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
                            param_dtype=self.param_dtype, kernel_init=self.kernel_init,
                            name="out")(out_BTHD)

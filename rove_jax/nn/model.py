@@ -7,9 +7,10 @@ F MLP width, P rotary pairs.
 
 `Attention` is the reference for wiring RoVE into your own model: project q, k, v; (decoding:
 write the cache); call `rove_attention` where you would call RoPE attention; project out. The
-KV cache stores R_j k_j and (RoVE) R_j v_j at their global positions j, and decoding calls the
-same function with `kv_prerotated=True`. Parameters carry logical axis names (`logical_axes`
-metadata) that rove_jax.train.sharding maps onto a device mesh.
+KV cache stores R_j k_j and (RoVE) R_j v_j at their global positions j; a decoding step rotates
+its queries (`attention.rotate_queries`), attends to the cache with `masked_attention` and, for
+RoVE, rotates the output back. Parameters carry logical axis names (`logical_axes` metadata)
+that rove_jax.train.sharding maps onto a device mesh.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rove_jax import attention, rotary, scaling
+from rove_jax import attention, kernels, rotary, scaling
 from rove_jax.nn import baselines
 # generate and sample_logits live in rove_jax.nn.decoding; re-exported for `from rove_jax.nn.model
 # import generate`.
@@ -142,30 +143,48 @@ class Attention(nnx.Module):
   def __call__(self, x_BTE, ctx: Context, cache_kv=None):
     """x [B, T, E] -> (y [B, T, E], the layer's cache (k [B, L, K, D], v) or None)."""
     q_BTHD, k_BTKD, v_BTKD = self.qkv(x_BTE)
-    if cache_kv is None and self.rotary == "rove":
+    if cache_kv is not None:
+      return self.decode(q_BTHD, k_BTKD, v_BTKD, ctx, cache_kv)
+    rope, bias_fn = self.rope(ctx), self.bias_fn(ctx)
+    mask = kernels.Mask(segment_ids=ctx.segment_ids, ordered=ctx.positions_ordered)
+    kw = dict(q_positions=ctx.positions, kv_positions=ctx.positions, mask=mask,
+              kernel=self.kernel(q_BTHD, k_BTKD, mask, ctx, bias_fn is not None))
+    if self.rotary == "rove":
       # R_i^-1 and the output projection under one checkpoint: the backward pass recomputes
       # y = R_i^-1 o from the kernel's output o (which the kernel keeps for its own backward)
       # rather than keeping y too, so RoVE holds as many [B, T, H, D] residuals as RoPE.
-      o_BTHD = self.attend(q_BTHD, k_BTKD, v_BTKD, ctx, kv_positions=ctx.positions,
-                           rotate_output=False)
+      o_BTHD = attention.rove_attention_rotated(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
       project = jax.checkpoint(functools.partial(_rotated_out, layout=self.cfg.rope_layout))
       y = project(o_BTHD, ctx.positions, ctx.inv_freq, self.wo[...],
                   None if self.bo is None else self.bo[...])
       return y, None
-    if cache_kv is None:
-      out_BTHD = self.attend(q_BTHD, k_BTKD, v_BTKD, ctx, kv_positions=ctx.positions)
-    else:  # the cache holds R_j k_j (and, RoVE, R_j v_j) at the global positions j
-      if self.rotary:
-        rotate = functools.partial(rotary.rotate, positions=ctx.positions,
-                                   inv_freq=ctx.inv_freq, layout=self.cfg.rope_layout)
-        k_BTKD = rotate(k_BTKD)
-        v_BTKD = rotate(v_BTKD) if self.rotary == "rove" else v_BTKD
-      cache_kv = tuple(jax.lax.dynamic_update_slice(c, new.astype(c.dtype),
-                                                    (0, ctx.cache_start, 0, 0))
-                       for c, new in zip(cache_kv, (k_BTKD, v_BTKD)))
-      k_BLKD, v_BLKD = (c.astype(q_BTHD.dtype) for c in cache_kv)
-      out_BTHD = self.attend(q_BTHD, k_BLKD, v_BLKD, ctx, kv_positions=ctx.kv_positions,
-                             kv_mask=ctx.kv_mask, kv_prerotated=True)
+    if self.rotary == "rope":
+      out_BTHD = attention.rope_attention(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
+    else:
+      out_BTHD = attention.masked_attention(q_BTHD, k_BTKD, v_BTKD, bias_fn=bias_fn, **kw)
+    return _dense_out(out_BTHD, self.wo, self.bo), None
+
+  def decode(self, q_BTHD, k_BTKD, v_BTKD, ctx: Context, cache_kv):
+    """A call against the KV cache: writes R_j k_j (and, RoVE, R_j v_j) at the global positions
+    j, attends to the whole cache and returns (y [B, T, E], the updated cache)."""
+    rope = self.rope(ctx)
+    if rope is not None:
+      k_BTKD = rope.rotate(k_BTKD, ctx.positions)
+      v_BTKD = rope.rotate(v_BTKD, ctx.positions) if self.rotary == "rove" else v_BTKD
+    cache_kv = tuple(jax.lax.dynamic_update_slice(c, new.astype(c.dtype),
+                                                  (0, ctx.cache_start, 0, 0))
+                     for c, new in zip(cache_kv, (k_BTKD, v_BTKD)))
+    k_BLKD, v_BLKD = (c.astype(q_BTHD.dtype) for c in cache_kv)
+    if rope is not None:
+      q_BTHD, q_tables = attention.rotate_queries(q_BTHD, ctx.positions, rope)
+    bias_fn = self.bias_fn(ctx)
+    mask = kernels.Mask(kv_valid=ctx.kv_mask)
+    out_BTHD = attention.masked_attention(
+        q_BTHD, k_BLKD, v_BLKD, q_positions=ctx.positions, kv_positions=ctx.kv_positions,
+        mask=mask, kernel=self.kernel(q_BTHD, k_BLKD, mask, ctx, bias_fn is not None),
+        bias_fn=bias_fn)
+    if self.rotary == "rove":
+      out_BTHD = rope.apply(out_BTHD, q_tables, inverse=True)
     return _dense_out(out_BTHD, self.wo, self.bo), cache_kv
 
   def qkv(self, x_BTE):
@@ -177,26 +196,19 @@ class Attention(nnx.Module):
     kv_BT2KD = _dense(x_BTE, self.wkv, self.bkv)
     return q_BTHD, kv_BT2KD[:, :, 0], kv_BT2KD[:, :, 1]
 
-  def attend(self, q_BTHD, k_BSKD, v_BSKD, ctx: Context, *, kv_positions, kv_mask=None,
-             kv_prerotated=False, rotate_output=True):
-    """The attention function of this layer's encoding, with this call's context: [B, T, H, D]."""
-    cfg = self.cfg
-    impl = cfg.attention_impl
-    if impl == "splash" and not ctx.positions_ordered:
-      impl = "xla"  # splash masks by index; cached (decoding) calls take the xla kernel
-    kernel = dict(implementation=impl, chunk_size=cfg.attention_chunk,
-                  positions_ordered=ctx.positions_ordered)
+  def rope(self, ctx: Context):
+    """This layer's rotary setup in this call (None without rotary)."""
     if not self.rotary:
-      return attention.masked_attention(
-          q_BTHD, k_BSKD, v_BSKD, q_positions=ctx.positions, kv_positions=kv_positions,
-          kv_mask=kv_mask, segment_ids=ctx.segment_ids, bias_fn=self.bias_fn(ctx), **kernel)
-    fn = attention.rope_attention
-    if self.rotary == "rove":
-      fn = functools.partial(attention.rove_attention, rotate_output=rotate_output)
-    return fn(q_BTHD, k_BSKD, v_BSKD, q_positions=ctx.positions, kv_positions=kv_positions,
-              kv_mask=kv_mask, segment_ids=ctx.segment_ids, inv_freq=ctx.inv_freq,
-              attention_factor=ctx.attention_factor, layout=cfg.rope_layout,
-              kv_prerotated=kv_prerotated, **kernel)
+      return None
+    return rotary.Rope(ctx.inv_freq, ctx.attention_factor, self.cfg.rope_layout)
+
+  def kernel(self, q_BTHD, k_BSKD, mask, ctx: Context, bias: bool):
+    """The attention kernel of a call (rove_jax.kernels.select), with the config's chunk size."""
+    name = self.cfg.attention_impl
+    if name == "splash" and not ctx.positions_ordered:
+      name = "xla"  # splash masks by index; cached (decoding) calls take the xla kernel
+    return kernels.select(name, q=q_BTHD, k=k_BSKD, mask=mask,
+                          chunk_size=self.cfg.attention_chunk, bias=bias)
 
   def bias_fn(self, ctx: Context):
     """The T5 logit bias f(q_pos, kv_pos) -> [B, H, t, s], or None without a T5 table."""
@@ -208,24 +220,21 @@ class Attention(nnx.Module):
   # ----------------------------------------------------- for analysis (Figure 1), not training
   def weights(self, x_BTE, ctx: Context):
     """The attention probabilities [B, H, T, T] of a self-attention call on x (no cache): the
-    logits `attend` computes (rotated q and k, attention factor, T5 bias, mask), softmaxed.
+    logits the kernels compute (rotated q and k, attention factor, T5 bias, mask), softmaxed.
     The q.k products run in the activation dtype and are then cast to float32, so under
     bfloat16 they differ from the kernels' (which compute in float32) by bf16 rounding."""
     q_BTHD, k_BTKD, _ = self.qkv(x_BTE)
-    if self.rotary:
-      rotate = functools.partial(rotary.rotate, positions=ctx.positions, inv_freq=ctx.inv_freq,
-                                 layout=self.cfg.rope_layout)
-      n_rotated = 2 * rotary.n_frequencies(ctx.inv_freq)  # the factor's dims (attention.py)
-      q_BTHD = attention.factor_on_rotated(q_BTHD, ctx.attention_factor, n_rotated)
-      q_BTHD, k_BTKD = rotate(q_BTHD).astype(k_BTKD.dtype), rotate(k_BTKD)
+    rope = self.rope(ctx)
+    if rope is not None:
+      q_BTHD = rope.rotate(rope.scale_query(q_BTHD), ctx.positions).astype(k_BTKD.dtype)
+      k_BTKD = rope.rotate(k_BTKD, ctx.positions)
     k_BTHD = jnp.repeat(k_BTKD, q_BTHD.shape[2] // k_BTKD.shape[2], axis=2)
     scale = 1.0 / math.sqrt(q_BTHD.shape[-1])
     logits_BHTS = jnp.einsum("bthd,bshd->bhts", q_BTHD, k_BTHD).astype(jnp.float32) * scale
     bias_fn = self.bias_fn(ctx)
     if bias_fn is not None:
       logits_BHTS = logits_BHTS + bias_fn(ctx.positions, ctx.positions).astype(jnp.float32)
-    mask_BTS = attention.attention_mask(ctx.positions, ctx.positions,
-                                        segment_ids=ctx.segment_ids)
+    mask_BTS = kernels.Mask(segment_ids=ctx.segment_ids).dense(ctx.positions, ctx.positions)
     return jax.nn.softmax(jnp.where(mask_BTS[:, None], logits_BHTS, -jnp.inf), axis=-1)
 
   def value_projection(self):
@@ -372,7 +381,7 @@ class GPT(nnx.Module):
         plain RoPE.
       positions_ordered: the positions grow with the index inside each segment (as the packed
         training batches' do), so the flash kernels may mask by index (see
-        rove_jax.attention). Default: True exactly when positions are the default 0..T-1
+        rove_jax.kernels.mask). Default: True exactly when positions are the default 0..T-1
         without a cache.
     """
     cfg, tokens_BT = self.config, jnp.asarray(tokens_BT)
@@ -418,12 +427,12 @@ class GPT(nnx.Module):
           kv_positions=jax.lax.dynamic_update_slice(cache.positions, positions_BT, (0, start)),
           kv_mask=jnp.broadcast_to(jnp.arange(L)[None] < start + T, (B, L)))
 
-    call = lambda block, *args: block(*args)
+    call = Block.__call__  # called with the block first: no wrapper frame between the layers
     if cfg.remat != "none" and cache is None:  # remat saves training memory; decoding has no
       # backward pass, and nnx.remat inside generate's lax.scan fails on the closed-over model
       policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots"
                 else None)
-      call = nnx.remat(call, policy=policy)
+      call = nnx.remat(Block.__call__, policy=policy)
     x, new_kv = x_BTE, []
     for i, block in enumerate(self.blocks):
       x, kv = call(block, x, ctx, None if cache is None else (cache.k[i], cache.v[i]))

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import jax.numpy as jnp
 import numpy as np
 
-from rove_jax import attention, rotary, scaling
+from rove_jax import kernels, rotary, scaling
 
 POS_ENCODINGS = ("rove", "rope", "nope", "learned", "sinusoidal", "t5_bias")
 ROTARY_ENCODINGS = ("rove", "rope")
@@ -165,9 +165,9 @@ class GPTConfig:
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in DTYPES:
         fail(f"unknown {name} {getattr(self, name)!r}; expected one of {tuple(DTYPES)}")
-    if self.attention_impl not in attention.IMPLEMENTATIONS:
+    if self.attention_impl not in kernels.IMPLEMENTATIONS:
       fail(f"unknown attention_impl {self.attention_impl!r}; expected one of "
-           f"{attention.IMPLEMENTATIONS}")
+           f"{kernels.IMPLEMENTATIONS}")
     if self.rope_layout not in rotary.LAYOUTS:
       fail(f"unknown rope_layout {self.rope_layout!r}; expected one of {rotary.LAYOUTS}")
     if self.pos_encoding in ROTARY_ENCODINGS:

@@ -381,7 +381,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
               f"{nonfinite_run} consecutive non-finite steps (last at step {step}); stopping. "
               f"The last good checkpoint is kept; lower optim.lr or check the data (with "
               f"packing on a GPU's cuDNN kernel, a row of more than seq_len / "
-              f"{kernels.CUDNN_TOKENS_PER_SEGMENT} documents is NaN: set "
+              f"{kernels.xla.CUDNN_TOKENS_PER_SEGMENT} documents is NaN: set "
               f"model.attention_impl=xla for such data).")
       if step % c.log_every == 0 or step == c.steps:
         now = time.perf_counter()

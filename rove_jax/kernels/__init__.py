@@ -1,0 +1,21 @@
+"""Attention kernels: softmax(scale * q.k + bias) v over a `Mask`, with GQA, on inputs already
+rotated. `select` (rove_jax.kernels.dispatch) picks one per call; rove_jax.attention wraps
+them in the rotations.
+
+  mask       Mask (which keys each query sees) and its dense [B, T, S] form
+  reference  materialised einsum in float32 (float64 if given), the test reference
+  xla        jax.nn.dot_product_attention: "xla", and "cudnn" with its packed-documents layout
+  chunked    blockwise online softmax in pure JAX, memory O(T * chunk)
+  splash     the Pallas splash flash kernel for TPU (imported when first chosen)
+  dispatch   "auto", the kernels' limits, `select`
+  platform   the platform being compiled for
+"""
+
+from rove_jax.kernels import chunked, platform, reference, xla
+from rove_jax.kernels.dispatch import (AUTO_CHUNKED_MIN_KV, CUDNN_DTYPES, IMPLEMENTATIONS, choose,
+                                       select)
+from rove_jax.kernels.mask import Mask
+from rove_jax.kernels.platform import target_platform
+
+__all__ = ["Mask", "select", "choose", "target_platform", "IMPLEMENTATIONS",
+           "AUTO_CHUNKED_MIN_KV", "CUDNN_DTYPES", "chunked", "platform", "reference", "xla"]

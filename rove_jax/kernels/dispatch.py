@@ -1,0 +1,92 @@
+"""The one place a kernel is chosen for an attention call, and its limits checked.
+
+Shape letters (legend in rove_jax): B batch, T queries, S keys/values, H query heads,
+K key/value heads, D head dim.
+
+Kernels, by name: "xla" (jax.nn.dot_product_attention), "cudnn" (cuDNN flash attention on a CUDA
+GPU, bfloat16/float16), "splash" (the Pallas splash flash kernel on TPU; Pallas interpret mode
+elsewhere), "chunked" (blockwise online softmax in pure JAX, memory O(T * chunk)), "reference"
+(materialised einsum, for tests) and "auto", which picks one per call:
+
+  - TPU: "splash" where it can run the call (an `ordered` mask without kv_valid, window or
+    bias, lengths that are multiples of 128); "xla" otherwise (decoding steps, general
+    positions);
+  - GPU: "cudnn" for an `ordered` mask without kv_valid or window, in bfloat16/float16, head dim
+    <= 128 and a multiple of 8, no bias; "xla" otherwise;
+  - CPU: "chunked" from AUTO_CHUNKED_MIN_KV keys on (memory linear in length), else "xla".
+
+Every kernel is a function f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale,
+bias_fn=None) -> [B, T, H, D] in q.dtype, whose rows that see no key are 0.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax.numpy as jnp
+
+from rove_jax.kernels import chunked, platform, reference, xla
+
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash", "chunked", "reference")
+# "auto" on CPU picks the chunked kernel (memory linear in length) from this many keys.
+AUTO_CHUNKED_MIN_KV = 8192
+CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # cuDNN flash runs in these
+
+
+def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional[str] = None
+           ) -> str:
+  """The kernel `name` stands for in one call: itself, or for "auto" the platform's choice
+  (module docstring). Raises ValueError when it cannot run the call.
+
+  Args:
+    name: one of IMPLEMENTATIONS.
+    q, k: the call's queries [B, T, H, D] and keys [B, S, K, D] (arrays or shape-dtype structs).
+    mask: its kernels.Mask.
+    bias: whether it adds a logit bias.
+    platform_name: "cpu", "gpu" or "tpu"; None: `platform.target_platform()`.
+  """
+  if name not in IMPLEMENTATIONS:
+    raise ValueError(f"unknown attention implementation {name!r}; expected one of "
+                     f"{IMPLEMENTATIONS}")
+  if name not in ("auto", "cudnn", "splash"):
+    return name
+  where = platform.target_platform() if platform_name is None else platform_name
+  D, half = q.shape[3], jnp.dtype(q.dtype) in CUDNN_DTYPES
+  if name == "auto" and where == "tpu":
+    return "splash" if _splash().problem(q.shape, k.shape, mask, bias) is None else "xla"
+  if name == "auto" and where == "gpu":
+    plain = mask.ordered and mask.kv_valid is None and mask.window is None and not bias
+    return "cudnn" if plain and half and D <= 128 and D % 8 == 0 else "xla"
+  if name == "auto":
+    return "chunked" if k.shape[1] >= AUTO_CHUNKED_MIN_KV else "xla"
+  if name == "cudnn" and where != "gpu":
+    raise ValueError(f"kernel='cudnn' needs a CUDA GPU but the target platform here is "
+                     f"{where!r}; use 'auto', 'xla' or 'chunked'")
+  if name == "cudnn" and not half:
+    raise ValueError(f"kernel='cudnn' runs in bfloat16/float16, got q.dtype={q.dtype}; cast q, "
+                     f"k, v (e.g. the model's dtype='bfloat16')")
+  reason = None if name == "cudnn" else _splash().problem(q.shape, k.shape, mask, bias)
+  if reason is not None:
+    raise ValueError(f"kernel='splash' cannot run this call: {reason}; use 'auto' (falls back "
+                     f"to 'xla') or 'chunked'")
+  return name
+
+
+def select(name: str, *, q, k, mask, chunk_size: int = chunked.DEFAULT_CHUNK,
+           bias: bool = False) -> Callable:
+  """The kernel function for one call: `choose`'s kernel, the chunked one with blocks of
+  chunk_size."""
+  name = choose(name, q=q, k=k, mask=mask, bias=bias)
+  if name == "chunked":
+    return chunked.kernel(chunk_size)
+  if name == "splash":
+    return _splash().attend
+  return {"reference": reference.attend, "xla": xla.attend, "cudnn": xla.attend_cudnn}[name]
+
+
+def _splash():
+  """rove_jax.kernels.splash, imported on first use: Pallas takes a while to import, and only
+  TPU runs and explicit "splash" calls need it. (splash imports only kernels.platform, so this
+  is no import cycle.)"""
+  from rove_jax.kernels import splash
+  return splash
