@@ -257,7 +257,9 @@ def pip_problems(kind, args, context) -> list:
   extras = toml_table("project.optional-dependencies")
   problems = [] if args[:1] == ["install"] and args[1:] else ["pip: not an install"]
   for a in (a for a in args[1:] if a not in PIP_OK):
-    m = re.fullmatch(r"\.(?:\[([\w,-]*)\])?", a)
+    # `.`, `.[extras]` in a checkout, or `rove_jax[extras] @ git+URL` from anywhere
+    m = re.fullmatch(r"(?:\.|rove_jax(?=\[.*\] @ git\+THIS-REPO$))(?:\[([\w,-]*)\])?"
+                     r"(?: @ git\+THIS-REPO)?", a)
     problems += [f"pip extra {e!r} is not in pyproject.toml's optional-dependencies "
                  f"{sorted(extras)}" for e in (m.group(1) or "").split(",")
                  if e and e not in extras] if m else [f"pip install {a}: not covered"]
