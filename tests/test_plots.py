@@ -10,7 +10,6 @@ from matplotlib.colors import to_rgba
 
 from rove_jax.evaluation import plots
 from study import plots as study_plots
-from study import stats
 
 LENGTHS = (64, 128, 256)
 plots.pyplot()  # import pyplot (about a second) once, outside the tests' timings

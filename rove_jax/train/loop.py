@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import signal
 import sys
 import time
