@@ -9,8 +9,9 @@ No TPU is needed, only libtpu (pip install 'rove_jax[tpu]'). No GPU is needed fo
 --topology h100-8 / h200-8 (N GPUs: 1-8 or whole hosts of 8), only JAX's CUDA plugin and ptxas
 (rove_jax/aot/gpu.py names the wheels). --topology cpu:N uses this host's CPU devices, local the
 devices this process runs on. --config and --config.a.b=value overrides work as for train.py
-(the same parser, rove_jax.train.cli). --recommend applies rove_jax.aot.compile.recommend's mesh and grad_accum
-(a --config.mesh.* or --config.optim.grad_accum on the command line wins). For each job it
+(the same parser, rove_jax.train.cli). --recommend applies the mesh and grad_accum of
+rove_jax.aot.compile.recommend (a --config.mesh.* or --config.optim.grad_accum on the command
+line wins). For each job it
 prints the per-device memory against the chip's HBM, FLOPs (compiled and model), bytes
 accessed, collectives and a roofline bound on step time and MFU (bounds from the compiler's
 figures, not measurements; see rove_jax/aot/analysis.py). A program that does not fit

@@ -7,9 +7,9 @@ one run per positional encoding and seed, evaluated with the paper's protocol (R
       [--seeds 0] [--topology v4-32] [--runs-dir DIR] [--out DIR] [--dry-run]
 
 The plan: for each encoding x seed, one train.py command with the preset's paper config
-(configs/PRESET.py; rove_jax/train/run_config.py:paper_config labels what is assumed), the data, and the
-mesh and grad_accum that bench/aot_results records for --topology; then one rove-eval command
-over all runs: perplexity from 512 to 16384 tokens without and with YaRN, RULER scored by NLL,
+(configs/PRESET.py; rove_jax/train/run_config.py:paper_config labels what is assumed), the
+data, and the mesh and grad_accum that bench/aot_results records for --topology; then one
+rove-eval command over all runs: perplexity from 512 to 16384 tokens without and with YaRN, RULER scored by NLL,
 and DCLM Core few-shot accuracy from local task files (--icl-tasks). The cost is printed from the
 compiled figures in bench/aot_results: bounds, not measurements. --dry-run prints the plan and
 exits 0 (the data is only checked to exist); otherwise the commands run in order (a rerun resumes

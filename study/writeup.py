@@ -75,7 +75,8 @@ def _header(st: rs.Study, meta: dict) -> list:
       f"Every run: a {first['n_layer']}-layer GPT, d_model {first['d_model']}, "
       f"{first['n_head']} heads, {first['params']:,} parameters, training context "
       f"{train_len(report['runs'][0])} byte tokens, trained on the embedded stdlib corpus for "
-      f"{', '.join(map(str, steps))} steps (study/configs/reproduce.py); the runs differ only in the "
+      f"{', '.join(map(str, steps))} steps (study/configs/reproduce.py); the runs differ only "
+      f"in the "
       f"positional encoding and the seed. {len(report['runs'])} runs (seeds: {seeds}), all "
       f"reported below.\n")
   settings = {s for r in report["runs"] for s in (r.get("perplexity") or {}) if s != "protocol"}

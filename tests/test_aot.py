@@ -1,6 +1,6 @@
-"""rove_jax.aot.compile / aot_analysis: topology names, the HLO collective parser, the roofline, the mesh
-recommendation, and a train step compiled ahead of time for this host's CPU devices (cpu:4),
-whose FLOPs and memory are checked against independent counts."""
+"""rove_jax.aot.compile / aot.analysis: topology names, the HLO collective parser, the roofline,
+the mesh recommendation, and a train step compiled ahead of time for this host's CPU devices
+(cpu:4), whose FLOPs and memory are checked against independent counts."""
 
 import dataclasses
 import os

@@ -300,7 +300,8 @@ def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
   """Lowers and compiles one program of run config `c` for a topology; returns its figures.
 
   Args:
-    c: a run config (rove_jax.train.run_config.base_config / paper_config / configs/*.py get_config()).
+    c: a run config (rove_jax.train.run_config's base_config or paper_config, or a
+      configs/*.py get_config()).
     topology: a name for parse_topology ("v5e-8", "v4:2x2x4", "cpu:4") or a Topology.
     job: "train" (the config's batch, grad_accum, dtype, remat), "eval" (the forward and
       token scores of `batch` windows of eval_len tokens, YaRN past data.seq_len) or "decode"

@@ -1,4 +1,5 @@
-"""Compile-only NVIDIA GPUs for rove_jax.aot.compile: H100 and H200 slices from a host without a GPU.
+"""Compile-only NVIDIA GPUs for rove_jax.aot.compile: H100 and H200 slices from a host without
+a GPU.
 
 XLA's CUDA plugin compiles for a GPU it cannot see when it is given a GPU target description (a
 `stream_executor.GpuTargetConfigProto` in text form) and a topology "<slices>x<hosts>x<gpus a

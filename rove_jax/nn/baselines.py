@@ -55,7 +55,8 @@ def t5_buckets(distance, num_buckets: int, max_distance: int) -> jax.Array:
   """
   n = jnp.maximum(distance, 0)
   exact = num_buckets // 2
-  log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact) / math.log(max_distance / exact)
+  log_ratio = (jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact)
+               / math.log(max_distance / exact))
   large = exact + (log_ratio * (num_buckets - exact)).astype(jnp.int32)
   return jnp.where(n < exact, n, jnp.minimum(large, num_buckets - 1))
 

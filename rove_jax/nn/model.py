@@ -30,8 +30,8 @@ from rove_jax.nn import baselines
 # generate and sample_logits live in rove_jax.nn.decoding; re-exported for `from rove_jax.nn.model
 # import generate`.
 from rove_jax.nn.decoding import generate, sample_logits  # noqa: F401
-from rove_jax.nn.model_config import (DTYPES, MLPS, NORMS, POS_ENCODINGS, REMAT_POLICIES,  # noqa: F401
-                                   ROTARY_ENCODINGS, GPTConfig)
+from rove_jax.nn.model_config import (  # noqa: F401
+    DTYPES, MLPS, NORMS, POS_ENCODINGS, REMAT_POLICIES, ROTARY_ENCODINGS, GPTConfig)
 
 
 @flax.struct.dataclass

@@ -124,7 +124,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
       return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), None
 
     if grad_accum == 1:
-      loss, grads = jax.value_and_grad(functools.partial(_batch_loss, graphdef))(state.params, batch)
+      loss_fn = functools.partial(_batch_loss, graphdef)
+      loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
     else:
       split = jax.tree.map(functools.partial(_micro_batches, grad_accum, batch_sharding), batch)
       zeros = jax.tree.map(jnp.zeros_like, state.params)

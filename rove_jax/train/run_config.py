@@ -178,8 +178,8 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
   schema = base_config("tiny")
   unknown = _unknown_keys(c, schema)
   if unknown:
-    raise ValueError(f"unknown config keys {unknown}; see rove_jax/train/run_config.py:base_config for "
-                     f"the fields a run reads")
+    raise ValueError(f"unknown config keys {unknown}; see rove_jax/train/run_config.py:"
+                     f"base_config for the fields a run reads")
   model = to_model_config(c)
   d = c.data
   if d.seq_len is None or d.seq_len < 1:

@@ -1,7 +1,8 @@
 """The paper's small model: GPT-2 124M (12 x 768, 12 heads), context 1024, the GPT-2
 tokenizer (assumed), FineWeb-Edu parquet shards downloaded by the user (a `text` column); see
-rove_jax/train/run_config.py:paper_config for every setting and for which of them the paper states (model
-size, FineWebEdu-10B, context 1024) and which are assumed (batch, steps, learning rate 6e-4, ...).
+rove_jax/train/run_config.py:paper_config for every setting and for which of them the paper
+states (model size, FineWebEdu-10B, context 1024) and which are assumed (batch, steps, learning
+rate 6e-4, ...).
 
 python train.py --config configs/gpt2_124m.py --workdir runs/gpt2_124m_rove \\
     --config.data.path='/data/fineweb-edu/sample/10BT/*.parquet'
