@@ -142,7 +142,8 @@ def expand_tables(cos, sin, head_dim: int, *, layout: str = "interleaved",
   compute = jnp.promote_types(jnp.promote_types(cos.dtype, dtype), jnp.float32)
   # y = x * C + swap(x) * S with full-width tables C, S [..., T, 1, D] built from the small
   # [T, P] ones: one elementwise fusion over x, no stack or concatenate of x-sized arrays
-  # (whose backward passes are pads and slices, ~9% of a CPU train step when written that way).
+  # (whose backward passes are pads and slices, a measurable part of a CPU train step; see
+  # bench/RESULTS.md).
   # Pair (a, b) -> (a cos - b sin, a sin + b cos), so C = (cos, cos), S = (-sin, +sin) and
   # swap exchanges the two members of every pair.
   c, s = cos.astype(compute), sin.astype(compute)

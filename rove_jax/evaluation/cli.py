@@ -44,7 +44,7 @@ from rove_jax.nn.model import GPT, param_count
 
 # Lengths are int(multiple * T). ICL's by-length tasks run at T only: the paper's ICL is inside
 # the training context. The quick suite leaves out 0.5x: it is a smoke test (reproduce --quick
-# and the test suite run it), and 0.5x added about a tenth to its perplexity time.
+# and the test suite run it), and 0.5x adds to its perplexity time without testing anything new.
 SUITES = {
     "quick": {"multiples": (1, 4, 16), "ppl_tokens": 8192, "ruler_multiples": (4, 16),
               "ruler_tasks": ("niah_single_1", "niah_multikey_1", "vt", "cwe", "qa_1", "qa_2"),

@@ -36,8 +36,8 @@ def kernel(implementation: str) -> Callable:
 
   A packed-documents row with more segments than `cudnn_max_segments(T)` cannot be described to
   cuDNN: its output is NaN, never a wrong number, so a training step on it is skipped as
-  non-finite (rove_jax.train.loop). (A lax.cond to an exact fallback kernel was tried: under a
-  sharded batch XLA all-gathered q, k and v around it.)
+  non-finite (rove_jax.train.loop). It is not routed to an exact fallback kernel with lax.cond:
+  under a sharded batch XLA all-gathers q, k and v around such a cond (bench/RESULTS.md).
   """
 
   def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn=None):
