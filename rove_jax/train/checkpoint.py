@@ -20,9 +20,10 @@ Orbax writes each checkpoint into a temporary directory and renames it when comp
 process killed mid-save leaves the previous checkpoints intact; old checkpoints are deleted
 only after a newer one is finalized.
 
-Integrity: every save records in meta["integrity"] a checksum of each state array and of the
-iterator state (`rove_jax.train.checksums`), computed from the state in memory; every restore
-verifies them. A checkpoint that cannot be read for its own reasons (truncated, missing or
+Integrity: every save records in meta["integrity"] a checksum of each state array (parameters,
+optimizer state, step), of the iterator state and of the rest of the metadata (run and model
+config, tokenizer) (`rove_jax.train.checksums`), computed from what is in memory; every restore
+verifies them, and so does every read of the metadata alone. A checkpoint that cannot be read for its own reasons (truncated, missing or
 corrupted files, a checksum mismatch, non-finite values) is reported by step, moved aside to
 `workdir/checkpoints_unreadable/` (never deleted), and the previous one is restored instead.
 A failure that is not the checkpoint's own (out of memory, permissions, a full disk, a
@@ -145,8 +146,11 @@ class Checkpointer:
     return steps[-1] if steps else None
 
   def read_meta(self, step: int) -> dict:
+    """The metadata of `step`, checked against its digest (CorruptCheckpoint on a mismatch)."""
     restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-    return dict(restored["meta"])
+    meta = dict(restored["meta"])
+    verify_meta(meta)
+    return meta
 
   def newest_meta(self, *, report=print) -> Optional[tuple[int, dict]]:
     """(step, metadata) of the newest checkpoint whose metadata reads, or None; checkpoints
@@ -179,7 +183,8 @@ class Checkpointer:
                                f"(first bad leaves: {bad[:3]})")
     meta = {**meta, "integrity": {"algorithm": checksums.ALGORITHM,
                                   "state": checksums.array_checksums(state),
-                                  "data": checksums.json_checksum(data_state)}}
+                                  "data": checksums.json_checksum(data_state),
+                                  "meta": checksums.json_checksum(meta)}}
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
         meta=ocp.args.JsonSave(meta)), force=True)
@@ -311,6 +316,7 @@ def verify(state: dict, meta: dict, data_state: Optional[dict] = None) -> bool:
     return False
   if integrity.get("algorithm") != checksums.ALGORITHM:
     raise CorruptCheckpoint(f"unknown checksum algorithm {integrity.get('algorithm')!r}")
+  verify_meta(meta)
   bad = checksums.mismatches(integrity["state"], checksums.array_checksums(state))
   if bad:
     raise CorruptCheckpoint(f"{len(bad)} arrays fail their checksums: "
@@ -318,6 +324,28 @@ def verify(state: dict, meta: dict, data_state: Optional[dict] = None) -> bool:
   if data_state is not None and checksums.json_checksum(data_state) != integrity["data"]:
     raise CorruptCheckpoint("the data iterator state fails its checksum")
   return True
+
+
+def verify_meta(meta: dict) -> None:
+  """Checks the metadata record (everything but its own integrity entry) against the digest
+  recorded when it was saved; checkpoints written before that digest existed pass unchecked.
+
+  Raises:
+    CorruptCheckpoint: the metadata was changed after it was saved, or its integrity entry is
+      not the record this module writes.
+  """
+  integrity = meta.get("integrity")
+  if integrity is None:
+    return
+  if not isinstance(integrity, dict) or not isinstance(integrity.get("state"), dict):
+    raise CorruptCheckpoint("the metadata's integrity record is damaged")
+  want = integrity.get("meta")
+  if want is None:  # written before the metadata had a digest
+    return
+  got = checksums.json_checksum({k: v for k, v in meta.items() if k != "integrity"})
+  if got != want:
+    raise CorruptCheckpoint("the metadata (run config, model config, tokenizer) fails its "
+                            "checksum")
 
 
 def _describe(e: Exception) -> str:

@@ -1,0 +1,167 @@
+"""Every file of a real checkpoint, damaged every way: the restore either reads the state the run
+saved, bitwise, or moves the damaged checkpoint aside and restores the previous one, bitwise, or
+refuses with an error the command prints as a message; it never hands the loop a damaged state,
+and no other checkpoint changes.
+
+The run is test_faults.py's reference (the tiny model, 8 steps, async checkpoints every 2). For
+each file of its newest checkpoint (step 8) and each damage (16 bytes flipped at the start, the
+middle and the end; cut to half; deleted) a copy of the run is damaged, read as rove-eval reads it
+(`checkpoint.read_run`, read-only), and opened the way `rove_jax.train.loop` opens it: the resume check against the run's own config, then
+`Checkpointer.restore_latest`. The loop continues from exactly what is restored (parameters,
+optimizer state, step, iterator state), so a restore equal to the uninterrupted run's
+checkpoint continues it bitwise; test_faults.py trains on after the damages end to end and
+compares the losses.
+"""
+
+import collections
+import json
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import resume
+from rove_jax.train import run_config as config_lib
+from tests.test_faults import (ONE, SAVED, STEPS, copy_run, quarantined, reference, step_dir,
+                               train, tree_digest, config, assert_ends_as_the_reference)
+
+__all__ = ["reference"]  # the module-scoped fixture, shared with test_faults.py
+# orbax leaves the reads of a damaged checkpoint's other arrays running when one fails.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+PREVIOUS = SAVED[-2]
+# What the training command prints as a message rather than a traceback (rove_jax.train.cli).
+CLEAR_ERRORS = (ValueError, RuntimeError, OSError)
+
+
+def _flip(path: pathlib.Path, where: str) -> None:
+  data = bytearray(path.read_bytes())
+  n = min(16, len(data))
+  start = {"start": 0, "middle": (len(data) - n) // 2, "end": len(data) - n}[where]
+  data[start:start + n] = bytes(b ^ 0xA5 for b in data[start:start + n])
+  path.write_bytes(bytes(data))
+
+
+DAMAGES = {
+    "flip-start": lambda p: _flip(p, "start"),
+    "flip-middle": lambda p: _flip(p, "middle"),
+    "flip-end": lambda p: _flip(p, "end"),
+    "truncate": lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]),
+    "delete": lambda p: p.unlink(),
+}
+
+
+def _files(workdir) -> list:
+  root = step_dir(workdir, STEPS)
+  return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def _data_state(workdir, step) -> dict:
+  return json.loads((step_dir(workdir, step) / "data" / "metadata").read_text())
+
+
+def _open_as_the_loop_does(ref, workdir):
+  """(step, state, data_state) restored the way the training loop resumes, or the error."""
+  c = config(ref)
+  model_cfg = config_lib.validate(c)
+  meta = {"model": model_cfg.to_dict(), "config": config_lib.metadata_config(c),
+          "tokenizer": {"spec": c.data.tokenizer}}
+  device = jax.sharding.SingleDeviceSharding(ONE[0])
+  target = {name: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device)
+            for name, a in ref.states[STEPS].items()}
+  ck = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(str(workdir)), keep=len(SAVED) + 2)
+  try:
+    resume.check_resumable(ck, meta, target, workdir=str(workdir), log=lambda *a: None)
+    step, state, data_state, _ = ck.restore_latest(target, report=lambda *a: None)
+    return step, {k: np.asarray(v) for k, v in state.items()}, data_state
+  finally:
+    ck.close()
+
+
+def _evaluation_reads(ref, workdir, relative: str, damage: str) -> str:
+  """What rove-eval's restore (read-only) makes of the damaged run: the newest checkpoint's
+  parameters bitwise, the previous one's bitwise (saying so), or a clear error; it moves and
+  deletes nothing."""
+  before = tree_digest(workdir)
+  out = []
+  abstract = lambda meta: {name[len(ckpt_lib.PARAMS):]: jax.ShapeDtypeStruct(a.shape, a.dtype)
+                           for name, a in ref.states[STEPS].items()
+                           if name.startswith(ckpt_lib.PARAMS)}
+  try:
+    step, params, meta = ckpt_lib.read_run(str(workdir), abstract, report=out.append)
+  except CLEAR_ERRORS:
+    result = "refused"
+  else:
+    assert step in (STEPS, PREVIOUS) and meta["step"] == step, (relative, damage, step)
+    for name, value in params.items():
+      np.testing.assert_array_equal(np.asarray(value), ref.states[step][ckpt_lib.PARAMS + name],
+                                    err_msg=f"evaluation, {relative} {damage}: {name}")
+    said = any(f"checkpoint at step {STEPS} " in line for line in out)
+    assert said == (step == PREVIOUS), (relative, damage, out)  # a fallback is reported
+    result = "read" if step == STEPS else "read the previous"
+  assert tree_digest(workdir) == before, (relative, damage)  # a reader changes nothing
+  return result
+
+
+def _outcome(ref, workdir, relative: str, damage: str) -> str:
+  """The case's outcome, after asserting that it is one of the three allowed ones."""
+  try:
+    step, state, data_state = _open_as_the_loop_does(ref, workdir)
+  except CLEAR_ERRORS as e:
+    text = f"{type(e).__name__}: {e}"
+    assert "\n" not in str(e).strip() or len(str(e)) < 2000, text
+    outcome = "refused"
+  else:
+    assert step in (STEPS, PREVIOUS), (relative, damage, step)
+    for name, want in ref.states[step].items():  # never a damaged state
+      np.testing.assert_array_equal(state[name], want, err_msg=f"{relative} {damage}: {name}")
+    assert data_state == _data_state(ref.workdir, step), (relative, damage)
+    outcome = "restored" if step == STEPS else "fell back"
+    if step == PREVIOUS:  # the damaged one was moved aside whole, never deleted
+      (moved,) = quarantined(workdir)
+      assert moved.startswith(f"{STEPS}-"), moved
+  for s in SAVED[:-1]:  # not a byte of the older checkpoints changed
+    assert tree_digest(step_dir(workdir, s)) == ref.files[s], (relative, damage, s)
+  return outcome
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_every_file_of_the_newest_checkpoint_damaged(reference, tmp_path, damage, capsys):
+  outcomes = collections.Counter()
+  rows = []
+  files = _files(reference.workdir)
+  assert len(files) >= 10 and any(f.startswith("state/") for f in files), files
+  for i, relative in enumerate(files):
+    workdir = copy_run(reference, tmp_path / str(i))
+    DAMAGES[damage](step_dir(workdir, STEPS) / relative)
+    evaluation = _evaluation_reads(reference, workdir, relative, damage)
+    outcome = _outcome(reference, workdir, relative, damage)
+    outcomes[outcome] += 1
+    rows.append(f"{damage:12s} {relative:60s} {outcome:10s} evaluation: {evaluation}")
+    shutil.rmtree(workdir.parent)
+  with capsys.disabled():
+    print(f"\n{damage}: {dict(outcomes)}\n" + "\n".join(rows))
+  # Damage to a file the restore reads is found (the state's files are not all read: OCDBT's
+  # per-process files hold what its merged root also holds); "restored" above means the state
+  # the run saved, bitwise.
+  assert outcomes["fell back"] >= 4, rows
+
+
+def test_a_deleted_array_file_costs_one_checkpoint_and_the_run_continues_bitwise(reference,
+                                                                                 tmp_path):
+  workdir = copy_run(reference, tmp_path)
+  state = step_dir(workdir, STEPS) / "state"
+  largest = max((p for p in state.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  largest.unlink()
+  out = []
+  summary = train(config(reference), workdir, out)
+  assert summary["start_step"] == PREVIOUS, out
+  assert_ends_as_the_reference(workdir, reference)
+  # one history: the abandoned steps' rows were dropped, the rerun's written once
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  loss_steps = [r["step"] for r in rows if "loss" in r]
+  assert loss_steps == sorted(set(loss_steps)) == sorted(reference.losses), loss_steps
