@@ -3,11 +3,14 @@ saved, bitwise, or moves the damaged checkpoint aside and restores the previous 
 refuses with an error the command prints as a message; it never hands the loop a damaged state,
 and no other checkpoint changes.
 
+A tokenizer kept as a file in the workdir (bpe) that changed since the save, or cannot be read,
+is refused by training and evaluation alike (its fingerprint is in the checkpoint metadata).
+
 The run is test_faults.py's reference (the tiny model, 8 steps, async checkpoints every 2). For
 each file of its newest checkpoint (step 8) and each damage (16 bytes flipped at the start, the
-middle and the end; cut to half; deleted) a copy of the run is damaged, read as rove-eval reads it
-(`checkpoint.read_run`, read-only), and opened the way `rove_jax.train.loop` opens it: the resume check against the run's own config, then
-`Checkpointer.restore_latest`. The loop continues from exactly what is restored (parameters,
+middle and the end; cut to half; deleted) a copy of the run is damaged, read as rove-eval reads
+it (`checkpoint.read_run`, read-only), and opened the way `rove_jax.train.loop` opens it: the
+resume check against the run's own config, then `Checkpointer.restore_latest`. The loop continues from exactly what is restored (parameters,
 optimizer state, step, iterator state), so a restore equal to the uninterrupted run's
 checkpoint continues it bitwise; test_faults.py trains on after the damages end to end and
 compares the losses.
@@ -22,9 +25,11 @@ import jax
 import numpy as np
 import pytest
 
+from rove_jax.evaluation import scoring
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import resume
 from rove_jax.train import run_config as config_lib
+from tests.conftest import small_config
 from tests.test_faults import (ONE, SAVED, STEPS, copy_run, quarantined, reference, step_dir,
                                train, tree_digest, config, assert_ends_as_the_reference)
 
@@ -164,3 +169,48 @@ def test_a_deleted_array_file_costs_one_checkpoint_and_the_run_continues_bitwise
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   loss_steps = [r["step"] for r in rows if "loss" in r]
   assert loss_steps == sorted(set(loss_steps)) == sorted(reference.losses), loss_steps
+
+
+# --------------------------------------------------------------- the workdir's tokenizer file
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory):
+  """A 4-step run with a BPE tokenizer, which lives as a file in the workdir."""
+  root = tmp_path_factory.mktemp("bpe")
+  c = small_config(root, steps=4, checkpoint_every=2, eval_every=4,
+                   **{"data.tokenizer": "bpe:300", "model.vocab_size": 320})
+  workdir = root / "run"
+  train(c, workdir)
+  (tok_file,) = workdir.glob("tokenizer-bpe-*.json")
+  return c, workdir, tok_file
+
+
+def _changed_but_valid(path: pathlib.Path) -> None:
+  """Swaps two vocabulary ids: the file still loads, but maps text to other ids."""
+  spec = json.loads(path.read_text())
+  vocab = spec["model"]["vocab"]
+  a, b = sorted(vocab, key=vocab.get)[300 - 2:300]
+  vocab[a], vocab[b] = vocab[b], vocab[a]
+  path.write_text(json.dumps(spec))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_changed_but_valid, r"tokenizer-bpe-300\.json changed"),
+    (lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]),
+     r"could not read the tokenizer file .*tokenizer-bpe-300\.json"),
+])
+def test_a_damaged_tokenizer_file_is_refused_by_training_and_evaluation(bpe_run, tmp_path,
+                                                                        damage, message):
+  c, original, _ = bpe_run
+  workdir = tmp_path / "run"
+  shutil.copytree(original, workdir)
+  (tok_file,) = workdir.glob("tokenizer-bpe-*.json")
+  damage(tok_file)
+  before = tree_digest(workdir / "checkpoints")
+  with pytest.raises(ValueError, match=message):
+    train(c, workdir)
+  with pytest.raises(ValueError, match=message):
+    scoring.load_run(str(workdir))
+  assert tree_digest(workdir / "checkpoints") == before  # nothing moved or deleted
+  assert not (workdir / "checkpoints_unreadable").exists()

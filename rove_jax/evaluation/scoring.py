@@ -26,6 +26,7 @@ from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax import data as data_lib
 from rove_jax.data import tokenization
 from rove_jax.train import loop as training
+from rove_jax.train import resume
 from rove_jax.nn.model import GPT, GPTConfig, ROTARY_ENCODINGS
 from rove_jax.scaling import RopeScaling
 
@@ -78,6 +79,7 @@ def load_run(workdir: str) -> Run:
       workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])))
   workdir = os.path.abspath(workdir)
   tokenizer = tokenization.get_tokenizer(meta["tokenizer"]["spec"], workdir=workdir)
+  resume.check_tokenizer(meta, tokenizer, workdir=workdir)  # the ids the model was trained on
   # The model config is read from meta["model"] only: older checkpoints also kept a copy of
   # the run config's model section in meta["config"], which is dropped here.
   config = {k: v for k, v in meta["config"].items() if k != "model"}

@@ -325,14 +325,17 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
                                  seed=c.seed, packing=c.data.packing, process_index=pidx,
                                  process_count=nproc)
   meta["tokenizer"].update(name=data.tokenizer.name, vocab_size=data.tokenizer.vocab_size,
-                           eot_id=data.tokenizer.eot_id)
+                           eot_id=data.tokenizer.eot_id,
+                           fingerprint=data.tokenizer.fingerprint)
 
   start = 0
   target = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                         abstract_state, state_sh)  # restores onto this run's mesh
   restored = ckpt.restore_latest(ckpt_lib.to_flat(target), report=log)
   if restored is not None:
-    start, flat, data_state, _ = restored
+    start, flat, data_state, saved_meta = restored
+    # A tokenizer file in the workdir that changed since the save would feed the run other ids.
+    resume.check_tokenizer(saved_meta, data.tokenizer, workdir=workdir)
     state = ckpt_lib.from_flat(flat, state)
     iterator.set_state(data_state)
     log(f"resumed from step {start} in {ckpt.directory}")

@@ -156,6 +156,23 @@ class WriterLock:
 # --------------------------------------------------------------------------- compatibility
 
 
+def check_tokenizer(saved_meta: dict, tokenizer, *, workdir: str) -> None:
+  """Raises IncompatibleRun when `tokenizer` maps text to other ids than the tokenizer a
+  checkpoint was saved with (its fingerprint, recorded at save; older checkpoints have none).
+  For a tokenizer kept as a file in the workdir (bpe), that file was changed or damaged."""
+  saved = saved_meta.get("tokenizer", {}).get("fingerprint")
+  if saved is None or saved == tokenizer.fingerprint:
+    return
+  where = getattr(tokenizer, "name", "the tokenizer")
+  files = sorted(f for f in os.listdir(workdir) if f.startswith("tokenizer-"))
+  raise IncompatibleRun(
+      f"the tokenizer {where} loaded for {workdir} is not the one its checkpoint at step "
+      f"{saved_meta.get('step')} was trained with (fingerprint {tokenizer.fingerprint[:19]}, "
+      f"saved {saved[:19]}){': its file ' + ', '.join(files) + ' changed' if files else ''}. "
+      f"Restore the tokenizer file the run was trained with, or train into a new --workdir; "
+      f"nothing was moved or deleted.")
+
+
 def model_diffs(saved: dict, mine: dict) -> dict:
   """{field: (saved, now)} over the shape-defining model fields."""
   return {k: (saved.get(k), mine.get(k)) for k in SHAPE_FIELDS if saved.get(k) != mine.get(k)}
