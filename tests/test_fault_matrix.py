@@ -10,10 +10,10 @@ The run is test_faults.py's reference (the tiny model, 8 steps, async checkpoint
 each file of its newest checkpoint (step 8) and each damage (16 bytes flipped at the start, the
 middle and the end; cut to half; deleted) a copy of the run is damaged, read as rove-eval reads
 it (`checkpoint.read_run`, read-only), and opened the way `rove_jax.train.loop` opens it: the
-resume check against the run's own config, then `Checkpointer.restore_latest`. The loop continues from exactly what is restored (parameters,
-optimizer state, step, iterator state), so a restore equal to the uninterrupted run's
-checkpoint continues it bitwise; test_faults.py trains on after the damages end to end and
-compares the losses.
+resume check against the run's own config, then `Checkpointer.restore_latest`. The loop
+continues from exactly what is restored (parameters, optimizer state, step, iterator state), so
+a restore equal to the uninterrupted run's checkpoint continues it bitwise; test_faults.py
+trains on after the damages end to end and compares the losses.
 """
 
 import collections
