@@ -11,13 +11,11 @@ from __future__ import annotations
 import importlib.util
 
 # The pip extra of each layer and the top-level modules it brings (pyproject.toml's extras).
-EXTRAS = {
-    "nn": ("flax",),
-    "train": ("flax", "optax", "orbax.checkpoint", "grain", "ml_collections", "absl", "tqdm",
-              "tensorboardX"),
-    "eval": ("flax", "optax", "orbax.checkpoint", "grain", "ml_collections", "absl", "tqdm",
-             "matplotlib"),
-}
+# Each extra includes the one before it, as in pyproject.toml.
+_NN = ("flax",)
+_TRAIN = _NN + ("optax", "orbax.checkpoint", "grain", "ml_collections", "absl", "tqdm",
+                "tensorboardX")
+EXTRAS = {"nn": _NN, "train": _TRAIN, "eval": _TRAIN + ("matplotlib",)}
 
 
 def _installed(module: str) -> bool:

@@ -62,6 +62,12 @@ def test_a_layer_without_its_extra_names_the_pip_command(layer, extra, blocked):
     assert module in out.split("missing:")[1], out
 
 
+def test_plots_without_matplotlib_name_the_eval_extra():
+  out = _run(["matplotlib"], "from rove_jax.evaluation import plots; plots.pyplot()")
+  assert "needs the 'eval' extra" in out and "pip install 'rove_jax[eval]'" in out, out
+  assert "missing: matplotlib" in out, out
+
+
 def test_extras_match_pyproject():
   """Every module a layer checks for is brought by that extra in pyproject.toml (or by one of
   the extras it includes)."""

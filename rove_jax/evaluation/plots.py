@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from rove_jax import analysis
+from rove_jax import analysis, extras
 from rove_jax.evaluation.report import train_len
 
 ENCODING_COLORS = {"rove": "tab:red", "rope": "tab:blue", "nope": "tab:gray",
@@ -37,7 +37,9 @@ _BAND_LABELS = {"range": "band: min-max over seeds"}
 
 
 def pyplot():
-  """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+  """matplotlib.pyplot on the file-only Agg backend (no display needed); without the eval
+  extra, an error naming it."""
+  extras.require("eval", "rove_jax.evaluation's plots")
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
