@@ -71,9 +71,7 @@ def _data_state(workdir, step) -> dict:
 def _open_as_the_loop_does(ref, workdir):
   """(step, state, data_state) restored the way the training loop resumes, or the error."""
   c = config(ref)
-  model_cfg = config_lib.validate(c)
-  meta = {"model": model_cfg.to_dict(), "config": config_lib.metadata_config(c),
-          "tokenizer": {"spec": c.data.tokenizer}}
+  meta = config_lib.run_metadata(c, config_lib.validate(c))
   device = jax.sharding.SingleDeviceSharding(ONE[0])
   target = {name: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device)
             for name, a in ref.states[STEPS].items()}

@@ -286,9 +286,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
     return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
 
   abstract_state = jax.eval_shape(init_state)
-  # The model config is stored once, under "model"; "config" is the rest of the run config.
-  meta = {"model": model_cfg.to_dict(), "config": config_lib.metadata_config(c),
-          "tokenizer": {"spec": c.data.tokenizer}}
+  meta = config_lib.run_metadata(c, model_cfg)
   # Before data work and before any restore: a config that cannot continue the saved run is an
   # error that leaves every checkpoint where it is.
   resume.check_resumable(ckpt, meta, ckpt_lib.to_flat(abstract_state), workdir=workdir,

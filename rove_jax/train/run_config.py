@@ -308,6 +308,14 @@ def check_workdir(workdir: str) -> str:
   return workdir
 
 
+def run_metadata(c: ml_collections.ConfigDict, model_cfg: GPTConfig) -> dict:
+  """A run's checkpoint metadata before its tokenizer is built (the loop adds the tokenizer's
+  name, vocabulary size, end-of-text id and fingerprint): the model config once, under
+  "model", and the rest of the run config under "config"."""
+  return {"model": model_cfg.to_dict(), "config": metadata_config(c),
+          "tokenizer": {"spec": c.data.tokenizer}}
+
+
 def metadata_config(c: ml_collections.ConfigDict) -> dict:
   """The run config as checkpoint metadata stores it: `as_plain(c)` less the model section.
   The metadata holds the model config once, resolved: `GPTConfig.to_dict()` under "model",
