@@ -56,6 +56,8 @@ def test_truncated_cache_is_rebuilt_with_identical_tokens(tmp_path, capsys):
     ("other key", "has key="),
     ("token count", "header says uint16 ({n},), its record uint16 ({m},)"),
     ("header", ".npy header"),
+    ("flipped tokens", "fail the sha256"),
+    ("record from before digests", "has format=1"),
 ])
 def test_cache_whose_record_is_missing_or_disagrees_is_rebuilt(tmp_path, capsys, damage, reason):
   corpus, tokens, npy, record = _cached(tmp_path, capsys)
@@ -68,6 +70,13 @@ def test_cache_whose_record_is_missing_or_disagrees_is_rebuilt(tmp_path, capsys,
     record.write_text(json.dumps({**rec, "key": "0" * 64}))
   elif damage == "token count":
     record.write_text(json.dumps({**rec, "tokens": rec["tokens"] - 1}))
+  elif damage == "flipped tokens":  # same size and header: only the digest sees it
+    data = bytearray(npy.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    npy.write_bytes(bytes(data))
+  elif damage == "record from before digests":
+    record.write_text(json.dumps({k: v for k, v in {**rec, "format": 1}.items()
+                                  if k != "sha256"}))
   else:  # same size, but not an .npy header
     npy.write_bytes(b"\0" * rec["bytes"])
   again, err = _reload(corpus, tmp_path, capsys)

@@ -30,8 +30,9 @@ from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import resume
 from rove_jax.train import run_config as config_lib
 from tests.conftest import small_config
-from tests.test_faults import (ONE, SAVED, STEPS, copy_run, quarantined, reference, step_dir,
-                               train, tree_digest, config, assert_ends_as_the_reference)
+from tests.test_faults import (ONE, SAVED, STEPS, copy_run, losses, quarantined, read_state,
+                               reference, step_dir, train, tree_digest, config,
+                               assert_ends_as_the_reference)
 
 __all__ = ["reference"]  # the module-scoped fixture, shared with test_faults.py
 # orbax leaves the reads of a damaged checkpoint's other arrays running when one fails.
@@ -167,6 +168,46 @@ def test_a_deleted_array_file_costs_one_checkpoint_and_the_run_continues_bitwise
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   loss_steps = [r["step"] for r in rows if "loss" in r]
   assert loss_steps == sorted(set(loss_steps)) == sorted(reference.losses), loss_steps
+
+
+# ------------------------------------------------------------ the workdir's other files
+
+
+@pytest.mark.slow  # flip-end is left out: like flip-middle it hits the data, not a header
+@pytest.mark.parametrize("damage", ["flip-start", "flip-middle", "truncate", "delete"])
+def test_every_other_file_of_the_workdir_damaged_then_the_run_continues_bitwise(
+    reference, tmp_path, damage, capfd):
+  """The token caches (tokens-*.npy and their records), metrics.jsonl and the TensorBoard
+  events, all damaged at once in a run stopped after step 6: the caches are found unusable and
+  rebuilt, unreadable metrics lines are moved aside with a report, and steps 7-8 are trained on
+  the uninterrupted run's tokens: the same losses and the same checkpoint, bitwise."""
+  workdir = copy_run(reference, tmp_path, keep=SAVED[:-1])
+  files = sorted(p for p in workdir.rglob("*")
+                 if p.is_file() and ckpt_lib.CHECKPOINTS not in p.relative_to(workdir).parts)
+  assert {p.relative_to(workdir).parts[0] for p in files} == {
+      "data", "metrics.jsonl", "tensorboard"}, files
+  for path in files:
+    DAMAGES[damage](path)
+  capfd.readouterr()
+  out = []
+  summary = train(config(reference), workdir, out)
+  assert summary["start_step"] == PREVIOUS, out
+  err = capfd.readouterr().err
+  caches = [p for p in files if p.suffix == ".npy"]
+  assert len(caches) == 2  # train and val
+  for npy in caches:  # each damaged cache was found and rebuilt, none read
+    assert (f"token cache {npy} is unusable" in err) != (damage == "delete"), err
+  assert err.count("tokenizing with") == 2, err
+  state = read_state(workdir, STEPS)
+  for name, want in reference.states[STEPS].items():
+    np.testing.assert_array_equal(state[name], want, err_msg=name)
+  got = losses(workdir, report=out.append)
+  trained = range(PREVIOUS + 1, STEPS + 1)
+  assert {s: got.get(s) for s in trained} == {s: reference.losses[s] for s in trained}, got
+  assert all(reference.losses[s] == v for s, v in got.items())  # what survived is the run's
+  if len(got) < len(reference.losses) and damage != "delete":  # lines lost: said, kept aside
+    assert any("metrics.jsonl" in line and "moved to" in line for line in out), out
+    assert (workdir / "metrics.jsonl.unreadable").stat().st_size > 0
 
 
 # --------------------------------------------------------------- the workdir's tokenizer file

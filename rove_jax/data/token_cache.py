@@ -6,9 +6,10 @@ files with their sizes and times, the Python version for the stdlib), so editing
 switching tokenizers never reads stale tokens.
 
 Beside each tokens-*.npy sits its record, tokens-*.json: the full cache key, the number of
-tokens, their dtype and the file's size. Loading checks the record against the file's size and
-.npy header (no hashing: cheap on a multi-GB cache); a missing, damaged or mismatched cache is
-reported on stderr, naming the file and the problem, and rebuilt from the sources (readers
+tokens, their dtype, the file's size and the sha256 of the token bytes. Loading checks the
+record against the file's size, .npy header and digest (one read of the file, far cheaper than
+tokenizing it again), so damaged tokens are never trained on; a missing, damaged or mismatched
+cache is reported on stderr, naming the file and the problem, and rebuilt from the sources (readers
 that pass write_cache=False tokenize in memory instead and write nothing). Both files
 are written atomically (a temporary file, then os.replace), the record after the data, so a
 build killed half-way never leaves a cache that validates.
@@ -32,7 +33,8 @@ from rove_jax.data.sources import Corpus, check_split, iter_documents, list_unit
 from rove_jax.data.tokenization import Tokenizer
 
 _CACHE_FORMAT = 1   # part of the cache key: bumping it renames (rebuilds) every cache
-_RECORD_FORMAT = 1
+_RECORD_FORMAT = 2  # 2: the record holds the sha256 of the tokens
+_HASH_CHUNK = 1 << 24
 _ENCODE_CHUNK_CHARS = 1 << 20  # texts handed to encode_batch at once (parallel in tokenizers)
 
 
@@ -108,8 +110,8 @@ def cache_problem(path: str, key: str, dtype) -> Optional[str]:
     dtype: the token dtype the tokenizer needs.
 
   Returns:
-    None, or what is wrong (missing or mismatched record, wrong size or .npy header). Reads
-    the record, the file's size and its .npy header only.
+    None, or what is wrong (missing or mismatched record, wrong size, .npy header or digest of
+    the token bytes).
   """
   rec_path = record_path(path)
   try:
@@ -146,7 +148,23 @@ def cache_problem(path: str, key: str, dtype) -> Optional[str]:
             f"({n},)")
   if data_start + n * np.dtype(dtype).itemsize != size:
     return f"{size} bytes cannot hold the header and {n} {np.dtype(dtype).name} tokens"
+  try:
+    digest = _file_digest(path, data_start)
+  except OSError as e:
+    return f"it could not be read ({type(e).__name__}: {e})"
+  if digest != record.get("sha256"):
+    return "its tokens fail the sha256 in its record (the file was damaged or overwritten)"
   return None
+
+
+def _file_digest(path: str, start: int) -> str:
+  """The hex sha256 of the bytes of `path` from offset `start` on."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    f.seek(start)
+    while chunk := f.read(_HASH_CHUNK):
+      h.update(chunk)
+  return h.hexdigest()
 
 
 def _write_cache(path: str, tokens: np.ndarray, record: dict[str, Any]) -> None:
@@ -158,7 +176,8 @@ def _write_cache(path: str, tokens: np.ndarray, record: dict[str, Any]) -> None:
       os.remove(rec_path)
     size = _atomic_write(path, lambda f: np.save(f, tokens))
     record = {"format": _RECORD_FORMAT, **record, "tokens": int(tokens.size),
-              "dtype": tokens.dtype.name, "bytes": size}
+              "dtype": tokens.dtype.name, "bytes": size,
+              "sha256": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()}
     _atomic_write(rec_path, lambda f: f.write(json.dumps(record, indent=1).encode("utf-8")))
   except OSError as e:
     raise OSError(f"could not write the token cache {path} ({type(e).__name__}: {e}); free disk "

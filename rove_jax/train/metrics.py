@@ -2,9 +2,12 @@
 
 One JSON object a line, each with a "step": training lines {"step", "loss", "lr", "grad_norm",
 "nonfinite_steps", "tokens_per_s"} and evaluation lines {"step", "val_loss"}. A resumed run
-recomputes the steps after its checkpoint, so `MetricsLog` first drops the lines past it; a
-line cut short by a kill is reported, never dropped without a word. TensorBoard event files
-are written beside it when tensorboardX is installed.
+recomputes the steps after its checkpoint, so `MetricsLog` first drops the lines past it (the
+log shows one history, also after a fall back to an older checkpoint); a line that does not
+read (cut short by a kill, damaged, edited by hand) is reported and moved to
+metrics.jsonl.unreadable, never dropped without a word. TensorBoard event files are written
+beside it when tensorboardX is installed; a resumed run asks TensorBoard to hide the events
+past its checkpoint, so its plots show one history too.
 """
 
 from __future__ import annotations
@@ -13,17 +16,19 @@ import json
 import os
 
 FILE = "metrics.jsonl"
+UNREADABLE = FILE + ".unreadable"  # where the lines that do not read are moved
 
 
 def _parse(lines) -> tuple[list[dict], list[int]]:
-  """(records, 1-based numbers of the lines that are not JSON objects with a step)."""
+  """(records, 1-based numbers of the lines that are not JSON objects with a step); `lines`
+  are bytes (a damaged file need not be UTF-8)."""
   records, bad = [], []
   for i, line in enumerate(lines, 1):
     if not line.strip():
       continue
     try:
-      record = json.loads(line)
-    except json.JSONDecodeError:
+      record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
       record = None
     if isinstance(record, dict) and isinstance(record.get("step"), int):
       records.append(record)
@@ -44,7 +49,7 @@ def read_metrics(workdir: str, *, report=print) -> list[dict]:
   path = os.path.join(workdir, FILE)
   if not os.path.exists(path):
     return []
-  with open(path) as f:
+  with open(path, "rb") as f:
     records, bad = _parse(f)
   if bad:
     report(_describe_bad(path, bad) + ": skipped")
@@ -58,7 +63,7 @@ class MetricsLog:
     workdir: the run's directory.
     resume_step: the step the run starts from: lines of later steps are dropped.
     enabled: False on processes other than 0 (they write nothing).
-    report: where a note about dropped unreadable lines goes.
+    report: where a note about moved unreadable lines goes.
   """
 
   def __init__(self, workdir: str, *, resume_step: int, enabled: bool = True, report=print):
@@ -68,17 +73,23 @@ class MetricsLog:
     if not enabled:
       return
     if os.path.exists(self.path):
-      with open(self.path) as f:
-        records, bad = _parse(f)
+      with open(self.path, "rb") as f:
+        lines = f.readlines()
+      records, bad = _parse(lines)
       if bad:
-        report(_describe_bad(self.path, bad) + ": dropped")
+        aside = os.path.join(workdir, UNREADABLE)
+        with open(aside, "ab") as f:
+          f.writelines(lines[i - 1].rstrip(b"\n") + b"\n" for i in bad)
+        report(_describe_bad(self.path, bad) + f": moved to {aside}")
       tmp = self.path + ".tmp"
       with open(tmp, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records if r["step"] <= resume_step)
       os.replace(tmp, self.path)
     try:
       from tensorboardX import SummaryWriter
-      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      # purge_step: TensorBoard hides the earlier events at steps past the checkpoint.
+      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                              purge_step=resume_step + 1 if resume_step > 0 else None)
     except ImportError:  # optional: the JSONL log is the record
       self.tb = None
 
