@@ -218,6 +218,9 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_the_previous_resumes(refer
   kept = workdir / "checkpoints_unreadable" / moved[0] / damaged.relative_to(
       step_dir(workdir, STEPS))
   assert kept.read_bytes() == bad_bytes
+  reason = (workdir / "checkpoints_unreadable" / moved[0] / ckpt_lib.REASON_FILE).read_text()
+  assert reason.startswith(f"step {STEPS} moved here ") and cause in reason, reason
+  assert reason.count("\n") == 1
   for s in SAVED[:-1]:  # not a byte of the older ones changed
     assert tree_digest(step_dir(workdir, s)) == reference.files[s], s
   assert_ends_as_the_reference(workdir, reference)

@@ -25,7 +25,8 @@ optimizer state, step), of the iterator state and of the rest of the metadata (r
 config, tokenizer) (`rove_jax.train.checksums`), computed from what is in memory; every restore
 verifies them, and so does every read of the metadata alone. A checkpoint that cannot be read for its own reasons (truncated, missing or
 corrupted files, a checksum mismatch, non-finite values) is reported by step, moved aside to
-`workdir/checkpoints_unreadable/` (never deleted), and the previous one is restored instead.
+`workdir/checkpoints_unreadable/` (never deleted) with the reason in its UNREADABLE.txt, and the
+previous one is restored instead.
 A failure that is not the checkpoint's own (out of memory, permissions, a full disk, a
 network file system timing out) stops the restore with every file left where it is.
 
@@ -50,6 +51,7 @@ from rove_jax.train import checksums
 
 CHECKPOINTS = "checkpoints"  # the directory inside a workdir
 PARAMS = "params."  # the prefix of the parameter entries in the flat state
+REASON_FILE = "UNREADABLE.txt"  # in a checkpoint moved aside: why it was
 
 
 class LayoutError(ValueError):
@@ -266,7 +268,7 @@ class Checkpointer:
     def unreadable(step, e):
       report(f"checkpoint at step {step} cannot be restored ({_describe(e)}); falling back "
              f"to the previous checkpoint")
-      self._quarantine(step)
+      self._quarantine(step, reason=_describe(e))
 
     try:
       found = self.newest_readable(restore_step, on_unreadable=unreadable)
@@ -289,8 +291,9 @@ class Checkpointer:
     qdir = self.quarantine_dir()
     return sorted(os.listdir(qdir)) if os.path.isdir(qdir) else []
 
-  def _quarantine(self, step: int) -> None:
-    """Moves an unreadable step aside (never deletes it) so a new save can reuse the step."""
+  def _quarantine(self, step: int, *, reason: str) -> None:
+    """Moves an unreadable step aside (never deletes it) so a new save can reuse the step, with
+    the one-line reason in REASON_FILE inside the moved directory."""
     src = os.path.join(self.directory, str(step))
     if not os.path.exists(src):
       return
@@ -298,6 +301,8 @@ class Checkpointer:
     dst = os.path.join(self.quarantine_dir(), f"{step}-{int(time.time() * 1000)}")
     self.manager.wait_until_finished()
     shutil.move(src, dst)
+    with open(os.path.join(dst, REASON_FILE), "w") as f:
+      f.write(f"step {step} moved here {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {reason}\n")
     self.manager.close()
     self._open()
 
