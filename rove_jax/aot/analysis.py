@@ -21,12 +21,7 @@ count): per kind, how many run and the bytes of their results.
 The roofline is a bound from these figures, not a measurement:
   step time >= max(flops / peak bf16 FLOP/s, bytes accessed / HBM bandwidth)
   MFU <= model FLOPs per device / (that time * peak)
-Model FLOPs per token (PaLM's count, with the full T x T score matrix that XLA's kernel
-computes; causal kernels that skip masked blocks do about half of the attention part):
-  train 6 N + 12 n_layer H D T    eval 2 N + 4 n_layer H D T    decode 2 N + 4 n_layer H D S
-N: the parameters that multiply activations (all but embedding lookups: the token table unless
-tied to the output head, the learned position and T5 tables; norms and biases, a fraction of a
-percent, are in); H D = n_head * head_dim; T the sequence length; S the KV-cache length.
+Model FLOPs per token are PaLM's count (rove_jax.nn.flops).
 """
 
 from __future__ import annotations
@@ -36,12 +31,9 @@ import math
 import re
 from typing import Optional
 
-import jax
 import numpy as np
-from flax import nnx
 
 from rove_jax.aot import gpu as aot_gpu
-from rove_jax.nn.model import GPT
 
 GiB = 2**30
 
@@ -162,22 +154,6 @@ def roofline(flops: float, bytes_accessed: float, chip,
   if model_flops is not None and step_s > 0:
     out["mfu_bound"] = model_flops / (step_s * chip.peak_flops)
   return out
-
-
-def matmul_params(model_cfg) -> int:
-  """Parameters that multiply activations: all but the embedding lookups."""
-  model = nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0)))
-  size = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
-  lookups = [model.pos_embed, model.t5_table] + ([model.embed] if model.lm_head else [])
-  return size(nnx.state(model, nnx.Param)) - sum(size(v) for v in lookups if v is not None)
-
-
-def model_flops_per_token(model_cfg, job: str, length: int) -> tuple[float, float]:
-  """(model FLOPs, of which attention) of one token (module docstring); `length` is T (train,
-  eval) or S (decode)."""
-  attention = 4 * model_cfg.n_layer * model_cfg.n_head * model_cfg.head_dim * length
-  forward = 2 * matmul_params(model_cfg) + attention
-  return (3 * forward, 3 * attention) if job == "train" else (forward, attention)
 
 
 def analyze(compiled, chip, *, n_devices: int, tokens: int, model_flops: float,

@@ -36,7 +36,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from rove_jax import hardware
 from rove_jax.aot import analysis as aot_analysis, gpu as aot_gpu
+from rove_jax.nn import flops
 from rove_jax.train import sharding
 from rove_jax.train import run_config as config_lib
 from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, param_count
@@ -68,21 +70,18 @@ _GRIDS_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8)
 _GRIDS_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4),
              128: (4, 4, 8), 256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16),
              2048: (8, 16, 16), 4096: (16, 16, 16)}
+PEAK = hardware.PEAK_BF16_FLOPS
 CHIPS = {
-    "v4": Chip("v4", "v4", 275e12, 32 * GiB, 1200e9, None, 2, 4, _GRIDS_3D),
-    "v5e": Chip("v5e", "v5litepod", 197e12, 16 * GiB, 819e9, 400e9, 1, 8, _GRIDS_2D),
-    "v5p": Chip("v5p", "v5p", 459e12, 95 * GiB, 2765e9, 1200e9, 2, 4, _GRIDS_3D),
-    "v6e": Chip("v6e", "v6e", 918e12, 32 * GiB, 1638e9, 800e9, 1, 8, _GRIDS_2D),
+    "v4": Chip("v4", "v4", PEAK["v4"], 32 * GiB, 1200e9, None, 2, 4, _GRIDS_3D),
+    "v5e": Chip("v5e", "v5litepod", PEAK["v5e"], 16 * GiB, 819e9, 400e9, 1, 8, _GRIDS_2D),
+    "v5p": Chip("v5p", "v5p", PEAK["v5p"], 95 * GiB, 2765e9, 1200e9, 2, 4, _GRIDS_3D),
+    "v6e": Chip("v6e", "v6e", PEAK["v6e"], 32 * GiB, 1638e9, 800e9, 1, 8, _GRIDS_2D),
 }
 _ALIASES = {"v5litepod": "v5e"}
 # NVIDIA GPUs (rove_jax.aot.gpu): "h100-8" is 8 GPUs, hosts of 8 beyond that.
 GPU_CHIPS = {g.name: Chip(g.name, g.name, g.peak_bf16, g.memory_bytes, g.memory_bandwidth,
                           g.nvlink_bandwidth, 1, aot_gpu.GPUS_PER_HOST, {})
              for g in aot_gpu.GPUS.values()}
-# device_kind prefixes of the chips, for the "local" topology (this process's own devices).
-_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5p": "v5p",
-          "TPU v5": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e", "NVIDIA H100": "h100",
-          "NVIDIA H200": "h200"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +134,7 @@ def parse_topology(name) -> Topology:
     return Topology(f"cpu:{int(m[1])}", None, (int(m[1]),))
   if text == "local":  # the devices this process runs on (a pre-flight on the job's machine)
     devices = jax.devices()
-    kind = next((v for k, v in _KINDS.items() if devices[0].device_kind.startswith(k)), None)
+    kind = hardware.chip_name(devices[0].device_kind)
     chip = CHIPS.get(kind) or GPU_CHIPS.get(kind)
     return Topology("local", chip, (len(devices),))
   if m := re.fullmatch(rf"({'|'.join(GPU_CHIPS)})-(\d+)", text):
@@ -365,7 +364,7 @@ def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
   if hlo_path:
     with open(hlo_path, "w") as f:
       f.write(compiled.as_text())
-  per_token, attention = aot_analysis.model_flops_per_token(model_cfg, job, info["length"])
+  per_token, attention = flops.model_flops_per_token(model_cfg, job, info["length"])
   report.update(aot_analysis.analyze(compiled, topology.chip, n_devices=topology.n_devices,
                                      tokens=info["tokens"], model_flops=per_token,
                                      attention_flops=attention,

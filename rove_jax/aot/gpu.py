@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from rove_jax import hardware
+
 GiB = 2**30
 MiB = 2**20
 
@@ -45,9 +47,9 @@ class GpuSpec:
 
 GPUS = {
     "h100": GpuSpec("h100", "NVIDIA H100 80GB HBM3", 132, 1.98, 81559 * MiB, 3.35e12,
-                    50 * MiB, 989e12, 900e9),
+                    50 * MiB, hardware.PEAK_BF16_FLOPS["h100"], 900e9),
     "h200": GpuSpec("h200", "NVIDIA H200 141GB HBM3e", 132, 1.98, 143771 * MiB, 4.8e12,
-                    50 * MiB, 989e12, 900e9),
+                    50 * MiB, hardware.PEAK_BF16_FLOPS["h200"], 900e9),
 }
 GPUS_PER_HOST = 8
 

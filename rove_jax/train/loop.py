@@ -34,6 +34,9 @@ from rove_jax import data as data_lib
 from rove_jax import kernels
 from rove_jax.train import resume
 from rove_jax.train import sharding as sharding_lib
+from rove_jax.train import tracking
+from rove_jax import hardware
+from rove_jax.nn import flops
 from rove_jax.train.metrics import MetricsLog
 from rove_jax.nn.model import GPT, generate
 
@@ -163,6 +166,18 @@ def _micro_batches(M: int, batch_sharding, x):
     return split
   spec = P(None, *batch_sharding.spec)
   return jax.lax.with_sharding_constraint(split, NamedSharding(batch_sharding.mesh, spec))
+
+
+def throughput(step_time_s: float, tokens_per_step: int, step_flops: float, n_devices: int,
+               peak: Optional[float]) -> dict:
+  """The logged speed of a step: its time, tokens/s, model TFLOP/s per device and, where the
+  devices' peak is known (rove_jax.hardware), MFU = achieved model FLOP/s / peak."""
+  per_device = step_flops / step_time_s / n_devices
+  out = {"step_time_s": step_time_s, "tokens_per_s": tokens_per_step / step_time_s,
+         "model_tflops_per_device": per_device / 1e12}
+  if peak:
+    out["mfu"] = per_device / peak
+  return out
 
 
 def _global_norm(tree):
@@ -327,6 +342,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
                            fingerprint=data.tokenizer.fingerprint)
 
   start = 0
+  tokens_per_step = c.data.batch_size * c.data.seq_len
   target = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                         abstract_state, state_sh)  # restores onto this run's mesh
   restored = ckpt.restore_latest(ckpt_lib.to_flat(target), report=log)
@@ -337,7 +353,18 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
     state = ckpt_lib.from_flat(flat, state)
     iterator.set_state(data_state)
     log(f"resumed from step {start} in {ckpt.directory}")
-  metrics_log = MetricsLog(workdir, resume_step=start, enabled=pidx == 0, report=log)
+  sinks = tracking.parse_tracking(c.tracking)
+  metrics_log = MetricsLog(
+      workdir, resume_step=start, enabled=pidx == 0, report=log,
+      tensorboard="tensorboard" in sinks,
+      sinks=[tracking.Wandb(workdir, c.wandb, config_lib.as_plain(c))]
+      if "wandb" in sinks and pidx == 0 else [])
+  profiler = tracking.Profiler(workdir, tracking.parse_profile_steps(c.profile_steps, c.steps),
+                               enabled=pidx == 0, log=log)
+  # Model FLOPs of a step (PaLM's count) against the devices' peak, for the logged MFU.
+  step_flops = tokens_per_step * flops.model_flops_per_token(
+      model_cfg, "train", c.data.seq_len)[0]
+  peak = hardware.peak_flops(mesh.devices.flat[0].device_kind)
   batch_sh = sharding_lib.batch_sharding(mesh)
   train_step = make_train_step(graphdef, tx, c.optim.grad_accum, schedule,
                                state_shardings=state_sh, batch_sharding=batch_sh)
@@ -353,7 +380,6 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
   summary = {"start_step": start, "workdir": workdir}
   nonfinite_run = nonfinite_total = 0
   learning = learning_skipped = 0  # steps run with a nonzero learning rate; of them skipped
-  tokens_per_step = c.data.batch_size * c.data.seq_len
   t_last, step_last = time.perf_counter(), start
   last = {}
   step = start
@@ -361,8 +387,10 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
   with _StopSignal() as stop, _progress(c.steps, start, c.progress and pidx == 0) as bar:
     while step < end:
       batch = place(next(iterator))
+      profiler.before(step + 1)
       state, m = train_step(state, batch)
       step += 1
+      profiler.after(step, m)
       finite = bool(m["finite"])
       if float(m["lr"]) > 0:  # warmup's first step (lr 0) changes nothing, skipped or not
         learning += 1
@@ -389,7 +417,8 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
         last = {"step": step, "loss": float(m["loss"]), "lr": float(m["lr"]),
                 "grad_norm": float(m["grad_norm"]), "nonfinite_steps": nonfinite_total}
         if step > step_last:  # the first step's time is compilation: no throughput for it
-          last["tokens_per_s"] = tokens_per_step * (step - step_last) / (now - t_last)
+          last.update(throughput((now - t_last) / (step - step_last), tokens_per_step,
+                                 step_flops, mesh.devices.size, peak))
         t_last, step_last = now, step
         metrics_log.write(last)
         if bar is not None:
@@ -414,6 +443,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
             f"checkpoint at step {step} and exiting")
         summary["stopped_by"] = stop.received or "peer"
         break
+    profiler.stop(state)  # a run that ended inside the window
     if ckpt.latest_step() != step:  # always end with a checkpoint of the final state
       save(step)
   metrics_log.close()

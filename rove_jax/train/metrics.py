@@ -1,7 +1,9 @@
 """workdir/metrics.jsonl, a training run's metrics record: the only code that writes or reads it.
 
 One JSON object a line, each with a "step": training lines {"step", "loss", "lr", "grad_norm",
-"nonfinite_steps", "tokens_per_s"} and evaluation lines {"step", "val_loss"}. A resumed run
+"nonfinite_steps", and from the second logged line on "step_time_s", "tokens_per_s",
+"model_tflops_per_device" and, on accelerators of known peak, "mfu"} and evaluation lines
+{"step", "val_loss"}. A resumed run
 recomputes the steps after its checkpoint, so `MetricsLog` first drops the lines past it (the
 log shows one history, also after a fall back to an older checkpoint); a line that does not
 read (cut short by a kill, damaged, edited by hand) is reported and moved to
@@ -64,11 +66,16 @@ class MetricsLog:
     resume_step: the step the run starts from: lines of later steps are dropped.
     enabled: False on processes other than 0 (they write nothing).
     report: where a note about moved unreadable lines goes.
+    tensorboard: also write TensorBoard event files (when tensorboardX is installed).
+    sinks: more destinations of every record, each with write(record) and close()
+      (rove_jax.train.tracking.Wandb).
   """
 
-  def __init__(self, workdir: str, *, resume_step: int, enabled: bool = True, report=print):
+  def __init__(self, workdir: str, *, resume_step: int, enabled: bool = True, report=print,
+               tensorboard: bool = True, sinks=()):
     self.path = os.path.join(workdir, FILE)
     self.enabled = enabled
+    self.sinks = list(sinks)
     self.tb = None
     if not enabled:
       return
@@ -85,6 +92,8 @@ class MetricsLog:
       with open(tmp, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records if r["step"] <= resume_step)
       os.replace(tmp, self.path)
+    if not tensorboard:
+      return
     try:
       from tensorboardX import SummaryWriter
       # purge_step: TensorBoard hides the earlier events at steps past the checkpoint.
@@ -102,8 +111,13 @@ class MetricsLog:
       for k, v in record.items():
         if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
           self.tb.add_scalar(k, v, record["step"])
+    for sink in self.sinks:
+      sink.write(record)
 
   def close(self):
     if self.tb is not None:
       self.tb.close()
       self.tb = None
+    for sink in self.sinks:
+      sink.close()
+    self.sinks = []

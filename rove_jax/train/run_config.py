@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import math
 import os
 from typing import Any, Optional
@@ -23,6 +24,7 @@ from ml_collections import config_dict
 
 from rove_jax import scaling
 from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train import tracking
 
 _PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "rove_layers": tuple}
 # model.rope_scaling is a section with one typed field per scaling.RopeScaling field, unset ones
@@ -113,6 +115,17 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   c.fresh_start = False  # start from step 0 although earlier checkpoints were found unreadable
   c.seed = 0
   c.progress = True
+  # Metrics sinks beside metrics.jsonl: "tensorboard", "wandb" (Weights & Biases), both
+  # comma-separated, or "none" (rove_jax.train.tracking); the W&B run's settings.
+  c.tracking = "tensorboard"
+  c.wandb = ml_collections.ConfigDict()
+  c.wandb.project = "rove-jax"
+  c.wandb.entity = config_dict.placeholder(str)
+  c.wandb.name = config_dict.placeholder(str)  # default: the workdir's name
+  c.wandb.group = config_dict.placeholder(str)
+  c.wandb.mode = "online"  # "offline": written under workdir/wandb for `wandb sync`
+  # "START:END": a jax.profiler trace of training steps START..END into workdir/profile.
+  c.profile_steps = config_dict.placeholder(str)
   c.sample_tokens = 200  # a generated sample printed at the end (0: none)
   # Pre-flight: compile the train step for the mesh and print memory, FLOPs and collectives
   # (rove_jax.aot.compile), then exit without training; on this machine's devices, or, ahead of time
@@ -227,6 +240,15 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
       raise ValueError(f"optim.{name} must be a finite number in {interval}, got {value!r}{hint}")
   if not 0 <= o.warmup_steps <= c.steps:
     raise ValueError(f"optim.warmup_steps={o.warmup_steps} must be in [0, steps={c.steps}]")
+  sinks = tracking.parse_tracking(c.tracking)
+  if "wandb" in sinks:
+    if c.wandb.mode not in tracking.WANDB_MODES:
+      raise ValueError(f"wandb.mode must be one of {tracking.WANDB_MODES}, got "
+                       f"{c.wandb.mode!r}")
+    if importlib.util.find_spec("wandb") is None:
+      raise ValueError("tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
+                       "(or pip install wandb), or leave wandb out of --config.tracking")
+  tracking.parse_profile_steps(c.profile_steps, c.steps)
   for name in ("data", "fsdp", "tensor"):
     value = c.mesh[name]
     if not (isinstance(value, int) and (value >= 1 or value == -1)):

@@ -1,0 +1,125 @@
+"""Where a training run's metrics go besides metrics.jsonl, and the profiler window.
+
+config.tracking names the sinks, comma-separated: "tensorboard" (tensorboardX event files in
+workdir/tensorboard, the default), "wandb" (Weights & Biases, the `wandb` extra), or "none".
+metrics.jsonl is always written: it is the record the other sinks copy.
+
+Weights & Biases: config.wandb.{project, entity, name, group, mode}. mode "offline" writes the
+run under workdir/wandb for a later `wandb sync` (pods without internet, tests); "online"
+needs `wandb login` or WANDB_API_KEY. The run's id is kept in workdir/wandb-id.txt, so a
+resumed run (also after a fall back to an older checkpoint) continues the same W&B run. Each
+record is logged with the training step as the metric `train/step`, which the charts use as
+their x axis: W&B's own step only ever grows, and a rerun of abandoned steps would otherwise
+be dropped.
+
+Profiling: config.profile_steps = "START:END" traces training steps START to END (1-based,
+both included, compile excluded when START > 1) with jax.profiler into workdir/profile, which
+TensorBoard's profile plugin opens (`tensorboard --logdir workdir/profile`, with the
+tensorboard-plugin-profile package). Only process 0 writes a trace.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Optional
+
+import jax
+
+SINKS = ("tensorboard", "wandb")
+WANDB_MODES = ("online", "offline", "disabled")
+WANDB_ID_FILE = "wandb-id.txt"
+PROFILE_DIR = "profile"
+
+
+def parse_tracking(value) -> tuple[str, ...]:
+  """The sinks of config.tracking ("tensorboard,wandb" -> ("tensorboard", "wandb"))."""
+  if not isinstance(value, str):
+    raise ValueError(f"tracking must be a string such as 'tensorboard', 'wandb', "
+                     f"'tensorboard,wandb' or 'none', got {value!r}")
+  names = tuple(n.strip() for n in value.split(",") if n.strip())
+  if names == ("none",):
+    return ()
+  unknown = [n for n in names if n not in SINKS]
+  if unknown or not names or len(set(names)) != len(names):
+    raise ValueError(f"tracking={value!r}: give sinks out of {SINKS} separated by commas, or "
+                     f"'none' (metrics.jsonl is always written)")
+  return names
+
+
+def parse_profile_steps(value, steps: int) -> Optional[tuple[int, int]]:
+  """(START, END) of config.profile_steps "START:END", or None when unset."""
+  if value is None:
+    return None
+  try:
+    start, end = (int(part) for part in str(value).split(":"))
+  except ValueError:
+    start = end = None
+  if start is None or not 1 <= start <= end <= steps:
+    raise ValueError(f"profile_steps={value!r}: give START:END with 1 <= START <= END <= "
+                     f"steps={steps} (training steps, 1-based, both traced; START > 1 leaves "
+                     f"the first step's compilation out of the trace)")
+  return start, end
+
+
+class Wandb:
+  """A Weights & Biases run that mirrors metrics.jsonl (`write`, `close`)."""
+
+  def __init__(self, workdir: str, settings, config: dict):
+    try:
+      import wandb
+    except ImportError:
+      raise ImportError("tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
+                        "(or pip install wandb)") from None
+    id_path = os.path.join(workdir, WANDB_ID_FILE)
+    if os.path.exists(id_path):
+      with open(id_path) as f:
+        run_id = f.read().strip()
+    else:
+      run_id = uuid.uuid4().hex[:16]
+      with open(id_path, "w") as f:
+        f.write(run_id + "\n")
+    self.run = wandb.init(
+        project=settings.project, entity=settings.entity, group=settings.group,
+        name=settings.name or os.path.basename(workdir.rstrip("/")), id=run_id,
+        resume="allow", mode=settings.mode, dir=workdir, config=config)
+    self.run.define_metric("train/step")
+    self.run.define_metric("*", step_metric="train/step")
+
+  def write(self, record: dict) -> None:
+    values = {k: v for k, v in record.items()
+              if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    self.run.log({"train/step": record["step"], **values})
+
+  def close(self) -> None:
+    self.run.finish()
+
+
+class Profiler:
+  """Starts a jax.profiler trace before step START and stops it after step END."""
+
+  def __init__(self, workdir: str, window: Optional[tuple[int, int]], *, enabled: bool = True,
+               log=print):
+    self.window = window if enabled else None
+    self.directory = os.path.join(workdir, PROFILE_DIR)
+    self.log = log
+    self.active = False
+
+  def before(self, step: int) -> None:
+    """Called before training step `step` (1-based) runs."""
+    if self.window is not None and step == self.window[0]:
+      jax.profiler.start_trace(self.directory)
+      self.active = True
+
+  def after(self, step: int, outputs) -> None:
+    """Called after step `step` ran; `outputs` are waited for before the trace stops."""
+    if self.active and step == self.window[1]:
+      self.stop(outputs)
+      self.log(f"profile of steps {self.window[0]}-{self.window[1]} written to "
+               f"{self.directory} (tensorboard --logdir {self.directory})")
+
+  def stop(self, outputs=None) -> None:
+    if self.active:
+      jax.block_until_ready(outputs)
+      jax.profiler.stop_trace()
+      self.active = False
