@@ -1,0 +1,102 @@
+"""Training speed of two versions of the code, A/B in one run: `train.py` of each, interleaved.
+
+  python -m bench.ab_train [--base fd1fdb1] [--head WORKTREE] [--repeats 3] [--steps 20]
+                           [--batch 16] [--seq 256] [--set model.d_model=256 ...] [--out F]
+
+Each side is a full checkout: `--base`/`--head` name git revisions (exported with git archive)
+or WORKTREE, this checkout as it is. Every repeat trains each side once from scratch in its own
+subprocess (the preset of configs/tiny.py, the stdlib corpus, `--steps` steps logged every
+step, no checkpoint or evaluation until the end), in ABBA order so that a drift of the machine
+weighs on both sides alike. A run's speed is the median tokens/s of its metrics.jsonl rows
+after the first two (compilation and warm-up); the result is the per-repeat ratio head / base
+and their geometric mean. Both sides use this interpreter (the same jax, flax and XLA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WORKTREE = "WORKTREE"
+
+
+def export(rev: str, into: pathlib.Path) -> pathlib.Path:
+  """A checkout of `rev` (WORKTREE: this one, as it is)."""
+  if rev == WORKTREE:
+    return ROOT
+  into.mkdir(parents=True)
+  archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                           capture_output=True).stdout
+  subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+  return into
+
+
+def run_once(tree: pathlib.Path, workdir: pathlib.Path, args) -> float:
+  """Trains in a subprocess; the median tokens/s of its logged rows after the first two."""
+  cmd = [sys.executable, "train.py", "--config", "configs/tiny.py", "--workdir", str(workdir),
+         f"--config.steps={args.steps}", "--config.log_every=1",
+         f"--config.eval_every={args.steps}", f"--config.checkpoint_every={args.steps}",
+         "--config.eval_batches=1", "--config.progress=False", "--config.sample_tokens=0",
+         f"--config.data.batch_size={args.batch}", f"--config.data.seq_len={args.seq}",
+         f"--config.model.max_len={args.seq}", "--config.optim.warmup_steps=2",
+         f"--config.data.max_train_tokens={args.max_tokens}",
+         f"--config.data.max_val_tokens={args.max_tokens // 10}",
+         *[f"--config.{kv}" for kv in args.set]]
+  env = {**os.environ, "PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+  if proc.returncode:
+    raise RuntimeError(f"{tree}: train.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r][2:]
+  if not speeds:
+    raise RuntimeError(f"{workdir}: no tokens_per_s rows past the first two; raise --steps")
+  return statistics.median(speeds)
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--base", default="fd1fdb1")
+  p.add_argument("--head", default=WORKTREE)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--steps", type=int, default=20)
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--seq", type=int, default=256)
+  p.add_argument("--max-tokens", type=int, default=2_000_000)
+  p.add_argument("--set", action="append", default=[], help="a config override KEY=VALUE")
+  p.add_argument("--out")
+  args = p.parse_args(argv)
+  if args.steps < 4 or args.repeats < 1:
+    p.error("--steps must be >= 4 (two rows are warm-up) and --repeats >= 1")
+  with tempfile.TemporaryDirectory(prefix="ab-train-") as tmp:
+    tmp = pathlib.Path(tmp)
+    trees = {"base": export(args.base, tmp / "base"), "head": export(args.head, tmp / "head")}
+    speeds = {"base": [], "head": []}
+    for r in range(args.repeats):
+      order = ("base", "head") if r % 2 == 0 else ("head", "base")  # ABBA
+      for side in order:
+        speeds[side].append(run_once(trees[side], tmp / f"run-{side}-{r}", args))
+        print(f"repeat {r + 1}/{args.repeats} {side:4s} {speeds[side][-1]:8.1f} tokens/s",
+              file=sys.stderr, flush=True)
+  ratios = [h / b for h, b in zip(speeds["head"], speeds["base"])]
+  result = {"base": args.base, "head": args.head, "batch": args.batch, "seq": args.seq,
+            "steps": args.steps, "set": args.set, "tokens_per_s": speeds, "ratios": ratios,
+            "geomean_ratio": math.exp(statistics.fmean(math.log(x) for x in ratios))}
+  print(f"head / base tokens/s: {result['geomean_ratio']:.3f} (per repeat "
+        f"{', '.join(f'{x:.3f}' for x in ratios)}); base {statistics.median(speeds['base']):.0f}, "
+        f"head {statistics.median(speeds['head']):.0f} tokens/s (medians)")
+  if args.out:
+    pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
+  return result
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,1 @@
+"""Peer implementations for side-by-side speed comparisons (not part of rove_jax)."""
