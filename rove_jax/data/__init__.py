@@ -7,6 +7,10 @@ One concern a module:
   token_cache.py  load_tokens: documents -> flat token array, cached as tokens-*.npy with a
                   tokens-*.json record that is checked on load (a damaged cache is rebuilt)
   pipeline.py     train_iterator (grain), eval_batches, make_batch, prepare -> Data
+  prepared.py     the "prepared" source: a corpus tokenized once into memory-mapped shards
+                  with a manifest (the format), read and verified
+  prepare_corpus.py  writes one: prepare_dataset, the rove-prepare command
+                  (also `python -m rove_jax.data.prepare`, prepare.py)
 
 Shape letters (here):
   B  per-process batch = global_batch_size / process_count
@@ -25,6 +29,8 @@ Public API:
   held_out_keys(keys, fraction) -> set[str]       which files the validation split holds out
   prepare(corpus, tokenizer, *, workdir, ...) -> Data(tokenizer, train_tokens, val_tokens,
       loss_mask_T)
+  prepare_dataset(corpus, tokenizer, out, *, tokens_per_shard, ...) -> manifest
+      tokenizes a corpus once into the prepared directory out (rove-prepare)
 
 Sources:
   "stdlib"   the running interpreter's standard library: its *.py sources plus its docs (the
@@ -38,6 +44,9 @@ Sources:
              row-group batch at a time (FineWeb-Edu shards, for instance).
   "hf"       `datasets.load_dataset(path, hf_config, split=hf_split, streaming=True)`; the `hf`
              extra. For local files use path="parquet" (or "json") and hf_data_files.
+  "prepared" the directory `rove-prepare` wrote from one of the sources above: its train and
+             val token shards, read without tokenizing; the tokenizer must be the one it was
+             made with (see prepared.py).
 
 The validation split, windows, packing and resuming are described in sources.py and
 pipeline.py.
@@ -50,11 +59,12 @@ extras.require("train", "rove_jax.data")
 from rove_jax.data.files import PARQUET_EXTENSIONS, STDLIB_EXTENSIONS, TEXT_EXTENSIONS
 from rove_jax.data.pipeline import (Data, eval_batches, make_batch, prepare,
                                     train_iterator)
+from rove_jax.data.prepare_corpus import prepare_dataset
 from rove_jax.data.sources import SOURCES, SPLITS, Corpus, held_out_keys, iter_documents
 from rove_jax.data.token_cache import load_tokens
 
 __all__ = [
     "Corpus", "SOURCES", "SPLITS", "TEXT_EXTENSIONS", "PARQUET_EXTENSIONS", "STDLIB_EXTENSIONS",
     "iter_documents", "held_out_keys", "load_tokens", "train_iterator", "eval_batches",
-    "make_batch", "prepare", "Data",
+    "make_batch", "prepare", "Data", "prepare_dataset",
 ]

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator, Optional
 import grain
 import numpy as np
 
-from rove_jax.data import tokenization
+from rove_jax.data import prepared, tokenization
 from rove_jax.data.sources import Corpus, iter_documents, loss_mask
 from rove_jax.data.token_cache import load_tokens
 from rove_jax.data.tokenization import Tokenizer
@@ -42,7 +42,8 @@ def train_iterator(tokens, *, seq_len: int, global_batch_size: int, seed: int,
   [p*B, (p+1)*B) of them and reads only those.
 
   Args:
-    tokens: [N] flat token array (e.g. from `load_tokens`), N >= seq_len + 1.
+    tokens: [N] flat token array (e.g. from `load_tokens`; a `prepared.ShardedTokens` is read
+      only where sliced), N >= seq_len + 1.
     seq_len: T, tokens per row.
     global_batch_size: rows per step over all processes (divisible by process_count).
     seed: shuffle seed, an int in [0, 2**32).
@@ -207,7 +208,7 @@ def _gather(tokens, starts_B: np.ndarray, width: int) -> np.ndarray:
 def _check_tokens(tokens, seq_len) -> np.ndarray:
   if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
     raise ValueError(f"seq_len must be a positive int, got seq_len={seq_len!r}")
-  if not isinstance(tokens, np.ndarray):
+  if not isinstance(tokens, (np.ndarray, prepared.ShardedTokens)):  # shards: read when sliced
     tokens = np.asarray(tokens)
   if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
     raise ValueError(f"tokens must be a flat integer array [N], got {tokens.dtype} "
@@ -276,7 +277,8 @@ class Data:
 def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
             vocab_size: Optional[int] = None, max_train_tokens: Optional[int] = None,
             max_val_tokens: Optional[int] = None,
-            bpe_train_chars: int = 1_000_000_000) -> Data:
+            bpe_train_chars: int = 1_000_000_000, verify: bool = True,
+            process_index: int = 0, process_count: int = 1) -> Data:
   """Builds (or reloads from workdir) a run's tokenizer and train/val token arrays.
 
   Args:
@@ -287,12 +289,20 @@ def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
     vocab_size: for "bpe".
     max_train_tokens, max_val_tokens: caps (see `load_tokens`).
     bpe_train_chars: BPE training reads at most this many characters of training text.
+    verify, process_index, process_count: a "prepared" corpus only (`prepared.for_run`): hash
+      this process's share of its shards first (a run does so when it starts from step 0).
 
   Returns:
     `Data`; call data.train_iterator(seq_len=..., global_batch_size=..., seed=...) and
     data.eval_batches(seq_len=..., batch_size=...).
   """
   workdir = os.fspath(workdir)
+  if corpus.source == "prepared":  # tokenized already: read from its shards
+    tok, train, val = prepared.for_run(
+        corpus.path, tokenizer, workdir=workdir, verify_shards=verify,
+        process_index=process_index, process_count=process_count,
+        max_train_tokens=max_train_tokens, max_val_tokens=max_val_tokens)
+    return Data(tok, train, val, None)
   tok = tokenization.get_tokenizer(
       tokenizer, workdir=workdir, vocab_size=vocab_size,
       train_texts=lambda: _take_chars(iter_documents(corpus, "train"), bpe_train_chars))

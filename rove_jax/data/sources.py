@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from rove_jax.data import files, hf, recall
 
-SOURCES = ("stdlib", "text", "parquet", "hf", "recall")
+SOURCES = ("stdlib", "text", "parquet", "hf", "recall", "prepared")
 SPLITS = ("train", "val")
 
 
@@ -29,7 +29,8 @@ class Corpus:
   Attributes:
     source: one of SOURCES.
     path: file, directory or glob (text, parquet); dataset name (hf); library root (stdlib,
-      default: this interpreter's); "name=value,..." sizes (recall: `recall.RecallSpec`).
+      default: this interpreter's); "name=value,..." sizes (recall: `recall.RecallSpec`);
+      the directory rove-prepare wrote (prepared: rove_jax.data.prepared).
     val_path: explicit validation files (text, parquet) or split name (hf).
     text_field: the jsonl key / parquet column / hf column holding the text.
     val_fraction: share held out for validation when val_path is not given.
@@ -65,9 +66,10 @@ class Corpus:
     elif data_files is not None:
       data_files = _as_files(data_files)
     object.__setattr__(self, "hf_data_files", data_files)
-    if self.source in ("text", "parquet", "hf") and not self.path:
+    if self.source in ("text", "parquet", "hf", "prepared") and not self.path:
       want = {"text": "a .txt/.jsonl file, directory or glob",
               "parquet": "a .parquet file, directory or glob",
+              "prepared": "the directory rove-prepare wrote",
               "hf": "a dataset name such as 'HuggingFaceFW/fineweb-edu' (or 'parquet' with "
                     "hf_data_files)"}[self.source]
       raise ValueError(f"corpus source {self.source!r} needs path: {want}")
@@ -79,6 +81,13 @@ class Corpus:
       if self.val_path is not None or self.max_files is not None:
         raise ValueError("the recall source generates its own validation split and has no "
                          "files: leave val_path and max_files unset")
+    if self.source == "prepared":
+      # The split and the files were fixed when the corpus was prepared.
+      fixed = [f.name for f in dataclasses.fields(self) if f.name not in ("source", "path")
+               and getattr(self, f.name) != f.default]
+      if fixed:
+        raise ValueError(f"a prepared corpus was split and read by rove-prepare: leave {fixed} "
+                         f"unset (they are rove-prepare options)")
     if not (isinstance(self.val_fraction, (int, float)) and 0.0 < self.val_fraction < 1.0):
       raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
     if self.source == "hf" and self.val_path is not None and self.val_path == self.hf_split:
@@ -112,6 +121,7 @@ def iter_documents(corpus: Corpus, split: str = "train") -> Iterator[str]:
     an iterator of strings. Listing errors (missing path, empty glob) raise here, at once.
   """
   check_split(split)
+  _not_prepared(corpus)
   if corpus.source == "hf":
     texts = hf.hf_texts(corpus, split)
     if corpus.val_path is None:  # one stream for both splits: hold out every n-th document
@@ -161,6 +171,7 @@ def loss_mask(corpus: Corpus):
 
 def list_units(corpus: Corpus) -> tuple[list[files.Unit], Optional[list[files.Unit]]]:
   """The training units and the val_path units (None without val_path) of a local corpus."""
+  _not_prepared(corpus)
   if corpus.source == "recall":
     spec = recall.RecallSpec.parse(corpus.path)
     unit = lambda split: files.Unit(key=f"recall/{split}/{spec.to_string()}",
@@ -182,6 +193,12 @@ def list_units(corpus: Corpus) -> tuple[list[files.Unit], Optional[list[files.Un
       raise ValueError(f"val_path {corpus.val_path!r} and path {corpus.path!r} share files "
                        f"{sorted(overlap)[:3]}; the validation files must be separate")
   return units, val_units
+
+
+def _not_prepared(corpus: Corpus) -> None:
+  if corpus.source == "prepared":
+    raise ValueError(f"the prepared corpus {corpus.path!r} holds token ids, not documents: "
+                     f"read it with load_tokens (or rove_jax.data.prepared.load)")
 
 
 def check_split(split) -> None:

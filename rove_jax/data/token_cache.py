@@ -29,6 +29,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
+from rove_jax.data import prepared
 from rove_jax.data.sources import Corpus, check_split, iter_documents, list_units
 from rove_jax.data.tokenization import Tokenizer
 
@@ -56,12 +57,15 @@ def load_tokens(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
 
   Returns:
     tokens [N]: uint16 when tokenizer.vocab_size <= 65536, else int32 (a read-only memmap when
-    read from the cache). Batches convert windows to int32.
+    read from the cache). Batches convert windows to int32. A "prepared" corpus is read from
+    its shards (`prepared.load`: uint16 or uint32, a memmap or a `prepared.ShardedTokens`).
   """
   check_split(split)
   if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(
       max_tokens, (int, np.integer)) or max_tokens < 1):
     raise ValueError(f"max_tokens must be a positive int or None, got {max_tokens!r}")
+  if corpus.source == "prepared":  # tokenized already: memory-mapped, no cache
+    return prepared.load(corpus.path, split, tokenizer, max_tokens=max_tokens)
   label = f"{corpus.source} corpus {corpus.path or '(stdlib)'} split {split!r}"
   dtype = token_dtype(tokenizer)
   path = key = None

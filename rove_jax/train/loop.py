@@ -315,7 +315,10 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
 
   data = data_lib.prepare(corpus_from_config(c.data), c.data.tokenizer, workdir=workdir,
                           max_train_tokens=c.data.max_train_tokens,
-                          max_val_tokens=c.data.max_val_tokens)
+                          max_val_tokens=c.data.max_val_tokens,
+                          # data.source=prepared: hash the shards once, when the run starts
+                          verify=ckpt.latest_step() is None, process_index=pidx,
+                          process_count=nproc)
   for split, toks in (("training", data.train_tokens), ("validation", data.val_tokens)):
     windows = (len(toks) - 1) // c.data.seq_len
     if windows < c.data.batch_size:  # found now, not when the first evaluation comes round

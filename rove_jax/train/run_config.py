@@ -73,7 +73,9 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   c.model = model_fields(getattr(GPTConfig, preset)())
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "stdlib"  # stdlib | text | parquet | hf | recall (synthetic, data.recall)
+  # stdlib | text | parquet | hf | recall (synthetic, data.recall) | prepared (rove-prepare's
+  # directory, data.prepared)
+  c.data.source = "stdlib"
   c.data.path = config_dict.placeholder(str)
   c.data.val_path = config_dict.placeholder(str)
   c.data.text_field = "text"
@@ -212,6 +214,11 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
     if d.packing:
       raise ValueError("data.packing: a recall window is [eot] + one document, the layout its "
                        "test samples use; train the recall source with packing=False")
+  if d.source == "prepared" and not (d.path and os.path.isfile(
+      os.path.join(d.path, "manifest.json"))):
+    raise ValueError(f"data.source=prepared: data.path={d.path!r} must be a directory that "
+                     f"rove-prepare wrote (it holds manifest.json); run rove-prepare --out DIR "
+                     f"first and set --config.data.path=DIR")
   for name in ("steps", "log_every", "eval_every", "checkpoint_every", "eval_batches",
                "keep_checkpoints", "optim.grad_accum", "optim.max_nonfinite"):
     value = _get(c, name)

@@ -1,0 +1,430 @@
+"""rove-prepare: tokenizes a corpus once into a prepared directory (format: rove_jax.data.prepared).
+
+  rove-prepare --source text --path corpus/ --tokenizer bpe:8192 --out prepared/
+  python -m rove_jax.data.prepare --source parquet --path 'fineweb-edu/*.parquet' \\
+      --tokenizer tiktoken:gpt2 --out fineweb-gpt2/ --tokens-per-shard 100000000
+  rove-prepare --check --out prepared/       (hash every shard against the manifest)
+
+Train on it with --config.data.source=prepared --config.data.path=prepared/ and the same
+tokenizer (--config.data.tokenizer).
+
+Shards are written atomically (a temporary file, then a rename) and progress.json records,
+after each one, the shards done and where the next one starts (document index, tokens of it
+already written); manifest.json comes last. A rerun of the same command therefore resumes an
+interrupted preparation (tokenizers are deterministic: the result is the same bytes), and
+hashes a finished one, rewriting it if a shard was damaged. A directory holding another
+dataset is refused unless --overwrite; one directory is prepared by one process at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shlex
+import sys
+import uuid
+from collections import deque
+from typing import Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+from rove_jax.data import prepared, tokenization
+from rove_jax.data.sources import SOURCES, SPLITS, Corpus, iter_documents, list_units
+from rove_jax.data.tokenization import Tokenizer
+
+DEFAULT_TOKENS_PER_SHARD = 100_000_000
+_ENCODE_CHUNK_CHARS = 1 << 20  # texts handed to encode_batch at once
+_OURS = re.compile(r"^(manifest\.json|progress\.json|(train|val)-\d{5,}\.bin|"
+                   r"tokenizer-bpe-\d+\.json)(\.tmp-.*)?$")
+
+
+def prepare_dataset(corpus: Corpus, tokenizer: Union[str, Tokenizer], out: str, *,
+                    tokens_per_shard: int = DEFAULT_TOKENS_PER_SHARD,
+                    max_train_tokens: Optional[int] = None,
+                    max_val_tokens: Optional[int] = None, vocab_size: Optional[int] = None,
+                    bpe_train_chars: int = 1_000_000_000, overwrite: bool = False,
+                    progress: bool = True, log=None) -> dict:
+  """Tokenizes corpus's train and val splits into the prepared directory out (or resumes).
+
+  Args:
+    corpus: the `Corpus` (any source but "prepared" and "recall").
+    tokenizer: a `tokenization.get_tokenizer` spec (a "bpe" spec trains on the train split
+      and keeps its file in out), or a `Tokenizer`.
+    out: the directory to write.
+    tokens_per_shard: tokens of every shard but each split's last.
+    max_train_tokens, max_val_tokens: keep only the first this many tokens of a split.
+    vocab_size, bpe_train_chars: for a "bpe" spec (see `pipeline.prepare`).
+    overwrite: replace a dataset of another corpus or tokenizer found in out.
+    progress: show a progress bar (tqdm) per split.
+    log: a function of one string for progress lines (default: stderr).
+
+  Returns:
+    the manifest (also written to out/manifest.json).
+  """
+  log = log or prepared._log
+  _check_args(corpus, tokens_per_shard, max_train_tokens, max_val_tokens)
+  out = os.path.abspath(os.fspath(out))
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ValueError(f"--out {out} is a file; a prepared dataset is a directory")
+  caps = {"train": max_train_tokens, "val": max_val_tokens}
+  source = _source_digest(corpus, tokens_per_shard, caps)  # lists the files: bad paths fail here
+  # A tokenizer that needs no training is built now: a bad spec fails before any file changes.
+  spec, bpe_size = _canonical_spec(tokenizer, vocab_size)
+  tok = None if bpe_size else (tokenizer if isinstance(tokenizer, Tokenizer) else
+                               tokenization.get_tokenizer(tokenizer))
+  os.makedirs(out, exist_ok=True)
+  manifest, journal = _read_json(out, prepared.MANIFEST), _read_json(out, prepared.PROGRESS)
+  foreign = sorted(f for f in os.listdir(out) if not _OURS.match(f))
+  if foreign:
+    raise ValueError(f"--out {out} holds files that are not a prepared dataset's "
+                     f"({foreign[:3]}); choose an empty or new directory")
+  done = manifest or journal
+  same = bool(done) and done.get("request", {}).get("source") == source and (
+      done.get("tokenizer", {}).get("spec") == spec)
+  if manifest and not same and not overwrite:
+    raise ValueError(f"--out {out} holds a prepared dataset of another corpus, tokenizer or "
+                     f"shard size (made by: {manifest.get('command')}); choose another --out or "
+                     f"pass --overwrite to replace it")
+  if not same:  # leftovers no record vouches for, or another dataset: start afresh
+    if os.listdir(out):
+      log(f"{out}: removing the files of " + (
+          "the dataset it held" if manifest else "an unfinished preparation of other data"
+          if journal else "an unfinished preparation"))
+    _remove_ours(out, keep_tokenizer=False)
+    manifest = journal = None
+  for f in os.listdir(out):  # temporary files of a killed run
+    if ".tmp-" in f:
+      os.remove(os.path.join(out, f))
+
+  if tok is None:  # bpe: trained on the train split into out once, then reused
+    tok = tokenization.get_tokenizer(
+        spec, workdir=out,
+        train_texts=lambda: _take_chars(iter_documents(corpus, "train"), bpe_train_chars))
+  request = {"source": source, "tokenizer": tok.fingerprint}
+  if manifest:
+    if manifest["request"] == request and _intact(out, log):
+      log(f"{out} already holds this dataset, every shard checked against its sha256")
+      return manifest
+    log(f"{out}: rewriting the dataset (a damaged shard or another tokenizer file)")
+    _remove_ours(out, keep_tokenizer=True)
+    journal = None
+  if journal and journal.get("request") != request:  # the bpe file changed: redo the shards
+    _remove_ours(out, keep_tokenizer=True)
+    journal = None
+  dtype_name = prepared.shard_dtype(tok.vocab_size)
+  state = journal or {"request": request, "tokenizer": {"spec": spec}, "splits": {
+      s: {"shards": [], "tokens": 0, "next_doc": 0, "skip": 0, "done": False} for s in SPLITS}}
+  if journal:
+    log(f"{out}: resuming an unfinished preparation "
+        + ", ".join(f"{s}: {len(v['shards'])} shards done" for s, v in state["splits"].items()))
+  save_state = lambda: _write_json(out, prepared.PROGRESS, state)
+  save_state()
+  for split in SPLITS:
+    st = state["splits"][split]
+    if not st["done"]:
+      _write_split(iter_documents(corpus, split), tok, out, split, st, save_state,
+                   tokens_per_shard=tokens_per_shard, cap=caps[split],
+                   dtype=prepared.DTYPES[dtype_name], progress=progress, log=log)
+    if st["tokens"] == 0:
+      raise ValueError(f"the {split} split of {corpus.source} corpus {corpus.path!r} is empty: "
+                       f"no non-empty documents; check path and text_field="
+                       f"{corpus.text_field!r}")
+  manifest = {
+      "format": prepared.FORMAT, "version": prepared.VERSION, "request": request,
+      "command": command_line(corpus, spec, out, tokens_per_shard, caps),
+      "corpus": dataclasses.asdict(corpus),
+      "tokenizer": {"spec": spec, "name": tok.name, "fingerprint": tok.fingerprint,
+                    "vocab_size": int(tok.vocab_size), "eot_id": int(tok.eot_id),
+                    "file": os.path.basename(tokenization.bpe_cache_path(out, bpe_size))
+                    if bpe_size else None},
+      "dtype": dtype_name, "tokens_per_shard": int(tokens_per_shard), "max_tokens": caps,
+      "splits": {s: {"tokens": st["tokens"], "shards": st["shards"],
+                     "documents": sum(sh["documents"] for sh in st["shards"])}
+                 for s, st in state["splits"].items()}}
+  _write_json(out, prepared.MANIFEST, manifest)
+  os.remove(os.path.join(out, prepared.PROGRESS))
+  log(f"prepared {out}: " + ", ".join(
+      f"{s} {v['tokens']} tokens ({v['documents']} documents, {len(v['shards'])} shards)"
+      for s, v in manifest["splits"].items()) + f", {dtype_name}")
+  return manifest
+
+
+def _write_split(docs: Iterable[str], tok: Tokenizer, out: str, split: str, st: dict,
+                 save_state, *, tokens_per_shard: int, cap: Optional[int], dtype: np.dtype,
+                 progress: bool, log) -> None:
+  """Tokenizes one split from where st says it stopped, writing shards and updating st."""
+  eot = np.array([tok.eot_id], dtype)
+  resume_doc, resume_skip = st["next_doc"], st["skip"]
+  buf, buf_len = [], 0
+  flushed = st["tokens"]   # tokens in the shards written
+  in_buf = deque()         # (document index, global offset of its first token) in buf
+  bar = _bar(progress, split, cap, flushed)
+
+  def emit(n):
+    nonlocal buf, buf_len, flushed
+    whole = np.concatenate(buf)
+    shard, rest = whole[:n], whole[n:]
+    buf, buf_len = [rest], rest.size
+    entry = _write_shard(out, prepared.shard_name(split, len(st["shards"])), shard, tok.eot_id)
+    flushed += n
+    while len(in_buf) > 1 and in_buf[1][1] <= flushed:
+      in_buf.popleft()
+    if rest.size:  # the first unwritten token is in the last document starting before it
+      while len(in_buf) > 1 and in_buf[1][1] <= flushed:
+        in_buf.popleft()
+      next_doc, skip = in_buf[0][0], flushed - in_buf[0][1]
+    else:
+      next_doc, skip = in_buf[-1][0] + 1, 0
+      in_buf.clear()
+    st["shards"].append(entry)
+    st.update(tokens=flushed, next_doc=next_doc, skip=skip)
+    save_state()
+
+  def encode(pending):
+    nonlocal buf_len
+    for (i, _), ids in zip(pending, tok.encode_batch([d for _, d in pending])):
+      arr = np.concatenate([ids.astype(dtype), eot])
+      start = flushed + buf_len
+      if i == resume_doc and resume_skip:
+        arr, start = arr[resume_skip:], start - resume_skip
+      in_buf.append((i, start))
+      buf.append(arr)
+      buf_len += arr.size
+      if bar is not None:
+        bar.update(arr.size)
+
+  pending, chars, stop = [], 0, False
+  for i, doc in enumerate(docs):
+    if i < resume_doc:
+      continue
+    pending.append((i, doc))
+    chars += len(doc)
+    if chars < _ENCODE_CHUNK_CHARS:
+      continue
+    encode(pending)
+    pending, chars = [], 0
+    stop = cap is not None and flushed + buf_len >= cap
+    if stop:
+      break
+    while buf_len >= tokens_per_shard:
+      emit(tokens_per_shard)
+  if pending and not stop:
+    encode(pending)
+  if cap is not None and flushed + buf_len > cap:  # cut at exactly cap tokens
+    whole = np.concatenate(buf)[:cap - flushed]
+    buf, buf_len = [whole], whole.size
+  while buf_len >= tokens_per_shard:
+    emit(tokens_per_shard)
+  if buf_len:
+    emit(buf_len)
+  if bar is not None:
+    bar.close()
+  st["done"] = True
+  save_state()
+
+
+def _write_shard(out: str, name: str, tokens: np.ndarray, eot_id: int) -> dict:
+  data = np.ascontiguousarray(tokens).tobytes()
+  _atomic_write(os.path.join(out, name), data)
+  return {"file": name, "tokens": int(tokens.size), "documents": int(np.count_nonzero(
+      tokens == eot_id)), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+  tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+
+
+def _write_json(out: str, name: str, obj) -> None:
+  _atomic_write(os.path.join(out, name), json.dumps(obj, indent=1).encode("utf-8"))
+
+
+def _read_json(out: str, name: str) -> Optional[dict]:
+  try:
+    with open(os.path.join(out, name), encoding="utf-8") as f:
+      obj = json.load(f)
+  except (OSError, ValueError):
+    return None  # missing or torn: treated as absent (the shards it listed are redone)
+  return obj if isinstance(obj, dict) else None
+
+
+def _remove_ours(out: str, *, keep_tokenizer: bool) -> None:
+  for f in os.listdir(out):
+    if _OURS.match(f) and not (keep_tokenizer and f.startswith("tokenizer-")):
+      os.remove(os.path.join(out, f))
+
+
+def _intact(out: str, log) -> bool:
+  try:
+    prepared.verify(out, log=log)
+  except prepared.DamagedDataset as e:
+    log(f"WARNING: {e}")
+    return False
+  return True
+
+
+def _source_digest(corpus: Corpus, tokens_per_shard: int, caps: dict) -> str:
+  desc = {"version": prepared.VERSION, "corpus": dataclasses.asdict(corpus),
+          "tokens_per_shard": int(tokens_per_shard), "max_tokens": caps}
+  if corpus.source == "stdlib":
+    desc["python"] = sys.version
+  if corpus.source == "hf":
+    iter_documents(corpus, "train")  # opens the stream: a bad name fails here
+  else:  # which files, their sizes and times: editing the data makes another dataset
+    units, val_units = list_units(corpus)
+    desc["files"] = [(u.key, u.stamp) for u in units + (val_units or [])]
+  blob = json.dumps(desc, sort_keys=True, default=list).encode("utf-8")
+  return hashlib.sha256(blob).hexdigest()
+
+
+def _canonical_spec(tokenizer, vocab_size) -> tuple[str, Optional[int]]:
+  """(the spec the manifest records, the bpe vocabulary size or None): "bpe" and vocab_size
+  become "bpe:SIZE", the spec a run on the dataset names; a Tokenizer object gives its name."""
+  if isinstance(tokenizer, Tokenizer):
+    return tokenizer.name, None
+  if not isinstance(tokenizer, str) or not (tokenizer == "bpe" or tokenizer.startswith("bpe:")):
+    return tokenizer, None
+  size = vocab_size if vocab_size is not None else tokenization.DEFAULT_BPE_VOCAB
+  if tokenizer.startswith("bpe:"):
+    try:
+      size = int(tokenizer[4:])
+    except ValueError:
+      raise ValueError(f"tokenizer {tokenizer!r}: VOCAB must be an integer, e.g. "
+                       f"bpe:8192") from None
+    if vocab_size is not None and vocab_size != size:
+      raise ValueError(f"tokenizer {tokenizer!r} and vocab_size={vocab_size} disagree; give the "
+                       f"size once")
+  tokenization._check_bpe_vocab(size)
+  return f"bpe:{size}", size
+
+
+def _check_args(corpus, tokens_per_shard, *caps) -> None:
+  if corpus.source in ("prepared", "recall"):
+    raise ValueError(f"source {corpus.source!r} cannot be prepared: "
+                     + ("it is prepared already" if corpus.source == "prepared" else
+                        "the recall source generates its windows (and loss mask) itself; "
+                        "train on it directly"))
+  for name, value in (("tokens_per_shard", tokens_per_shard), ("max_train_tokens", caps[0]),
+                      ("max_val_tokens", caps[1])):
+    if value is None and name != "tokens_per_shard":
+      continue
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+      raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _bar(enabled: bool, split: str, cap, initial: int):
+  if not enabled:
+    return None
+  try:
+    from tqdm import tqdm
+  except ImportError:
+    return None
+  return tqdm(total=cap, initial=initial, desc=f"tokenizing {split}", unit="tok",
+              unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+
+
+def _take_chars(docs: Iterable[str], limit: int):
+  total = 0
+  for doc in docs:
+    if total >= limit:
+      return
+    total += len(doc)
+    yield doc
+
+
+def command_line(corpus: Corpus, spec: str, out: str, tokens_per_shard: int,
+                 caps: dict) -> str:
+  """The rove-prepare command line that prepares corpus with spec into out."""
+  default = Corpus(source=corpus.source, path=corpus.path)
+  args = ["rove-prepare", "--source", corpus.source]
+  for field in ("path", "val_path", "text_field", "val_fraction", "max_files", "hf_config",
+                "hf_split"):
+    value = getattr(corpus, field)
+    if value is not None and (field == "path" or value != getattr(default, field)):
+      args += [f"--{field.replace('_', '-')}", str(value)]
+  files = corpus.hf_data_files
+  if files is not None:
+    args += ["--hf-data-files", *([files] if isinstance(files, str) else
+                                  [f for f in files if isinstance(f, str)])]
+  args += ["--tokenizer", spec, "--out", out, "--tokens-per-shard", str(tokens_per_shard)]
+  for split, cap in caps.items():
+    if cap is not None:
+      args += [f"--max-{split}-tokens", str(cap)]
+  return " ".join(shlex.quote(a) for a in args)
+
+
+# ------------------------------------------------------------------------------- command
+
+
+def parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="rove-prepare", description="Tokenize a corpus once into memory-mapped shards with a "
+      "manifest; train on it with --config.data.source=prepared --config.data.path=OUT.")
+  p.add_argument("--out", required=True, help="the prepared directory to write (or --check)")
+  p.add_argument("--check", action="store_true",
+                 help="only hash every shard of --out against its manifest, then exit")
+  p.add_argument("--source", choices=[s for s in SOURCES if s not in ("prepared", "recall")],
+                 default="text")
+  p.add_argument("--path", help="file, directory or glob (text, parquet); hf dataset name; "
+                 "library root (stdlib)")
+  p.add_argument("--val-path", help="explicit validation files, or hf split")
+  p.add_argument("--text-field", default="text", help="jsonl key / parquet or hf column")
+  p.add_argument("--val-fraction", type=float, default=0.02,
+                 help="share held out for validation when --val-path is not given")
+  p.add_argument("--max-files", type=int, help="use only the first N files")
+  p.add_argument("--hf-config", help="hf dataset configuration")
+  p.add_argument("--hf-split", default="train", help="hf split of the training documents")
+  p.add_argument("--hf-data-files", nargs="+", help="hf data_files (local parquet/json files)")
+  p.add_argument("--tokenizer", default="bytes",
+                 help="bytes | bpe | bpe:VOCAB | path/to/tokenizer.json | tiktoken:NAME")
+  p.add_argument("--vocab-size", type=int, help="for --tokenizer bpe")
+  p.add_argument("--bpe-train-chars", type=int, default=1_000_000_000,
+                 help="characters of training text a bpe tokenizer is trained on")
+  p.add_argument("--tokens-per-shard", type=int, default=DEFAULT_TOKENS_PER_SHARD)
+  p.add_argument("--max-train-tokens", type=int)
+  p.add_argument("--max-val-tokens", type=int)
+  p.add_argument("--overwrite", action="store_true",
+                 help="replace a dataset of another corpus or tokenizer in --out")
+  p.add_argument("--no-progress", action="store_true", help="no progress bars")
+  return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """The rove-prepare command; returns the exit status (errors: a message on stderr, 2)."""
+  args = parser().parse_args(argv)
+  try:
+    if args.check:
+      n = prepared.verify(args.out)
+      print(f"{args.out}: all {n} shards match the manifest")
+      return 0
+    corpus = Corpus(source=args.source, path=args.path, val_path=args.val_path,
+                    text_field=args.text_field, val_fraction=args.val_fraction,
+                    max_files=args.max_files, hf_config=args.hf_config,
+                    hf_data_files=args.hf_data_files, hf_split=args.hf_split)
+    prepare_dataset(corpus, args.tokenizer, args.out, tokens_per_shard=args.tokens_per_shard,
+                    max_train_tokens=args.max_train_tokens, max_val_tokens=args.max_val_tokens,
+                    vocab_size=args.vocab_size, bpe_train_chars=args.bpe_train_chars,
+                    overwrite=args.overwrite, progress=not args.no_progress)
+  except (ValueError, ImportError, OSError) as e:
+    print(f"rove-prepare: error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+def run() -> None:
+  """The console-script entry point: main() as the exit status."""
+  sys.exit(main())

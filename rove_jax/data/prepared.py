@@ -1,0 +1,365 @@
+"""Prepared datasets: a corpus tokenized once (`rove-prepare`, rove_jax.data.prepare_corpus)
+into memory-mapped shards that training reads without tokenizing again (source "prepared").
+
+A prepared directory holds:
+  manifest.json        written last: it vouches for every shard it lists
+  train-00000.bin ...  a split's tokens in order, raw little-endian uint16 (uint32 when the
+  val-00000.bin ...    tokenizer has more than 65536 ids), eot_id after every document
+  tokenizer-bpe-*.json the tokenizer a "bpe" spec trained (that spec only)
+  progress.json        only while it is being prepared: what is done, for resuming
+
+A split's token stream (its shards concatenated) is what `load_tokens` makes of the same corpus
+and tokenizer: the documents of `sources.iter_documents` (the corpus's own train/val split),
+eot_id after each, cut at max_tokens. It is cut into shards of tokens_per_shard tokens (the
+last one shorter): a document may go on in the next shard.
+
+manifest.json:
+  format "rove_jax.prepared", version 1
+  request      {"source": sha256 of the corpus fields, its files' sizes and times,
+               tokens_per_shard and max_tokens; "tokenizer": the tokenizer's fingerprint}
+  command      the rove-prepare command line that makes (or repairs) this directory
+  corpus       the `Corpus` fields
+  tokenizer    {spec, name, fingerprint, vocab_size, eot_id, file (bpe: its file, else null)}
+  dtype        "uint16" | "uint32" (little-endian)
+  tokens_per_shard, max_tokens {"train": int | null, "val": int | null}
+  splits       {"train" | "val": {tokens, documents, shards: [{file, tokens, documents,
+               bytes, sha256}]}}; "documents" counts the documents that end in it (its eot ids)
+
+Checks: every open compares each shard's size with the manifest (cheap); `verify` hashes the
+shards (sha256): a training run does it at its first start, each process hashing its share
+of the shards. Errors name the damaged shard and the fix (rerunning the manifest's command
+finds and rewrites damaged shards).
+
+Reading: `load(path, split, tokenizer)` refuses a tokenizer whose fingerprint differs from the
+manifest's and returns the split as one flat read-only token array: a np.memmap (one shard) or
+a `ShardedTokens` (several). A slice reads only the pages it covers, so a training process,
+which gathers only the windows of its own rows (pipeline.train_iterator), reads only those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import uuid
+from typing import Any, Optional
+
+import numpy as np
+
+from rove_jax.data import tokenization
+from rove_jax.data.sources import SPLITS, check_split
+from rove_jax.data.tokenization import Tokenizer
+
+FORMAT = "rove_jax.prepared"
+VERSION = 1
+MANIFEST = "manifest.json"
+PROGRESS = "progress.json"
+DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+SHARD_RE = re.compile(r"^(train|val)-\d{5,}\.bin$")
+_HASH_CHUNK = 1 << 24
+
+
+def shard_dtype(vocab_size: int) -> str:
+  """"uint16" when every id of a vocab_size vocabulary fits, else "uint32"."""
+  return "uint16" if int(vocab_size) <= 1 << 16 else "uint32"
+
+
+def shard_name(split: str, index: int) -> str:
+  """The file name of shard `index` of `split`: train-00000.bin, ..."""
+  return f"{split}-{index:05d}.bin"
+
+
+class DamagedDataset(ValueError):
+  """A prepared directory whose manifest or shards do not match (missing, resized, changed)."""
+
+
+class ShardedTokens:
+  """A read-only flat token array [N] over memory-mapped shards, read only where sliced.
+
+  Supports what the pipeline asks of a token array: size, shape, ndim, dtype, len(), integer
+  indexing and slices with step 1 (a slice within one shard is a view of its memmap, one
+  across shards a copy of the pieces). np.asarray(x) reads the whole array.
+  """
+
+  ndim = 1
+
+  def __init__(self, parts: list[np.ndarray], size: Optional[int] = None):
+    if not parts:
+      raise ValueError("ShardedTokens needs at least one shard")
+    self._parts = list(parts)
+    self._starts = np.concatenate([[0], np.cumsum([p.size for p in parts])]).astype(np.int64)
+    total = int(self._starts[-1])
+    self.size = total if size is None else min(int(size), total)
+    self.dtype = parts[0].dtype
+
+  @property
+  def shape(self) -> tuple[int]:
+    return (self.size,)
+
+  def __len__(self) -> int:
+    return self.size
+
+  def head(self, n: int) -> "ShardedTokens":
+    """The first n tokens (all if there are fewer), without reading any."""
+    return ShardedTokens(self._parts, min(int(n), self.size))
+
+  def __getitem__(self, key):
+    if isinstance(key, (int, np.integer)):
+      i = int(key) + (self.size if key < 0 else 0)
+      if not 0 <= i < self.size:
+        raise IndexError(f"index {int(key)} is out of range for {self.size} tokens")
+      k = int(np.searchsorted(self._starts, i, side="right")) - 1
+      return self._parts[k][i - self._starts[k]]
+    if not isinstance(key, slice):
+      raise TypeError(f"ShardedTokens takes an int or a slice, got {type(key).__name__}")
+    start, stop, step = key.indices(self.size)
+    if step != 1:
+      raise IndexError("ShardedTokens slices take step 1 only")
+    if stop <= start:
+      return np.zeros((0,), self.dtype)
+    first = int(np.searchsorted(self._starts, start, side="right")) - 1
+    last = int(np.searchsorted(self._starts, stop - 1, side="right")) - 1
+    pieces = [self._parts[k][max(start - self._starts[k], 0):stop - self._starts[k]]
+              for k in range(first, last + 1)]
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+  def __array__(self, dtype=None, copy=None):
+    whole = np.asarray(self[0:self.size])
+    return whole if dtype is None else whole.astype(dtype)
+
+  def __repr__(self) -> str:
+    return f"ShardedTokens({self.size} {self.dtype.name} tokens in {len(self._parts)} shards)"
+
+
+# --------------------------------------------------------------------------------- reading
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+  """The manifest of the prepared directory `path`, its structure checked, and each listed
+  shard's size compared with the file (no hashing).
+
+  Raises:
+    DamagedDataset: no or a malformed manifest, or a shard missing or of the wrong size; the
+      message names the file and the fix.
+  """
+  path = os.fspath(path)
+  mpath = os.path.join(path, MANIFEST)
+  if not os.path.isdir(path):
+    raise ValueError(f"prepared dataset {path!r} is not a directory; make one with rove-prepare "
+                     f"(python -m rove_jax.data.prepare --help)")
+  try:
+    with open(mpath, encoding="utf-8") as f:
+      manifest = json.load(f)
+  except FileNotFoundError:
+    unfinished = os.path.exists(os.path.join(path, PROGRESS))
+    raise DamagedDataset(
+        f"{path} holds no {MANIFEST}: "
+        + ("its preparation was interrupted (progress.json is there); rerun the same "
+           "rove-prepare command to finish it" if unfinished else
+           "it is not a prepared dataset; make one with rove-prepare")) from None
+  except (OSError, ValueError) as e:
+    raise DamagedDataset(f"{mpath} is unreadable ({type(e).__name__}: {e}); prepare the "
+                         f"dataset again with rove-prepare --overwrite") from None
+  problem = _manifest_problem(manifest)
+  if problem:
+    raise DamagedDataset(f"{mpath}: {problem}; prepare the dataset again with rove-prepare "
+                         f"--overwrite (or a rove_jax that reads this format)")
+  itemsize = DTYPES[manifest["dtype"]].itemsize
+  for split in SPLITS:
+    for shard in manifest["splits"][split]["shards"]:
+      file = os.path.join(path, shard["file"])
+      try:
+        size = os.path.getsize(file)
+      except OSError:
+        raise DamagedDataset(f"shard {file} is missing; {fix_hint(manifest)}") from None
+      if size != shard["tokens"] * itemsize or size != shard["bytes"]:
+        raise DamagedDataset(f"shard {file} has {size} bytes, the manifest says {shard['bytes']} "
+                             f"({shard['tokens']} tokens): truncated or overwritten; "
+                             f"{fix_hint(manifest)}")
+  return manifest
+
+
+def _manifest_problem(m) -> Optional[str]:
+  if not isinstance(m, dict) or m.get("format") != FORMAT:
+    return f"not a {FORMAT} manifest"
+  if m.get("version") != VERSION:
+    return f"format version {m.get('version')!r}, this rove_jax reads version {VERSION}"
+  if m.get("dtype") not in DTYPES:
+    return f"dtype {m.get('dtype')!r} is not one of {sorted(DTYPES)}"
+  tok = m.get("tokenizer")
+  if not isinstance(tok, dict) or not all(k in tok for k in ("spec", "fingerprint", "eot_id")):
+    return "no tokenizer record (spec, fingerprint, eot_id)"
+  splits = m.get("splits")
+  if not isinstance(splits, dict) or set(splits) != set(SPLITS):
+    return f"splits must be {list(SPLITS)}"
+  for split in SPLITS:
+    s = splits[split]
+    shards = s.get("shards") if isinstance(s, dict) else None
+    if not shards or not isinstance(shards, list):
+      return f"split {split!r} lists no shards"
+    for shard in shards:
+      if not isinstance(shard, dict) or not all(
+          k in shard for k in ("file", "tokens", "bytes", "sha256")):
+        return f"split {split!r} has a shard record without file, tokens, bytes and sha256"
+      if not isinstance(shard["file"], str) or not SHARD_RE.match(shard["file"]) or (
+          not shard["file"].startswith(split + "-")):
+        return f"split {split!r} lists a shard file named {shard['file']!r}"
+      if not isinstance(shard["tokens"], int) or shard["tokens"] < 1:
+        return f"shard {shard['file']} has tokens={shard['tokens']!r}"
+    if sum(sh["tokens"] for sh in shards) != s.get("tokens"):
+      return f"split {split!r}: its shards hold {sum(sh['tokens'] for sh in shards)} tokens, " \
+             f"the split says {s.get('tokens')!r}"
+  return None
+
+
+def fix_hint(manifest: dict) -> str:
+  """How to repair a damaged prepared directory: rerun the command that made it."""
+  command = manifest.get("command")
+  return ("rerun the command that prepared it, which finds and rewrites damaged shards"
+          + (f": {command}" if command else "") + " (or restore the directory from a copy)")
+
+
+def check_tokenizer(manifest: dict, tokenizer: Tokenizer, path: str) -> None:
+  """Raises ValueError when `tokenizer` maps text to other ids than the dataset's tokenizer."""
+  want = manifest["tokenizer"]
+  if tokenizer.fingerprint == want["fingerprint"]:
+    return
+  raise ValueError(
+      f"the prepared dataset {path} was tokenized with {want['spec']!r} (fingerprint "
+      f"{want['fingerprint'][:19]}), not with the tokenizer {tokenizer.name!r} given (fingerprint "
+      f"{tokenizer.fingerprint[:19]}): its ids would mean other text. Set the tokenizer to "
+      f"{want['spec']!r} (--config.data.tokenizer), or prepare the corpus again with yours")
+
+
+def load(path: str, split: str, tokenizer: Tokenizer, *,
+         max_tokens: Optional[int] = None) -> Any:
+  """One split of a prepared dataset as a flat read-only token array.
+
+  Args:
+    path: the prepared directory.
+    split: "train" or "val".
+    tokenizer: the run's tokenizer; its fingerprint must be the manifest's.
+    max_tokens: the first max_tokens tokens only (None: all).
+
+  Returns:
+    tokens [N]: a read-only np.memmap (one shard) or a `ShardedTokens`, uint16 or uint32.
+  """
+  check_split(split)
+  path = os.fspath(path)
+  manifest = read_manifest(path)
+  check_tokenizer(manifest, tokenizer, path)
+  dtype = DTYPES[manifest["dtype"]]
+  shards = manifest["splits"][split]["shards"]
+  if max_tokens is not None:  # only the shards the cap reaches
+    keep, total = [], 0
+    for shard in shards:
+      if total >= max_tokens:
+        break
+      keep.append(shard)
+      total += shard["tokens"]
+    shards = keep
+  parts = [np.memmap(os.path.join(path, s["file"]), dtype=dtype, mode="r", shape=(s["tokens"],))
+           for s in shards]
+  tokens = parts[0] if len(parts) == 1 else ShardedTokens(parts)
+  if max_tokens is not None:
+    tokens = tokens[:max_tokens] if len(parts) == 1 else tokens.head(max_tokens)
+  _log(f"prepared dataset {path} split {split!r}: {tokens.size} tokens in {len(parts)} shards")
+  return tokens
+
+
+def verify(path: str, *, process_index: int = 0, process_count: int = 1,
+           log=None) -> int:
+  """Hashes shards of a prepared directory against their sha256 in the manifest.
+
+  The shards (train's, then val's) are dealt round-robin over process_count processes: this
+  process hashes those whose position i has i % process_count == process_index, so that the
+  processes of a run share the work and together check every shard once.
+
+  Returns:
+    the number of shards hashed. Raises DamagedDataset naming the first bad shard and the fix.
+  """
+  path = os.fspath(path)
+  log = log or _log
+  manifest = read_manifest(path)
+  shards = [s for split in SPLITS for s in manifest["splits"][split]["shards"]]
+  mine = shards[process_index::process_count]
+  total = sum(s["bytes"] for s in mine)
+  log(f"verifying {len(mine)} of the {len(shards)} shards of {path} "
+      f"({total / 2**20:.1f} MiB, sha256)")
+  for shard in mine:
+    file = os.path.join(path, shard["file"])
+    if file_sha256(file) != shard["sha256"]:
+      raise DamagedDataset(f"shard {file} does not match its sha256 in the manifest (its "
+                           f"contents changed: damaged on disk or in a copy); "
+                           f"{fix_hint(manifest)}")
+  return len(mine)
+
+
+def file_sha256(file: str) -> str:
+  """The hex sha256 of a file, read in chunks."""
+  h = hashlib.sha256()
+  with open(file, "rb") as f:
+    for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
+            process_index: int = 0, process_count: int = 1,
+            max_train_tokens: Optional[int] = None,
+            max_val_tokens: Optional[int] = None) -> tuple[Tokenizer, Any, Any]:
+  """A training run's tokenizer and token arrays from a prepared directory.
+
+  A "bpe" spec's tokenizer file is copied from the dataset into workdir when workdir has none
+  (evaluation and resumed runs load it from there); the tokenizer must then be the dataset's.
+
+  Args:
+    path: the prepared directory.
+    spec: the run's tokenizer spec (data.tokenizer).
+    workdir: the run directory.
+    verify_shards: hash this process's share of the shards (`verify`) first.
+    process_index, process_count: this process and how many there are.
+    max_train_tokens, max_val_tokens: caps, as for `load_tokens`.
+
+  Returns:
+    (tokenizer, train tokens, val tokens).
+  """
+  path = os.fspath(path)
+  manifest = read_manifest(path)
+  want = manifest["tokenizer"]
+  file = want.get("file")
+  if file and _bpe_file(spec) == file and not os.path.exists(os.path.join(workdir, file)):
+    os.makedirs(workdir, exist_ok=True)
+    tmp = os.path.join(workdir, f"{file}.tmp-{os.getpid()}-{uuid.uuid4().hex}")
+    shutil.copyfile(os.path.join(path, file), tmp)
+    os.replace(tmp, os.path.join(workdir, file))
+    _log(f"copied the dataset's tokenizer {file} from {path} into {workdir}")
+
+  def not_trained():
+    raise ValueError(f"the prepared dataset {path} was tokenized with {want['spec']!r}; a run on "
+                     f"it needs that tokenizer: set --config.data.tokenizer={want['spec']}")
+
+  tok = tokenization.get_tokenizer(spec, workdir=workdir, train_texts=not_trained)
+  check_tokenizer(manifest, tok, path)
+  if verify_shards:
+    verify(path, process_index=process_index, process_count=process_count)
+  train = load(path, "train", tok, max_tokens=max_train_tokens)
+  val = load(path, "val", tok, max_tokens=max_val_tokens)
+  return tok, train, val
+
+
+def _bpe_file(spec: str) -> Optional[str]:
+  if spec == "bpe":
+    size = tokenization.DEFAULT_BPE_VOCAB
+  elif spec.startswith("bpe:") and spec[4:].isdigit():
+    size = int(spec[4:])
+  else:
+    return None
+  return os.path.basename(tokenization.bpe_cache_path(".", size))
+
+
+def _log(message: str) -> None:
+  print(f"[rove_jax.data] {message}", file=sys.stderr, flush=True)
