@@ -246,6 +246,7 @@ def gpt2_tensors(params, config: GPTConfig, *, prefix: str = PREFIX) -> dict:
   if bad:
     raise ValueError(f"GPT-2's format cannot hold this model: {'; '.join(bad)}")
   named = param_files.named(params)
+  param_files.check_named(named, config, where="the parameters to export")
   out = {}
   for hf_name, hf_shape, name, _ in _table(config):
     array = named[name]

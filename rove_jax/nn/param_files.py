@@ -79,9 +79,9 @@ def _show(names) -> str:
   return ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
 
 
-def from_named(tensors: Mapping[str, Any], config, *, where: str = "the tensors") -> nnx.State:
-  """The nnx.State of the GPT `config` builds, filled from {dotted name: array} (`named`'s
-  output). The arrays keep their dtype, which must be the config's param_dtype.
+def check_named(tensors: Mapping[str, Any], config, *, where: str = "the tensors"):
+  """Checks {dotted name: array} against the GPT `config` builds; returns its abstract
+  parameter tree.
 
   Raises:
     ValueError: names missing or unknown, or a shape or dtype that is not the model's.
@@ -102,6 +102,17 @@ def from_named(tensors: Mapping[str, Any], config, *, where: str = "the tensors"
     if np.dtype(t.dtype) != np.dtype(leaf.dtype):
       raise ValueError(f"{where}: {name} is {np.dtype(t.dtype).name}, the config's param_dtype "
                        f"is {np.dtype(leaf.dtype).name}")
+  return abstract
+
+
+def from_named(tensors: Mapping[str, Any], config, *, where: str = "the tensors") -> nnx.State:
+  """The nnx.State of the GPT `config` builds, filled from {dotted name: array} (`named`'s
+  output). The arrays keep their dtype, which must be the config's param_dtype.
+
+  Raises:
+    ValueError: as `check_named`.
+  """
+  abstract = check_named(tensors, config, where=where)
   return jax.tree_util.tree_map_with_path(
       lambda p, leaf: jax.numpy.asarray(tensors[_path_name(p)]), abstract)
 

@@ -135,11 +135,11 @@ def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
       parameters that are not the config's model (all before anything is written).
   """
   format = resolve_format(config, format)
-  tensors = param_files.named(params)
-  param_files.from_named(tensors, config, where="the parameters to export")  # names, shapes
-  if format == "gpt2":
+  if format == "gpt2":  # checks the parameters as below
     paths = hf_gpt2.save_gpt2(out_dir, config, params, extra_config=extra_config)
   else:
+    tensors = param_files.named(params)
+    param_files.check_named(tensors, config, where="the parameters to export")
     paths = param_files.write_checkpoint(out_dir, tensors,
                                          {**rove_jax_config(config), **(extra_config or {})},
                                          metadata={"format": "rove_jax"})
