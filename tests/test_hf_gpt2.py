@@ -20,6 +20,7 @@ across two environments:
 """
 
 import json
+import os
 import pathlib
 import sys
 
@@ -155,6 +156,10 @@ def test_untied_bfloat16_learned_gpt_round_trips_in_gpt2_format(tmp_path):
   config2, params2 = pretrained.load(tmp_path)
   assert config2 == config  # dtype, kernel and the rest come back from the rove_jax section
   assert_same_params(params2, params)  # the same config and parameters: the same model
+  # the mode of any new file (safetensors alone would make it readable by its owner only)
+  umask = os.umask(0o022)
+  os.umask(umask)
+  assert os.stat(written["weights"]).st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_rove_export_round_trips_and_describes_its_rotary_setup(tmp_path):

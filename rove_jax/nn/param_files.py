@@ -194,10 +194,19 @@ def read_tensors(files) -> dict:
   return out
 
 
+def _umask() -> int:
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
 def _replace_atomically(path: str, write) -> None:
+  """write(tmp), then renames tmp to path; the file gets the mode an ordinary new file gets
+  (safetensors itself creates files readable by their owner only)."""
   tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
   try:
     write(tmp)
+    os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):
