@@ -1,8 +1,9 @@
 """The import layers of rove_jax/ and study/, read from the source (AST; imports inside
 functions count the same as those at the top): no import cycle; the core (the modules directly
 under rove_jax/ and kernels/) imports only jax, numpy, the standard library and the core;
-rove_jax/nn only the core, flax, jax and numpy; and every import goes to its own layer or an
-earlier one (LAYERS: core, nn, data, train, evaluation, aot, the two commands, study). And
+rove_jax/nn only the core, flax, jax, numpy and (optional) safetensors; and every import goes to
+its own layer or an earlier one (LAYERS: core, nn, data, train, evaluation, aot, the two
+commands, study). And
 `import rove_jax` loads none of the training, plotting or config libraries.
 
 `import_graph()` returns the graph (and prints its size); `python -m tests.test_layers` prints
@@ -27,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("rove_jax", "study")
 STDLIB = frozenset(sys.stdlib_module_names)
 CORE_EXTERNAL = frozenset({"jax", "numpy", "typing_extensions"}) | STDLIB
-NN_EXTERNAL = frozenset({"flax", "jax", "numpy"}) | STDLIB
+# safetensors: optional, imported where parameter files are read or written (nn/param_files.py)
+NN_EXTERNAL = frozenset({"flax", "jax", "numpy", "safetensors"}) | STDLIB
 # What `import rove_jax` must not load: the training, checkpoint, data-pipeline, plotting and
 # config libraries (the core needs jax and numpy only).
 NOT_LOADED_BY_CORE = ("flax", "optax", "orbax", "grain", "matplotlib", "ml_collections", "chex")

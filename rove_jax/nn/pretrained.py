@@ -1,0 +1,176 @@
+"""A GPT's parameters and config as a directory of safetensors + config.json, for inference.
+
+    save("out/", config, params)          # format "auto": GPT-2's where it fits, else rove-jax's
+    config, params = load("out/")         # either format, and transformers GPT-2 checkpoints
+    model = build(config, params)         # -> rove_jax.nn.model.generate(model, prompt, ...)
+
+An export holds the parameters only (no optimizer state, no data iterator), in two formats:
+
+  "gpt2"      A genuine transformers GPT-2 checkpoint (rove_jax.nn.hf_gpt2): for a GPT with
+              learned positions and GPT-2's other settings. transformers' GPT2LMHeadModel,
+              and every tool that reads GPT-2 checkpoints, loads it.
+  "rove_jax"  Any GPT: the tensors under the GPT's own names and shapes ("blocks.0.attn.wqkv"
+              [E, 3, H, D], `param_files.named`), bit for bit, and a config.json of
+              model_type "rove_jax_gpt", a rove-jax extension described below.
+
+Both config.json files carry the full GPTConfig (`GPTConfig.to_dict()`) under "rove_jax",
+which `load` returns, so a model loads back exactly as it was saved.
+
+The rove-jax config.json (model_type "rove_jax_gpt", "rove_jax_format": 1) describes the
+architecture with transformers' key names where one exists, so people and tools can read it
+without rove-jax:
+  vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+  head_dim, intermediate_size, max_position_embeddings, tie_word_embeddings, dtype (the
+  parameters'), attention_bias (biases on the projections and LayerNorms),
+  hidden_act ("gelu_pytorch_tanh": a GELU MLP; "silu": SwiGLU, silu(x W_gate) * (x W_in)),
+  norm ("layernorm" | "rmsnorm") with layer_norm_eps or rms_norm_eps,
+  position_embedding_type (GPTConfig.pos_encoding: "rove", "rope", "nope", "learned",
+  "sinusoidal", "t5_bias"); for the rotary ones also rope_theta, partial_rotary_factor,
+  rope_scaling (transformers' dict, None: plain RoPE), rope_layout ("interleaved" pairs dims
+  (2m, 2m + 1) as GPT-J does, "half" pairs (m, m + P) as Llama does), and
+  rove (true: values are rotated too, RoVE: o_i = R_i^-1 sum_j a_ij R_j v_j) with rove_layers
+  (the layers that use RoVE, None: all; the others use RoPE); for t5_bias t5_num_buckets and
+  t5_max_distance.
+
+What other tools can do with it: any safetensors reader reads the tensors;
+`rove_jax.rope_from_hf_config` (and transformers' rope code, which reads the same keys) gets
+the rotary frequencies of a RoPE or RoVE export from its config.json. What they cannot:
+transformers' AutoModel does not know the model_type and refuses the directory, and no
+transformers model rotates values, so a RoVE export runs only in rove-jax (or code that
+implements the rove key as above); a RoPE export with layout "half" matches Llama's attention,
+but its block (LayerNorm/bias options, tied head, fused q/k/v) is not any one transformers
+architecture and is not converted here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Optional
+
+from flax import nnx
+
+from rove_jax.nn import hf_gpt2, param_files
+from rove_jax.nn.model import GPT
+from rove_jax.nn.model_config import ROTARY_ENCODINGS, GPTConfig
+
+MODEL_TYPE = "rove_jax_gpt"
+FORMAT_VERSION = 1
+FORMATS = ("auto", "gpt2", "rove_jax")
+
+
+def rove_jax_config(config: GPTConfig) -> dict:
+  """The config.json of a rove-jax export of `config` (keys in the module docstring)."""
+  out = {"architectures": ["RoveJaxGPT"], "model_type": MODEL_TYPE,
+         "rove_jax_format": FORMAT_VERSION, "vocab_size": config.vocab_size,
+         "hidden_size": config.d_model, "num_hidden_layers": config.n_layer,
+         "num_attention_heads": config.n_head, "num_key_value_heads": config.n_kv_head,
+         "head_dim": config.head_dim, "intermediate_size": config.d_ff,
+         "max_position_embeddings": config.max_len,
+         "hidden_act": "silu" if config.mlp == "swiglu" else "gelu_pytorch_tanh",
+         "norm": config.norm,
+         ("rms_norm_eps" if config.norm == "rmsnorm" else "layer_norm_eps"): config.norm_eps,
+         "attention_bias": config.use_bias, "tie_word_embeddings": config.tie_embeddings,
+         "dtype": config.param_dtype, "position_embedding_type": config.pos_encoding}
+  if config.pos_encoding in ROTARY_ENCODINGS:
+    out.update(rope_theta=config.rope_base, partial_rotary_factor=config.rotary_fraction,
+               rope_scaling=None if config.rope_scaling is None else config.rope_scaling.to_dict(),
+               rope_layout=config.rope_layout, rove=config.pos_encoding == "rove",
+               rove_layers=None if config.rove_layers is None else list(config.rove_layers))
+  if config.pos_encoding == "t5_bias":
+    out.update(t5_num_buckets=config.t5_num_buckets, t5_max_distance=config.t5_max_distance)
+  out["rove_jax"] = config.to_dict()
+  return out
+
+
+def _config_from_rove_jax(hf: Mapping, where: str) -> GPTConfig:
+  version = hf.get("rove_jax_format")
+  if version != FORMAT_VERSION:
+    raise ValueError(f"{where}: rove_jax_format {version!r} is not {FORMAT_VERSION}, the one "
+                     f"this version of rove-jax reads")
+  if not isinstance(hf.get("rove_jax"), Mapping):
+    raise ValueError(f"{where}: a rove-jax export keeps its GPTConfig under 'rove_jax'; it is "
+                     f"missing")
+  try:
+    config = GPTConfig.from_dict(hf["rove_jax"])
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{where}: {e}") from None
+  described = rove_jax_config(config)
+  differ = [k for k, v in hf.items() if k != "rove_jax" and k in described and described[k] != v]
+  if differ:
+    raise ValueError(f"{where}: its keys {differ} disagree with its rove_jax section (edited by "
+                     f"hand?); the rove_jax section is what rove-jax builds: fix one of them")
+  return config
+
+
+def resolve_format(config: GPTConfig, format: str = "auto") -> str:
+  """The format `save` writes: "gpt2" or "rove_jax" ("auto": GPT-2's where it fits).
+
+  Raises:
+    ValueError: an unknown format, or "gpt2" for a model GPT-2 cannot express.
+  """
+  if format not in FORMATS:
+    raise ValueError(f"unknown export format {format!r}; expected one of {FORMATS}")
+  bad = hf_gpt2.gpt2_incompatibilities(config)
+  if format == "gpt2" and bad:
+    raise ValueError(f"GPT-2's format cannot hold this model: {'; '.join(bad)}. Export it in "
+                     f"rove-jax's format (format='rove_jax' or 'auto')")
+  return format if format != "auto" else "rove_jax" if bad else "gpt2"
+
+
+def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
+         extra_config: Optional[Mapping] = None) -> dict:
+  """Exports the GPT's parameters to out_dir (config.json, model.safetensors).
+
+  Args:
+    format: "gpt2", "rove_jax", or "auto" (GPT-2's where `hf_gpt2.gpt2_incompatibilities`
+      finds nothing, else rove-jax's).
+    extra_config: more config.json keys (e.g. provenance; readers ignore unknown keys), which
+      override the written ones of the same name.
+
+  Returns:
+    {"format": the format written, "config": path, "weights": path}.
+
+  Raises:
+    ValueError: an unknown format, or format="gpt2" for a model GPT-2 cannot express, or
+      parameters that are not the config's model (all before anything is written).
+  """
+  format = resolve_format(config, format)
+  if format == "gpt2":  # checks the parameters as below
+    paths = hf_gpt2.save_gpt2(out_dir, config, params, extra_config=extra_config)
+  else:
+    tensors = param_files.named(params)
+    param_files.check_named(tensors, config, where="the parameters to export")
+    paths = param_files.write_checkpoint(out_dir, tensors,
+                                         {**rove_jax_config(config), **(extra_config or {})},
+                                         metadata={"format": "rove_jax"})
+  return {"format": format, **paths}
+
+
+def load(path, config=None):
+  """(GPTConfig, params) of an export (either format) or of a transformers GPT-2 checkpoint:
+  a directory, or a .safetensors file with its config (`config`: a config.json path or the
+  parsed dict; default: the config.json beside the file).
+
+  Raises:
+    FileNotFoundError: no weights or no config.
+    ValueError: a config of another model type, or tensors that do not match it.
+  """
+  given = isinstance(config, Mapping)
+  files, config_path = param_files.locate(path, None if given else config, need_config=not given)
+  hf, where = ((dict(config), "the config given") if given else
+               (param_files.read_config(config_path), config_path))
+  if hf_gpt2.is_gpt2_config(hf):
+    return hf_gpt2.load_gpt2(path, config)
+  if hf.get("model_type") != MODEL_TYPE:
+    raise ValueError(f"{where} has model_type {hf.get('model_type')!r}; rove-jax loads "
+                     f"'{hf_gpt2.MODEL_TYPE}' (transformers GPT-2) and '{MODEL_TYPE}' (its own "
+                     f"exports)")
+  cfg = _config_from_rove_jax(hf, where)
+  tensors = param_files.read_tensors(files)
+  return cfg, param_files.from_named(tensors, cfg, where=", ".join(files))
+
+
+def build(config: GPTConfig, params) -> GPT:
+  """The GPT of a config with the given parameters (nothing is initialised randomly)."""
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
+  return nnx.merge(graphdef, params)
