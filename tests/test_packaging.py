@@ -71,5 +71,6 @@ def test_wheel_declares_both_commands(wheel):
   parser.read_string(wheel.read(entry).decode())
   assert dict(parser["console_scripts"]) == {"rove-train": "rove_jax.train.cli:run",
                                              "rove-eval": "rove_jax.evaluation.cli:main",
-                                             "rove-prepare": "rove_jax.data.prepare_corpus:run"}
+                                             "rove-prepare": "rove_jax.data.prepare_corpus:run",
+                                             "rove-export": "rove_jax.train.export:main"}
 

@@ -31,14 +31,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarni
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 STARTS = ("make ", "python ", "python3 ", "pip ", "bash ", "srun ", "gcloud ", "rove-train",
-          "rove-eval", ".venv/bin/")
+          "rove-eval", "rove-prepare", "rove-export", ".venv/bin/")
 SHELL_FENCES = ("bash", "sh", "shell", "console")
 PLACEHOLDERS = {"$RANK": "0", "$TPU": "my-tpu", "$ZONE": "us-central2-b", "$BUCKET": "my-bucket",
                 "git+<this repository>": "git+THIS-REPO"}
 MAKE_EXPECTS = {"demo": ["-m venv", "train.py", "-m eval"],
                 "test": ["-m venv", ".[test]", "-m pytest"], "reproduce": ["reproduce.py"]}
 CHECKOUT_FILES = {"train": "train.py", "eval": "eval/__main__.py", "reproduce": "reproduce.py"}
-SCRIPTS = {"rove-train": "rove_jax.train.cli:run", "rove-eval": "rove_jax.evaluation.cli:main"}
+SCRIPTS = {"rove-train": "rove_jax.train.cli:run", "rove-eval": "rove_jax.evaluation.cli:main",
+           "rove-prepare": "rove_jax.data.prepare_corpus:run",
+           "rove-export": "rove_jax.train.export:main"}
 GENERIC = ("--config.field=value", "--config.x=y")  # the override syntax, not a field
 PIP_OK = ("-e", "--editable", "-U", "--upgrade", "-q", "--quiet", "git+THIS-REPO", "pip")
 # A fenced block (lang, body) and an indented one (after a blank line; blank lines inside).
@@ -118,7 +120,11 @@ def words(text: str) -> list:
 
 def program(tokens):
   """(kind, the module whose parser checks it or None, its argv)."""
-  head, rest = tokens[0][5:] if tokens[0] in SCRIPTS else tokens[0], tokens[1:]
+  head, rest = tokens[0], tokens[1:]
+  if head in ("rove-train", "rove-eval"):  # train.py and python -m eval, installed
+    head = head[5:]
+  elif head in SCRIPTS:  # the module whose main() the script runs
+    head = SCRIPTS[head].split(":")[0]
   if head == "python" and rest[:1] == ["-m"]:
     head, rest = "".join(rest[1:2]), rest[2:]
   elif head == "python" and rest[:1] in (["train.py"], ["reproduce.py"]):

@@ -214,11 +214,11 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
     if d.packing:
       raise ValueError("data.packing: a recall window is [eot] + one document, the layout its "
                        "test samples use; train the recall source with packing=False")
-  if d.source == "prepared" and not (d.path and os.path.isfile(
-      os.path.join(d.path, "manifest.json"))):
-    raise ValueError(f"data.source=prepared: data.path={d.path!r} must be a directory that "
-                     f"rove-prepare wrote (it holds manifest.json); run rove-prepare --out DIR "
-                     f"first and set --config.data.path=DIR")
+  # Whether the directory holds a manifest is checked when the data is opened, the run's first
+  # step: a dry run compiles for a slice from a host that need not see the data.
+  if d.source == "prepared" and not d.path:
+    raise ValueError("data.source=prepared needs data.path: the directory rove-prepare wrote; "
+                     "run rove-prepare --out DIR first and set --config.data.path=DIR")
   for name in ("steps", "log_every", "eval_every", "checkpoint_every", "eval_batches",
                "keep_checkpoints", "optim.grad_accum", "optim.max_nonfinite"):
     value = _get(c, name)
