@@ -1,7 +1,13 @@
-"""Training speed of two versions of the code, A/B in one run: `train.py` of each, interleaved.
+"""Training speed of two versions of the code, A/B in one run, interleaved.
 
-  python -m bench.ab_train [--base fd1fdb1] [--head WORKTREE] [--repeats 3] [--steps 20]
-                           [--batch 16] [--seq 256] [--set model.d_model=256 ...] [--out F]
+  python -m bench.ab_train [--mode train|step] [--base fd1fdb1] [--head WORKTREE]
+                           [--repeats 3] [--steps 20] [--batch 16] [--seq 256]
+                           [--set model.d_model=256 ...] [--encoding rove] [--out F]
+
+--mode train (default) runs `train.py` of each side, data pipeline and logging included;
+--mode step times only the jitted train step of each side's own model, optimizer and
+make_train_step on a fixed random batch (the model code alone; `--encoding`, and the tiny
+preset's shape at --batch x --seq), which is far less noisy.
 
 Each side is a full checkout: `--base`/`--head` name git revisions (exported with git archive)
 or WORKTREE, this checkout as it is. Every repeat trains each side once from scratch in its own
@@ -26,6 +32,39 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKTREE = "WORKTREE"
+
+# The step worker, run with PYTHONPATH at a side's checkout: the layered package (rove_jax.train,
+# rove_jax.nn) or the flat one of earlier versions (rove_jax.training, rove_jax.model).
+STEP_WORKER = """
+import json, os, sys, time
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+import rove_jax
+assert rove_jax.__file__.startswith(os.getcwd()), rove_jax.__file__  # this side's code
+if os.path.exists("rove_jax/train/loop.py"):  # (an editable install maps missing modules
+  from rove_jax.train import loop as T, run_config as C  # to its own tree: look first)
+  from rove_jax.nn.model import GPT, GPTConfig
+else:
+  from rove_jax import training as T, config as C
+  from rove_jax.model import GPT, GPTConfig
+batch_size, seq, steps, encoding = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+cfg = GPTConfig.tiny(max_len=seq, pos_encoding=encoding)
+c = C.base_config("tiny")
+tx = T.make_optimizer(c.optim, 1000)
+graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+state = T.TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+step = T.make_train_step(graphdef, tx, 1, T.lr_schedule(c.optim, 1000))
+tokens = np.random.default_rng(0).integers(0, 256, (batch_size, seq + 1))
+batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
+         "targets": jnp.asarray(tokens[:, 1:], jnp.int32)}
+times = []
+for i in range(steps + 2):
+  t = time.perf_counter()
+  state, m = step(state, batch)
+  bool(m["finite"])
+  times.append(time.perf_counter() - t)
+print(json.dumps({"tokens_per_s": [batch_size * seq / t for t in times[2:]]}))
+"""
 
 
 def export(rev: str, into: pathlib.Path) -> pathlib.Path:
@@ -61,9 +100,22 @@ def run_once(tree: pathlib.Path, workdir: pathlib.Path, args) -> float:
   return statistics.median(speeds)
 
 
+def step_once(tree: pathlib.Path, args) -> float:
+  """The median tokens/s of the jitted train step of `tree`'s code, in a subprocess."""
+  env = {**os.environ, "PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-c", STEP_WORKER, str(args.batch), str(args.seq),
+                         str(args.steps), args.encoding], cwd=tree, env=env,
+                        capture_output=True, text=True)
+  if proc.returncode:
+    raise RuntimeError(f"{tree}: the step worker failed:\n{proc.stderr[-3000:]}")
+  return statistics.median(json.loads(proc.stdout.strip().splitlines()[-1])["tokens_per_s"])
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--mode", choices=("train", "step"), default="train")
+  p.add_argument("--encoding", default="rove", help="--mode step: the model's pos_encoding")
   p.add_argument("--base", default="fd1fdb1")
   p.add_argument("--head", default=WORKTREE)
   p.add_argument("--repeats", type=int, default=3)
@@ -83,11 +135,13 @@ def main(argv=None) -> dict:
     for r in range(args.repeats):
       order = ("base", "head") if r % 2 == 0 else ("head", "base")  # ABBA
       for side in order:
-        speeds[side].append(run_once(trees[side], tmp / f"run-{side}-{r}", args))
+        speeds[side].append(step_once(trees[side], args) if args.mode == "step" else
+                            run_once(trees[side], tmp / f"run-{side}-{r}", args))
         print(f"repeat {r + 1}/{args.repeats} {side:4s} {speeds[side][-1]:8.1f} tokens/s",
               file=sys.stderr, flush=True)
   ratios = [h / b for h, b in zip(speeds["head"], speeds["base"])]
-  result = {"base": args.base, "head": args.head, "batch": args.batch, "seq": args.seq,
+  result = {"mode": args.mode, "base": args.base, "head": args.head, "batch": args.batch,
+            "seq": args.seq, "encoding": args.encoding if args.mode == "step" else None,
             "steps": args.steps, "set": args.set, "tokens_per_s": speeds, "ratios": ratios,
             "geomean_ratio": math.exp(statistics.fmean(math.log(x) for x in ratios))}
   print(f"head / base tokens/s: {result['geomean_ratio']:.3f} (per repeat "

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rove_jax.kernels import platform
+
 LAYOUTS = ("interleaved", "half")
 
 # A frequency table: one array [P] for 1-D positions, or a tuple of A arrays for A-axis positions.
@@ -177,7 +179,11 @@ def apply_expanded(x, tables: ExpandedTables, *, inverse: bool = False,
   xc = x.astype(compute)
   rest = x.shape[-1] - 2 * n_pairs
   head = x[..., : 2 * n_pairs]  # the swap moves data only: done in x's dtype, then widened
-  if layout == "interleaved":
+  if layout == "interleaved" and platform.target_platform() != "tpu":
+    # Each member of a pair takes its partner: a reverse over a [..., P, 2] view, which XLA's
+    # CPU and GPU backends fuse into the elementwise math (bench/RESULTS.md).
+    swapped = head.reshape(head.shape[:-1] + (n_pairs, 2))[..., ::-1].reshape(head.shape)
+  elif layout == "interleaved":
     # Each member of a pair takes its partner: even dims the next one, odd dims the previous
     # one. Two shifts (pads by one, no slices: TPU layouts materialised the 63-wide slices of
     # a concatenate in float32) and a select keep D the minor dim (a [..., P, 2] reshape puts
