@@ -3,6 +3,8 @@ and the fixtures the test files share: child-process environments, model and run
 
 import os
 import pathlib
+import socket
+import subprocess
 
 # Must happen before JAX initialises its backends.
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -140,6 +142,29 @@ def apply_overrides(c, overrides: dict):
       node = node[p]
     node[leaf] = value
   return c
+
+
+def free_port() -> int:
+  """A TCP port on localhost nobody listens on now (for jax.distributed's coordinator)."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def run_together(cmds, env, *, timeout=300) -> list:
+  """Runs the commands at once (the processes of one jax.distributed job) and returns their
+  outputs (stdout and stderr); asserts that every one exited 0."""
+  procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True) for cmd in cmds]
+  outs = []
+  try:
+    for p in procs:
+      outs.append(p.communicate(timeout=timeout)[0])
+  finally:
+    for p in procs:
+      p.kill()
+  assert all(p.returncode == 0 for p in procs), "\n\n".join(o[-3000:] for o in outs)
+  return outs
 
 
 def small_config(tmp_path, **overrides):

@@ -8,8 +8,6 @@ import os
 import pathlib
 import re
 import shlex
-import socket
-import subprocess
 import sys
 
 import numpy as np
@@ -18,7 +16,7 @@ import pytest
 from rove_jax import data
 from rove_jax.data import prepare_corpus, prepared, tokenization
 from rove_jax.train import loop as training
-from tests.conftest import small_config, subprocess_env, write_corpus
+from tests.conftest import free_port, run_together, small_config, subprocess_env, write_corpus
 from tests.test_training import ROOT, losses
 
 
@@ -303,12 +301,6 @@ def test_a_run_trains_on_prepared_data_and_resumes_bitwise(tmp_path):
                                 _reference(raw, "val", tokenization.get_tokenizer("bytes")))
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_process_run_on_prepared_data_resumes_on_one(tmp_path):
   """Two jax.distributed processes train steps 1-2 on a prepared dataset, each reading its half
@@ -328,21 +320,12 @@ def test_two_process_run_on_prepared_data_resumes_on_one(tmp_path):
           "--config.log_every=1",
           "--config.eval_every=4", "--config.eval_batches=2", "--config.checkpoint_every=4",
           "--config.progress=False", "--config.sample_tokens=0", "--config.mesh.data=2"]
-  port = _free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-       "--workdir", str(tmp_path / "run"), *args, f"--coordinator_address=localhost:{port}",
-       "--num_processes=2", f"--process_id={i}"],
-      env=subprocess_env(devices=1, JAX_PLATFORMS="cpu"), stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  outs = []
-  try:
-    for p in procs:
-      outs.append(p.communicate(timeout=300)[0])
-  finally:
-    for p in procs:
-      p.kill()
-  assert all(p.returncode == 0 for p in procs), "\n\n".join(o[-3000:] for o in outs)
+  port = free_port()
+  outs = run_together(
+      [[sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
+        "--workdir", str(tmp_path / "run"), *args, f"--coordinator_address=localhost:{port}",
+        "--num_processes=2", f"--process_id={i}"] for i in range(2)],
+      subprocess_env(devices=1, JAX_PLATFORMS="cpu"))
   assert all("verifying" in o for o in outs)  # each process hashed its share of the shards
   c.data.source, c.data.path = "prepared", str(tmp_path / "p")
   log = []

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from rove_jax.train import sharding, loop as training
 from rove_jax.nn.model import GPT, GPTConfig
-from tests.conftest import apply_overrides, small_config, subprocess_env, write_corpus
+from tests.conftest import free_port, run_together, apply_overrides, small_config, subprocess_env, write_corpus
 from tests.test_training import ROOT, losses
 
 MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)]
@@ -142,12 +141,6 @@ def test_mesh_errors(tmp_path):
     run(c, tmp_path / "w", 8)
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
   corpus = write_corpus(tmp_path / "corpus")
@@ -169,19 +162,9 @@ def test_two_processes_equal_one_process(tmp_path):
   single = subprocess.run(cmd(tmp_path / "one"), env=env(4), capture_output=True, text=True,
                           timeout=300)
   assert single.returncode == 0, single.stderr[-3000:]
-  port = _free_port()
-  procs = [subprocess.Popen(cmd(tmp_path / "two", f"--coordinator_address=localhost:{port}",
-                                "--num_processes=2", f"--process_id={i}"),
-                            env=env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True) for i in range(2)]
-  outs = []
-  try:
-    for p in procs:
-      outs.append(p.communicate(timeout=300)[0])
-  finally:
-    for p in procs:
-      p.kill()
-  assert all(p.returncode == 0 for p in procs), "\n\n".join(o[-3000:] for o in outs)
+  port = free_port()
+  run_together([cmd(tmp_path / "two", f"--coordinator_address=localhost:{port}",
+                    "--num_processes=2", f"--process_id={i}") for i in range(2)], env(2))
   one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
   assert sorted(one) == sorted(two) == [1, 2, 3, 4, 5]
   for step in one:

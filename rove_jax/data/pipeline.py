@@ -20,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import grain
 import numpy as np
 
 from rove_jax.data import prepared, tokenization
-from rove_jax.data.sources import Corpus, iter_documents, loss_mask
+from rove_jax.data.sources import Corpus, iter_documents, loss_mask, take_chars
 from rove_jax.data.token_cache import load_tokens
 from rove_jax.data.tokenization import Tokenizer
 
@@ -305,17 +305,8 @@ def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
     return Data(tok, train, val, None)
   tok = tokenization.get_tokenizer(
       tokenizer, workdir=workdir, vocab_size=vocab_size,
-      train_texts=lambda: _take_chars(iter_documents(corpus, "train"), bpe_train_chars))
+      train_texts=lambda: take_chars(iter_documents(corpus, "train"), bpe_train_chars))
   cache_dir = os.path.join(workdir, "data")
   train = load_tokens(corpus, "train", tok, cache_dir=cache_dir, max_tokens=max_train_tokens)
   val = load_tokens(corpus, "val", tok, cache_dir=cache_dir, max_tokens=max_val_tokens)
   return Data(tok, train, val, loss_mask(corpus))
-
-
-def _take_chars(docs: Iterable[str], limit: int) -> Iterator[str]:
-  total = 0
-  for doc in docs:
-    if total >= limit:
-      return
-    total += len(doc)
-    yield doc

@@ -34,7 +34,8 @@ from typing import Iterable, Optional, Sequence, Union
 import numpy as np
 
 from rove_jax.data import prepared, tokenization
-from rove_jax.data.sources import SOURCES, SPLITS, Corpus, iter_documents, list_units
+from rove_jax.data.sources import (SOURCES, SPLITS, Corpus, iter_documents, list_units,
+                                   take_chars)
 from rove_jax.data.tokenization import Tokenizer
 
 DEFAULT_TOKENS_PER_SHARD = 100_000_000
@@ -104,7 +105,7 @@ def prepare_dataset(corpus: Corpus, tokenizer: Union[str, Tokenizer], out: str, 
   if tok is None:  # bpe: trained on the train split into out once, then reused
     tok = tokenization.get_tokenizer(
         spec, workdir=out,
-        train_texts=lambda: _take_chars(iter_documents(corpus, "train"), bpe_train_chars))
+        train_texts=lambda: take_chars(iter_documents(corpus, "train"), bpe_train_chars))
   request = {"source": source, "tokenizer": tok.fingerprint}
   if manifest:
     if manifest["request"] == request and _intact(out, log):
@@ -335,15 +336,6 @@ def _bar(enabled: bool, split: str, cap, initial: int):
     return None
   return tqdm(total=cap, initial=initial, desc=f"tokenizing {split}", unit="tok",
               unit_scale=True, dynamic_ncols=True, file=sys.stderr)
-
-
-def _take_chars(docs: Iterable[str], limit: int):
-  total = 0
-  for doc in docs:
-    if total >= limit:
-      return
-    total += len(doc)
-    yield doc
 
 
 def command_line(corpus: Corpus, spec: str, out: str, tokens_per_shard: int,

@@ -230,3 +230,14 @@ def _tail_split(unit: files.Unit, fraction: float, split: str) -> Iterator[str]:
 
 def _nonempty(docs: Iterable[str]) -> Iterator[str]:
   return (d for d in docs if d and not d.isspace())
+
+
+def take_chars(docs: Iterable[str], limit: int) -> Iterator[str]:
+  """The documents of `docs` up to the first that reaches `limit` characters in all (the BPE
+  tokenizer's training text)."""
+  total = 0
+  for doc in docs:
+    if total >= limit:
+      return
+    total += len(doc)
+    yield doc
