@@ -45,7 +45,7 @@ from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, param_count
 from rove_jax.aot.analysis import format_report  # noqa: F401 (re-exported)
 
 GiB = 2**30
-JOBS = ("train", "eval", "decode")
+JOBS = flops.JOBS
 
 
 # ------------------------------------------------------------------------------- topologies

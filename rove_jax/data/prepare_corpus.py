@@ -19,7 +19,6 @@ dataset is refused unless --overwrite; one directory is prepared by one process 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -27,13 +26,12 @@ import os
 import re
 import shlex
 import sys
-import uuid
 from collections import deque
 from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 
-from rove_jax.data import prepared, tokenization
+from rove_jax.data import prepared, token_cache, tokenization
 from rove_jax.data.sources import (SOURCES, SPLITS, Corpus, iter_documents, list_units,
                                    take_chars)
 from rove_jax.data.tokenization import Tokenizer
@@ -231,27 +229,14 @@ def _write_split(docs: Iterable[str], tok: Tokenizer, out: str, split: str, st: 
 
 def _write_shard(out: str, name: str, tokens: np.ndarray, eot_id: int) -> dict:
   data = np.ascontiguousarray(tokens).tobytes()
-  _atomic_write(os.path.join(out, name), data)
+  token_cache.atomic_write(os.path.join(out, name), lambda f: f.write(data))
   return {"file": name, "tokens": int(tokens.size), "documents": int(np.count_nonzero(
       tokens == eot_id)), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
-  try:
-    with open(tmp, "wb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
-    raise
-
-
 def _write_json(out: str, name: str, obj) -> None:
-  _atomic_write(os.path.join(out, name), json.dumps(obj, indent=1).encode("utf-8"))
+  text = json.dumps(obj, indent=1).encode("utf-8")
+  token_cache.atomic_write(os.path.join(out, name), lambda f: f.write(text))
 
 
 def _read_json(out: str, name: str) -> Optional[dict]:

@@ -298,10 +298,11 @@ def verify(path: str, *, process_index: int = 0, process_count: int = 1,
   return len(mine)
 
 
-def file_sha256(file: str) -> str:
-  """The hex sha256 of a file, read in chunks."""
+def file_sha256(file: str, start: int = 0) -> str:
+  """The hex sha256 of a file's bytes from offset `start` on, read in chunks."""
   h = hashlib.sha256()
   with open(file, "rb") as f:
+    f.seek(start)
     for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
       h.update(chunk)
   return h.hexdigest()

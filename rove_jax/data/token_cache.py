@@ -35,7 +35,6 @@ from rove_jax.data.tokenization import Tokenizer
 
 _CACHE_FORMAT = 1   # part of the cache key: bumping it renames (rebuilds) every cache
 _RECORD_FORMAT = 2  # 2: the record holds the sha256 of the tokens
-_HASH_CHUNK = 1 << 24
 _ENCODE_CHUNK_CHARS = 1 << 20  # texts handed to encode_batch at once (parallel in tokenizers)
 
 
@@ -153,22 +152,12 @@ def cache_problem(path: str, key: str, dtype) -> Optional[str]:
   if data_start + n * np.dtype(dtype).itemsize != size:
     return f"{size} bytes cannot hold the header and {n} {np.dtype(dtype).name} tokens"
   try:
-    digest = _file_digest(path, data_start)
+    digest = prepared.file_sha256(path, data_start)
   except OSError as e:
     return f"it could not be read ({type(e).__name__}: {e})"
   if digest != record.get("sha256"):
     return "its tokens fail the sha256 in its record (the file was damaged or overwritten)"
   return None
-
-
-def _file_digest(path: str, start: int) -> str:
-  """The hex sha256 of the bytes of `path` from offset `start` on."""
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    f.seek(start)
-    while chunk := f.read(_HASH_CHUNK):
-      h.update(chunk)
-  return h.hexdigest()
 
 
 def _write_cache(path: str, tokens: np.ndarray, record: dict[str, Any]) -> None:
@@ -178,17 +167,17 @@ def _write_cache(path: str, tokens: np.ndarray, record: dict[str, Any]) -> None:
     # A stale record must not vouch for a file that a killed build leaves behind.
     with contextlib.suppress(FileNotFoundError):
       os.remove(rec_path)
-    size = _atomic_write(path, lambda f: np.save(f, tokens))
+    size = atomic_write(path, lambda f: np.save(f, tokens))
     record = {"format": _RECORD_FORMAT, **record, "tokens": int(tokens.size),
               "dtype": tokens.dtype.name, "bytes": size,
-              "sha256": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()}
-    _atomic_write(rec_path, lambda f: f.write(json.dumps(record, indent=1).encode("utf-8")))
+              "sha256": hashlib.sha256(memoryview(np.ascontiguousarray(tokens)).cast("B")).hexdigest()}
+    atomic_write(rec_path, lambda f: f.write(json.dumps(record, indent=1).encode("utf-8")))
   except OSError as e:
     raise OSError(f"could not write the token cache {path} ({type(e).__name__}: {e}); free disk "
                   f"space or make its directory writable, or use another workdir") from e
 
 
-def _atomic_write(path: str, write) -> int:
+def atomic_write(path: str, write) -> int:
   """write(file) into a temporary file that then replaces path; returns the bytes written."""
   # Concurrent processes or a crash never expose a half-written file.
   tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"

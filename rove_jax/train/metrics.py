@@ -3,11 +3,10 @@
 One JSON object a line, each with a "step": training lines {"step", "loss", "lr", "grad_norm",
 "nonfinite_steps", and from the second logged line on "step_time_s", "tokens_per_s",
 "model_tflops_per_device" and, on accelerators of known peak, "mfu"} and evaluation lines
-{"step", "val_loss"}. A resumed run
-recomputes the steps after its checkpoint, so `MetricsLog` first drops the lines past it (the
-log shows one history, also after a fall back to an older checkpoint); a line that does not
-read (cut short by a kill, damaged, edited by hand) is reported and moved to
-metrics.jsonl.unreadable, never dropped without a word. TensorBoard event files are written
+{"step", "val_loss"}. A resumed run recomputes the steps after its checkpoint, so `MetricsLog`
+first drops the lines past it (the log shows one history, also after a fall back to an older
+checkpoint); a line that does not read (cut short by a kill, damaged, edited by hand) is
+reported and moved to metrics.jsonl.unreadable, never dropped without a word. TensorBoard event files are written
 beside it when tensorboardX is installed; a resumed run asks TensorBoard to hide the events
 past its checkpoint, so its plots show one history too.
 """
@@ -19,6 +18,12 @@ import os
 
 FILE = "metrics.jsonl"
 UNREADABLE = FILE + ".unreadable"  # where the lines that do not read are moved
+
+
+def scalars(record: dict) -> dict:
+  """The numbers of a record other than its step: what the plotting sinks take."""
+  return {k: v for k, v in record.items()
+          if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _parse(lines) -> tuple[list[dict], list[int]]:
@@ -108,9 +113,8 @@ class MetricsLog:
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
     if self.tb is not None:
-      for k, v in record.items():
-        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-          self.tb.add_scalar(k, v, record["step"])
+      for k, v in scalars(record).items():
+        self.tb.add_scalar(k, v, record["step"])
     for sink in self.sinks:
       sink.write(record)
 

@@ -26,6 +26,8 @@ from typing import Optional
 
 import jax
 
+from rove_jax.train import metrics
+
 SINKS = ("tensorboard", "wandb")
 WANDB_MODES = ("online", "offline", "disabled")
 WANDB_ID_FILE = "wandb-id.txt"
@@ -87,9 +89,7 @@ class Wandb:
     self.run.define_metric("*", step_metric="train/step")
 
   def write(self, record: dict) -> None:
-    values = {k: v for k, v in record.items()
-              if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
-    self.run.log({"train/step": record["step"], **values})
+    self.run.log({"train/step": record["step"], **metrics.scalars(record)})
 
   def close(self) -> None:
     self.run.finish()
