@@ -34,7 +34,7 @@ $(TEST): $(PY) pyproject.toml
 install: $(TEST)
 
 test: $(TEST)
-	$(PY) -m pytest -q -n 2 --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 3 --durations=15 $(PYTEST_ARGS)
 
 demo: $(CORE)
 	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rove --config.model.pos_encoding=rove

@@ -2,6 +2,7 @@
 
   python -m bench.peer_ratio --torch-python /path/to/venv-with-torch/bin/python
                              [--rounds 2 --steps 8 --encodings learned,rove --out F]
+                             [--xla-flags NAME='--xla_cpu_...=...' ...] [--no-torch]
 
 The same shape on both sides: the tiny preset (6 layers, d_model 384, 6 heads, vocab 320),
 batch 16 x 256, float32, a full train step (forward, backward, global-norm clipping, AdamW).
@@ -10,6 +11,11 @@ JAX side is rove_jax.train.loop's jitted train step for each of `--encodings` (l
 like-for-like row). Every side runs in its own subprocess, `--rounds` times, interleaved, each
 timing `--steps` steps after 3 warm-up steps; a side's speed is the median over all its timed
 steps. Ratios are JAX / torch tokens/s. Both use all cores the machine gives (2 threads here).
+
+`--xla-flags NAME=FLAGS` (repeatable) adds, for each encoding, a JAX side run with XLA_FLAGS set
+to FLAGS, interleaved with the rest: how XLA CPU compiler options move the step, as ratios
+against the default side of the same encoding in the same run. `--no-torch` leaves the peer out
+(flag ratios only).
 """
 
 from __future__ import annotations
@@ -75,38 +81,57 @@ def main(argv=None) -> dict:
   p.add_argument("--rounds", type=int, default=2)
   p.add_argument("--steps", type=int, default=8)
   p.add_argument("--encodings", default="learned,rove")
+  p.add_argument("--xla-flags", action="append", default=[], metavar="NAME=FLAGS",
+                 help="an extra JAX side per encoding with XLA_FLAGS=FLAGS (repeatable)")
+  p.add_argument("--no-torch", action="store_true", help="JAX sides only")
   p.add_argument("--side", help=argparse.SUPPRESS)  # internal: one JAX side, JSON on stdout
   p.add_argument("--out")
   args = p.parse_args(argv)
   if args.side:
     print(json.dumps(jax_side(args.side, args.steps)))
     return {}
-  if not args.torch_python:
+  variants = {"": ""}
+  for spec in args.xla_flags:
+    name, sep, flags = spec.partition("=")
+    if not sep or not name or not flags.strip().startswith("--"):
+      p.error(f"--xla-flags {spec!r}: expected NAME=--xla_flag=value [--xla_flag2=...]")
+    variants[name] = flags.strip()
+  if not args.torch_python and not args.no_torch:
     p.error("--torch-python is needed: a venv with torch (pip install torch), kept apart "
             "from rove-jax's")
   torch_cmd = [args.torch_python, str(ROOT / "bench" / "peers" / "torch_gpt.py"),
                *[f"--{k.replace('_', '-')}={v}" for k, v in SHAPE.items()],
                f"--steps={args.steps}"]
-  sides = {"torch": torch_cmd}
+  sides, envs = ({} if args.no_torch else {"torch": torch_cmd}), {}
   for enc in args.encodings.split(","):
-    sides[f"jax-{enc}"] = [sys.executable, "-m", "bench.peer_ratio", "--side", enc,
-                           f"--steps={args.steps}"]
+    for vname, flags in variants.items():
+      name = f"jax-{enc}" + (f"[{vname}]" if vname else "")
+      sides[name] = [sys.executable, "-m", "bench.peer_ratio", "--side", enc,
+                     f"--steps={args.steps}"]
+      envs[name] = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
   speeds = {name: [] for name in sides}
   for r in range(args.rounds):
     names = list(sides) if r % 2 == 0 else list(sides)[::-1]
     for name in names:
-      got = _run(sides[name], env={"JAX_PLATFORMS": "cpu"})
+      got = _run(sides[name], env=envs.get(name, {"JAX_PLATFORMS": "cpu"}))
       speeds[name] += got["tokens_per_s"]
       print(f"round {r + 1}/{args.rounds} {name:12s} median "
             f"{statistics.median(got['tokens_per_s']):8.1f} tokens/s", file=sys.stderr,
             flush=True)
   medians = {name: statistics.median(v) for name, v in speeds.items()}
-  result = {"shape": SHAPE, "median_tokens_per_s": medians,
-            "ratio_vs_torch": {n: medians[n] / medians["torch"] for n in medians if n != "torch"},
+  result = {"shape": SHAPE, "median_tokens_per_s": medians, "xla_flags": variants,
             "tokens_per_s": speeds}
-  for name, ratio in result["ratio_vs_torch"].items():
-    print(f"{name}: {medians[name]:.0f} tokens/s, {ratio:.3f}x torch.compile "
-          f"({medians['torch']:.0f})")
+  if "torch" in medians:
+    result["ratio_vs_torch"] = {n: medians[n] / medians["torch"] for n in medians if n != "torch"}
+  result["ratio_vs_default_flags"] = {
+      n: medians[n] / medians[n.split("[")[0]] for n in medians if "[" in n}
+  for name in medians:
+    line = f"{name}: {medians[name]:.0f} tokens/s"
+    if "torch" in medians and name != "torch":
+      line += f", {result['ratio_vs_torch'][name]:.3f}x torch.compile ({medians['torch']:.0f})"
+    if name in result["ratio_vs_default_flags"]:
+      line += f", {result['ratio_vs_default_flags'][name]:.3f}x default XLA flags"
+    print(line)
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
   return result

@@ -135,6 +135,7 @@ class Checkpointer:
     # Handlers named up front: metadata and single items read back without orbax warnings.
     handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
+    self._entries = {}  # step -> stored_entries; a finished step's metadata does not change
     with _without_read_only_notice(self.read_only):
       self.manager = ocp.CheckpointManager(self.directory, options=options,
                                            item_handlers=handlers)
@@ -167,11 +168,13 @@ class Checkpointer:
   def stored_entries(self, step: int) -> Optional[dict]:
     """{entry name: array metadata (shape, dtype)} of the state at `step`, or None when its
     metadata cannot be read (the restore that follows reports that checkpoint as unreadable)."""
-    try:
-      tree = self.manager.item_metadata(step)["state"]
-      return {name: tree[name] for name in tree.keys()}
-    except Exception:  # noqa: BLE001 - unreadable metadata: the restore will say so
-      return None
+    if step not in self._entries:
+      try:
+        tree = self.manager.item_metadata(step)["state"]
+        self._entries[step] = {name: tree[name] for name in tree.keys()}
+      except Exception:  # noqa: BLE001 - unreadable metadata: the restore will say so
+        return None
+    return self._entries[step]
 
   # ------------------------------------------------------------------------------- save
   def save(self, step: int, state: Any, data_state: dict, meta: dict) -> None:
@@ -187,6 +190,7 @@ class Checkpointer:
                                   "state": checksums.array_checksums(state),
                                   "data": checksums.json_checksum(data_state),
                                   "meta": checksums.json_checksum(meta)}}
+    self._entries.pop(step, None)
     self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
         meta=ocp.args.JsonSave(meta)), force=True)
