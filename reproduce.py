@@ -225,6 +225,26 @@ def commit() -> str:
   return git_commit()
 
 
+def train_meta(args) -> dict:
+  """The training settings every run shares (for the write-up's limits paragraph): the
+  config with this invocation's overrides applied."""
+  import ast
+  from study.paper_recipe import load_config
+  c = load_config(CONFIG)
+  for o in overrides(args, {"encoding": "rove", "seed": 0}):
+    key, value = o[len("--config."):].split("=", 1)
+    *parents, leaf = key.split(".")
+    node = c
+    for part in parents:
+      node = node[part]
+    try:
+      node[leaf] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      node[leaf] = value
+  return {"steps": c.steps, "batch_size": c.data.batch_size, "seq_len": c.data.seq_len,
+          "lr": c.optim.lr, "warmup_steps": c.optim.warmup_steps}
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if any(a == "--scale" or a.startswith("--scale=") for a in argv):
@@ -251,7 +271,7 @@ def main(argv=None) -> int:
           "started": started.isoformat(timespec="seconds"),
           "wall_seconds": time.perf_counter() - t0, "quick": args.quick,
           "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs},
-          "recall_rerun": recall_rerun}
+          "recall_rerun": recall_rerun, "train": train_meta(args)}
   if args.note:
     meta["notes"] = args.note
   results_writeup.write(args.out, report, runs, curves, meta, recall=recall)
@@ -283,6 +303,13 @@ def rewrite(args) -> int:
   recall_path = os.path.join(args.out, "recall", "recall.json")
   recall = _recall_records(recall_path) if os.path.exists(recall_path) else None
   meta.setdefault("recall_rerun", "--no-recall" not in (meta.get("command") or "").split())
+  meta.setdefault("train", train_meta(args))
+  lost = [r["workdir"] for r in runs
+          if not os.path.exists(os.path.join(r["workdir"], "metrics.jsonl"))]
+  if lost:  # the loss curves and the limits paragraph are drawn from them: refuse, lose none
+    raise SystemExit(f"--write-only needs every run's metrics.jsonl for the loss curves; "
+                     f"missing in {', '.join(lost)}: give the --runs-dir the runs were trained "
+                     f"in (nothing was written)")
   note = f"write-up redone from the same report by `python reproduce.py --write-only` at {commit()}"
   meta["notes"] = f"{meta['notes']}; {note}" if meta.get("notes") else note
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}

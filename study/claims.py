@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+from study import fmt
 from study import numbers as rs
 from study import plots
-from study.numbers import SETTING_NAMES as SETTINGS
-from study.numbers import mult as _x
-from study.numbers import name as _name
+from study import primary
+from study.fmt import SETTING_NAMES as SETTINGS
+from study.fmt import mult as _x
+from study.fmt import name as _name
 
 CLAIMS = {
     "a": "RoVE improves few-shot in-context learning (abstract; Sec. 4 \"RoVE improves in the "
@@ -38,14 +40,15 @@ def _pct(iv) -> str:
   if iv is None:
     return "-"
   return (f"{100 * iv.estimate:+.1f} % [{100 * iv.lower:+.1f}, {100 * iv.upper:+.1f}]"
-          + rs.seeds_note(iv))
+          + fmt.seeds_note(iv))
 
 
 def _row(cid, test, figure, verdict, claim=None, result=None, **extra) -> dict:
   out = {"id": cid, "claim": claim or CLAIMS[cid], "test": test, "figure": figure,
          "verdict": verdict, **extra}
   if result is not None:
-    out.update(estimate=result.estimate, lower=result.lower, upper=result.upper)
+    out.update(estimate=result.estimate, lower=result.lower, upper=result.upper,
+               p=result.p_value)
   return out
 
 
@@ -111,7 +114,7 @@ def retrieval(st: rs.Study, png_name: str):
             str(x): None if c is None else [c.estimate, c.lower, c.upper]
             for x, c in zip(lengths, cells)}
         L.append(f"| {_name(e)} | {SETTINGS[s]} | "
-                 + " | ".join(rs.fmt_interval(c) for c in cells) + " |")
+                 + " | ".join(fmt.fmt_interval(c) for c in cells) + " |")
     L.append("")
   for key, title, claim in (("sample_correct", "accuracy", "higher"),
                             ("sample_nll", "answer NLL", "lower")):
@@ -123,7 +126,7 @@ def retrieval(st: rs.Study, png_name: str):
         if all(c is None for c in cells):
           continue
         L.append(f"| {_name(a)} - {_name(b)} | {SETTINGS[s]} | " + " | ".join(
-            "-" if c is None else f"{rs.fmt_change(c)} "
+            "-" if c is None else f"{fmt.fmt_change(c)} "
             + ("at the ceiling" if rs.at_ceiling(_counts(st, a, b, s, [x]))
                else rs.verdict(c, claim))
             for x, c in zip(lengths, cells)) + " |")
@@ -147,7 +150,7 @@ def _recall_paragraph(st, encs, settings, lengths, T) -> str:
   text = "What it shows (computed from the tables above): "
   if T in lengths and "none" in settings:
     text += (f"at the training length ({T} tokens) accuracy is "
-             + ", ".join(f"{_name(e)} {rs.fmt_interval(acc(e, 'none', T))}" for e in encs
+             + ", ".join(f"{_name(e)} {fmt.fmt_interval(acc(e, 'none', T))}" for e in encs
                          if acc(e, "none", T) is not None) + ". ")
   if ("rove", "rope") not in st.pairs(encs):
     return text + "No RoVE-RoPE comparison (both are needed)."
@@ -179,8 +182,8 @@ def _recall_paragraph(st, encs, settings, lengths, T) -> str:
            + "; ".join(parts) + ". ")
   x = lengths[-1]
   text += f"At the longest length ({x} tokens, {_x(x, T)}), accuracy RoVE vs RoPE: " + "; ".join(
-      f"{SETTINGS[s]} {rs.fmt_interval(acc('rove', s, x))} vs "
-      f"{rs.fmt_interval(acc('rope', s, x))}" for s in settings) + "."
+      f"{SETTINGS[s]} {fmt.fmt_interval(acc('rove', s, x))} vs "
+      f"{fmt.fmt_interval(acc('rope', s, x))}" for s in settings) + "."
   return text
 
 
@@ -188,63 +191,77 @@ def _recall_paragraph(st, encs, settings, lengths, T) -> str:
 
 
 def rows(st: rs.Study, base) -> list:
-  """The claim-by-claim rows (RoVE vs RoPE), [] without both encodings."""
+  """Every claim row, RoVE vs RoPE ([] without both): the primary family (study/primary.py),
+  then the exploratory rows, then YaRN against no YaRN (about YaRN, not RoVE: "d1"), each
+  family with Holm-adjusted verdicts over its own tested rows."""
   if not {"rove", "rope"} <= set(st.groups):
     return []
-  out = _icl_rows(st, base)
-  c = st.ppl_cmp("rove", "rope", "none", base)
-  if c is not None:
-    out.append(_row("b", f"perplexity at the training length ({base} tokens), no YaRN: "
-                         f"RoVE / RoPE - 1", rs.fmt_change(c), rs.verdict(c), result=c))
-  longer = [x for x in _ppl_lengths(st) if x > base]
+  lengths = _ppl_lengths(st)
+  longer = [x for x in lengths if x > base]
+  explore = _icl_rows(st, base)
   for s in SETTINGS:
     for x in longer:
       c = st.ppl_cmp("rove", "rope", s, x)
-      if c is not None:
-        out.append(_row("c", f"perplexity at {x} tokens ({_x(x, base)}), {SETTINGS[s]}: "
-                             f"RoVE / RoPE - 1", rs.fmt_change(c), rs.verdict(c), result=c))
-  out += _yarn_rows(st, base, longer)
-  out += _ruler_rows(st, base)
-  out += _recall_rows(st)
-  return out
+      if c is not None and not _duplicate(s, x, longer):
+        explore.append(_row("c", f"perplexity at {x} tokens ({_x(x, base)}), {SETTINGS[s]}: "
+                                 f"RoVE / RoPE - 1", fmt.fmt_change(c), rs.verdict(c), result=c))
+  explore += _gap_rows(st, base, longer)
+  explore += _ruler_rows(st, base)
+  explore += _recall_rows(st)
+  for r in explore:
+    r["family"] = "exploratory"
+  yarn = _yarn_rows(st, base, longer)
+  return primary.rows(st, base, lengths) + primary.adjust(explore) + primary.adjust(yarn)
+
+
+def _duplicate(setting, x, longer) -> bool:
+  """The fixed YaRN factor is longest / T: at the longest length it is the factor L / T, and
+  its row would repeat the L / T row."""
+  return setting == "yarn_fixed" and bool(longer) and x == longer[-1]
 
 
 def _icl_rows(st, base) -> list:
+  """ICL answer NLL, pooled and per task (the pooled accuracy is primary)."""
   tasks = st.icl_tasks()
   if not tasks:
     return []
-  counts = [st.icl_count(e, tasks) for e in ("rove", "rope")]
-  shown = f"RoVE {rs.fmt_count(counts[0])}, RoPE {rs.fmt_count(counts[1])} correct"
-  test = (f"synthetic ICL, {len(tasks)} tasks, inside the {base}-token training context: "
-          f"greedy exact match over all prompts and seeds (the paper measures DCLM-Core)")
-  if rs.at_floor(counts):
-    out = [_row("a", test, shown, f"at the floor: {shown}")]
-  else:
-    c = st.icl_cmp("rove", "rope", tasks, 1)
-    out = [_row("a", test, f"{rs.fmt_change(c, 3)} ({shown})", rs.verdict(c, "higher"),
-                result=c)]
   c = st.icl_cmp("rove", "rope", tasks, 0)
-  out.append(_row("a", "the same prompts' answer NLL (mean, nats): RoVE - RoPE",
-                  rs.fmt_change(c), rs.verdict(c), result=c))
+  out = [_row("a", f"synthetic ICL, {len(tasks)} tasks pooled, inside the {base}-token "
+                   f"training context: answer NLL (mean, nats), RoVE - RoPE",
+              fmt.fmt_change(c), rs.verdict(c), result=c)]
+  for task in tasks:
+    c = st.icl_cmp("rove", "rope", [task], 0)
+    counts = [st.icl_count(e, [task]) for e in ("rove", "rope")]
+    out.append(_row("a", f"synthetic ICL task {task}: answer NLL, RoVE - RoPE",
+                    f"{fmt.fmt_change(c)} (exact match RoVE {fmt.fmt_count(counts[0])}, "
+                    f"RoPE {fmt.fmt_count(counts[1])})", rs.verdict(c), result=c))
   return out
 
 
 def _yarn_rows(st, base, longer) -> list:
+  """d1: YaRN at factor L / T against no YaRN, within the same runs, for each encoding (the
+  paper's claim is about YaRN; these rows do not count for or against RoVE)."""
   out = []
-  for s in ("yarn", "yarn_fixed"):
-    for x in longer:
-      ch = {e: st.yarn_change(e, s, x) for e in ("rove", "rope")}
-      if None in ch.values():
-        continue
-      out.append(_row("d1", f"{SETTINGS[s]} vs no YaRN at {x} tokens ({_x(x, base)}), same "
-                            f"runs: perplexity ratio - 1 for each encoding",
-                      f"RoVE {_pct(ch['rove'])}; RoPE {_pct(ch['rope'])}",
-                      _both([rs.interval_verdict(ch[e]) for e in ch])))
+  for x in longer:
+    ch = {e: st.yarn_change(e, "yarn", x) for e in ("rove", "rope")}
+    if None in ch.values():
+      continue
+    verdicts = [fmt.interval_verdict(ch[e]) for e in ch]
+    out.append(_row("d1", f"{SETTINGS['yarn']} vs no YaRN at {x} tokens ({_x(x, base)}), same "
+                          f"runs: perplexity ratio - 1 for each encoding",
+                    f"RoVE {_pct(ch['rove'])}; RoPE {_pct(ch['rope'])}", _both(verdicts),
+                    family="yarn"))
+  return out
+
+
+def _gap_rows(st, base, longer) -> list:
+  """d2: is the RoVE-RoPE gap with YaRN at least half the gap without?"""
+  out = []
   for s in ("yarn", "yarn_fixed"):
     for x in longer:
       without, with_, kept = (st.ppl_cmp("rove", "rope", "none", x),
                               st.ppl_cmp("rove", "rope", s, x), st.gap_kept(s, x))
-      if None in (without, with_, kept):
+      if None in (without, with_, kept) or _duplicate(s, x, longer):
         continue
       verdict = rs.verdict(kept)
       if rs.verdict(without) != "supports":
@@ -253,47 +270,30 @@ def _yarn_rows(st, base, longer) -> list:
           "d2", f"at {x} tokens ({_x(x, base)}), {SETTINGS[s]}: is the RoVE-RoPE log-perplexity "
                 f"gap with YaRN at least half the gap without (\"largely\" read so here)? "
                 f"Figure: gap with - 0.5 x gap without, below 0 supports",
-          f"gap without {rs.fmt_change(without)}, with {rs.fmt_change(with_)}; test "
-          f"{rs.fmt_change(kept, 3)} nats", verdict, result=kept))
+          f"gap without {fmt.fmt_change(without)}, with {fmt.fmt_change(with_)}; test "
+          f"{fmt.fmt_change(kept, 3)} nats", verdict, result=kept))
   return out
 
 
 def _ruler_rows(st, base) -> list:
+  """RULER per task, with and without YaRN (the mean and the aggregation contrast are
+  primary)."""
   out = []
   for s in ("none", "yarn"):
     lengths = st.ruler_lengths(s)
     if "rove" not in st.ruler_encodings(s) or "rope" not in st.ruler_encodings(s):
       continue
-    for task in ["mean"] + list(lengths):
+    for task in lengths:
       c = st.ruler_cmp("rove", "rope", s, task)
       counts = [st.ruler_count(e, s, task) for e in ("rove", "rope")]
-      em = f"exact match RoVE {rs.fmt_count(counts[0])}, RoPE {rs.fmt_count(counts[1])}"
-      if task == "mean":
-        lens = sorted({x for ls in lengths.values() for x in ls})
-        test = (f"RULER answer NLL, mean over {len(lengths)} tasks at "
-                f"{', '.join(map(str, lens))} tokens, {SETTINGS[s]}: RoVE - RoPE (the paper: "
-                f"4k/8k tokens at a 1024-token context)")
-        claim = CLAIMS["e"]
-      else:
-        test = (f"RULER {task} answer NLL, mean over {', '.join(map(str, lengths[task]))} "
-                f"tokens, {SETTINGS[s]}: RoVE - RoPE")
-        claim = f"{CLAIMS['e'].split(' (')[0]} (abstract; Sec. 4): RULER task {task}"
-        if task in rs.AGGREGATION:
-          claim += " (an aggregation task in RULER's own categories: bears on (f))"
-      out.append(_row("e", test, f"{rs.fmt_change(c)} nats; {em}", rs.verdict(c), claim,
+      em = f"exact match RoVE {fmt.fmt_count(counts[0])}, RoPE {fmt.fmt_count(counts[1])}"
+      test = (f"RULER {task} answer NLL, mean over {', '.join(map(str, lengths[task]))} "
+              f"tokens, {SETTINGS[s]}: RoVE - RoPE")
+      claim = f"{CLAIMS['e'].split(' (')[0]} (abstract; Sec. 4): RULER task {task}"
+      if task in rs.AGGREGATION:
+        claim += " (an aggregation task in RULER's own categories: bears on (f))"
+      out.append(_row("e", test, f"{fmt.fmt_change(c)} nats; {em}", rs.verdict(c), claim,
                       result=c))
-    d = st.ruler_cmp("rove", "rope", s, "agg-other")
-    agg = [t for t in lengths if t in rs.AGGREGATION]
-    test = (f"RULER, {SETTINGS[s]}: RoVE - RoPE NLL on RULER's aggregation tasks "
-            f"({', '.join(agg) or 'none scored'}; RULER's category, the paper names no task) "
-            f"minus the same on the other tasks; below 0: larger improvement on aggregation")
-    if d is None:
-      out.append(_row("f", test, "-", "not measured"))
-      continue
-    figure = (f"aggregation {rs.fmt_change(st.ruler_cmp('rove', 'rope', s, 'agg'))}; others "
-              f"{rs.fmt_change(st.ruler_cmp('rove', 'rope', s, 'other'))}; "
-              f"difference {rs.fmt_change(d)}")
-    out.append(_row("f", test, figure, rs.verdict(d), result=d))
   return out
 
 
@@ -312,19 +312,19 @@ def _recall_rows(st) -> list:
     c = st.recall_cmp("rove", "rope", s, longer, "sample_correct")
     test = (f"retrieval study (not in the paper), {SETTINGS[s]}: accuracy, mean over "
             f"{where} tokens (past T = {T}), RoVE - RoPE")
-    shown = f"RoVE {rs.fmt_count(counts[0])}, RoPE {rs.fmt_count(counts[1])} correct"
+    shown = f"RoVE {fmt.fmt_count(counts[0])}, RoPE {fmt.fmt_count(counts[1])} correct"
     if c is None:
       continue
     ceiling = rs.at_ceiling(counts)
     if rs.at_floor(counts):
       out.append(_row("e", test, shown, f"at the floor: {shown}", claim, recall=s))
     else:
-      out.append(_row("e", test, f"{rs.fmt_change(c, 3)} ({shown})",
+      out.append(_row("e", test, f"{fmt.fmt_change(c, 3)} ({shown})",
                       f"at the ceiling: {shown}" if ceiling else rs.verdict(c, "higher"),
                       claim, result=c, recall=s))
     c = st.recall_cmp("rove", "rope", s, longer, "sample_nll")
     out.append(_row("e", f"retrieval study, {SETTINGS[s]}: answer NLL, mean over {where} "
-                         f"tokens, RoVE - RoPE", rs.fmt_change(c) + " nats",
+                         f"tokens, RoVE - RoPE", fmt.fmt_change(c) + " nats",
                     "at the ceiling: every answer right, no verdict" if ceiling
                     else rs.verdict(c), claim, result=c))
   return out
@@ -334,22 +334,56 @@ def table(rows_: list) -> list:
   L = ["## The paper's claims, one by one\n"]
   if not rows_:
     return L + ["Needs RoVE and RoPE runs.\n"]
-  L += ["Claims of the paper's abstract and Section 4, RoVE against RoPE; every RULER task has a "
-        "row with and without YaRN. Figures: estimate [95 % interval]; verdicts from the "
-        "interval (see \"How the intervals are computed\").\n",
-        "| # | the paper's claim (where) | test here | figure [95 % interval] | verdict |",
-        "|---|---|---|---|---|"]
-  for r in rows_:
-    L.append(f"| {r['id']} | {r['claim']} | {r['test']} | {r['figure']} | {r['verdict']} |")
-  L.append("\nTally: " + ", ".join(f"{k}: {n}" for k, n in tally(rows_).items()) + ".\n")
+  fams = {f: [r for r in rows_ if r.get("family") == f]
+          for f in ("primary", "exploratory", "yarn")}
+  L += ["RoVE against RoPE. Figures: estimate [95 % interval] (see \"How the intervals are "
+        "computed\"). Verdicts: *raw* from the row's own interval; *Holm* after Holm's "
+        "adjustment over the tested rows of the row's family (study/multiplicity.py), which "
+        "keeps the chance of any false verdict in the family at 5 %.\n",
+        f"### Primary comparisons ({len(fams['primary'])}, fixed before the results: the "
+        f"abstract's claims, study/primary.py)\n",
+        "The paired t-test column takes each seed pair's difference of the run statistic (the "
+        "loss in nats for perplexity, the answer NLL, the accuracy) and tests its mean: a "
+        "second method beside the bootstrap; where the two disagree, the verdict rests on the "
+        "bootstrap's coarse seed level and is weak.\n",
+        "| # | the paper's claim (where) | test here | figure [95 % interval] | paired t over "
+        "seeds | raw | Holm |", "|---|---|---|---|---|---|---|"]
+  for r in fams["primary"]:
+    L.append(f"| {r['id']} | {r['claim']} | {r['test']} | {r['figure']} | "
+             f"{primary.t_cell(r)} | {r['verdict']} | {r['verdict_holm']} |")
+  L.append(f"\nTally, Holm: {_fmt_tally(tally(fams['primary'], 'verdict_holm'))}; raw: "
+           f"{_fmt_tally(tally(fams['primary']))}.\n")
+  L += [f"### Exploratory rows ({len(fams['exploratory'])})\n",
+        "Per length, per task and per setting, and the retrieval study; Holm over these rows "
+        "together.\n",
+        "| # | the paper's claim (where) | test here | figure [95 % interval] | raw | Holm |",
+        "|---|---|---|---|---|---|"]
+  for r in fams["exploratory"]:
+    L.append(f"| {r['id']} | {r['claim']} | {r['test']} | {r['figure']} | {r['verdict']} | "
+             f"{r['verdict_holm']} |")
+  L.append(f"\nTally, Holm: {_fmt_tally(tally(fams['exploratory'], 'verdict_holm'))}; raw: "
+           f"{_fmt_tally(tally(fams['exploratory']))}.\n")
+  if fams["yarn"]:
+    L += ["### YaRN against no YaRN (d1: the paper's claim about YaRN, not about RoVE)\n",
+          "Both encodings must improve for *supports*; these rows count neither for nor "
+          "against RoVE.\n",
+          "| # | the paper's claim (where) | test here | figure [95 % interval] | verdict |",
+          "|---|---|---|---|---|"]
+    L += [f"| {r['id']} | {r['claim']} | {r['test']} | {r['figure']} | {r['verdict']} |"
+          for r in fams["yarn"]]
+    L.append(f"\nTally: {_fmt_tally(tally(fams['yarn']))}.\n")
   return L
 
 
-def tally(rows_: list) -> dict:
+def _fmt_tally(t: dict) -> str:
+  return ", ".join(f"{k} {n}" for k, n in t.items()) or "none"
+
+
+def tally(rows_: list, key: str = "verdict") -> dict:
   out = {}
   for r in rows_:
-    key = r["verdict"].split(":")[0]
-    out[key] = out.get(key, 0) + 1
+    k = r.get(key, r["verdict"]).split(":")[0]
+    out[k] = out.get(k, 0) + 1
   return dict(sorted(out.items()))
 
 
@@ -363,28 +397,15 @@ def closing(st: rs.Study, base, rows_: list, meta: dict) -> list:
        f"Wall time {meta['wall_seconds'] / 60:.1f} min (training and evaluation{what})."]
   if not rows_:
     return L + [""]
-  lengths = _ppl_lengths(st)
-  heads = []
-  c = st.ppl_cmp("rove", "rope", "none", base)
-  if c is not None:
-    heads.append(f"in-context perplexity, RoVE / RoPE - 1: {rs.fmt_change(c)}")
-  if lengths and lengths[-1] > base:
-    x = lengths[-1]
-    got = [(s, st.ppl_cmp("rove", "rope", s, x)) for s in SETTINGS]
-    heads.append(f"perplexity at {x} tokens ({_x(x, base)}): " + "; ".join(
-        f"{SETTINGS[s]} {rs.fmt_change(c)}" for s, c in got if c is not None))
-  got = [(s, st.ruler_cmp("rove", "rope", s, "mean")) for s in ("none", "yarn")]
-  if any(c is not None for _, c in got):
-    heads.append("RULER mean answer NLL, RoVE - RoPE: " + "; ".join(
-        f"{SETTINGS[s]} {rs.fmt_change(c)}" for s, c in got if c is not None))
-  icl = [r["figure"] for r in rows_ if r["id"] == "a"]
-  if icl:
-    heads.append("ICL inside the training context: " + icl[0] + (
-        f"; answer NLL, RoVE - RoPE: {icl[1]}" if len(icl) > 1 else ""))
+  heads = [f"({r['id']}) {r['test']}: {r['figure']}; {r['verdict']}, after Holm "
+           f"{r['verdict_holm']}" for r in rows_ if r.get("family") == "primary"]
   heads += [f"retrieval study, accuracy past its training length, {SETTINGS[r['recall']]}, "
             f"RoVE - RoPE: {r['figure']}" for r in rows_ if r.get("recall")]
-  L.append("Headline numbers (95 % intervals):\n")
+  L.append("Headline numbers: the primary comparisons (95 % intervals):\n")
   L += [f"- {h}" for h in heads]
-  L.append("- claim rows: " + ", ".join(f"{k} {n}" for k, n in tally(rows_).items()))
+  for fam, key in (("primary", "verdict_holm"), ("exploratory", "verdict_holm")):
+    got = [r for r in rows_ if r.get("family") == fam]
+    L.append(f"- {fam} rows after Holm: {_fmt_tally(tally(got, key))} (raw: "
+             f"{_fmt_tally(tally(got))})")
   L.append("")
   return L

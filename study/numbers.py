@@ -8,36 +8,58 @@ samples (records' sample_nll / sample_correct). `Boot` turns Units into a cell
 
 A statistic that averages several cells (RULER's mean over lengths, the mean over tasks, a
 difference between task groups) is a fixed linear combination of per-unit means; `pooled`
-writes it as the plain mean of rescaled unit scores, so it is bootstrapped like any other.
+writes it as the plain mean of rescaled unit scores, and `pooled_strata` labels each unit
+with its cell, so the bootstrap resamples within cells and every replicate keeps the
+combination's coefficients.
+
+Runs are paired across encodings by training seed (run names `<encoding>-s<seed>` or a
+report's "seed"): when two encodings have the same seeds, seed i of each is resampled
+together (stats.paired_difference's pair_seeds).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from rove_jax.evaluation.plots import ENCODING_NAMES
 from study import stats
 
-N_BOOT = 2000
+# Replicates: stats reports the Monte-Carlo error of every endpoint, and the write-up flags a
+# verdict that error could flip.
+N_BOOT = 10000
 CI = 0.95
 BOOT_SEED = 0
 # Accuracy below this for every compared encoding is "at the floor": counts, never a verdict.
 FLOOR = 0.05
-# stats.py's measured coverage of the 95 % difference interval (3 seeds an encoding, 40 units,
-# unit noise sd 1, i.e. sd 0.16 of a run's mean), by seed-offset sd; tests check the quote.
-COVERAGE = (("0", "99.5"), ("0.1", "98"), ("0.22", "95"), ("0.5", "88.5"), ("1.0", "84"))
+# The measured coverage of the 95 % difference interval with paired seeds, by number of seed
+# pairs: (encoding-by-seed sd, coverage %) on simulated runs (40 units, unit noise sd 1, a seed
+# effect shared by the pair); bench/RESULTS.md has the measurement, tests check the quote.
+COVERAGE = {3: (("0", "99"), ("0.1", "97.5"), ("0.22", "94.75"), ("0.5", "85"), ("1", "75")),
+            8: (("0", "99.75"), ("0.1", "98.75"), ("0.22", "97"), ("0.5", "92.25"),
+                ("1", "91.5"))}
+
+
+def coverage_quote(pairs: int) -> str:
+  """'encoding-by-seed sd 0 / 0.1 / ...: 99 / 97.5 / ... %' for COVERAGE[pairs]."""
+  rows = COVERAGE[pairs]
+  return (f"encoding-by-seed sd {' / '.join(s for s, _ in rows)}: "
+          f"{' / '.join(c for _, c in rows)} %")
 
 
 @dataclasses.dataclass(frozen=True)
 class Units:
   """One encoding's per-unit scores for one statistic: one array per run (seed), all on the
-  same units in the same order; with `weights` the statistic is sum(scores) / sum(weights)."""
+  same units in the same order; with `weights` the statistic is sum(scores) / sum(weights).
+  `seeds` names each run's training seed (pairing across encodings); `strata` labels each
+  unit with its cell (task, length) for stratified resampling."""
   scores: tuple
   weights: Optional[tuple] = None
+  seeds: Optional[tuple] = None
+  strata: Optional[tuple] = None
 
   @property
   def n_runs(self) -> int:
@@ -51,7 +73,8 @@ class Units:
     """a * self + b * other, unit by unit (same runs, units and weights)."""
     if self.n_runs != other.n_runs or self.n_units != other.n_units:
       raise ValueError("combined statistics need the same runs and units")
-    return Units(tuple(a * x + b * y for x, y in zip(self.scores, other.scores)), self.weights)
+    return Units(tuple(a * x + b * y for x, y in zip(self.scores, other.scores)), self.weights,
+                 self.seeds, self.strata)
 
 
 def _arrays(lists) -> tuple:
@@ -78,6 +101,11 @@ def pooled(parts: Sequence[tuple[float, Sequence]]) -> tuple:
   return tuple(out)
 
 
+def pooled_strata(parts: Sequence[tuple[float, Sequence]]) -> tuple:
+  """The part (stratum) index of every unit of `pooled(parts)`."""
+  return tuple(i for i, (_, runs) in enumerate(parts) for _ in range(len(runs[0])))
+
+
 class Boot:
   """Cells and comparisons with one bootstrap setting (replicates, seed, coverage)."""
 
@@ -91,7 +119,7 @@ class Boot:
       return None
     weights = None if units.weights is None else np.stack(units.weights)
     iv = stats.mean_interval(list(units.scores), weights=weights, n_boot=self.n_boot,
-                             seed=self.seed, ci=self.ci)
+                             seed=self.seed, ci=self.ci, strata=units.strata)
     return iv if transform is None else iv.transformed(transform)
 
   def compare(self, a: Optional[Units], b: Optional[Units],
@@ -104,9 +132,12 @@ class Boot:
       weights = (np.stack(a.weights), np.stack(b.weights))
     elif a.weights is not None or b.weights is not None:
       raise ValueError("compare: both or neither statistic must be weighted")
+    if a.strata != b.strata:
+      raise ValueError("compare: both statistics must have the same strata")
+    pair = a.seeds is not None and a.seeds == b.seeds
     return stats.paired_difference(list(a.scores), list(b.scores), weights=weights,
                                    contrast=contrast, n_boot=self.n_boot, seed=self.seed,
-                                   ci=self.ci)
+                                   ci=self.ci, pair_seeds=pair, strata=a.strata)
 
 
 def verdict(result: Optional[stats.Comparison], claim: str = "lower") -> str:
@@ -124,6 +155,19 @@ def ppl_units(runs: Sequence[dict], setting: str, length: int) -> Optional[Units
     return None
   return Units(_arrays(row["window_nll"] for row in rows),
                _arrays(row["window_tokens"] for row in rows))
+
+
+def ppl_mean_units(runs: Sequence[dict], setting: str, lengths: Sequence[int]
+                   ) -> Optional[Units]:
+  """The mean over `lengths` of each length's mean window loss (window NLL / its tokens), one
+  stratum a length; None unless every run has every length."""
+  parts = []
+  for length in lengths:
+    units = ppl_units(runs, setting, length)
+    if units is None:
+      return None
+    parts.append((1 / len(lengths), [x / w for x, w in zip(units.scores, units.weights)]))
+  return Units(pooled(parts), strata=pooled_strata(parts)) if parts else None
 
 
 def ruler_tasks(run: dict, setting: str) -> dict:
@@ -160,7 +204,7 @@ def ruler_units(runs: Sequence[dict], setting: str, coefs: dict, lengths: dict,
       if any(row is None or not row.get(key) for row in rows):
         return None
       parts.append((c / len(lengths[task]), [row[key] for row in rows]))
-  return Units(pooled(parts)) if parts and runs else None
+  return Units(pooled(parts), strata=pooled_strata(parts)) if parts and runs else None
 
 
 def ruler_count(runs: Sequence[dict], setting: str, tasks: dict) -> tuple[int, int]:
@@ -197,7 +241,9 @@ def icl_units(runs: Sequence[dict], tasks: Sequence[str], index: int) -> Optiona
   per_run = [icl_samples(r) for r in runs]
   if not runs or not tasks or any(t not in s for s in per_run for t in tasks):
     return None
-  return Units(_arrays([x for t in tasks for x in s[t][index]] for s in per_run))
+  strata = tuple(i for i, t in enumerate(tasks) for _ in per_run[0][t][index])
+  return Units(_arrays([x for t in tasks for x in s[t][index]] for s in per_run),
+               strata=strata)
 
 
 def icl_common_tasks(groups: Sequence[Sequence[dict]]) -> list:
@@ -239,66 +285,22 @@ def recall_units(records: Sequence[dict], encoding: str, setting: str, lengths: 
                       for s in seeds for L in lengths):
     return None
   parts = [(1 / len(lengths), [cells[s][L][key] for s in seeds]) for L in lengths]
-  return Units(pooled(parts))
-
-
-# ------------------------------------------------------------------------------ formatting
-
-
-# The write-up's labels (results_writeup and results_claims): encodings as the plots name them.
-SETTING_NAMES = {"none": "no YaRN", "yarn": "YaRN, factor L/T", "yarn_fixed": "YaRN, fixed s"}
-
-
-def name(enc: str) -> str:
-  return ENCODING_NAMES.get(enc, enc)
-
-
-def mult(length: int, base: Optional[int]) -> str:
-  """"4x" for a length 4 times the training length ("0.5x" below it)."""
-  return f"{length / base:g}x" if base else "?"
-
-
-def seeds_note(x) -> str:
-  ok = getattr(x, "seed_spread_included", True)
-  return "" if ok else " (1 seed: units only)"
-
-
-def fmt_interval(iv: Optional[stats.Interval], digits: int = 2) -> str:
-  """"estimate [lower, upper]", "-" for None."""
-  if iv is None:
-    return "-"
-  return (f"{iv.estimate:.{digits}f} [{iv.lower:.{digits}f}, {iv.upper:.{digits}f}]"
-          + seeds_note(iv))
-
-
-def fmt_change(c, digits: int = 2) -> str:
-  """A comparison: signed "+x [lo, hi]"; relative and exp contrasts in percent."""
-  if c is None:
-    return "-"
-  if getattr(c, "contrast", "difference") in ("relative", "exp"):
-    return (f"{100 * c.estimate:+.1f} % [{100 * c.lower:+.1f}, {100 * c.upper:+.1f}]"
-            + seeds_note(c))
-  return f"{c.estimate:+.{digits}f} [{c.lower:+.{digits}f}, {c.upper:+.{digits}f}]" + seeds_note(c)
-
-
-def fmt_count(kn: Optional[tuple[int, int]]) -> str:
-  return "-" if kn is None else f"{kn[0]}/{kn[1]}"
-
-
-def interval_verdict(iv: Optional[stats.Interval], claim: str = "lower") -> str:
-  """The verdict of an interval on a contrast whose null value is 0 (e.g. a within-run
-  change), as stats.verdict does for comparisons."""
-  if iv is None:
-    return "not measured"
-  if iv.lower <= 0 <= iv.upper:
-    return "inconclusive"
-  return "supports" if (iv.upper < 0) == (claim == "lower") else "contradicts"
+  return Units(pooled(parts), seeds=tuple(seeds), strata=pooled_strata(parts))
 
 
 # ---------------------------------------------------------------------------------- study
 
 
 ORDER = ("rove", "rope", "nope")
+
+
+def run_seed(run: dict):
+  """A run's training seed: its report's "seed", else the N of a name ending in -sN, else
+  its name (runs without seeds pair only by identical names)."""
+  if run.get("seed") is not None:
+    return int(run["seed"])
+  m = re.search(r"-s(\d+)$", str(run.get("name", "")))
+  return int(m.group(1)) if m else str(run.get("name"))
 
 
 class Study:
@@ -311,6 +313,9 @@ class Study:
     self.groups: dict = {}
     for run in report["runs"]:
       self.groups.setdefault(run["model"]["pos_encoding"], []).append(run)
+    for runs in self.groups.values():  # seed order: seed i of every encoding is a pair
+      runs.sort(key=lambda r: (isinstance(run_seed(r), str), run_seed(r)))
+    self.seeds = {e: tuple(run_seed(r) for r in runs) for e, runs in self.groups.items()}
     self.order = [e for e in ORDER if e in self.groups] + sorted(
         e for e in self.groups if e not in ORDER)
     self._cache: dict = {}
@@ -326,9 +331,12 @@ class Study:
     return [("rove", b) for b in ("rope", "nope") if "rove" in have and b in have]
 
   # perplexity
+  def _seeded(self, enc, units: Optional[Units]) -> Optional[Units]:
+    return None if units is None else dataclasses.replace(units, seeds=self.seeds[enc])
+
   def ppl_units(self, enc, setting, length) -> Optional[Units]:
-    return self._once(("ppl", enc, setting, length),
-                      lambda: ppl_units(self.groups[enc], setting, length))
+    return self._once(("ppl", enc, setting, length), lambda: self._seeded(
+        enc, ppl_units(self.groups[enc], setting, length)))
 
   def loss(self, enc, setting, length):
     return self._once(("loss", enc, setting, length),
@@ -341,6 +349,15 @@ class Study:
   def ppl_cmp(self, a, b, setting, length):
     return self._once(("ppl_cmp", a, b, setting, length), lambda: self.boot.compare(
         self.ppl_units(a, setting, length), self.ppl_units(b, setting, length), "exp"))
+
+  def ppl_mean_cmp(self, a, b, setting, lengths):
+    """exp(mean over `lengths` of the A - B mean window loss) - 1: the geometric-mean
+    perplexity ratio - 1 over those lengths."""
+    lengths = tuple(lengths)
+    units = {e: self._once(("ppl_mean", e, setting, lengths), lambda e=e: self._seeded(
+        e, ppl_mean_units(self.groups[e], setting, lengths))) for e in (a, b)}
+    return self._once(("ppl_mean_cmp", a, b, setting, lengths),
+                      lambda: self.boot.compare(units[a], units[b], "exp"))
 
   def _ppl_mix(self, enc, setting, length, keep):
     """Units of loss(setting) - keep * loss(none) per run (the same windows)."""
@@ -370,8 +387,8 @@ class Study:
 
   def _ruler(self, enc, setting, coefs_key, key):
     coefs = self.ruler_coefs(setting, coefs_key)
-    return self._once(("ruler_units", enc, setting, coefs_key, key), lambda: ruler_units(
-        self.groups[enc], setting, coefs, self.ruler_lengths(setting), key))
+    return self._once(("ruler_units", enc, setting, coefs_key, key), lambda: self._seeded(
+        enc, ruler_units(self.groups[enc], setting, coefs, self.ruler_lengths(setting), key)))
 
   def ruler_coefs(self, setting, which) -> dict:
     """Task coefficients: a task name (that task), "mean" (mean over tasks), "agg" / "other"
@@ -409,8 +426,8 @@ class Study:
 
   def icl_units(self, enc, tasks, index):
     tasks = tuple(tasks)
-    return self._once(("icl_units", enc, tasks, index),
-                      lambda: icl_units(self.groups[enc], tasks, index))
+    return self._once(("icl_units", enc, tasks, index), lambda: self._seeded(
+        enc, icl_units(self.groups[enc], tasks, index)))
 
   def icl_nll(self, enc, tasks):
     return self._once(("icl_nll", enc, tuple(tasks)),

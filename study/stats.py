@@ -7,21 +7,31 @@ with `weights` the ratio estimator sum(scores) / sum(weights) (perplexity: summe
 over window token counts, the run's loss in nats per token).
 
 One bootstrap replicate resamples, with replacement,
-  - the seeds of each encoding (the runs are the training-seed population), and
+  - the seeds: with `pair_seeds` ONE index array for both encodings, so seed i of A is drawn
+    with seed i of B (a seed gives every encoding the same initialisation and batch order:
+    seed effects shared by the pair cancel in the difference); otherwise each encoding's
+    seeds independently (the runs are the training-seed population), and
   - the units, with ONE index array shared by all runs of both encodings (the pairing: a hard
-    window is hard for every run, so its difficulty cancels in the difference),
+    window is hard for every run, so its difficulty cancels in the difference); with `strata`
+    the units are drawn within each stratum (a task, a length), so a pooled statistic keeps
+    every stratum's share in every replicate,
 then averages the per-run statistics over the resampled seeds of each encoding and contrasts
 the two means. The interval is the percentile interval of the replicates; the point estimate
 is the contrast on the full data. With one seed of an encoding there is no seed spread to
 resample: the result says so (`seed_spread_included=False`) and covers unit noise only.
 
+Every result also carries the bootstrap's two-sided p-value for "the contrast is 0" (for
+multiplicity control, study/multiplicity.py) and the Monte-Carlo standard error of its interval
+endpoints (from 10 batches of the replicates): a verdict whose deciding endpoint lies within 2
+of those errors of 0 could flip with the bootstrap's seed, and `Comparison.mc_stable` says so.
+
 Limits a reader should know: with few seeds the seed level of the bootstrap is coarse (a
 resample of 3 seeds takes at most 10 distinct values, and its variance is (n-1)/n of the
-sample's), so when the seed-to-seed spread dominates the interval is too narrow; when unit noise
-dominates, resampling both levels counts it twice and the interval is conservative. Measured
-coverage of the 95 % difference interval, 3 seeds per encoding, 40 units, unit noise sd 1 (sd
-0.16 of a run's mean), seed-offset sd 0 / 0.1 / 0.22 / 0.5 / 1.0: 99.5 / 98 / 95 / 88.5 / 84 %
-(tests/test_stats.py checks the 0.22 case); with 5 seeds, still 88.5 % at seed sd 0.5.
+sample's), so when the seed-to-seed spread dominates the interval is too narrow: with 3 seed
+pairs the method, not the data, can decide a verdict, hence the study's 8 pairs and the paired
+t-test beside each primary comparison (study/multiplicity.py). When unit noise dominates,
+resampling both levels counts it twice and the interval is conservative. tests/test_stats.py
+measures coverage on simulated seeds and units (bench/RESULTS.md has the figures).
 """
 
 from __future__ import annotations
@@ -48,6 +58,8 @@ class Interval:
     ci: the interval's nominal coverage.
     n_seeds, n_units, n_boot: the runs, units per run and bootstrap replicates.
     seed_spread_included: False with a single run (the interval covers unit noise only).
+    mc_se: the Monte-Carlo standard errors of (lower, upper); None below 200 replicates.
+    n_strata: the strata the units were resampled within (1: none).
   """
   estimate: float
   lower: float
@@ -57,6 +69,8 @@ class Interval:
   n_units: int
   n_boot: int
   seed_spread_included: bool
+  mc_se: Optional[tuple] = None
+  n_strata: int = 1
 
   def transformed(self, fn: Callable[[float], float]) -> "Interval":
     """The interval under an increasing function, e.g. math.exp for loss -> perplexity
@@ -79,6 +93,12 @@ class Comparison:
     n_seeds_a, n_seeds_b, n_units, n_boot: runs per encoding, units, bootstrap replicates.
     paired: whether units were resampled jointly for A and B (the default).
     seed_spread_included: False when either encoding has a single run.
+    seeds_paired: whether seed i of A was resampled together with seed i of B.
+    p_value: the bootstrap's two-sided p-value for a contrast of 0 (None when not computed).
+    mc_se: the Monte-Carlo standard errors of (lower, upper); None below 200 replicates.
+    n_strata: the strata the units were resampled within (1: none).
+    seed_diffs: with paired seeds, each pair's A - B of the per-run statistic on the full data
+      (for the paired t-test, study/multiplicity.py); () otherwise.
   """
   estimate: float
   lower: float
@@ -93,6 +113,24 @@ class Comparison:
   n_boot: int
   paired: bool
   seed_spread_included: bool
+  seeds_paired: bool = False
+  p_value: Optional[float] = None
+  mc_se: Optional[tuple] = None
+  n_strata: int = 1
+  seed_diffs: tuple = ()
+
+  @property
+  def mc_stable(self) -> bool:
+    """False when the endpoint nearest 0 lies within 2 Monte-Carlo errors of 0 (the verdict
+    could change with the bootstrap's seed); True when the errors are unknown (None)."""
+    if self.mc_se is None:
+      return True
+    lo, hi = self.mc_se
+    if self.lower > 0:
+      return not abs(self.lower) <= 2 * lo
+    if self.upper < 0:
+      return not abs(self.upper) <= 2 * hi
+    return not (min(abs(self.lower), abs(self.upper)) <= 2 * max(lo, hi))
 
   @property
   def direction(self) -> str:
@@ -193,21 +231,45 @@ def _run_stats(scores: np.ndarray, weights: Optional[np.ndarray],
     return num / den
 
 
-def _unit_counts(rng: np.random.Generator, n_rows: int, n_units: int) -> np.ndarray:
-  """How often each unit is drawn in n_rows resamples of n_units units: [n_rows, n_units]."""
-  idx = rng.integers(0, n_units, size=(n_rows, n_units), dtype=np.int32)  # chunks < 2**31
-  idx += np.arange(n_rows, dtype=np.int32)[:, None] * np.int32(n_units)
-  return np.bincount(idx.ravel(), minlength=n_rows * n_units).reshape(n_rows, n_units).astype(
-      np.float64)
+def _as_strata(strata, n_units: int) -> Optional[list]:
+  """None, or the unit indices of each stratum (labels [n_units], any hashable ints)."""
+  if strata is None:
+    return None
+  labels = np.asarray(strata)
+  if labels.shape != (n_units,):
+    raise ValueError(f"strata must give one label per unit, shape ({n_units},), got "
+                     f"{labels.shape}")
+  return [np.flatnonzero(labels == v) for v in np.unique(labels)]
 
 
-def _seed_mean(rng: np.random.Generator, per_run: np.ndarray) -> np.ndarray:
-  """The mean over a resample of the runs (columns of `per_run`), per replicate (row)."""
-  n_rows, n_runs = per_run.shape
-  if n_runs == 1:
+def _unit_counts(rng: np.random.Generator, n_rows: int, n_units: int,
+                 strata: Optional[list] = None) -> np.ndarray:
+  """How often each unit is drawn in n_rows resamples of n_units units: [n_rows, n_units];
+  with `strata` (index arrays) each stratum is resampled within itself."""
+  groups = strata if strata is not None else [None]
+  counts = np.empty((n_rows, n_units))
+  for members in groups:
+    k = n_units if members is None else len(members)
+    idx = rng.integers(0, k, size=(n_rows, k), dtype=np.int32)  # chunks < 2**31
+    idx += np.arange(n_rows, dtype=np.int32)[:, None] * np.int32(k)
+    drawn = np.bincount(idx.ravel(), minlength=n_rows * k).reshape(n_rows, k)
+    if members is None:
+      counts[:] = drawn
+    else:
+      counts[:, members] = drawn
+  return counts
+
+
+def _seed_pick(rng: np.random.Generator, n_rows: int, n_runs: int) -> Optional[np.ndarray]:
+  """Resampled run indices per replicate [n_rows, n_runs]; None for a single run."""
+  return None if n_runs == 1 else rng.integers(0, n_runs, size=(n_rows, n_runs))
+
+
+def _seed_mean(per_run: np.ndarray, pick: Optional[np.ndarray]) -> np.ndarray:
+  """The mean over the picked runs (columns of `per_run`), per replicate (row)."""
+  if pick is None:
     return per_run[:, 0]
-  pick = rng.integers(0, n_runs, size=(n_rows, n_runs))
-  return per_run[np.arange(n_rows)[:, None], pick].mean(axis=1)
+  return per_run[np.arange(per_run.shape[0])[:, None], pick].mean(axis=1)
 
 
 def _contrast(a, b, contrast: str):
@@ -226,9 +288,35 @@ def _percentiles(boot: np.ndarray, ci: float, what: str):
   return float(lo), float(hi)
 
 
+MC_BATCHES = 10
+
+
+def _mc_se(boot: np.ndarray, ci: float) -> tuple:
+  """Monte-Carlo standard errors of the percentile endpoints: the spread of the endpoints of
+  MC_BATCHES disjoint batches of the replicates, / sqrt(MC_BATCHES) (a quantile's variance
+  falls as 1 / replicates). None below 20 replicates a batch."""
+  boot = boot[np.isfinite(boot)]
+  n = boot.size // MC_BATCHES
+  if n < 20:
+    return None
+  ends = np.quantile(boot[:n * MC_BATCHES].reshape(MC_BATCHES, n),
+                     [(1 - ci) / 2, (1 + ci) / 2], axis=1)
+  se = ends.std(axis=1, ddof=1) / np.sqrt(MC_BATCHES)
+  return float(se[0]), float(se[1])
+
+
+def _p_value(boot: np.ndarray) -> float:
+  """The percentile bootstrap's two-sided p-value for a contrast of 0: twice the smaller tail
+  beyond 0, with the +1 correction of a Monte-Carlo test (never exactly 0)."""
+  boot = boot[np.isfinite(boot)]
+  below, above = (boot <= 0).sum(), (boot >= 0).sum()
+  return float(min(1.0, 2 * (min(below, above) + 1) / (boot.size + 1)))
+
+
 def paired_difference(a_runs: Sequence, b_runs: Sequence, *, weights=None,
                       contrast: str = "difference", n_boot: int = 2000, seed: int = 0,
-                      ci: float = 0.95, paired: bool = True) -> Comparison:
+                      ci: float = 0.95, paired: bool = True, pair_seeds: bool = False,
+                      strata=None) -> Comparison:
   """Encoding A against encoding B with a paired, hierarchical bootstrap interval.
 
   Args:
@@ -246,6 +334,11 @@ def paired_difference(a_runs: Sequence, b_runs: Sequence, *, weights=None,
     ci: the interval's nominal coverage, strictly between 0 and 1.
     paired: False resamples A's and B's units independently (an unpaired bootstrap, for
       comparison only: it ignores that the units are shared).
+    pair_seeds: a_runs[i] and b_runs[i] share training seed i (the same initialisation and
+      batch order): resample the pairs, not each encoding's seeds on their own. Needs as many
+      runs of A as of B, in the same seed order.
+    strata: None, or one label per unit (e.g. the task or length it belongs to): units are
+      resampled within each stratum.
 
   Returns:
     A Comparison; its null value is 0 for every contrast. See `verdict`. Replicates whose
@@ -254,7 +347,8 @@ def paired_difference(a_runs: Sequence, b_runs: Sequence, *, weights=None,
 
   Raises:
     ValueError: on no runs or no units, runs of different lengths, non-finite scores, bad
-      weights, an unknown contrast, n_boot < 1 or ci outside (0, 1).
+      weights or strata, an unknown contrast, n_boot < 1, ci outside (0, 1), or pair_seeds
+      with different numbers of runs.
   """
   _check_options(n_boot, ci)
   if contrast not in CONTRASTS:
@@ -263,23 +357,30 @@ def paired_difference(a_runs: Sequence, b_runs: Sequence, *, weights=None,
   if sa.shape[1] != sb.shape[1]:
     raise ValueError(f"a_runs have {sa.shape[1]} units, b_runs {sb.shape[1]}; A and B must be "
                      f"scored on the same units in the same order")
+  if pair_seeds and len(sa) != len(sb):
+    raise ValueError(f"pair_seeds needs as many runs of A as of B (seed i of each is a pair), "
+                     f"got {len(sa)} and {len(sb)}; pass pair_seeds=False for unpaired seeds")
   n_units = sa.shape[1]
+  groups = _as_strata(strata, n_units)
   if isinstance(weights, tuple) and len(weights) == 2 and np.ndim(weights[0]) >= 1:
     wa = _as_weights(weights[0], len(sa), n_units, "weights_a")
     wb = _as_weights(weights[1], len(sb), n_units, "weights_b")
   else:
     wa = _as_weights(weights, len(sa), n_units, "weights")
     wb = _as_weights(weights, len(sb), n_units, "weights")
-  a, b = _run_stats(sa, wa).mean(), _run_stats(sb, wb).mean()
+  run_a, run_b = _run_stats(sa, wa), _run_stats(sb, wb)
+  a, b = run_a.mean(), run_b.mean()
   rng = np.random.default_rng(seed)
   boot = np.empty(n_boot)
   step = max(1, _CHUNK_ELEMENTS // n_units)
   for start in range(0, n_boot, step):
     rows = min(step, n_boot - start)
-    counts_a = _unit_counts(rng, rows, n_units)
-    counts_b = counts_a if paired else _unit_counts(rng, rows, n_units)
-    mean_a = _seed_mean(rng, _run_stats(sa, wa, counts_a))
-    mean_b = _seed_mean(rng, _run_stats(sb, wb, counts_b))
+    counts_a = _unit_counts(rng, rows, n_units, groups)
+    counts_b = counts_a if paired else _unit_counts(rng, rows, n_units, groups)
+    pick_a = _seed_pick(rng, rows, len(sa))
+    pick_b = pick_a if pair_seeds else _seed_pick(rng, rows, len(sb))
+    mean_a = _seed_mean(_run_stats(sa, wa, counts_a), pick_a)
+    mean_b = _seed_mean(_run_stats(sb, wb, counts_b), pick_b)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
       boot[start:start + rows] = _contrast(mean_a, mean_b, contrast)
   lower, upper = _percentiles(boot, ci, "paired_difference")
@@ -288,11 +389,14 @@ def paired_difference(a_runs: Sequence, b_runs: Sequence, *, weights=None,
   return Comparison(estimate=estimate, lower=lower, upper=upper, a=float(a), b=float(b),
                     contrast=contrast, ci=float(ci), n_seeds_a=len(sa), n_seeds_b=len(sb),
                     n_units=n_units, n_boot=int(n_boot), paired=bool(paired),
-                    seed_spread_included=len(sa) > 1 and len(sb) > 1)
+                    seed_spread_included=len(sa) > 1 and len(sb) > 1,
+                    seeds_paired=bool(pair_seeds), p_value=_p_value(boot),
+                    mc_se=_mc_se(boot, ci), n_strata=1 if groups is None else len(groups),
+                    seed_diffs=tuple(float(x) for x in run_a - run_b) if pair_seeds else ())
 
 
 def mean_interval(runs: Sequence, *, weights=None, n_boot: int = 2000, seed: int = 0,
-                  ci: float = 0.95) -> Interval:
+                  ci: float = 0.95, strata=None) -> Interval:
   """One encoding's statistic (mean over its seeds) with a hierarchical bootstrap interval.
 
   Args:
@@ -300,7 +404,7 @@ def mean_interval(runs: Sequence, *, weights=None, n_boot: int = 2000, seed: int
     weights: None, or per-unit weights [n_units] (shared) or [n_runs, n_units]: the per-run
       statistic is then sum(scores) / sum(weights) (perplexity: the loss in nats per token;
       `Interval.transformed(math.exp)` gives the perplexity cell).
-    n_boot, seed, ci: as in `paired_difference`.
+    n_boot, seed, ci, strata: as in `paired_difference`.
 
   Returns:
     An Interval.
@@ -312,14 +416,16 @@ def mean_interval(runs: Sequence, *, weights=None, n_boot: int = 2000, seed: int
   scores = _as_runs(runs, "runs")
   n_runs, n_units = scores.shape
   w = _as_weights(weights, n_runs, n_units, "weights")
+  groups = _as_strata(strata, n_units)
   rng = np.random.default_rng(seed)
   boot = np.empty(n_boot)
   step = max(1, _CHUNK_ELEMENTS // n_units)
   for start in range(0, n_boot, step):
     rows = min(step, n_boot - start)
-    boot[start:start + rows] = _seed_mean(rng, _run_stats(scores, w,
-                                                          _unit_counts(rng, rows, n_units)))
+    per_run = _run_stats(scores, w, _unit_counts(rng, rows, n_units, groups))
+    boot[start:start + rows] = _seed_mean(per_run, _seed_pick(rng, rows, n_runs))
   lower, upper = _percentiles(boot, ci, "mean_interval")
   return Interval(estimate=float(_run_stats(scores, w).mean()), lower=lower, upper=upper,
                   ci=float(ci), n_seeds=n_runs, n_units=n_units, n_boot=int(n_boot),
-                  seed_spread_included=n_runs > 1)
+                  seed_spread_included=n_runs > 1, mc_se=_mc_se(boot, ci),
+                  n_strata=1 if groups is None else len(groups))

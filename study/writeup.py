@@ -20,6 +20,8 @@ from rove_jax.evaluation.plots import ENCODING_NAMES
 from rove_jax.evaluation.report import train_len
 from rove_jax.evaluation.report_files import replace_files
 from study import claims as claims_lib
+from study import fmt
+from study import limits
 from study import numbers as rs
 from study import plots
 
@@ -56,7 +58,7 @@ def _js(x) -> Optional[dict]:
 
 
 def _cmp_cell(c, claim="lower") -> str:
-  return "-" if c is None else f"{rs.fmt_change(c)} {rs.verdict(c, claim)}"
+  return "-" if c is None else f"{fmt.fmt_change(c)} {rs.verdict(c, claim)}"
 
 
 # -------------------------------------------------------------------------------- sections
@@ -66,7 +68,7 @@ def _header(st: rs.Study, meta: dict) -> list:
   report = st.report
   first = report["runs"][0]["model"]
   steps = sorted({r["step"] for r in report["runs"]})
-  seeds = "; ".join(f"{rs.name(e)} {len(st.groups[e])}" for e in st.order)
+  seeds = "; ".join(f"{fmt.name(e)} {len(st.groups[e])}" for e in st.order)
   L = ["# Small-scale replication: RoVE vs RoPE (vs NoPE)\n"]
   if meta.get("quick"):
     L.append("**This is a --quick smoke run (tiny model, a few steps): its numbers mean nothing "
@@ -132,29 +134,43 @@ def _unit_counts(st: rs.Study) -> str:
 
 
 def _method(st: rs.Study) -> list:
-  seeds = ", ".join(f"{len(st.groups[e])} {rs.name(e)}" for e in st.order)
-  fewest = min(len(runs) for runs in st.groups.values())
-  cover = " / ".join(c for _, c in rs.COVERAGE)
-  sds = " / ".join(s for s, _ in rs.COVERAGE)
+  seeds = ", ".join(f"{len(st.groups[e])} {fmt.name(e)}" for e in st.order)
+  pairs = min((len(st.groups[e]) for e in ("rove", "rope") if e in st.groups), default=0)
+  paired = "rove" in st.groups and "rope" in st.groups and st.seeds["rove"] == st.seeds["rope"]
   return [
       "## How the intervals are computed\n",
       f"Every cell is `estimate [lower, upper]`, a {rs.CI * 100:g} % percentile interval from a "
-      f"hierarchical paired bootstrap (study/stats.py, {st.boot.n_boot} "
-      f"replicates): each replicate resamples the seeds within each encoding ({seeds} seeds) "
-      f"and the evaluation units, {_unit_counts(st)}, with the same unit indices for "
-      f"every run: all runs are scored on the same windows and samples in the same order, so "
-      f"every comparison is paired. A comparison is RoVE minus the other encoding: for "
-      f"perplexity the relative difference exp(loss_RoVE - loss_other) - 1, for answer NLLs "
-      f"and accuracies the plain difference. Its verdict on a claim is *supports* when the "
-      f"interval excludes 0 on the claimed side, *contradicts* when it excludes 0 on the other "
-      f"side, *inconclusive* otherwise. Accuracy below {rs.FLOOR} for every compared encoding "
-      f"is *at the floor*: it is given as counts of correct answers, with no verdict. Known "
-      f"limit: with {fewest} seed{'s' if fewest > 1 else ''} the seed level is resampled from "
-      f"{fewest} value{'s' if fewest > 1 else ''}, so an interval can under-cover when "
-      f"seed-to-seed variation is large. stats.py measured the coverage of the nominal 95 % "
-      f"difference interval in simulation (3 seeds an encoding, 40 units with noise sd 1, "
-      f"i.e. sd 0.16 for a run's mean) at {cover} % for a seed-to-seed sd of {sds} in the "
-      f"same units (5 seeds: still 88.5 % at sd 0.5).\n"]
+      f"hierarchical paired bootstrap (study/stats.py, {st.boot.n_boot} replicates; {seeds} "
+      f"seeds). Each replicate resamples the training seeds and the evaluation units, "
+      f"{_unit_counts(st)}. Seeds are paired across encodings: seed i gives every encoding "
+      f"the same initialisation and batch order, so a replicate draws seed pairs, not each "
+      f"encoding's seeds on its own"
+      + ("" if paired else " (here RoVE's and RoPE's seeds differ, so they are resampled "
+                           "separately)")
+      + ". Units are paired too: every run is scored on the same windows and samples in the "
+      "same order, and a replicate draws one set of unit indices for all runs, within each "
+      "task and length of a pooled statistic (its cells keep their shares). A comparison is "
+      "RoVE minus the other encoding: for perplexity the relative difference "
+      "exp(loss_RoVE - loss_other) - 1, for answer NLLs and accuracies the plain difference. "
+      "Its verdict on a claim is *supports* when the interval excludes 0 on the claimed side, "
+      f"*contradicts* when it excludes 0 on the other side, *inconclusive* otherwise. Accuracy "
+      f"below {rs.FLOOR} for every compared encoding is *at the floor*, above "
+      f"{1 - rs.FLOOR:g} *at the ceiling*: counts, no verdict.\n",
+      "Multiplicity: the claims table makes many verdicts. A short family of primary "
+      "comparisons, one per claim of the paper's abstract and setting, was fixed before the "
+      "numbers were read (study/primary.py); its verdicts are also given after Holm's "
+      "adjustment, as are the exploratory rows', within their own family. Each result's "
+      "Monte-Carlo error (the spread of its endpoints over 10 batches of the replicates) is "
+      "computed, and a verdict whose deciding endpoint lies within 2 such errors of 0 is "
+      "flagged in the table.\n",
+      f"Coverage: with few seeds the seed level is resampled from few values and an interval "
+      f"under-covers when the encoding-by-seed variation is large. Measured in simulation "
+      f"(study/stats.py, 40 units with noise sd 1, i.e. sd 0.16 of a run's mean, a seed "
+      f"effect shared by the pair), the nominal 95 % difference interval covered at "
+      f"{rs.coverage_quote(3)} with 3 pairs and {rs.coverage_quote(8)} with 8. This study "
+      f"has {pairs} RoVE-RoPE pair{'s' if pairs != 1 else ''}"
+      + ("; the primary rows give the paired t-test beside the bootstrap." if pairs > 1
+         else ".") + "\n"]
 
 
 def _table1(st: rs.Study, base, summary) -> list:
@@ -171,13 +187,13 @@ def _table1(st: rs.Study, base, summary) -> list:
     nll, right = st.icl_nll(enc, tasks), st.icl_count(enc, tasks)
     summary["encodings"].setdefault(enc, {})["table1"] = {
         "loss": _js(loss), "ppl": _js(ppl), "icl_nll": _js(nll), "icl_correct": right}
-    L.append(f"| {rs.name(enc)} | {len(st.groups[enc])} | {rs.fmt_interval(loss, 4)} | "
-             f"{rs.fmt_interval(ppl)} | {rs.fmt_count(right)} | {rs.fmt_interval(nll)} |")
+    L.append(f"| {fmt.name(enc)} | {len(st.groups[enc])} | {fmt.fmt_interval(loss, 4)} | "
+             f"{fmt.fmt_interval(ppl)} | {fmt.fmt_count(right)} | {fmt.fmt_interval(nll)} |")
   for a, b in st.pairs():
     counts = [st.icl_count(a, tasks), st.icl_count(b, tasks)]
     acc = ("at the floor" if rs.at_floor(counts) else
            _cmp_cell(st.icl_cmp(a, b, tasks, 1), "higher"))
-    L.append(f"| {rs.name(a)} - {rs.name(b)} | | | {_cmp_cell(st.ppl_cmp(a, b, 'none', base))} | "
+    L.append(f"| {fmt.name(a)} - {fmt.name(b)} | | | {_cmp_cell(st.ppl_cmp(a, b, 'none', base))} | "
              f"{acc} | {_cmp_cell(st.icl_cmp(a, b, tasks, 0))} |")
   L.append("\nDifference rows: perplexity as the relative difference (RoVE / other - 1), ICL "
            "accuracy and answer NLL as plain differences, each with its verdict on the "
@@ -200,30 +216,30 @@ def _perplexity(st: rs.Study, base, summary) -> list:
               f"would use)")
   L[-1] += (". NoPE has no rotary frequencies to scale: no YaRN only. Cells: perplexity "
             "(exp of the token-weighted loss) with its interval.\n")
-  L.append("| encoding | setting | " + " | ".join(f"{n} ({rs.mult(n, base)})" for n in lengths)
+  L.append("| encoding | setting | " + " | ".join(f"{n} ({fmt.mult(n, base)})" for n in lengths)
            + " |")
   L.append("|---|---|" + "---|" * len(lengths))
   for enc in st.order:
-    for setting in rs.SETTING_NAMES:
+    for setting in fmt.SETTING_NAMES:
       cells = [st.ppl(enc, setting, n) for n in lengths]
       if all(c is None for c in cells):
         continue
       summary["encodings"].setdefault(enc, {}).setdefault("ppl", {})[setting] = {
           str(n): _js(c) for n, c in zip(lengths, cells)}
-      L.append(f"| {rs.name(enc)} | {rs.SETTING_NAMES[setting]} | "
-               + " | ".join(rs.fmt_interval(c) for c in cells) + " |")
+      L.append(f"| {fmt.name(enc)} | {fmt.SETTING_NAMES[setting]} | "
+               + " | ".join(fmt.fmt_interval(c) for c in cells) + " |")
   if st.pairs():
     L.append("\nRelative perplexity difference (RoVE / other - 1; below 0: RoVE lower) and "
              "its verdict on \"RoVE is lower\":\n")
-    L.append("| comparison | setting | " + " | ".join(f"{n} ({rs.mult(n, base)})" for n in lengths)
+    L.append("| comparison | setting | " + " | ".join(f"{n} ({fmt.mult(n, base)})" for n in lengths)
              + " |")
     L.append("|---|---|" + "---|" * len(lengths))
     for a, b in st.pairs():
-      for setting in rs.SETTING_NAMES:
+      for setting in fmt.SETTING_NAMES:
         cells = [st.ppl_cmp(a, b, setting, n) for n in lengths]
         if all(c is None for c in cells):
           continue
-        L.append(f"| {rs.name(a)} - {rs.name(b)} | {rs.SETTING_NAMES[setting]} | "
+        L.append(f"| {fmt.name(a)} - {fmt.name(b)} | {fmt.SETTING_NAMES[setting]} | "
                  + " | ".join(_cmp_cell(c) for c in cells) + " |")
   L.append("\n![perplexity vs length](eval/perplexity_vs_length.png)\n")
   return L
@@ -260,7 +276,7 @@ def _ruler(st: rs.Study, base, summary) -> list:
       L += ["## RULER: answer NLL by task (lower is better)\n",
             f"{proto.get('samples', '?')} samples a task and length (seed "
             f"{proto.get('seed', '?')}), the same samples for every run and setting; lengths "
-            f"{', '.join(f'{n} ({rs.mult(n, base)})' for n in all_lengths)}. Answer NLL: the mean "
+            f"{', '.join(f'{n} ({fmt.mult(n, base)})' for n in all_lengths)}. Answer NLL: the mean "
             f"NLL of the gold answer's tokens (the paper scores RULER by NLL). Exact match "
             f"(greedy) as counts, summed over lengths and seeds. A task's figure is the mean "
             f"over the lengths where that task was scored; the mean over tasks is over the "
@@ -268,25 +284,25 @@ def _ruler(st: rs.Study, base, summary) -> list:
       skipped = _skipped(st)
       L.append(("Tasks not scored at every length or at all:\n\n" + "\n".join(skipped)
                 + "\n") if skipped else "Every task was scored at every length.\n")
-    L.append(f"### RULER, {rs.SETTING_NAMES[setting]}\n")
+    L.append(f"### RULER, {fmt.SETTING_NAMES[setting]}\n")
     if setting == "yarn":
       L.append("YaRN with factor L / T at each length. NoPE has no rotary frequencies: no "
                "YaRN row.\n")
     pairs = st.pairs(encs)
-    head = (["task", "lengths"] + [rs.name(e) for e in encs]
-            + [f"{rs.name(a)} - {rs.name(b)}" for a, b in pairs]
-            + ["exact match (" + " / ".join(rs.name(e) for e in encs) + ")"])
+    head = (["task", "lengths"] + [fmt.name(e) for e in encs]
+            + [f"{fmt.name(a)} - {fmt.name(b)}" for a, b in pairs]
+            + ["exact match (" + " / ".join(fmt.name(e) for e in encs) + ")"])
     L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out = summary["ruler"].setdefault(setting, {})
     for task in list(lengths) + ["mean"]:
       lens = "each task's" if task == "mean" else ", ".join(map(str, lengths[task]))
       cells = [st.ruler_nll(e, setting, task) for e in encs]
       cmps = [st.ruler_cmp(a, b, setting, task) for a, b in pairs]
-      counts = [rs.fmt_count(st.ruler_count(e, setting, task)) for e in encs]
+      counts = [fmt.fmt_count(st.ruler_count(e, setting, task)) for e in encs]
       out[task] = {"lengths": lengths.get(task), "nll": {e: _js(c) for e, c in zip(encs, cells)},
                    "comparisons": {f"{a}-{b}": _js(c) for (a, b), c in zip(pairs, cmps)}}
       label = "**mean over tasks**" if task == "mean" else task
-      row = ([label, lens] + [rs.fmt_interval(c) for c in cells] + [_cmp_cell(c) for c in cmps]
+      row = ([label, lens] + [fmt.fmt_interval(c) for c in cells] + [_cmp_cell(c) for c in cmps]
              + [" / ".join(counts)])
       L.append("| " + " | ".join(row) + " |")
     L.append("")
@@ -310,14 +326,14 @@ def _icl(st: rs.Study, summary) -> list:
   cut = {e: [((r["icl"]["synthetic"].get("truncated")), r["icl"]["synthetic"].get("prompts"))
              for r in st.groups[e]] for e in st.order}
   L.append("Prompts cut from the left to fit: " + "; ".join(
-      f"{rs.name(e)} {sum(c[0] or 0 for c in v)} of {sum(c[1] or 0 for c in v)}"
+      f"{fmt.name(e)} {sum(c[0] or 0 for c in v)} of {sum(c[1] or 0 for c in v)}"
       for e, v in cut.items()) + ". Accuracy is greedy exact match, given as counts "
       "(correct/prompts over seeds); the answer NLL is the mean over the task's prompts.\n")
   pairs = st.pairs()
-  head = (["task"] + [f"{rs.name(e)} correct" for e in st.order]
-          + [f"{rs.name(e)} answer NLL" for e in st.order]
-          + [f"{rs.name(a)} - {rs.name(b)} NLL" for a, b in pairs]
-          + [f"{rs.name(a)} - {rs.name(b)} accuracy" for a, b in pairs])
+  head = (["task"] + [f"{fmt.name(e)} correct" for e in st.order]
+          + [f"{fmt.name(e)} answer NLL" for e in st.order]
+          + [f"{fmt.name(a)} - {fmt.name(b)} NLL" for a, b in pairs]
+          + [f"{fmt.name(a)} - {fmt.name(b)} accuracy" for a, b in pairs])
   L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for task in tasks + ["all"]:
     sel = tasks if task == "all" else [task]
@@ -329,8 +345,8 @@ def _icl(st: rs.Study, summary) -> list:
     summary["icl"][task] = {"correct": counts,
                             "nll": {e: _js(st.icl_nll(e, sel)) for e in st.order}}
     cells = ([f"{'**all tasks**' if task == 'all' else task}"]
-             + [rs.fmt_count(counts[e]) for e in st.order]
-             + [rs.fmt_interval(st.icl_nll(e, sel)) for e in st.order]
+             + [fmt.fmt_count(counts[e]) for e in st.order]
+             + [fmt.fmt_interval(st.icl_nll(e, sel)) for e in st.order]
              + [_cmp_cell(st.icl_cmp(a, b, sel, 0)) for a, b in pairs] + accs)
     L.append("| " + " | ".join(cells) + " |")
   L.append("")
@@ -350,6 +366,7 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict,
   rows = claims_lib.rows(st, base)
   summary["claims"] = rows
   L += claims_lib.table(rows)
+  L += limits.paragraph(report, runs, curves, meta, base)
   L += _every_run(report, runs, curves, meta)
   L += claims_lib.closing(st, base, rows, meta)
   return "\n".join(L), summary, png
@@ -367,7 +384,7 @@ def _every_run(report, runs, curves, meta) -> list:
     rep = next((r for r in report["runs"] if os.path.abspath(r["workdir"]) ==
                 os.path.abspath(run["workdir"])), None)
     secs = meta.get("train_seconds", {}).get(run["workdir"])
-    L.append(f"| {os.path.basename(run['workdir'])} | {rs.name(run['encoding'])} | "
+    L.append(f"| {os.path.basename(run['workdir'])} | {fmt.name(run['encoding'])} | "
              f"{run['seed']} | {rep['step'] if rep else '-'} | "
              f"{f'{tr[-1]:.4f}' if tr else '-'} | {f'{va[-1]:.4f}' if va else '-'} | "
              f"{f'{secs / 60:.1f}' if secs else '-'} | {_minutes(rep)} |")

@@ -1,0 +1,90 @@
+"""Many verdicts at once: Holm's and Benjamini-Hochberg's adjusted p-values, verdicts after
+adjustment, and the paired t-test over seed pairs that stands beside the bootstrap.
+
+The write-up makes one verdict per row of its claims table. Read one at a time, each row is a
+95 % test; read together, the chance that some row "supports" by luck grows with the number
+of rows. Holm's step-down adjustment keeps the chance of any false verdict in a family at or
+below 5 % (family-wise error), Benjamini-Hochberg keeps the expected share of false ones
+among the verdicts made at or below 5 % (false discovery rate). The study adjusts its short,
+pre-registered family of primary comparisons with Holm and reports the exploratory rows with
+their raw and Holm-adjusted verdicts (study/claims.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+def _check(p_values: Sequence[float]) -> np.ndarray:
+  p = np.asarray(p_values, dtype=np.float64)
+  if p.ndim != 1:
+    raise ValueError(f"p-values must be a flat sequence, got shape {p.shape}")
+  if np.any(~np.isfinite(p)) or np.any((p < 0) | (p > 1)):
+    raise ValueError(f"p-values must lie in [0, 1], got {p_values!r}")
+  return p
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+  """Holm's step-down adjusted p-values, in the input's order.
+
+  The k-th smallest of m p-values is multiplied by m - k + 1; each adjusted value is at least
+  the one before it in sorted order (monotone), and at most 1. A verdict whose adjusted
+  p-value is below alpha keeps the family-wise error at alpha.
+  """
+  p = _check(p_values)
+  m = p.size
+  order = np.argsort(p, kind="stable")
+  adjusted = np.minimum(1.0, np.maximum.accumulate(p[order] * (m - np.arange(m))))
+  out = np.empty(m)
+  out[order] = adjusted
+  return out.tolist()
+
+
+def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
+  """Benjamini-Hochberg adjusted p-values (q-values), in the input's order: the k-th smallest
+  of m times m / k, made monotone from the largest down, at most 1."""
+  p = _check(p_values)
+  m = p.size
+  order = np.argsort(p, kind="stable")
+  scaled = p[order] * m / np.arange(1, m + 1)
+  adjusted = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
+  out = np.empty(m)
+  out[order] = adjusted
+  return out.tolist()
+
+
+def adjusted_verdict(raw: str, adjusted_p: Optional[float], alpha: float = 0.05) -> str:
+  """The verdict after adjustment: a raw "supports" or "contradicts" stands when its adjusted
+  p-value is below alpha and becomes "inconclusive" otherwise; other verdicts (inconclusive,
+  at the floor, not measured) are kept as they are."""
+  if raw not in ("supports", "contradicts") or adjusted_p is None:
+    return raw
+  return raw if adjusted_p < alpha else "inconclusive"
+
+
+def paired_t(diffs: Sequence[float]) -> Optional[dict]:
+  """The paired t-test over seed pairs: each pair's difference of the per-run statistic.
+
+  Returns:
+    {"n": pairs, "mean", "t", "df", "p": two-sided p-value, "lower", "upper": the 95 %
+    t-interval of the mean difference}, or None with fewer than 2 pairs. With all differences
+    equal (no spread), t is infinite and p is 0 unless the mean is 0.
+  """
+  from scipy import stats as sps  # a dependency of jax; only the write-up needs it
+
+  d = np.asarray(diffs, dtype=np.float64)
+  if d.size < 2:
+    return None
+  n, mean, sd = d.size, float(d.mean()), float(d.std(ddof=1))
+  se = sd / math.sqrt(n)
+  half = float(sps.t.ppf(0.975, n - 1)) * se
+  if se == 0:
+    t, p = (0.0, 1.0) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
+  else:
+    t = mean / se
+    p = float(2 * sps.t.sf(abs(t), n - 1))
+  return {"n": n, "mean": mean, "t": t, "df": n - 1, "p": p,
+          "lower": mean - half, "upper": mean + half}

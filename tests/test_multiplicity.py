@@ -1,0 +1,43 @@
+"""study.multiplicity against values computed once with statsmodels 0.14
+(multipletests, methods "holm" and "fdr_bh") and scipy.stats.ttest_1samp, committed here."""
+
+import pytest
+
+from study import multiplicity as m
+
+P = [0.012, 0.3, 0.0004, 0.049, 0.02, 0.7, 0.049, 0.11]
+HOLM = [0.084, 0.6, 0.0032, 0.245, 0.12, 0.7, 0.245, 0.33]
+BH = [0.048, 0.342857142857, 0.0032, 0.0784, 0.053333333333, 0.7, 0.0784, 0.146666666667]
+
+
+def test_holm_and_benjamini_hochberg_match_statsmodels():
+  assert m.holm(P) == pytest.approx(HOLM, abs=1e-12)
+  assert m.benjamini_hochberg(P) == pytest.approx(BH, abs=1e-11)
+  # one test: nothing to adjust; ties keep their order
+  assert m.holm([0.03]) == [0.03] and m.holm([0.01, 0.01]) == [0.02, 0.02]
+
+
+def test_adjusted_verdicts_never_strengthen_a_raw_one():
+  assert m.adjusted_verdict("supports", 0.049) == "supports"
+  assert m.adjusted_verdict("supports", 0.05) == "inconclusive"
+  assert m.adjusted_verdict("contradicts", 0.2) == "inconclusive"
+  assert m.adjusted_verdict("inconclusive", 0.001) == "inconclusive"
+  assert m.adjusted_verdict("at the floor: 0/10", None) == "at the floor: 0/10"
+
+
+def test_paired_t_matches_scipy():
+  got = m.paired_t([-0.15, -0.154, -0.004, -0.08, -0.12])
+  assert got["n"] == 5 and got["df"] == 4
+  assert got["t"] == pytest.approx(-3.6591295430987922, rel=1e-12)
+  assert got["p"] == pytest.approx(0.021596867268333667, rel=1e-9)
+  assert (got["lower"], got["upper"]) == pytest.approx((-0.17869123696375233,
+                                                         -0.02450876303624766), rel=1e-9)
+  assert m.paired_t([0.1]) is None
+  same = m.paired_t([0.5, 0.5, 0.5])  # exact in binary: no spread at all
+  assert same["p"] == 0.0 and same["t"] == float("inf")
+
+
+@pytest.mark.parametrize("bad", [[0.1, 1.5], [float("nan")], [[0.1, 0.2]], [-0.01]])
+def test_p_values_outside_0_1_are_refused(bad):
+  with pytest.raises(ValueError, match="p-values must"):
+    m.holm(bad)
