@@ -331,8 +331,19 @@ class Study:
     return [("rove", b) for b in ("rope", "nope") if "rove" in have and b in have]
 
   # perplexity
-  def _seeded(self, enc, units: Optional[Units]) -> Optional[Units]:
-    return None if units is None else dataclasses.replace(units, seeds=self.seeds[enc])
+  def _seeded(self, enc, units: Optional[Units], runs=None) -> Optional[Units]:
+    """units with the seeds of `runs` (default: every run of the encoding)."""
+    seeds = self.seeds[enc] if runs is None else tuple(run_seed(r) for r in runs)
+    return None if units is None else dataclasses.replace(units, seeds=seeds)
+
+  def ruler_runs(self, enc, setting) -> list:
+    """The encoding's runs that RULER scored under the setting (a perplexity-only
+    evaluation of added seeds has none)."""
+    return [r for r in self.groups[enc] if ruler_tasks(r, setting)]
+
+  def icl_runs(self, enc) -> list:
+    """The encoding's runs with synthetic ICL records."""
+    return [r for r in self.groups[enc] if icl_samples(r)]
 
   def ppl_units(self, enc, setting, length) -> Optional[Units]:
     return self._once(("ppl", enc, setting, length), lambda: self._seeded(
@@ -378,17 +389,19 @@ class Study:
 
   # RULER
   def ruler_encodings(self, setting) -> list:
-    return [e for e in self.order if all(ruler_tasks(r, setting) for r in self.groups[e])]
+    return [e for e in self.order if self.ruler_runs(e, setting)]
 
   def ruler_lengths(self, setting) -> dict:
     """{task: lengths} scored by every run of every encoding scored under the setting."""
     return self._once(("ruler_lengths", setting), lambda: ruler_lengths(
-        [r for e in self.ruler_encodings(setting) for r in self.groups[e]], setting))
+        [r for e in self.ruler_encodings(setting) for r in self.ruler_runs(e, setting)],
+        setting))
 
   def _ruler(self, enc, setting, coefs_key, key):
     coefs = self.ruler_coefs(setting, coefs_key)
+    runs = self.ruler_runs(enc, setting)
     return self._once(("ruler_units", enc, setting, coefs_key, key), lambda: self._seeded(
-        enc, ruler_units(self.groups[enc], setting, coefs, self.ruler_lengths(setting), key)))
+        enc, ruler_units(runs, setting, coefs, self.ruler_lengths(setting), key), runs))
 
   def ruler_coefs(self, setting, which) -> dict:
     """Task coefficients: a task name (that task), "mean" (mean over tasks), "agg" / "other"
@@ -418,16 +431,18 @@ class Study:
   def ruler_count(self, enc, setting, which) -> Optional[tuple[int, int]]:
     lengths = self.ruler_lengths(setting)
     tasks = {t: lengths[t] for t in self.ruler_coefs(setting, which)}
-    return ruler_count(self.groups[enc], setting, tasks) if tasks else None
+    return ruler_count(self.ruler_runs(enc, setting), setting, tasks) if tasks else None
 
   # ICL
   def icl_tasks(self) -> list:
-    return self._once("icl_tasks", lambda: icl_common_tasks(list(self.groups.values())))
+    return self._once("icl_tasks", lambda: icl_common_tasks(
+        [runs for runs in (self.icl_runs(e) for e in self.order) if runs]))
 
   def icl_units(self, enc, tasks, index):
     tasks = tuple(tasks)
+    runs = self.icl_runs(enc)
     return self._once(("icl_units", enc, tasks, index), lambda: self._seeded(
-        enc, icl_units(self.groups[enc], tasks, index)))
+        enc, icl_units(runs, tasks, index), runs))
 
   def icl_nll(self, enc, tasks):
     return self._once(("icl_nll", enc, tuple(tasks)),

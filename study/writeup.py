@@ -170,7 +170,20 @@ def _method(st: rs.Study) -> list:
       f"{rs.coverage_quote(3)} with 3 pairs and {rs.coverage_quote(8)} with 8. This study "
       f"has {pairs} RoVE-RoPE pair{'s' if pairs != 1 else ''}"
       + ("; the primary rows give the paired t-test beside the bootstrap." if pairs > 1
-         else ".") + "\n"]
+         else ".") + _subsets(st) + "\n"]
+
+
+def _subsets(st: rs.Study) -> str:
+  """A sentence when RULER or ICL scored fewer runs than perplexity (added seeds evaluated
+  on perplexity only)."""
+  parts = []
+  for what, runs in (("RULER", lambda e: st.ruler_runs(e, "none")), ("ICL", st.icl_runs)):
+    counts = {e: len(runs(e)) for e in st.order}
+    if any(n < len(st.groups[e]) for e, n in counts.items()):
+      parts.append(f"{what} scored " + ", ".join(f"{n} {fmt.name(e)}" for e, n in
+                                                 counts.items()) + " of them")
+  return (" Perplexity uses every run; " + "; ".join(parts) + ", and its rows pair those "
+          "seeds.") if parts else ""
 
 
 def _table1(st: rs.Study, base, summary) -> list:
@@ -324,7 +337,7 @@ def _icl(st: rs.Study, summary) -> list:
              f"{', '.join(map(str, proto.get('shots', [])))} shots, {proto.get('samples')} "
              f"samples each (seed {proto.get('seed')}).\n")
   cut = {e: [((r["icl"]["synthetic"].get("truncated")), r["icl"]["synthetic"].get("prompts"))
-             for r in st.groups[e]] for e in st.order}
+             for r in st.icl_runs(e)] for e in st.order}
   L.append("Prompts cut from the left to fit: " + "; ".join(
       f"{fmt.name(e)} {sum(c[0] or 0 for c in v)} of {sum(c[1] or 0 for c in v)}"
       for e, v in cut.items()) + ". Accuracy is greedy exact match, given as counts "

@@ -707,3 +707,25 @@ def test_claims_table_families_duplicates_and_the_aggregation_guard(monkeypatch)
   f_rows = [c for c in _claims(text) if c[0] == "f"]
   assert len(f_rows) == 2 and all(
       c[4] == "inconclusive: the aggregation tasks themselves do not improve" for c in f_rows)
+
+
+def test_added_seeds_scored_on_perplexity_only_join_the_perplexity_rows_alone():
+  report, runs, curves, meta = _hand_made()
+  SEED_OFFSET[3] = SEED_OFFSET[4] = 0.0
+  try:
+    for enc in ("rove", "rope"):
+      for seed in (3, 4):
+        run = _run(enc, seed)
+        run["ruler"] = run["icl"] = None
+        report["runs"].append(run)
+  finally:
+    del SEED_OFFSET[3], SEED_OFFSET[4]
+  text, summary, _ = w.build(report, runs, curves, meta, n_boot=N_BOOT)
+  primary = {(r["id"], r["test"].split(":")[0]): r for r in summary["claims"]
+             if r["family"] == "primary"}
+  b = primary[("b", "perplexity at the training length (32 tokens), no YaRN")]
+  assert b["t"]["n"] == 5  # five seed pairs scored on perplexity
+  e = [r for (cid, _), r in primary.items() if cid == "e"]
+  assert e and all(r["t"]["n"] == 3 for r in e)  # RULER: the three pairs it scored
+  a = [r for r in summary["claims"] if r["id"] == "a" and "pooled" in r["test"]]
+  assert a and all(r.get("t") is None or r["t"]["n"] == 3 for r in a)
