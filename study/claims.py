@@ -44,12 +44,7 @@ def _pct(iv) -> str:
 
 
 def _row(cid, test, figure, verdict, claim=None, result=None, **extra) -> dict:
-  out = {"id": cid, "claim": claim or CLAIMS[cid], "test": test, "figure": figure,
-         "verdict": verdict, **extra}
-  if result is not None:
-    out.update(estimate=result.estimate, lower=result.lower, upper=result.upper,
-               p=result.p_value)
-  return out
+  return primary.row(cid, claim or CLAIMS[cid], test, figure, verdict, result, **extra)
 
 
 def _both(verdicts) -> str:

@@ -41,16 +41,23 @@ CLAIMS = {
 }
 
 
-def _row(cid, test, figure, verdict, result=None) -> dict:
-  out = {"id": cid, "claim": CLAIMS[cid], "test": test, "figure": figure, "verdict": verdict,
-         "family": "primary"}
+def row(cid, claim, test, figure, verdict, result=None, **extra) -> dict:
+  """One row of the claims table (every family): with a comparison `result`, its numbers, its
+  p-value for the Holm adjustment, and a flag on the figure when an endpoint lies within 2
+  Monte-Carlo errors of 0."""
+  out = {"id": cid, "claim": claim, "test": test, "figure": figure, "verdict": verdict, **extra}
   if result is not None:
     out.update(estimate=result.estimate, lower=result.lower, upper=result.upper,
-               p=result.p_value, mc_stable=result.mc_stable,
-               t=multiplicity.paired_t(result.seed_diffs) if result.seeds_paired else None)
+               p=result.p_value, mc_stable=result.mc_stable)
     if not result.mc_stable:
       out["figure"] += " (an endpoint within 2 Monte-Carlo errors of 0)"
   return out
+
+
+def _row(cid, test, figure, verdict, result=None) -> dict:
+  """A primary row: `row` with the paired t-test over seed pairs."""
+  t = multiplicity.paired_t(result.seed_diffs) if result and result.seeds_paired else None
+  return row(cid, CLAIMS[cid], test, figure, verdict, result, family="primary", t=t)
 
 
 def rows(st: rs.Study, base, ppl_lengths) -> list:
