@@ -1,24 +1,34 @@
 """The paper's RoPE vs RoVE comparison at small scale: train matched runs, evaluate them all,
 write results/ (README.md with the paper-layout tables and 95 % intervals, report.json, plots).
 
-  python reproduce.py [--out results] [--runs-dir runs/reproduce] [--seeds 0,1,2]
-                      [--encodings rove,rope,nope] [--nope-seeds N] [--steps N] [--quick]
-                      [--no-recall]
+  python reproduce.py [--out results] [--runs-dir runs/reproduce] [--seeds 0,...,7]
+                      [--encodings rove,rope,nope] [--nope-seeds 3] [--full-eval-seeds 3]
+                      [--long-seeds 2] [--long-multiple 3] [--lrs 1e-3,4e-3] [--lr-seeds 1]
+                      [--recall-seeds 3] [--position-seeds 5] [--position-nope-seeds 2]
+                      [--steps N] [--quick] [--no-recall]
 
 Every run uses study/configs/reproduce.py with the same data, steps and size; only the positional
-encoding and the seed differ (every encoding, NoPE included, runs every seed unless
---nope-seeds says fewer). The evaluation scores every setting (`--yarn all`: no YaRN, YaRN
-with factor L / T, YaRN with one fixed factor). Then, when study/retrieval.py
-is present (and not --no-recall), the retrieval study runs into <out>/recall/:
+encoding and the seed differ, and seed s is one pair across the encodings (the same
+initialisation and batch order). The runs (`plan`):
+  main  RoVE and RoPE on every seed (8 pairs), NoPE on the first --nope-seeds; the first
+        --full-eval-seeds seeds get the full evaluation (perplexity, RULER, ICL: <out>/eval),
+        the others perplexity only (<out>/eval_ppl), which joins the perplexity rows;
+  long  RoVE and RoPE on the first --long-seeds seeds with --long-multiple times the steps, on
+        their own schedule (perplexity only): is the gap convergence speed or final quality?
+  lr    RoVE and RoPE on the first --lr-seeds seeds at each of --lrs (held-out loss only).
+The evaluation scores every setting (`--yarn all`: no YaRN, YaRN with factor L / T, YaRN with
+one fixed factor). Then, when study/retrieval.py is present (and not --no-recall), the
+retrieval studies run: associative recall (task mqar, the first --recall-seeds seeds) into
+<out>/recall/, and the position-dependent tasks (POSITION_TASKS, the first --position-seeds
+seeds, NoPE on --position-nope-seeds) into <out>/recall_<task>/:
 
-  python -m study.retrieval --out <out>/recall --runs-dir <runs-dir>/recall
-      --seeds S --encodings E [--quick]
+  python -m study.retrieval --out <out>/recall_<task> --runs-dir <runs-dir>/recall_<task>
+      --task TASK --seeds S --encodings E --nope-seeds N [--quick]
 
-and its records (<out>/recall/recall.json: a list of records, or {"records": [...]}) go into
-the write-up. Rerunning resumes: finished runs are kept (their checkpoints are the record),
-unfinished ones continue from their newest checkpoint, and the evaluation, the retrieval
-study's scoring and the write-up are redone. --quick shrinks everything for tests (a few
-steps, short lengths); its output says so at the top.
+and their records go into the write-up. Rerunning resumes: finished runs are kept (their
+checkpoints are the record), unfinished ones continue from their newest checkpoint, and the
+evaluation, the retrieval studies' scoring and the write-up are redone. --quick shrinks
+everything for tests (a few steps, short lengths); its output says so at the top.
 
   python reproduce.py --scale gpt2_124m|gpt2_354m --data GLOB [--dry-run] ...
 
@@ -47,6 +57,8 @@ SCALES = ("gpt2_124m", "gpt2_354m")  # --scale: study/paper_recipe.py
 # RULER at 4x and 8x the training length, the paper's 4k and 8k for its 1k context.
 PPL_TOKENS = 16384
 RULER_MULTIPLES = (4, 8)
+QUICK_STEPS = 8  # --quick's training steps
+POSITION_TASKS = ("lastwrite", "offset")  # study/configs/retrieval.py TASKS, by order / distance
 
 
 def parse_args(argv):
@@ -54,10 +66,29 @@ def parse_args(argv):
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default="results", help="where README.md, report.json, plots go")
   p.add_argument("--runs-dir", default="runs/reproduce", help="training workdirs")
-  p.add_argument("--seeds", default="0,1,2", help="seeds for every encoding")
+  p.add_argument("--seeds", default="0,1,2,3,4,5,6,7",
+                 help="seeds for every encoding; seed s is one pair across the encodings (the "
+                      "same initialisation and batch order)")
   p.add_argument("--encodings", default="rove,rope,nope")
-  p.add_argument("--nope-seeds", type=int, default=None,
-                 help="how many of the seeds NoPE (the third baseline) runs with (default: all)")
+  p.add_argument("--nope-seeds", type=int, default=3,
+                 help="how many of the seeds NoPE (the third baseline) runs with (0: all)")
+  p.add_argument("--full-eval-seeds", type=int, default=3,
+                 help="the first N seeds get the full evaluation (perplexity, RULER, ICL); the "
+                      "others perplexity only (0: all get the full one)")
+  p.add_argument("--long-seeds", type=int, default=2,
+                 help="the training-length check: RoVE and RoPE on the first N seeds again "
+                      "with --long-multiple times the steps (0: no check)")
+  p.add_argument("--long-multiple", type=int, default=3)
+  p.add_argument("--lrs", default="1e-3,4e-3",
+                 help="the learning-rate check: RoVE and RoPE on the first --lr-seeds seeds "
+                      "at these learning rates besides the config's ('' : no check)")
+  p.add_argument("--lr-seeds", type=int, default=1)
+  p.add_argument("--recall-seeds", type=int, default=3,
+                 help="the associative-recall (mqar) retrieval study's seeds: the first N")
+  p.add_argument("--position-seeds", type=int, default=5,
+                 help="the position-dependent retrieval tasks' seed pairs: the first N seeds "
+                      "(0: not run)")
+  p.add_argument("--position-nope-seeds", type=int, default=2)
   p.add_argument("--steps", type=int, help="training steps (default: study/configs/reproduce.py)")
   p.add_argument("--suite", default="full", choices=("quick", "full"))
   p.add_argument("--quick", action="store_true",
@@ -89,36 +120,76 @@ def parse_args(argv):
     p.error("--seeds: give at least one seed")
   if args.steps is not None and args.steps < 1:
     p.error("--steps must be >= 1")
-  if args.nope_seeds is not None and args.nope_seeds < 1:
-    p.error("--nope-seeds must be >= 1")
+  for flag in ("nope_seeds", "full_eval_seeds", "long_seeds", "lr_seeds", "recall_seeds",
+               "position_seeds", "position_nope_seeds"):
+    if getattr(args, flag) < 0:
+      p.error(f"--{flag.replace('_', '-')} must be >= 0")
+  if args.long_multiple < 2:
+    p.error("--long-multiple must be >= 2 (the check trains longer than the main runs)")
+  try:
+    args.lr_list = [float(x) for x in args.lrs.split(",") if x.strip()]
+  except ValueError:
+    p.error(f"--lrs must be comma-separated numbers, got {args.lrs!r}")
+  if any(not 0 < lr < 1 for lr in args.lr_list):
+    p.error(f"--lrs: learning rates must be in (0, 1), got {args.lr_list}")
   return args
 
 
 def plan(args) -> list[dict]:
-  """The runs: every encoding x seed (NoPE on its first --nope-seeds seeds when given)."""
+  """The runs, each {encoding, seed, workdir, kind} (+ steps or lr for the checks):
+    main  every encoding x seed (NoPE on its first --nope-seeds seeds), full_eval for the
+          first --full-eval-seeds seeds;
+    long  RoVE and RoPE (the rotary encodings of --encodings) on the first --long-seeds seeds
+          with --long-multiple times the steps;
+    lr    the same encodings on the first --lr-seeds seeds at each of --lrs.
+  """
   runs = []
+  full = args.seed_list[:args.full_eval_seeds] if args.full_eval_seeds else args.seed_list
   for enc in args.encoding_list:
     seeds = args.seed_list
-    if enc == "nope" and args.nope_seeds is not None:
+    if enc == "nope" and args.nope_seeds:
       seeds = seeds[: args.nope_seeds]
     for seed in seeds:
-      runs.append({"encoding": enc, "seed": seed,
+      runs.append({"encoding": enc, "seed": seed, "kind": "main", "full_eval": seed in full,
                    "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}")})
+  rotary = [e for e in args.encoding_list if e != "nope"]
+  steps = base_steps(args) * args.long_multiple
+  for seed in args.seed_list[:args.long_seeds]:
+    for enc in rotary:
+      runs.append({"encoding": enc, "seed": seed, "kind": "long", "steps": steps,
+                   "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}-steps{steps}")})
+  for lr in args.lr_list:
+    for seed in args.seed_list[:args.lr_seeds]:
+      for enc in rotary:
+        runs.append({"encoding": enc, "seed": seed, "kind": "lr", "lr": lr,
+                     "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}-lr{lr:g}")})
   return runs
+
+
+def base_steps(args) -> int:
+  """The main runs' training steps (--steps, --quick's or the config's)."""
+  if args.steps is not None:
+    return args.steps
+  if args.quick:
+    return QUICK_STEPS
+  from study.paper_recipe import load_config
+  return load_config(CONFIG).steps
 
 
 def overrides(args, run) -> list[str]:
   o = [f"--config.model.pos_encoding={run['encoding']}", f"--config.seed={run['seed']}"]
-  if args.steps is not None:
-    o.append(f"--config.steps={args.steps}")
+  if run.get("steps") is not None:
+    o.append(f"--config.steps={run['steps']}")
+  elif args.steps is not None or args.quick:
+    o.append(f"--config.steps={base_steps(args)}")
+  if run.get("lr") is not None:
+    o.append(f"--config.optim.lr={run['lr']}")
   if args.quick:
     o += ["--config.model.n_layer=1", "--config.model.d_model=64", "--config.model.n_head=2",
           "--config.model.max_len=32", "--config.data.seq_len=32", "--config.data.batch_size=8",
           "--config.data.max_files=40", "--config.optim.warmup_steps=2",
           "--config.log_every=2", "--config.eval_every=4", "--config.eval_batches=2",
           "--config.checkpoint_every=4", "--config.sample_tokens=0"]
-    if args.steps is None:
-      o.append("--config.steps=8")
   return o
 
 
@@ -136,9 +207,10 @@ def train_all(args, runs) -> None:
                        f"`{' '.join(sys.argv)}` to resume it")
 
 
-def eval_command(args, runs, eval_dir) -> list[str]:
-  """The rove-eval command over every run (the full suite with PPL_TOKENS and RULER at
-  RULER_MULTIPLES of the training length; --quick: the quick suite as it is)."""
+def eval_command(args, runs, eval_dir, ppl_only: bool = False) -> list[str]:
+  """The rove-eval command over `runs` (the full suite with PPL_TOKENS and RULER at
+  RULER_MULTIPLES of the training length; --quick: the quick suite as it is; ppl_only: its
+  perplexity part alone)."""
   cmd = [sys.executable, "-m", "rove_jax.evaluation.cli", "--workdir", runs[0]["workdir"],
          "--compare"]
   cmd += [r["workdir"] for r in runs[1:]]
@@ -146,19 +218,41 @@ def eval_command(args, runs, eval_dir) -> list[str]:
   if not args.quick and args.suite == "full":
     from study.paper_recipe import load_config
     train_len = load_config(CONFIG).data.seq_len
-    cmd += ["--ppl-tokens", str(PPL_TOKENS),
-            "--ruler-lengths", ",".join(str(m * train_len) for m in RULER_MULTIPLES)]
+    cmd += ["--ppl-tokens", str(PPL_TOKENS)]
+    if not ppl_only:
+      cmd += ["--ruler-lengths", ",".join(str(m * train_len) for m in RULER_MULTIPLES)]
+  if ppl_only:
+    cmd += ["--tasks", "ppl"]
   return cmd
 
 
-def evaluate_all(args, runs, eval_dir) -> dict:
-  cmd = eval_command(args, runs, eval_dir)
+def _evaluate(args, runs, eval_dir, ppl_only=False) -> dict:
+  cmd = eval_command(args, runs, eval_dir, ppl_only)
   print("evaluating:", " ".join(cmd[1:]), flush=True)
   rc = subprocess.call(cmd, env=_env())
   if rc != 0:
     raise SystemExit(f"evaluation failed (exit {rc})")
   with open(os.path.join(eval_dir, "report.json")) as f:
     return json.load(f)
+
+
+def evaluate_all(args, runs, out_dir) -> tuple[dict, dict | None]:
+  """(the main report, the perplexity-only report or None).
+
+  The main runs with full_eval get the full suite into <out>/eval; the other main runs and the
+  training-length check's runs get perplexity only into <out>/eval_ppl, and the main ones of
+  those join the main report's runs (the write-up reads RULER and ICL from the runs that have
+  them). The learning-rate check is read from the runs' held-out losses, not evaluated."""
+  full = [r for r in runs if r["kind"] == "main" and r["full_eval"]]
+  rest = [r for r in runs if r["kind"] == "long" or r["kind"] == "main" and not r["full_eval"]]
+  report = _evaluate(args, full, os.path.join(out_dir, "eval"))
+  if not rest:
+    return report, None
+  ppl = _evaluate(args, rest, os.path.join(out_dir, "eval_ppl"), ppl_only=True)
+  main_dirs = {os.path.abspath(r["workdir"]) for r in rest if r["kind"] == "main"}
+  merged = dict(report, runs=report["runs"] + [
+      r for r in ppl["runs"] if os.path.abspath(r["workdir"]) in main_dirs])
+  return merged, ppl
 
 
 def _env() -> dict:
@@ -175,27 +269,44 @@ def recall_available() -> bool:
   return callable(getattr(importlib.import_module(RECALL_STUDY), "main", None))
 
 
-def recall_study(args, out_dir) -> list | None:
-  """Runs the retrieval study into out_dir (module docstring) and returns its records; None
-  when it is skipped (--no-recall or the module is not present)."""
+def recall_study(args, out_dir, task: str = "mqar", seeds=None, nope_seeds: int = 0
+                 ) -> list | None:
+  """Runs the retrieval study on one task of study/configs/retrieval.py into out_dir (module
+  docstring) and returns its records; None when it is skipped (--no-recall or the module is
+  not present)."""
   path = os.path.join(out_dir, "recall.json")
   if args.no_recall or not recall_available():
     why = "--no-recall given" if args.no_recall else f"{RECALL_STUDY} not present"
     if args.no_recall and os.path.exists(path):
-      print(f"retrieval study: not rerun ({why}); the write-up uses the records of an earlier "
-            f"run in {path}", flush=True)
+      print(f"retrieval study ({task}): not rerun ({why}); the write-up uses the records of an "
+            f"earlier run in {path}", flush=True)
       return _recall_records(path)
-    print(f"retrieval study: skipped ({why})", flush=True)
+    print(f"retrieval study ({task}): skipped ({why})", flush=True)
     return None
-  cmd = [sys.executable, "-m", RECALL_STUDY, "--out", out_dir, "--runs-dir",
-         os.path.join(args.runs_dir, "recall"), "--seeds", ",".join(map(str, args.seed_list)),
-         "--encodings", ",".join(args.encoding_list)] + (["--quick"] if args.quick else [])
-  print("retrieval study:", " ".join(cmd[1:]), flush=True)
+  seeds = args.seed_list if seeds is None else seeds
+  runs_dir = os.path.join(args.runs_dir, "recall" if task == "mqar" else f"recall_{task}")
+  cmd = [sys.executable, "-m", RECALL_STUDY, "--out", out_dir, "--runs-dir", runs_dir,
+         "--seeds", ",".join(map(str, seeds)), "--encodings", ",".join(args.encoding_list),
+         "--task", task, "--nope-seeds", str(nope_seeds)] + (["--quick"] if args.quick else [])
+  print(f"retrieval study ({task}):", " ".join(cmd[1:]), flush=True)
   rc = subprocess.call(cmd, env=_env())
   if rc != 0:
     raise SystemExit(f"the retrieval study failed (exit {rc}); rerun `{' '.join(sys.argv)}` "
                      f"to resume it")
   return _recall_records(path)
+
+
+def position_studies(args) -> dict:
+  """The position-dependent retrieval tasks (POSITION_TASKS), each on the first
+  --position-seeds seeds (NoPE on --position-nope-seeds of them) into <out>/recall_<task>/:
+  {task: recall.json content} of those that ran or that an earlier run left."""
+  from study import position_tasks
+  seeds = args.seed_list[:args.position_seeds]
+  for task in POSITION_TASKS if args.position_seeds else ():
+    recall_study(args, os.path.join(args.out, f"recall_{task}"), task, seeds,
+                 args.position_nope_seeds)
+  return position_tasks.load([(t, os.path.join(args.out, f"recall_{t}", "recall.json"))
+                              for t in POSITION_TASKS])
 
 
 def _recall_records(path) -> list:
@@ -259,9 +370,10 @@ def main(argv=None) -> int:
   code_version = commit()  # at the start: the code that trains and evaluates
   os.makedirs(args.out, exist_ok=True)
   train_all(args, runs)
-  eval_dir = os.path.join(args.out, "eval")
-  report = evaluate_all(args, runs, eval_dir)
-  recall = recall_study(args, os.path.join(args.out, "recall"))
+  report, ppl_report = evaluate_all(args, runs, args.out)
+  recall = recall_study(args, os.path.join(args.out, "recall"),
+                        seeds=args.seed_list[:args.recall_seeds or None])
+  positions = position_studies(args)
   recall_rerun = recall is not None and not args.no_recall
   from study import writeup as results_writeup
   from rove_jax.train.metrics import read_metrics
@@ -274,7 +386,8 @@ def main(argv=None) -> int:
           "recall_rerun": recall_rerun, "train": train_meta(args)}
   if args.note:
     meta["notes"] = args.note
-  results_writeup.write(args.out, report, runs, curves, meta, recall=recall)
+  results_writeup.write(args.out, report, runs, curves, meta, recall=recall,
+                        ppl_report=ppl_report, positions=positions)
   print(f"wrote {os.path.join(args.out, 'README.md')} in {meta['wall_seconds'] / 60:.1f} min")
   return 0
 
@@ -302,6 +415,14 @@ def rewrite(args) -> int:
                      f"--runs-dir, --seeds and --encodings as `{meta.get('command')}`")
   recall_path = os.path.join(args.out, "recall", "recall.json")
   recall = _recall_records(recall_path) if os.path.exists(recall_path) else None
+  ppl_path = os.path.join(args.out, "eval_ppl", "report.json")
+  ppl_report = None
+  if os.path.exists(ppl_path):
+    with open(ppl_path) as f:
+      ppl_report = json.load(f)
+    dirs = {os.path.abspath(r["workdir"]) for r in runs if r["kind"] == "main"}
+    report = dict(report, runs=report["runs"] + [
+        r for r in ppl_report["runs"] if os.path.abspath(r["workdir"]) in dirs])
   meta.setdefault("recall_rerun", "--no-recall" not in (meta.get("command") or "").split())
   meta.setdefault("train", train_meta(args))
   lost = [r["workdir"] for r in runs
@@ -313,7 +434,11 @@ def rewrite(args) -> int:
   note = f"write-up redone from the same report by `python reproduce.py --write-only` at {commit()}"
   meta["notes"] = f"{meta['notes']}; {note}" if meta.get("notes") else note
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
-  results_writeup.write(args.out, report, runs, curves, meta, recall=recall)
+  from study import position_tasks
+  positions = position_tasks.load([(t, os.path.join(args.out, f"recall_{t}", "recall.json"))
+                                   for t in POSITION_TASKS])
+  results_writeup.write(args.out, report, runs, curves, meta, recall=recall,
+                        ppl_report=ppl_report, positions=positions)
   print(f"rewrote {os.path.join(args.out, 'README.md')}")
   return 0
 

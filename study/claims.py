@@ -79,8 +79,10 @@ def _recall_layout(st: rs.Study):
   return encs, settings, lengths
 
 
-def retrieval(st: rs.Study, png_name: str):
-  """(markdown lines, PNG bytes or None, summary dict or None) of the retrieval study."""
+def retrieval(st: rs.Study, png_name: str, heading: str = "## Retrieval study",
+              task: str = "synthetic associative recall"):
+  """(markdown lines, PNG bytes or None, summary dict or None) of a retrieval study (its
+  records in st.recall): `heading`, then tables by length for models trained on `task`."""
   if not st.recall:
     return [], None, None
   encs, settings, lengths = _recall_layout(st)
@@ -88,8 +90,8 @@ def retrieval(st: rs.Study, png_name: str):
   n = sorted({len(r.get("sample_nll") or ()) for r in st.recall})
   seeds = "; ".join(f"{_name(e)} {len({r['seed'] for r in st.recall if r['encoding'] == e})}"
                     for e in encs)
-  L = ["## Retrieval study\n",
-       f"Small models trained on synthetic associative recall at T = {T} tokens "
+  L = [f"{heading}\n",
+       f"Small models trained on {task} at T = {T} tokens "
        f"(study/retrieval_scoring.py), seeds: {seeds}; {'/'.join(map(str, n))} test samples "
        f"a length, the same samples for every model, so comparisons are paired. Accuracy: "
        f"greedy exact match of the one-token answer; answer NLL in nats. Settings as for "
@@ -127,7 +129,7 @@ def retrieval(st: rs.Study, png_name: str):
             for x, c in zip(lengths, cells)) + " |")
     L.append("")
   png = plots.retrieval_study(st.recall, train_lengths=[T] if T else [],
-                              title="Retrieval study: accuracy and answer NLL vs length")
+                              title=f"{heading.lstrip('# ')}: accuracy and answer NLL vs length")
   if png is not None:
     L.append(f"![retrieval study]({png_name})\n")
   L.append(_recall_paragraph(st, encs, settings, lengths, T) + "\n")

@@ -3,8 +3,8 @@ tokens (study/configs/retrieval.py, rove_jax.data.recall) and score them at 1x..
 length, with and without YaRN; writes OUT/recall.json.
 
   python -m study.retrieval --out results/recall --runs-dir runs/recall
-      [--seeds 0,1,2] [--encodings rove,rope,nope] [--samples 200] [--steps N] [--data SPEC]
-      [--quick]
+      [--seeds 0,1,2] [--encodings rove,rope,nope] [--nope-seeds N] [--samples 200]
+      [--task mqar|lastwrite|offset] [--steps N] [--data SPEC] [--quick]
 
 Every run trains with the same config and data; only the encoding and the seed differ. Runs
 train one after another in train.py subprocesses (`rove-train`); rerunning resumes: a finished
@@ -61,6 +61,11 @@ def parse_args(argv):
   p.add_argument("--data", help="the generator spec, data.path (default: "
                  "study/configs/retrieval.py's); e.g. seq_len=32,pairs=4,queries=8 "
                  "(rove_jax.data.recall.RecallSpec)")
+  p.add_argument("--task", choices=sorted(recall_config.TASKS),
+                 help="one of study/configs/retrieval.py's TASKS: its generator spec and steps "
+                      "(default: the config's own, mqar); --data and --steps override them")
+  p.add_argument("--nope-seeds", type=int, default=0,
+                 help="NoPE runs on the first N seeds only (0: all)")
   p.add_argument("--quick", action="store_true", help="tiny settings for tests")
   args = p.parse_args(argv)
   try:
@@ -75,6 +80,14 @@ def parse_args(argv):
   if args.steps is not None and args.steps < 1 or args.samples < 1 or not all(
       m >= 1 for m in args.multiple_list):
     p.error("--steps, --samples and --multiples must be >= 1")
+  if args.nope_seeds < 0:
+    p.error("--nope-seeds must be >= 0")
+  args.task_config = {}
+  if args.task is not None:
+    task = recall_config.TASKS[args.task]
+    args.data = task["data"] if args.data is None else args.data
+    args.steps = task["steps"] if args.steps is None else args.steps
+    args.task_config = dict(task.get("config", {}))
   if args.quick:
     args.multiple_list = args.multiple_list[:2]
     args.samples = min(args.samples, 8)
@@ -86,7 +99,7 @@ def plan(args) -> list[dict]:
 
   Every run's config (study/configs/retrieval.py with its overrides) is validated first, so a bad
   generator spec or setting is an error (ValueError) before any training starts."""
-  base = {}
+  base = dict(getattr(args, "task_config", {}))  # the task's own settings (TASKS "config")
   if args.quick:
     base.update(QUICK, steps=args.steps or 4)
   elif args.steps is not None:
@@ -98,7 +111,10 @@ def plan(args) -> list[dict]:
     base["data.path"] = spec
   runs = []
   for enc in args.encoding_list:
-    for seed in args.seed_list:
+    seeds = args.seed_list
+    if enc == "nope" and args.nope_seeds:
+      seeds = seeds[:args.nope_seeds]
+    for seed in seeds:
       fields = {"model.pos_encoding": enc, "seed": seed, **base}
       c = recall_config.get_config()
       c.update_from_flattened_dict(fields)
@@ -180,12 +196,16 @@ def comparisons(records: list[dict], reference: str = "rove") -> list[dict]:
       if other == reference:
         continue
       row = {"setting": setting, "length": length, "a": reference, "b": other}
+      a_runs = sorted(by_enc[reference], key=lambda r: r["seed"])
+      b_runs = sorted(runs, key=lambda r: r["seed"])
+      pair = [r["seed"] for r in a_runs] == [r["seed"] for r in b_runs]  # seed i: one pair
       for metric, field in (("accuracy", "sample_correct"), ("nll", "sample_nll")):
-        c = stats.paired_difference([r[field] for r in by_enc[reference]],
-                                    [r[field] for r in runs])
+        c = stats.paired_difference([r[field] for r in a_runs], [r[field] for r in b_runs],
+                                    pair_seeds=pair)
         row[metric] = {"difference": c.estimate, "lower": c.lower, "upper": c.upper,
                        "a": c.a, "b": c.b, "direction": c.direction,
-                       "seed_spread_included": c.seed_spread_included}
+                       "seed_spread_included": c.seed_spread_included,
+                       "seeds_paired": pair}
       out.append(row)
   return out
 
@@ -211,13 +231,17 @@ def main(argv=None) -> int:
   try:  # the figure needs matplotlib; the JSON does not
     png = plots.retrieval_study(
         result["records"], train_lengths=[result["train_len"]],
-        title=f"Associative recall vs length (trained at {result['train_len']} tokens)")
+        title=f"{args.task or 'Associative recall'} vs length (trained at "
+              f"{result['train_len']} tokens)")
   except ImportError:
     png = None
   if png:
     with open(os.path.join(args.out, "recall.png"), "wb") as f:
       f.write(png)
   print(recall.summary_table(result["records"]))
+  pairs = recall.pair_table(result["records"])
+  if pairs:
+    print(pairs)
   print(f"wrote {path} in {result['wall_seconds']:.0f} s")
   return 0
 

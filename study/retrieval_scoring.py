@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from rove_jax.data import recall as recall_data
+from rove_jax.data import recall_tasks
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model import GPT
 from rove_jax.scaling import RopeScaling
@@ -40,7 +41,8 @@ def run_spec(run: scoring.Run) -> recall_data.RecallSpec:
     raise ValueError(f"run {run.name} was trained on the {data.get('source')!r} source, not "
                      f"'recall'; the recall evaluation needs a recall-trained run")
   spec = recall_data.RecallSpec.parse(data.get("path"))
-  chars = recall_data.KEY_CHARS + recall_data.RECORD_CHARS + recall_data.FILLER_CHARS
+  chars = (recall_data.KEY_CHARS + recall_data.RECORD_CHARS + recall_data.FILLER_CHARS
+           + recall_tasks.MARKER)
   ids = np.asarray(run.tokenizer.encode(chars))
   if ids.shape != (len(chars),) or not np.array_equal(ids, [ord(c) for c in chars]):
     raise ValueError(f"run {run.name}'s tokenizer {run.tokenizer.name} does not encode the "
@@ -183,4 +185,27 @@ def summary_table(records: Sequence[dict]) -> str:
       cells.append(f"{100 * np.mean([r['accuracy'] for r in rs]):6.1f}% "
                    f"{np.mean([r['nll'] for r in rs]):5.2f}" if rs else f"{'-':>14}")
     lines.append(f"{enc:<9}{setting:<11}{seeds:>5}  " + "".join(f"{c:>14}" for c in cells))
+  return "\n".join(lines)
+
+
+def pair_table(records: Sequence[dict], a: str = "rove", b: str = "rope") -> str:
+  """A plain-text table of A - B accuracy per seed pair (the same seed of both encodings),
+  per setting (rows) and length (columns), in percentage points: the spread a reader should
+  weigh a mean difference against. "" when no seed has both encodings."""
+  acc = {(r["encoding"], r["seed"], r["setting"], r["length"]): r["accuracy"] for r in records}
+  seeds = sorted({s for e, s, _, _ in acc if e == a} & {s for e, s, _, _ in acc if e == b})
+  lengths = sorted({L for *_, L in acc})
+  settings = [s for s in SETTINGS if any(k[2] == s for k in acc)]
+  if not seeds:
+    return ""
+  head = f"{a} - {b}, accuracy (points) per seed pair\n{'setting':<11}{'seed':>5}  " + "".join(
+      f"{L:>8}" for L in lengths)
+  lines = [head, "-" * len(head.splitlines()[1])]
+  for setting in settings:
+    for seed in seeds:
+      cells = [100 * (acc[(a, seed, setting, L)] - acc[(b, seed, setting, L)])
+               if (a, seed, setting, L) in acc and (b, seed, setting, L) in acc else None
+               for L in lengths]
+      lines.append(f"{setting:<11}{seed:>5}  " + "".join(
+          f"{c:>+8.0f}" if c is not None else f"{'-':>8}" for c in cells))
   return "\n".join(lines)

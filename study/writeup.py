@@ -19,13 +19,16 @@ from typing import Optional, Sequence
 from rove_jax.evaluation.plots import ENCODING_NAMES
 from rove_jax.evaluation.report import train_len
 from rove_jax.evaluation.report_files import replace_files
+from study import checks
 from study import claims as claims_lib
 from study import fmt
 from study import limits
 from study import numbers as rs
 from study import plots
+from study import position_tasks
 
 RECALL_PNG = "retrieval_study.png"
+POSITION_PNG = "position_retrieval.png"
 
 
 def _lengths(report, setting="none") -> list[int]:
@@ -367,38 +370,50 @@ def _icl(st: rs.Study, summary) -> list:
 
 
 def build(report: dict, runs: list[dict], curves: dict, meta: dict,
-          recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT):
-  """(markdown, summary dict, retrieval PNG bytes or None) for results/."""
+          recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT,
+          ppl_report: Optional[dict] = None, positions: Optional[dict] = None):
+  """(markdown, summary dict, {PNG name: bytes or None}) for results/. `runs` are
+  reproduce.plan's (the checks' runs, kind "long" and "lr", go to their own section; the main
+  ones are the report's), `ppl_report` the perplexity-only report of the added seeds and the
+  training-length check, `positions` {task: recall.json content} of the position-dependent
+  retrieval tasks."""
   st = rs.Study(report, recall, rs.Boot(n_boot))
+  main = [r for r in runs if r.get("kind", "main") == "main"]
   base = _train_len(report)
   summary = {"encodings": {}, "ruler": {}, "icl": {}, "claims": []}
   L = _header(st, meta) + _method(st) + _table1(st, base, summary)
   L += _perplexity(st, base, summary) + _ruler(st, base, summary) + _icl(st, summary)
   recall_md, png, summary["retrieval"] = claims_lib.retrieval(st, RECALL_PNG)
   L += recall_md
+  pos_md, pos_png, summary["position_tasks"] = position_tasks.section(
+      positions or {}, st.boot, POSITION_PNG)
+  L += pos_md
   rows = claims_lib.rows(st, base)
   summary["claims"] = rows
   L += claims_lib.table(rows)
-  L += limits.paragraph(report, runs, curves, meta, base)
-  L += _every_run(report, runs, curves, meta)
+  check_md, summary["checks"] = checks.section(runs, curves, [report, ppl_report], meta, base)
+  L += check_md
+  L += limits.paragraph(report, main, curves, meta, base)
+  L += _every_run([report, ppl_report], runs, curves, meta)
   L += claims_lib.closing(st, base, rows, meta)
-  return "\n".join(L), summary, png
+  return "\n".join(L), summary, {RECALL_PNG: png, POSITION_PNG: pos_png}
 
 
-def _every_run(report, runs, curves, meta) -> list:
+def _every_run(reports, runs, curves, meta) -> list:
   L = ["## Every run\n",
        "| run | encoding | seed | steps | final train loss | final held-out loss | "
        "training wall (min) | evaluation wall (min) |",
        "|---|---|---|---|---|---|---|---|"]
+  evaluated = [r for rep in reports if rep for r in rep["runs"]]
   for run in runs:
     rows = curves.get(run["workdir"]) or []
     tr = [r["loss"] for r in rows if "loss" in r]
     va = [r["val_loss"] for r in rows if "val_loss" in r]
-    rep = next((r for r in report["runs"] if os.path.abspath(r["workdir"]) ==
+    rep = next((r for r in evaluated if os.path.abspath(r["workdir"]) ==
                 os.path.abspath(run["workdir"])), None)
     secs = meta.get("train_seconds", {}).get(run["workdir"])
     L.append(f"| {os.path.basename(run['workdir'])} | {fmt.name(run['encoding'])} | "
-             f"{run['seed']} | {rep['step'] if rep else '-'} | "
+             f"{run['seed']} | {rep['step'] if rep else run.get('steps', '-')} | "
              f"{f'{tr[-1]:.4f}' if tr else '-'} | {f'{va[-1]:.4f}' if va else '-'} | "
              f"{f'{secs / 60:.1f}' if secs else '-'} | {_minutes(rep)} |")
   L.append("\nPer-run perplexity, RULER and ICL numbers: [eval/report.md](eval/report.md).\n")
@@ -409,16 +424,18 @@ def _every_run(report, runs, curves, meta) -> list:
 
 
 def write(out_dir: str, report: dict, runs: list[dict], curves: dict, meta: dict,
-          recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT) -> dict:
+          recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT,
+          ppl_report: Optional[dict] = None, positions: Optional[dict] = None) -> dict:
   """Writes README.md, summary.json, loss_curves.png and (with `recall` records)
   retrieval_study.png to out_dir, all or none of them (report_files.replace_files); a PNG the
   README does not link is removed. Returns the summary."""
   os.makedirs(out_dir, exist_ok=True)
-  text, summary, recall_png = build(report, runs, curves, meta, recall, n_boot=n_boot)
+  text, summary, figures = build(report, runs, curves, meta, recall, n_boot=n_boot,
+                                 ppl_report=ppl_report, positions=positions)
   files = {os.path.join(out_dir, "README.md"): text,
            os.path.join(out_dir, "summary.json"): json.dumps({"meta": meta, **summary}, indent=2)}
-  pngs = {"loss_curves.png": plots.loss_curves(curves, runs, ENCODING_NAMES),
-          RECALL_PNG: recall_png}
+  main = [r for r in runs if r.get("kind", "main") == "main"]
+  pngs = {"loss_curves.png": plots.loss_curves(curves, main, ENCODING_NAMES), **figures}
   for file, data in pngs.items():
     if data is not None:
       files[os.path.join(out_dir, file)] = data

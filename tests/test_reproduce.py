@@ -172,8 +172,8 @@ def _claims(text):
 def test_build_tables_from_a_hand_made_report():
   from study import stats
   report, runs, curves, meta = _hand_made()
-  text, summary, png = w.build(report, runs, curves, meta, n_boot=N_BOOT)
-  assert png is None  # no retrieval records
+  text, summary, pngs = w.build(report, runs, curves, meta, n_boot=N_BOOT)
+  assert set(pngs.values()) == {None}  # no retrieval records
   rove = [r for r in report["runs"] if r["model"]["pos_encoding"] == "rove"]
   # A perplexity cell is stats.mean_interval of the token-weighted loss, under exp.
   rows = [r["perplexity"]["none"]["128"] for r in rove]
@@ -359,7 +359,7 @@ def test_reproduce_quick_end_to_end(tmp_path):
   out, runs_dir = tmp_path / "results", tmp_path / "runs"
   cmd = [sys.executable, os.path.join(ROOT, "reproduce.py"), "--quick", "--out", str(out),
          "--runs-dir", str(runs_dir), "--seeds", "0", "--encodings", "rove,rope",
-         "--steps", "4", "--no-recall"]
+         "--steps", "4", "--no-recall", "--long-seeds", "0", "--lrs", ""]
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   text = (out / "README.md").read_text()
@@ -409,15 +409,33 @@ def test_reproduce_rejects_bad_arguments():
     assert e.value.code == 2
 
 
-def test_plan_runs_every_encoding_on_three_seeds_by_default():
+def test_plan_pairs_eight_seeds_and_adds_the_two_checks():
   import reproduce
   plan = reproduce.plan(reproduce.parse_args([]))
-  assert [(r["encoding"], r["seed"]) for r in plan] == [
-      (e, s) for e in ("rove", "rope", "nope") for s in (0, 1, 2)]
-  plan = reproduce.plan(reproduce.parse_args(["--nope-seeds", "1"]))
+  main = [r for r in plan if r["kind"] == "main"]
+  assert [(r["encoding"], r["seed"]) for r in main] == [
+      (e, s) for e in ("rove", "rope") for s in range(8)] + [("nope", s) for s in range(3)]
+  assert [r["seed"] for r in main if r["full_eval"]] == [0, 1, 2] * 3
+  steps = reproduce.base_steps(reproduce.parse_args([]))
+  assert [(r["encoding"], r["seed"], r["steps"]) for r in plan if r["kind"] == "long"] == [
+      (e, s, 3 * steps) for s in (0, 1) for e in ("rove", "rope")]
+  assert [(r["encoding"], r["seed"], r["lr"]) for r in plan if r["kind"] == "lr"] == [
+      (e, 0, lr) for lr in (1e-3, 4e-3) for e in ("rove", "rope")]
+  assert len({r["workdir"] for r in plan}) == len(plan)  # one workdir a run
+  args = reproduce.parse_args([])
+  long_run = next(r for r in plan if r["kind"] == "long")
+  assert f"--config.steps={3 * steps}" in reproduce.overrides(args, long_run)
+  lr_run = next(r for r in plan if r["kind"] == "lr")
+  assert "--config.optim.lr=0.001" in reproduce.overrides(args, lr_run)
+  assert not any(o.startswith("--config.steps") for o in reproduce.overrides(args, main[0]))
+  plan = reproduce.plan(reproduce.parse_args(
+      ["--nope-seeds", "1", "--long-seeds", "0", "--lrs", "", "--full-eval-seeds", "0"]))
   assert [r["seed"] for r in plan if r["encoding"] == "nope"] == [0]
-  with pytest.raises(SystemExit):
-    reproduce.parse_args(["--nope-seeds", "0"])
+  assert {r["kind"] for r in plan} == {"main"} and all(r["full_eval"] for r in plan)
+  for bad in (["--nope-seeds", "-1"], ["--long-multiple", "1"], ["--lrs", "x"],
+              ["--lrs", "2"]):
+    with pytest.raises(SystemExit):
+      reproduce.parse_args(bad)
 
 
 def _fake_reproduce(monkeypatch, tmp_path, *, recall_present, extra=()):
@@ -454,15 +472,33 @@ def test_reproduce_evaluates_every_setting_then_the_retrieval_study(tmp_path, mo
   import reproduce
   calls, writes = _fake_reproduce(monkeypatch, tmp_path, recall_present=True)
   train = [c for c in calls if c[1].endswith("train.py")]
-  [ev] = [c for c in calls if "rove_jax.evaluation.cli" in c]
-  [study] = [c for c in calls if reproduce.RECALL_STUDY in c]
-  assert len(train) == 9 and calls.index(ev) > calls.index(train[-1])
-  assert ev[ev.index("--yarn") + 1] == "all" and len(ev[ev.index("--compare") + 1:]) >= 8
-  assert calls.index(study) > calls.index(ev)
-  assert study[study.index("--out") + 1] == str(tmp_path / "out" / "recall")
-  assert study[study.index("--seeds") + 1] == "0,1,2"
+  full, ppl = [c for c in calls if "rove_jax.evaluation.cli" in c]
+  studies = [c for c in calls if reproduce.RECALL_STUDY in c]
+  assert len(train) == 27 and calls.index(full) > calls.index(train[-1])
+  workdirs = lambda c: [c[c.index("--workdir") + 1], *c[c.index("--compare") + 1:c.index(  # noqa
+      "--suite")]]
+  assert [os.path.basename(w) for w in workdirs(full)] == [
+      f"{e}-s{s}" for e in ("rove", "rope", "nope") for s in (0, 1, 2)]
+  assert "--tasks" not in full and full[full.index("--yarn") + 1] == "all"
+  # the added seeds and the training-length check: perplexity only, every setting
+  assert ppl[ppl.index("--tasks") + 1] == "ppl" and ppl[ppl.index("--yarn") + 1] == "all"
+  assert [os.path.basename(w) for w in workdirs(ppl)] == [
+      f"{e}-s{s}" for e in ("rove", "rope") for s in range(3, 8)] + [
+      f"{e}-s{s}-steps900" for s in (0, 1) for e in ("rove", "rope")]
+  assert "--ruler-lengths" not in ppl
+  assert all(calls.index(st) > calls.index(ppl) for st in studies)
+  by_task = {c[c.index("--task") + 1]: c for c in studies}
+  assert sorted(by_task) == ["lastwrite", "mqar", "offset"]
+  assert by_task["mqar"][by_task["mqar"].index("--out") + 1] == str(tmp_path / "out" / "recall")
+  assert by_task["mqar"][by_task["mqar"].index("--seeds") + 1] == "0,1,2"
+  for task in ("lastwrite", "offset"):
+    c = by_task[task]
+    assert c[c.index("--out") + 1] == str(tmp_path / "out" / f"recall_{task}")
+    assert c[c.index("--seeds") + 1] == "0,1,2,3,4" and c[c.index("--nope-seeds") + 1] == "2"
   [(args, kwargs)] = writes
   assert kwargs["recall"] == _recall_records()
+  assert set(kwargs["positions"]) == {"lastwrite", "offset"}
+  assert kwargs["ppl_report"] is not None
 
 
 def test_reproduce_without_the_retrieval_study_writes_no_records(tmp_path, monkeypatch, capsys):
@@ -470,7 +506,7 @@ def test_reproduce_without_the_retrieval_study_writes_no_records(tmp_path, monke
   calls, writes = _fake_reproduce(monkeypatch, tmp_path, recall_present=False)
   assert not [c for c in calls if reproduce.RECALL_STUDY in c]
   assert writes[0][1]["recall"] is None
-  assert "retrieval study: skipped" in capsys.readouterr().out
+  assert "retrieval study (mqar): skipped" in capsys.readouterr().out
 
 
 def test_no_recall_keeps_an_earlier_runs_records_and_the_note(tmp_path, monkeypatch, capsys):

@@ -1,5 +1,9 @@
 """Synthetic multi-query associative recall (MQAR): the "recall" corpus source and test sets.
 
+`RecallSpec.task` picks the task: "mqar" (this docstring: content retrieval, no position
+needed) or one of the position-dependent tasks "lastwrite" and "offset", whose documents and
+test samples rove_jax.data.recall_tasks generates in the same layout and alphabets.
+
 Shape letters (here): D documents, N test samples, L tokens of a test sample, T = seq_len,
 P records (key-value pairs), Q queries.
 
@@ -57,6 +61,7 @@ from typing import Iterator, NamedTuple, Optional
 
 import numpy as np
 
+TASKS = ("mqar", "lastwrite", "offset")
 FORMAT = 3  # bump when the generator's output changes: it is part of the token-cache key
 KEY_CHARS = string.digits
 RECORD_CHARS = string.ascii_uppercase + string.ascii_lowercase
@@ -64,8 +69,13 @@ FILLER_CHARS = string.punctuation[:10]
 _STREAMS = {"train": 0, "val": 1, "test": 2}
 
 
-def _ids(chars: str) -> np.ndarray:
+def char_ids(chars: str) -> np.ndarray:
+  """The token ids of ASCII characters under the byte tokenizer: their codes [len(chars)]."""
   return np.frombuffer(chars.encode("ascii"), np.uint8).astype(np.int32)
+
+
+def filler_ids() -> np.ndarray:
+  return char_ids(FILLER_CHARS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +95,9 @@ class RecallSpec:
     seed: the data seed (the run's config.seed only shuffles and initializes).
     answer_loss: 1: the training loss covers the query answers only (`loss_mask`); 0: every
       token. The documents are the same either way.
+    task: "mqar", "lastwrite" (pairs = writes, which may exceed keys) or "offset" (pairs = 1
+      marker, keys = the offsets 1..keys, values = the context alphabet): see
+      rove_jax.data.recall_tasks.
   """
   seq_len: int = 32
   pairs: int = 6
@@ -95,10 +108,15 @@ class RecallSpec:
   val_docs: int = 1000
   seed: int = 0
   answer_loss: int = 1
+  task: str = "mqar"
 
   def __post_init__(self):
+    if self.task not in TASKS:
+      raise ValueError(f"recall spec: task must be one of {TASKS}, got {self.task!r}")
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
+      if f.name == "task":
+        continue
       if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"recall spec: {f.name} must be an int, got {value!r}")
     low = {"pairs": 1, "queries": 1, "keys": 1, "values": 2, "train_docs": 1, "val_docs": 1,
@@ -108,17 +126,22 @@ class RecallSpec:
         raise ValueError(f"recall spec: {name} must be >= {minimum}, got {getattr(self, name)}")
     if self.answer_loss > 1:
       raise ValueError(f"recall spec: answer_loss must be 0 or 1, got {self.answer_loss}")
-    if self.keys > len(KEY_CHARS) or self.keys * self.values > len(RECORD_CHARS):
-      raise ValueError(f"recall spec: keys must be <= {len(KEY_CHARS)} and keys * values <= "
-                       f"{len(RECORD_CHARS)} (the record alphabet), got keys={self.keys}, "
+    records = self.values if self.task == "offset" else self.keys * self.values
+    if self.keys > len(KEY_CHARS) or records > len(RECORD_CHARS):
+      raise ValueError(f"recall spec: keys must be <= {len(KEY_CHARS)} and keys * values "
+                       f"(task=offset: values) <= {len(RECORD_CHARS)} (the record alphabet), got "
+                       f"keys={self.keys}, "
                        f"values={self.values}")
-    if self.pairs > self.keys:
+    if self.task == "mqar" and self.pairs > self.keys:
       raise ValueError(f"recall spec: pairs={self.pairs} needs as many distinct keys, but "
                        f"keys={self.keys}")
     if self.context_len < self.pairs:
       raise ValueError(f"recall spec: seq_len={self.seq_len} leaves a context of "
                        f"{self.context_len} tokens, too short for {self.pairs} records; need "
                        f"seq_len >= {self.pairs + 2 * self.queries + 1}")
+    if self.task != "mqar":
+      from rove_jax.data import recall_tasks
+      recall_tasks.check(self)
 
   @property
   def context_len(self) -> int:
@@ -137,6 +160,9 @@ class RecallSpec:
       if not eq or name not in fields:
         raise ValueError(f"recall corpus path {text!r}: {part!r} is not NAME=INT with NAME one "
                          f"of {sorted(fields)}")
+      if name == "task":
+        kw[name] = value.strip()
+        continue
       try:
         kw[name] = int(value)
       except ValueError:
@@ -151,12 +177,12 @@ class RecallSpec:
 
 def key_ids(spec: RecallSpec) -> np.ndarray:
   """The key token ids [keys]."""
-  return _ids(KEY_CHARS[:spec.keys])
+  return char_ids(KEY_CHARS[:spec.keys])
 
 
 def record_ids(spec: RecallSpec) -> np.ndarray:
   """The record token ids [keys, values]: record (k, v) holds key k and value v."""
-  return _ids(RECORD_CHARS[:spec.keys * spec.values]).reshape(spec.keys, spec.values)
+  return char_ids(RECORD_CHARS[:spec.keys * spec.values]).reshape(spec.keys, spec.values)
 
 
 def _rng(*words: int) -> np.random.Generator:
@@ -172,7 +198,7 @@ def _contexts(rng: np.random.Generator, spec: RecallSpec, n_docs: int, context_l
     ones are not in the context), records [D, n_records + extra_keys] (token ids, uniform
     values), record positions [D, n_records]).
   """
-  tokens = _ids(FILLER_CHARS)[rng.integers(0, len(FILLER_CHARS), (n_docs, context_len))]
+  tokens = char_ids(FILLER_CHARS)[rng.integers(0, len(FILLER_CHARS), (n_docs, context_len))]
   pos = np.argsort(rng.random((n_docs, context_len)), axis=1)[:, :n_records]
   keys = np.argsort(rng.random((n_docs, spec.keys)), axis=1)[:, :n_records + extra_keys]
   records = record_ids(spec)[keys, rng.integers(0, spec.values, keys.shape)]
@@ -215,6 +241,10 @@ def training_tokens(spec: RecallSpec, split: str, n_docs: Optional[int] = None,
   out = []
   for block in range(start // 1000, (start + n_docs + 999) // 1000):
     rng = _rng(spec.seed, _STREAMS[split], block)
+    if spec.task != "mqar":
+      from rove_jax.data import recall_tasks
+      out.append(recall_tasks.documents_block(rng, spec, 1000))
+      continue
     ctx, keys, records, _ = _contexts(rng, spec, 1000, spec.context_len, spec.pairs)
     out.append(_with_queries(rng, spec, ctx, keys, records))
   docs = np.concatenate(out)
@@ -273,6 +303,12 @@ def test_samples(spec: RecallSpec, length: int, n: int, *, eot_id: int, seed: in
   depth = (np.arange(n) + 0.5) / n
   for i in range(n):
     rng = _rng(seed, _STREAMS["test"], length, i)
+    if spec.task != "mqar":
+      from rove_jax.data import recall_tasks
+      doc, at = recall_tasks.test_document(rng, spec, context_len, depth[i])
+      tokens[i] = np.concatenate([[eot_id], doc])
+      distance[i] = (length - 2 * spec.queries) - (1 + at)
+      continue
     # The distractors: P - 1 records in a context one token short; then the target record,
     # whose key (the extra one) is not among theirs, goes in at its depth.
     ctx, keys, records, _ = _contexts(rng, spec, 1, context_len - 1, spec.pairs - 1,
