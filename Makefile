@@ -12,6 +12,13 @@ TEST    = $(VENV)/.installed-test
 # within 10 minutes on 2 CPU cores. Rerunning resumes from runs/demo.
 DEMO_ARGS = --config configs/demo.py
 DEMO_EVAL = --suite quick --tasks ppl --yarn all --lengths 32,64,128,256,512,1024
+# Then the mechanism: 2 seed pairs of 2-layer models trained for 300 steps to retrieve the token
+# k = 1..4 places after a marker (study/configs/retrieval.py's offset task with 4 offsets), a
+# task whose answer is fixed by relative position alone; scored at 1x and 4x the training
+# length with and without YaRN, per seed pair (runs/demo/offset).
+DEMO_MECHANISM = --task offset --steps 300 --seeds 0,1 --encodings rove,rope --multiples 1,4 \
+	--samples 100 --out runs/demo/offset --runs-dir runs/demo/offset \
+	--data task=offset,pairs=1,queries=8,keys=4,values=16,train_docs=20000
 
 # The paper's comparison at small scale (about 2 hours on 2 CPU cores): RoVE, RoPE and NoPE x 3
 # seeds, the full evaluation suite and the retrieval study; writes results/. Reruns resume.
@@ -40,6 +47,7 @@ demo: $(CORE)
 	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rove --config.model.pos_encoding=rove
 	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rope --config.model.pos_encoding=rope
 	$(PY) -m eval --workdir runs/demo/rove --compare runs/demo/rope $(DEMO_EVAL) --out runs/demo/eval
+	$(PY) -m study.retrieval $(DEMO_MECHANISM)
 
 reproduce: $(CORE)
 	$(PY) reproduce.py $(REPRODUCE_ARGS)

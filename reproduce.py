@@ -48,6 +48,8 @@ import subprocess
 import sys
 import time
 
+from study import jobs
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(ROOT, "study", "configs", "reproduce.py")
 RECALL_STUDY = "study.retrieval"  # the retrieval study, when present
@@ -90,6 +92,9 @@ def parse_args(argv):
                       "(0: not run)")
   p.add_argument("--position-nope-seeds", type=int, default=2)
   p.add_argument("--steps", type=int, help="training steps (default: study/configs/reproduce.py)")
+  p.add_argument("--jobs", type=int, default=None,
+                 help="children (trainings, evaluations) at a time, each pinned to its own "
+                      "core (default: study.jobs.default_jobs(), at most 2)")
   p.add_argument("--suite", default="full", choices=("quick", "full"))
   p.add_argument("--quick", action="store_true",
                  help="tiny settings for tests: 1 layer, few steps, short lengths")
@@ -194,17 +199,23 @@ def overrides(args, run) -> list[str]:
 
 
 def train_all(args, runs) -> None:
-  for i, run in enumerate(runs):
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--config", CONFIG,
-           "--workdir", run["workdir"]] + overrides(args, run)
-    print(f"[{i + 1}/{len(runs)}] {run['encoding']} seed {run['seed']} -> {run['workdir']}",
-          flush=True)
-    t0 = time.perf_counter()
-    rc = subprocess.call(cmd)
-    run["train_seconds"] = time.perf_counter() - t0
-    if rc != 0:
-      raise SystemExit(f"training {run['workdir']} failed (exit {rc}); rerun "
-                       f"`{' '.join(sys.argv)}` to resume it")
+  """Trains every run (train.py resumes or skips a finished one), --jobs at a time, each
+  child's output in <workdir>/train.log; records train_seconds."""
+  todo = [jobs.Job(f"[{i + 1}/{len(runs)}] {r['encoding']} seed {r['seed']} ({r['kind']}) -> "
+                   f"{r['workdir']}",
+                   [sys.executable, os.path.join(ROOT, "train.py"), "--config", CONFIG,
+                    "--workdir", r["workdir"]] + overrides(args, r),
+                   os.path.join(r["workdir"], "train.log"))
+          for i, r in enumerate(runs)]
+  for run, (rc, secs) in zip(runs, jobs.run(todo, args.jobs, log=_say)):
+    run["train_seconds"] = secs
+    if rc is not None and rc != 0:
+      raise SystemExit(f"training {run['workdir']} failed (exit {rc}, its log: "
+                       f"{run['workdir']}/train.log); rerun `{' '.join(sys.argv)}` to resume it")
+
+
+def _say(line: str) -> None:
+  print(line, flush=True)
 
 
 def eval_command(args, runs, eval_dir, ppl_only: bool = False) -> list[str]:
@@ -226,29 +237,36 @@ def eval_command(args, runs, eval_dir, ppl_only: bool = False) -> list[str]:
   return cmd
 
 
-def _evaluate(args, runs, eval_dir, ppl_only=False) -> dict:
-  cmd = eval_command(args, runs, eval_dir, ppl_only)
-  print("evaluating:", " ".join(cmd[1:]), flush=True)
-  rc = subprocess.call(cmd, env=_env())
-  if rc != 0:
-    raise SystemExit(f"evaluation failed (exit {rc})")
-  with open(os.path.join(eval_dir, "report.json")) as f:
-    return json.load(f)
-
-
 def evaluate_all(args, runs, out_dir) -> tuple[dict, dict | None]:
   """(the main report, the perplexity-only report or None).
 
   The main runs with full_eval get the full suite into <out>/eval; the other main runs and the
-  training-length check's runs get perplexity only into <out>/eval_ppl, and the main ones of
-  those join the main report's runs (the write-up reads RULER and ICL from the runs that have
-  them). The learning-rate check is read from the runs' held-out losses, not evaluated."""
+  training-length check's runs get perplexity only into <out>/eval_ppl (the two evaluations
+  side by side, --jobs at a time, their output in <dir>/eval.log), and the main ones of those
+  join the main report's runs (the write-up reads RULER and ICL from the runs that have them).
+  The learning-rate check is read from the runs' held-out losses, not evaluated."""
   full = [r for r in runs if r["kind"] == "main" and r["full_eval"]]
   rest = [r for r in runs if r["kind"] == "long" or r["kind"] == "main" and not r["full_eval"]]
-  report = _evaluate(args, full, os.path.join(out_dir, "eval"))
+  dirs = {"eval": os.path.join(out_dir, "eval"), "eval_ppl": os.path.join(out_dir, "eval_ppl")}
+  todo = [jobs.Job("evaluation (full suite)", eval_command(args, full, dirs["eval"]),
+                   os.path.join(dirs["eval"], "eval.log"), _env())]
+  if rest:
+    todo.append(jobs.Job("evaluation (perplexity only)",
+                         eval_command(args, rest, dirs["eval_ppl"], ppl_only=True),
+                         os.path.join(dirs["eval_ppl"], "eval.log"), _env()))
+  for job in todo:
+    _say(f"{job.label}: {' '.join(job.cmd[1:])}")
+  for job, (rc, _) in zip(todo, jobs.run(todo, args.jobs, log=_say)):
+    if rc != 0:
+      raise SystemExit(f"{job.label} failed (exit {rc}; its log: {job.log}); rerun "
+                       f"`{' '.join(sys.argv)}` to redo it (training is kept)")
+  reports = []
+  for d in dirs.values() if rest else [dirs["eval"]]:
+    with open(os.path.join(d, "report.json")) as f:
+      reports.append(json.load(f))
   if not rest:
-    return report, None
-  ppl = _evaluate(args, rest, os.path.join(out_dir, "eval_ppl"), ppl_only=True)
+    return reports[0], None
+  report, ppl = reports
   main_dirs = {os.path.abspath(r["workdir"]) for r in rest if r["kind"] == "main"}
   merged = dict(report, runs=report["runs"] + [
       r for r in ppl["runs"] if os.path.abspath(r["workdir"]) in main_dirs])

@@ -7,10 +7,10 @@ length, with and without YaRN; writes OUT/recall.json.
       [--task mqar|lastwrite|offset] [--steps N] [--data SPEC] [--quick]
 
 Every run trains with the same config and data; only the encoding and the seed differ. Runs
-train one after another in train.py subprocesses (`rove-train`); rerunning resumes: a finished
-run (its workdir holds recall_study_done.json for the same settings) is skipped, an unfinished
-one continues from its newest checkpoint, and the evaluation is redone. --quick shrinks
-everything for tests (a 1-layer model, a few steps, 2 lengths, 8 samples).
+train in train.py subprocesses (`rove-train`), --jobs at a time (study.jobs); rerunning
+resumes: a finished run (its workdir holds recall_study_done.json for the same settings) is
+skipped, an unfinished one continues from its newest checkpoint, and the evaluation is redone.
+--quick shrinks everything for tests (a 1-layer model, a few steps, 2 lengths, 8 samples).
 
 recall.json: "records" (one per encoding, seed, setting, length: accuracy, mean answer NLL and
 the per-sample lists, from study.retrieval_scoring.evaluate), "sample_distance" (per length,
@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -35,7 +34,7 @@ from rove_jax.data import recall as recall_data
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model_config import POS_ENCODINGS
 from rove_jax.train import run_config as config_lib
-from study import plots, stats
+from study import jobs, plots, stats
 from study import retrieval_scoring as recall
 from study.configs import retrieval as recall_config
 
@@ -66,6 +65,9 @@ def parse_args(argv):
                       "(default: the config's own, mqar); --data and --steps override them")
   p.add_argument("--nope-seeds", type=int, default=0,
                  help="NoPE runs on the first N seeds only (0: all)")
+  p.add_argument("--jobs", type=int, default=None,
+                 help="trainings at a time, each pinned to its own core (default: "
+                      "study.jobs.default_jobs(), at most 2)")
   p.add_argument("--quick", action="store_true", help="tiny settings for tests")
   args = p.parse_args(argv)
   try:
@@ -134,8 +136,10 @@ def _done(run) -> bool:
     return False
 
 
-def train_all(runs, log=print) -> None:
-  """Trains each run in a subprocess (skipping finished ones); records train_seconds."""
+def train_all(runs, log=print, n_jobs=None) -> None:
+  """Trains each run in a subprocess, n_jobs at a time (study.jobs, each child's output in
+  <workdir>/train.log), skipping finished ones; records train_seconds."""
+  todo, pending = [], []
   for i, run in enumerate(runs):
     if _done(run):
       log(f"[{i + 1}/{len(runs)}] {run['encoding']} seed {run['seed']}: done, kept")
@@ -144,15 +148,18 @@ def train_all(runs, log=print) -> None:
       continue
     cmd = [sys.executable, "-m", "rove_jax.train.cli", "--config", recall_config.__file__,
            "--workdir", run["workdir"]] + run["overrides"]
-    log(f"[{i + 1}/{len(runs)}] {run['encoding']} seed {run['seed']} -> {run['workdir']}")
-    t0 = time.perf_counter()
-    rc = subprocess.call(cmd)
-    run["train_seconds"] = time.perf_counter() - t0
+    todo.append(jobs.Job(f"[{i + 1}/{len(runs)}] {run['encoding']} seed {run['seed']} -> "
+                         f"{run['workdir']}", cmd, os.path.join(run["workdir"], "train.log")))
+    pending.append(run)
+  for run, (rc, secs) in zip(pending, jobs.run(todo, n_jobs, log=log)):
+    if rc is None:
+      continue
+    run["train_seconds"] = secs
     if rc != 0:
-      raise SystemExit(f"training {run['workdir']} failed (exit {rc}); rerun the same command "
-                       f"to resume it")
+      raise SystemExit(f"training {run['workdir']} failed (exit {rc}, its log: "
+                       f"{run['workdir']}/train.log); rerun the same command to resume it")
     with open(os.path.join(run["workdir"], DONE), "w") as f:
-      json.dump({"overrides": run["overrides"], "train_seconds": run["train_seconds"]}, f)
+      json.dump({"overrides": run["overrides"], "train_seconds": secs}, f)
 
 
 def evaluate_all(args, runs, log=print) -> dict:
@@ -218,7 +225,7 @@ def main(argv=None) -> int:
   except ValueError as e:
     raise SystemExit(f"recall_study: {e}") from None
   os.makedirs(args.out, exist_ok=True)
-  train_all(runs)
+  train_all(runs, n_jobs=args.jobs)
   t_train = time.perf_counter() - t0
   result = evaluate_all(args, runs)
   result.update(quick=bool(args.quick), train_wall_seconds=t_train,

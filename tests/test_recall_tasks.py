@@ -120,3 +120,21 @@ def test_corpus_source_streams_the_task_documents():
   first = next(iter(iter_documents(corpus, "train")))
   assert first[1:] == _text(gen.training_tokens(OFFSET, "train", 1)[0])
   assert tasks.MARKER in first
+
+
+def test_the_demos_mechanism_command_parses_and_plans_the_offset_task():
+  """make demo's study.retrieval line (Makefile DEMO_MECHANISM) is a valid study: its spec is
+  the offset task and every run's config validates (study.retrieval.plan)."""
+  import pathlib
+  import re
+  import shlex
+  from study import retrieval as study
+  makefile = (pathlib.Path(__file__).resolve().parents[1] / "Makefile").read_text()
+  text = re.search(r"^DEMO_MECHANISM = ((?:.*\\\n)*.*)$", makefile, re.M).group(1)
+  args = study.parse_args(shlex.split(text.replace("\\\n", " ")))
+  runs = study.plan(args)
+  assert [(r["encoding"], r["seed"]) for r in runs] == [
+      (e, s) for e in ("rove", "rope") for s in (0, 1)]
+  spec = gen.RecallSpec.parse(args.data)
+  assert spec.task == "offset" and args.steps == 300 and args.multiple_list == [1, 4]
+  assert "$(PY) -m study.retrieval $(DEMO_MECHANISM)" in makefile

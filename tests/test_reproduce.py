@@ -459,7 +459,13 @@ def _fake_reproduce(monkeypatch, tmp_path, *, recall_present, extra=()):
         json.dump({"records": _recall_records()}, f)
     return 0
 
+  def fake_run(todo, n=None, log=print):
+    for job in todo:
+      fake_call(job.cmd)
+    return [(0, 1.0)] * len(todo)
+
   monkeypatch.setattr(reproduce.subprocess, "call", fake_call)
+  monkeypatch.setattr(reproduce.jobs, "run", fake_run)
   monkeypatch.setattr(reproduce, "recall_available", lambda: recall_present)
   monkeypatch.setattr(reproduce, "machine", lambda: "m")
   monkeypatch.setattr(results_writeup, "write", lambda *a, **k: writes.append((a, k)))

@@ -26,9 +26,9 @@ TASKS = {
     "lastwrite": {"data": f"seq_len={SEQ_LEN},pairs=8,queries=8,keys=4,values=8,train_docs="
                           f"60000,val_docs=1000,seed=0,answer_loss=1,task=lastwrite",
                   "steps": 150, "config": {"optim.warmup_steps": 30}},
-    "offset": {"data": f"seq_len={SEQ_LEN},pairs=1,queries=8,keys=8,values=16,train_docs=60000,"
+    "offset": {"data": f"seq_len={SEQ_LEN},pairs=1,queries=8,keys=6,values=16,train_docs=60000,"
                        f"val_docs=1000,seed=0,answer_loss=1,task=offset",
-               "steps": 300},
+               "steps": 400},
 }
 
 
