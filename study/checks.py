@@ -20,6 +20,11 @@ from typing import Optional, Sequence
 from study.limits import _val_losses
 
 
+def _kind(run: dict) -> str:
+  """A plan entry's kind (reproduce.plan; runs without one are main runs)."""
+  return run.get("kind", "main")
+
+
 def _final_val(curves: dict, run: dict) -> Optional[float]:
   val = _val_losses(curves.get(run["workdir"]))
   return val[max(val)] if val else None
@@ -58,9 +63,9 @@ def long_rows(runs: list, curves: dict, reports: Sequence[Optional[dict]],
   perplexity in %, the latter as the geometric mean over the lengths above T)."""
   import os
   by_dir = _by_workdir(reports)
-  index = {(r.get("kind", "main"), r["encoding"], r["seed"]): r for r in runs if r.get("kind", "main") != "lr"}
+  index = {(_kind(r), r["encoding"], r["seed"]): r for r in runs if _kind(r) != "lr"}
   rows = []
-  for seed in sorted({r["seed"] for r in runs if r.get("kind", "main") == "long"}):
+  for seed in sorted({r["seed"] for r in runs if _kind(r) == "long"}):
     for kind in ("main", "long"):
       ra, rb = index.get((kind, a, seed)), index.get((kind, b, seed))
       if ra is None or rb is None:
@@ -78,11 +83,11 @@ def lr_rows(runs: list, curves: dict, main_lr: float, a: str = "rove",
             b: str = "rope") -> list[dict]:
   """One row per (seed, learning rate), the config's rate (the main runs) included: each
   encoding's final held-out loss at it."""
-  lr_runs = [r for r in runs if r.get("kind", "main") == "lr"]
+  lr_runs = [r for r in runs if _kind(r) == "lr"]
   rows = []
   for seed in sorted({r["seed"] for r in lr_runs}):
     rates = {main_lr: {r["encoding"]: r for r in runs
-                       if r.get("kind", "main") == "main" and r["seed"] == seed}}
+                       if _kind(r) == "main" and r["seed"] == seed}}
     for r in lr_runs:
       if r["seed"] == seed:
         rates.setdefault(r["lr"], {})[r["encoding"]] = r
@@ -97,8 +102,8 @@ def section(runs: list, curves: dict, reports: Sequence[Optional[dict]], meta: d
   """(the markdown lines, the summary's "checks" entry); no lines when neither check ran."""
   train = meta.get("train") or {}
   longs = long_rows(runs, curves, reports, train_len) if any(
-      r.get("kind", "main") == "long" for r in runs) else []
-  lrs = lr_rows(runs, curves, train.get("lr")) if any(r.get("kind", "main") == "lr" for r in runs) else []
+      _kind(r) == "long" for r in runs) else []
+  lrs = lr_rows(runs, curves, train.get("lr")) if any(_kind(r) == "lr" for r in runs) else []
   if not longs and not lrs:
     return [], {}
   L = ["## Training length and learning rate\n",
@@ -125,7 +130,8 @@ def section(runs: list, curves: dict, reports: Sequence[Optional[dict]], meta: d
   if lrs:
     L += [f"**Learning rate.** The main runs use {train.get('lr', '?'):g}; the check trains "
           f"the same seeds at the other rates with everything else equal.\n",
-          "| seed | learning rate | held-out loss RoVE | RoPE | gap (nats) |", "|---|---|---|---|---|"]
+          "| seed | learning rate | held-out loss RoVE | RoPE | gap (nats) |",
+          "|---|---|---|---|---|"]
     for r in lrs:
       va, vb = r["val"]
       L.append(f"| {r['seed']} | {r['lr']:g}{' (main)' if r['main'] else ''} | "

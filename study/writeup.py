@@ -405,6 +405,7 @@ def _every_run(reports, runs, curves, meta) -> list:
        "training wall (min) | evaluation wall (min) |",
        "|---|---|---|---|---|---|---|---|"]
   evaluated = [r for rep in reports if rep for r in rep["runs"]]
+  steps = (meta.get("train") or {}).get("steps", "-")  # runs not evaluated (the LR check)
   for run in runs:
     rows = curves.get(run["workdir"]) or []
     tr = [r["loss"] for r in rows if "loss" in r]
@@ -413,7 +414,7 @@ def _every_run(reports, runs, curves, meta) -> list:
                 os.path.abspath(run["workdir"])), None)
     secs = meta.get("train_seconds", {}).get(run["workdir"])
     L.append(f"| {os.path.basename(run['workdir'])} | {fmt.name(run['encoding'])} | "
-             f"{run['seed']} | {rep['step'] if rep else run.get('steps', '-')} | "
+             f"{run['seed']} | {rep['step'] if rep else run.get('steps') or steps} | "
              f"{f'{tr[-1]:.4f}' if tr else '-'} | {f'{va[-1]:.4f}' if va else '-'} | "
              f"{f'{secs / 60:.1f}' if secs else '-'} | {_minutes(rep)} |")
   L.append("\nPer-run perplexity, RULER and ICL numbers: [eval/report.md](eval/report.md).\n")
