@@ -56,26 +56,17 @@ Test samples at length L (`test_samples`; exactly L tokens, L = T being a traini
 from __future__ import annotations
 
 import dataclasses
-import string
 from typing import Iterator, NamedTuple, Optional
 
 import numpy as np
 
+from rove_jax.data import recall_tasks
+from rove_jax.data.recall_chars import (FILLER_CHARS, KEY_CHARS, RECORD_CHARS, char_ids,
+                                        key_ids, record_ids)
+
 TASKS = ("mqar", "lastwrite", "offset")
 FORMAT = 3  # bump when the generator's output changes: it is part of the token-cache key
-KEY_CHARS = string.digits
-RECORD_CHARS = string.ascii_uppercase + string.ascii_lowercase
-FILLER_CHARS = string.punctuation[:10]
 _STREAMS = {"train": 0, "val": 1, "test": 2}
-
-
-def char_ids(chars: str) -> np.ndarray:
-  """The token ids of ASCII characters under the byte tokenizer: their codes [len(chars)]."""
-  return np.frombuffer(chars.encode("ascii"), np.uint8).astype(np.int32)
-
-
-def filler_ids() -> np.ndarray:
-  return char_ids(FILLER_CHARS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +131,6 @@ class RecallSpec:
                        f"{self.context_len} tokens, too short for {self.pairs} records; need "
                        f"seq_len >= {self.pairs + 2 * self.queries + 1}")
     if self.task != "mqar":
-      from rove_jax.data import recall_tasks
       recall_tasks.check(self)
 
   @property
@@ -173,16 +163,6 @@ class RecallSpec:
   def to_string(self) -> str:
     """The canonical corpus path of this spec (every field)."""
     return ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
-
-
-def key_ids(spec: RecallSpec) -> np.ndarray:
-  """The key token ids [keys]."""
-  return char_ids(KEY_CHARS[:spec.keys])
-
-
-def record_ids(spec: RecallSpec) -> np.ndarray:
-  """The record token ids [keys, values]: record (k, v) holds key k and value v."""
-  return char_ids(RECORD_CHARS[:spec.keys * spec.values]).reshape(spec.keys, spec.values)
 
 
 def _rng(*words: int) -> np.random.Generator:
@@ -242,7 +222,6 @@ def training_tokens(spec: RecallSpec, split: str, n_docs: Optional[int] = None,
   for block in range(start // 1000, (start + n_docs + 999) // 1000):
     rng = _rng(spec.seed, _STREAMS[split], block)
     if spec.task != "mqar":
-      from rove_jax.data import recall_tasks
       out.append(recall_tasks.documents_block(rng, spec, 1000))
       continue
     ctx, keys, records, _ = _contexts(rng, spec, 1000, spec.context_len, spec.pairs)
@@ -304,7 +283,6 @@ def test_samples(spec: RecallSpec, length: int, n: int, *, eot_id: int, seed: in
   for i in range(n):
     rng = _rng(seed, _STREAMS["test"], length, i)
     if spec.task != "mqar":
-      from rove_jax.data import recall_tasks
       doc, at = recall_tasks.test_document(rng, spec, context_len, depth[i])
       tokens[i] = np.concatenate([[eot_id], doc])
       distance[i] = (length - 2 * spec.queries) - (1 + at)

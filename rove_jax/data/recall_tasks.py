@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rove_jax.data import recall
-
-MARKER = "@"  # the offset task's marker: outside the key, record and filler alphabets
+from rove_jax.data import recall_chars as chars
+from rove_jax.data.recall_chars import MARKER  # noqa: F401 (the offset task's marker)
 
 
 def offset_digit_ids(keys: int) -> np.ndarray:
@@ -63,7 +62,7 @@ def check(spec) -> None:
 
 
 def _filler(rng, context_len: int) -> np.ndarray:
-  filler = recall.filler_ids()
+  filler = chars.filler_ids()
   return filler[rng.integers(0, len(filler), context_len)]
 
 
@@ -73,7 +72,7 @@ def _lastwrite_doc(rng, spec, context_len: int, n_writes: int, target=None):
   With `target` (test samples): the scored key is written twice, its last write at context
   position `target`; returns (context [C], queries [Q, 2], the answer's position).
   """
-  records = recall.record_ids(spec)
+  records = chars.record_ids(spec)
   ctx = _filler(rng, context_len)
   if target is None:
     pos = np.sort(rng.permutation(context_len)[:n_writes])
@@ -98,7 +97,7 @@ def _lastwrite_doc(rng, spec, context_len: int, n_writes: int, target=None):
   q_keys = [written[i] for i in rng.integers(0, len(written), spec.queries)]
   if target is not None:
     q_keys[0] = t_key
-  queries = np.array([[recall.key_ids(spec)[k], records[k, last[k][1]]] for k in q_keys],
+  queries = np.array([[chars.key_ids(spec)[k], records[k, last[k][1]]] for k in q_keys],
                      np.int32)
   return ctx, queries, (last[t_key][0] if target is not None else None)
 
@@ -106,7 +105,7 @@ def _lastwrite_doc(rng, spec, context_len: int, n_writes: int, target=None):
 def _offset_doc(rng, spec, context_len: int, marker=None):
   """One offset document's context and queries; with `marker` (test samples) the marker's
   position is given and the first query's answer position is returned too."""
-  alphabet = recall.char_ids(recall.RECORD_CHARS[:spec.values])
+  alphabet = chars.char_ids(chars.RECORD_CHARS[:spec.values])
   ctx = alphabet[rng.integers(0, spec.values, context_len)]
   m = int(rng.integers(0, context_len - spec.keys)) if marker is None else marker
   ctx[m] = ord(MARKER)
