@@ -266,11 +266,21 @@ def evaluate_all(args, runs, out_dir) -> tuple[dict, dict | None]:
       reports.append(json.load(f))
   if not rest:
     return reports[0], None
-  report, ppl = reports
-  main_dirs = {os.path.abspath(r["workdir"]) for r in rest if r["kind"] == "main"}
-  merged = dict(report, runs=report["runs"] + [
+  return with_ppl_runs(reports[0], reports[1], runs), reports[1]
+
+
+def with_ppl_runs(report: dict, ppl: dict, runs) -> dict:
+  """The main report with the perplexity-only report's main runs added (not the checks')."""
+  main_dirs = {os.path.abspath(r["workdir"]) for r in runs if r["kind"] == "main"}
+  return dict(report, runs=report["runs"] + [
       r for r in ppl["runs"] if os.path.abspath(r["workdir"]) in main_dirs])
-  return merged, ppl
+
+
+def position_records(out_dir) -> dict:
+  """{task: recall.json content} of the position tasks whose records are in out_dir."""
+  from study import position_tasks
+  return position_tasks.load([(t, os.path.join(out_dir, f"recall_{t}", "recall.json"))
+                              for t in POSITION_TASKS])
 
 
 def _env() -> dict:
@@ -318,13 +328,11 @@ def position_studies(args) -> dict:
   """The position-dependent retrieval tasks (POSITION_TASKS), each on the first
   --position-seeds seeds (NoPE on --position-nope-seeds of them) into <out>/recall_<task>/:
   {task: recall.json content} of those that ran or that an earlier run left."""
-  from study import position_tasks
   seeds = args.seed_list[:args.position_seeds]
   for task in POSITION_TASKS if args.position_seeds else ():
     recall_study(args, os.path.join(args.out, f"recall_{task}"), task, seeds,
                  args.position_nope_seeds)
-  return position_tasks.load([(t, os.path.join(args.out, f"recall_{t}", "recall.json"))
-                              for t in POSITION_TASKS])
+  return position_records(args.out)
 
 
 def _recall_records(path) -> list:
@@ -438,9 +446,7 @@ def rewrite(args) -> int:
   if os.path.exists(ppl_path):
     with open(ppl_path) as f:
       ppl_report = json.load(f)
-    dirs = {os.path.abspath(r["workdir"]) for r in runs if r["kind"] == "main"}
-    report = dict(report, runs=report["runs"] + [
-        r for r in ppl_report["runs"] if os.path.abspath(r["workdir"]) in dirs])
+    report = with_ppl_runs(report, ppl_report, runs)
   meta.setdefault("recall_rerun", "--no-recall" not in (meta.get("command") or "").split())
   meta.setdefault("train", train_meta(args))
   lost = [r["workdir"] for r in runs
@@ -452,11 +458,8 @@ def rewrite(args) -> int:
   note = f"write-up redone from the same report by `python reproduce.py --write-only` at {commit()}"
   meta["notes"] = f"{meta['notes']}; {note}" if meta.get("notes") else note
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
-  from study import position_tasks
-  positions = position_tasks.load([(t, os.path.join(args.out, f"recall_{t}", "recall.json"))
-                                   for t in POSITION_TASKS])
   results_writeup.write(args.out, report, runs, curves, meta, recall=recall,
-                        ppl_report=ppl_report, positions=positions)
+                        ppl_report=ppl_report, positions=position_records(args.out))
   print(f"rewrote {os.path.join(args.out, 'README.md')}")
   return 0
 

@@ -15,6 +15,7 @@ perplexity reports (the main report and the perplexity-only one of reproduce.py)
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional, Sequence
 
 from study.limits import _val_losses
@@ -33,11 +34,10 @@ def _final_val(curves: dict, run: dict) -> Optional[float]:
 def _ppl_losses(report_run: Optional[dict], setting: str, train_len: int) -> tuple:
   """(loss at the training length, mean loss over the lengths above it) under a setting, or
   Nones."""
-  cells = ((report_run or {}).get("perplexity") or {}).get(setting) or {}
-  inside = (cells.get(str(train_len)) or {}).get("loss")
-  if setting != "none":  # YaRN leaves the training length as trained
-    inside = (((report_run or {}).get("perplexity") or {}).get("none") or {}).get(
-        str(train_len), {}).get("loss")
+  ppl = (report_run or {}).get("perplexity") or {}
+  cells = ppl.get(setting) or {}
+  # at T every setting is the model as trained (YaRN's factor L / T is 1): the "none" cell
+  inside = ((ppl.get("none") or {}).get(str(train_len)) or {}).get("loss")
   longer = [c["loss"] for L, c in cells.items() if int(L) > train_len and "loss" in c]
   return inside, (sum(longer) / len(longer) if longer else None)
 
@@ -52,7 +52,6 @@ def _nats(a: Optional[float], b: Optional[float]) -> str:
 
 
 def _by_workdir(reports: Sequence[Optional[dict]]) -> dict:
-  import os
   return {os.path.abspath(r["workdir"]): r for rep in reports if rep for r in rep["runs"]}
 
 
@@ -61,7 +60,6 @@ def long_rows(runs: list, curves: dict, reports: Sequence[Optional[dict]],
   """One row per (seed, steps) of the training-length check: the main runs' and the long
   runs' RoVE - RoPE differences (held-out loss in nats, in-context and beyond-context
   perplexity in %, the latter as the geometric mean over the lengths above T)."""
-  import os
   by_dir = _by_workdir(reports)
   index = {(_kind(r), r["encoding"], r["seed"]): r for r in runs if _kind(r) != "lr"}
   rows = []
@@ -146,5 +144,4 @@ def section(runs: list, curves: dict, reports: Sequence[Optional[dict]], meta: d
       L.append("\nLowest held-out loss at: " + ", ".join(
           f"{e} {lr:g}" for e, lr in best.items()) + ".")
     L.append("")
-  summary = {"long": [{**r, "steps": r["steps"]} for r in longs], "lr": lrs}
-  return L, summary
+  return L, {"long": longs, "lr": lrs}

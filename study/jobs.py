@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from typing import NamedTuple, Optional, Sequence
 
@@ -82,7 +81,6 @@ def run(jobs: Sequence[Job], n: Optional[int] = None, log=print) -> list:
       log(f"{jobs[i].label}: {'done' if rc == 0 else f'FAILED (exit {rc})'} in {secs:.0f} s")
       if rc != 0:
         failed = True
-        sys.stdout.flush()
         with open(jobs[i].log) as logf:
           tail = logf.read()[-2000:]
         log(f"--- last lines of {jobs[i].log} ---\n{tail}")

@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from rove_jax.data import recall as recall_data
-from rove_jax.data import recall_tasks
+from rove_jax.data.recall_chars import MARKER
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model import GPT
 from rove_jax.scaling import RopeScaling
@@ -42,7 +42,7 @@ def run_spec(run: scoring.Run) -> recall_data.RecallSpec:
                      f"'recall'; the recall evaluation needs a recall-trained run")
   spec = recall_data.RecallSpec.parse(data.get("path"))
   chars = (recall_data.KEY_CHARS + recall_data.RECORD_CHARS + recall_data.FILLER_CHARS
-           + recall_tasks.MARKER)
+           + MARKER)
   ids = np.asarray(run.tokenizer.encode(chars))
   if ids.shape != (len(chars),) or not np.array_equal(ids, [ord(c) for c in chars]):
     raise ValueError(f"run {run.name}'s tokenizer {run.tokenizer.name} does not encode the "

@@ -121,8 +121,7 @@ class RecallSpec:
     if self.keys > len(KEY_CHARS) or records > len(RECORD_CHARS):
       raise ValueError(f"recall spec: keys must be <= {len(KEY_CHARS)} and keys * values "
                        f"(task=offset: values) <= {len(RECORD_CHARS)} (the record alphabet), got "
-                       f"keys={self.keys}, "
-                       f"values={self.values}")
+                       f"keys={self.keys}, values={self.values}")
     if self.task == "mqar" and self.pairs > self.keys:
       raise ValueError(f"recall spec: pairs={self.pairs} needs as many distinct keys, but "
                        f"keys={self.keys}")
