@@ -20,7 +20,7 @@ DEMO_MECHANISM = --task offset --steps 300 --seeds 0,1 --encodings rove,rope --m
 	--samples 100 --out runs/demo/offset --runs-dir runs/demo/offset \
 	--data task=offset,pairs=1,queries=8,keys=4,values=16,train_docs=20000
 
-# The paper's comparison at small scale (planned for about 2.5 hours on 2 CPU cores): RoVE and
+# The paper's comparison at small scale (about 2 hours on 2 CPU cores): RoVE and
 # RoPE on 8 seed pairs and NoPE on 3, the full evaluation suite on 3 seeds and perplexity on the
 # rest, the training-length and learning-rate checks, and the retrieval studies (associative
 # recall and two position-dependent tasks); writes results/. Reruns resume.
