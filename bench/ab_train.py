@@ -8,6 +8,11 @@
 --mode step times only the jitted train step of each side's own model, optimizer and
 make_train_step on a fixed random batch (the model code alone; `--encoding`, and the tiny
 preset's shape at --batch x --seq), which is far less noisy.
+--mode interleaved builds the same step on each side, exports it (jax.export: StableHLO, the
+side's own code compiled away) and times both exported steps in one process, alternating step
+by step (ABBA within each pair), so that a drift of the machine lands on both sides within
+milliseconds; the result is the ratio of the median step times and the same ratio per block
+of --steps pairs (--repeats blocks). It needs flatbuffers (pip install -e '.[bench]').
 
 Each side is a full checkout: `--base`/`--head` name git revisions (exported with git archive)
 or WORKTREE, this checkout as it is. Every repeat trains each side once from scratch in its own
@@ -21,6 +26,7 @@ and their geometric mean. Both sides use this interpreter (the same jax, flax an
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -29,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKTREE = "WORKTREE"
@@ -64,6 +71,20 @@ for i in range(steps + 2):
   bool(m["finite"])
   times.append(time.perf_counter() - t)
 print(json.dumps({"tokens_per_s": [batch_size * seq / t for t in times[2:]]}))
+"""
+
+
+# --mode interleaved: the step of STEP_WORKER as a flat function of (inputs, targets, *state
+# leaves), exported to argv[5] with its starting arguments in argv[6].
+EXPORT_WORKER = STEP_WORKER.split("times = []")[0] + """
+leaves, treedef = jax.tree.flatten(state)
+def flat(inputs, targets, *leaves):
+  new, m = step(jax.tree.unflatten(treedef, leaves), {"inputs": inputs, "targets": targets})
+  return m["finite"], *jax.tree.leaves(new)
+args = (batch["inputs"], batch["targets"], *leaves)
+exp = jax.export.export(jax.jit(flat))(*args)
+open(sys.argv[5], "wb").write(exp.serialize())
+np.savez(sys.argv[6], *[np.asarray(a) for a in args])
 """
 
 
@@ -111,10 +132,54 @@ def step_once(tree: pathlib.Path, args) -> float:
   return statistics.median(json.loads(proc.stdout.strip().splitlines()[-1])["tokens_per_s"])
 
 
+def export_step(tree: pathlib.Path, out: pathlib.Path, args):
+  """Exports `tree`'s train step and its first arguments into out.{hlo,npz}."""
+  env = {**os.environ, "PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-c", EXPORT_WORKER, str(args.batch), str(args.seq),
+                         "0", args.encoding, str(out) + ".hlo", str(out) + ".npz"], cwd=tree,
+                        env=env, capture_output=True, text=True)
+  if proc.returncode:
+    raise RuntimeError(f"{tree}: the export worker failed:\n{proc.stderr[-3000:]}")
+
+
+def interleaved(paths: dict, args) -> dict:
+  """Step times of both exported steps in this process, alternating ABBA step by step."""
+  import jax
+  import numpy as np
+  steps, state = {}, {}
+  for side, path in paths.items():
+    steps[side] = jax.jit(jax.export.deserialize(bytearray(
+        pathlib.Path(str(path) + ".hlo").read_bytes())).call)
+    with np.load(str(path) + ".npz") as z:
+      args_ = [jax.numpy.asarray(z[f"arr_{i}"]) for i in range(len(z.files))]
+    state[side] = (args_[:2], args_[2:])
+
+  def one(side):
+    batch, leaves = state[side]
+    t = time.perf_counter()
+    finite, *leaves = steps[side](*batch, *leaves)
+    bool(finite)
+    dt = time.perf_counter() - t
+    state[side] = (batch, leaves)
+    return dt
+
+  for side in paths:  # compile and warm up
+    one(side), one(side)
+  times = {side: [] for side in paths}
+  for i in range(args.repeats * args.steps):
+    for side in (("base", "head") if i % 2 == 0 else ("head", "base")):
+      times[side].append(one(side))
+    if (i + 1) % args.steps == 0:
+      base, head = (statistics.median(times[s][i + 1 - args.steps:]) for s in ("base", "head"))
+      print(f"block {(i + 1) // args.steps}/{args.repeats}: head / base {base / head:.3f}",
+            file=sys.stderr, flush=True)
+  return times
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--mode", choices=("train", "step"), default="train")
+  p.add_argument("--mode", choices=("train", "step", "interleaved"), default="train")
   p.add_argument("--encoding", default="rove", help="--mode step: the model's pos_encoding")
   p.add_argument("--base", default="fd1fdb1")
   p.add_argument("--head", default=WORKTREE)
@@ -126,13 +191,30 @@ def main(argv=None) -> dict:
   p.add_argument("--set", action="append", default=[], help="a config override KEY=VALUE")
   p.add_argument("--out")
   args = p.parse_args(argv)
+  if args.mode == "interleaved" and importlib.util.find_spec("flatbuffers") is None:
+    p.error("--mode interleaved serializes jax.export steps and needs flatbuffers: "
+            "pip install -e '.[bench]'")
   if args.steps < 4 or args.repeats < 1:
     p.error("--steps must be >= 4 (two rows are warm-up) and --repeats >= 1")
   with tempfile.TemporaryDirectory(prefix="ab-train-") as tmp:
     tmp = pathlib.Path(tmp)
     trees = {"base": export(args.base, tmp / "base"), "head": export(args.head, tmp / "head")}
-    speeds = {"base": [], "head": []}
-    for r in range(args.repeats):
+    speeds, pooled = {"base": [], "head": []}, None
+    if args.mode == "interleaved":
+      paths = {side: tmp / f"step-{side}" for side in trees}
+      for side in trees:
+        export_step(trees[side], paths[side], args)
+      times = interleaved(paths, args)
+      tokens = args.batch * args.seq
+      for r in range(args.repeats):  # per block: tokens/s of the median step
+        block = slice(r * args.steps, (r + 1) * args.steps)
+        for side in speeds:
+          speeds[side].append(tokens / statistics.median(times[side][block]))
+      pooled = statistics.median(times["base"]) / statistics.median(times["head"])
+      print(f"all {len(times['base'])} pairs: head / base {pooled:.4f} "
+            f"(median step {statistics.median(times['base']) * 1e3:.1f} ms base, "
+            f"{statistics.median(times['head']) * 1e3:.1f} ms head)", file=sys.stderr)
+    for r in range(args.repeats if args.mode != "interleaved" else 0):
       order = ("base", "head") if r % 2 == 0 else ("head", "base")  # ABBA
       for side in order:
         speeds[side].append(step_once(trees[side], args) if args.mode == "step" else
@@ -141,9 +223,10 @@ def main(argv=None) -> dict:
               file=sys.stderr, flush=True)
   ratios = [h / b for h, b in zip(speeds["head"], speeds["base"])]
   result = {"mode": args.mode, "base": args.base, "head": args.head, "batch": args.batch,
-            "seq": args.seq, "encoding": args.encoding if args.mode == "step" else None,
+            "seq": args.seq, "encoding": args.encoding if args.mode != "train" else None,
             "steps": args.steps, "set": args.set, "tokens_per_s": speeds, "ratios": ratios,
-            "geomean_ratio": math.exp(statistics.fmean(math.log(x) for x in ratios))}
+            "geomean_ratio": math.exp(statistics.fmean(math.log(x) for x in ratios)),
+            "pooled_ratio": pooled}
   print(f"head / base tokens/s: {result['geomean_ratio']:.3f} (per repeat "
         f"{', '.join(f'{x:.3f}' for x in ratios)}); base {statistics.median(speeds['base']):.0f}, "
         f"head {statistics.median(speeds['head']):.0f} tokens/s (medians)")
