@@ -40,9 +40,10 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKTREE = "WORKTREE"
 
-# The step worker, run with PYTHONPATH at a side's checkout: the layered package (rove_jax.train,
-# rove_jax.nn) or the flat one of earlier versions (rove_jax.training, rove_jax.model).
-STEP_WORKER = """
+# The step workers' common part, run with PYTHONPATH at a side's checkout: the layered package
+# (rove_jax.train, rove_jax.nn) or the flat one of earlier versions (rove_jax.training,
+# rove_jax.model); it builds `state`, the jitted `step` and a fixed random `batch`.
+STEP_SETUP = """
 import json, os, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
@@ -64,6 +65,10 @@ step = T.make_train_step(graphdef, tx, 1, T.lr_schedule(c.optim, 1000))
 tokens = np.random.default_rng(0).integers(0, 256, (batch_size, seq + 1))
 batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
          "targets": jnp.asarray(tokens[:, 1:], jnp.int32)}
+"""
+
+# --mode step: times argv[3] steps after two of warm-up.
+STEP_WORKER = STEP_SETUP + """
 times = []
 for i in range(steps + 2):
   t = time.perf_counter()
@@ -74,9 +79,9 @@ print(json.dumps({"tokens_per_s": [batch_size * seq / t for t in times[2:]]}))
 """
 
 
-# --mode interleaved: the step of STEP_WORKER as a flat function of (inputs, targets, *state
-# leaves), exported to argv[5] with its starting arguments in argv[6].
-EXPORT_WORKER = STEP_WORKER.split("times = []")[0] + """
+# --mode interleaved: the step as a flat function of (inputs, targets, *state leaves), exported
+# to argv[5] with its starting arguments in argv[6].
+EXPORT_WORKER = STEP_SETUP + """
 leaves, treedef = jax.tree.flatten(state)
 def flat(inputs, targets, *leaves):
   new, m = step(jax.tree.unflatten(treedef, leaves), {"inputs": inputs, "targets": targets})
@@ -121,25 +126,26 @@ def run_once(tree: pathlib.Path, workdir: pathlib.Path, args) -> float:
   return statistics.median(speeds)
 
 
-def step_once(tree: pathlib.Path, args) -> float:
-  """The median tokens/s of the jitted train step of `tree`'s code, in a subprocess."""
+def _worker(tree: pathlib.Path, code: str, args, steps: int, *extra: str) -> str:
+  """Runs a step worker on `tree`'s code in a subprocess; its stdout."""
   env = {**os.environ, "PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-c", STEP_WORKER, str(args.batch), str(args.seq),
-                         str(args.steps), args.encoding], cwd=tree, env=env,
-                        capture_output=True, text=True)
+  proc = subprocess.run([sys.executable, "-c", code, str(args.batch), str(args.seq), str(steps),
+                         args.encoding, *extra], cwd=tree, env=env, capture_output=True,
+                        text=True)
   if proc.returncode:
     raise RuntimeError(f"{tree}: the step worker failed:\n{proc.stderr[-3000:]}")
-  return statistics.median(json.loads(proc.stdout.strip().splitlines()[-1])["tokens_per_s"])
+  return proc.stdout
+
+
+def step_once(tree: pathlib.Path, args) -> float:
+  """The median tokens/s of the jitted train step of `tree`'s code, in a subprocess."""
+  out = _worker(tree, STEP_WORKER, args, args.steps)
+  return statistics.median(json.loads(out.strip().splitlines()[-1])["tokens_per_s"])
 
 
 def export_step(tree: pathlib.Path, out: pathlib.Path, args):
   """Exports `tree`'s train step and its first arguments into out.{hlo,npz}."""
-  env = {**os.environ, "PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-c", EXPORT_WORKER, str(args.batch), str(args.seq),
-                         "0", args.encoding, str(out) + ".hlo", str(out) + ".npz"], cwd=tree,
-                        env=env, capture_output=True, text=True)
-  if proc.returncode:
-    raise RuntimeError(f"{tree}: the export worker failed:\n{proc.stderr[-3000:]}")
+  _worker(tree, EXPORT_WORKER, args, 0, str(out) + ".hlo", str(out) + ".npz")
 
 
 def interleaved(paths: dict, args) -> dict:
@@ -214,13 +220,14 @@ def main(argv=None) -> dict:
       print(f"all {len(times['base'])} pairs: head / base {pooled:.4f} "
             f"(median step {statistics.median(times['base']) * 1e3:.1f} ms base, "
             f"{statistics.median(times['head']) * 1e3:.1f} ms head)", file=sys.stderr)
-    for r in range(args.repeats if args.mode != "interleaved" else 0):
-      order = ("base", "head") if r % 2 == 0 else ("head", "base")  # ABBA
-      for side in order:
-        speeds[side].append(step_once(trees[side], args) if args.mode == "step" else
-                            run_once(trees[side], tmp / f"run-{side}-{r}", args))
-        print(f"repeat {r + 1}/{args.repeats} {side:4s} {speeds[side][-1]:8.1f} tokens/s",
-              file=sys.stderr, flush=True)
+    else:
+      for r in range(args.repeats):
+        order = ("base", "head") if r % 2 == 0 else ("head", "base")  # ABBA
+        for side in order:
+          speeds[side].append(step_once(trees[side], args) if args.mode == "step" else
+                              run_once(trees[side], tmp / f"run-{side}-{r}", args))
+          print(f"repeat {r + 1}/{args.repeats} {side:4s} {speeds[side][-1]:8.1f} tokens/s",
+                file=sys.stderr, flush=True)
   ratios = [h / b for h, b in zip(speeds["head"], speeds["base"])]
   result = {"mode": args.mode, "base": args.base, "head": args.head, "batch": args.batch,
             "seq": args.seq, "encoding": args.encoding if args.mode != "train" else None,

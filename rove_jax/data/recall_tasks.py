@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from rove_jax.data import recall_chars as chars
-from rove_jax.data.recall_chars import MARKER  # noqa: F401 (the offset task's marker)
+from rove_jax.data.recall_chars import MARKER  # the offset task's marker
 
 
 def offset_digit_ids(keys: int) -> np.ndarray:
