@@ -34,6 +34,16 @@ if _CHILD_CACHE_VAR not in os.environ:
   import tempfile
   _OWN_CACHE = os.environ[_CHILD_CACHE_VAR] = tempfile.mkdtemp(prefix="rove-jax-test-xla-cache-")
 
+# One GCS API server (fake-gcs-server, tests/gcs_server.py) for the session, started by the
+# controller before the xdist workers; they and every child process reach it through the
+# environment variables it sets. Stopped at the end.
+from tests import gcs_server  # noqa: E402
+
+_OWN_GCS = None
+if gcs_server.URL_VAR not in os.environ:
+  _OWN_GCS = gcs_server.Server()
+  os.environ.update(gcs_server.environment(_OWN_GCS.url))
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -53,6 +63,8 @@ def has_gpu() -> bool:
 
 
 def pytest_unconfigure(config):
+  if _OWN_GCS is not None:
+    _OWN_GCS.stop()
   if _OWN_CACHE is not None:
     import shutil
     shutil.rmtree(_OWN_CACHE, ignore_errors=True)
@@ -69,6 +81,12 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "gpu" in item.keywords:
       item.add_marker(skip)
+
+
+@pytest.fixture
+def gcs_bucket() -> str:
+  """gs://NAME: a new, empty bucket on the session's GCS API server."""
+  return gcs_server.new_bucket()
 
 
 @pytest.fixture

@@ -30,13 +30,16 @@ STDLIB = frozenset(sys.stdlib_module_names)
 CORE_EXTERNAL = frozenset({"jax", "numpy", "typing_extensions"}) | STDLIB
 # safetensors: optional, imported where parameter files are read or written (nn/param_files.py)
 NN_EXTERNAL = frozenset({"flax", "jax", "numpy", "safetensors"}) | STDLIB
+# The path layer (rove_jax/storage): the standard library and gcsfs (the [gcs] extra) only.
+STORAGE_EXTERNAL = frozenset({"gcsfs"}) | STDLIB
 # What `import rove_jax` must not load: the training, checkpoint, data-pipeline, plotting and
 # config libraries (the core needs jax and numpy only).
 NOT_LOADED_BY_CORE = ("flax", "optax", "orbax", "grain", "matplotlib", "ml_collections", "chex")
 # The layers in order (docs/architecture.md): a module may import its own layer and the ones
 # before it. The two commands sit above the layers they drive (rove-train's --dry_run compiles
 # ahead of time; rove-eval restores what training wrote).
-LAYERS = (("core", None), ("nn", "rove_jax.nn"), ("data", "rove_jax.data"),
+LAYERS = (("core", None), ("storage", "rove_jax.storage"), ("nn", "rove_jax.nn"),
+          ("data", "rove_jax.data"),
           ("train", "rove_jax.train"), ("evaluation", "rove_jax.evaluation"),
           ("aot", "rove_jax.aot"), ("commands", None), ("study", "study"))
 COMMANDS = ("rove_jax.train.cli", "rove_jax.evaluation.cli")
@@ -227,9 +230,17 @@ def test_core_imports_only_jax_numpy_the_standard_library_and_core(graph):
   assert not bad, "core modules importing outside the core:\n" + "\n".join(bad)
 
 
-def test_nn_imports_only_core_nn_flax_jax_numpy_and_the_standard_library(graph):
+def test_storage_imports_only_itself_gcsfs_and_the_standard_library(graph):
+  storage = lambda m: _in(m, "rove_jax.storage")
+  bad = _violations(graph, storage, lambda e: storage(e.target) if e.internal
+                    else e.target in STORAGE_EXTERNAL)
+  assert not bad, "rove_jax.storage importing outside itself and gcsfs:\n" + "\n".join(bad)
+
+
+def test_nn_imports_only_core_storage_nn_flax_jax_numpy_and_the_standard_library(graph):
   nn = lambda m: _in(m, "rove_jax.nn")
-  bad = _violations(graph, nn, lambda e: is_core(e.target) or nn(e.target) if e.internal
+  bad = _violations(graph, nn, lambda e: (is_core(e.target) or nn(e.target)
+                                          or _in(e.target, "rove_jax.storage")) if e.internal
                     else e.target in NN_EXTERNAL)
   assert not bad, "rove_jax.nn importing outside core, nn, flax, jax, numpy:\n" + "\n".join(bad)
 

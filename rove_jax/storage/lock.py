@@ -1,0 +1,206 @@
+"""The writer lock of a directory (a training workdir, rove-prepare's output): one process
+writes there at a time, on local disks, shared file systems and GCS alike.
+
+The lock is a sequence of files `DIR/.writer-lock.<n>`; the one with the highest n is in force.
+Taking the lock means creating the next number with `paths.create_exclusive` (O_EXCL locally,
+the ifGenerationMatch=0 precondition on GCS), so of several processes that find the lock free
+(absent, released or stale) exactly one gets it and the others see it taken. Numbers only grow:
+a released lock is rewritten as released, not deleted, so no two holders can ever create the
+same number from different pasts.
+
+The holder renews its lease every `heartbeat_s` by rewriting its file. A lock is stale when its
+holder ran on this host and its process is gone, or when the file's age exceeds
+`stale_after_s`, the age measured between two timestamps of the storage itself (the file's
+modification time and that of a probe written now), never with this machine's clock, so hosts
+whose clocks disagree still agree on staleness. A holder whose lock was taken over (it stalled
+past the lease) finds a higher number at its next heartbeat: `check()` then raises, and the run
+stops before it writes another checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Optional
+
+from rove_jax.storage import paths
+
+PREFIX = ".writer-lock."
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 300.0
+_NAME = re.compile(re.escape(PREFIX) + r"(\d+)$")
+
+
+class LockError(RuntimeError):
+  """Another live process holds the lock (or took it over from this one)."""
+
+
+def _start_time(pid: int) -> Optional[str]:
+  """The kernel's start time of `pid` (Linux /proc), to tell a reused pid apart; None if the
+  process does not exist or /proc is unavailable."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[19]
+  except (OSError, IndexError):
+    return None
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # exists, owned by someone else
+    return True
+  return True
+
+
+class WriterLock:
+  """The exclusive writer lock of `directory`: `acquire`, `check` now and then, `release`.
+
+  Args:
+    directory: a local path or gs:// URL (resolved).
+    what: what the lock protects, for messages ("workdir", "prepared dataset").
+    stale_after_s: a lease not renewed for this long (storage time) may be taken over.
+    heartbeat_s: how often the holder renews it.
+  """
+
+  def __init__(self, directory: str, *, what: str = "workdir",
+               stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S):
+    self.directory = directory
+    self.what = what
+    self.stale_after_s = stale_after_s
+    self.heartbeat_s = heartbeat_s
+    self.path: Optional[str] = None
+    self.lost: Optional[str] = None
+    self._number = 0
+    self._stop = threading.Event()
+    self._thread = None
+    self.record = {"host": socket.gethostname(), "pid": os.getpid(),
+                   "pid_start": _start_time(os.getpid()), "id": uuid.uuid4().hex,
+                   "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv[:8],
+                   "beat": 0}
+
+  # ---------------------------------------------------------------------------- reading
+  def _numbers(self) -> list[int]:
+    found = (_NAME.match(name) for name in paths.listdir(self.directory))
+    return sorted(int(m.group(1)) for m in found if m)
+
+  def _file(self, number: int) -> str:
+    return paths.join(self.directory, f"{PREFIX}{number}")
+
+  def _read(self, number: int) -> Optional[dict]:
+    """The record of lock `number`; {} when unreadable, None when gone."""
+    try:
+      record = json.loads(paths.read_bytes(self._file(number)))
+    except FileNotFoundError:
+      return None
+    except (OSError, ValueError):
+      return {}
+    return record if isinstance(record, dict) else {}
+
+  def _age(self, number: int) -> float:
+    """Seconds since lock `number` was last renewed, by the storage's clock."""
+    try:
+      return paths.storage_now(self.directory) - paths.mtime(self._file(number))
+    except FileNotFoundError:
+      return float("inf")
+
+  def _free(self, number: int, holder: dict) -> bool:
+    if holder.get("released"):
+      return True
+    if holder and holder.get("host") == self.record["host"]:
+      pid = holder.get("pid")
+      if not isinstance(pid, int) or not _alive(pid):
+        return True
+      started = holder.get("pid_start")
+      return started is not None and _start_time(pid) not in (None, started)
+    return self._age(number) > self.stale_after_s
+
+  # ------------------------------------------------------------------------ acquiring
+  def acquire(self, *, log=print) -> None:
+    """Takes the lock or raises LockError naming the live holder."""
+    for _ in range(20):  # each pass either wins or sees someone else win and re-reads
+      numbers = self._numbers()
+      newest = numbers[-1] if numbers else 0
+      if newest:
+        holder = self._read(newest)
+        if holder is None:
+          continue  # removed under our feet: look again
+        if not self._free(newest, holder):
+          raise self._held_error(holder)
+        if not holder.get("released"):
+          log(f"taking over the writer lock of {self.directory} from a process that is no "
+              f"longer running ({_who(holder)})")
+      if paths.create_exclusive(self._file(newest + 1), json.dumps(self.record)):
+        self._number = newest + 1
+        self.path = self._file(self._number)
+        for n in numbers:  # the older generations are history now
+          paths.remove(self._file(n))
+        self._thread = threading.Thread(target=self._beat, name="rove-jax-writer-lock",
+                                        daemon=True)
+        self._thread.start()
+        return
+    raise LockError(f"could not take the writer lock of {self.directory}: other processes "
+                    f"keep taking it")
+
+  def _held_error(self, holder: dict) -> LockError:
+    return LockError(
+        f"{self.what} {self.directory} is being written by {_who(holder)}: two writers would "
+        f"overwrite each other's files. Stop that process or choose another {self.what}. If it "
+        f"is gone (its machine was lost), its lock goes stale {self.stale_after_s:.0f} s after "
+        f"its last heartbeat; or delete {self._file(self._numbers()[-1])} by hand.")
+
+  # ------------------------------------------------------------------------- holding
+  def _beat(self):
+    while not self._stop.wait(self.heartbeat_s) and self._beat_once():
+      pass
+
+  def _beat_once(self) -> bool:
+    """Renews the lease; False (and `lost` set) when another process holds the lock now."""
+    try:
+      numbers = self._numbers()
+      if numbers[-1:] != [self._number]:
+        holder = self._read(numbers[-1]) if numbers else None
+        self.lost = (f"the writer lock of {self.directory} was taken over by another process "
+                     f"({_who(holder or {})}) after this one missed its heartbeats for "
+                     f"{self.stale_after_s:.0f} s")
+        return False
+      self.record["beat"] += 1
+      paths.write_atomic(self.path, json.dumps(self.record))
+    except OSError:  # storage briefly unavailable: the next beat tries again
+      pass
+    return True
+
+  def check(self) -> None:
+    """Raises LockError when the lock was taken over by another process."""
+    if self.lost:
+      raise LockError(f"{self.lost}; stopping without writing further")
+
+  def release(self) -> None:
+    """Marks the lock released (idempotent; never touches a lock taken over by another)."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout=10)
+      self._thread = None
+    if self.path is None or self.lost:
+      return
+    path, self.path = self.path, None
+    try:
+      if self._numbers()[-1:] == [self._number]:
+        paths.write_atomic(path, json.dumps({**self.record, "released": True}))
+    except OSError:
+      pass  # unwritable storage: the lease expires on its own
+
+
+def _who(holder: dict) -> str:
+  if not holder:
+    return "a process whose lock record is unreadable"
+  return (f"pid {holder.get('pid')} on host {holder.get('host')} (started "
+          f"{holder.get('started')})")

@@ -1,0 +1,311 @@
+"""Locations a run reads and writes, local or `gs://bucket/key`, and the file operations on them.
+
+Every module that touches a workdir, a prepared dataset, an export or an evaluation report goes
+through the functions here (paths are plain strings: a local path, made absolute by `resolve`,
+or a gs:// URL). Local paths use the operating system directly (O_EXCL, fsync, os.replace,
+memory maps); gs:// goes to `rove_jax.storage.gcs` (gcsfs, the `[gcs]` extra). Orbax and
+tensorstore take the same strings and write gs:// natively.
+
+Atomicity: `write_atomic` replaces a whole file at once on both backends (a temporary file and
+os.replace locally; one single-request upload on GCS, which publishes an object whole or not at
+all). `create_exclusive` creates a file only if it does not exist (O_EXCL locally, the
+`ifGenerationMatch=0` precondition on GCS): the writer lock rests on it. GCS has no append and
+no atomic rename of a directory: callers rewrite small files whole and move trees by copy and
+delete.
+
+Glob characters (`[ ] * ?`) in a path: orbax globs inside its checkpoint directories, so it
+cannot write under such a path. A local one is handed to orbax through a link without them
+(`orbax_dir`); a gs:// one is refused before any work by `check_orbax_path`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import posixpath
+import shutil
+import tempfile
+import time
+import uuid
+from typing import Callable, Optional, Union
+
+REMOTE_SCHEMES = ("gs://",)
+GLOB_CHARS = "[]*?"
+GCS_EXTRA = "pip install 'rove_jax[gcs]'"
+
+
+class MissingExtra(ImportError):
+  """A remote path whose storage library is not installed."""
+
+
+def is_remote(path: str) -> bool:
+  return str(path).startswith(REMOTE_SCHEMES)
+
+
+def _scheme(path: str) -> Optional[str]:
+  head, sep, _ = str(path).partition("://")
+  return head if sep and head.isalnum() else None
+
+
+def resolve(path, *, what: str = "path") -> str:
+  """The canonical form of a location: gs://bucket/key (no trailing slash) or an absolute local
+  path. Raises MissingExtra for gs:// without gcsfs and ValueError for other URL schemes, before
+  any work starts."""
+  path = os.fspath(path)
+  scheme = _scheme(path)
+  if scheme is None:
+    return os.path.abspath(os.path.expanduser(path))
+  if scheme != "gs":
+    raise ValueError(f"{what} {path}: the {scheme}:// scheme is not supported; use a local "
+                     f"path or gs://bucket/path")
+  if importlib.util.find_spec("gcsfs") is None:
+    raise MissingExtra(f"{what} {path} is on Google Cloud Storage, which needs gcsfs: "
+                       f"{GCS_EXTRA}", name="gcsfs")
+  bucket, _, key = path[len("gs://"):].partition("/")
+  if not bucket:
+    raise ValueError(f"{what} {path}: no bucket name; give gs://BUCKET/path")
+  key = posixpath.normpath(key).lstrip("/") if key.strip("/") else ""
+  return f"gs://{bucket}/{key}".rstrip("/") if key not in ("", ".") else f"gs://{bucket}"
+
+
+def join(base: str, *parts: str) -> str:
+  return posixpath.join(base, *parts) if is_remote(base) else os.path.join(base, *parts)
+
+
+def basename(path: str) -> str:
+  return posixpath.basename(str(path).rstrip("/"))
+
+
+def dirname(path: str) -> str:
+  return posixpath.dirname(path) if is_remote(path) else os.path.dirname(path)
+
+
+def glob_chars(path: str) -> str:
+  """The glob characters in `path` (empty when there are none)."""
+  return "".join(sorted({c for c in str(path) if c in GLOB_CHARS}))
+
+
+def check_orbax_path(path: str, *, what: str = "--workdir") -> None:
+  """Raises ValueError when orbax cannot write checkpoints under `path`: a gs:// path with glob
+  characters (orbax lists its files by glob patterns built from the path)."""
+  chars = glob_chars(path)
+  if chars and is_remote(path):
+    raise ValueError(f"{what} {path} contains {' '.join(repr(c) for c in chars)}: orbax finds "
+                     f"the files of a checkpoint on GCS by glob patterns, which such a name "
+                     f"breaks; choose a name without [ ] * ? (e.g. lr3e-4 for lr[3e-4])")
+
+
+def orbax_dir(path: str) -> str:
+  """The name to give orbax for the directory `path`: itself, or for a local path with glob
+  characters a link to it (in the temporary directory, named by a digest of the real path) that
+  has none. The directory is created."""
+  makedirs(path)
+  if not glob_chars(path) or is_remote(path):
+    check_orbax_path(path)
+    return path
+  real = os.path.realpath(path)
+  root = os.path.join(tempfile.gettempdir(), f"rove-jax-links-{os.getuid()}")
+  os.makedirs(root, exist_ok=True)
+  link = os.path.join(root, hashlib.sha256(real.encode()).hexdigest()[:24])
+  if glob_chars(link):
+    raise ValueError(f"the temporary directory {root} contains glob characters; set TMPDIR")
+  if not (os.path.islink(link) and os.readlink(link) == real):
+    tmp = f"{link}.{uuid.uuid4().hex}"
+    os.symlink(real, tmp)
+    os.replace(tmp, link)
+  return link
+
+
+# ----------------------------------------------------------------------------- operations
+
+
+def _gcs():
+  from rove_jax.storage import gcs
+  return gcs
+
+
+def exists(path: str) -> bool:
+  return _gcs().exists(path) if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+  return _gcs().isdir(path) if is_remote(path) else os.path.isdir(path)
+
+
+def isfile(path: str) -> bool:
+  return _gcs().isfile(path) if is_remote(path) else os.path.isfile(path)
+
+
+def listdir(path: str) -> list[str]:
+  """The names in a directory ([] when it does not exist)."""
+  if is_remote(path):
+    return _gcs().listdir(path)
+  return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def makedirs(path: str) -> None:
+  """Creates a directory and its parents (GCS has no directories: nothing to do)."""
+  if not is_remote(path):
+    os.makedirs(path, exist_ok=True)
+
+
+def remove(path: str, *, missing_ok: bool = True) -> None:
+  try:
+    _gcs().remove(path) if is_remote(path) else os.remove(path)
+  except FileNotFoundError:
+    if not missing_ok:
+      raise
+
+
+def rmtree(path: str) -> None:
+  if is_remote(path):
+    _gcs().rmtree(path)
+  else:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def size(path: str) -> int:
+  return _gcs().size(path) if is_remote(path) else os.path.getsize(path)
+
+
+def read_bytes(path: str) -> bytes:
+  if is_remote(path):
+    return _gcs().read_bytes(path)
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def read_text(path: str) -> str:
+  return read_bytes(path).decode("utf-8")
+
+
+def open_read(path: str):
+  """A binary file object for reading (seekable on both backends)."""
+  return _gcs().open_read(path) if is_remote(path) else open(path, "rb")
+
+
+Writer = Callable[[object], object]
+
+
+def write_atomic(path: str, data: Union[bytes, str, Writer]) -> int:
+  """Replaces the file at `path` whole: readers see the old file or the new one, never a part.
+  `data` is bytes, text (UTF-8) or a function that writes into a binary file object. Returns
+  the size written."""
+  if isinstance(data, str):
+    data = data.encode("utf-8")
+  if is_remote(path):
+    if callable(data):
+      import io
+      buf = io.BytesIO()
+      data(buf)
+      data = buf.getvalue()
+    _gcs().write(path, data)
+    return len(data)
+  directory = os.path.dirname(path)
+  os.makedirs(directory, exist_ok=True)
+  tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
+  try:
+    with open(tmp, "wb") as f:
+      if callable(data):
+        data(f)
+      else:
+        f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+      written = f.tell()
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return written
+
+
+def create_exclusive(path: str, data: Union[bytes, str]) -> bool:
+  """Creates `path` holding `data` if no file is there; False if one is (nothing written).
+  Exactly one of several concurrent callers for one path gets True."""
+  if isinstance(data, str):
+    data = data.encode("utf-8")
+  if is_remote(path):
+    return _gcs().create_exclusive(path, data)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  try:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+  except FileExistsError:
+    return False
+  with os.fdopen(fd, "wb") as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+  return True
+
+
+def mtime(path: str) -> float:
+  """When the file was last written, by the storage's clock (seconds since the epoch)."""
+  return _gcs().mtime(path) if is_remote(path) else os.stat(path).st_mtime
+
+
+def storage_now(directory: str) -> float:
+  """The storage's clock now: the modification time of a probe file written in `directory`
+  (and removed). Comparing it with `mtime` of another file there measures an age that does not
+  depend on the clock of the machine asking."""
+  probe = join(directory, f".clock-probe-{uuid.uuid4().hex[:12]}")
+  write_atomic(probe, b"")
+  try:
+    return mtime(probe)
+  finally:
+    remove(probe)
+
+
+def copy_tree(src: str, dst: str) -> None:
+  """Copies a directory tree (either side local or remote)."""
+  if not is_remote(src) and not is_remote(dst):
+    shutil.copytree(src, dst)
+    return
+  for rel in walk_files(src):
+    write_atomic(join(dst, *rel.split("/")), read_bytes(join(src, *rel.split("/"))))
+
+
+def move_tree(src: str, dst: str) -> None:
+  """Moves a directory tree: a rename locally, copy then delete on GCS."""
+  if not is_remote(src) and not is_remote(dst):
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.move(src, dst)
+    return
+  copy_tree(src, dst)
+  rmtree(src)
+
+
+def walk_files(root: str) -> list[str]:
+  """Every file under `root`, as '/'-separated paths relative to it, sorted."""
+  if is_remote(root):
+    return _gcs().walk_files(root)
+  out = []
+  for dirpath, _, names in os.walk(root):
+    for name in names:
+      out.append(os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/"))
+  return sorted(out)
+
+
+def local_copy(path: str, *, cache: Optional[str] = None, expect_size: Optional[int] = None,
+               log=None) -> str:
+  """A local file holding the contents of `path`: `path` itself when local; for a remote file a
+  copy in `cache` (default: the user's cache directory), reused while its size and the
+  remote file's modification time are unchanged."""
+  if not is_remote(path):
+    return path
+  cache = cache or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
+                                "rove_jax", "remote")
+  stamp = f"{path}@{mtime(path)}"
+  local = os.path.join(cache, hashlib.sha256(stamp.encode()).hexdigest()[:24],
+                       basename(path))
+  want = expect_size if expect_size is not None else size(path)
+  if os.path.isfile(local) and os.path.getsize(local) == want:
+    return local
+  if log is not None:
+    log(f"copying {path} ({want / 2**20:.1f} MiB) to {local}")
+  t = time.perf_counter()
+  write_atomic(local, lambda f: _gcs().download_into(path, f))
+  if log is not None:
+    log(f"copied in {time.perf_counter() - t:.1f} s")
+  return local
