@@ -35,6 +35,7 @@ import orbax.checkpoint as ocp
 import pytest
 from orbax.checkpoint._src.path import atomicity
 
+from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import run_config as config_lib
 from rove_jax.train import resume, loop as training
@@ -99,7 +100,7 @@ def assert_ends_as_the_reference(workdir, ref):
     if tree_digest(step_dir(workdir, s)) != ref.files[s]:
       assert_same_state(read_state(workdir, s), ref.states[s], f"checkpoint {s}")
   assert losses(workdir) == ref.losses  # the same batches in the same order
-  assert not (pathlib.Path(workdir) / resume.LOCK_NAME).exists()  # released
+  assert lock_lib.holder(str(workdir)) is None  # released
 
 
 def tree_digest(directory) -> dict:
@@ -237,7 +238,7 @@ def test_incompatible_config_moves_nothing_and_the_original_config_continues(ref
     assert "step 4" in str(info.value) and str(workdir) in str(info.value)
     assert tree_digest(workdir / ckpt_lib.CHECKPOINTS) == before  # nothing restored or moved
     assert not (workdir / "checkpoints_unreadable").exists()
-    assert not (workdir / resume.LOCK_NAME).exists()
+    assert lock_lib.holder(str(workdir)) is None
   out = []
   train(config(reference), workdir, out)
   assert any("resumed from step 4 " in l for l in out), out
@@ -253,9 +254,9 @@ def test_a_live_lock_holder_stops_a_second_trainer_and_a_dead_ones_lock_is_taken
   (in_flight / "partial").write_bytes(b"\0" * 64)
   holder = subprocess.Popen(["sleep", "120"])
   try:
-    lock = workdir / resume.LOCK_NAME
+    lock = workdir / f"{lock_lib.PREFIX}1"
     record = {"host": socket.gethostname(), "pid": holder.pid,
-              "pid_start": resume._start_time(holder.pid), "started": "earlier",
+              "pid_start": lock_lib._start_time(holder.pid), "started": "earlier",
               "argv": ["train.py"]}
     lock.write_text(json.dumps(record))
     before = tree_digest(workdir)
@@ -354,7 +355,7 @@ def test_out_of_memory_during_restore_moves_nothing(reference, tmp_path, monkeyp
   assert "MemoryError" in message and "nothing was moved" in message
   assert tree_digest(workdir / ckpt_lib.CHECKPOINTS) == before
   assert not (workdir / "checkpoints_unreadable").exists()
-  assert not (workdir / resume.LOCK_NAME).exists()
+  assert lock_lib.holder(str(workdir)) is None
 
 
 def test_every_checkpoint_unreadable_then_only_fresh_start_restarts(reference, tmp_path):

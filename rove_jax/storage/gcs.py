@@ -104,3 +104,11 @@ def create_exclusive(path: str, data: bytes) -> bool:
 def walk_files(root: str) -> list[str]:
   key = _key(root)
   return sorted(p[len(key) + 1:] for p in fs().find(key) if p.startswith(key + "/"))
+
+
+def forget_listings() -> None:
+  """Drops the directory listings cached by the gcsfs instance that orbax reaches through
+  etils.epath (created as GCSFileSystem(finalize_on_close=True), which fsspec keeps as one
+  instance): after this module moved or deleted objects, orbax must list them afresh."""
+  import gcsfs
+  gcsfs.GCSFileSystem(finalize_on_close=True).invalidate_cache()

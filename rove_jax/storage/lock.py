@@ -204,3 +204,12 @@ def _who(holder: dict) -> str:
     return "a process whose lock record is unreadable"
   return (f"pid {holder.get('pid')} on host {holder.get('host')} (started "
           f"{holder.get('started')})")
+
+
+def holder(directory: str) -> Optional[dict]:
+  """The record of the lock in force in `directory`; None when it is free (no lock, or the
+  newest one released). Staleness is not judged here."""
+  lk = WriterLock(directory)
+  numbers = lk._numbers()
+  record = lk._read(numbers[-1]) if numbers else None
+  return None if record is None or record.get("released") else record

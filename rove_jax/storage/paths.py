@@ -125,6 +125,13 @@ def _gcs():
   return gcs
 
 
+def forget_listings(path: str) -> None:
+  """For a remote path: makes the listings orbax caches see the objects as they are now (call
+  it before opening orbax on a directory this layer changed)."""
+  if is_remote(path):
+    _gcs().forget_listings()
+
+
 def exists(path: str) -> bool:
   return _gcs().exists(path) if is_remote(path) else os.path.exists(path)
 

@@ -39,14 +39,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
-import shutil
 import time
 from typing import Any, Callable, Optional
 
 import jax
 import orbax.checkpoint as ocp
 
+from rove_jax.storage import paths
 from rove_jax.train import checksums
 
 CHECKPOINTS = "checkpoints"  # the directory inside a workdir
@@ -66,6 +65,11 @@ class RestoreEnvironmentError(RuntimeError):
   """A restore that failed for a reason outside the checkpoint (memory, permissions, disk)."""
 
 
+class SaveError(OSError):
+  """Writing a checkpoint failed (a full disk, read-only or unreachable storage); the
+  checkpoints finished before it are intact."""
+
+
 _ENV_ERRNOS = {errno.ENOMEM, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EMFILE,
                errno.ENFILE, errno.ETIMEDOUT, errno.EAGAIN, errno.EINTR}
 _ENV_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "PERMISSION_DENIED",
@@ -83,8 +87,8 @@ def _not_the_checkpoints_fault(e: BaseException) -> bool:
 
 
 def checkpoint_dir(workdir: str) -> str:
-  """Where a training workdir keeps its checkpoints."""
-  return os.path.join(os.path.abspath(workdir), CHECKPOINTS)
+  """Where a training workdir (local or gs://) keeps its checkpoints."""
+  return paths.join(paths.resolve(workdir), CHECKPOINTS)
 
 
 @contextlib.contextmanager
@@ -118,7 +122,7 @@ class Checkpointer:
                read_only: bool = False):
     if not (isinstance(keep, int) and keep >= 1):
       raise ValueError(f"keep_checkpoints must be an int >= 1, got {keep!r}")
-    self.directory = os.path.abspath(directory)
+    self.directory = paths.resolve(directory)
     self.keep = keep
     self.async_save = async_save
     self.read_only = read_only
@@ -136,9 +140,12 @@ class Checkpointer:
     handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
     self._entries = {}  # step -> stored_entries; a finished step's metadata does not change
+    paths.forget_listings(self.directory)
+    # orbax globs under the directory: a local name with [ ] * ? reaches it through a link
+    where = self.directory if self.read_only and not paths.glob_chars(self.directory) else (
+        paths.orbax_dir(self.directory))
     with _without_read_only_notice(self.read_only):
-      self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                           item_handlers=handlers)
+      self.manager = ocp.CheckpointManager(where, options=options, item_handlers=handlers)
 
   # ------------------------------------------------------------------------------ query
   def steps(self) -> list[int]:
@@ -191,16 +198,51 @@ class Checkpointer:
                                   "data": checksums.json_checksum(data_state),
                                   "meta": checksums.json_checksum(meta)}}
     self._entries.pop(step, None)
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
-        meta=ocp.args.JsonSave(meta)), force=True)
+    with self._saving(f"saving the checkpoint at step {step}"):
+      self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
+          meta=ocp.args.JsonSave(meta)), force=True)
+
+  @contextlib.contextmanager
+  def _saving(self, what: str):
+    """Any failure inside as one SaveError naming the directory and its cause."""
+    try:
+      yield
+    except SaveError:
+      raise
+    except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
+      latest = self.latest_step_quietly()
+      raise SaveError(f"{what} in {self.directory} failed ({_describe(_root_cause(e))}); "
+                      + (f"the checkpoint at step {latest} is intact" if latest is not None
+                         else "no earlier checkpoint exists")) from e
+
+  def latest_step_quietly(self) -> Optional[int]:
+    try:
+      return self.latest_step()
+    except Exception:  # noqa: BLE001 - only for a message
+      return None
+
+  def check_saves(self) -> None:
+    """Raises SaveError if a background save has failed (cheap: call it every step)."""
+    with self._saving("an asynchronous checkpoint save"):
+      self.manager.check_for_errors()
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._saving("finishing a checkpoint save"):
+      self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
+
+  def close_quietly(self, log=print) -> None:
+    """close() for a run that is already failing: a further error is logged, not raised."""
+    try:
+      self.close()
+    except Exception as e:  # noqa: BLE001 - the first error is the one to report
+      log(f"while stopping: {_describe(e)}")
 
   # ---------------------------------------------------------------------------- restore
   def newest_readable(self, restore_step: Callable[[int], Any], *,
@@ -287,26 +329,23 @@ class Checkpointer:
 
   def quarantine_dir(self) -> str:
     """Where unreadable checkpoints are moved (`workdir/checkpoints_unreadable`)."""
-    return os.path.join(os.path.dirname(self.directory),
-                        os.path.basename(self.directory) + "_unreadable")
+    return paths.join(paths.dirname(self.directory), paths.basename(self.directory) + "_unreadable")
 
   def quarantined(self) -> list[str]:
     """The checkpoints moved aside so far (directory names `<step>-<milliseconds>`)."""
-    qdir = self.quarantine_dir()
-    return sorted(os.listdir(qdir)) if os.path.isdir(qdir) else []
+    return paths.listdir(self.quarantine_dir())
 
   def _quarantine(self, step: int, *, reason: str) -> None:
     """Moves an unreadable step aside (never deletes it) so a new save can reuse the step, with
     the one-line reason in REASON_FILE inside the moved directory."""
-    src = os.path.join(self.directory, str(step))
-    if not os.path.exists(src):
+    src = paths.join(self.directory, str(step))
+    if not paths.exists(src):
       return
-    os.makedirs(self.quarantine_dir(), exist_ok=True)
-    dst = os.path.join(self.quarantine_dir(), f"{step}-{int(time.time() * 1000)}")
+    dst = paths.join(self.quarantine_dir(), f"{step}-{int(time.time() * 1000)}")
     self.manager.wait_until_finished()
-    shutil.move(src, dst)
-    with open(os.path.join(dst, REASON_FILE), "w") as f:
-      f.write(f"step {step} moved here {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {reason}\n")
+    paths.move_tree(src, dst)
+    paths.write_atomic(paths.join(dst, REASON_FILE),
+                       f"step {step} moved here {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {reason}\n")
     self.manager.close()
     self._open()
 
@@ -357,6 +396,15 @@ def verify_meta(meta: dict) -> None:
                             "checksum")
 
 
+def _root_cause(e: BaseException) -> BaseException:
+  """The innermost exception of a chain (orbax wraps the OSError that says what happened)."""
+  seen = set()
+  while id(e) not in seen and (e.__cause__ or e.__context__) is not None:
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return e
+
+
 def _describe(e: Exception) -> str:
   text = str(e).splitlines()[0][:200] if str(e) else ""
   return f"{type(e).__name__}: {text}"
@@ -396,11 +444,11 @@ def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=pri
     ValueError: no workdir, no checkpoints, or none readable.
     LayoutError: the checkpoint's parameters are named differently from the model's.
   """
-  workdir = os.path.abspath(workdir)
+  workdir = paths.resolve(workdir, what="workdir")
   ckdir = checkpoint_dir(workdir)
-  if not os.path.isdir(workdir):
+  if not paths.isdir(workdir):
     raise ValueError(f"workdir {workdir} does not exist; give the --workdir of a training run")
-  if not os.path.isdir(ckdir):
+  if not paths.isdir(ckdir):
     raise ValueError(f"{workdir} holds no {CHECKPOINTS}/ directory: train it first "
                      f"(rove-train --config ... --workdir {workdir})")
   ck = Checkpointer(ckdir, read_only=True)

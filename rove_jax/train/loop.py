@@ -28,6 +28,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from rove_jax.train import agreement
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import run_config as config_lib
 from rove_jax import data as data_lib
@@ -235,6 +236,18 @@ def _progress(total, initial, enabled):
 # --------------------------------------------------------------------------------- main
 
 
+def _failure(ckpt, lock) -> Optional[Exception]:
+  """What must stop the run now: a background checkpoint save that failed, or the writer lock
+  taken over by another trainer (process 0 holds it: `lock`; None elsewhere)."""
+  try:
+    ckpt.check_saves()
+    if lock is not None:
+      lock.check()
+  except (ckpt_lib.SaveError, resume.LockError) as e:
+    return e
+  return None
+
+
 def corpus_from_config(d) -> data_lib.Corpus:
   """The Corpus of a run config's `data` section (a ConfigDict, or the plain dict a checkpoint's
   metadata holds); fields a saved config lacks take the Corpus defaults."""
@@ -279,19 +292,27 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
     raise error
   ckpt = None
   try:
+    # every process writes where process 0 locked, with the same config, or all stop now
+    agreement.confirm(workdir, config_lib.as_plain(c))
     ckpt = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints,
                                  async_save=c.async_checkpoints)
     with jax.set_mesh(mesh):  # kernels that shard themselves (TPU splash) see the mesh
-      return _train(c, workdir, model_cfg, mesh, ckpt, log)
+      summary = _train(c, workdir, model_cfg, mesh, ckpt, lock if pidx == 0 else None, log)
+    ckpt, closing = None, ckpt
+    closing.close()  # the last save's failure is this run's error
+    return summary
   finally:
-    if ckpt is not None:
-      ckpt.close()
-    if pidx == 0:
-      lock.release()
+    try:
+      if ckpt is not None:  # already failing: that first error is the one reported
+        ckpt.close_quietly(log)
+    finally:
+      if pidx == 0:
+        lock.release()
 
 
-def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
-  """The body of `train`, inside the writer lock and with the checkpoints open."""
+def _train(c, workdir, model_cfg, mesh, ckpt, lock, log) -> dict:
+  """The body of `train`, inside the writer lock (held by process 0: `lock`, else None) and
+  with the checkpoints open."""
   nproc, pidx = jax.process_count(), jax.process_index()
   schedule = lr_schedule(c.optim, c.steps)
   tx = make_optimizer(c.optim, c.steps)
@@ -349,10 +370,14 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
   target = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                         abstract_state, state_sh)  # restores onto this run's mesh
   restored = ckpt.restore_latest(ckpt_lib.to_flat(target), report=log)
+  meta["data_identity"] = data.identity
   if restored is not None:
     start, flat, data_state, saved_meta = restored
     # A tokenizer file in the workdir that changed since the save would feed the run other ids.
     resume.check_tokenizer(saved_meta, data.tokenizer, workdir=workdir)
+    # So would a dataset re-prepared, or files edited, since the run began.
+    resume.check_data(saved_meta, data.identity, allow_changed=c.data.allow_changed,
+                      workdir=workdir, log=log)
     state = ckpt_lib.from_flat(flat, state)
     iterator.set_state(data_state)
     log(f"resumed from step {start} in {ckpt.directory}")
@@ -379,6 +404,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
 
   def save(step):
     ckpt.save(step, ckpt_lib.to_flat(state), iterator.get_state(), {**meta, "step": step})
+    metrics_log.flush()  # the metrics of every step a resume keeps are stored with it
 
   summary = {"start_step": start, "workdir": workdir}
   nonfinite_run = nonfinite_total = 0
@@ -438,9 +464,17 @@ def _train(c, workdir, model_cfg, mesh, ckpt, log) -> dict:
       if bar is not None:
         bar.update(1)
       stop_now = stop.received is not None
+      failure = _failure(ckpt, lock)  # a background save that failed, a lock taken over
       if nproc > 1:  # every process must leave the loop at the same step
         from jax.experimental import multihost_utils
-        stop_now = bool(np.any(multihost_utils.process_allgather(np.array(stop_now))))
+        flags = np.asarray(multihost_utils.process_allgather(
+            np.array([stop_now, failure is not None]))).reshape(nproc, 2)
+        stop_now = bool(flags[:, 0].any())
+        if failure is None and flags[:, 1].any():
+          failure = ckpt_lib.SaveError(f"processes {np.flatnonzero(flags[:, 1]).tolist()} "
+                                       f"stopped at step {step}: see their log")
+      if failure is not None:
+        raise failure
       if stop_now:
         log(f"{stop.received or 'a stop signal on another process'} received: saving a "
             f"checkpoint at step {step} and exiting")

@@ -16,7 +16,7 @@ import dataclasses
 import difflib
 import importlib.util
 import math
-import os
+import uuid
 from typing import Any, Optional
 
 import ml_collections
@@ -24,6 +24,7 @@ from ml_collections import config_dict
 
 from rove_jax import scaling
 from rove_jax.nn.model_config import GPTConfig
+from rove_jax.storage import paths
 from rove_jax.train import tracking
 
 _PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "rove_layers": tuple}
@@ -88,6 +89,9 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   c.data.seq_len = c.model.max_len
   c.data.batch_size = 16  # global
   c.data.packing = False
+  # A resume on data other than the checkpoint's (a re-prepared dataset, edited files) is an
+  # error unless this is True; the new data's identity is then recorded from that step on.
+  c.data.allow_changed = False
 
   c.optim = ml_collections.ConfigDict()
   c.optim.lr = 1e-3
@@ -320,19 +324,25 @@ def _unknown_keys(c, schema, prefix="") -> list[str]:
 
 
 def check_workdir(workdir: str) -> str:
-  """Creates workdir if needed and proves it writable, before any work starts."""
-  workdir = os.path.abspath(workdir)
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
+  """The workdir resolved (an absolute local path or gs://bucket/path), created if needed and
+  proved writable, before any work starts.
+
+  Raises:
+    ValueError: a file, not a directory; not writable; a name orbax cannot write under.
+    rove_jax.storage.paths.MissingExtra: gs:// without gcsfs.
+  """
+  workdir = paths.resolve(workdir, what="--workdir")
+  paths.check_orbax_path(workdir)
+  if paths.isfile(workdir):
     raise ValueError(f"--workdir {workdir} is a file, not a directory: a run keeps its "
                      f"checkpoints, metrics and data cache in a directory; choose another path")
   try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, f".write_test_{os.getpid()}")
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
+    paths.makedirs(workdir)
+    probe = paths.join(workdir, f".write_test_{uuid.uuid4().hex[:12]}")
+    paths.write_atomic(probe, b"ok")
+    paths.remove(probe)
   except OSError as e:
-    raise ValueError(f"workdir {workdir} is not writable ({e.strerror}); choose another "
+    raise ValueError(f"workdir {workdir} is not writable ({e.strerror or e}); choose another "
                      f"--workdir") from None
   return workdir
 

@@ -16,16 +16,23 @@ Profiling: config.profile_steps = "START:END" traces training steps START to END
 both included, compile excluded when START > 1) with jax.profiler into workdir/profile, which
 TensorBoard's profile plugin opens (`tensorboard --logdir workdir/profile`, with the
 tensorboard-plugin-profile package). Only process 0 writes a trace.
+
+On a gs:// workdir the W&B id is kept there as well, W&B's own files go to a local directory
+(~/.cache/rove_jax/wandb), and the trace is written locally and copied to workdir/profile
+when it stops.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from typing import Optional
 
 import jax
 
+from rove_jax.storage import paths
 from rove_jax.train import metrics
 
 SINKS = ("tensorboard", "wandb")
@@ -73,18 +80,19 @@ class Wandb:
     except ImportError:
       raise ImportError("tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
                         "(or pip install wandb)") from None
-    id_path = os.path.join(workdir, WANDB_ID_FILE)
-    if os.path.exists(id_path):
-      with open(id_path) as f:
-        run_id = f.read().strip()
-    else:
+    id_path = paths.join(workdir, WANDB_ID_FILE)
+    try:
+      run_id = paths.read_text(id_path).strip()
+    except FileNotFoundError:
       run_id = uuid.uuid4().hex[:16]
-      with open(id_path, "w") as f:
-        f.write(run_id + "\n")
+      paths.write_atomic(id_path, run_id + "\n")
+    local = workdir if not paths.is_remote(workdir) else os.path.join(
+        os.path.expanduser("~/.cache/rove_jax/wandb"), run_id)
+    os.makedirs(local, exist_ok=True)
     self.run = wandb.init(
         project=settings.project, entity=settings.entity, group=settings.group,
-        name=settings.name or os.path.basename(workdir.rstrip("/")), id=run_id,
-        resume="allow", mode=settings.mode, dir=workdir, config=config)
+        name=settings.name or paths.basename(workdir), id=run_id,
+        resume="allow", mode=settings.mode, dir=local, config=config)
     self.run.define_metric("train/step")
     self.run.define_metric("*", step_metric="train/step")
 
@@ -101,14 +109,17 @@ class Profiler:
   def __init__(self, workdir: str, window: Optional[tuple[int, int]], *, enabled: bool = True,
                log=print):
     self.window = window if enabled else None
-    self.directory = os.path.join(workdir, PROFILE_DIR)
+    self.directory = paths.join(workdir, PROFILE_DIR)
+    self._local = self.directory if not paths.is_remote(workdir) else None
     self.log = log
     self.active = False
 
   def before(self, step: int) -> None:
     """Called before training step `step` (1-based) runs."""
     if self.window is not None and step == self.window[0]:
-      jax.profiler.start_trace(self.directory)
+      if self._local is None:  # gs://: traced locally, copied up at stop
+        self._local = tempfile.mkdtemp(prefix="rove-jax-profile-")
+      jax.profiler.start_trace(self._local)
       self.active = True
 
   def after(self, step: int, outputs) -> None:
@@ -123,3 +134,6 @@ class Profiler:
       jax.block_until_ready(outputs)
       jax.profiler.stop_trace()
       self.active = False
+      if self._local != self.directory:
+        paths.copy_tree(self._local, self.directory)
+        shutil.rmtree(self._local, ignore_errors=True)
