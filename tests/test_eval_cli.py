@@ -1,7 +1,8 @@
 """Evaluation's command-line options end to end (rove_jax.evaluation.cli.main, what
 `python -m eval` and `rove-eval` run) on the shared trained run: --yarn off / on / both / all
 (yarn_fixed at one factor), --stride and --data-path, the numbers checked against the float64
-reference of tests/test_perplexity.py; RULER with and without YaRN, its QA tasks from --squad /
+reference of tests/test_perplexity.py; a report written to gs:// (the session's GCS API server)
+with the local report's numbers; RULER with and without YaRN, its QA tasks from --squad /
 --hotpot; ICL inside the training context; quiet checkpoint reads."""
 
 import json
@@ -15,6 +16,8 @@ from absl import logging as absl_logging
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.evaluation import cli, report, report_files, report_md, scoring
 from rove_jax.evaluation.ruler import suite as ruler
+from rove_jax.storage import paths
+from tests import gcs_server
 from tests.test_perplexity import (TRAIN_LEN, assert_row_matches, reference_model,
                                    reference_ppl)
 from tests.test_ruler import SQUAD
@@ -142,6 +145,27 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
   ppl = json.loads((out / "report.json").read_text())["runs"][0]["perplexity"]
   assert ppl["protocol"]["max_tokens"] == 256  # --ppl-tokens over the suite's 8192
   assert ppl["none"][str(TRAIN_LEN)]["tokens"] == 256
+
+
+def test_a_report_to_gcs_holds_the_numbers_of_the_local_report(trained_run, tmp_path,
+                                                                gcs_bucket, capsys):
+  out = paths.join(gcs_bucket, "eval")
+  argv = ["--workdir", str(trained_run), "--tasks", "ppl", "--lengths", str(TRAIN_LEN),
+          "--yarn", "off", "--ppl-tokens", "256", "--no-progress"]
+  assert cli.main(argv + ["--out", out]) == 0
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+      f"wrote {out}/figure1_mixer.png, {out}/perplexity_vs_length.png, {out}/report.json, "
+      f"{out}/report.md")
+  assert gcs_server.objects(gcs_bucket) == [  # no write probe left behind
+      "eval/figure1_mixer.png", "eval/perplexity_vs_length.png", "eval/report.json",
+      "eval/report.md"]
+  assert cli.main(argv + ["--out", str(tmp_path / "eval")]) == 0
+  remote = json.loads(paths.read_text(paths.join(out, "report.json")))["runs"][0]
+  local = json.loads((tmp_path / "eval" / "report.json").read_text())["runs"][0]
+  assert remote["perplexity"] == local["perplexity"]  # the same numbers, bit for bit
+  assert remote["perplexity"]["none"][str(TRAIN_LEN)]["tokens"] == 256
+  for name in ("figure1_mixer.png", "perplexity_vs_length.png"):
+    assert paths.read_bytes(paths.join(out, name))[:4] == b"\x89PNG", name
 
 
 def test_ruler_scores_qa_1_with_and_without_yarn_and_reports_qa_2_skipped(trained_run,

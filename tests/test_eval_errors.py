@@ -1,6 +1,7 @@
 """rove-eval's failures (rove_jax.evaluation.cli.main, in process): argument errors exit 2 before
-any checkpoint is restored; expected failures later exit 1 with one line on stderr; the report
-is replaced atomically and lists exactly the plots in its directory. No trained run needed."""
+any checkpoint is restored (gs:// workdirs and --out checked on the session's GCS API server);
+expected failures later exit 1 with one line on stderr; the report is replaced atomically and
+lists exactly the plots in its directory. No trained run needed."""
 
 import json
 import math
@@ -16,7 +17,9 @@ from rove_jax import data as data_lib
 from rove_jax.train import loop as training
 from rove_jax.evaluation import cli, plots, report, report_files, scoring
 from rove_jax.evaluation.ruler import qa as ruler_qa
+from rove_jax.storage import paths
 from study import plots as study_plots
+from tests import gcs_server
 from tests.conftest import small_config
 from tests.test_ruler import HOTPOT, SQUAD
 
@@ -108,6 +111,43 @@ def test_the_out_directory_is_created_and_probed_up_front(tmp_path, empty_workdi
   assert os.listdir(tmp_path / "a" / "b") == []  # the write probe is gone
   default = cli.parse_args(["--workdir", str(empty_workdir)], check_files=True)  # WORKDIR/eval
   assert default.out_dir == str(empty_workdir / "eval") and (empty_workdir / "eval").is_dir()
+
+
+def test_gcs_workdirs_and_out_pass_the_checks_and_the_probe_leaves_nothing(gcs_bucket):
+  workdir = paths.join(gcs_bucket, "runs", "a")
+  paths.write_atomic(paths.join(workdir, "checkpoints", "marker"), b"")  # a "directory" on GCS
+  before = gcs_server.objects(gcs_bucket)
+  args = cli.parse_args(["--workdir", workdir + "/"], check_files=True)
+  assert args.out_dir == f"{gcs_bucket}/runs/a/eval" and not args.created_out  # WORKDIR/eval
+  args = cli.parse_args(["--workdir", workdir, "--compare", workdir, "--out",
+                         paths.join(gcs_bucket, "reports", "x")], check_files=True)
+  assert args.out_dir == f"{gcs_bucket}/reports/x" and not args.created_out
+  assert gcs_server.objects(gcs_bucket) == before  # the write probes were removed
+
+
+def test_bad_gcs_paths_exit_2_before_any_restore(capsys, tmp_path, gcs_bucket, empty_workdir,
+                                                 no_restore):
+  missing = paths.join(gcs_bucket, "runs", "nope")
+  for flag in ("--workdir", "--compare"):
+    argv = (["--workdir", missing] if flag == "--workdir" else
+            ["--workdir", empty_workdir, "--compare", missing])
+    line = argument_error(capsys, argv + ["--out", tmp_path / "eval"])
+    assert line == (f"rove-eval: error: {flag} {missing} does not exist; give the workdir of a "
+                    f"training run")
+  taken = paths.join(gcs_bucket, "taken")
+  paths.write_atomic(taken, b"an object")
+  line = argument_error(capsys, ["--workdir", empty_workdir, "--out", taken])
+  assert line == (f"rove-eval: error: --out {taken}: {taken} is an existing file, not a "
+                  f"directory; give a directory for the report")
+  no_bucket = gcs_bucket + "-missing/eval"  # a bucket that does not exist
+  line = argument_error(capsys, ["--workdir", empty_workdir, "--out", no_bucket])
+  assert line == (f"rove-eval: error: --out {no_bucket}: cannot create or write the report "
+                  f"directory {no_bucket} (the bucket {gcs_bucket}-missing does not exist); give "
+                  f"a writable --out")
+  line = argument_error(capsys, ["--workdir", "s3://b/run"])
+  assert "the s3:// scheme is not supported" in line
+  assert no_restore == [] and paths.read_bytes(taken) == b"an object"
+  assert not (tmp_path / "eval").exists()
 
 
 def write_icl_task(tmp_path, lines, name="t"):

@@ -22,7 +22,7 @@ from rove_jax.train.metrics import read_metrics
 from tests import gcs_server
 from tests.conftest import free_port, subprocess_env
 from tests.test_faults import (ROOT, SAVED, STEPS, assert_same_state, cli_overrides, config,
-                               reference, train)  # noqa: F401 - reference is a fixture
+                               read_state, reference, train)  # noqa: F401 - reference is a fixture
 
 ENV = dict(JAX_DEFAULT_MATMUL_PRECISION="highest", JAX_NUMPY_RANK_PROMOTION="raise")
 
@@ -30,17 +30,6 @@ ENV = dict(JAX_DEFAULT_MATMUL_PRECISION="highest", JAX_NUMPY_RANK_PROMOTION="rai
 def losses(workdir) -> dict:
   return {r["step"]: r["loss"] for r in read_metrics(workdir, report=lambda *a: None)
           if "loss" in r}
-
-
-def read_state(workdir, step) -> dict:
-  ck = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), read_only=True)
-  try:
-    import orbax.checkpoint as ocp
-    flat = ck.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore()))["state"]
-  finally:
-    ck.close()
-  return {k: np.asarray(v) for k, v in flat.items()}
 
 
 def finished_steps(workdir) -> list[int]:
@@ -152,3 +141,18 @@ def test_two_processes_with_unshared_workdirs_stop_at_once(tmp_path):
     assert "processes [1] of 2 do not see the workdir process 0 writes" in o, o[-3000:]
     assert "after 5 s" in o
   assert elapsed < 120, elapsed  # the check's bound (5 s here) and two starts, not a hang
+
+
+@pytest.mark.slow
+def test_a_sweep_name_with_glob_characters_trains_resumes_and_evaluates(reference, tmp_path):
+  workdir = tmp_path / "runs" / "lr[3e-4] * ? é"
+  first = train(config(reference, run_steps=4), workdir)
+  assert first["step"] == 4 and finished_steps(str(workdir)) == [2, 4]
+  train(config(reference), workdir)
+  assert losses(str(workdir)) == reference.losses
+  assert_same_state(read_state(str(workdir), STEPS), reference.states[STEPS], "final")
+  from rove_jax.evaluation import cli
+  out = tmp_path / "eval [x]"
+  assert cli.main(["--workdir", str(workdir), "--out", str(out), "--tasks", "ppl", "--suite",
+                   "quick", "--lengths", "32", "--no-progress"]) == 0
+  assert json.loads((out / "report.json").read_text())["runs"][0]["step"] == STEPS

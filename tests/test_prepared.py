@@ -50,8 +50,9 @@ def test_shards_are_the_tokenized_corpus(tmp_path, small_chunks):
   assert on_disk == manifest and manifest["dtype"] == "uint16"
   assert manifest["tokenizer"]["fingerprint"] == tok.fingerprint
   assert sorted(os.listdir(out)) == sorted(
-      ["manifest.json"] + [s["file"] for sp in ("train", "val")
-                           for s in manifest["splits"][sp]["shards"]])
+      [".writer-lock.1", "manifest.json"] + [s["file"] for sp in ("train", "val")
+                                             for s in manifest["splits"][sp]["shards"]])
+  assert json.loads((out / ".writer-lock.1").read_text())["released"] is True  # rove-prepare's
   for split in ("train", "val"):
     want = _reference(corpus, split, tok)
     info = manifest["splits"][split]

@@ -137,18 +137,18 @@ def _race(root, queue):
 @pytest.mark.slow
 def test_starters_racing_over_a_stale_lock_let_exactly_one_win(root):
   ctx = multiprocessing.get_context("spawn")
-  for trial in range(4):
+  for trial in range(2):
     sub = paths.join(root, str(trial))
     _stale_record(sub)
     time.sleep(1.0)  # the lease expires (storage time)
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(sub, queue)) for _ in range(4)]
+    procs = [ctx.Process(target=_race, args=(sub, queue)) for _ in range(3)]
     for p in procs:
       p.start()
     results = sorted(queue.get(timeout=120) for _ in procs)
     for p in procs:
       p.join(timeout=60)
-    assert results == ["lost", "lost", "lost", "won"], (trial, results)
+    assert results == ["lost", "lost", "won"], (trial, results)
 
 
 def test_a_live_lease_holds_whatever_this_hosts_clock_says(root, monkeypatch):

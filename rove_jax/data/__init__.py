@@ -6,11 +6,17 @@ One concern a module:
   hf.py           the hf source: datasets.load_dataset(..., streaming=True)
   token_cache.py  load_tokens: documents -> flat token array, cached as tokens-*.npy with a
                   tokens-*.json record that is checked on load (a damaged cache is rebuilt)
-  pipeline.py     train_iterator (grain), eval_batches, make_batch, prepare -> Data
+  pipeline.py     train_iterator (grain), eval_batches, make_batch, prepare -> Data (with its
+                  identity), describe_identity_change
   prepared.py     the "prepared" source: a corpus tokenized once into memory-mapped shards
                   with a manifest (the format), read and verified
   prepare_corpus.py  writes one: prepare_dataset, the rove-prepare command
                   (also `python -m rove_jax.data.prepare`, prepare.py)
+
+Storage: what a run writes or reads back goes through rove_jax.storage.paths, so a workdir
+(token cache, bpe tokenizer file) and a prepared dataset may be local or gs://bucket/path; a
+prepared dataset's shards on gs:// are copied once to a local cache and memory-mapped there.
+The corpus sources a user names (text, parquet, stdlib files) are read from local disk.
 
 Shape letters (here):
   B  per-process batch = global_batch_size / process_count
@@ -28,9 +34,12 @@ Public API:
       windows [B, W] -> batch dict
   held_out_keys(keys, fraction) -> set[str]       which files the validation split holds out
   prepare(corpus, tokenizer, *, workdir, ...) -> Data(tokenizer, train_tokens, val_tokens,
-      loss_mask_T)
+      loss_mask_T, identity)
+      identity: a small JSON dict, equal for the same token streams, different when they
+      differ; pipeline.describe_identity_change(saved, now) -> str says what changed
   prepare_dataset(corpus, tokenizer, out, *, tokens_per_shard, ...) -> manifest
-      tokenizes a corpus once into the prepared directory out (rove-prepare)
+      tokenizes a corpus once into the prepared directory out (rove-prepare), holding its
+      writer lock (rove_jax.storage.lock)
 
 Sources:
   "stdlib"   the running interpreter's standard library: its *.py sources plus its docs (the
@@ -44,9 +53,9 @@ Sources:
              row-group batch at a time (FineWeb-Edu shards, for instance).
   "hf"       `datasets.load_dataset(path, hf_config, split=hf_split, streaming=True)`; the `hf`
              extra. For local files use path="parquet" (or "json") and hf_data_files.
-  "prepared" the directory `rove-prepare` wrote from one of the sources above: its train and
-             val token shards, read without tokenizing; the tokenizer must be the one it was
-             made with (see prepared.py).
+  "prepared" the directory `rove-prepare` wrote (local or gs://) from one of the sources
+             above: its train and val token shards, read without tokenizing; the tokenizer
+             must be the one it was made with (see prepared.py).
 
 The validation split, windows, packing and resuming are described in sources.py and
 pipeline.py.

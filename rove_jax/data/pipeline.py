@@ -13,13 +13,21 @@ Resuming: the training iterator's state (`get_state()`, JSON-serializable) count
 so restoring it with `set_state` replays exactly the batches the run would have seen, even with
 a different process_count. The state also records seq_len, global_batch_size, seed and packing,
 and `set_state` refuses a state written by a different pipeline.
+
+Data identity: `Data.identity` (a small JSON-serialisable dict) is equal for the same token
+streams and differs whenever they differ, so a resumed run can tell that its data changed
+under it; `describe_identity_change` says what changed in words. For a prepared dataset it is
+{"source": "prepared", "manifest_sha256", "path"} (`prepared.identity`, plus "max_tokens" when
+the run caps the streams); for the other sources {"source", "train_sha256", "val_sha256"}, the
+sha256 of the token arrays (the token cache record's digest).
+
+The workdir (token cache, bpe tokenizer file) may be local or gs://bucket/path.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from typing import Any, Iterator, Optional
 
 import grain
@@ -27,8 +35,9 @@ import numpy as np
 
 from rove_jax.data import prepared, tokenization
 from rove_jax.data.sources import Corpus, iter_documents, loss_mask, take_chars
-from rove_jax.data.token_cache import load_tokens
+from rove_jax.data.token_cache import load_tokens_and_sha256
 from rove_jax.data.tokenization import Tokenizer
+from rove_jax.storage import paths
 
 
 def train_iterator(tokens, *, seq_len: int, global_batch_size: int, seed: int,
@@ -257,11 +266,14 @@ def _check_packing(packing, eot_id) -> None:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Data:
   """A run's tokenizer and token arrays, from `prepare`; loss_mask_T: the corpus's
-  `sources.loss_mask` (None for most sources), which the batches then carry."""
+  `sources.loss_mask` (None for most sources), which the batches then carry; identity: what
+  the token streams are (see the module docstring; compare two with
+  `describe_identity_change`)."""
   tokenizer: Tokenizer
   train_tokens: np.ndarray
   val_tokens: np.ndarray
   loss_mask_T: Optional[np.ndarray] = None
+  identity: dict = dataclasses.field(default_factory=dict)
 
   def train_iterator(self, **kwargs) -> grain.DatasetIterator:
     """`train_iterator(self.train_tokens, eot_id=tokenizer.eot_id, loss_mask_T=..., **kwargs)`."""
@@ -285,7 +297,7 @@ def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
     corpus: the `Corpus`.
     tokenizer: a `tokenization.get_tokenizer` spec; "bpe" trains on the train split once and
       keeps the file in workdir.
-    workdir: the run directory; tokens are cached in workdir/data.
+    workdir: the run directory, local or gs://; tokens are cached in workdir/data.
     vocab_size: for "bpe".
     max_train_tokens, max_val_tokens: caps (see `load_tokens`).
     bpe_train_chars: BPE training reads at most this many characters of training text.
@@ -294,19 +306,84 @@ def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
 
   Returns:
     `Data`; call data.train_iterator(seq_len=..., global_batch_size=..., seed=...) and
-    data.eval_batches(seq_len=..., batch_size=...).
+    data.eval_batches(seq_len=..., batch_size=...); data.identity names the token streams.
   """
-  workdir = os.fspath(workdir)
+  workdir = paths.resolve(workdir, what="workdir")
   if corpus.source == "prepared":  # tokenized already: read from its shards
-    tok, train, val = prepared.for_run(
+    tok, train, val, identity = prepared.for_run(
         corpus.path, tokenizer, workdir=workdir, verify_shards=verify,
         process_index=process_index, process_count=process_count,
         max_train_tokens=max_train_tokens, max_val_tokens=max_val_tokens)
-    return Data(tok, train, val, None)
+    return Data(tok, train, val, None, identity)
   tok = tokenization.get_tokenizer(
       tokenizer, workdir=workdir, vocab_size=vocab_size,
       train_texts=lambda: take_chars(iter_documents(corpus, "train"), bpe_train_chars))
-  cache_dir = os.path.join(workdir, "data")
-  train = load_tokens(corpus, "train", tok, cache_dir=cache_dir, max_tokens=max_train_tokens)
-  val = load_tokens(corpus, "val", tok, cache_dir=cache_dir, max_tokens=max_val_tokens)
-  return Data(tok, train, val, loss_mask(corpus))
+  cache_dir = paths.join(workdir, "data")
+  train, train_sha = load_tokens_and_sha256(corpus, "train", tok, cache_dir=cache_dir,
+                                            max_tokens=max_train_tokens)
+  val, val_sha = load_tokens_and_sha256(corpus, "val", tok, cache_dir=cache_dir,
+                                        max_tokens=max_val_tokens)
+  identity = {"source": corpus.source, "train_sha256": train_sha, "val_sha256": val_sha}
+  return Data(tok, train, val, loss_mask(corpus), identity)
+
+
+def describe_identity_change(saved: dict, now: dict) -> str:
+  """What differs between two `Data.identity` dicts, in plain words for an error message.
+
+  Args:
+    saved: the identity a run recorded (e.g. in its checkpoint metadata).
+    now: the identity of the data it would resume on.
+
+  Returns:
+    "" when they are equal; else one sentence, e.g. "the prepared dataset gs://b/ds was
+    re-prepared (manifest sha256 1234abcd... -> 5678ef01...)".
+  """
+  saved, now = dict(saved or {}), dict(now or {})
+  if saved == now:
+    return ""
+  if not saved:
+    return "the saved run recorded no data identity (it predates identity records)"
+  old_src, new_src = saved.get("source"), now.get("source")
+  if old_src != new_src:
+    return (f"the data source changed from {_describe(saved)} to {_describe(now)}")
+  changes = []
+  if old_src == "prepared":
+    old_path, new_path = saved.get("path"), now.get("path")
+    old_sha, new_sha = saved.get("manifest_sha256"), now.get("manifest_sha256")
+    if old_sha != new_sha and old_path == new_path:
+      changes.append(f"the prepared dataset {new_path} was re-prepared (manifest sha256 "
+                     f"{_short(old_sha)} -> {_short(new_sha)})")
+    elif old_sha != new_sha:
+      changes.append(f"the prepared dataset changed from {old_path} (manifest sha256 "
+                     f"{_short(old_sha)}) to {new_path} (manifest sha256 {_short(new_sha)})")
+    elif old_path != new_path:
+      changes.append(f"the prepared dataset moved from {old_path} to {new_path} (the same "
+                     f"contents: manifest sha256 {_short(new_sha)})")
+    old_caps, new_caps = saved.get("max_tokens") or {}, now.get("max_tokens") or {}
+    for split in ("train", "val"):
+      if old_caps.get(split) != new_caps.get(split):
+        changes.append(f"its {split} split's token cap changed from {old_caps.get(split)} to "
+                       f"{new_caps.get(split)}")
+  else:
+    for key, what in (("train_sha256", "training"), ("val_sha256", "validation")):
+      if saved.get(key) != now.get(key):
+        changes.append(f"the {what} tokens of the {new_src} corpus changed (sha256 "
+                       f"{_short(saved.get(key))} -> {_short(now.get(key))})")
+  known = {"source", "path", "manifest_sha256", "max_tokens", "train_sha256", "val_sha256"}
+  for key in sorted((set(saved) | set(now)) - known):
+    if saved.get(key) != now.get(key):
+      changes.append(f"its {key} changed from {saved.get(key)!r} to {now.get(key)!r}")
+  return "; ".join(changes) or f"the data identity changed from {saved} to {now}"
+
+
+def _describe(identity: dict) -> str:
+  source = identity.get("source")
+  if source == "prepared":
+    return (f"the prepared dataset {identity.get('path')} (manifest sha256 "
+            f"{_short(identity.get('manifest_sha256'))})")
+  return (f"the {source} corpus (training tokens sha256 "
+          f"{_short(identity.get('train_sha256'))})")
+
+
+def _short(digest) -> str:
+  return f"{digest[:8]}..." if isinstance(digest, str) else repr(digest)

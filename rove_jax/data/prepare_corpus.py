@@ -8,18 +8,29 @@
 Train on it with --config.data.source=prepared --config.data.path=prepared/ and the same
 tokenizer (--config.data.tokenizer).
 
-Shards are written atomically (a temporary file, then a rename) and progress.json records,
-after each one, the shards done and where the next one starts (document index, tokens of it
-already written); manifest.json comes last. A rerun of the same command therefore resumes an
-interrupted preparation (tokenizers are deterministic: the result is the same bytes), and
-hashes a finished one, rewriting it if a shard was damaged. A directory holding another
-dataset is refused unless --overwrite; one directory is prepared by one process at a time.
+--out may be local or gs://bucket/path (the `[gcs]` extra); the corpus sources stay local.
+Files go through rove_jax.storage.paths: shards are written atomically (`paths.write_atomic`)
+and progress.json, rewritten whole after each shard, records the shards done and where the
+next one starts (document index, tokens of it already written); manifest.json comes last. A
+rerun of the same command therefore resumes an interrupted preparation (tokenizers are
+deterministic: the result is the same bytes), and hashes a finished one, rewriting it if a
+shard was damaged. A directory holding another dataset is refused unless --overwrite.
+
+One process prepares a directory at a time: rove-prepare holds its writer lock
+(rove_jax.storage.lock; the .writer-lock.N files stay) from before it changes anything to the
+end, so a second one on the same --out stops at once with a LockError naming the first.
+
+Failures end with one line `error: ...` on stderr and exit status 2 (bad input: arguments,
+paths, a damaged or foreign dataset) or 1 (I/O and environment: disk, permissions, a missing
+package, an offline tokenizer download, another rove-prepare); ROVE_JAX_TRACEBACK=1 adds the
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -31,15 +42,22 @@ from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 
-from rove_jax.data import prepared, token_cache, tokenization
+from rove_jax.data import prepared, tokenization
 from rove_jax.data.sources import (SOURCES, SPLITS, Corpus, iter_documents, list_units,
                                    take_chars)
 from rove_jax.data.tokenization import Tokenizer
+from rove_jax.storage import lock as lock_lib
+from rove_jax.storage import paths
 
 DEFAULT_TOKENS_PER_SHARD = 100_000_000
+TRACEBACK_VAR = "ROVE_JAX_TRACEBACK"  # =1: the command's errors show their traceback too
 _ENCODE_CHUNK_CHARS = 1 << 20  # texts handed to encode_batch at once
-_OURS = re.compile(r"^(manifest\.json|progress\.json|(train|val)-\d{5,}\.bin|"
-                   r"tokenizer-bpe-\d+\.json)(\.tmp-.*)?$")
+_NAMES = r"(manifest\.json|progress\.json|(train|val)-\d{5,}\.bin|tokenizer-bpe-\d+\.json)"
+# The dataset's files and the temporary files of their atomic writes: NAME.tmp-* (earlier
+# versions) and .NAME.tmp-* (paths.write_atomic).
+_OURS = re.compile(rf"^({_NAMES}|{_NAMES}\.tmp-.*|\.{_NAMES}\.tmp-.*)$")
+# The writer lock's files and its clock probes: the lock's, never removed with the dataset.
+_LOCK_FILES = re.compile(r"^(\.writer-lock\.\d+|\.clock-probe-.*)$")
 
 
 def prepare_dataset(corpus: Corpus, tokenizer: Union[str, Tokenizer], out: str, *,
@@ -54,7 +72,7 @@ def prepare_dataset(corpus: Corpus, tokenizer: Union[str, Tokenizer], out: str, 
     corpus: the `Corpus` (any source but "prepared" and "recall").
     tokenizer: a `tokenization.get_tokenizer` spec (a "bpe" spec trains on the train split
       and keeps its file in out), or a `Tokenizer`.
-    out: the directory to write.
+    out: the directory to write: a local path or gs://bucket/path.
     tokens_per_shard: tokens of every shard but each split's last.
     max_train_tokens, max_val_tokens: keep only the first this many tokens of a split.
     vocab_size, bpe_train_chars: for a "bpe" spec (see `pipeline.prepare`).
@@ -64,24 +82,40 @@ def prepare_dataset(corpus: Corpus, tokenizer: Union[str, Tokenizer], out: str, 
 
   Returns:
     the manifest (also written to out/manifest.json).
+
+  Raises:
+    ValueError: bad arguments or --out (a file, a directory of other files, another dataset).
+    rove_jax.storage.lock.LockError: another process is preparing out.
   """
   log = log or prepared._log
   _check_args(corpus, tokens_per_shard, max_train_tokens, max_val_tokens)
-  out = os.path.abspath(os.fspath(out))
-  if os.path.exists(out) and not os.path.isdir(out):
-    raise ValueError(f"--out {out} is a file; a prepared dataset is a directory")
+  out = paths.resolve(out, what="--out")
+  _check_out(out)
   caps = {"train": max_train_tokens, "val": max_val_tokens}
   source = _source_digest(corpus, tokens_per_shard, caps)  # lists the files: bad paths fail here
   # A tokenizer that needs no training is built now: a bad spec fails before any file changes.
   spec, bpe_size = _canonical_spec(tokenizer, vocab_size)
   tok = None if bpe_size else (tokenizer if isinstance(tokenizer, Tokenizer) else
                                tokenization.get_tokenizer(tokenizer))
-  os.makedirs(out, exist_ok=True)
-  manifest, journal = _read_json(out, prepared.MANIFEST), _read_json(out, prepared.PROGRESS)
-  foreign = sorted(f for f in os.listdir(out) if not _OURS.match(f))
+  foreign = sorted(f for f in paths.listdir(out) if not (_OURS.match(f) or _LOCK_FILES.match(f)))
   if foreign:
     raise ValueError(f"--out {out} holds files that are not a prepared dataset's "
                      f"({foreign[:3]}); choose an empty or new directory")
+  # Before anything in out changes: a second rove-prepare on out stops here, naming the first.
+  writer = lock_lib.WriterLock(out, what="prepared dataset")
+  writer.acquire(log=log)
+  try:
+    return _prepare_locked(corpus, out, tok, spec, bpe_size, source, caps, writer,
+                           tokens_per_shard=tokens_per_shard, bpe_train_chars=bpe_train_chars,
+                           overwrite=overwrite, progress=progress, log=log)
+  finally:
+    writer.release()
+
+
+def _prepare_locked(corpus, out, tok, spec, bpe_size, source, caps, writer, *,
+                    tokens_per_shard, bpe_train_chars, overwrite, progress, log) -> dict:
+  """prepare_dataset's work, with out's writer lock held."""
+  manifest, journal = _read_json(out, prepared.MANIFEST), _read_json(out, prepared.PROGRESS)
   done = manifest or journal
   same = bool(done) and done.get("request", {}).get("source") == source and (
       done.get("tokenizer", {}).get("spec") == spec)
@@ -90,15 +124,15 @@ def prepare_dataset(corpus: Corpus, tokenizer: Union[str, Tokenizer], out: str, 
                      f"shard size (made by: {manifest.get('command')}); choose another --out or "
                      f"pass --overwrite to replace it")
   if not same:  # leftovers no record vouches for, or another dataset: start afresh
-    if os.listdir(out):
+    if _ours(out):
       log(f"{out}: removing the files of " + (
           "the dataset it held" if manifest else "an unfinished preparation of other data"
           if journal else "an unfinished preparation"))
     _remove_ours(out, keep_tokenizer=False)
     manifest = journal = None
-  for f in os.listdir(out):  # temporary files of a killed run
+  for f in _ours(out):  # temporary files of a killed run (none are this process's: the lock)
     if ".tmp-" in f:
-      os.remove(os.path.join(out, f))
+      paths.remove(paths.join(out, f))
 
   if tok is None:  # bpe: trained on the train split into out once, then reused
     tok = tokenization.get_tokenizer(
@@ -121,7 +155,11 @@ def prepare_dataset(corpus: Corpus, tokenizer: Union[str, Tokenizer], out: str, 
   if journal:
     log(f"{out}: resuming an unfinished preparation "
         + ", ".join(f"{s}: {len(v['shards'])} shards done" for s, v in state["splits"].items()))
-  save_state = lambda: _write_json(out, prepared.PROGRESS, state)
+
+  def save_state():
+    writer.check()  # a process that lost the lock (stalled past its lease) writes no more
+    _write_json(out, prepared.PROGRESS, state)
+
   save_state()
   for split in SPLITS:
     st = state["splits"][split]
@@ -139,18 +177,31 @@ def prepare_dataset(corpus: Corpus, tokenizer: Union[str, Tokenizer], out: str, 
       "corpus": dataclasses.asdict(corpus),
       "tokenizer": {"spec": spec, "name": tok.name, "fingerprint": tok.fingerprint,
                     "vocab_size": int(tok.vocab_size), "eot_id": int(tok.eot_id),
-                    "file": os.path.basename(tokenization.bpe_cache_path(out, bpe_size))
+                    "file": paths.basename(tokenization.bpe_cache_path(out, bpe_size))
                     if bpe_size else None},
       "dtype": dtype_name, "tokens_per_shard": int(tokens_per_shard), "max_tokens": caps,
       "splits": {s: {"tokens": st["tokens"], "shards": st["shards"],
                      "documents": sum(sh["documents"] for sh in st["shards"])}
                  for s, st in state["splits"].items()}}
+  writer.check()
   _write_json(out, prepared.MANIFEST, manifest)
-  os.remove(os.path.join(out, prepared.PROGRESS))
+  paths.remove(paths.join(out, prepared.PROGRESS))
   log(f"prepared {out}: " + ", ".join(
       f"{s} {v['tokens']} tokens ({v['documents']} documents, {len(v['shards'])} shards)"
       for s, v in manifest["splits"].items()) + f", {dtype_name}")
   return manifest
+
+
+def _check_out(out: str) -> None:
+  """Raises ValueError when --out cannot be a directory: it, or a parent of it, is a file."""
+  parent = out  # GCS has no directories: only out itself can be an object in the way
+  while (not paths.is_remote(out) and not os.path.exists(parent)
+         and os.path.dirname(parent) != parent):
+    parent = os.path.dirname(parent)
+  if paths.isfile(parent):
+    where = "is a file" if parent == out else f"is below {parent}, which is a file"
+    raise ValueError(f"--out {out} {where}; a prepared dataset is a directory: choose another "
+                     f"--out")
 
 
 def _write_split(docs: Iterable[str], tok: Tokenizer, out: str, split: str, st: dict,
@@ -229,34 +280,38 @@ def _write_split(docs: Iterable[str], tok: Tokenizer, out: str, split: str, st: 
 
 def _write_shard(out: str, name: str, tokens: np.ndarray, eot_id: int) -> dict:
   data = np.ascontiguousarray(tokens).tobytes()
-  token_cache.atomic_write(os.path.join(out, name), lambda f: f.write(data))
+  paths.write_atomic(paths.join(out, name), data)
   return {"file": name, "tokens": int(tokens.size), "documents": int(np.count_nonzero(
       tokens == eot_id)), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _write_json(out: str, name: str, obj) -> None:
-  text = json.dumps(obj, indent=1).encode("utf-8")
-  token_cache.atomic_write(os.path.join(out, name), lambda f: f.write(text))
+  # Written whole (GCS has no append): readers see the old record or the new one.
+  paths.write_atomic(paths.join(out, name), json.dumps(obj, indent=1))
 
 
 def _read_json(out: str, name: str) -> Optional[dict]:
   try:
-    with open(os.path.join(out, name), encoding="utf-8") as f:
-      obj = json.load(f)
+    obj = json.loads(paths.read_bytes(paths.join(out, name)))
   except (OSError, ValueError):
     return None  # missing or torn: treated as absent (the shards it listed are redone)
   return obj if isinstance(obj, dict) else None
 
 
+def _ours(out: str) -> list[str]:
+  """The names in out that belong to a prepared dataset (not its writer lock's files)."""
+  return [f for f in paths.listdir(out) if _OURS.match(f)]
+
+
 def _remove_ours(out: str, *, keep_tokenizer: bool) -> None:
-  for f in os.listdir(out):
-    if _OURS.match(f) and not (keep_tokenizer and f.startswith("tokenizer-")):
-      os.remove(os.path.join(out, f))
+  for f in _ours(out):
+    if not (keep_tokenizer and f.startswith("tokenizer-")):
+      paths.remove(paths.join(out, f))
 
 
 def _intact(out: str, log) -> bool:
   try:
-    prepared.verify(out, log=log)
+    prepared.verify(out, log=log, cache_remote=False)
   except prepared.DamagedDataset as e:
     log(f"WARNING: {e}")
     return False
@@ -381,12 +436,23 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """The rove-prepare command; returns the exit status (errors: a message on stderr, 2)."""
+  """The rove-prepare command.
+
+  Args:
+    argv: the arguments (default: sys.argv[1:]).
+
+  Returns:
+    the exit status: 0 done; 2 bad input (arguments, --out, a damaged or foreign dataset);
+    1 I/O or environment (disk, permissions, a missing package, an offline tokenizer download,
+    another rove-prepare writing --out); 130 interrupted. Failures print one line
+    `error: ...` on stderr.
+  """
   args = parser().parse_args(argv)
   try:
     if args.check:
-      n = prepared.verify(args.out)
-      print(f"{args.out}: all {n} shards match the manifest")
+      out = paths.resolve(args.out, what="--out")
+      n = prepared.verify(out, cache_remote=False)
+      print(f"{out}: all {n} shards match the manifest")
       return 0
     corpus = Corpus(source=args.source, path=args.path, val_path=args.val_path,
                     text_field=args.text_field, val_fraction=args.val_fraction,
@@ -396,10 +462,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     max_train_tokens=args.max_train_tokens, max_val_tokens=args.max_val_tokens,
                     vocab_size=args.vocab_size, bpe_train_chars=args.bpe_train_chars,
                     overwrite=args.overwrite, progress=not args.no_progress)
-  except (ValueError, ImportError, OSError) as e:
-    print(f"rove-prepare: error: {e}", file=sys.stderr)
-    return 2
+  except KeyboardInterrupt:
+    return _fail("interrupted; rerun the same command to resume where it stopped", 130)
+  except ValueError as e:  # DamagedDataset too
+    return _fail(str(e), 2)
+  except ImportError as e:  # paths.MissingExtra (gcsfs), tokenizers, tiktoken, pyarrow
+    return _fail(str(e) if "pip install" in str(e) else
+                 f"{e}; is rove_jax installed with its extras (pip install 'rove_jax[all]')?", 1)
+  except OSError as e:
+    return _fail(_os_error(e, args.out), 1)
+  except RuntimeError as e:  # LockError, tiktoken's download: their messages name the fix
+    return _fail(str(e), 1)
   return 0
+
+
+def _fail(message: str, code: int) -> int:
+  """Prints `error: message` as one line on stderr; returns code (ROVE_JAX_TRACEBACK=1:
+  re-raises the exception being handled)."""
+  print(f"error: {' '.join(message.split())}", file=sys.stderr)
+  if os.environ.get(TRACEBACK_VAR) == "1":
+    raise  # noqa: PLE0704 - called from an except block: the error being handled
+  return code
+
+
+def _os_error(e: OSError, out: str) -> str:
+  if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    return f"{type(e).__name__}: {e}; free disk space or choose another --out than {out}"
+  if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    return f"{type(e).__name__}: {e}; check its permissions (--out {out} must be writable)"
+  return f"{type(e).__name__}: {e}"
 
 
 def run() -> None:

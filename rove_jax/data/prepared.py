@@ -34,6 +34,15 @@ Reading: `load(path, split, tokenizer)` refuses a tokenizer whose fingerprint di
 manifest's and returns the split as one flat read-only token array: a np.memmap (one shard) or
 a `ShardedTokens` (several). A slice reads only the pages it covers, so a training process,
 which gathers only the windows of its own rows (pipeline.train_iterator), reads only those.
+
+On Google Cloud Storage: the directory may be gs://bucket/path. The manifest is read from
+there; a shard is copied once into a local cache (`paths.local_copy`: ~/.cache/rove_jax/remote
+or $XDG_CACHE_HOME/rove_jax/remote, reused while the object is unchanged) and memory-mapped from
+it; `verify` hashes those local copies, which are what training reads.
+
+Identity: `identity(manifest, path)` is what a run records to know its data again: the sha256
+of the manifest's description of the contents (dtype, tokenizer, every shard's sha256), which
+re-preparing from other text changes even when the token counts stay the same.
 """
 
 from __future__ import annotations
@@ -42,9 +51,7 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import sys
-import uuid
 from typing import Any, Optional
 
 import numpy as np
@@ -52,6 +59,7 @@ import numpy as np
 from rove_jax.data import tokenization
 from rove_jax.data.sources import SPLITS, check_split
 from rove_jax.data.tokenization import Tokenizer
+from rove_jax.storage import paths
 
 FORMAT = "rove_jax.prepared"
 VERSION = 1
@@ -138,23 +146,29 @@ class ShardedTokens:
 
 
 def read_manifest(path: str) -> dict[str, Any]:
-  """The manifest of the prepared directory `path`, its structure checked, and each listed
-  shard's size compared with the file (no hashing).
+  """The manifest of the prepared directory `path` (local or gs://), its structure checked, and
+  each listed shard's size compared with the file (no hashing).
+
+  Args:
+    path: the prepared directory.
+
+  Returns:
+    the manifest dict.
 
   Raises:
     DamagedDataset: no or a malformed manifest, or a shard missing or of the wrong size; the
       message names the file and the fix.
   """
-  path = os.fspath(path)
-  mpath = os.path.join(path, MANIFEST)
-  if not os.path.isdir(path):
-    raise ValueError(f"prepared dataset {path!r} is not a directory; make one with rove-prepare "
+  path = paths.resolve(path, what="prepared dataset")
+  mpath = paths.join(path, MANIFEST)
+  if not paths.isdir(path):
+    what = ("holds no objects" if paths.is_remote(path) else "is not a directory")
+    raise ValueError(f"prepared dataset {path!r} {what}; make one with rove-prepare "
                      f"(python -m rove_jax.data.prepare --help)")
   try:
-    with open(mpath, encoding="utf-8") as f:
-      manifest = json.load(f)
+    manifest = json.loads(paths.read_bytes(mpath))
   except FileNotFoundError:
-    unfinished = os.path.exists(os.path.join(path, PROGRESS))
+    unfinished = paths.exists(paths.join(path, PROGRESS))
     raise DamagedDataset(
         f"{path} holds no {MANIFEST}: "
         + ("its preparation was interrupted (progress.json is there); rerun the same "
@@ -168,18 +182,51 @@ def read_manifest(path: str) -> dict[str, Any]:
     raise DamagedDataset(f"{mpath}: {problem}; prepare the dataset again with rove-prepare "
                          f"--overwrite (or a rove_jax that reads this format)")
   itemsize = DTYPES[manifest["dtype"]].itemsize
+  sizes = _remote_sizes(path) if paths.is_remote(path) else None
   for split in SPLITS:
     for shard in manifest["splits"][split]["shards"]:
-      file = os.path.join(path, shard["file"])
+      file = paths.join(path, shard["file"])
       try:
-        size = os.path.getsize(file)
-      except OSError:
+        size = sizes[shard["file"]] if sizes is not None else os.path.getsize(file)
+      except (OSError, KeyError):
         raise DamagedDataset(f"shard {file} is missing; {fix_hint(manifest)}") from None
       if size != shard["tokens"] * itemsize or size != shard["bytes"]:
         raise DamagedDataset(f"shard {file} has {size} bytes, the manifest says {shard['bytes']} "
                              f"({shard['tokens']} tokens): truncated or overwritten; "
                              f"{fix_hint(manifest)}")
   return manifest
+
+
+def _remote_sizes(path: str) -> dict[str, int]:
+  """{name: size} of the objects directly in the gs:// directory path, from one listing (the
+  path layer has no such call; one size request per shard would be one round trip each)."""
+  from rove_jax.storage import gcs
+  key = path[len("gs://"):].rstrip("/")
+  try:
+    entries = gcs.fs().ls(key, detail=True)
+  except FileNotFoundError:
+    return {}
+  return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+          for e in entries if e.get("type") == "file"}
+
+
+def identity(manifest: dict, path: str) -> dict[str, str]:
+  """What a run records to recognise a prepared dataset: equal for the same token streams,
+  different when the dataset was prepared again from other text or with another tokenizer.
+
+  Args:
+    manifest: its manifest (`read_manifest`).
+    path: the prepared directory.
+
+  Returns:
+    {"source": "prepared", "manifest_sha256": the sha256 of the canonical JSON (sorted keys, no
+    spaces) of the manifest's dtype, tokenizer and splits (every shard's tokens, bytes and
+    sha256), "path": the resolved directory}.
+  """
+  contents = {k: manifest[k] for k in ("dtype", "tokenizer", "splits")}
+  blob = json.dumps(contents, sort_keys=True, separators=(",", ":")).encode("utf-8")
+  return {"source": "prepared", "manifest_sha256": hashlib.sha256(blob).hexdigest(),
+          "path": paths.resolve(path, what="prepared dataset")}
 
 
 def _manifest_problem(m) -> Optional[str]:
@@ -239,7 +286,8 @@ def load(path: str, split: str, tokenizer: Tokenizer, *,
   """One split of a prepared dataset as a flat read-only token array.
 
   Args:
-    path: the prepared directory.
+    path: the prepared directory (local, or gs://: the shards read are copied to the local
+      cache once, see the module docstring).
     split: "train" or "val".
     tokenizer: the run's tokenizer; its fingerprint must be the manifest's.
     max_tokens: the first max_tokens tokens only (None: all).
@@ -248,8 +296,12 @@ def load(path: str, split: str, tokenizer: Tokenizer, *,
     tokens [N]: a read-only np.memmap (one shard) or a `ShardedTokens`, uint16 or uint32.
   """
   check_split(split)
-  path = os.fspath(path)
-  manifest = read_manifest(path)
+  path = paths.resolve(path, what="prepared dataset")
+  return _load(path, read_manifest(path), split, tokenizer, max_tokens)
+
+
+def _load(path: str, manifest: dict, split: str, tokenizer: Tokenizer,
+          max_tokens: Optional[int]) -> Any:
   check_tokenizer(manifest, tokenizer, path)
   dtype = DTYPES[manifest["dtype"]]
   shards = manifest["splits"][split]["shards"]
@@ -261,7 +313,7 @@ def load(path: str, split: str, tokenizer: Tokenizer, *,
       keep.append(shard)
       total += shard["tokens"]
     shards = keep
-  parts = [np.memmap(os.path.join(path, s["file"]), dtype=dtype, mode="r", shape=(s["tokens"],))
+  parts = [np.memmap(_local(path, s), dtype=dtype, mode="r", shape=(s["tokens"],))
            for s in shards]
   tokens = parts[0] if len(parts) == 1 else ShardedTokens(parts)
   if max_tokens is not None:
@@ -271,37 +323,61 @@ def load(path: str, split: str, tokenizer: Tokenizer, *,
 
 
 def verify(path: str, *, process_index: int = 0, process_count: int = 1,
-           log=None) -> int:
+           log=None, cache_remote: bool = True) -> int:
   """Hashes shards of a prepared directory against their sha256 in the manifest.
 
   The shards (train's, then val's) are dealt round-robin over process_count processes: this
   process hashes those whose position i has i % process_count == process_index, so that the
   processes of a run share the work and together check every shard once.
 
+  Args:
+    path: the prepared directory (local or gs://).
+    process_index, process_count: this process's share of the shards.
+    log: a function of one string for progress lines (default: stderr).
+    cache_remote: gs:// only: hash the local copies `load` memory-maps (made now if missing;
+      a copy that fails is fetched again once, so a damaged cache is not taken for a damaged
+      dataset); False: stream and hash the objects themselves, keeping nothing (rove-prepare).
+
   Returns:
     the number of shards hashed. Raises DamagedDataset naming the first bad shard and the fix.
   """
-  path = os.fspath(path)
-  log = log or _log
-  manifest = read_manifest(path)
+  path = paths.resolve(path, what="prepared dataset")
+  return _verify(path, read_manifest(path), process_index, process_count, log or _log,
+                 cache_remote)
+
+
+def _verify(path, manifest, process_index, process_count, log, cache_remote) -> int:
   shards = [s for split in SPLITS for s in manifest["splits"][split]["shards"]]
   mine = shards[process_index::process_count]
   total = sum(s["bytes"] for s in mine)
   log(f"verifying {len(mine)} of the {len(shards)} shards of {path} "
       f"({total / 2**20:.1f} MiB, sha256)")
   for shard in mine:
-    file = os.path.join(path, shard["file"])
-    if file_sha256(file) != shard["sha256"]:
+    file = paths.join(path, shard["file"])
+    if paths.is_remote(file) and cache_remote:
+      ok = file_sha256(_local(path, shard, log)) == shard["sha256"]
+      if not ok:  # perhaps only the local copy is damaged: fetch it once more
+        os.remove(_local(path, shard, log))
+        ok = file_sha256(_local(path, shard, log)) == shard["sha256"]
+    else:
+      ok = file_sha256(file) == shard["sha256"]
+    if not ok:
       raise DamagedDataset(f"shard {file} does not match its sha256 in the manifest (its "
                            f"contents changed: damaged on disk or in a copy); "
                            f"{fix_hint(manifest)}")
   return len(mine)
 
 
+def _local(path: str, shard: dict, log=None) -> str:
+  """A local file holding the shard: itself, or for gs:// its copy in the local cache."""
+  return paths.local_copy(paths.join(path, shard["file"]), expect_size=shard["bytes"],
+                          log=log or _log)
+
+
 def file_sha256(file: str, start: int = 0) -> str:
-  """The hex sha256 of a file's bytes from offset `start` on, read in chunks."""
+  """The hex sha256 of a file's bytes from offset `start` on, read in chunks (local or gs://)."""
   h = hashlib.sha256()
-  with open(file, "rb") as f:
+  with paths.open_read(file) as f:
     f.seek(start)
     for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
       h.update(chunk)
@@ -311,32 +387,32 @@ def file_sha256(file: str, start: int = 0) -> str:
 def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
             process_index: int = 0, process_count: int = 1,
             max_train_tokens: Optional[int] = None,
-            max_val_tokens: Optional[int] = None) -> tuple[Tokenizer, Any, Any]:
-  """A training run's tokenizer and token arrays from a prepared directory.
+            max_val_tokens: Optional[int] = None) -> tuple[Tokenizer, Any, Any, dict]:
+  """A training run's tokenizer, token arrays and data identity from a prepared directory.
 
   A "bpe" spec's tokenizer file is copied from the dataset into workdir when workdir has none
   (evaluation and resumed runs load it from there); the tokenizer must then be the dataset's.
+  The manifest is read once: the arrays and the identity describe the same dataset.
 
   Args:
-    path: the prepared directory.
+    path: the prepared directory (local or gs://).
     spec: the run's tokenizer spec (data.tokenizer).
-    workdir: the run directory.
+    workdir: the run directory (local or gs://).
     verify_shards: hash this process's share of the shards (`verify`) first.
     process_index, process_count: this process and how many there are.
     max_train_tokens, max_val_tokens: caps, as for `load_tokens`.
 
   Returns:
-    (tokenizer, train tokens, val tokens).
+    (tokenizer, train tokens, val tokens, identity): `identity(manifest, path)`, plus
+    "max_tokens": {"train": cap, "val": cap} when a cap is set (it shortens the streams).
   """
-  path = os.fspath(path)
+  path = paths.resolve(path, what="prepared dataset")
+  workdir = paths.resolve(workdir, what="workdir")
   manifest = read_manifest(path)
   want = manifest["tokenizer"]
   file = want.get("file")
-  if file and _bpe_file(spec) == file and not os.path.exists(os.path.join(workdir, file)):
-    os.makedirs(workdir, exist_ok=True)
-    tmp = os.path.join(workdir, f"{file}.tmp-{os.getpid()}-{uuid.uuid4().hex}")
-    shutil.copyfile(os.path.join(path, file), tmp)
-    os.replace(tmp, os.path.join(workdir, file))
+  if file and _bpe_file(spec) == file and not paths.exists(paths.join(workdir, file)):
+    paths.write_atomic(paths.join(workdir, file), paths.read_bytes(paths.join(path, file)))
     _log(f"copied the dataset's tokenizer {file} from {path} into {workdir}")
 
   def not_trained():
@@ -346,10 +422,13 @@ def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
   tok = tokenization.get_tokenizer(spec, workdir=workdir, train_texts=not_trained)
   check_tokenizer(manifest, tok, path)
   if verify_shards:
-    verify(path, process_index=process_index, process_count=process_count)
-  train = load(path, "train", tok, max_tokens=max_train_tokens)
-  val = load(path, "val", tok, max_tokens=max_val_tokens)
-  return tok, train, val
+    _verify(path, manifest, process_index, process_count, _log, True)
+  train = _load(path, manifest, "train", tok, max_train_tokens)
+  val = _load(path, manifest, "val", tok, max_val_tokens)
+  ident = identity(manifest, path)
+  if max_train_tokens is not None or max_val_tokens is not None:
+    ident["max_tokens"] = {"train": max_train_tokens, "val": max_val_tokens}
+  return tok, train, val, ident
 
 
 def _bpe_file(spec: str) -> Optional[str]:
@@ -359,7 +438,7 @@ def _bpe_file(spec: str) -> Optional[str]:
     size = int(spec[4:])
   else:
     return None
-  return os.path.basename(tokenization.bpe_cache_path(".", size))
+  return paths.basename(tokenization.bpe_cache_path(".", size))
 
 
 def _log(message: str) -> None:

@@ -11,20 +11,27 @@ record against the file's size, .npy header and digest (one read of the file, fa
 tokenizing it again), so damaged tokens are never trained on; a missing, damaged or mismatched
 cache is reported on stderr, naming the file and the problem, and rebuilt from the sources (readers
 that pass write_cache=False tokenize in memory instead and write nothing). Both files
-are written atomically (a temporary file, then os.replace), the record after the data, so a
-build killed half-way never leaves a cache that validates.
+are written atomically (`paths.write_atomic`: a temporary file renamed locally, one upload on
+GCS), the record after the data, so a build killed half-way never leaves a cache that
+validates.
+
+The cache directory may be local or gs://bucket/path (a workdir on GCS): a local cache is
+memory-mapped (np.load mmap_mode="r"); a remote one is downloaded whole, checked the same way
+and loaded from its bytes.
+
+The record's sha256 is also the split's identity (`load_tokens_and_sha256`,
+`pipeline.Data.identity`): equal tokens, equal digest.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import sys
 import time
-import uuid
 from typing import Any, Iterable, Optional
 
 import numpy as np
@@ -32,6 +39,7 @@ import numpy as np
 from rove_jax.data import prepared
 from rove_jax.data.sources import Corpus, check_split, iter_documents, list_units
 from rove_jax.data.tokenization import Tokenizer
+from rove_jax.storage import paths
 
 _CACHE_FORMAT = 1   # part of the cache key: bumping it renames (rebuilds) every cache
 _RECORD_FORMAT = 2  # 2: the record holds the sha256 of the tokens
@@ -48,39 +56,56 @@ def load_tokens(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
     split: "train" or "val".
     tokenizer: a `tokenization.Tokenizer`.
     cache_dir: where to keep tokens-*.npy (keyed by corpus, files, split, tokenizer and
-      max_tokens); a later call memory-maps it instead of tokenizing. None: no cache.
+      max_tokens), a local path or gs:// URL; a later call reads it instead of tokenizing.
+      None: no cache.
     max_tokens: stop after this many tokens (needed for huge hf streams).
     write_cache: False for readers of another process's directory (evaluation of a training
       workdir): a valid cache is read, but a missing or unusable one is neither built nor
       replaced; the split is tokenized in memory and nothing is written.
 
   Returns:
-    tokens [N]: uint16 when tokenizer.vocab_size <= 65536, else int32 (a read-only memmap when
-    read from the cache). Batches convert windows to int32. A "prepared" corpus is read from
-    its shards (`prepared.load`: uint16 or uint32, a memmap or a `prepared.ShardedTokens`).
+    tokens [N]: uint16 when tokenizer.vocab_size <= 65536, else int32 (read-only: a memmap of a
+    local cache, the loaded bytes of a remote one). Batches convert windows to int32. A
+    "prepared" corpus is read from its shards (`prepared.load`: uint16 or uint32, a memmap or
+    a `prepared.ShardedTokens`).
   """
-  check_split(split)
-  if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(
-      max_tokens, (int, np.integer)) or max_tokens < 1):
-    raise ValueError(f"max_tokens must be a positive int or None, got {max_tokens!r}")
   if corpus.source == "prepared":  # tokenized already: memory-mapped, no cache
+    _check_request(split, max_tokens)
     return prepared.load(corpus.path, split, tokenizer, max_tokens=max_tokens)
+  return load_tokens_and_sha256(corpus, split, tokenizer, cache_dir=cache_dir,
+                                max_tokens=max_tokens, write_cache=write_cache)[0]
+
+
+def load_tokens_and_sha256(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
+                           cache_dir: Optional[str] = None, max_tokens: Optional[int] = None,
+                           write_cache: bool = True) -> tuple[np.ndarray, str]:
+  """`load_tokens` and the hex sha256 of the tokens' bytes (native uint16 / int32, in order):
+  the digest the cache record stores (checked against the file when read), or computed when
+  the split was tokenized without a cache. Not for a "prepared" corpus, whose identity is its
+  manifest's (`prepared.identity`).
+
+  Args:
+    corpus, split, tokenizer, cache_dir, max_tokens, write_cache: as for `load_tokens`.
+
+  Returns:
+    (tokens [N], sha256 hex string).
+  """
+  _check_request(split, max_tokens)
+  if corpus.source == "prepared":
+    raise ValueError("a prepared corpus is read with load_tokens (its identity is "
+                     "prepared.identity of its manifest)")
   label = f"{corpus.source} corpus {corpus.path or '(stdlib)'} split {split!r}"
   dtype = token_dtype(tokenizer)
   path = key = None
   if cache_dir is not None:
+    cache_dir = paths.resolve(cache_dir, what="token cache directory")
     key = cache_key(corpus, split, tokenizer, max_tokens)
-    path = os.path.join(os.fspath(cache_dir), f"tokens-{corpus.source}-{split}-{key[:20]}.npy")
-    if os.path.exists(path):
-      problem = cache_problem(path, key, dtype)
+    path = paths.join(cache_dir, f"tokens-{corpus.source}-{split}-{key[:20]}.npy")
+    if paths.exists(path):
+      tokens, digest, problem = _read_cache(path, key, dtype)
       if problem is None:
-        try:
-          tokens = np.load(path, mmap_mode="r")
-        except (OSError, ValueError) as e:
-          problem = f"it could not be read ({type(e).__name__}: {e})"
-        else:
-          log(f"{label}: {tokens.size} cached tokens from {path}")
-          return tokens
+        log(f"{label}: {tokens.size} cached tokens from {path}")
+        return tokens, digest
       action = ("rebuilding it from the sources" if write_cache else
                 "tokenizing the sources in memory (the cache is left as it is)")
       log(f"WARNING: token cache {path} is unusable: {problem}; {action}")
@@ -89,9 +114,21 @@ def load_tokens(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
     raise ValueError(f"{label} is empty: no non-empty documents were found; check path and "
                      f"text_field={corpus.text_field!r}")
   if path is None or not write_cache:
-    return tokens
-  _write_cache(path, tokens, {"key": key, "tokenizer": tokenizer.fingerprint, "corpus": label})
-  return np.load(path, mmap_mode="r")
+    return tokens, tokens_sha256(tokens)
+  return _write_cache(path, tokens, {"key": key, "tokenizer": tokenizer.fingerprint,
+                                     "corpus": label})
+
+
+def _check_request(split, max_tokens) -> None:
+  check_split(split)
+  if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(
+      max_tokens, (int, np.integer)) or max_tokens < 1):
+    raise ValueError(f"max_tokens must be a positive int or None, got {max_tokens!r}")
+
+
+def tokens_sha256(tokens: np.ndarray) -> str:
+  """The hex sha256 of a token array's bytes (C order, its own dtype)."""
+  return hashlib.sha256(memoryview(np.ascontiguousarray(tokens)).cast("B")).hexdigest()
 
 
 def token_dtype(tokenizer: Tokenizer) -> np.dtype:
@@ -104,13 +141,42 @@ def record_path(path: str) -> str:
   return os.path.splitext(path)[0] + ".json"
 
 
-def cache_problem(path: str, key: str, dtype) -> Optional[str]:
+def _read_cache(path: str, key: str, dtype) -> tuple[Any, Optional[str], Optional[str]]:
+  """(tokens, sha256, None) from a cache its record vouches for, else (None, None, problem).
+  A local file is memory-mapped; a remote one is downloaded once, then checked and loaded from
+  those bytes."""
+  blob = None
+  if paths.is_remote(path):
+    try:
+      blob = paths.read_bytes(path)
+    except OSError as e:
+      return None, None, f"it could not be read ({type(e).__name__}: {e})"
+  record = {}
+  problem = cache_problem(path, key, dtype, blob=blob, record_out=record)
+  if problem is not None:
+    return None, None, problem
+  try:
+    if blob is None:
+      tokens = np.load(path, mmap_mode="r")
+    else:
+      tokens = np.load(io.BytesIO(blob))
+      tokens.flags.writeable = False  # read-only, as a memory-mapped cache is
+  except (OSError, ValueError) as e:
+    return None, None, f"it could not be read ({type(e).__name__}: {e})"
+  return tokens, record["sha256"], None
+
+
+def cache_problem(path: str, key: str, dtype, *, blob: Optional[bytes] = None,
+                  record_out: Optional[dict] = None) -> Optional[str]:
   """Why the cache file path cannot be used for key, or None when its record vouches for it.
 
   Args:
-    path: a tokens-*.npy file.
+    path: a tokens-*.npy file (local path or gs:// URL).
     key: the full `cache_key` its tokens must have been built for.
     dtype: the token dtype the tokenizer needs.
+    blob: the file's bytes when the caller has read them already (a remote cache); None: the
+      file is read from path.
+    record_out: a dict that receives the record when the cache is usable.
 
   Returns:
     None, or what is wrong (missing or mismatched record, wrong size, .npy header or digest of
@@ -118,8 +184,7 @@ def cache_problem(path: str, key: str, dtype) -> Optional[str]:
   """
   rec_path = record_path(path)
   try:
-    with open(rec_path, encoding="utf-8") as f:
-      record = json.load(f)
+    record = json.loads(paths.read_bytes(rec_path))
   except FileNotFoundError:
     return (f"its record {rec_path} is missing (it is written last, so the build was "
             f"interrupted, or the cache predates these records)")
@@ -131,12 +196,16 @@ def cache_problem(path: str, key: str, dtype) -> Optional[str]:
   for name, value in want.items():
     if record.get(name) != value:
       return f"its record {rec_path} has {name}={record.get(name)!r}, expected {value!r}"
-  n, size = record.get("tokens"), os.path.getsize(path)
+  n = record.get("tokens")
+  try:
+    size = len(blob) if blob is not None else paths.size(path)
+  except OSError as e:
+    return f"it could not be read ({type(e).__name__}: {e})"
   if record.get("bytes") != size:
     return (f"the file has {size} bytes but its record says {record.get('bytes')!r} (truncated "
             f"or overwritten)")
   try:
-    with open(path, "rb") as f:
+    with (io.BytesIO(blob) if blob is not None else paths.open_read(path)) as f:
       version = np.lib.format.read_magic(f)
       read_header = {(1, 0): np.lib.format.read_array_header_1_0,
                      (2, 0): np.lib.format.read_array_header_2_0}.get(version)
@@ -152,47 +221,36 @@ def cache_problem(path: str, key: str, dtype) -> Optional[str]:
   if data_start + n * np.dtype(dtype).itemsize != size:
     return f"{size} bytes cannot hold the header and {n} {np.dtype(dtype).name} tokens"
   try:
-    digest = prepared.file_sha256(path, data_start)
+    digest = (hashlib.sha256(memoryview(blob)[data_start:]).hexdigest() if blob is not None
+              else prepared.file_sha256(path, data_start))
   except OSError as e:
     return f"it could not be read ({type(e).__name__}: {e})"
   if digest != record.get("sha256"):
     return "its tokens fail the sha256 in its record (the file was damaged or overwritten)"
+  if record_out is not None:
+    record_out.update(record)
   return None
 
 
-def _write_cache(path: str, tokens: np.ndarray, record: dict[str, Any]) -> None:
+def _write_cache(path: str, tokens: np.ndarray, record: dict[str, Any]) -> tuple[Any, str]:
+  """Writes tokens and then their record; returns (the cached tokens, their sha256)."""
   rec_path = record_path(path)
+  digest = tokens_sha256(tokens)
   try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    paths.makedirs(paths.dirname(path))
     # A stale record must not vouch for a file that a killed build leaves behind.
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(rec_path)
-    size = atomic_write(path, lambda f: np.save(f, tokens))
+    paths.remove(rec_path)
+    size = paths.write_atomic(path, lambda f: np.save(f, tokens))
     record = {"format": _RECORD_FORMAT, **record, "tokens": int(tokens.size),
-              "dtype": tokens.dtype.name, "bytes": size,
-              "sha256": hashlib.sha256(memoryview(np.ascontiguousarray(tokens)).cast("B")).hexdigest()}
-    atomic_write(rec_path, lambda f: f.write(json.dumps(record, indent=1).encode("utf-8")))
+              "dtype": tokens.dtype.name, "bytes": size, "sha256": digest}
+    paths.write_atomic(rec_path, json.dumps(record, indent=1))
   except OSError as e:
     raise OSError(f"could not write the token cache {path} ({type(e).__name__}: {e}); free disk "
                   f"space or make its directory writable, or use another workdir") from e
-
-
-def atomic_write(path: str, write) -> int:
-  """write(file) into a temporary file that then replaces path; returns the bytes written."""
-  # Concurrent processes or a crash never expose a half-written file.
-  tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
-  try:
-    with open(tmp, "wb") as f:
-      write(f)
-      f.flush()
-      os.fsync(f.fileno())
-      size = f.tell()
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
-    raise
-  return size
+  if paths.is_remote(path):  # the array in hand is what was uploaded
+    tokens.flags.writeable = False
+    return tokens, digest
+  return np.load(path, mmap_mode="r"), digest
 
 
 def cache_key(corpus: Corpus, split: str, tokenizer: Tokenizer, max_tokens) -> str:

@@ -7,7 +7,8 @@ Specs accepted by `get_tokenizer`:
   "bytes"              UTF-8 bytes 0..255 plus end-of-text 256 (vocab 257); no files, the default.
   "bpe" | "bpe:VOCAB"  byte-level BPE trained locally (HuggingFace `tokenizers`) on the training
                        split, saved to WORKDIR/tokenizer-bpe-VOCAB.json and reloaded from there,
-                       so a resumed run encodes exactly as the first one did.
+                       so a resumed run encodes exactly as the first one did (WORKDIR may be
+                       gs://bucket/path: the file goes through rove_jax.storage.paths).
   "PATH/tokenizer.json"  any HuggingFace tokenizer file (must define an end-of-text token), or
                        a directory holding one.
   "tiktoken:NAME"      a tiktoken encoding such as "tiktoken:gpt2" (the `tiktoken` extra; it
@@ -25,10 +26,11 @@ import hashlib
 import os
 import sys
 import time
-import uuid
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
+
+from rove_jax.storage import paths
 
 EOT_TEXT = "<|endoftext|>"
 DEFAULT_BPE_VOCAB = 8192
@@ -187,8 +189,22 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, show_progress: bool = Fa
 
 
 def bpe_cache_path(workdir: str, vocab_size: int) -> str:
-  """Where the `bpe:VOCAB` tokenizer of a run lives."""
-  return os.path.join(os.fspath(workdir), f"tokenizer-bpe-{int(vocab_size)}.json")
+  """Where the `bpe:VOCAB` tokenizer of a run lives: WORKDIR/tokenizer-bpe-VOCAB.json (a local
+  path or a gs:// URL, as workdir is)."""
+  return paths.join(os.fspath(workdir), f"tokenizer-bpe-{int(vocab_size)}.json")
+
+
+def _load_bpe_file(path: str, name: str) -> HFTokenizer:
+  """The tokenizer saved at path (local: read by `tokenizers` itself; gs://: its bytes)."""
+  if not paths.is_remote(path):
+    return HFTokenizer.from_file(path, name=name)
+  tokenizers = _import_tokenizers(f"loading {path}")
+  text = paths.read_text(path)
+  try:
+    tok = tokenizers.Tokenizer.from_str(text)
+  except Exception as e:  # the Rust side raises a bare Exception for malformed files
+    raise ValueError(f"could not read the tokenizer file {path!r}: {e}") from e
+  return HFTokenizer(tok, name=name)
 
 
 # ------------------------------------------------------------------------------ tiktoken
@@ -303,9 +319,9 @@ def _get_bpe(spec, *, workdir, train_texts, vocab_size) -> HFTokenizer:
                      f"pass workdir")
   path = bpe_cache_path(workdir, size)
   name = f"bpe:{size}"
-  if os.path.isfile(path):
+  if paths.isfile(path):
     _log(f"reusing the {name} tokenizer at {path}")
-    return HFTokenizer.from_file(path, name=name)
+    return _load_bpe_file(path, name)
   if train_texts is None:
     raise ValueError(f"tokenizer {spec!r} is not trained yet (no {path}) and no train_texts "
                      f"were given to train it on")
@@ -313,15 +329,13 @@ def _get_bpe(spec, *, workdir, train_texts, vocab_size) -> HFTokenizer:
   _log(f"training the {name} tokenizer (byte-level BPE) ...")
   start = time.perf_counter()
   tok = train_bpe(texts, size, show_progress=sys.stderr.isatty())
-  os.makedirs(os.fspath(workdir), exist_ok=True)
-  # Atomic publish: a crash mid-write must not leave a truncated file that a resume would load.
-  tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
-  tok.save(tmp)
-  os.replace(tmp, path)
+  # Atomic publish (a temporary file renamed locally, one upload on GCS): a crash mid-write
+  # must not leave a truncated file that a resume would load.
+  paths.write_atomic(path, tok.to_str(pretty=True))
   _log(f"trained {name} (vocab {tok.get_vocab_size()}) in {time.perf_counter() - start:.1f} s "
        f"-> {path}")
   # Reload from the file so a first run and a resumed run use byte-identical tokenizers.
-  return HFTokenizer.from_file(path, name=name)
+  return _load_bpe_file(path, name)
 
 
 def _check_bpe_vocab(vocab_size) -> None:

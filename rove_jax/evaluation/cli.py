@@ -15,7 +15,8 @@ yarn; encodings without rotary frequencies under none only.
 In-context learning is scored inside the training context: the by-length tasks at T tokens,
 and every prompt whose prompt + answer exceeds T tokens is cut from the left to fit (the same
 rule for every encoding; the report counts the cut prompts).
-The report goes to <first workdir>/eval/ unless --out is given.
+The report goes to <first workdir>/eval/ unless --out is given. Workdirs and --out may be
+gs://bucket/path (the [gcs] extra; report_files says what a failed write leaves there).
 
 Exit status: 2 for a bad argument or input file (checked before any checkpoint is restored),
 1 for a failure after that (a one-line message on stderr), 0 when the report is written.
@@ -32,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 
 from flax import nnx
 
@@ -41,6 +43,8 @@ from rove_jax.evaluation import icl, perplexity, prompting, report, report_files
 from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.evaluation.ruler import suite as ruler
 from rove_jax.nn.model import GPT, param_count
+from rove_jax.storage import paths
+from rove_jax.train import export
 
 # Lengths are int(multiple * T). ICL's by-length tasks run at T only: the paper's ICL is inside
 # the training context. The quick suite leaves out 0.5x: it is a smoke test (reproduce --quick
@@ -76,7 +80,7 @@ def parse_args(argv, *, check_files: bool = False):
       --data-path, --squad, --hotpot and --icl-tasks inputs exist (the QA files, the spec file
       and its task files are read and validated), and create the report directory and prove it
       writable.
-      Sets args.icl_specs (None without --icl-tasks), args.out_dir (absolute) and
+      Sets args.icl_specs (None without --icl-tasks), args.out_dir (absolute or gs://) and
       args.created_out. Off: no file system access (the README's command checks).
 
   Returns:
@@ -170,12 +174,29 @@ def _what_is_wrong(path: str, kind: str) -> str:
   return f"is not a {kind}" if os.path.exists(path) else "does not exist"
 
 
+def _check_workdir(p, flag: str, workdir: str) -> str:
+  """The workdir of `flag`, resolved (local or gs://); an argparse error (exit 2) when it is
+  not an existing directory, has an unsupported scheme or needs gcsfs, which is missing."""
+  try:
+    resolved = paths.resolve(workdir, what=flag)  # ValueError, MissingExtra (an ImportError)
+    if paths.isdir(resolved):
+      return resolved
+    wrong = "is not a directory" if paths.exists(resolved) else "does not exist"
+  except (ValueError, ImportError) as e:
+    p.error(str(e))
+  except Exception as e:  # noqa: BLE001 -- OSError or a storage library's own error
+    if not (isinstance(e, OSError) or export.is_storage_error(e)):
+      raise
+    p.error(f"{flag} {workdir} cannot be read: {' '.join(str(e).split()) or type(e).__name__}")
+  p.error(f"{flag} {workdir} {wrong}; give the workdir of a training run")
+
+
 def _check_inputs(p, args) -> None:
-  """parse_args' checks of the file system (see check_files there)."""
-  for flag, workdir in [("--workdir", args.workdir)] + [("--compare", w) for w in args.compare]:
-    if not os.path.isdir(workdir):
-      p.error(f"{flag} {workdir} {_what_is_wrong(workdir, 'directory')}; give the workdir of a "
-              f"training run")
+  """parse_args' checks of the file system (see check_files there). Workdirs and --out are
+  local or gs:// (rove_jax.storage.paths); the other inputs are local files."""
+  workdir = _check_workdir(p, "--workdir", args.workdir)
+  for w in args.compare:
+    _check_workdir(p, "--compare", w)
   if args.data_path:
     exts = (data_lib.PARQUET_EXTENSIONS if args.data_path.endswith(".parquet")
             else data_lib.TEXT_EXTENSIONS)
@@ -184,8 +205,13 @@ def _check_inputs(p, args) -> None:
     except ValueError as e:
       p.error(str(e))
   check_task_files(p, args)
-  args.out_dir = os.path.abspath(args.out or os.path.join(args.workdir, "eval"))
-  args.created_out = not os.path.exists(args.out_dir)
+  try:
+    args.out_dir = (paths.resolve(args.out, what="--out") if args.out
+                    else paths.join(workdir, "eval"))
+  except (ValueError, ImportError) as e:
+    p.error(str(e))
+  # GCS has no directories: a gs:// --out is never "created", so never removed on failure
+  args.created_out = not paths.is_remote(args.out_dir) and not os.path.exists(args.out_dir)
   try:
     prepare_out_dir(args.out_dir)
   except OSError as e:
@@ -225,22 +251,32 @@ def check_task_files(p, args) -> None:
 
 
 def prepare_out_dir(out_dir: str) -> None:
-  """Creates the report directory and proves it writable (a file is made and removed).
+  """Creates the report directory and proves it writable: a probe file is written and
+  removed, locally or as an object under a gs:// out_dir (which proves the bucket exists and
+  the credentials may write there).
 
   Raises:
     OSError: a clear message: the path is a file, or it cannot be created or written.
   """
-  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    raise OSError(f"{out_dir} is an existing file, not a directory; give a directory for the "
-                  f"report")
   try:
-    os.makedirs(out_dir, exist_ok=True)
-    fd, probe = tempfile.mkstemp(dir=out_dir, prefix=".rove-eval-write-test-")
-    os.close(fd)
-    os.remove(probe)
-  except OSError as e:
+    if not paths.isfile(out_dir):
+      if not paths.is_remote(out_dir):
+        os.makedirs(out_dir, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out_dir, prefix=".rove-eval-write-test-")
+        os.close(fd)
+        os.remove(probe)
+      else:
+        probe = paths.join(out_dir, f".rove-eval-write-test-{uuid.uuid4().hex[:12]}")
+        paths.write_atomic(probe, b"")
+        paths.remove(probe)
+      return
+  except Exception as e:  # noqa: BLE001 -- OSError or a storage library's own error
+    if not (isinstance(e, OSError) or export.is_storage_error(e)):
+      raise
     raise OSError(f"cannot create or write the report directory {out_dir} "
-                  f"({e.strerror or e}); give a writable --out") from None
+                  f"({export.write_failure(e, out_dir)}); give a writable --out") from None
+  raise OSError(f"{out_dir} is an existing file, not a directory; give a directory for the "
+                f"report")
 
 
 def evaluate_run(run, args, suite) -> dict:
@@ -406,7 +442,9 @@ def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv, check_files=True)
   try:
     return _evaluate(args)
-  except (ValueError, OSError, ImportError) as e:
+  except Exception as e:  # noqa: BLE001 -- the expected failures; anything else is re-raised
+    if not (isinstance(e, (ValueError, OSError, ImportError)) or export.is_storage_error(e)):
+      raise  # a bug: keep its traceback
     message = " ".join(str(e).split()) or type(e).__name__
     print(f"{PROG}: error: {message}", file=sys.stderr)
     if args.created_out:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any, Optional, Sequence
 
 import jax
@@ -29,6 +28,7 @@ from rove_jax.train import loop as training
 from rove_jax.train import resume
 from rove_jax.nn.model import GPT, GPTConfig, ROTARY_ENCODINGS
 from rove_jax.scaling import RopeScaling
+from rove_jax.storage import paths
 
 
 @dataclasses.dataclass
@@ -58,7 +58,7 @@ class Run:
       data = self.config["data"]
       corpus = training.corpus_from_config(data)
       self._val_tokens = data_lib.load_tokens(
-          corpus, "val", self.tokenizer, cache_dir=os.path.join(self.workdir, "data"),
+          corpus, "val", self.tokenizer, cache_dir=paths.join(self.workdir, "data"),
           max_tokens=data.get("max_val_tokens"), write_cache=False)
     return self._val_tokens
 
@@ -74,16 +74,17 @@ def load_run(workdir: str) -> Run:
   Raises:
     ValueError: the workdir or its checkpoints are missing or unreadable, or (a
       checkpoint.LayoutError) they were written by another parameter layout.
+    paths.MissingExtra (an ImportError): a gs:// workdir without gcsfs.
   """
+  workdir = paths.resolve(workdir, what="workdir")  # absolute, or gs://bucket/path
   step, params, meta = ckpt_lib.read_run(
       workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])))
-  workdir = os.path.abspath(workdir)
   tokenizer = tokenization.get_tokenizer(meta["tokenizer"]["spec"], workdir=workdir)
   resume.check_tokenizer(meta, tokenizer, workdir=workdir)  # the ids the model was trained on
   # The model config is read from meta["model"] only: older checkpoints also kept a copy of
   # the run config's model section in meta["config"], which is dropped here.
   config = {k: v for k, v in meta["config"].items() if k != "model"}
-  return Run(workdir=workdir, name=os.path.basename(workdir.rstrip("/")), step=int(step),
+  return Run(workdir=workdir, name=paths.basename(workdir), step=int(step),
              model_config=GPTConfig.from_dict(meta["model"]), config=config,
              params=params, tokenizer=tokenizer)
 

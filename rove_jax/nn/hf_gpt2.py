@@ -4,6 +4,9 @@
     model = rove_jax.nn.pretrained.build(config, params)  # logits = model(tokens)
     save_gpt2("out/", config, params)  # GPT2LMHeadModel.from_pretrained("out/") loads it
 
+Paths are local or gs://bucket/path: files go through rove_jax.nn.param_files, which reads and
+writes them with rove_jax.storage.paths (gs:// needs the [gcs] extra).
+
 GPT-2 is the GPT with learned positions, LayerNorm with biases, the tanh-approximated GELU,
 biases on every projection, fused q/k/v and (by default) a tied lm_head: all are GPTConfig
 settings, so a GPT-2 checkpoint loads without a special model. The tensors map as
@@ -260,7 +263,7 @@ def load_gpt2(path, config: Union[str, Mapping, None] = None):
 
   Args:
     path: a directory holding config.json and model.safetensors (or a sharded
-      model.safetensors.index.json), or a .safetensors file.
+      model.safetensors.index.json), or a .safetensors file; local or gs://.
     config: for a file path, its config.json (a path or the parsed dict); default: the
       config.json beside the file.
 
@@ -286,7 +289,7 @@ def load_gpt2(path, config: Union[str, Mapping, None] = None):
 def save_gpt2(out_dir: str, config: GPTConfig, params, *,
               extra_config: Optional[Mapping] = None) -> dict:
   """Writes a transformers GPT-2 checkpoint (config.json, model.safetensors) of the GPT to
-  out_dir; returns {"config": path, "weights": path}. `extra_config`: more config.json keys
+  out_dir (local or gs://); returns {"config": path, "weights": path}. `extra_config`: more config.json keys
   (e.g. bos_token_id, eos_token_id), overriding the written ones.
 
   Raises:

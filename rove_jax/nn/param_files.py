@@ -8,15 +8,17 @@ another layout fails with the names it lacks and those it should not have.
 Files are read and written with the `safetensors` package's numpy API (no torch), an optional
 dependency imported where it is used: pip install 'rove_jax[interop]'. A checkpoint directory
 holds `config.json` and `model.safetensors` (or transformers' sharded form: an index file
-`model.safetensors.index.json` naming the shards). Writes go to a temporary name first and are
-renamed when complete, so an interrupted export never leaves a truncated file under the final
-name.
+`model.safetensors.index.json` naming the shards). Directories are local or gs://bucket/path,
+reached through rove_jax.storage.paths (gs:// needs the [gcs] extra). Every file is replaced
+whole (a temporary file renamed locally, one upload on GCS), so an interrupted export never
+leaves a truncated file under the final name.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -25,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from rove_jax.nn.model import GPT
+from rove_jax.storage import paths
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -121,17 +124,17 @@ def from_named(tensors: Mapping[str, Any], config, *, where: str = "the tensors"
 
 
 def read_config(path: str) -> dict:
-  """The parsed config.json at `path` (a file or a directory holding one)."""
-  if os.path.isdir(path):
-    path = os.path.join(path, CONFIG)
-  if not os.path.isfile(path):
+  """The parsed config.json at `path` (a file or a directory holding one; local or gs://)."""
+  path = paths.resolve(path, what="config")
+  if paths.isdir(path):
+    path = paths.join(path, CONFIG)
+  if not paths.isfile(path):
     raise FileNotFoundError(f"no {CONFIG} at {path}: a checkpoint directory holds {CONFIG} "
                             f"beside {WEIGHTS}")
-  with open(path) as f:
-    try:
-      config = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path} is not valid JSON: {e}") from None
+  try:
+    config = json.loads(paths.read_text(path))
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON: {e}") from None
   if not isinstance(config, dict):
     raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
   return config
@@ -141,53 +144,58 @@ def locate(path: str, config: Optional[str] = None, *,
            need_config: bool = True) -> tuple[list, Optional[str]]:
   """(safetensors files, config.json path) of a checkpoint: a directory (model.safetensors or
   a sharded index, config.json), or a .safetensors file whose config is `config` (default:
-  the config.json beside it). need_config=False: a config the caller has (then None).
+  the config.json beside it). need_config=False: a config the caller has (then None). Paths
+  are local or gs:// (rove_jax.storage.paths; gs:// needs the [gcs] extra).
 
   Raises:
     FileNotFoundError: naming what is missing and where it was looked for.
+    paths.MissingExtra: a gs:// path without gcsfs installed.
   """
-  path = os.path.abspath(os.fspath(path))
-  if os.path.isdir(path):
-    single, index = os.path.join(path, WEIGHTS), os.path.join(path, WEIGHTS_INDEX)
-    if os.path.isfile(single):
+  path = paths.resolve(path, what="checkpoint")
+  if paths.isdir(path):
+    single, index = paths.join(path, WEIGHTS), paths.join(path, WEIGHTS_INDEX)
+    if paths.isfile(single):
       files = [single]
-    elif os.path.isfile(index):
-      with open(index) as f:
-        shards = sorted(set(json.load(f).get("weight_map", {}).values()))
-      files = [os.path.join(path, s) for s in shards]
-      absent = [f for f in files if not os.path.isfile(f)]
+    elif paths.isfile(index):
+      shards = sorted(set(json.loads(paths.read_text(index)).get("weight_map", {}).values()))
+      files = [paths.join(path, s) for s in shards]
+      absent = [f for f in files if not paths.isfile(f)]
       if not shards or absent:
         raise FileNotFoundError(f"{index} names shards that are not there: {absent or 'none'}")
     else:
-      torch_only = os.path.isfile(os.path.join(path, "pytorch_model.bin"))
+      torch_only = paths.isfile(paths.join(path, "pytorch_model.bin"))
       raise FileNotFoundError(
           f"{path} holds no {WEIGHTS} (nor {WEIGHTS_INDEX})" + (
               "; its pytorch_model.bin is a torch pickle, which is not read here: convert it "
               "with transformers (model.save_pretrained(dir, safe_serialization=True))"
               if torch_only else ""))
-    config_path = config or os.path.join(path, CONFIG)
-  elif os.path.isfile(path):
+    config_path = config or paths.join(path, CONFIG)
+  elif paths.isfile(path):
     files = [path]
-    config_path = config or os.path.join(os.path.dirname(path), CONFIG)
+    config_path = config or paths.join(paths.dirname(path), CONFIG)
   else:
     raise FileNotFoundError(f"no checkpoint at {path}: give a directory holding {CONFIG} and "
                             f"{WEIGHTS}, or a .safetensors file")
   if not need_config:
     return files, None
-  if os.path.isdir(config_path):
-    config_path = os.path.join(config_path, CONFIG)
-  if not os.path.isfile(config_path):
+  config_path = paths.resolve(config_path, what="config")
+  if paths.isdir(config_path):
+    config_path = paths.join(config_path, CONFIG)
+  if not paths.isfile(config_path):
     raise FileNotFoundError(f"no config for {path}: {config_path} does not exist (pass the "
                             f"config.json path as config=)")
   return files, config_path
 
 
 def read_tensors(files) -> dict:
-  """{name: numpy array} of one or more safetensors files (shards must not repeat a name)."""
+  """{name: numpy array} of one or more safetensors files (shards must not repeat a name).
+  A local file is read by safetensors itself; a gs:// one is fetched whole into memory and
+  parsed from there (the bytes and the arrays: twice the file's size at the peak)."""
   st = _safetensors_numpy()
   out: dict = {}
   for f in files:
-    for name, array in st.load_file(f).items():
+    loaded = st.load(paths.read_bytes(f)) if paths.is_remote(f) else st.load_file(f)
+    for name, array in loaded.items():
       if name in out:
         raise ValueError(f"tensor {name} appears in two shards (second: {f})")
       out[name] = array
@@ -201,9 +209,10 @@ def _umask() -> int:
 
 
 def _replace_atomically(path: str, write) -> None:
-  """write(tmp), then renames tmp to path; the file gets the mode an ordinary new file gets
-  (safetensors itself creates files readable by their owner only)."""
-  tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+  """Local files: write(tmp), then renames tmp to path; the file gets the mode an ordinary new
+  file gets (safetensors itself creates files readable by their owner only)."""
+  name = f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}"
+  tmp = os.path.join(os.path.dirname(path), name)
   try:
     write(tmp)
     os.chmod(tmp, 0o666 & ~_umask())
@@ -217,16 +226,24 @@ def write_checkpoint(out_dir: str, tensors: Mapping[str, np.ndarray], config: di
                      metadata: Optional[dict] = None) -> dict:
   """Writes out_dir/model.safetensors (the tensors, contiguous) and out_dir/config.json;
   returns {"config": path, "weights": path}. The weights are written first, so a directory
-  whose config.json exists holds its complete weights."""
-  st = _safetensors_numpy()
-  os.makedirs(out_dir, exist_ok=True)
-  weights, config_path = os.path.join(out_dir, WEIGHTS), os.path.join(out_dir, CONFIG)
-  arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-  _replace_atomically(weights, lambda p: st.save_file(arrays, p, metadata=metadata))
+  whose config.json exists holds its complete weights.
 
-  def write_json(p):
-    with open(p, "w") as f:
-      json.dump(config, f, indent=2)
-      f.write("\n")
-  _replace_atomically(config_path, write_json)
+  out_dir is local or gs://. Each file replaces its predecessor whole: locally safetensors
+  writes a temporary file that is renamed; on gs:// the file is serialised in memory and
+  uploaded as one object, which GCS publishes whole or not at all.
+
+  Raises:
+    OSError: the directory cannot be created or written (disk full, permissions, storage).
+    paths.MissingExtra: a gs:// out_dir without gcsfs installed.
+  """
+  st = _safetensors_numpy()
+  out_dir = paths.resolve(out_dir, what="export directory")
+  paths.makedirs(out_dir)
+  weights, config_path = paths.join(out_dir, WEIGHTS), paths.join(out_dir, CONFIG)
+  arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+  if paths.is_remote(weights):
+    paths.write_atomic(weights, st.save(arrays, metadata=metadata))
+  else:  # straight from the arrays to the file, without a serialised copy in memory
+    _replace_atomically(weights, lambda p: st.save_file(arrays, p, metadata=metadata))
+  paths.write_atomic(config_path, json.dumps(config, indent=2) + "\n")
   return {"config": config_path, "weights": weights}

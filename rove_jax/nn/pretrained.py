@@ -4,6 +4,9 @@
     config, params = load("out/")         # either format, and transformers GPT-2 checkpoints
     model = build(config, params)         # -> rove_jax.nn.model.generate(model, prompt, ...)
 
+Directories are local or gs://bucket/path (rove_jax.storage.paths; gs:// needs the [gcs]
+extra): save("gs://bucket/exports/tiny", ...) and load("gs://bucket/exports/tiny") work alike.
+
 An export holds the parameters only (no optimizer state, no data iterator), in two formats:
 
   "gpt2"      A genuine transformers GPT-2 checkpoint (rove_jax.nn.hf_gpt2): for a GPT with
@@ -119,7 +122,8 @@ def resolve_format(config: GPTConfig, format: str = "auto") -> str:
 
 def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
          extra_config: Optional[Mapping] = None) -> dict:
-  """Exports the GPT's parameters to out_dir (config.json, model.safetensors).
+  """Exports the GPT's parameters to out_dir (config.json, model.safetensors), a local
+  directory or gs://bucket/path.
 
   Args:
     format: "gpt2", "rove_jax", or "auto" (GPT-2's where `hf_gpt2.gpt2_incompatibilities`
@@ -133,6 +137,8 @@ def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
   Raises:
     ValueError: an unknown format, or format="gpt2" for a model GPT-2 cannot express, or
       parameters that are not the config's model (all before anything is written).
+    OSError: out_dir cannot be written (permissions, disk full, storage errors).
+    paths.MissingExtra (an ImportError): a gs:// out_dir without gcsfs.
   """
   format = resolve_format(config, format)
   if format == "gpt2":  # checks the parameters as below
@@ -149,11 +155,12 @@ def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
 def load(path, config=None):
   """(GPTConfig, params) of an export (either format) or of a transformers GPT-2 checkpoint:
   a directory, or a .safetensors file with its config (`config`: a config.json path or the
-  parsed dict; default: the config.json beside the file).
+  parsed dict; default: the config.json beside the file). Paths are local or gs://.
 
   Raises:
     FileNotFoundError: no weights or no config.
     ValueError: a config of another model type, or tensors that do not match it.
+    paths.MissingExtra (an ImportError): a gs:// path without gcsfs.
   """
   given = isinstance(config, Mapping)
   files, config_path = param_files.locate(path, None if given else config, need_config=not given)

@@ -193,10 +193,17 @@ class WriterLock:
       return
     path, self.path = self.path, None
     try:
-      if self._numbers()[-1:] == [self._number]:
-        paths.write_atomic(path, json.dumps({**self.record, "released": True}))
+      if self._numbers()[-1:] != [self._number]:
+        return
     except OSError:
-      pass  # unwritable storage: the lease expires on its own
+      return  # unreadable storage: the lease expires on its own
+    try:
+      paths.write_atomic(path, json.dumps({**self.record, "released": True}))
+    except OSError:  # a full disk: deleting needs no space (the numbers may restart at 1)
+      try:
+        paths.remove(path)
+      except OSError:
+        pass  # read-only storage: the lease expires on its own
 
 
 def _who(holder: dict) -> str:

@@ -47,6 +47,9 @@ import orbax.checkpoint as ocp
 
 from rove_jax.storage import paths
 from rove_jax.train import checksums
+from rove_jax.train.checksums import CorruptCheckpoint, verify, verify_meta  # noqa: F401
+# the train state as named entries (re-exported: callers use ckpt_lib.to_flat etc.)
+from rove_jax.train.flat_state import from_flat, non_finite_leaves, to_flat  # noqa: F401
 
 CHECKPOINTS = "checkpoints"  # the directory inside a workdir
 PARAMS = "params."  # the prefix of the parameter entries in the flat state
@@ -55,10 +58,6 @@ REASON_FILE = "UNREADABLE.txt"  # in a checkpoint moved aside: why it was
 
 class LayoutError(ValueError):
   """A readable checkpoint whose entries do not match the tree it is restored into."""
-
-
-class CorruptCheckpoint(ValueError):
-  """A checkpoint whose contents fail their recorded checksums (or hold non-finite values)."""
 
 
 class RestoreEnvironmentError(RuntimeError):
@@ -140,6 +139,7 @@ class Checkpointer:
     handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
     self._entries = {}  # step -> stored_entries; a finished step's metadata does not change
+    self._pending = None  # the step of the newest save started
     paths.forget_listings(self.directory)
     # orbax globs under the directory: a local name with [ ] * ? reaches it through a link
     where = self.directory if self.read_only and not paths.glob_chars(self.directory) else (
@@ -198,6 +198,8 @@ class Checkpointer:
                                   "data": checksums.json_checksum(data_state),
                                   "meta": checksums.json_checksum(meta)}}
     self._entries.pop(step, None)
+    self.wait()  # orbax would wait for the previous save anyway: its failure is named as its own
+    self._pending = step
     with self._saving(f"saving the checkpoint at step {step}"):
       self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
@@ -212,7 +214,11 @@ class Checkpointer:
       raise
     except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
       latest = self.latest_step_quietly()
-      raise SaveError(f"{what} in {self.directory} failed ({_describe(_root_cause(e))}); "
+      cause = _root_cause(e)
+      text = " ".join(str(cause).split())
+      if len(text) > 240:  # orbax's messages: the path first, what went wrong at the end
+        text = f"{text[:110]} ... {text[-120:]}"
+      raise SaveError(f"{what} in {self.directory} failed ({type(cause).__name__}: {text}); "
                       + (f"the checkpoint at step {latest} is intact" if latest is not None
                          else "no earlier checkpoint exists")) from e
 
@@ -222,13 +228,16 @@ class Checkpointer:
     except Exception:  # noqa: BLE001 - only for a message
       return None
 
+  def _background(self) -> str:
+    return f"saving the checkpoint at step {self._pending} (in the background)"
+
   def check_saves(self) -> None:
     """Raises SaveError if a background save has failed (cheap: call it every step)."""
-    with self._saving("an asynchronous checkpoint save"):
+    with self._saving(self._background()):
       self.manager.check_for_errors()
 
   def wait(self) -> None:
-    with self._saving("finishing a checkpoint save"):
+    with self._saving(self._background()):
       self.manager.wait_until_finished()
 
   def close(self) -> None:
@@ -350,52 +359,6 @@ class Checkpointer:
     self._open()
 
 
-def verify(state: dict, meta: dict, data_state: Optional[dict] = None) -> bool:
-  """Checks a restored flat state (and iterator state) against the checksums in its metadata.
-
-  Returns:
-    True when verified, False when the checkpoint carries no checksums (older versions).
-
-  Raises:
-    CorruptCheckpoint: naming the entries whose checksums differ.
-  """
-  integrity = meta.get("integrity")
-  if integrity is None:
-    return False
-  if integrity.get("algorithm") != checksums.ALGORITHM:
-    raise CorruptCheckpoint(f"unknown checksum algorithm {integrity.get('algorithm')!r}")
-  verify_meta(meta)
-  bad = checksums.mismatches(integrity["state"], checksums.array_checksums(state))
-  if bad:
-    raise CorruptCheckpoint(f"{len(bad)} arrays fail their checksums: "
-                            f"{', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}")
-  if data_state is not None and checksums.json_checksum(data_state) != integrity["data"]:
-    raise CorruptCheckpoint("the data iterator state fails its checksum")
-  return True
-
-
-def verify_meta(meta: dict) -> None:
-  """Checks the metadata record (everything but its own integrity entry) against the digest
-  recorded when it was saved; checkpoints written before that digest existed pass unchecked.
-
-  Raises:
-    CorruptCheckpoint: the metadata was changed after it was saved, or its integrity entry is
-      not the record this module writes.
-  """
-  integrity = meta.get("integrity")
-  if integrity is None:
-    return
-  if not isinstance(integrity, dict) or not isinstance(integrity.get("state"), dict):
-    raise CorruptCheckpoint("the metadata's integrity record is damaged")
-  want = integrity.get("meta")
-  if want is None:  # written before the metadata had a digest
-    return
-  got = checksums.json_checksum({k: v for k, v in meta.items() if k != "integrity"})
-  if got != want:
-    raise CorruptCheckpoint("the metadata (run config, model config, tokenizer) fails its "
-                            "checksum")
-
-
 def _root_cause(e: BaseException) -> BaseException:
   """The innermost exception of a chain (orbax wraps the OSError that says what happened)."""
   seen = set()
@@ -495,40 +458,3 @@ def restore_params(workdir: str, abstract_params: Any, *, report=print):
   abstract parameter tree is already known."""
   step, params, _ = read_run(workdir, lambda meta: abstract_params, report=report)
   return step, params
-
-
-def _leaf_name(path) -> str:
-  """A file-system-safe, unique name for a pytree path (orbax stores one entry per leaf)."""
-  name = jax.tree_util.keystr(path)
-  for ch in "[]'\".":
-    name = name.replace(ch, " ")
-  return ".".join(name.split())
-
-
-def to_flat(tree) -> dict:
-  """{path name: leaf}: any pytree (optax states, nnx.State, dataclasses) as a plain dict."""
-  flat = {_leaf_name(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-  if len(flat) != len(jax.tree.leaves(tree)):
-    raise ValueError("two leaves of the train state map to the same checkpoint name")
-  return flat
-
-
-def from_flat(flat: dict, like):
-  """Inverse of to_flat, with `like` giving the tree structure."""
-  paths, treedef = jax.tree_util.tree_flatten_with_path(like)
-  missing = [_leaf_name(p) for p, _ in paths if _leaf_name(p) not in flat]
-  if missing:
-    raise ValueError(f"checkpoint lacks {len(missing)} entries of the train state, e.g. "
-                     f"{missing[:3]}")
-  return jax.tree_util.tree_unflatten(treedef, [flat[_leaf_name(p)] for p, _ in paths])
-
-
-def non_finite_leaves(tree) -> list[str]:
-  """Paths of floating-point leaves holding NaN or Inf."""
-  bad = []
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    if hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
-      # reduced where the array lives (works for sharded arrays), one bool comes back
-      if not bool(jax.numpy.all(jax.numpy.isfinite(leaf))):
-        bad.append(jax.tree_util.keystr(path))
-  return bad

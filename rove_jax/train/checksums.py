@@ -7,7 +7,8 @@ order XLA reduces in: a state checksummed on one mesh verifies on another. A sin
 changes the sum by an odd multiple of a power of two below 2^32, so it is always detected; any
 other damage escapes with probability about 2^-32. Arrays a process holds whole are summed on
 the host in numpy; arrays sharded across processes where they live (one jitted reduction), and
-only the uint32 values come back. Both paths compute the same integers.
+only the uint32 values come back. Both paths compute the same integers. `verify` and
+`verify_meta` check a restored checkpoint against the record its save wrote.
 
 Shape letters (legend in rove_jax): N elements.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -94,3 +96,53 @@ def json_checksum(record) -> str:
 def mismatches(expected: dict, actual: dict) -> list[str]:
   """Names whose checksums differ or are missing on either side, sorted."""
   return sorted(n for n in set(expected) | set(actual) if expected.get(n) != actual.get(n))
+
+
+class CorruptCheckpoint(ValueError):
+  """A checkpoint whose contents fail their recorded checksums (or hold non-finite values)."""
+
+
+def verify(state: dict, meta: dict, data_state: Optional[dict] = None) -> bool:
+  """Checks a restored flat state (and iterator state) against the checksums in its metadata.
+
+  Returns:
+    True when verified, False when the checkpoint carries no checksums (older versions).
+
+  Raises:
+    CorruptCheckpoint: naming the entries whose checksums differ.
+  """
+  integrity = meta.get("integrity")
+  if integrity is None:
+    return False
+  if integrity.get("algorithm") != ALGORITHM:
+    raise CorruptCheckpoint(f"unknown checksum algorithm {integrity.get('algorithm')!r}")
+  verify_meta(meta)
+  bad = mismatches(integrity["state"], array_checksums(state))
+  if bad:
+    raise CorruptCheckpoint(f"{len(bad)} arrays fail their checksums: "
+                            f"{', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}")
+  if data_state is not None and json_checksum(data_state) != integrity["data"]:
+    raise CorruptCheckpoint("the data iterator state fails its checksum")
+  return True
+
+
+def verify_meta(meta: dict) -> None:
+  """Checks the metadata record (everything but its own integrity entry) against the digest
+  recorded when it was saved; checkpoints written before that digest existed pass unchecked.
+
+  Raises:
+    CorruptCheckpoint: the metadata was changed after it was saved, or its integrity entry is
+      not the record this module writes.
+  """
+  integrity = meta.get("integrity")
+  if integrity is None:
+    return
+  if not isinstance(integrity, dict) or not isinstance(integrity.get("state"), dict):
+    raise CorruptCheckpoint("the metadata's integrity record is damaged")
+  want = integrity.get("meta")
+  if want is None:  # written before the metadata had a digest
+    return
+  got = json_checksum({k: v for k, v in meta.items() if k != "integrity"})
+  if got != want:
+    raise CorruptCheckpoint("the metadata (run config, model config, tokenizer) fails its "
+                            "checksum")

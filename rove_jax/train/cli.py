@@ -67,6 +67,25 @@ def _rewrite_config_flag(argv: list[str]) -> list[str]:
 TRACEBACK_VAR = "ROVE_JAX_TRACEBACK"  # =1: expected errors show their traceback too
 
 
+def _quiet_background_failures() -> None:
+  """A failed checkpoint write also fails orbax's background write tasks and threads, each of
+  which asyncio and orbax log with a traceback; the run reports that failure once, as its
+  error line (ROVE_JAX_TRACEBACK=1 shows them all)."""
+  import logging as std_logging
+  std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
+
+  def keep(record) -> bool:
+    return not (record.exc_info and "orbax" in (record.pathname or ""))
+
+  std_logging.getLogger("absl").addFilter(keep)
+  # tensorstore's write callbacks that arrive after orbax closed their event loop are printed
+  # through sys.excepthook / sys.unraisablehook, one traceback each
+  closed = lambda exc: isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+  excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+  sys.excepthook = lambda t, v, tb: None if closed(v) else excepthook(t, v, tb)
+  sys.unraisablehook = lambda u: None if closed(u.exc_value) else unraisablehook(u)
+
+
 def _fail(message: str, code: int) -> int:
   print(f"error: {message}", file=sys.stderr)
   if os.environ.get(TRACEBACK_VAR) == "1":
@@ -80,6 +99,8 @@ def main(argv):
           f"--config.steps=100", file=sys.stderr)
     return 2
   logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
+  if os.environ.get(TRACEBACK_VAR) != "1":
+    _quiet_background_failures()
   # after flag parsing: --help and flag errors do not load flax, optax, orbax and grain
   from rove_jax.train import loop as training
   # Expected failures end with one message and an exit code, no traceback (set
@@ -101,7 +122,14 @@ def main(argv):
     return _fail(str(e) if "pip install" in str(e) else
                  f"{e}; is rove_jax installed with its extras (pip install 'rove_jax[all]')?", 1)
   except (OSError, RuntimeError) as e:
-    return _fail(f"{type(e).__name__}: {e}", 1)
+    code = _fail(f"{type(e).__name__}: {e}", 1)
+    if isinstance(e, training.ckpt_lib.SaveError):
+      # the run's files are closed; what is left is orbax's failed write threads, which would
+      # print into the interpreter's shutdown: leave without them
+      sys.stderr.flush()
+      sys.stdout.flush()
+      os._exit(code)
+    return code
   return 0
 
 

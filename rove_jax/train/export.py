@@ -1,16 +1,28 @@
 """Exports the newest verified checkpoint of a training workdir for inference.
 
-    python -m rove_jax.train.export --workdir runs/tiny --out exports/tiny [--format auto]
+    rove-export --workdir runs/tiny --out exports/tiny [--format auto]
+    rove-export --workdir runs/tiny --out gs://bucket/exports/tiny   # the [gcs] extra
 
-reads the newest checkpoint whose checksums verify (`checkpoint.read_run`: read-only, an
-unreadable checkpoint is reported and the previous one taken) and writes its parameters with
-`rove_jax.nn.pretrained.save`: a transformers GPT-2 checkpoint for a GPT-2-shaped model
-(learned positions), otherwise rove-jax's own safetensors + config.json (its keys in
-rove_jax.nn.pretrained's docstring). `rove_jax.nn.pretrained.load(out)` returns
-(GPTConfig, params) ready for `rove_jax.nn.model.generate`. The config.json also records the
-run it came from under "rove_jax_run": the step, the workdir's name and the tokenizer
+(also `python -m rove_jax.train.export`) reads the newest checkpoint whose checksums verify
+(`checkpoint.read_run`: read-only, an unreadable checkpoint is reported and the previous one
+taken) and writes its parameters with `rove_jax.nn.pretrained.save`: a transformers GPT-2
+checkpoint for a GPT-2-shaped model (learned positions), otherwise rove-jax's own safetensors +
+config.json (its keys in rove_jax.nn.pretrained's docstring). `rove_jax.nn.pretrained.load(out)`
+returns (GPTConfig, params) ready for `rove_jax.nn.model.generate`. The config.json also records
+the run it came from under "rove_jax_run": the step, the workdir's name and the tokenizer
 metadata (spec, vocabulary size, end-of-text id, fingerprint), since the ids mean nothing
 without the tokenizer; the end-of-text id also becomes GPT-2's bos/eos_token_id.
+
+--out is a local directory or gs://bucket/path (rove_jax.storage.paths). It is checked before
+the checkpoint is read: not an existing file, not already holding an export (unless
+--overwrite), and writable (a probe file is written and removed; a directory this check
+created is removed again when the export then fails).
+
+Exit status: 0 when the export is written; 2 for bad input (an unknown format, a workdir that
+does not exist or holds no readable checkpoint, a model the format cannot hold, an existing
+export without --overwrite); 1 for an I/O failure (--out is a file or not writable, the disk is
+full, a storage error, gcsfs missing for a gs:// path). Failures end with one line
+`rove-export: error: ...` on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -18,52 +30,148 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import uuid
 from typing import Optional
 
 from rove_jax.nn import param_files, pretrained
 from rove_jax.nn.model_config import GPTConfig
+from rove_jax.storage import paths
 from rove_jax.train import checkpoint
+
+PROG = "rove-export"
+# The top-level packages of the GCS client stack (gcsfs and what it calls): their exceptions
+# are storage failures, reported as I/O errors (exit 1) like an OSError.
+STORAGE_PACKAGES = ("gcsfs", "google", "aiohttp", "requests", "fsspec")
+
+
+def is_storage_error(e: BaseException) -> bool:
+  """An exception raised by the GCS client libraries (e.g. gcsfs.retry.HttpError, a
+  google.auth credentials error), which are not OSErrors."""
+  return type(e).__module__.split(".")[0] in STORAGE_PACKAGES
+
+
+def write_failure(e: BaseException, path: str) -> str:
+  """Why writing under `path` failed, in a few words on one line (for an error message)."""
+  if paths.is_remote(path) and isinstance(e, FileNotFoundError):  # an upload's 404
+    return f"the bucket gs://{path[len('gs://'):].split('/', 1)[0]} does not exist"
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  return " ".join(str(e).split()) or type(e).__name__
+
+
+def _missing_parents(path: str) -> list:
+  """The directories `os.makedirs(path)` would create, deepest first."""
+  out = []
+  while path and not os.path.lexists(path):
+    out.append(path)
+    parent = os.path.dirname(path)
+    if parent == path:
+      break
+    path = parent
+  return out
+
+
+def check_out_dir(out_dir: str) -> list:
+  """Creates out_dir (local) and proves it writable by writing and removing a probe file;
+  returns the local directories it created, deepest first (for removal if the export fails).
+
+  Raises:
+    OSError: out_dir is an existing file, or cannot be created or written (the message says
+      which and what to do).
+  """
+  if paths.isfile(out_dir):
+    raise NotADirectoryError(f"--out {out_dir} is an existing file, not a directory; give a "
+                             f"directory for the export")
+  created = [] if paths.is_remote(out_dir) else _missing_parents(out_dir)
+  probe = paths.join(out_dir, f".rove-export-write-test-{uuid.uuid4().hex[:12]}")
+  try:
+    paths.makedirs(out_dir)
+    paths.write_atomic(probe, b"")
+    paths.remove(probe)
+  except Exception as e:  # noqa: BLE001 -- OSError or a storage library's own error
+    if not (isinstance(e, OSError) or is_storage_error(e)):
+      raise
+    _remove_empty(created)
+    raise OSError(f"cannot create or write the export directory {out_dir} "
+                  f"({write_failure(e, out_dir)}); give a writable --out") from None
+  return created
+
+
+def _remove_empty(directories) -> None:
+  """Removes the given local directories, deepest first, as long as they are empty."""
+  for d in directories:
+    try:
+      os.rmdir(d)
+    except OSError:
+      return
 
 
 def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: bool = False,
                report=print) -> dict:
-  """Writes the newest verified checkpoint of `workdir` to `out_dir`.
+  """Writes the newest verified checkpoint of `workdir` to `out_dir` (each local or gs://).
 
   Returns:
     {"step", "format", "config", "weights"}: what was written.
 
   Raises:
-    ValueError: an unknown format, no readable checkpoint, a model the format cannot hold, or
-      an out_dir that already holds an export (without overwrite), all before writing.
+    ValueError: an unknown format or URL scheme, a workdir that does not exist, no readable
+      checkpoint, a model the format cannot hold, or an out_dir that already holds an export
+      (without overwrite), all before writing.
+    OSError: out_dir is a file or not writable (checked before the checkpoint is read), or the
+      write failed; out_dir is left as it was found where this call created it.
+    paths.MissingExtra (an ImportError): a gs:// path without gcsfs.
   """
   if format not in pretrained.FORMATS:  # checked again, with the model, by resolve_format
     raise ValueError(f"unknown export format {format!r}; expected one of {pretrained.FORMATS}")
+  workdir = paths.resolve(workdir, what="--workdir")
+  out_dir = paths.resolve(out_dir, what="--out")
+  if not paths.isdir(workdir):
+    raise ValueError(f"--workdir {workdir} "
+                     f"{'is not a directory' if paths.exists(workdir) else 'does not exist'}; "
+                     f"give the --workdir of a training run")
   existing = [f for f in (param_files.CONFIG, param_files.WEIGHTS)
-              if os.path.exists(os.path.join(out_dir, f))]
+              if paths.exists(paths.join(out_dir, f))]
   if existing and not overwrite:
     raise ValueError(f"{out_dir} already holds {', '.join(existing)}; choose another --out or "
                      f"pass --overwrite")
-  step, params, meta = checkpoint.read_run(
-      workdir, lambda meta: param_files.abstract_params(GPTConfig.from_dict(meta["model"])),
-      report=report)
-  config = GPTConfig.from_dict(meta["model"])
-  format = pretrained.resolve_format(config, format)
-  tokenizer = meta.get("tokenizer", {})
-  extra = {"rove_jax_run": {"step": int(step), "tokenizer": tokenizer,
-                            "workdir": os.path.basename(os.path.abspath(workdir).rstrip("/"))}}
-  if tokenizer.get("eot_id") is not None and format == "gpt2":
-    extra["bos_token_id"] = extra["eos_token_id"] = int(tokenizer["eot_id"])
-  written = pretrained.save(out_dir, config, params, format=format, extra_config=extra)
+  created = check_out_dir(out_dir)  # before the checkpoint read, which can take minutes
+  try:
+    step, params, meta = checkpoint.read_run(
+        workdir, lambda meta: param_files.abstract_params(GPTConfig.from_dict(meta["model"])),
+        report=report)
+    config = GPTConfig.from_dict(meta["model"])
+    format = pretrained.resolve_format(config, format)
+    tokenizer = meta.get("tokenizer", {})
+    extra = {"rove_jax_run": {"step": int(step), "tokenizer": tokenizer,
+                              "workdir": paths.basename(workdir)}}
+    if tokenizer.get("eot_id") is not None and format == "gpt2":
+      extra["bos_token_id"] = extra["eos_token_id"] = int(tokenizer["eot_id"])
+    written = pretrained.save(out_dir, config, params, format=format, extra_config=extra)
+  except BaseException:
+    _remove_empty(created)  # only directories this call made, and only while still empty
+    raise
   return {"step": int(step), **written}
+
+
+def failure_status(e: BaseException) -> Optional[int]:
+  """The exit status of an expected failure (1: I/O or a missing package; 2: bad input), or
+  None for an unexpected exception (a bug: its traceback is kept)."""
+  if isinstance(e, (OSError, ImportError)) or is_storage_error(e):
+    return 1
+  if isinstance(e, ValueError):
+    return 2
+  return None
 
 
 def main(argv: Optional[list] = None) -> int:
   parser = argparse.ArgumentParser(
-      prog="python -m rove_jax.train.export",
+      prog=PROG,
       description="Export the newest verified checkpoint of a training workdir as "
                   "safetensors + config.json (GPT-2's format where it fits).")
-  parser.add_argument("--workdir", required=True, help="the training run's --workdir")
-  parser.add_argument("--out", required=True, help="the directory to write")
+  parser.add_argument("--workdir", required=True,
+                      help="the training run's --workdir (local or gs://bucket/path)")
+  parser.add_argument("--out", required=True,
+                      help="the directory to write (local or gs://bucket/path)")
   parser.add_argument("--format", default="auto", choices=pretrained.FORMATS,
                       help="auto: GPT-2's where the model fits it, else rove-jax's")
   parser.add_argument("--overwrite", action="store_true",
@@ -72,11 +180,15 @@ def main(argv: Optional[list] = None) -> int:
   try:
     done = export_run(args.workdir, args.out, format=args.format, overwrite=args.overwrite,
                       report=lambda msg: print(msg, file=sys.stderr))
-  except (ValueError, FileNotFoundError) as e:
-    print(f"export: {e}", file=sys.stderr)
-    return 2
+  except Exception as e:  # noqa: BLE001 -- sorted by failure_status; others re-raised
+    status = failure_status(e)
+    if status is None:
+      raise
+    message = " ".join(str(e).split()) or type(e).__name__  # one line, whatever e holds
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
   print(f"exported step {done['step']} of {args.workdir} in {done['format']} format to "
-        f"{os.path.dirname(done['config'])}")
+        f"{paths.dirname(done['config'])}")
   return 0
 
 

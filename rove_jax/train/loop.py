@@ -12,10 +12,7 @@ run with an error.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import signal
-import sys
 import time
 from typing import Any, Optional
 
@@ -34,6 +31,7 @@ from rove_jax.train import run_config as config_lib
 from rove_jax import data as data_lib
 from rove_jax import kernels
 from rove_jax.train import resume
+from rove_jax.train import run_control
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train import tracking
 from rove_jax import hardware
@@ -198,54 +196,6 @@ def evaluate(eval_step, params, batches) -> Optional[float]:
 
 
 # ------------------------------------------------------------------------------ logging
-
-
-class _StopSignal:
-  """SIGTERM / SIGINT set a flag; the loop finishes its step, saves and returns."""
-
-  def __init__(self):
-    self.received = None
-    self._old = {}
-
-  def __enter__(self):
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      try:
-        self._old[sig] = signal.signal(sig, self._handle)
-      except ValueError:  # not the main thread: leave signals alone
-        pass
-    return self
-
-  def _handle(self, signum, frame):
-    self.received = signal.Signals(signum).name
-
-  def __exit__(self, *exc):
-    for sig, old in self._old.items():
-      signal.signal(sig, old)
-
-
-def _progress(total, initial, enabled):
-  if not enabled:
-    return contextlib.nullcontext(None)
-  try:
-    from tqdm import tqdm
-  except ImportError:
-    return contextlib.nullcontext(None)
-  return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
-
-
-# --------------------------------------------------------------------------------- main
-
-
-def _failure(ckpt, lock) -> Optional[Exception]:
-  """What must stop the run now: a background checkpoint save that failed, or the writer lock
-  taken over by another trainer (process 0 holds it: `lock`; None elsewhere)."""
-  try:
-    ckpt.check_saves()
-    if lock is not None:
-      lock.check()
-  except (ckpt_lib.SaveError, resume.LockError) as e:
-    return e
-  return None
 
 
 def corpus_from_config(d) -> data_lib.Corpus:
@@ -413,7 +363,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, lock, log) -> dict:
   last = {}
   step = start
   end = c.steps if c.run_steps is None else min(c.steps, start + c.run_steps)
-  with _StopSignal() as stop, _progress(c.steps, start, c.progress and pidx == 0) as bar:
+  with run_control.StopSignal() as stop, run_control.progress(c.steps, start, c.progress and pidx == 0) as bar:
     while step < end:
       batch = place(next(iterator))
       profiler.before(step + 1)
@@ -464,7 +414,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, lock, log) -> dict:
       if bar is not None:
         bar.update(1)
       stop_now = stop.received is not None
-      failure = _failure(ckpt, lock)  # a background save that failed, a lock taken over
+      failure = run_control.failure(ckpt, lock)  # a background save that failed, a lock taken over
       if nproc > 1:  # every process must leave the loop at the same step
         from jax.experimental import multihost_utils
         flags = np.asarray(multihost_utils.process_allgather(
