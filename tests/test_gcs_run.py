@@ -156,3 +156,42 @@ def test_a_sweep_name_with_glob_characters_trains_resumes_and_evaluates(referenc
   assert cli.main(["--workdir", str(workdir), "--out", str(out), "--tasks", "ppl", "--suite",
                    "quick", "--lengths", "32", "--no-progress"]) == 0
   assert json.loads((out / "report.json").read_text())["runs"][0]["step"] == STEPS
+
+
+@pytest.mark.slow
+def test_two_processes_sharing_a_gs_workdir_train_and_resume(tmp_path):
+  """Two jax.distributed processes write one gs:// workdir (orbax merges their shares), stop
+  after 2 steps, and a one-process resume continues it to the same losses as one process run
+  straight through locally."""
+  from tests.conftest import write_corpus
+  corpus = write_corpus(tmp_path / "corpus")
+  args = ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=4",
+          "--config.model.d_ff=64", "--config.model.max_len=32", "--config.data.source=text",
+          f"--config.data.path={corpus}", "--config.data.seq_len=32",
+          "--config.data.batch_size=8", "--config.steps=4", "--config.optim.warmup_steps=2",
+          "--config.log_every=1", "--config.eval_every=1000", "--config.checkpoint_every=2",
+          "--config.progress=False", "--config.sample_tokens=0", "--config.mesh.data=2",
+          "--config.mesh.fsdp=2"]
+  workdir = f"{gcs_server.new_bucket()}/shared"
+
+  def cmd(wd, *extra):
+    return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
+            "--workdir", wd, *args, *extra]
+
+  single = subprocess.run(cmd(str(tmp_path / "one")), env=subprocess_env(devices=4),
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  assert single.returncode == 0, single.stderr[-3000:]
+  port = free_port()
+  from tests.conftest import run_together
+  run_together([cmd(workdir, "--config.run_steps=2", f"--coordinator_address=localhost:{port}",
+                    "--num_processes=2", f"--process_id={i}") for i in range(2)],
+               subprocess_env(devices=2))
+  assert finished_steps(workdir) == [2]
+  again = subprocess.run(cmd(workdir), env=subprocess_env(devices=4), capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+  assert again.returncode == 0, again.stderr[-3000:]
+  one, shared = losses(str(tmp_path / "one")), losses(workdir)
+  assert sorted(one) == sorted(shared) == [1, 2, 3, 4]
+  for step in one:
+    assert abs(one[step] - shared[step]) <= 1e-5 * one[step], (step, one, shared)
+  assert not (tmp_path / "gs:").exists()
