@@ -151,6 +151,35 @@ def test_starters_racing_over_a_stale_lock_let_exactly_one_win(root):
     assert results == ["lost", "lost", "won"], (trial, results)
 
 
+@pytest.mark.parametrize("backend, trials", [("local", 60), ("gcs", 10)])
+def test_threads_racing_over_a_stale_lock_never_both_win(tmp_path, backend, trials):
+  """The issue's reproducer (two starters over a stale lock both won 19 of 60 times), with
+  four threads a trial, each calling acquire as train() does."""
+  import threading
+  base = str(tmp_path) if backend == "local" else gcs_server.new_bucket()
+  for trial in range(trials):
+    sub = paths.join(base, str(trial))
+    _stale_record(sub)
+    won, barrier = [], threading.Barrier(4)
+
+    def start():
+      lk = lock_lib.WriterLock(sub, stale_after_s=-1.0, heartbeat_s=3600)
+      barrier.wait()
+      try:
+        lk.acquire(log=lambda *_: None)
+        won.append(lk)
+      except lock_lib.LockError:
+        pass
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    assert len(won) == 1, (trial, len(won))
+    won[0].release()
+
+
 def test_a_live_lease_holds_whatever_this_hosts_clock_says(root, monkeypatch):
   holder = lock_lib.WriterLock(root, heartbeat_s=60)
   holder.record["host"] = "another-host"  # judged by its lease, not by a pid here

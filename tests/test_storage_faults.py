@@ -1,13 +1,16 @@
-"""Storage that fails under a running trainer: the workdir's file system fills up while
-train.py runs. The run must stop with one `error:` line and exit code 1 (the
+"""Storage that fails under a running trainer: the workdir's file system fills up, or turns
+read-only, while train.py runs. The run must stop with one `error:` line and exit code 1 (the
 README's code for I/O), release its writer lock where the storage still allows it, and leave
 every checkpoint finished before the fault readable and verified.
 
 The file system is a small tmpfs mounted for the test, which needs root (CAP_SYS_ADMIN); where
-mounting is not permitted the test is skipped with that reason. (Turning it read-only under the
-run is not tested: Linux refuses the remount while the trainer holds files open for writing.)
+mounting is not permitted the tests are skipped with that reason. Linux refuses to remount a
+file system read-only while a file on it is open for writing, which TensorBoard's event file is
+for the whole run: the read-only case runs with tracking=none.
 """
 
+import errno
+import os
 import subprocess
 import sys
 import time
@@ -18,7 +21,8 @@ import pytest
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
 from tests.conftest import subprocess_env
-from tests.test_faults import ROOT, cli_overrides, config, reference  # noqa: F401 - fixture
+from tests.test_faults import (ROOT, STEPS, cli_overrides, config, copy_run,  # noqa: F401
+                               reference, train)
 
 
 @pytest.fixture
@@ -55,10 +59,10 @@ def assert_readable_and_verified(workdir, steps):
     ck.close()
 
 
-def run_until_fault(reference, workdir, fault):
+def run_until_fault(reference, workdir, fault, **overrides):
   """train.py on a long schedule; `fault()` once checkpoint 2 is final; returns (the process's
   exit code, its stderr, the checkpoints finished before the fault)."""
-  c = config(reference, steps=2000, checkpoint_every=2, eval_every=100000)
+  c = config(reference, steps=2000, checkpoint_every=2, eval_every=100000, **overrides)
   cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
          "--workdir", str(workdir), *cli_overrides(c)]
   proc = subprocess.Popen(cmd, env=subprocess_env(devices=1), stdout=subprocess.DEVNULL,
@@ -106,3 +110,54 @@ def test_a_full_disk_during_the_run_is_one_line_exit_1_lock_released(reference, 
   assert lock_lib.holder(str(workdir)) is None  # released (deleted: the disk was full)
   assert set(before) <= set(finished(workdir))
   assert_readable_and_verified(workdir, finished(workdir))
+
+
+@pytest.mark.slow
+def test_storage_turning_read_only_is_one_line_about_the_write_exit_1(reference, small_disk):
+  workdir = small_disk / "run"
+
+  def read_only():  # refused while a write is in flight there: retried until it takes
+    deadline = time.time() + 60
+    while subprocess.run(["mount", "-o", "remount,ro", str(small_disk)],
+                         capture_output=True).returncode != 0:
+      assert time.time() < deadline, "the tmpfs could not be remounted read-only"
+      time.sleep(0.002)
+
+  code, err, before = run_until_fault(reference, workdir, read_only, tracking="none")
+  assert code == 1, err[-3000:]
+  assert_one_error_line(err, "Read-only file system")
+  assert set(before) <= set(finished(workdir))
+  assert_readable_and_verified(workdir, finished(workdir))
+  # the lock could not be released on read-only storage: it names the dead trainer, whose
+  # lease the next run on this host takes over at once (its pid is gone)
+  assert lock_lib.holder(str(workdir))["pid"] not in (None, os.getpid())
+
+
+def test_a_failed_final_save_still_releases_the_lock(reference, tmp_path, monkeypatch):
+  """The last save of a run fails in the background (simulated in orbax's manager: the save
+  writes nothing and the wait raises what a full disk raises): the run ends with a SaveError naming step 8, and the lock is
+  released (before, the failing close skipped the release)."""
+  workdir = copy_run(reference, tmp_path, keep=(2, 4, 6))
+  real_save, real_wait = ocp.CheckpointManager.save, ocp.CheckpointManager.wait_until_finished
+  final = []
+
+  def save(self, step, *args, **kwargs):
+    if step != STEPS:
+      return real_save(self, step, *args, **kwargs)
+    final.append(step)  # its background write "fails": nothing of it reaches the disk
+    return True
+
+  def wait(self):
+    real_wait(self)
+    if final:
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", wait)
+  with pytest.raises(ckpt_lib.SaveError, match="step 8 .*No space left on device.*step 6 is "
+                                               "intact"):
+    train(config(reference), workdir)
+  monkeypatch.undo()
+  assert lock_lib.holder(str(workdir)) is None
+  assert {2, 4, 6} <= set(finished(workdir))
+  assert_readable_and_verified(workdir, [2, 4, 6])

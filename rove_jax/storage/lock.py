@@ -2,11 +2,11 @@
 writes there at a time, on local disks, shared file systems and GCS alike.
 
 The lock is a sequence of files `DIR/.writer-lock.<n>`; the one with the highest n is in force.
-Taking the lock means creating the next number with `paths.create_exclusive` (O_EXCL locally,
+Taking the lock means creating the next number with `paths.create_exclusive` (a hard link locally,
 the ifGenerationMatch=0 precondition on GCS), so of several processes that find the lock free
 (absent, released or stale) exactly one gets it and the others see it taken. Numbers only grow:
-a released lock is rewritten as released, not deleted, so no two holders can ever create the
-same number from different pasts.
+a released lock is rewritten as released, not deleted (only a full disk, where nothing can be
+rewritten, gets it deleted), so no two holders create the same number from different pasts.
 
 The holder renews its lease every `heartbeat_s` by rewriting its file. A lock is stale when its
 holder ran on this host and its process is gone, or when the file's age exceeds

@@ -2,13 +2,14 @@
 
 Every module that touches a workdir, a prepared dataset, an export or an evaluation report goes
 through the functions here (paths are plain strings: a local path, made absolute by `resolve`,
-or a gs:// URL). Local paths use the operating system directly (O_EXCL, fsync, os.replace,
+or a gs:// URL). Local paths use the operating system directly (link(2), fsync, os.replace,
 memory maps); gs:// goes to `rove_jax.storage.gcs` (gcsfs, the `[gcs]` extra). Orbax and
 tensorstore take the same strings and write gs:// natively.
 
 Atomicity: `write_atomic` replaces a whole file at once on both backends (a temporary file and
 os.replace locally; one single-request upload on GCS, which publishes an object whole or not at
-all). `create_exclusive` creates a file only if it does not exist (O_EXCL locally, the
+all). `create_exclusive` creates a file only if it does not exist (a hard link of a written
+temporary file locally, O_EXCL where the file system has no hard links; the
 `ifGenerationMatch=0` precondition on GCS): the writer lock rests on it. GCS has no append and
 no atomic rename of a directory: callers rewrite small files whole and move trees by copy and
 delete.
@@ -235,15 +236,31 @@ def create_exclusive(path: str, data: Union[bytes, str]) -> bool:
     data = data.encode("utf-8")
   if is_remote(path):
     return _gcs().create_exclusive(path, data)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  try:
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-  except FileExistsError:
-    return False
-  with os.fdopen(fd, "wb") as f:
+  directory = os.path.dirname(path)
+  os.makedirs(directory, exist_ok=True)
+  # Written whole under a temporary name, then hard-linked to `path`: link(2) fails when the
+  # name exists, so the file appears with its contents or not at all (an O_EXCL create would
+  # show other readers an empty file until the write).
+  tmp = os.path.join(directory, f".{os.path.basename(path)}.new-{uuid.uuid4().hex[:12]}")
+  with open(tmp, "wb") as f:
     f.write(data)
     f.flush()
     os.fsync(f.fileno())
+  try:
+    os.link(tmp, path)
+  except FileExistsError:
+    return False
+  except OSError:  # a file system without hard links (some FUSE mounts): O_EXCL, then write
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+  finally:
+    os.remove(tmp)
   return True
 
 

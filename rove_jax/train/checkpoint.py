@@ -243,8 +243,11 @@ class Checkpointer:
   def close(self) -> None:
     try:
       self.wait()
-    finally:
-      self.manager.close()
+    except SaveError:
+      with contextlib.suppress(Exception):  # it fails again on the same save: say it once
+        self.manager.close()
+      raise
+    self.manager.close()
 
   def close_quietly(self, log=print) -> None:
     """close() for a run that is already failing: a further error is logged, not raised."""
