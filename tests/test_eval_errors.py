@@ -142,8 +142,8 @@ def test_bad_gcs_paths_exit_2_before_any_restore(capsys, tmp_path, gcs_bucket, e
   no_bucket = gcs_bucket + "-missing/eval"  # a bucket that does not exist
   line = argument_error(capsys, ["--workdir", empty_workdir, "--out", no_bucket])
   assert line == (f"rove-eval: error: --out {no_bucket}: cannot create or write the report "
-                  f"directory {no_bucket} (the bucket {gcs_bucket}-missing does not exist); give "
-                  f"a writable --out")
+                  f"directory {no_bucket} (the bucket {gcs_bucket}-missing does not exist or "
+                  f"these credentials cannot reach it); give a writable --out")
   line = argument_error(capsys, ["--workdir", "s3://b/run"])
   assert "the s3:// scheme is not supported" in line
   assert no_restore == [] and paths.read_bytes(taken) == b"an object"

@@ -236,7 +236,8 @@ def test_rove_export_to_a_missing_bucket_exits_1_before_reading(gcs_bucket, tmp_
   assert export.main(["--workdir", str(tmp_path / "run"), "--out", out]) == 1
   assert one_error_line(capsys) == (
       f"rove-export: error: cannot create or write the export directory {out} (the bucket "
-      f"{gcs_bucket}-missing does not exist); give a writable --out")
+      f"{gcs_bucket}-missing does not exist or these credentials cannot reach it); give a "
+      f"writable --out")
 
 
 def test_rove_export_to_a_read_only_directory_exits_1_in_one_line(tmp_path, capsys):

@@ -195,3 +195,12 @@ def test_two_processes_sharing_a_gs_workdir_train_and_resume(tmp_path):
   for step in one:
     assert abs(one[step] - shared[step]) <= 1e-5 * one[step], (step, one, shared)
   assert not (tmp_path / "gs:").exists()
+
+
+def test_a_workdir_in_a_missing_bucket_is_one_clear_error_before_any_work():
+  from rove_jax.train import run_config as config_lib
+  with pytest.raises(ValueError, match=r"workdir gs://no-such-bucket-x1/run is not writable "
+                                       r"\(the bucket gs://no-such-bucket-x1 does not exist"):
+    config_lib.check_workdir("gs://no-such-bucket-x1/run")
+  with pytest.raises(ValueError, match=r"contains '\[' '\]'"):
+    config_lib.check_workdir(f"{gcs_server.new_bucket()}/lr[3e-4]")

@@ -185,7 +185,7 @@ def _check_workdir(p, flag: str, workdir: str) -> str:
   except (ValueError, ImportError) as e:
     p.error(str(e))
   except Exception as e:  # noqa: BLE001 -- OSError or a storage library's own error
-    if not (isinstance(e, OSError) or export.is_storage_error(e)):
+    if not (isinstance(e, OSError) or paths.is_storage_error(e)):
       raise
     p.error(f"{flag} {workdir} cannot be read: {' '.join(str(e).split()) or type(e).__name__}")
   p.error(f"{flag} {workdir} {wrong}; give the workdir of a training run")
@@ -271,10 +271,10 @@ def prepare_out_dir(out_dir: str) -> None:
         paths.remove(probe)
       return
   except Exception as e:  # noqa: BLE001 -- OSError or a storage library's own error
-    if not (isinstance(e, OSError) or export.is_storage_error(e)):
+    if not (isinstance(e, OSError) or paths.is_storage_error(e)):
       raise
     raise OSError(f"cannot create or write the report directory {out_dir} "
-                  f"({export.write_failure(e, out_dir)}); give a writable --out") from None
+                  f"({paths.describe_failure(e, out_dir)}); give a writable --out") from None
   raise OSError(f"{out_dir} is an existing file, not a directory; give a directory for the "
                 f"report")
 
@@ -443,7 +443,7 @@ def main(argv=None) -> int:
   try:
     return _evaluate(args)
   except Exception as e:  # noqa: BLE001 -- the expected failures; anything else is re-raised
-    if not (isinstance(e, (ValueError, OSError, ImportError)) or export.is_storage_error(e)):
+    if not (isinstance(e, (ValueError, OSError, ImportError)) or paths.is_storage_error(e)):
       raise  # a bug: keep its traceback
     message = " ".join(str(e).split()) or type(e).__name__
     print(f"{PROG}: error: {message}", file=sys.stderr)

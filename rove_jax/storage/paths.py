@@ -40,6 +40,27 @@ class MissingExtra(ImportError):
   """A remote path whose storage library is not installed."""
 
 
+# The top-level packages of the GCS client stack (gcsfs and what it calls): their exceptions
+# are storage failures, to be reported as I/O errors like an OSError.
+_CLIENT_PACKAGES = ("gcsfs", "google", "aiohttp", "requests", "fsspec")
+
+
+def is_storage_error(e: BaseException) -> bool:
+  """An exception raised by the GCS client libraries (e.g. gcsfs.retry.HttpError, a
+  google.auth credentials error), which are not OSErrors."""
+  return type(e).__module__.split(".")[0] in _CLIENT_PACKAGES
+
+
+def describe_failure(e: BaseException, path: str) -> str:
+  """Why reading or writing under `path` failed, in a few words on one line."""
+  if is_remote(path) and isinstance(e, FileNotFoundError):  # gcsfs's 404 names only a URL
+    bucket = path[len("gs://"):].split("/", 1)[0]
+    return f"the bucket gs://{bucket} does not exist or these credentials cannot reach it"
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  return " ".join(str(e).split()) or type(e).__name__
+
+
 def is_remote(path: str) -> bool:
   return str(path).startswith(REMOTE_SCHEMES)
 

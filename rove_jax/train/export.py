@@ -39,26 +39,6 @@ from rove_jax.storage import paths
 from rove_jax.train import checkpoint
 
 PROG = "rove-export"
-# The top-level packages of the GCS client stack (gcsfs and what it calls): their exceptions
-# are storage failures, reported as I/O errors (exit 1) like an OSError.
-STORAGE_PACKAGES = ("gcsfs", "google", "aiohttp", "requests", "fsspec")
-
-
-def is_storage_error(e: BaseException) -> bool:
-  """An exception raised by the GCS client libraries (e.g. gcsfs.retry.HttpError, a
-  google.auth credentials error), which are not OSErrors."""
-  return type(e).__module__.split(".")[0] in STORAGE_PACKAGES
-
-
-def write_failure(e: BaseException, path: str) -> str:
-  """Why writing under `path` failed, in a few words on one line (for an error message)."""
-  if paths.is_remote(path) and isinstance(e, FileNotFoundError):  # an upload's 404
-    return f"the bucket gs://{path[len('gs://'):].split('/', 1)[0]} does not exist"
-  if isinstance(e, OSError) and e.strerror:
-    return e.strerror
-  return " ".join(str(e).split()) or type(e).__name__
-
-
 def _missing_parents(path: str) -> list:
   """The directories `os.makedirs(path)` would create, deepest first."""
   out = []
@@ -89,11 +69,11 @@ def check_out_dir(out_dir: str) -> list:
     paths.write_atomic(probe, b"")
     paths.remove(probe)
   except Exception as e:  # noqa: BLE001 -- OSError or a storage library's own error
-    if not (isinstance(e, OSError) or is_storage_error(e)):
+    if not (isinstance(e, OSError) or paths.is_storage_error(e)):
       raise
     _remove_empty(created)
     raise OSError(f"cannot create or write the export directory {out_dir} "
-                  f"({write_failure(e, out_dir)}); give a writable --out") from None
+                  f"({paths.describe_failure(e, out_dir)}); give a writable --out") from None
   return created
 
 
@@ -156,7 +136,7 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
 def failure_status(e: BaseException) -> Optional[int]:
   """The exit status of an expected failure (1: I/O or a missing package; 2: bad input), or
   None for an unexpected exception (a bug: its traceback is kept)."""
-  if isinstance(e, (OSError, ImportError)) or is_storage_error(e):
+  if isinstance(e, (OSError, ImportError)) or paths.is_storage_error(e):
     return 1
   if isinstance(e, ValueError):
     return 2

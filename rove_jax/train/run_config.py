@@ -341,9 +341,11 @@ def check_workdir(workdir: str) -> str:
     probe = paths.join(workdir, f".write_test_{uuid.uuid4().hex[:12]}")
     paths.write_atomic(probe, b"ok")
     paths.remove(probe)
-  except OSError as e:
-    raise ValueError(f"workdir {workdir} is not writable ({e.strerror or e}); choose another "
-                     f"--workdir") from None
+  except Exception as e:  # noqa: BLE001 - an OSError, or a GCS client library's own error
+    if not (isinstance(e, OSError) or paths.is_storage_error(e)):
+      raise
+    raise ValueError(f"workdir {workdir} is not writable ({paths.describe_failure(e, workdir)})"
+                     f"; choose another --workdir") from None
   return workdir
 
 
