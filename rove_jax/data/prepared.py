@@ -182,32 +182,19 @@ def read_manifest(path: str) -> dict[str, Any]:
     raise DamagedDataset(f"{mpath}: {problem}; prepare the dataset again with rove-prepare "
                          f"--overwrite (or a rove_jax that reads this format)")
   itemsize = DTYPES[manifest["dtype"]].itemsize
-  sizes = _remote_sizes(path) if paths.is_remote(path) else None
+  sizes = paths.file_sizes(path)  # one listing, not one request a shard
   for split in SPLITS:
     for shard in manifest["splits"][split]["shards"]:
       file = paths.join(path, shard["file"])
       try:
-        size = sizes[shard["file"]] if sizes is not None else os.path.getsize(file)
-      except (OSError, KeyError):
+        size = sizes[shard["file"]]
+      except KeyError:
         raise DamagedDataset(f"shard {file} is missing; {fix_hint(manifest)}") from None
       if size != shard["tokens"] * itemsize or size != shard["bytes"]:
         raise DamagedDataset(f"shard {file} has {size} bytes, the manifest says {shard['bytes']} "
                              f"({shard['tokens']} tokens): truncated or overwritten; "
                              f"{fix_hint(manifest)}")
   return manifest
-
-
-def _remote_sizes(path: str) -> dict[str, int]:
-  """{name: size} of the objects directly in the gs:// directory path, from one listing (the
-  path layer has no such call; one size request per shard would be one round trip each)."""
-  from rove_jax.storage import gcs
-  key = path[len("gs://"):].rstrip("/")
-  try:
-    entries = gcs.fs().ls(key, detail=True)
-  except FileNotFoundError:
-    return {}
-  return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
-          for e in entries if e.get("type") == "file"}
 
 
 def identity(manifest: dict, path: str) -> dict[str, str]:

@@ -51,6 +51,16 @@ def listdir(path: str) -> list[str]:
   return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != key})
 
 
+def file_sizes(path: str) -> dict[str, int]:
+  """{name: size} of the objects directly under path, from one listing request."""
+  try:
+    entries = fs().ls(_key(path), detail=True)
+  except FileNotFoundError:
+    return {}
+  return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+          for e in entries if e.get("type") == "file"}
+
+
 def remove(path: str) -> None:
   fs().rm_file(_key(path))
 

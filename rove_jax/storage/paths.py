@@ -173,6 +173,16 @@ def listdir(path: str) -> list[str]:
   return sorted(os.listdir(path)) if os.path.isdir(path) else []
 
 
+def file_sizes(path: str) -> dict[str, int]:
+  """{name: size in bytes} of the files directly in a directory ({} when it does not exist);
+  on GCS one listing request rather than one request a file."""
+  if is_remote(path):
+    return _gcs().file_sizes(path)
+  if not os.path.isdir(path):
+    return {}
+  return {e.name: e.stat().st_size for e in os.scandir(path) if e.is_file()}
+
+
 def makedirs(path: str) -> None:
   """Creates a directory and its parents (GCS has no directories: nothing to do)."""
   if not is_remote(path):
