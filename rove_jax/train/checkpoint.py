@@ -16,9 +16,13 @@ parameter tree. A checkpoint whose entry names differ from the model's (written 
 parameter layout, e.g. separate attn.wq/wk/wv where the model now fuses them) is a LayoutError
 naming the missing and unexpected entries; it is never taken for an unreadable one.
 
-Orbax writes each checkpoint into a temporary directory and renames it when complete, so a
-process killed mid-save leaves the previous checkpoints intact; old checkpoints are deleted
-only after a newer one is finalized.
+The workdir is a local path or gs://bucket/path (rove_jax.storage.paths); orbax receives the
+same string (a local one with glob characters through `paths.orbax_dir`). Orbax writes each
+checkpoint into a temporary directory and renames it when complete (on GCS, which cannot rename
+a directory, it writes in place and marks the step complete with a commit_success.txt last), so
+a process killed mid-save leaves the previous checkpoints intact; old checkpoints are deleted
+only after a newer one is finalized. A save that fails is one SaveError (an OSError) naming the
+step and its cause; background saves are checked every step (`check_saves`).
 
 Integrity: every save records in meta["integrity"] a checksum of each state array (parameters,
 optimizer state, step), of the iterator state and of the rest of the metadata (run and model
