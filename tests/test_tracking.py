@@ -5,6 +5,7 @@ import glob
 import gzip
 import json
 import os
+import pathlib
 import struct
 
 import jax
@@ -120,3 +121,25 @@ def test_wandb_missing_is_named_with_the_install_command(tmp_path, monkeypatch):
                       lambda name, *a: None if name == "wandb" else real(name, *a))
   with pytest.raises(ValueError, match=r"pip install 'rove-jax\[wandb\]'"):
     config_lib.validate(small_config(tmp_path, tracking="wandb"))
+
+
+def test_wandb_online_without_a_key_is_one_line_before_any_work(tmp_path):
+  """The walkthrough's W&B flags on a machine that never ran `wandb login`: one line naming
+  the two ways out, exit 2, and no workdir (before: a 50-line traceback, checkpoints/ and
+  wandb-id.txt left behind)."""
+  import subprocess
+  import sys
+  from tests.conftest import subprocess_env
+  root = pathlib.Path(__file__).resolve().parents[1]
+  env = subprocess_env(devices=1, HOME=str(tmp_path / "home"))
+  env.pop("WANDB_API_KEY", None)
+  workdir = tmp_path / "run"
+  done = subprocess.run([sys.executable, str(root / "train.py"), "--config", "tiny",
+                         "--workdir", str(workdir), "--config.tracking=tensorboard,wandb",
+                         "--config.wandb.project=rove-jax"], env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 2, done.stderr[-2000:]
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+  assert "`wandb login`" in lines[0] and "--config.wandb.mode=offline" in lines[0]
+  assert not workdir.exists()

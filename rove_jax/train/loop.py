@@ -214,6 +214,8 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
   model_cfg = config_lib.validate(c)
   if jax.process_index() != 0:
     log = lambda *a, **k: None
+  if "wandb" in tracking.parse_tracking(c.tracking) and jax.process_index() == 0:
+    tracking.check_wandb_ready(c.wandb)  # before the workdir is created: nothing left behind
   workdir = config_lib.check_workdir(workdir)
   mesh = sharding_lib.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
   dp = sharding_lib.data_parallel_size(mesh)

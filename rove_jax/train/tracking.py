@@ -56,6 +56,22 @@ def parse_tracking(value) -> tuple[str, ...]:
   return names
 
 
+def check_wandb_ready(settings) -> None:
+  """Before any work (nothing is written yet): for mode "online", an API key is configured
+  (WANDB_API_KEY or `wandb login`'s netrc entry); run_config.validate checked the package.
+
+  Raises:
+    ValueError: online without a key (names `wandb login` and the offline mode).
+  """
+  if settings.mode != "online":
+    return
+  import wandb
+  if not wandb.login(prompt=False, verify=False):  # reads the key only: no prompt, no request
+    raise ValueError("tracking=wandb with wandb.mode=online needs a W&B API key: run `wandb "
+                     "login` (or set WANDB_API_KEY), or log offline with "
+                     "--config.wandb.mode=offline and upload later with `wandb sync`")
+
+
 def parse_profile_steps(value, steps: int) -> Optional[tuple[int, int]]:
   """(START, END) of config.profile_steps "START:END", or None when unset."""
   if value is None:
