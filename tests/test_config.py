@@ -208,6 +208,10 @@ def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
   absl's type errors and a config file without get_config() exit 2 too, without a traceback."""
   noget = tmp_path / "noget.py"
   noget.write_text("X = 1\n")
+  raises = tmp_path / "raises.py"
+  raises.write_text("from rove_jax.train.run_config import base_config\n\n"
+                    "def get_config():\n  c = base_config('tiny')\n  c.steps = int('x')\n"
+                    "  return c\n")
   tiny = str(ROOT / "configs" / "tiny.py")
   for argv, expected in [
       (["--config", tiny, "--config.model.n_layer=2", "--config.model.n_layers=2"],
@@ -215,7 +219,10 @@ def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
        "--config.model.n_layer?"),
       (["--config", tiny, "--config.steps=abc"],
        "error: flag --config.steps=abc: invalid literal for int()"),
-      (["--config", str(noget)], "a config file defines get_config()")]:
+      (["--config", str(noget)], "a config file defines get_config()"),
+      (["--config", str(raises)],  # the file, line and code that raised
+       f"error: --config {raises}, line 5 (c.steps = int('x')): ValueError: invalid literal "
+       f"for int() with base 10: 'x'")]:
     r = subprocess.run([sys.executable, "-m", "rove_jax.train.cli", *argv, "--workdir",
                         str(tmp_path / "w")], capture_output=True, text=True, timeout=120,
                        cwd=ROOT, env=subprocess_env())

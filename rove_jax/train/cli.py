@@ -169,11 +169,33 @@ def _parse_flags(argv: list[str]) -> list[str]:
     message = " ".join(str(e).replace("\\n", " ").split())
     if not isinstance(e, flags.Error):  # raised by executing the config file or an override
       message = f"{type(e).__name__}: {message}"
-    if "get_config" in message:
+    where = _config_file_failure(str(e))
+    if where:
+      message = where
+    elif "get_config" in message:
       message += ("; a config file defines get_config() returning the run's ConfigDict (see "
                   "configs/tiny.py)")
     print(f"error: {message}\nrun with --helpshort for the flags", file=sys.stderr)
     sys.exit(2)
+
+
+def _config_file_failure(text: str):
+  """For a config file whose code raised (ml_collections passes the traceback on as text):
+  "FILE, line N (CODE): Error: message", the innermost frame outside the installed packages;
+  None for other flag errors."""
+  import linecache
+  import re
+  if "Error whilst parsing config file" not in text:
+    return None
+  frames = [(f, int(n)) for f, n in re.findall(r'File "([^"]+)", line (\d+), in ', text)
+            if "site-packages" not in f and "/ml_collections/" not in f]
+  if not frames:
+    return None
+  file, line = frames[-1]
+  code = linecache.getline(file, line).strip()
+  last = [l.strip() for l in text.replace("\\n", "\n").splitlines() if l.strip()][-1]
+  return (f"--config {file}, line {line} ({code}): {last}; a config file defines get_config() "
+          f"returning the run's ConfigDict (see configs/tiny.py)")
 
 
 def run(argv=None):
