@@ -1,4 +1,4 @@
-"""The tables of README and bench/RESULTS.md from saved `python -m bench.aot --json` reports.
+"""The tables of docs/scaling.md and bench/RESULTS.md from saved `bench.aot --json` reports.
 
   python -m bench.aot_summary [DIR]        (default bench/aot_results, written by aot_table.sh)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ahead-of-time compile table of README and bench/RESULTS.md: GPT-2 124M and 354M, RoVE and
+# The ahead-of-time compile table of docs/scaling.md and bench/RESULTS.md: GPT-2 124M and 354M, RoVE and
 # RoPE, the paper's batch (512 x 1024 tokens a step), on TPU slices with the recommended mesh and
 # grad_accum (python -m bench.aot --recommend), compiled on a CPU host. Needs libtpu
 # (pip install -e '.[tpu]'); about 2-5 minutes a compile on 2 cores, one at a time.

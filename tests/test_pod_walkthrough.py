@@ -1,8 +1,9 @@
-"""README's "Training on a TPU pod, start to finish", its commands taken from the README and run
-here against the session's GCS API server (tests/gcs_server.py), in order: rove-prepare into
-the bucket, the training command every worker runs (one CPU process here), and rove-export.
+"""The pod walkthrough of docs/scaling.md ("Training on a TPU pod, start to finish"), its
+commands read from the page and run here against the session's GCS API server
+(tests/gcs_server.py), in order: rove-prepare into the bucket, the training command every
+worker runs (one CPU process here), and rove-export.
 
-What a CPU host without network needs instead (every other word is the README's):
+What a CPU host without network needs instead (every other word is the page's):
   $BUCKET                          a fresh bucket
   '/data/fineweb-edu/*.parquet'    a small parquet corpus written by the test
   tiktoken:gpt2                    bytes (tiktoken downloads its vocabulary at first use)
@@ -26,10 +27,11 @@ import pytest
 from rove_jax.storage import paths
 from tests import gcs_server
 from tests.conftest import subprocess_env
-from tests.test_readme import README, extract
+from tests.test_readme import PAGES, extract
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTION = README.split("### Training on a TPU pod, start to finish", 1)[1].split("\n### ", 1)[0]
+SECTION = PAGES["docs/scaling.md"].split("### Training on a TPU pod, start to finish", 1)[1].split(
+    "\n### ", 1)[0]
 SIZE = ["--config.steps=4", "--config.optim.warmup_steps=1", "--config.model.max_len=32",
         "--config.data.seq_len=32", "--config.data.batch_size=4", "--config.log_every=1",
         "--config.checkpoint_every=2", "--config.eval_every=4", "--config.eval_batches=1",
@@ -82,7 +84,7 @@ def test_the_pod_walkthrough_runs_against_a_bucket(tmp_path):
     if argv is None:
       continue
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)  # the README's commands run in the checkout
+                          timeout=300)  # the page's commands run in the checkout
     assert done.returncode == 0, f"{text}\n{done.stderr[-3000:]}"
     ran.append(argv[argv.index("-m") + 1] if "-m" in argv else "train.py")
   assert ran == ["rove_jax.data.prepare", "train.py", "rove_jax.train.export"]

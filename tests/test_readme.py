@@ -1,9 +1,12 @@
-"""README.md, checked: every python block runs and every command in it works, by kind.
+"""README.md and the guides, checked: every python block runs and every command works, by kind.
 
-Commands come from indented and shell-fenced blocks and inline spans. `make T`: its dry run;
+The pages: README.md (a front page of at most MAX_README_LINES lines that links every other
+page), docs/*.md, results/README.md and bench/README.md; their relative links and anchors
+resolve. Commands come from indented and shell-fenced blocks and inline spans, each checked once
+(on the first page that has it). `make T`: its dry run;
 rove-train / train.py: absl and the config's validation; rove-eval, python -m eval / bench[.X],
 reproduce.py: their argparse parsers; pip: extras in pyproject.toml; bash: `bash -n`; srun /
-gcloud: not runnable here, as the README says, and the train command inside parses. A synopsis
+gcloud: not runnable here, as the page says below them, and the train command inside parses. A synopsis
 (`[--x v]`, `a|b`) parses in each expansion; with `...`, `<x>`, or inline, only names and
 choices are checked. SAMPLES proves that each check rejects a bad command.
 """
@@ -30,6 +33,12 @@ import pytest
 pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # configs
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+# page (relative to ROOT) -> its markdown: the front page first, then the guides.
+PAGES = {p: (ROOT / p).read_text() for p in [
+    "README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
+    "results/README.md", "bench/README.md"]}
+MAX_README_LINES = 230
+CHECKOUT = re.search(r"^# (\S+)", README, re.M).group(1)  # the directory a clone makes
 STARTS = ("make ", "python ", "python3 ", "pip ", "bash ", "srun ", "gcloud ", "rove-train",
           "rove-eval", "rove-prepare", "rove-export", ".venv/bin/")
 SHELL_FENCES = ("bash", "sh", "shell", "console")
@@ -280,18 +289,18 @@ def bash_problems(kind, args, context) -> list:
 
 
 def cluster_problems(kind, args, context) -> list:
-  """srun / gcloud: the README says below them that they could not be run here; the train
-  command that they run parses (`...`: the flags of the train command above)."""
+  """srun / gcloud: the page says below them that they could not be run here; the train
+  command that they run parses (`...`: the flags of the train command above on that page)."""
   readme, before, line = context
   names = {"srun": "GPU-cluster|SLURM", "gcloud": "TPU"}[kind]  # in one sentence, below it
   said = re.search(rf"({names})(?:[^.;]|[.;]\S)*could\s+not\s+be\s+run",
                    readme.split("\n", line - 1)[-1])
-  problems = [] if said else [f"the README does not say the {kind} command could not be run"]
+  problems = [] if said else [f"the page does not say the {kind} command could not be run"]
   if kind == "srun":  # srun's options, then the command
     sub = args[next((i for i, a in enumerate(args) if not a.startswith("--")), len(args)):]
-  else:  # --command="cd CHECKOUT && ...", the checkout named by the README's title
+  else:  # --command="cd CHECKOUT && ...", the checkout named by README.md's title
     cd, _, remote = next((a[10:] for a in args if a.startswith("--command=")), "").partition("&&")
-    if cd.split() != ["cd", re.search(r"^# (\S+)", readme, re.M).group(1)]:
+    if cd.split() != ["cd", CHECKOUT]:
       problems.append(f"gcloud does not `cd` into the checkout: {cd!r}")
     sub = shlex.split(remote)
   if "..." in sub:
@@ -307,7 +316,7 @@ CHECKS = {"make": make_problems, "pip": pip_problems, "bash": bash_problems,
 
 
 def command_problems(tokens, context, inline=False) -> list:
-  """What is wrong with one command; context: (readme, the commands above it, its line)."""
+  """What is wrong with one command; context: (its page, the commands above it, its line)."""
   kind, target, args = program(tokens)
   if target is None:
     return CHECKS[kind](kind, args, context) if kind in CHECKS else [
@@ -323,9 +332,10 @@ def command_problems(tokens, context, inline=False) -> list:
 
 
 def problems_of(cmd: Command, readme: str = README, commands=None) -> list:
-  """What is wrong with a command of the markdown `readme`, or an inline --flag: `--config.a=V`
-  (N: a number) applies to the tiny config, in `--config.a.b / c` a.b and a.c are config
-  fields, and any other --flag is an option of a README program."""
+  """What is wrong with a command of the markdown page `readme` (whose commands are `commands`,
+  extracted if None), or an inline --flag: `--config.a=V` (N: a number) applies to the tiny
+  config, in `--config.a.b / c` a.b and a.c are config fields, and any other --flag is an
+  option of a README program."""
   if re.fullmatch(r"--config\.[\w.]+=.*", cmd.text):
     return train_problems(["--config", "tiny", "--workdir", "x", re.sub("=N$", "=1", cmd.text)],
                           "exact")
@@ -339,16 +349,23 @@ def problems_of(cmd: Command, readme: str = README, commands=None) -> list:
     return [f"{p}, nor an option of another README program"
             for p in train_problems(names, "reference")]
   try:
-    before = [c for c in commands or COMMANDS if c.line < cmd.line and not c.inline]
+    before = [c for c in (extract(readme) if commands is None else commands)
+              if c.line < cmd.line and not c.inline]
     return command_problems(words(cmd.text), (readme, before, cmd.line), cmd.inline)
   except (ValueError, ImportError) as e:  # shell syntax, `python -m` of no module
     return [f"{cmd.text}: {type(e).__name__}: {e}"]
 
 
-COMMANDS = extract(README)
-PY_BLOCKS = re.findall(r"^```python\n(.*?)^```", README, re.M | re.S)
+EXTRACTED = {page: extract(md) for page, md in PAGES.items()}
+# (page, command): each command text once, on the first page that has it
+COMMANDS = [(page, c) for page, cs in EXTRACTED.items() for c in cs]
+COMMANDS = [(p, c) for i, (p, c) in enumerate(COMMANDS)
+            if c.text not in {d.text for _, d in COMMANDS[:i]}]
+# (page, its python blocks' code)
+PY_BLOCKS = [(page, code) for page, md in PAGES.items()
+             for code in re.findall(r"^```python\n(.*?)^```", md, re.M | re.S)]
 
-# A README python block (found by a phrase of it) -> what it must compute.
+# A python block of a page (found by a phrase of it) -> what it must compute.
 EXPECT = {
     "rj.rove_attention(": lambda s: chex.assert_shape([s["y"], s["y_long"]], (2, 128, 8, 64)),
     "minimal.rove_attention(": lambda s: chex.assert_shape(s["y"], (2, 16, 4, 32)),
@@ -385,10 +402,11 @@ SAMPLES = [
 ]
 
 
-@pytest.mark.parametrize("cmd", COMMANDS, ids=[f"L{c.line}:{c.text[:60]}" for c in COMMANDS])
-def test_readme_command(cmd):
-  problems = problems_of(cmd)
-  assert not problems, f"README line {cmd.line}: {cmd.text}\n" + "\n".join(problems)
+@pytest.mark.parametrize("page,cmd", COMMANDS,
+                         ids=[f"{p}:L{c.line}:{c.text[:60]}" for p, c in COMMANDS])
+def test_page_command(page, cmd):
+  problems = problems_of(cmd, PAGES[page], EXTRACTED[page])
+  assert not problems, f"{page} line {cmd.line}: {cmd.text}\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("text,reason", SAMPLES, ids=[t[:70] for t, _ in SAMPLES])
@@ -405,16 +423,21 @@ def test_checks_on_samples(text, reason):
 
 
 def test_extraction():
-  kinds = {program(words(c.text))[0] for c in COMMANDS}
+  kinds = {program(words(c.text))[0] for _, c in COMMANDS}
   assert {"make", "train", "eval", "bench", "pip", "srun", "gcloud"} <= kinds, kinds
-  assert {"make demo", "make test"} <= {c.text for c in COMMANDS}
-  texts = " | ".join(c.text for c in COMMANDS)
-  missing = [p for p in EXPECT if not any(p in b for b in PY_BLOCKS)]
-  assert not missing, f"README.md lost its python example(s) using {missing}"
-  for _, block, lang in code_blocks(README)[0]:  # no command line is missed
-    for raw in block if lang in (None, "", *SHELL_FENCES) else []:
-      line = " ".join(strip_comment(raw).split(" -> ")[0].split()).rstrip(" \\")
-      assert not line.startswith(STARTS) or line in texts, f"not extracted: {raw}"
+  assert {"make demo", "make test"} <= {c.text for c in EXTRACTED["README.md"]}
+  missing = [p for p in EXPECT if not any(p in code for _, code in PY_BLOCKS)]
+  assert not missing, f"the pages lost their python example(s) using {missing}"
+  extras = set(toml_table("project.optional-dependencies"))
+  for page, md in PAGES.items():
+    texts = " | ".join(c.text for c in EXTRACTED[page])
+    for _, block, lang in code_blocks(md)[0]:  # no command line is missed
+      for raw in block if lang in (None, "", *SHELL_FENCES) else []:
+        line = " ".join(strip_comment(raw).split(" -> ")[0].split()).rstrip(" \\")
+        assert not line.startswith(STARTS) or line in texts, f"{page}: not extracted: {raw}"
+    named = {e for g in re.findall(r"\.\[([\w,-]+)\]", md) for e in g.split(",")}  # prose too
+    named |= set(re.findall(r"`\[([\w-]+)\]`", md))  # an extra named alone: `[gcs]`
+    assert named <= extras, f"{page} names extras not in pyproject.toml: {named - extras}"
   md = ("# t\n\n    rove-eval --workdir a [--suite quick|full]\n              [--out D]  # c\n"
         "    make demo \\\n        X=1\n\nText.\n\n    a diagram -> x\n    rove-eval ... -> y\n\n"
         "```python\n\n    python x.py\n```\nUse `pip install .`, `--stride`.\n")
@@ -422,18 +445,70 @@ def test_extraction():
                          ("make demo X=1", 5, False), ("rove-eval ...", 11, False),
                          ("pip install .", 17, True), ("--stride", 17, True)]
   assert strip_comment("""echo x#y "a # b" '#c' # real""") == """echo x#y "a # b" '#c'"""
-  named = {e for g in re.findall(r"\.\[([\w,-]+)\]", README) for e in g.split(",")}  # in prose too
-  assert named and named <= set(toml_table("project.optional-dependencies")), named
 
 
-@pytest.mark.parametrize("i", range(len(PY_BLOCKS)))
-def test_readme_python_block_runs(i):
+@pytest.mark.parametrize("i", range(len(PY_BLOCKS)), ids=[  # page:its block number
+    f"{p}:{[q for q, _ in PY_BLOCKS[:i + 1]].count(p)}" for i, (p, _) in enumerate(PY_BLOCKS)])
+def test_page_python_block_runs(i):
+  page, code = PY_BLOCKS[i]
   scope = {}
-  exec(compile(PY_BLOCKS[i], f"README.md python block {i + 1}", "exec"), scope)  # noqa: S102
+  exec(compile(code, f"{page} python block", "exec"), scope)  # noqa: S102
   for name, value in scope.items():
     if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jnp.inexact):
       assert np.isfinite(np.asarray(value)).all(), f"{name} is not finite"
   for phrase, expect in EXPECT.items():
-    if phrase in PY_BLOCKS[i]:
+    if phrase in code:
       expect(scope)
 
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def links(md: str) -> list:
+  """The targets of md's links and images, outside code blocks and inline code."""
+  return LINK.findall(re.sub(r"`[^`\n]*`", "", code_blocks(md)[1]))
+
+
+def anchors(md: str) -> set:
+  """The anchors GitHub gives md's headings: lower case, punctuation dropped, spaces to -,
+  a repeated one numbered -1, -2, ..."""
+  seen, out = collections.Counter(), set()
+  for heading in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", code_blocks(md)[1], re.M):
+    slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+    out.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
+    seen[slug] += 1
+  return out
+
+
+def resolved(page: str, target: str):
+  """(the file a relative link of page names, relative to ROOT, or None outside the
+  checkout; its anchor)."""
+  path, _, anchor = target.partition("#")
+  dest = ((ROOT / page).parent / path).resolve() if path else ROOT / page
+  with contextlib.suppress(ValueError):
+    return dest.relative_to(ROOT).as_posix(), anchor
+  return None, anchor
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_links_resolve(page):
+  bad = []
+  for target in links(PAGES[page]):
+    if re.match(r"[a-z][\w+.-]*:", target):  # https:, mailto:
+      continue
+    dest, anchor = resolved(page, target)
+    if dest is None or not (ROOT / dest).exists():
+      bad.append(f"{target}: no such file")
+    elif anchor and (not dest.endswith(".md") or anchor not in anchors((ROOT / dest).read_text())):
+      bad.append(f"{target}: no heading #{anchor} in {dest}")
+  assert not bad, f"{page}: " + "; ".join(bad)
+
+
+def test_readme_is_a_front_page_that_links_every_guide():
+  lines = len(README.splitlines())
+  assert lines <= MAX_README_LINES, f"README.md has {lines} lines, more than {MAX_README_LINES}"
+  linked = {resolved("README.md", t)[0] for t in links(README)}
+  unlinked = sorted(set(PAGES) - {"README.md"} - linked)
+  assert not unlinked, f"README.md does not link {unlinked}"
+  assert anchors("# A\n## What `make demo` prints\n## Will it fit? Yes, from any host\n## A\n") \
+      == {"a", "what-make-demo-prints", "will-it-fit-yes-from-any-host", "a-1"}
