@@ -17,7 +17,7 @@ Three tables:
              AutoConfig and that model's RotaryEmbedding: what `rope_from_hf_config` must read.
   attention  eager softmax attention over transformers' apply_rotary_pos_emb (GPT-NeoX's for
              layout "half", GLM's for "interleaved") with the model's cos / sin, i.e. with the
-             attention factor on the rotated dims only: issue 15's reproducer and random
+             attention factor on the rotated dims only: the partial-rotary reproducer and random
              partial-rotary YaRN / LongRoPE cases.
 Inputs are rounded to 3 decimals so both sides read the same float32 values.
 """
@@ -86,9 +86,9 @@ def scaling_cases():
     add("dynamic", d, {"rope_theta": base, "partial_rotary_factor": p, "factor": f},
         max_pos=2048, seq_len=seq)
   add("dynamic", 64, {"rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 1024},
-      max_pos=4096, seq_len=4096, note="issue 15 case 4: the dict's original length is ignored")
+      max_pos=4096, seq_len=4096, note="v5-dict case 4: the dict's original length is ignored")
   add("dynamic", 64, {"rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 1024},
-      max_pos=4096, seq_len=8192, note="issue 15 case 4 past max_position_embeddings")
+      max_pos=4096, seq_len=8192, note="v5-dict case 4 past max_position_embeddings")
   for (d, p), s in itertools.product(PAIRS, [2, 8]):  # NTK-aware base change s: dynamic, factor 1
     add("dynamic", d, {"rope_theta": 1e4, "partial_rotary_factor": p, "factor": 1.0},
         max_pos=1024, seq_len=1024 * s, note=f"ntk:{s}")
@@ -124,7 +124,7 @@ def scaling_cases():
     for seq in (None, 4097):
       add("longrope", d, lr, max_pos=131072, seq_len=seq, note="factor from max / original")
     add("longrope", d, {**lr, "factor": 4.0}, max_pos=131072, seq_len=8192,
-        note="issue 15 case 3: explicit factor")
+        note="v5-dict case 3: explicit factor")
     add("longrope", d, {**lr, "attention_factor": 1.3}, max_pos=131072, seq_len=100,
         note="explicit attention factor")
   for d, p, (f, base) in itertools.product([64, 128], [0.25, 0.5, 1.0],
@@ -249,11 +249,11 @@ def attention_cases():
                     attention_factor=float(emb.attention_scaling), positions=positions,
                     q=q.tolist(), k=k.tolist(), v=v.tolist(), out=nested(y.numpy())))
 
-  # Issue 15's reproducer: D=4, rot_dim 2 (inv_freq [1.0]), factor 1.5 fixed.
+  # The partial-rotary reproducer: D=4, rot_dim 2 (inv_freq [1.0]), factor 1.5 fixed.
   q = np.array([[1, 0, 1, 0], [1, 0, 1, 0]], np.float64)[None, :, None]
   k = np.array([[1, 0, 0, 0], [0, 0, 1, 0]], np.float64)[None, :, None]
   v = np.array([[1, 0, 0, 0], [0, 1, 0, 0]], np.float64)[None, :, None]
-  run("issue 15 reproducer", "half", "gpt_neox", 4,
+  run("partial-rotary reproducer", "half", "gpt_neox", 4,
       {"rope_type": "yarn", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "factor": 4.0,
        "original_max_position_embeddings": 2, "attention_factor": 1.5}, 8, q, k, v, [[0, 1]])
   rng = np.random.default_rng(150)

@@ -122,12 +122,12 @@ def test_ntk_and_dynamic_yarn_match_the_transformers_tables_they_equal():
 
 
 def test_issue_15_scaling_cases():
-  """Cases 3 and 4 of issue 15, by the numbers it quotes."""
-  (lr,) = [c for c in cases("longrope") if c["note"].startswith("issue 15")
+  """v5-dict cases 3 and 4, by the numbers quoted for them."""
+  (lr,) = [c for c in cases("longrope") if c["note"].startswith("v5-dict")
            and c["head_dim"] == 64 and c["rope_parameters"]["partial_rotary_factor"] == 1.0]
   assert lr["attention_factor"] == pytest.approx(1.080123, abs=1e-6)  # factor 4, not 32
   assert ours(lr)[1] == pytest.approx(1.080123, abs=1e-6)
-  (dyn,) = [c for c in cases("dynamic") if c["note"] == "issue 15 case 4: the dict's original "
+  (dyn,) = [c for c in cases("dynamic") if c["note"] == "v5-dict case 4: the dict's original "
             "length is ignored"]
   assert dyn["inv_freq"][-1] == pytest.approx(1.3335e-04, rel=1e-4)
   with pytest.warns(UserWarning, match="original_max_position_embeddings=1024 is ignored"):
@@ -202,7 +202,7 @@ def test_every_kernel_matches_transformers_under_jit(layout):
 
 def test_issue_15_reproducer():
   """D=4, rot_dim 2, half layout, factor 1.5: position 1 reads [0.5269, 0.4731, 0, 0]."""
-  (case,) = [c for c in reference()["attention"] if c["name"] == "issue 15 reproducer"]
+  (case,) = [c for c in reference()["attention"] if c["name"] == "partial-rotary reproducer"]
   np.testing.assert_allclose(case["out"][0][1][0], [0.5269, 0.4731, 0, 0], atol=1e-4)
   q, k, v, pos, inv, att = attention_inputs(case)
   np.testing.assert_array_equal(inv, [1.0])

@@ -259,7 +259,7 @@ def test_hf_dict_errors_name_the_problem():
     scaling.yarn(15, factor=2.0, original_max_len=128)
 
 
-# ------------------------------------------------- transformers-v5 dicts (issue 15, cases 2-5)
+# ------------------------------------------------- transformers-v5 dicts (cases 2-5)
 
 
 def test_v5_dicts_keep_partial_rotary_factor_and_rope_theta():
@@ -302,7 +302,7 @@ def test_unread_keys_strict_errors_or_warnings():
 
 
 def test_longrope_explicit_factor_wins_over_max_len():
-  """Issue 15 case 3: factor 4 with L0 4096 and max_len 131072 gives sqrt(1 + ln 4 / ln 4096)
+  """v5-dict case 3: factor 4 with L0 4096 and max_len 131072 gives sqrt(1 + ln 4 / ln 4096)
   = sqrt(7 / 6) = 1.080123, not the ratio 32's 1.190238."""
   kw = dict(short_factor=[1.0] * 4, long_factor=[2.0] * 4, original_max_len=4096, max_len=131072)
   _, att = scaling.longrope(8, factor=4.0, **kw)
@@ -313,7 +313,7 @@ def test_longrope_explicit_factor_wins_over_max_len():
 
 
 def test_dynamic_starts_at_max_len_like_transformers():
-  """Issue 15 case 4: the dict's original_max_position_embeddings (1024) is ignored with a
+  """v5-dict case 4: the dict's original_max_position_embeddings (1024) is ignored with a
   warning; up to max_len (4096) the table is the plain one, and beyond it grows from there."""
   cfg = {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 1024}
   with pytest.warns(UserWarning, match="is ignored"):
