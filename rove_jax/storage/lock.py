@@ -134,7 +134,7 @@ class WriterLock:
         if holder is None:
           continue  # removed under our feet: look again
         if not self._free(newest, holder):
-          raise self._held_error(holder)
+          raise self._held_error(holder, newest)
         if not holder.get("released"):
           log(f"taking over the writer lock of {self.directory} from a process that is no "
               f"longer running ({_who(holder)})")
@@ -150,12 +150,12 @@ class WriterLock:
     raise LockError(f"could not take the writer lock of {self.directory}: other processes "
                     f"keep taking it")
 
-  def _held_error(self, holder: dict) -> LockError:
+  def _held_error(self, holder: dict, number: int) -> LockError:
     return LockError(
         f"{self.what} {self.directory} is being written by {_who(holder)}: two writers would "
         f"overwrite each other's files. Stop that process or choose another {self.what}. If it "
         f"is gone (its machine was lost), its lock goes stale {self.stale_after_s:.0f} s after "
-        f"its last heartbeat; or delete {self._file(self._numbers()[-1])} by hand.")
+        f"its last heartbeat; or delete {self._file(number)} by hand.")
 
   # ------------------------------------------------------------------------- holding
   def _beat(self):
