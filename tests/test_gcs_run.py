@@ -165,13 +165,8 @@ def test_two_processes_sharing_a_gs_workdir_train_and_resume(tmp_path):
   straight through locally."""
   from tests.conftest import write_corpus
   corpus = write_corpus(tmp_path / "corpus")
-  args = ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=4",
-          "--config.model.d_ff=64", "--config.model.max_len=32", "--config.data.source=text",
-          f"--config.data.path={corpus}", "--config.data.seq_len=32",
-          "--config.data.batch_size=8", "--config.steps=4", "--config.optim.warmup_steps=2",
-          "--config.log_every=1", "--config.eval_every=1000", "--config.checkpoint_every=2",
-          "--config.progress=False", "--config.sample_tokens=0", "--config.mesh.data=2",
-          "--config.mesh.fsdp=2"]
+  from tests.test_sharding import two_process_args
+  args = two_process_args(corpus, steps=4, checkpoint_every=2)
   workdir = f"{gcs_server.new_bucket()}/shared"
 
   def cmd(wd, *extra):

@@ -142,16 +142,22 @@ def test_mesh_errors(tmp_path):
     run(c, tmp_path / "w", 8)
 
 
+def two_process_args(corpus, *, steps: int, checkpoint_every: int) -> list[str]:
+  """train.py flags over configs/tiny.py for the two-process tests: a 1-layer model on the
+  text corpus, a global batch of 8 over a (data 2, fsdp 2) mesh, every step logged."""
+  return ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=4",
+          "--config.model.d_ff=64", "--config.model.max_len=32", "--config.data.source=text",
+          f"--config.data.path={corpus}", "--config.data.seq_len=32",
+          "--config.data.batch_size=8", f"--config.steps={steps}",
+          "--config.optim.warmup_steps=2", "--config.log_every=1", "--config.eval_every=1000",
+          f"--config.checkpoint_every={checkpoint_every}", "--config.progress=False",
+          "--config.sample_tokens=0", "--config.mesh.data=2", "--config.mesh.fsdp=2"]
+
+
 @pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
   corpus = write_corpus(tmp_path / "corpus")
-  args = ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=4",
-          "--config.model.d_ff=64", "--config.model.max_len=32", "--config.data.source=text",
-          f"--config.data.path={corpus}", "--config.data.seq_len=32",
-          "--config.data.batch_size=8", "--config.steps=5", "--config.optim.warmup_steps=2",
-          "--config.log_every=1", "--config.eval_every=1000", "--config.checkpoint_every=1000",
-          "--config.progress=False", "--config.sample_tokens=0", "--config.mesh.data=2",
-          "--config.mesh.fsdp=2"]
+  args = two_process_args(corpus, steps=5, checkpoint_every=1000)
 
   def cmd(workdir, *extra):
     return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
