@@ -222,7 +222,7 @@ def eval_command(args, runs, eval_dir, ppl_only: bool = False) -> list[str]:
   """The rove-eval command over `runs` (the full suite with PPL_TOKENS and RULER at
   RULER_MULTIPLES of the training length; --quick: the quick suite as it is; ppl_only: its
   perplexity part alone)."""
-  cmd = [sys.executable, "-m", "rove_jax.evaluation.cli", "--workdir", runs[0]["workdir"],
+  cmd = [sys.executable, "-m", "rove_jax.cli.eval", "--workdir", runs[0]["workdir"],
          "--compare"]
   cmd += [r["workdir"] for r in runs[1:]]
   cmd += ["--suite", "quick" if args.quick else args.suite, "--out", eval_dir, "--yarn", "all"]

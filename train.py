@@ -5,7 +5,7 @@
 See rove_jax/train/cli.py for the flags.
 """
 
-from rove_jax.train.cli import run
+from rove_jax.cli.train import run
 
 if __name__ == "__main__":
   run()

@@ -9,7 +9,7 @@ No TPU is needed, only libtpu (pip install 'rove_jax[tpu]'). No GPU is needed fo
 --topology h100-8 / h200-8 (N GPUs: 1-8 or whole hosts of 8), only JAX's CUDA plugin and ptxas
 (rove_jax/aot/gpu.py names the wheels). --topology cpu:N uses this host's CPU devices, local the
 devices this process runs on. --config and --config.a.b=value overrides work as for train.py
-(the same parser, rove_jax.train.cli). --recommend applies the mesh and grad_accum of
+(the same parser, rove_jax.cli.train). --recommend applies the mesh and grad_accum of
 rove_jax.aot.compile.recommend (a --config.mesh.* or --config.optim.grad_accum on the command
 line wins). For each job it
 prints the per-device memory against the chip's HBM, FLOPs (compiled and model), bytes
@@ -37,7 +37,7 @@ def load_config(argv: list[str]):
   returns (config, the config argument as given)."""
   from absl import flags
   from ml_collections import config_flags
-  from rove_jax.train import cli as train_cli
+  from rove_jax.cli import train as train_cli
   argv = train_cli._rewrite_config_flag(["bench.aot"] + argv)
   problems = train_cli._override_problems(argv)
   if problems:

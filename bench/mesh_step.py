@@ -17,7 +17,7 @@ import tempfile  # noqa: E402
 
 import jax  # noqa: E402
 
-from rove_jax.train import run_config as config_lib  # noqa: E402
+from rove_jax.train import config_schema  # noqa: E402
 from rove_jax.train import loop as training  # noqa: E402
 from rove_jax.train.metrics import read_metrics  # noqa: E402
 
@@ -31,7 +31,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   rows = []
   for mesh in MESHES:
-    c = config_lib.base_config("tiny")
+    c = config_schema.base_config("tiny")
     m = c.model
     m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 2, 128, 8, 512, 128
     c.data.max_files, c.data.seq_len, c.data.batch_size = 100, 128, 16

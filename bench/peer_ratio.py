@@ -40,11 +40,11 @@ def jax_side(encoding: str, steps: int, warmup: int = 3) -> dict:
   import numpy as np
   from flax import nnx
   from rove_jax.nn.model import GPT, GPTConfig
-  from rove_jax.train import loop, run_config
+  from rove_jax.train import config_schema, loop
 
   cfg = GPTConfig(vocab_size=SHAPE["vocab"], n_layer=SHAPE["layers"], n_head=SHAPE["heads"],
                   d_model=SHAPE["d_model"], max_len=SHAPE["seq"], pos_encoding=encoding)
-  c = run_config.base_config("tiny")
+  c = config_schema.base_config("tiny")
   c.optim.lr, c.optim.warmup_steps = 1e-3, 0
   tx = loop.make_optimizer(c.optim, 1000)
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)

@@ -2,7 +2,7 @@
 
 import sys
 
-from rove_jax.evaluation.cli import main
+from rove_jax.cli.eval import main
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -7,7 +7,7 @@ one run per positional encoding and seed, evaluated with the paper's protocol (R
       [--seeds 0] [--topology v4-32] [--runs-dir DIR] [--out DIR] [--dry-run]
 
 The plan: for each encoding x seed, one train.py command with the preset's paper config
-(configs/PRESET.py; rove_jax/train/run_config.py:paper_config labels what is assumed), the
+(configs/PRESET.py; rove_jax/train/config_schema.py:paper_config labels what is assumed), the
 data, and the mesh and grad_accum that bench/aot_results records for --topology; then one
 rove-eval command over all runs: perplexity from 512 to 16384 tokens without and with YaRN, RULER scored by NLL,
 and DCLM Core few-shot accuracy from local task files (--icl-tasks). The cost is printed from the
@@ -30,10 +30,10 @@ import sys
 import time
 
 from rove_jax.nn.model_config import POS_ENCODINGS
-from rove_jax.train import run_config as config_lib
+from rove_jax.train import config_schema
 from rove_jax.train.metrics import read_metrics
 
-# rove_jax.data (its package loads grain), rove_jax.evaluation.cli, rove_jax.aot.compile and
+# rove_jax.data (its package loads grain), rove_jax.cli.eval, rove_jax.aot.compile and
 # rove_jax.nn.model (flax, optax, orbax) are imported inside the --scale recipe's functions:
 # reproduce.py's small-scale path imports this module for load_config and git_commit only.
 
@@ -92,7 +92,7 @@ def parse_args(argv) -> argparse.Namespace:
     args.data_files, _ = files.resolve_files(args.data, files.PARQUET_EXTENSIONS, "--data")
   except ValueError as e:
     p.error(f"{e}; give the FineWeb-Edu parquet shards you have, e.g. --data '{EXAMPLE_DATA}'")
-  from rove_jax.evaluation import cli  # heavy: see the note above ROOT
+  from rove_jax.cli import eval as cli  # heavy: see the note above ROOT
   cli.check_task_files(p, args)  # the evaluation's input files, now, not after days of training
   if args.topology:
     args.topology_name = _topology_name(p, args.topology, args.aot_dir, args.scale)
@@ -197,10 +197,10 @@ def build_plan(args) -> dict:
           cmd.append(f"--config.model.remat={mesh_row['remat']}")
       runs.append({"encoding": enc, "seed": seed, "workdir": workdir, "train": cmd,
                    "compiled": row, "mesh_from": mesh_row and mesh_row["pos_encoding"]})
-  from rove_jax.evaluation import cli  # heavy: see the note above ROOT
+  from rove_jax.cli import eval as cli  # heavy: see the note above ROOT
   full = cli.SUITES["full"]
   eval_dir = os.path.join(args.out, "eval")
-  ev = ["python", "-m", "rove_jax.evaluation.cli", "--workdir", runs[0]["workdir"]]
+  ev = ["python", "-m", "rove_jax.cli.eval", "--workdir", runs[0]["workdir"]]
   if len(runs) > 1:
     ev += ["--compare"] + [r["workdir"] for r in runs[1:]]
   ev += ["--suite", "full", "--lengths", ",".join(map(str, PAPER_LENGTHS)),
@@ -252,7 +252,7 @@ def cost_lines(plan, args) -> list[str]:
                f"device-hours, {flops:.3e} FLOPs")
   if missing:
     from rove_jax.nn.model import param_count  # heavy: see the note above ROOT
-    n = param_count(config_lib.to_model_config(plan["config"]))
+    n = param_count(config_schema.build(plan["config"]).model)
     where = f"for {topo_name}" if topo else "for any topology"
     for enc in missing:
       out.append(f"  {enc}: no compiled figures {where} in {os.path.relpath(args.aot_dir)}; "
@@ -332,7 +332,7 @@ def format_plan(plan, args) -> str:
         f"context {seq}: GPT-2 tokenizer, batch {plan['batch']} x {seq}, {plan['steps']:,} "
         f"steps, lr {plan['config'].optim.lr:g}, {plan['config'].optim.warmup_steps} warmup "
         f"steps, weight decay {plan['config'].optim.weight_decay:g}, AdamW betas, bf16 "
-        f"(rove_jax/train/run_config.py:paper_config)",
+        f"(rove_jax/train/config_schema.py:paper_config)",
         (f"  - one seed ({seeds}): a cost choice, every seed adds a full run per encoding; "
          f"--seeds 0,1 gives a spread over seeds" if len(args.seed_list) == 1 else
          f"  - {len(args.seed_list)} seeds ({seeds}), each a full run per encoding"),

@@ -33,7 +33,7 @@ import time
 from rove_jax.data import recall as recall_data
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model_config import POS_ENCODINGS
-from rove_jax.train import run_config as config_lib
+from rove_jax.train import config_schema
 from study import jobs, plots, stats
 from study import retrieval_scoring as recall
 from study.configs import retrieval as recall_config
@@ -120,7 +120,7 @@ def plan(args) -> list[dict]:
       fields = {"model.pos_encoding": enc, "seed": seed, **base}
       c = recall_config.get_config()
       c.update_from_flattened_dict(fields)
-      config_lib.validate(c)
+      config_schema.build(c).model
       runs.append({"encoding": enc, "seed": seed,
                    "overrides": [f"--config.{k}={v}" for k, v in fields.items()],
                    "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}")})
@@ -146,7 +146,7 @@ def train_all(runs, log=print, n_jobs=None) -> None:
       with open(os.path.join(run["workdir"], DONE)) as f:
         run["train_seconds"] = json.load(f).get("train_seconds")
       continue
-    cmd = [sys.executable, "-m", "rove_jax.train.cli", "--config", recall_config.__file__,
+    cmd = [sys.executable, "-m", "rove_jax.cli.train", "--config", recall_config.__file__,
            "--workdir", run["workdir"]] + run["overrides"]
     todo.append(jobs.Job(f"[{i + 1}/{len(runs)}] {run['encoding']} seed {run['seed']} -> "
                          f"{run['workdir']}", cmd, os.path.join(run["workdir"], "train.log")))

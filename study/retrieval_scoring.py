@@ -36,11 +36,11 @@ MULTIPLES = (1, 2, 4, 8, 16)
 def run_spec(run: scoring.Run) -> recall_data.RecallSpec:
   """The generator spec a run was trained on (its data.path), checking its source and that its
   tokenizer maps the generator's characters to their codes (the byte tokenizer does)."""
-  data = run.config["data"]
-  if data.get("source") != "recall":
-    raise ValueError(f"run {run.name} was trained on the {data.get('source')!r} source, not "
+  data = run.config.data
+  if data.source != "recall":
+    raise ValueError(f"run {run.name} was trained on the {data.source!r} source, not "
                      f"'recall'; the recall evaluation needs a recall-trained run")
-  spec = recall_data.RecallSpec.parse(data.get("path"))
+  spec = recall_data.RecallSpec.parse(data.path)
   chars = (recall_data.KEY_CHARS + recall_data.RECORD_CHARS + recall_data.FILLER_CHARS
            + MARKER)
   ids = np.asarray(run.tokenizer.encode(chars))
@@ -139,7 +139,7 @@ def evaluate(scorer: scoring.Scorer, samples: dict[int, recall_data.Samples], *,
   """
   train_len = scorer.train_len
   encoding = encoding or scorer.config.pos_encoding
-  seed = int(scorer.run.config.get("seed", 0)) if seed is None else seed
+  seed = scorer.run.config.seed if seed is None else seed
   if fixed_factor is None:
     fixed_factor = max(samples) / train_len
   bad = [s for s in settings if s not in SETTINGS]

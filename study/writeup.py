@@ -93,7 +93,7 @@ def _header(st: rs.Study, meta: dict) -> list:
   L.append(f"- Machine: {meta['machine']}")
   if meta.get("notes"):
     L.append(f"- Notes: {meta['notes']}")
-  L.append(f"- Evaluation: `python -m rove_jax.evaluation.cli --suite {report['suite']} --yarn "
+  L.append(f"- Evaluation: `python -m rove_jax.cli.eval --suite {report['suite']} --yarn "
            f"{yarn}{_sizing_flags(report)} --compare ...`; full report in "
            f"[eval/report.md](eval/report.md), raw numbers in [eval/report.json](eval/report.json)"
            f".\n")

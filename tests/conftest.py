@@ -48,7 +48,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from rove_jax.train import run_config as config_lib  # noqa: E402
+from rove_jax.train import config_schema  # noqa: E402
 from rove_jax.nn.model_config import GPTConfig  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -195,7 +195,7 @@ def small_config(tmp_path, **overrides):
   Returns:
     The ml_collections ConfigDict.
   """
-  c = config_lib.base_config("tiny")
+  c = config_schema.base_config("tiny")
   m = c.model
   m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 1, 32, 2, 64, 32
   c.data.source = "text"

@@ -10,7 +10,7 @@ import pytest
 
 from rove_jax.aot import compile as aot
 from rove_jax.aot import analysis as hlo
-from rove_jax.train import run_config as config_lib
+from rove_jax.train import config_schema
 
 # A module in the forms XLA prints: a variadic all-reduce, the async -start/-done pairs (only
 # -start counts; all-gather-start and collective-permute-start return their operands too), a
@@ -145,7 +145,7 @@ def test_analyze_scales_the_accumulation_loop_and_adds_kernel_attention():
 
 
 def test_recommend_mesh_and_accumulation():
-  c = config_lib.paper_config("gpt2_124m", lr=6e-4)
+  c = config_schema.paper_config("gpt2_124m", lr=6e-4)
   r = aot.recommend(c, "v5e-8")  # state 16 x 124.5M bytes fits half the HBM: data parallel
   assert r["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
   # 64 rows a device; per token 12 (34 x 768 + 5 x 12 x 1024) + 8 x 50304 bytes: 8 rows fit
@@ -161,7 +161,7 @@ def test_recommend_mesh_and_accumulation():
 
 
 def _tiny():
-  c = config_lib.base_config("tiny")
+  c = config_schema.base_config("tiny")
   m = c.model
   m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 1, 64, 2, 256, 64
   c.data.seq_len, c.data.batch_size = 64, 8
@@ -203,7 +203,7 @@ def test_train_step_compiled_for_cpu_devices_matches_independent_counts():
 
 def param_count(c):
   from rove_jax.nn.model import param_count as count
-  return count(config_lib.validate(c))
+  return count(config_schema.build(c).model)
 
 
 def test_command_line_on_cpu_devices(tmp_path, capsys):

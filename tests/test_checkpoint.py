@@ -15,6 +15,7 @@ import pytest
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train.run_config import RunConfig
 
 
 def model_params(meta):
@@ -67,15 +68,15 @@ def test_read_run_restores_the_newest_checkpoint(trained_run):
   assert "model" not in meta["config"]  # the model config is stored once, under "model"
 
 
-def test_load_run_reads_the_model_config_from_one_place(trained_run, monkeypatch):
-  """Older checkpoints also kept the run config's model section in meta["config"]; evaluation
-  reads the model config from meta["model"] only and drops the copy."""
+def test_load_run_reads_back_the_run_config_it_was_trained_with(trained_run):
+  """The metadata holds the model config once ("model") and the rest of the run config
+  ("config"); evaluation reads them back as the RunConfig the run was built with."""
   step, params, meta = ckpt_lib.read_run(str(trained_run), model_params)
-  older = {**meta, "config": {**meta["config"], "model": {**meta["model"], "n_layer": 99}}}
-  monkeypatch.setattr(ckpt_lib, "read_run", lambda workdir, abstract: (step, params, older))
+  assert "model" not in meta["config"]
   run = scoring.load_run(str(trained_run))
-  assert run.model_config == GPTConfig.from_dict(meta["model"]) and "model" not in run.config
-  assert run.config == meta["config"]
+  assert run.config == RunConfig.from_metadata(meta)
+  assert run.model_config == GPTConfig.from_dict(meta["model"]) == run.config.model
+  assert run.config.to_dict() == {**meta["config"], "model": meta["model"]}
 
 
 def test_read_run_falls_back_past_an_unreadable_newest_checkpoint(run_copy):

@@ -18,10 +18,12 @@ import pytest
 from absl import app, flags
 from ml_collections import config_flags
 
-from rove_jax.train import run_config as config_lib
+from rove_jax.train import config_schema, resume
 from rove_jax import scaling
-from rove_jax.train import cli as train_cli
+from rove_jax.cli import train as train_cli
 from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train.run_config import RunConfig
+from rove_jax.train.run_config import RunConfig
 from tests.conftest import subprocess_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -64,7 +66,7 @@ def write_tiny_with_longrope(tmp_path):
 def test_round_trip_config_file_to_metadata_and_back(tmp_path):
   c = parse_config_file(write_tiny_with_longrope(tmp_path), "--config.model.rove_layers=(0,2)",
                         "--config.model.n_kv_head=2")
-  model = config_lib.validate(c)
+  model = config_schema.build(c).model
   assert model.rove_layers == (0, 2) and model.n_kv_head == 2
   assert model.rope_scaling == scaling.RopeScaling.from_dict(LONGROPE)
   assert model.to_dict()["rope_scaling"] == LONGROPE
@@ -75,8 +77,8 @@ def test_round_trip_config_file_to_metadata_and_back(tmp_path):
   assert back == model and hash(back) == hash(model)
   assert len({back, model}) == 1
   # a JSON copy of the run config's sections gives the same model too
-  assert config_lib.to_model_config(
-      ml_collections.ConfigDict(json.loads(json.dumps(config_lib.as_plain(c))))) == model
+  assert config_schema.build(
+      ml_collections.ConfigDict(json.loads(json.dumps(config_schema.to_plain(c))))).model == model
   # the restored rope_scaling gives the same frequencies, at a length that picks long_factor
   want = scaling.from_config(LONGROPE, 64, max_len=256, seq_len=512)
   got = back.rope_scaling.frequencies(back.rot_dim, base=back.rope_base, max_len=back.max_len,
@@ -97,7 +99,7 @@ def test_round_trip_config_file_to_metadata_and_back(tmp_path):
 
 def test_presets_pass_through_the_run_config_unchanged():
   for preset in ("tiny", "gpt2_124m", "gpt2_354m"):
-    assert config_lib.validate(config_lib.base_config(preset)) == getattr(GPTConfig, preset)()
+    assert config_schema.build(config_schema.base_config(preset)).model == getattr(GPTConfig, preset)()
 
 
 def test_rope_scaling_is_parsed_once_and_lists_come_back_as_lists():
@@ -135,13 +137,16 @@ def test_metadata_of_older_checkpoints_reads_back(stored):
 
 
 def test_checkpoint_metadata_holds_the_model_config_once():
-  c = config_lib.base_config("tiny")
+  c = config_schema.base_config("tiny")
   c.model.rope_scaling.rope_type = "linear"
   c.model.rope_scaling.factor = 2.0
-  saved = json.loads(json.dumps(config_lib.metadata_config(c)))
-  assert "model" not in saved and saved["data"] == config_lib.as_plain(c.data)
-  assert saved == {k: v for k, v in config_lib.as_plain(c).items() if k != "model"}
-  assert "model" in c  # the run config itself is left whole
+  built = config_schema.build(c)
+  meta = json.loads(json.dumps(built.metadata()))
+  assert "model" not in meta["config"] and meta["model"] == built.model.to_dict()
+  assert meta["model"]["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+  # the resolved values: data.seq_len from model.max_len, the byte tokenizer
+  assert meta["config"]["data"]["seq_len"] == 256 and meta["config"]["data"]["tokenizer"] == "bytes"
+  assert RunConfig.from_metadata(meta) == built
 
 
 @pytest.mark.parametrize("override, message", [
@@ -170,7 +175,7 @@ def test_checkpoint_metadata_holds_the_model_config_once():
     ({"optim.eps": 0.0}, r"optim.eps must be a finite number in \(0, inf\)"),
 ])
 def test_validation_errors_name_the_field(override, message):
-  c = config_lib.base_config("tiny")
+  c = config_schema.base_config("tiny")
   for key, value in override.items():
     *sections, name = key.split(".")
     node = c
@@ -178,7 +183,7 @@ def test_validation_errors_name_the_field(override, message):
       node = node[section]
     node[name] = value
   with pytest.raises(ValueError, match=message):
-    config_lib.validate(c)
+    config_schema.build(c).model
 
 
 @pytest.mark.parametrize("key, message", [
@@ -190,7 +195,7 @@ def test_validation_errors_name_the_field(override, message):
     ("zzz", r"the config has no field 'zzz'; the config has: async_checkpoints, "),
 ])
 def test_command_line_overrides_of_unknown_fields_name_the_closest(key, message):
-  assert re.search(message, config_lib.override_problem(key, "1"))
+  assert re.search(message, config_schema.override_problem(key, "1"))
 
 
 def test_every_schema_field_is_a_valid_override():
@@ -198,9 +203,9 @@ def test_every_schema_field_is_a_valid_override():
     for k, v in c.items():
       yield from keys(v, f"{prefix}{k}.") if isinstance(v, ml_collections.ConfigDict) else [
           prefix + k]
-  fields = list(keys(config_lib.base_config("tiny")))
+  fields = list(keys(config_schema.base_config("tiny")))
   assert "model.rope_scaling.factor" in fields and "optim.lr" in fields
-  assert [k for k in fields if config_lib.override_problem(k, "1") is not None] == []
+  assert [k for k in fields if config_schema.override_problem(k, "1") is not None] == []
 
 
 def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
@@ -209,7 +214,7 @@ def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
   noget = tmp_path / "noget.py"
   noget.write_text("X = 1\n")
   raises = tmp_path / "raises.py"
-  raises.write_text("from rove_jax.train.run_config import base_config\n\n"
+  raises.write_text("from rove_jax.train.config_schema import base_config\n\n"
                     "def get_config():\n  c = base_config('tiny')\n  c.steps = int('x')\n"
                     "  return c\n")
   tiny = str(ROOT / "configs" / "tiny.py")
@@ -223,7 +228,7 @@ def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
       (["--config", str(raises)],  # the file, line and code that raised
        f"error: --config {raises}, line 5 (c.steps = int('x')): ValueError: invalid literal "
        f"for int() with base 10: 'x'")]:
-    r = subprocess.run([sys.executable, "-m", "rove_jax.train.cli", *argv, "--workdir",
+    r = subprocess.run([sys.executable, "-m", "rove_jax.cli.train", *argv, "--workdir",
                         str(tmp_path / "w")], capture_output=True, text=True, timeout=120,
                        cwd=ROOT, env=subprocess_env())
     assert r.returncode == 2, (argv, r.stderr[-2000:])
@@ -236,25 +241,25 @@ def test_rope_scaling_from_the_command_line(tmp_path):
   c = parse_config_file(tiny, "--config.model.rope_scaling.rope_type=yarn",
                         "--config.model.rope_scaling.factor=4",
                         "--config.model.rope_scaling.original_max_position_embeddings=128")
-  assert config_lib.validate(c).rope_scaling.to_dict() == {
+  assert config_schema.build(c).model.rope_scaling.to_dict() == {
       "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
-  assert config_lib.validate(parse_config_file(tiny)).rope_scaling is None  # unset: plain RoPE
+  assert config_schema.build(parse_config_file(tiny)).model.rope_scaling is None  # unset: plain RoPE
   # A dict from a config file, with one key overridden on the command line.
   c = parse_config_file(write_tiny_with_longrope(tmp_path),
                         "--config.model.rope_scaling.original_max_position_embeddings=64")
-  got = config_lib.validate(c).rope_scaling
+  got = config_schema.build(c).model.rope_scaling
   assert got.original_max_position_embeddings == 64
   assert list(got.short_factor) == LONGROPE["short_factor"]
   with pytest.raises(ValueError, match=r"rope_scaling.*unknown keys \['facter'\]"):
-    c = config_lib.base_config("tiny")
+    c = config_schema.base_config("tiny")
     c.model.rope_scaling = {"rope_type": "yarn", "facter": 2.0}
-    config_lib.validate(c)
+    config_schema.build(c).model
 
 
 def test_a_workdir_that_is_a_file_has_its_own_message(tmp_path):
   (tmp_path / "f").write_text("x")
   with pytest.raises(ValueError, match=r"is a file, not a directory"):
-    config_lib.check_workdir(str(tmp_path / "f"))
+    resume.check_workdir(str(tmp_path / "f"))
 
 
 def test_unknown_model_fields_are_named_with_the_known_ones():
@@ -265,12 +270,12 @@ def test_unknown_model_fields_are_named_with_the_known_ones():
 _NO_BACKEND = textwrap.dedent("""
     import sys
     from jax._src import xla_bridge
-    from rove_jax.train import run_config as config_lib
+    from rove_jax.train import config_schema
     from rove_jax.nn.model_config import GPTConfig
-    from rove_jax.train import cli as train_cli  # defines the rove-train flags on absl's FLAGS
+    from rove_jax.cli import train as train_cli  # defines the rove-train flags on absl's FLAGS
     from absl import flags
 
-    config_lib.validate(config_lib.base_config("tiny"))
+    config_schema.build(config_schema.base_config("tiny")).model
     for scaling in ({"rope_type": "yarn", "factor": 4.0}, {"rope_type": "dynamic", "factor": 2.0},
                     {"rope_type": "llama3", "factor": 8.0}, {"rope_type": "ntk", "factor": 2.0},
                     %(longrope)r):
@@ -281,7 +286,7 @@ _NO_BACKEND = textwrap.dedent("""
     sys.argv = argv
     flags.FLAGS(argv)  # what app.run does before main: evaluates configs/tiny.py
     c = train_cli._CONFIG.value
-    assert config_lib.validate(c).rove_layers == (0, 2)
+    assert config_schema.build(c).model.rove_layers == (0, 2)
     print("before:", xla_bridge.backends_are_initialized())
     import jax.numpy as jnp
     jnp.zeros(1)  # the check below can fail: a device array starts a backend
@@ -328,12 +333,12 @@ def test_config_names_resolve_to_packaged_files(tmp_path):
 
 
 def test_rove_train_with_an_unknown_config_name_exits_2(tmp_path):
-  r = subprocess.run([sys.executable, "-m", "rove_jax.train.cli", "--config", "tinny",
+  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.train", "--config", "tinny",
                       "--workdir", str(tmp_path / "w")], cwd=tmp_path, capture_output=True,
                      text=True, timeout=120, env=subprocess_env(devices=1))
   assert r.returncode == 2 and "neither a file nor a packaged config" in r.stderr, r.stderr
   # A stray positional argument: one line, exit 2, nothing run.
-  r = subprocess.run([sys.executable, "-m", "rove_jax.train.cli", "--config", "tiny",
+  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.train", "--config", "tiny",
                       "--workdir", str(tmp_path / "w"), "steps=5"], cwd=tmp_path,
                      capture_output=True, text=True, timeout=120, env=subprocess_env(devices=1))
   assert r.returncode == 2 and "error: unexpected arguments ['steps=5']" in r.stderr, r.stderr

@@ -10,6 +10,7 @@ import jax
 import pytest
 
 from rove_jax import data
+from rove_jax.train import config_schema
 from rove_jax.train import loop as training
 from rove_jax.train import resume
 from tests.conftest import small_config
@@ -33,18 +34,18 @@ def test_a_re_prepared_dataset_stops_the_resume_unless_allowed(tmp_path):
   c = small_config(tmp_path, steps=4)
   corpus = pathlib.Path(c.data.path)
   prepared = tmp_path / "prepared"
-  data.prepare_dataset(training.corpus_from_config(c.data), "bytes", prepared,
+  data.prepare_dataset(config_schema.build(c).data.corpus(), "bytes", prepared,
                        tokens_per_shard=3000, progress=False)
   c.data.source, c.data.path, c.run_steps = "prepared", str(prepared), 2
   run(c, tmp_path / "run")
-  first = data.prepare(training.corpus_from_config(c.data), "bytes",
+  first = data.prepare(config_schema.build(c).data.corpus(), "bytes",
                        workdir=str(tmp_path / "probe")).identity
   swap_x_and_y(corpus)
   shutil.rmtree(prepared)
-  raw = training.corpus_from_config(small_config(tmp_path / "raw", **{"data.path": str(corpus)})
-                                    .data)
+  raw = config_schema.build(small_config(tmp_path / "raw", **{"data.path": str(corpus)})
+                            ).data.corpus()
   data.prepare_dataset(raw, "bytes", prepared, tokens_per_shard=3000, progress=False)
-  second = data.prepare(training.corpus_from_config(c.data), "bytes",
+  second = data.prepare(config_schema.build(c).data.corpus(), "bytes",
                         workdir=str(tmp_path / "probe")).identity
   assert first["manifest_sha256"] != second["manifest_sha256"]
   c.run_steps = None
@@ -56,7 +57,7 @@ def test_a_re_prepared_dataset_stops_the_resume_unless_allowed(tmp_path):
   c.data.allow_changed = True
   out = []
   summary = run(c, tmp_path / "run", out)
-  assert summary["start_step"] == 2 and summary["step"] == 4
+  assert summary.start_step == 2 and summary.step == 4
   assert any("continuing on the new data" in line for line in out), out
 
 

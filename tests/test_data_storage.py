@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from rove_jax import data
-from rove_jax.data import pipeline, prepare_corpus, prepared, token_cache, tokenization
+from rove_jax.cli import prepare as prepare_cli
+from rove_jax.data import pipeline, prepared, token_cache, tokenization
 from rove_jax.storage import lock as lock_lib
 from rove_jax.storage import paths
 from tests import gcs_server
@@ -48,7 +49,7 @@ def test_prepared_dataset_on_gcs_reads_as_the_local_one(tmp_path, gcs_bucket, ca
   local = data.prepare_dataset(corpus, "bytes", tmp_path / "p", tokens_per_shard=1000,
                                progress=False)
   out = f"{gcs_bucket}/ds"
-  assert prepare_corpus.main(["--source", "text", "--path", corpus.path, "--out", out,
+  assert prepare_cli.main(["--source", "text", "--path", corpus.path, "--out", out,
                               "--tokens-per-shard", "1000", "--no-progress"]) == 0
   remote = prepared.read_manifest(out)
   assert remote["splits"] == local["splits"]  # every shard's tokens, bytes and sha256
@@ -82,11 +83,11 @@ def test_prepared_dataset_on_gcs_reads_as_the_local_one(tmp_path, gcs_bucket, ca
                      "rerun the command"):
     prepared.verify(out)
   capsys.readouterr()
-  assert prepare_corpus.main(["--check", "--out", out]) == 2
+  assert prepare_cli.main(["--check", "--out", out]) == 2
   assert capsys.readouterr().err.splitlines()[-1].startswith(
       f"error: shard {victim} does not match its sha256")
   # Rerunning the command rewrites it.
-  assert prepare_corpus.main(["--source", "text", "--path", corpus.path, "--out", out,
+  assert prepare_cli.main(["--source", "text", "--path", corpus.path, "--out", out,
                               "--tokens-per-shard", "1000", "--no-progress"]) == 0
   assert paths.read_bytes(victim) == good and prepared.verify(out) == len(shards)
 
@@ -193,6 +194,7 @@ def test_identity_is_the_same_for_the_same_data_and_names_a_re_preparation(tmp_p
 
 _HOLD = """
 import os, sys, time
+from rove_jax.cli import prepare as prepare_cli
 from rove_jax.data import prepare_corpus
 real = prepare_corpus._write_split
 def held(*args, **kwargs):  # the lock is held now: say so, wait for the test's go
@@ -202,7 +204,7 @@ def held(*args, **kwargs):  # the lock is held now: say so, wait for the test's 
     time.sleep(0.05)
   return real(*args, **kwargs)
 prepare_corpus._write_split = held
-sys.exit(prepare_corpus.main(sys.argv[3:]))
+sys.exit(prepare_cli.main(sys.argv[3:]))
 """
 
 
@@ -219,7 +221,7 @@ def test_two_concurrent_rove_prepare_runs_one_gets_a_lock_error(tmp_path, gcs_bu
     while not holding.exists():
       assert first.poll() is None and time.monotonic() < deadline, first.communicate()
       time.sleep(0.05)
-    second = subprocess.run([sys.executable, "-m", "rove_jax.data.prepare", *args],
+    second = subprocess.run([sys.executable, "-m", "rove_jax.cli.prepare", *args],
                             capture_output=True, text=True, timeout=120)
     go.touch()
     _, err_first = first.communicate(timeout=120)
@@ -242,7 +244,7 @@ def test_two_concurrent_rove_prepare_runs_one_gets_a_lock_error(tmp_path, gcs_bu
 def test_out_that_is_a_file_is_one_line_and_exit_2(tmp_path):
   corpus = write_corpus(tmp_path / "corpus", n_files=2, chars=400)
   (tmp_path / "notes.txt").write_text("mine\n")
-  done = subprocess.run([sys.executable, "-m", "rove_jax.data.prepare", "--source", "text",
+  done = subprocess.run([sys.executable, "-m", "rove_jax.cli.prepare", "--source", "text",
                          "--path", corpus, "--out", str(tmp_path / "notes.txt")],
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 2 and done.stdout == ""
@@ -289,7 +291,7 @@ def test_command_failures_are_one_line_with_their_exit_code(tmp_path, gcs_bucket
     code, want = 1, "error: tiktoken could not load the files of encoding 'gpt2' (ConnectionError"
   capsys.readouterr()
   try:
-    got = prepare_corpus.main(["--source", "text", "--path", corpus, "--out", out,
+    got = prepare_cli.main(["--source", "text", "--path", corpus, "--out", out,
                                "--tokenizer", tokenizer, "--no-progress"])
   finally:
     if held is not None:

@@ -15,6 +15,7 @@ from flax import nnx
 from rove_jax.evaluation import perplexity, report, report_files, report_md, scoring
 from rove_jax.data import tokenization
 from rove_jax.nn.model import GPT
+from rove_jax.train.run_config import RunConfig
 from tests.conftest import gpt_config, small_config, subprocess_env
 from tests.test_training import ROOT, run_train
 
@@ -24,8 +25,8 @@ ENV1 = subprocess_env(devices=1)
 def make_run(cfg, params=None, seed=0):
   model = GPT(cfg, rngs=nnx.Rngs(seed))
   state = nnx.state(model, nnx.Param) if params is None else params
-  return scoring.Run(workdir="/nonexistent", name="t", step=0, model_config=cfg,
-                     config={"data": {"seq_len": cfg.max_len}}, params=state,
+  return scoring.Run(workdir="/nonexistent", name="t", step=0, config=RunConfig(model=cfg),
+                     params=state,
                      tokenizer=tokenization.get_tokenizer("bytes"))
 
 

@@ -1,4 +1,4 @@
-"""Evaluation's command-line options end to end (rove_jax.evaluation.cli.main, what
+"""Evaluation's command-line options end to end (rove_jax.cli.eval.main, what
 `python -m eval` and `rove-eval` run) on the shared trained run: --yarn off / on / both / all
 (yarn_fixed at one factor), --stride and --data-path, the numbers checked against the float64
 reference of tests/test_perplexity.py; a report written to gs:// (the session's GCS API server)
@@ -14,7 +14,8 @@ import pytest
 from absl import logging as absl_logging
 
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.evaluation import cli, report, report_files, report_md, scoring
+from rove_jax.cli import eval as cli
+from rove_jax.evaluation import report, report_files, report_md, scoring
 from rove_jax.evaluation.ruler import suite as ruler
 from rove_jax.storage import paths
 from tests import gcs_server

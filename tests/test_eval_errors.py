@@ -1,4 +1,4 @@
-"""rove-eval's failures (rove_jax.evaluation.cli.main, in process): argument errors exit 2 before
+"""rove-eval's failures (rove_jax.cli.eval.main, in process): argument errors exit 2 before
 any checkpoint is restored (gs:// workdirs and --out checked on the session's GCS API server);
 expected failures later exit 1 with one line on stderr; the report is replaced atomically and
 lists exactly the plots in its directory. No trained run needed."""
@@ -12,10 +12,10 @@ import warnings
 import numpy as np
 import pytest
 
-from rove_jax.train import run_config as config_lib
+from rove_jax.train import config_schema
 from rove_jax import data as data_lib
-from rove_jax.train import loop as training
-from rove_jax.evaluation import cli, plots, report, report_files, scoring
+from rove_jax.cli import eval as cli
+from rove_jax.evaluation import plots, report, report_files, scoring
 from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.storage import paths
 from study import plots as study_plots
@@ -322,14 +322,14 @@ def test_eval_reads_the_runs_capped_val_cache_and_writes_nothing(tmp_path, capsy
   c = small_config(tmp_path, **{"data.max_val_tokens": 300})
   workdir = tmp_path / "run"
   prepared = data_lib.prepare(  # what training.train does before its first step
-      training.corpus_from_config(c.data), c.data.tokenizer, workdir=str(workdir),
+      config_schema.build(c).data.corpus(), "bytes", workdir=str(workdir),
       max_train_tokens=c.data.max_train_tokens, max_val_tokens=c.data.max_val_tokens)
   assert prepared.val_tokens.size == 300
   data_dir = workdir / "data"
 
   def val_tokens():
-    run = scoring.Run(workdir=str(workdir), name="run", step=8, model_config=None,
-                      config=config_lib.as_plain(c), params=None, tokenizer=prepared.tokenizer)
+    run = scoring.Run(workdir=str(workdir), name="run", step=8, config=config_schema.build(c),
+                      params=None, tokenizer=prepared.tokenizer)
     capsys.readouterr()
     tokens = np.array(run.val_tokens())
     return tokens, capsys.readouterr().err

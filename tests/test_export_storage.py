@@ -20,7 +20,7 @@ from rove_jax.evaluation import report_files
 from rove_jax.nn import hf_gpt2, param_files, pretrained
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
-from rove_jax.train import export
+from rove_jax.cli import export as export_cli
 from tests import gcs_server
 from tests.conftest import subprocess_env
 from tests.test_eval_errors import _report
@@ -181,7 +181,7 @@ def test_rove_export_writes_to_gcs(gcs_bucket, tmp_path, capsys):
   config = rove_config()
   workdir, params = run_dir(tmp_path, config)
   out = paths.join(gcs_bucket, "exports", "run")
-  assert export.main(["--workdir", str(workdir), "--out", out]) == 0
+  assert export_cli.main(["--workdir", str(workdir), "--out", out]) == 0
   assert capsys.readouterr().out.strip() == (
       f"exported step 3 of {workdir} in rove_jax format to {out}")
   assert gcs_server.objects(gcs_bucket) == ["exports/run/config.json",
@@ -191,7 +191,7 @@ def test_rove_export_writes_to_gcs(gcs_bucket, tmp_path, capsys):
   assert_same_params(got_params, params)
   assert json.loads(paths.read_text(paths.join(out, "config.json")))["rove_jax_run"] == {
       "step": 3, "workdir": "run", "tokenizer": TOKENIZER}
-  assert export.main(["--workdir", str(workdir), "--out", out]) == 2  # no silent overwrite
+  assert export_cli.main(["--workdir", str(workdir), "--out", out]) == 2  # no silent overwrite
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and err.startswith("rove-export: error: ")
   assert "--overwrite" in err
@@ -208,11 +208,11 @@ def test_rove_export_to_an_existing_file_exits_1_in_one_line_before_reading(tmp_
   workdir.mkdir()
   a_file = tmp_path / "a_file"
   a_file.write_text("not a directory")
-  assert export.main(["--workdir", str(workdir), "--out", str(a_file)]) == 1
+  assert export_cli.main(["--workdir", str(workdir), "--out", str(a_file)]) == 1
   err = capsys.readouterr().err
   assert err == (f"rove-export: error: --out {a_file} is an existing file, not a directory; "
                  f"give a directory for the export\n")
-  assert export.main(["--workdir", str(workdir), "--out", str(a_file / "sub")]) == 1
+  assert export_cli.main(["--workdir", str(workdir), "--out", str(a_file / "sub")]) == 1
   line = one_error_line(capsys)
   assert line.startswith(f"rove-export: error: cannot create or write the export directory "
                          f"{a_file / 'sub'} (")
@@ -223,7 +223,7 @@ def test_rove_export_to_an_existing_file_exits_1_in_one_line_before_reading(tmp_
 def test_rove_export_to_an_existing_gcs_object_exits_1(gcs_bucket, tmp_path, capsys):
   (tmp_path / "run").mkdir()
   paths.write_atomic(paths.join(gcs_bucket, "taken"), b"an object")
-  assert export.main(["--workdir", str(tmp_path / "run"), "--out",
+  assert export_cli.main(["--workdir", str(tmp_path / "run"), "--out",
                       paths.join(gcs_bucket, "taken")]) == 1
   assert one_error_line(capsys) == (f"rove-export: error: --out {gcs_bucket}/taken is an "
                                     f"existing file, not a directory; give a directory for the "
@@ -233,7 +233,7 @@ def test_rove_export_to_an_existing_gcs_object_exits_1(gcs_bucket, tmp_path, cap
 def test_rove_export_to_a_missing_bucket_exits_1_before_reading(gcs_bucket, tmp_path, capsys):
   (tmp_path / "run").mkdir()  # no checkpoints: reading it would be exit 2
   out = gcs_bucket + "-missing/exports/run"
-  assert export.main(["--workdir", str(tmp_path / "run"), "--out", out]) == 1
+  assert export_cli.main(["--workdir", str(tmp_path / "run"), "--out", out]) == 1
   assert one_error_line(capsys) == (
       f"rove-export: error: cannot create or write the export directory {out} (the bucket "
       f"{gcs_bucket}-missing does not exist or these credentials cannot reach it); give a "
@@ -256,13 +256,13 @@ def test_rove_export_to_a_read_only_directory_exits_1_in_one_line(tmp_path, caps
                   "writable, so there is no read-only directory to test against; as root, run "
                   "it without that capability: setpriv --inh-caps=-dac_override "
                   "--bounding-set=-dac_override python -m pytest ...")
-    assert export.main(["--workdir", str(workdir), "--out", str(out)]) == 1
+    assert export_cli.main(["--workdir", str(workdir), "--out", str(out)]) == 1
     line = one_error_line(capsys)
     assert line == (f"rove-export: error: cannot create or write the export directory {out} "
                     f"(Permission denied); give a writable --out")
     assert os.listdir(out) == []
     # a directory the command creates inside it fails the same way, and nothing is left
-    assert export.main(["--workdir", str(workdir), "--out", str(out / "a" / "b")]) == 1
+    assert export_cli.main(["--workdir", str(workdir), "--out", str(out / "a" / "b")]) == 1
     assert "cannot create or write the export directory" in one_error_line(capsys)
     assert os.listdir(out) == []
   finally:
@@ -273,7 +273,7 @@ def test_a_failed_export_removes_the_directory_it_created(tmp_path, capsys):
   workdir = tmp_path / "empty_run"
   workdir.mkdir()
   out = tmp_path / "new" / "export"
-  assert export.main(["--workdir", str(workdir), "--out", str(out)]) == 2  # no checkpoint
+  assert export_cli.main(["--workdir", str(workdir), "--out", str(out)]) == 2  # no checkpoint
   assert one_error_line(capsys).startswith("rove-export: error: ")
   assert not (tmp_path / "new").exists()  # made by the writability check, then removed
 
@@ -283,8 +283,8 @@ def test_rove_export_without_gcsfs_exits_1_naming_the_extra(tmp_path):
   code = ("import sys; sys.modules['gcsfs'] = None\n"
           "import importlib.util as u; find = u.find_spec\n"
           "u.find_spec = lambda name, *a: None if name == 'gcsfs' else find(name, *a)\n"
-          "from rove_jax.train import export\n"
-          "sys.exit(export.main(sys.argv[1:]))\n")
+          "from rove_jax.cli import export as export_cli\n"
+          "sys.exit(export_cli.main(sys.argv[1:]))\n")
   done = subprocess.run([sys.executable, "-c", code, "--workdir", str(tmp_path / "run"),
                          "--out", "gs://bucket/exports/run"], capture_output=True, text=True,
                         env=subprocess_env(), timeout=120)

@@ -29,7 +29,7 @@ from rove_jax.evaluation import scoring
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import resume
-from rove_jax.train import run_config as config_lib
+from rove_jax.train import config_schema
 from tests.conftest import small_config
 from tests.test_faults import (ONE, SAVED, STEPS, copy_run, losses, quarantined, read_state,
                                reference, step_dir, train, tree_digest, config,
@@ -40,7 +40,7 @@ __all__ = ["reference"]  # the module-scoped fixture, shared with test_faults.py
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 PREVIOUS = SAVED[-2]
-# What the training command prints as a message rather than a traceback (rove_jax.train.cli).
+# What the training command prints as a message rather than a traceback (rove_jax.cli.train).
 CLEAR_ERRORS = (ValueError, RuntimeError, OSError)
 
 
@@ -73,7 +73,7 @@ def _data_state(workdir, step) -> dict:
 def _open_as_the_loop_does(ref, workdir):
   """(step, state, data_state) restored the way the training loop resumes, or the error."""
   c = config(ref)
-  meta = config_lib.run_metadata(c, config_lib.validate(c))
+  meta = config_schema.build(c).metadata()
   device = jax.sharding.SingleDeviceSharding(ONE[0])
   target = {name: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device)
             for name, a in ref.states[STEPS].items()}
@@ -170,7 +170,7 @@ def test_a_deleted_array_file_costs_one_checkpoint_and_the_run_continues_bitwise
   largest.unlink()
   out = []
   summary = train(config(reference), workdir, out)
-  assert summary["start_step"] == PREVIOUS, out
+  assert summary.start_step == PREVIOUS, out
   assert_ends_as_the_reference(workdir, reference)
   # one history: the abandoned steps' rows were dropped, the rerun's written once
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -201,7 +201,7 @@ def test_every_other_file_of_the_workdir_damaged_then_the_run_continues_bitwise(
   capfd.readouterr()
   out = []
   summary = train(config(reference), workdir, out)
-  assert summary["start_step"] == PREVIOUS, out
+  assert summary.start_step == PREVIOUS, out
   err = capfd.readouterr().err
   caches = [p for p in files if p.suffix == ".npy"]
   assert len(caches) == 2  # train and val

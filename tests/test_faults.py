@@ -37,7 +37,7 @@ from orbax.checkpoint._src.path import atomicity
 
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import run_config as config_lib
+from rove_jax.train import config_schema
 from rove_jax.train import resume, loop as training
 from rove_jax.evaluation import scoring
 from rove_jax.train.metrics import read_metrics
@@ -166,7 +166,7 @@ def reference(tmp_path_factory):
         shutil.rmtree(d, ignore_errors=True)
       write_corpus(corpus)
       summary = training.train(c, str(workdir), devices=ONE, log=lambda *a: None)
-      assert summary["start_step"] == 0 and summary["step"] == STEPS
+      assert summary.start_step == 0 and summary.step == STEPS
       (workdir / "TRAINED").write_text("the run is complete\n")
   assert steps_in(workdir) == SAVED
   states = {s: read_state(workdir, s) for s in SAVED}
@@ -212,7 +212,7 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_the_previous_resumes(refer
   assert len(reported) == 1 and f"checkpoint at step {STEPS} " in reported[0], out
   assert cause in reported[0], reported  # what found the damage
   assert any(f"resumed from step {STEPS - EVERY} " in l for l in out), out
-  assert summary["start_step"] == STEPS - EVERY
+  assert summary.start_step == STEPS - EVERY
   # only the damaged checkpoint was moved aside, as it was; the older ones stayed
   moved = quarantined(workdir)
   assert len(moved) == 1 and moved[0].startswith(f"{STEPS}-"), moved
@@ -385,7 +385,7 @@ def test_every_checkpoint_unreadable_then_only_fresh_start_restarts(reference, t
   # ... unless told to: from step 0, the moved checkpoints stay where they are
   out = []
   summary = train(config(reference, fresh_start=True), workdir, out)
-  assert summary["start_step"] == 0 and not any("resumed" in l for l in out), out
+  assert summary.start_step == 0 and not any("resumed" in l for l in out), out
   assert quarantined(workdir) == moved
   assert_ends_as_the_reference(workdir, reference)
 
@@ -402,7 +402,8 @@ def cli_overrides(c) -> list[str]:
   spec = importlib.util.spec_from_file_location("tiny_cfg", ROOT / "configs" / "tiny.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  want, have = flat(config_lib.as_plain(c)), flat(config_lib.as_plain(module.get_config()))
+  want = flat(config_schema.build(c).to_dict())
+  have = flat(config_schema.build(module.get_config()).to_dict())
   changed = sorted(k for k in want if want[k] != have.get(k))
   assert all(want[k] is not None for k in changed), changed  # values a flag can give
   return [f"--config.{k}={want[k]}" for k in changed]
@@ -459,10 +460,10 @@ def test_sigkill_at_random_moments_then_resume_is_bitwise_equal(reference, tmp_p
     ck = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), read_only=True)
     meta = ck.read_meta(newest(steps_in(workdir)))
     ck.close()
-    assert meta["config"] == config_lib.metadata_config(reference.config)
+    assert meta["config"] == config_schema.build(reference.config).metadata()["config"]
   out = []
   summary = train(config(reference), workdir, out)
   assert any("taking over the writer lock" in l for l in out), out  # the killed run's
-  assert summary["start_step"] == newest(kills[-1][3])
+  assert summary.start_step == newest(kills[-1][3])
   assert_ends_as_the_reference(workdir, reference)
   print("kills (resumed from, killed after step, delay s, checkpoints left):", kills)

@@ -68,7 +68,7 @@ def test_a_gs_run_stopped_killed_and_resumed_equals_the_local_run(reference, tmp
   assert lock_lib.holder(workdir) is not None  # the killed run's lock is left behind
   out = []
   summary = train(config(reference), workdir, out)  # in-process, as the reference was
-  assert summary["start_step"] >= 6 and any("taking over the writer lock" in l for l in out)
+  assert summary.start_step >= 6 and any("taking over the writer lock" in l for l in out)
   assert losses(workdir) == reference.losses  # every step, bitwise
   assert_same_state(read_state(workdir, STEPS), reference.states[STEPS], "final checkpoint")
   assert lock_lib.holder(workdir) is None
@@ -82,7 +82,7 @@ def test_a_gs_run_stopped_killed_and_resumed_equals_the_local_run(reference, tmp
   assert ev.returncode == 0, ev.stderr[-3000:]
   report = json.loads(paths.read_bytes(f"{workdir}/eval/report.json"))
   assert report["runs"][0]["step"] == STEPS
-  ex = subprocess.run([sys.executable, "-m", "rove_jax.train.export", "--workdir", workdir,
+  ex = subprocess.run([sys.executable, "-m", "rove_jax.cli.export", "--workdir", workdir,
                        "--out", f"{workdir}/export"], env=env, cwd=tmp_path,
                       capture_output=True, text=True, timeout=300)
   assert ex.returncode == 0, ex.stderr[-3000:]
@@ -109,7 +109,7 @@ def test_a_damaged_object_in_the_bucket_costs_one_checkpoint(reference, damage):
     paths.write_atomic(target, paths.read_bytes(target)[:40])
   out = []
   summary = train(config(reference), workdir, out)
-  assert summary["start_step"] == 2, out
+  assert summary.start_step == 2, out
   assert any("step 4" in l and "cannot be restored" in l for l in out), out
   moved = paths.listdir(f"{workdir}/checkpoints_unreadable")
   assert len(moved) == 1 and moved[0].startswith("4-")
@@ -147,11 +147,11 @@ def test_two_processes_with_unshared_workdirs_stop_at_once(tmp_path):
 def test_a_sweep_name_with_glob_characters_trains_resumes_and_evaluates(reference, tmp_path):
   workdir = tmp_path / "runs" / "lr[3e-4] * ? é"
   first = train(config(reference, run_steps=4), workdir)
-  assert first["step"] == 4 and finished_steps(str(workdir)) == [2, 4]
+  assert first.step == 4 and finished_steps(str(workdir)) == [2, 4]
   train(config(reference), workdir)
   assert losses(str(workdir)) == reference.losses
   assert_same_state(read_state(str(workdir), STEPS), reference.states[STEPS], "final")
-  from rove_jax.evaluation import cli
+  from rove_jax.cli import eval as cli
   out = tmp_path / "eval [x]"
   assert cli.main(["--workdir", str(workdir), "--out", str(out), "--tasks", "ppl", "--suite",
                    "quick", "--lengths", "32", "--no-progress"]) == 0
@@ -193,9 +193,9 @@ def test_two_processes_sharing_a_gs_workdir_train_and_resume(tmp_path):
 
 
 def test_a_workdir_in_a_missing_bucket_is_one_clear_error_before_any_work():
-  from rove_jax.train import run_config as config_lib
+  from rove_jax.train import resume
   with pytest.raises(ValueError, match=r"workdir gs://no-such-bucket-x1/run is not writable "
                                        r"\(the bucket gs://no-such-bucket-x1 does not exist"):
-    config_lib.check_workdir("gs://no-such-bucket-x1/run")
+    resume.check_workdir("gs://no-such-bucket-x1/run")
   with pytest.raises(ValueError, match=r"contains '\[' '\]'"):
-    config_lib.check_workdir(f"{gcs_server.new_bucket()}/lr[3e-4]")
+    resume.check_workdir(f"{gcs_server.new_bucket()}/lr[3e-4]")

@@ -36,7 +36,7 @@ from rove_jax.nn import hf_gpt2, param_files, pretrained
 from rove_jax.nn.model import generate
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import export
+from rove_jax.cli import export as export_cli
 
 DATA = pathlib.Path(__file__).parent / "data" / "gpt2_tiny"
 RTOL = 1e-5  # of the logits' scale: float32 rounding of two implementations
@@ -233,7 +233,7 @@ def test_export_of_a_workdir_takes_its_newest_verified_checkpoint(tmp_path, caps
   meta_file = next((workdir / "checkpoints" / "4" / "meta").rglob("metadata"))
   meta_file.write_text(meta_file.read_text().replace('"eot_id": 47', '"eot_id": 46'))
   out = tmp_path / "export"
-  assert export.main(["--workdir", str(workdir), "--out", str(out)]) == 0
+  assert export_cli.main(["--workdir", str(workdir), "--out", str(out)]) == 0
   captured = capsys.readouterr()
   assert "step 4" in captured.err and "exported step 2" in captured.out
   config2, params2 = pretrained.load(out)
@@ -243,13 +243,13 @@ def test_export_of_a_workdir_takes_its_newest_verified_checkpoint(tmp_path, caps
   assert hf["model_type"] == "gpt2" and hf["eos_token_id"] == hf["bos_token_id"] == 47
   assert hf["rove_jax_run"] == {"step": 2, "workdir": "run", "tokenizer": tokenizer}
   # an existing export is not overwritten unless asked
-  assert export.main(["--workdir", str(workdir), "--out", str(out)]) == 2
+  assert export_cli.main(["--workdir", str(workdir), "--out", str(out)]) == 2
   assert "--overwrite" in capsys.readouterr().err
-  assert export.main(["--workdir", str(workdir), "--out", str(out), "--overwrite",
+  assert export_cli.main(["--workdir", str(workdir), "--out", str(out), "--overwrite",
                       "--format", "rove_jax"]) == 0
   assert pretrained.load(out)[0] == config
   assert json.loads((out / "config.json").read_text())["model_type"] == "rove_jax_gpt"
-  assert export.main(["--workdir", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+  assert export_cli.main(["--workdir", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
   assert "does not exist" in capsys.readouterr().err
 
 

@@ -485,7 +485,7 @@ def test_cli_icl_scores_inside_the_training_context_and_counts_cut_prompts(files
   import argparse
   import types
 
-  from rove_jax.evaluation import cli
+  from rove_jax.cli import eval as cli
   tok, T, seen = ByteTok(), 64, []
 
   def score_fn(prompts, answers):

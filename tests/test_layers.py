@@ -2,8 +2,8 @@
 functions count the same as those at the top): no import cycle; the core (the modules directly
 under rove_jax/ and kernels/) imports only jax, numpy, the standard library and the core;
 rove_jax/nn only the core, flax, jax, numpy and (optional) safetensors; and every import goes to
-its own layer or an earlier one (LAYERS: core, nn, data, train, evaluation, aot, the two
-commands, study). And
+its own layer or an earlier one (LAYERS: core, storage, nn, data, train, evaluation, aot, the
+commands in rove_jax/cli, study). And
 `import rove_jax` loads none of the training, plotting or config libraries.
 
 `import_graph()` returns the graph (and prints its size); `python -m tests.test_layers` prints
@@ -36,13 +36,12 @@ STORAGE_EXTERNAL = frozenset({"gcsfs"}) | STDLIB
 # config libraries (the core needs jax and numpy only).
 NOT_LOADED_BY_CORE = ("flax", "optax", "orbax", "grain", "matplotlib", "ml_collections", "chex")
 # The layers in order (docs/architecture.md): a module may import its own layer and the ones
-# before it. The two commands sit above the layers they drive (rove-train's --dry_run compiles
-# ahead of time; rove-eval restores what training wrote).
+# before it. The commands (rove_jax/cli) sit above the layers they drive (rove-train's dry run
+# compiles ahead of time; rove-eval restores what training wrote).
 LAYERS = (("core", None), ("storage", "rove_jax.storage"), ("nn", "rove_jax.nn"),
           ("data", "rove_jax.data"),
           ("train", "rove_jax.train"), ("evaluation", "rove_jax.evaluation"),
-          ("aot", "rove_jax.aot"), ("commands", None), ("study", "study"))
-COMMANDS = ("rove_jax.train.cli", "rove_jax.evaluation.cli")
+          ("aot", "rove_jax.aot"), ("commands", "rove_jax.cli"), ("study", "study"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +209,7 @@ def test_the_graph_sees_every_kind_of_import(graph):
   imports all become edges, and outside packages keep their top-level name."""
   edges = {(e.source, e.target, e.local) for es in graph.values() for e in es}
   assert ("rove_jax", "rove_jax.rotary", False) in edges  # from rove_jax import rotary
-  assert ("rove_jax.evaluation.cli", "rove_jax.evaluation.ruler.suite", False) in edges
+  assert ("rove_jax.cli.eval", "rove_jax.evaluation.ruler.suite", False) in edges
   assert ("rove_jax.evaluation.icl.synthetic", "rove_jax.evaluation.prompting", False) in edges
   assert ("rove_jax.evaluation.plots", "matplotlib", True) in edges  # deferred, inside pyplot()
   assert ("rove_jax.evaluation.report_md", "numpy", False) in edges
@@ -247,8 +246,6 @@ def test_nn_imports_only_core_storage_nn_flax_jax_numpy_and_the_standard_library
 
 def layer(module: str) -> int:
   """The index in LAYERS of a module of rove_jax/ or study/."""
-  if module in COMMANDS:
-    return [name for name, _ in LAYERS].index("commands")
   if is_core(module):
     return 0
   for i, (_, package) in enumerate(LAYERS):

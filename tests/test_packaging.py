@@ -42,7 +42,7 @@ def test_wheel_ships_evaluation_and_configs(wheel):
              if "__pycache__" not in p.parts}
   missing = sorted(tracked - names)
   assert not missing, f"modules left out of the wheel: {missing}"
-  for name in ("rove_jax/evaluation/cli.py", "rove_jax/evaluation/ruler/suite.py",
+  for name in ("rove_jax/cli/eval.py", "rove_jax/evaluation/ruler/suite.py",
                "rove_jax/train/configs/tiny.py", "rove_jax/data/pipeline.py"):
     assert name in names
   # Only the package: no top-level eval/, tests/, bench/ or study/ to clobber other installs.
@@ -69,8 +69,8 @@ def test_wheel_declares_both_commands(wheel):
   (entry,) = [n for n in wheel.namelist() if n.endswith("entry_points.txt")]
   parser = configparser.ConfigParser()
   parser.read_string(wheel.read(entry).decode())
-  assert dict(parser["console_scripts"]) == {"rove-train": "rove_jax.train.cli:run",
-                                             "rove-eval": "rove_jax.evaluation.cli:main",
-                                             "rove-prepare": "rove_jax.data.prepare_corpus:run",
-                                             "rove-export": "rove_jax.train.export:main"}
+  assert dict(parser["console_scripts"]) == {"rove-train": "rove_jax.cli.train:run",
+                                             "rove-eval": "rove_jax.cli.eval:main",
+                                             "rove-prepare": "rove_jax.cli.prepare:run",
+                                             "rove-export": "rove_jax.cli.export:main"}
 

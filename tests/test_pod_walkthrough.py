@@ -36,8 +36,8 @@ SIZE = ["--config.steps=4", "--config.optim.warmup_steps=1", "--config.model.max
         "--config.data.seq_len=32", "--config.data.batch_size=4", "--config.log_every=1",
         "--config.checkpoint_every=2", "--config.eval_every=4", "--config.eval_batches=1",
         "--config.progress=False", "--config.sample_tokens=0", "--config.wandb.mode=offline"]
-PROGRAMS = {"rove-prepare": [sys.executable, "-m", "rove_jax.data.prepare"],
-            "rove-export": [sys.executable, "-m", "rove_jax.train.export"],
+PROGRAMS = {"rove-prepare": [sys.executable, "-m", "rove_jax.cli.prepare"],
+            "rove-export": [sys.executable, "-m", "rove_jax.cli.export"],
             "python": [sys.executable]}
 
 
@@ -87,7 +87,7 @@ def test_the_pod_walkthrough_runs_against_a_bucket(tmp_path):
                           timeout=300)  # the page's commands run in the checkout
     assert done.returncode == 0, f"{text}\n{done.stderr[-3000:]}"
     ran.append(argv[argv.index("-m") + 1] if "-m" in argv else "train.py")
-  assert ran == ["rove_jax.data.prepare", "train.py", "rove_jax.train.export"]
+  assert ran == ["rove_jax.cli.prepare", "train.py", "rove_jax.cli.export"]
   run = f"{bucket}/runs/124m_rove"
   manifest = json.loads(paths.read_bytes(f"{bucket}/prepared/fineweb-gpt2/manifest.json"))
   assert manifest["tokenizer"]["spec"] == "bytes"

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from rove_jax import data
+from rove_jax.cli import prepare as prepare_cli
 from rove_jax.data import prepare_corpus, prepared, tokenization
+from rove_jax.train import config_schema
 from rove_jax.train import loop as training
 from tests.conftest import free_port, run_together, small_config, subprocess_env, write_corpus
 from tests.test_training import ROOT, losses
@@ -241,10 +243,10 @@ def test_damage_is_found_and_named(tmp_path):
   assert prepared.verify(out, process_index=0, process_count=2) == (n_shards + 1) // 2
   with pytest.raises(prepared.DamagedDataset, match="sha256"):
     prepared.verify(out, process_index=1, process_count=2)
-  assert prepare_corpus.main(["--check", "--out", str(out)]) == 2
+  assert prepare_cli.main(["--check", "--out", str(out)]) == 2
   # Rerunning the command rewrites the damaged shard.
-  assert prepare_corpus.main(shlex.split(manifest["command"])[1:] + ["--no-progress"]) == 0
-  assert shard.read_bytes() == good and prepare_corpus.main(["--check", "--out", str(out)]) == 0
+  assert prepare_cli.main(shlex.split(manifest["command"])[1:] + ["--no-progress"]) == 0
+  assert shard.read_bytes() == good and prepare_cli.main(["--check", "--out", str(out)]) == 0
   with pytest.raises(ValueError, match="tokenized with 'bytes'.*--config.data.tokenizer"):
     data.load_tokens(prepared_corpus, "val", _Offset())
   (out / "manifest.json").unlink()
@@ -260,7 +262,7 @@ def test_bad_input_fails_before_work(tmp_path, capsys):
            (["--source", "text", "--path", corpus_dir, "--tokens-per-shard", "0"],
             "tokens_per_shard must be a positive int")]
   for args, message in cases:
-    assert prepare_corpus.main(args + ["--out", str(out), "--no-progress"]) == 2
+    assert prepare_cli.main(args + ["--out", str(out), "--no-progress"]) == 2
     assert message in capsys.readouterr().err
   assert not out.exists() or not os.listdir(out)
   (tmp_path / "busy").mkdir()
@@ -283,7 +285,7 @@ def test_a_run_trains_on_prepared_data_and_resumes_bitwise(tmp_path):
   import jax
   from rove_jax.evaluation import scoring
   c = small_config(tmp_path, steps=4)
-  raw = training.corpus_from_config(c.data)
+  raw = config_schema.build(c).data.corpus()
   data.prepare_dataset(raw, "bytes", tmp_path / "p", tokens_per_shard=3000, progress=False)
   one = jax.devices()[:1]
   training.train(c, str(tmp_path / "raw"), devices=one, log=lambda *a: None)
@@ -309,7 +311,7 @@ def test_two_process_run_on_prepared_data_resumes_on_one(tmp_path):
   those of one process training on the raw corpus."""
   import jax
   c = small_config(tmp_path, steps=4, **{"data.batch_size": 8, "mesh.data": 2})
-  data.prepare_dataset(training.corpus_from_config(c.data), "bytes", tmp_path / "p",
+  data.prepare_dataset(config_schema.build(c).data.corpus(), "bytes", tmp_path / "p",
                        tokens_per_shard=3000, progress=False)
   two = jax.devices()[:2]
   training.train(c, str(tmp_path / "raw"), devices=two, log=lambda *a: None)

@@ -47,9 +47,9 @@ PLACEHOLDERS = {"$RANK": "0", "$TPU": "my-tpu", "$ZONE": "us-central2-b", "$BUCK
 MAKE_EXPECTS = {"demo": ["-m venv", "train.py", "-m eval"],
                 "test": ["-m venv", ".[test]", "-m pytest"], "reproduce": ["reproduce.py"]}
 CHECKOUT_FILES = {"train": "train.py", "eval": "eval/__main__.py", "reproduce": "reproduce.py"}
-SCRIPTS = {"rove-train": "rove_jax.train.cli:run", "rove-eval": "rove_jax.evaluation.cli:main",
-           "rove-prepare": "rove_jax.data.prepare_corpus:run",
-           "rove-export": "rove_jax.train.export:main"}
+SCRIPTS = {"rove-train": "rove_jax.cli.train:run", "rove-eval": "rove_jax.cli.eval:main",
+           "rove-prepare": "rove_jax.cli.prepare:run",
+           "rove-export": "rove_jax.cli.export:main"}
 GENERIC = ("--config.field=value", "--config.x=y")  # the override syntax, not a field
 PIP_OK = ("-e", "--editable", "-U", "--upgrade", "-q", "--quiet", "git+THIS-REPO", "pip")
 # A fenced block (lang, body) and an indented one (after a blank line; blank lines inside).
@@ -168,7 +168,7 @@ def argparse_problems(target, args, mode) -> list:
   expansion of a synopsis) passes the program's parse_args, or its main's parser."""
   if str(ROOT) not in sys.path:  # reproduce.py and bench/ run from the checkout
     sys.path.insert(0, str(ROOT))
-  mod = importlib.import_module({"eval": "rove_jax.evaluation.cli", "bench": "bench.__main__"}
+  mod = importlib.import_module({"eval": "rove_jax.cli.eval", "bench": "bench.__main__"}
                                 .get(target, target))
   parse = getattr(mod, "parse_args", None) or mod.main
   with mock.patch.object(argparse.ArgumentParser, "parse_args", autospec=True,
@@ -205,8 +205,9 @@ def argparse_problems(target, args, mode) -> list:
 def train_problems(args, mode) -> list:
   """rove-train's absl flags (parsed on the global FLAGS, reset after) and the validation."""
   from absl import flags
-  from rove_jax.train import run_config as config_lib, cli as train_cli
-  FLAGS, schema = flags.FLAGS, config_lib.base_config("tiny")
+  from rove_jax.train import config_schema
+  from rove_jax.cli import train as train_cli
+  FLAGS, schema = flags.FLAGS, config_schema.base_config("tiny")
 
   def known(name):
     with contextlib.suppress(KeyError, TypeError, AttributeError):
@@ -220,7 +221,7 @@ def train_problems(args, mode) -> list:
       with mock.patch.object(sys, "argv", argv):
         rest = FLAGS(argv)
       problems += [f"rove-train: unexpected arguments {rest[1:]}"] * bool(rest[1:])
-      config_lib.validate(FLAGS.config)
+      config_schema.build(FLAGS.config, read_data=False)
     except Exception as e:
       problems.append(f"rove-train {' '.join(argv[1:])} rejected: {type(e).__name__}: {e}")
     finally:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rove_jax.train import run_config as config_lib
+from rove_jax.train import config_schema
 from rove_jax.train import loop as training
 from study.configs import retrieval as recall_config
 from rove_jax.data import Corpus, iter_documents, prepare
@@ -20,6 +20,7 @@ from rove_jax.evaluation import scoring
 from study import retrieval_scoring as recall, retrieval as recall_study
 from rove_jax.nn.model import GPT, GPTConfig
 from rove_jax.data.tokenization import ByteTokenizer
+from rove_jax.train.run_config import DataConfig, RunConfig
 
 SPEC = gen.RecallSpec(seq_len=32, pairs=4, queries=8, train_docs=300, val_docs=50, seed=3)
 EOT = 256
@@ -79,7 +80,7 @@ def test_corpus_stream_puts_each_document_in_one_window_after_an_eot():
   c = recall_config.get_config()
   c.data.seq_len = c.model.max_len = 16
   with pytest.raises(ValueError, match="made for seq_len=32"):
-    config_lib.validate(c)
+    config_schema.build(c).model
 
 
 def test_test_samples_exact_lengths_answers_and_growing_distances():
@@ -110,10 +111,10 @@ def _scorer(pos_encoding):
   cfg = GPTConfig(vocab_size=320, n_layer=1, n_head=2, d_model=32, max_len=32,
                   pos_encoding=pos_encoding)
   params = nnx.state(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+  data = DataConfig(source="recall", path=SPEC.to_string(), seq_len=32)
   run = scoring.Run(workdir="/nonexistent", name=f"tiny-{pos_encoding}", step=0,
-                    model_config=cfg, params=params, tokenizer=ByteTokenizer(),
-                    config={"seed": 7, "data": {"source": "recall", "path": SPEC.to_string(),
-                                                "seq_len": 32}})
+                    params=params, tokenizer=ByteTokenizer(),
+                    config=RunConfig(model=cfg, data=data, seed=7))
   return scoring.Scorer(run)
 
 

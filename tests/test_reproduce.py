@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from rove_jax.evaluation import cli
+from rove_jax.cli import eval as cli
 from rove_jax.evaluation import report as report_lib
 from rove_jax.evaluation import report_files
 from study import writeup as w
@@ -253,7 +253,7 @@ def test_write_replaces_readme_summary_and_curves_together(tmp_path, monkeypatch
   summary = w.write(str(tmp_path), report, runs, curves, meta, n_boot=N_BOOT)
   text, _, _ = w.build(report, runs, curves, meta, n_boot=N_BOOT)
   assert (tmp_path / "README.md").read_text() == text
-  assert ("`python -m rove_jax.evaluation.cli --suite full --yarn all --ppl-tokens 128 "
+  assert ("`python -m rove_jax.cli.eval --suite full --yarn all --ppl-tokens 128 "
           "--ruler-lengths 64,128 --compare ...`") in text  # the sizing the report was scored at
   assert json.loads((tmp_path / "summary.json").read_text())["claims"] == summary["claims"]
   assert (tmp_path / "loss_curves.png").read_bytes() == b"\x89PNG loss"
@@ -389,7 +389,7 @@ def test_reproduce_evaluation_command():
   args = reproduce.parse_args(["--seeds", "0", "--encodings", "rove,rope"])
   runs = reproduce.plan(args)
   cmd = reproduce.eval_command(args, runs, "out/eval")
-  parsed = cli.parse_args(cmd[3:])  # after python -m rove_jax.evaluation.cli
+  parsed = cli.parse_args(cmd[3:])  # after python -m rove_jax.cli.eval
   from study.paper_recipe import load_config
   T = load_config(reproduce.CONFIG).data.seq_len
   assert parsed.suite == "full" and parsed.yarn == "all" and parsed.out == "out/eval"
@@ -449,7 +449,7 @@ def _fake_reproduce(monkeypatch, tmp_path, *, recall_present, extra=()):
   def fake_call(cmd, env=None):
     calls.append(cmd)
     out = cmd[cmd.index("--out") + 1] if "--out" in cmd else None
-    if "rove_jax.evaluation.cli" in cmd:
+    if "rove_jax.cli.eval" in cmd:
       os.makedirs(out, exist_ok=True)
       with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f)
@@ -478,7 +478,7 @@ def test_reproduce_evaluates_every_setting_then_the_retrieval_study(tmp_path, mo
   import reproduce
   calls, writes = _fake_reproduce(monkeypatch, tmp_path, recall_present=True)
   train = [c for c in calls if c[1].endswith("train.py")]
-  full, ppl = [c for c in calls if "rove_jax.evaluation.cli" in c]
+  full, ppl = [c for c in calls if "rove_jax.cli.eval" in c]
   studies = [c for c in calls if reproduce.RECALL_STUDY in c]
   assert len(train) == 27 and calls.index(full) > calls.index(train[-1])
   workdirs = lambda c: [c[c.index("--workdir") + 1], *c[c.index("--compare") + 1:c.index(  # noqa
@@ -599,7 +599,7 @@ def test_scale_dry_run_prints_the_paper_plan(capsys, tmp_path, preset):
   for cmd, enc in zip(train, ("rove", "rope")):
     assert cmd[cmd.index("--config") + 1].endswith(f"configs/{preset}.py")
     assert f"--config.model.pos_encoding={enc}" in cmd and f"--config.data.path={data}" in cmd
-  [ev] = _commands(out, "-m rove_jax.evaluation.cli")
+  [ev] = _commands(out, "-m rove_jax.cli.eval")
   assert ev[ev.index("--lengths") + 1] == "512,1024,2048,4096,8192,16384"
   assert ev[ev.index("--ruler-lengths") + 1] == "4096,8192"  # the paper's RULER lengths
   assert ev[ev.index("--yarn") + 1] == "all" and "--icl-tasks" not in ev
@@ -631,8 +631,9 @@ def test_scale_printed_commands_parse_with_train_and_eval_parsers(capsys, tmp_pa
 
   from absl import flags
 
-  from rove_jax.train import run_config as config_lib, cli as train_cli
-  from rove_jax.evaluation import cli
+  from rove_jax.train import config_schema
+  from rove_jax.cli import train as train_cli
+  from rove_jax.cli import eval as cli
   data = str(tmp_path / "fw" / "*.parquet")
   code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data", data,
                           "--topology", "v5e-8", "--dry-run")
@@ -645,7 +646,7 @@ def test_scale_printed_commands_parse_with_train_and_eval_parsers(capsys, tmp_pa
       with mock.patch.object(sys, "argv", argv):
         assert FLAGS(argv) == ["rove-train"]
       c = FLAGS.config
-      model = config_lib.validate(c)
+      model = config_schema.build(c).model
     finally:
       for name in [n for n in FLAGS if n.startswith("config.")]:
         delattr(FLAGS, name)
@@ -653,7 +654,7 @@ def test_scale_printed_commands_parse_with_train_and_eval_parsers(capsys, tmp_pa
     assert model.pos_encoding == enc and model.n_layer == 12 and c.data.path == data
     assert (c.data.batch_size, c.data.seq_len, c.data.tokenizer) == (512, 1024, "tiktoken:gpt2")
     assert (c.mesh.data, c.optim.grad_accum) == (8, 8)  # bench/aot_results/124m_*_v5e-8.json
-  [ev] = _commands(out, "-m rove_jax.evaluation.cli")
+  [ev] = _commands(out, "-m rove_jax.cli.eval")
   args = cli.parse_args(ev[3:])
   assert args.suite == "full" and args.lengths == [512, 1024, 2048, 4096, 8192, 16384]
 
@@ -699,7 +700,7 @@ def test_scale_runs_the_plan_in_order_and_writes_the_report(capsys, tmp_path, mo
 
   def fake_call(cmd, env=None):
     calls.append(cmd)
-    if "rove_jax.evaluation.cli" in cmd:
+    if "rove_jax.cli.eval" in cmd:
       out = cmd[cmd.index("--out") + 1]
       os.makedirs(out)
       with open(os.path.join(out, "report.md"), "w") as f:

@@ -9,8 +9,10 @@ import pytest
 from flax import nnx
 
 from rove_jax.data import tokenization
-from rove_jax.evaluation import cli, perplexity, report, report_md, scoring
+from rove_jax.cli import eval as cli
+from rove_jax.evaluation import perplexity, report, report_md, scoring
 from rove_jax.nn.model import GPT
+from rove_jax.train.run_config import DataConfig, RunConfig
 from tests.conftest import gpt_config
 
 SEQ_LEN, MAX_LEN = 128, 256  # trained on 128 tokens, positions set up for 256
@@ -22,8 +24,8 @@ def short_run():
   cfg = gpt_config(max_len=MAX_LEN)
   params = nnx.state(GPT(cfg, rngs=nnx.Rngs(1)), nnx.Param)
   tokens = np.random.default_rng(0).integers(0, 257, 3000).astype(np.int32)
-  return scoring.Run(workdir="/nonexistent", name="short", step=0, model_config=cfg,
-                     config={"data": {"seq_len": SEQ_LEN}}, params=params,
+  return scoring.Run(workdir="/nonexistent", name="short", step=0,
+                     config=RunConfig(model=cfg, data=DataConfig(seq_len=SEQ_LEN)), params=params,
                      tokenizer=tokenization.get_tokenizer("bytes"), _val_tokens=tokens)
 
 

@@ -51,7 +51,7 @@ def test_five_steps_have_the_same_losses_on_every_mesh(tmp_path):
     work = tmp_path / f"m{'x'.join(map(str, mesh))}"
     summary = run(mesh_config(tmp_path, mesh), work, n)
     results[mesh], norms[mesh] = losses(work), grad_norms(work)
-    params[mesh] = jax.tree.map(np.asarray, summary["params"])
+    params[mesh] = jax.tree.map(np.asarray, summary.params)
   ref = results[(1, 1, 1)]
   assert sorted(ref) == [1, 2, 3, 4, 5]
   assert ref[5] < ref[1]
@@ -107,7 +107,7 @@ def test_parameter_specs_follow_the_rules():
 def test_state_is_created_sharded(tmp_path):
   c = mesh_config(tmp_path, (2, 2, 2), steps=1, **{"optim.warmup_steps": 0})
   summary = run(c, tmp_path / "w", 8)
-  wo = summary["params"]["blocks"][0]["attn"]["wo"][...]
+  wo = summary.params["blocks"][0]["attn"]["wo"][...]
   assert wo.sharding.spec == P("tensor", None, "fsdp")
   shard_shapes = {s.data.shape for s in wo.addressable_shards}
   assert shard_shapes == {(4, 8, 32)}  # [8 heads / 2, 8, 64 / 2] on every device

@@ -1,6 +1,7 @@
 """Training: learning, exact resume, faults (SIGTERM, SIGKILL mid-save, corrupt checkpoints,
 non-finite steps) and the bad-input errors."""
 
+import dataclasses
 import json
 import math
 import os
@@ -14,15 +15,14 @@ import time
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import run_config as config_lib
-from rove_jax.train import loop as training
+from rove_jax.train import config_schema
+from rove_jax.train import loop as training, result
 from rove_jax.nn.model import GPT, GPTConfig
 from tests.conftest import small_config, subprocess_env, write_corpus
 
@@ -59,7 +59,7 @@ def assert_same_params(a, b):
 def test_loss_falls_when_overfitting_one_batch(tmp_path):
   c = small_config(tmp_path)
   c.optim.lr, c.optim.warmup_steps = 1e-2, 0
-  model = GPT(config_lib.to_model_config(c), rngs=nnx.Rngs(0))
+  model = GPT(config_schema.build(c).model, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
   tx = training.make_optimizer(c.optim, 100)
   state = training.TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
@@ -80,7 +80,7 @@ def test_grad_accumulation_equals_the_full_batch(tmp_path):
   rate: with AdamW (nearly scale-invariant, so the grad norm is what catches a missing 1 / A)
   and with SGD (whose update is the gradient itself)."""
   c = small_config(tmp_path, **{"optim.warmup_steps": 0, "optim.lr": 1e-2})
-  model = GPT(config_lib.to_model_config(c), rngs=nnx.Rngs(0))
+  model = GPT(config_schema.build(c).model, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
   toks = jax.random.randint(jax.random.key(1), (4, 33), 0, 64)
   batch = {"inputs": toks[:, :-1], "targets": toks[:, 1:]}
@@ -132,7 +132,7 @@ def test_tiny_run_on_stdlib_lowers_val_loss(tmp_path):
     vals = [r["val_loss"] for r in map(json.loads, f) if "val_loss" in r]
   assert len(vals) == 2 and vals[1] < vals[0], vals
   assert vals[1] < math.log(257) - 1.5, vals  # far below a uniform guess over bytes
-  assert summary["step"] == 40
+  assert summary.step == 40
 
 
 def test_resume_equals_straight_run(tmp_path):
@@ -192,14 +192,15 @@ def test_a_run_whose_every_learning_step_was_skipped_fails(tmp_path):
 
 def test_the_closing_line_counts_skipped_steps():
   lines = []
-  summary = {"step": 8, "workdir": "w", "last": {"loss": 2.0}, "nonfinite_steps": 3,
-             "steps_run": 8}
-  training.report(summary, ml_collections.ConfigDict({"sample_tokens": 0}), out=lines.append)
+  summary = result.TrainResult(
+      workdir="w", start_step=0, step=8, steps_run=8, nonfinite_steps=3, last={"loss": 2.0},
+      tokenizer=None, model_config=None, params=None, graphdef=None, mesh=None)
+  no_sample = config_schema.build({"sample_tokens": 0})
+  result.report(summary, no_sample, out=lines.append)
   assert lines == ["done: step 8 in w, train loss 2.0000; 3 of the 8 steps run were skipped "
                    "as non-finite (their updates not applied)"]
   lines.clear()
-  training.report({**summary, "nonfinite_steps": 0}, ml_collections.ConfigDict(
-      {"sample_tokens": 0}), out=lines.append)
+  result.report(dataclasses.replace(summary, nonfinite_steps=0), no_sample, out=lines.append)
   assert lines == ["done: step 8 in w, train loss 2.0000"]
 
 
@@ -377,7 +378,7 @@ def test_config_files_validate(name):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config()
-  model = config_lib.validate(c)
+  model = config_schema.build(c).model
   assert model.pos_encoding == "rove" and c.data.seq_len == model.max_len
   if name != "tiny":
     assert (c.data.tokenizer, model.max_len, model.vocab_size) == ("tiktoken:gpt2", 1024, 50304)

@@ -1,8 +1,8 @@
 """Ahead-of-time compilation of a run's programs for a Cloud TPU slice, with no TPU attached.
 
   from rove_jax.aot import compile as aot
-  from rove_jax.train import run_config as config
-  c = config.paper_config("gpt2_124m", lr=6e-4)
+  from rove_jax.train import config_schema
+  c = config_schema.paper_config("gpt2_124m", lr=6e-4)
   print(aot.recommend(c, "v5e-8"))                 # a (data, fsdp, tensor) mesh and grad_accum
   report = aot.compile_job(c, "v5e-8", "train")    # or "eval", "decode"
   print(aot.format_report(report))                 # the command line: python -m bench.aot
@@ -40,7 +40,7 @@ from rove_jax import hardware
 from rove_jax.aot import analysis as aot_analysis, gpu as aot_gpu
 from rove_jax.nn import flops
 from rove_jax.train import sharding
-from rove_jax.train import run_config as config_lib
+from rove_jax.train import config_schema
 from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, param_count
 from rove_jax.aot.analysis import format_report  # noqa: F401 (re-exported)
 
@@ -299,8 +299,8 @@ def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
   """Lowers and compiles one program of run config `c` for a topology; returns its figures.
 
   Args:
-    c: a run config (rove_jax.train.run_config's base_config or paper_config, or a
-      configs/*.py get_config()).
+    c: a RunConfig, or a config as written (config_schema's base_config or paper_config, a
+      configs/*.py get_config()), built here.
     topology: a name for parse_topology ("v5e-8", "v4:2x2x4", "cpu:4") or a Topology.
     job: "train" (the config's batch, grad_accum, dtype, remat), "eval" (the forward and
       token scores of `batch` windows of eval_len tokens, YaRN past data.seq_len) or "decode"
@@ -317,7 +317,8 @@ def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
   """
   if job not in JOBS:
     raise ValueError(f"unknown job {job!r}; choose from {JOBS}")
-  topology, model_cfg = parse_topology(topology), config_lib.validate(c)
+  c = config_schema.build(c)
+  topology, model_cfg = parse_topology(topology), c.model
   log = log or (lambda line: None)
   devices = topology.devices()
   try:
@@ -389,7 +390,8 @@ def recommend(c, topology, *, usable: float = 0.9) -> dict:
       remat, n_layer 2 E with remat="full" (Korthikanti et al. 2022, bfloat16; float32 doubles
       them), plus 8 V for the float32 logits and their gradient.
   """
-  topology, model_cfg = parse_topology(topology), config_lib.validate(c)
+  c = config_schema.build(c)
+  topology, model_cfg = parse_topology(topology), c.model
   if topology.chip is None:
     raise ValueError(f"recommend needs a TPU topology's HBM figure; {topology.name} has none")
   n, hbm, B, T = topology.n_devices, topology.chip.hbm_bytes, c.data.batch_size, c.data.seq_len

@@ -11,7 +11,7 @@ One concern a module:
   prepared.py     the "prepared" source: a corpus tokenized once into memory-mapped shards
                   with a manifest (the format), read and verified
   prepare_corpus.py  writes one: prepare_dataset, the rove-prepare command
-                  (also `python -m rove_jax.data.prepare`, prepare.py)
+                  (also `python -m rove_jax.cli.prepare`, prepare.py)
 
 Storage: what a run writes or reads back goes through rove_jax.storage.paths, so a workdir
 (token cache, bpe tokenizer file) and a prepared dataset may be local or gs://bucket/path; a

@@ -164,7 +164,7 @@ def read_manifest(path: str) -> dict[str, Any]:
   if not paths.isdir(path):
     what = ("holds no objects" if paths.is_remote(path) else "is not a directory")
     raise ValueError(f"prepared dataset {path!r} {what}; make one with rove-prepare "
-                     f"(python -m rove_jax.data.prepare --help)")
+                     f"(python -m rove_jax.cli.prepare --help)")
   try:
     manifest = json.loads(paths.read_bytes(mpath))
   except FileNotFoundError:

@@ -1,6 +1,6 @@
 """Evaluation of trained runs: perplexity vs length (+/- YaRN), RULER scored by answer NLL,
 in-context learning, reports and plots. The command line is `rove-eval` (or `python -m eval`
-from a checkout): rove_jax.evaluation.cli.
+from a checkout): rove_jax.cli.eval.
 
 Modules: cli (the command), scoring (restore a run, score windows and prompt/answer pairs),
 perplexity, prompting (what RULER and ICL share: tokenizer protocol, filler text, fitting a

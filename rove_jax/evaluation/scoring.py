@@ -24,8 +24,8 @@ from flax import nnx
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax import data as data_lib
 from rove_jax.data import tokenization
-from rove_jax.train import loop as training
 from rove_jax.train import resume
+from rove_jax.train.run_config import RunConfig
 from rove_jax.nn.model import GPT, GPTConfig, ROTARY_ENCODINGS
 from rove_jax.scaling import RopeScaling
 from rove_jax.storage import paths
@@ -37,17 +37,20 @@ class Run:
   workdir: str
   name: str
   step: int
-  model_config: GPTConfig
-  config: dict  # the run config as saved (plain dict), less its model section: model_config
+  config: RunConfig  # what it was trained with, read back from the checkpoint's metadata
   params: Any  # nnx.State of the parameters
   tokenizer: Any
   _val_tokens: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
 
   @property
+  def model_config(self) -> GPTConfig:
+    return self.config.model
+
+  @property
   def train_len(self) -> int:
     """The length the model was trained on (data.seq_len; model.max_len may be larger): the
     one source of evaluation lengths, YaRN factors and report labels."""
-    return int(self.config["data"]["seq_len"])
+    return self.config.data.seq_len
 
   def val_tokens(self) -> np.ndarray:
     """The held-out split of the run's own training source, tokenized as in training, with its
@@ -55,11 +58,10 @@ class Run:
     it). The training-time cache in workdir/data is read when valid; nothing is ever written
     into the workdir (a missing cache is made up for in memory)."""
     if self._val_tokens is None:
-      data = self.config["data"]
-      corpus = training.corpus_from_config(data)
+      data = self.config.data
       self._val_tokens = data_lib.load_tokens(
-          corpus, "val", self.tokenizer, cache_dir=paths.join(self.workdir, "data"),
-          max_tokens=data.get("max_val_tokens"), write_cache=False)
+          data.corpus(), "val", self.tokenizer, cache_dir=paths.join(self.workdir, "data"),
+          max_tokens=data.max_val_tokens, write_cache=False)
     return self._val_tokens
 
 
@@ -81,12 +83,8 @@ def load_run(workdir: str) -> Run:
       workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])))
   tokenizer = tokenization.get_tokenizer(meta["tokenizer"]["spec"], workdir=workdir)
   resume.check_tokenizer(meta, tokenizer, workdir=workdir)  # the ids the model was trained on
-  # The model config is read from meta["model"] only: older checkpoints also kept a copy of
-  # the run config's model section in meta["config"], which is dropped here.
-  config = {k: v for k, v in meta["config"].items() if k != "model"}
   return Run(workdir=workdir, name=paths.basename(workdir), step=int(step),
-             model_config=GPTConfig.from_dict(meta["model"]), config=config,
-             params=params, tokenizer=tokenizer)
+             config=RunConfig.from_metadata(meta), params=params, tokenizer=tokenizer)
 
 
 DEFAULT_KERNEL = "chunked"  # evaluation's attention kernel: memory linear in the length

@@ -32,7 +32,7 @@ _OK, _MISSING, _OTHER = 0, 1, 2  # what a process found in its workdir
 
 
 def config_digest(plain_config: dict) -> str:
-  """The sha256 of a run config (`run_config.as_plain`), canonical JSON."""
+  """The sha256 of a run config (`RunConfig.to_dict()`), canonical JSON."""
   return hashlib.sha256(json.dumps(plain_config, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -1,9 +1,7 @@
-"""Exports the newest verified checkpoint of a training workdir for inference.
+"""Exports the newest verified checkpoint of a training workdir for inference (the rove-export
+command, rove_jax.cli.export, drives `export_run`).
 
-    rove-export --workdir runs/tiny --out exports/tiny [--format auto]
-    rove-export --workdir runs/tiny --out gs://bucket/exports/tiny   # the [gcs] extra
-
-(also `python -m rove_jax.train.export`) reads the newest checkpoint whose checksums verify
+`export_run` reads the newest checkpoint whose checksums verify
 (`checkpoint.read_run`: read-only, an unreadable checkpoint is reported and the previous one
 taken) and writes its parameters with `rove_jax.nn.pretrained.save`: a transformers GPT-2
 checkpoint for a GPT-2-shaped model (learned positions), otherwise rove-jax's own safetensors +
@@ -17,28 +15,18 @@ without the tokenizer; the end-of-text id also becomes GPT-2's bos/eos_token_id.
 the checkpoint is read: not an existing file, not already holding an export (unless
 --overwrite), and writable (a probe file is written and removed; a directory this check
 created is removed again when the export then fails).
-
-Exit status: 0 when the export is written; 2 for bad input (an unknown format, a workdir that
-does not exist or holds no readable checkpoint, a model the format cannot hold, an existing
-export without --overwrite); 1 for an I/O failure (--out is a file or not writable, the disk is
-full, a storage error, gcsfs missing for a gs:// path). Failures end with one line
-`rove-export: error: ...` on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import uuid
-from typing import Optional
 
 from rove_jax.nn import param_files, pretrained
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
 from rove_jax.train import checkpoint
 
-PROG = "rove-export"
 def _missing_parents(path: str) -> list:
   """The directories `os.makedirs(path)` would create, deepest first."""
   out = []
@@ -131,46 +119,3 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
     _remove_empty(created)  # only directories this call made, and only while still empty
     raise
   return {"step": int(step), **written}
-
-
-def failure_status(e: BaseException) -> Optional[int]:
-  """The exit status of an expected failure (1: I/O or a missing package; 2: bad input), or
-  None for an unexpected exception (a bug: its traceback is kept)."""
-  if isinstance(e, (OSError, ImportError)) or paths.is_storage_error(e):
-    return 1
-  if isinstance(e, ValueError):
-    return 2
-  return None
-
-
-def main(argv: Optional[list] = None) -> int:
-  parser = argparse.ArgumentParser(
-      prog=PROG,
-      description="Export the newest verified checkpoint of a training workdir as "
-                  "safetensors + config.json (GPT-2's format where it fits).")
-  parser.add_argument("--workdir", required=True,
-                      help="the training run's --workdir (local or gs://bucket/path)")
-  parser.add_argument("--out", required=True,
-                      help="the directory to write (local or gs://bucket/path)")
-  parser.add_argument("--format", default="auto", choices=pretrained.FORMATS,
-                      help="auto: GPT-2's where the model fits it, else rove-jax's")
-  parser.add_argument("--overwrite", action="store_true",
-                      help="replace an export already in --out")
-  args = parser.parse_args(argv)
-  try:
-    done = export_run(args.workdir, args.out, format=args.format, overwrite=args.overwrite,
-                      report=lambda msg: print(msg, file=sys.stderr))
-  except Exception as e:  # noqa: BLE001 -- sorted by failure_status; others re-raised
-    status = failure_status(e)
-    if status is None:
-      raise
-    message = " ".join(str(e).split()) or type(e).__name__  # one line, whatever e holds
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return status
-  print(f"exported step {done['step']} of {args.workdir} in {done['format']} format to "
-        f"{paths.dirname(done['config'])}")
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

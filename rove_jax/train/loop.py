@@ -19,7 +19,6 @@ from typing import Any, Optional
 import flax.struct
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from flax import nnx
@@ -27,7 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rove_jax.train import agreement
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import run_config as config_lib
+from rove_jax.train import config_schema, run_config
 from rove_jax import data as data_lib
 from rove_jax import kernels
 from rove_jax.train import resume
@@ -37,7 +36,9 @@ from rove_jax.train import tracking
 from rove_jax import hardware
 from rove_jax.nn import flops
 from rove_jax.train.metrics import MetricsLog
-from rove_jax.nn.model import GPT, generate
+from rove_jax.train.result import TrainResult
+from rove_jax.train.run_config import OptimConfig, RunConfig
+from rove_jax.nn.model import GPT
 
 # Weight decay applies to these matrices only; embeddings, norms, biases and the T5 table
 # are not decayed.
@@ -58,7 +59,7 @@ class NonFiniteError(RuntimeError):
 # --------------------------------------------------------------------------- components
 
 
-def lr_schedule(o: ml_collections.ConfigDict, steps: int):
+def lr_schedule(o: OptimConfig, steps: int):
   """Linear warmup to optim.lr, then cosine decay to lr * min_lr_ratio at `steps`."""
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
@@ -73,7 +74,7 @@ def decay_mask(params) -> Any:
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
-def make_optimizer(o: ml_collections.ConfigDict, steps: int) -> optax.GradientTransformation:
+def make_optimizer(o: OptimConfig, steps: int) -> optax.GradientTransformation:
   """AdamW with warmup + cosine, global-norm clipping, decay on matrices only."""
   parts = []
   if o.clip_norm and o.clip_norm > 0:
@@ -198,34 +199,31 @@ def evaluate(eval_step, params, batches) -> Optional[float]:
 # ------------------------------------------------------------------------------ logging
 
 
-def corpus_from_config(d) -> data_lib.Corpus:
-  """The Corpus of a run config's `data` section (a ConfigDict, or the plain dict a checkpoint's
-  metadata holds); fields a saved config lacks take the Corpus defaults."""
-  fields = ("source", "path", "val_path", "text_field", "val_fraction", "max_files", "hf_config")
-  return data_lib.Corpus(**{k: d[k] for k in fields if k in d})
+def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
+  """Trains (or resumes) the run described by config `c` in `workdir`; returns its result.
 
+  Args:
+    c: a RunConfig, or a config as written (an ml_collections ConfigDict from a config file),
+      which is built into one here (`config_schema.build`: checked before any work).
+    workdir: local path or gs://bucket/path.
+    log: where process 0's progress lines go (the other processes log nothing).
+    devices: the mesh's devices (default: all devices of all processes).
 
-def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None) -> dict:
-  """Trains (or resumes) the run described by config `c` in `workdir`; returns a summary.
-
-  Runs SPMD over the (data, fsdp, tensor) mesh of `c.mesh` on all devices of all processes;
-  only process 0 logs. `devices` restricts the mesh to a subset (default: all devices).
+  Runs SPMD over the (data, fsdp, tensor) mesh of `c.mesh`.
   """
-  model_cfg = config_lib.validate(c)
+  c = config_schema.build(c, log=log)
+  run_config.check_environment(c)
   if jax.process_index() != 0:
     log = lambda *a, **k: None
   if "wandb" in tracking.parse_tracking(c.tracking) and jax.process_index() == 0:
     tracking.check_wandb_ready(c.wandb)  # before the workdir is created: nothing left behind
-  workdir = config_lib.check_workdir(workdir)
+  workdir = resume.check_workdir(workdir)
   mesh = sharding_lib.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
   dp = sharding_lib.data_parallel_size(mesh)
   nproc, pidx = jax.process_count(), jax.process_index()
   if c.data.batch_size % dp or c.data.batch_size % nproc:
     raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by the data-parallel "
                      f"size mesh.data * mesh.fsdp = {dp} (and the {nproc} processes)")
-  if c.data.batch_size % c.optim.grad_accum:
-    raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by "
-                     f"optim.grad_accum={c.optim.grad_accum}")
   # The lock comes first: opening the checkpoints for writing cleans up unfinished saves,
   # which must never happen under another trainer's feet.
   lock = resume.WriterLock(workdir)
@@ -245,11 +243,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
   ckpt = None
   try:
     # every process writes where process 0 locked, with the same config, or all stop now
-    agreement.confirm(workdir, config_lib.as_plain(c))
+    agreement.confirm(workdir, c.to_dict())
     ckpt = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints,
                                  async_save=c.async_checkpoints)
     with jax.set_mesh(mesh):  # kernels that shard themselves (TPU splash) see the mesh
-      summary = _train(c, workdir, model_cfg, mesh, ckpt, lock if pidx == 0 else None, log)
+      summary = _train(c, workdir, mesh, ckpt, lock if pidx == 0 else None, log)
     ckpt, closing = None, ckpt
     closing.close()  # the last save's failure is this run's error
     return summary
@@ -262,10 +260,11 @@ def train(c: ml_collections.ConfigDict, workdir: str, *, log=print, devices=None
         lock.release()
 
 
-def _train(c, workdir, model_cfg, mesh, ckpt, lock, log) -> dict:
+def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
   """The body of `train`, inside the writer lock (held by process 0: `lock`, else None) and
   with the checkpoints open."""
   nproc, pidx = jax.process_count(), jax.process_index()
+  model_cfg = c.model
   schedule = lr_schedule(c.optim, c.steps)
   tx = make_optimizer(c.optim, c.steps)
 
@@ -274,7 +273,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, lock, log) -> dict:
     return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
 
   abstract_state = jax.eval_shape(init_state)
-  meta = config_lib.run_metadata(c, model_cfg)
+  meta = c.metadata()
   # Before data work and before any restore: a config that cannot continue the saved run is an
   # error that leaves every checkpoint where it is.
   resume.check_resumable(ckpt, meta, ckpt_lib.to_flat(abstract_state), workdir=workdir,
@@ -286,7 +285,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, lock, log) -> dict:
         f"from step 0 would overwrite its metrics: move a checkpoint back if you can repair it, "
         f"or pass --config.fresh_start=True to start from step 0 (the moved ones stay).")
 
-  data = data_lib.prepare(corpus_from_config(c.data), c.data.tokenizer, workdir=workdir,
+  data = data_lib.prepare(c.data.corpus(), c.data.tokenizer, workdir=workdir,
                           max_train_tokens=c.data.max_train_tokens,
                           max_val_tokens=c.data.max_val_tokens,
                           # data.source=prepared: hash the shards once, when the run starts
@@ -337,7 +336,7 @@ def _train(c, workdir, model_cfg, mesh, ckpt, lock, log) -> dict:
   metrics_log = MetricsLog(
       workdir, resume_step=start, enabled=pidx == 0, report=log,
       tensorboard="tensorboard" in sinks,
-      sinks=[tracking.Wandb(workdir, c.wandb, config_lib.as_plain(c))]
+      sinks=[tracking.Wandb(workdir, c.wandb, c.to_dict())]
       if "wandb" in sinks and pidx == 0 else [])
   profiler = tracking.Profiler(workdir, tracking.parse_profile_steps(c.profile_steps, c.steps),
                                enabled=pidx == 0, log=log)
@@ -445,29 +444,6 @@ def _train(c, workdir, model_cfg, mesh, ckpt, lock, log) -> dict:
     counts = np.bincount(np.asarray(data.val_tokens, np.int64), minlength=1).astype(np.float64)
     probs = counts[counts > 0] / counts.sum()
     summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())
-  summary.update(step=step, last=last, nonfinite_steps=nonfinite_total, steps_run=step - start,
-                 tokenizer=data.tokenizer, model_config=model_cfg, params=state.params,
-                 graphdef=graphdef, mesh=mesh)
-  return summary
-
-
-
-
-def report(summary: dict, c: ml_collections.ConfigDict, *, out=print) -> None:
-  """Prints the end-of-run summary and, if configured, a generated sample."""
-  last = summary.get("last") or {}
-  out(f"done: step {summary['step']} in {summary['workdir']}"
-      + (f", train loss {last['loss']:.4f}" if "loss" in last else "")
-      + (f", val loss {summary['val_loss']:.4f} nats/token" if "val_loss" in summary else "")
-      + (f" (a unigram model of the validation tokens: {summary['val_unigram_entropy']:.4f})"
-         if "val_loss" in summary and "val_unigram_entropy" in summary else "")
-      + (f", {last['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in last else "")
-      + (f"; {summary['nonfinite_steps']} of the {summary['steps_run']} steps run were skipped "
-         f"as non-finite (their updates not applied)" if summary.get("nonfinite_steps") else ""))
-  if c.sample_tokens and summary.get("params") is not None and jax.process_count() == 1:
-    tok = summary["tokenizer"]
-    model = nnx.merge(summary["graphdef"], summary["params"])
-    prompt = tok.encode("def ")[None]
-    out_ids = generate(model, prompt, c.sample_tokens, temperature=0.8, top_k=40,
-                       rng=jax.random.key(c.seed), valid_vocab=tok.vocab_size)
-    out("sample:\n" + tok.decode(np.asarray(out_ids[0])))
+  return TrainResult(**summary, step=step, last=last, nonfinite_steps=nonfinite_total,
+                     steps_run=step - start, tokenizer=data.tokenizer, model_config=model_cfg,
+                     params=state.params, graphdef=graphdef, mesh=mesh)

@@ -1,5 +1,5 @@
-"""What a training run checks before it touches a workdir's checkpoints: that no other trainer
-is writing there (the writer lock, `rove_jax.storage.lock`, taken by process 0), and that the
+"""What a training run checks before it touches a workdir's checkpoints: that the workdir is a
+writable directory (`check_workdir`), that no other trainer is writing there (the writer lock, `rove_jax.storage.lock`, taken by process 0), and that the
 saved run is one this config can continue.
 
 Compatibility: the newest checkpoint whose metadata reads is compared with the new config before
@@ -9,6 +9,8 @@ every file where it is.
 """
 
 from __future__ import annotations
+
+import uuid
 
 from rove_jax.storage import paths
 from rove_jax.storage.lock import LockError, WriterLock  # noqa: F401 - the loop's lock
@@ -108,3 +110,29 @@ def check_resumable(ckpt: ckpt_lib.Checkpointer, meta: dict, abstract_flat: dict
         f"({len(want - set(stored))} entries missing, {len(set(stored) - want)} unexpected); "
         f"changed optimizer settings: {'; '.join(changed) or 'none found in the config'}. {fix}")
   ckpt.check_layout(step, want)  # parameters named differently: LayoutError
+
+
+def check_workdir(workdir: str) -> str:
+  """The workdir resolved (an absolute local path or gs://bucket/path), created if needed and
+  proved writable, before any work starts.
+
+  Raises:
+    ValueError: a file, not a directory; not writable; a name orbax cannot write under.
+    rove_jax.storage.paths.MissingExtra: gs:// without gcsfs.
+  """
+  workdir = paths.resolve(workdir, what="--workdir")
+  paths.check_orbax_path(workdir)
+  if paths.isfile(workdir):
+    raise ValueError(f"--workdir {workdir} is a file, not a directory: a run keeps its "
+                     f"checkpoints, metrics and data cache in a directory; choose another path")
+  try:
+    paths.makedirs(workdir)
+    probe = paths.join(workdir, f".write_test_{uuid.uuid4().hex[:12]}")
+    paths.write_atomic(probe, b"ok")
+    paths.remove(probe)
+  except Exception as e:  # noqa: BLE001 - an OSError, or a GCS client library's own error
+    if not (isinstance(e, OSError) or paths.is_storage_error(e)):
+      raise
+    raise ValueError(f"workdir {workdir} is not writable ({paths.describe_failure(e, workdir)})"
+                     f"; choose another --workdir") from None
+  return workdir

@@ -1,215 +1,218 @@
-"""Run configs (ml_collections) for train.py: the schema, defaults and validation.
+"""The run config: one typed, frozen `RunConfig`, its model section a `GPTConfig`.
 
-`base_config(preset)` returns every field a run reads, so `--config.a.b=value` overrides work
-for all of them and an unknown key is an error. configs/*.py start from it.
+A run is described in an ml_collections file (configs/*.py, starting from
+`config_schema.base_config`) and `--config.a.b=value` overrides, the Flax convention.
+`config_schema.build` turns that ConfigDict into a RunConfig once, at the command boundary
+(rove-train, or `train()` for a library caller): every key is checked against the schema there,
+unset values are resolved (data.seq_len from model.max_len; a prepared dataset's tokenizer and
+vocabulary size from its manifest), and RunConfig's constructor validates every value, naming
+the field, before any work starts. Everything after that reads the typed value. `to_dict` / `from_dict` are the
+checkpoint metadata's form of it, which evaluation reads back as the same type.
 
-The model section is `GPTConfig.to_dict()` and `to_model_config`, the one place a run config
-becomes a GPTConfig, is `GPTConfig.from_dict()`: the same conversion that writes and reads
-checkpoint metadata, which holds the model config once, resolved, beside the rest of the run
-config (`metadata_config`). Nothing here touches a JAX device (validation is numpy only), so a
-config can be built before jax.distributed starts.
+Frozen dataclasses, not pydantic: GPTConfig and RopeScaling already are, the values are hashable
+and comparable, and the core adds no dependency. Nothing here touches a JAX device, so a config
+is built before jax.distributed starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import math
-import uuid
+from collections.abc import Mapping
 from typing import Any, Optional
 
-import ml_collections
-from ml_collections import config_dict
-
-from rove_jax import scaling
 from rove_jax.nn.model_config import GPTConfig
-from rove_jax.storage import paths
 from rove_jax.train import tracking
 
-_PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "rove_layers": tuple}
-# model.rope_scaling is a section with one typed field per scaling.RopeScaling field, unset ones
-# None, so `--config.model.rope_scaling.rope_type=yarn --config.model.rope_scaling.factor=4`
-# works from the command line; a config file may also assign a whole dict. Fields not named
-# here are floats.
-_SCALING_TYPES = {"rope_type": str, "truncate": bool, "original_max_position_embeddings": int,
-                  "short_factor": tuple, "long_factor": tuple}
+
+def _f(default, help: str, **kw):
+  """A field with its --help-config text."""
+  return dataclasses.field(default=default, metadata={"help": help}, **kw)
 
 
-def scaling_fields(rope_scaling) -> ml_collections.ConfigDict:
-  """The model.rope_scaling section: every RopeScaling field, set from `rope_scaling` (its
-  `to_dict()`, or a dict a config file assigns)."""
-  out = ml_collections.ConfigDict()
-  for field in dataclasses.fields(scaling.RopeScaling):
-    out[field.name] = config_dict.placeholder(_SCALING_TYPES.get(field.name, float))
-  for key, value in (rope_scaling or {}).items():
-    if key not in out:  # unknown keys reach GPTConfig's validation, which names them
-      out[key] = value
-    else:
-      out[key] = tuple(value) if isinstance(value, list) else value
-  return out
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Where the tokens come from and how they are batched (`rove_jax.data`)."""
+  source: str = _f("stdlib", "stdlib | text | parquet | hf | recall (synthetic) | prepared "
+                   "(rove-prepare's directory)")
+  path: Optional[str] = _f(None, "files, directory or glob; hf dataset; recall sizes; "
+                           "prepared directory")
+  val_path: Optional[str] = _f(None, "explicit validation files (or hf split)")
+  text_field: str = _f("text", "jsonl key / parquet or hf column holding the text")
+  val_fraction: float = _f(0.02, "share held out for validation without val_path")
+  max_files: Optional[int] = _f(None, "use only the first N files")
+  max_train_tokens: Optional[int] = _f(None, "cap on the training tokens")
+  max_val_tokens: Optional[int] = _f(None, "cap on the validation tokens")
+  hf_config: Optional[str] = _f(None, "hf dataset configuration")
+  tokenizer: Optional[str] = _f(None, "bytes | bpe | bpe:VOCAB | path/to/tokenizer.json | "
+                                "tiktoken:gpt2; unset: a prepared dataset's own, else bytes")
+  seq_len: Optional[int] = _f(None, "training window in tokens; unset: model.max_len")
+  batch_size: int = _f(16, "sequences per step, global (all processes)")
+  packing: bool = _f(False, "pack documents into windows with segment ids")
+  allow_changed: bool = _f(False, "resume on data other than the checkpoint's (a re-prepared "
+                           "dataset, edited files)")
+
+  def corpus(self):
+    """The `rove_jax.data.Corpus` this section reads."""
+    from rove_jax import data as data_lib  # the package loads grain: only callers that read data
+    return data_lib.Corpus(source=self.source, path=self.path, val_path=self.val_path,
+                           text_field=self.text_field, val_fraction=self.val_fraction,
+                           max_files=self.max_files, hf_config=self.hf_config)
 
 
-def model_fields(cfg: GPTConfig) -> ml_collections.ConfigDict:
-  """A ConfigDict of every GPTConfig field (`cfg.to_dict()`), None fields as typed
-  placeholders so that `--config.model.n_kv_head=...` style overrides type-check, and
-  rope_scaling as a section (`scaling_fields`)."""
-  out = ml_collections.ConfigDict()
-  derived = {"n_kv_head": cfg.n_head, "d_ff": 4 * cfg.d_model}  # left None: follow overrides
-  for name, value in cfg.to_dict().items():
-    if derived.get(name) == value:
-      value = None
-    if name == "rope_scaling":
-      value = scaling_fields(value)
-    elif value is None:
-      value = config_dict.placeholder(_PLACEHOLDER_TYPES.get(name, str))
-    elif name == "rove_layers":
-      value = tuple(value)  # the placeholder's type, so overrides of a set value check too
-    out[name] = value
-  return out
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """AdamW with linear warmup and cosine decay (`loop.make_optimizer`)."""
+  lr: float = _f(1e-3, "peak learning rate")
+  min_lr_ratio: float = _f(0.1, "final learning rate / peak")
+  warmup_steps: int = _f(100, "linear warmup steps (at most `steps`)")
+  weight_decay: float = _f(0.1, "AdamW decay of the matrices")
+  b1: float = _f(0.9, "Adam's first-moment decay")
+  b2: float = _f(0.95, "Adam's second-moment decay")
+  eps: float = _f(1e-8, "Adam's epsilon")
+  clip_norm: float = _f(1.0, "global gradient-norm clip (0: off)")
+  grad_accum: int = _f(1, "micro-steps a step's batch is split into")
+  max_nonfinite: int = _f(10, "consecutive skipped (non-finite) updates before the run stops")
 
 
-def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.model = model_fields(getattr(GPTConfig, preset)())
-
-  c.data = ml_collections.ConfigDict()
-  # stdlib | text | parquet | hf | recall (synthetic, data.recall) | prepared (rove-prepare's
-  # directory, data.prepared)
-  c.data.source = "stdlib"
-  c.data.path = config_dict.placeholder(str)
-  c.data.val_path = config_dict.placeholder(str)
-  c.data.text_field = "text"
-  c.data.val_fraction = 0.02
-  c.data.max_files = config_dict.placeholder(int)
-  c.data.max_train_tokens = config_dict.placeholder(int)
-  c.data.max_val_tokens = config_dict.placeholder(int)
-  c.data.hf_config = config_dict.placeholder(str)
-  c.data.tokenizer = "bytes"  # bytes | bpe | bpe:VOCAB | path/to/tokenizer.json | tiktoken:gpt2
-  c.data.seq_len = c.model.max_len
-  c.data.batch_size = 16  # global
-  c.data.packing = False
-  # A resume on data other than the checkpoint's (a re-prepared dataset, edited files) is an
-  # error unless this is True; the new data's identity is then recorded from that step on.
-  c.data.allow_changed = False
-
-  c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 1e-3
-  c.optim.min_lr_ratio = 0.1
-  c.optim.warmup_steps = 100
-  c.optim.weight_decay = 0.1
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.95
-  c.optim.eps = 1e-8
-  c.optim.clip_norm = 1.0
-  c.optim.grad_accum = 1
-  c.optim.max_nonfinite = 10  # consecutive skipped updates before the run stops
-
-  c.mesh = ml_collections.ConfigDict()  # -1: the devices left over by the other axes
-  c.mesh.data = -1
-  c.mesh.fsdp = 1
-  c.mesh.tensor = 1
-
-  c.steps = 1000
-  c.run_steps = config_dict.placeholder(int)  # stop this invocation after this many steps
-  c.log_every = 10
-  c.eval_every = 200
-  c.eval_batches = 16
-  c.checkpoint_every = 200
-  c.keep_checkpoints = 3
-  c.async_checkpoints = True
-  c.fresh_start = False  # start from step 0 although earlier checkpoints were found unreadable
-  c.seed = 0
-  c.progress = True
-  # Metrics sinks beside metrics.jsonl: "tensorboard", "wandb" (Weights & Biases), both
-  # comma-separated, or "none" (rove_jax.train.tracking); the W&B run's settings.
-  c.tracking = "tensorboard"
-  c.wandb = ml_collections.ConfigDict()
-  c.wandb.project = "rove-jax"
-  c.wandb.entity = config_dict.placeholder(str)
-  c.wandb.name = config_dict.placeholder(str)  # default: the workdir's name
-  c.wandb.group = config_dict.placeholder(str)
-  c.wandb.mode = "online"  # "offline": written under workdir/wandb for `wandb sync`
-  # "START:END": a jax.profiler trace of training steps START..END into workdir/profile.
-  c.profile_steps = config_dict.placeholder(str)
-  c.sample_tokens = 200  # a generated sample printed at the end (0: none)
-  # Pre-flight: compile the train step for the mesh and print memory, FLOPs and collectives
-  # (rove_jax.aot.compile), then exit without training; on this machine's devices, or, ahead of time
-  # from any host, on a named slice ("v5e-256", "v4-32", "h100-8"; needs libtpu or JAX's CUDA
-  # plugin).
-  c.dry_run = False
-  c.dry_run_topology = config_dict.placeholder(str)
-  return c
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """The device mesh's axes; -1: the devices left over by the other axes."""
+  data: int = _f(-1, "data-parallel axis")
+  fsdp: int = _f(1, "fully sharded data-parallel axis (parameters and optimizer sharded)")
+  tensor: int = _f(1, "tensor-parallel axis")
 
 
-def paper_config(preset: str, *, lr: float) -> ml_collections.ConfigDict:
-  """A GPT-2 run for a preset set up like the paper's, as far as the paper says.
-
-  From the paper (2606.11275, the experiments section): GPT-2-style models of ~124M and ~354M
-  parameters, trained on FineWebEdu-10B with a context of 1024 tokens. Everything else here is
-  an ASSUMPTION, nanoGPT-style defaults the paper does not give: the GPT-2 tokenizer, 0.5M-token
-  batches (512 x 1024), 19,073 steps (one pass over ~10B tokens), the learning rate `lr`, 700
-  warmup steps, weight decay 0.1, AdamW's betas, bf16 compute with float32 master weights.
-  """
-  c = base_config(preset)
-  c.model.pos_encoding = "rove"
-  c.model.dtype = "bfloat16"
-  c.data.source = "parquet"
-  c.data.path = "fineweb-edu/*.parquet"
-  c.data.tokenizer = "tiktoken:gpt2"
-  c.data.seq_len = 1024
-  c.data.batch_size = 512  # assumed: 512 x 1024 = 0.5M tokens a step
-  c.optim.lr = lr  # assumed (the paper gives no optimizer settings)
-  c.optim.warmup_steps = 700  # assumed
-  c.optim.weight_decay = 0.1  # assumed
-  c.steps = 19073  # assumed: one pass over ~10B tokens
-  c.log_every = 10
-  c.eval_every = 500
-  c.eval_batches = 40
-  c.checkpoint_every = 1000
-  c.keep_checkpoints = 3
-  c.sample_tokens = 0
-  return c
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+  """The Weights & Biases run, for tracking=wandb."""
+  project: str = _f("rove-jax", "W&B project")
+  entity: Optional[str] = _f(None, "W&B entity (team or user)")
+  name: Optional[str] = _f(None, "run name; unset: the workdir's name")
+  group: Optional[str] = _f(None, "run group")
+  mode: str = _f("online", "online | offline (written under workdir/wandb for `wandb sync`) | "
+                 "disabled")
 
 
-def to_model_config(c: ml_collections.ConfigDict) -> GPTConfig:
-  """The GPTConfig of a run config's model section (None fields take GPTConfig's defaults;
-  an empty rope_scaling dict means plain RoPE)."""
-  fields = {k: v for k, v in c.model.to_dict().items() if v is not None}
-  rope_scaling = {k: v for k, v in (fields.pop("rope_scaling", None) or {}).items()
-                  if v is not None}
-  if rope_scaling:  # all keys unset (or an empty dict): plain RoPE
-    fields["rope_scaling"] = rope_scaling
-  try:
-    return GPTConfig.from_dict(fields)
-  except ValueError as e:
-    raise ValueError(f"config.model: {e}") from None
+SECTIONS = {"data": DataConfig, "optim": OptimConfig, "mesh": MeshConfig, "wandb": WandbConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Everything a training run reads. Constructed only with valid values (ValueError names the
+  field); unset data.seq_len takes model.max_len, an unset data.tokenizer "bytes" (a prepared
+  dataset's own: `build`)."""
+  model: GPTConfig = dataclasses.field(default_factory=GPTConfig.tiny,
+                                       metadata={"help": "the model (GPTConfig)"})
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  steps: int = _f(1000, "training steps of the whole run")
+  run_steps: Optional[int] = _f(None, "stop this invocation after this many steps (saved; "
+                                "rerun to continue)")
+  log_every: int = _f(10, "steps between logged metrics")
+  eval_every: int = _f(200, "steps between validation losses")
+  eval_batches: int = _f(16, "batches per validation loss")
+  checkpoint_every: int = _f(200, "steps between checkpoints")
+  keep_checkpoints: int = _f(3, "checkpoints kept")
+  async_checkpoints: bool = _f(True, "write checkpoints while training continues")
+  fresh_start: bool = _f(False, "start from step 0 although earlier checkpoints were found "
+                         "unreadable")
+  seed: int = _f(0, "initialization and data order")
+  progress: bool = _f(True, "a progress bar")
+  tracking: str = _f("tensorboard", "metrics sinks beside metrics.jsonl: tensorboard, wandb "
+                     "(comma-separated) or none")
+  wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
+  profile_steps: Optional[str] = _f(None, "START:END: a jax.profiler trace of those steps into "
+                                    "workdir/profile")
+  sample_tokens: int = _f(200, "tokens of a sample generated at the end (0: none)")
+  dry_run: bool = _f(False, "compile the train step, print memory, FLOPs and collectives, exit")
+  dry_run_topology: Optional[str] = _f(None, "compile ahead of time for a slice (v5e-256, "
+                                       "v4-32, h100-8) instead of this machine's devices")
+
+  def __post_init__(self):
+    unset = {}
+    if self.data.seq_len is None:
+      unset["seq_len"] = self.model.max_len
+    if self.data.tokenizer is None and self.data.source != "prepared":
+      unset["tokenizer"] = "bytes"  # a prepared dataset's is read from it by `build`
+    if unset:
+      object.__setattr__(self, "data", dataclasses.replace(self.data, **unset))
+    _validate(self)
+
+  # ------------------------------------------------------------------ serialisation
+  def to_dict(self) -> dict:
+    """Plain JSON-ready values, every field, the model as `GPTConfig.to_dict()`."""
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    out["model"] = self.model.to_dict()
+    for name in SECTIONS:
+      out[name] = dataclasses.asdict(out[name])
+    return out
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
+    """The inverse of `to_dict`. Raises ValueError for an unknown field or an invalid value."""
+    fields = dict(d)
+    _check_known(fields, cls, "")
+    if "model" in fields:
+      fields["model"] = GPTConfig.from_dict(fields["model"])
+    for name, section in SECTIONS.items():
+      if name in fields:
+        _check_known(fields[name], section, name + ".")
+        fields[name] = section(**fields[name])
+    return cls(**fields)
+
+  def metadata(self) -> dict:
+    """Checkpoint metadata's form: the model config once under "model", the rest under
+    "config" (`from_metadata` reads them back), and the tokenizer's spec under "tokenizer"
+    (the loop adds what the built tokenizer is: name, vocabulary size, fingerprint)."""
+    out = self.to_dict()
+    return {"model": out.pop("model"), "config": out, "tokenizer": {"spec": self.data.tokenizer}}
+
+  @classmethod
+  def from_metadata(cls, meta: Mapping[str, Any]) -> "RunConfig":
+    return cls.from_dict({**meta["config"], "model": meta["model"]})
+
+
+def _check_known(fields: Mapping, cls, prefix: str) -> None:
+  known = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise ValueError(f"unknown config fields {[prefix + k for k in unknown]}; "
+                     f"{prefix.rstrip('.') or 'the config'} has: {', '.join(sorted(known))}")
 
 
 _DECAY_HINT = " (Adam's moment decay: 1 never forgets, the updates turn NaN)"
+# name: (low, high, low included, high included)
+_RANGES = {"lr": (0, math.inf, False, False), "weight_decay": (0, math.inf, True, False),
+           "min_lr_ratio": (0, 1, True, True), "b1": (0, 1, True, False),
+           "b2": (0, 1, True, False), "eps": (0, math.inf, False, False),
+           "clip_norm": (0, math.inf, True, False)}
 
 
-def validate(c: ml_collections.ConfigDict) -> GPTConfig:
-  """Checks the run config against the schema and its values; returns the model config.
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
 
-  Raises ValueError naming the field before anything expensive runs.
-  """
-  schema = base_config("tiny")
-  unknown = _unknown_keys(c, schema)
-  if unknown:
-    raise ValueError(f"unknown config keys {unknown}; see rove_jax/train/run_config.py:"
-                     f"base_config for the fields a run reads")
-  model = to_model_config(c)
+
+def _validate(c: RunConfig) -> None:
+  """Each value's one check; ValueError names the field."""
+  if not isinstance(c.model, GPTConfig):
+    raise ValueError(f"model must be a GPTConfig, got {type(c.model).__name__}")
   d = c.data
-  if d.seq_len is None or d.seq_len < 1:
-    raise ValueError(f"data.seq_len must be a positive int, got {d.seq_len}")
-  if d.seq_len > model.max_len:
-    raise ValueError(f"data.seq_len={d.seq_len} exceeds model.max_len={model.max_len}, the "
+  if d.source == "prepared" and not d.path:
+    raise ValueError("data.source=prepared needs data.path: the directory rove-prepare wrote; "
+                     "run rove-prepare --out DIR first and set --config.data.path=DIR")
+  if not (_is_int(d.seq_len) and d.seq_len >= 1):
+    raise ValueError(f"data.seq_len must be a positive int, got {d.seq_len!r}")
+  if d.seq_len > c.model.max_len:
+    raise ValueError(f"data.seq_len={d.seq_len} exceeds model.max_len={c.model.max_len}, the "
                      f"training context the positional encoding is set up for; set "
                      f"--config.model.max_len={d.seq_len}")
+  if not (_is_int(d.batch_size) and d.batch_size >= 1):
+    raise ValueError(f"data.batch_size must be a positive int, got {d.batch_size!r}")
   if d.source == "recall":
-    # numpy only, but rove_jax.data's package loads grain: only recall configs pay for it
-    from rove_jax.data import recall
+    from rove_jax.data import recall  # numpy only, but the data package loads grain
     spec = recall.RecallSpec.parse(d.path)
     if spec.seq_len != d.seq_len:
       raise ValueError(f"data.path={d.path!r}: the recall documents are made for seq_len="
@@ -218,14 +221,10 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
     if d.packing:
       raise ValueError("data.packing: a recall window is [eot] + one document, the layout its "
                        "test samples use; train the recall source with packing=False")
-  # Whether the directory holds a manifest is checked when the data is opened, the run's first
-  # step: a dry run compiles for a slice from a host that need not see the data.
-  if d.source == "prepared" and not d.path:
-    raise ValueError("data.source=prepared needs data.path: the directory rove-prepare wrote; "
-                     "run rove-prepare --out DIR first and set --config.data.path=DIR")
   for name in ("steps", "log_every", "eval_every", "checkpoint_every", "eval_batches",
                "keep_checkpoints", "optim.grad_accum", "optim.max_nonfinite"):
-    value = _get(c, name)
+    section, _, field = name.rpartition(".")
+    value = getattr(getattr(c, section) if section else c, field)
     if not (_is_int(value) and value >= 1):
       raise ValueError(f"{name} must be an int >= 1, got {value!r}")
   if c.run_steps is not None and not (_is_int(c.run_steps) and c.run_steps >= 1):
@@ -235,13 +234,8 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
     raise ValueError(f"sample_tokens must be an int >= 0 (0: no sample), got "
                      f"{c.sample_tokens!r}")
   o = c.optim
-  # name: (low, high, low included, high included)
-  ranges = {"lr": (0, math.inf, False, False), "weight_decay": (0, math.inf, True, False),
-            "min_lr_ratio": (0, 1, True, True), "b1": (0, 1, True, False),
-            "b2": (0, 1, True, False), "eps": (0, math.inf, False, False),
-            "clip_norm": (0, math.inf, True, False)}
-  for name, (lo, hi, lo_ok, hi_ok) in ranges.items():
-    value = o[name]
+  for name, (lo, hi, lo_ok, hi_ok) in _RANGES.items():
+    value = getattr(o, name)
     ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
           and (lo <= value if lo_ok else lo < value) and (value <= hi if hi_ok else value < hi))
     if not ok:
@@ -249,129 +243,45 @@ def validate(c: ml_collections.ConfigDict) -> GPTConfig:
       hint = {"clip_norm": " (clip_norm=0 turns clipping off)",
               "b1": _DECAY_HINT, "b2": _DECAY_HINT}.get(name, "")
       raise ValueError(f"optim.{name} must be a finite number in {interval}, got {value!r}{hint}")
-  if not 0 <= o.warmup_steps <= c.steps:
-    raise ValueError(f"optim.warmup_steps={o.warmup_steps} must be in [0, steps={c.steps}]")
-  sinks = tracking.parse_tracking(c.tracking)
-  if "wandb" in sinks:
-    if c.wandb.mode not in tracking.WANDB_MODES:
-      raise ValueError(f"wandb.mode must be one of {tracking.WANDB_MODES}, got "
-                       f"{c.wandb.mode!r}")
-    if importlib.util.find_spec("wandb") is None:
-      raise ValueError("tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
-                       "(or pip install wandb), or leave wandb out of --config.tracking")
+  if not (_is_int(o.warmup_steps) and 0 <= o.warmup_steps <= c.steps):
+    raise ValueError(f"optim.warmup_steps={o.warmup_steps} must be in [0, steps={c.steps}]; "
+                     f"set --config.optim.warmup_steps (e.g. {c.steps // 10}) with a short run")
+  if d.batch_size % o.grad_accum:
+    raise ValueError(f"data.batch_size={d.batch_size} is not divisible by "
+                     f"optim.grad_accum={o.grad_accum}")
+  tracking.parse_tracking(c.tracking)
+  if c.wandb.mode not in tracking.WANDB_MODES:
+    raise ValueError(f"wandb.mode must be one of {tracking.WANDB_MODES}, got {c.wandb.mode!r}")
   tracking.parse_profile_steps(c.profile_steps, c.steps)
   for name in ("data", "fsdp", "tensor"):
-    value = c.mesh[name]
-    if not (isinstance(value, int) and (value >= 1 or value == -1)):
+    value = getattr(c.mesh, name)
+    if not (_is_int(value) and (value >= 1 or value == -1)):
       raise ValueError(f"mesh.{name} must be a positive int or -1, got {value!r}")
-  return model
 
 
-def override_problem(key: str, value: Optional[str] = None, *,
-                     schema: Optional[ml_collections.ConfigDict] = None) -> Optional[str]:
-  """Why a command-line override `--config.KEY=VALUE` cannot set a field, or None.
-
-  Checks KEY against the schema (`base_config`, built once by the caller that checks several
-  keys): an unknown name gets the closest valid one at its level, a section (e.g.
-  model.rope_scaling) is refused with how to set its fields. The value's type is absl's to
-  check.
-  """
-  node, path, parts = schema or base_config("tiny"), [], key.split(".")
-  for i, part in enumerate(parts):
-    here = ".".join(path) or "the config"
-    if not isinstance(node, ml_collections.ConfigDict):
-      return (f"--config.{key}: {here} is a field, not a section: it has no {part!r}; set "
-              f"--config.{here}=VALUE")
-    if part not in node:
-      close = difflib.get_close_matches(part, list(node.keys()), n=1, cutoff=0.5)
-      fields = ", ".join(sorted(node.keys()))
-      hint = (f"did you mean --config.{'.'.join(path + close + parts[i + 1:])}?" if close
-              else f"{here} has: {fields}")
-      return (f"--config.{key}: {here} has no field {part!r}; {hint} (the schema is "
-              f"rove_jax/train/run_config.py:base_config)")
-    node = node[part]
-    path.append(part)
-  if isinstance(node, ml_collections.ConfigDict):
-    example = {"model.rope_scaling": " (e.g. --config.model.rope_scaling.rope_type=yarn "
-                                     "--config.model.rope_scaling.factor=4)"}.get(key, "")
-    return (f"--config.{key}{'=' + value if value is not None else ''}: {key} is a section, "
-            f"not a field; set its fields one by one, --config.{key}.FIELD=VALUE{example}")
-  return None
+def check_environment(c: RunConfig) -> None:
+  """What the run needs installed, before any work: the wandb package for tracking=wandb."""
+  if "wandb" in tracking.parse_tracking(c.tracking) and importlib.util.find_spec("wandb") is None:
+    raise ValueError("tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
+                     "(or pip install wandb), or leave wandb out of --config.tracking")
 
 
-def _get(c, dotted: str):
-  for part in dotted.split("."):
-    c = c[part]
-  return c
+def describe(c: Optional[RunConfig] = None) -> list[str]:
+  """--help-config: one line per field, "name = default  # help", sections included."""
+  c = c if c is not None else RunConfig()
+  lines = []
 
+  def walk(obj, prefix):
+    for f in dataclasses.fields(obj):
+      value = getattr(obj, f.name)
+      if f.name == "model":
+        for mf in dataclasses.fields(value):
+          lines.append(f"model.{mf.name} = {getattr(value, mf.name)!r}")
+      elif dataclasses.is_dataclass(value):
+        walk(value, f"{prefix}{f.name}.")
+      else:
+        help_ = f.metadata.get("help", "")
+        lines.append(f"{prefix}{f.name} = {value!r}" + (f"  # {help_}" if help_ else ""))
 
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _unknown_keys(c, schema, prefix="") -> list[str]:
-  out = []
-  for key in c.keys():
-    path = f"{prefix}{key}"
-    if key not in schema:
-      out.append(path)
-    elif path == "model.rope_scaling":
-      continue  # its keys depend on rope_type: the scaling validation names unknown ones
-    elif isinstance(c[key], ml_collections.ConfigDict):
-      if isinstance(schema[key], ml_collections.ConfigDict):
-        out += _unknown_keys(c[key], schema[key], path + ".")
-  return out
-
-
-def check_workdir(workdir: str) -> str:
-  """The workdir resolved (an absolute local path or gs://bucket/path), created if needed and
-  proved writable, before any work starts.
-
-  Raises:
-    ValueError: a file, not a directory; not writable; a name orbax cannot write under.
-    rove_jax.storage.paths.MissingExtra: gs:// without gcsfs.
-  """
-  workdir = paths.resolve(workdir, what="--workdir")
-  paths.check_orbax_path(workdir)
-  if paths.isfile(workdir):
-    raise ValueError(f"--workdir {workdir} is a file, not a directory: a run keeps its "
-                     f"checkpoints, metrics and data cache in a directory; choose another path")
-  try:
-    paths.makedirs(workdir)
-    probe = paths.join(workdir, f".write_test_{uuid.uuid4().hex[:12]}")
-    paths.write_atomic(probe, b"ok")
-    paths.remove(probe)
-  except Exception as e:  # noqa: BLE001 - an OSError, or a GCS client library's own error
-    if not (isinstance(e, OSError) or paths.is_storage_error(e)):
-      raise
-    raise ValueError(f"workdir {workdir} is not writable ({paths.describe_failure(e, workdir)})"
-                     f"; choose another --workdir") from None
-  return workdir
-
-
-def run_metadata(c: ml_collections.ConfigDict, model_cfg: GPTConfig) -> dict:
-  """A run's checkpoint metadata before its tokenizer is built (the loop adds the tokenizer's
-  name, vocabulary size, end-of-text id and fingerprint): the model config once, under
-  "model", and the rest of the run config under "config"."""
-  return {"model": model_cfg.to_dict(), "config": metadata_config(c),
-          "tokenizer": {"spec": c.data.tokenizer}}
-
-
-def metadata_config(c: ml_collections.ConfigDict) -> dict:
-  """The run config as checkpoint metadata stores it: `as_plain(c)` less the model section.
-  The metadata holds the model config once, resolved: `GPTConfig.to_dict()` under "model",
-  read back with `GPTConfig.from_dict`."""
-  out = as_plain(c)
-  out.pop("model", None)
-  return out
-
-
-def as_plain(value: Any) -> Any:
-  """JSON-friendly copy of a config (ConfigDict -> dict, tuples -> lists)."""
-  if isinstance(value, ml_collections.ConfigDict):
-    value = value.to_dict()
-  if isinstance(value, dict):
-    return {k: as_plain(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [as_plain(v) for v in value]
-  return value
+  walk(c, "")
+  return lines

@@ -10,7 +10,7 @@ python train.py --config study/configs/reproduce.py --workdir runs/reproduce/rov
     --config.model.pos_encoding=rove --config.seed=0
 """
 
-from rove_jax.train.run_config import base_config
+from rove_jax.train.config_schema import base_config
 
 
 def get_config():

@@ -12,7 +12,7 @@ is the same for every run.
 The sizing that chose this spec (models, steps, what was tried) is in bench/RESULTS.md.
 """
 
-from rove_jax.train.run_config import base_config
+from rove_jax.train.config_schema import base_config
 
 SEQ_LEN = 32
 DATA = (f"seq_len={SEQ_LEN},pairs=6,queries=8,keys=6,values=8,train_docs=60000,val_docs=1000,"

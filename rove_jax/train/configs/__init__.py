@@ -1,2 +1,2 @@
-"""Run configs shipped with the package: `rove-train --config NAME` (tiny, demo,
-gpt2_124m, gpt2_354m) or `--config path/to/file.py`. `configs/` in a checkout points here."""
+"""Run configs shipped with the package: `rove-train --config NAME` (smoke, tiny,
+demo, gpt2_124m, gpt2_354m) or `--config path/to/file.py`. `configs/` in a checkout points here."""

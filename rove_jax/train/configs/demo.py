@@ -9,7 +9,7 @@ python train.py --config configs/demo.py --workdir runs/demo/rove
 python train.py --config configs/demo.py --workdir runs/demo/rope --config.model.pos_encoding=rope
 """
 
-from rove_jax.train.run_config import base_config
+from rove_jax.train.config_schema import base_config
 
 
 def get_config():

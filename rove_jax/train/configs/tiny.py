@@ -4,7 +4,7 @@ python train.py --config configs/tiny.py --workdir runs/tiny
 RoPE twin for a side-by-side run: add --config.model.pos_encoding=rope (another --workdir).
 """
 
-from rove_jax.train.run_config import base_config
+from rove_jax.train.config_schema import base_config
 
 
 def get_config():

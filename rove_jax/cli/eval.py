@@ -38,13 +38,13 @@ import uuid
 from flax import nnx
 
 from rove_jax import data as data_lib
+from rove_jax.cli import platforms
 from rove_jax.data import files as data_files
 from rove_jax.evaluation import icl, perplexity, prompting, report, report_files, report_md, scoring
 from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.evaluation.ruler import suite as ruler
 from rove_jax.nn.model import GPT, param_count
 from rove_jax.storage import paths
-from rove_jax.train import export
 
 # Lengths are int(multiple * T). ICL's by-length tasks run at T only: the paper's ICL is inside
 # the training context. The quick suite leaves out 0.5x: it is a smoke test (reproduce --quick
@@ -440,6 +440,7 @@ def main(argv=None) -> int:
   one-paragraph message on stderr and no traceback, for an expected failure (a run that cannot
   be restored or scored, an unreadable input, an unwritable report, a missing package)."""
   args = parse_args(sys.argv[1:] if argv is None else argv, check_files=True)
+  platforms.skip_absent_tpu()
   try:
     return _evaluate(args)
   except Exception as e:  # noqa: BLE001 -- the expected failures; anything else is re-raised

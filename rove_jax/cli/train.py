@@ -1,10 +1,13 @@
 """rove-train (or `python train.py` from a checkout): train a RoVE (or baseline) GPT.
 
+  rove-train --config smoke --workdir runs/smoke      # a first run: about a minute on 2 cores
   rove-train --config tiny --workdir runs/tiny [--config.field=value ...]
+  rove-train --help-config                            # every config field, with its default
 
---config takes a config file (configs/tiny.py) or the name of a packaged one (tiny,
+--config takes a config file (configs/tiny.py) or the name of a packaged one (smoke, tiny,
 demo, gpt2_124m, gpt2_354m: rove_jax/train/configs/NAME.py), so an installed package trains
-without a checkout. Rerunning the same command resumes from the newest readable checkpoint in
+without a checkout. --config.dry_run=True compiles the train step and prints its memory and
+FLOPs instead of training; --helpfull lists the flags. Rerunning the same command resumes from the newest readable checkpoint in
 --workdir. SIGTERM / Ctrl-C finish the current step, save a checkpoint and exit 0. Several
 processes (hosts): add --coordinator_address HOST:PORT --num_processes N --process_id I on
 each, or nothing on TPU pods and SLURM, where jax.distributed.initialize() detects the cluster.
@@ -16,7 +19,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rove_jax.train import run_config as config_lib
+from rove_jax.cli import platforms
+from rove_jax.cli.errors import TRACEBACK_VAR, fail, missing_package
+from rove_jax.train import config_schema, run_config
 from rove_jax.train import sharding
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -28,9 +33,13 @@ _COORD = flags.DEFINE_string("coordinator_address", None,
                              "--process_id); without them, TPU pods and SLURM are auto-detected")
 _NPROC = flags.DEFINE_integer("num_processes", None, "multi-process: how many processes")
 _PID = flags.DEFINE_integer("process_id", None, "multi-process: this process's index")
+# Handled in run(), before absl (which would first ask for --config and --workdir); defined
+# here so that --help lists it.
+flags.DEFINE_bool("help-config", False, "list every config field with its default and exit")
 flags.mark_flags_as_required(["config", "workdir"])
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train",
+                          "configs")  # the packaged configs
 
 
 def packaged_configs() -> list[str]:
@@ -64,9 +73,6 @@ def _rewrite_config_flag(argv: list[str]) -> list[str]:
   return out
 
 
-TRACEBACK_VAR = "ROVE_JAX_TRACEBACK"  # =1: expected errors show their traceback too
-
-
 def _quiet_background_failures() -> None:
   """A failed checkpoint write also fails orbax's background write tasks and threads, each of
   which asyncio and orbax log with a traceback; the run reports that failure once, as its
@@ -86,13 +92,6 @@ def _quiet_background_failures() -> None:
   sys.unraisablehook = lambda u: None if closed(u.exc_value) else unraisablehook(u)
 
 
-def _fail(message: str, code: int) -> int:
-  print(f"error: {message}", file=sys.stderr)
-  if os.environ.get(TRACEBACK_VAR) == "1":
-    raise
-  return code
-
-
 def main(argv):
   if len(argv) > 1:
     print(f"error: unexpected arguments {argv[1:]}: every setting is a flag, e.g. "
@@ -102,27 +101,30 @@ def main(argv):
   if os.environ.get(TRACEBACK_VAR) != "1":
     _quiet_background_failures()
   # after flag parsing: --help and flag errors do not load flax, optax, orbax and grain
-  from rove_jax.train import loop as training
+  from rove_jax.train import loop as training, result
   # Expected failures end with one message and an exit code, no traceback (set
   # ROVE_JAX_TRACEBACK=1 to see it): 2 a bad config or input, 3 a run that diverged, 1 the rest
   # (a missing package, files, the machine: memory, disk, permissions, another trainer).
   try:
-    # Evaluating the config file touched no device (validation is numpy only), so
-    # jax.distributed can still start here, before the first device is used.
+    # The run config, built and checked once, here. That touches no device, so
+    # jax.distributed can still start after it, before the first device is used.
+    c = config_schema.build(_CONFIG.value)
+    run_config.check_environment(c)
+    if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with libtpu
+      platforms.skip_absent_tpu()
     sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
-    if _CONFIG.value.dry_run:
-      return _dry_run(_CONFIG.value)
-    summary = training.train(_CONFIG.value, _WORKDIR.value)
-    training.report(summary, _CONFIG.value)
+    if c.dry_run:
+      from rove_jax.cli import dry_run  # the compiler's machinery: this flag only
+      return dry_run.run(c)
+    result.report(training.train(c, _WORKDIR.value), c)
   except (ValueError, NotImplementedError) as e:
-    return _fail(str(e), 2)
+    return fail(str(e), 2)
   except (training.NonFiniteError, FloatingPointError) as e:
-    return _fail(str(e), 3)
+    return fail(str(e), 3)
   except ImportError as e:
-    return _fail(str(e) if "pip install" in str(e) else
-                 f"{e}; is rove_jax installed with its extras (pip install 'rove_jax[all]')?", 1)
+    return fail(missing_package(e), 1)
   except (OSError, RuntimeError) as e:
-    code = _fail(f"{type(e).__name__}: {e}", 1)
+    code = fail(f"{type(e).__name__}: {e}", 1)
     if isinstance(e, training.ckpt_lib.SaveError):
       # the run's files are closed; what is left is orbax's failed write threads, which would
       # print into the interpreter's shutdown: leave without them
@@ -133,29 +135,14 @@ def main(argv):
   return 0
 
 
-def _dry_run(c) -> int:
-  """--config.dry_run=True: compile the configured train step for this machine's devices (or
-  --config.dry_run_topology) and print its figures; exit 0 if it fits the chip's memory, 1 if
-  not. Nothing is trained or written."""
-  from rove_jax.aot import compile as aot  # the compiler's machinery, for this flag only
-  topology = c.dry_run_topology or "local"
-  report = aot.compile_job(c, topology, "train", log=lambda line: print(line, file=sys.stderr))
-  print(aot.format_report(report))
-  if report.get("fits") is False:
-    return _fail(f"the train step does not fit a device of {report['topology']}: see above "
-                 f"(a larger fsdp axis, optim.grad_accum or model.remat=full; python -m bench.aot "
-                 f"--recommend proposes a mesh)", 1)
-  return 0
-
-
 def _override_problems(argv: list[str]) -> list[str]:
   """config.override_problem for every --config.KEY[=VALUE] in argv."""
-  schema = config_lib.base_config("tiny")
+  schema = config_schema.base_config("tiny")
   problems = []
   for arg in argv[1:]:
     if arg.startswith("--config."):
       key, eq, value = arg[len("--config."):].partition("=")
-      problem = config_lib.override_problem(key, value if eq else None, schema=schema)
+      problem = config_schema.override_problem(key, value if eq else None, schema=schema)
       if problem:
         problems.append(problem)
   return problems
@@ -206,6 +193,11 @@ def run(argv=None):
   except app.UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  if "--help-config" in argv[1:]:
+    print("Every config field with its default (the tiny preset's model); set one with "
+          "--config.FIELD=VALUE:")
+    print("\n".join("  " + line for line in run_config.describe()))
+    sys.exit(0)
   problems = _override_problems(argv)  # before absl, which blames the wrong flag or none
   if problems:
     print("error: " + "\nerror: ".join(problems), file=sys.stderr)
