@@ -157,7 +157,7 @@ def test_checkpoint_metadata_holds_the_model_config_once():
     ({"model.pos_encoding": "nope", "model.rope_scaling": {"rope_type": "linear",
                                                             "factor": 2.0}},
      r"rope_scaling applies to rotary encodings only"),
-    ({"data.seq_len": 512}, r"data.seq_len=512 exceeds model.max_len=256"),
+    ({"data.seq_len": 512, "model.max_len": 256}, r"data.seq_len=512 exceeds model.max_len=256"),
     ({"optim.warmup_steps": 10**6}, r"optim.warmup_steps"),
     ({"optim.lr": float("inf")}, r"optim.lr must be a finite number in \(0, inf\), got inf"),
     ({"optim.lr": float("nan")}, r"optim.lr must be a finite number"),

@@ -279,6 +279,40 @@ def test_bad_input_fails_before_work(tmp_path, capsys):
     next(data.iter_documents(data.Corpus("prepared", str(out))))
 
 
+def test_prepared_data_supplies_the_tokenizer_and_vocabulary_size(tmp_path):
+  """--config.data.source=prepared --config.data.path=DIR is all a run needs: the manifest
+  names the tokenizer, and a vocabulary too small for its ids grows to fit (rounded up to 64);
+  settings given must agree with the dataset."""
+  import jax
+  corpus = data.Corpus("text", write_corpus(tmp_path / "corpus", n_files=4, chars=1200))
+  out = tmp_path / "p"
+  manifest = data.prepare_dataset(corpus, "bpe", out, vocab_size=400, progress=False)
+  ids = manifest["tokenizer"]["vocab_size"]  # what BPE learned from this corpus, up to 400
+  need = -(-ids // 64) * 64
+  c = small_config(tmp_path, steps=2, **{"data.source": "prepared", "data.path": str(out),
+                                         "model.vocab_size": 256})
+  assert c.data.tokenizer is None and 256 < ids  # no tokenizer named; a vocabulary too small
+  said = []
+  built = config_schema.build(c, log=said.append)
+  assert built.data.tokenizer == "bpe:400" and built.model.vocab_size == need
+  assert said == [f"model.vocab_size={need}: the prepared dataset's tokenizer 'bpe:400' has "
+                  f"{ids} ids"]
+  result = training.train(c, str(tmp_path / "run"), devices=jax.devices()[:1],
+                          log=lambda *a: None)
+  assert result.step == 2 and result.tokenizer.vocab_size == ids
+  assert result.model_config.vocab_size == need
+  c.data.tokenizer, c.model.vocab_size = "bpe:400", 512  # given, and agreeing: kept
+  assert config_schema.build(c).model.vocab_size == 512
+  c.model.vocab_size = 256
+  with pytest.raises(ValueError, match=rf"model.vocab_size=256 is smaller than the {ids} ids.*"
+                                       rf"--config.model.vocab_size={need}"):
+    config_schema.build(c)
+  c.data.tokenizer = "bytes"
+  with pytest.raises(ValueError, match=r"data.tokenizer='bytes' but the prepared dataset .* was "
+                                       r"tokenized with 'bpe:400'; leave data.tokenizer unset"):
+    config_schema.build(c)
+
+
 def test_a_run_trains_on_prepared_data_and_resumes_bitwise(tmp_path):
   """Steps 1-2 on a prepared dataset, then 3-4 resumed: the losses of a straight run on the raw
   corpus, bit for bit (the same tokens, batches and programs)."""

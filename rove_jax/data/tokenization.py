@@ -162,6 +162,18 @@ class HFTokenizer(Tokenizer):
   def fingerprint(self) -> str:
     return self._fingerprint
 
+  def to_json(self) -> str:
+    """The tokenizer.json text (what `from_file` reads back)."""
+    return self._tok.to_str()
+
+  @classmethod
+  def from_json(cls, text: str, *, name: str) -> "HFTokenizer":
+    tokenizers = _import_tokenizers(f"loading {name}")
+    try:
+      return cls(tokenizers.Tokenizer.from_str(text), name=name)
+    except Exception as e:  # the Rust side raises a bare Exception for malformed files
+      raise ValueError(f"could not read the tokenizer file {name!r}: {e}") from e
+
 
 def train_bpe(texts: Iterable[str], vocab_size: int, *, show_progress: bool = False):
   """Trains a byte-level BPE (GPT-2 style pre-tokenization, no normalization) on texts.
@@ -198,13 +210,7 @@ def _load_bpe_file(path: str, name: str) -> HFTokenizer:
   """The tokenizer saved at path (local: read by `tokenizers` itself; gs://: its bytes)."""
   if not paths.is_remote(path):
     return HFTokenizer.from_file(path, name=name)
-  tokenizers = _import_tokenizers(f"loading {path}")
-  text = paths.read_text(path)
-  try:
-    tok = tokenizers.Tokenizer.from_str(text)
-  except Exception as e:  # the Rust side raises a bare Exception for malformed files
-    raise ValueError(f"could not read the tokenizer file {path!r}: {e}") from e
-  return HFTokenizer(tok, name=name)
+  return HFTokenizer.from_json(paths.read_text(path), name=name)
 
 
 # ------------------------------------------------------------------------------ tiktoken

@@ -22,7 +22,7 @@ from rove_jax import scaling
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train.run_config import SECTIONS, RunConfig
 
-_PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "rove_layers": tuple}
+_PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "max_len": int, "rove_layers": tuple}
 # model.rope_scaling is a section with one typed field per scaling.RopeScaling field, unset ones
 # None, so `--config.model.rope_scaling.rope_type=yarn --config.model.rope_scaling.factor=4`
 # works from the command line; a config file may also assign a whole dict. Fields not named
@@ -48,9 +48,10 @@ def scaling_fields(rope_scaling) -> ml_collections.ConfigDict:
 def model_fields(cfg: GPTConfig) -> ml_collections.ConfigDict:
   """A ConfigDict of every GPTConfig field (`cfg.to_dict()`), None fields as typed
   placeholders so that `--config.model.n_kv_head=...` style overrides type-check, and
-  rope_scaling as a section (`scaling_fields`)."""
+  rope_scaling as a section (`scaling_fields`). n_kv_head, d_ff and max_len are left unset:
+  they follow n_head, d_model and data.seq_len (the training length) unless set."""
   out = ml_collections.ConfigDict()
-  derived = {"n_kv_head": cfg.n_head, "d_ff": 4 * cfg.d_model}  # left None: follow overrides
+  derived = {"n_kv_head": cfg.n_head, "d_ff": 4 * cfg.d_model, "max_len": cfg.max_len}
   for name, value in cfg.to_dict().items():
     if derived.get(name) == value:
       value = None
@@ -68,7 +69,8 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   """Every field of a RunConfig with its default, the model section GPTConfig's `preset`
   (tiny, gpt2_124m, gpt2_354m); unset fields are typed placeholders."""
   c = ml_collections.ConfigDict()
-  c.model = model_fields(getattr(GPTConfig, preset)())
+  model = getattr(GPTConfig, preset)()
+  c.model = model_fields(model)
   for f in dataclasses.fields(RunConfig):
     if f.name == "model":
       continue
@@ -79,6 +81,7 @@ def base_config(preset: str = "tiny") -> ml_collections.ConfigDict:
       c[f.name] = section
     else:
       c[f.name] = _value(RunConfig, f.name, f.default)
+  c.data.seq_len = model.max_len  # the preset's context, which model.max_len then follows
   return c
 
 
@@ -207,6 +210,9 @@ def build(c, *, read_data: bool = True, log=None) -> RunConfig:
   if problems:
     raise ValueError(f"unknown config keys {sorted(problems)}: " + "; ".join(problems.values()))
   model = {k: v for k, v in fields.pop("model", {}).items() if v is not None}
+  seq_len = fields.get("data", {}).get("seq_len")
+  if "max_len" not in model and seq_len is not None:
+    model["max_len"] = seq_len  # the context the model is set up for: its training length
   rope_scaling = {k: v for k, v in (model.pop("rope_scaling", None) or {}).items()
                   if v is not None}
   if rope_scaling:  # every key unset (or an empty dict): plain RoPE

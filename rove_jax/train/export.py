@@ -7,9 +7,14 @@ taken) and writes its parameters with `rove_jax.nn.pretrained.save`: a transform
 checkpoint for a GPT-2-shaped model (learned positions), otherwise rove-jax's own safetensors +
 config.json (its keys in rove_jax.nn.pretrained's docstring). `rove_jax.nn.pretrained.load(out)`
 returns (GPTConfig, params) ready for `rove_jax.nn.model.generate`. The config.json also records
-the run it came from under "rove_jax_run": the step, the workdir's name and the tokenizer
-metadata (spec, vocabulary size, end-of-text id, fingerprint), since the ids mean nothing
-without the tokenizer; the end-of-text id also becomes GPT-2's bos/eos_token_id.
+the run it came from under "rove_jax_run": the step, the workdir's name, the training length
+and the tokenizer metadata (spec, vocabulary size, end-of-text id, fingerprint), since the ids
+mean nothing without the tokenizer; the end-of-text id also becomes GPT-2's
+bos/eos_token_id. A tokenizer that is a file (bpe, a tokenizer.json) is written beside the
+weights as tokenizer.json; the byte tokenizer and tiktoken's are named by their spec.
+
+`load(out)` reads an export back as an `Exported`: the model, and the tokenizer that encodes a
+prompt and decodes `generate`'s ids (`Exported.generate` does both).
 
 --out is a local directory or gs://bucket/path (rove_jax.storage.paths). It is checked before
 the checkpoint is read: not an existing file, not already holding an export (unless
@@ -19,13 +24,23 @@ created is removed again when the export then fails).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import uuid
+from typing import Any, Optional
 
+import jax
+import numpy as np
+
+from rove_jax.data import tokenization
 from rove_jax.nn import param_files, pretrained
+from rove_jax.nn.decoding import generate
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
-from rove_jax.train import checkpoint
+from rove_jax.train import checkpoint, resume
+
+TOKENIZER_FILE = "tokenizer.json"
 
 def _missing_parents(path: str) -> list:
   """The directories `os.makedirs(path)` would create, deepest first."""
@@ -109,9 +124,17 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
         report=report)
     config = GPTConfig.from_dict(meta["model"])
     format = pretrained.resolve_format(config, format)
-    tokenizer = meta.get("tokenizer", {})
-    extra = {"rove_jax_run": {"step": int(step), "tokenizer": tokenizer,
-                              "workdir": paths.basename(workdir)}}
+    tokenizer = dict(meta["tokenizer"])
+    tok = tokenization.get_tokenizer(tokenizer["spec"], workdir=workdir)
+    resume.check_tokenizer(meta, tok, workdir=workdir)  # the ids the model was trained on
+    if isinstance(tok, tokenization.HFTokenizer):
+      paths.write_atomic(paths.join(out_dir, TOKENIZER_FILE), tok.to_json().encode("utf-8"))
+      tokenizer["file"] = TOKENIZER_FILE
+    run = {"step": int(step), "tokenizer": tokenizer, "workdir": paths.basename(workdir)}
+    train_len = meta.get("config", {}).get("data", {}).get("seq_len")
+    if train_len is not None:
+      run["train_len"] = int(train_len)
+    extra = {"rove_jax_run": run}
     if tokenizer.get("eot_id") is not None and format == "gpt2":
       extra["bos_token_id"] = extra["eos_token_id"] = int(tokenizer["eot_id"])
     written = pretrained.save(out_dir, config, params, format=format, extra_config=extra)
@@ -119,3 +142,60 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
     _remove_empty(created)  # only directories this call made, and only while still empty
     raise
   return {"step": int(step), **written}
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+  """An export read back: the model's config and parameters and the tokenizer it was trained
+  with."""
+  config: GPTConfig
+  params: Any
+  tokenizer: tokenization.Tokenizer
+  run: dict  # config.json's "rove_jax_run": step, workdir name, training length, tokenizer
+
+  def model(self):
+    return pretrained.build(self.config, self.params)
+
+  def encode(self, text: str) -> np.ndarray:
+    return self.tokenizer.encode(text)
+
+  def decode(self, ids) -> str:
+    return self.tokenizer.decode(np.asarray(ids))
+
+  def generate(self, prompt: str, max_new_tokens: int, *, temperature: float = 0.0,
+               top_k: Optional[int] = None, seed: int = 0) -> str:
+    """The text after `prompt`: encoded, `max_new_tokens` generated (greedy at temperature
+    0), decoded."""
+    ids = self.encode(prompt)[None]
+    out = generate(self.model(), ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                   rng=jax.random.key(seed), valid_vocab=self.tokenizer.vocab_size)
+    return self.decode(np.asarray(out[0])[ids.shape[1]:])
+
+
+def load(path: str) -> Exported:
+  """An export written by `export_run` (local or gs://), with its tokenizer.
+
+  Raises:
+    ValueError: not an export of a rove-jax run (no "rove_jax_run" in its config.json), or a
+      tokenizer that is not the one recorded (another fingerprint).
+    FileNotFoundError: no weights or config. ImportError: the tokenizer needs a package (the
+      `[data]` extra for tokenizer.json, `[tiktoken]` for tiktoken:NAME).
+  """
+  path = paths.resolve(path, what="export")
+  config, params = pretrained.load(path)
+  run = json.loads(paths.read_text(paths.join(path, param_files.CONFIG))).get("rove_jax_run")
+  if run is None:
+    raise ValueError(f"{path} is not a rove-export of a training run: its config.json has no "
+                     f"\"rove_jax_run\" (the tokenizer is unknown); load the weights with "
+                     f"rove_jax.nn.pretrained.load and give the tokenizer yourself")
+  want = run["tokenizer"]
+  if want.get("file"):
+    tok = tokenization.HFTokenizer.from_json(
+        paths.read_text(paths.join(path, want["file"])), name=want.get("name", want["file"]))
+  else:
+    tok = tokenization.get_tokenizer(want["spec"])
+  if want.get("fingerprint") and tok.fingerprint != want["fingerprint"]:
+    raise ValueError(f"the tokenizer of {path} ({tok.name}) is not the one the model was "
+                     f"trained with (fingerprint {tok.fingerprint[:19]}, recorded "
+                     f"{want['fingerprint'][:19]}); export the run again")
+  return Exported(config=config, params=params, tokenizer=tok, run=run)

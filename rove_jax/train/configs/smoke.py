@@ -13,10 +13,10 @@ def get_config():
   c.model.n_layer = 3
   c.model.d_model = 128
   c.model.n_head = 4
-  c.model.max_len = 64
   c.model.pos_encoding = "rove"
   c.data.source = "stdlib"
   c.data.tokenizer = "bytes"
+  c.data.seq_len = 64  # model.max_len follows
   c.data.batch_size = 32
   c.optim.lr = 3e-3
   c.optim.warmup_steps = 10

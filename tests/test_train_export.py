@@ -1,0 +1,86 @@
+"""rove_jax.train.export: an export carries the tokenizer the run was trained with, records the
+training length, and `export.load` gives back a model that encodes a prompt and decodes what
+it generates."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from rove_jax.data import tokenization
+from rove_jax.nn import param_files
+from rove_jax.nn.model import generate
+from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import export
+from rove_jax.train import loop as training
+from tests.conftest import small_config
+
+PROMPT = "def main(argv):\n    "
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory):
+  """A 4-step run with a trained BPE tokenizer (a file in the workdir), trained on 32 tokens
+  while the preset's model context is 256: model.max_len follows data.seq_len."""
+  tmp = tmp_path_factory.mktemp("bpe_run")
+  c = small_config(tmp, steps=4, **{"data.tokenizer": "bpe:300", "model.max_len": None,
+                                    "data.seq_len": 32})
+  result = training.train(c, str(tmp / "run"), devices=jax.devices()[:1], log=lambda *a: None)
+  return tmp / "run", result
+
+
+def test_a_bpe_export_carries_its_tokenizer_and_generates_text(bpe_run, tmp_path):
+  workdir, result = bpe_run
+  done = export.export_run(str(workdir), str(tmp_path / "out"), report=lambda *a: None)
+  assert done["format"] == "rove_jax" and done["step"] == 4
+  written = json.loads((tmp_path / "out" / param_files.CONFIG).read_text())
+  assert written["max_position_embeddings"] == 32 == written["rove_jax_run"]["train_len"]
+  assert (tmp_path / "out" / export.TOKENIZER_FILE).is_file()
+
+  loaded = export.load(str(tmp_path / "out"))
+  assert loaded.tokenizer.fingerprint == result.tokenizer.fingerprint
+  assert loaded.config == result.model_config and loaded.config.max_len == 32
+  ids = loaded.encode(PROMPT)
+  np.testing.assert_array_equal(ids, result.tokenizer.encode(PROMPT))
+  assert loaded.decode(ids) == PROMPT
+  # Greedy text equals decoding the checkpoint's own generate by hand.
+  _, params, _ = ckpt_lib.read_run(str(workdir), lambda meta: result.params)
+  from rove_jax.nn import pretrained
+  by_hand = generate(pretrained.build(result.model_config, params), ids[None], 12,
+                     temperature=0.0, valid_vocab=result.tokenizer.vocab_size)
+  want = result.tokenizer.decode(np.asarray(by_hand[0, len(ids):]))
+  assert loaded.generate(PROMPT, 12) == want and len(want) > 0
+
+
+def test_a_byte_export_needs_no_tokenizer_file(trained_run, tmp_path):
+  export.export_run(str(trained_run), str(tmp_path / "out"), report=lambda *a: None)
+  assert not (tmp_path / "out" / export.TOKENIZER_FILE).exists()
+  loaded = export.load(str(tmp_path / "out"))
+  assert isinstance(loaded.tokenizer, tokenization.ByteTokenizer)
+  assert loaded.decode(loaded.encode("héllo")) == "héllo"
+  assert isinstance(loaded.generate("def ", 5, temperature=0.8, top_k=40, seed=1), str)
+
+
+def test_a_swapped_tokenizer_file_is_refused(bpe_run, tmp_path):
+  workdir, _ = bpe_run
+  export.export_run(str(workdir), str(tmp_path / "out"), report=lambda *a: None)
+  other = tokenization.HFTokenizer.from_json(
+      (tmp_path / "out" / export.TOKENIZER_FILE).read_text(), name="t")
+  text = json.loads(other.to_json())
+  text["model"]["vocab"] = {k: (v + 1) % len(text["model"]["vocab"])
+                            for k, v in text["model"]["vocab"].items()}
+  (tmp_path / "out" / export.TOKENIZER_FILE).write_text(json.dumps(text))
+  with pytest.raises(ValueError, match="not the one the model was trained with"):
+    export.load(str(tmp_path / "out"))
+
+
+def test_weights_without_a_run_record_are_named(tmp_path, trained_run):
+  export.export_run(str(trained_run), str(tmp_path / "out"), report=lambda *a: None)
+  config = json.loads((tmp_path / "out" / param_files.CONFIG).read_text())
+  del config["rove_jax_run"]
+  (tmp_path / "out" / param_files.CONFIG).write_text(json.dumps(config))
+  with pytest.raises(ValueError, match="rove_jax.nn.pretrained.load"):
+    export.load(str(tmp_path / "out"))
