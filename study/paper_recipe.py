@@ -54,9 +54,10 @@ def parse_args(argv) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="reproduce.py", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--scale", required=True, choices=PRESETS, help="the paper's model size")
-  p.add_argument("--data", required=True, metavar="PATH_GLOB",
+  p.add_argument("--data", metavar="PATH_GLOB",
                  help=f"FineWeb-Edu parquet shards you have (a file, directory or glob, e.g. "
-                      f"'{EXAMPLE_DATA}'); nothing is downloaded")
+                      f"'{EXAMPLE_DATA}'); nothing is downloaded. Needed to run; a --dry-run "
+                      f"without it plans for {EXAMPLE_DATA!r}")
   p.add_argument("--icl-tasks", metavar="SPECS.json",
                  help="DCLM Core task specs (LLM-Foundry JSONL files, local); without it Core "
                       "is skipped")
@@ -87,11 +88,16 @@ def parse_args(argv) -> argparse.Namespace:
   if bad or not args.encoding_list:
     p.error(f"--encodings: unknown {bad}; choose from {POS_ENCODINGS}")
   from rove_jax.data import files  # heavy: see the note above ROOT
-  args.data = os.path.expanduser(args.data)
+  if args.data is None and not args.dry_run:
+    p.error(f"--data is required to run the plan: the FineWeb-Edu parquet shards you have, e.g. "
+            f"--data '{EXAMPLE_DATA}' (a --dry-run plans without it)")
+  args.data = os.path.expanduser(args.data or EXAMPLE_DATA)
   try:
     args.data_files, _ = files.resolve_files(args.data, files.PARQUET_EXTENSIONS, "--data")
   except ValueError as e:
-    p.error(f"{e}; give the FineWeb-Edu parquet shards you have, e.g. --data '{EXAMPLE_DATA}'")
+    if not args.dry_run:
+      p.error(f"{e}; give the FineWeb-Edu parquet shards you have, e.g. --data '{EXAMPLE_DATA}'")
+    args.data_files = None  # a dry run plans for shards it need not see
   from rove_jax.cli import eval as cli  # heavy: see the note above ROOT
   cli.check_task_files(p, args)  # the evaluation's input files, now, not after days of training
   if args.topology:
@@ -298,7 +304,8 @@ def format_plan(plan, args) -> str:
   L = [f"Paper-scale recipe: {plan['preset']}, encodings {', '.join(args.encoding_list)}, "
        f"seeds {seeds}" + (" (dry run: nothing is trained or evaluated)" if args.dry_run else ""),
        f"data: {len(args.data_files)} parquet file(s) match {args.data!r} (checked to exist, "
-       f"not read)"]
+       f"not read)" if args.data_files is not None else
+       f"data: {args.data!r}, not found here (a dry run plans without it; a run needs it)"]
   if topo:
     others = sorted({r["name"] for r in plan["rows"] if r["topology"] != topo})
     names = {r["topology"]: r["name"] for r in plan["rows"]}

@@ -674,9 +674,22 @@ def test_scale_without_compiled_figures_prints_analytic_flops(capsys, tmp_path, 
   assert not [t for t in cmd if t.startswith(("--config.mesh", "--config.optim.grad_accum"))]
 
 
+def test_scale_dry_run_needs_no_data_files(capsys, tmp_path):
+  code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--dry-run")
+  assert code == 0, err
+  from study import paper_recipe
+  assert f"data: {paper_recipe.EXAMPLE_DATA!r}, not found here (a dry run plans" in out
+  train = _commands(out, "train.py")
+  assert len(train) == 2 and all(f"--config.data.path={paper_recipe.EXAMPLE_DATA}" in t
+                                 for t in train)
+  code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--dry-run", "--data",
+                          str(tmp_path / "none" / "*.parquet"))
+  assert code == 0 and "not found here" in out, err
+
+
 def test_scale_input_errors_exit_2_before_any_work(capsys, tmp_path):
-  code, _, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--dry-run")
-  assert code == 2 and "--data" in err
+  code, _, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m")  # not a dry run: would train
+  assert code == 2 and "--data is required to run the plan" in err
   code, _, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data",
                         str(tmp_path / "none" / "*.parquet"))  # not a dry run: would train
   assert code == 2 and "--data: the glob" in err and "matched no files" in err
