@@ -1,6 +1,6 @@
 """results/README.md's position-dependent retrieval sections: the retrieval study
 (study.retrieval) run on the recall source's tasks whose answer depends on order or distance
-(rove_jax.data.recall_tasks: "lastwrite", "offset"), each reported by length (the tables of
+(rove_jax.tasks.recall_tasks: "lastwrite", "offset"), each reported by length (the tables of
 study.claims.retrieval, seed-paired) and by distance: accuracy against the distance from the
 query to its answer, in buckets of the training length T, pooled over the test lengths.
 
@@ -20,10 +20,10 @@ from study import numbers as rs
 TASK_NAMES = {
     "lastwrite": ("Position-dependent retrieval: last write wins",
                   "variable tracking where a key is written more than once and the answer is "
-                  "its last value (rove_jax.data.recall_tasks, task=lastwrite)"),
+                  "its last value (rove_jax.tasks.recall_tasks, task=lastwrite)"),
     "offset": ("Position-dependent retrieval: the token k after a marker",
                "retrieving the token at offset k after a marker "
-               "(rove_jax.data.recall_tasks, task=offset)"),
+               "(rove_jax.tasks.recall_tasks, task=offset)"),
 }
 BUCKETS = ((0, 1), (1, 2), (2, 4), (4, 8), (8, 16))  # distance / T
 

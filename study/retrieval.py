@@ -1,5 +1,5 @@
 """The retrieval study: train RoVE / RoPE / NoPE GPTs on synthetic associative recall at 32
-tokens (study/configs/retrieval.py, rove_jax.data.recall) and score them at 1x..16x that
+tokens (study/configs/retrieval.py, rove_jax.tasks.recall) and score them at 1x..16x that
 length, with and without YaRN; writes OUT/recall.json.
 
   python -m study.retrieval --out results/recall --runs-dir runs/recall
@@ -30,7 +30,7 @@ import os
 import sys
 import time
 
-from rove_jax.data import recall as recall_data
+from rove_jax.tasks import recall as recall_data
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model_config import POS_ENCODINGS
 from rove_jax.train import config_schema
@@ -59,7 +59,7 @@ def parse_args(argv):
   p.add_argument("--steps", type=int, help="training steps (default: study/configs/retrieval.py)")
   p.add_argument("--data", help="the generator spec, data.path (default: "
                  "study/configs/retrieval.py's); e.g. seq_len=32,pairs=4,queries=8 "
-                 "(rove_jax.data.recall.RecallSpec)")
+                 "(rove_jax.tasks.recall.RecallSpec)")
   p.add_argument("--task", choices=sorted(recall_config.TASKS),
                  help="one of study/configs/retrieval.py's TASKS: its generator spec and steps "
                       "(default: the config's own, mqar); --data and --steps override them")

@@ -1,4 +1,4 @@
-"""Scoring a run trained on the recall source (rove_jax.data.recall) at 1x..16x its length.
+"""Scoring a run trained on the recall source (rove_jax.tasks.recall) at 1x..16x its length.
 
 Shape letters (legend in rove_jax): N samples, L tokens a sample, B rows a batch.
 
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rove_jax.data import recall as recall_data
-from rove_jax.data.recall_chars import MARKER
+from rove_jax.tasks import recall as recall_data
+from rove_jax.tasks.recall_chars import MARKER
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model import GPT
 from rove_jax.scaling import RopeScaling

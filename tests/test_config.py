@@ -126,11 +126,10 @@ def test_rope_scaling_is_parsed_once_and_lists_come_back_as_lists():
 
 
 @pytest.mark.parametrize("stored", [
-    {"rope_type": "yarn", "factor": 4.0},  # a dict, as written now
-    {"factor": 4.0, "type": "yarn"},  # a hand-written v4 dict
-    [["factor", 4.0], ["rope_type", "yarn"]],  # [key, value] pairs, as older checkpoints hold
+    {"rope_type": "yarn", "factor": 4.0},  # a dict, as to_dict writes it
+    {"factor": 4.0, "type": "yarn"},  # a hand-written transformers v4 dict
 ])
-def test_metadata_of_older_checkpoints_reads_back(stored):
+def test_rope_scaling_dicts_read_back(stored):
   model = GPTConfig.tiny(rope_scaling=scaling.RopeScaling(rope_type="yarn", factor=4.0))
   assert GPTConfig.from_dict({**model.to_dict(), "rope_scaling": stored}) == model
   assert model.to_dict()["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0}

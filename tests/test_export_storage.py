@@ -27,7 +27,8 @@ from tests.test_eval_errors import _report
 from tests.test_hf_gpt2 import (DATA, assert_logits_close, assert_same_params, learned,
                                 logits_of, random_params, reference, write_run)
 
-TOKENIZER = {"spec": "bytes", "name": "bytes", "vocab_size": 257, "eot_id": 47}
+TOKENIZER = {"spec": "bytes", "name": "bytes", "vocab_size": 257, "eot_id": 47,
+             "fingerprint": "bytes-v1"}
 PROMPT = np.array([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8]], np.int32)
 
 

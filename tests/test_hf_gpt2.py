@@ -226,7 +226,8 @@ def write_run(workdir, config, steps_params, tokenizer):
 def test_export_of_a_workdir_takes_its_newest_verified_checkpoint(tmp_path, capsys):
   config = learned()
   old, new = random_params(config, 3), random_params(config, 4)
-  tokenizer = {"spec": "bytes", "name": "bytes", "vocab_size": 257, "eot_id": 47}
+  tokenizer = {"spec": "bytes", "name": "bytes", "vocab_size": 257, "eot_id": 47,
+               "fingerprint": "bytes-v1"}
   workdir = tmp_path / "run"
   write_run(workdir, config, [(2, old), (4, new)], tokenizer)
   # step 4's metadata edited after saving: it fails its checksum and step 2 is exported

@@ -2,8 +2,8 @@
 functions count the same as those at the top): no import cycle; the core (the modules directly
 under rove_jax/ and kernels/) imports only jax, numpy, the standard library and the core;
 rove_jax/nn only the core, flax, jax, numpy and (optional) safetensors; and every import goes to
-its own layer or an earlier one (LAYERS: core, storage, nn, data, train, evaluation, aot, the
-commands in rove_jax/cli, study). And
+its own layer or an earlier one (LAYERS: core, storage, tasks, nn, data, train, evaluation,
+aot, the commands in rove_jax/cli, study); rove_jax/tasks imports only numpy. And
 `import rove_jax` loads none of the training, plotting or config libraries.
 
 `import_graph()` returns the graph (and prints its size); `python -m tests.test_layers` prints
@@ -38,7 +38,8 @@ NOT_LOADED_BY_CORE = ("flax", "optax", "orbax", "grain", "matplotlib", "ml_colle
 # The layers in order (docs/architecture.md): a module may import its own layer and the ones
 # before it. The commands (rove_jax/cli) sit above the layers they drive (rove-train's dry run
 # compiles ahead of time; rove-eval restores what training wrote).
-LAYERS = (("core", None), ("storage", "rove_jax.storage"), ("nn", "rove_jax.nn"),
+LAYERS = (("core", None), ("storage", "rove_jax.storage"), ("tasks", "rove_jax.tasks"),
+          ("nn", "rove_jax.nn"),
           ("data", "rove_jax.data"),
           ("train", "rove_jax.train"), ("evaluation", "rove_jax.evaluation"),
           ("aot", "rove_jax.aot"), ("commands", "rove_jax.cli"), ("study", "study"))
@@ -234,6 +235,13 @@ def test_storage_imports_only_itself_gcsfs_and_the_standard_library(graph):
   bad = _violations(graph, storage, lambda e: storage(e.target) if e.internal
                     else e.target in STORAGE_EXTERNAL)
   assert not bad, "rove_jax.storage importing outside itself and gcsfs:\n" + "\n".join(bad)
+
+
+def test_tasks_import_only_themselves_numpy_and_the_standard_library(graph):
+  tasks = lambda m: _in(m, "rove_jax.tasks")
+  bad = _violations(graph, tasks, lambda e: tasks(e.target) if e.internal
+                    else e.target in STDLIB | {"numpy"})
+  assert not bad, "rove_jax.tasks importing outside itself and numpy:\n" + "\n".join(bad)
 
 
 def test_nn_imports_only_core_storage_nn_flax_jax_numpy_and_the_standard_library(graph):

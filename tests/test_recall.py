@@ -1,4 +1,4 @@
-"""The recall study: the MQAR generator (rove_jax.data.recall), its corpus source and answer-only
+"""The recall study: the MQAR generator (rove_jax.tasks.recall), its corpus source and answer-only
 loss mask, the evaluation (study.retrieval_scoring) against hand-computed scores, and the
 driver (study.retrieval): its plan, its checks and a --quick study end to end."""
 
@@ -15,7 +15,7 @@ from rove_jax.train import config_schema
 from rove_jax.train import loop as training
 from study.configs import retrieval as recall_config
 from rove_jax.data import Corpus, iter_documents, prepare
-from rove_jax.data import recall as gen
+from rove_jax.tasks import recall as gen
 from rove_jax.evaluation import scoring
 from study import retrieval_scoring as recall, retrieval as recall_study
 from rove_jax.nn.model import GPT, GPTConfig

@@ -1,4 +1,4 @@
-"""The position-dependent recall tasks (rove_jax.data.recall_tasks): every answer checked by an
+"""The position-dependent recall tasks (rove_jax.tasks.recall_tasks): every answer checked by an
 independent solver that reads the document as text, the test samples' layout (depth, distance,
 the scored key written twice), determinism and the spec's errors."""
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from rove_jax.data import Corpus, iter_documents
-from rove_jax.data import recall as gen
-from rove_jax.data import recall_tasks as tasks
+from rove_jax.tasks import recall as gen
+from rove_jax.tasks import recall_tasks as tasks
 
 LASTWRITE = gen.RecallSpec(seq_len=32, pairs=8, queries=6, keys=4, values=8, train_docs=1200,
                            val_docs=50, seed=5, task="lastwrite")

@@ -5,7 +5,7 @@ the files (chosen by a hash of each file's relative path) when there are several
 documents (every round(1 / val_fraction)-th, starting with the first) in a single .jsonl /
 parquet file or an hf stream; of the text's tail, cut at a line break, for a single .txt file.
 The held-out part is never empty and never overlaps "train". The synthetic "recall" source
-(rove_jax.data.recall) generates both splits from its spec, the corpus path.
+(rove_jax.tasks.recall) generates both splits from its spec, the corpus path.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import os
 import sysconfig
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
-from rove_jax.data import files, hf, recall
+from rove_jax.data import files, hf
+from rove_jax.tasks import recall
 
 SOURCES = ("stdlib", "text", "parquet", "hf", "recall", "prepared")
 SPLITS = ("train", "val")

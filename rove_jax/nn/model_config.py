@@ -133,11 +133,7 @@ class GPTConfig:
     unknown = sorted(set(fields) - set(known))
     if unknown:
       raise ValueError(f"GPTConfig: unknown fields {unknown}; known fields: {sorted(known)}")
-    fields = dict(fields)
-    if isinstance(fields.get("rope_scaling"), (list, tuple)):
-      # Older checkpoint metadata stores rope_scaling as [key, value] pairs.
-      fields["rope_scaling"] = dict(fields["rope_scaling"])
-    return cls(**fields)
+    return cls(**dict(fields))
 
   def is_rove_layer(self, layer: int) -> bool:
     return self.pos_encoding == "rove" and (self.rove_layers is None or layer in self.rove_layers)

@@ -5,9 +5,9 @@ A checkpoint at step s is `workdir/checkpoints/s/` with three items:
          parameters, "opt_state.<path>" and "step"; written by orbax/tensorstore
   data   the grain iterator state (JSON), so a resumed run sees exactly the same batches
   meta   the model config once, `GPTConfig.to_dict()` under "model" (read back with
-         `GPTConfig.from_dict`), the rest of the resolved run config under "config" (older
-         checkpoints also hold a copy of the model section there, which readers ignore) and
-         the tokenizer (JSON), read before anything is built
+         `GPTConfig.from_dict`), the rest of the resolved run config under "config" (the
+         two read back as a RunConfig by `RunConfig.from_metadata`) and the tokenizer (JSON),
+         read before anything is built
 
 Training resumes with `Checkpointer.restore_latest`; evaluation (and the notebook, through
 `rove_jax.evaluation.scoring.load_run`) reads a finished run with `read_run(workdir,
@@ -319,9 +319,7 @@ class Checkpointer:
           state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
           meta=ocp.args.JsonRestore()))
       state, data_state, meta = restored["state"], dict(restored["data"]), dict(restored["meta"])
-      if not verify(state, meta, data_state):
-        report(f"checkpoint at step {step} carries no checksums (written before they existed): "
-               f"restored unverified")
+      verify(state, meta, data_state)
       bad = non_finite_leaves(state)
       if bad:
         raise CorruptCheckpoint(f"non-finite values in {bad[:3]}")

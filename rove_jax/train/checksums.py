@@ -106,14 +106,16 @@ def verify(state: dict, meta: dict, data_state: Optional[dict] = None) -> bool:
   """Checks a restored flat state (and iterator state) against the checksums in its metadata.
 
   Returns:
-    True when verified, False when the checkpoint carries no checksums (older versions).
+    True (it raises otherwise).
 
   Raises:
-    CorruptCheckpoint: naming the entries whose checksums differ.
+    CorruptCheckpoint: naming the entries whose checksums differ, or metadata that carries
+      none (every checkpoint is saved with them).
   """
   integrity = meta.get("integrity")
   if integrity is None:
-    return False
+    raise CorruptCheckpoint("its metadata carries no checksums (every checkpoint is saved "
+                            "with them: the metadata was damaged or replaced)")
   if integrity.get("algorithm") != ALGORITHM:
     raise CorruptCheckpoint(f"unknown checksum algorithm {integrity.get('algorithm')!r}")
   verify_meta(meta)

@@ -30,11 +30,16 @@ class IncompatibleRun(ValueError):
 
 def check_tokenizer(saved_meta: dict, tokenizer, *, workdir: str) -> None:
   """Raises IncompatibleRun when `tokenizer` maps text to other ids than the tokenizer a
-  checkpoint was saved with (its fingerprint, recorded at save; older checkpoints have none).
-  For a tokenizer kept as a file in the workdir (bpe), that file was changed or damaged."""
+  checkpoint was saved with (its fingerprint, recorded at save), or when the checkpoint
+  records none. For a tokenizer kept as a file in the workdir (bpe), that file was changed or
+  damaged."""
   saved = saved_meta.get("tokenizer", {}).get("fingerprint")
-  if saved is None or saved == tokenizer.fingerprint:
+  if saved == tokenizer.fingerprint:
     return
+  if saved is None:
+    raise IncompatibleRun(f"the checkpoint at step {saved_meta.get('step')} in {workdir} records "
+                          f"no tokenizer fingerprint, so the ids it was trained on are unknown; "
+                          f"it was not written by rove-train")
   where = getattr(tokenizer, "name", "the tokenizer")
   files = [f for f in paths.listdir(workdir) if f.startswith("tokenizer-")]
   raise IncompatibleRun(

@@ -212,7 +212,7 @@ def _validate(c: RunConfig) -> None:
   if not (_is_int(d.batch_size) and d.batch_size >= 1):
     raise ValueError(f"data.batch_size must be a positive int, got {d.batch_size!r}")
   if d.source == "recall":
-    from rove_jax.data import recall  # numpy only, but the data package loads grain
+    from rove_jax.tasks import recall  # numpy only: loaded by recall runs alone
     spec = recall.RecallSpec.parse(d.path)
     if spec.seq_len != d.seq_len:
       raise ValueError(f"data.path={d.path!r}: the recall documents are made for seq_len="

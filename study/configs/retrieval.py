@@ -1,6 +1,6 @@
 """The retrieval study's runs (python -m study.retrieval): a 2-layer, d_model
 64, 4-head GPT (d_ff 256, byte vocabulary: 0.12M parameters) trained on synthetic multi-query
-associative recall (rove_jax.data.recall: 6 one-token records among filler, 8 queries, loss on
+associative recall (rove_jax.tasks.recall: 6 one-token records among filler, 8 queries, loss on
 the answers only) at 32 tokens, 32 x 32 tokens a step, 1,000 steps.
 
 python train.py --config study/configs/retrieval.py --workdir runs/recall/rove-s0 \\
@@ -19,7 +19,7 @@ DATA = (f"seq_len={SEQ_LEN},pairs=6,queries=8,keys=6,values=8,train_docs=60000,v
         f"seed=0,answer_loss=1")
 # The tasks `python -m study.retrieval --task NAME` runs: the generator spec (data.path) and the
 # training steps (and other config fields, "config"). mqar is this config's own; the position-dependent tasks (answer by order or
-# by distance, rove_jax.data.recall_tasks) train for fewer steps, which leaves headroom at the
+# by distance, rove_jax.tasks.recall_tasks) train for fewer steps, which leaves headroom at the
 # training length (their sizing is in bench/RESULTS.md).
 TASKS = {
     "mqar": {"data": DATA, "steps": 1000},

@@ -1,8 +1,8 @@
 """The recall source's position-dependent tasks: the answer depends on order or distance, not
-only on content (rove_jax.data.recall is the owner of the format; this module generates the
+only on content (rove_jax.tasks.recall is the owner of the format; this module generates the
 documents and test samples of `RecallSpec.task` "lastwrite" and "offset").
 
-Shape letters as in rove_jax.data.recall: D documents, C context tokens, Q queries, K the key
+Shape letters as in rove_jax.tasks.recall: D documents, C context tokens, Q queries, K the key
 alphabet, V the value alphabet.
 
 Both tasks keep the recall layout: document = context (C = T - 1 - 2Q tokens) + Q queries x
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rove_jax.data import recall_chars as chars
-from rove_jax.data.recall_chars import MARKER  # the offset task's marker
+from rove_jax.tasks import recall_chars as chars
+from rove_jax.tasks.recall_chars import MARKER  # the offset task's marker
 
 
 def offset_digit_ids(keys: int) -> np.ndarray:

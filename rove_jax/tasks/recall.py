@@ -2,7 +2,7 @@
 
 `RecallSpec.task` picks the task: "mqar" (this docstring: content retrieval, no position
 needed) or one of the position-dependent tasks "lastwrite" and "offset", whose documents and
-test samples rove_jax.data.recall_tasks generates in the same layout and alphabets.
+test samples rove_jax.tasks.recall_tasks generates in the same layout and alphabets.
 
 Shape letters (here): D documents, N test samples, L tokens of a test sample, T = seq_len,
 P records (key-value pairs), Q queries.
@@ -60,8 +60,8 @@ from typing import Iterator, NamedTuple, Optional
 
 import numpy as np
 
-from rove_jax.data import recall_tasks
-from rove_jax.data.recall_chars import (FILLER_CHARS, KEY_CHARS, RECORD_CHARS, char_ids,
+from rove_jax.tasks import recall_tasks
+from rove_jax.tasks.recall_chars import (FILLER_CHARS, KEY_CHARS, RECORD_CHARS, char_ids,
                                         key_ids, record_ids)
 
 TASKS = ("mqar", "lastwrite", "offset")
@@ -88,7 +88,7 @@ class RecallSpec:
       token. The documents are the same either way.
     task: "mqar", "lastwrite" (pairs = writes, which may exceed keys) or "offset" (pairs = 1
       marker, keys = the offsets 1..keys, values = the context alphabet): see
-      rove_jax.data.recall_tasks.
+      rove_jax.tasks.recall_tasks.
   """
   seq_len: int = 32
   pairs: int = 6

@@ -1,6 +1,6 @@
 """The recall source's alphabets and their token ids (the byte tokenizer maps each ASCII
-character to its code), shared by the generators of rove_jax.data.recall (MQAR, the spec) and
-rove_jax.data.recall_tasks (the position-dependent tasks).
+character to its code), shared by the generators of rove_jax.tasks.recall (MQAR, the spec) and
+rove_jax.tasks.recall_tasks (the position-dependent tasks).
 
   keys     '0'..'9' (the offset task's query digits are '1'..'9')
   records  'A'..'Z', 'a'..'z': record (k, v) is RECORD_CHARS[k * values + v]
