@@ -30,7 +30,8 @@ How it runs:
     position, positions growing with the index within each segment), causal or not, with
     segment ids or not, and no kv_valid, window or bias. Rows that see no key return 0.
   * Lengths T and S must be multiples of 128; blocks are the largest multiples of 128 that
-    divide them, at most `block_size`. The head dim must be even and at most 256.
+    divide them, at most `block_size`, and small enough that a step's blocks of every head
+    fit VMEM (`vmem_bytes`, VMEM_BUDGET). The head dim must be even and at most 256.
   * Under an active mesh (jax.set_mesh) the kernel runs in jax.shard_map, batch over
     ("data", "fsdp") and heads over "tensor", as the splash kernel does, because GSPMD cannot
     partition a Mosaic custom call. Off TPU it runs in Pallas interpret mode (how the tests check
@@ -61,9 +62,12 @@ from jax.sharding import PartitionSpec as P
 from rove_jax.kernels import fused_backward, fused_tiles, platform
 from rove_jax.kernels.fused_tiles import Plan
 
-LANES = 128  # TPU lane width: every block (and so every length) is a multiple of it
+LANES = fused_tiles.LANES  # every block (and so every length) is a multiple of it
 DEFAULT_BLOCK = 256
 MAX_HEAD_DIM = 256
+# What the blocks may take of VMEM: under the 16 MiB XLA gives a TPU custom call by default
+# (v4 and v5e), with room for Mosaic's own buffers; `vmem_bytes` overestimates.
+VMEM_BUDGET = 14 * 2**20
 BATCH_AXES = ("data", "fsdp")
 HEAD_AXIS = "tensor"
 
@@ -85,6 +89,8 @@ def problem(q_shape, k_shape, mask, rope) -> Optional[str]:
     return f"every size must be positive, got T={T}, S={S}, H={H}, K={K}, D={D}"
   if H % K:
     return f"query heads H={H} are not a multiple of kv heads K={K}"
+  if H > LANES:
+    return f"it takes at most {LANES} query heads (one lane each for softmax statistics), got {H}"
   if D % 2 or D > MAX_HEAD_DIM:
     return f"the head dim D={D} must be even and at most {MAX_HEAD_DIM}"
   for name, n in (("query length T", T), ("kv length S", S)):
@@ -116,7 +122,7 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
       raise ValueError(f"fused attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
                        f"shape; got {q_BTHD.shape}, {k_BSKD.shape}, {v_BSKD.shape}")
     B, T, H, D = q_BTHD.shape
-    S = k_BSKD.shape[1]
+    S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     reason = problem(q_BTHD.shape, k_BSKD.shape, mask, rope)
     if reason is not None:
       raise ValueError(f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape}: "
@@ -126,7 +132,8 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
     plan = Plan(causal=mask.causal, segmented=q_seg is not None,
                 pair_offset=1 if rope.layout == "interleaved" else rope.n_rotated // 2,
                 rotate_values=bool(values), rotate_output=bool(output),
-                bq=_block(T, block_size), bk=_block(S, block_size),
+                bq=_fit_block(T, S, H, K, D, q_BTHD.dtype, block_size),
+                bk=_fit_block(S, T, H, K, D, q_BTHD.dtype, block_size),
                 interpret=bool(run_interpreted))
     consts = constants(rope, D, scale)
     rows = lambda x, n: jnp.broadcast_to(x, (B, n)).reshape(B, 1, n)
@@ -136,7 +143,7 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
       args += [rows(q_seg.astype(jnp.int32), T), rows(kv_seg.astype(jnp.int32), S)]
     args += [q_BTHD, k_BSKD, v_BSKD]
     run = lambda *a: _local(plan, consts, *a)
-    return _sharded(run, args, B, H, k_BSKD.shape[2])
+    return _sharded(run, args, B, H, K)
 
   return attend
 
@@ -174,6 +181,32 @@ def _block(n: int, block: int) -> int:
   while n % b:
     b -= LANES
   return b
+
+
+def _fit_block(n: int, other: int, H: int, K: int, D: int, dtype, block: int) -> int:
+  """The block for a length n: `_block(n, block)`, halved (to a multiple of 128 dividing n)
+  while the VMEM the largest of the three kernels needs at blocks of that size, by
+  `vmem_bytes`, exceeds VMEM_BUDGET."""
+  b = _block(n, block)
+  while b > LANES and vmem_bytes(H, K, D, dtype, b, _block(other, b)) > VMEM_BUDGET:
+    b = _block(n, b - LANES)
+  return b
+
+
+def vmem_bytes(H: int, K: int, D: int, dtype, bq: int, bk: int) -> int:
+  """An upper estimate of the VMEM the largest of the fused kernels holds at blocks bq, bk:
+  the double-buffered blocks of its inputs and outputs, its scratch, and [bq, bk] float32
+  temporaries. A row of D lanes takes a multiple of 128 lanes."""
+  lanes = -(-D // LANES) * LANES
+  s = jnp.dtype(dtype).itemsize
+  row = lanes * s
+  forward = (2 * (2 * H * bq + 2 * K * bk) * row + H * bq * row
+             + 2 * bq * LANES * 4 + H * bq * lanes * 4 + 4 * bq * bk * 4)
+  dq = (2 * (3 * H * bq + 2 * K * bk) * row + 2 * H * bq * row
+        + 2 * bq * LANES * 4 + H * bq * lanes * 4 + 5 * bq * bk * 4)
+  dkv = (2 * (2 * H * bq + 4 * K * bk) * row + 2 * K * bk * row
+         + 2 * K * bk * lanes * 4 + 2 * 2 * H * 8 * bq * 4 + 5 * bq * bk * 4)
+  return max(forward, dq, dkv)
 
 
 def _sharded(run, args, B: int, H: int, K: int):
@@ -259,8 +292,8 @@ def _forward(plan: Plan, small, q_BHTD, k_BKSD, v_BKSD):
                jax.ShapeDtypeStruct((B, H, T), jnp.float32)]
   out_specs = [q_spec, pl.BlockSpec((None, H, bq), lambda b, i, j: (b, 0, i))]
   scratch = [pltpu.VMEM((H, bq, D), q_BHTD.dtype),  # rotated, scaled q
-             pltpu.VMEM((H, bq, 1), jnp.float32),  # running max
-             pltpu.VMEM((H, bq, 1), jnp.float32),  # running sum
+             pltpu.VMEM((bq, LANES), jnp.float32),  # running max, head h in lane h
+             pltpu.VMEM((bq, LANES), jnp.float32),  # running sum, head h in lane h
              pltpu.VMEM((H, bq, D), jnp.float32)]  # output accumulator
   args = (consts, q_pos, kv_pos, q_seg, kv_seg, q_BHTD, k_BKSD, v_BKSD)
   return pl.pallas_call(
@@ -312,25 +345,25 @@ def _forward_kernel(plan: Plan, nk: int, consts_ref, q_pos_ref, kv_pos_ref, q_se
         s = fused_tiles.dot_nt(qr_ref[h], k_r, precision)  # [bq, bk]
         if mask is not None:
           s = jnp.where(mask, s, -jnp.inf)
-        m_prev = m_ref[h]
+        m_prev = m_ref[:, h:h + 1]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)  # a row with nothing visible yet
         p = jnp.exp(s - m_safe)
         alpha = jnp.exp(m_prev - m_safe)
-        l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
+        l_ref[:, h:h + 1] = alpha * l_ref[:, h:h + 1] + jnp.sum(p, axis=1, keepdims=True)
         acc_ref[h] = alpha * acc_ref[h] + fused_tiles.dot_nn(p.astype(v_r.dtype), v_r, precision)
-        m_ref[h] = m_next
+        m_ref[:, h:h + 1] = m_next
 
   @pl.when(ki == nk - 1)
   def _finish():
     tabs = fused_tiles.tables(fused_tiles.column(q_pos_ref), consts_ref) \
         if plan.rotate_output else None
     for h in range(H):
-      l = l_ref[h]
+      l = l_ref[:, h:h + 1]
       seen = l > 0.0
       o = acc_ref[h] / jnp.where(seen, l, 1.0)
       if plan.rotate_output:
         o = fused_tiles.rotate(o, tabs, off, inverse=True)
       o_ref[h] = o.astype(o_ref.dtype)
-      lse = jnp.where(seen, m_ref[h] + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)
-      lse_ref[h] = lse[:, 0]
+      lse = jnp.where(seen, m_ref[:, h:h + 1] + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)
+      lse_ref[h:h + 1, :] = fused_tiles.to_row(lse)

@@ -26,7 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from rove_jax.kernels import fused_tiles
-from rove_jax.kernels.fused_tiles import Plan
+from rove_jax.kernels.fused_tiles import LANES, Plan
 
 
 def gradients(plan: Plan, small, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT):
@@ -54,8 +54,8 @@ def _dq(plan: Plan, small, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT):
   out_shape = jax.ShapeDtypeStruct(q_BHTD.shape, q_BHTD.dtype)
   scratch = [pltpu.VMEM((H, bq, D), q_BHTD.dtype),  # rotated, scaled q
              pltpu.VMEM((H, bq, D), do_BHTD.dtype),  # dO_r (RoVE; unused for RoPE)
-             pltpu.VMEM((H, bq, 1), jnp.float32),  # lse as columns
-             pltpu.VMEM((H, bq, 1), jnp.float32),  # delta as columns
+             pltpu.VMEM((bq, LANES), jnp.float32),  # lse as columns, head h in lane h
+             pltpu.VMEM((bq, LANES), jnp.float32),  # delta as columns, head h in lane h
              pltpu.VMEM((H, bq, D), jnp.float32)]  # dq_r accumulator
   args = (consts, q_pos, kv_pos, q_seg, kv_seg, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT,
           delta_BHT)
@@ -91,8 +91,8 @@ def _dq_kernel(plan: Plan, nk: int, consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref
                    ).astype(qr_ref.dtype)
       if plan.rotate_output:
         dor_ref[h] = fused_tiles.rotate(do_ref[h].astype(f32), tabs, off).astype(dor_ref.dtype)
-      lse_col_ref[h] = lse_ref[h][:, None]
-      delta_col_ref[h] = delta_ref[h][:, None]
+      lse_col_ref[:, h:h + 1] = fused_tiles.to_column(lse_ref[h:h + 1, :])
+      delta_col_ref[:, h:h + 1] = fused_tiles.to_column(delta_ref[h:h + 1, :])
     acc_ref[...] = jnp.zeros(acc_ref.shape, f32)
 
   @pl.when(fused_tiles.block_runs(plan, qi, ki))
@@ -111,9 +111,9 @@ def _dq_kernel(plan: Plan, nk: int, consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref
         s = fused_tiles.dot_nt(qr_ref[h], k_r, precision)  # [bq, bk]
         if mask is not None:
           s = jnp.where(mask, s, -jnp.inf)
-        p = jnp.exp(s - lse_col_ref[h])
+        p = jnp.exp(s - lse_col_ref[:, h:h + 1])
         dp = fused_tiles.dot_nt(do_r, v_r, precision)
-        ds = p * (dp - delta_col_ref[h])
+        ds = p * (dp - delta_col_ref[:, h:h + 1])
         acc_ref[h] += fused_tiles.dot_nn(ds.astype(k_r.dtype), k_r, precision)
 
   @pl.when(ki == nk - 1)

@@ -30,6 +30,7 @@ from jax.experimental.pallas import tpu as pltpu
 # Rows of the constants array [CONST_ROWS, D] float32 every kernel reads whole.
 FREQ, NEG_FIRST, SECOND, Q_SCALE = 0, 1, 2, 3
 CONST_ROWS = 8  # a full sublane tile
+LANES = 128  # TPU lane width
 
 
 class Plan(NamedTuple):
@@ -47,7 +48,20 @@ class Plan(NamedTuple):
 def column(row_ref) -> jax.Array:
   """[n, 1] from a ref holding one row [1, n] (positions and segment ids arrive as rows: a
   [B, 1, T] array is 8 sublanes a token in HBM, a [B, T, 1] one would be 128 lanes)."""
-  return row_ref[0][:, None]
+  return to_column(row_ref[...])
+
+
+def to_column(row_1n) -> jax.Array:
+  """[n, 1] from a row [1, n] by a 2-D transpose of its broadcast: a reshape would be a
+  sublane gather, which Mosaic lowers on v5e but not on v4."""
+  n = row_1n.shape[1]
+  return jnp.transpose(jnp.broadcast_to(row_1n, (LANES, n)))[:, :1]
+
+
+def to_row(col_n1) -> jax.Array:
+  """[1, n] from a column [n, 1] (the transpose of `to_column`)."""
+  n = col_n1.shape[0]
+  return jnp.transpose(jnp.broadcast_to(col_n1, (n, LANES)))[:1, :]
 
 
 def tables(pos_n1, consts_ref):
