@@ -43,8 +43,8 @@ def main():
 
   def loss(q, k, v, seg, rove):
     pos = jnp.broadcast_to(jnp.arange(T), (B, T))
-    out = attend(q, k, v, Mask(ordered=True, segment_ids=seg), pos, pos, rope, D ** -0.5,
-                 values=rove, output=rove)
+    out = attend(q, k, v, Mask(ordered=True, segment_ids=seg), pos, pos, rope,
+                 kind="rove" if rove else "rope")
     return jnp.sum(out.astype(jnp.float32) ** 2)
 
   x = jax.ShapeDtypeStruct((B, T, H, D), jnp.bfloat16, sharding=sharding)

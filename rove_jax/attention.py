@@ -64,7 +64,7 @@ def rope_attention(q, k, v, *, q_positions, kv_positions, rope: Rope,
   """
   c = _prepare(q, k, v, q_positions, kv_positions, rope, mask)
   if _rotates_inside(kernel):
-    return _rotary_kernel(kernel, c, rope, values=False, output=False)
+    return _rotary_kernel(kernel, c, rope, "rope")
   attend = _kernel(kernel, c, bias=False)
   q_r, k_r, v_r, _ = _rotate(c, rope, values=False)
   return attend(q_r, k_r, v_r, c.mask, *_mask_positions(c, rope), _scale(c), None)
@@ -77,7 +77,7 @@ def rove_attention(q, k, v, *, q_positions, kv_positions, rope: Rope,
   and shapes as in `rope_attention`."""
   c = _prepare(q, k, v, q_positions, kv_positions, rope, mask)
   if _rotates_inside(kernel):
-    return _rotary_kernel(kernel, c, rope, values=True, output=True)
+    return _rotary_kernel(kernel, c, rope, "rove")
   attend = _kernel(kernel, c, bias=False)
   q_r, k_r, v_r, q_tables = _rotate(c, rope, values=True)
   out = attend(q_r, k_r, v_r, c.mask, *_mask_positions(c, rope), _scale(c), None)
@@ -92,7 +92,7 @@ def rove_attention_rotated(q, k, v, *, q_positions, kv_positions, rope: Rope,
   two (the kernel's output and the rotated one; see rove_jax.nn.model.Attention)."""
   c = _prepare(q, k, v, q_positions, kv_positions, rope, mask)
   if _rotates_inside(kernel):
-    return _rotary_kernel(kernel, c, rope, values=True, output=False)
+    return _rotary_kernel(kernel, c, rope, "rove_rotated")
   attend = _kernel(kernel, c, bias=False)
   q_r, k_r, v_r, _ = _rotate(c, rope, values=True)
   return attend(q_r, k_r, v_r, c.mask, *_mask_positions(c, rope), _scale(c), None)
@@ -163,12 +163,12 @@ def _rotates_inside(kernel: Kernel) -> bool:
   return isinstance(kernel, str) and kernel in kernels.ROTARY
 
 
-def _rotary_kernel(name: str, c: _Call, rope: Rope, values: bool, output: bool):
+def _rotary_kernel(name: str, c: _Call, rope: Rope, kind: str):
   """The call on a kernel that rotates inside ("fused"): unrotated q, k, v and the Rope in;
-  values: rotate v by R_j; output: rotate the output by R_i^-1."""
+  kind "rope", "rove" or "rove_rotated" (rove_jax.kernels.fused.kernel). Its scale is
+  _scale's, 1 / sqrt(D)."""
   attend = kernels.select(name, q=c.q, k=c.k, mask=c.mask, rope=rope)
-  return attend(c.q, c.k, c.v, c.mask, *_mask_positions(c, rope), rope, _scale(c),
-                values=values, output=output)
+  return attend(c.q, c.k, c.v, c.mask, *_mask_positions(c, rope), rope, kind=kind)
 
 
 def _rotate(c: _Call, rope: Rope, values: bool):

@@ -19,8 +19,8 @@ picks one per call (never "fused", which has not run on a TPU yet):
 
 Every kernel but "fused" is a function f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS,
 scale, bias_fn=None) -> [B, T, H, D] in q.dtype on rotated inputs, whose rows that see no key are
-0. "fused" is a ROTARY kernel: f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, scale,
-*, values, output) on unrotated inputs; only rope_attention, rove_attention and
+0. "fused" is a ROTARY kernel: f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *,
+kind) on unrotated inputs with the scale 1 / sqrt(D); only rope_attention, rove_attention and
 rove_attention_rotated call it (they pass their Rope to `choose` and `select`).
 """
 

@@ -51,6 +51,7 @@ fused_tiles.cost counts the rows each kernel rotates.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional
 
 import jax
@@ -68,6 +69,7 @@ MAX_HEAD_DIM = 256
 # What the blocks may take of VMEM: under the 16 MiB a kernel gets by default on v4 and v5e.
 # `vmem_bytes` is checked against libtpu's own figures in bench/RESULTS.md.
 VMEM_BUDGET = 15.25 * 2**20
+KINDS = ("rope", "rove", "rove_rotated")
 BATCH_AXES = ("data", "fsdp")
 HEAD_AXIS = "tensor"
 
@@ -100,23 +102,24 @@ def problem(q_shape, k_shape, mask, rope) -> Optional[str]:
 
 
 def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
-  """The fused kernel f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, scale, *,
-  values, output) -> [B, T, H, D] in q.dtype, on UNROTATED q, k, v.
+  """The fused kernel f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind)
+  -> [B, T, H, D] in q.dtype, on UNROTATED q, k, v, with the softmax scale 1 / sqrt(D).
 
   Args:
     block_size: largest q/kv block, a multiple of 128.
     interpret: Pallas interpret mode; None: on unless compiling for TPU
       (platform.target_platform).
 
-  The function's flags: values rotates v by R_j (RoVE), output rotates the output by R_i^-1
-  (RoVE; False gives rove_attention_rotated's R_i y_i). RoPE: both False.
+  The function's kind: "rope" (q and k rotated), "rove" (v by R_j and the output by R_i^-1
+  too) or "rove_rotated" (v rotated, the output left as rove_attention_rotated's R_i y_i).
   """
   if isinstance(block_size, bool) or not isinstance(block_size, int) or (
       block_size < LANES or block_size % LANES):
     raise ValueError(f"block_size must be a positive multiple of {LANES}, got {block_size!r}")
 
-  def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, scale, *,
-             values: bool, output: bool):
+  def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind: str):
+    if kind not in KINDS:
+      raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     q_BTHD, k_BSKD, v_BSKD = jnp.asarray(q_BTHD), jnp.asarray(k_BSKD), jnp.asarray(v_BSKD)
     if q_BTHD.ndim != 4 or k_BSKD.ndim != 4 or k_BSKD.shape != v_BSKD.shape:
       raise ValueError(f"fused attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
@@ -131,11 +134,11 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
     q_seg, kv_seg = mask.segments()
     plan = Plan(causal=mask.causal, segmented=q_seg is not None,
                 pair_offset=1 if rope.layout == "interleaved" else rope.n_rotated // 2,
-                rotate_values=bool(values), rotate_output=bool(output),
+                rotate_values=kind != "rope", rotate_output=kind == "rove",
                 bq=_fit_block(T, S, H, K, D, q_BTHD.dtype, block_size),
                 bk=_fit_block(S, T, H, K, D, q_BTHD.dtype, block_size),
                 interpret=bool(run_interpreted))
-    consts = constants(rope, D, scale)
+    consts = constants(rope, D, 1.0 / math.sqrt(D))
     rows = lambda x, n: jnp.broadcast_to(x, (B, n)).reshape(B, 1, n)
     args = [rows(jnp.asarray(q_pos_BT, jnp.float32), T),
             rows(jnp.asarray(kv_pos_BS, jnp.float32), S)]
@@ -238,17 +241,18 @@ def _local(plan: Plan, consts, q_pos, kv_pos, *rest):
   """The kernel on the arrays one device holds: swap to heads-major, run, swap back."""
   q_seg, kv_seg = (rest[0], rest[1]) if plan.segmented else (None, None)
   q_BTHD, k_BSKD, v_BSKD = rest[-3:]
-  return _fused(plan, consts, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD)
+  return _fused(plan, (consts, q_pos, kv_pos, q_seg, kv_seg), q_BTHD, k_BSKD, v_BSKD)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(plan, consts, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD):
-  return _fused_fwd(plan, consts, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD)[0]
+def _fused(plan, small, q_BTHD, k_BSKD, v_BSKD):
+  """small: (constants, q positions, kv positions, q segments, kv segments), the rows of
+  `attend`; no gradient flows to them."""
+  return _fused_fwd(plan, small, q_BTHD, k_BSKD, v_BSKD)[0]
 
 
-def _fused_fwd(plan, consts, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD):
+def _fused_fwd(plan, small, q_BTHD, k_BSKD, v_BSKD):
   q_BHTD, k_BKSD, v_BKSD = (jnp.swapaxes(a, 1, 2) for a in (q_BTHD, k_BSKD, v_BSKD))
-  small = (consts, q_pos, kv_pos, q_seg, kv_seg)
   o_BHTD, lse_BHT = _forward(plan, small, q_BHTD, k_BKSD, v_BKSD)
   o_BTHD = jnp.swapaxes(o_BHTD, 1, 2)
   return o_BTHD, (small, q_BHTD, k_BKSD, v_BKSD, o_BTHD, lse_BHT)
@@ -264,7 +268,7 @@ def _fused_bwd(plan, residuals, do_BTHD):
       plan, small, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT)
   grads = tuple(jnp.swapaxes(g, 1, 2) for g in (dq_BHTD, dk_BKSD, dv_BKSD))
   consts = small[0]
-  return (jnp.zeros_like(consts), None, None, None, None) + grads
+  return ((jnp.zeros_like(consts), None, None, None, None),) + grads
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
@@ -310,9 +314,12 @@ def _forward(plan: Plan, small, q_BHTD, k_BKSD, v_BKSD):
   )(*args)
 
 
-def _forward_kernel(plan: Plan, nk: int, consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref,
-                    kv_seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, qr_ref, m_ref, l_ref,
-                    acc_ref):
+def _forward_kernel(plan: Plan, nk: int, *refs):
+  """refs: the inputs (constants, position rows, segment rows (None refs without segment
+  ids), q, k, v), the outputs (o, lse) and the scratch (rotated q, running max and sum,
+  accumulator), in pallas_call's order."""
+  (consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref, o_ref,
+   lse_ref, qr_ref, m_ref, l_ref, acc_ref) = refs
   qi, ki = pl.program_id(1), pl.program_id(2)
   H, K = q_ref.shape[0], k_ref.shape[0]
   G = H // K

@@ -73,9 +73,12 @@ def _dq(plan: Plan, small, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT):
   )(*args)
 
 
-def _dq_kernel(plan: Plan, nk: int, consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref,
-               q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, qr_ref, dor_ref,
-               lse_col_ref, delta_col_ref, acc_ref):
+def _dq_kernel(plan: Plan, nk: int, *refs):
+  """refs: the inputs (constants, position rows, segment rows (None refs without segment
+  ids), q, k, v, dO, lse, delta), the output dq and the scratch, in pallas_call's order."""
+  (consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref, do_ref,
+   lse_ref, delta_ref, dq_ref, qr_ref, dor_ref, lse_col_ref, delta_col_ref,
+   acc_ref) = refs
   qi, ki = pl.program_id(1), pl.program_id(2)
   H, K = q_ref.shape[0], k_ref.shape[0]
   G = H // K
@@ -162,9 +165,12 @@ def _dkv(plan: Plan, small, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT)
   )(*args)
 
 
-def _dkv_kernel(plan: Plan, nq: int, consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref,
-                q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, kr_ref,
-                vr_ref, dk_acc_ref, dv_acc_ref):
+def _dkv_kernel(plan: Plan, nq: int, *refs):
+  """refs: the inputs (as _dq_kernel's), the outputs dk, dv and the scratch, in pallas_call's
+  order."""
+  (consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref, do_ref,
+   lse_ref, delta_ref, dk_ref, dv_ref, kr_ref, vr_ref, dk_acc_ref,
+   dv_acc_ref) = refs
   ki, qi = pl.program_id(1), pl.program_id(2)
   H, K = q_ref.shape[0], k_ref.shape[0]
   G = H // K
