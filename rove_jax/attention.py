@@ -24,9 +24,10 @@ rove_jax.kernels.dispatch) or a kernel function, e.g. from `rove_jax.kernels.sel
 `rove_jax.kernels.chunked.kernel(chunk_size)`. The rotations wrap any kernel, so the flash
 kernels serve RoVE unchanged. "fused" is the exception: a Pallas TPU kernel that takes the
 unrotated q, k, v and the Rope and applies every rotation of the call to tiles in VMEM
-(rove_jax.kernels.fused); the rotary functions hand it the call whole. A KV cache stores R_j k_j (and, RoVE, R_j v_j): a decoding step
-rotates its queries with `rotate_queries`, calls `masked_attention` on the cache and, for RoVE,
-rotates the output back (rove_jax.nn.model.Attention does this).
+(rove_jax.kernels.fused); the rotary functions hand it the call whole. A KV cache stores
+R_j k_j (and, RoVE, R_j v_j): a decoding step rotates its queries with `rotate_queries`, calls
+`masked_attention` on the cache and, for RoVE, rotates the output back
+(rove_jax.nn.model.Attention does this).
 """
 
 from __future__ import annotations
