@@ -19,12 +19,15 @@ Positions are the only source of truth: a `Mask` says which keys each query sees
 rove_jax.kernels.mask), so one code path serves training, packing, KV-cache decoding,
 sliding-window evaluation and YaRN. A query that sees no key returns zeros.
 
-`kernel` is a name ("auto", "xla", "cudnn", "splash", "chunked", "reference"; see
+`kernel` is a name ("auto", "xla", "cudnn", "splash", "chunked", "reference", "fused"; see
 rove_jax.kernels.dispatch) or a kernel function, e.g. from `rove_jax.kernels.select` or
 `rove_jax.kernels.chunked.kernel(chunk_size)`. The rotations wrap any kernel, so the flash
-kernels serve RoVE unchanged. A KV cache stores R_j k_j (and, RoVE, R_j v_j): a decoding step
-rotates its queries with `rotate_queries`, calls `masked_attention` on the cache and, for RoVE,
-rotates the output back (rove_jax.nn.model.Attention does this).
+kernels serve RoVE unchanged. "fused" is the exception: a Pallas TPU kernel that takes the
+unrotated q, k, v and the Rope and applies every rotation of the call to tiles in VMEM
+(rove_jax.kernels.fused); the rotary functions hand it the call whole. A KV cache stores
+R_j k_j (and, RoVE, R_j v_j): a decoding step rotates its queries with `rotate_queries`, calls
+`masked_attention` on the cache and, for RoVE, rotates the output back
+(rove_jax.nn.model.Attention does this).
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def rope_attention(q, k, v, *, q_positions, kv_positions, rope: Rope,
     [B, T, H, D] in q.dtype.
   """
   c = _prepare(q, k, v, q_positions, kv_positions, rope, mask)
+  if _rotates_inside(kernel):
+    return _rotary_kernel(kernel, c, rope, "rope")
   attend = _kernel(kernel, c, bias=False)
   q_r, k_r, v_r, _ = _rotate(c, rope, values=False)
   return attend(q_r, k_r, v_r, c.mask, *_mask_positions(c, rope), _scale(c), None)
@@ -72,6 +77,8 @@ def rove_attention(q, k, v, *, q_positions, kv_positions, rope: Rope,
   and whose output is rotated by R_i^-1 after it, so y_i = sum_j A_ij R_{j-i} v_j. Arguments
   and shapes as in `rope_attention`."""
   c = _prepare(q, k, v, q_positions, kv_positions, rope, mask)
+  if _rotates_inside(kernel):
+    return _rotary_kernel(kernel, c, rope, "rove")
   attend = _kernel(kernel, c, bias=False)
   q_r, k_r, v_r, q_tables = _rotate(c, rope, values=True)
   out = attend(q_r, k_r, v_r, c.mask, *_mask_positions(c, rope), _scale(c), None)
@@ -85,6 +92,8 @@ def rove_attention_rotated(q, k, v, *, q_positions, kv_positions, rope: Rope,
   under jax.checkpoint so that training keeps one [B, T, H, D] residual per layer instead of
   two (the kernel's output and the rotated one; see rove_jax.nn.model.Attention)."""
   c = _prepare(q, k, v, q_positions, kv_positions, rope, mask)
+  if _rotates_inside(kernel):
+    return _rotary_kernel(kernel, c, rope, "rove_rotated")
   attend = _kernel(kernel, c, bias=False)
   q_r, k_r, v_r, _ = _rotate(c, rope, values=True)
   return attend(q_r, k_r, v_r, c.mask, *_mask_positions(c, rope), _scale(c), None)
@@ -149,6 +158,18 @@ def _kernel(kernel: Kernel, c: _Call, bias: bool) -> Callable:
   if callable(kernel):
     return kernel
   return kernels.select(kernel, q=c.q, k=c.k, mask=c.mask, bias=bias)
+
+
+def _rotates_inside(kernel: Kernel) -> bool:
+  return isinstance(kernel, str) and kernel in kernels.ROTARY
+
+
+def _rotary_kernel(name: str, c: _Call, rope: Rope, kind: str):
+  """The call on a kernel that rotates inside ("fused"): unrotated q, k, v and the Rope in;
+  kind "rope", "rove" or "rove_rotated" (rove_jax.kernels.fused.kernel). Its scale is
+  _scale's, 1 / sqrt(D)."""
+  attend = kernels.select(name, q=c.q, k=c.k, mask=c.mask, rope=rope)
+  return attend(c.q, c.k, c.v, c.mask, *_mask_positions(c, rope), rope, kind=kind)
 
 
 def _rotate(c: _Call, rope: Rope, values: bool):

@@ -7,15 +7,17 @@ them in the rotations.
   xla        jax.nn.dot_product_attention: "xla", and "cudnn" with its packed-documents layout
   chunked    blockwise online softmax in pure JAX, memory O(T * chunk)
   splash     the Pallas splash flash kernel for TPU (imported when first chosen)
+  fused      a Pallas flash kernel for TPU that rotates q, k, v and the output inside, forward
+             and backward (fused_tiles, fused_backward; imported when first chosen)
   dispatch   "auto", the kernels' limits, `select`
   platform   the platform being compiled for
 """
 
 from rove_jax.kernels import chunked, platform, reference, xla
-from rove_jax.kernels.dispatch import (AUTO_CHUNKED_MIN_KV, CUDNN_DTYPES, IMPLEMENTATIONS, choose,
-                                       select)
+from rove_jax.kernels.dispatch import (AUTO_CHUNKED_MIN_KV, CUDNN_DTYPES, IMPLEMENTATIONS, ROTARY,
+                                       choose, select)
 from rove_jax.kernels.mask import Mask
 from rove_jax.kernels.platform import target_platform
 
-__all__ = ["Mask", "select", "choose", "target_platform", "IMPLEMENTATIONS",
+__all__ = ["Mask", "select", "choose", "target_platform", "IMPLEMENTATIONS", "ROTARY",
            "AUTO_CHUNKED_MIN_KV", "CUDNN_DTYPES", "chunked", "platform", "reference", "xla"]

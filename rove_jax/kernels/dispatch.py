@@ -6,7 +6,9 @@ K key/value heads, D head dim.
 Kernels, by name: "xla" (jax.nn.dot_product_attention), "cudnn" (cuDNN flash attention on a CUDA
 GPU, bfloat16/float16), "splash" (the Pallas splash flash kernel on TPU; Pallas interpret mode
 elsewhere), "chunked" (blockwise online softmax in pure JAX, memory O(T * chunk)), "reference"
-(materialised einsum, for tests) and "auto", which picks one per call:
+(materialised einsum, for tests), "fused" (a Pallas flash kernel for TPU that rotates q, k, v and
+the output inside; Pallas interpret mode elsewhere; rove_jax.kernels.fused) and "auto", which
+picks one per call (never "fused", which has not run on a TPU yet):
 
   - TPU: "splash" where it can run the call (an `ordered` mask without kv_valid, window or
     bias, lengths that are multiples of 128); "xla" otherwise (decoding steps, general
@@ -15,8 +17,11 @@ elsewhere), "chunked" (blockwise online softmax in pure JAX, memory O(T * chunk)
     <= 128 and a multiple of 8, no bias; "xla" otherwise;
   - CPU: "chunked" from AUTO_CHUNKED_MIN_KV keys on (memory linear in length), else "xla".
 
-Every kernel is a function f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale,
-bias_fn=None) -> [B, T, H, D] in q.dtype, whose rows that see no key are 0.
+Every kernel but "fused" is a function f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS,
+scale, bias_fn=None) -> [B, T, H, D] in q.dtype on rotated inputs, whose rows that see no key are
+0. "fused" is a ROTARY kernel: f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *,
+kind) on unrotated inputs with the scale 1 / sqrt(D); only rope_attention, rove_attention and
+rove_attention_rotated call it (they pass their Rope to `choose` and `select`).
 """
 
 from __future__ import annotations
@@ -27,14 +32,15 @@ import jax.numpy as jnp
 
 from rove_jax.kernels import chunked, platform, reference, xla
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash", "chunked", "reference")
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash", "chunked", "reference", "fused")
+ROTARY = ("fused",)  # kernels that take unrotated q, k, v and the Rope (module docstring)
 # "auto" on CPU picks the chunked kernel (memory linear in length) from this many keys.
 AUTO_CHUNKED_MIN_KV = 8192
 CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # cuDNN flash runs in these
 
 
-def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional[str] = None
-           ) -> str:
+def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional[str] = None,
+           rope=None) -> str:
   """The kernel `name` stands for in one call: itself, or for "auto" the platform's choice
   (module docstring). Raises ValueError when it cannot run the call.
 
@@ -44,10 +50,18 @@ def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional
     mask: its kernels.Mask.
     bias: whether it adds a logit bias.
     platform_name: "cpu", "gpu" or "tpu"; None: `platform.target_platform()`.
+    rope: the call's rotary.Rope, None for attention without rotation (masked_attention);
+      read by "fused" only.
   """
   if name not in IMPLEMENTATIONS:
     raise ValueError(f"unknown attention implementation {name!r}; expected one of "
                      f"{IMPLEMENTATIONS}")
+  if name == "fused":
+    reason = "it adds no logit bias" if bias else _fused().problem(q.shape, k.shape, mask, rope)
+    if reason is not None:
+      raise ValueError(f"kernel='fused' cannot run this call: {reason}; use 'auto' or "
+                       f"'splash'")
+    return name
   if name not in ("auto", "cudnn", "splash"):
     return name
   where = platform.target_platform() if platform_name is None else platform_name
@@ -73,10 +87,12 @@ def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional
 
 
 def select(name: str, *, q, k, mask, chunk_size: int = chunked.DEFAULT_CHUNK,
-           bias: bool = False) -> Callable:
+           bias: bool = False, rope=None) -> Callable:
   """The kernel function for one call: `choose`'s kernel, the chunked one with blocks of
-  chunk_size."""
-  name = choose(name, q=q, k=k, mask=mask, bias=bias)
+  chunk_size; for "fused" the rotary kernel (module docstring)."""
+  name = choose(name, q=q, k=k, mask=mask, bias=bias, rope=rope)
+  if name == "fused":
+    return _fused().attend
   if name == "chunked":
     return chunked.kernel(chunk_size)
   if name == "splash":
@@ -90,3 +106,10 @@ def _splash():
   is no import cycle.)"""
   from rove_jax.kernels import splash
   return splash
+
+
+def _fused():
+  """rove_jax.kernels.fused, imported on first use like splash (it imports only
+  kernels.platform and its own fused_* modules)."""
+  from rove_jax.kernels import fused
+  return fused

@@ -149,6 +149,9 @@ class Attention(nnx.Module):
     mask = kernels.Mask(segment_ids=ctx.segment_ids, ordered=ctx.positions_ordered)
     kw = dict(q_positions=ctx.positions, kv_positions=ctx.positions, mask=mask,
               kernel=self.kernel(q_BTHD, k_BTKD, mask, ctx, bias_fn is not None))
+    if self.rotary == "rove" and kw["kernel"] == "fused":  # every rotation inside the kernel
+      out_BTHD = attention.rove_attention(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
+      return _dense_out(out_BTHD, self.wo, self.bo), None
     if self.rotary == "rove":
       # R_i^-1 and the output projection under one checkpoint: the backward pass recomputes
       # y = R_i^-1 o from the kernel's output o (which the kernel keeps for its own backward)
@@ -205,8 +208,10 @@ class Attention(nnx.Module):
   def kernel(self, q_BTHD, k_BSKD, mask, ctx: Context, bias: bool):
     """The attention kernel of a call (rove_jax.kernels.select), with the config's chunk size."""
     name = self.cfg.attention_impl
-    if name == "splash" and not ctx.positions_ordered:
-      name = "xla"  # splash masks by index; cached (decoding) calls take the xla kernel
+    if name in ("splash", "fused") and not ctx.positions_ordered:
+      name = "xla"  # both mask by index; cached (decoding) calls take the xla kernel
+    if name in kernels.ROTARY:
+      return name  # rope_attention / rove_attention hand it the unrotated call
     return kernels.select(name, q=q_BTHD, k=k_BSKD, mask=mask,
                           chunk_size=self.cfg.attention_chunk, bias=bias)
 

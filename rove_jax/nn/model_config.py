@@ -164,6 +164,9 @@ class GPTConfig:
     if self.attention_impl not in kernels.IMPLEMENTATIONS:
       fail(f"unknown attention_impl {self.attention_impl!r}; expected one of "
            f"{kernels.IMPLEMENTATIONS}")
+    if self.attention_impl in kernels.ROTARY and self.pos_encoding not in ROTARY_ENCODINGS:
+      fail(f"attention_impl={self.attention_impl!r} rotates inside the kernel and needs a rotary "
+           f"pos_encoding {ROTARY_ENCODINGS}, not {self.pos_encoding!r}")
     if self.rope_layout not in rotary.LAYOUTS:
       fail(f"unknown rope_layout {self.rope_layout!r}; expected one of {rotary.LAYOUTS}")
     if self.pos_encoding in ROTARY_ENCODINGS:
