@@ -25,7 +25,7 @@ python3 -c 'import jax; print(jax.__version__, jax.devices())'
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
 
 stamp "cuDNN == XLA bf16 attention tests (dense mask, causal fast path, packed documents), kernel selection"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_attention.py -k cudnn
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/test_attention.py -k cudnn
 python3 - <<'PY'
 import jax, jax.numpy as jnp
 from rove_jax import kernels

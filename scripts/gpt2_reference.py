@@ -1,13 +1,13 @@
-"""transformers' side of the GPT-2 interop tests (tests/test_hf_gpt2.py): torch and
+"""transformers' side of the GPT-2 interop tests (tests/nn/test_hf_gpt2.py): torch and
 transformers are this script's dependencies, never the project's. Run it in a separate
 environment:
 
     python3 -m venv /tmp/hfref && /tmp/hfref/bin/pip install torch transformers safetensors
-    /tmp/hfref/bin/python scripts/gpt2_reference.py            # writes tests/data/gpt2_tiny/
-    python -m tests.test_hf_gpt2 D                              # the project's venv
+    /tmp/hfref/bin/python scripts/gpt2_reference.py            # writes tests/reference_data/gpt2_tiny/
+    python -m tests.nn.test_hf_gpt2 D                              # the project's venv
     /tmp/hfref/bin/python scripts/gpt2_reference.py --check D
 
-Default: writes the tiny transformers GPT-2 checkpoint and its logits into tests/data/gpt2_tiny/:
+Default: writes the tiny transformers GPT-2 checkpoint and its logits into tests/reference_data/gpt2_tiny/:
   config.json, model.safetensors  GPT2LMHeadModel.save_pretrained (tied lm_head, so the file
                                   holds no lm_head.weight; names carry "transformer.")
   reference.json                  the token ids, the versions used and the seed
@@ -17,7 +17,7 @@ offsets included; GPT-2's own init leaves biases at zero and gains at one, which
 mismapped bias), so a wrong transpose, split or head order changes the logits visibly.
 
 --check D: for every subdirectory of D holding an export (rove-jax GPT-2 exports written by
-`python -m tests.test_hf_gpt2 D`, each with expected.npz beside model.safetensors: tokens and
+`python -m tests.nn.test_hf_gpt2 D`, each with expected.npz beside model.safetensors: tokens and
 rove-jax's logits), loads it with
 GPT2LMHeadModel.from_pretrained and prints the largest logit difference; exit status 1 when
 one exceeds 1e-5 of the logits' scale.
@@ -34,7 +34,7 @@ import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "tests", "data", "gpt2_tiny")
+OUT = os.path.join(ROOT, "tests", "reference_data", "gpt2_tiny")
 SEED = 0
 RTOL = 1e-5
 

@@ -30,7 +30,7 @@ resample of 3 seeds takes at most 10 distinct values, and its variance is (n-1)/
 sample's), so when the seed-to-seed spread dominates the interval is too narrow: with 3 seed
 pairs the method, not the data, can decide a verdict, hence the study's 8 pairs and the paired
 t-test beside each primary comparison (study/multiplicity.py). When unit noise dominates,
-resampling both levels counts it twice and the interval is conservative. tests/test_stats.py
+resampling both levels counts it twice and the interval is conservative. tests/study/test_stats.py
 measures coverage on simulated seeds and units (bench/RESULTS.md has the figures).
 """
 

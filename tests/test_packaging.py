@@ -2,7 +2,7 @@
 the study (reproduce.py's write-up, outside the package) or the checkout's tools.
 
 Builds a wheel from a copy of the tracked files (nothing is written into the checkout) and
-reads its contents; tests/test_eval_cli.py and test_training.py run the commands' code.
+reads its contents; tests/cli/test_eval.py and test_loop.py run the commands' code.
 """
 
 import configparser

@@ -11,7 +11,7 @@ What a CPU host without network needs instead (every other word is the page's):
   --config.profile_steps=100:104   2:3 (the run has 4 steps)
   gcloud ... --command="cd rove-jax && CMD"   CMD, in the checkout
 Not run: the pip lines (installed already) and the ahead-of-time dry run, which needs libtpu
-(kept out of CI; tests/test_aot.py runs it where libtpu is installed).
+(kept out of CI; tests/aot/test_compile.py runs it where libtpu is installed).
 """
 
 import json

@@ -1,24 +1,16 @@
-"""A first run that finishes in about a minute on 2 CPU cores: the demo's model (3 layers x 128,
-0.6M parameters, a 64-token context) on byte tokens of the embedded stdlib corpus, 100 steps of
-32 x 64 tokens, a validation loss at steps 50 and 100 and a generated sample at the end.
+"""A first run that finishes in about a minute on 2 CPU cores: the demo's model and data
+(configs/demo.py: 3 layers x 128, 0.6M parameters, byte tokens of the embedded stdlib corpus,
+32 x 64 tokens a step) for 100 steps, a validation loss at steps 50 and 100 and a generated
+sample at the end.
 
 rove-train --config smoke --workdir runs/smoke
 """
 
-from rove_jax.train.config_schema import base_config
+from rove_jax.train.configs import demo
 
 
 def get_config():
-  c = base_config("tiny")
-  c.model.n_layer = 3
-  c.model.d_model = 128
-  c.model.n_head = 4
-  c.model.pos_encoding = "rove"
-  c.data.source = "stdlib"
-  c.data.tokenizer = "bytes"
-  c.data.seq_len = 64  # model.max_len follows
-  c.data.batch_size = 32
-  c.optim.lr = 3e-3
+  c = demo.get_config()
   c.optim.warmup_steps = 10
   c.steps = 100
   c.log_every = 10

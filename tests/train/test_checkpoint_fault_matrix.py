@@ -6,13 +6,13 @@ and no other checkpoint changes.
 A tokenizer kept as a file in the workdir (bpe) that changed since the save, or cannot be read,
 is refused by training and evaluation alike (its fingerprint is in the checkpoint metadata).
 
-The run is test_faults.py's reference (the tiny model, 8 steps, async checkpoints every 2). For
+The run is test_loop_faults.py's reference (the tiny model, 8 steps, async checkpoints every 2). For
 each file of its newest checkpoint (step 8) and each damage (16 bytes flipped at the start, the
 middle and the end; cut to half; deleted) a copy of the run is damaged, read as rove-eval reads
 it (`checkpoint.read_run`, read-only), and opened the way `rove_jax.train.loop` opens it: the
 resume check against the run's own config, then `Checkpointer.restore_latest`. The loop
 continues from exactly what is restored (parameters, optimizer state, step, iterator state), so
-a restore equal to the uninterrupted run's checkpoint continues it bitwise; test_faults.py
+a restore equal to the uninterrupted run's checkpoint continues it bitwise; test_loop_faults.py
 trains on after the damages end to end and compares the losses.
 """
 
@@ -31,11 +31,11 @@ from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import resume
 from rove_jax.train import config_schema
 from tests.conftest import small_config
-from tests.test_faults import (ONE, SAVED, STEPS, copy_run, losses, quarantined, read_state,
+from tests.train.test_loop_faults import (ONE, SAVED, STEPS, copy_run, losses, quarantined, read_state,
                                reference, step_dir, train, tree_digest, config,
                                assert_ends_as_the_reference)
 
-__all__ = ["reference"]  # the module-scoped fixture, shared with test_faults.py
+__all__ = ["reference"]  # the module-scoped fixture, shared with test_loop_faults.py
 # orbax leaves the reads of a damaged checkpoint's other arrays running when one fails.
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 

@@ -21,7 +21,7 @@ import pytest
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
 from tests.conftest import subprocess_env
-from tests.test_faults import (ROOT, STEPS, cli_overrides, config, copy_run,  # noqa: F401
+from tests.train.test_loop_faults import (ROOT, STEPS, cli_overrides, config, copy_run,  # noqa: F401
                                reference, train)
 
 

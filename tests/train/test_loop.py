@@ -26,7 +26,7 @@ from rove_jax.train import loop as training, result
 from rove_jax.nn.model import GPT, GPTConfig
 from tests.conftest import small_config, subprocess_env, write_corpus
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ONE = jax.devices()[:1]  # single-device runs inside the 8-fake-device test process
 # train.py subprocesses see one CPU device (the default mesh fills all devices)
 ENV1 = subprocess_env(devices=1)

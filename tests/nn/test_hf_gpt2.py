@@ -1,6 +1,6 @@
 """GPT-2 interop and exports: rove_jax.nn.hf_gpt2, rove_jax.nn.pretrained, rove_jax.train.export.
 
-The reference is tests/data/gpt2_tiny/: a tiny GPT2LMHeadModel saved by transformers with every
+The reference is tests/reference_data/gpt2_tiny/: a tiny GPT2LMHeadModel saved by transformers with every
 parameter (biases and LayerNorm gains included) redrawn at random, and transformers' logits of
 two token rows, written by scripts/gpt2_reference.py (its versions in reference.json).
 Covered: that checkpoint loads into the GPT and reproduces transformers' logits to float32
@@ -15,7 +15,7 @@ verified checkpoint (a corrupted newer one is skipped); and every bad input is a
 When torch and transformers are installed, `test_transformers_loads_the_gpt2_export` also
 loads the exports with GPT2LMHeadModel; without them it is skipped, and the same check runs
 across two environments:
-    python -m tests.test_hf_gpt2 /tmp/exports                      # this project's venv
+    python -m tests.nn.test_hf_gpt2 /tmp/exports                      # this project's venv
     /tmp/hfref/bin/python scripts/gpt2_reference.py --check /tmp/exports
 """
 
@@ -38,7 +38,7 @@ from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.cli import export as export_cli
 
-DATA = pathlib.Path(__file__).parent / "data" / "gpt2_tiny"
+DATA = pathlib.Path(__file__).parents[1] / "reference_data" / "gpt2_tiny"
 RTOL = 1e-5  # of the logits' scale: float32 rounding of two implementations
 
 

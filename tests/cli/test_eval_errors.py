@@ -21,7 +21,7 @@ from rove_jax.storage import paths
 from study import plots as study_plots
 from tests import gcs_server
 from tests.conftest import small_config
-from tests.test_ruler import HOTPOT, SQUAD
+from tests.evaluation.test_ruler import HOTPOT, SQUAD
 
 TASK_CHOICES = "ppl, ruler, icl"
 

@@ -19,7 +19,7 @@ from rove_jax.data import prepare_corpus, prepared, tokenization
 from rove_jax.train import config_schema
 from rove_jax.train import loop as training
 from tests.conftest import free_port, run_together, small_config, subprocess_env, write_corpus
-from tests.test_training import ROOT, losses
+from tests.train.test_loop import ROOT, losses
 
 
 def _reference(corpus, split, tok):

@@ -1,4 +1,4 @@
-"""rove_jax against transformers 5, from values stored in tests/data/hf_rope_reference.json.
+"""rove_jax against transformers 5, from values stored in tests/reference_data/hf_rope_reference.json.
 
 The file is written by scripts/hf_rope_reference.py (transformers and torch are that script's
 dependencies, not the tests'); its docstring says how each value was computed. Covered:
@@ -32,7 +32,7 @@ import rove_jax as rj
 from rove_jax import attention, scaling
 from rove_jax.kernels import chunked
 
-DATA = pathlib.Path(__file__).parent / "data" / "hf_rope_reference.json"
+DATA = pathlib.Path(__file__).parents[1] / "reference_data" / "hf_rope_reference.json"
 TABLE_RTOL, FACTOR_RTOL, OUT_ATOL = 2e-6, 1e-6, 2e-5
 METHOD_TABLE_RTOL = {"llama3": 5e-6}
 METHODS = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional", "axial")

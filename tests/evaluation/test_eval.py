@@ -17,7 +17,7 @@ from rove_jax.data import tokenization
 from rove_jax.nn.model import GPT
 from rove_jax.train.run_config import RunConfig
 from tests.conftest import gpt_config, small_config, subprocess_env
-from tests.test_training import ROOT, run_train
+from tests.train.test_loop import ROOT, run_train
 
 ENV1 = subprocess_env(devices=1)
 

@@ -129,7 +129,7 @@ def test_the_demos_mechanism_command_parses_and_plans_the_offset_task():
   import re
   import shlex
   from study import retrieval as study
-  makefile = (pathlib.Path(__file__).resolve().parents[1] / "Makefile").read_text()
+  makefile = (pathlib.Path(__file__).resolve().parents[2] / "Makefile").read_text()
   text = re.search(r"^DEMO_MECHANISM = ((?:.*\\\n)*.*)$", makefile, re.M).group(1)
   args = study.parse_args(shlex.split(text.replace("\\\n", " ")))
   runs = study.plan(args)

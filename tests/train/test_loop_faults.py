@@ -44,7 +44,7 @@ from rove_jax.train.metrics import read_metrics
 from rove_jax.nn.model_config import GPTConfig
 from tests.conftest import apply_overrides, small_config, subprocess_env, write_corpus
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ONE = jax.devices()[:1]
 STEPS, EVERY = 8, 2
 SAVED = list(range(EVERY, STEPS + 1, EVERY))  # [2, 4, 6, 8]
@@ -416,7 +416,7 @@ def newest(steps) -> int:
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_is_bitwise_equal(reference, tmp_path):
   """train.py is killed twice, each time a seeded random delay after a seeded random step of
-  its own (a kill during a checkpoint write is tested in test_training.py); then the run is
+  its own (a kill during a checkpoint write is tested in test_loop.py); then the run is
   resumed in-process and must end as the uninterrupted one."""
   workdir = tmp_path / "run"
   metrics = workdir / "metrics.jsonl"

@@ -24,7 +24,7 @@ from tests.reference import dense_rotation
 T = 256  # lengths are multiples of 128; blocks of 128 give 2 x 2 block pairs (one skipped)
 D = 64
 F32, BF16 = jnp.float32, jnp.bfloat16
-# Tolerances relative to the largest reference value: tests/test_splash.py's.
+# Tolerances relative to the largest reference value: tests/core/test_kernels_splash.py's.
 TOL = {F32: 1e-5, BF16: 2e-2}
 FNS = {"rope": rj.rope_attention, "rove": rj.rove_attention,
        "rotated": rj.rove_attention_rotated}

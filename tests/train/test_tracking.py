@@ -130,7 +130,7 @@ def test_wandb_online_without_a_key_is_one_line_before_any_work(tmp_path):
   import subprocess
   import sys
   from tests.conftest import subprocess_env
-  root = pathlib.Path(__file__).resolve().parents[1]
+  root = pathlib.Path(__file__).resolve().parents[2]
   env = subprocess_env(devices=1, HOME=str(tmp_path / "home"))
   env.pop("WANDB_API_KEY", None)
   workdir = tmp_path / "run"

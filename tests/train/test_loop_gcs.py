@@ -1,7 +1,7 @@
 """A training run that lives in a bucket: `--workdir gs://...` on the session's GCS API server
 (tests/gcs_server.py), stopped by --config.run_steps, SIGKILLed, resumed, then read by
 rove-eval and rove-export. Its losses and final state must equal the uninterrupted local run's
-bitwise (test_faults.py's `reference`: 8 steps, checkpoints every 2), and no local `gs:`
+bitwise (test_loop_faults.py's `reference`: 8 steps, checkpoints every 2), and no local `gs:`
 directory may appear. Also: a checkpoint object damaged or deleted in the bucket is set aside
 like a local one, and two processes given different workdirs stop at once."""
 
@@ -21,7 +21,7 @@ from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train.metrics import read_metrics
 from tests import gcs_server
 from tests.conftest import free_port, subprocess_env
-from tests.test_faults import (ROOT, SAVED, STEPS, assert_same_state, cli_overrides, config,
+from tests.train.test_loop_faults import (ROOT, SAVED, STEPS, assert_same_state, cli_overrides, config,
                                read_state, reference, train)  # noqa: F401 - reference is a fixture
 
 ENV = dict(JAX_DEFAULT_MATMUL_PRECISION="highest", JAX_NUMPY_RANK_PROMOTION="raise")
@@ -165,7 +165,7 @@ def test_two_processes_sharing_a_gs_workdir_train_and_resume(tmp_path):
   straight through locally."""
   from tests.conftest import write_corpus
   corpus = write_corpus(tmp_path / "corpus")
-  from tests.test_sharding import two_process_args
+  from tests.train.test_sharding import two_process_args
   args = two_process_args(corpus, steps=4, checkpoint_every=2)
   workdir = f"{gcs_server.new_bucket()}/shared"
 

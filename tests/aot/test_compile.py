@@ -213,7 +213,7 @@ def test_command_line_on_cpu_devices(tmp_path, capsys):
   small = ["--config.model.n_layer=1", "--config.model.d_model=64", "--config.model.n_head=2",
            "--config.model.d_ff=256", "--config.model.max_len=64", "--config.data.seq_len=64",
            "--config.data.batch_size=8", "--config.mesh.data=2", "--config.mesh.fsdp=2"]
-  out, tiny = tmp_path / "aot.json", os.path.join(os.path.dirname(__file__), "..", "configs",
+  out, tiny = tmp_path / "aot.json", os.path.join(os.path.dirname(__file__), "..", "..", "configs",
                                                    "tiny.py")
   assert cli.main(["--config", tiny, *small, "--topology", "cpu:4", "--jobs",
                    "eval,decode", "--eval-len", "128", "--markdown", "--json", str(out)]) == 0

@@ -17,7 +17,7 @@ from rove_jax.evaluation import report_files
 from study import writeup as w
 from tests.conftest import subprocess_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 T = 32  # the hand-made runs' training length
@@ -282,7 +282,7 @@ def test_write_replaces_readme_summary_and_curves_together(tmp_path, monkeypatch
 
 
 def _fake_plots(monkeypatch):
-  """study.plots' PNG renderers replaced by stand-ins that record their calls (tests/test_plots.py
+  """study.plots' PNG renderers replaced by stand-ins that record their calls (tests/evaluation/test_plots.py
   covers the drawing; these tests cover which files the write-up writes and links)."""
   from study import plots
   calls = []
@@ -376,7 +376,7 @@ def test_reproduce_quick_end_to_end(tmp_path):
   for png in ("perplexity_vs_length.png", "figure1_mixer.png"):
     assert (out / "eval" / png).stat().st_size > 0
   # Rerunning resumes each run from its newest checkpoint: train.py's resume is tested in
-  # tests/test_training.py and tests/test_faults.py, and reproduce.py passes each run the same
+  # tests/train/test_loop.py and tests/train/test_loop_faults.py, and reproduce.py passes each run the same
   # workdir every time (plan()); a second full invocation here cost a minute of the CI budget.
   with open(runs_dir / "rove-s0" / "metrics.jsonl") as f:
     steps = [json.loads(line)["step"] for line in f if line.strip()]

@@ -23,8 +23,8 @@ from rove_jax.storage import paths
 from rove_jax.cli import export as export_cli
 from tests import gcs_server
 from tests.conftest import subprocess_env
-from tests.test_eval_errors import _report
-from tests.test_hf_gpt2 import (DATA, assert_logits_close, assert_same_params, learned,
+from tests.cli.test_eval_errors import _report
+from tests.nn.test_hf_gpt2 import (DATA, assert_logits_close, assert_same_params, learned,
                                 logits_of, random_params, reference, write_run)
 
 TOKENIZER = {"spec": "bytes", "name": "bytes", "vocab_size": 257, "eot_id": 47,

@@ -5,7 +5,7 @@ No GPU here: the descriptors are checked against a numpy reference, and the wiri
 stand-in for jax's cuDNN entry point that applies the packed layout as jax documents it (a
 token of row b belongs to slot m when offsets[b, m] <= t < offsets[b, m] + lengths[b, m];
 PADDING_CAUSAL masks across slots and above the diagonal). The GPU itself runs the same path in
-bench/gpu_check.sh (tests/test_attention.py -k cudnn).
+bench/gpu_check.sh (tests/core/test_attention.py -k cudnn).
 """
 
 import jax

@@ -26,7 +26,7 @@ from rove_jax.train.run_config import RunConfig
 from rove_jax.train.run_config import RunConfig
 from tests.conftest import subprocess_env
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # rot_dim of the tiny preset is 384 / 6 = 64: LongRoPE takes 32 factors per list.
 LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + i / 64 for i in range(32)],

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from rove_jax.train import sharding, loop as training
 from rove_jax.nn.model import GPT, GPTConfig
 from tests.conftest import free_port, run_together, apply_overrides, small_config, subprocess_env, write_corpus
-from tests.test_training import ROOT, losses
+from tests.train.test_loop import ROOT, losses
 
 # data alone, all three axes, fsdp with tensor (tensor also runs 4-way in the save/restore test)
 MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2)]

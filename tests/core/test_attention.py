@@ -452,7 +452,7 @@ def test_cudnn_causal_fast_path_equals_xla_in_bf16(kind, rng):
 def test_cudnn_packed_documents_equal_xla_in_bf16(kind, rng):
   """Packed documents (positions restarting in each) through cuDNN's packed layout on a Hopper
   GPU give the dense-mask xla result, forward and gradients; a row of more documents than the
-  layout is compiled for (T / 32) is NaN. tests/test_cudnn_packed.py checks the descriptors."""
+  layout is compiled for (T / 32) is NaN. tests/core/test_kernels_xla.py checks the descriptors."""
   B, T = 3, 512
   q, k, v = make_qkv(rng, B=B, T=T, S=T, H=8, K=4, D=64)
   args = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]

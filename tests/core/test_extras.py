@@ -73,7 +73,7 @@ def test_extras_match_pyproject():
   the extras it includes)."""
   import pathlib
   tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-  meta = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
+  meta = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())
   optional = meta["project"]["optional-dependencies"]
 
   def packages(extra):

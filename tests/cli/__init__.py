@@ -1,0 +1,1 @@
+"""Tests of the commands, rove_jax/cli."""

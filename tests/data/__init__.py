@@ -1,0 +1,1 @@
+"""Tests of rove_jax/data."""

@@ -1,0 +1,1 @@
+"""Tests of study/ and reproduce.py."""
