@@ -13,12 +13,13 @@ TEST    = $(VENV)/.installed-test
 DEMO_ARGS = --config configs/demo.py
 DEMO_EVAL = --suite quick --tasks ppl --yarn all --lengths 32,64,128,256,512,1024
 # Then the mechanism: 2 seed pairs of 2-layer models trained for 300 steps to retrieve the token
-# k = 1..4 places after a marker (study/configs/retrieval.py's offset task with 4 offsets), a
-# task whose answer is fixed by relative position alone; scored at 1x and 4x the training
-# length with and without YaRN, per seed pair (runs/demo/offset).
-DEMO_MECHANISM = --task offset --steps 300 --seeds 0,1 --encodings rove,rope --multiples 1,4 \
-	--samples 100 --out runs/demo/offset --runs-dir runs/demo/offset \
-	--data task=offset,pairs=1,queries=8,keys=4,values=16,train_docs=20000
+# k = 1..4 places after a marker (the packaged recall_offset config), a task whose answer is
+# fixed by relative position alone; scored at 1x and 4x the training length with and without
+# YaRN on the same 100 test samples (runs/demo/offset/eval/report.md).
+OFFSET = --config recall_offset --workdir runs/demo/offset
+OFFSET_EVAL = --tasks recall --recall-lengths 32,128 --recall-samples 100 --yarn both \
+	--out runs/demo/offset/eval
+OFFSET_OTHERS = runs/demo/offset/rope-s0 runs/demo/offset/rove-s1 runs/demo/offset/rope-s1
 
 # The paper's comparison at small scale (about 2 hours on 2 CPU cores): RoVE and
 # RoPE on 8 seed pairs and NoPE on 3, the full evaluation suite on 3 seeds and perplexity on the
@@ -49,7 +50,11 @@ demo: $(CORE)
 	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rove --config.model.pos_encoding=rove
 	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rope --config.model.pos_encoding=rope
 	$(PY) -m eval --workdir runs/demo/rove --compare runs/demo/rope $(DEMO_EVAL) --out runs/demo/eval
-	$(PY) -m study.retrieval $(DEMO_MECHANISM)
+	$(PY) train.py $(OFFSET)/rove-s0 --config.model.pos_encoding=rove --config.seed=0
+	$(PY) train.py $(OFFSET)/rope-s0 --config.model.pos_encoding=rope --config.seed=0
+	$(PY) train.py $(OFFSET)/rove-s1 --config.model.pos_encoding=rove --config.seed=1
+	$(PY) train.py $(OFFSET)/rope-s1 --config.model.pos_encoding=rope --config.seed=1
+	$(PY) -m eval --workdir runs/demo/offset/rove-s0 --compare $(OFFSET_OTHERS) $(OFFSET_EVAL)
 
 reproduce: $(CORE)
 	$(PY) reproduce.py $(REPRODUCE_ARGS)

@@ -92,7 +92,7 @@ def retrieval(st: rs.Study, png_name: str, heading: str = "## Retrieval study",
                     for e in encs)
   L = [f"{heading}\n",
        f"Small models trained on {task} at T = {T} tokens "
-       f"(study/retrieval_scoring.py), seeds: {seeds}; {'/'.join(map(str, n))} test samples "
+       f"(rove_jax/evaluation/recall.py), seeds: {seeds}; {'/'.join(map(str, n))} test samples "
        f"a length, the same samples for every model, so comparisons are paired. Accuracy: "
        f"greedy exact match of the one-token answer; answer NLL in nats. Settings as for "
        f"perplexity (YaRN factor L/T; fixed s = longest / T at every length). This study is "

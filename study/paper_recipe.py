@@ -203,8 +203,8 @@ def build_plan(args) -> dict:
           cmd.append(f"--config.model.remat={mesh_row['remat']}")
       runs.append({"encoding": enc, "seed": seed, "workdir": workdir, "train": cmd,
                    "compiled": row, "mesh_from": mesh_row and mesh_row["pos_encoding"]})
-  from rove_jax.cli import eval as cli  # heavy: see the note above ROOT
-  full = cli.SUITES["full"]
+  from rove_jax.evaluation import tasks as eval_tasks  # heavy: see the note above ROOT
+  full = eval_tasks.SUITES["full"]
   eval_dir = os.path.join(args.out, "eval")
   ev = ["python", "-m", "rove_jax.cli.eval", "--workdir", runs[0]["workdir"]]
   if len(runs) > 1:
@@ -221,7 +221,7 @@ def build_plan(args) -> dict:
           "eval": ev, "eval_dir": eval_dir,
           "ruler_lengths": list(PAPER_RULER),
           "ppl_tokens": full["ppl_tokens"], "ruler_samples": full["ruler_samples"],
-          "ruler_under": (" and ".join(cli.ruler_settings("all"))
+          "ruler_under": (" and ".join(eval_tasks.ruler_settings("all"))
                           + " (YaRN factor = length / training length)")}
 
 

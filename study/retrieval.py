@@ -13,7 +13,7 @@ skipped, an unfinished one continues from its newest checkpoint, and the evaluat
 --quick shrinks everything for tests (a 1-layer model, a few steps, 2 lengths, 8 samples).
 
 recall.json: "records" (one per encoding, seed, setting, length: accuracy, mean answer NLL and
-the per-sample lists, from study.retrieval_scoring.evaluate), "sample_distance" (per length,
+the per-sample lists, from rove_jax.evaluation.recall.evaluate), "sample_distance" (per length,
 the query-to-pair distance of every sample; the same samples for every run), "comparisons"
 (RoVE against each other encoding at every setting and length: paired bootstrap intervals over
 seeds and samples from study.stats), the runs with their training times, the
@@ -35,7 +35,7 @@ from rove_jax.evaluation import scoring
 from rove_jax.nn.model_config import POS_ENCODINGS
 from rove_jax.train import config_schema
 from study import jobs, plots, stats
-from study import retrieval_scoring as recall
+from rove_jax.evaluation import recall
 from study.configs import retrieval as recall_config
 
 DONE = "recall_study_done.json"

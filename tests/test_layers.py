@@ -210,7 +210,7 @@ def test_the_graph_sees_every_kind_of_import(graph):
   imports all become edges, and outside packages keep their top-level name."""
   edges = {(e.source, e.target, e.local) for es in graph.values() for e in es}
   assert ("rove_jax", "rove_jax.rotary", False) in edges  # from rove_jax import rotary
-  assert ("rove_jax.cli.eval", "rove_jax.evaluation.ruler.suite", False) in edges
+  assert ("rove_jax.evaluation.tasks", "rove_jax.evaluation.ruler.suite", False) in edges
   assert ("rove_jax.evaluation.icl.synthetic", "rove_jax.evaluation.prompting", False) in edges
   assert ("rove_jax.evaluation.plots", "matplotlib", True) in edges  # deferred, inside pyplot()
   assert ("rove_jax.evaluation.report_md", "numpy", False) in edges

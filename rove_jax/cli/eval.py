@@ -1,10 +1,12 @@
 """rove-eval (or `python -m eval` from a checkout): perplexity vs length (+/- YaRN), RULER
-NLL and in-context learning for trained runs, written as report.json, report.md and plots.
+NLL and in-context learning for trained runs, written as report.json, report.md and plots
+(the tasks themselves: rove_jax.evaluation.tasks).
 
   rove-eval --workdir runs/X [--suite quick|full] [--lengths 256,512,...]
-            [--yarn off|on|both|all] [--yarn-fixed-factor F] [--tasks ppl,ruler,icl]
+            [--yarn off|on|both|all] [--yarn-fixed-factor F] [--tasks ppl,ruler,icl,recall]
             [--compare runs/Y runs/Z] [--out DIR] [--squad FILE] [--hotpot FILE]
             [--icl-tasks SPECS.json] [--ppl-tokens N] [--ruler-lengths 4096,8192]
+            [--recall-lengths 32,128] [--recall-samples N]
 
 Lengths default to multiples of the training length T, the run's data.seq_len (quick: 1x 4x
 16x; full: 0.5x 1x 2x 4x 8x 16x); YaRN factors and the report's labels use the same length.
@@ -14,7 +16,9 @@ with one factor, max(lengths) / T or --yarn-fixed-factor). RULER is scored under
 yarn; encodings without rotary frequencies under none only.
 In-context learning is scored inside the training context: the by-length tasks at T tokens,
 and every prompt whose prompt + answer exceeds T tokens is cut from the left to fit (the same
-rule for every encoding; the report counts the cut prompts).
+rule for every encoding; the report counts the cut prompts). --tasks recall scores a run trained
+on the synthetic recall source (data.source=recall) on its own task: accuracy and answer NLL
+of the same test samples for every run, at each length and setting.
 The report goes to <first workdir>/eval/ unless --out is given. Workdirs and --out may be
 gs://bucket/path (the [gcs] extra; report_files says what a failed write leaves there).
 
@@ -27,12 +31,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import hashlib
 import math
 import os
 import sys
 import tempfile
-import time
 import uuid
 
 from flax import nnx
@@ -40,35 +42,14 @@ from flax import nnx
 from rove_jax import data as data_lib
 from rove_jax.cli import platforms
 from rove_jax.data import files as data_files
-from rove_jax.evaluation import icl, perplexity, prompting, report, report_files, report_md, scoring
+from rove_jax.evaluation import icl, report, report_files, report_md, scoring
 from rove_jax.evaluation.ruler import qa as ruler_qa
-from rove_jax.evaluation.ruler import suite as ruler
-from rove_jax.nn.model import GPT, param_count
+from rove_jax.evaluation.tasks import QA_FLAGS, SUITES, TASKS, evaluate_run
+from rove_jax.nn.model import GPT
 from rove_jax.storage import paths
 
-# Lengths are int(multiple * T). ICL's by-length tasks run at T only: the paper's ICL is inside
-# the training context. The quick suite leaves out 0.5x: it is a smoke test (reproduce --quick
-# and the test suite run it), and 0.5x adds to its perplexity time without testing anything new.
-SUITES = {
-    "quick": {"multiples": (1, 4, 16), "ppl_tokens": 8192, "ruler_multiples": (4, 16),
-              "ruler_tasks": ("niah_single_1", "niah_multikey_1", "vt", "cwe", "qa_1", "qa_2"),
-              "ruler_samples": 2, "icl_samples": 8, "icl_shots": (0, 2, 8),
-              "icl_length_multiples": (1,)},
-    "full": {"multiples": (0.5, 1, 2, 4, 8, 16), "ppl_tokens": 65536,
-             "ruler_multiples": (4, 8, 16), "ruler_tasks": None, "ruler_samples": 25,
-             "icl_samples": 32, "icl_shots": (0, 1, 2, 4, 8), "icl_length_multiples": (1,)},
-}
 YARN_CHOICES = ("off", "on", "both", "all")
-# The ICL rule, as the report states it.
-ICL_CONTEXT_RULE = ("every prompt is scored inside the training context of {T} tokens: a prompt "
-                    "whose prompt + answer exceeds {T} tokens is cut from the left to fit "
-                    "(keeping the question and the nearest shots), for every encoding alike; "
-                    "no YaRN")
-TASKS = ("ppl", "ruler", "icl")
 PROG = "rove-eval"
-# RULER's QA tasks read local dev files; without one a task is reported as skipped.
-QA_FLAGS = {"qa_1": ("--squad", "squad", "SQuAD", "dev-v2.0.json"),
-            "qa_2": ("--hotpot", "hotpot", "HotpotQA", "hotpot_dev_distractor_v1.json")}
 
 
 def parse_args(argv, *, check_files: bool = False):
@@ -95,7 +76,7 @@ def parse_args(argv, *, check_files: bool = False):
                                    "the training length)")
   p.add_argument("--yarn", choices=YARN_CHOICES, default="both",
                  help="off: none; on: yarn (factor L / T); both: none and yarn; all: none, yarn "
-                      "and yarn_fixed (one factor at every length; perplexity only)")
+                      "and yarn_fixed (one factor at every length; perplexity and recall)")
   p.add_argument("--yarn-fixed-factor", type=float,
                  help="the yarn_fixed factor (> 1; default: longest length / training length); "
                       "needs --yarn all")
@@ -111,6 +92,10 @@ def parse_args(argv, *, check_files: bool = False):
                       "suite's, quick 8192 and full 65536)")
   p.add_argument("--ruler-lengths", help="comma-separated RULER lengths in tokens (default: "
                  "suite multiples of the training length), e.g. 4096,8192 as in the paper")
+  p.add_argument("--recall-lengths", help="comma-separated lengths of the recall task (default: "
+                 "--lengths, or the suite's)")
+  p.add_argument("--recall-samples", type=int, help="recall test samples a length (default: "
+                 "the suite's, quick 100 and full 200)")
   p.add_argument("--squad", help="local SQuAD dev JSON for RULER qa_1")
   p.add_argument("--hotpot", help="local HotpotQA dev JSON for RULER qa_2")
   p.add_argument("--icl-tasks", help="JSON list of ICL task specs (LLM-Foundry JSONL files)")
@@ -138,7 +123,10 @@ def parse_args(argv, *, check_files: bool = False):
     if args.yarn != "all":
       p.error(f"--yarn-fixed-factor applies to the yarn_fixed setting, which only --yarn all "
               f"evaluates; got --yarn {args.yarn}")
-  for flag in ("lengths", "ruler_lengths"):
+  if args.recall_samples is not None and args.recall_samples < 1:
+    p.error(f"--recall-samples must be >= 1, e.g. --recall-samples 100; got "
+            f"{args.recall_samples}")
+  for flag in ("lengths", "ruler_lengths", "recall_lengths"):
     value = getattr(args, flag)
     if not value:
       continue
@@ -277,162 +265,6 @@ def prepare_out_dir(out_dir: str) -> None:
                   f"({paths.describe_failure(e, out_dir)}); give a writable --out") from None
   raise OSError(f"{out_dir} is an existing file, not a directory; give a directory for the "
                 f"report")
-
-
-def evaluate_run(run, args, suite) -> dict:
-  """One run's report entry (report.py's RUN) for the tasks in args.task_list."""
-  train_len = run.train_len  # the one training length: lengths, YaRN factors, labels
-  lengths = args.lengths or suite_lengths(suite["multiples"], train_len)
-  scorer = scoring.Scorer(run, implementation="chunked", chunk_size=args.chunk)
-  for L in lengths:  # before any work: a learned-position model cannot go past its table
-    scorer.check_length(L)
-  cfg = run.model_config
-  result = {"name": run.name, "workdir": run.workdir, "step": run.step,
-            "model": {"pos_encoding": cfg.pos_encoding, "params": int(param_count(cfg)),
-                      "n_layer": cfg.n_layer, "d_model": cfg.d_model, "n_head": cfg.n_head,
-                      "max_len": cfg.max_len, "train_len": train_len},
-            "perplexity": None, "ruler": None, "icl": None, "seconds": {}}
-  for task, fn in (("ppl", _perplexity), ("ruler", _ruler), ("icl", _icl)):
-    if task in args.task_list:
-      t0 = time.perf_counter()
-      key = "perplexity" if task == "ppl" else task
-      result[key] = fn(run, scorer, args, suite, lengths)
-      result["seconds"][key] = time.perf_counter() - t0
-  return result
-
-
-def suite_lengths(multiples, train_len: int) -> list:
-  """int(m * train_len) for each multiple, in order, without repeats."""
-  return list(dict.fromkeys(int(m * train_len) for m in multiples))
-
-
-def _perplexity(run, scorer, args, suite, lengths) -> dict:
-  if args.data_path:
-    source = "parquet" if args.data_path.endswith(".parquet") else "text"
-    corpus = data_lib.Corpus(source=source, path=args.data_path)
-    tokens = data_lib.load_tokens(corpus, "train", run.tokenizer)
-  else:
-    tokens = run.val_tokens()
-  return perplexity.evaluate(scorer, tokens, lengths, yarn=args.yarn,
-                             max_tokens=suite["ppl_tokens"], stride_fraction=args.stride,
-                             yarn_fixed_factor=getattr(args, "yarn_fixed_factor", None),
-                             progress=not args.no_progress)
-
-
-# RULER samples by (tokenizer fingerprint, haystack digest, --squad, --hotpot): runs that share
-# them (every --compare run on one corpus and tokenizer) are scored on samples generated once.
-_RULER_SAMPLES: dict = {}
-
-
-def ruler_settings(yarn: str) -> tuple:
-  """The RULER settings of --yarn: off "none", on "yarn", both and all "none" and "yarn"."""
-  return {"off": ("none",), "on": ("yarn",)}.get(yarn, ("none", "yarn"))
-
-
-def _ruler(run, scorer, args, suite, lengths) -> dict:
-  """report.py's RULER entry: every (task, length) cell under each setting, same samples."""
-  cfg, train_len = run.model_config, run.train_len
-  r_lengths = args.ruler_lengths or suite_lengths(suite["ruler_multiples"], train_len)
-  if cfg.pos_encoding == "learned":
-    r_lengths = [L for L in r_lengths if L <= cfg.max_len] or [cfg.max_len]
-  wanted = ruler_settings(args.yarn)
-  settings, fns = {}, {}
-  if "none" in wanted or not scorer.rotary:  # YaRN has nothing to rescale: the run as trained
-    fns["none"] = lambda L: scorer.score_fn()
-  if "yarn" in wanted and scorer.rotary:
-    fns["yarn"] = lambda L: scorer.score_fn(scorer.yarn_scaling(L))  # None: as trained
-  elif "yarn" in wanted:
-    settings["yarn"] = {"not_applicable": f"pos_encoding={cfg.pos_encoding!r} has no rotary "
-                                          f"frequencies to rescale"}
-  settings = {**{name: {"tasks": {}} for name in fns}, **settings}
-  out = {"protocol": {"samples": suite["ruler_samples"], "seed": args.seed,
-                      "lengths": r_lengths, "train_len": train_len,
-                      "yarn_factor": "L / train_len for L > train_len, else none"},
-         "settings": settings, "skipped": {}}
-  tasks = ruler_tasks(suite)
-  for task in [t for t in tasks if t in QA_FLAGS and getattr(args, QA_FLAGS[t][1]) is None]:
-    flag, _, name, example = QA_FLAGS[task]
-    out["skipped"][task] = (f"needs {flag} FILE: a local {name} dev JSON file (e.g. "
-                            f"{example}); none was given")
-  tasks = [t for t in tasks if t not in out["skipped"]]
-  haystack = _haystack_texts(run)
-  cache = _RULER_SAMPLES.setdefault(
-      (run.tokenizer.fingerprint, hashlib.sha256("\0".join(haystack).encode()).hexdigest(),
-       args.squad, args.hotpot), {})
-  for L in r_lengths:
-    for task in tasks:
-      try:
-        res = ruler.evaluate_settings(
-            fns, run.tokenizer, tasks=[task], lengths=[L],
-            samples_per_task=suite["ruler_samples"], seed=args.seed, haystack_texts=haystack,
-            squad_path=args.squad, hotpot_path=args.hotpot, progress=not args.no_progress,
-            sample_cache=cache)
-      except ValueError as e:  # e.g. a length below the task's fixed parts
-        out["skipped"][f"{task}@{L}"] = str(e)
-        continue
-      for setting, got in res["settings"].items():
-        for name, rows in got["tasks"].items():
-          settings[setting]["tasks"].setdefault(name, {}).update(rows)
-      out["skipped"].update(res["skipped"])
-  return out
-
-
-def _icl(run, scorer, args, suite, lengths) -> dict:
-  """report.py's ICL entry: synthetic tasks (and task files) inside the training context."""
-  progress, train_len = not args.no_progress, run.train_len
-  fn = scorer.score_fn()
-  icl_lengths = tuple(suite_lengths(suite["icl_length_multiples"], train_len))
-  synthetic = {"tasks": {}, "skipped": {}}
-  for task in icl.synthetic_tasks():
-    fit = prompting.ContextFit(fn, train_len)
-    try:
-      res = icl.run_synthetic(fit, run.tokenizer, tasks=[task], shots=suite["icl_shots"],
-                              lengths=icl_lengths, samples=suite["icl_samples"],
-                              seed=args.seed, progress=progress)
-    except ValueError as e:  # e.g. a passkey context shorter than its fixed text
-      synthetic["skipped"][task] = str(e)
-      continue
-    for row in res["tasks"].values():
-      row.update(prompts=fit.prompts, truncated=fit.truncated)
-    synthetic["tasks"].update(res["tasks"])
-  rows = synthetic["tasks"].values()
-  synthetic["accuracy"] = float(sum(t["accuracy"] for t in rows) / len(rows)) if rows else 0.0
-  synthetic["prompts"] = sum(t["prompts"] for t in rows)
-  synthetic["truncated"] = sum(t["truncated"] for t in rows)
-  files = None
-  specs = getattr(args, "icl_specs", None)
-  if specs is None and args.icl_tasks:
-    specs = icl.load_specs(args.icl_tasks)
-  if specs:
-    tasks = {}
-    for spec in specs:  # one at a time: a count of cut prompts per task
-      fit = prompting.ContextFit(fn, train_len)
-      try:
-        row = icl.run_task_files(fit, run.tokenizer, [spec], seed=args.seed,
-                                 progress=progress)["tasks"][spec.name]
-      except ValueError as e:  # e.g. an answer longer than the training context
-        raise ValueError(f"ICL task {spec.name!r} ({spec.path}): {e}") from None
-      tasks[spec.name] = {**row, "prompts": fit.prompts, "truncated": fit.truncated}
-    files = {"tasks": tasks, "core": icl.core_score(tasks),
-             "prompts": sum(t["prompts"] for t in tasks.values()),
-             "truncated": sum(t["truncated"] for t in tasks.values())}
-  protocol = {"context": train_len, "lengths": list(icl_lengths),
-              "samples": suite["icl_samples"], "shots": list(suite["icl_shots"]),
-              "seed": args.seed, "rule": ICL_CONTEXT_RULE.format(T=train_len)}
-  return {"protocol": protocol, "synthetic": synthetic, "files": files}
-
-
-def ruler_tasks(suite: dict) -> tuple:
-  """The RULER tasks of a suite (None: all of them, the QA tasks included)."""
-  return tuple(suite["ruler_tasks"] or ruler.TASKS + ruler.QA_TASKS)
-
-
-def _haystack_texts(run, max_chars: int = 400_000):
-  """Essay-style haystack text: documents of the run's held-out split."""
-  tokens = run.val_tokens()
-  text = run.tokenizer.decode(tokens[: max_chars])
-  eot = run.tokenizer.decode([run.tokenizer.eot_id])
-  return [t for t in text.split(eot) if t.strip()] or [text]
 
 
 def main(argv=None) -> int:

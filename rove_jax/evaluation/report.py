@@ -7,7 +7,8 @@ report.json, schema_version 2:
          "model": {"pos_encoding": str, "params": int, "n_layer": int, "d_model": int,
                    "n_head": int, "max_len": int, "train_len": int},
          "perplexity": null | PERPLEXITY, "ruler": null | RULER, "icl": null | ICL,
-         "seconds": {"perplexity": float, "ruler": float, "icl": float}}
+         "recall": null | RECALL (optional),
+         "seconds": {"perplexity": float, "ruler": float, "icl": float, "recall": float}}
   PERPLEXITY = {"protocol": {"mode": "non-overlapping" | "sliding", "stride_fraction",
                              "max_tokens", "train_len", "n_buckets", "yarn_factor": str,
                              "yarn_fixed_factor": float | null},
@@ -40,6 +41,13 @@ report.json, schema_version 2:
                      "accuracy": mean over V, "n": int, "correct": int, "prompts": int,
                      "truncated": int}, AXIS "length" (V = str(tokens)) or "shots" (V = str(k)).
     prompts / truncated: prompt-answer pairs scored / cut from the left to fit the context.
+  RECALL = {"protocol": {"task": the generator spec (data.path), "samples", "seed",
+                         "lengths": [int], "train_len"},
+            "records": [RECALL_ROW]}: a run trained on data.source=recall, on its own task
+    RECALL_ROW = {"encoding", "seed", "setting": "none" | "yarn" | "yarn_fixed", "length",
+                  "multiple", "rope_scaling": dict | null, "n", "accuracy", "nll",
+                  "sample_correct": [n of 0 | 1], "sample_nll": [n floats]}
+      (rove_jax.evaluation.recall.evaluate's records; the same samples for every run).
   LENGTH keys are decimal strings of token counts; every number is finite. Per-unit lists are
   in unit order (window, sample), the same for every run given the data and the seed.
 
@@ -85,6 +93,12 @@ def validate(report: dict) -> None:
     ruler = need(run, "ruler", (dict, type(None)), w)
     if ruler is not None:
       _validate_ruler(ruler, w + ".ruler")
+    rec = run.get("recall")
+    if rec is not None:
+      need(rec, "protocol", dict, w + ".recall")
+      for j, row in enumerate(need(rec, "records", list, w + ".recall")):
+        for key in ("accuracy", "nll"):
+          finite(need(row, key, None, f"{w}.recall.records[{j}]"), f"{w}.recall.{key}")
     icl = need(run, "icl", (dict, type(None)), w)
     if icl is not None and icl.get("synthetic") is not None:
       synth = icl["synthetic"]

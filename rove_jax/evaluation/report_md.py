@@ -47,6 +47,7 @@ def markdown(report: dict, plots: Optional[list] = None) -> str:
   lines += _perplexity_md([r for r in runs if r.get("perplexity")])
   lines += _ruler_md([r for r in runs if r.get("ruler")])
   lines += _icl_md([r for r in runs if r.get("icl") and r["icl"].get("synthetic")])
+  lines += _recall_md([r for r in runs if r.get("recall")])
   if plots is not None:
     lines += ["", "Plots: " + (", ".join(plots) if plots else "none (nothing to plot)")]
   lines.append("")
@@ -204,4 +205,26 @@ def _icl_md(icl_runs: list) -> list:
       cut = f", {row['truncated']} of {row['prompts']} prompts cut" if "prompts" in row else ""
       lines.append(f"- {name}: {_count(round(row['accuracy'] * row['n']), row['n'])} correct "
                    f"({row['num_fewshot']}-shot{cut})")
+  return lines
+
+
+def _recall_md(runs: list) -> list:
+  """One table: a row per run and setting, a column per length; cells "k/n (NLL x.xx)"."""
+  if not runs:
+    return []
+  protocol = runs[0]["recall"]["protocol"]
+  lengths = sorted({r["length"] for run in runs for r in run["recall"]["records"]})
+  lines = ["", "## Synthetic recall: greedy exact match of the answer and its mean NLL", "",
+           f"The run's own task (`{protocol['task']}`), {protocol['samples']} test samples a "
+           f"length, the same for every run; trained at {protocol['train_len']} tokens.", "",
+           "| run | setting | " + " | ".join(str(L) for L in lengths) + " |",
+           "|---|---|" + "---|" * len(lengths)]
+  for run in runs:
+    by = {}
+    for r in run["recall"]["records"]:
+      by.setdefault(r["setting"], {})[r["length"]] = r
+    for setting, cells in by.items():
+      row = [f"{_count(sum(c['sample_correct']), c['n'])} ({_fmt(c['nll'])})"
+             if c is not None else "-" for c in (cells.get(L) for L in lengths)]
+      lines.append(f"| {run['name']} | {setting} | " + " | ".join(row) + " |")
   return lines

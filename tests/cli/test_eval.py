@@ -15,6 +15,7 @@ from absl import logging as absl_logging
 
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.cli import eval as cli
+from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.evaluation import report, report_files, report_md, scoring
 from rove_jax.evaluation.ruler import suite as ruler
 from rove_jax.storage import paths
@@ -179,7 +180,7 @@ def test_ruler_scores_qa_1_with_and_without_yarn_and_reports_qa_2_skipped(traine
                         check_files=True)  # --ruler-lengths, not the suite's (4, 16) multiples
   suite = {**cli.SUITES["quick"], "ruler_tasks": ("qa_1", "qa_2"), "ruler_samples": 2}
   run = scoring.load_run(str(trained_run))
-  result = cli.evaluate_run(run, args, suite)
+  result = eval_tasks.evaluate_run(run, args, suite)
   got, length = result["ruler"], 8 * TRAIN_LEN
   assert list(got["settings"]) == ["none", "yarn"]
   assert got["protocol"]["samples"] == 2 and got["protocol"]["lengths"] == [length]
@@ -193,7 +194,7 @@ def test_ruler_scores_qa_1_with_and_without_yarn_and_reports_qa_2_skipped(traine
   # The same samples scored directly without YaRN: "none" holds qa_1's real answer NLLs.
   want = ruler.evaluate(scoring.Scorer(run).score_fn(), run.tokenizer, tasks=["qa_1"],
                         lengths=[length], samples_per_task=2, seed=0,
-                        haystack_texts=cli._haystack_texts(run), squad_path=squad,
+                        haystack_texts=eval_tasks._haystack_texts(run), squad_path=squad,
                         progress=False)["tasks"]["qa_1"][str(length)]
   rows = {s: got["settings"][s]["tasks"]["qa_1"][str(length)] for s in ("none", "yarn")}
   assert all(list(got["settings"][s]["tasks"]) == ["qa_1"] for s in rows)

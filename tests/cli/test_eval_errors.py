@@ -15,6 +15,7 @@ import pytest
 from rove_jax.train import config_schema
 from rove_jax import data as data_lib
 from rove_jax.cli import eval as cli
+from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.evaluation import plots, report, report_files, scoring
 from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.storage import paths
@@ -224,18 +225,18 @@ def test_a_fixed_yarn_factor_needs_yarn_all(capsys):
 
 
 def test_suite_lengths_include_half_the_training_length():
-  assert cli.suite_lengths(cli.SUITES["full"]["multiples"], 1024) == [
+  assert eval_tasks.suite_lengths(cli.SUITES["full"]["multiples"], 1024) == [
       512, 1024, 2048, 4096, 8192, 16384]
-  assert cli.suite_lengths((0.5, 1, 1.0, 4), 33) == [16, 33, 132]  # int(m T), no repeats
+  assert eval_tasks.suite_lengths((0.5, 1, 1.0, 4), 33) == [16, 33, 132]  # int(m T), no repeats
   assert cli.SUITES["full"]["ruler_samples"] >= 25
   assert all(s["icl_length_multiples"] == (1,) for s in cli.SUITES.values())
 
 
 def test_both_suites_include_the_qa_tasks():
   for name, suite in cli.SUITES.items():
-    tasks = cli.ruler_tasks(suite)
+    tasks = eval_tasks.ruler_tasks(suite)
     assert {"qa_1", "qa_2"} <= set(tasks) and len(set(tasks)) == len(tasks), name
-  assert len(cli.ruler_tasks(cli.SUITES["full"])) == 13  # the 11 synthetic tasks and the 2 QA
+  assert len(eval_tasks.ruler_tasks(cli.SUITES["full"])) == 13  # the 11 synthetic tasks and the 2 QA
 
 
 @pytest.mark.parametrize("flag, content, says", [

@@ -486,6 +486,7 @@ def test_cli_icl_scores_inside_the_training_context_and_counts_cut_prompts(files
   import types
 
   from rove_jax.cli import eval as cli
+  from rove_jax.evaluation import tasks as eval_tasks
   tok, T, seen = ByteTok(), 64, []
 
   def score_fn(prompts, answers):
@@ -497,7 +498,7 @@ def test_cli_icl_scores_inside_the_training_context_and_counts_cut_prompts(files
   args = argparse.Namespace(no_progress=True, seed=0, icl_tasks="specs.json", icl_specs=[
       icl.TaskSpec("mc", files["mc"], "multiple_choice", num_fewshot=3)])
   suite = {**cli.SUITES["full"], "icl_shots": (0, 8), "icl_samples": 2}
-  got = cli._icl(run, scorer, args, suite, lengths=None)
+  got = eval_tasks._icl(run, scorer, args, suite, lengths=None)
   assert got["protocol"]["context"] == T and got["protocol"]["lengths"] == [T]
   assert f"training context of {T} tokens" in got["protocol"]["rule"]
   synth = got["synthetic"]

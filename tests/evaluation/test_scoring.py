@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from rove_jax.data import tokenization
-from rove_jax.cli import eval as cli
+from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.evaluation import perplexity, report, report_md, scoring
 from rove_jax.nn.model import GPT
 from rove_jax.train.run_config import DataConfig, RunConfig
@@ -45,7 +45,7 @@ def test_eval_lengths_yarn_and_labels_all_use_the_trained_length(short_run):
   args = argparse.Namespace(no_progress=True, lengths=None, chunk=64, task_list=["ppl"],
                             data_path=None, yarn="both", stride=None)
   suite = {"multiples": (1, 2), "ppl_tokens": 512}
-  result = cli.evaluate_run(run, args, suite)
+  result = eval_tasks.evaluate_run(run, args, suite)
   ppl = result["perplexity"]
   assert set(ppl["none"]) == set(ppl["yarn"]) == {str(SEQ_LEN), str(2 * SEQ_LEN)}
   assert ppl["protocol"]["train_len"] == SEQ_LEN

@@ -124,7 +124,7 @@ def test_by_distance_rows_are_seed_paired_bootstrap_comparisons():
 
 
 def test_pair_table_prints_each_seed_pairs_accuracy_difference():
-  from study import retrieval_scoring
+  from rove_jax.evaluation import recall as retrieval_scoring
   recs = [{"encoding": e, "seed": s, "setting": "none", "length": L,
            "accuracy": {"rove": 0.9, "rope": 0.6}[e] - 0.1 * s + 0.01 * L}
           for e in ("rove", "rope") for s in (0, 1) for L in (32, 128)]

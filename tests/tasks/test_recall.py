@@ -1,5 +1,5 @@
 """The recall study: the MQAR generator (rove_jax.tasks.recall), its corpus source and answer-only
-loss mask, the evaluation (study.retrieval_scoring) against hand-computed scores, and the
+loss mask, the evaluation (rove_jax.evaluation.recall) against hand-computed scores, and the
 driver (study.retrieval): its plan, its checks and a --quick study end to end."""
 
 import json
@@ -17,7 +17,8 @@ from study.configs import retrieval as recall_config
 from rove_jax.data import Corpus, iter_documents, prepare
 from rove_jax.tasks import recall as gen
 from rove_jax.evaluation import scoring
-from study import retrieval_scoring as recall, retrieval as recall_study
+from rove_jax.evaluation import recall
+from study import retrieval as recall_study
 from rove_jax.nn.model import GPT, GPTConfig
 from rove_jax.data.tokenization import ByteTokenizer
 from rove_jax.train.run_config import DataConfig, RunConfig

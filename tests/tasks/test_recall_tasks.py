@@ -122,19 +122,31 @@ def test_corpus_source_streams_the_task_documents():
   assert tasks.MARKER in first
 
 
-def test_the_demos_mechanism_command_parses_and_plans_the_offset_task():
-  """make demo's study.retrieval line (Makefile DEMO_MECHANISM) is a valid study: its spec is
-  the offset task and every run's config validates (study.retrieval.plan)."""
+def test_the_demos_mechanism_trains_the_offset_task_and_scores_it():
+  """make demo's mechanism (the packaged recall_offset config, trained per encoding and seed,
+  then rove-eval --tasks recall) is the offset task at 32 tokens, scored at 1x and 4x."""
+  import importlib.util
   import pathlib
-  import re
-  import shlex
-  from study import retrieval as study
-  makefile = (pathlib.Path(__file__).resolve().parents[2] / "Makefile").read_text()
-  text = re.search(r"^DEMO_MECHANISM = ((?:.*\\\n)*.*)$", makefile, re.M).group(1)
-  args = study.parse_args(shlex.split(text.replace("\\\n", " ")))
-  runs = study.plan(args)
-  assert [(r["encoding"], r["seed"]) for r in runs] == [
-      (e, s) for e in ("rove", "rope") for s in (0, 1)]
-  spec = gen.RecallSpec.parse(args.data)
-  assert spec.task == "offset" and args.steps == 300 and args.multiple_list == [1, 4]
-  assert "$(PY) -m study.retrieval $(DEMO_MECHANISM)" in makefile
+  import subprocess
+
+  from rove_jax.cli import eval as eval_cli
+  from rove_jax.train import config_schema
+  root = pathlib.Path(__file__).resolve().parents[2]
+  path = root / "rove_jax" / "train" / "configs" / "recall_offset.py"
+  spec_ = importlib.util.spec_from_file_location("recall_offset", path)
+  module = importlib.util.module_from_spec(spec_)
+  spec_.loader.exec_module(module)
+  c = config_schema.build(module.get_config())
+  spec = gen.RecallSpec.parse(c.data.path)
+  assert (spec.task, spec.seq_len, c.data.seq_len, c.steps) == ("offset", 32, 32, 300)
+  recipe = subprocess.run(["make", "-n", "demo"], cwd=root, capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+  trains = [line for line in recipe if "--config recall_offset" in line]
+  assert len(trains) == 4 and all(f"--config.model.pos_encoding={e}" in t and
+                                  f"--config.seed={s}" in t and f"/{e}-s{s} " in t
+                                  for t, (s, e) in zip(trains, [(0, "rove"), (0, "rope"),
+                                                                (1, "rove"), (1, "rope")]))
+  [ev] = [line for line in recipe if "--tasks recall" in line]
+  args = eval_cli.parse_args(ev.split(" -m eval ")[1].split())
+  assert args.task_list == ["recall"] and args.recall_lengths == [32, 128]
+  assert len(args.compare) == 3 and args.recall_samples == 100

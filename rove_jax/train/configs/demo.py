@@ -20,7 +20,6 @@ def get_config():
   c.model.max_len = 64
   c.model.pos_encoding = "rove"
   c.data.source = "stdlib"
-  c.data.tokenizer = "bytes"
   c.data.seq_len = 64
   c.data.batch_size = 32
   c.optim.lr = 3e-3

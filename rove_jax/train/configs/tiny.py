@@ -11,7 +11,6 @@ def get_config():
   c = base_config("tiny")
   c.model.pos_encoding = "rove"
   c.data.source = "stdlib"
-  c.data.tokenizer = "bytes"
   c.data.seq_len = 256
   c.data.batch_size = 16
   c.optim.lr = 2e-3
