@@ -401,7 +401,7 @@ def main(argv=None) -> int:
                         seeds=args.seed_list[:args.recall_seeds or None])
   positions = position_studies(args)
   recall_rerun = recall is not None and not args.no_recall
-  from study import writeup as results_writeup
+  from study import writeup
   from rove_jax.train.metrics import read_metrics
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
   meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -412,7 +412,7 @@ def main(argv=None) -> int:
           "recall_rerun": recall_rerun, "train": train_meta(args)}
   if args.note:
     meta["notes"] = args.note
-  results_writeup.write(args.out, report, runs, curves, meta, recall=recall,
+  writeup.write(args.out, report, runs, curves, meta, recall=recall,
                         ppl_report=ppl_report, positions=positions)
   print(f"wrote {os.path.join(args.out, 'README.md')} in {meta['wall_seconds'] / 60:.1f} min")
   return 0
@@ -422,7 +422,7 @@ def rewrite(args) -> int:
   """--write-only: results/README.md and the rest of the write-up again, from the earlier run's
   <out>/eval/report.json, <out>/summary.json (its meta) and <out>/recall/recall.json; nothing
   is trained or evaluated. The meta gains a note naming the commit that rewrote it."""
-  from study import writeup as results_writeup
+  from study import writeup
   from rove_jax.train.metrics import read_metrics
   report_path = os.path.join(args.out, "eval", "report.json")
   summary_path = os.path.join(args.out, "summary.json")
@@ -458,7 +458,7 @@ def rewrite(args) -> int:
   note = f"write-up redone from the same report by `python reproduce.py --write-only` at {commit()}"
   meta["notes"] = f"{meta['notes']}; {note}" if meta.get("notes") else note
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
-  results_writeup.write(args.out, report, runs, curves, meta, recall=recall,
+  writeup.write(args.out, report, runs, curves, meta, recall=recall,
                         ppl_report=ppl_report, positions=position_records(args.out))
   print(f"rewrote {os.path.join(args.out, 'README.md')}")
   return 0

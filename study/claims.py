@@ -1,9 +1,9 @@
-"""results/README.md, second part (results_writeup draws the rest): the retrieval study's
+"""results/README.md, second part (study.writeup draws the rest): the retrieval study's
 section, the claim-by-claim table against the paper, and the closing note.
 
-The claims are those of the paper's abstract and Section 4 (2606.11275; the seed text in
-shared/seeds), each attributed to where the paper makes it; nothing else is attributed to the
-paper. Every verdict comes from an interval (results_stats); accuracies at the floor get counts
+The claims are those of the paper's abstract and Section 4 (arXiv 2606.11275),
+each attributed to where the paper makes it; nothing else is attributed to the
+paper. Every verdict comes from an interval (study.stats); accuracies at the floor get counts
 instead of a verdict.
 """
 

@@ -9,7 +9,7 @@ from rove_jax.evaluation.plots import ENCODING_NAMES
 from study import stats
 
 
-# The write-up's labels (results_writeup and results_claims): encodings as the plots name them.
+# The write-up's labels (study.writeup and study.claims): encodings as the plots name them.
 SETTING_NAMES = {"none": "no YaRN", "yarn": "YaRN, factor L/T", "yarn_fixed": "YaRN, fixed s"}
 
 

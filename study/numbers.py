@@ -1,4 +1,4 @@
-"""The numbers of results/README.md with their intervals (results_writeup draws the tables).
+"""The numbers of results/README.md with their intervals (study.writeup draws the tables).
 
 Every cell and comparison comes from per-unit records, gathered per run (seed) into `Units`:
 perplexity windows (report PPL_ROW window_nll / window_tokens), RULER samples (sample_nll /

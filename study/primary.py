@@ -1,7 +1,7 @@
 """The study's primary comparisons: a short list fixed before the numbers are read (the claims of
 the paper's abstract, one statistic each), adjusted together with Holm's method.
 
-The paper's abstract (2606.11275, shared/seeds) claims that RoVE, against RoPE, improves
+The paper's abstract (arXiv 2606.11275) claims that RoVE, against RoPE, improves
 few-shot in-context learning, out-of-distribution perplexity and long-context retrieval, most
 on tasks requiring long-sequence aggregation; Section 4 adds in-context perplexity. One
 statistic per claim and setting, RoVE against RoPE:

@@ -5,8 +5,8 @@ claim-by-claim table against the paper, all computed from the numbers (never wri
 write(out_dir, report, runs, curves, meta, recall=None) is called by reproduce.py; `report` is
 the schema-v2 report.json of `rove-eval --compare` over all runs, `recall` the retrieval
 study's records (rove_jax.evaluation.recall.evaluate's). The intervals and comparisons come
-from results_stats (stats.mean_interval / stats.paired_difference); the retrieval-study
-section, the claims table and the closing note from results_claims.
+from study.stats (stats.mean_interval / stats.paired_difference); the retrieval-study
+section, the claims table and the closing note from study.claims.
 """
 
 from __future__ import annotations

@@ -442,7 +442,7 @@ def _fake_reproduce(monkeypatch, tmp_path, *, recall_present, extra=()):
   """reproduce.main's children faked: training does nothing, the evaluation writes the
   hand-made report, the retrieval study its records. Returns (commands, write calls)."""
   import reproduce
-  from study import writeup as results_writeup
+  from study import writeup
   report = _hand_made()[0]
   calls, writes = [], []
 
@@ -468,7 +468,7 @@ def _fake_reproduce(monkeypatch, tmp_path, *, recall_present, extra=()):
   monkeypatch.setattr(reproduce.jobs, "run", fake_run)
   monkeypatch.setattr(reproduce, "recall_available", lambda: recall_present)
   monkeypatch.setattr(reproduce, "machine", lambda: "m")
-  monkeypatch.setattr(results_writeup, "write", lambda *a, **k: writes.append((a, k)))
+  monkeypatch.setattr(writeup, "write", lambda *a, **k: writes.append((a, k)))
   argv = ["--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"), *extra]
   assert reproduce.main(argv) == 0
   return calls, writes
