@@ -5,7 +5,7 @@
   rove-train --help-config                            # every config field, with its default
 
 --config takes a config file (configs/tiny.py) or the name of a packaged one (smoke, tiny,
-demo, gpt2_124m, gpt2_354m: rove_jax/train/configs/NAME.py), so an installed package trains
+demo, recall_offset, gpt2_124m, gpt2_354m: rove_jax/train/configs/NAME.py), so an installed package trains
 without a checkout. --config.dry_run=True compiles the train step and prints its memory and
 FLOPs instead of training; --helpfull lists the flags. Rerunning the same command resumes from the newest readable checkpoint in
 --workdir. SIGTERM / Ctrl-C finish the current step, save a checkpoint and exit 0. Several
@@ -26,7 +26,7 @@ from rove_jax.train import sharding
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "a config file (configs/tiny.py) or a packaged config's name (tiny, "
-    "demo, gpt2_124m, gpt2_354m)", lock_config=True)
+    "demo, recall_offset, gpt2_124m, gpt2_354m)", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics, tokenizer")
 _COORD = flags.DEFINE_string("coordinator_address", None,
                              "multi-process: HOST:PORT of process 0 (with --num_processes, "
