@@ -1,7 +1,8 @@
-"""The retrieval study's runs (python -m study.retrieval): a 2-layer, d_model
-64, 4-head GPT (d_ff 256, byte vocabulary: 0.12M parameters) trained on synthetic multi-query
-associative recall (rove_jax.tasks.recall: 6 one-token records among filler, 8 queries, loss on
-the answers only) at 32 tokens, 32 x 32 tokens a step, 1,000 steps.
+"""The retrieval study's runs (python -m study.retrieval): the packaged recall_offset config's
+2-layer, d_model 64, 4-head GPT (d_ff 256, byte vocabulary: 0.12M parameters) and optimizer,
+trained on synthetic multi-query associative recall (rove_jax.tasks.recall: 6 one-token
+records among filler, 8 queries, loss on the answers only) at 32 tokens, 32 x 32 tokens a step,
+1,000 steps.
 
 python train.py --config study/configs/retrieval.py --workdir runs/recall/rove-s0 \\
     --config.model.pos_encoding=rove --config.seed=0
@@ -12,7 +13,7 @@ is the same for every run.
 The sizing that chose this spec (models, steps, what was tried) is in bench/RESULTS.md.
 """
 
-from rove_jax.train.config_schema import base_config
+from rove_jax.train.configs import recall_offset
 
 SEQ_LEN = 32
 DATA = (f"seq_len={SEQ_LEN},pairs=6,queries=8,keys=6,values=8,train_docs=60000,val_docs=1000,"
@@ -33,25 +34,8 @@ TASKS = {
 
 
 def get_config():
-  c = base_config("tiny")
-  c.model.n_layer = 2
-  c.model.d_model = 64
-  c.model.d_ff = 256
-  c.model.n_head = 4
-  c.model.max_len = SEQ_LEN
-  c.model.pos_encoding = "rove"
-  c.data.source = "recall"
+  c = recall_offset.get_config()  # the packaged model, optimizer and loop settings
   c.data.path = DATA
-  c.data.tokenizer = "bytes"
-  c.data.seq_len = SEQ_LEN
-  c.data.batch_size = 32
-  c.optim.lr = 1e-3
-  c.optim.warmup_steps = 100
   c.steps = 1000
-  c.log_every = 100
-  c.eval_every = 500
-  c.eval_batches = 8
-  c.checkpoint_every = 500
-  c.sample_tokens = 0
   c.progress = False
   return c
