@@ -29,7 +29,8 @@ architecture with transformers' key names where one exists, so people and tools 
 without rove-jax:
   vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
   head_dim, intermediate_size, max_position_embeddings, tie_word_embeddings, dtype (the
-  parameters'), attention_bias (biases on the projections and LayerNorms),
+  parameters'), attention_bias (biases on the projections and LayerNorms), qkv_bias (biases
+  on q, k, v even without attention_bias), sliding_window (None: every earlier token),
   hidden_act ("gelu_pytorch_tanh": a GELU MLP; "silu": SwiGLU, silu(x W_gate) * (x W_in)),
   norm ("layernorm" | "rmsnorm") with layer_norm_eps or rms_norm_eps,
   position_embedding_type (GPTConfig.pos_encoding: "rove", "rope", "nope", "learned",
@@ -77,7 +78,9 @@ def rove_jax_config(config: GPTConfig) -> dict:
          "hidden_act": "silu" if config.mlp == "swiglu" else "gelu_pytorch_tanh",
          "norm": config.norm,
          ("rms_norm_eps" if config.norm == "rmsnorm" else "layer_norm_eps"): config.norm_eps,
-         "attention_bias": config.use_bias, "tie_word_embeddings": config.tie_embeddings,
+         "attention_bias": config.use_bias, "qkv_bias": config.qkv_bias,
+         "sliding_window": config.sliding_window or None,
+         "tie_word_embeddings": config.tie_embeddings,
          "dtype": config.param_dtype, "position_embedding_type": config.pos_encoding}
   if config.pos_encoding in ROTARY_ENCODINGS:
     out.update(rope_theta=config.rope_base, partial_rotary_factor=config.rotary_fraction,
