@@ -236,6 +236,20 @@ def test_settings_the_gpt_cannot_compute_are_refused_by_key(case, changes, named
     hf_llama.config_from_llama(edited_config(case, **changes))
 
 
+def test_transformers_4_configs_read_the_same():
+  """Checkpoints on the hub mostly carry transformers 4's keys: rope_theta and rope_scaling
+  beside the other keys (no rope_parameters), Qwen2 without layer_types."""
+  v5 = hf_llama.config_from_llama(edited_config("llama_llama3_tied"))
+  rope = edited_config("llama_llama3_tied")["rope_parameters"]
+  theta = rope.pop("rope_theta")
+  v4 = edited_config("llama_llama3_tied", rope_parameters=None, rope_theta=theta,
+                     rope_scaling={"type" if k == "rope_type" else k: v for k, v in rope.items()})
+  assert hf_llama.config_from_llama(v4) == v5
+  qwen = edited_config("qwen2", layer_types=None, rope_parameters=None, rope_theta=1e4,
+                       use_sliding_window=False, sliding_window=131072, max_window_layers=1)
+  assert hf_llama.config_from_llama(qwen) == hf_llama.config_from_llama(edited_config("qwen2"))
+
+
 def test_qwen2_with_a_window_on_every_layer_loads_with_the_window():
   hf = edited_config("qwen2", layer_types=None, use_sliding_window=True, sliding_window=6,
                      max_window_layers=0)
@@ -316,7 +330,9 @@ def write_exports(root) -> list:
       n_kv_head=4, use_bias=True, tie_embeddings=True,
       rope_scaling=dict(rope_type="yarn", factor=2.0, original_max_position_embeddings=16)),
                           "made_qwen2": dict(qkv_bias=True),
-                          "made_mistral_window": dict(sliding_window=3)}.items():
+                          "made_mistral_window_linear": dict(
+                              sliding_window=3,
+                              rope_scaling=dict(rope_type="linear", factor=2.0))}.items():
     config = llama_shaped(**overrides)
     models[name] = (config, random_params(config, seed=5))
   out = []
