@@ -20,6 +20,7 @@ ROTARY_ENCODINGS = ("rove", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 REMAT_POLICIES = ("none", "full", "dots")
+WINDOWLESS_KERNELS = ("cudnn", "splash", "fused")  # flash kernels that mask by index only
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -153,6 +154,10 @@ class GPTConfig:
     if not isinstance(self.sliding_window, (int, np.integer)) or isinstance(
         self.sliding_window, bool) or self.sliding_window < 0:
       fail(f"sliding_window must be an int >= 0 (0: no window), got {self.sliding_window!r}")
+    if self.sliding_window and self.attention_impl in WINDOWLESS_KERNELS:
+      fail(f"attention_impl={self.attention_impl!r} masks no sliding window (sliding_window="
+           f"{self.sliding_window}); use one of "
+           f"{tuple(k for k in kernels.IMPLEMENTATIONS if k not in WINDOWLESS_KERNELS)}")
     if not isinstance(self.qkv_bias, (bool, np.bool_)):
       fail(f"qkv_bias must be true or false, got {self.qkv_bias!r}")
     if self.pos_encoding not in POS_ENCODINGS:

@@ -296,10 +296,17 @@ def test_sliding_window_sees_exactly_the_last_w_tokens():
   full = logits_of(config, params, tokens)
   np.testing.assert_allclose(full[:, -1], logits_of(config, params, tokens[:, -w:])[:, -1],
                              rtol=1e-5, atol=1e-5 * np.abs(full).max())
+  for kernel in ("chunked", "reference"):  # every kernel that takes a window masks the same
+    other = logits_of(dataclasses.replace(config, attention_impl=kernel, attention_chunk=4),
+                      params, tokens)
+    assert relative_error(other, full) <= 1e-5, kernel
   unwindowed = logits_of(dataclasses.replace(config, sliding_window=0), params, tokens)
   assert relative_error(unwindowed[:, -1], full[:, -1]) > 1e-3
   with pytest.raises(ValueError, match="sliding_window must be an int >= 0"):
     llama_shaped(sliding_window=-1)
+  for kernel in ("cudnn", "splash", "fused"):
+    with pytest.raises(ValueError, match=f"attention_impl='{kernel}' masks no sliding window"):
+      llama_shaped(sliding_window=4, attention_impl=kernel)
 
 
 def test_sliding_window_cached_decoding_equals_the_full_forward():
