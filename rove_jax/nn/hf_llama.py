@@ -245,7 +245,7 @@ def llama_config(config: GPTConfig, model_type: str) -> dict:
 
 
 def _rows(config: GPTConfig):
-  """(transformers name, shape) of every tensor, in the GPT's terms: [(name, shape, role)]."""
+  """[(transformers name, shape)] of every tensor a checkpoint of `config` holds."""
   V, E, F, H, K, D = (config.vocab_size, config.d_model, config.d_ff, config.n_head,
                       config.n_kv_head, config.head_dim)
   qkv_bias = config.use_bias or config.qkv_bias

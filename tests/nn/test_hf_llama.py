@@ -33,7 +33,6 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from rove_jax.nn import hf_llama, param_files, pretrained
-from rove_jax.nn.model import GPT
 from rove_jax.nn.model_config import GPTConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
