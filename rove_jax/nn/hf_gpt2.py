@@ -146,6 +146,8 @@ def gpt2_incompatibilities(config: GPTConfig) -> list:
     out.append("use_bias=False (GPT-2 has biases)")
   if config.n_kv_head != config.n_head:
     out.append(f"n_kv_head={config.n_kv_head} < n_head={config.n_head} (GPT-2 has no GQA)")
+  if config.sliding_window:
+    out.append(f"sliding_window={config.sliding_window} (GPT-2 attends to every earlier token)")
   return out
 
 

@@ -123,7 +123,8 @@ class Attention(nnx.Module):
     self.cfg = cfg
     self.rotary = ("rove" if cfg.is_rove_layer(layer) else
                    "rope" if cfg.pos_encoding in ROTARY_ENCODINGS else None)
-    bias = lambda shape, axes: _const(shape, 0.0, axes, pd) if cfg.use_bias else None
+    has_qkv_bias = cfg.use_bias or cfg.qkv_bias
+    bias = lambda shape, axes: _const(shape, 0.0, axes, pd) if has_qkv_bias else None
     q_EHD, k_EKD, v_EKD = (_normal(rngs, (E, n, D), std, pd) for n in (H, K, K))
     if K == H:
       self.wqkv = nnx.Param(jnp.stack([q_EHD, k_EKD, v_EKD], axis=1),
@@ -138,7 +139,7 @@ class Attention(nnx.Module):
       self.bq = bias((H, D), ("heads", "head_dim"))
       self.bkv = bias((2, K, D), (None, "kv_heads", "head_dim"))
     self.wo = _param(rngs, (H, D, E), out_std, ("heads", "head_dim", "embed"), pd)
-    self.bo = bias((E,), ("embed",))
+    self.bo = _const((E,), 0.0, ("embed",), pd) if cfg.use_bias else None
 
   def __call__(self, x_BTE, ctx: Context, cache_kv=None):
     """x [B, T, E] -> (y [B, T, E], the layer's cache (k [B, L, K, D], v) or None)."""
@@ -146,7 +147,8 @@ class Attention(nnx.Module):
     if cache_kv is not None:
       return self.decode(q_BTHD, k_BTKD, v_BTKD, ctx, cache_kv)
     rope, bias_fn = self.rope(ctx), self.bias_fn(ctx)
-    mask = kernels.Mask(segment_ids=ctx.segment_ids, ordered=ctx.positions_ordered)
+    mask = kernels.Mask(segment_ids=ctx.segment_ids, ordered=ctx.positions_ordered,
+                        window=self.window)
     kw = dict(q_positions=ctx.positions, kv_positions=ctx.positions, mask=mask,
               kernel=self.kernel(q_BTHD, k_BTKD, mask, ctx, bias_fn is not None))
     if self.rotary == "rove" and kw["kernel"] == "fused":  # every rotation inside the kernel
@@ -181,7 +183,7 @@ class Attention(nnx.Module):
     if rope is not None:
       q_BTHD, q_tables = attention.rotate_queries(q_BTHD, ctx.positions, rope)
     bias_fn = self.bias_fn(ctx)
-    mask = kernels.Mask(kv_valid=ctx.kv_mask)
+    mask = kernels.Mask(kv_valid=ctx.kv_mask, window=self.window)
     out_BTHD = attention.masked_attention(
         q_BTHD, k_BLKD, v_BLKD, q_positions=ctx.positions, kv_positions=ctx.kv_positions,
         mask=mask, kernel=self.kernel(q_BTHD, k_BLKD, mask, ctx, bias_fn is not None),
@@ -198,6 +200,11 @@ class Attention(nnx.Module):
     q_BTHD = _dense(x_BTE, self.wq, self.bq)
     kv_BT2KD = _dense(x_BTE, self.wkv, self.bkv)
     return q_BTHD, kv_BT2KD[:, :, 0], kv_BT2KD[:, :, 1]
+
+  @property
+  def window(self) -> Optional[int]:
+    """The sliding window of the config's mask (None: none)."""
+    return self.cfg.sliding_window or None
 
   def rope(self, ctx: Context):
     """This layer's rotary setup in this call (None without rotary)."""
@@ -239,7 +246,8 @@ class Attention(nnx.Module):
     bias_fn = self.bias_fn(ctx)
     if bias_fn is not None:
       logits_BHTS = logits_BHTS + bias_fn(ctx.positions, ctx.positions).astype(jnp.float32)
-    mask_BTS = kernels.Mask(segment_ids=ctx.segment_ids).dense(ctx.positions, ctx.positions)
+    mask_BTS = kernels.Mask(segment_ids=ctx.segment_ids, window=self.window).dense(
+        ctx.positions, ctx.positions)
     return jax.nn.softmax(jnp.where(mask_BTS[:, None], logits_BHTS, -jnp.inf), axis=-1)
 
   def value_projection(self):

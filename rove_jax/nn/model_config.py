@@ -20,6 +20,7 @@ ROTARY_ENCODINGS = ("rove", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 REMAT_POLICIES = ("none", "full", "dots")
+WINDOWLESS_KERNELS = ("cudnn", "splash", "fused")  # flash kernels that mask by index only
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -31,7 +32,9 @@ class GPTConfig:
   for it is parsed once into one (`RopeScaling.from_dict`). `rove_layers` the layer indices
   that use RoVE when pos_encoding="rove" (None: all; the others use RoPE), `remat` one of
   "none", "full" (recompute each block in the backward pass) or "dots" (save matmul outputs
-  only).
+  only). `qkv_bias` gives the q, k and v projections biases even when use_bias is False (the
+  output projection and the MLP then have none), as Qwen2 does; `sliding_window` w > 0 lets
+  query i see key j only if pos_i - pos_j < w (Mistral's window), 0 is no window.
   """
   vocab_size: int = 320
   n_layer: int = 6
@@ -49,6 +52,7 @@ class GPTConfig:
   norm: str = "layernorm"
   mlp: str = "gelu"
   use_bias: bool = True
+  qkv_bias: bool = False  # biases on q, k, v even without use_bias (Qwen2)
   tie_embeddings: bool = True
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -59,6 +63,7 @@ class GPTConfig:
   t5_max_distance: int = 128
   init_std: float = 0.02
   norm_eps: float = 1e-5
+  sliding_window: int = 0  # w > 0: each query sees the keys at most w - 1 positions back
 
   def __post_init__(self):
     set_ = functools.partial(object.__setattr__, self)
@@ -146,6 +151,15 @@ class GPTConfig:
       value = getattr(self, name)
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         fail(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(self.sliding_window, (int, np.integer)) or isinstance(
+        self.sliding_window, bool) or self.sliding_window < 0:
+      fail(f"sliding_window must be an int >= 0 (0: no window), got {self.sliding_window!r}")
+    if self.sliding_window and self.attention_impl in WINDOWLESS_KERNELS:
+      fail(f"attention_impl={self.attention_impl!r} masks no sliding window (sliding_window="
+           f"{self.sliding_window}); use one of "
+           f"{tuple(k for k in kernels.IMPLEMENTATIONS if k not in WINDOWLESS_KERNELS)}")
+    if not isinstance(self.qkv_bias, (bool, np.bool_)):
+      fail(f"qkv_bias must be true or false, got {self.qkv_bias!r}")
     if self.pos_encoding not in POS_ENCODINGS:
       fail(f"unknown pos_encoding {self.pos_encoding!r}; expected one of {POS_ENCODINGS}")
     if self.d_model % self.n_head:

@@ -1,22 +1,27 @@
 """A GPT's parameters and config as a directory of safetensors + config.json, for inference.
 
-    save("out/", config, params)          # format "auto": GPT-2's where it fits, else rove-jax's
-    config, params = load("out/")         # either format, and transformers GPT-2 checkpoints
+    save("out/", config, params)          # "auto": a transformers format where one fits
+    config, params = load("out/")         # any format below, and transformers checkpoints of
+                                          # model_type gpt2, llama, qwen2 and mistral
     model = build(config, params)         # -> rove_jax.nn.model.generate(model, prompt, ...)
 
 Directories are local or gs://bucket/path (rove_jax.storage.paths; gs:// needs the [gcs]
 extra): save("gs://bucket/exports/tiny", ...) and load("gs://bucket/exports/tiny") work alike.
 
-An export holds the parameters only (no optimizer state, no data iterator), in two formats:
+An export holds the parameters only (no optimizer state, no data iterator), in these formats:
 
   "gpt2"      A genuine transformers GPT-2 checkpoint (rove_jax.nn.hf_gpt2): for a GPT with
               learned positions and GPT-2's other settings. transformers' GPT2LMHeadModel,
               and every tool that reads GPT-2 checkpoints, loads it.
+  "llama", "qwen2", "mistral"
+              A genuine transformers checkpoint of that model type (rove_jax.nn.hf_llama):
+              for a RoPE GPT with the half rotary layout, RMSNorm and SwiGLU, and the type's
+              biases and window (hf_llama.llama_incompatibilities says why not otherwise).
   "rove_jax"  Any GPT: the tensors under the GPT's own names and shapes ("blocks.0.attn.wqkv"
               [E, 3, H, D], `param_files.named`), bit for bit, and a config.json of
               model_type "rove_jax_gpt", a rove-jax extension described below.
 
-Both config.json files carry the full GPTConfig (`GPTConfig.to_dict()`) under "rove_jax",
+Every config.json carries the full GPTConfig (`GPTConfig.to_dict()`) under "rove_jax",
 which `load` returns, so a model loads back exactly as it was saved.
 
 The rove-jax config.json (model_type "rove_jax_gpt", "rove_jax_format": 1) describes the
@@ -24,7 +29,8 @@ architecture with transformers' key names where one exists, so people and tools 
 without rove-jax:
   vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
   head_dim, intermediate_size, max_position_embeddings, tie_word_embeddings, dtype (the
-  parameters'), attention_bias (biases on the projections and LayerNorms),
+  parameters'), attention_bias (biases on the projections and LayerNorms), qkv_bias (biases
+  on q, k, v even without attention_bias), sliding_window (None: every earlier token),
   hidden_act ("gelu_pytorch_tanh": a GELU MLP; "silu": SwiGLU, silu(x W_gate) * (x W_in)),
   norm ("layernorm" | "rmsnorm") with layer_norm_eps or rms_norm_eps,
   position_embedding_type (GPTConfig.pos_encoding: "rove", "rope", "nope", "learned",
@@ -52,13 +58,13 @@ from typing import Optional
 
 from flax import nnx
 
-from rove_jax.nn import hf_gpt2, param_files
+from rove_jax.nn import hf_gpt2, hf_llama, param_files
 from rove_jax.nn.model import GPT
 from rove_jax.nn.model_config import ROTARY_ENCODINGS, GPTConfig
 
 MODEL_TYPE = "rove_jax_gpt"
 FORMAT_VERSION = 1
-FORMATS = ("auto", "gpt2", "rove_jax")
+FORMATS = ("auto", "gpt2", *hf_llama.MODEL_TYPES, "rove_jax")
 
 
 def rove_jax_config(config: GPTConfig) -> dict:
@@ -72,7 +78,9 @@ def rove_jax_config(config: GPTConfig) -> dict:
          "hidden_act": "silu" if config.mlp == "swiglu" else "gelu_pytorch_tanh",
          "norm": config.norm,
          ("rms_norm_eps" if config.norm == "rmsnorm" else "layer_norm_eps"): config.norm_eps,
-         "attention_bias": config.use_bias, "tie_word_embeddings": config.tie_embeddings,
+         "attention_bias": config.use_bias, "qkv_bias": config.qkv_bias,
+         "sliding_window": config.sliding_window or None,
+         "tie_word_embeddings": config.tie_embeddings,
          "dtype": config.param_dtype, "position_embedding_type": config.pos_encoding}
   if config.pos_encoding in ROTARY_ENCODINGS:
     out.update(rope_theta=config.rope_base, partial_rotary_factor=config.rotary_fraction,
@@ -106,18 +114,26 @@ def _config_from_rove_jax(hf: Mapping, where: str) -> GPTConfig:
 
 
 def resolve_format(config: GPTConfig, format: str = "auto") -> str:
-  """The format `save` writes: "gpt2" or "rove_jax" ("auto": GPT-2's where it fits).
+  """The format `save` writes: one of FORMATS but "auto", which is GPT-2's where it fits,
+  else the first of llama, qwen2, mistral that fits, else rove-jax's.
 
   Raises:
-    ValueError: an unknown format, or "gpt2" for a model GPT-2 cannot express.
+    ValueError: an unknown format, or a transformers format that cannot hold the model.
   """
   if format not in FORMATS:
     raise ValueError(f"unknown export format {format!r}; expected one of {FORMATS}")
-  bad = hf_gpt2.gpt2_incompatibilities(config)
-  if format == "gpt2" and bad:
-    raise ValueError(f"GPT-2's format cannot hold this model: {'; '.join(bad)}. Export it in "
+  if format == "auto":
+    if not hf_gpt2.gpt2_incompatibilities(config):
+      return "gpt2"
+    return hf_llama.fitting_type(config) or "rove_jax"
+  bad = (hf_gpt2.gpt2_incompatibilities(config) if format == "gpt2" else
+         hf_llama.llama_incompatibilities(config, format) if format in hf_llama.MODEL_TYPES
+         else [])
+  if bad:
+    name = "GPT-2" if format == "gpt2" else format
+    raise ValueError(f"{name}'s format cannot hold this model: {'; '.join(bad)}. Export it in "
                      f"rove-jax's format (format='rove_jax' or 'auto')")
-  return format if format != "auto" else "rove_jax" if bad else "gpt2"
+  return format
 
 
 def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
@@ -126,8 +142,8 @@ def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
   directory or gs://bucket/path.
 
   Args:
-    format: "gpt2", "rove_jax", or "auto" (GPT-2's where `hf_gpt2.gpt2_incompatibilities`
-      finds nothing, else rove-jax's).
+    format: "gpt2", "llama", "qwen2", "mistral", "rove_jax", or "auto" (`resolve_format`:
+      a transformers format where one holds the model, else rove-jax's).
     extra_config: more config.json keys (e.g. provenance; readers ignore unknown keys), which
       override the written ones of the same name.
 
@@ -135,7 +151,7 @@ def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
     {"format": the format written, "config": path, "weights": path}.
 
   Raises:
-    ValueError: an unknown format, or format="gpt2" for a model GPT-2 cannot express, or
+    ValueError: an unknown format, or a transformers format that cannot hold the model, or
       parameters that are not the config's model (all before anything is written).
     OSError: out_dir cannot be written (permissions, disk full, storage errors).
     paths.MissingExtra (an ImportError): a gs:// out_dir without gcsfs.
@@ -143,6 +159,10 @@ def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
   format = resolve_format(config, format)
   if format == "gpt2":  # checks the parameters as below
     paths = hf_gpt2.save_gpt2(out_dir, config, params, extra_config=extra_config)
+  elif format in hf_llama.MODEL_TYPES:
+    paths = hf_llama.save_llama(out_dir, config, params, model_type=format,
+                                extra_config=extra_config)
+    paths.pop("model_type")
   else:
     tensors = param_files.named(params)
     param_files.check_named(tensors, config, where="the parameters to export")
@@ -153,13 +173,15 @@ def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
 
 
 def load(path, config=None):
-  """(GPTConfig, params) of an export (either format) or of a transformers GPT-2 checkpoint:
+  """(GPTConfig, params) of an export (any format) or of a transformers checkpoint of
+  model_type gpt2, llama, qwen2 or mistral (single or sharded safetensors):
   a directory, or a .safetensors file with its config (`config`: a config.json path or the
   parsed dict; default: the config.json beside the file). Paths are local or gs://.
 
   Raises:
     FileNotFoundError: no weights or no config.
-    ValueError: a config of another model type, or tensors that do not match it.
+    ValueError: a config of another model type, settings the GPT cannot compute (named by
+      key), or tensors that do not match the config.
     paths.MissingExtra (an ImportError): a gs:// path without gcsfs.
   """
   given = isinstance(config, Mapping)
@@ -168,10 +190,12 @@ def load(path, config=None):
                (param_files.read_config(config_path), config_path))
   if hf_gpt2.is_gpt2_config(hf):
     return hf_gpt2.load_gpt2(path, config)
+  if hf_llama.is_llama_config(hf):
+    return hf_llama.load_llama(path, config)
   if hf.get("model_type") != MODEL_TYPE:
     raise ValueError(f"{where} has model_type {hf.get('model_type')!r}; rove-jax loads "
-                     f"'{hf_gpt2.MODEL_TYPE}' (transformers GPT-2) and '{MODEL_TYPE}' (its own "
-                     f"exports)")
+                     f"transformers' {(hf_gpt2.MODEL_TYPE, *hf_llama.MODEL_TYPES)} and "
+                     f"'{MODEL_TYPE}' (its own exports)")
   cfg = _config_from_rove_jax(hf, where)
   tensors = param_files.read_tensors(files)
   return cfg, param_files.from_named(tensors, cfg, where=", ".join(files))

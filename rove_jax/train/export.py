@@ -135,7 +135,7 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
     if train_len is not None:
       run["train_len"] = int(train_len)
     extra = {"rove_jax_run": run}
-    if tokenizer.get("eot_id") is not None and format == "gpt2":
+    if tokenizer.get("eot_id") is not None and format != "rove_jax":  # transformers' formats
       extra["bos_token_id"] = extra["eos_token_id"] = int(tokenizer["eot_id"])
     written = pretrained.save(out_dir, config, params, format=format, extra_config=extra)
   except BaseException:

@@ -312,8 +312,8 @@ def test_missing_files_are_clear_errors(tmp_path):
   save_file({"x": np.zeros(1, np.float32)}, tmp_path / "bare" / "model.safetensors")
   with pytest.raises(FileNotFoundError, match="no config"):
     pretrained.load(tmp_path / "bare")
-  (tmp_path / "bare" / "config.json").write_text('{"model_type": "llama"}')
-  with pytest.raises(ValueError, match="rove-jax loads 'gpt2'"):
+  (tmp_path / "bare" / "config.json").write_text('{"model_type": "gemma"}')
+  with pytest.raises(ValueError, match=r"rove-jax loads transformers' \('gpt2', 'llama'"):
     pretrained.load(tmp_path / "bare")
 
 
