@@ -18,7 +18,8 @@ from rove_jax.train import checkpoint as ckpt_lib
 
 # The fields that fix the parameter shapes: a workdir's checkpoints must agree on them.
 SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_len",
-                "pos_encoding", "norm", "mlp", "use_bias", "tie_embeddings", "t5_num_buckets")
+                "pos_encoding", "norm", "mlp", "use_bias", "qkv_bias", "tie_embeddings",
+                "t5_num_buckets")
 
 
 class IncompatibleRun(ValueError):
