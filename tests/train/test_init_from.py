@@ -19,7 +19,7 @@ from tests.conftest import apply_overrides
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "tests" / "reference_data" / "llama_family" / "llama_gqa"  # vocabulary 64
 ONE = jax.devices()[:1]
-STEPS = 6
+STEPS = 10
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,8 @@ def test_rove_from_llama_loss_falls(straight):
   losses = _losses(workdir)
   assert len(losses) == STEPS
   assert losses[0] > 3.0  # the random tiny Llama knows nothing of this text (ln 64 = 4.16)
-  assert max(losses[-2:]) < losses[0] - 0.3, losses
+  # seen: 4.81 4.72 3.85 3.34 3.97 3.33 2.78 3.80 3.76 3.68 (noisy: 4 x 32 tokens a step)
+  assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.4, losses
 
 
 def test_starts_from_the_checkpoint_bitwise_and_resumes_bitwise(checkpoint, straight,
@@ -189,3 +190,41 @@ def test_without_model_given_every_model_field_held_is_compared(checkpoint):
   built = config_schema.build({"init_from": checkpoint, "model": {"pos_encoding": "rove"},
                                "data": {"seq_len": 32}}, log=lambda *a: None)
   assert built.model.pos_encoding == "rove" and built.model.n_layer == 2
+
+
+def test_an_export_of_the_rove_run_starts_a_run_with_its_model_and_tokenizer(straight,
+                                                                              tmp_path):
+  from rove_jax.train import export
+  workdir, result = straight
+  export.export_run(str(workdir), str(tmp_path / "export"), report=lambda *a: None)
+  c = _config(str(tmp_path / "export"), model_given=())
+  assert c.model.pos_encoding == "rove"  # the export's own, now
+  assert c.data.tokenizer == str(tmp_path / "export" / "tokenizer.json")
+  first = training.train(_config(str(tmp_path / "export"), model_given=(), run_steps=1),
+                         str(tmp_path / "run"), devices=ONE, log=lambda *a: None)
+  _assert_bitwise(_named(first.params), _named(result.params))
+
+
+def test_rove_train_replaces_the_config_files_model_and_refuses_a_shape_flag(checkpoint,
+                                                                             tmp_path):
+  import subprocess
+  import sys
+  from tests.conftest import subprocess_env
+  cmd = [sys.executable, str(ROOT / "train.py"), "--config", "smoke",
+         f"--config.init_from={checkpoint}", "--config.model.pos_encoding=rove",
+         "--config.data.max_files=8", "--config.data.val_fraction=0.25",
+         "--config.data.batch_size=4", "--config.data.seq_len=32", "--config.steps=2",
+         "--config.optim.warmup_steps=1", "--config.log_every=1",
+         "--config.eval_every=2", "--config.eval_batches=1", "--config.sample_tokens=0",
+         "--config.progress=False", "--config.tracking=none"]
+  bad = subprocess.run(cmd + ["--workdir", str(tmp_path / "bad"), "--config.model.d_model=64"],
+                       capture_output=True, text=True, timeout=300, env=subprocess_env(1))
+  assert bad.returncode == 2, bad.stderr
+  assert "model.d_model=64 disagrees with init_from=" in bad.stderr.strip().splitlines()[-1]
+  assert not (tmp_path / "bad").exists()
+  ok = subprocess.run(cmd + ["--workdir", str(tmp_path / "ok")], capture_output=True,
+                      text=True, timeout=300, env=subprocess_env(1))
+  assert ok.returncode == 0, ok.stderr[-3000:]
+  assert "pos_encoding rope -> rove" in ok.stderr
+  losses = _losses(tmp_path / "ok")
+  assert len(losses) == 2 and all(np.isfinite(losses))
