@@ -200,8 +200,8 @@ def build(c, *, read_data: bool = True, log=None, model_given=None) -> RunConfig
   fills what the data decides (a prepared dataset's tokenizer and vocabulary size: `_prepared`)
   and what init_from's checkpoint decides (its model and tokenizer: rove_jax.train.init_from,
   where `model_given`, the model field names the user set, is explained) and validates.
-  Raises ValueError before any work. read_data=False leaves what the data decides unset (for
-  checking a command line away from its data).
+  Raises ValueError before any work. read_data=False leaves what the data and init_from
+  decide unset (for checking a command line away from its data).
   """
   if isinstance(c, RunConfig):
     if c.init_from is not None:
@@ -215,7 +215,8 @@ def build(c, *, read_data: bool = True, log=None, model_given=None) -> RunConfig
   if problems:
     raise ValueError(f"unknown config keys {sorted(problems)}: " + "; ".join(problems.values()))
   model = {k: v for k, v in fields.pop("model", {}).items() if v is not None}
-  if fields.get("init_from"):  # the checkpoint's model and tokenizer, config.json alone
+  if fields.get("init_from") and read_data:  # the checkpoint's model and tokenizer (its
+    # config.json and tokenizer alone; read_data=False checks a command line without them)
     from rove_jax.train import init_from
     scaling_set = {k: v for k, v in (model.get("rope_scaling") or {}).items() if v is not None}
     if scaling_set:
