@@ -228,3 +228,17 @@ def test_rove_train_replaces_the_config_files_model_and_refuses_a_shape_flag(che
   assert "pos_encoding rope -> rove" in ok.stderr
   losses = _losses(tmp_path / "ok")
   assert len(losses) == 2 and all(np.isfinite(losses))
+
+
+def test_init_from_a_bucket_reads_the_model_and_its_tokenizer(checkpoint, gcs_bucket):
+  from rove_jax.storage import paths
+  from rove_jax.train import init_from
+  remote = paths.join(gcs_bucket, "llama")
+  for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    paths.write_atomic(paths.join(remote, name), (pathlib.Path(checkpoint) / name).read_bytes())
+  c = _config(remote)
+  assert c.data.tokenizer == paths.join(remote, "tokenizer.json")
+  local = tokenization.get_tokenizer(str(pathlib.Path(checkpoint) / "tokenizer.json"))
+  assert tokenization.get_tokenizer(c.data.tokenizer).fingerprint == local.fingerprint
+  _, want = pretrained.load(checkpoint)
+  _assert_bitwise(_named(init_from.load_params(c, None, log=lambda *a: None)), _named(want))
