@@ -204,7 +204,7 @@ def build(c, *, read_data: bool = True, log=None, model_given=None) -> RunConfig
   decide unset (for checking a command line away from its data).
   """
   if isinstance(c, RunConfig):
-    if c.init_from is not None:
+    if c.init_from is not None and read_data:  # built elsewhere: still the checkpoint's model
       from rove_jax.train import init_from
       init_from.check_model(c.init_from, c.model)
     if c.data.source == "prepared" and c.data.tokenizer is None and read_data:

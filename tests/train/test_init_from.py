@@ -242,3 +242,12 @@ def test_init_from_a_bucket_reads_the_model_and_its_tokenizer(checkpoint, gcs_bu
   assert tokenization.get_tokenizer(c.data.tokenizer).fingerprint == local.fingerprint
   _, want = pretrained.load(checkpoint)
   _assert_bitwise(_named(init_from.load_params(c, None, log=lambda *a: None)), _named(want))
+
+
+def test_a_run_config_built_elsewhere_must_hold_the_checkpoints_model(checkpoint):
+  import dataclasses
+  c = _config(checkpoint)
+  assert config_schema.build(c) is c
+  wider = dataclasses.replace(c, model=dataclasses.replace(c.model, d_ff=64))
+  with pytest.raises(ValueError, match=r"model\.d_ff=64 disagrees with init_from="):
+    config_schema.build(wider)
