@@ -108,7 +108,7 @@ def main(argv):
   try:
     # The run config, built and checked once, here. That touches no device, so
     # jax.distributed can still start after it, before the first device is used.
-    c = config_schema.build(_CONFIG.value)
+    c = config_schema.build(_CONFIG.value, model_given=_MODEL_GIVEN)
     run_config.check_environment(c)
     if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with libtpu
       platforms.skip_absent_tpu()
@@ -133,6 +133,9 @@ def main(argv):
       os._exit(code)
     return code
   return 0
+
+
+_MODEL_GIVEN: set = set()
 
 
 def _override_problems(argv: list[str]) -> list[str]:
@@ -198,6 +201,10 @@ def run(argv=None):
           "--config.FIELD=VALUE:")
     print("\n".join("  " + line for line in run_config.describe()))
     sys.exit(0)
+  # the model fields set on the command line: with init_from, the only ones compared with the
+  # checkpoint's (a config file's model section is for a model trained from scratch)
+  _MODEL_GIVEN.update(a[len("--config.model."):].partition("=")[0].split(".")[0]
+                      for a in argv[1:] if a.startswith("--config.model."))
   problems = _override_problems(argv)  # before absl, which blames the wrong flag or none
   if problems:
     print("error: " + "\nerror: ".join(problems), file=sys.stderr)

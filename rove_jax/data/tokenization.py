@@ -295,6 +295,8 @@ def get_tokenizer(spec: str = "bytes", *, workdir: Optional[str] = None,
     if not name:
       raise ValueError("tokenizer spec 'tiktoken:' lacks an encoding name, e.g. tiktoken:gpt2")
     return load_tiktoken(name)
+  if paths.is_remote(spec) and spec.endswith(".json"):  # e.g. a pretrained model's, on GCS
+    return HFTokenizer.from_json(paths.read_text(spec), name=spec)
   if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "tokenizer.json")):
     spec = os.path.join(spec, "tokenizer.json")  # a HuggingFace model directory
   if spec.endswith(".json") or os.path.isfile(spec):

@@ -172,6 +172,28 @@ def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
   return {"format": format, **paths}
 
 
+def read_config(path: str) -> tuple[GPTConfig, dict]:
+  """(GPTConfig, the parsed config.json) of a checkpoint directory `load` reads (any format
+  above), from its config.json alone: no tensor is read, so a caller can check a model's
+  architecture before any work. The GPTConfig's param_dtype is float32 for a transformers
+  checkpoint (`load` takes the tensors' dtype).
+
+  Raises:
+    FileNotFoundError: no weights or no config.json. ValueError: as `load`.
+  """
+  _, config_path = param_files.locate(path)
+  hf = param_files.read_config(config_path)
+  if hf_gpt2.is_gpt2_config(hf):
+    return hf_gpt2.config_from_gpt2(hf, where=config_path), hf
+  if hf_llama.is_llama_config(hf):
+    return hf_llama.config_from_llama(hf, where=config_path), hf
+  if hf.get("model_type") != MODEL_TYPE:
+    raise ValueError(f"{config_path} has model_type {hf.get('model_type')!r}; rove-jax loads "
+                     f"transformers' {(hf_gpt2.MODEL_TYPE, *hf_llama.MODEL_TYPES)} and "
+                     f"'{MODEL_TYPE}' (its own exports)")
+  return _config_from_rove_jax(hf, config_path), hf
+
+
 def load(path, config=None):
   """(GPTConfig, params) of an export (any format) or of a transformers checkpoint of
   model_type gpt2, llama, qwen2 or mistral (single or sharded safetensors):

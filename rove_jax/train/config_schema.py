@@ -192,16 +192,21 @@ def to_plain(value: Any) -> Any:
 # ------------------------------------------------------------------- the boundary
 
 
-def build(c, *, read_data: bool = True, log=None) -> RunConfig:
+def build(c, *, read_data: bool = True, log=None, model_given=None) -> RunConfig:
   """The RunConfig of a config as written: an ml_collections ConfigDict (a config file plus
   overrides), a plain dict of the same shape, or a RunConfig (returned as is).
 
   Checks every key against the schema (an unknown one is named, with the closest known name),
   fills what the data decides (a prepared dataset's tokenizer and vocabulary size: `_prepared`)
-  and validates. Raises ValueError before any work. read_data=False leaves what the data
-  decides unset (for checking a command line away from its data).
+  and what init_from's checkpoint decides (its model and tokenizer: rove_jax.train.init_from,
+  where `model_given`, the model field names the user set, is explained) and validates.
+  Raises ValueError before any work. read_data=False leaves what the data and init_from
+  decide unset (for checking a command line away from its data).
   """
   if isinstance(c, RunConfig):
+    if c.init_from is not None and read_data:  # built elsewhere: still the checkpoint's model
+      from rove_jax.train import init_from
+      init_from.check_model(c.init_from, c.model)
     if c.data.source == "prepared" and c.data.tokenizer is None and read_data:
       c = build(c.to_dict(), log=log)
     return c
@@ -210,6 +215,18 @@ def build(c, *, read_data: bool = True, log=None) -> RunConfig:
   if problems:
     raise ValueError(f"unknown config keys {sorted(problems)}: " + "; ".join(problems.values()))
   model = {k: v for k, v in fields.pop("model", {}).items() if v is not None}
+  if fields.get("init_from") and read_data:  # the checkpoint's model and tokenizer (its
+    # config.json and tokenizer alone; read_data=False checks a command line without them)
+    from rove_jax.train import init_from
+    scaling_set = {k: v for k, v in (model.get("rope_scaling") or {}).items() if v is not None}
+    if scaling_set:
+      model["rope_scaling"] = scaling_set
+    else:
+      model.pop("rope_scaling", None)
+    model = init_from.resolve_model(fields["init_from"], model, model_given, log=log)
+    model = {k: v for k, v in model.items() if v is not None}
+    fields["data"] = dict(fields.get("data", {}))
+    init_from.resolve_tokenizer(fields["init_from"], fields["data"], model["vocab_size"])
   seq_len = fields.get("data", {}).get("seq_len")
   if "max_len" not in model and seq_len is not None:
     model["max_len"] = seq_len  # the context the model is set up for: its training length

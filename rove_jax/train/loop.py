@@ -29,7 +29,7 @@ from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import config_schema, run_config
 from rove_jax import data as data_lib
 from rove_jax import kernels
-from rove_jax.train import resume
+from rove_jax.train import init_from, resume
 from rove_jax.train import run_control
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train import tracking
@@ -331,7 +331,10 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
                       workdir=workdir, log=log)
     state = ckpt_lib.from_flat(flat, state)
     iterator.set_state(data_state)
-    log(f"resumed from step {start} in {ckpt.directory}")
+    log(f"resumed from step {start} in {ckpt.directory}" + (
+        f"; init_from={c.init_from} is ignored" if c.init_from else ""))
+  elif c.init_from is not None:  # a new run from a pretrained model (train/init_from.py)
+    state = state.replace(params=init_from.load_params(c, state_sh.params, log=log))
   sinks = tracking.parse_tracking(c.tracking)
   metrics_log = MetricsLog(
       workdir, resume_step=start, enabled=pidx == 0, report=log,

@@ -108,6 +108,10 @@ class RunConfig:
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  init_from: Optional[str] = _f(None, "a transformers checkpoint directory or a rove-export "
+                                "(local or gs://) a new run starts from: its model (only "
+                                "pos_encoding rope|rove and non-shape settings may be set) and "
+                                "tokenizer; a resumed run ignores it")
   steps: int = _f(1000, "training steps of the whole run")
   run_steps: Optional[int] = _f(None, "stop this invocation after this many steps (saved; "
                                 "rerun to continue)")
@@ -209,6 +213,8 @@ def _validate(c: RunConfig) -> None:
     raise ValueError(f"data.seq_len={d.seq_len} exceeds model.max_len={c.model.max_len}, the "
                      f"training context the positional encoding is set up for; set "
                      f"--config.model.max_len={d.seq_len}")
+  if c.init_from is not None and not (isinstance(c.init_from, str) and c.init_from):
+    raise ValueError(f"init_from must be a checkpoint path or unset, got {c.init_from!r}")
   if not (_is_int(d.batch_size) and d.batch_size >= 1):
     raise ValueError(f"data.batch_size must be a positive int, got {d.batch_size!r}")
   if d.source == "recall":

@@ -1,0 +1,253 @@
+"""Training from a pretrained model (config.init_from): a tiny transformers Llama, switched to
+RoVE, trains on the stdlib corpus from exactly its own parameters, with its own tokenizer, and
+resumes bitwise; with RoPE its first loss is the loaded model's own loss on that batch."""
+
+import json
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from rove_jax.data import tokenization
+from rove_jax.nn import param_files, pretrained
+from rove_jax.train import config_schema
+from rove_jax.train import loop as training
+from tests.conftest import apply_overrides
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LLAMA = ROOT / "tests" / "reference_data" / "llama_family" / "llama_gqa"  # vocabulary 64
+ONE = jax.devices()[:1]
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+  """The tiny Llama's directory with a tokenizer.json of 64 ids (a BPE over 40 characters plus
+  end-of-text and unknown), as a transformers model directory holds one."""
+  from tokenizers import Tokenizer, models, trainers
+  out = tmp_path_factory.mktemp("llama")
+  for name in ("config.json", "model.safetensors"):
+    shutil.copy(LLAMA / name, out / name)
+  tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+  trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=["<|endoftext|>", "[UNK]"],
+                                limit_alphabet=40, show_progress=False)
+  texts = ["def main(self, value):\n    return self.value + 1  # the value\n" * 20,
+           "import os\nfor name in os.listdir(path):\n    print(name, len(name))\n" * 20]
+  tok.train_from_iterator(texts, trainer=trainer)
+  assert tok.get_vocab_size() == 64
+  tok.save(str(out / "tokenizer.json"))
+  return str(out)
+
+
+def _config(path, model_given=("pos_encoding",), **overrides):
+  """The RunConfig of a short stdlib run from the checkpoint at `path`."""
+  c = config_schema.base_config("tiny")
+  c.init_from = path
+  c.model.pos_encoding = "rove"
+  c.data.source = "stdlib"
+  c.data.max_files = 8
+  c.data.val_fraction = 0.25
+  c.data.seq_len, c.data.batch_size = 32, 4
+  c.optim.lr, c.optim.warmup_steps = 1e-2, 1  # step 1 runs at lr 0: it changes nothing
+  c.steps, c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every = STEPS, 1, STEPS, 1, 3
+  c.progress, c.sample_tokens, c.tracking = False, 0, "none"
+  return config_schema.build(apply_overrides(c, overrides), model_given=set(model_given),
+                             log=lambda *a: None)
+
+
+def _losses(workdir) -> list:
+  with open(pathlib.Path(workdir) / "metrics.jsonl") as f:
+    return [r["loss"] for r in map(json.loads, f) if "loss" in r]
+
+
+def _named(params) -> dict:
+  return param_files.named(params)
+
+
+def _assert_bitwise(a: dict, b: dict):
+  assert a.keys() == b.keys()
+  for k in a:
+    assert a[k].dtype == b[k].dtype, k
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def straight(checkpoint, tmp_path_factory):
+  """An uninterrupted RoVE run of STEPS steps from the Llama: (workdir, TrainResult)."""
+  workdir = tmp_path_factory.mktemp("straight")
+  return workdir, training.train(_config(checkpoint), str(workdir), devices=ONE,
+                                 log=lambda *a: None)
+
+
+def test_the_run_is_the_checkpoints_model_with_rove_and_its_tokenizer(checkpoint, straight):
+  _, result = straight
+  ckpt_cfg, _ = pretrained.load(checkpoint)
+  assert result.model_config.pos_encoding == "rove" and ckpt_cfg.pos_encoding == "rope"
+  for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "rope_base",
+               "rope_layout", "norm", "mlp", "tie_embeddings", "norm_eps"):
+    assert getattr(result.model_config, name) == getattr(ckpt_cfg, name), name
+  want = tokenization.get_tokenizer(str(pathlib.Path(checkpoint) / "tokenizer.json"))
+  assert result.tokenizer.fingerprint == want.fingerprint
+
+
+def test_rove_from_llama_loss_falls(straight):
+  workdir, _ = straight
+  losses = _losses(workdir)
+  assert len(losses) == STEPS
+  assert losses[0] > 3.0  # the random tiny Llama knows nothing of this text (ln 64 = 4.16)
+  # seen: 4.81 4.72 3.85 3.34 3.97 3.33 2.78 3.80 3.76 3.68 (noisy: 4 x 32 tokens a step)
+  assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.4, losses
+
+
+def test_starts_from_the_checkpoint_bitwise_and_resumes_bitwise(checkpoint, straight,
+                                                                tmp_path):
+  workdir_a, result_a = straight
+  _, loaded = pretrained.load(checkpoint)
+  first = training.train(_config(checkpoint, run_steps=1), str(tmp_path), devices=ONE,
+                         log=lambda *a: None)
+  assert first.step == 1
+  # step 1 runs at learning rate 0: its parameters are the ones the run started from
+  _assert_bitwise(_named(first.params), _named(loaded))
+  out = []
+  second = training.train(_config(checkpoint), str(tmp_path), devices=ONE, log=out.append)
+  assert any("resumed from step 1" in line and "init_from" in line and "ignored" in line
+             for line in out), out
+  assert second.step == STEPS
+  _assert_bitwise(_named(second.params), _named(result_a.params))
+  assert _losses(tmp_path) == _losses(workdir_a)  # the same batches, the same losses
+  assert not np.array_equal(_named(second.params)["embed"], _named(loaded)["embed"])
+
+
+def test_rope_first_loss_is_the_loaded_models_loss(checkpoint, straight, tmp_path):
+  from rove_jax import data as data_lib
+  c = _config(checkpoint, run_steps=1, **{"model.pos_encoding": "rope"})
+  result = training.train(c, str(tmp_path), devices=ONE, log=lambda *a: None)
+  loss = _losses(tmp_path)[0]
+  # the same first batch, from the same pipeline, scored by the loaded model in float64
+  data = data_lib.prepare(c.data.corpus(), c.data.tokenizer, workdir=str(tmp_path))
+  batch = next(data.train_iterator(seq_len=32, global_batch_size=4, seed=c.seed, packing=False,
+                                   process_index=0, process_count=1))
+  cfg, params = pretrained.load(checkpoint)
+  logits = np.asarray(pretrained.build(cfg, params)(batch["inputs"]), np.float64)
+  logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  picked = np.take_along_axis(logits, np.asarray(batch["targets"])[..., None], -1)[..., 0]
+  direct = float(np.mean(logz - picked))
+  np.testing.assert_allclose(loss, direct, rtol=1e-5)
+  assert result.model_config.pos_encoding == "rope"
+  assert abs(_losses(straight[0])[0] - loss) > 1e-4  # RoVE computes another function
+
+
+def test_a_shape_override_is_refused_naming_the_field(checkpoint):
+  with pytest.raises(ValueError, match=r"^model\.n_kv_head=4 disagrees with init_from=.*whose "
+                                       r"n_kv_head is 2") as e:
+    _config(checkpoint, model_given=("pos_encoding", "n_kv_head"), **{"model.n_kv_head": 4})
+  assert "\n" not in str(e.value)
+  with pytest.raises(ValueError, match=r"model\.pos_encoding='nope' disagrees"):
+    _config(checkpoint, **{"model.pos_encoding": "nope"})
+  # non-shape settings may differ
+  c = _config(checkpoint, model_given=("pos_encoding", "remat", "max_len", "rope_scaling"),
+              **{"model.remat": "full", "model.max_len": 128,
+                 "model.rope_scaling.rope_type": "yarn", "model.rope_scaling.factor": 2.0})
+  assert (c.model.remat, c.model.max_len, c.model.rope_scaling.rope_type) == ("full", 128, "yarn")
+  assert (c.model.n_layer, c.model.d_model, c.model.vocab_size) == (2, 32, 64)
+
+
+def test_a_tokenizer_that_is_not_the_checkpoints_is_refused(checkpoint, tmp_path):
+  with pytest.raises(ValueError, match=r"data\.tokenizer='bytes' is not the tokenizer of "
+                                       r"init_from="):
+    _config(checkpoint, **{"data.tokenizer": "bytes"})
+  # the same tokenizer by another path is the same tokenizer
+  copy = tmp_path / "same.json"
+  shutil.copy(pathlib.Path(checkpoint) / "tokenizer.json", copy)
+  assert _config(checkpoint, **{"data.tokenizer": str(copy)}).data.tokenizer == str(copy)
+
+
+def test_a_checkpoint_without_tokenizer_needs_one_given(tmp_path):
+  for name in ("config.json", "model.safetensors"):
+    shutil.copy(LLAMA / name, tmp_path / name)
+  with pytest.raises(ValueError, match=r"holds no tokenizer\.json.*data\.tokenizer"):
+    _config(str(tmp_path))
+  # one given is taken, and must fit the vocabulary of 64
+  with pytest.raises(ValueError, match=r"tokenizer 'bytes' has 257 ids but init_from=.* has "
+                                       r"a vocabulary of 64"):
+    _config(str(tmp_path), **{"data.tokenizer": "bytes"})
+
+
+def test_a_missing_init_from_is_refused_before_any_work(tmp_path):
+  missing = tmp_path / "no_such_model"
+  with pytest.raises(ValueError, match=r"^init_from=.*no_such_model: no checkpoint at"):
+    _config(str(missing))
+  assert not missing.exists()
+
+
+def test_without_model_given_every_model_field_held_is_compared(checkpoint):
+  c = config_schema.base_config("tiny")
+  c.init_from = checkpoint
+  with pytest.raises(ValueError, match=r"disagrees with init_from=.*model_given"):
+    config_schema.build(c, log=lambda *a: None)
+  built = config_schema.build({"init_from": checkpoint, "model": {"pos_encoding": "rove"},
+                               "data": {"seq_len": 32}}, log=lambda *a: None)
+  assert built.model.pos_encoding == "rove" and built.model.n_layer == 2
+
+
+def test_an_export_of_the_rove_run_starts_a_run_with_its_model_and_tokenizer(straight,
+                                                                              tmp_path):
+  from rove_jax.train import export
+  workdir, result = straight
+  export.export_run(str(workdir), str(tmp_path / "export"), report=lambda *a: None)
+  c = _config(str(tmp_path / "export"), model_given=())
+  assert c.model.pos_encoding == "rove"  # the export's own, now
+  assert c.data.tokenizer == str(tmp_path / "export" / "tokenizer.json")
+  first = training.train(_config(str(tmp_path / "export"), model_given=(), run_steps=1),
+                         str(tmp_path / "run"), devices=ONE, log=lambda *a: None)
+  _assert_bitwise(_named(first.params), _named(result.params))
+
+
+def test_rove_train_replaces_the_config_files_model_and_refuses_a_shape_flag(checkpoint,
+                                                                             tmp_path):
+  import subprocess
+  import sys
+  from tests.conftest import subprocess_env
+  cmd = [sys.executable, str(ROOT / "train.py"), "--config", "smoke",
+         f"--config.init_from={checkpoint}", "--config.model.pos_encoding=rove",
+         "--config.data.max_files=8", "--config.data.val_fraction=0.25",
+         "--config.data.batch_size=4", "--config.data.seq_len=32", "--config.steps=2",
+         "--config.optim.warmup_steps=1", "--config.log_every=1",
+         "--config.eval_every=2", "--config.eval_batches=1", "--config.sample_tokens=0",
+         "--config.progress=False", "--config.tracking=none"]
+  bad = subprocess.run(cmd + ["--workdir", str(tmp_path / "bad"), "--config.model.d_model=64"],
+                       capture_output=True, text=True, timeout=300, env=subprocess_env(1))
+  assert bad.returncode == 2, bad.stderr
+  assert "model.d_model=64 disagrees with init_from=" in bad.stderr.strip().splitlines()[-1]
+  assert not (tmp_path / "bad").exists()
+  ok = subprocess.run(cmd + ["--workdir", str(tmp_path / "ok")], capture_output=True,
+                      text=True, timeout=300, env=subprocess_env(1))
+  assert ok.returncode == 0, ok.stderr[-3000:]
+  assert "pos_encoding rope -> rove" in ok.stderr
+  losses = _losses(tmp_path / "ok")
+  assert len(losses) == 2 and all(np.isfinite(losses))
+
+
+def test_init_from_a_bucket_reads_the_model_and_its_tokenizer(checkpoint, gcs_bucket):
+  from rove_jax.storage import paths
+  from rove_jax.train import init_from
+  remote = paths.join(gcs_bucket, "llama")
+  for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    paths.write_atomic(paths.join(remote, name), (pathlib.Path(checkpoint) / name).read_bytes())
+  c = _config(remote)
+  assert c.data.tokenizer == paths.join(remote, "tokenizer.json")
+  local = tokenization.get_tokenizer(str(pathlib.Path(checkpoint) / "tokenizer.json"))
+  assert tokenization.get_tokenizer(c.data.tokenizer).fingerprint == local.fingerprint
+  _, want = pretrained.load(checkpoint)
+  _assert_bitwise(_named(init_from.load_params(c, None, log=lambda *a: None)), _named(want))
+
+
+def test_a_run_config_built_elsewhere_must_hold_the_checkpoints_model(checkpoint):
+  import dataclasses
+  c = _config(checkpoint)
+  assert config_schema.build(c) is c
+  wider = dataclasses.replace(c, model=dataclasses.replace(c.model, d_ff=64))
+  with pytest.raises(ValueError, match=r"model\.d_ff=64 disagrees with init_from="):
+    config_schema.build(wider)
