@@ -13,7 +13,8 @@ of ten matmuls reports one). Two corrections follow, each stated in the report's
     times its trip count (the optimizer update outside the loop, well under 1% of a step, is
     overcounted with them);
   - attention whose FLOPs cost_analysis misses, in hand-written kernels (custom calls:
-    Pallas/Mosaic `tpu_custom_call`, Triton, cuDNN) or in the chunked kernel's loops (any other
+    Pallas/Mosaic `tpu_custom_call`, Triton, cuDNN) that carry no cost estimate (the fused
+    kernel carries one, which cost_analysis counts) or in the chunked kernel's loops (any other
     while loop): the analytic attention FLOPs are added (bytes accessed stay uncorrected).
 Collectives are read from the compiled HLO, executions counted (a loop body's ops times its trip
 count): per kind, how many run and the bytes of their results.
@@ -144,6 +145,21 @@ def custom_calls(hlo: str) -> dict:
   return dict(collections.Counter(re.findall(r'custom_call_target="([^"]+)"', hlo)))
 
 
+def uncosted_kernels(hlo: str) -> dict:
+  """{target: count} of the attention kernels (KERNEL_TARGETS custom calls) whose FLOPs XLA's
+  cost_analysis cannot see: those without a Pallas cost estimate (a `"cost_estimate":
+  {"flops": "N"}` with N > 0 in their backend config, which cost_analysis adds up)."""
+  out = collections.Counter()
+  for line in hlo.splitlines():
+    target = re.search(r'custom_call_target="([^"]+)"', line)
+    if target is None or not target[1].startswith(KERNEL_TARGETS):
+      continue
+    estimate = re.search(r'cost_estimate\\?"\s*:\s*\{\\?"flops\\?"\s*:\s*\\?"?(\d+)', line)
+    if estimate is None or int(estimate[1]) == 0:
+      out[target[1]] += 1
+  return dict(out)
+
+
 def roofline(flops: float, bytes_accessed: float, chip,
              model_flops: Optional[float] = None) -> dict:
   """A lower bound on the step time and an upper bound on MFU from per-device figures."""
@@ -188,7 +204,7 @@ def analyze(compiled, chip, *, n_devices: int, tokens: int, model_flops: float,
     notes.append(f"cost_analysis counts a loop body once: flops and bytes accessed are its "
                  f"figures times the {scale} gradient-accumulation steps")
   flops, accessed = xla_flops * scale, xla_bytes * scale
-  kernels = {t: n for t, n in calls.items() if t.startswith(KERNEL_TARGETS)}
+  kernels = uncosted_kernels(hlo)  # kernels with a cost estimate are in cost_analysis already
   if kernels or loops:
     flops += attention_flops * tokens / n_devices
     why = (f"custom-call kernels {kernels}" if kernels else

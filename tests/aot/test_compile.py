@@ -106,6 +106,22 @@ def test_collectives_parser_counts_executions_and_result_bytes():
   assert hlo.array_bytes("(pred[3], f8e4m3fn[2,2], s4[3], c64[2])") == [3, 4, 2, 16]
 
 
+def test_kernels_with_a_cost_estimate_are_not_counted_twice():
+  """Pallas kernels that carry a cost estimate (the fused kernel) are in cost_analysis's FLOPs
+  already; those without one (splash, cuDNN) get the analytic attention FLOPs added. The
+  backend config as libtpu prints it, checked against a real fused and splash compile."""
+  line = ('%%c.%d = bf16[1,4,256,64]{3,2,1,0} custom-call(%%a), custom_call_target="%s", '
+          'backend_config={"custom_call_config": {"body": "TUxJUu==", %s}}')
+  costed = '"cost_estimate":{"flops":"68829184","transcendentals":"360448"}'
+  zero = '"cost_estimate":{"flops":"0","transcendentals":"0"}'
+  text = "\n".join([line % (1, "tpu_custom_call", costed), line % (2, "tpu_custom_call", zero),
+                    line % (3, "tpu_custom_call", '"name": "splash_mha_fwd"'),
+                    line % (4, "__cudnn$fmhaSoftmax", '"x": 1'),
+                    line % (5, "Sharding", '"x": 1')])
+  assert hlo.uncosted_kernels(text) == {"tpu_custom_call": 2, "__cudnn$fmhaSoftmax": 1}
+  assert hlo.uncosted_kernels(line % (1, "tpu_custom_call", costed)) == {}
+
+
 def test_roofline_arithmetic():
   v5e = aot.CHIPS["v5e"]
   r = hlo.roofline(197e12 * 0.010, 819e9 * 0.004, v5e, model_flops=0.5 * 197e12 * 0.010)
