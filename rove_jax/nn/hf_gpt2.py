@@ -117,20 +117,7 @@ def config_from_gpt2(hf: Mapping, *, param_dtype: str = "float32",
                 mlp="gelu", use_bias=True, tie_embeddings=bool(_get(hf, "tie_word_embeddings")),
                 norm_eps=float(_get(hf, "layer_norm_epsilon")),
                 init_std=float(_get(hf, "initializer_range")), param_dtype=param_dtype)
-  try:
-    derived = GPTConfig(**fields)
-    stored = None if hf.get("rove_jax") is None else GPTConfig.from_dict(hf["rove_jax"])
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{where}: {e}") from None
-  if stored is None:
-    return derived
-  differ = [f"{f} ({getattr(stored, f)!r} vs {getattr(derived, f)!r})" for f in ARCHITECTURE
-            if getattr(stored, f) != getattr(derived, f)]
-  if differ:
-    raise ValueError(f"{where}: its rove_jax section and its GPT-2 keys describe different "
-                     f"models: {', '.join(differ)}. Was it edited by hand? Delete the rove_jax "
-                     f"section to load it as the GPT-2 keys say.")
-  return stored
+  return param_files.model_config(hf, fields, ARCHITECTURE, where=where, keys="GPT-2")
 
 
 def gpt2_incompatibilities(config: GPTConfig) -> list:

@@ -163,20 +163,7 @@ def config_from_llama(hf: Mapping, *, param_dtype: str = "float32",
                 tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 norm_eps=float(hf.get("rms_norm_eps", 1e-6)), sliding_window=window,
                 init_std=float(hf.get("initializer_range", 0.02)), param_dtype=param_dtype)
-  try:
-    derived = GPTConfig(**fields)
-    stored = None if hf.get("rove_jax") is None else GPTConfig.from_dict(hf["rove_jax"])
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{where}: {e}") from None
-  if stored is None:
-    return derived
-  differ = [f"{f} ({getattr(stored, f)!r} vs {getattr(derived, f)!r})" for f in ARCHITECTURE
-            if getattr(stored, f) != getattr(derived, f)]
-  if differ:
-    raise ValueError(f"{where}: its rove_jax section and its {model_type} keys describe "
-                     f"different models: {', '.join(differ)}. Was it edited by hand? Delete "
-                     f"the rove_jax section to load it as the {model_type} keys say.")
-  return stored
+  return param_files.model_config(hf, fields, ARCHITECTURE, where=where, keys=model_type)
 
 
 def llama_incompatibilities(config: GPTConfig, model_type: str) -> list:

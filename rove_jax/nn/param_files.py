@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from rove_jax.nn.model import GPT
+from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
 
 CONFIG = "config.json"
@@ -138,6 +139,32 @@ def read_config(path: str) -> dict:
   if not isinstance(config, dict):
     raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
   return config
+
+
+def model_config(hf: Mapping, fields: dict, architecture, *, where: str,
+                 keys: str) -> GPTConfig:
+  """The GPTConfig of a transformers config.json whose keys translate to `fields`: built from
+  them, or the full GPTConfig in its "rove_jax" section (what rove-jax's exports add), which
+  must agree with them on the `architecture` fields.
+
+  Raises:
+    ValueError: invalid fields, or a rove_jax section that describes another model (named by
+      `keys`, e.g. "GPT-2", in the message).
+  """
+  try:
+    derived = GPTConfig(**fields)
+    stored = None if hf.get("rove_jax") is None else GPTConfig.from_dict(hf["rove_jax"])
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{where}: {e}") from None
+  if stored is None:
+    return derived
+  differ = [f"{f} ({getattr(stored, f)!r} vs {getattr(derived, f)!r})" for f in architecture
+            if getattr(stored, f) != getattr(derived, f)]
+  if differ:
+    raise ValueError(f"{where}: its rove_jax section and its {keys} keys describe different "
+                     f"models: {', '.join(differ)}. Was it edited by hand? Delete the rove_jax "
+                     f"section to load it as the {keys} keys say.")
+  return stored
 
 
 def locate(path: str, config: Optional[str] = None, *,
