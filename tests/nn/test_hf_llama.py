@@ -34,6 +34,7 @@ from safetensors.numpy import load_file, save_file
 
 from rove_jax.nn import hf_llama, param_files, pretrained
 from rove_jax.nn.model_config import GPTConfig
+from tests.nn.test_hf_gpt2 import assert_same_params, random_params
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "reference_data" / "llama_family"
@@ -72,20 +73,6 @@ def relative_error(got, want):
 def checkpoint_tensors(case):
   files = sorted((DATA / case).glob("*.safetensors"))
   return {k: v for f in files for k, v in load_file(f).items()}
-
-
-def assert_same_params(a, b):
-  na, nb = param_files.named(a), param_files.named(b)
-  assert sorted(na) == sorted(nb)
-  for name in na:
-    assert na[name].dtype == nb[name].dtype, name
-    np.testing.assert_array_equal(na[name], nb[name], err_msg=name)
-
-
-def random_params(config, seed=0):
-  rng = np.random.default_rng(seed)
-  return jax.tree.map(lambda leaf: jnp.asarray(rng.normal(0.0, 0.3, leaf.shape), leaf.dtype),
-                      param_files.abstract_params(config))
 
 
 def llama_shaped(**overrides):
