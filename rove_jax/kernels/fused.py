@@ -60,7 +60,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
-from rove_jax.kernels import fused_backward, fused_tiles, platform
+from rove_jax.kernels import fused_backward, fused_tiles, mesh, platform
 from rove_jax.kernels.fused_tiles import Plan
 
 LANES = fused_tiles.LANES  # every block (and so every length) is a multiple of it
@@ -70,8 +70,6 @@ MAX_HEAD_DIM = 256
 # `vmem_bytes` is checked against libtpu's own figures in bench/RESULTS.md.
 VMEM_BUDGET = 15.25 * 2**20
 KINDS = ("rope", "rove", "rove_rotated")
-BATCH_AXES = ("data", "fsdp")
-HEAD_AXIS = "tensor"
 
 
 def problem(q_shape, k_shape, mask, rope) -> Optional[str]:
@@ -215,26 +213,11 @@ def vmem_bytes(H: int, K: int, D: int, dtype, bq: int, bk: int) -> int:
 def _sharded(run, args, B: int, H: int, K: int):
   """run(*args) on each device's shard under an active mesh (module docstring), else as is.
   args: position rows (and segment rows) [B, 1, n], then q, k, v."""
-  mesh = jax.sharding.get_abstract_mesh()
-  free = () if mesh.empty else tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
-  if not free:
+  sh = mesh.shards(B, H, K)
+  if sh is None:
     return run(*args)
-  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-  batch, n = [], 1
-  for axis in BATCH_AXES:
-    if axis in free and B % (n * sizes[axis]) == 0:
-      batch.append(axis)
-      n *= sizes[axis]
-  batch = tuple(batch) or None
-  heads = kv_heads = None
-  t = sizes.get(HEAD_AXIS, 1) if HEAD_AXIS in free else 1
-  if t > 1 and H % t == 0 and (K % t == 0 or K == 1):
-    heads = HEAD_AXIS
-    kv_heads = HEAD_AXIS if K % t == 0 else None  # MQA: every shard reads the one kv head
-  q_spec, kv_spec = P(batch, None, heads, None), P(batch, None, kv_heads, None)
-  specs = (P(batch, None, None),) * (len(args) - 3) + (q_spec, kv_spec, kv_spec)
-  return jax.shard_map(run, in_specs=specs, out_specs=q_spec, axis_names=frozenset(free),
-                       check_vma=False)(*args)
+  specs = (P(sh.batch, None, None),) * (len(args) - 3) + (sh.q, sh.kv, sh.kv)
+  return mesh.run_sharded(run, args, specs, sh.q, sh.free)
 
 
 def _local(plan: Plan, consts, q_pos, kv_pos, *rest):

@@ -41,12 +41,10 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 from jax.sharding import PartitionSpec as P
 
-from rove_jax.kernels import platform
+from rove_jax.kernels import mesh, platform
 
 LANES = 128  # TPU lane width: every splash block (and so every length) is a multiple of it
 DEFAULT_BLOCK = 512
-BATCH_AXES = ("data", "fsdp")
-HEAD_AXIS = "tensor"
 
 
 def unsupported_reason(T: int, S: int, H: int, K: int, D: int, *, causal: bool) -> str | None:
@@ -113,27 +111,12 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None) ->
     run = functools.partial(_local_attention, plan)
     args = (q_BTHD, k_BSKD, v_BSKD) + (() if q_seg is None else (q_seg, kv_seg))
 
-    mesh = jax.sharding.get_abstract_mesh()
-    free = () if mesh.empty else tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
-    if not free:  # no mesh, or already inside a shard_map over all of it
-      return run(*args)
     # GSPMD cannot partition the Mosaic custom call: give each device its shard explicitly.
-    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-    batch, n = [], 1
-    for axis in BATCH_AXES:
-      if axis in free and B % (n * sizes[axis]) == 0:
-        batch.append(axis)
-        n *= sizes[axis]
-    batch = tuple(batch) or None
-    heads = kv_heads = None
-    t = sizes.get(HEAD_AXIS, 1) if HEAD_AXIS in free else 1
-    if t > 1 and H % t == 0 and (K % t == 0 or K == 1):
-      heads = HEAD_AXIS
-      kv_heads = HEAD_AXIS if K % t == 0 else None  # MQA: every shard reads the one kv head
-    q_spec, kv_spec = P(batch, None, heads, None), P(batch, None, kv_heads, None)
-    specs = (q_spec, kv_spec, kv_spec) + (() if q_seg is None else (P(batch, None),) * 2)
-    return jax.shard_map(run, in_specs=specs, out_specs=q_spec, axis_names=frozenset(free),
-                         check_vma=False)(*args)
+    sh = mesh.shards(B, H, K)
+    if sh is None:  # no mesh, or already inside a shard_map over all of it
+      return run(*args)
+    specs = (sh.q, sh.kv, sh.kv) + (() if q_seg is None else (P(sh.batch, None),) * 2)
+    return mesh.run_sharded(run, args, specs, sh.q, sh.free)
 
   return attend
 
