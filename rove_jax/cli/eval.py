@@ -6,7 +6,12 @@ NLL and in-context learning for trained runs, written as report.json, report.md 
             [--yarn off|on|both|all] [--yarn-fixed-factor F] [--tasks ppl,ruler,icl,recall]
             [--compare runs/Y runs/Z] [--out DIR] [--squad FILE] [--hotpot FILE]
             [--icl-tasks SPECS.json] [--ppl-tokens N] [--ruler-lengths 4096,8192]
-            [--recall-lengths 32,128] [--recall-samples N]
+            [--recall-lengths 32,128] [--recall-samples N] [--train-len T]
+
+--workdir and --compare take training workdirs or model directories (a rove-export, or a
+transformers checkpoint of type gpt2, llama, qwen2 or mistral with its tokenizer.json): a model
+directory's training length is the one it records (--train-len overrides it) and its text the
+--data-path source, else the embedded default corpus (rove_jax.evaluation.imported).
 
 Lengths default to multiples of the training length T, the run's data.seq_len (quick: 1x 4x
 16x; full: 0.5x 1x 2x 4x 8x 16x); YaRN factors and the report's labels use the same length.
@@ -42,7 +47,7 @@ from flax import nnx
 from rove_jax import data as data_lib
 from rove_jax.cli import platforms
 from rove_jax.data import files as data_files
-from rove_jax.evaluation import icl, report, report_files, report_md, scoring
+from rove_jax.evaluation import icl, imported, report, report_files, report_md, scoring
 from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.evaluation.tasks import QA_FLAGS, SUITES, TASKS, evaluate_run
 from rove_jax.nn.model import GPT
@@ -69,8 +74,15 @@ def parse_args(argv, *, check_files: bool = False):
   """
   p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--workdir", required=True, help="a training workdir (checkpoints/ inside)")
-  p.add_argument("--compare", nargs="*", default=[], help="more workdirs for the same tables")
+  p.add_argument("--workdir", required=True,
+                 help="a training workdir (checkpoints/ inside), or a model directory: a "
+                      "rove-export or a transformers checkpoint (config.json, safetensors, "
+                      "tokenizer.json)")
+  p.add_argument("--compare", nargs="*", default=[],
+                 help="more workdirs or model directories for the same tables")
+  p.add_argument("--train-len", type=int,
+                 help="model directories: the training length T that lengths and YaRN factors "
+                      "are relative to (default: the one the directory records)")
   p.add_argument("--suite", choices=tuple(SUITES), default="quick")
   p.add_argument("--lengths", help="comma-separated token counts (default: suite multiples of "
                                    "the training length)")
@@ -115,6 +127,8 @@ def parse_args(argv, *, check_files: bool = False):
             f"{args.ppl_tokens}")
   if args.seed < 0:
     p.error(f"--seed must be >= 0, e.g. --seed 0; got {args.seed}")
+  if args.train_len is not None and args.train_len < 2:
+    p.error(f"--train-len must be >= 2 tokens, e.g. --train-len 2048; got {args.train_len}")
   factor = args.yarn_fixed_factor
   if factor is not None:
     if not (math.isfinite(factor) and factor > 1):
@@ -176,7 +190,8 @@ def _check_workdir(p, flag: str, workdir: str) -> str:
     if not (isinstance(e, OSError) or paths.is_storage_error(e)):
       raise
     p.error(f"{flag} {workdir} cannot be read: {' '.join(str(e).split()) or type(e).__name__}")
-  p.error(f"{flag} {workdir} {wrong}; give the workdir of a training run")
+  p.error(f"{flag} {workdir} {wrong}; give the workdir of a training run or a model "
+          f"directory")
 
 
 def _check_inputs(p, args) -> None:
@@ -286,12 +301,20 @@ def main(argv=None) -> int:
     return 1
 
 
+def _load(workdir: str, args) -> scoring.Run:
+  """A training workdir's newest checkpoint, or a model directory (evaluation.imported)."""
+  resolved = paths.resolve(workdir, what="--workdir")
+  if imported.is_model_dir(resolved):
+    return imported.load_model(resolved, data_path=args.data_path, train_len=args.train_len)
+  return scoring.load_run(resolved)
+
+
 def _evaluate(args) -> int:
   suite = dict(SUITES[args.suite])
   if args.ppl_tokens is not None:
     suite["ppl_tokens"] = args.ppl_tokens
   workdirs = [args.workdir, *args.compare]
-  runs = [scoring.load_run(w) for w in workdirs]  # every run restorable before any scoring
+  runs = [_load(w, args) for w in workdirs]  # every run restorable before any scoring
   results = []
   for run in runs:
     print(f"== {run.name}: {run.model_config.pos_encoding}, step {run.step}", file=sys.stderr)

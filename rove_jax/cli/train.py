@@ -125,13 +125,12 @@ def main(argv):
     return fail(missing_package(e), 1)
   except (OSError, RuntimeError) as e:
     code = fail(f"{type(e).__name__}: {e}", 1)
-    if isinstance(e, training.ckpt_lib.SaveError):
-      # the run's files are closed; what is left is orbax's failed write threads, which would
-      # print into the interpreter's shutdown: leave without them
-      sys.stderr.flush()
-      sys.stdout.flush()
-      os._exit(code)
-    return code
+    # train() has closed the run's files and released its lock. What can be left is a failed
+    # background write (orbax's threads, tensorstore's callbacks) that the interpreter's
+    # shutdown would print from or wait on: leave without them.
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(code)
   return 0
 
 

@@ -134,7 +134,7 @@ def test_bad_gcs_paths_exit_2_before_any_restore(capsys, tmp_path, gcs_bucket, e
             ["--workdir", empty_workdir, "--compare", missing])
     line = argument_error(capsys, argv + ["--out", tmp_path / "eval"])
     assert line == (f"rove-eval: error: {flag} {missing} does not exist; give the workdir of a "
-                    f"training run")
+                    f"training run or a model directory")
   taken = paths.join(gcs_bucket, "taken")
   paths.write_atomic(taken, b"an object")
   line = argument_error(capsys, ["--workdir", empty_workdir, "--out", taken])

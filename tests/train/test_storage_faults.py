@@ -11,6 +11,7 @@ for the whole run: the read-only case runs with tracking=none.
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -65,8 +66,10 @@ def run_until_fault(reference, workdir, fault, **overrides):
   c = config(reference, steps=2000, checkpoint_every=2, eval_every=100000, **overrides)
   cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
          "--workdir", str(workdir), *cli_overrides(c)]
-  proc = subprocess.Popen(cmd, env=subprocess_env(devices=1), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+  # a trainer that does not exit is made to print every thread's stack (SIGABRT) for the failure
+  env = {**subprocess_env(devices=1), "PYTHONFAULTHANDLER": "1"}
+  proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
   try:
     deadline = time.time() + 240
     while not finished(workdir):
@@ -75,7 +78,12 @@ def run_until_fault(reference, workdir, fault, **overrides):
       time.sleep(0.05)
     before = finished(workdir)
     fault()
-    err = proc.communicate(timeout=240)[1]
+    try:
+      err = proc.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired:
+      proc.send_signal(signal.SIGABRT)
+      pytest.fail("the trainer did not exit after the fault; its threads:\n"
+                  + proc.communicate(timeout=30)[1][-8000:])
   finally:
     proc.kill()
   return proc.returncode, err, before

@@ -1,0 +1,90 @@
+"""rove-eval on a model directory (rove_jax.evaluation.imported): a tiny transformers Llama
+with its tokenizer.json is scored like a training run, its perplexity equal to a float64
+log-softmax of the model's own logits, YaRN applied above the training length; an export
+supplies the training length it records; a directory without a tokenizer is one error line."""
+
+import json
+import pathlib
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rove_jax import data as data_lib
+from rove_jax.cli import eval as eval_cli
+from rove_jax.data import tokenization
+from rove_jax.evaluation import imported
+from rove_jax.nn import pretrained
+from tests.train.test_init_from import checkpoint  # noqa: F401 - the tiny Llama + tokenizer
+
+TEXT = ("def scale(values, factor):\n    return [v * factor for v in values]\n\n"
+        "for name in sorted(os.listdir(path)):\n    print(name, len(name))\n") * 12
+
+
+def _nll_float64(cfg, params, window):
+  """Summed NLL of window[1:] given window[:-1]: the model's logits, a float64 log-softmax."""
+  logits = np.asarray(pretrained.build(cfg, params)(jnp.asarray(window[None, :-1])),
+                      np.float64)[0]
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  return -logp[np.arange(len(window) - 1), window[1:]].sum()
+
+
+def test_rove_eval_scores_a_transformers_llama_directory(checkpoint, tmp_path, capsys):  # noqa: F811
+  text = tmp_path / "held_out.txt"
+  text.write_text(TEXT)
+  out = tmp_path / "report"
+  code = eval_cli.main(["--workdir", checkpoint, "--data-path", str(text), "--tasks", "ppl",
+                        "--lengths", "16,32", "--train-len", "16", "--yarn", "both",
+                        "--ppl-tokens", "64", "--out", str(out), "--no-progress"])
+  assert code == 0, capsys.readouterr().err
+  rep = json.loads((out / "report.json").read_text())
+  (run,) = rep["runs"]
+  ppl = run["perplexity"]
+  assert ppl["protocol"]["train_len"] == 16
+  # the first window at L = 16 and 32, as trained: a float64 log-softmax of the logits
+  tok = tokenization.get_tokenizer(str(pathlib.Path(checkpoint) / "tokenizer.json"))
+  corpus = data_lib.Corpus(source="text", path=str(text))
+  tokens = np.asarray(data_lib.load_tokens(corpus, "train", tok))
+  cfg, params = pretrained.load(checkpoint)
+  for L in (16, 32):
+    want = _nll_float64(cfg, params, tokens[:L + 1])
+    got = ppl["none"][str(L)]["window_nll"][0]
+    np.testing.assert_allclose(got, want, rtol=2e-5, err_msg=str(L))
+  # YaRN: the identity at the training length, a different model above it
+  assert ppl["yarn"]["16"]["window_nll"] == ppl["none"]["16"]["window_nll"]
+  assert ppl["yarn"]["32"]["loss"] != pytest.approx(ppl["none"]["32"]["loss"], rel=1e-4)
+
+
+def test_an_export_supplies_its_training_length_and_text_defaults_to_the_stdlib(
+    checkpoint, tmp_path):  # noqa: F811
+  cfg, params = pretrained.load(checkpoint)
+  export = tmp_path / "export"
+  pretrained.save(str(export), cfg, params, format="rove_jax",
+                  extra_config={"rove_jax_run": {"step": 7, "train_len": 24, "tokenizer": {}}})
+  shutil.copy(pathlib.Path(checkpoint) / "tokenizer.json", export / "tokenizer.json")
+  run = imported.load_model(str(export))
+  assert (run.train_len, run.step, run.name) == (24, 7, "export")
+  assert run.config.data.source == "stdlib"
+  assert imported.load_model(str(export), train_len=40).train_len == 40
+  # a transformers directory: rope_scaling's original length, else max_position_embeddings
+  assert imported.recorded_train_len({"max_position_embeddings": 64}) == 64
+  assert imported.recorded_train_len({"max_position_embeddings": 64, "rope_scaling": {
+      "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}}) == 16
+  with pytest.raises(ValueError, match="--train-len"):
+    imported.recorded_train_len({})
+
+
+def test_a_model_directory_without_a_tokenizer_is_one_error_line(checkpoint, tmp_path, capsys):  # noqa: F811
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  for name in ("config.json", "model.safetensors"):
+    shutil.copy(pathlib.Path(checkpoint) / name, bare / name)
+  assert imported.is_model_dir(str(bare))
+  code = eval_cli.main(["--workdir", str(bare), "--tasks", "ppl", "--lengths", "16",
+                        "--out", str(tmp_path / "report"), "--no-progress"])
+  err = capsys.readouterr().err
+  assert code == 1
+  assert "holds no tokenizer.json" in err and "Traceback" not in err, err
+  assert not (tmp_path / "report").exists()  # made for the run, removed: nothing was written
