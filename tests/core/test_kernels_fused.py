@@ -229,3 +229,68 @@ def test_gpt_attention_impl_fused():
   np.testing.assert_allclose(logits, want[:, :8], rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="rotary pos_encoding"):
     gpt_config(pos_encoding="learned", attention_impl="fused")
+
+
+def test_sharded_matches_unsharded_with_gradients():
+  """Under jax.set_mesh on a (data, fsdp, tensor) = (2, 1, 2) mesh the kernel runs in
+  shard_map (batch over data, query and kv heads over tensor) and gives the unsharded RoVE
+  output and gradients of q, k and v, packed documents and GQA included."""
+  from rove_jax.train import sharding
+  q, k, v, ct = inputs(2, 4, 2, F32, seed=5)
+  seg, pos = documents(2, (100, 60, 96))
+  rope = rj.Rope(rj.rope_frequencies(D), 1.0, "interleaved")
+  mask = rj.Mask(causal=True, segment_ids=jnp.asarray(seg), ordered=True)
+  want_out, want_grads = fused_and_grads("rove", q, k, v, ct, jnp.asarray(pos), rope, mask)
+  with jax.set_mesh(sharding.make_mesh(2, 1, 2, devices=jax.devices()[:4])):
+    f = lambda q: rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, rope=rope,
+                                    mask=mask, kernel="fused")
+    assert "shard_map" in str(jax.make_jaxpr(f)(q))
+    out, grads = fused_and_grads("rove", q, k, v, ct, jnp.asarray(pos), rope, mask)
+  # a shard holds half the heads, so the CPU's batched matmuls may sum in another order:
+  # equal up to float32 rounding, relative to the largest value (the reference tolerance)
+  for name, g, w in zip(("out", "dq", "dk", "dv"), (out, *grads), (want_out, *want_grads)):
+    check(f"sharded {name}", g, np.asarray(w, np.float64), TOL[F32])
+
+
+def _pallas_costs(jaxpr) -> list:
+  """(cost_estimate, bytes of the operands and results) of every pallas_call in a jaxpr."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      sizes = [np.prod(a.aval.shape) * a.aval.dtype.itemsize for a in eqn.invars + eqn.outvars]
+      found.append((eqn.params["cost_estimate"], int(sum(sizes))))
+    for p in eqn.params.values():
+      inner = getattr(p, "jaxpr", None)
+      if inner is not None:
+        found += _pallas_costs(getattr(inner, "jaxpr", inner))
+  return found
+
+
+def test_cost_estimate_follows_the_documented_formula():
+  """The forward pass's pl.CostEstimate for RoVE, B=1, H=2, K=1, T=S=256, D=64, blocks of 128,
+  causal (3 of the 4 block pairs run), worked by hand from the formula in the module
+  docstring; the backward's two calls count their operands and results once as well."""
+  B, H, K = 1, 2, 1
+  q, k, v, _ = inputs(B, H, K, F32, seed=0)
+  pos = jnp.arange(T)[None]
+  rope = rj.Rope(rj.rope_frequencies(D), 1.0, "interleaved")
+  attend = fused.kernel(128)
+  f = lambda q, k, v: attend(q, k, v, rj.Mask(causal=True, ordered=True), pos, pos, rope,
+                             kind="rove").sum()
+  (forward, forward_bytes), = _pallas_costs(jax.make_jaxpr(f)(q, k, v).jaxpr)
+  scores = B * H * 3 * 128 * 128  # block pairs that run x block size
+  rotated = 3 * K * 128 * 2 + B * T * H * 2  # k and v each step; q in and the output back
+  table_rows = 3 * 128 + B * T * 2  # a kv block's each step; the q block's, twice
+  assert forward.flops == 2 * 2 * D * scores + 6 * D * rotated + 3 * D * table_rows
+  assert forward.transcendentals == scores + 2 * D * table_rows
+  assert forward.bytes_accessed == forward_bytes
+  grad = jax.make_jaxpr(jax.grad(f, argnums=(0, 1, 2)))(q, k, v).jaxpr
+  costs = _pallas_costs(grad)
+  assert len(costs) == 3  # forward (with the softmax statistics), dq, dk/dv
+  for cost, size in costs:
+    assert cost.bytes_accessed == size
+  # dq: 3 products a score (q.k, dO.v, ds.k); k (v) rotated each step, q, dO and dq once a
+  # block. dk/dv: 4 (k.q, p.dO, v.dO, ds.q); q and dO each step, k, v, dk and dv once a block.
+  dq = 3 * 2 * D * scores + 6 * D * (3 * K * 128 * 2 + B * T * H * 3) + 3 * D * table_rows
+  dkv = 4 * 2 * D * scores + 6 * D * (3 * H * 128 * 2 + 2 * B * T * K * 2) + 3 * D * table_rows
+  assert sorted(c.flops for c, _ in costs) == sorted([forward.flops, dq, dkv])
