@@ -5,7 +5,8 @@ page), docs/*.md, results/README.md and bench/README.md; their relative links an
 resolve. Commands come from indented and shell-fenced blocks and inline spans, each checked once
 (on the first page that has it). `make T`: its dry run;
 rove-train / train.py: absl and the config's validation; rove-eval, python -m eval / bench[.X],
-reproduce.py, rove-lm-eval (lm_eval's own `run` parser): their argparse parsers; pip: extras in pyproject.toml; bash: `bash -n`; srun /
+reproduce.py, rove-lm-eval (lm_eval's own `run` parser): their argparse parsers; pip: extras
+in pyproject.toml; bash: `bash -n`; srun /
 gcloud: not runnable here, as the page says below them, and the train command inside parses. A synopsis
 (`[--x v]`, `a|b`) parses in each expansion; with `...`, `<x>`, or inline, only names and
 choices are checked. SAMPLES proves that each check rejects a bad command.

@@ -2,15 +2,15 @@
 (rove_jax.cli.harness), offline.
 
 Scores are checked against the project's own teacher-forced scoring
-(rove_jax.evaluation.scoring.token_scores) of each whole sequence, unbatched and unpadded,
-with lm_eval's semantics (left truncation, trailing context spaces moved into the
+(rove_jax.evaluation.scoring.token_scores) of each whole sequence, one to a model call (not
+the adapter's batches and length buckets), with lm_eval's semantics (left truncation, trailing context spaces moved into the
 continuation, disjoint rolling windows) written out here independently of lm_eval's helpers.
 One run of the command covers a multiple-choice task and a rolling-loglikelihood task written
 into tmp_path (local task YAML + JSON lines); its logged samples must equal the reference.
 
 The model is a tiny RoVE GPT with random weights scaled up (so that its predictions differ
-sharply from token to token and a misaligned or mispadded position changes the sums), saved
-as a rove-export (pretrained.save with the "rove_jax_run" record `export.load` reads: the byte
+sharply from token to token and a misaligned or mispadded position changes the sums) and an
+output head limited to ASCII (see `export_dir`), saved as a rove-export (pretrained.save with the "rove_jax_run" record `export.load` reads: the byte
 tokenizer); training one would only add time.
 """
 
@@ -101,15 +101,23 @@ class Request:
 
 
 class Reference:
-  """The project's own scoring of whole token windows, one unpadded window per model call."""
+  """The project's own scoring (scoring.token_scores) of one token window per model call,
+  right-padded to MAX_LENGTH + 1 tokens as scoring.Scorer pads (one compile; causal attention
+  keeps the padding out of the scored positions)."""
 
   def __init__(self, loaded):
-    self.model, self.encode = loaded.model(), loaded.encode
+    self.encode = loaded.encode
+    graphdef, state = nnx.split(loaded.model())
+    scores = jax.jit(lambda state, tokens_BW: token_scores(nnx.merge(graphdef, state), tokens_BW))
+    self.scores = lambda tokens_BW: scores(state, tokens_BW)
 
   def window(self, window):
     """(log p [T] float64, greedy [T]) of tokens window[1:] given window[:-1]."""
-    nll, greedy = token_scores(self.model, np.asarray(window, np.int32)[None])
-    return -np.asarray(nll, np.float64)[0], np.asarray(greedy)[0]
+    padded = np.full((1, MAX_LENGTH + 1), EOT, np.int32)
+    padded[0, :len(window)] = window
+    nll, greedy = self.scores(padded)
+    T = len(window) - 1
+    return -np.asarray(nll, np.float64)[0, :T], np.asarray(greedy)[0, :T]
 
   def loglikelihood(self, context: str, continuation: str):
     """lm_eval's (sum log p, is_greedy): trailing spaces of the context belong to the
@@ -178,7 +186,7 @@ def test_loglikelihood_rolling_equals_the_projects_scoring(lm, loaded, ref):
   assert got[-1] == 0.0
 
 
-def test_generate_until_is_exports_greedy_text_cut_at_a_stop_string(lm, loaded):
+def test_generate_until_is_exports_greedy_text_cut_at_a_stop_string(lm, loaded, monkeypatch):
   prompts = ["def f(x):", "for i in range(3"]
   full = [loaded.generate(p, 12) for p in prompts]  # the KV-cache decoder's greedy text
   assert all(t.isascii() and tokenization.EOT_TEXT not in t for t in full), full  # the head's
@@ -187,9 +195,12 @@ def test_generate_until_is_exports_greedy_text_cut_at_a_stop_string(lm, loaded):
   stop = full[0][6:8]  # a stop string from inside the first text: the text before it
   cut = full[0][:full[0].index(stop)]
   assert cut and len(cut) < len(full[0])
+  steps, next_ids = [], lm._next_ids
+  monkeypatch.setattr(lm, "_next_ids", lambda *a: steps.append(1) or next_ids(*a))
   got = lm.generate_until([Request(prompts[0], {"until": ["@@", stop], "max_gen_toks": 12}),
                            Request(prompts[1], dict(settings, max_gen_toks=5))])
   assert got == [cut, lm.tok_decode(loaded.encode(full[1])[:5])]
+  assert len(steps) == len(cut) + len(stop) + 5  # the first row ends once its stop is out
 
 
 def test_a_transformers_style_directory_takes_a_tokenizer(lm, export_dir, tmp_path, loaded):
@@ -281,7 +292,8 @@ def test_the_command_runs_local_tasks_to_the_projects_scores(export_dir, ref, tm
 
   (results,) = glob.glob(str(tmp_path / "out" / "*" / "results_*.json"))
   scores = json.loads(Path(results).read_text())["results"]
-  correct = [int(np.argmax([w[0] for w in want])) == d["answer"] for want, d in zip(want_mc, MC_DOCS)]
+  correct = [int(np.argmax([w[0] for w in want])) == d["answer"]
+             for want, d in zip(want_mc, MC_DOCS)]
   assert scores["rove_mc"]["acc,none"] == pytest.approx(np.mean(correct))
   words = sum(len(re.split(r"\s+", d["text"])) for d in ROLLING_DOCS)  # lm_eval's word count
   assert scores["rove_ppl"]["word_perplexity,none"] == pytest.approx(
