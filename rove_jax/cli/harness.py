@@ -32,6 +32,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
   Run.create(subparsers)  # adds lm_eval's "run" parser, with its options and its action
   parser = subparsers.choices["run"]
   parser.prog = PROG
+  parser.usage = f"{PROG} --model rove_jax --model_args path=DIR --tasks TASK ... [options]"
   return parser.parse_args(argv[1:] if argv[:1] == ["run"] else argv)
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from typing import Optional
 
 import jax
@@ -60,7 +59,6 @@ from rove_jax.nn.model_config import DTYPES
 from rove_jax.storage import paths
 from rove_jax.train import export
 
-log = logging.getLogger(__name__)
 
 MODEL_NAME = "rove_jax"
 SMALLEST_BUCKET = 64
