@@ -72,5 +72,6 @@ def test_wheel_declares_both_commands(wheel):
   assert dict(parser["console_scripts"]) == {"rove-train": "rove_jax.cli.train:run",
                                              "rove-eval": "rove_jax.cli.eval:main",
                                              "rove-prepare": "rove_jax.cli.prepare:run",
-                                             "rove-export": "rove_jax.cli.export:main"}
+                                             "rove-export": "rove_jax.cli.export:main",
+                                             "rove-lm-eval": "rove_jax.cli.harness:main"}
 

@@ -5,7 +5,8 @@ page), docs/*.md, results/README.md and bench/README.md; their relative links an
 resolve. Commands come from indented and shell-fenced blocks and inline spans, each checked once
 (on the first page that has it). `make T`: its dry run;
 rove-train / train.py: absl and the config's validation; rove-eval, python -m eval / bench[.X],
-reproduce.py: their argparse parsers; pip: extras in pyproject.toml; bash: `bash -n`; srun /
+reproduce.py, rove-lm-eval (lm_eval's own `run` parser): their argparse parsers; pip: extras
+in pyproject.toml; bash: `bash -n`; srun /
 gcloud: not runnable here, as the page says below them, and the train command inside parses. A synopsis
 (`[--x v]`, `a|b`) parses in each expansion; with `...`, `<x>`, or inline, only names and
 choices are checked. SAMPLES proves that each check rejects a bad command.
@@ -40,7 +41,7 @@ PAGES = {p: (ROOT / p).read_text() for p in [
 MAX_README_LINES = 230
 CHECKOUT = re.search(r"^# (\S+)", README, re.M).group(1)  # the directory a clone makes
 STARTS = ("make ", "python ", "python3 ", "pip ", "bash ", "srun ", "gcloud ", "rove-train",
-          "rove-eval", "rove-prepare", "rove-export", ".venv/bin/")
+          "rove-eval", "rove-prepare", "rove-export", "rove-lm-eval", ".venv/bin/")
 SHELL_FENCES = ("bash", "sh", "shell", "console")
 PLACEHOLDERS = {"$RANK": "0", "$TPU": "my-tpu", "$ZONE": "us-central2-b", "$BUCKET": "my-bucket",
                 "git+<this repository>": "git+THIS-REPO"}
@@ -49,7 +50,8 @@ MAKE_EXPECTS = {"demo": ["-m venv", "train.py", "-m eval"],
 CHECKOUT_FILES = {"train": "train.py", "eval": "eval/__main__.py", "reproduce": "reproduce.py"}
 SCRIPTS = {"rove-train": "rove_jax.cli.train:run", "rove-eval": "rove_jax.cli.eval:main",
            "rove-prepare": "rove_jax.cli.prepare:run",
-           "rove-export": "rove_jax.cli.export:main"}
+           "rove-export": "rove_jax.cli.export:main",
+           "rove-lm-eval": "rove_jax.cli.harness:main"}
 GENERIC = ("--config.field=value", "--config.x=y")  # the override syntax, not a field
 PIP_OK = ("-e", "--editable", "-U", "--upgrade", "-q", "--quiet", "git+THIS-REPO", "pip")
 # A fenced block (lang, body) and an indented one (after a blank line; blank lines inside).
@@ -387,6 +389,8 @@ SAMPLES = [
     ("rove-train --config no_such_config --workdir runs/x", "packaged config"),
     ("rove-train --config tiny --workdir runs/x --config.steps=10", "warmup_steps=50 must be"),
     ("python -m eval --wor runs/x", "--wor is not an option"),  # argparse would take it
+    ("rove-lm-eval --model rove_jax --model_args path=x --tasks t --batch_size 4", ""),
+    ("rove-lm-eval --model rove_jax --no_such_option 1", "--no_such_option is not an option"),
     ("rove-eval --workdir runs/x [--lengths 256,abc]", "--lengths must be"),
     ("rove-eval --workdir runs/x [--yarn on|sideways]", "'sideways' is not a choice"),
     ("python -m bench.attention ratio|sideways", "'sideways' is not a choice"),

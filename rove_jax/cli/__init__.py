@@ -5,6 +5,7 @@
   eval      rove-eval (python -m eval): perplexity, retrieval and ICL reports of trained runs
   prepare   rove-prepare: tokenize a corpus once into a prepared directory
   export    rove-export: a run's newest verified checkpoint as safetensors + config.json
+  harness   rove-lm-eval: lm-evaluation-harness's run command with the "rove_jax" model
   errors    how they fail: one `error:` line and an exit status
 
 Each is `python -m rove_jax.cli.NAME` too.

@@ -7,5 +7,6 @@ perplexity, prompting (what RULER and ICL share: tokenizer protocol, filler text
 prompt to a length, answer scoring), ruler/ (suite, tasks, haystack, qa), icl/ (synthetic,
 files, specs), report (the report.json schema and its validation), and its writers: report_md
 (report.md's tables), plots (the PNGs) and report_files (the report directory, replaced
-atomically). The paper reproduction's write-up is study/, outside the package.
+atomically). harness is the lm-evaluation-harness model "rove_jax" (the [harness] extra; it
+imports lm_eval, so nothing else here imports it). The paper reproduction's write-up is study/, outside the package.
 """
