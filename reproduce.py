@@ -341,6 +341,18 @@ def _recall_records(path) -> list:
   return data["records"] if isinstance(data, dict) else data
 
 
+def recall_chance(out_dir) -> float:
+  """The chance accuracy of the retrieval study's task, from its <out>/recall/recall.json spec
+  (study.verdicts.recall_chance; 0 without one)."""
+  from study import verdicts
+  path = os.path.join(out_dir, "recall", "recall.json")
+  if not os.path.exists(path):
+    return 0.0
+  with open(path) as f:
+    data = json.load(f)
+  return verdicts.recall_chance(data.get("spec") if isinstance(data, dict) else None)
+
+
 def machine() -> str:
   cpu = platform.processor() or platform.machine()
   try:
@@ -413,7 +425,8 @@ def main(argv=None) -> int:
   if args.note:
     meta["notes"] = args.note
   writeup.write(args.out, report, runs, curves, meta, recall=recall,
-                        ppl_report=ppl_report, positions=positions)
+                ppl_report=ppl_report, positions=positions,
+                recall_chance=recall_chance(args.out))
   print(f"wrote {os.path.join(args.out, 'README.md')} in {meta['wall_seconds'] / 60:.1f} min")
   return 0
 
@@ -459,7 +472,8 @@ def rewrite(args) -> int:
   meta["notes"] = f"{meta['notes']}; {note}" if meta.get("notes") else note
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
   writeup.write(args.out, report, runs, curves, meta, recall=recall,
-                        ppl_report=ppl_report, positions=position_records(args.out))
+                ppl_report=ppl_report, positions=position_records(args.out),
+                recall_chance=recall_chance(args.out))
   print(f"rewrote {os.path.join(args.out, 'README.md')}")
   return 0
 

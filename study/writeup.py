@@ -21,11 +21,14 @@ from rove_jax.evaluation.report import train_len
 from rove_jax.evaluation.report_files import replace_files
 from study import checks
 from study import claims as claims_lib
+from study import claims_table
 from study import fmt
 from study import limits
 from study import numbers as rs
 from study import plots
 from study import position_tasks
+from study import primary
+from study import verdicts
 
 RECALL_PNG = "retrieval_study.png"
 POSITION_PNG = "position_retrieval.png"
@@ -155,9 +158,15 @@ def _method(st: rs.Study) -> list:
       "task and length of a pooled statistic (its cells keep their shares). A comparison is "
       "RoVE minus the other encoding: for perplexity the relative difference "
       "exp(loss_RoVE - loss_other) - 1, for answer NLLs and accuracies the plain difference. "
-      "Its verdict on a claim is *supports* when the interval excludes 0 on the claimed side, "
-      f"*contradicts* when it excludes 0 on the other side, *inconclusive* otherwise. Accuracy "
-      f"below {rs.FLOOR} for every compared encoding is *at the floor*, above "
+      "The interval is the effect's; the verdict comes from the seeds (study/verdicts.py): the "
+      "paired t-test over the seed pairs' differences of the run statistic, two-sided, "
+      f"*supports* when p < {verdicts.ALPHA:g} and the mean difference lies on the claimed "
+      f"side, *contradicts* when p < {verdicts.ALPHA:g} on the other side, *inconclusive* "
+      f"otherwise; with fewer than {verdicts.MIN_PAIRS} seed pairs there is no seed-level test "
+      "and the verdict says so. The exact sign-flip test over the same pairs is given beside "
+      "the t-test in the claims table. A comparison where every compared encoding's accuracy "
+      f"is within {verdicts.MARGIN:g} of the task's chance (a uniform guess among its answers, "
+      f"computed per task; 0 for open-ended answers) is *{verdicts.NOT_MEASURABLE}*, above "
       f"{1 - rs.FLOOR:g} *at the ceiling*: counts, no verdict.\n",
       "Multiplicity: the claims table makes many verdicts. A short family of primary "
       "comparisons, one per claim of the paper's abstract and setting, was fixed before the "
@@ -207,7 +216,7 @@ def _table1(st: rs.Study, base, summary) -> list:
              f"{fmt.fmt_interval(ppl)} | {fmt.fmt_count(right)} | {fmt.fmt_interval(nll)} |")
   for a, b in st.pairs():
     counts = [st.icl_count(a, tasks), st.icl_count(b, tasks)]
-    acc = ("at the floor" if rs.at_floor(counts) else
+    acc = (verdicts.NOT_MEASURABLE if rs.at_floor(counts, st.icl_chance(tasks)) else
            _cmp_cell(st.icl_cmp(a, b, tasks, 1), "higher"))
     L.append(f"| {fmt.name(a)} - {fmt.name(b)} | | | {_cmp_cell(st.ppl_cmp(a, b, 'none', base))} | "
              f"{acc} | {_cmp_cell(st.icl_cmp(a, b, tasks, 0))} |")
@@ -356,8 +365,8 @@ def _icl(st: rs.Study, summary) -> list:
     counts = {e: st.icl_count(e, sel) for e in st.order}
     accs = []
     for a, b in pairs:
-      floor = rs.at_floor([counts[a], counts[b]])
-      accs.append("at the floor" if floor else _cmp_cell(st.icl_cmp(a, b, sel, 1), "higher"))
+      floor = rs.at_floor([counts[a], counts[b]], st.icl_chance(sel))
+      accs.append(verdicts.NOT_MEASURABLE if floor else _cmp_cell(st.icl_cmp(a, b, sel, 1), "higher"))
     summary["icl"][task] = {"correct": counts,
                             "nll": {e: _js(st.icl_nll(e, sel)) for e in st.order}}
     cells = ([f"{'**all tasks**' if task == 'all' else task}"]
@@ -371,13 +380,15 @@ def _icl(st: rs.Study, summary) -> list:
 
 def build(report: dict, runs: list[dict], curves: dict, meta: dict,
           recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT,
-          ppl_report: Optional[dict] = None, positions: Optional[dict] = None):
+          ppl_report: Optional[dict] = None, positions: Optional[dict] = None,
+          recall_chance: float = 0.0):
   """(markdown, summary dict, {PNG name: bytes or None}) for results/. `runs` are
   reproduce.plan's (the checks' runs, kind "long" and "lr", go to their own section; the main
   ones are the report's), `ppl_report` the perplexity-only report of the added seeds and the
   training-length check, `positions` {task: recall.json content} of the position-dependent
-  retrieval tasks."""
-  st = rs.Study(report, recall, rs.Boot(n_boot))
+  retrieval tasks, `recall_chance` the chance accuracy of the retrieval study's task
+  (study.verdicts.recall_chance)."""
+  st = rs.Study(report, recall, rs.Boot(n_boot), recall_chance)
   main = [r for r in runs if r.get("kind", "main") == "main"]
   base = _train_len(report)
   summary = {"encodings": {}, "ruler": {}, "icl": {}, "claims": []}
@@ -390,12 +401,12 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict,
   L += pos_md
   rows = claims_lib.rows(st, base)
   summary["claims"] = rows
-  L += claims_lib.table(rows)
+  L += claims_table.table(rows, primary.left_note(st))
   check_md, summary["checks"] = checks.section(runs, curves, [report, ppl_report], meta, base)
   L += check_md
   L += limits.paragraph(report, main, curves, meta, base)
   L += _every_run([report, ppl_report], runs, curves, meta)
-  L += claims_lib.closing(st, base, rows, meta)
+  L += claims_table.closing(st, base, rows, meta)
   return "\n".join(L), summary, {RECALL_PNG: png, POSITION_PNG: pos_png}
 
 
@@ -426,13 +437,15 @@ def _every_run(reports, runs, curves, meta) -> list:
 
 def write(out_dir: str, report: dict, runs: list[dict], curves: dict, meta: dict,
           recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT,
-          ppl_report: Optional[dict] = None, positions: Optional[dict] = None) -> dict:
+          ppl_report: Optional[dict] = None, positions: Optional[dict] = None,
+          recall_chance: float = 0.0) -> dict:
   """Writes README.md, summary.json, loss_curves.png and (with `recall` records)
   retrieval_study.png to out_dir, all or none of them (report_files.replace_files); a PNG the
   README does not link is removed. Returns the summary."""
   os.makedirs(out_dir, exist_ok=True)
   text, summary, figures = build(report, runs, curves, meta, recall, n_boot=n_boot,
-                                 ppl_report=ppl_report, positions=positions)
+                                 ppl_report=ppl_report, positions=positions,
+                                 recall_chance=recall_chance)
   files = {os.path.join(out_dir, "README.md"): text,
            os.path.join(out_dir, "summary.json"): json.dumps({"meta": meta, **summary}, indent=2)}
   main = [r for r in runs if r.get("kind", "main") == "main"]
