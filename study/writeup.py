@@ -96,6 +96,10 @@ def _header(st: rs.Study, meta: dict) -> list:
   L.append(f"- Machine: {meta['machine']}")
   if meta.get("notes"):
     L.append(f"- Notes: {meta['notes']}")
+  if meta.get("lr_sweep"):  # reproduce.py --sweep-lrs: each rotary encoding at its own rate
+    L.append(f"- Learning rates: chosen per encoding by the sweep ([{meta['lr_sweep']['file']}]"
+             f"({meta['lr_sweep']['file']}), written before these runs trained): " + ", ".join(
+                 f"{fmt.name(e)} {lr:g}" for e, lr in meta["lr_sweep"]["chosen"].items()))
   L.append(f"- Evaluation: `python -m rove_jax.cli.eval --suite {report['suite']} --yarn "
            f"{yarn}{_sizing_flags(report)} --compare ...`; full report in "
            f"[eval/report.md](eval/report.md), raw numbers in [eval/report.json](eval/report.json)"
