@@ -234,15 +234,16 @@ def _icl_rows(st, base) -> list:
   counts = [st.icl_count(e, tasks) for e in ("rove", "rope")]
   out = [_row("a", f"synthetic ICL, {len(tasks)} tasks pooled, inside the {base}-token "
                    f"training context: answer NLL (mean, nats), RoVE - RoPE",
-              fmt.fmt_change(c), _measured(counts, st.icl_chance(tasks), rs.verdict(c)),
-              result=c)]
+              fmt.fmt_change(c),
+              _measured(counts, verdicts.study_icl_chance(st, tasks), rs.verdict(c)), result=c)]
   for task in tasks:
     c = st.icl_cmp("rove", "rope", [task], 0)
     counts = [st.icl_count(e, [task]) for e in ("rove", "rope")]
     out.append(_row("a", f"synthetic ICL task {task}: answer NLL, RoVE - RoPE",
                     f"{fmt.fmt_change(c)} (exact match RoVE {fmt.fmt_count(counts[0])}, "
                     f"RoPE {fmt.fmt_count(counts[1])})",
-                    _measured(counts, st.icl_chance([task]), rs.verdict(c)), result=c))
+                    _measured(counts, verdicts.study_icl_chance(st, [task]), rs.verdict(c)),
+                    result=c))
   return out
 
 

@@ -50,8 +50,8 @@ def paragraph(report: dict, runs: list, curves: dict, meta: dict, base: Optional
     bullets.append(
         f"Training is short: {train['steps']} steps of {train['batch_size']} x "
         f"{train['seq_len']} tokens ({tokens / 1e6:.2f} M tokens a run), against the paper's "
-        f"GPT-2 runs on FineWebEdu-10B. "
-        + (f"Each rotary encoding trains at its own learning rate, chosen by the sweep ("
+        "GPT-2 runs on FineWebEdu-10B. "
+        + ("Each rotary encoding trains at its own learning rate, chosen by the sweep ("
            + ", ".join(f"{e} {lr:g}" for e, lr in meta["lr_sweep"]["chosen"].items())
            + f"; others {train['lr']:g}), warm-up {train['warmup_steps']} steps."
            if meta.get("lr_sweep") else

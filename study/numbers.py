@@ -34,8 +34,8 @@ from study import verdicts
 N_BOOT = 10000
 CI = 0.95
 BOOT_SEED = 0
-# Accuracy above 1 - FLOOR for every compared encoding is "at the ceiling": counts, never a
-# verdict. The floor is chance + study.verdicts.MARGIN ("not measurable at this scale").
+# Accuracy above 1 - FLOOR for every compared encoding is "at the ceiling": counts, no verdict
+# (the floor is chance + study.verdicts.MARGIN: "not measurable at this scale").
 FLOOR = 0.05
 # The measured coverage of the 95 % difference interval with paired seeds, by number of seed
 # pairs: (encoding-by-seed sd, coverage %) on simulated runs (40 units, unit noise sd 1, a seed
@@ -142,10 +142,8 @@ class Boot:
                                    ci=self.ci, pair_seeds=pair, strata=a.strata)
 
 
-def verdict(result: Optional[stats.Comparison], claim: str = "lower") -> str:
-  """supports / contradicts / inconclusive from the paired t-test over seed pairs
-  (study.verdicts: fewer than 2 pairs say so); "not measured" for None."""
-  return verdicts.verdict(result, claim)
+# supports / contradicts / inconclusive from the paired t-test over seed pairs; "not measured"
+verdict = verdicts.verdict  # for None (study/verdicts.py)
 
 
 # ------------------------------------------------------------------------- gathering units
@@ -454,10 +452,6 @@ class Study:
 
   def icl_count(self, enc, tasks):
     return count(self.icl_units(enc, tasks, 1))
-
-  def icl_chance(self, tasks) -> float:
-    """The pooled chance accuracy of `tasks` (study.verdicts.icl_chance)."""
-    return verdicts.icl_chance({t: self.icl_count(self.order[0], [t]) or (0, 0) for t in tasks})
 
   def icl_cmp(self, a, b, tasks, index):
     return self._once(("icl_cmp", a, b, tuple(tasks), index), lambda: self.boot.compare(

@@ -118,7 +118,7 @@ def former(st: rs.Study, base) -> list:
             f"training context: RoVE - RoPE")
     c = st.icl_cmp("rove", "rope", tasks, 1)
     out.append(row("a", CLAIMS["a"], test, f"{fmt.fmt_change(c, 3)} ({shown})", _unmeasurable(
-        counts, st.icl_chance(tasks), rs.verdict(c, "higher")), c))
+        counts, verdicts.study_icl_chance(st, tasks), rs.verdict(c, "higher")), c))
   for s in SETTINGS:
     if not {"rove", "rope"} <= set(st.ruler_encodings(s)):
       continue
@@ -159,7 +159,8 @@ def left_note(st: rs.Study) -> str:
   tasks = st.icl_tasks()
   if tasks:
     counts = [st.icl_count(e, tasks) for e in ("rove", "rope")]
-    parts.append(f"ICL (a, {len(tasks)} synthetic tasks, chance {st.icl_chance(tasks):.3g}): "
+    chance = verdicts.study_icl_chance(st, tasks)
+    parts.append(f"ICL (a, {len(tasks)} synthetic tasks, chance {chance:.3g}): "
                  + ", ".join(f"{n} {fmt.fmt_count(k)}" for n, k in zip(NAMES, counts)))
   for s in SETTINGS:
     if {"rove", "rope"} <= set(st.ruler_encodings(s)):

@@ -175,9 +175,9 @@ def markdown(table: dict, seeds: Sequence[int], chosen: dict, refused: dict, met
   """lr_sweep.md: the rule, the table of mean (and per-seed) losses, the choice or refusal."""
   L = ["# Learning-rate sweep\n",
        f"Written by `{meta.get('command', 'python reproduce.py --sweep-lrs ...')}` at commit "
-       f"{meta.get('commit', '?')}, before any comparison run trained. Seeds {', '.join(map(str, seeds))} "
-       f"(one pair across the encodings each; not the comparison's seeds), "
-       f"{meta.get('steps', '?')} steps, the study's training length.\n",
+       f"{meta.get('commit', '?')}, before any comparison run trained. Seeds "
+       f"{', '.join(map(str, seeds))} (one pair across the encodings each; not the "
+       f"comparison's seeds), {meta.get('steps', '?')} steps, the study's training length.\n",
        f"Rule: {RULE}.\n",
        "| encoding | learning rate | mean final held-out loss | per seed |", "|---|---|---|---|"]
   for enc, by_rate in table.items():

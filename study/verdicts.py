@@ -14,8 +14,8 @@ seed-level test, and the verdict says so (FEW_PAIRS), never supports or contradi
 Measurability: an accuracy, or an answer NLL whose accuracy is known, measures a capability
 only where some compared model does the task better than a guess. `chance` is the accuracy of
 a uniform guess among the task's possible answers (computed per task: `recall_chance`,
-`icl_chance`, 0 for open-ended answers such as RULER's); a comparison where every compared model
-is below chance + MARGIN gets NOT_MEASURABLE, never supports or contradicts.
+`icl_chance`, 0 for open-ended answers such as RULER's); a comparison where every compared
+model is at or below chance + MARGIN gets NOT_MEASURABLE, never supports or contradicts.
 """
 
 from __future__ import annotations
@@ -109,3 +109,9 @@ def icl_chance(counts_by_task: dict) -> float:
     return 0.0
   return sum(n / ICL_CHOICES[t] for t, (_, n) in counts_by_task.items()
              if t in ICL_CHOICES) / total
+
+
+def study_icl_chance(st, tasks) -> float:
+  """`icl_chance` of a numbers.Study's synthetic ICL `tasks` (their answers counted on the
+  study's first encoding: every encoding is scored on the same prompts)."""
+  return icl_chance({t: st.icl_count(st.order[0], [t]) or (0, 0) for t in tasks})
