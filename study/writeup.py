@@ -119,20 +119,21 @@ def _method(st: rs.Study) -> list:
       f"computed per task; 0 for open-ended answers) is *{verdicts.NOT_MEASURABLE}*, above "
       f"{1 - rs.FLOOR:g} *at the ceiling*: counts, no verdict.\n",
       "Multiplicity: the claims table makes many verdicts. A short family of primary "
-      "comparisons, one per claim of the paper's abstract and setting, was fixed before the "
+      "comparisons (the abstract's perplexity claims, one row a setting) was fixed before the "
       "numbers were read (study/primary.py); its verdicts are also given after Holm's "
-      "adjustment, as are the exploratory rows', within their own family. Each result's "
+      "adjustment of the t-tests' p-values, as are the exploratory rows', within their own "
+      "family; the claims table states how many rows enter each. Each interval's "
       "Monte-Carlo error (the spread of its endpoints over 10 batches of the replicates) is "
-      "computed, and a verdict whose deciding endpoint lies within 2 such errors of 0 is "
-      "flagged in the table.\n",
+      "computed, and an endpoint within 2 such errors of 0 is flagged in the table.\n",
       f"Coverage: with few seeds the seed level is resampled from few values and an interval "
       f"under-covers when the encoding-by-seed variation is large. Measured in simulation "
       f"(study/stats.py, 40 units with noise sd 1, i.e. sd 0.16 of a run's mean, a seed "
       f"effect shared by the pair), the nominal 95 % difference interval covered at "
       f"{rs.coverage_quote(3)} with 3 pairs and {rs.coverage_quote(8)} with 8. This study "
       f"has {pairs} RoVE-RoPE pair{'s' if pairs != 1 else ''}"
-      + ("; the primary rows give the paired t-test beside the bootstrap." if pairs > 1
-         else ".") + _subsets(st) + "\n"]
+      + ("; the verdicts rest on the paired t-test over those pairs, not on the interval."
+         if pairs > 1 else ": too few for a seed-level test, so no verdict is decided.")
+      + _subsets(st) + "\n"]
 
 
 def _subsets(st: rs.Study) -> str:
