@@ -103,3 +103,12 @@ def test_the_exploratory_family_states_its_size(committed):
     got = [r for r in rows if r["family"] == fam]
     assert f"Tally, Holm over {primary.family_size(got)} rows:" in text
   assert "left the primary family" in text and "RoVE 0/" in primary.left_note(st)
+
+
+def test_the_docs_state_the_computed_family_size(committed):
+  from study import primary
+  _, rows, _ = committed
+  m = primary.family_size([r for r in rows if r["family"] == "primary"])
+  with open(os.path.join(ROOT, "docs", "results.md")) as f:
+    text = " ".join(f.read().split())
+  assert f"Holm over its {m} rows" in text and f"after Holm over {m} rows" in text

@@ -111,6 +111,10 @@ def test_the_sweep_table_is_written_before_the_comparison_trains(tmp_path, monke
   assert sweep.RULE in md
   assert "| rove | 0.002 (chosen) |" in md and "| rope | 0.001 (chosen) |" in md
   assert sweep.load_choice(str(out)) == {"rove": 2e-3, "rope": 1e-3}
+  # --write-only plans the same runs from the choice the sweep recorded
+  args = reproduce.parse_args(argv + ["--write-only"])
+  assert reproduce.plan(args, reproduce._sweep_choice(args)) == reproduce.plan(
+      args, {"rove": 2e-3, "rope": 1e-3})
 
 
 def test_an_edge_best_stops_the_command_before_the_comparison(tmp_path, monkeypatch):
