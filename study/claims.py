@@ -235,22 +235,18 @@ def _icl_rows(st, base) -> list:
   out = [_row("a", f"synthetic ICL, {len(tasks)} tasks pooled, inside the {base}-token "
                    f"training context: answer NLL (mean, nats), RoVE - RoPE",
               fmt.fmt_change(c),
-              _measured(counts, verdicts.study_icl_chance(st, tasks), rs.verdict(c)), result=c)]
+              primary.measured(counts, verdicts.study_icl_chance(st, tasks), rs.verdict(c)),
+              result=c)]
   for task in tasks:
     c = st.icl_cmp("rove", "rope", [task], 0)
     counts = [st.icl_count(e, [task]) for e in ("rove", "rope")]
     out.append(_row("a", f"synthetic ICL task {task}: answer NLL, RoVE - RoPE",
                     f"{fmt.fmt_change(c)} (exact match RoVE {fmt.fmt_count(counts[0])}, "
                     f"RoPE {fmt.fmt_count(counts[1])})",
-                    _measured(counts, verdicts.study_icl_chance(st, [task]), rs.verdict(c)),
+                    primary.measured(counts, verdicts.study_icl_chance(st, [task]), rs.verdict(c)),
                     result=c))
   return out
 
-
-def _measured(counts, chance, verdict: str) -> str:
-  """`verdict`, or "not measurable at this scale" (with the counts) when both encodings'
-  accuracy is within the margin of chance (study/verdicts.py)."""
-  return verdicts.measurable_note(counts, chance, ("RoVE", "RoPE")) or verdict
 
 
 def _yarn_rows(st, base, longer) -> list:
@@ -317,7 +313,7 @@ def _ruler_rows(st, base) -> list:
       if task in rs.AGGREGATION:
         claim += " (an aggregation task in RULER's own categories: bears on (f))"
       out.append(_row("e", test, f"{fmt.fmt_change(c)} nats; {em}",
-                      _measured(counts, 0.0, rs.verdict(c)), claim, result=c))
+                      primary.measured(counts, 0.0, rs.verdict(c)), claim, result=c))
   return out
 
 

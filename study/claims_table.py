@@ -29,7 +29,7 @@ def table(rows_: list, left_note: str = "") -> list:
         "over the tested rows of the row's family (study/multiplicity.py), which keeps the "
         "chance of any false verdict in the family at 5 %.\n",
         f"### Primary comparisons ({len(fams['primary'])} rows, {m['primary']} in Holm's "
-        f"family; fixed before the results: the abstract's claims, study/primary.py)\n",
+        f"family; the abstract's claims, study/primary.py)\n",
         "The seed-level column takes each seed pair's difference of the run statistic (the "
         "loss in nats for perplexity, the answer NLL, the accuracy): its mean with the 95 % "
         "t-interval, the paired t-test's p and the exact sign-flip test's p (with n pairs it "

@@ -1,6 +1,6 @@
-"""The study's primary comparisons: a short list fixed before the numbers are read (claims of
-the paper's abstract, one statistic each), adjusted together with Holm's method over the
-paired t-tests' p-values (study/verdicts.py).
+"""The study's primary comparisons: a short list of the paper's abstract's claims, one
+statistic each, to be fixed before the runs that decide them, adjusted together with Holm's
+method over the paired t-tests' p-values (study/verdicts.py).
 
 The paper's abstract (arXiv 2606.11275) claims that RoVE, against RoPE, improves
 few-shot in-context learning, out-of-distribution perplexity and long-context retrieval, most
@@ -11,8 +11,9 @@ family, RoVE against RoPE:
   c   perplexity past the training length: the geometric mean over every evaluated length
       above T of the perplexity ratio, without YaRN and with YaRN at factor L / T (two rows)
 
-The claims about ICL (a) and RULER (e, f) left the family (`former`, exploratory rows): at this
-scale the models do not do those tasks (their accuracy is at chance: an answer NLL there
+The claims about ICL (a) and RULER (e, f) left the family (`former`, exploratory rows) after
+the committed run's numbers were read, by the measurability rule: at this scale the models do
+not do those tasks (their accuracy is at chance: an answer NLL there
 measures how smooth the output distribution is, not the capability). A comparison enters the
 primary family only with a variant whose in-distribution accuracy lies in ENTRY_BAND for both
 encodings; none is built. Their statistics, kept as exploratory rows:
@@ -35,10 +36,10 @@ from study import multiplicity
 from study import numbers as rs
 from study import verdicts
 
-SETTINGS = ("none", "yarn")
+SETTINGS = ("none", "yarn")  # YaRN with factor L / T; the fixed factor is exploratory
 # The in-distribution accuracy both encodings need for an accuracy-bearing task (ICL, RULER) to
 # enter the primary family: inside it a difference between them is measurable.
-ENTRY_BAND = (0.6, 0.9)  # YaRN with factor L / T; the fixed factor is exploratory
+ENTRY_BAND = (0.6, 0.9)
 
 CLAIMS = {
     "a": "RoVE improves few-shot in-context learning (abstract; Sec. 4, Table 1: Core ICL "
@@ -98,9 +99,9 @@ def rows(st: rs.Study, base, ppl_lengths) -> list:
 NAMES = ("RoVE", "RoPE")
 
 
-def _unmeasurable(counts, chance, verdict: str) -> str:
-  """NOT_MEASURABLE (with the counts) when both encodings are within the margin of chance,
-  else `verdict`."""
+def measured(counts, chance, verdict: str) -> str:
+  """`verdict`, or NOT_MEASURABLE (with the counts) when both encodings' accuracy is within
+  the margin of chance (study/verdicts.py)."""
   return verdicts.measurable_note(counts, chance, NAMES) or verdict
 
 
@@ -117,7 +118,7 @@ def former(st: rs.Study, base) -> list:
     test = (f"synthetic ICL accuracy, {len(tasks)} tasks pooled, inside the {base}-token "
             f"training context: RoVE - RoPE")
     c = st.icl_cmp("rove", "rope", tasks, 1)
-    out.append(row("a", CLAIMS["a"], test, f"{fmt.fmt_change(c, 3)} ({shown})", _unmeasurable(
+    out.append(row("a", CLAIMS["a"], test, f"{fmt.fmt_change(c, 3)} ({shown})", measured(
         counts, verdicts.study_icl_chance(st, tasks), rs.verdict(c, "higher")), c))
   for s in SETTINGS:
     if not {"rove", "rope"} <= set(st.ruler_encodings(s)):
@@ -131,7 +132,7 @@ def former(st: rs.Study, base) -> list:
       out.append(row("e", CLAIMS["e"], f"RULER answer NLL, mean over {len(lengths)} tasks at "
                                        f"{', '.join(map(str, lens))} tokens, "
                                        f"{fmt.SETTING_NAMES[s]}: RoVE - RoPE (nats)",
-                     f"{fmt.fmt_change(c)}; {em}", _unmeasurable(counts, 0.0, rs.verdict(c)),
+                     f"{fmt.fmt_change(c)}; {em}", measured(counts, 0.0, rs.verdict(c)),
                      c))
     d, agg = st.ruler_cmp("rove", "rope", s, "agg-other"), st.ruler_cmp("rove", "rope", s, "agg")
     if d is None:
@@ -145,7 +146,7 @@ def former(st: rs.Study, base) -> list:
         f"others; below 0 with the aggregation tasks improving supports",
         f"aggregation {fmt.fmt_change(agg)}; others "
         f"{fmt.fmt_change(st.ruler_cmp('rove', 'rope', s, 'other'))}; difference "
-        f"{fmt.fmt_change(d)}; {em}", _unmeasurable(counts, 0.0, verdict), d))
+        f"{fmt.fmt_change(d)}; {em}", measured(counts, 0.0, verdict), d))
   for r in out:
     r["left_primary"] = True
   return out
