@@ -4,6 +4,7 @@ write results/ (README.md with the paper-layout tables and 95 % intervals, repor
   python reproduce.py [--out results] [--runs-dir runs/reproduce] [--seeds 0,...,7]
                       [--encodings rove,rope,nope] [--nope-seeds 3] [--full-eval-seeds 3]
                       [--long-seeds 2] [--long-multiple 3] [--lrs 1e-3,4e-3] [--lr-seeds 1]
+                      [--sweep-lrs R,R,R,R] [--sweep-seeds 100,101,102] [--sweep-only]
                       [--recall-seeds 3] [--position-seeds 5] [--position-nope-seeds 2]
                       [--steps N] [--quick] [--no-recall]
 
@@ -16,6 +17,17 @@ initialisation and batch order). The runs (`plan`):
   long  RoVE and RoPE on the first --long-seeds seeds with --long-multiple times the steps, on
         their own schedule (perplexity only): is the gap convergence speed or final quality?
   lr    RoVE and RoPE on the first --lr-seeds seeds at each of --lrs (held-out loss only).
+With --sweep-lrs the learning rate is tuned first (study/sweep.py): RoVE and RoPE at every rate
+of the grid on the --sweep-seeds (not the comparison's seeds), each encoding's rate chosen by
+the sweep's rule (lowest mean final held-out loss; a best rate at the grid's edge is refused and
+nothing more trains), <out>/lr_sweep.md written, and only then the main and long runs of each
+rotary encoding train at its own chosen rate (the --lrs check is dropped). The tuned
+comparison: 8 pairs at each encoding's chosen rate, and the 1x gap at 1x and 3x the steps on
+3 pairs:
+
+  python reproduce.py --sweep-lrs 5e-4,1e-3,2e-3,4e-3,8e-3 --long-seeds 3 --long-multiple 3
+
+(--sweep-only stops after lr_sweep.md, e.g. to extend a grid whose best rate was at its edge.)
 The evaluation scores every setting (`--yarn all`: no YaRN, YaRN with factor L / T, YaRN with
 one fixed factor). Then, when study/retrieval.py is present (and not --no-recall), the
 retrieval studies run: associative recall (task mqar, the first --recall-seeds seeds) into
@@ -85,6 +97,15 @@ def parse_args(argv):
                  help="the learning-rate check: RoVE and RoPE on the first --lr-seeds seeds "
                       "at these learning rates besides the config's ('' : no check)")
   p.add_argument("--lr-seeds", type=int, default=1)
+  p.add_argument("--sweep-lrs", default="",
+                 help="tune the learning rate first (study/sweep.py): a grid of at least "
+                      "4 rates for every rotary encoding ('r1,r2,...') or one each "
+                      "('rove=...;rope=...'); the main and long runs then train at each "
+                      "encoding's chosen rate ('': no sweep, the config's rate)")
+  p.add_argument("--sweep-seeds", default="100,101,102",
+                 help="the sweep's seeds (at least 3 pairs a rate), none of them in --seeds")
+  p.add_argument("--sweep-only", action="store_true",
+                 help="stop after the sweep has written <out>/lr_sweep.md")
   p.add_argument("--recall-seeds", type=int, default=3,
                  help="the associative-recall (mqar) retrieval study's seeds: the first N")
   p.add_argument("--position-seeds", type=int, default=5,
@@ -137,18 +158,38 @@ def parse_args(argv):
     p.error(f"--lrs must be comma-separated numbers, got {args.lrs!r}")
   if any(not 0 < lr < 1 for lr in args.lr_list):
     p.error(f"--lrs: learning rates must be in (0, 1), got {args.lr_list}")
+  _parse_sweep(p, args)
   return args
 
 
-def plan(args) -> list[dict]:
-  """The runs, each {encoding, seed, workdir, kind} (+ steps or lr for the checks):
+def _parse_sweep(p, args) -> None:
+  """args.sweep_grids ({encoding: rates}, {} without a sweep) and args.sweep_seed_list."""
+  from study import sweep
+  args.sweep_grids, args.sweep_seed_list = {}, []
+  if args.sweep_only and not args.sweep_lrs:
+    p.error("--sweep-only needs --sweep-lrs")
+  if args.sweep_lrs:
+    try:
+      args.sweep_grids, args.sweep_seed_list = sweep.from_flags(
+          args.sweep_lrs, args.sweep_seeds, args.encoding_list, args.seed_list)
+    except ValueError as e:
+      p.error(str(e))
+    args.lr_list = []  # the sweep replaces the learning-rate check
+
+
+def plan(args, rates: dict | None = None) -> list[dict]:
+  """The runs, each {encoding, seed, workdir, kind} (+ steps or lr for the checks); with
+  `rates` ({encoding: the sweep's chosen rate}) those encodings' main and long runs train at
+  their rate, in workdirs named by it:
     main  every encoding x seed (NoPE on its first --nope-seeds seeds), full_eval for the
           first --full-eval-seeds seeds;
     long  RoVE and RoPE (the rotary encodings of --encodings) on the first --long-seeds seeds
           with --long-multiple times the steps;
     lr    the same encodings on the first --lr-seeds seeds at each of --lrs.
   """
-  runs = []
+  runs, rates = [], rates or {}
+  tuned = lambda enc: {"lr": rates[enc]} if enc in rates else {}  # noqa: E731
+  suffix = lambda enc: f"-lr{rates[enc]:g}" if enc in rates else ""  # noqa: E731
   full = args.seed_list[:args.full_eval_seeds] if args.full_eval_seeds else args.seed_list
   for enc in args.encoding_list:
     seeds = args.seed_list
@@ -156,13 +197,16 @@ def plan(args) -> list[dict]:
       seeds = seeds[: args.nope_seeds]
     for seed in seeds:
       runs.append({"encoding": enc, "seed": seed, "kind": "main", "full_eval": seed in full,
-                   "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}")})
+                   "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}{suffix(enc)}"),
+                   **tuned(enc)})
   rotary = [e for e in args.encoding_list if e != "nope"]
   steps = base_steps(args) * args.long_multiple
   for seed in args.seed_list[:args.long_seeds]:
     for enc in rotary:
       runs.append({"encoding": enc, "seed": seed, "kind": "long", "steps": steps,
-                   "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}-steps{steps}")})
+                   "workdir": os.path.join(args.runs_dir,
+                                           f"{enc}-s{seed}-steps{steps}{suffix(enc)}"),
+                   **tuned(enc)})
   for lr in args.lr_list:
     for seed in args.seed_list[:args.lr_seeds]:
       for enc in rotary:
@@ -341,6 +385,18 @@ def _recall_records(path) -> list:
   return data["records"] if isinstance(data, dict) else data
 
 
+def recall_chance(out_dir) -> float:
+  """The chance accuracy of the retrieval study's task, from its <out>/recall/recall.json spec
+  (study.verdicts.recall_chance; 0 without one)."""
+  from study import verdicts
+  path = os.path.join(out_dir, "recall", "recall.json")
+  if not os.path.exists(path):
+    return 0.0
+  with open(path) as f:
+    data = json.load(f)
+  return verdicts.recall_chance(data.get("spec") if isinstance(data, dict) else None)
+
+
 def machine() -> str:
   cpu = platform.processor() or platform.machine()
   try:
@@ -392,9 +448,12 @@ def main(argv=None) -> int:
     return rewrite(args)
   t0 = time.perf_counter()
   started = datetime.datetime.now(datetime.timezone.utc)
-  runs = plan(args)
   code_version = commit()  # at the start: the code that trains and evaluates
   os.makedirs(args.out, exist_ok=True)
+  rates = tune(args, code_version)  # lr_sweep.md is written before any comparison run trains
+  if args.sweep_only:
+    return 0
+  runs = plan(args, rates)
   train_all(args, runs)
   report, ppl_report = evaluate_all(args, runs, args.out)
   recall = recall_study(args, os.path.join(args.out, "recall"),
@@ -410,12 +469,36 @@ def main(argv=None) -> int:
           "wall_seconds": time.perf_counter() - t0, "quick": args.quick,
           "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs},
           "recall_rerun": recall_rerun, "train": train_meta(args)}
+  if rates:
+    meta["lr_sweep"] = {"chosen": rates, "file": "lr_sweep.md"}
   if args.note:
     meta["notes"] = args.note
   writeup.write(args.out, report, runs, curves, meta, recall=recall,
-                        ppl_report=ppl_report, positions=positions)
+                ppl_report=ppl_report, positions=positions,
+                recall_chance=recall_chance(args.out))
   print(f"wrote {os.path.join(args.out, 'README.md')} in {meta['wall_seconds'] / 60:.1f} min")
   return 0
+
+
+def _sweep_choice(args) -> dict:
+  """The earlier sweep's chosen rates (<out>/lr_sweep.json) when --sweep-lrs is given."""
+  if not args.sweep_grids:
+    return {}
+  from study import sweep
+  return sweep.load_choice(args.out)
+
+
+def tune(args, code_version: str) -> dict:
+  """The learning-rate sweep (--sweep-lrs; {} without): study.sweep.tune trains its runs,
+  writes <out>/lr_sweep.md and returns {encoding: chosen rate}, or stops the command when a
+  best rate is at its grid's edge."""
+  if not args.sweep_grids:
+    return {}
+  from study import sweep
+  meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:]), "commit": code_version,
+          "steps": base_steps(args)}
+  return sweep.tune(args.sweep_grids, args.sweep_seed_list, args.runs_dir, args.out,
+                    lambda runs: train_all(args, runs), meta, log=_say)
 
 
 def rewrite(args) -> int:
@@ -434,7 +517,7 @@ def rewrite(args) -> int:
     report = json.load(f)
   with open(summary_path) as f:
     meta = json.load(f)["meta"]
-  runs = plan(args)
+  runs = plan(args, _sweep_choice(args))
   if [r["workdir"] for r in runs] != list(meta.get("train_seconds") or {}):
     raise SystemExit(f"--write-only: the runs {[r['workdir'] for r in runs]} are not the "
                      f"earlier run's {list(meta.get('train_seconds') or {})}; give the same "
@@ -459,7 +542,8 @@ def rewrite(args) -> int:
   meta["notes"] = f"{meta['notes']}; {note}" if meta.get("notes") else note
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
   writeup.write(args.out, report, runs, curves, meta, recall=recall,
-                        ppl_report=ppl_report, positions=position_records(args.out))
+                ppl_report=ppl_report, positions=position_records(args.out),
+                recall_chance=recall_chance(args.out))
   print(f"rewrote {os.path.join(args.out, 'README.md')}")
   return 0
 

@@ -3,8 +3,9 @@ section, the claim-by-claim table against the paper, and the closing note.
 
 The claims are those of the paper's abstract and Section 4 (arXiv 2606.11275),
 each attributed to where the paper makes it; nothing else is attributed to the
-paper. Every verdict comes from an interval (study.stats); accuracies at the floor get counts
-instead of a verdict.
+paper. Every verdict comes from the seed-level tests (study.verdicts: the paired t-test over
+seed pairs, the exact sign-flip test beside it), every interval from the bootstrap
+(study.stats); accuracies within the margin of chance get counts instead of a verdict.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from study import fmt
 from study import numbers as rs
 from study import plots
 from study import primary
+from study import verdicts
 from study.fmt import SETTING_NAMES as SETTINGS
 from study.fmt import mult as _x
 from study.fmt import name as _name
@@ -124,7 +126,9 @@ def retrieval(st: rs.Study, png_name: str, heading: str = "## Retrieval study",
           continue
         L.append(f"| {_name(a)} - {_name(b)} | {SETTINGS[s]} | " + " | ".join(
             "-" if c is None else f"{fmt.fmt_change(c)} "
-            + ("at the ceiling" if rs.at_ceiling(_counts(st, a, b, s, [x]))
+            + ("at the ceiling" if rs.at_ceiling(_counts(st, a, b, s, [x])) else
+               verdicts.NOT_MEASURABLE if rs.at_floor(_counts(st, a, b, s, [x]),
+                                                      st.recall_chance)
                else rs.verdict(c, claim))
             for x, c in zip(lengths, cells)) + " |")
     L.append("")
@@ -154,24 +158,28 @@ def _recall_paragraph(st, encs, settings, lengths, T) -> str:
   parts = []
   for key, what, claim in (("sample_correct", "accuracy", "higher"),
                            ("sample_nll", "answer NLL", "lower")):
-    tally = {"supports": 0, "contradicts": 0, "inconclusive": 0, "floor": 0, "ceiling": 0}
+    tally = {"supports": 0, "contradicts": 0, "inconclusive": 0, "floor": 0, "ceiling": 0,
+             verdicts.FEW_PAIRS: 0}
     for s in settings:
       for x in (x for x in lengths if T is None or x > T):
         c = st.recall_cmp("rove", "rope", s, [x], key)
         if c is None:
           continue
         counts = _counts(st, "rove", "rope", s, [x])
-        if key == "sample_correct" and rs.at_floor(counts):
+        if rs.at_floor(counts, st.recall_chance):
           tally["floor"] += 1
         elif rs.at_ceiling(counts):
           tally["ceiling"] += 1
         else:
           tally[rs.verdict(c, claim)] += 1
     other = "lower" if claim == "higher" else "higher"
-    parts.append(f"RoVE's {what} is {claim} than RoPE's (interval excluding 0) in "
-                 f"{tally['supports']}, {other} in {tally['contradicts']}, and the interval "
-                 f"includes 0 in {tally['inconclusive']}"
-                 + (f", both at the floor in {tally['floor']}" if tally["floor"] else "")
+    parts.append(f"RoVE's {what} is {claim} than RoPE's (paired t over seed pairs, p < "
+                 f"{verdicts.ALPHA:g}) in {tally['supports']}, {other} in "
+                 f"{tally['contradicts']}, and neither in {tally['inconclusive']}"
+                 + (f", with fewer than {verdicts.MIN_PAIRS} seed pairs (no test) in "
+                    f"{tally[verdicts.FEW_PAIRS]}" if tally[verdicts.FEW_PAIRS] else "")
+                 + (f", both within {verdicts.MARGIN:g} of chance ({st.recall_chance:.3g}: "
+                    f"not measurable) in {tally['floor']}" if tally["floor"] else "")
                  + (f", both at the ceiling (no verdict) in {tally['ceiling']}"
                     if tally["ceiling"] else ""))
     cells = sum(tally.values())
@@ -195,7 +203,7 @@ def rows(st: rs.Study, base) -> list:
     return []
   lengths = _ppl_lengths(st)
   longer = [x for x in lengths if x > base]
-  explore = _icl_rows(st, base)
+  explore = primary.former(st, base) + _icl_rows(st, base)
   for s in SETTINGS:
     for x in longer:
       c = st.ppl_cmp("rove", "rope", s, x)
@@ -223,32 +231,47 @@ def _icl_rows(st, base) -> list:
   if not tasks:
     return []
   c = st.icl_cmp("rove", "rope", tasks, 0)
+  counts = [st.icl_count(e, tasks) for e in ("rove", "rope")]
   out = [_row("a", f"synthetic ICL, {len(tasks)} tasks pooled, inside the {base}-token "
                    f"training context: answer NLL (mean, nats), RoVE - RoPE",
-              fmt.fmt_change(c), rs.verdict(c), result=c)]
+              fmt.fmt_change(c),
+              primary.measured(counts, verdicts.study_icl_chance(st, tasks), rs.verdict(c)),
+              result=c)]
   for task in tasks:
     c = st.icl_cmp("rove", "rope", [task], 0)
     counts = [st.icl_count(e, [task]) for e in ("rove", "rope")]
     out.append(_row("a", f"synthetic ICL task {task}: answer NLL, RoVE - RoPE",
                     f"{fmt.fmt_change(c)} (exact match RoVE {fmt.fmt_count(counts[0])}, "
-                    f"RoPE {fmt.fmt_count(counts[1])})", rs.verdict(c), result=c))
+                    f"RoPE {fmt.fmt_count(counts[1])})",
+                    primary.measured(counts, verdicts.study_icl_chance(st, [task]), rs.verdict(c)),
+                    result=c))
   return out
+
 
 
 def _yarn_rows(st, base, longer) -> list:
   """d1: YaRN at factor L / T against no YaRN, within the same runs, for each encoding (the
-  paper's claim is about YaRN; these rows do not count for or against RoVE)."""
+  paper's claim is about YaRN; these rows do not count for or against RoVE). Each encoding's
+  verdict: the one-sample t-test over its runs of the within-run change of the loss."""
   out = []
   for x in longer:
     ch = {e: st.yarn_change(e, "yarn", x) for e in ("rove", "rope")}
     if None in ch.values():
       continue
-    verdicts = [fmt.interval_verdict(ch[e]) for e in ch]
+    diffs = {e: _run_changes(st, e, x) for e in ch}
+    verdicts_ = [verdicts.from_diffs(diffs[e]) for e in ch]
+    tests = {e: primary.p_cell(verdicts.seed_tests(diffs[e])) for e in ch}
     out.append(_row("d1", f"{SETTINGS['yarn']} vs no YaRN at {x} tokens ({_x(x, base)}), same "
                           f"runs: perplexity ratio - 1 for each encoding",
-                    f"RoVE {_pct(ch['rove'])}; RoPE {_pct(ch['rope'])}", _both(verdicts),
-                    family="yarn"))
+                    f"RoVE {_pct(ch['rove'])}, {tests['rove']}; RoPE {_pct(ch['rope'])}, "
+                    f"{tests['rope']}", _both(verdicts_), family="yarn"))
   return out
+
+
+def _run_changes(st, enc, x) -> list:
+  """Each run's loss with YaRN (factor L / T) minus without at length x (nats per token)."""
+  units = st._ppl_mix(enc, "yarn", x, 1.0)
+  return [float(s.sum() / w.sum()) for s, w in zip(units.scores, units.weights)]
 
 
 def _gap_rows(st, base, longer) -> list:
@@ -289,8 +312,8 @@ def _ruler_rows(st, base) -> list:
       claim = f"{CLAIMS['e'].split(' (')[0]} (abstract; Sec. 4): RULER task {task}"
       if task in rs.AGGREGATION:
         claim += " (an aggregation task in RULER's own categories: bears on (f))"
-      out.append(_row("e", test, f"{fmt.fmt_change(c)} nats; {em}", rs.verdict(c), claim,
-                      result=c))
+      out.append(_row("e", test, f"{fmt.fmt_change(c)} nats; {em}",
+                      primary.measured(counts, 0.0, rs.verdict(c)), claim, result=c))
   return out
 
 
@@ -313,8 +336,10 @@ def _recall_rows(st) -> list:
     if c is None:
       continue
     ceiling = rs.at_ceiling(counts)
-    if rs.at_floor(counts):
-      out.append(_row("e", test, shown, f"at the floor: {shown}", claim, recall=s))
+    floor = verdicts.measurable_note(counts, st.recall_chance, ("RoVE", "RoPE"))
+    if floor:
+      out.append(_row("e", test, f"{fmt.fmt_change(c, 3)} ({shown})", floor, claim, result=c,
+                      recall=s))
     else:
       out.append(_row("e", test, f"{fmt.fmt_change(c, 3)} ({shown})",
                       f"at the ceiling: {shown}" if ceiling else rs.verdict(c, "higher"),
@@ -323,86 +348,5 @@ def _recall_rows(st) -> list:
     out.append(_row("e", f"retrieval study, {SETTINGS[s]}: answer NLL, mean over {where} "
                          f"tokens, RoVE - RoPE", fmt.fmt_change(c) + " nats",
                     "at the ceiling: every answer right, no verdict" if ceiling
-                    else rs.verdict(c), claim, result=c))
+                    else floor or rs.verdict(c), claim, result=c))
   return out
-
-
-def table(rows_: list) -> list:
-  L = ["## The paper's claims, one by one\n"]
-  if not rows_:
-    return L + ["Needs RoVE and RoPE runs.\n"]
-  fams = {f: [r for r in rows_ if r.get("family") == f]
-          for f in ("primary", "exploratory", "yarn")}
-  L += ["RoVE against RoPE. Figures: estimate [95 % interval] (see \"How the intervals are "
-        "computed\"). Verdicts: *raw* from the row's own interval; *Holm* after Holm's "
-        "adjustment over the tested rows of the row's family (study/multiplicity.py), which "
-        "keeps the chance of any false verdict in the family at 5 %.\n",
-        f"### Primary comparisons ({len(fams['primary'])}, fixed before the results: the "
-        f"abstract's claims, study/primary.py)\n",
-        "The paired t-test column takes each seed pair's difference of the run statistic (the "
-        "loss in nats for perplexity, the answer NLL, the accuracy) and tests its mean: a "
-        "second method beside the bootstrap; where the two disagree, the verdict rests on the "
-        "bootstrap's coarse seed level and is weak.\n",
-        "| # | the paper's claim (where) | test here | figure [95 % interval] | paired t over "
-        "seeds | raw | Holm |", "|---|---|---|---|---|---|---|"]
-  for r in fams["primary"]:
-    L.append(f"| {r['id']} | {r['claim']} | {r['test']} | {r['figure']} | "
-             f"{primary.t_cell(r)} | {r['verdict']} | {r['verdict_holm']} |")
-  L.append(f"\nTally, Holm: {_fmt_tally(tally(fams['primary'], 'verdict_holm'))}; raw: "
-           f"{_fmt_tally(tally(fams['primary']))}.\n")
-  L += [f"### Exploratory rows ({len(fams['exploratory'])})\n",
-        "Per length, per task and per setting, and the retrieval study; Holm over these rows "
-        "together.\n",
-        "| # | the paper's claim (where) | test here | figure [95 % interval] | raw | Holm |",
-        "|---|---|---|---|---|---|"]
-  for r in fams["exploratory"]:
-    L.append(f"| {r['id']} | {r['claim']} | {r['test']} | {r['figure']} | {r['verdict']} | "
-             f"{r['verdict_holm']} |")
-  L.append(f"\nTally, Holm: {_fmt_tally(tally(fams['exploratory'], 'verdict_holm'))}; raw: "
-           f"{_fmt_tally(tally(fams['exploratory']))}.\n")
-  if fams["yarn"]:
-    L += ["### YaRN against no YaRN (d1: the paper's claim about YaRN, not about RoVE)\n",
-          "Both encodings must improve for *supports*; these rows count neither for nor "
-          "against RoVE.\n",
-          "| # | the paper's claim (where) | test here | figure [95 % interval] | verdict |",
-          "|---|---|---|---|---|"]
-    L += [f"| {r['id']} | {r['claim']} | {r['test']} | {r['figure']} | {r['verdict']} |"
-          for r in fams["yarn"]]
-    L.append(f"\nTally: {_fmt_tally(tally(fams['yarn']))}.\n")
-  return L
-
-
-def _fmt_tally(t: dict) -> str:
-  return ", ".join(f"{k} {n}" for k, n in t.items()) or "none"
-
-
-def tally(rows_: list, key: str = "verdict") -> dict:
-  out = {}
-  for r in rows_:
-    k = r.get(key, r["verdict"]).split(":")[0]
-    out[k] = out.get(k, 0) + 1
-  return dict(sorted(out.items()))
-
-
-def closing(st: rs.Study, base, rows_: list, meta: dict) -> list:
-  """The closing note: wall time and the headline numbers with their intervals."""
-  what = ""
-  if st.recall:
-    what = (", retrieval study included" if meta.get("recall_rerun", True)
-            else "; the retrieval study's records are an earlier run's, not rerun")
-  L = ["## Closing note\n",
-       f"Wall time {meta['wall_seconds'] / 60:.1f} min (training and evaluation{what})."]
-  if not rows_:
-    return L + [""]
-  heads = [f"({r['id']}) {r['test']}: {r['figure']}; {r['verdict']}, after Holm "
-           f"{r['verdict_holm']}" for r in rows_ if r.get("family") == "primary"]
-  heads += [f"retrieval study, accuracy past its training length, {SETTINGS[r['recall']]}, "
-            f"RoVE - RoPE: {r['figure']}" for r in rows_ if r.get("recall")]
-  L.append("Headline numbers: the primary comparisons (95 % intervals):\n")
-  L += [f"- {h}" for h in heads]
-  for fam, key in (("primary", "verdict_holm"), ("exploratory", "verdict_holm")):
-    got = [r for r in rows_ if r.get("family") == fam]
-    L.append(f"- {fam} rows after Holm: {_fmt_tally(tally(got, key))} (raw: "
-             f"{_fmt_tally(tally(got))})")
-  L.append("")
-  return L

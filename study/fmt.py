@@ -1,5 +1,5 @@
 """How results/README.md writes its numbers: encoding and setting labels, length multiples,
-intervals, comparisons, counts, and the verdict of a within-run change's interval."""
+intervals, comparisons and counts."""
 
 from __future__ import annotations
 
@@ -48,12 +48,3 @@ def fmt_change(c, digits: int = 2) -> str:
 def fmt_count(kn: Optional[tuple[int, int]]) -> str:
   return "-" if kn is None else f"{kn[0]}/{kn[1]}"
 
-
-def interval_verdict(iv: Optional[stats.Interval], claim: str = "lower") -> str:
-  """The verdict of an interval on a contrast whose null value is 0 (e.g. a within-run
-  change), as stats.verdict does for comparisons."""
-  if iv is None:
-    return "not measured"
-  if iv.lower <= 0 <= iv.upper:
-    return "inconclusive"
-  return "supports" if (iv.upper < 0) == (claim == "lower") else "contradicts"

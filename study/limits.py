@@ -50,8 +50,13 @@ def paragraph(report: dict, runs: list, curves: dict, meta: dict, base: Optional
     bullets.append(
         f"Training is short: {train['steps']} steps of {train['batch_size']} x "
         f"{train['seq_len']} tokens ({tokens / 1e6:.2f} M tokens a run), against the paper's "
-        f"GPT-2 runs on FineWebEdu-10B. Every encoding uses one learning rate "
-        f"({train['lr']:g}, warm-up {train['warmup_steps']} steps), not tuned per encoding.")
+        "GPT-2 runs on FineWebEdu-10B. "
+        + ("Each rotary encoding trains at its own learning rate, chosen by the sweep ("
+           + ", ".join(f"{e} {lr:g}" for e, lr in meta["lr_sweep"]["chosen"].items())
+           + f"; others {train['lr']:g}), warm-up {train['warmup_steps']} steps."
+           if meta.get("lr_sweep") else
+           f"Every encoding uses one learning rate ({train['lr']:g}, warm-up "
+           f"{train['warmup_steps']} steps), not tuned per encoding."))
   drops = []
   for r in runs:
     val = _val_losses(curves.get(r["workdir"]))

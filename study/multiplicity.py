@@ -1,5 +1,6 @@
 """Many verdicts at once: Holm's and Benjamini-Hochberg's adjusted p-values, verdicts after
-adjustment, and the paired t-test over seed pairs that stands beside the bootstrap.
+adjustment, and the seed-level tests behind every verdict: the paired t-test over seed pairs
+and, beside it, the exact sign-flip (permutation) test over the same pairs.
 
 The write-up makes one verdict per row of its claims table. Read one at a time, each row is a
 95 % test; read together, the chance that some row "supports" by luck grows with the number
@@ -7,12 +8,14 @@ of rows. Holm's step-down adjustment keeps the chance of any false verdict in a 
 below 5 % (family-wise error), Benjamini-Hochberg keeps the expected share of false ones
 among the verdicts made at or below 5 % (false discovery rate). The study adjusts its short,
 pre-registered family of primary comparisons with Holm and reports the exploratory rows with
-their raw and Holm-adjusted verdicts (study/claims.py).
+their raw and Holm-adjusted verdicts (study/claims.py); the p-values adjusted are the paired
+t-test's (study/verdicts.py).
 """
 
 from __future__ import annotations
 
 import math
+import itertools
 from typing import Optional, Sequence
 
 import numpy as np
@@ -88,3 +91,35 @@ def paired_t(diffs: Sequence[float]) -> Optional[dict]:
     p = float(2 * sps.t.sf(abs(t), n - 1))
   return {"n": n, "mean": mean, "t": t, "df": n - 1, "p": p,
           "lower": mean - half, "upper": mean + half}
+
+
+# Exact enumeration visits 2**n sign vectors: beyond this many pairs it is refused.
+MAX_SIGN_FLIP_PAIRS = 20
+
+
+def sign_flip(diffs: Sequence[float]) -> Optional[dict]:
+  """The exact sign-flip (permutation) test over seed pairs: under "no difference" each pair's
+  difference is as likely to have either sign, so the observed |mean| is compared with the
+  |mean| of all 2**n sign vectors.
+
+  Returns:
+    {"n": pairs, "mean", "p": two-sided p-value (the share of the 2**n sign vectors whose
+    |mean| is at least the observed one), "p_min": the smallest p any data could give with n
+    pairs, 2 / 2**n}, or None with fewer than 2 pairs.
+
+  Raises:
+    ValueError: with more than MAX_SIGN_FLIP_PAIRS pairs (2**n vectors).
+  """
+  d = np.asarray(diffs, dtype=np.float64)
+  if d.size < 2:
+    return None
+  if d.size > MAX_SIGN_FLIP_PAIRS:
+    raise ValueError(f"sign_flip enumerates 2**n sign vectors; {d.size} pairs is more than "
+                     f"{MAX_SIGN_FLIP_PAIRS}")
+  signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
+  means = np.abs(signs @ d) / d.size
+  observed = abs(float(d.mean()))
+  # a relative tolerance: the observed vector's own |mean| must count despite rounding
+  hits = int(np.sum(means >= observed * (1 - 1e-12) - 1e-300))
+  return {"n": int(d.size), "mean": float(d.mean()), "p": hits / signs.shape[0],
+          "p_min": 2 / signs.shape[0]}

@@ -27,13 +27,15 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from study import stats
+from study import verdicts
 
 # Replicates: stats reports the Monte-Carlo error of every endpoint, and the write-up flags a
 # verdict that error could flip.
 N_BOOT = 10000
 CI = 0.95
 BOOT_SEED = 0
-# Accuracy below this for every compared encoding is "at the floor": counts, never a verdict.
+# Accuracy above 1 - FLOOR for every compared encoding is "at the ceiling": counts, no verdict
+# (the floor is chance + study.verdicts.MARGIN: "not measurable at this scale").
 FLOOR = 0.05
 # The measured coverage of the 95 % difference interval with paired seeds, by number of seed
 # pairs: (encoding-by-seed sd, coverage %) on simulated runs (40 units, unit noise sd 1, a seed
@@ -140,9 +142,8 @@ class Boot:
                                    ci=self.ci, pair_seeds=pair, strata=a.strata)
 
 
-def verdict(result: Optional[stats.Comparison], claim: str = "lower") -> str:
-  """supports / contradicts / inconclusive from the interval; "not measured" for None."""
-  return "not measured" if result is None else stats.verdict(result, claim)
+# supports / contradicts / inconclusive from the paired t-test over seed pairs; "not measured"
+verdict = verdicts.verdict  # for None (study/verdicts.py)
 
 
 # ------------------------------------------------------------------------- gathering units
@@ -266,10 +267,10 @@ def at_ceiling(counts: Sequence[Optional[tuple[int, int]]]) -> bool:
   return bool(got) and all(k / n > 1 - FLOOR for k, n in got)
 
 
-def at_floor(counts: Sequence[Optional[tuple[int, int]]]) -> bool:
-  """Whether every count's accuracy is below FLOOR (missing counts are ignored)."""
-  got = [c for c in counts if c is not None and c[1]]
-  return bool(got) and all(k / n < FLOOR for k, n in got)
+def at_floor(counts: Sequence[Optional[tuple[int, int]]], chance: float = 0.0) -> bool:
+  """Whether every count's accuracy is within study.verdicts.MARGIN of `chance` (missing
+  counts are ignored): not measurable at this scale."""
+  return verdicts.near_chance(counts, chance)
 
 
 def recall_units(records: Sequence[dict], encoding: str, setting: str, lengths: Sequence[int],
@@ -308,8 +309,9 @@ class Study:
   comparison computed once."""
 
   def __init__(self, report: dict, recall: Optional[Sequence[dict]] = None,
-               boot: Optional[Boot] = None):
+               boot: Optional[Boot] = None, recall_chance: float = 0.0):
     self.report, self.recall, self.boot = report, list(recall or []), boot or Boot()
+    self.recall_chance = recall_chance  # the retrieval task's chance accuracy (verdicts)
     self.groups: dict = {}
     for run in report["runs"]:
       self.groups.setdefault(run["model"]["pos_encoding"], []).append(run)

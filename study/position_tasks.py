@@ -16,6 +16,7 @@ import numpy as np
 from study import claims as claims_lib
 from study import fmt
 from study import numbers as rs
+from study import verdicts
 
 TASK_NAMES = {
     "lastwrite": ("Position-dependent retrieval: last write wins",
@@ -63,10 +64,11 @@ def by_distance(data: dict, boot: rs.Boot) -> tuple[list, dict]:
   encs = [e for e in rs.ORDER if any(r["encoding"] == e for r in data["records"])]
   settings = [s for s in claims_lib.SETTINGS if any(r["setting"] == s for r in data["records"])]
   buckets = [b for b in BUCKETS if distance_units(data, encs[0], "none", *b) is not None]
+  chance = verdicts.recall_chance(data.get("spec"))
   head = ("| encoding | setting | " + " | ".join(
       f"distance {_bucket_label(lo, hi, T)}" for lo, hi in buckets) + " |")
   L = [f"Accuracy by the distance from the query to its answer (tokens; every test length "
-       f"pooled, T = {T}):\n", head, "|---|---|" + "---|" * len(buckets)]
+       f"pooled, T = {T}; chance {chance:.3g}):\n", head, "|---|---|" + "---|" * len(buckets)]
   summary: dict = {}
   for e in encs:
     for s in settings:
@@ -85,9 +87,12 @@ def by_distance(data: dict, boot: rs.Boot) -> tuple[list, dict]:
         continue
       summary.setdefault("rove-rope", {})[s] = [
           None if c is None else [c.estimate, c.lower, c.upper] for c in cells]
+      floors = [rs.at_floor([rs.count(distance_units(data, e, s, *b)) for e in ("rove", "rope")],
+                            chance) for b in buckets]
       L.append(f"| RoVE - RoPE | {claims_lib.SETTINGS[s]} | " + " | ".join(
-          "-" if c is None else f"{fmt.fmt_change(c)} {rs.verdict(c, 'higher')}"
-          for c in cells) + " |")
+          "-" if c is None else f"{fmt.fmt_change(c)} "
+          + (verdicts.NOT_MEASURABLE if floor else rs.verdict(c, 'higher'))
+          for c, floor in zip(cells, floors)) + " |")
   L.append("")
   return L, {"buckets": [list(b) for b in buckets], "accuracy": summary}
 
@@ -129,7 +134,8 @@ def section(tasks: dict, boot: rs.Boot, png_name: str) -> tuple[list, Optional[b
   L, summary = [], {}
   for task, data in tasks.items():
     heading, what = TASK_NAMES.get(task, (f"Retrieval: {task}", task))
-    st = rs.Study({"runs": []}, data["records"], boot)
+    st = rs.Study({"runs": []}, data["records"], boot,
+                  verdicts.recall_chance(data.get("spec")))
     md, _, by_length = claims_lib.retrieval(st, png_name, heading=f"## {heading}", task=what)
     md = [line for line in md if not line.startswith("![")]  # one figure for every task
     dist_md, dist = by_distance(data, boot)

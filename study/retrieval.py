@@ -34,7 +34,7 @@ from rove_jax.tasks import recall as recall_data
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model_config import POS_ENCODINGS
 from rove_jax.train import config_schema
-from study import jobs, plots, stats
+from study import jobs, plots, stats, verdicts
 from rove_jax.evaluation import recall
 from study.configs import retrieval as recall_config
 
@@ -191,7 +191,9 @@ def evaluate_all(args, runs, log=print) -> dict:
 
 def comparisons(records: list[dict], reference: str = "rove") -> list[dict]:
   """RoVE against each other encoding per (setting, length): paired bootstrap intervals of
-  the accuracy and NLL differences (A = RoVE), from study.stats."""
+  the accuracy and NLL differences (A = RoVE), from study.stats, with the seed-level tests
+  that decide verdicts (study.verdicts: "t", "sign_flip"; None without 2 seed pairs) and the
+  interval's own "direction"."""
   cells: dict = {}
   for r in records:
     cells.setdefault((r["setting"], r["length"]), {}).setdefault(r["encoding"], []).append(r)
@@ -212,7 +214,8 @@ def comparisons(records: list[dict], reference: str = "rove") -> list[dict]:
         row[metric] = {"difference": c.estimate, "lower": c.lower, "upper": c.upper,
                        "a": c.a, "b": c.b, "direction": c.direction,
                        "seed_spread_included": c.seed_spread_included,
-                       "seeds_paired": pair}
+                       "seeds_paired": pair,
+                       **verdicts.seed_tests(verdicts.comparison_diffs(c))}
       out.append(row)
   return out
 

@@ -143,7 +143,8 @@ class Comparison:
 
 
 def verdict(result: Comparison, claim: str = "lower") -> str:
-  """What the comparison says about the claim "A is `claim` than B".
+  """What the comparison's interval says about the claim "A is `claim` than B" (the
+  write-up's verdicts come from the seed-level tests instead: study/verdicts.py).
 
   Args:
     result: a `paired_difference` result.

@@ -21,11 +21,15 @@ from rove_jax.evaluation.report import train_len
 from rove_jax.evaluation.report_files import replace_files
 from study import checks
 from study import claims as claims_lib
+from study import claims_table
 from study import fmt
 from study import limits
 from study import numbers as rs
 from study import plots
 from study import position_tasks
+from study import primary
+from study import run_info
+from study import verdicts
 
 RECALL_PNG = "retrieval_study.png"
 POSITION_PNG = "position_retrieval.png"
@@ -48,11 +52,6 @@ def _train_len(report: dict):
   return found.pop() if found else None
 
 
-def _minutes(run_report) -> str:
-  seconds = (run_report or {}).get("seconds") or {}
-  return f"{sum(seconds.values()) / 60:.1f}" if seconds else "-"
-
-
 def _js(x) -> Optional[dict]:
   """An Interval or Comparison as JSON numbers."""
   if x is None:
@@ -65,52 +64,6 @@ def _cmp_cell(c, claim="lower") -> str:
 
 
 # -------------------------------------------------------------------------------- sections
-
-
-def _header(st: rs.Study, meta: dict) -> list:
-  report = st.report
-  first = report["runs"][0]["model"]
-  steps = sorted({r["step"] for r in report["runs"]})
-  seeds = "; ".join(f"{fmt.name(e)} {len(st.groups[e])}" for e in st.order)
-  L = ["# Small-scale replication: RoVE vs RoPE (vs NoPE)\n"]
-  if meta.get("quick"):
-    L.append("**This is a --quick smoke run (tiny model, a few steps): its numbers mean nothing "
-             "about RoVE.**\n")
-  L.append(
-      f"Every run: a {first['n_layer']}-layer GPT, d_model {first['d_model']}, "
-      f"{first['n_head']} heads, {first['params']:,} parameters, training context "
-      f"{train_len(report['runs'][0])} byte tokens, trained on the embedded stdlib corpus for "
-      f"{', '.join(map(str, steps))} steps (study/configs/reproduce.py); the runs differ only "
-      f"in the "
-      f"positional encoding and the seed. {len(report['runs'])} runs (seeds: {seeds}), all "
-      f"reported below.\n")
-  settings = {s for r in report["runs"] for s in (r.get("perplexity") or {}) if s != "protocol"}
-  yarn = "all" if "yarn_fixed" in settings else "both" if "yarn" in settings else "off"
-  L.append(f"- Command: `{meta['command'].strip()}` (`make reproduce`)")
-  L.append(f"- Commit: {meta['commit']}")
-  L.append(f"- Started: {meta['started']}; wall time {meta['wall_seconds'] / 60:.1f} min "
-           f"(training and evaluation)")
-  L.append(f"- Machine: {meta['machine']}")
-  if meta.get("notes"):
-    L.append(f"- Notes: {meta['notes']}")
-  L.append(f"- Evaluation: `python -m rove_jax.cli.eval --suite {report['suite']} --yarn "
-           f"{yarn}{_sizing_flags(report)} --compare ...`; full report in "
-           f"[eval/report.md](eval/report.md), raw numbers in [eval/report.json](eval/report.json)"
-           f".\n")
-  return L
-
-
-def _sizing_flags(report: dict) -> str:
-  """The --ppl-tokens and --ruler-lengths the report was scored with (when every run agrees)."""
-  runs, flags = report["runs"], ""
-  tokens = {((r.get("perplexity") or {}).get("protocol") or {}).get("max_tokens") for r in runs}
-  if len(tokens) == 1 and None not in tokens:
-    flags += f" --ppl-tokens {tokens.pop()}"
-  lengths = {tuple(((r.get("ruler") or {}).get("protocol") or {}).get("lengths") or ())
-             for r in runs}
-  if len(lengths) == 1 and () not in lengths:
-    flags += " --ruler-lengths " + ",".join(map(str, lengths.pop()))
-  return flags
 
 
 def _unit_counts(st: rs.Study) -> str:
@@ -155,25 +108,32 @@ def _method(st: rs.Study) -> list:
       "task and length of a pooled statistic (its cells keep their shares). A comparison is "
       "RoVE minus the other encoding: for perplexity the relative difference "
       "exp(loss_RoVE - loss_other) - 1, for answer NLLs and accuracies the plain difference. "
-      "Its verdict on a claim is *supports* when the interval excludes 0 on the claimed side, "
-      f"*contradicts* when it excludes 0 on the other side, *inconclusive* otherwise. Accuracy "
-      f"below {rs.FLOOR} for every compared encoding is *at the floor*, above "
+      "The interval is the effect's; the verdict comes from the seeds (study/verdicts.py): the "
+      "paired t-test over the seed pairs' differences of the run statistic, two-sided, "
+      f"*supports* when p < {verdicts.ALPHA:g} and the mean difference lies on the claimed "
+      f"side, *contradicts* when p < {verdicts.ALPHA:g} on the other side, *inconclusive* "
+      f"otherwise; with fewer than {verdicts.MIN_PAIRS} seed pairs there is no seed-level test "
+      "and the verdict says so. The exact sign-flip test over the same pairs is given beside "
+      "the t-test in the claims table. A comparison where every compared encoding's accuracy "
+      f"is within {verdicts.MARGIN:g} of the task's chance (a uniform guess among its answers, "
+      f"computed per task; 0 for open-ended answers) is *{verdicts.NOT_MEASURABLE}*, above "
       f"{1 - rs.FLOOR:g} *at the ceiling*: counts, no verdict.\n",
       "Multiplicity: the claims table makes many verdicts. A short family of primary "
-      "comparisons, one per claim of the paper's abstract and setting, was fixed before the "
+      "comparisons (the abstract's perplexity claims, one row a setting) was fixed before the "
       "numbers were read (study/primary.py); its verdicts are also given after Holm's "
-      "adjustment, as are the exploratory rows', within their own family. Each result's "
+      "adjustment of the t-tests' p-values, as are the exploratory rows', within their own "
+      "family; the claims table states how many rows enter each. Each interval's "
       "Monte-Carlo error (the spread of its endpoints over 10 batches of the replicates) is "
-      "computed, and a verdict whose deciding endpoint lies within 2 such errors of 0 is "
-      "flagged in the table.\n",
+      "computed, and an endpoint within 2 such errors of 0 is flagged in the table.\n",
       f"Coverage: with few seeds the seed level is resampled from few values and an interval "
       f"under-covers when the encoding-by-seed variation is large. Measured in simulation "
       f"(study/stats.py, 40 units with noise sd 1, i.e. sd 0.16 of a run's mean, a seed "
       f"effect shared by the pair), the nominal 95 % difference interval covered at "
       f"{rs.coverage_quote(3)} with 3 pairs and {rs.coverage_quote(8)} with 8. This study "
       f"has {pairs} RoVE-RoPE pair{'s' if pairs != 1 else ''}"
-      + ("; the primary rows give the paired t-test beside the bootstrap." if pairs > 1
-         else ".") + _subsets(st) + "\n"]
+      + ("; the verdicts rest on the paired t-test over those pairs, not on the interval."
+         if pairs > 1 else ": too few for a seed-level test, so no verdict is decided.")
+      + _subsets(st) + "\n"]
 
 
 def _subsets(st: rs.Study) -> str:
@@ -207,7 +167,8 @@ def _table1(st: rs.Study, base, summary) -> list:
              f"{fmt.fmt_interval(ppl)} | {fmt.fmt_count(right)} | {fmt.fmt_interval(nll)} |")
   for a, b in st.pairs():
     counts = [st.icl_count(a, tasks), st.icl_count(b, tasks)]
-    acc = ("at the floor" if rs.at_floor(counts) else
+    chance = verdicts.study_icl_chance(st, tasks)
+    acc = (verdicts.NOT_MEASURABLE if rs.at_floor(counts, chance) else
            _cmp_cell(st.icl_cmp(a, b, tasks, 1), "higher"))
     L.append(f"| {fmt.name(a)} - {fmt.name(b)} | | | {_cmp_cell(st.ppl_cmp(a, b, 'none', base))} | "
              f"{acc} | {_cmp_cell(st.icl_cmp(a, b, tasks, 0))} |")
@@ -356,8 +317,9 @@ def _icl(st: rs.Study, summary) -> list:
     counts = {e: st.icl_count(e, sel) for e in st.order}
     accs = []
     for a, b in pairs:
-      floor = rs.at_floor([counts[a], counts[b]])
-      accs.append("at the floor" if floor else _cmp_cell(st.icl_cmp(a, b, sel, 1), "higher"))
+      floor = rs.at_floor([counts[a], counts[b]], verdicts.study_icl_chance(st, sel))
+      accs.append(verdicts.NOT_MEASURABLE if floor
+                  else _cmp_cell(st.icl_cmp(a, b, sel, 1), "higher"))
     summary["icl"][task] = {"correct": counts,
                             "nll": {e: _js(st.icl_nll(e, sel)) for e in st.order}}
     cells = ([f"{'**all tasks**' if task == 'all' else task}"]
@@ -371,17 +333,19 @@ def _icl(st: rs.Study, summary) -> list:
 
 def build(report: dict, runs: list[dict], curves: dict, meta: dict,
           recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT,
-          ppl_report: Optional[dict] = None, positions: Optional[dict] = None):
+          ppl_report: Optional[dict] = None, positions: Optional[dict] = None,
+          recall_chance: float = 0.0):
   """(markdown, summary dict, {PNG name: bytes or None}) for results/. `runs` are
   reproduce.plan's (the checks' runs, kind "long" and "lr", go to their own section; the main
   ones are the report's), `ppl_report` the perplexity-only report of the added seeds and the
   training-length check, `positions` {task: recall.json content} of the position-dependent
-  retrieval tasks."""
-  st = rs.Study(report, recall, rs.Boot(n_boot))
+  retrieval tasks, `recall_chance` the chance accuracy of the retrieval study's task
+  (study.verdicts.recall_chance)."""
+  st = rs.Study(report, recall, rs.Boot(n_boot), recall_chance)
   main = [r for r in runs if r.get("kind", "main") == "main"]
   base = _train_len(report)
   summary = {"encodings": {}, "ruler": {}, "icl": {}, "claims": []}
-  L = _header(st, meta) + _method(st) + _table1(st, base, summary)
+  L = run_info.header(st, meta) + _method(st) + _table1(st, base, summary)
   L += _perplexity(st, base, summary) + _ruler(st, base, summary) + _icl(st, summary)
   recall_md, png, summary["retrieval"] = claims_lib.retrieval(st, RECALL_PNG)
   L += recall_md
@@ -390,49 +354,26 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict,
   L += pos_md
   rows = claims_lib.rows(st, base)
   summary["claims"] = rows
-  L += claims_lib.table(rows)
+  L += claims_table.table(rows, primary.left_note(st))
   check_md, summary["checks"] = checks.section(runs, curves, [report, ppl_report], meta, base)
   L += check_md
   L += limits.paragraph(report, main, curves, meta, base)
-  L += _every_run([report, ppl_report], runs, curves, meta)
-  L += claims_lib.closing(st, base, rows, meta)
+  L += run_info.every_run([report, ppl_report], runs, curves, meta)
+  L += claims_table.closing(st, base, rows, meta)
   return "\n".join(L), summary, {RECALL_PNG: png, POSITION_PNG: pos_png}
-
-
-def _every_run(reports, runs, curves, meta) -> list:
-  L = ["## Every run\n",
-       "| run | encoding | seed | steps | final train loss | final held-out loss | "
-       "training wall (min) | evaluation wall (min) |",
-       "|---|---|---|---|---|---|---|---|"]
-  evaluated = [r for rep in reports if rep for r in rep["runs"]]
-  steps = (meta.get("train") or {}).get("steps", "-")  # runs not evaluated (the LR check)
-  for run in runs:
-    rows = curves.get(run["workdir"]) or []
-    tr = [r["loss"] for r in rows if "loss" in r]
-    va = [r["val_loss"] for r in rows if "val_loss" in r]
-    rep = next((r for r in evaluated if os.path.abspath(r["workdir"]) ==
-                os.path.abspath(run["workdir"])), None)
-    secs = meta.get("train_seconds", {}).get(run["workdir"])
-    L.append(f"| {os.path.basename(run['workdir'])} | {fmt.name(run['encoding'])} | "
-             f"{run['seed']} | {rep['step'] if rep else run.get('steps') or steps} | "
-             f"{f'{tr[-1]:.4f}' if tr else '-'} | {f'{va[-1]:.4f}' if va else '-'} | "
-             f"{f'{secs / 60:.1f}' if secs else '-'} | {_minutes(rep)} |")
-  L.append("\nPer-run perplexity, RULER and ICL numbers: [eval/report.md](eval/report.md).\n")
-  if any("loss" in row for run in runs for row in curves.get(run["workdir"]) or []):
-    L.append("![loss curves](loss_curves.png)\n")  # plots.loss_curves draws these rows
-  L.append("![Figure 1: the trained model's RoPE vs RoVE token mixers](eval/figure1_mixer.png)\n")
-  return L
 
 
 def write(out_dir: str, report: dict, runs: list[dict], curves: dict, meta: dict,
           recall: Optional[Sequence[dict]] = None, *, n_boot: int = rs.N_BOOT,
-          ppl_report: Optional[dict] = None, positions: Optional[dict] = None) -> dict:
+          ppl_report: Optional[dict] = None, positions: Optional[dict] = None,
+          recall_chance: float = 0.0) -> dict:
   """Writes README.md, summary.json, loss_curves.png and (with `recall` records)
   retrieval_study.png to out_dir, all or none of them (report_files.replace_files); a PNG the
   README does not link is removed. Returns the summary."""
   os.makedirs(out_dir, exist_ok=True)
   text, summary, figures = build(report, runs, curves, meta, recall, n_boot=n_boot,
-                                 ppl_report=ppl_report, positions=positions)
+                                 ppl_report=ppl_report, positions=positions,
+                                 recall_chance=recall_chance)
   files = {os.path.join(out_dir, "README.md"): text,
            os.path.join(out_dir, "summary.json"): json.dumps({"meta": meta, **summary}, indent=2)}
   main = [r for r in runs if r.get("kind", "main") == "main"]

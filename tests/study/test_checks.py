@@ -78,7 +78,7 @@ def _position_data():
                           "accuracy": float(np.mean(correct)),
                           "nll": 0.5 + 0.1 * (1 - float(np.mean(correct)))})
   return {"train_len": T, "sample_distance": {str(L): d.tolist() for L, d in dist.items()},
-          "records": records, "spec": "task=offset"}
+          "records": records, "spec": "pairs=1,values=16,task=offset"}
 
 
 def test_distance_units_select_the_bucket_samples_of_every_length_by_seed():

@@ -41,3 +41,15 @@ def test_paired_t_matches_scipy():
 def test_p_values_outside_0_1_are_refused(bad):
   with pytest.raises(ValueError, match="p-values must"):
     m.holm(bad)
+
+
+def test_sign_flip_counts_the_sign_vectors_by_hand():
+  # |sum| of +-3 +-1 +-2 +-2 is at least the observed 6 for (3, 1, 2, 2), (3, -1, 2, 2) and
+  # their negations: 4 of 16
+  got = m.sign_flip([3.0, -1.0, 2.0, 2.0])
+  assert (got["n"], got["mean"], got["p"], got["p_min"]) == (4, 1.5, 4 / 16, 2 / 16)
+  assert m.sign_flip([0.1, 0.2, 0.3])["p"] == 0.25  # every sign the same: the least, 2 / 2**3
+  assert m.sign_flip([1.0, -1.0])["p"] == 1.0  # mean 0: every vector is as extreme
+  assert m.sign_flip([0.5]) is None
+  with pytest.raises(ValueError, match="2\\*\\*n"):
+    m.sign_flip([1.0] * (m.MAX_SIGN_FLIP_PAIRS + 1))

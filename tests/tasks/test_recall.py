@@ -165,6 +165,9 @@ def test_study_plan_and_comparisons(tmp_path):
   assert (row["a"], row["b"]) == ("rove", "nope")
   assert row["accuracy"]["difference"] == pytest.approx(0.75 - 0.25)
   assert row["nll"]["difference"] == pytest.approx(-0.5)
+  # the seed-level tests over the 2 seed pairs (each pair's difference 0.5: no spread)
+  assert row["accuracy"]["t"]["n"] == 2 and row["accuracy"]["t"]["mean"] == pytest.approx(0.5)
+  assert row["accuracy"]["sign_flip"]["p"] == 0.5  # both signs the same: 2 of 4 sign vectors
 
 
 def test_loss_mask_marks_exactly_the_query_values(tmp_path):
