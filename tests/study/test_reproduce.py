@@ -14,6 +14,7 @@ import pytest
 from rove_jax.cli import eval as cli
 from rove_jax.evaluation import report as report_lib
 from rove_jax.evaluation import report_files
+from study import recall_runs
 from study import writeup as w
 from tests.conftest import subprocess_env
 
@@ -474,9 +475,9 @@ def _fake_reproduce(monkeypatch, tmp_path, *, recall_present, extra=()):
       fake_call(job.cmd)
     return [(0, 1.0)] * len(todo)
 
-  monkeypatch.setattr(reproduce.subprocess, "call", fake_call)
+  monkeypatch.setattr(recall_runs.subprocess, "call", fake_call)
   monkeypatch.setattr(reproduce.jobs, "run", fake_run)
-  monkeypatch.setattr(reproduce, "recall_available", lambda: recall_present)
+  monkeypatch.setattr(recall_runs, "recall_available", lambda: recall_present)
   monkeypatch.setattr(reproduce, "machine", lambda: "m")
   monkeypatch.setattr(writeup, "write", lambda *a, **k: writes.append((a, k)))
   argv = ["--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"), *extra]
