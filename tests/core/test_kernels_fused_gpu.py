@@ -125,3 +125,25 @@ def test_dispatch_checks_the_gpu_limits():
   for bad in (100, 8, True):
     with pytest.raises(ValueError, match="block_size"):
       fused_gpu.kernel(bad)
+
+
+@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (tests/conftest.py gives 8 "
+                    "CPU devices)")
+def test_sharded_matches_unsharded():
+  """Under jax.set_mesh on a (data, fsdp, tensor) = (2, 1, 2) mesh the kernel runs in
+  shard_map (batch over data, query and kv heads over tensor, segment and position rows with
+  the batch) and gives the unsharded output and gradients."""
+  B, H, K = 2, 4, 2
+  q, k, v, ct = inputs(B, H, K, F32, seed=5)
+  seg, pos = documents(B, (120, 136))
+  rope = rj.Rope(rj.rope_frequencies(D), 1.0, "half")
+  mask = rj.Mask(causal=True, segment_ids=jnp.asarray(seg), ordered=True)
+  run = lambda: fused_gpu_and_grads("rove", q, k, v, ct, jnp.asarray(pos), rope, mask)
+  want = run()
+  mesh = jax.make_mesh((2, 1, 2), ("data", "fsdp", "tensor"), devices=jax.devices()[:4],
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  with jax.set_mesh(mesh):
+    got = run()
+  assert got[0].sharding.spec == jax.sharding.PartitionSpec("data", None, "tensor")
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)  # sharded sums: another order
