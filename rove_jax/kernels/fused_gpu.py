@@ -17,9 +17,11 @@ How it differs from the TPU kernel, and why:
     (`pair_swap`) on the tensor cores: Triton has no lane rotation, and splitting a tile into
     its pair members needs power-of-two halves, which partial rotary (e.g. 48 of 64 dims, the
     "half" layout) does not give. The product is exact: a bfloat16 tile is multiplied as is,
-    a float32 tile as three bfloat16 pieces whose sum is the tile. Then, with the tables of
-    fused_tiles (C, SA, SB), R x = x * C + swap(x) * (SA + SB), since SA is non-zero only on
-    first members (whose partner is ahead) and SB only on second ones.
+    a float32 tile as three bfloat16 pieces whose sum is the tile. Then, with fused_tiles'
+    tables C and S = SA + SB, R x = x * C + swap(x) * S, since SA is non-zero only on first
+    members (whose partner is ahead) and SB only on second ones.
+  * Registers are what a Triton program runs short of: tables and the swap matrix are made or
+    read where they are used, not held across the key loop.
   * Blocks are powers of two (Triton's tiles are): the largest power of two that divides the
     length, at most `block_size`, at least MIN_BLOCK; the head dim is a power of two from 16
     (Triton's smallest matmul) to MAX_HEAD_DIM.
@@ -154,19 +156,58 @@ def pair_swap(x_nD, swap_DD) -> jax.Array:
   return out
 
 
-def rotate(x_nD, tabs, swap_DD, *, inverse: bool = False) -> jax.Array:
-  """R x (R^-1 x when inverse) of a tile [n, D] (any float dtype) in float32, with
-  fused_tiles.tables' tables (module docstring)."""
-  c_nD, sa_nD, sb_nD = tabs
-  turn = pair_swap(x_nD, swap_DD) * (sa_nD + sb_nD)
+def rotate(x_nD, tabs, swap_ref, *, inverse: bool = False) -> jax.Array:
+  """R x (R^-1 x when inverse) of a tile [n, D] (any float dtype) in float32, with `tables`'
+  tables. The swap matrix is read from its ref at each use, not held across loops (registers
+  are what a Triton program runs short of)."""
+  c_nD, s_nD = tabs
+  turn = pair_swap(x_nD, swap_ref[...]) * s_nD
   x = x_nD.astype(jnp.float32)
   return x * c_nD - turn if inverse else x * c_nD + turn
 
 
 def tables(pos_ref, consts_ref, rows=None):
-  """fused_tiles.tables for the positions pos_ref[rows] (all of the ref when rows is None)."""
-  pos_n = pos_ref[...] if rows is None else pos_ref[rows]
-  return fused_tiles.tables(pos_n[:, None], consts_ref)
+  """(C, S), each [n, D] float32, for the positions pos_ref[rows] (all of the ref when rows is
+  None): C = cos(pos * f) and S = SA + SB of fused_tiles.tables (-sin on first members, +sin
+  on second ones, 0 on pass-through dims)."""
+  pos_n1 = (pos_ref[...] if rows is None else pos_ref[rows])[:, None]
+  angle_nD = pos_n1 * consts_ref[fused_tiles.FREQ:fused_tiles.FREQ + 1, :]
+  sign_1D = (consts_ref[fused_tiles.NEG_FIRST:fused_tiles.NEG_FIRST + 1, :]
+             + consts_ref[fused_tiles.SECOND:fused_tiles.SECOND + 1, :])
+  sin_nD, cos_nD = sincos(angle_nD)
+  return cos_nD, sin_nD * sign_1D
+
+
+# pi / 2 in three float32 parts (Cody-Waite; cephes' sinf constants, doubled): the first has 8
+# significant bits and the second 12, so with k split into a multiple of 256 (12 bits up to
+# 2**20) and the rest (8 bits), every product with them is exact.
+_PIO2 = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
+# Minimax polynomials for |r| <= pi / 4 (cephes' sinf and cosf).
+_SIN = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
+_COS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
+
+
+def sincos(a):
+  """(sin a, cos a) of a float32 array, sharing one range reduction: a = k * pi / 2 + r with
+  |r| <= pi / 4, polynomials in r, the quadrant k mod 4 picking and signing them. Within a few
+  float32 ulps of sin and cos for |a| < 2**20 * pi / 2 (about 1.6e6: positions under that at
+  frequencies <= 1), losing precision gradually beyond. jnp.sin and jnp.cos lower to
+  libdevice calls whose slow path makes a Triton program spill most of its registers."""
+  x = jnp.abs(a)  # sin(-x) = -sin(x): k >= 0, so each difference below is exact (Sterbenz)
+  k = jnp.floor(x * (2 / math.pi) + 0.5)
+  k_hi = jnp.floor(k * (1 / 256)) * 256
+  k_lo = k - k_hi
+  r = x - k_hi * _PIO2[0] - k_lo * _PIO2[0] - k_hi * _PIO2[1] - k_lo * _PIO2[1] - k * _PIO2[2]
+  z = r * r
+  sin_r = r + r * z * (_SIN[0] + z * (_SIN[1] + z * _SIN[2]))
+  cos_r = 1.0 - 0.5 * z + z * z * (_COS[0] + z * (_COS[1] + z * _COS[2]))
+  quadrant = jnp.bitwise_and(k.astype(jnp.int32), 3)
+  odd = jnp.bitwise_and(quadrant, 1) == 1
+  sin_a = jnp.where(odd, cos_r, sin_r)
+  cos_a = jnp.where(odd, sin_r, cos_r)
+  sin_a = jnp.where((quadrant >= 2) != (a < 0), -sin_a, sin_a)
+  cos_a = jnp.where((quadrant == 1) | (quadrant == 2), -cos_a, cos_a)
+  return sin_a, cos_a
 
 
 def compiler_params():
@@ -249,21 +290,19 @@ def _forward_kernel(plan: Plan, consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_s
   qi = pl.program_id(0)
   bq, bk, f32 = plan.bq, plan.bk, jnp.float32
   nk = k_ref.shape[0] // bk
-  swap = swap_ref[...]
   precision = fused_tiles.precision_for(q_ref.dtype)
-  q_tabs = tables(q_pos_ref, consts_ref)
-  q_r = (rotate(q_ref[...], q_tabs, swap) * fused_tiles.query_scale(consts_ref)
-         ).astype(q_ref.dtype)
+  q_r = (rotate(q_ref[...], tables(q_pos_ref, consts_ref), swap_ref)
+         * fused_tiles.query_scale(consts_ref)).astype(q_ref.dtype)
   q_seg = q_seg_ref[...][:, None] if plan.segmented else None
 
   def step(ki, carry):
     acc, m_prev, l_prev = carry
     keys = pl.ds(ki * bk, bk)
     tabs = tables(kv_pos_ref, consts_ref, keys)
-    k_r = rotate(k_ref[keys, :], tabs, swap).astype(k_ref.dtype)
+    k_r = rotate(k_ref[keys, :], tabs, swap_ref).astype(k_ref.dtype)
     v_r = v_ref[keys, :]
     if plan.rotate_values:
-      v_r = rotate(v_r, tabs, swap).astype(v_ref.dtype)
+      v_r = rotate(v_r, tabs, swap_ref).astype(v_ref.dtype)
     s = fused_tiles.dot_nt(q_r, k_r, precision)  # [bq, bk]
     kv_seg = kv_seg_ref[keys][None, :] if plan.segmented else None
     mask = fused_tiles.visible(plan, qi, ki, q_seg, kv_seg, keys_in_rows=False)
@@ -284,6 +323,7 @@ def _forward_kernel(plan: Plan, consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_s
   seen = l > 0.0
   o = acc / jnp.where(seen, l, 1.0)[:, None]
   if plan.rotate_output:
-    o = rotate(o, q_tabs, swap, inverse=True)
+    # The query tables again, not held across the loop.
+    o = rotate(o, tables(q_pos_ref, consts_ref), swap_ref, inverse=True)
   o_ref[...] = o.astype(o_ref.dtype)
   lse_ref[...] = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)

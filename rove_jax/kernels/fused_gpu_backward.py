@@ -63,24 +63,23 @@ def _dq_kernel(plan: Plan, consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_re
   qi = pl.program_id(0)
   bk = plan.bk
   nk = k_ref.shape[0] // bk
-  swap = swap_ref[...]
   precision = fused_tiles.precision_for(q_ref.dtype)
   scale_1D = fused_tiles.query_scale(consts_ref)
   q_tabs = tables(q_pos_ref, consts_ref)
-  q_r = (rotate(q_ref[...], q_tabs, swap) * scale_1D).astype(q_ref.dtype)
+  q_r = (rotate(q_ref[...], q_tabs, swap_ref) * scale_1D).astype(q_ref.dtype)
   do_r = do_ref[...]
   if plan.rotate_output:
-    do_r = rotate(do_r, q_tabs, swap).astype(do_ref.dtype)
+    do_r = rotate(do_r, q_tabs, swap_ref).astype(do_ref.dtype)
   lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
   q_seg = q_seg_ref[...][:, None] if plan.segmented else None
 
   def step(ki, acc):
     keys = pl.ds(ki * bk, bk)
     tabs = tables(kv_pos_ref, consts_ref, keys)
-    k_r = rotate(k_ref[keys, :], tabs, swap).astype(k_ref.dtype)
+    k_r = rotate(k_ref[keys, :], tabs, swap_ref).astype(k_ref.dtype)
     v_r = v_ref[keys, :]
     if plan.rotate_values:
-      v_r = rotate(v_r, tabs, swap).astype(v_ref.dtype)
+      v_r = rotate(v_r, tabs, swap_ref).astype(v_ref.dtype)
     s = fused_tiles.dot_nt(q_r, k_r, precision)  # [bq, bk]
     kv_seg = kv_seg_ref[keys][None, :] if plan.segmented else None
     mask = fused_tiles.visible(plan, qi, ki, q_seg, kv_seg, keys_in_rows=False)
@@ -92,7 +91,9 @@ def _dq_kernel(plan: Plan, consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_re
 
   acc = jnp.zeros(q_ref.shape, jnp.float32)
   acc = jax.lax.fori_loop(0, fused_tiles.last_key_block(plan, qi, nk) + 1, step, acc)
-  dq_ref[...] = rotate(acc * scale_1D, q_tabs, swap, inverse=True).astype(dq_ref.dtype)
+  # The query tables again, not held across the loop.
+  dq = rotate(acc * scale_1D, tables(q_pos_ref, consts_ref), swap_ref, inverse=True)
+  dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
 def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
@@ -129,24 +130,23 @@ def _dkv_kernel(plan: Plan, consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_r
   bq, f32 = plan.bq, jnp.float32
   T, G = q_ref.shape[0], q_ref.shape[1]
   nq = T // bq
-  swap = swap_ref[...]
   precision = fused_tiles.precision_for(q_ref.dtype)
   scale_1D = fused_tiles.query_scale(consts_ref)
   kv_tabs = tables(kv_pos_ref, consts_ref)
-  k_r = rotate(k_ref[...], kv_tabs, swap).astype(k_ref.dtype)
+  k_r = rotate(k_ref[...], kv_tabs, swap_ref).astype(k_ref.dtype)
   v_r = v_ref[...]
   if plan.rotate_values:
-    v_r = rotate(v_r, kv_tabs, swap).astype(v_ref.dtype)
+    v_r = rotate(v_r, kv_tabs, swap_ref).astype(v_ref.dtype)
   kv_seg = kv_seg_ref[...][:, None] if plan.segmented else None
 
   def step(qi, carry, g):
     dk_r, dv_r = carry
     rows = pl.ds(qi * bq, bq)
     tabs = tables(q_pos_ref, consts_ref, rows)
-    q_r = (rotate(q_ref[rows, g, :], tabs, swap) * scale_1D).astype(q_ref.dtype)
+    q_r = (rotate(q_ref[rows, g, :], tabs, swap_ref) * scale_1D).astype(q_ref.dtype)
     do_r = do_ref[rows, g, :]
     if plan.rotate_output:
-      do_r = rotate(do_r, tabs, swap).astype(do_ref.dtype)
+      do_r = rotate(do_r, tabs, swap_ref).astype(do_ref.dtype)
     s_t = fused_tiles.dot_nt(k_r, q_r, precision)  # [bk, bq]
     q_seg = q_seg_ref[rows][None, :] if plan.segmented else None
     mask = fused_tiles.visible(plan, qi, ki, q_seg, kv_seg, keys_in_rows=True)
@@ -162,7 +162,8 @@ def _dkv_kernel(plan: Plan, consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_r
   head = lambda g, carry: jax.lax.fori_loop(first, nq, functools.partial(step, g=g), carry)
   zeros = jnp.zeros(k_ref.shape, f32)
   dk_r, dv_r = jax.lax.fori_loop(0, G, head, (zeros, zeros))
-  dk_ref[...] = rotate(dk_r, kv_tabs, swap, inverse=True).astype(dk_ref.dtype)
+  kv_tabs = tables(kv_pos_ref, consts_ref)  # again, not held across the loops
+  dk_ref[...] = rotate(dk_r, kv_tabs, swap_ref, inverse=True).astype(dk_ref.dtype)
   if plan.rotate_values:
-    dv_r = rotate(dv_r, kv_tabs, swap, inverse=True)
+    dv_r = rotate(dv_r, kv_tabs, swap_ref, inverse=True)
   dv_ref[...] = dv_r.astype(dv_ref.dtype)
