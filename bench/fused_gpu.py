@@ -4,8 +4,8 @@ forward + backward (dq, dk, dv), at GPT-2 124M's attention shapes (B=8, T=1024, 
 causal, one Mask(ordered=True)).
 
   python -m bench.fused_gpu [--batch 8 --length 1024 --heads 12 --head-dim 64] [--block 64]
-      [--repeats 20] [--layout half] [--out fused_gpu.json]     # on a CUDA GPU
-  python -m bench.fused_gpu --aot h200                          # compile only, no GPU
+      [--backward-block 32] [--repeats 20] [--layout half] [--out fused_gpu.json]   # a GPU
+  python -m bench.fused_gpu --aot h200 [--ptxas]                # compile only, no GPU
   python -m bench.fused_gpu --interpret --tiny                  # CPU smoke run
 
 On a GPU: each program is compiled and run twice (warm-up), then the kernels are timed
@@ -13,7 +13,9 @@ interleaved, `repeats` calls each, jax.block_until_ready after every call; it pr
 milliseconds a call, fused / cuDNN, and how far fused's output and gradients are from cuDNN's
 (max |difference| over max |cuDNN|, both bfloat16). --aot compiles the same programs for an
 H100 or H200 with the deviceless GPU path (rove_jax/aot/gpu.py: JAX's CUDA plugin, no GPU)
-and prints compile seconds, XLA's temporary bytes and the Triton kernels in the compiled HLO.
+and prints compile seconds, XLA's temporary bytes and the Triton kernels in the compiled HLO;
+with --ptxas also each fused kernel's registers and spills by `ptxas -v` on the PTX XLA wrote
+(ptxas from nvidia-cuda-nvcc-cu12, which the deviceless path needs anyway).
 --interpret runs the GPU kernel in Pallas interpret mode against the "xla" kernel (cuDNN needs
 a GPU); its timings mean nothing, it checks that the script runs.
 """
@@ -30,6 +32,12 @@ import time
 # JAX's CUDA plugin registers without a driver only with this set (--aot); before JAX starts.
 if "--aot" in sys.argv:
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+# --ptxas reads the PTX XLA writes: the dump folder is set before JAX starts.
+PTX_DIR = None
+if "--ptxas" in sys.argv:
+  import tempfile
+  PTX_DIR = tempfile.mkdtemp(prefix="fused_gpu_ptx_")
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={PTX_DIR}".strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -46,15 +54,17 @@ def programs(args, baseline: str) -> dict:
   "fwd+bwd" the output and (dq, dk, dv) for the cotangent ct."""
   rope = rj.Rope(rj.rope_frequencies(args.head_dim), 1.0, args.layout)
   mask = rj.Mask(causal=True, ordered=True)
-  direct = fused_gpu.kernel(args.block, interpret=True) if args.interpret else None
+  direct = (fused_gpu.kernel(args.block, args.backward_block, interpret=True)
+            if args.interpret else None)
   out = {}
   for enc, fn in FNS.items():
     for kernel in ("fused", baseline):
       if kernel == "fused" and direct is not None:  # on CPU, dispatch would pick the TPU kernel
         kind = "rove" if enc == "rove" else "rope"
         f = lambda q, k, v, pos, kind=kind: direct(q, k, v, mask, pos, pos, rope, kind=kind)
-      elif kernel == "fused" and args.block != fused_gpu.DEFAULT_BLOCK:
-        attend = fused_gpu.kernel(args.block, interpret=False)
+      elif kernel == "fused" and (args.block, args.backward_block) != (
+          fused_gpu.DEFAULT_BLOCK, fused_gpu.DEFAULT_BACKWARD_BLOCK):
+        attend = fused_gpu.kernel(args.block, args.backward_block, interpret=False)
         kind = "rove" if enc == "rove" else "rope"
         f = lambda q, k, v, pos, kind=kind, a=attend: a(q, k, v, mask, pos, pos, rope, kind=kind)
       else:
@@ -141,7 +151,40 @@ def compile_only(args) -> dict:
   for r in rows:
     print(f"| {r['encoding']} | {r['kernel']} | {r['pass_']} | {r['compile_s']:.1f} | "
           f"{r['temp_bytes'] / 2**20:.1f} | {r['triton_calls']} | {r['cudnn_calls']} |")
-  return dict(target=args.aot, device=device.device_kind, rows=rows)
+  result = dict(target=args.aot, device=device.device_kind, rows=rows)
+  if PTX_DIR is not None:
+    result["ptxas"] = ptxas_report(PTX_DIR)
+  return result
+
+
+def ptxas_report(folder: str) -> dict:
+  """{kernel: ptxas -v's lines on registers and spills} for the fused kernels' PTX in folder
+  (each kernel once: the programs share them)."""
+  import glob
+  import subprocess
+  import nvidia.cuda_nvcc
+  ptxas = os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas")
+  report = {}
+  for path in sorted(glob.glob(os.path.join(folder, "*.ptx"))):
+    with open(path) as f:
+      text = f.read()
+    if "fused_rotary_attention_gpu" not in text:
+      continue
+    arch = next(line.split()[1] for line in text.splitlines() if line.startswith(".target"))
+    out = subprocess.run([ptxas, "-v", f"-arch={arch}", path, "-o", os.devnull],
+                         capture_output=True, text=True, check=True).stderr
+    key = None
+    for line in out.splitlines():
+      if "Compiling entry function" in line:
+        key = f"{line.split(chr(39))[1]} ({arch})"
+        key = None if key in report else key  # another program's copy of the same kernel
+        if key:
+          report[key] = []
+      elif key and ("spill" in line or "Used" in line):
+        report[key].append(line.replace("ptxas info    :", "").strip())
+  for name, lines in report.items():
+    print(f"{name}: {'; '.join(lines)}")
+  return report
 
 
 def main(argv=None) -> int:
@@ -152,9 +195,12 @@ def main(argv=None) -> int:
   p.add_argument("--heads", type=int, default=12)
   p.add_argument("--head-dim", type=int, default=64)
   p.add_argument("--block", type=int, default=fused_gpu.DEFAULT_BLOCK)
+  p.add_argument("--backward-block", type=int, default=fused_gpu.DEFAULT_BACKWARD_BLOCK)
   p.add_argument("--layout", default="half", choices=("half", "interleaved"))
   p.add_argument("--repeats", type=int, default=20)
   p.add_argument("--aot", choices=("h100", "h200"), help="compile only, for this GPU")
+  p.add_argument("--ptxas", action="store_true",
+                 help="with --aot: registers and spills of the fused kernels (ptxas -v)")
   p.add_argument("--interpret", action="store_true",
                  help="Pallas interpret mode against the xla kernel (no GPU)")
   p.add_argument("--tiny", action="store_true", help="B=1, T=128, H=2, 3 repeats")
@@ -168,7 +214,8 @@ def main(argv=None) -> int:
     return 1
   result = compile_only(args) if args.aot else measure(args)
   result.update(shape=dict(B=args.batch, T=args.length, H=args.heads, D=args.head_dim),
-                block=args.block, layout=args.layout, jax=jax.__version__)
+                block=args.block, backward_block=args.backward_block, layout=args.layout,
+                jax=jax.__version__)
   if args.out:
     with open(args.out, "w") as f:
       json.dump(result, f, indent=2)

@@ -48,9 +48,15 @@ from rove_jax.kernels import fused, fused_tiles, platform
 from rove_jax.kernels.fused_tiles import Plan
 
 DEFAULT_BLOCK = 64
+# The backward kernels hold more tiles a program (dq: q, dO and the dq accumulator; dk, dv: k,
+# v and two accumulators), so their blocks are smaller, as in jax's Pallas GPU attention.
+DEFAULT_BACKWARD_BLOCK = 32
 MIN_BLOCK = 16  # Triton's smallest matmul side
 MAX_HEAD_DIM = 128  # the [D, D] pair-swap matrix and the tiles stay in registers
-NUM_WARPS = 4
+# Warps a program: the fewest that leave ptxas few or no register spills at the default blocks
+# (bench.fused_gpu --aot h200 --ptxas reports them); speed on a GPU is unmeasured.
+FORWARD_WARPS = 4
+BACKWARD_WARPS = 8
 NUM_STAGES = 2
 KINDS = fused.KINDS
 
@@ -75,19 +81,21 @@ def problem(q_shape, k_shape, mask, rope) -> Optional[str]:
   return None
 
 
-def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
+def kernel(block_size: int = DEFAULT_BLOCK, backward_block_size: int = DEFAULT_BACKWARD_BLOCK,
+           interpret: Optional[bool] = None):
   """The GPU fused kernel f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind)
   -> [B, T, H, D] in q.dtype, on UNROTATED q, k, v, with the softmax scale 1 / sqrt(D); the
   contract of rove_jax.kernels.fused.kernel.
 
   Args:
-    block_size: largest q/kv block, a power of two >= MIN_BLOCK.
+    block_size: largest q/kv block of the forward pass, a power of two >= MIN_BLOCK.
+    backward_block_size: the same for the backward pass.
     interpret: Pallas interpret mode; None: on unless compiling for a GPU
       (platform.target_platform).
   """
-  if isinstance(block_size, bool) or not isinstance(block_size, int) or (
-      block_size < MIN_BLOCK or block_size & (block_size - 1)):
-    raise ValueError(f"block_size must be a power of two >= {MIN_BLOCK}, got {block_size!r}")
+  for name, b in (("block_size", block_size), ("backward_block_size", backward_block_size)):
+    if isinstance(b, bool) or not isinstance(b, int) or b < MIN_BLOCK or b & (b - 1):
+      raise ValueError(f"{name} must be a power of two >= {MIN_BLOCK}, got {b!r}")
 
   def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind: str):
     if kind not in KINDS:
@@ -109,6 +117,8 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
                 rotate_values=kind != "rope", rotate_output=kind == "rove",
                 bq=_block(T, block_size), bk=_block(S, block_size),
                 interpret=bool(run_interpreted))
+    plans = (plan, plan._replace(bq=_block(T, backward_block_size),
+                                 bk=_block(S, backward_block_size)))
     consts = fused.constants(rope, D, 1.0 / math.sqrt(D))
     swap = jnp.asarray(swap_matrix(D, plan.pair_offset, rope.n_rotated), jnp.bfloat16)
     rows = lambda x, n: jnp.broadcast_to(x, (B, n)).reshape(B, 1, n)
@@ -117,7 +127,7 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
     if plan.segmented:
       args += [rows(q_seg.astype(jnp.int32), T), rows(kv_seg.astype(jnp.int32), S)]
     args += [q_BTHD, k_BSKD, v_BSKD]
-    run = lambda *a: _local(plan, (consts, swap), *a)
+    run = lambda *a: _local(plans, (consts, swap), *a)
     return fused._sharded(run, args, B, H, K)
 
   return attend
@@ -210,8 +220,16 @@ def sincos(a):
   return sin_a, cos_a
 
 
-def compiler_params():
-  return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+def compiler_params(backward: bool = False):
+  return plgpu.CompilerParams(num_warps=BACKWARD_WARPS if backward else FORWARD_WARPS,
+                              num_stages=NUM_STAGES)
+
+
+def kernel_name(plan: Plan, part: str) -> str:
+  """The name of one pallas_call (and of its GPU kernel): part and kind, e.g.
+  fused_rotary_attention_gpu_fwd_rove."""
+  kind = "rope" if not plan.rotate_values else "rove" if plan.rotate_output else "rove_rotated"
+  return f"fused_rotary_attention_gpu_{part}_{kind}"
 
 
 # ------------------------------------------------------------------------------ internals
@@ -225,33 +243,34 @@ def _block(n: int, block: int) -> int:
   return b
 
 
-def _local(plan: Plan, fixed, q_pos, kv_pos, *rest):
+def _local(plans, fixed, q_pos, kv_pos, *rest):
   """The kernel on the arrays one device holds."""
-  q_seg, kv_seg = (rest[0], rest[1]) if plan.segmented else (None, None)
+  q_seg, kv_seg = (rest[0], rest[1]) if plans[0].segmented else (None, None)
   q_BTHD, k_BSKD, v_BSKD = rest[-3:]
-  return _fused(plan, fixed + (q_pos, kv_pos, q_seg, kv_seg), q_BTHD, k_BSKD, v_BSKD)
+  return _fused(plans, fixed + (q_pos, kv_pos, q_seg, kv_seg), q_BTHD, k_BSKD, v_BSKD)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(plan, small, q_BTHD, k_BSKD, v_BSKD):
-  """small: (constants, swap matrix, q positions, kv positions, q segments, kv segments); no
-  gradient flows to them."""
-  return _fused_fwd(plan, small, q_BTHD, k_BSKD, v_BSKD)[0]
+def _fused(plans, small, q_BTHD, k_BSKD, v_BSKD):
+  """plans: the forward's and the backward's Plan (they differ in blocks). small: (constants,
+  swap matrix, q positions, kv positions, q segments, kv segments); no gradient flows to
+  them."""
+  return _fused_fwd(plans, small, q_BTHD, k_BSKD, v_BSKD)[0]
 
 
-def _fused_fwd(plan, small, q_BTHD, k_BSKD, v_BSKD):
-  o_BTHD, lse_BHT = _forward(plan, small, q_BTHD, k_BSKD, v_BSKD)
+def _fused_fwd(plans, small, q_BTHD, k_BSKD, v_BSKD):
+  o_BTHD, lse_BHT = _forward(plans[0], small, q_BTHD, k_BSKD, v_BSKD)
   return o_BTHD, (small, q_BTHD, k_BSKD, v_BSKD, o_BTHD, lse_BHT)
 
 
-def _fused_bwd(plan, residuals, do_BTHD):
+def _fused_bwd(plans, residuals, do_BTHD):
   from rove_jax.kernels import fused_gpu_backward
   small, q_BTHD, k_BSKD, v_BSKD, o_BTHD, lse_BHT = residuals
   # rowsum(dO . O) is the same before and after the output rotation (R is orthogonal).
   delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32),
                          do_BTHD.astype(jnp.float32))
-  grads = fused_gpu_backward.gradients(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT,
-                                       delta_BHT)
+  grads = fused_gpu_backward.gradients(plans[1], small, q_BTHD, k_BSKD, v_BSKD, do_BTHD,
+                                       lse_BHT, delta_BHT)
   consts, swap = small[:2]
   return ((jnp.zeros_like(consts), jnp.zeros_like(swap), None, None, None, None),) + grads
 
@@ -280,7 +299,7 @@ def _forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
       functools.partial(_forward_kernel, plan),
       grid=(T // bq, B, H), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
       compiler_params=compiler_params(), interpret=plan.interpret,
-      name="fused_rotary_attention_gpu_fwd",
+      name=kernel_name(plan, "fwd"),
   )(consts, swap, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD)
 
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from rove_jax.kernels import fused_tiles
-from rove_jax.kernels.fused_gpu import compiler_params, rotate, tables
+from rove_jax.kernels.fused_gpu import compiler_params, kernel_name, rotate, tables
 from rove_jax.kernels.fused_tiles import Plan
 
 
@@ -51,8 +51,8 @@ def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
       functools.partial(_dq_kernel, plan),
       grid=(T // bq, B, H), in_specs=in_specs, out_specs=q_spec,
       out_shape=jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
-      compiler_params=compiler_params(), interpret=plan.interpret,
-      name="fused_rotary_attention_gpu_dq",
+      compiler_params=compiler_params(backward=True), interpret=plan.interpret,
+      name=kernel_name(plan, "dq"),
   )(consts, swap, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT,
     delta_BHT)
 
@@ -116,8 +116,8 @@ def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   return pl.pallas_call(
       functools.partial(_dkv_kernel, plan),
       grid=(S // bk, B, K), in_specs=in_specs, out_specs=[kv_spec, kv_spec],
-      out_shape=out_shape, compiler_params=compiler_params(), interpret=plan.interpret,
-      name="fused_rotary_attention_gpu_dkv",
+      out_shape=out_shape, compiler_params=compiler_params(backward=True), interpret=plan.interpret,
+      name=kernel_name(plan, "dkv"),
   )(consts, swap, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT,
     delta_BHT)
 

@@ -19,7 +19,6 @@ from tests.core.test_kernels_fused import (BF16, CASES, D, F32, T, TOL, check, d
                                            reference_and_grads, yarn_rope)
 
 INTERPRET = os.environ.get("FUSED_GPU_COMPILED") != "1"
-BLOCK = 64  # 4 x 4 block pairs at T = 256, the kernel's default block
 GPU_CASES = {
     # test_kernels_fused's cases, and MHA RoVE with the "half" layout at full rotary
     **{name: CASES[name] for name in (
@@ -35,7 +34,8 @@ KIND = {"rope": "rope", "rove": "rove", "rotated": "rove_rotated"}
 
 def fused_gpu_and_grads(kind, q, k, v, ct, pos, rope, mask):
   """(out, (dq, dk, dv)) of the GPU kernel, one jitted program, cotangent ct."""
-  attend = fused_gpu.kernel(BLOCK, interpret=INTERPRET)
+  # The default blocks: 4 x 4 block pairs forward, 8 x 8 backward at T = 256.
+  attend = fused_gpu.kernel(interpret=INTERPRET)
 
   def run(q, k, v):
     f = lambda q, k, v: attend(q, k, v, mask, pos, pos, rope, kind=KIND[kind])
@@ -125,6 +125,8 @@ def test_dispatch_checks_the_gpu_limits():
   for bad in (100, 8, True):
     with pytest.raises(ValueError, match="block_size"):
       fused_gpu.kernel(bad)
+    with pytest.raises(ValueError, match="backward_block_size"):
+      fused_gpu.kernel(backward_block_size=bad)
 
 
 @pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (tests/conftest.py gives 8 "
