@@ -4,18 +4,20 @@ forward + backward (dq, dk, dv), at GPT-2 124M's attention shapes (B=8, T=1024, 
 causal, one Mask(ordered=True)).
 
   python -m bench.fused_gpu [--batch 8 --length 1024 --heads 12 --head-dim 64] [--block 64]
-      [--backward-block 32] [--repeats 20] [--layout half] [--out fused_gpu.json]   # a GPU
+      [--backward-block 32[,64]] [--repeats 20] [--layout half] [--out fused_gpu.json]
   python -m bench.fused_gpu --aot h200 [--ptxas]                # compile only, no GPU
   python -m bench.fused_gpu --interpret --tiny                  # CPU smoke run
 
 On a GPU: each program is compiled and run twice (warm-up), then the kernels are timed
 interleaved, `repeats` calls each, jax.block_until_ready after every call; it prints the median
-milliseconds a call, fused / cuDNN, and how far fused's output and gradients are from cuDNN's
-(max |difference| over max |cuDNN|, both bfloat16). --aot compiles the same programs for an
-H100 or H200 with the deviceless GPU path (rove_jax/aot/gpu.py: JAX's CUDA plugin, no GPU)
-and prints compile seconds, XLA's temporary bytes and the Triton kernels in the compiled HLO;
-with --ptxas also each fused kernel's registers and spills by `ptxas -v` on the PTX XLA wrote
-(ptxas from nvidia-cuda-nvcc-cu12, which the deviceless path needs anyway).
+milliseconds a call, fused / cuDNN (the median of per-repeat ratios), and how far fused's output
+and gradients are from cuDNN's (max |difference| over max |cuDNN|, both bfloat16). Several
+--backward-block values time the backward at each (the first is also the forward's run).
+--aot compiles the same programs for an H100 or H200 with the deviceless GPU path
+(rove_jax/aot/gpu.py: JAX's CUDA plugin, no GPU) and prints compile seconds, XLA's temporary
+bytes and the Triton kernels in the compiled HLO; with --ptxas also each fused kernel's
+registers and spills by `ptxas -v` on the PTX XLA wrote (ptxas from nvidia-cuda-nvcc-cu12,
+which the deviceless path needs anyway).
 --interpret runs the GPU kernel in Pallas interpret mode against the "xla" kernel (cuDNN needs
 a GPU); its timings mean nothing, it checks that the script runs.
 """
@@ -49,33 +51,40 @@ from rove_jax.kernels import fused_gpu  # noqa: E402
 FNS = {"rove": rj.rove_attention, "rope": rj.rope_attention}
 
 
+def variants(args) -> list:
+  """[(label, backward block)] of the fused kernel: "fused" at the first of --backward-block,
+  "fused bwd<N>" at each other (timed forward + backward only: the forward is the same)."""
+  blocks = [int(b) for b in str(args.backward_block).split(",")]
+  return [("fused" if i == 0 else f"fused bwd{b}", b) for i, b in enumerate(blocks)]
+
+
 def programs(args, baseline: str) -> dict:
   """{(encoding, kernel, pass): jitted fn(q, k, v, pos, ct)}; pass "fwd" returns the output,
-  "fwd+bwd" the output and (dq, dk, dv) for the cotangent ct."""
+  "fwd+bwd" the output and (dq, dk, dv) for the cotangent ct. The default fused kernel is
+  reached through rope_attention / rove_attention(kernel="fused") (the dispatch), others and
+  interpret mode (where the dispatch would pick the TPU kernel) by fused_gpu.kernel."""
   rope = rj.Rope(rj.rope_frequencies(args.head_dim), 1.0, args.layout)
   mask = rj.Mask(causal=True, ordered=True)
-  direct = (fused_gpu.kernel(args.block, args.backward_block, interpret=True)
-            if args.interpret else None)
+  defaults = (fused_gpu.DEFAULT_BLOCK, fused_gpu.DEFAULT_BACKWARD_BLOCK)
   out = {}
   for enc, fn in FNS.items():
-    for kernel in ("fused", baseline):
-      if kernel == "fused" and direct is not None:  # on CPU, dispatch would pick the TPU kernel
-        kind = "rove" if enc == "rove" else "rope"
-        f = lambda q, k, v, pos, kind=kind: direct(q, k, v, mask, pos, pos, rope, kind=kind)
-      elif kernel == "fused" and (args.block, args.backward_block) != (
-          fused_gpu.DEFAULT_BLOCK, fused_gpu.DEFAULT_BACKWARD_BLOCK):
-        attend = fused_gpu.kernel(args.block, args.backward_block, interpret=False)
-        kind = "rove" if enc == "rove" else "rope"
-        f = lambda q, k, v, pos, kind=kind, a=attend: a(q, k, v, mask, pos, pos, rope, kind=kind)
-      else:
+    kernels = [(label, b) for label, b in variants(args)] + [(baseline, None)]
+    for label, backward_block in kernels:
+      if backward_block is None or (
+          not args.interpret and (args.block, backward_block) == defaults):
+        kernel = "fused" if backward_block is not None else baseline
         f = lambda q, k, v, pos, fn=fn, kernel=kernel: fn(
             q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask, kernel=kernel)
+      else:
+        attend = fused_gpu.kernel(args.block, backward_block, interpret=args.interpret)
+        f = lambda q, k, v, pos, a=attend, kind=enc: a(q, k, v, mask, pos, pos, rope, kind=kind)
 
       def both(q, k, v, pos, ct, f=f):
         o, vjp = jax.vjp(lambda q, k, v: f(q, k, v, pos), q, k, v)
         return o, vjp(ct)
-      out[enc, kernel, "fwd"] = jax.jit(lambda q, k, v, pos, ct, f=f: f(q, k, v, pos))
-      out[enc, kernel, "fwd+bwd"] = jax.jit(both)
+      if label in ("fused", baseline):
+        out[enc, label, "fwd"] = jax.jit(lambda q, k, v, pos, ct, f=f: f(q, k, v, pos))
+      out[enc, label, "fwd+bwd"] = jax.jit(both)
   return out
 
 
@@ -108,21 +117,21 @@ def measure(args) -> dict:
       jax.block_until_ready(fn(*ops))
       times[name].append(time.perf_counter() - t0)
   rows = []
-  for enc in FNS:
-    for pas in ("fwd", "fwd+bwd"):
-      a, b = times[enc, "fused", pas], times[enc, baseline, pas]
-      got, want = progs[enc, "fused", pas](*ops), progs[enc, baseline, pas](*ops)
-      dev = max(deviation(g, w) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
-      rows.append(dict(encoding=enc, pass_=pas, fused_ms=1e3 * statistics.median(a),
-                       baseline_ms=1e3 * statistics.median(b),
-                       ratio=statistics.median(x / y for x, y in zip(a, b)),
-                       max_deviation=dev))
-  print(f"| encoding | pass | fused ms | {baseline} ms | fused / {baseline} | "
-        f"max |fused - {baseline}| / max |{baseline}| |")
-  print("|---|---|---|---|---|---|")
+  for enc, label, pas in progs:
+    if label == baseline:
+      continue
+    a, b = times[enc, label, pas], times[enc, baseline, pas]
+    got, want = progs[enc, label, pas](*ops), progs[enc, baseline, pas](*ops)
+    dev = max(deviation(g, w) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    rows.append(dict(encoding=enc, kernel=label, pass_=pas, fused_ms=1e3 * statistics.median(a),
+                     baseline_ms=1e3 * statistics.median(b),
+                     ratio=statistics.median(x / y for x, y in zip(a, b)), max_deviation=dev))
+  print(f"| encoding | kernel | pass | ms | {baseline} ms | / {baseline} | "
+        f"max |difference| / max |{baseline}| |")
+  print("|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['encoding']} | {r['pass_']} | {r['fused_ms']:.3f} | {r['baseline_ms']:.3f} | "
-          f"{r['ratio']:.3f} | {r['max_deviation']:.1e} |")
+    print(f"| {r['encoding']} | {r['kernel']} | {r['pass_']} | {r['fused_ms']:.3f} | "
+          f"{r['baseline_ms']:.3f} | {r['ratio']:.3f} | {r['max_deviation']:.1e} |")
   return dict(device=jax.devices()[0].device_kind, baseline=baseline, rows=rows)
 
 
@@ -195,7 +204,8 @@ def main(argv=None) -> int:
   p.add_argument("--heads", type=int, default=12)
   p.add_argument("--head-dim", type=int, default=64)
   p.add_argument("--block", type=int, default=fused_gpu.DEFAULT_BLOCK)
-  p.add_argument("--backward-block", type=int, default=fused_gpu.DEFAULT_BACKWARD_BLOCK)
+  p.add_argument("--backward-block", default=str(fused_gpu.DEFAULT_BACKWARD_BLOCK),
+                 help="the backward block, or several (32,64): each timed against cuDNN")
   p.add_argument("--layout", default="half", choices=("half", "interleaved"))
   p.add_argument("--repeats", type=int, default=20)
   p.add_argument("--aot", choices=("h100", "h200"), help="compile only, for this GPU")

@@ -7,8 +7,8 @@
 # 2. the fused kernel for GPUs (rove_jax.kernels.fused_gpu, Pallas Triton), never run on a GPU
 #    before: its numerics tests compiled on this GPU (tests/core/test_kernels_fused_gpu.py with
 #    FUSED_GPU_COMPILED=1) and python -m bench.fused_gpu, fused against cuDNN for RoVE and RoPE,
-#    bf16, forward and forward + backward at 124M attention shapes; a failure here is logged and
-#    the check goes on;
+#    bf16, forward and forward + backward at 124M attention shapes (the backward at blocks of 32
+#    and of 64); a failure here is logged and the check goes on;
 # 3. python -m bench --suite gpu: GPT-2 124M (context 1024, bf16, cuDNN flash attention) and
 #    354M train steps RoVE/RoPE/NoPE with MFU against the measured bf16 matmul peak, peak device
 #    memory, 4k/8k/16k forwards (xla, chunked), decoding, compile time vs depth;
@@ -50,8 +50,8 @@ FUSED_GPU_COMPILED=1 timeout "$(cap 150)" python3 -m pytest -q -p no:cacheprovid
   tests/core/test_kernels_fused_gpu.py || echo "== fused GPU numerics: FAILED or timed out (rc $?)"
 
 stamp "fused GPU kernel vs cuDNN, RoVE and RoPE, bf16, B=8 T=1024 H=12 D=64, fwd and fwd+bwd"
-timeout "$(cap 120)" python3 -m bench.fused_gpu --repeats 20 --out "$OUT/fused_gpu.json" \
-  || echo "== fused GPU timings: FAILED or timed out (rc $?)"
+timeout "$(cap 120)" python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
+  --out "$OUT/fused_gpu.json" || echo "== fused GPU timings: FAILED or timed out (rc $?)"
 
 stamp "benchmark suite (gpu)"
 timeout "$(cap 330)" python3 -m bench --suite gpu --out "$OUT/bench_gpu.json"
