@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from rove_jax.kernels import fused_tiles
-from rove_jax.kernels.fused_gpu import compiler_params, kernel_name, rotate, tables
+from rove_jax.kernels.fused_gpu_tiles import compiler_params, kernel_name, rotate, tables
 from rove_jax.kernels.fused_tiles import Plan
 
 

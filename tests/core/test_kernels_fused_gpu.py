@@ -14,7 +14,7 @@ import pytest
 
 import rove_jax as rj
 from rove_jax import kernels
-from rove_jax.kernels import fused_gpu
+from rove_jax.kernels import fused_gpu, fused_gpu_tiles
 from tests.core.test_kernels_fused import (BF16, CASES, D, F32, T, TOL, check, documents, inputs,
                                            reference_and_grads, yarn_rope)
 
@@ -91,13 +91,13 @@ def test_pair_swap_is_exact(layout, rot_dim):
   bit for bit, for float32 tiles (three bfloat16 pieces) and bfloat16 ones."""
   P = rot_dim // 2
   offset = 1 if layout == "interleaved" else P
-  swap = jnp.asarray(fused_gpu.swap_matrix(D, offset, rot_dim), jnp.bfloat16)
+  swap = jnp.asarray(fused_gpu_tiles.swap_matrix(D, offset, rot_dim), jnp.bfloat16)
   partner = [d ^ 1 if layout == "interleaved" else (d + P if d < P else d - P)
              for d in range(rot_dim)] + list(range(rot_dim, D))
   x = np.random.default_rng(0).standard_normal((16, D)).astype(np.float32) * 1e3
   for dtype in (F32, BF16):
     xs = jnp.asarray(x, dtype)
-    got = np.asarray(fused_gpu.pair_swap(xs, swap))
+    got = np.asarray(fused_gpu_tiles.pair_swap(xs, swap))
     np.testing.assert_array_equal(got, np.asarray(xs, np.float32)[:, partner])
 
 
@@ -157,7 +157,7 @@ def test_sincos_is_accurate_to_1e6_radians():
   rng = np.random.default_rng(0)
   a = np.concatenate([rng.uniform(-hi, hi, 20000) for hi in (4.0, 1e3, 1.6e6)]
                      + [np.arange(-64, 64) * np.pi / 4]).astype(np.float32)
-  sin, cos = (np.asarray(x, np.float64) for x in fused_gpu.sincos(jnp.asarray(a)))
+  sin, cos = (np.asarray(x, np.float64) for x in fused_gpu_tiles.sincos(jnp.asarray(a)))
   a64 = a.astype(np.float64)
   assert np.abs(sin - np.sin(a64)).max() < 2e-7
   assert np.abs(cos - np.cos(a64)).max() < 2e-7
