@@ -2,8 +2,9 @@
 mode on CPU, called directly, against the float64 references of test_kernels_fused: outputs and
 the gradients of q, k and v, for RoPE and RoVE, causal and bidirectional, packed documents, GQA
 and MQA, float32 and bfloat16, partial rotary, YaRN's attention factor, both layouts; rows that
-see no key; the exact pair swap; the limits dispatch checks for a GPU target. On a CUDA GPU
-(bench/gpu_check.sh) the same cases run compiled: FUSED_GPU_COMPILED=1 turns interpret off."""
+see no key; the same under a (2, 1, 2) mesh; the exact pair swap and the kernel's sin/cos; the
+limits dispatch checks for a GPU target. On a CUDA GPU (bench/gpu_check.sh) the same cases run
+compiled: FUSED_GPU_COMPILED=1 turns interpret off."""
 
 import os
 
