@@ -1,7 +1,7 @@
 """rove_jax.kernels.fused_gpu (the Pallas Triton kernel that rotates inside) in Pallas interpret
 mode on CPU, called directly, against the float64 references of test_kernels_fused: outputs and
-the gradients of q, k and v, for RoPE and RoVE, causal and bidirectional, packed documents, GQA
-and MQA, float32 and bfloat16, partial rotary, YaRN's attention factor, both layouts; rows that
+the gradients of q, k and v, for RoPE and RoVE, causal and bidirectional, packed documents, MHA,
+GQA and MQA, float32 and bfloat16, partial rotary, YaRN's attention factor, both layouts; rows that
 see no key; the same under a (2, 1, 2) mesh; the exact pair swap and the kernel's sin/cos; the
 limits dispatch checks for a GPU target. On a CUDA GPU (bench/gpu_check.sh) the same cases run
 compiled: FUSED_GPU_COMPILED=1 turns interpret off."""
@@ -20,16 +20,13 @@ from tests.core.test_kernels_fused import (BF16, CASES, D, F32, T, TOL, check, d
                                            reference_and_grads, yarn_rope)
 
 INTERPRET = os.environ.get("FUSED_GPU_COMPILED") != "1"
-GPU_CASES = {
-    # test_kernels_fused's cases, and MHA RoVE with the "half" layout at full rotary
-    **{name: CASES[name] for name in (
-        "rove_causal_interleaved_gqa_f32",
-        "rove_packed_half_mqa_partial_yarn_f32",
-        "rope_packed_bidirectional_half_gqa_partial_f32",
-        "rove_packed_interleaved_partial_yarn_bf16",
-        "rope_causal_half_mqa_bf16")},
-    "rove_causal_half_mha_bf16": ("rove", BF16, "half", 1, 2, 2, True, None, 64, False),
-}
+# test_kernels_fused's cases but its MHA one (test_mha_matches_reference_and_runs_sharded).
+GPU_CASES = {name: CASES[name] for name in (
+    "rove_causal_interleaved_gqa_f32",
+    "rove_packed_half_mqa_partial_yarn_f32",
+    "rope_packed_bidirectional_half_gqa_partial_f32",
+    "rove_packed_interleaved_partial_yarn_bf16",
+    "rope_causal_half_mqa_bf16")}
 KIND = {"rope": "rope", "rove": "rove", "rotated": "rove_rotated"}
 
 
@@ -130,19 +127,25 @@ def test_dispatch_checks_the_gpu_limits():
       fused_gpu.kernel(backward_block_size=bad)
 
 
-@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (tests/conftest.py gives 8 "
-                    "CPU devices)")
-def test_sharded_matches_unsharded():
-  """Under jax.set_mesh on a (data, fsdp, tensor) = (2, 1, 2) mesh the kernel runs in
-  shard_map (batch over data, query and kv heads over tensor, segment and position rows with
-  the batch) and gives the unsharded output and gradients."""
-  B, H, K = 2, 4, 2
+def test_mha_matches_reference_and_runs_sharded():
+  """MHA (one query head a kv head, G = 1) against the float64 reference; and under jax.set_mesh
+  on a (data, fsdp, tensor) = (2, 1, 2) mesh the kernel runs in shard_map (batch over data,
+  heads over tensor, segment and position rows with the batch) and gives the unsharded output
+  and gradients (with 4 devices or more: tests/conftest.py gives 8 CPU devices; one GPU skips
+  this part)."""
+  B, H, K = 2, 2, 2
   q, k, v, ct = inputs(B, H, K, F32, seed=5)
   seg, pos = documents(B, (120, 136))
   rope = rj.Rope(rj.rope_frequencies(D), 1.0, "half")
   mask = rj.Mask(causal=True, segment_ids=jnp.asarray(seg), ordered=True)
   run = lambda: fused_gpu_and_grads("rove", q, k, v, ct, jnp.asarray(pos), rope, mask)
   want = run()
+  ref, ref_grads = reference_and_grads("rove", q, k, v, ct, pos, rope, causal=True, seg_q=seg,
+                                       seg_kv=seg)
+  for name, g, w in zip(("out", "dq", "dk", "dv"), jax.tree.leaves(want), (ref,) + ref_grads):
+    check(name, g, w, TOL[F32])
+  if len(jax.devices()) < 4:
+    return
   mesh = jax.make_mesh((2, 1, 2), ("data", "fsdp", "tensor"), devices=jax.devices()[:4],
                        axis_types=(jax.sharding.AxisType.Auto,) * 3)
   with jax.set_mesh(mesh):
