@@ -6,7 +6,10 @@ XLA's CUDA plugin compiles for a GPU it cannot see when it is given a GPU target
 host>": `jax.experimental.topologies.get_topology_desc(platform="cuda", target_config=...,
 topology=...)` then returns compile-only devices, and `jit(...).lower(...).compile()` runs the
 whole GPU pipeline (LLVM, ptxas) on this host. The description is written here from the
-published figures of each chip (`GPUS`); XLA uses them for tiling and fusion choices.
+published figures of each chip (`GPUS`); XLA uses them for tiling and fusion choices. Pallas
+Triton kernels (rove_jax.kernels.fused_gpu) compile on this path too, Triton included: the
+kernel is chosen at trace time for the platform of the mesh set by `jax.set_mesh`
+(python -m bench.fused_gpu --aot h200).
 
 What the host needs, at the installed jax version V (the tool's error prints the command):
   pip install "jax-cuda12-plugin==V" "jax-cuda12-pjrt==V" nvidia-cuda-nvcc-cu12

@@ -6,9 +6,11 @@ K key/value heads, D head dim.
 Kernels, by name: "xla" (jax.nn.dot_product_attention), "cudnn" (cuDNN flash attention on a CUDA
 GPU, bfloat16/float16), "splash" (the Pallas splash flash kernel on TPU; Pallas interpret mode
 elsewhere), "chunked" (blockwise online softmax in pure JAX, memory O(T * chunk)), "reference"
-(materialised einsum, for tests), "fused" (a Pallas flash kernel for TPU that rotates q, k, v and
-the output inside; Pallas interpret mode elsewhere; rove_jax.kernels.fused) and "auto", which
-picks one per call (never "fused", which has not run on a TPU yet):
+(materialised einsum, for tests), "fused" (a Pallas flash kernel that rotates q, k, v and the
+output inside: on TPU rove_jax.kernels.fused (Mosaic), on GPU rove_jax.kernels.fused_gpu
+(Triton), on CPU the TPU kernel in Pallas interpret mode; the GPU kernel's own limits are
+checked when the target is a GPU) and "auto", which picks one per call (never "fused", which
+has run on neither a TPU nor a GPU yet):
 
   - TPU: "splash" where it can run the call (an `ordered` mask without kv_valid, window or
     bias, lengths that are multiples of 128); "xla" otherwise (decoding steps, general
@@ -56,15 +58,16 @@ def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional
   if name not in IMPLEMENTATIONS:
     raise ValueError(f"unknown attention implementation {name!r}; expected one of "
                      f"{IMPLEMENTATIONS}")
+  where = platform.target_platform() if platform_name is None else platform_name
   if name == "fused":
-    reason = "it adds no logit bias" if bias else _fused().problem(q.shape, k.shape, mask, rope)
+    reason = "it adds no logit bias" if bias else _fused(where).problem(q.shape, k.shape, mask,
+                                                                        rope)
     if reason is not None:
       raise ValueError(f"kernel='fused' cannot run this call: {reason}; use 'auto' or "
-                       f"'splash'")
+                       f"{'cudnn' if where == 'gpu' else 'splash'!r}")
     return name
   if name not in ("auto", "cudnn", "splash"):
     return name
-  where = platform.target_platform() if platform_name is None else platform_name
   D, half = q.shape[3], jnp.dtype(q.dtype) in CUDNN_DTYPES
   if name == "auto" and where == "tpu":
     return "splash" if _splash().problem(q.shape, k.shape, mask, bias) is None else "xla"
@@ -90,9 +93,10 @@ def select(name: str, *, q, k, mask, chunk_size: int = chunked.DEFAULT_CHUNK,
            bias: bool = False, rope=None) -> Callable:
   """The kernel function for one call: `choose`'s kernel, the chunked one with blocks of
   chunk_size; for "fused" the rotary kernel (module docstring)."""
-  name = choose(name, q=q, k=k, mask=mask, bias=bias, rope=rope)
+  where = platform.target_platform()
+  name = choose(name, q=q, k=k, mask=mask, bias=bias, rope=rope, platform_name=where)
   if name == "fused":
-    return _fused().attend
+    return _fused(where).attend
   if name == "chunked":
     return chunked.kernel(chunk_size)
   if name == "splash":
@@ -108,8 +112,13 @@ def _splash():
   return splash
 
 
-def _fused():
-  """rove_jax.kernels.fused, imported on first use like splash (it imports only
-  kernels.platform and its own fused_* modules)."""
+def _fused(where: str):
+  """The fused kernel's module for a platform, imported on first use like splash (they import
+  only kernels.platform, kernels.mesh and the fused_* modules): rove_jax.kernels.fused_gpu
+  (Pallas on Triton) for "gpu", rove_jax.kernels.fused (Pallas on Mosaic TPU; interpret mode on
+  CPU) otherwise."""
+  if where == "gpu":
+    from rove_jax.kernels import fused_gpu
+    return fused_gpu
   from rove_jax.kernels import fused
   return fused

@@ -75,15 +75,9 @@ KINDS = ("rope", "rove", "rove_rotated")
 def problem(q_shape, k_shape, mask, rope) -> Optional[str]:
   """None when the fused kernel can run a call (q [B, T, H, D], k [B, S, K, D], a kernels.Mask,
   a rotary.Rope); otherwise the reason, for an error message."""
-  if rope is None:
-    return "it rotates inside and needs a Rope (use 'splash' for attention without rotation)"
-  if rope.multi_axis:
-    return "it takes one position axis, not multi-axis (image/video) frequency tables"
-  if not mask.ordered:
-    return ("it masks by index: it needs a Mask with ordered=True (positions that grow with "
-            "the index, T == S)")
-  if mask.kv_valid is not None or mask.window is not None:
-    return "it takes no kv_valid or window"
+  reason = rotary_problem(mask, rope)
+  if reason is not None:
+    return reason
   (_, T, H, D), (_, S, K, _) = q_shape, k_shape
   if min(T, S, H, K, D) < 1:
     return f"every size must be positive, got T={T}, S={S}, H={H}, K={K}, D={D}"
@@ -96,6 +90,21 @@ def problem(q_shape, k_shape, mask, rope) -> Optional[str]:
   for name, n in (("query length T", T), ("kv length S", S)):
     if n % LANES:
       return f"{name}={n} is not a multiple of {LANES} (its smallest block); pad it"
+  return None
+
+
+def rotary_problem(mask, rope) -> Optional[str]:
+  """The limits every fused kernel (TPU and GPU) shares: a one-axis Rope and an `ordered` mask
+  without kv_valid or window. None when they hold, else the reason."""
+  if rope is None:
+    return "it rotates inside and needs a Rope (use 'splash' for attention without rotation)"
+  if rope.multi_axis:
+    return "it takes one position axis, not multi-axis (image/video) frequency tables"
+  if not mask.ordered:
+    return ("it masks by index: it needs a Mask with ordered=True (positions that grow with "
+            "the index, T == S)")
+  if mask.kv_valid is not None or mask.window is not None:
+    return "it takes no kv_valid or window"
   return None
 
 

@@ -1,0 +1,236 @@
+"""The GPU fused kernel (rove_jax.kernels.fused_gpu, Pallas Triton) against cuDNN flash
+attention with the rotations done by XLA around it: RoVE and RoPE, bfloat16, forward and
+forward + backward (dq, dk, dv), at GPT-2 124M's attention shapes (B=8, T=1024, H=12, D=64,
+causal, one Mask(ordered=True)).
+
+  python -m bench.fused_gpu [--batch 8 --length 1024 --heads 12 --head-dim 64] [--block 64]
+      [--backward-block 32[,64]] [--repeats 20] [--layout half] [--out fused_gpu.json]
+  python -m bench.fused_gpu --aot h200 [--ptxas]                # compile only, no GPU
+  python -m bench.fused_gpu --interpret --tiny                  # CPU smoke run
+
+On a GPU: each program is compiled and run twice (warm-up), then the kernels are timed
+interleaved, `repeats` calls each, jax.block_until_ready after every call; it prints the median
+milliseconds a call, fused / cuDNN (the median of per-repeat ratios), and how far fused's output
+and gradients are from cuDNN's (max |difference| over max |cuDNN|, both bfloat16). Several
+--backward-block values time the backward at each (the first is also the forward's run).
+--aot compiles the same programs for an H100 or H200 with the deviceless GPU path
+(rove_jax/aot/gpu.py: JAX's CUDA plugin, no GPU) and prints compile seconds, XLA's temporary
+bytes and the Triton kernels in the compiled HLO; with --ptxas also each fused kernel's
+registers and spills by `ptxas -v` on the PTX XLA wrote (ptxas from nvidia-cuda-nvcc-cu12,
+which the deviceless path needs anyway).
+--interpret runs the GPU kernel in Pallas interpret mode against the "xla" kernel (cuDNN needs
+a GPU); its timings mean nothing, it checks that the script runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+# JAX's CUDA plugin registers without a driver only with this set (--aot); before JAX starts.
+if "--aot" in sys.argv:
+  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+# --ptxas reads the PTX XLA writes: the dump folder is set before JAX starts.
+PTX_DIR = None
+if "--ptxas" in sys.argv:
+  import tempfile
+  PTX_DIR = tempfile.mkdtemp(prefix="fused_gpu_ptx_")
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={PTX_DIR}".strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import rove_jax as rj  # noqa: E402
+from rove_jax.kernels import fused_gpu  # noqa: E402
+
+FNS = {"rove": rj.rove_attention, "rope": rj.rope_attention}
+
+
+def variants(args) -> list:
+  """[(label, backward block)] of the fused kernel: "fused" at the first of --backward-block,
+  "fused bwd<N>" at each other (timed forward + backward only: the forward is the same)."""
+  blocks = [int(b) for b in str(args.backward_block).split(",")]
+  return [("fused" if i == 0 else f"fused bwd{b}", b) for i, b in enumerate(blocks)]
+
+
+def programs(args, baseline: str) -> dict:
+  """{(encoding, kernel, pass): jitted fn(q, k, v, pos, ct)}; pass "fwd" returns the output,
+  "fwd+bwd" the output and (dq, dk, dv) for the cotangent ct. The default fused kernel is
+  reached through rope_attention / rove_attention(kernel="fused") (the dispatch), others and
+  interpret mode (where the dispatch would pick the TPU kernel) by fused_gpu.kernel."""
+  rope = rj.Rope(rj.rope_frequencies(args.head_dim), 1.0, args.layout)
+  mask = rj.Mask(causal=True, ordered=True)
+  defaults = (fused_gpu.DEFAULT_BLOCK, fused_gpu.DEFAULT_BACKWARD_BLOCK)
+  out = {}
+  for enc, fn in FNS.items():
+    kernels = [(label, b) for label, b in variants(args)] + [(baseline, None)]
+    for label, backward_block in kernels:
+      if backward_block is None or (
+          not args.interpret and (args.block, backward_block) == defaults):
+        kernel = "fused" if backward_block is not None else baseline
+        f = lambda q, k, v, pos, fn=fn, kernel=kernel: fn(
+            q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask, kernel=kernel)
+      else:
+        attend = fused_gpu.kernel(args.block, backward_block, interpret=args.interpret)
+        f = lambda q, k, v, pos, a=attend, kind=enc: a(q, k, v, mask, pos, pos, rope, kind=kind)
+
+      def both(q, k, v, pos, ct, f=f):
+        o, vjp = jax.vjp(lambda q, k, v: f(q, k, v, pos), q, k, v)
+        return o, vjp(ct)
+      if label in ("fused", baseline):
+        out[enc, label, "fwd"] = jax.jit(lambda q, k, v, pos, ct, f=f: f(q, k, v, pos))
+      out[enc, label, "fwd+bwd"] = jax.jit(both)
+  return out
+
+
+def operands(args, sharding=None):
+  B, T, H, D = args.batch, args.length, args.heads, args.head_dim
+  if sharding is not None:  # compile only: shapes
+    x = jax.ShapeDtypeStruct((B, T, H, D), jnp.bfloat16, sharding=sharding)
+    return x, x, x, jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=sharding), x
+  keys = jax.random.split(jax.random.key(0), 4)
+  q, k, v, ct = (jax.random.normal(kk, (B, T, H, D), jnp.bfloat16) for kk in keys)
+  return q, k, v, jnp.broadcast_to(jnp.arange(T), (B, T)), ct
+
+
+def deviation(got, want) -> float:
+  got, want = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (got, want))
+  return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def measure(args) -> dict:
+  baseline = "xla" if args.interpret else "cudnn"
+  progs = programs(args, baseline)
+  ops = operands(args)
+  for fn in progs.values():  # compile and warm up
+    jax.block_until_ready(fn(*ops))
+    jax.block_until_ready(fn(*ops))
+  times = {name: [] for name in progs}
+  for _ in range(args.repeats):
+    for name, fn in progs.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*ops))
+      times[name].append(time.perf_counter() - t0)
+  rows = []
+  for enc, label, pas in progs:
+    if label == baseline:
+      continue
+    a, b = times[enc, label, pas], times[enc, baseline, pas]
+    got, want = progs[enc, label, pas](*ops), progs[enc, baseline, pas](*ops)
+    dev = max(deviation(g, w) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    rows.append(dict(encoding=enc, kernel=label, pass_=pas, fused_ms=1e3 * statistics.median(a),
+                     baseline_ms=1e3 * statistics.median(b),
+                     ratio=statistics.median(x / y for x, y in zip(a, b)), max_deviation=dev))
+  print(f"| encoding | kernel | pass | ms | {baseline} ms | / {baseline} | "
+        f"max |difference| / max |{baseline}| |")
+  print("|---|---|---|---|---|---|---|")
+  for r in rows:
+    print(f"| {r['encoding']} | {r['kernel']} | {r['pass_']} | {r['fused_ms']:.3f} | "
+          f"{r['baseline_ms']:.3f} | {r['ratio']:.3f} | {r['max_deviation']:.1e} |")
+  return dict(device=jax.devices()[0].device_kind, baseline=baseline, rows=rows)
+
+
+def compile_only(args) -> dict:
+  from rove_jax.aot import gpu as aot_gpu
+  device = aot_gpu.devices(aot_gpu.GPUS[args.aot], 1)[0]
+  mesh = jax.sharding.Mesh(np.array([device]), ("data",))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  ops = operands(args, sharding)
+  rows = []
+  progs = programs(args, "cudnn")  # outside the mesh: the rotary tables are computed here
+  with jax.set_mesh(mesh):  # the dispatch then sees a GPU target (kernels.platform)
+    for (enc, kernel, pas), fn in progs.items():
+      t0 = time.perf_counter()
+      compiled = fn.lower(*ops).compile()
+      seconds = time.perf_counter() - t0
+      text = compiled.as_text()
+      memory = compiled.memory_analysis()
+      rows.append(dict(encoding=enc, kernel=kernel, pass_=pas, compile_s=seconds,
+                       temp_bytes=int(memory.temp_size_in_bytes),
+                       triton_calls=text.count('custom_call_target="__gpu$xla.gpu.triton"'),
+                       cudnn_calls=text.count('custom_call_target="__cudnn$')))
+  print(f"compiled for {args.aot} ({device.device_kind}), no GPU:")
+  print("| encoding | kernel | pass | compile s | temp MiB | Triton calls | cuDNN calls |")
+  print("|---|---|---|---|---|---|---|")
+  for r in rows:
+    print(f"| {r['encoding']} | {r['kernel']} | {r['pass_']} | {r['compile_s']:.1f} | "
+          f"{r['temp_bytes'] / 2**20:.1f} | {r['triton_calls']} | {r['cudnn_calls']} |")
+  result = dict(target=args.aot, device=device.device_kind, rows=rows)
+  if PTX_DIR is not None:
+    result["ptxas"] = ptxas_report(PTX_DIR)
+  return result
+
+
+def ptxas_report(folder: str) -> dict:
+  """{kernel: ptxas -v's lines on registers and spills} for the fused kernels' PTX in folder
+  (each kernel once: the programs share them)."""
+  import glob
+  import subprocess
+  import nvidia.cuda_nvcc
+  ptxas = os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas")
+  report = {}
+  for path in sorted(glob.glob(os.path.join(folder, "*.ptx"))):
+    with open(path) as f:
+      text = f.read()
+    if "fused_rotary_attention_gpu" not in text:
+      continue
+    arch = next(line.split()[1] for line in text.splitlines() if line.startswith(".target"))
+    out = subprocess.run([ptxas, "-v", f"-arch={arch}", path, "-o", os.devnull],
+                         capture_output=True, text=True, check=True).stderr
+    key = None
+    for line in out.splitlines():
+      if "Compiling entry function" in line:
+        key = f"{line.split(chr(39))[1]} ({arch})"
+        key = None if key in report else key  # another program's copy of the same kernel
+        if key:
+          report[key] = []
+      elif key and ("spill" in line or "Used" in line):
+        report[key].append(line.replace("ptxas info    :", "").strip())
+  for name, lines in report.items():
+    print(f"{name}: {'; '.join(lines)}")
+  return report
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m bench.fused_gpu", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--length", type=int, default=1024)
+  p.add_argument("--heads", type=int, default=12)
+  p.add_argument("--head-dim", type=int, default=64)
+  p.add_argument("--block", type=int, default=fused_gpu.DEFAULT_BLOCK)
+  p.add_argument("--backward-block", default=str(fused_gpu.DEFAULT_BACKWARD_BLOCK),
+                 help="the backward block, or several (32,64): each timed against cuDNN")
+  p.add_argument("--layout", default="half", choices=("half", "interleaved"))
+  p.add_argument("--repeats", type=int, default=20)
+  p.add_argument("--aot", choices=("h100", "h200"), help="compile only, for this GPU")
+  p.add_argument("--ptxas", action="store_true",
+                 help="with --aot: registers and spills of the fused kernels (ptxas -v)")
+  p.add_argument("--interpret", action="store_true",
+                 help="Pallas interpret mode against the xla kernel (no GPU)")
+  p.add_argument("--tiny", action="store_true", help="B=1, T=128, H=2, 3 repeats")
+  p.add_argument("--out", help="write the figures here as JSON")
+  args = p.parse_args(argv)
+  if args.tiny:
+    args.batch, args.length, args.heads, args.repeats = 1, 128, 2, 3
+  if not args.aot and not args.interpret and jax.default_backend() != "gpu":
+    print("error: no GPU here; use --aot h100|h200 (compile only) or --interpret",
+          file=sys.stderr)
+    return 1
+  result = compile_only(args) if args.aot else measure(args)
+  result.update(shape=dict(B=args.batch, T=args.length, H=args.heads, D=args.head_dim),
+                block=args.block, backward_block=args.backward_block, layout=args.layout,
+                jax=jax.__version__)
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,133 @@
+"""What the GPU fused kernel's forward (rove_jax.kernels.fused_gpu) and backward
+(rove_jax.kernels.fused_gpu_backward) bodies share: the pair swap, the rotation of a tile, its
+tables from positions (with the kernel's own sin and cos), and the Triton compiler parameters.
+Everything but `swap_matrix` runs inside a Pallas Triton kernel (or its interpret mode) on
+[n, D] tiles in float32.
+
+Shape letters: n rows of a tile (bq queries or bk keys), D head dim.
+
+The rotation of a tile: with C = cos(pos * f) and S = -sin(pos * f) on the first member of each
+pair, +sin(pos * f) on the second (0 on pass-through dims; fused_tiles' SA + SB),
+
+    R x = x * C + swap(x) * S,   R^-1 x = x * C - swap(x) * S,
+
+where swap(x)[d] = x[partner of d] is a product with a [D, D] 0/1 matrix on the tensor cores:
+Triton has no lane rotation (pltpu.roll on TPU), and splitting a tile into its pair members
+needs power-of-two halves, which partial rotary (e.g. 48 of 64 dims, "half" layout) does not
+give. The product is exact: a bfloat16 tile is multiplied as is, a float32 one as the three
+bfloat16 pieces whose sum it is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas import triton as plgpu
+
+from rove_jax.kernels import fused_tiles
+from rove_jax.kernels.fused_tiles import Plan
+
+# Warps a program: the fewest that leave ptxas few or no register spills at the default blocks
+# (bench.fused_gpu --aot h200 --ptxas reports them); speed on a GPU is unmeasured.
+FORWARD_WARPS = 4
+BACKWARD_WARPS = 8
+NUM_STAGES = 2
+
+
+def swap_matrix(D: int, offset: int, n_rotated: int) -> np.ndarray:
+  """[D, D] 0/1: (x @ it)[d] = x[partner of d] for the rotated dims, x[d] for pass-through ones
+  (whose rotation coefficients are 0, so any value would do). offset: the distance between
+  the members of a pair (1 interleaved, P half)."""
+  d = np.arange(D)
+  if offset == 1:
+    partner = d ^ 1
+  else:
+    partner = np.where(d < offset, d + offset, d - offset)
+  partner = np.where(d < n_rotated, partner, d)
+  m = np.zeros((D, D), np.float32)
+  m[partner, d] = 1.0
+  return m
+
+
+def pair_swap(x_nD, swap_DD) -> jax.Array:
+  """x @ swap (`swap_matrix`) in float32, exactly: a bfloat16 tile in one product, another as
+  the three bfloat16 pieces of its float32 value (24 bits of mantissa in 3 x 8)."""
+  if x_nD.dtype == jnp.bfloat16:
+    return fused_tiles.dot_nn(x_nD, swap_DD, None)
+  x = x_nD.astype(jnp.float32)
+  out, rest = None, x
+  for _ in range(3):
+    piece = rest.astype(jnp.bfloat16)
+    rest = rest - piece.astype(jnp.float32)
+    part = fused_tiles.dot_nn(piece, swap_DD, None)
+    out = part if out is None else out + part
+  return out
+
+
+def rotate(x_nD, tabs, swap_ref, *, inverse: bool = False) -> jax.Array:
+  """R x (R^-1 x when inverse) of a tile [n, D] (any float dtype) in float32, with `tables`'
+  tables. The swap matrix is read from its ref at each use, not held across loops (registers
+  are what a Triton program runs short of)."""
+  c_nD, s_nD = tabs
+  turn = pair_swap(x_nD, swap_ref[...]) * s_nD
+  x = x_nD.astype(jnp.float32)
+  return x * c_nD - turn if inverse else x * c_nD + turn
+
+
+def tables(pos_ref, consts_ref, rows=None):
+  """(C, S), each [n, D] float32, for the positions pos_ref[rows] (all of the ref when rows is
+  None): C = cos(pos * f) and S = SA + SB of fused_tiles.tables (-sin on first members, +sin
+  on second ones, 0 on pass-through dims)."""
+  pos_n1 = (pos_ref[...] if rows is None else pos_ref[rows])[:, None]
+  angle_nD = pos_n1 * consts_ref[fused_tiles.FREQ:fused_tiles.FREQ + 1, :]
+  sign_1D = (consts_ref[fused_tiles.NEG_FIRST:fused_tiles.NEG_FIRST + 1, :]
+             + consts_ref[fused_tiles.SECOND:fused_tiles.SECOND + 1, :])
+  sin_nD, cos_nD = sincos(angle_nD)
+  return cos_nD, sin_nD * sign_1D
+
+
+# pi / 2 in three float32 parts (Cody-Waite; cephes' sinf constants, doubled): the first has 8
+# significant bits and the second 12, so with k split into a multiple of 256 (12 bits up to
+# 2**20) and the rest (8 bits), every product with them is exact.
+_PIO2 = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
+# Minimax polynomials for |r| <= pi / 4 (cephes' sinf and cosf).
+_SIN = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
+_COS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
+
+
+def sincos(a):
+  """(sin a, cos a) of a float32 array, sharing one range reduction: a = k * pi / 2 + r with
+  |r| <= pi / 4, polynomials in r, the quadrant k mod 4 picking and signing them. Within a few
+  float32 ulps of sin and cos for |a| < 2**20 * pi / 2 (about 1.6e6: positions under that at
+  frequencies <= 1), losing precision gradually beyond. jnp.sin and jnp.cos lower to
+  libdevice calls whose slow path makes a Triton program spill most of its registers."""
+  x = jnp.abs(a)  # sin(-x) = -sin(x): k >= 0, so each difference below is exact (Sterbenz)
+  k = jnp.floor(x * (2 / math.pi) + 0.5)
+  k_hi = jnp.floor(k * (1 / 256)) * 256
+  k_lo = k - k_hi
+  r = x - k_hi * _PIO2[0] - k_lo * _PIO2[0] - k_hi * _PIO2[1] - k_lo * _PIO2[1] - k * _PIO2[2]
+  z = r * r
+  sin_r = r + r * z * (_SIN[0] + z * (_SIN[1] + z * _SIN[2]))
+  cos_r = 1.0 - 0.5 * z + z * z * (_COS[0] + z * (_COS[1] + z * _COS[2]))
+  quadrant = jnp.bitwise_and(k.astype(jnp.int32), 3)
+  odd = jnp.bitwise_and(quadrant, 1) == 1
+  sin_a = jnp.where(odd, cos_r, sin_r)
+  cos_a = jnp.where(odd, sin_r, cos_r)
+  sin_a = jnp.where((quadrant >= 2) != (a < 0), -sin_a, sin_a)
+  cos_a = jnp.where((quadrant == 1) | (quadrant == 2), -cos_a, cos_a)
+  return sin_a, cos_a
+
+
+def compiler_params(backward: bool = False):
+  return plgpu.CompilerParams(num_warps=BACKWARD_WARPS if backward else FORWARD_WARPS,
+                              num_stages=NUM_STAGES)
+
+
+def kernel_name(plan: Plan, part: str) -> str:
+  """The name of one pallas_call (and of its GPU kernel): part and kind, e.g.
+  fused_rotary_attention_gpu_fwd_rove."""
+  kind = "rope" if not plan.rotate_values else "rove" if plan.rotate_output else "rove_rotated"
+  return f"fused_rotary_attention_gpu_{part}_{kind}"
