@@ -198,9 +198,11 @@ def _forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   )(consts, swap, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD)
 
 
-def _forward_kernel(plan: Plan, consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_ref,
-                    kv_seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref):
-  """One query block of one head: q [bq, D] and the whole k, v [S, D] of its kv head."""
+def _forward_kernel(plan: Plan, *refs):
+  """One query block of one head: q [bq, D] and the whole k, v [S, D] of its kv head.
+  refs: the inputs and outputs in pallas_call's order, unpacked below."""
+  (consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref, o_ref,
+   lse_ref) = refs
   qi = pl.program_id(0)
   bq, bk, f32 = plan.bq, plan.bk, jnp.float32
   nk = k_ref.shape[0] // bk

@@ -57,9 +57,11 @@ def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
     delta_BHT)
 
 
-def _dq_kernel(plan: Plan, consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref,
-               q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref):
-  """One query block of one head: q, dO [bq, D], the whole k, v [S, D] of its kv head."""
+def _dq_kernel(plan: Plan, *refs):
+  """One query block of one head: q, dO [bq, D], the whole k, v [S, D] of its kv head.
+  refs: the inputs and outputs in pallas_call's order, unpacked below."""
+  (consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref,
+   do_ref, lse_ref, delta_ref, dq_ref) = refs
   qi = pl.program_id(0)
   bk = plan.bk
   nk = k_ref.shape[0] // bk
@@ -122,10 +124,12 @@ def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
     delta_BHT)
 
 
-def _dkv_kernel(plan: Plan, consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_ref,
-                kv_seg_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref):
+def _dkv_kernel(plan: Plan, *refs):
   """One key block of one kv head: k, v [bk, D], the whole q, dO [T, G, D] of its G query
-  heads and their lse, delta [G, T]."""
+  heads and their lse, delta [G, T].
+  refs: the inputs and outputs in pallas_call's order, unpacked below."""
+  (consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref,
+   do_ref, lse_ref, delta_ref, dk_ref, dv_ref) = refs
   ki = pl.program_id(0)
   bq, f32 = plan.bq, jnp.float32
   T, G = q_ref.shape[0], q_ref.shape[1]
