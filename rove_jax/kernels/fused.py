@@ -125,12 +125,7 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
     raise ValueError(f"block_size must be a positive multiple of {LANES}, got {block_size!r}")
 
   def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind: str):
-    if kind not in KINDS:
-      raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    q_BTHD, k_BSKD, v_BSKD = jnp.asarray(q_BTHD), jnp.asarray(k_BSKD), jnp.asarray(v_BSKD)
-    if q_BTHD.ndim != 4 or k_BSKD.ndim != 4 or k_BSKD.shape != v_BSKD.shape:
-      raise ValueError(f"fused attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
-                       f"shape; got {q_BTHD.shape}, {k_BSKD.shape}, {v_BSKD.shape}")
+    q_BTHD, k_BSKD, v_BSKD = checked_inputs(q_BTHD, k_BSKD, v_BSKD, kind)
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     reason = problem(q_BTHD.shape, k_BSKD.shape, mask, rope)
@@ -159,6 +154,22 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
 
 
 attend = kernel()
+
+
+def checked_inputs(q_BTHD, k_BSKD, v_BSKD, kind: str):
+  """q, k, v as arrays, with the kind and the ranks and shapes every fused kernel (TPU and GPU)
+  takes checked.
+
+  Raises:
+    ValueError: an unknown kind, or q not [B, T, H, D] and k, v not [B, S, K, D] alike.
+  """
+  if kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  q_BTHD, k_BSKD, v_BSKD = jnp.asarray(q_BTHD), jnp.asarray(k_BSKD), jnp.asarray(v_BSKD)
+  if q_BTHD.ndim != 4 or k_BSKD.ndim != 4 or k_BSKD.shape != v_BSKD.shape:
+    raise ValueError(f"fused attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
+                     f"shape; got {q_BTHD.shape}, {k_BSKD.shape}, {v_BSKD.shape}")
+  return q_BTHD, k_BSKD, v_BSKD
 
 
 def constants(rope, D: int, scale) -> jax.Array:

@@ -90,12 +90,7 @@ def kernel(block_size: int = DEFAULT_BLOCK, backward_block_size: int = DEFAULT_B
       raise ValueError(f"{name} must be a power of two >= {MIN_BLOCK}, got {b!r}")
 
   def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind: str):
-    if kind not in KINDS:
-      raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    q_BTHD, k_BSKD, v_BSKD = jnp.asarray(q_BTHD), jnp.asarray(k_BSKD), jnp.asarray(v_BSKD)
-    if q_BTHD.ndim != 4 or k_BSKD.ndim != 4 or k_BSKD.shape != v_BSKD.shape:
-      raise ValueError(f"fused attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
-                       f"shape; got {q_BTHD.shape}, {k_BSKD.shape}, {v_BSKD.shape}")
+    q_BTHD, k_BSKD, v_BSKD = fused.checked_inputs(q_BTHD, k_BSKD, v_BSKD, kind)
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     reason = problem(q_BTHD.shape, k_BSKD.shape, mask, rope)

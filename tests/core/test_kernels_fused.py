@@ -56,7 +56,6 @@ def documents(B, lengths):
   """(segment ids, positions restarting at each document), each [B, T], rolled per row: the
   mask's `ordered` promise holds (positions grow with the index inside each document)."""
   ids = np.repeat(np.arange(len(lengths)), lengths)
-  pos = np.concatenate([np.arange(n) for n in lengths])
   seg = np.stack([np.roll(ids, 37 * b) for b in range(B)]).astype(np.int32)
   # Rolling splits the last document in two at the row's start: renumber it so each segment
   # is one run whose positions grow.
@@ -139,8 +138,9 @@ def check(name, got, want, tol):
   assert err < tol, f"{name}: max error {err:.2e} relative to its scale (tolerance {tol:.0e})"
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_matches_float64_reference_with_gradients(case):
+def check_case(case, run):
+  """CASES[case] through `run` (fused_and_grads' signature) against the float64 reference:
+  the output and the gradients of q, k and v, in the inputs' dtype."""
   kind, dtype, layout, B, H, K, causal, lengths, rot_dim, yarn = CASES[case]
   q, k, v, ct = inputs(B, H, K, dtype, seed=len(case))
   rope = (yarn_rope(rot_dim, layout) if yarn
@@ -151,13 +151,18 @@ def test_matches_float64_reference_with_gradients(case):
     seg, pos = documents(B, lengths)
   mask = rj.Mask(causal=causal, segment_ids=None if seg is None else jnp.asarray(seg),
                  ordered=True)
-  out, grads = fused_and_grads(kind, q, k, v, ct, jnp.asarray(pos), rope, mask)
+  out, grads = run(kind, q, k, v, ct, jnp.asarray(pos), rope, mask)
   assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
   want, want_grads = reference_and_grads(kind, q, k, v, ct, pos, rope, causal=causal,
                                          seg_q=seg, seg_kv=seg)
   check("out", out, want, TOL[dtype])
   for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
     check(name, g, w, TOL[dtype])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_float64_reference_with_gradients(case):
+  check_case(case, fused_and_grads)
 
 
 def test_rotated_output_and_rows_without_keys():

@@ -16,8 +16,8 @@ import pytest
 import rove_jax as rj
 from rove_jax import kernels
 from rove_jax.kernels import fused_gpu, fused_gpu_tiles
-from tests.core.test_kernels_fused import (BF16, CASES, D, F32, T, TOL, check, documents, inputs,
-                                           reference_and_grads, yarn_rope)
+from tests.core.test_kernels_fused import (BF16, CASES, D, F32, T, TOL, check, check_case,
+                                           documents, inputs, reference_and_grads)
 
 INTERPRET = os.environ.get("FUSED_GPU_COMPILED") != "1"
 # test_kernels_fused's cases but its MHA one (test_mha_matches_reference_and_runs_sharded).
@@ -44,23 +44,7 @@ def fused_gpu_and_grads(kind, q, k, v, ct, pos, rope, mask):
 
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_matches_float64_reference_with_gradients(case):
-  kind, dtype, layout, B, H, K, causal, lengths, rot_dim, yarn = GPU_CASES[case]
-  q, k, v, ct = inputs(B, H, K, dtype, seed=len(case))
-  rope = (yarn_rope(rot_dim, layout) if yarn
-          else rj.Rope(rj.rope_frequencies(rot_dim), 1.0, layout))
-  if lengths is None:
-    seg, pos = None, np.broadcast_to(7 + np.arange(T), (B, T))  # positions are not indices
-  else:
-    seg, pos = documents(B, lengths)
-  mask = rj.Mask(causal=causal, segment_ids=None if seg is None else jnp.asarray(seg),
-                 ordered=True)
-  out, grads = fused_gpu_and_grads(kind, q, k, v, ct, jnp.asarray(pos), rope, mask)
-  assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
-  want, want_grads = reference_and_grads(kind, q, k, v, ct, pos, rope, causal=causal,
-                                         seg_q=seg, seg_kv=seg)
-  check("out", out, want, TOL[dtype])
-  for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
-    check(name, g, w, TOL[dtype])
+  check_case(case, fused_gpu_and_grads)
 
 
 def test_rotated_output_and_rows_without_keys():
