@@ -31,8 +31,8 @@ comparison: 8 pairs at each encoding's chosen rate, and the 1x gap at 1x and 3x 
 The evaluation scores every setting (`--yarn all`: no YaRN, YaRN with factor L / T, YaRN with
 one fixed factor). Then, when study/retrieval.py is present (and not --no-recall), the
 retrieval studies run: associative recall (task mqar, the first --recall-seeds seeds) into
-<out>/recall/, and the position-dependent tasks (study.recall_runs.POSITION_TASKS, the first --position-seeds
-seeds, NoPE on --position-nope-seeds) into <out>/recall_<task>/:
+<out>/recall/, and the position-dependent tasks (study.recall_runs.POSITION_TASKS, the first
+--position-seeds seeds, NoPE on --position-nope-seeds) into <out>/recall_<task>/:
 
   python -m study.retrieval --out <out>/recall_<task> --runs-dir <runs-dir>/recall_<task>
       --task TASK --seeds S --encodings E --nope-seeds N [--quick]

@@ -3,15 +3,17 @@
 
 Scores are checked against the project's own teacher-forced scoring
 (rove_jax.evaluation.scoring.token_scores) of each whole sequence, one to a model call (not
-the adapter's batches and length buckets), with lm_eval's semantics (left truncation, trailing context spaces moved into the
-continuation, disjoint rolling windows) written out here independently of lm_eval's helpers.
+the adapter's batches and length buckets), with lm_eval's semantics (left truncation,
+trailing context spaces moved into the continuation, disjoint rolling windows) written out
+here independently of lm_eval's helpers.
 One run of the command covers a multiple-choice task and a rolling-loglikelihood task written
 into tmp_path (local task YAML + JSON lines); its logged samples must equal the reference.
 
 The model is a tiny RoVE GPT with random weights scaled up (so that its predictions differ
 sharply from token to token and a misaligned or mispadded position changes the sums) and an
-output head limited to ASCII (see `export_dir`), saved as a rove-export (pretrained.save with the "rove_jax_run" record `export.load` reads: the byte
-tokenizer); training one would only add time.
+output head limited to ASCII (see `export_dir`), saved as a rove-export (pretrained.save
+with the "rove_jax_run" record `export.load` reads: the byte tokenizer); training one would
+only add time.
 """
 
 import glob
@@ -256,14 +258,28 @@ def read_samples(out: Path, task: str) -> list:
                 key=lambda s: s["doc_id"])
 
 
+# rove-lm-eval's main with lm_eval's task index limited to --include_path: the index of lm_eval's
+# own task YAMLs (about 14,000 files, read at every start) is most of a run's time here and
+# plays no part in what the test checks.
+LOCAL_TASKS_ONLY = """
+import sys
+from lm_eval.tasks import manager
+init = manager.TaskManager.__init__
+manager.TaskManager.__init__ = lambda self, *a, **k: init(
+    self, *a, **{**k, "include_defaults": False})
+from rove_jax.cli import harness
+sys.exit(harness.main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
 def test_the_command_runs_local_tasks_to_the_projects_scores(export_dir, ref, tmp_path):
-  """rove-lm-eval (python -m rove_jax.cli.harness) end to end, offline: per-sample scores, the
-  accuracy and the word perplexity equal the reference's."""
+  """rove-lm-eval's main (rove_jax.cli.harness) end to end in a child process, offline:
+  per-sample scores, the accuracy and the word perplexity equal the reference's."""
   write_tasks(tmp_path / "tasks")
   env = subprocess_env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
                        PYTHONPATH=str(ROOT))
-  cmd = [sys.executable, "-m", "rove_jax.cli.harness", "--model", "rove_jax",
+  cmd = [sys.executable, "-c", LOCAL_TASKS_ONLY, "--model", "rove_jax",
          "--model_args", f"path={export_dir},max_length={MAX_LENGTH}",
          "--tasks", "rove_mc", "rove_ppl", "--include_path", str(tmp_path / "tasks"),
          "--batch_size", "4", "--log_samples", "--output_path", str(tmp_path / "out")]
