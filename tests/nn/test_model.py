@@ -84,11 +84,11 @@ def test_cached_decoding_equals_full_forward(pe):
   cfg = small(pe, n_kv_head=2)  # GQA too
   m = make(cfg)
   toks = tokens(2, 24)
-  full = m(toks)
+  full = jax.jit(lambda t: m(t))(toks)  # jitted: one program, not op by op
   cache = m.init_cache(2, 28)
-  logits, cache = m(toks[:, :8], cache=cache)  # a prompt, then 16 one-token steps
-  outs = [logits]
   step = jax.jit(lambda t, c: m(t, cache=c))
+  logits, cache = step(toks[:, :8], cache)  # a prompt, then 16 one-token steps
+  outs = [logits]
   for t in range(8, 24):
     logits, cache = step(toks[:, t:t + 1], cache)
     outs.append(logits)
@@ -99,9 +99,9 @@ def test_cached_decoding_equals_full_forward(pe):
 def _cached_logits(m, toks, prompt=4, **kw):
   """Logits of a prompt, then of one-token decoding steps against the KV cache."""
   cache = m.init_cache(toks.shape[0], toks.shape[1])
-  logits, cache = m(toks[:, :prompt], cache=cache, **kw)
+  step = jax.jit(lambda t, c: m(t, cache=c, **kw))  # one compile a shape, not op by op
+  logits, cache = step(toks[:, :prompt], cache)
   outs = [logits]
-  step = jax.jit(lambda t, c: m(t, cache=c, **kw))  # one compile, not op by op each step
   for t in range(prompt, toks.shape[1]):
     logits, cache = step(toks[:, t:t + 1], cache)
     outs.append(logits)
@@ -114,7 +114,7 @@ def test_cached_decoding_bf16_close(pe):
   m16 = transplant(m32, small(pe, dtype="bfloat16"))
   assert m16.blocks[0].attn.wqkv[...].dtype == jnp.float32  # float32 master weights
   toks = tokens(1, 20)
-  full = m32(toks)
+  full = jax.jit(lambda t: m32(t))(toks)
   inc = _cached_logits(m16, toks)
   chex.assert_type(inc, jnp.float32)
   chex.assert_shape(inc, full.shape)
@@ -222,11 +222,12 @@ def test_remat_and_chunked_give_the_same_loss_and_grads():
     logits = model(toks[:, :-1])
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), toks[:, 1:, None], -1))
 
-  ref_l, ref_g = nnx.value_and_grad(loss)(m)
+  grad = nnx.jit(nnx.value_and_grad(loss))  # one program a variant, not op by op
+  ref_l, ref_g = grad(m)
   for variant in (dict(remat="full"), dict(remat="dots"),
                   dict(attention_impl="chunked", attention_chunk=4)):
     other = transplant(m, dataclasses.replace(cfg, **variant))
-    l, g = nnx.value_and_grad(loss)(other)
+    l, g = grad(other)
     np.testing.assert_allclose(l, ref_l, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(ref_g)):
       np.testing.assert_allclose(a, b, atol=1e-6)
@@ -377,7 +378,7 @@ def test_yarn_attention_factor_through_the_gpt():
 def test_cached_decoding_under_yarn_equals_full_forward(pe):
   m = randomized(small(pe, max_len=8, rope_scaling=YARN))
   toks = tokens(2, 20)
-  full = m(toks)
+  full = jax.jit(lambda t: m(t))(toks)
   chex.assert_trees_all_close(_cached_logits(m, toks), full, atol=1e-4, rtol=1e-5)
   plain = transplant(m, small(pe, max_len=8))
   chex.assert_trees_all_close(_cached_logits(plain, toks, rope_scaling=YARN), full, atol=1e-4,
