@@ -9,6 +9,11 @@ rove_jax.evaluation.harness, which registers the model, and then runs lm_eval's 
 subcommand: the same options, the same parser, the same outputs (`rove-lm-eval run ...` is
 accepted too). lm_eval's other subcommands (`lm-eval ls tasks`, `lm-eval validate`) need no
 model: run them with `lm-eval`.
+
+One option of its own: --only_include_path indexes only the task files under --include_path.
+lm_eval reads all of its built-in task YAMLs (thousands) at every start to find the tasks
+named; for local tasks that is most of a short run's time. lm_eval's command has no such
+option, so this one sets TaskManager's include_defaults=False for the run.
 """
 
 from __future__ import annotations
@@ -33,11 +38,31 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
   parser = subparsers.choices["run"]
   parser.prog = PROG
   parser.usage = f"{PROG} --model rove_jax --model_args path=DIR --tasks TASK ... [options]"
-  return parser.parse_args(argv[1:] if argv[:1] == ["run"] else argv)
+  parser.add_argument("--only_include_path", action="store_true",
+                      help="index only the tasks under --include_path, not lm_eval's built-in "
+                           "task files (a faster start for local tasks)")
+  args = parser.parse_args(argv[1:] if argv[:1] == ["run"] else argv)
+  if args.only_include_path and not args.include_path:
+    parser.error("--only_include_path needs --include_path DIR (the task files to index)")
+  return args
+
+
+def _index_only_include_path() -> None:
+  """Makes lm_eval's TaskManager skip its built-in tasks (include_defaults=False) in this
+  process; lm_eval's `run` builds its TaskManager with the default."""
+  from lm_eval.tasks import manager
+  init = manager.TaskManager.__init__
+
+  def local_only(self, *a, **k):
+    init(self, *a, **{**k, "include_defaults": False})
+
+  manager.TaskManager.__init__ = local_only
 
 
 def main(argv: Optional[list] = None) -> int:
   args = parse_args(argv)
+  if vars(args).pop("only_include_path"):  # lm_eval's run takes every other option as is
+    _index_only_include_path()
   setup_logging()  # what lm_eval's own command does before it runs
   args.func(args)
   return 0

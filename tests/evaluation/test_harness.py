@@ -258,30 +258,17 @@ def read_samples(out: Path, task: str) -> list:
                 key=lambda s: s["doc_id"])
 
 
-# rove-lm-eval's main with lm_eval's task index limited to --include_path: the index of lm_eval's
-# own task YAMLs (about 14,000 files, read at every start) is most of a run's time here and
-# plays no part in what the test checks.
-LOCAL_TASKS_ONLY = """
-import sys
-from lm_eval.tasks import manager
-init = manager.TaskManager.__init__
-manager.TaskManager.__init__ = lambda self, *a, **k: init(
-    self, *a, **{**k, "include_defaults": False})
-from rove_jax.cli import harness
-sys.exit(harness.main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.slow
 def test_the_command_runs_local_tasks_to_the_projects_scores(export_dir, ref, tmp_path):
-  """rove-lm-eval's main (rove_jax.cli.harness) end to end in a child process, offline:
-  per-sample scores, the accuracy and the word perplexity equal the reference's."""
+  """rove-lm-eval (python -m rove_jax.cli.harness) end to end, offline: per-sample scores, the
+  accuracy and the word perplexity equal the reference's."""
   write_tasks(tmp_path / "tasks")
   env = subprocess_env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
                        PYTHONPATH=str(ROOT))
-  cmd = [sys.executable, "-c", LOCAL_TASKS_ONLY, "--model", "rove_jax",
+  cmd = [sys.executable, "-m", "rove_jax.cli.harness", "--model", "rove_jax",
          "--model_args", f"path={export_dir},max_length={MAX_LENGTH}",
          "--tasks", "rove_mc", "rove_ppl", "--include_path", str(tmp_path / "tasks"),
+         "--only_include_path",  # lm_eval's own task files are not indexed: a faster start
          "--batch_size", "4", "--log_samples", "--output_path", str(tmp_path / "out")]
   run = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
@@ -358,3 +345,14 @@ def test_neither_torch_nor_transformers_is_a_test_dependency():
   closure = _requirements(_pyproject_extra("dependencies") + ["rove_jax[test]"], {""}, set())
   assert {"lm-eval", "flax", "safetensors"} <= closure
   assert not closure & {"torch", "transformers"}, sorted(closure)
+
+
+def test_only_include_path_needs_an_include_path(capsys):
+  from rove_jax.cli import harness as harness_cli
+  with pytest.raises(SystemExit) as e:
+    harness_cli.parse_args(["--model", "rove_jax", "--tasks", "rove_mc", "--only_include_path"])
+  assert e.value.code == 2
+  assert "--only_include_path needs --include_path DIR" in capsys.readouterr().err
+  args = harness_cli.parse_args(["--model", "rove_jax", "--tasks", "rove_mc",
+                                 "--include_path", "tasks", "--only_include_path"])
+  assert args.only_include_path and args.include_path == "tasks"
