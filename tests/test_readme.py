@@ -347,7 +347,8 @@ def problems_of(cmd: Command, readme: str = README, commands=None) -> list:
     names = [first] + [f"{first.rsplit('.', 1)[0]}.{s}" for s in siblings]
     aot = () if first.startswith("--config") else ("bench.aot",)  # it passes --config on
     if any(not argparse_problems(t, names, "reference")
-           for t in ("eval", "reproduce", "study.paper_recipe", "bench") + aot):
+           for t in ("eval", "reproduce", "study.paper_recipe", "bench",
+                     "rove_jax.cli.harness") + aot):
       return []
     return [f"{p}, nor an option of another README program"
             for p in train_problems(names, "reference")]
