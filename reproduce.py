@@ -27,7 +27,10 @@ comparison: 8 pairs at each encoding's chosen rate, and the 1x gap at 1x and 3x 
 
   python reproduce.py --sweep-lrs 5e-4,1e-3,2e-3,4e-3,8e-3 --long-seeds 3 --long-multiple 3
 
-(--sweep-only stops after lr_sweep.md, e.g. to extend a grid whose best rate was at its edge.)
+(--sweep-only stops after lr_sweep.md, e.g. to extend a grid whose best rate was at its edge.
+A sweep that <out>/lr_sweep.json already records, with the same grid, seeds and steps, is not
+trained again: the committed results/lr_sweep.json lets a later checkout train the comparison
+alone.)
 The evaluation scores every setting (`--yarn all`: no YaRN, YaRN with factor L / T, YaRN with
 one fixed factor). Then, when study/retrieval.py is present (and not --no-recall), the
 retrieval studies run: associative recall (task mqar, the first --recall-seeds seeds) into

@@ -224,15 +224,40 @@ def load_choice(out_dir: str) -> dict:
   return {e: float(lr) for e, lr in data["chosen"].items()}
 
 
+def recorded(out_dir: str, grids: dict, seeds: Sequence[int], steps: int) -> Optional[dict]:
+  """{encoding: chosen rate} of the sweep <out_dir>/lr_sweep.json records when it is this
+  sweep (the same grids, seeds and training steps) and chose a rate for every encoding; else
+  None."""
+  path = os.path.join(out_dir, JSON)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    data = json.load(f)
+  same = (data.get("seeds") == list(seeds)
+          and (data.get("meta") or {}).get("steps") == steps
+          and {e: sorted(float(x) for x in t) for e, t in (data.get("losses") or {}).items()}
+          == {e: sorted(float(x) for x in r) for e, r in grids.items()})
+  if not same or data.get("refused") or set(data.get("chosen") or {}) != set(grids):
+    return None
+  return {e: float(lr) for e, lr in data["chosen"].items()}
+
+
 def tune(grids: dict, seeds: Sequence[int], runs_dir: str, out_dir: str,
          train: Callable[[list], None], meta: dict, log: Callable[[str], None] = print) -> dict:
   """The sweep: trains `plan`'s runs with `train` (resuming finished ones), applies the rule,
-  writes lr_sweep.md and lr_sweep.json to out_dir, and returns {encoding: chosen rate}.
+  writes lr_sweep.md and lr_sweep.json to out_dir, and returns {encoding: chosen rate}. A
+  sweep out_dir already records (`recorded`: a committed results/lr_sweep.json) is not trained
+  again: its choice is returned and its table kept as written.
 
   Raises:
     SystemExit: a best rate at its grid's edge (after lr_sweep.md records the refusal).
   """
   from rove_jax.train.metrics import read_metrics
+  done = recorded(out_dir, grids, seeds, meta.get("steps"))
+  if done is not None:
+    log(f"learning-rate sweep: {os.path.join(out_dir, JSON)} records this sweep (same grids, "
+        f"seeds and steps) and its choice {done}; not trained again")
+    return done
   runs = plan(grids, seeds, runs_dir)
   log(f"learning-rate sweep: {len(runs)} runs, "
       + "; ".join(f"{e} at {', '.join(f'{x:g}' for x in r)}" for e, r in grids.items())

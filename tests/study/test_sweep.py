@@ -130,3 +130,28 @@ def test_an_edge_best_stops_the_command_before_the_comparison(tmp_path, monkeypa
   assert "- rope: refused." in md and "- rove: 0.002, strictly inside its grid" in md
   with pytest.raises(SystemExit, match="chose no rate"):
     sweep.load_choice(str(out))
+
+
+def test_a_recorded_sweep_is_not_trained_again(tmp_path, monkeypatch):
+  """A second run of the same command (the sweep committed in results/, its runs gone) reuses
+  the recorded choice and trains only the comparison; another grid, seed list or step count
+  trains the sweep again."""
+  out, calls = tmp_path / "out", []
+  monkeypatch.setattr(reproduce, "train_all", _fake_training({"rove": 2e-3, "rope": 1e-3},
+                                                             calls, out))
+  argv = ["--sweep-lrs", "5e-4,1e-3,2e-3,4e-3", "--seeds", "0", "--encodings", "rove,rope",
+          "--steps", "10", "--out", str(out), "--runs-dir", str(tmp_path / "runs")]
+  with pytest.raises(KeyboardInterrupt):
+    reproduce.main(argv)
+  table = (out / sweep.MD).read_text()
+  calls.clear()
+  with pytest.raises(KeyboardInterrupt):
+    reproduce.main(argv)
+  assert calls == [("comparison", True, [("rope", 1e-3), ("rove", 2e-3)])]
+  assert (out / sweep.MD).read_text() == table  # kept as written
+  grids = {"rove": list(GRID), "rope": list(GRID)}
+  assert sweep.recorded(str(out), grids, [100, 101, 102], 10) == {"rove": 2e-3, "rope": 1e-3}
+  assert sweep.recorded(str(out), grids, [100, 101, 102], 20) is None
+  assert sweep.recorded(str(out), grids, [100, 101], 10) is None
+  assert sweep.recorded(str(out), {**grids, "rope": list(GRID) + [8e-3]},
+                        [100, 101, 102], 10) is None
