@@ -21,10 +21,11 @@ OFFSET_EVAL = --tasks recall --recall-lengths 32,128 --recall-samples 100 --yarn
 	--out runs/demo/offset/eval
 OFFSET_OTHERS = runs/demo/offset/rope-s0 runs/demo/offset/rove-s1 runs/demo/offset/rope-s1
 
-# The paper's comparison at small scale (about 2 hours on 2 CPU cores): RoVE and
-# RoPE on 8 seed pairs and NoPE on 3, the full evaluation suite on 3 seeds and perplexity on the
-# rest, the training-length and learning-rate checks, and the retrieval studies (associative
-# recall and two position-dependent tasks); writes results/. Reruns resume.
+# The paper's comparison at small scale (about 2.5 hours on 2 CPU cores): a learning-rate
+# sweep for RoVE and RoPE (REPRODUCE_ARGS=--reuse-sweep takes results/lr_sweep.json instead),
+# then both at their own rate on 8 seed pairs and NoPE on 3, the full evaluation suite on 3
+# seeds and perplexity on the rest, the training-length check, and the retrieval studies
+# (associative recall and two position-dependent tasks); writes results/. Reruns resume.
 REPRODUCE_ARGS ?=
 
 .PHONY: test demo reproduce install clean

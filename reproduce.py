@@ -3,34 +3,31 @@ write results/ (README.md with the paper-layout tables and 95 % intervals, repor
 
   python reproduce.py [--out results] [--runs-dir runs/reproduce] [--seeds 0,...,7]
                       [--encodings rove,rope,nope] [--nope-seeds 3] [--full-eval-seeds 3]
-                      [--long-seeds 2] [--long-multiple 3] [--lrs 1e-3,4e-3] [--lr-seeds 1]
                       [--sweep-lrs R,R,R,R] [--sweep-seeds 100,101,102] [--sweep-only]
+                      [--reuse-sweep]
+                      [--long-seeds 3] [--long-multiple 3] [--lrs R,R] [--lr-seeds 1]
                       [--recall-seeds 3] [--position-seeds 5] [--position-nope-seeds 2]
                       [--steps N] [--quick] [--no-recall]
 
 Every run uses study/configs/reproduce.py with the same data, steps and size; only the positional
-encoding and the seed differ, and seed s is one pair across the encodings (the same
-initialisation and batch order). The runs (`plan`):
+encoding, the seed and (after the sweep) the learning rate differ, and seed s is one pair across
+the encodings (the same initialisation and batch order). First the learning rate is tuned
+(study/sweep.py; its rule and the comparisons it feeds are fixed in study/preregistration.md):
+RoVE and RoPE at every rate of --sweep-lrs (default SWEEP_LRS) on the --sweep-seeds (not the
+comparison's), each encoding's rate chosen by the sweep's rule (lowest mean final held-out
+loss; a best rate at the grid's edge is refused and nothing more trains), and <out>/lr_sweep.md
+written. With --reuse-sweep a sweep that <out>/lr_sweep.json already records, with the same
+grid, seeds and steps, is not trained again (the committed results/lr_sweep.json lets a later
+checkout train the comparison alone); --sweep-only stops after lr_sweep.md, e.g. to extend a grid whose best rate
+was at its edge; --sweep-lrs '' trains at the config's rate. Then the runs (`plan`), each rotary
+encoding at its chosen rate:
   main  RoVE and RoPE on every seed (8 pairs), NoPE on the first --nope-seeds; the first
         --full-eval-seeds seeds get the full evaluation (perplexity, RULER, ICL: <out>/eval),
         the others perplexity only (<out>/eval_ppl), which joins the perplexity rows;
   long  RoVE and RoPE on the first --long-seeds seeds with --long-multiple times the steps, on
         their own schedule (perplexity only): is the gap convergence speed or final quality?
-  lr    RoVE and RoPE on the first --lr-seeds seeds at each of --lrs (held-out loss only).
-With --sweep-lrs the learning rate is tuned first (study/sweep.py): RoVE and RoPE at every rate
-of the grid on the --sweep-seeds (not the comparison's seeds), each encoding's rate chosen by
-the sweep's rule (lowest mean final held-out loss; a best rate at the grid's edge is refused and
-nothing more trains), <out>/lr_sweep.md written, and only then the main and long runs of each
-rotary encoding train at its own chosen rate (the --lrs check is dropped). The tuned
-comparison: 8 pairs at each encoding's chosen rate, and the 1x gap at 1x and 3x the steps on
-3 pairs:
-
-  python reproduce.py --sweep-lrs 5e-4,1e-3,2e-3,4e-3,8e-3 --long-seeds 3 --long-multiple 3
-
-(--sweep-only stops after lr_sweep.md, e.g. to extend a grid whose best rate was at its edge.
-A sweep that <out>/lr_sweep.json already records, with the same grid, seeds and steps, is not
-trained again: the committed results/lr_sweep.json lets a later checkout train the comparison
-alone.)
+  lr    without a sweep, RoVE and RoPE on the first --lr-seeds seeds at each of --lrs
+        (held-out loss only).
 The evaluation scores every setting (`--yarn all`: no YaRN, YaRN with factor L / T, YaRN with
 one fixed factor). Then, when study/retrieval.py is present (and not --no-recall), the
 retrieval studies run: associative recall (task mqar, the first --recall-seeds seeds) into
@@ -67,12 +64,15 @@ from study.recall_runs import (RECALL_STUDY, _env, _recall_records, position_rec
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(ROOT, "study", "configs", "reproduce.py")
 SCALES = ("gpt2_124m", "gpt2_354m")  # --scale: study/paper_recipe.py
-# The full evaluation, sized with training to fit about 2 hours on 2 cores for the 9 runs
+# The full evaluation, sized with training to fit about 2.5 hours on 2 cores for everything
 # (bench/RESULTS.md has the measured times): 16k perplexity targets a length and setting, and
 # RULER at 4x and 8x the training length, the paper's 4k and 8k for its 1k context.
 PPL_TOKENS = 16384
 RULER_MULTIPLES = (4, 8)
 QUICK_STEPS = 8  # --quick's training steps
+# The learning-rate grid every rotary encoding is tuned on by default (--sweep-lrs): both
+# encodings' best rate lies strictly inside it (results/lr_sweep.md).
+SWEEP_LRS = "1e-3,2e-3,4e-3,8e-3,1.6e-2"
 
 
 def parse_args(argv):
@@ -89,21 +89,26 @@ def parse_args(argv):
   p.add_argument("--full-eval-seeds", type=int, default=3,
                  help="the first N seeds get the full evaluation (perplexity, RULER, ICL); the "
                       "others perplexity only (0: all get the full one)")
-  p.add_argument("--long-seeds", type=int, default=2,
+  p.add_argument("--long-seeds", type=int, default=3,
                  help="the training-length check: RoVE and RoPE on the first N seeds again "
                       "with --long-multiple times the steps (0: no check)")
   p.add_argument("--long-multiple", type=int, default=3)
-  p.add_argument("--lrs", default="1e-3,4e-3",
-                 help="the learning-rate check: RoVE and RoPE on the first --lr-seeds seeds "
-                      "at these learning rates besides the config's ('' : no check)")
+  p.add_argument("--lrs", default="",
+                 help="without a sweep (--sweep-lrs ''), a learning-rate check: RoVE and RoPE "
+                      "on the first --lr-seeds seeds at these learning rates besides the "
+                      "config's ('': no check)")
   p.add_argument("--lr-seeds", type=int, default=1)
-  p.add_argument("--sweep-lrs", default="",
+  p.add_argument("--sweep-lrs", default=None,
                  help="tune the learning rate first (study/sweep.py): a grid of at least "
                       "4 rates for every rotary encoding ('r1,r2,...') or one each "
                       "('rove=...;rope=...'); the main and long runs then train at each "
-                      "encoding's chosen rate ('': no sweep, the config's rate)")
+                      f"encoding's chosen rate (default {SWEEP_LRS}; with --quick none; '': "
+                      f"no sweep, the config's rate)")
   p.add_argument("--sweep-seeds", default="100,101,102",
                  help="the sweep's seeds (at least 3 pairs a rate), none of them in --seeds")
+  p.add_argument("--reuse-sweep", action="store_true",
+                 help="take the rates <out>/lr_sweep.json records for this grid, seeds and "
+                      "steps (e.g. the committed results/) instead of training the sweep again")
   p.add_argument("--sweep-only", action="store_true",
                  help="stop after the sweep has written <out>/lr_sweep.md")
   p.add_argument("--recall-seeds", type=int, default=3,
@@ -166,6 +171,8 @@ def _parse_sweep(p, args) -> None:
   """args.sweep_grids ({encoding: rates}, {} without a sweep) and args.sweep_seed_list."""
   from study import sweep
   args.sweep_grids, args.sweep_seed_list = {}, []
+  if args.sweep_lrs is None:
+    args.sweep_lrs = "" if args.quick else SWEEP_LRS
   if args.sweep_only and not args.sweep_lrs:
     p.error("--sweep-only needs --sweep-lrs")
   if args.sweep_lrs:
@@ -393,7 +400,9 @@ def main(argv=None) -> int:
           "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs},
           "recall_rerun": recall_rerun, "train": train_meta(args)}
   if rates:
-    meta["lr_sweep"] = {"chosen": rates, "file": "lr_sweep.md"}
+    from study import sweep
+    meta["lr_sweep"] = {**(sweep.load_record(args.out) or {}), "chosen": rates,
+                        "file": sweep.MD}
   if args.note:
     meta["notes"] = args.note
   writeup.write(args.out, report, runs, curves, meta, recall=recall,
@@ -421,7 +430,8 @@ def tune(args, code_version: str) -> dict:
   meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:]), "commit": code_version,
           "steps": base_steps(args)}
   return sweep.tune(args.sweep_grids, args.sweep_seed_list, args.runs_dir, args.out,
-                    lambda runs: train_all(args, runs), meta, log=_say)
+                    lambda runs: train_all(args, runs), meta, log=_say,
+                    reuse=args.reuse_sweep)
 
 
 def rewrite(args) -> int:

@@ -4,6 +4,8 @@ machine, the evaluation's sizing, the learning rates) and the table of every run
 from __future__ import annotations
 
 import os
+import subprocess
+from typing import Optional
 
 from rove_jax.evaluation.report import train_len
 from study import fmt
@@ -40,11 +42,32 @@ def header(st: rs.Study, meta: dict) -> list:
     L.append(f"- Learning rates: chosen per encoding by the sweep ([{meta['lr_sweep']['file']}]"
              f"({meta['lr_sweep']['file']}), written before these runs trained): " + ", ".join(
                  f"{fmt.name(e)} {lr:g}" for e, lr in meta["lr_sweep"]["chosen"].items()))
+  prereg = preregistration()
+  if prereg and meta.get("lr_sweep"):
+    import datetime
+    before = (datetime.datetime.fromisoformat(prereg[1])
+              < datetime.datetime.fromisoformat(meta["started"]))
+    L.append(f"- Pre-registration: [study/preregistration.md](../study/preregistration.md), "
+             f"committed on its own in {prereg[0]} at {prereg[1]}, "
+             + ("before" if before else "**after**") + f" this run started ({meta['started']})")
   L.append(f"- Evaluation: `python -m rove_jax.cli.eval --suite {report['suite']} --yarn "
            f"{yarn}{sizing_flags(report)} --compare ...`; full report in "
            f"[eval/report.md](eval/report.md), raw numbers in [eval/report.json](eval/report.json)"
            f".\n")
   return L
+
+
+def preregistration() -> Optional[tuple]:
+  """(commit, ISO date) of the commit that added study/preregistration.md, None outside a git
+  checkout or before it is committed."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H %cI", "--",
+                          "study/preregistration.md"], cwd=root, capture_output=True,
+                         text=True, timeout=30).stdout.split()
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return (out[-2], out[-1]) if len(out) >= 2 else None
 
 
 def sizing_flags(report: dict) -> str:

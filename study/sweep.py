@@ -178,8 +178,14 @@ def markdown(table: dict, seeds: Sequence[int], chosen: dict, refused: dict, met
        f"{meta.get('commit', '?')}, before any comparison run trained. Seeds "
        f"{', '.join(map(str, seeds))} (one pair across the encodings each; not the "
        f"comparison's seeds), {meta.get('steps', '?')} steps, the study's training length.\n",
-       f"Rule: {RULE}.\n",
-       "| encoding | learning rate | mean final held-out loss | per seed |", "|---|---|---|---|"]
+       f"Rule: {RULE}.\n"]
+  return "\n".join(L + table_lines(table, chosen, refused)) + "\n"
+
+
+def table_lines(table: dict, chosen: dict, refused: dict) -> list[str]:
+  """The sweep's table (mean and per-seed final held-out loss of every encoding and rate, the
+  chosen rate marked) and a line per encoding with its choice or refusal."""
+  L = ["| encoding | learning rate | mean final held-out loss | per seed |", "|---|---|---|---|"]
   for enc, by_rate in table.items():
     for lr in sorted(by_rate):
       mark = " (chosen)" if chosen.get(enc) == lr else ""
@@ -189,7 +195,25 @@ def markdown(table: dict, seeds: Sequence[int], chosen: dict, refused: dict, met
   for enc in table:
     L.append(f"- {enc}: " + (f"{chosen[enc]:g}, strictly inside its grid" if enc in chosen
                              else f"refused. {refused[enc]}"))
-  return "\n".join(L) + "\n"
+  return L
+
+
+def section(record: Optional[dict]) -> list[str]:
+  """results/README.md's sweep section from the record `write` stores in lr_sweep.json (and
+  reproduce.py copies into the write-up's meta); [] without one."""
+  if not record or not record.get("losses"):
+    return []
+  table = {e: {float(lr): v for lr, v in t.items()} for e, t in record["losses"].items()}
+  chosen = {e: float(lr) for e, lr in (record.get("chosen") or {}).items()}
+  meta = record.get("meta") or {}
+  return ["## Learning-rate sweep\n",
+          f"Each rotary encoding trains at its own learning rate, chosen by a sweep written to "
+          f"[{MD}]({MD}) before any comparison run trained (`{meta.get('command', '?')}` at "
+          f"commit {meta.get('commit', '?')}): every rate of the grid on the sweep seeds "
+          f"{', '.join(map(str, record.get('seeds') or []))} (fresh seeds, not the "
+          f"comparison's: the chosen rate's sweep loss is a minimum over the grid, biased low), "
+          f"{meta.get('steps', '?')} steps. Rule: {record.get('rule', RULE)}.\n",
+          *table_lines(table, chosen, record.get("refused") or {}), ""]
 
 
 def write(out_dir: str, table: dict, seeds: Sequence[int], chosen: dict, refused: dict,
@@ -204,6 +228,15 @@ def write(out_dir: str, table: dict, seeds: Sequence[int], chosen: dict, refused
                "refused": refused, "losses": {e: {f"{lr:g}": v for lr, v in t.items()}
                                               for e, t in table.items()}}, f, indent=2)
   return path
+
+
+def load_record(out_dir: str) -> Optional[dict]:
+  """The content of <out_dir>/lr_sweep.json, None without one."""
+  path = os.path.join(out_dir, JSON)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
 
 
 def load_choice(out_dir: str) -> dict:
@@ -243,17 +276,18 @@ def recorded(out_dir: str, grids: dict, seeds: Sequence[int], steps: int) -> Opt
 
 
 def tune(grids: dict, seeds: Sequence[int], runs_dir: str, out_dir: str,
-         train: Callable[[list], None], meta: dict, log: Callable[[str], None] = print) -> dict:
+         train: Callable[[list], None], meta: dict, log: Callable[[str], None] = print,
+         reuse: bool = False) -> dict:
   """The sweep: trains `plan`'s runs with `train` (resuming finished ones), applies the rule,
-  writes lr_sweep.md and lr_sweep.json to out_dir, and returns {encoding: chosen rate}. A
-  sweep out_dir already records (`recorded`: a committed results/lr_sweep.json) is not trained
-  again: its choice is returned and its table kept as written.
+  writes lr_sweep.md and lr_sweep.json to out_dir, and returns {encoding: chosen rate}. With
+  `reuse`, a sweep out_dir already records (`recorded`: a committed results/lr_sweep.json) is
+  not trained again: its choice is returned and its table kept as written.
 
   Raises:
     SystemExit: a best rate at its grid's edge (after lr_sweep.md records the refusal).
   """
   from rove_jax.train.metrics import read_metrics
-  done = recorded(out_dir, grids, seeds, meta.get("steps"))
+  done = recorded(out_dir, grids, seeds, meta.get("steps")) if reuse else None
   if done is not None:
     log(f"learning-rate sweep: {os.path.join(out_dir, JSON)} records this sweep (same grids, "
         f"seeds and steps) and its choice {done}; not trained again")

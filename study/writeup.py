@@ -29,6 +29,7 @@ from study import plots
 from study import position_tasks
 from study import primary
 from study import run_info
+from study import sweep
 from study import verdicts
 
 RECALL_PNG = "retrieval_study.png"
@@ -345,7 +346,8 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict,
   main = [r for r in runs if r.get("kind", "main") == "main"]
   base = _train_len(report)
   summary = {"encodings": {}, "ruler": {}, "icl": {}, "claims": []}
-  L = run_info.header(st, meta) + _method(st) + _table1(st, base, summary)
+  L = run_info.header(st, meta) + sweep.section(meta.get("lr_sweep")) + _method(st)
+  L += _table1(st, base, summary)
   L += _perplexity(st, base, summary) + _ruler(st, base, summary) + _icl(st, summary)
   recall_md, png, summary["retrieval"] = claims_lib.retrieval(st, RECALL_PNG)
   L += recall_md

@@ -429,11 +429,16 @@ def test_plan_pairs_eight_seeds_and_adds_the_two_checks():
   assert [r["seed"] for r in main if r["full_eval"]] == [0, 1, 2] * 3
   steps = reproduce.base_steps(reproduce.parse_args([]))
   assert [(r["encoding"], r["seed"], r["steps"]) for r in plan if r["kind"] == "long"] == [
-      (e, s, 3 * steps) for s in (0, 1) for e in ("rove", "rope")]
+      (e, s, 3 * steps) for s in (0, 1, 2) for e in ("rove", "rope")]
+  args = reproduce.parse_args([])
+  assert args.sweep_grids == {e: [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2] for e in ("rove", "rope")}
+  assert not [r for r in plan if r["kind"] == "lr"]  # the sweep tunes instead
+  assert reproduce.parse_args(["--quick"]).sweep_grids == {}
+  args = reproduce.parse_args(["--sweep-lrs", "", "--lrs", "1e-3,4e-3"])
+  plan = reproduce.plan(args)
   assert [(r["encoding"], r["seed"], r["lr"]) for r in plan if r["kind"] == "lr"] == [
       (e, 0, lr) for lr in (1e-3, 4e-3) for e in ("rove", "rope")]
   assert len({r["workdir"] for r in plan}) == len(plan)  # one workdir a run
-  args = reproduce.parse_args([])
   long_run = next(r for r in plan if r["kind"] == "long")
   assert f"--config.steps={3 * steps}" in reproduce.overrides(args, long_run)
   lr_run = next(r for r in plan if r["kind"] == "lr")
@@ -480,7 +485,8 @@ def _fake_reproduce(monkeypatch, tmp_path, *, recall_present, extra=()):
   monkeypatch.setattr(recall_runs, "recall_available", lambda: recall_present)
   monkeypatch.setattr(reproduce, "machine", lambda: "m")
   monkeypatch.setattr(writeup, "write", lambda *a, **k: writes.append((a, k)))
-  argv = ["--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"), *extra]
+  argv = ["--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"),
+          "--sweep-lrs", "", *extra]  # the sweep's order: tests/study/test_sweep.py
   assert reproduce.main(argv) == 0
   return calls, writes
 
@@ -491,7 +497,7 @@ def test_reproduce_evaluates_every_setting_then_the_retrieval_study(tmp_path, mo
   train = [c for c in calls if c[1].endswith("train.py")]
   full, ppl = [c for c in calls if "rove_jax.cli.eval" in c]
   studies = [c for c in calls if reproduce.RECALL_STUDY in c]
-  assert len(train) == 27 and calls.index(full) > calls.index(train[-1])
+  assert len(train) == 25 and calls.index(full) > calls.index(train[-1])
   workdirs = lambda c: [c[c.index("--workdir") + 1], *c[c.index("--compare") + 1:c.index(  # noqa
       "--suite")]]
   assert [os.path.basename(w) for w in workdirs(full)] == [
@@ -501,7 +507,7 @@ def test_reproduce_evaluates_every_setting_then_the_retrieval_study(tmp_path, mo
   assert ppl[ppl.index("--tasks") + 1] == "ppl" and ppl[ppl.index("--yarn") + 1] == "all"
   assert [os.path.basename(w) for w in workdirs(ppl)] == [
       f"{e}-s{s}" for e in ("rove", "rope") for s in range(3, 8)] + [
-      f"{e}-s{s}-steps900" for s in (0, 1) for e in ("rove", "rope")]
+      f"{e}-s{s}-steps900" for s in (0, 1, 2) for e in ("rove", "rope")]
   assert "--ruler-lengths" not in ppl
   assert all(calls.index(st) > calls.index(ppl) for st in studies)
   by_task = {c[c.index("--task") + 1]: c for c in studies}
@@ -545,7 +551,7 @@ def test_write_only_redoes_the_write_up_from_an_earlier_runs_files(tmp_path, mon
   monkeypatch.setattr(reproduce, "commit", lambda: "abc1234")
   report, _, _, meta = _hand_made()
   out, runs_dir = tmp_path / "out", tmp_path / "runs"
-  argv = ["--out", str(out), "--runs-dir", str(runs_dir), "--write-only"]
+  argv = ["--out", str(out), "--runs-dir", str(runs_dir), "--sweep-lrs", "", "--write-only"]
   with pytest.raises(SystemExit, match="needs an earlier run's"):
     reproduce.main(argv)
   (out / "eval").mkdir(parents=True)

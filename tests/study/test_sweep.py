@@ -133,9 +133,9 @@ def test_an_edge_best_stops_the_command_before_the_comparison(tmp_path, monkeypa
 
 
 def test_a_recorded_sweep_is_not_trained_again(tmp_path, monkeypatch):
-  """A second run of the same command (the sweep committed in results/, its runs gone) reuses
-  the recorded choice and trains only the comparison; another grid, seed list or step count
-  trains the sweep again."""
+  """A second run of the same command with --reuse-sweep (the sweep committed in results/, its
+  runs gone) reuses the recorded choice and trains only the comparison; without the flag, or
+  with another grid, seed list or step count, the sweep trains again."""
   out, calls = tmp_path / "out", []
   monkeypatch.setattr(reproduce, "train_all", _fake_training({"rove": 2e-3, "rope": 1e-3},
                                                              calls, out))
@@ -146,12 +146,46 @@ def test_a_recorded_sweep_is_not_trained_again(tmp_path, monkeypatch):
   table = (out / sweep.MD).read_text()
   calls.clear()
   with pytest.raises(KeyboardInterrupt):
-    reproduce.main(argv)
+    reproduce.main(argv + ["--reuse-sweep"])
   assert calls == [("comparison", True, [("rope", 1e-3), ("rove", 2e-3)])]
   assert (out / sweep.MD).read_text() == table  # kept as written
+  calls.clear()
+  with pytest.raises(KeyboardInterrupt):
+    reproduce.main(argv)  # a full rerun trains (here: resumes) the sweep again
+  assert calls[0] == ("sweep", 2 * 4 * 3)
   grids = {"rove": list(GRID), "rope": list(GRID)}
   assert sweep.recorded(str(out), grids, [100, 101, 102], 10) == {"rove": 2e-3, "rope": 1e-3}
   assert sweep.recorded(str(out), grids, [100, 101, 102], 20) is None
   assert sweep.recorded(str(out), grids, [100, 101], 10) is None
   assert sweep.recorded(str(out), {**grids, "rope": list(GRID) + [8e-3]},
                         [100, 101, 102], 10) is None
+
+
+def test_the_write_up_shows_the_sweep_and_names_the_preregistration(tmp_path, monkeypatch):
+  from study import run_info
+  out, calls = tmp_path / "out", []
+  monkeypatch.setattr(reproduce, "train_all", _fake_training({"rove": 2e-3, "rope": 1e-3},
+                                                             calls, out))
+  argv = ["--sweep-lrs", "5e-4,1e-3,2e-3,4e-3", "--seeds", "0", "--encodings", "rove,rope",
+          "--steps", "10", "--out", str(out), "--runs-dir", str(tmp_path / "runs"),
+          "--sweep-only"]
+  assert reproduce.main(argv) == 0
+  md = "\n".join(sweep.section(sweep.load_record(str(out))))
+  assert md.startswith("## Learning-rate sweep") and sweep.RULE in md
+  assert "| rove | 0.002 (chosen) | 2.0100 | 2.0000, 2.0100, 2.0200 |" in md
+  assert "| rope | 0.0005 | 2.1100 |" in md and "- rope: 0.001, strictly inside its grid" in md
+  assert sweep.section(None) == []
+  monkeypatch.setattr(run_info, "preregistration", lambda: ("abc", "2026-12-04T13:40:00+00:00"))
+  lines = lambda started: [l for l in run_info.header(_Study(), {  # noqa: E731
+      "command": "c", "commit": "x", "machine": "m", "started": started, "wall_seconds": 60,
+      "lr_sweep": {"chosen": {"rove": 2e-3}, "file": sweep.MD}}) if "Pre-registration" in l]
+  assert "in abc at 2026-12-04T13:40:00+00:00, before this run" in lines(
+      "2026-12-04T14:00:00+00:00")[0]
+  assert "**after** this run" in lines("2026-12-04T13:00:00+00:00")[0]
+
+
+class _Study:
+  """The little of numbers.Study that run_info.header reads."""
+  order, groups = ["rove"], {"rove": [0]}
+  report = {"suite": "full", "runs": [{"step": 10, "workdir": "w", "model": {
+      "n_layer": 1, "d_model": 8, "n_head": 1, "params": 10, "max_len": 16}}]}
