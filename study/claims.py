@@ -10,7 +10,7 @@ seed pairs, the exact sign-flip test beside it), every interval from the bootstr
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from study import fmt
 from study import numbers as rs
@@ -195,10 +195,11 @@ def _recall_paragraph(st, encs, settings, lengths, T) -> str:
 # ---------------------------------------------------------------------------------- claims
 
 
-def rows(st: rs.Study, base) -> list:
+def rows(st: rs.Study, base, extra: Sequence[dict] = ()) -> list:
   """Every claim row, RoVE vs RoPE ([] without both): the primary family (study/primary.py),
-  then the exploratory rows, then YaRN against no YaRN (about YaRN, not RoVE: "d1"), each
-  family with Holm-adjusted verdicts over its own tested rows."""
+  then the exploratory rows (with `extra`, rows of other studies such as the position tasks'
+  `recall_rows`), then YaRN against no YaRN (about YaRN, not RoVE: "d1"), each family with
+  Holm-adjusted verdicts over its own tested rows."""
   if not {"rove", "rope"} <= set(st.groups):
     return []
   lengths = _ppl_lengths(st)
@@ -212,7 +213,7 @@ def rows(st: rs.Study, base) -> list:
                                  f"RoVE / RoPE - 1", fmt.fmt_change(c), rs.verdict(c), result=c))
   explore += _gap_rows(st, base, longer)
   explore += _ruler_rows(st, base)
-  explore += _recall_rows(st)
+  explore += recall_rows(st) + [dict(r) for r in extra]
   for r in explore:
     r["family"] = "exploratory"
   yarn = _yarn_rows(st, base, longer)
@@ -317,7 +318,9 @@ def _ruler_rows(st, base) -> list:
   return out
 
 
-def _recall_rows(st) -> list:
+def recall_rows(st, label: str = "retrieval study (not in the paper)") -> list:
+  """A retrieval study's rows (st.recall: its records), RoVE - RoPE past T in each setting:
+  accuracy (no verdict at chance or at the ceiling) and answer NLL; `label` starts each test."""
   if not st.recall:
     return []
   encs, settings, lengths = _recall_layout(st)
@@ -330,7 +333,7 @@ def _recall_rows(st) -> list:
   for s in settings:
     counts = [rs.count(st.recall_units(e, s, longer, "sample_correct")) for e in ("rove", "rope")]
     c = st.recall_cmp("rove", "rope", s, longer, "sample_correct")
-    test = (f"retrieval study (not in the paper), {SETTINGS[s]}: accuracy, mean over "
+    test = (f"{label}, {SETTINGS[s]}: accuracy, mean over "
             f"{where} tokens (past T = {T}), RoVE - RoPE")
     shown = f"RoVE {fmt.fmt_count(counts[0])}, RoPE {fmt.fmt_count(counts[1])} correct"
     if c is None:
@@ -345,7 +348,7 @@ def _recall_rows(st) -> list:
                       f"at the ceiling: {shown}" if ceiling else rs.verdict(c, "higher"),
                       claim, result=c, recall=s))
     c = st.recall_cmp("rove", "rope", s, longer, "sample_nll")
-    out.append(_row("e", f"retrieval study, {SETTINGS[s]}: answer NLL, mean over {where} "
+    out.append(_row("e", f"{label}, {SETTINGS[s]}: answer NLL, mean over {where} "
                          f"tokens, RoVE - RoPE", fmt.fmt_change(c) + " nats",
                     "at the ceiling: every answer right, no verdict" if ceiling
                     else floor or rs.verdict(c), claim, result=c))

@@ -6,7 +6,6 @@ from __future__ import annotations
 from study import numbers as rs
 from study import primary
 from study import verdicts
-from study.fmt import SETTING_NAMES as SETTINGS
 
 
 def table(rows_: list, left_note: str = "") -> list:
@@ -92,8 +91,7 @@ def closing(st: rs.Study, base, rows_: list, meta: dict) -> list:
     return L + [""]
   heads = [f"({r['id']}) {r['test']}: {r['figure']}; {primary.p_cell(r)}; {r['verdict']}, "
            f"after Holm {r['verdict_holm']}" for r in rows_ if r.get("family") == "primary"]
-  heads += [f"retrieval study, accuracy past its training length, {SETTINGS[r['recall']]}, "
-            f"RoVE - RoPE: {r['figure']}" for r in rows_ if r.get("recall")]
+  heads += [f"{r['test']}: {r['figure']}" for r in rows_ if r.get("recall")]
   L.append("Headline numbers: the primary comparisons (95 % intervals):\n")
   L += [f"- {h}" for h in heads]
   for fam, key in (("primary", "verdict_holm"), ("exploratory", "verdict_holm")):

@@ -141,10 +141,26 @@ def section(tasks: dict, boot: rs.Boot, png_name: str) -> tuple[list, Optional[b
     dist_md, dist = by_distance(data, boot)
     L += md + dist_md
     summary[task] = {"spec": data.get("spec"), "by_length": by_length, "by_distance": dist}
+  if L:
+    L.append("The verdicts in these tables are per cell and raw (the paired t-test over seed "
+             "pairs, no adjustment). Each task's accuracy and answer NLL averaged over the "
+             "lengths past T, per setting, are rows of the claims table's exploratory family, "
+             "adjusted there with Holm.\n")
   png = distance_figure(tasks)
   if png is not None and L:
     L.append(f"![accuracy by distance]({png_name})\n")
   return L, png, summary
+
+
+def claim_rows(tasks: dict, boot: rs.Boot) -> list:
+  """Each position task's claim rows (claims.recall_rows: accuracy and answer NLL past T,
+  RoVE - RoPE, each setting), for the exploratory family of the claims table: their verdicts
+  are then adjusted with the other exploratory rows'."""
+  out = []
+  for task, data in tasks.items():
+    st = rs.Study({"runs": []}, data["records"], boot, verdicts.recall_chance(data.get("spec")))
+    out += claims_lib.recall_rows(st, f"position task {task} (not in the paper)")
+  return out
 
 
 def load(paths: Sequence[tuple[str, str]]) -> dict:

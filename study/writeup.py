@@ -354,7 +354,7 @@ def build(report: dict, runs: list[dict], curves: dict, meta: dict,
   pos_md, pos_png, summary["position_tasks"] = position_tasks.section(
       positions or {}, st.boot, POSITION_PNG)
   L += pos_md
-  rows = claims_lib.rows(st, base)
+  rows = claims_lib.rows(st, base, position_tasks.claim_rows(positions or {}, st.boot))
   summary["claims"] = rows
   L += claims_table.table(rows, primary.left_note(st))
   check_md, summary["checks"] = checks.section(runs, curves, [report, ppl_report], meta, base)

@@ -5,6 +5,7 @@ inputs whose numbers are computed here independently."""
 import math
 
 import numpy as np
+import pytest
 
 from study import checks, position_tasks, stats
 from study import numbers as rs
@@ -134,3 +135,27 @@ def test_pair_table_prints_each_seed_pairs_accuracy_difference():
   rows = [line.split() for line in lines[3:]]
   assert rows == [["none", "0", "+30", "+30"], ["none", "1", "+30", "+30"]]  # seed 2 unpaired
   assert retrieval_scoring.pair_table([r for r in recs if r["encoding"] == "rove"]) == ""
+
+
+def test_position_task_rows_join_the_exploratory_family_with_seed_level_p_values():
+  """Each position task's accuracy and NLL past T (per setting) are claim rows whose p is the
+  paired t over the seed-pair differences of the runs' mean past T, and Holm adjusts them with
+  the other exploratory rows."""
+  from study import claims, multiplicity, primary
+  data = _position_data()
+  boot = rs.Boot(n_boot=400)
+  rows = position_tasks.claim_rows({"offset": data}, boot)
+  acc = [r for r in rows if "accuracy" in r["test"]]
+  assert [r["recall"] for r in acc] == ["none", "yarn"]
+  assert all(r["test"].startswith("position task offset (not in the paper)") for r in rows)
+  for r in acc:  # the seed-level test, from the records by hand
+    def run_mean(enc, seed):  # every sample past T of one run (the lengths hold equal counts)
+      return np.mean([c for rec in data["records"]
+                      if (rec["encoding"], rec["seed"], rec["setting"]) == (enc, seed, r["recall"])
+                      and rec["length"] > data["train_len"] for c in rec["sample_correct"]])
+    diffs = np.array([run_mean("rove", s) - run_mean("rope", s) for s in range(3)])
+    t = multiplicity.paired_t(list(diffs))
+    assert r["p"] == pytest.approx(t["p"]) and r["t"]["mean"] == pytest.approx(diffs.mean())
+  explore = primary.adjust([dict(r) for r in rows])
+  assert {r["holm_m"] for r in explore if "p_holm" in r} == {len(rows)}
+  assert claims.rows(rs.Study({"runs": []}, None, boot), 8, rows) == []  # needs RoVE and RoPE
