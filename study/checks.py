@@ -7,7 +7,8 @@ and neither encoding rests on one untuned learning rate.
   lr    RoVE and RoPE at other learning rates: each run's final held-out loss beside the main
         run's at the config's rate, and the RoVE - RoPE gap at every rate.
 
-Both are point estimates per seed pair, with no interval: 1-2 pairs cannot carry one. The
+Both are point estimates per seed pair; the training-length check adds, over its pairs, the
+mean gap at each step count and its change, with paired-t intervals (`gap_lines`). The
 held-out loss is the last `val_loss` of a run's metrics.jsonl; perplexities come from the
 perplexity reports (the main report and the perplexity-only one of reproduce.py).
 """
@@ -18,6 +19,7 @@ import math
 import os
 from typing import Optional, Sequence
 
+from study import multiplicity
 from study.limits import _val_losses
 
 
@@ -95,6 +97,32 @@ def lr_rows(runs: list, curves: dict, main_lr: float, a: str = "rove",
   return rows
 
 
+def gap_lines(longs: list, main_steps) -> list:
+  """Across the seed pairs of the training-length check: the held-out gap's mean at the main
+  runs' steps and at the long runs', and its change between them, each with the paired
+  t-test's 95 % interval and p over the pairs ([] without 2 pairs with both)."""
+  by_seed: dict = {}
+  for r in longs:
+    va, vb = r["val"]
+    if va is not None and vb is not None:
+      by_seed.setdefault(r["seed"], {})[r["steps"]] = va - vb
+  pairs = [g for g in by_seed.values() if len(g) == 2]
+  if len(pairs) < 2:
+    return []
+  long_steps = next(k for k in pairs[0] if k != "main")
+  cells = {}
+  for name, diffs in (("main", [g["main"] for g in pairs]),
+                      ("long", [g[long_steps] for g in pairs]),
+                      ("change", [g[long_steps] - g["main"] for g in pairs])):
+    t = multiplicity.paired_t(diffs)
+    cells[name] = f"{t['mean']:+.3f} [{t['lower']:+.3f}, {t['upper']:+.3f}] (t p = {t['p']:.3g})"
+  return [f"\nOver the {len(pairs)} seed pairs (mean, 95 % t-interval and paired t-test over "
+          f"the pairs): the held-out gap is {cells['main']} nats at {main_steps} steps and "
+          f"{cells['long']} at {long_steps}; its change from {main_steps} to {long_steps} "
+          f"steps is {cells['change']}. A change of the opposite sign to the gap says the "
+          f"gap shrinks with training."]
+
+
 def section(runs: list, curves: dict, reports: Sequence[Optional[dict]], meta: dict,
             train_len: int) -> tuple[list, dict]:
   """(the markdown lines, the summary's "checks" entry); no lines when neither check ran."""
@@ -105,9 +133,10 @@ def section(runs: list, curves: dict, reports: Sequence[Optional[dict]], meta: d
   if not longs and not lrs:
     return [], {}
   L = ["## Training length and learning rate\n",
-       "Point estimates per seed pair (RoVE - RoPE; below 0: RoVE lower), no intervals: one or "
-       "two pairs cannot carry one. Held-out loss: each run's last held-out evaluation "
-       "(nats/token).\n"]
+       "Point estimates per seed pair (RoVE - RoPE; below 0: RoVE lower); the training-length "
+       "check adds the mean over its pairs with a t-interval. Held-out loss: each run's last "
+       "held-out evaluation (nats/token)" + (", each encoding at the learning rate its sweep "
+       "chose" if meta.get("lr_sweep") else "") + ".\n"]
   if longs:
     L += [f"**Training length.** The same seeds trained again with "
           f"{longs[-1]['steps']} steps on their own schedule (warm-up and decay over the longer "
@@ -124,6 +153,7 @@ def section(runs: list, curves: dict, reports: Sequence[Optional[dict]], meta: d
                f"{_nats(va, vb)} | {_pct(r['none'][0][0], r['none'][1][0])} | "
                f"{_pct(r['none'][0][1], r['none'][1][1])} | "
                f"{_pct(r['yarn'][0][1], r['yarn'][1][1])} |")
+    L += gap_lines(longs, train.get("steps", "main"))
     L.append("")
   if lrs:
     L += [f"**Learning rate.** The main runs use {train.get('lr', '?'):g}; the check trains "

@@ -159,3 +159,23 @@ def test_position_task_rows_join_the_exploratory_family_with_seed_level_p_values
   explore = primary.adjust([dict(r) for r in rows])
   assert {r["holm_m"] for r in explore if "p_holm" in r} == {len(rows)}
   assert claims.rows(rs.Study({"runs": []}, None, boot), 8, rows) == []  # needs RoVE and RoPE
+
+
+def test_gap_lines_give_the_mean_gap_and_its_change_over_the_pairs():
+  from scipy import stats as sp
+  main = {0: -0.040, 1: -0.033, 2: -0.050}  # RoVE - RoPE held-out gap at 300 steps
+  long = {0: -0.015, 1: -0.012, 2: -0.020}  # at 900
+  longs = [{"seed": s, "steps": k, "val": (2.0 + g[s], 2.0)}
+           for s in (0, 1, 2) for k, g in (("main", main), (900, long))]
+  [line] = checks.gap_lines(longs, 300)
+
+  def cell(d):  # mean, t-interval and two-sided p, by scipy
+    d = np.asarray(d)
+    half = sp.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    p = sp.ttest_1samp(d, 0.0).pvalue
+    return f"{d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}] (t p = {p:.3g})"
+  change = [long[s] - main[s] for s in (0, 1, 2)]
+  assert f"is {cell(list(main.values()))} nats at 300 steps" in line
+  assert f"and {cell(list(long.values()))} at 900" in line
+  assert f"from 300 to 900 steps is {cell(change)}" in line
+  assert checks.gap_lines(longs[:2], 300) == []  # one pair: no test
