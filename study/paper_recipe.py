@@ -4,16 +4,20 @@ one run per positional encoding and seed, evaluated with the paper's protocol (R
 
   python reproduce.py --scale gpt2_124m|gpt2_354m --data '/data/fineweb-edu/*.parquet'
       [--icl-tasks SPECS.json] [--squad FILE] [--hotpot FILE] [--encodings rove,rope]
-      [--seeds 0] [--topology v4-32] [--runs-dir DIR] [--out DIR] [--dry-run]
+      [--seeds 0] [--sweep-lrs R,R,R,R] [--sweep-seeds 100,101,102] [--sweep-steps N]
+      [--topology v4-32] [--runs-dir DIR] [--out DIR] [--dry-run]
 
-The plan: for each encoding x seed, one train.py command with the preset's paper config
-(configs/PRESET.py; rove_jax/train/config_schema.py:paper_config labels what is assumed), the
-data, and the mesh and grad_accum that bench/aot_results records for --topology; then one
-rove-eval command over all runs: perplexity from 512 to 16384 tokens without and with YaRN, RULER scored by NLL,
-and DCLM Core few-shot accuracy from local task files (--icl-tasks). The cost is printed from the
-compiled figures in bench/aot_results: bounds, not measurements. --dry-run prints the plan and
-exits 0 (the data is only checked to exist); otherwise the commands run in order (a rerun resumes
-each run from its newest checkpoint) and the report goes to --out.
+The plan tunes first (study/paper_sweep.py, study/sweep.py's rule): each rotary encoding at
+every rate of --sweep-lrs (default 5, spaced by 2x around the preset's lr; '' skips it) on the
+--sweep-seeds, lr_sweep.md written to --out, a best rate at its grid's edge stopping the recipe.
+Then, for each encoding x seed at its chosen rate, one train.py command with the preset's paper
+config (configs/PRESET.py; rove_jax/train/config_schema.py:paper_config labels what is assumed),
+the data, and the mesh and grad_accum bench/aot_results records for --topology (the sweep's
+alike); then one rove-eval over these runs: perplexity from 512 to 16384 tokens without and with YaRN, RULER by
+NLL, DCLM Core few-shot accuracy from local task files (--icl-tasks). The cost, from the compiled
+figures, ends in the expected device-hours of sweep and comparison: bounds, not measurements.
+--dry-run prints the plan and exits 0 (the data is only checked to exist); otherwise the
+commands run in order (a rerun resumes each run from its newest checkpoint), report in --out.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import time
 from rove_jax.nn.model_config import POS_ENCODINGS
 from rove_jax.train import config_schema
 from rove_jax.train.metrics import read_metrics
+from study import paper_sweep
 
 # rove_jax.data (its package loads grain), rove_jax.cli.eval, rove_jax.aot.compile and
 # rove_jax.nn.model (flax, optax, orbax) are imported inside the --scale recipe's functions:
@@ -66,6 +71,7 @@ def parse_args(argv) -> argparse.Namespace:
   p.add_argument("--encodings", default="rove,rope", help="comma-separated (default rove,rope)")
   p.add_argument("--seeds", default="0",
                  help="comma-separated (default one seed: a cost choice)")
+  paper_sweep.add_flags(p)
   p.add_argument("--topology", help="slice to train on (v5e-16, v4-32, h200-8, ...): the mesh, "
                                     "grad_accum and cost come from its compiled figures "
                                     "(default: the cheapest compiled one for the preset)")
@@ -87,6 +93,7 @@ def parse_args(argv) -> argparse.Namespace:
   bad = [e for e in args.encoding_list if e not in POS_ENCODINGS]
   if bad or not args.encoding_list:
     p.error(f"--encodings: unknown {bad}; choose from {POS_ENCODINGS}")
+  paper_sweep.check_flags(p, args, load_config(args.scale))
   from rove_jax.data import files  # heavy: see the note above ROOT
   if args.data is None and not args.dry_run:
     p.error(f"--data is required to run the plan: the FineWeb-Edu parquet shards you have, e.g. "
@@ -187,22 +194,25 @@ def build_plan(args) -> dict:
   here = {r["pos_encoding"]: r for r in rows if r["topology"] == topo}
   cfg_path = os.path.relpath(os.path.join(ROOT, "configs", f"{args.scale}.py"))
   train_py = os.path.relpath(os.path.join(ROOT, "train.py"))
-  runs = []
-  for enc in args.encoding_list:
-    row = here.get(enc)
-    mesh_row = row or next(iter(here.values()), None)  # RoVE adds no parameters
-    for seed in args.seed_list:
-      workdir = os.path.join(args.runs_dir, f"{enc}-s{seed}")
-      cmd = ["python", train_py, "--config", cfg_path, "--workdir", workdir,
-             f"--config.model.pos_encoding={enc}", f"--config.seed={seed}",
-             f"--config.data.path={args.data}"]
-      if mesh_row:
-        cmd += [f"--config.mesh.{k}={mesh_row['mesh'][k]}" for k in ("data", "fsdp", "tensor")]
-        cmd.append(f"--config.optim.grad_accum={mesh_row['grad_accum']}")
-        if mesh_row.get("remat") and mesh_row["remat"] != c.model.remat:
-          cmd.append(f"--config.model.remat={mesh_row['remat']}")
-      runs.append({"encoding": enc, "seed": seed, "workdir": workdir, "train": cmd,
-                   "compiled": row, "mesh_from": mesh_row and mesh_row["pos_encoding"]})
+  mesh = {e: here.get(e) or next(iter(here.values()), None)  # RoVE adds no parameters
+          for e in args.encoding_list}
+
+  def command(enc, seed, workdir):  # comparison and sweep runs alike
+    mesh_row = mesh[enc]
+    cmd = ["python", train_py, "--config", cfg_path, "--workdir", workdir,
+           f"--config.model.pos_encoding={enc}", f"--config.seed={seed}",
+           f"--config.data.path={args.data}"]
+    if mesh_row:
+      cmd += [f"--config.mesh.{k}={mesh_row['mesh'][k]}" for k in ("data", "fsdp", "tensor")]
+      cmd.append(f"--config.optim.grad_accum={mesh_row['grad_accum']}")
+      if mesh_row.get("remat") and mesh_row["remat"] != c.model.remat:
+        cmd.append(f"--config.model.remat={mesh_row['remat']}")
+    return cmd
+  runs = [paper_sweep.comparison_run(
+      {"encoding": enc, "seed": seed, "workdir": wd, "train": command(enc, seed, wd),
+       "compiled": here.get(enc), "mesh_from": mesh[enc] and mesh[enc]["pos_encoding"]}, args)
+      for enc in args.encoding_list for seed in args.seed_list
+      for wd in [os.path.join(args.runs_dir, f"{enc}-s{seed}")]]
   from rove_jax.evaluation import tasks as eval_tasks  # heavy: see the note above ROOT
   full = eval_tasks.SUITES["full"]
   eval_dir = os.path.join(args.out, "eval")
@@ -218,6 +228,7 @@ def build_plan(args) -> dict:
       ev += [flag, value]
   return {"preset": args.scale, "steps": steps, "batch": batch, "seq_len": seq, "config": c,
           "topology": topo, "topology_chosen": chosen_by, "rows": rows, "runs": runs,
+          "sweep": paper_sweep.runs(args, steps, command),
           "eval": ev, "eval_dir": eval_dir,
           "ruler_lengths": list(PAPER_RULER),
           "ppl_tokens": full["ppl_tokens"], "ruler_samples": full["ruler_samples"],
@@ -267,7 +278,7 @@ def cost_lines(plan, args) -> list[str]:
       out.append(f"    python -m bench.aot --config configs/{plan['preset']}.py --topology "
                  f"{topo_name} --config.model.pos_encoding={enc} --recommend --json "
                  f"bench/aot_results/{plan['preset'][5:]}_{enc}_{topo_name}.json")
-  return out
+  return out + paper_sweep.cost_lines(plan, args, dev_hours, missing)
 
 
 def eval_lines(plan, args) -> list[str]:
@@ -322,22 +333,24 @@ def format_plan(plan, args) -> str:
   else:
     L.append("topology: none compiled for this preset; the mesh is train.py's default "
              "(data-parallel over every device, grad_accum 1)")
+  L += paper_sweep.plan_lines(plan, args)
   L += ["", f"Training ({n_runs} run(s), in order; a rerun resumes each from its newest "
-            "checkpoint):"]
+            f"checkpoint{paper_sweep.comparison_note(args)}):"]
   for i, run in enumerate(plan["runs"]):
     L.append(f"  [{i + 1}/{n_runs}] {run['encoding']} seed {run['seed']} -> {run['workdir']}")
     L.append(f"    {shlex.join(run['train'])}")
     if run["mesh_from"] and run["mesh_from"] != run["encoding"]:
       L.append(f"    (mesh and grad_accum from the {run['mesh_from']} compile: no "
                f"{run['encoding']} one for this topology)")
-  L += ["", f"Evaluation (one rove-eval over all runs; report in {plan['eval_dir']}):",
+  L += ["", f"Evaluation (one rove-eval over the comparison runs; report in {plan['eval_dir']}):",
         f"    {shlex.join(plan['eval'])}"]
   L += eval_lines(plan, args)
   L += [""] + cost_lines(plan, args)
   L += ["", "Assumed (not stated by the paper):",
         f"  - everything in configs/{plan['preset']}.py but model size, FineWebEdu-10B and "
         f"context {seq}: GPT-2 tokenizer, batch {plan['batch']} x {seq}, {plan['steps']:,} "
-        f"steps, lr {plan['config'].optim.lr:g}, {plan['config'].optim.warmup_steps} warmup "
+        f"steps, lr {plan['config'].optim.lr:g}" + (" (the sweep's grid around it)" if
+        args.sweep_grids else "") + f", {plan['config'].optim.warmup_steps} warmup "
         f"steps, weight decay {plan['config'].optim.weight_decay:g}, AdamW betas, bf16 "
         f"(rove_jax/train/config_schema.py:paper_config)",
         (f"  - one seed ({seeds}): a cost choice, every seed adds a full run per encoding; "
@@ -367,22 +380,18 @@ def git_commit() -> str:
 
 
 def execute(plan, args, text: str, argv) -> int:
-  """Trains every run (resuming), evaluates them all and writes --out/README.md."""
+  """Trains the sweep and writes lr_sweep.md (paper_sweep.tune; an edge stops here), then every
+  comparison run at its chosen rate (resuming), evaluates those and writes --out/README.md."""
   t0, started = time.perf_counter(), datetime.datetime.now(datetime.timezone.utc)
   meta = {"command": "python reproduce.py " + shlex.join(argv), "commit": git_commit(),
           "started": started.isoformat(timespec="seconds")}
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "plan.txt"), "w") as f:
     f.write(text + "\n")
-  for i, run in enumerate(plan["runs"]):
-    print(f"[{i + 1}/{len(plan['runs'])}] {run['encoding']} seed {run['seed']} -> "
-          f"{run['workdir']}", flush=True)
-    t = time.perf_counter()
-    rc = subprocess.call([sys.executable] + run["train"][1:])
-    run["train_seconds"] = time.perf_counter() - t
-    if rc != 0:
-      raise SystemExit(f"training {run['workdir']} failed (exit {rc}); rerun "
-                       f"`{meta['command']}` to resume it")
+  chosen = paper_sweep.tune(plan, args, meta, lambda runs: _train(runs, meta),
+                            log=lambda line: print(line, flush=True))
+  paper_sweep.settle(plan, chosen)  # lr_sweep.md is written: the comparison trains at its rates
+  _train(plan["runs"], meta)
   print("evaluating:", shlex.join(plan["eval"]), flush=True)
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(
       p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
@@ -396,6 +405,19 @@ def execute(plan, args, text: str, argv) -> int:
   return 0
 
 
+def _train(runs, meta) -> None:
+  """Trains `runs` in order (train.py resumes or skips a finished one); records train_seconds."""
+  for i, run in enumerate(runs):
+    print(f"[{i + 1}/{len(runs)}] {run['encoding']} seed {run['seed']} -> {run['workdir']}",
+          flush=True)
+    t = time.perf_counter()
+    rc = subprocess.call([sys.executable] + run["train"][1:])
+    run["train_seconds"] = time.perf_counter() - t
+    if rc != 0:
+      raise SystemExit(f"training {run['workdir']} failed (exit {rc}); rerun "
+                       f"`{meta['command']}` to resume it")
+
+
 def write_readme(out: str, plan, text: str, meta: dict) -> str:
   """--out/README.md: what ran, each run's training, rove-eval's report.md and the plan."""
   encodings = " vs ".join(dict.fromkeys(r["encoding"] for r in plan["runs"]))
@@ -403,8 +425,9 @@ def write_readme(out: str, plan, text: str, meta: dict) -> str:
        f"- Command: `{meta['command']}`", f"- Commit: {meta['commit']}",
        f"- Started: {meta['started']}; wall time {meta['wall_seconds'] / 3600:.2f} h",
        f"- Topology of the mesh and cost figures: {plan['topology'] or 'none'}", "",
-       "## Runs\n", "| run | encoding | seed | final train loss | final held-out loss | "
-       "training wall (h) |", "|---|---|---|---|---|---|"]
+       *paper_sweep.readme_lines(plan, out), "## Runs\n",
+       "| run | encoding | seed | final train loss | final held-out loss | training wall (h) |",
+       "|---|---|---|---|---|---|"]
   for run in plan["runs"]:
     rows = read_metrics(run["workdir"])
     tr = [r["loss"] for r in rows if "loss" in r]

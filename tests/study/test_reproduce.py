@@ -608,7 +608,8 @@ def _commands(out, program):
 @pytest.mark.parametrize("preset", ["gpt2_124m", "gpt2_354m"])
 def test_scale_dry_run_prints_the_paper_plan(capsys, tmp_path, preset):
   data = str(tmp_path / "fw" / "*.parquet")
-  code, out, err = _scale(capsys, tmp_path, "--scale", preset, "--data", data, "--dry-run")
+  code, out, err = _scale(capsys, tmp_path, "--scale", preset, "--data", data, "--dry-run",
+                          "--sweep-lrs", "")  # untuned: test_paper_sweep.py plans the sweep
   assert code == 0, err
   train = _commands(out, "train.py")
   assert [t[t.index("--workdir") + 1] for t in train] == [
@@ -653,7 +654,7 @@ def test_scale_printed_commands_parse_with_train_and_eval_parsers(capsys, tmp_pa
   from rove_jax.cli import eval as cli
   data = str(tmp_path / "fw" / "*.parquet")
   code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data", data,
-                          "--topology", "v5e-8", "--dry-run")
+                          "--topology", "v5e-8", "--sweep-lrs", "", "--dry-run")
   assert code == 0, err
   FLAGS = flags.FLAGS
   for cmd, enc in zip(_commands(out, "train.py"), ("rove", "rope")):
@@ -681,7 +682,7 @@ def test_scale_without_compiled_figures_prints_analytic_flops(capsys, tmp_path, 
   monkeypatch.setattr(rove_jax.nn.model, "param_count", lambda cfg: 1000)
   code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_354m", "--data",
                           str(tmp_path / "fw"), "--topology", "v6e-16", "--encodings", "rove",
-                          "--aot-dir", str(tmp_path), "--dry-run")
+                          "--aot-dir", str(tmp_path), "--sweep-lrs", "", "--dry-run")
   assert code == 0, err
   tokens = 19073 * 512 * 1024
   assert f"6 x 1,000 x {tokens:,} = {6000 * tokens:.3e} FLOPs" in out
@@ -692,7 +693,8 @@ def test_scale_without_compiled_figures_prints_analytic_flops(capsys, tmp_path, 
 
 
 def test_scale_dry_run_needs_no_data_files(capsys, tmp_path):
-  code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--dry-run")
+  code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--dry-run",
+                          "--sweep-lrs", "")
   assert code == 0, err
   from study import paper_recipe
   assert f"data: {paper_recipe.EXAMPLE_DATA!r}, not found here (a dry run plans" in out
@@ -739,7 +741,7 @@ def test_scale_runs_the_plan_in_order_and_writes_the_report(capsys, tmp_path, mo
 
   monkeypatch.setattr(paper_recipe.subprocess, "call", fake_call)
   code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data",
-                          str(tmp_path / "fw"), "--encodings", "rove,rope")
+                          str(tmp_path / "fw"), "--encodings", "rove,rope", "--sweep-lrs", "")
   assert code == 0, err
   assert [c[0] for c in calls] == [sys.executable] * 3
   assert [c[1].endswith("train.py") for c in calls] == [True, True, False]
@@ -750,7 +752,8 @@ def test_scale_runs_the_plan_in_order_and_writes_the_report(capsys, tmp_path, mo
   monkeypatch.setattr(paper_recipe.subprocess, "call", lambda cmd, env=None: 3)
   with pytest.raises(SystemExit, match=r"training .*rove-s0 failed \(exit 3\); rerun"):
     paper_recipe.main(["--scale", "gpt2_124m", "--data", str(tmp_path / "fw"),
-                       "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+                       "--runs-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+                       "--sweep-lrs", ""])
 
 
 def test_claims_table_families_duplicates_and_the_aggregation_guard(monkeypatch):
