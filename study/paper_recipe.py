@@ -13,9 +13,10 @@ every rate of --sweep-lrs (default 5, spaced by 2x around the preset's lr; '' sk
 Then, for each encoding x seed at its chosen rate, one train.py command with the preset's paper
 config (configs/PRESET.py; rove_jax/train/config_schema.py:paper_config labels what is assumed),
 the data, and the mesh and grad_accum bench/aot_results records for --topology (the sweep's
-alike); then one rove-eval over these runs: perplexity from 512 to 16384 tokens without and with YaRN, RULER by
-NLL, DCLM Core few-shot accuracy from local task files (--icl-tasks). The cost, from the compiled
-figures, ends in the expected device-hours of sweep and comparison: bounds, not measurements.
+alike); then one rove-eval over these runs: perplexity from 512 to 16384 tokens without and
+with YaRN, RULER by NLL, DCLM Core few-shot accuracy from local task files (--icl-tasks). The
+cost, from the compiled figures, ends in the expected device-hours of sweep and comparison:
+bounds, not measurements.
 --dry-run prints the plan and exits 0 (the data is only checked to exist); otherwise the
 commands run in order (a rerun resumes each run from its newest checkpoint), report in --out.
 """
