@@ -93,7 +93,8 @@ def parse_args(argv, *, check_files: bool = False):
                  help="the yarn_fixed factor (> 1; default: longest length / training length); "
                       "needs --yarn all")
   p.add_argument("--tasks", default="ppl,ruler,icl")
-  p.add_argument("--out", help="report directory (default: WORKDIR/eval)")
+  p.add_argument("--out", help="report directory (default: WORKDIR/eval for a training run, "
+                                "./eval/NAME for a model directory NAME)")
   p.add_argument("--data-path", help="score perplexity on this text/parquet source instead of "
                                      "the run's held-out split")
   p.add_argument("--stride", type=float, help="sliding-window perplexity with stride = this "
@@ -210,7 +211,7 @@ def _check_inputs(p, args) -> None:
   check_task_files(p, args)
   try:
     args.out_dir = (paths.resolve(args.out, what="--out") if args.out
-                    else paths.join(workdir, "eval"))
+                    else default_out(workdir))
   except (ValueError, ImportError) as e:
     p.error(str(e))
   # GCS has no directories: a gs:// --out is never "created", so never removed on failure
@@ -219,6 +220,16 @@ def _check_inputs(p, args) -> None:
     prepare_out_dir(args.out_dir)
   except OSError as e:
     p.error(f"--out {args.out or args.out_dir}: {e}")
+
+
+def default_out(workdir: str) -> str:
+  """--out's default: a training run's WORKDIR/eval; for a model directory (a transformers
+  checkpoint or an export, which may be a read-only or shared download) eval/NAME under the
+  current directory, so that the model directory is never written to."""
+  if imported.is_model_dir(workdir):
+    name = workdir.rstrip("/").rsplit("/", 1)[-1] or "model"
+    return os.path.abspath(os.path.join("eval", name))
+  return paths.join(workdir, "eval")
 
 
 def check_task_files(p, args) -> None:

@@ -88,3 +88,19 @@ def test_a_model_directory_without_a_tokenizer_is_one_error_line(checkpoint, tmp
   assert code == 1
   assert "holds no tokenizer.json" in err and "Traceback" not in err, err
   assert not (tmp_path / "report").exists()  # made for the run, removed: nothing was written
+
+
+def test_the_report_of_a_model_directory_goes_under_the_current_directory(tmp_path,
+                                                                          monkeypatch):
+  model = tmp_path / "hub" / "llama-tiny"
+  model.mkdir(parents=True)
+  (model / "config.json").write_text("{}")
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "config.json").write_text("{}")  # a workdir that also holds a config.json
+  here = tmp_path / "here"
+  here.mkdir()
+  monkeypatch.chdir(here)
+  assert eval_cli.default_out(str(model)) == str(here / "eval" / "llama-tiny")
+  assert eval_cli.default_out(str(model) + "/") == str(here / "eval" / "llama-tiny")
+  assert eval_cli.default_out(str(run)) == str(run / "eval")
