@@ -18,9 +18,9 @@ comparison's), each encoding's rate chosen by the sweep's rule (lowest mean fina
 loss; a best rate at the grid's edge is refused and nothing more trains), and <out>/lr_sweep.md
 written. With --reuse-sweep a sweep that <out>/lr_sweep.json already records, with the same
 grid, seeds and steps, is not trained again (the committed results/lr_sweep.json lets a later
-checkout train the comparison alone); --sweep-only stops after lr_sweep.md, e.g. to extend a grid whose best rate
-was at its edge; --sweep-lrs '' trains at the config's rate. Then the runs (`plan`), each rotary
-encoding at its chosen rate:
+checkout train the comparison alone); --sweep-only stops after lr_sweep.md, e.g. to extend a
+grid whose best rate was at its edge; --sweep-lrs '' trains at the config's rate. Then the runs
+(`plan`), each rotary encoding at its chosen rate:
   main  RoVE and RoPE on every seed (8 pairs), NoPE on the first --nope-seeds; the first
         --full-eval-seeds seeds get the full evaluation (perplexity, RULER, ICL: <out>/eval),
         the others perplexity only (<out>/eval_ppl), which joins the perplexity rows;
@@ -393,7 +393,7 @@ def main(argv=None) -> int:
   from study import writeup
   from rove_jax.train.metrics import read_metrics
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
-  meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv),
+  meta = {"command": " ".join(["python reproduce.py", *(sys.argv[1:] if argv is None else argv)]),
           "commit": code_version, "machine": machine(),
           "started": started.isoformat(timespec="seconds"),
           "wall_seconds": time.perf_counter() - t0, "quick": args.quick,
@@ -427,7 +427,7 @@ def tune(args, code_version: str) -> dict:
   if not args.sweep_grids:
     return {}
   from study import sweep
-  meta = {"command": "python reproduce.py " + " ".join(sys.argv[1:]), "commit": code_version,
+  meta = {"command": " ".join(["python reproduce.py", *sys.argv[1:]]), "commit": code_version,
           "steps": base_steps(args)}
   return sweep.tune(args.sweep_grids, args.sweep_seed_list, args.runs_dir, args.out,
                     lambda runs: train_all(args, runs), meta, log=_say,
