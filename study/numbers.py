@@ -296,11 +296,12 @@ ORDER = ("rove", "rope", "nope")
 
 
 def run_seed(run: dict):
-  """A run's training seed: its report's "seed", else the N of a name ending in -sN, else
-  its name (runs without seeds pair only by identical names)."""
+  """A run's training seed: its report's "seed", else the N of a "-sN" part of its name
+  (reproduce.py's ENC-sN, ENC-sN-lrRATE, ENC-sN-stepsK-lrRATE), else its name (runs without
+  seeds pair only by identical names)."""
   if run.get("seed") is not None:
     return int(run["seed"])
-  m = re.search(r"-s(\d+)$", str(run.get("name", "")))
+  m = re.search(r"-s(\d+)(?=-|$)", str(run.get("name", "")))
   return int(m.group(1)) if m else str(run.get("name"))
 
 

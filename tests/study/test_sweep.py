@@ -189,3 +189,20 @@ class _Study:
   order, groups = ["rove"], {"rove": [0]}
   report = {"suite": "full", "runs": [{"step": 10, "workdir": "w", "model": {
       "n_layer": 1, "d_model": 8, "n_head": 1, "params": 10, "max_len": 16}}]}
+
+
+def test_tuned_run_names_still_pair_their_seeds():
+  """The comparison's workdirs carry the chosen rate (rove-s3-lr0.004, and -steps900 for the
+  long runs): the seed is still read from the name, so every comparison is seed-paired."""
+  from study import numbers as rs
+  from tests.study.test_reproduce import _hand_made
+  assert [rs.run_seed({"name": n}) for n in (
+      "rove-s3-lr0.004", "rope-s12-steps900-lr0.016", "nope-s2", "rove-steps900")] == [
+          3, 12, 2, "rove-steps900"]
+  report = _hand_made()[0]
+  for run in report["runs"]:
+    if run["model"]["pos_encoding"] != "nope":
+      run["name"] += "-lr0.004"
+  st = rs.Study(report, boot=rs.Boot(200))
+  c = st.ppl_cmp("rove", "rope", "none", 16)
+  assert c.seeds_paired and len(c.seed_diffs) == 3
