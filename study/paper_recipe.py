@@ -368,13 +368,15 @@ def format_plan(plan, args) -> str:
 
 
 def git_commit() -> str:
-  """The checkout's HEAD, marked when tracked files have uncommitted changes (reproduce.py's
-  record of the code that trained and evaluated)."""
+  """The checkout's HEAD, marked when tracked files other than results/ (what reproduce.py
+  itself rewrites) have uncommitted changes: reproduce.py's record of the code that trained,
+  evaluated or wrote."""
   try:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":(exclude)results"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
     return head + (" (with uncommitted changes)" if dirty else "")
   except (OSError, subprocess.CalledProcessError):
     return "unknown (not a git checkout)"
