@@ -30,7 +30,7 @@ def committed():
   from study import writeup
   report, ppl = _load("eval", "report.json"), _load("eval_ppl", "report.json")
   main = [{"workdir": r["workdir"], "kind": "main"} for r in ppl["runs"]
-          if re.fullmatch(r"[a-z]+-s\d+", r["name"])]  # not the checks' runs (-steps, -lr)
+          if re.fullmatch(r"[a-z]+-s\d+(-lr[0-9.e+-]+)?", r["name"])]  # not the -steps runs
   report = reproduce.with_ppl_runs(report, ppl, main)
   recall = _load("recall", "recall.json")
   st = rs.Study(report, recall["records"], rs.Boot(N_BOOT),
@@ -44,7 +44,8 @@ def _seed_losses(report, enc, length):
   for r in report["runs"]:
     if r["model"]["pos_encoding"] == enc:
       row = r["perplexity"]["none"][str(length)]
-      out[int(r["name"].rsplit("-s", 1)[1])] = sum(row["window_nll"]) / sum(row["window_tokens"])
+      seed = int(re.match(r"[a-z]+-s(\d+)", r["name"]).group(1))  # ENC-sN, ENC-sN-lrRATE
+      out[seed] = sum(row["window_nll"]) / sum(row["window_tokens"])
   return out
 
 
@@ -63,7 +64,7 @@ def test_primary_family_p_values_are_the_seed_pairs_t_tests(committed):
   assert sorted(rove) == sorted(rope) and len(rove) >= 2
   diffs = [rove[s] - rope[s] for s in sorted(rove)]
   [b] = [r for r in fam if r["id"] == "b"]
-  assert b["t"]["n"] == len(diffs)
+  assert b["t"]["n"] == len(diffs) >= 8  # the study's 8 seed pairs
   assert b["p"] == pytest.approx(sps.ttest_1samp(diffs, 0.0).pvalue, rel=1e-9)
   assert b["sign_flip"]["p"] >= b["sign_flip"]["p_min"] == 2 / 2 ** len(diffs)
   side = "supports" if np.mean(diffs) < 0 else "contradicts"
@@ -112,3 +113,16 @@ def test_the_docs_state_the_computed_family_size(committed):
   with open(os.path.join(ROOT, "docs", "results.md")) as f:
     text = " ".join(f.read().split())
   assert f"Holm over its {m} rows" in text and f"after Holm over {m} rows" in text
+
+
+def test_the_committed_sweep_chose_each_rate_inside_its_grid():
+  """results/lr_sweep.json: every rotary encoding swept on >= 4 rates and >= 3 seeds, its
+  chosen rate the lowest mean loss and strictly inside the grid (the rule recomputed here)."""
+  sweep = _load("lr_sweep.json")
+  assert sorted(sweep["chosen"]) == ["rope", "rove"] and not sweep["refused"]
+  assert len(sweep["seeds"]) >= 3
+  for enc, by_rate in sweep["losses"].items():
+    rates = sorted(by_rate, key=float)
+    assert len(rates) >= 4 and all(len(v) == len(sweep["seeds"]) for v in by_rate.values())
+    best = min(rates, key=lambda lr: np.mean(by_rate[lr]))
+    assert float(best) == sweep["chosen"][enc] and best not in (rates[0], rates[-1])
