@@ -71,6 +71,13 @@ class Units:
   def n_units(self) -> int:
     return len(self.scores[0])
 
+  def on_seeds(self, seeds: Sequence) -> "Units":
+    """The runs of `seeds` (each in self.seeds), in that order."""
+    idx = [self.seeds.index(s) for s in seeds]
+    pick = lambda xs: None if xs is None else tuple(xs[i] for i in idx)  # noqa: E731
+    return dataclasses.replace(self, scores=pick(self.scores), weights=pick(self.weights),
+                               seeds=tuple(seeds))
+
   def scaled(self, other: "Units", a: float, b: float) -> "Units":
     """a * self + b * other, unit by unit (same runs, units and weights)."""
     if self.n_runs != other.n_runs or self.n_units != other.n_units:
@@ -126,9 +133,16 @@ class Boot:
 
   def compare(self, a: Optional[Units], b: Optional[Units],
               contrast: str = "difference") -> Optional[stats.Comparison]:
-    """stats.paired_difference of A against B (None when either is missing)."""
+    """stats.paired_difference of A against B (None when either is missing). Runs of the same
+    training seed are paired; when the two have different seed sets (NoPE trains on fewer),
+    the comparison is over the seeds both have, paired, if there are at least 2."""
     if a is None or b is None:
       return None
+    if a.seeds is not None and b.seeds is not None and a.seeds != b.seeds:
+      common = [x for x in a.seeds if x in b.seeds]  # e.g. NoPE's 3 seeds of RoVE's 8
+      if len(common) >= 2 and len(set(a.seeds)) == len(a.seeds) and len(set(b.seeds)) == len(
+          b.seeds):
+        a, b = a.on_seeds(common), b.on_seeds(common)
     weights = None
     if a.weights is not None and b.weights is not None:
       weights = (np.stack(a.weights), np.stack(b.weights))

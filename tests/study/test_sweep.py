@@ -206,3 +206,20 @@ def test_tuned_run_names_still_pair_their_seeds():
   st = rs.Study(report, boot=rs.Boot(200))
   c = st.ppl_cmp("rove", "rope", "none", 16)
   assert c.seeds_paired and len(c.seed_diffs) == 3
+
+
+def test_encodings_with_fewer_seeds_pair_on_the_seeds_both_have():
+  """NoPE trains on 3 of the 8 seeds: RoVE - NoPE is paired over seeds 0-2, each pair's
+  difference the runs' weighted means (sum of scores / sum of weights)."""
+  import numpy as np
+  from study import numbers as rs
+  rng = np.random.default_rng(0)
+  runs = lambda n: tuple(rng.normal(2, 0.1, 6) for _ in range(n))  # noqa: E731
+  w8, w3 = tuple(np.full(6, 2.0) for _ in range(8)), tuple(np.full(6, 2.0) for _ in range(3))
+  a = rs.Units(runs(8), w8, seeds=tuple(range(8)))
+  b = rs.Units(runs(3), w3, seeds=(2, 0, 1))
+  c = rs.Boot(200).compare(a, b)
+  assert c.seeds_paired
+  want = [a.scores[s].sum() / 12 - b.scores[(2, 0, 1).index(s)].sum() / 12 for s in (0, 1, 2)]
+  np.testing.assert_allclose(c.seed_diffs, want, rtol=1e-12)
+  assert not rs.Boot(200).compare(a, rs.Units(runs(1), w3[:1], seeds=(0,))).seeds_paired
