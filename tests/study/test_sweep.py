@@ -97,12 +97,19 @@ def _fake_training(best, calls, out):
   return train_all
 
 
-def test_the_sweep_table_is_written_before_the_comparison_trains(tmp_path, monkeypatch):
+def _faked_command(tmp_path, monkeypatch, best, seeds="0"):
+  """(out dir, calls, argv): train_all faked by `_fake_training(best)` and the reproduce.py
+  command line of a 4-rate sweep over `seeds`, RoVE and RoPE, 10 steps, under tmp_path."""
   out, calls = tmp_path / "out", []
-  monkeypatch.setattr(reproduce, "train_all", _fake_training({"rove": 2e-3, "rope": 1e-3},
-                                                             calls, out))
-  argv = ["--sweep-lrs", "5e-4,1e-3,2e-3,4e-3", "--seeds", "0,1", "--encodings", "rove,rope",
+  monkeypatch.setattr(reproduce, "train_all", _fake_training(best, calls, out))
+  argv = ["--sweep-lrs", "5e-4,1e-3,2e-3,4e-3", "--seeds", seeds, "--encodings", "rove,rope",
           "--steps", "10", "--out", str(out), "--runs-dir", str(tmp_path / "runs")]
+  return out, calls, argv
+
+
+def test_the_sweep_table_is_written_before_the_comparison_trains(tmp_path, monkeypatch):
+  out, calls, argv = _faked_command(tmp_path, monkeypatch, {"rove": 2e-3, "rope": 1e-3},
+                                    seeds="0,1")
   with pytest.raises(KeyboardInterrupt):
     reproduce.main(argv)
   assert calls[0] == ("sweep", 2 * 4 * 3)
@@ -118,11 +125,7 @@ def test_the_sweep_table_is_written_before_the_comparison_trains(tmp_path, monke
 
 
 def test_an_edge_best_stops_the_command_before_the_comparison(tmp_path, monkeypatch):
-  out, calls = tmp_path / "out", []
-  monkeypatch.setattr(reproduce, "train_all", _fake_training({"rove": 2e-3, "rope": 4e-3},
-                                                             calls, out))
-  argv = ["--sweep-lrs", "5e-4,1e-3,2e-3,4e-3", "--seeds", "0", "--encodings", "rove,rope",
-          "--steps", "10", "--out", str(out), "--runs-dir", str(tmp_path / "runs")]
+  out, calls, argv = _faked_command(tmp_path, monkeypatch, {"rove": 2e-3, "rope": 4e-3})
   with pytest.raises(SystemExit, match="rope sweep: the best learning rate 0.004"):
     reproduce.main(argv)
   assert [c[0] for c in calls] == ["sweep"]  # no comparison run trained
@@ -136,11 +139,7 @@ def test_a_recorded_sweep_is_not_trained_again(tmp_path, monkeypatch):
   """A second run of the same command with --reuse-sweep (the sweep committed in results/, its
   runs gone) reuses the recorded choice and trains only the comparison; without the flag, or
   with another grid, seed list or step count, the sweep trains again."""
-  out, calls = tmp_path / "out", []
-  monkeypatch.setattr(reproduce, "train_all", _fake_training({"rove": 2e-3, "rope": 1e-3},
-                                                             calls, out))
-  argv = ["--sweep-lrs", "5e-4,1e-3,2e-3,4e-3", "--seeds", "0", "--encodings", "rove,rope",
-          "--steps", "10", "--out", str(out), "--runs-dir", str(tmp_path / "runs")]
+  out, calls, argv = _faked_command(tmp_path, monkeypatch, {"rove": 2e-3, "rope": 1e-3})
   with pytest.raises(KeyboardInterrupt):
     reproduce.main(argv)
   table = (out / sweep.MD).read_text()
@@ -163,12 +162,8 @@ def test_a_recorded_sweep_is_not_trained_again(tmp_path, monkeypatch):
 
 def test_the_write_up_shows_the_sweep_and_names_the_preregistration(tmp_path, monkeypatch):
   from study import run_info
-  out, calls = tmp_path / "out", []
-  monkeypatch.setattr(reproduce, "train_all", _fake_training({"rove": 2e-3, "rope": 1e-3},
-                                                             calls, out))
-  argv = ["--sweep-lrs", "5e-4,1e-3,2e-3,4e-3", "--seeds", "0", "--encodings", "rove,rope",
-          "--steps", "10", "--out", str(out), "--runs-dir", str(tmp_path / "runs"),
-          "--sweep-only"]
+  out, _, argv = _faked_command(tmp_path, monkeypatch, {"rove": 2e-3, "rope": 1e-3})
+  argv.append("--sweep-only")
   assert reproduce.main(argv) == 0
   md = "\n".join(sweep.section(sweep.load_record(str(out))))
   assert md.startswith("## Learning-rate sweep") and sweep.RULE in md
