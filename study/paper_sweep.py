@@ -185,18 +185,15 @@ def tune(plan: dict, args, meta: dict, train, log=print) -> dict:
   """
   if not plan["sweep"]:
     return {}
-  from rove_jax.train.metrics import read_metrics  # heavy: see paper_recipe's note
   log(f"learning-rate sweep: {len(plan['sweep'])} runs before the comparison")
   train(plan["sweep"])
+  record = {"command": meta["command"], "commit": meta["commit"], "steps": args.sweep_steps}
   try:
-    table = sweep.losses(plan["sweep"], {r["workdir"]: read_metrics(r["workdir"])
-                                         for r in plan["sweep"]})
+    chosen, refused = sweep.record_choice(plan["sweep"], args.sweep_seed_list, args.out, record,
+                                          log)
   except ValueError as e:  # a run that logged no held-out loss: its config evaluates none
     raise SystemExit(f"{e}; the sweep's rule needs a held-out loss from every run "
                      f"(--config.eval_every)") from None
-  chosen, refused = sweep.decide(table)
-  record = {"command": meta["command"], "commit": meta["commit"], "steps": args.sweep_steps}
-  log(f"wrote {sweep.write(args.out, table, args.sweep_seed_list, chosen, refused, record)}")
   if refused:
     raise SystemExit("\n".join(refused.values()) + f"\nThe fix: rerun `{meta['command']}` with "
                      f"--sweep-lrs extended past that end; the finished sweep runs are kept "

@@ -286,7 +286,6 @@ def tune(grids: dict, seeds: Sequence[int], runs_dir: str, out_dir: str,
   Raises:
     SystemExit: a best rate at its grid's edge (after lr_sweep.md records the refusal).
   """
-  from rove_jax.train.metrics import read_metrics
   done = recorded(out_dir, grids, seeds, meta.get("steps")) if reuse else None
   if done is not None:
     log(f"learning-rate sweep: {os.path.join(out_dir, JSON)} records this sweep (same grids, "
@@ -297,9 +296,24 @@ def tune(grids: dict, seeds: Sequence[int], runs_dir: str, out_dir: str,
       + "; ".join(f"{e} at {', '.join(f'{x:g}' for x in r)}" for e, r in grids.items())
       + f", seeds {', '.join(map(str, seeds))}")
   train(runs)
-  table = losses(runs, {r["workdir"]: read_metrics(r["workdir"]) for r in runs})
-  chosen, refused = decide(table)
-  log(f"wrote {write(out_dir, table, seeds, chosen, refused, meta)}")
+  chosen, refused = record_choice(runs, seeds, out_dir, meta, log)
   if refused:
     raise SystemExit("\n".join(refused.values()))
   return chosen
+
+
+def record_choice(runs: Sequence[dict], seeds: Sequence[int], out_dir: str, meta: dict,
+                  log: Callable[[str], None] = print) -> tuple[dict, dict]:
+  """The rule on trained sweep runs (each {encoding, seed, lr, workdir}): their final held-out
+  losses (`losses` of each workdir's metrics.jsonl), `decide`, and lr_sweep.md and
+  lr_sweep.json written to out_dir; returns (chosen, refused) as `decide` does. Shared by the
+  small-scale study (`tune`) and the paper-scale recipe (study/paper_sweep.py).
+
+  Raises:
+    ValueError: a run without a held-out loss.
+  """
+  from rove_jax.train.metrics import read_metrics
+  table = losses(runs, {r["workdir"]: read_metrics(r["workdir"]) for r in runs})
+  chosen, refused = decide(table)
+  log(f"wrote {write(out_dir, table, seeds, chosen, refused, meta)}")
+  return chosen, refused
