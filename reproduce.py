@@ -380,7 +380,8 @@ def main(argv=None) -> int:
   started = datetime.datetime.now(datetime.timezone.utc)
   code_version = commit()  # at the start: the code that trains and evaluates
   os.makedirs(args.out, exist_ok=True)
-  rates = tune(args, code_version)  # lr_sweep.md is written before any comparison run trains
+  command = " ".join(["python reproduce.py", *argv])
+  rates = tune(args, code_version, command)  # lr_sweep.md is written before any comparison run
   if args.sweep_only:
     return 0
   runs = plan(args, rates)
@@ -393,8 +394,7 @@ def main(argv=None) -> int:
   from study import writeup
   from rove_jax.train.metrics import read_metrics
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
-  meta = {"command": " ".join(["python reproduce.py", *(sys.argv[1:] if argv is None else argv)]),
-          "commit": code_version, "machine": machine(),
+  meta = {"command": command, "commit": code_version, "machine": machine(),
           "started": started.isoformat(timespec="seconds"),
           "wall_seconds": time.perf_counter() - t0, "quick": args.quick,
           "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs},
@@ -420,15 +420,14 @@ def _sweep_choice(args) -> dict:
   return sweep.load_choice(args.out)
 
 
-def tune(args, code_version: str) -> dict:
+def tune(args, code_version: str, command: str) -> dict:
   """The learning-rate sweep (--sweep-lrs; {} without): study.sweep.tune trains its runs,
   writes <out>/lr_sweep.md and returns {encoding: chosen rate}, or stops the command when a
   best rate is at its grid's edge."""
   if not args.sweep_grids:
     return {}
   from study import sweep
-  meta = {"command": " ".join(["python reproduce.py", *sys.argv[1:]]), "commit": code_version,
-          "steps": base_steps(args)}
+  meta = {"command": command, "commit": code_version, "steps": base_steps(args)}
   return sweep.tune(args.sweep_grids, args.sweep_seed_list, args.runs_dir, args.out,
                     lambda runs: train_all(args, runs), meta, log=_say,
                     reuse=args.reuse_sweep)
