@@ -129,14 +129,19 @@ def distance_figure(tasks: dict) -> Optional[bytes]:
   return eval_plots.png(fig, 110)
 
 
+def task_study(data: dict, boot: rs.Boot) -> rs.Study:
+  """A position task's records as a Study (no language-model runs), with its chance accuracy
+  from the task's spec."""
+  return rs.Study({"runs": []}, data["records"], boot, verdicts.recall_chance(data.get("spec")))
+
+
 def section(tasks: dict, boot: rs.Boot, png_name: str) -> tuple[list, Optional[bytes], dict]:
   """(markdown lines, the by-distance PNG or None, summary) for {task: recall.json content}."""
   L, summary = [], {}
   for task, data in tasks.items():
     heading, what = TASK_NAMES.get(task, (f"Retrieval: {task}", task))
-    st = rs.Study({"runs": []}, data["records"], boot,
-                  verdicts.recall_chance(data.get("spec")))
-    md, _, by_length = claims_lib.retrieval(st, png_name, heading=f"## {heading}", task=what)
+    md, _, by_length = claims_lib.retrieval(task_study(data, boot), png_name,
+                                            heading=f"## {heading}", task=what)
     md = [line for line in md if not line.startswith("![")]  # one figure for every task
     dist_md, dist = by_distance(data, boot)
     L += md + dist_md
@@ -158,8 +163,8 @@ def claim_rows(tasks: dict, boot: rs.Boot) -> list:
   are then adjusted with the other exploratory rows'."""
   out = []
   for task, data in tasks.items():
-    st = rs.Study({"runs": []}, data["records"], boot, verdicts.recall_chance(data.get("spec")))
-    out += claims_lib.recall_rows(st, f"position task {task} (not in the paper)")
+    out += claims_lib.recall_rows(task_study(data, boot),
+                                  f"position task {task} (not in the paper)")
   return out
 
 
