@@ -227,8 +227,7 @@ def default_out(workdir: str) -> str:
   checkpoint or an export, which may be a read-only or shared download) eval/NAME under the
   current directory, so that the model directory is never written to."""
   if imported.is_model_dir(workdir):
-    name = workdir.rstrip("/").rsplit("/", 1)[-1] or "model"
-    return os.path.abspath(os.path.join("eval", name))
+    return os.path.abspath(os.path.join("eval", paths.basename(workdir) or "model"))
   return paths.join(workdir, "eval")
 
 
