@@ -209,6 +209,21 @@ def make_batch(windows_BW, *, packing: bool = False,
   return batch
 
 
+def max_documents(tokens, seq_len: int, eot_id: int, *, chunk_windows: int = 1 << 14) -> int:
+  """The most documents any window's inputs hold with packing (its segment_ids' distinct
+  values: one plus the end-of-text tokens among inputs[:-1]), over every window of `tokens`
+  the iterators can yield; 0 for no window. Reads the tokens once, `chunk_windows` windows at
+  a time (a memmap stays on disk)."""
+  tokens = np.asarray(tokens) if not isinstance(tokens, np.ndarray) else tokens
+  n_windows = max(0, (tokens.size - 1) // seq_len)
+  most = 0
+  for w in range(0, n_windows, chunk_windows):
+    n = min(chunk_windows, n_windows - w)
+    rows = np.asarray(tokens[w * seq_len:(w + n) * seq_len]).reshape(n, seq_len)
+    most = max(most, 1 + int(np.max(np.sum(rows[:, :-1] == eot_id, axis=1))))
+  return most
+
+
 def _gather(tokens, starts_B: np.ndarray, width: int) -> np.ndarray:
   # One contiguous slice per row: cheap on a memmap, reads only these rows' pages.
   return np.stack([np.asarray(tokens[s:s + width], dtype=np.int32) for s in starts_B.tolist()])

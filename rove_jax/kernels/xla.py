@@ -24,8 +24,9 @@ from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
 
 # Segments a row the packed cuDNN kernel is compiled for, per this many tokens: cuDNN launches
 # work for every slot, used or not, so the bound is kept small. A row with more segments gets NaN
-# (see `kernel`). 32 tokens a document on average is far shorter than any pretraining corpus's
-# documents.
+# (see `kernel`); the trainer checks its data against the bound before the first step
+# (rove_jax.train.packing). 32 tokens a document on average is far shorter than any pretraining
+# corpus's documents.
 CUDNN_TOKENS_PER_SEGMENT = 32
 
 
@@ -35,9 +36,10 @@ def kernel(implementation: str) -> Callable:
   in q.dtype, rows that see no key 0.
 
   A packed-documents row with more segments than `cudnn_max_segments(T)` cannot be described to
-  cuDNN: its output is NaN, never a wrong number, so a training step on it is skipped as
-  non-finite (rove_jax.train.loop). It is not routed to an exact fallback kernel with lax.cond:
-  under a sharded batch XLA all-gathers q, k and v around such a cond (bench/RESULTS.md).
+  cuDNN: its output is NaN, never a wrong number. The trainer refuses such data before its first
+  step (rove_jax.train.packing); direct callers bound their documents a row themselves. It is
+  not routed to an exact fallback kernel with lax.cond: under a sharded batch XLA all-gathers q,
+  k and v around such a cond (bench/RESULTS.md).
   """
 
   def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn=None):
@@ -95,9 +97,12 @@ def segment_runs(seg_BT, max_segments: int):
   """Packed-layout descriptors of rows of contiguous segments (runs of equal ids).
 
   Returns (offsets [B, M + 1], lengths [B, M], count [B]) in int32, M = max_segments: per row
-  the start index of each run followed by T, and each run's length, -1 in the slots past the
-  row's `count` runs (cuDNN's convention for unused slots). Rows with count > M are cut off
-  (their descriptors are wrong); the caller checks count.
+  the start index of each run and each run's length, -1 in the slots past the row's `count` runs
+  (jax's packed-layout convention: starts only, no end entry; jax appends the end itself when it
+  flattens the batch into cuDNN's ragged offsets, `fused_attention_stablehlo._fix_seqlen_offsets`,
+  so an end entry would be read as the start of one more segment and shift every later row's
+  segments onto the tokens before them). Rows with count > M are cut off (their descriptors
+  are wrong); the caller checks count.
   """
   B, T = seg_BT.shape
   is_start = jnp.concatenate([jnp.ones((B, 1), bool), seg_BT[:, 1:] != seg_BT[:, :-1]], axis=1)
@@ -105,6 +110,7 @@ def segment_runs(seg_BT, max_segments: int):
   starts = jax.vmap(lambda row: jnp.nonzero(row, size=max_segments + 1, fill_value=T)[0])(
       is_start).astype(jnp.int32)  # [B, M + 1]: the run starts, then T
   slot = jnp.arange(max_segments + 1, dtype=jnp.int32)[None]
-  offsets = jnp.where(slot <= count[:, None], starts, -1)
+  # Starts only, at most M: a cut-off row must not hand the next rows' segments an extra start.
+  offsets = jnp.where(slot < jnp.minimum(count, max_segments)[:, None], starts, -1)
   lengths = jnp.where(slot[:, :-1] < count[:, None], starts[:, 1:] - starts[:, :-1], -1)
   return offsets, lengths, count

@@ -28,8 +28,7 @@ from rove_jax.train import agreement
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import config_schema, run_config
 from rove_jax import data as data_lib
-from rove_jax import kernels
-from rove_jax.train import init_from, resume
+from rove_jax.train import init_from, packing, resume
 from rove_jax.train import run_control
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train import tracking
@@ -298,6 +297,9 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
                        f"data.seq_len={c.data.seq_len}, fewer than one batch of "
                        f"data.batch_size={c.data.batch_size}; use more data (data.max_files, "
                        f"data.val_fraction, data.val_path) or a smaller seq_len / batch_size")
+  if c.data.packing:  # rows the attention kernel cannot take stop the run here, not as NaN
+    packing.check(model_cfg, c.data.seq_len, (data.train_tokens, data.val_tokens),
+                  data.tokenizer.eot_id, log=log)
   if data.tokenizer.vocab_size > model_cfg.vocab_size:
     need = -(-data.tokenizer.vocab_size // 64) * 64
     raise ValueError(f"tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} ids but "
@@ -391,10 +393,7 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
           ckpt.wait()
           raise NonFiniteError(
               f"{nonfinite_run} consecutive non-finite steps (last at step {step}); stopping. "
-              f"The last good checkpoint is kept; lower optim.lr or check the data (with "
-              f"packing on a GPU's cuDNN kernel, a row of more than seq_len / "
-              f"{kernels.xla.CUDNN_TOKENS_PER_SEGMENT} documents is NaN: set "
-              f"model.attention_impl=xla for such data).")
+              f"The last good checkpoint is kept; lower optim.lr or check the data.")
       if step % c.log_every == 0 or step == c.steps:
         now = time.perf_counter()
         last = {"step": step, "loss": float(m["loss"]), "lr": float(m["lr"]),
