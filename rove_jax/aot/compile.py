@@ -40,7 +40,7 @@ from rove_jax import hardware
 from rove_jax.aot import analysis as aot_analysis, gpu as aot_gpu
 from rove_jax.nn import flops
 from rove_jax.train import sharding
-from rove_jax.train import config_schema
+from rove_jax.train import config_schema, gpu_options
 from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, param_count
 from rove_jax.aot.analysis import format_report  # noqa: F401 (re-exported)
 
@@ -229,7 +229,9 @@ def _train_program(c, model_cfg, mesh):
   batch_sh = sharding.batch_sharding(mesh)
   step = training.make_train_step(graphdef, tx, c.optim.grad_accum,
                                   training.lr_schedule(c.optim, c.steps),
-                                  state_shardings=state_sh, batch_sharding=batch_sh)
+                                  state_shardings=state_sh, batch_sharding=batch_sh,
+                                  compiler_options=gpu_options.compiler_options(
+                                      mesh.devices.flat))
   B, T = c.data.batch_size, c.data.seq_len
   keys = ("inputs", "targets") + (("positions", "segment_ids") if c.data.packing else ())
   batch = {k: jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=batch_sh) for k in keys}

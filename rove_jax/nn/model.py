@@ -155,13 +155,12 @@ class Attention(nnx.Module):
       out_BTHD = attention.rove_attention(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
       return _dense_out(out_BTHD, self.wo, self.bo), None
     if self.rotary == "rove":
-      # R_i^-1 and the output projection under one checkpoint: the backward pass recomputes
-      # y = R_i^-1 o from the kernel's output o (which the kernel keeps for its own backward)
-      # rather than keeping y too, so RoVE holds as many [B, T, H, D] residuals as RoPE.
+      # R_i^-1 then the output projection. y = R_i^-1 o is kept for the projection's weight
+      # gradient (one [B, T, H, D] residual more than RoPE); recomputing it in the backward pass
+      # under a checkpoint cost a second pass over o and a rerun of the projection.
       o_BTHD = attention.rove_attention_rotated(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
-      project = jax.checkpoint(functools.partial(_rotated_out, layout=self.cfg.rope_layout))
-      y = project(o_BTHD, ctx.positions, ctx.inv_freq, self.wo[...],
-                  None if self.bo is None else self.bo[...])
+      y = _rotated_out(o_BTHD, ctx.positions, ctx.inv_freq, self.wo[...],
+                       None if self.bo is None else self.bo[...], layout=self.cfg.rope_layout)
       return y, None
     if self.rotary == "rope":
       out_BTHD = attention.rope_attention(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
@@ -267,6 +266,47 @@ def _dense_out(x_BTHD, w_HDE, b_E):
   return y if b_E is None else y + _lead(b_E[...].astype(y.dtype), y.ndim)
 
 
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+@jax.custom_vjp
+def bias_gelu(h, b):
+  """tanh-GELU(h + b) for h [..., F] and a bias b [F], computed in float32, in h's dtype.
+
+  Its backward pass keeps only h and b (the matmul's output, already in memory) and recomputes
+  the tanh there: autodiff of the same formula keeps two [..., F] arrays a layer (the output
+  and the tanh) for the backward pass, the largest activations of a GPT MLP.
+  """
+  return _bias_gelu_fwd(h, b)[0]
+
+
+def _gelu_parts(h, b):
+  u = h.astype(jnp.float32) + _lead(b.astype(jnp.float32), h.ndim)
+  t = jnp.tanh(_GELU_C * (u + 0.044715 * u * u * u))
+  return u, t
+
+
+def _bias_gelu_fwd(h, b):
+  u, t = _gelu_parts(h, b)
+  return (0.5 * u * (1.0 + t)).astype(h.dtype), (h, b)
+
+
+def _bias_gelu_bwd(res, g):
+  # The barrier keeps the compiler from sharing h + b and the tanh with the forward pass, which
+  # would store them in float32 for this pass instead of recomputing them here.
+  h, b = jax.lax.optimization_barrier(res)
+  u, t = _gelu_parts(h, b)
+  slope = 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * u * u)
+  # du is written once in h's dtype and the bias gradient summed from it; without the barrier
+  # the compiler stores the float32 du for both uses (twice the bytes).
+  du = jax.lax.optimization_barrier((g.astype(jnp.float32) * slope).astype(h.dtype))
+  db = jnp.sum(du.astype(jnp.float32), axis=tuple(range(h.ndim - 1)))
+  return du, db.astype(b.dtype)
+
+
+bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
+
+
 class MLP(nnx.Module):
 
   def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
@@ -284,12 +324,12 @@ class MLP(nnx.Module):
   def __call__(self, x_BTE):
     dt = x_BTE.dtype
     h = x_BTE @ self.w_in[...].astype(dt)
-    if self.b_in is not None:
-      h = h + _lead(self.b_in[...].astype(dt), h.ndim)
     if self.kind == "swiglu":
+      if self.b_in is not None:
+        h = h + _lead(self.b_in[...].astype(dt), h.ndim)
       h = jax.nn.silu(x_BTE @ self.w_gate[...].astype(dt)) * h
     else:
-      h = jax.nn.gelu(h, approximate=True)
+      h = bias_gelu(h, jnp.zeros((h.shape[-1],), dt) if self.b_in is None else self.b_in[...])
     y = h @ self.w_out[...].astype(dt)
     return y if self.b_out is None else y + _lead(self.b_out[...].astype(dt), y.ndim)
 
@@ -379,7 +419,7 @@ class GPT(nnx.Module):
   # ---------------------------------------------------------------------------- call
   def __call__(self, tokens_BT, positions=None, segment_ids=None, *, cache: KVCache | None = None,
                rope_scaling: Optional[scaling.RopeScaling] = None,
-               positions_ordered: Optional[bool] = None):
+               positions_ordered: Optional[bool] = None, logits_dtype: Any = jnp.float32):
     """Logits [B, T, V] in float32, or (logits, cache) when a cache is given.
 
     Args:
@@ -396,6 +436,10 @@ class GPT(nnx.Module):
         training batches' do), so the flash kernels may mask by index (see
         rove_jax.kernels.mask). Default: True exactly when positions are the default 0..T-1
         without a cache.
+      logits_dtype: the output projection's result type (its products accumulate in float32
+        either way); None: the model's compute dtype, which training uses (under bfloat16 the
+        [B, T, V] logits are then half the bytes; rove_jax.train.loss.cross_entropy takes them
+        to float32 inside its reductions).
     """
     cfg, tokens_BT = self.config, jnp.asarray(tokens_BT)
     if positions_ordered is None:
@@ -414,11 +458,12 @@ class GPT(nnx.Module):
       raise ValueError(f"positions must be [B, T] = {(B, T)}, got {positions.shape}")
     x = self.embed_tokens(tokens_BT, positions)
     return self.forward_embeddings(x, positions, segment_ids, cache=cache,
-                                   rope_scaling=rope_scaling, positions_ordered=positions_ordered)
+                                   rope_scaling=rope_scaling, positions_ordered=positions_ordered,
+                                   logits_dtype=logits_dtype)
 
   def forward_embeddings(self, x_BTE, positions_BT, segment_ids=None, *, cache=None,
                          rope_scaling: Optional[scaling.RopeScaling] = None,
-                         positions_ordered: bool = False):
+                         positions_ordered: bool = False, logits_dtype: Any = jnp.float32):
     """The transformer from input embeddings (after `embed_tokens`) to logits."""
     cfg = self.config
     B, T, _ = x_BTE.shape
@@ -453,7 +498,7 @@ class GPT(nnx.Module):
     x = self.final_norm(x)
     head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
     logits = jnp.einsum("bte,ev->btv", x, head.astype(x.dtype),
-                        preferred_element_type=jnp.float32)
+                        preferred_element_type=x.dtype if logits_dtype is None else logits_dtype)
     if cache is None:
       return logits
     return logits, KVCache(k=tuple(k for k, _ in new_kv), v=tuple(v for _, v in new_kv),

@@ -28,10 +28,11 @@ from rove_jax.train import agreement
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import config_schema, run_config
 from rove_jax import data as data_lib
-from rove_jax.train import init_from, packing, resume
+from rove_jax.train import gpu_options, init_from, packing, resume
 from rove_jax.train import run_control
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train import tracking
+from rove_jax.train.loss import cross_entropy
 from rove_jax import hardware
 from rove_jax.nn import flops
 from rove_jax.train.metrics import MetricsLog
@@ -83,37 +84,19 @@ def make_optimizer(o: OptimConfig, steps: int) -> optax.GradientTransformation:
   return optax.chain(*parts)
 
 
-def cross_entropy(logits_BTV, targets_BT, mask_BT=None):
-  """Mean token cross-entropy in float32 (and the token count).
-
-  Written as logsumexp minus the target's logit, picked by a comparison with the vocabulary
-  index rather than a gather from log_softmax: both passes are then elementwise fusions and
-  reductions over the [B, T, V] logits, and the gradient (softmax - one-hot) is one fusion, so
-  the compiler keeps no second [B, T, V] float32 buffer (a materialised log_softmax next to
-  the logits doubled the peak of the GPT-2 train step on TPU).
-  """
-  logits_BTV = logits_BTV.astype(jnp.float32)
-  vocab_V = jnp.arange(logits_BTV.shape[-1], dtype=jnp.int32)
-  hit_BTV = vocab_V.reshape(1, 1, -1) == targets_BT.astype(jnp.int32)[..., None]
-  target_logit_BT = jnp.sum(jnp.where(hit_BTV, logits_BTV, 0.0), axis=-1)
-  nll = jax.nn.logsumexp(logits_BTV, axis=-1) - target_logit_BT
-  if mask_BT is None:
-    return jnp.mean(nll), nll.size
-  mask = mask_BT.astype(jnp.float32)
-  return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0), jnp.sum(mask)
-
-
 def _batch_loss(graphdef, params, batch):
   model = nnx.merge(graphdef, params)
   # The pipeline's positions restart at each packed document and grow inside it.
   logits = model(batch["inputs"], positions=batch.get("positions"),
-                 segment_ids=batch.get("segment_ids"), positions_ordered=True)
+                 segment_ids=batch.get("segment_ids"), positions_ordered=True, logits_dtype=None)
   return cross_entropy(logits, batch["targets"], batch.get("loss_mask"))[0]
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
-                    schedule=None, *, state_shardings=None, batch_sharding=None):
-  """A jitted (state, batch) -> (state, metrics) with the state donated.
+                    schedule=None, *, state_shardings=None, batch_sharding=None,
+                    compiler_options=None):
+  """A jitted (state, batch) -> (state, metrics) with the state donated, compiled with
+  `compiler_options` (rove_jax.train.gpu_options on GPUs).
 
   With grad_accum = M the batch [B, T] is split into M micro-batches [B / M, T] whose
   gradients are averaged (a lax.scan), then one optimizer update is applied. A non-finite loss
@@ -134,12 +117,13 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
       (loss, grads), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), split)
       loss = loss / grad_accum
       grads = jax.tree.map(lambda g: g / grad_accum, grads)
-    grad_norm = _global_norm(grads)
+    # optax.tree.norm is what clip_by_global_norm computes: the compiler computes it once.
+    grad_norm = optax.tree.norm(grads)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
-    # An update that overflows the parameters is rejected like a non-finite gradient.
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(
-        _global_norm(new_params))
+    # Decided before the update from the loss and the gradient alone, so the choice between
+    # new and old state fuses into each parameter's update instead of waiting for all of them.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     new_state = TrainState(params=keep(new_params, state.params),
                            opt_state=keep(new_opt, state.opt_state),
@@ -149,10 +133,11 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
       metrics["lr"] = schedule(state.step)
     return new_state, metrics
 
+  options = compiler_options or None
   if state_shardings is None:
-    return jax.jit(step, donate_argnums=0)
+    return jax.jit(step, donate_argnums=0, compiler_options=options)
   return jax.jit(step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
-                 out_shardings=(state_shardings, None))
+                 out_shardings=(state_shardings, None), compiler_options=options)
 
 
 def _micro_batches(M: int, batch_sharding, x):
@@ -179,12 +164,8 @@ def throughput(step_time_s: float, tokens_per_step: int, step_flops: float, n_de
   return out
 
 
-def _global_norm(tree):
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
-
-
-def make_eval_step(graphdef):
-  @jax.jit
+def make_eval_step(graphdef, compiler_options=None):
+  @functools.partial(jax.jit, compiler_options=compiler_options or None)
   def eval_step(params, batch):
     return _batch_loss(graphdef, params, batch)
   return eval_step
@@ -350,9 +331,13 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
       model_cfg, "train", c.data.seq_len)[0]
   peak = hardware.peak_flops(mesh.devices.flat[0].device_kind)
   batch_sh = sharding_lib.batch_sharding(mesh)
+  options = gpu_options.compiler_options(mesh.devices.flat)
+  if options:
+    log(f"XLA options for this GPU: {options} (rove_jax/train/gpu_options.py)")
   train_step = make_train_step(graphdef, tx, c.optim.grad_accum, schedule,
-                               state_shardings=state_sh, batch_sharding=batch_sh)
-  eval_step = make_eval_step(graphdef)
+                               state_shardings=state_sh, batch_sharding=batch_sh,
+                               compiler_options=options)
+  eval_step = make_eval_step(graphdef, options)
   eval_kw = dict(seq_len=c.data.seq_len, batch_size=c.data.batch_size,
                  max_batches=c.eval_batches, packing=c.data.packing, process_index=pidx,
                  process_count=nproc)

@@ -1,0 +1,132 @@
+"""What the GPT train step moves on an NVIDIA GPU, compiled here without one.
+
+  python -m bench.gpu_step [--preset gpt2_124m] [--batch 16] [--seq 1024] [--gpu h200]
+      [--encodings rove,rope,nope] [--no-gpu-options] [--json OUT] [--markdown] [--dump-hlo DIR]
+
+Compiles the trainer's own step (rove_jax.train.loop.make_train_step: loss, gradients, global-
+norm clipping, AdamW, the finiteness check; bfloat16 compute, float32 master weights, attention
+"auto", which is cuDNN flash attention on the GPU) for one GPU through the deviceless path
+(rove_jax/aot/gpu.py names the wheels it needs), one program per encoding, and prints per
+encoding from the optimized HLO (rove_jax.aot.gpu_census): kernels launched, bytes moved
+(operands + outputs of each kernel), the bytes of float32 arrays of vocabulary width, GEMMs by
+operand precision with their TFLOP, and the compiler's peak temporary memory; then RoVE / RoPE.
+The XLA options are the trainer's for GPUs (rove_jax.train.gpu_options) unless --no-gpu-options.
+
+These are the compiler's figures, not timings: python -m bench --suite gpu (bench/gpu_check.sh)
+times the same step on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+# JAX's CUDA plugin registers without a driver only with this set; it must precede JAX's start.
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+GB = 1e9
+GiB = 2**30
+
+
+def step_config(preset: str, batch: int, seq: int, encoding: str):
+  """The paper's run config for a preset at one GPU's batch: bf16, no accumulation."""
+  from rove_jax.train import config_schema
+  c = config_schema.paper_config(preset, lr=6e-4)
+  c.model.pos_encoding = encoding
+  c.data.batch_size, c.data.seq_len, c.optim.grad_accum = batch, seq, 1
+  return c
+
+
+def measure(preset: str, batch: int, seq: int, encoding: str, gpu: str, *,
+            gpu_options: bool = True, hlo_dir=None, log=lambda line: None) -> dict:
+  """Compiles one encoding's step for `gpu` and returns its census as a dict."""
+  from rove_jax.aot import compile as aot, gpu_census
+  c = step_config(preset, batch, seq, encoding)
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(hlo_dir or tmp, f"{preset}_{encoding}_{gpu}.hlo")
+    saved = os.environ.get("ROVE_JAX_GPU_OPTIONS")
+    if not gpu_options:
+      os.environ["ROVE_JAX_GPU_OPTIONS"] = "off"
+    try:
+      report = aot.compile_job(c, f"{gpu}-1", "train", log=log, hlo_path=path)
+    finally:
+      if saved is None:
+        os.environ.pop("ROVE_JAX_GPU_OPTIONS", None)
+      else:
+        os.environ["ROVE_JAX_GPU_OPTIONS"] = saved
+    with open(path) as f:
+      census = gpu_census.read(f.read(), vocab_size=report.get("vocab_size") or _vocab(c))
+  mem = report["memory"]
+  return {"encoding": encoding, "preset": preset, "batch": batch, "seq": seq, "gpu": gpu,
+          "gpu_options": gpu_options, "kernels": census.kernels, "bytes": census.bytes,
+          "vocab_f32_bytes": census.vocab_f32_bytes, "gemms": census.gemms_by_precision(),
+          "temp_bytes": mem["temp"], "total_bytes": mem["total"],
+          "compile_s": report["compile_s"]}
+
+
+def _vocab(c) -> int:
+  from rove_jax.train import config_schema
+  return config_schema.build(c).model.vocab_size
+
+
+def table(rows: list[dict]) -> str:
+  """Markdown rows, one per encoding, then RoVE / RoPE."""
+  out = ["| encoding | kernels | bytes moved (GB) | f32 vocab-wide (GB) | GEMMs by precision "
+         "(count, TFLOP) | peak temp (GiB) |", "|---|---|---|---|---|---|"]
+  for r in rows:
+    gemms = "; ".join(f"{k}: {v['count']}, {v['tflop']:.2f}" for k, v in sorted(r["gemms"].items()))
+    out.append(f"| {r['encoding']} | {r['kernels']} | {r['bytes'] / GB:.2f} | "
+               f"{r['vocab_f32_bytes'] / GB:.2f} | {gemms} | {r['temp_bytes'] / GiB:.2f} |")
+  by = {r["encoding"]: r for r in rows}
+  if "rove" in by and "rope" in by:
+    a, b = by["rove"], by["rope"]
+    out.append(f"| RoVE / RoPE | {a['kernels'] / b['kernels']:.3f} | "
+               f"{a['bytes'] / b['bytes']:.4f} | | | {a['temp_bytes'] / b['temp_bytes']:.3f} |")
+  return "\n".join(out)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m bench.gpu_step", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--preset", default="gpt2_124m", help="gpt2_124m, gpt2_354m, small, tiny")
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--seq", type=int, default=1024)
+  p.add_argument("--gpu", default="h200", choices=["h100", "h200"])
+  p.add_argument("--encodings", default="rove,rope,nope")
+  p.add_argument("--no-gpu-options", action="store_true",
+                 help="compile without the trainer's XLA options for GPUs")
+  p.add_argument("--json", help="write every figure here")
+  p.add_argument("--markdown", action="store_true", help="print the table as markdown only")
+  p.add_argument("--dump-hlo", metavar="DIR", help="keep each compiled HLO text here")
+  args = p.parse_args(argv)
+  t0 = time.perf_counter()
+  log = lambda line: print(f"[{time.perf_counter() - t0:7.1f} s] {line}", file=sys.stderr,
+                           flush=True)
+  if args.dump_hlo:
+    os.makedirs(args.dump_hlo, exist_ok=True)
+  rows = []
+  try:
+    for enc in [e.strip() for e in args.encodings.split(",") if e.strip()]:
+      rows.append(measure(args.preset, args.batch, args.seq, enc, args.gpu,
+                          gpu_options=not args.no_gpu_options, hlo_dir=args.dump_hlo, log=log))
+      log(f"{enc}: {rows[-1]['kernels']} kernels, {rows[-1]['bytes'] / GB:.2f} GB")
+  except (ImportError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if not args.markdown:
+    options = "none" if args.no_gpu_options else "the trainer's (rove_jax/train/gpu_options.py)"
+    print(f"{args.preset}, batch {args.batch} x {args.seq}, bf16, one {args.gpu.upper()}, "
+          f"XLA options: {options}")
+  print(table(rows))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
