@@ -28,7 +28,17 @@ OFFSET_OTHERS = runs/demo/offset/rope-s0 runs/demo/offset/rove-s1 runs/demo/offs
 # (associative recall and two position-dependent tasks); writes results/. Reruns resume.
 REPRODUCE_ARGS ?=
 
-.PHONY: test demo reproduce install clean
+# The GPU tests, on a machine with a CUDA GPU: every test marked gpu, then the fused GPU kernel's
+# numerics compiled on the GPU (FUSED_GPU_COMPILED=1), within about 4 minutes on one H200. They
+# run in the Python whose jax has CUDA (GPU_PYTHON; bench/README.md says what it needs), not in
+# .venv, which holds the CPU build.
+GPU_PYTHON ?= python3
+GPU_PYTEST = ROVE_JAX_TEST_GCS=off $(GPU_PYTHON) -m pytest -q -p no:cacheprovider
+GPU_READY = import jax, sys; gpus = [d for d in jax.devices() if d.platform == "gpu"]; \
+  sys.exit(None if gpus else "make test-gpu needs a CUDA GPU visible to jax " + jax.__version__ \
+  + " in GPU_PYTHON; it sees " + str(jax.devices()))
+
+.PHONY: test test-gpu demo reproduce install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +56,11 @@ install: $(TEST)
 
 test: $(TEST)
 	$(PY) -m pytest -q -n 3 --durations=15 $(PYTEST_ARGS)
+
+test-gpu:
+	@$(GPU_PYTHON) -c '$(GPU_READY)'
+	$(GPU_PYTEST) -m gpu tests/core
+	FUSED_GPU_COMPILED=1 $(GPU_PYTEST) tests/core/test_kernels_fused_gpu.py
 
 demo: $(CORE)
 	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rove --config.model.pos_encoding=rove

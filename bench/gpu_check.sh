@@ -1,42 +1,75 @@
 #!/usr/bin/env bash
-# GPU check for rove-jax on one CUDA GPU (written for an H200); about 8 minutes.
+# GPU check for rove-jax on one CUDA GPU (written for an H200); ends within BUDGET seconds (470).
 #   bash bench/gpu_check.sh        (from the repository root; $OUT defaults to ./gpu_out)
-# 1. the cuDNN == XLA bf16 attention tests, the causal fast path (an ordered Mask: cuDNN's own
-#    mask, no [B, T, S] array) and packed documents (cuDNN's packed layout: segment starts and
-#    lengths) included, and kernel selection ("auto" picks cudnn in bf16);
-# 2. the fused kernel for GPUs (rove_jax.kernels.fused_gpu, Pallas Triton), never run on a GPU
-#    before: its numerics tests compiled on this GPU (tests/core/test_kernels_fused_gpu.py with
-#    FUSED_GPU_COMPILED=1) and python -m bench.fused_gpu, fused against cuDNN for RoVE and RoPE,
-#    bf16, forward and forward + backward at 124M attention shapes (the backward at blocks of 32
-#    and of 64); a failure here is logged and the check goes on;
-# 3. python -m bench --suite gpu: GPT-2 124M (context 1024, bf16, cuDNN flash attention) and
-#    354M train steps RoVE/RoPE/NoPE with MFU against the measured bf16 matmul peak, peak device
-#    memory, 4k/8k/16k forwards (xla, chunked), decoding, compile time vs depth;
-# 4. a 16k-token evaluation forward of the 124M RoVE model through the cuDNN kernel.
-# Everything is teed to $OUT/gpu_check.log; the suite's JSON is saved after every section.
-# Each section's timeout is its own cap or what is left of BUDGET seconds, whichever is less,
-# so the whole check ends within the 8 minutes a lent GPU gives it.
-set -euo pipefail
+# Sections, in order of what matters most; each runs under its own cap or what is left of the
+# budget, whichever is less, logs its exit status and never stops the ones after it:
+# 1. devices and versions;
+# 2. make test-gpu: every test marked gpu (cuDNN == XLA in bf16: dense mask, causal fast path,
+#    packed documents forward and gradients) and the fused GPU kernel's numerics compiled here;
+#    then the kernel "auto" picks for a bf16 call (expected: cudnn);
+# 3. the side-by-side: nanoGPT's recipe in PyTorch (bench/peers/torch_gpt.py: torch.compile,
+#    bf16 autocast, flash SDPA, fused AdamW, clip 1.0, vocab 50304) against rove-jax's train step
+#    (RoPE, RoVE) at GPT-2 124M, batch 16 x 1024, in one call, tokens/s ratios and every side's
+#    MFU by one formula over one measured peak (python -m bench.peer_ratio --shape gpt2_124m);
+# 4. python -m bench --suite gpu: 124M and 354M train steps RoVE/RoPE/NoPE with MFU (its JSON is
+#    written after each model), peak memory, long-context forwards, decoding, compile times;
+# 5. the trainer's XLA options for GPUs against XLA's defaults (RoPE step, same call);
+# 6. the fused GPU kernel against cuDNN (python -m bench.fused_gpu);
+# 7. a 16k-token evaluation forward of the 124M RoVE model through cuDNN.
+# Everything is teed to $OUT/gpu_check.log, each section's output also to $OUT/<section>.log;
+# $OUT/sections.tsv lists every section with its exit status and seconds.
+#
+# What it needs (bench/README.md, "GPU check"): jax with CUDA (jax[cuda12] up to 0.10,
+# jax[cuda13] from 0.11), flax, optax, orbax-checkpoint, chex, pytest, torch with CUDA (the
+# peer), and rove-jax's own dependencies; wheels the machine lacks travel in ./.whl and are
+# installed into /tmp/site below (no network needed).
+set -uo pipefail
 
-# The image lacks grain and ml-collections; they travel as wheels in ./.whl.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 start=$SECONDS
 BUDGET="${BUDGET:-470}"
+printf 'section\tstatus\tseconds\n' > "$OUT/sections.tsv"
 stamp() { echo "== [$((SECONDS - start)) s] $*"; }
 # cap N: N, or the seconds left of BUDGET if fewer (at least 1).
 cap() { local left=$((BUDGET - (SECONDS - start))); ((left < $1)) || left=$1; ((left > 0)) || left=1; echo "$left"; }
+# section NAME CAP COMMAND...: runs COMMAND under `timeout`, logs it; a failure is recorded
+# and the check goes on. Skipped when the budget is spent.
+section() {
+  local name=$1 limit t0=$SECONDS rc
+  limit=$(cap "$2")
+  shift 2
+  if ((SECONDS - start >= BUDGET)); then
+    stamp "$name: SKIPPED (budget of $BUDGET s spent)"
+    printf '%s\tskipped\t0\n' "$name" >> "$OUT/sections.tsv"
+    return 0
+  fi
+  stamp "$name (cap ${limit} s)"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  rc=${PIPESTATUS[0]}
+  if ((rc == 124 || rc == 137)); then
+    stamp "$name: TIMED OUT after ${limit} s"
+  elif ((rc != 0)); then
+    stamp "$name: FAILED (exit $rc)"
+  else
+    stamp "$name: ok"
+  fi
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" >> "$OUT/sections.tsv"
+  return 0
+}
 
-stamp "devices"
-python3 -c 'import jax; print(jax.__version__, jax.devices())'
-nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
+section devices 20 bash -c 'python3 -c "import jax, jaxlib; print(\"jax\", jax.__version__, \"jaxlib\", jaxlib.__version__, jax.devices())"; python3 -c "import torch; print(\"torch\", torch.__version__, torch.cuda.is_available())"; nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv'
 
-stamp "cuDNN == XLA bf16 attention tests (dense mask, causal fast path, packed documents), kernel selection"
-timeout "$(cap 150)" python3 -m pytest -q -p no:cacheprovider tests/core/test_attention.py -k cudnn
-python3 - <<'PY'
+section test-gpu 120 make test-gpu GPU_PYTHON=python3
+
+section auto-kernel 20 python3 - <<'PY'
 import jax, jax.numpy as jnp
 from rove_jax import kernels
 q = jax.ShapeDtypeStruct((1, 1024, 12, 64), jnp.bfloat16)
@@ -45,20 +78,22 @@ print("auto on this GPU in bf16 ->", got, "(expected cudnn)")
 assert got == "cudnn", got
 PY
 
-stamp "fused GPU kernel (Pallas Triton): numerics compiled on this GPU against float64 references"
-FUSED_GPU_COMPILED=1 timeout "$(cap 150)" python3 -m pytest -q -p no:cacheprovider \
-  tests/core/test_kernels_fused_gpu.py || echo "== fused GPU numerics: FAILED or timed out (rc $?)"
+section peer 150 python3 -m bench.peer_ratio --shape gpt2_124m --torch-python python3 \
+  --encodings rope,rove --rounds 1 --steps 10 --out "$OUT/peer_124m.json"
 
-stamp "fused GPU kernel vs cuDNN, RoVE and RoPE, bf16, B=8 T=1024 H=12 D=64, fwd and fwd+bwd"
-timeout "$(cap 120)" python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
-  --out "$OUT/fused_gpu.json" || echo "== fused GPU timings: FAILED or timed out (rc $?)"
+section suite 160 python3 -m bench --suite gpu --out "$OUT/bench_gpu.json"
 
-stamp "benchmark suite (gpu)"
-timeout "$(cap 330)" python3 -m bench --suite gpu --out "$OUT/bench_gpu.json"
+section xla-options 60 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch --encodings rope \
+  --rounds 1 --steps 10 \
+  --xla-flags xla_defaults='--xla_gpu_enable_triton_gemm=true --xla_gpu_enable_latency_hiding_scheduler=false' \
+  --out "$OUT/xla_options_124m.json"
 
-stamp "16k-token evaluation forward, 124M RoVE bf16, cuDNN kernel"
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(cap 90)" python3 -m bench.suite --worker long_forward \
-  '{"model": {"name": "gpt2_124m", "preset": "gpt2_124m", "overrides": [["dtype", "bfloat16"]], "batch": 1, "seq": 0}, "T": 16384, "kernel": "cudnn", "cap_gib": 0}' \
-  | tee "$OUT/forward_16k_cudnn.json"
+section fused-gpu 60 python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
+  --out "$OUT/fused_gpu.json"
+
+section forward-16k 40 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m bench.suite \
+  --worker long_forward \
+  '{"model": {"name": "gpt2_124m", "preset": "gpt2_124m", "overrides": [["dtype", "bfloat16"]], "batch": 1, "seq": 0}, "T": 16384, "kernel": "cudnn", "cap_gib": 0}'
 
 stamp "done"
+column -t "$OUT/sections.tsv" 2>/dev/null || cat "$OUT/sections.tsv"

@@ -35,6 +35,7 @@ from flax import nnx
 from bench import peak_rss_gib
 from bench.specs import Model, make_spec
 from rove_jax.train import config_schema
+from rove_jax.train import gpu_options
 from rove_jax.train import loop as training
 from rove_jax.nn.model import GPT, GPTConfig, count_params, generate
 
@@ -156,7 +157,8 @@ def train_compare(model: Model, repeats: int, peak_flops: float) -> dict:
   for enc in ENCODINGS:
     cfg = model.config(pos_encoding=enc)
     graphdef, states[enc] = _train_state(cfg, tx)
-    steps[enc] = training.make_train_step(graphdef, tx, 1)
+    steps[enc] = training.make_train_step(  # with the trainer's XLA options on a GPU
+        graphdef, tx, 1, compiler_options=gpu_options.compiler_options(jax.devices()))
   batch = _batch(model.batch, model.seq, cfg.vocab_size)
 
   def runner(enc):
@@ -348,6 +350,7 @@ def run(suite: str, quick: bool, out: Optional[str] = None, log=print, smoke: bo
                 for e, r in t["rows"].items()]))
     log(f"RoVE/RoPE = {t['ratio_rove_over_rope']:.3f}; "
         f"{t['flops_per_step'] / 1e9:.2f} GFLOP/step\n")
+    save()  # after each model: a later model that runs out of time loses only itself
   log(f"MFU = model FLOPs per step / median step time / measured peak; FLOPs = {FLOPS_FORMULA}")
   log(f"Peak matmul measurements this run: "
       f"{', '.join(f'{x / 1e9:.0f}' for x in samples)} GFLOP/s; MFU uses the best"

@@ -7,6 +7,27 @@ import socket
 import subprocess
 
 # Must happen before JAX initialises its backends.
+import importlib.metadata  # noqa: E402
+import pkgutil  # noqa: E402
+
+
+def _cpu_only() -> bool:
+  """Whether this session's JAX can only run on the CPU: JAX_PLATFORMS names the CPU alone, or
+  no accelerator plugin is installed (found without importing jax: the plugins' namespace
+  package and entry points, where jax looks for them)."""
+  platforms = {p.strip().lower() for p in os.environ.get("JAX_PLATFORMS", "").split(",")
+               if p.strip()}
+  if platforms:
+    return platforms <= {"cpu"}
+  names = [ep.name for ep in importlib.metadata.entry_points(group="jax_plugins")]
+  try:
+    import jax_plugins
+    names += [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
+  except ImportError:
+    pass
+  return not any(k in n.lower() for n in names for k in ("cuda", "rocm", "gpu", "tpu"))
+
+
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 # The suite is compile-bound (hundreds of small programs, each compiled once): LLVM at -O0 halves
 # XLA's CPU compile times and with them the suite's. The programs and their floating-point
@@ -15,10 +36,15 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 _OPT_FLAG = "--xla_backend_optimization_level"
 # XLA's newer MLIR fusion emitters compile the suite's many small programs several times more
 # slowly than the classic LLVM IR emitters (bench/RESULTS.md has the measurement). Both emit the
-# same HLO semantics without fast-math.
+# same HLO semantics without fast-math. A CPU-only flag: an XLA that does not know it (the CUDA
+# plugin of jax 0.11 aborts the process on it) never sees it, so it is set only when the session
+# runs on the CPU alone; a GPU session keeps XLA's defaults for its CPU client too.
 _EMITTER_FLAG = "--xla_cpu_use_fusion_emitters"
+_defaults = [(_DEVICE_FLAG, "8"), (_OPT_FLAG, "0")]
+if _cpu_only():
+  _defaults.append((_EMITTER_FLAG, "false"))
 _flags = os.environ.get("XLA_FLAGS", "")
-for _flag, _default in ((_DEVICE_FLAG, "8"), (_OPT_FLAG, "0"), (_EMITTER_FLAG, "false")):
+for _flag, _default in _defaults:
   if _flag not in _flags:  # a value set by the caller wins
     _flags += f" {_flag}={_default}"
 os.environ["XLA_FLAGS"] = _flags.strip()
@@ -40,7 +66,10 @@ if _CHILD_CACHE_VAR not in os.environ:
 from tests import gcs_server  # noqa: E402
 
 _OWN_GCS = None
-if gcs_server.URL_VAR not in os.environ:
+# ROVE_JAX_TEST_GCS=off (make test-gpu, whose tests use no storage): no server, and the tests
+# that need one are skipped with that reason.
+_GCS_OFF = os.environ.get("ROVE_JAX_TEST_GCS", "").lower() == "off"
+if gcs_server.URL_VAR not in os.environ and not _GCS_OFF:
   _OWN_GCS = gcs_server.Server()
   os.environ.update(gcs_server.environment(_OWN_GCS.url))
 
@@ -86,6 +115,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def gcs_bucket() -> str:
   """gs://NAME: a new, empty bucket on the session's GCS API server."""
+  if _GCS_OFF:
+    pytest.skip("ROVE_JAX_TEST_GCS=off: no GCS API server in this session")
   return gcs_server.new_bucket()
 
 

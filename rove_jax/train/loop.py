@@ -32,6 +32,7 @@ from rove_jax.train import gpu_options, init_from, packing, resume
 from rove_jax.train import run_control
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train import tracking
+from rove_jax.train import clipping
 from rove_jax.train.loss import cross_entropy
 from rove_jax import hardware
 from rove_jax.nn import flops
@@ -78,7 +79,7 @@ def make_optimizer(o: OptimConfig, steps: int) -> optax.GradientTransformation:
   """AdamW with warmup + cosine, global-norm clipping, decay on matrices only."""
   parts = []
   if o.clip_norm and o.clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(o.clip_norm))
+    parts.append(clipping.clip_by_global_norm(o.clip_norm))
   parts.append(optax.adamw(lr_schedule(o, steps), b1=o.b1, b2=o.b2, eps=o.eps,
                            weight_decay=o.weight_decay, mask=decay_mask))
   return optax.chain(*parts)
@@ -117,8 +118,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
       (loss, grads), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), split)
       loss = loss / grad_accum
       grads = jax.tree.map(lambda g: g / grad_accum, grads)
-    # optax.tree.norm is what clip_by_global_norm computes: the compiler computes it once.
-    grad_norm = optax.tree.norm(grads)
+    # The norm clipping computes too (clipping.clip_by_global_norm): compiled once.
+    grad_norm = clipping.global_norm(grads)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     # Decided before the update from the loss and the gradient alone, so the choice between

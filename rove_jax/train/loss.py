@@ -51,10 +51,24 @@ def _hits(logits_BTV, targets_BT):
   return vocab_V.reshape(1, 1, -1) == targets_BT[..., None]
 
 
+def logsumexp_one_pass(x):
+  """log sum exp over the last axis in one reduction: each partial result is (running max m,
+  sum of exp(x - m)), and two combine as (max, s_a exp(m_a - max) + s_b exp(m_b - max)), the
+  online softmax's rule; the logits are read once instead of twice (max, then the sum)."""
+  def combine(a, b):
+    (ma, sa), (mb, sb) = a, b
+    m = jnp.maximum(ma, mb)
+    return m, sa * jnp.exp(ma - m) + sb * jnp.exp(mb - m)
+  lowest = jnp.finfo(x.dtype).min  # not -inf: two empty partials must combine to (lowest, 0)
+  m, s = jax.lax.reduce((x, jnp.ones_like(x)), (jnp.asarray(lowest, x.dtype),
+                                                jnp.zeros((), x.dtype)),
+                        combine, (x.ndim - 1,))
+  return m + jnp.log(s)
+
+
 def _token_nll_fwd(logits_BTV, targets_BT):
   x = logits_BTV.astype(jnp.float32)
-  top_BT = jax.lax.stop_gradient(jnp.max(x, axis=-1))
-  lse_BT = top_BT + jnp.log(jnp.sum(jnp.exp(x - top_BT[..., None]), axis=-1))
+  lse_BT = logsumexp_one_pass(x)
   target_BT = jnp.sum(jnp.where(_hits(logits_BTV, targets_BT), x, 0.0), axis=-1)
   return lse_BT - target_BT, (logits_BTV, targets_BT, lse_BT)
 
@@ -67,3 +81,4 @@ def _token_nll_bwd(res, g_BT):
 
 
 token_nll.defvjp(_token_nll_fwd, _token_nll_bwd)
+
