@@ -122,9 +122,14 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
     grad_norm = clipping.global_norm(grads)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
-    # Decided before the update from the loss and the gradient alone, so the choice between
-    # new and old state fuses into each parameter's update instead of waiting for all of them.
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # An update that overflows the parameters is rejected like a non-finite gradient. AdamW's
+    # step is lr times a normalised direction for every parameter alike, so an overflow shows in
+    # the smallest parameter array as in all: its new values decide, and the choice between new
+    # and old state fuses into each other parameter's update instead of waiting on a norm of all
+    # of them (a pass over every parameter and a kernel each).
+    probe = min(jax.tree.leaves(new_params), key=lambda x: x.size)
+    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+              & jnp.isfinite(jnp.sum(jnp.square(probe.astype(jnp.float32)))))
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     new_state = TrainState(params=keep(new_params, state.params),
                            opt_state=keep(new_opt, state.opt_state),
