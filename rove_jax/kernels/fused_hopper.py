@@ -58,7 +58,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from rove_jax.kernels import fused, fused_gpu_tiles, platform
+from rove_jax.kernels import fused, fused_gpu_tiles, fused_hopper_backward, platform
 from rove_jax.kernels import fused_hopper_tiles as tiles
 from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
 
@@ -70,9 +70,10 @@ DTYPES = (jnp.dtype(jnp.bfloat16),)
 KINDS = fused.KINDS
 
 
-def problem(q_shape, k_shape, mask, rope, dtype=jnp.bfloat16) -> Optional[str]:
+def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
   """None when the Hopper fused kernel can run a call (q [B, T, H, D], k [B, S, K, D], a
-  kernels.Mask, a rotary.Rope, q's dtype); otherwise the reason, for an error message."""
+  kernels.Mask, a rotary.Rope, q's dtype: None skips that check); otherwise the reason, for
+  an error message."""
   reason = fused.rotary_problem(mask, rope)
   if reason is not None:
     return reason
@@ -81,7 +82,7 @@ def problem(q_shape, k_shape, mask, rope, dtype=jnp.bfloat16) -> Optional[str]:
     return f"every size must be positive, got T={T}, S={S}, H={H}, K={K}, D={D}"
   if H % K:
     return f"query heads H={H} are not a multiple of kv heads K={K}"
-  if jnp.dtype(dtype) not in DTYPES:
+  if dtype is not None and jnp.dtype(dtype) not in DTYPES:
     return (f"on Hopper it runs in bfloat16 (wgmma), got {jnp.dtype(dtype).name}; cast q, k, "
             f"v (e.g. the model's dtype='bfloat16')")
   if D not in HEAD_DIMS:
@@ -140,22 +141,6 @@ def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None):
 attend = kernel()
 
 
-def interpret_params():
-  """The `interpret` value that runs a Mosaic GPU kernel on CPU. jax 0.10 exports the class
-  only from its private tree."""
-  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-  return InterpretGPUParams()
-
-
-def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args):
-  """plgpu.kernel(body) on one warpgroup a program, compiled or interpreted by plan."""
-  return plgpu.kernel(
-      body, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
-      interpret=interpret_params() if plan.interpret else None,
-      compiler_params=plgpu.CompilerParams(approx_math=False),
-  )(*args)
-
-
 # ------------------------------------------------------------------------------ internals
 
 
@@ -181,7 +166,6 @@ def _fused_fwd(plan, small, q_BTHD, k_BSKD, v_BSKD):
 
 
 def _fused_bwd(plan, residuals, do_BTHD):
-  from rove_jax.kernels import fused_hopper_backward
   small, q_BTHD, k_BSKD, v_BSKD, o_BTHD, lse_BHT = residuals
   # rowsum(dO . O) is the same before and after the output rotation (R is orthogonal).
   delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32),
@@ -220,15 +204,8 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   args += [q_BTHD, k_BSKD, v_BSKD]
   out_type = [jax.ShapeDtypeStruct(q_BTHD.shape, dt), jax.ShapeDtypeStruct((B, H, T), jnp.float32)]
   body = functools.partial(_forward_body, plan, S // bk, H // K)
-  return run_kernel(plan, body, out_type, scratch, (H, T // bq, B), ("heads", "q", "batch"),
-                    *args)
-
-
-def last_key_block(plan: Plan, q_start, n_kv_blocks: int):
-  """The last key block a query block starting at q_start reads (all without causality)."""
-  if not plan.causal:
-    return n_kv_blocks - 1
-  return jnp.minimum(lax.div(q_start + plan.bq - 1, plan.bk), n_kv_blocks - 1)
+  return tiles.run_kernel(plan, body, out_type, scratch, (H, T // bq, B),
+                          ("heads", "q", "batch"), *args)
 
 
 def _forward_body(plan: Plan, nk: int, G: int, *refs):
@@ -265,7 +242,7 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     for n, (src, dst) in enumerate(pairs):
       plgpu.copy_gmem_to_smem(src, dst, kv_bar.at[slot * n_kv_bar + n])
 
-  n_blocks = last_key_block(plan, q_start, nk) + 1
+  n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
   fetch(0, 0)
   pl.when(n_blocks > 1)(lambda: fetch(1, 1))
   for n in range(len(copies)):

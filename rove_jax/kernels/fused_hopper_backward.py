@@ -29,7 +29,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from rove_jax.kernels import fused_hopper
 from rove_jax.kernels import fused_hopper_tiles as tiles
 from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
 
@@ -67,8 +66,8 @@ def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   n_loop = 3 + (1 if plan.segmented else 0)
   scratch = _scratch(D, q_BTHD.dtype, 2, 2, plan.segmented, n_loop)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
-  return fused_hopper.run_kernel(plan, body, jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
-                                 scratch, (H, T // BLOCK, B), ("heads", "q", "batch"), *args)
+  return tiles.run_kernel(plan, body, jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
+                          scratch, (H, T // BLOCK, B), ("heads", "q", "batch"), *args)
 
 
 def _unpack(plan: Plan, refs, n_out: int):
@@ -118,7 +117,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     for n, (src, dst) in enumerate(pairs):
       plgpu.copy_gmem_to_smem(src, dst, loop_bar.at[slot * n_loop + n])
 
-  n_blocks = fused_hopper.last_key_block(plan, q_start, nk) + 1
+  n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
   fetch(0, 0)
   pl.when(n_blocks > 1)(lambda: fetch(1, 1))
   for n in range(len(copies)):
@@ -179,8 +178,8 @@ def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   out_type = [jax.ShapeDtypeStruct(k_BSKD.shape, k_BSKD.dtype),
               jax.ShapeDtypeStruct(v_BSKD.shape, v_BSKD.dtype)]
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
-  return fused_hopper.run_kernel(plan, body, out_type, scratch, (K, S // BLOCK, B),
-                                 ("kv_heads", "kv", "batch"), *args)
+  return tiles.run_kernel(plan, body, out_type, scratch, (K, S // BLOCK, B),
+                          ("kv_heads", "kv", "batch"), *args)
 
 
 def _dkv_body(plan: Plan, nq: int, G: int, *refs):

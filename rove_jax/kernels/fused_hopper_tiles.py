@@ -37,6 +37,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from rove_jax.kernels import fused_tiles
+from rove_jax.kernels.fused_tiles import Plan
 
 F32 = jnp.float32
 # A 128-byte swizzle with (8, 64)-element tiles: the layout wgmma reads bfloat16 operands in when
@@ -149,3 +150,26 @@ def visible(ops: Ops, plan, q_start, k_start, q_seg, kv_seg, shape, *, keys_in_r
     same = across(q_seg, shape, 1 - q_axis) == across(kv_seg, shape, 1 - k_axis)
     mask = same if mask is None else jnp.logical_and(mask, same)
   return mask
+
+
+def interpret_params():
+  """The `interpret` value that runs a Mosaic GPU kernel on CPU. jax 0.10 exports the class
+  only from its private tree."""
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+  return InterpretGPUParams()
+
+
+def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args):
+  """plgpu.kernel(body) on one warpgroup a program, compiled or interpreted by plan."""
+  return plgpu.kernel(
+      body, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
+      interpret=interpret_params() if plan.interpret else None,
+      compiler_params=plgpu.CompilerParams(approx_math=False),
+  )(*args)
+
+
+def last_key_block(plan: Plan, q_start, n_kv_blocks: int):
+  """The last key block a query block starting at q_start reads (all without causality)."""
+  if not plan.causal:
+    return n_kv_blocks - 1
+  return jnp.minimum(lax.div(q_start + plan.bq - 1, plan.bk), n_kv_blocks - 1)
