@@ -53,6 +53,20 @@ stamp "fused GPU kernel vs cuDNN, RoVE and RoPE, bf16, B=8 T=1024 H=12 D=64, fwd
 timeout "$(cap 120)" python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
   --out "$OUT/fused_gpu.json" || echo "== fused GPU timings: FAILED or timed out (rc $?)"
 
+# --- fused Hopper kernel (Pallas Mosaic GPU), self-contained: its numerics tests compiled on
+# this GPU (FUSED_HOPPER_COMPILED=1 turns interpret mode off) and its timings against cuDNN at
+# 124M shapes (B=8/16, T=1024/4096), RoVE and RoPE, forward and forward + backward. Needs an
+# sm90 GPU; a failure is logged and the check goes on.
+stamp "fused Hopper kernel (Mosaic GPU): numerics compiled, then vs cuDNN at 124M shapes"
+FUSED_HOPPER_COMPILED=1 timeout "$(cap 120)" python3 -m pytest -q -p no:cacheprovider \
+  tests/core/test_kernels_fused_hopper.py || echo "== fused Hopper numerics: FAILED or timed out (rc $?)"
+for shape in "8 1024" "16 1024" "8 4096" "16 4096"; do
+  set -- $shape
+  timeout "$(cap 60)" python3 -m bench.fused_gpu --batch "$1" --length "$2" --repeats 10 \
+    --out "$OUT/fused_hopper_b$1_t$2.json" || echo "== fused Hopper timings B=$1 T=$2: FAILED or timed out (rc $?)"
+done
+# --- end of the fused Hopper section
+
 stamp "benchmark suite (gpu)"
 timeout "$(cap 330)" python3 -m bench --suite gpu --out "$OUT/bench_gpu.json"
 

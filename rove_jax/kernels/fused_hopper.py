@@ -244,7 +244,8 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
 
   n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
   fetch(0, 0)
-  pl.when(n_blocks > 1)(lambda: fetch(1, 1))
+  if nk > 1:  # a second block exists (the slice would be out of bounds otherwise)
+    pl.when(n_blocks > 1)(lambda: fetch(1, 1))
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
 

@@ -4,7 +4,10 @@ and the gradients of q, k and v, in bfloat16 (the kernel's dtype), for RoPE, RoV
 the output left rotated; causal and bidirectional; packed documents; MHA, GQA and MQA; partial
 rotary; YaRN's attention factor; both layouts; rows that see no key; a batch of two. One case
 runs through rj.rove_attention(kernel="fused") with dispatch seeing a Hopper GPU. Also the limits
-dispatch checks for a Hopper target and how it picks the Hopper kernel."""
+dispatch checks for a Hopper target and how it picks the Hopper kernel. On an H100/H200
+(bench/gpu_check.sh) the same cases run compiled: FUSED_HOPPER_COMPILED=1 turns interpret off."""
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +20,7 @@ from rove_jax.kernels import fused_hopper, platform
 from tests.core.test_kernels_fused import (BF16, D, F32, FNS, T, TOL, check, documents, inputs,
                                            reference_and_grads, yarn_rope)
 
+INTERPRET = os.environ.get("FUSED_HOPPER_COMPILED") != "1"
 KIND = {"rope": "rope", "rove": "rove", "rotated": "rove_rotated"}
 CASES = {
     # name: (kind, layout, B, H, K, causal, document lengths, rotary dims, yarn)
@@ -29,8 +33,8 @@ CASES = {
 
 
 def hopper_and_grads(kind, q, k, v, ct, pos, rope, mask, *, through_dispatch=False):
-  """(out, (dq, dk, dv)) of the Hopper kernel in interpret mode, one jitted program."""
-  attend = fused_hopper.kernel(interpret=True)
+  """(out, (dq, dk, dv)) of the Hopper kernel (in interpret mode on CPU), one jitted program."""
+  attend = fused_hopper.kernel(interpret=INTERPRET)
 
   def f(q, k, v):
     if through_dispatch:
@@ -46,10 +50,10 @@ def hopper_and_grads(kind, q, k, v, ct, pos, rope, mask, *, through_dispatch=Fal
 
 @pytest.fixture
 def hopper_target(monkeypatch):
-  """dispatch sees a Hopper GPU, and its Hopper kernel runs interpreted."""
+  """dispatch sees a Hopper GPU, and its Hopper kernel runs interpreted (on CPU)."""
   monkeypatch.setattr(platform, "target_platform", lambda: "gpu")
   monkeypatch.setattr(platform, "gpu_is_hopper", lambda: True)
-  monkeypatch.setattr(fused_hopper, "attend", fused_hopper.kernel(interpret=True))
+  monkeypatch.setattr(fused_hopper, "attend", fused_hopper.kernel(interpret=INTERPRET))
 
 
 def run_case(case, **kw):
@@ -117,7 +121,8 @@ def test_dispatch_checks_the_hopper_limits(monkeypatch):
   shape = lambda T_, D_=D, dtype=BF16: jax.ShapeDtypeStruct((1, T_, 2, D_), dtype)
   choose = lambda q, mask=rj.Mask(ordered=True), rope=rope: kernels.choose(
       "fused", q=q, k=q, mask=mask, rope=rope, platform_name="gpu")
-  assert not platform.gpu_is_hopper()  # this CPU host
+  if jax.default_backend() == "cpu":
+    assert not platform.gpu_is_hopper()
   monkeypatch.setattr(platform, "gpu_is_hopper", lambda: True)
   assert choose(shape(192)) == "fused"
   with pytest.raises(ValueError, match="fused' cannot run.*bfloat16.*'cudnn'"):
