@@ -34,16 +34,18 @@ float32 would run as TF32, below the float32 precision the other kernels give. D
 are multiples of 64.
 
 Cost (what each program moves and computes, summed; N = B * H * bq * bk * block pairs run, the
-causal mask leaving about half): forward reads q, o once and k, v once per query block of each
-query head: bytes = 2 * B * T * H * D * 2 + 2 * B * S * K * D * 2 * (T / bq) * G, plus the
-[D, D] swap matrix and position rows per program; FLOPs = 4 * D * N (q.k, p.v) + 2 * D * D *
-(rows rotated: B * T * H for q, B * H * (pairs * bk) for k and again for v (RoVE), B * T * H
-twice for the output (RoVE)) + 6 * D per rotated row; transcendentals = N exp + 2 * D per
-rotated row (cos, sin). No pl.CostEstimate is attached: XLA sees the Mosaic GPU call as opaque.
+causal mask leaving about half): the forward reads q and writes o once, and reads k, v once per
+query block of each query head (about half of them under a causal mask): bytes =
+2 * B * T * H * D * 2 + 2 * B * S * K * D * 2 * (T / bq) * G, plus the [D, D] swap matrix and
+position rows per program; FLOPs = 4 * D * N (q.k, p.v) + 2 * D * D * (rows rotated: B * T * H
+for q, B * H * (pairs * bk) for k and again for v (RoVE), B * T * H twice for the output
+(RoVE)) + 6 * D per rotated row; transcendentals = N exp + 2 * D per rotated row (cos, sin).
+No pl.CostEstimate is attached: XLA sees the Mosaic GPU call as opaque.
 
 Under an active mesh the kernel runs in jax.shard_map (batch over ("data", "fsdp"), heads over
-"tensor"), as the other fused kernels. Off GPU it runs in Pallas Mosaic GPU's interpret mode,
-products as jnp dots (fused_hopper_tiles), which is how the tests check it on CPU.
+"tensor"), as the other fused kernels do (not yet tested for this one). Off GPU it runs in
+Pallas Mosaic GPU's interpret mode, products as jnp dots (fused_hopper_tiles), which is how the
+tests check it on CPU.
 """
 
 from __future__ import annotations

@@ -42,10 +42,11 @@ def gradients(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta
   return (_dq(plan, small, *args),) + tuple(_dkv(plan, small, *args))
 
 
-def _scratch(D, dt, n_self, n_other, segmented, n_loop_bars):
+def _scratch(D, dt, n_self, n_other, n_loop_bars):
   """Shared memory of either kernel: constants, swap; the program's own tiles (n_self [b, D]
   tiles, their rows and segment ids); a double-buffered loop of n_other tiles a slot with their
-  rows (positions, lse, delta) and segment ids; rotated copies; staging; barriers."""
+  rows (positions, lse, delta) and segment ids; rotated copies; staging; barriers. The segment
+  buffers are allocated unsegmented too (a few hundred bytes), which keeps one unpacking."""
   b = BLOCK
   smem = lambda shape: plgpu.SMEM(shape, dt, transforms=tiles.TRANSFORMS)
   return [plgpu.SMEM((CONST_ROWS, D), jnp.float32), smem((D, D)),
@@ -64,7 +65,7 @@ def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
   args += [q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT]
   n_loop = 3 + (1 if plan.segmented else 0)
-  scratch = _scratch(D, q_BTHD.dtype, 2, 2, plan.segmented, n_loop)
+  scratch = _scratch(D, q_BTHD.dtype, 2, 2, n_loop)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
   return tiles.run_kernel(plan, body, jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
                           scratch, (H, T // BLOCK, B), ("heads", "q", "batch"), *args)
@@ -175,7 +176,7 @@ def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
   args += [q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT]
   n_loop = 5 + (1 if plan.segmented else 0)
-  scratch = _scratch(D, q_BTHD.dtype, 2, 2, plan.segmented, n_loop)
+  scratch = _scratch(D, q_BTHD.dtype, 2, 2, n_loop)
   out_type = [jax.ShapeDtypeStruct(k_BSKD.shape, k_BSKD.dtype),
               jax.ShapeDtypeStruct(v_BSKD.shape, v_BSKD.dtype)]
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
