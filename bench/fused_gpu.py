@@ -1,7 +1,8 @@
-"""The GPU fused kernel (rove_jax.kernels.fused_gpu, Pallas Triton) against cuDNN flash
-attention with the rotations done by XLA around it: RoVE and RoPE, bfloat16, forward and
-forward + backward (dq, dk, dv), at GPT-2 124M's attention shapes (B=8, T=1024, H=12, D=64,
-causal, one Mask(ordered=True)).
+"""The GPU fused kernels (rove_jax.kernels.fused_hopper, Pallas Mosaic GPU for H100/H200, and
+rove_jax.kernels.fused_gpu, Pallas Triton) against cuDNN flash attention with the rotations done
+by XLA around it: RoVE and RoPE, bfloat16, forward and forward + backward (dq, dk, dv), at GPT-2
+124M's attention shapes (B=8, T=1024, H=12, D=64 by default; --batch 16, --length 4096 for the
+others; causal, one Mask(ordered=True)). The "hopper" rows need an sm90 GPU (or --aot).
 
   python -m bench.fused_gpu [--batch 8 --length 1024 --heads 12 --head-dim 64] [--block 64]
       [--backward-block 32[,64]] [--repeats 20] [--layout half] [--out fused_gpu.json]
@@ -15,10 +16,11 @@ and gradients are from cuDNN's (max |difference| over max |cuDNN|, both bfloat16
 --backward-block values time the backward at each (the first is also the forward's run).
 --aot compiles the same programs for an H100 or H200 with the deviceless GPU path
 (rove_jax/aot/gpu.py: JAX's CUDA plugin, no GPU) and prints compile seconds, XLA's temporary
-bytes and the Triton kernels in the compiled HLO; with --ptxas also each fused kernel's
-registers and spills by `ptxas -v` on the PTX XLA wrote (ptxas from nvidia-cuda-nvcc-cu12,
-which the deviceless path needs anyway).
---interpret runs the GPU kernel in Pallas interpret mode against the "xla" kernel (cuDNN needs
+bytes and the Triton and Mosaic GPU kernels in the compiled HLO; with --ptxas also each Triton
+kernel's registers and spills by `ptxas -v` on the PTX XLA wrote (ptxas from
+nvidia-cuda-nvcc-cu12, which the deviceless path needs anyway; the Mosaic GPU kernel's PTX is
+not among XLA's dumps). --backward-block sets the Triton kernel's backward blocks.
+--interpret runs the GPU kernels in Pallas interpret mode against the "xla" kernel (cuDNN needs
 a GPU); its timings mean nothing, it checks that the script runs.
 """
 
@@ -46,43 +48,49 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import rove_jax as rj  # noqa: E402
-from rove_jax.kernels import fused_gpu  # noqa: E402
+from rove_jax.kernels import fused_gpu, fused_hopper  # noqa: E402
 
 FNS = {"rove": rj.rove_attention, "rope": rj.rope_attention}
 
 
 def variants(args) -> list:
-  """[(label, backward block)] of the fused kernel: "fused" at the first of --backward-block,
-  "fused bwd<N>" at each other (timed forward + backward only: the forward is the same)."""
+  """[(label, backward block)] of the fused kernels: "hopper" (rove_jax.kernels.fused_hopper,
+  Pallas Mosaic GPU, what kernel="fused" runs on an H100/H200), then the Triton kernel
+  (rove_jax.kernels.fused_gpu, what it runs on other GPUs): "triton" at the first of
+  --backward-block, "triton bwd<N>" at each other (timed forward + backward only: the forward
+  is the same)."""
   blocks = [int(b) for b in str(args.backward_block).split(",")]
-  return [("fused" if i == 0 else f"fused bwd{b}", b) for i, b in enumerate(blocks)]
+  return [("hopper", None)] + [("triton" if i == 0 else f"triton bwd{b}", b)
+                               for i, b in enumerate(blocks)]
 
 
 def programs(args, baseline: str) -> dict:
   """{(encoding, kernel, pass): jitted fn(q, k, v, pos, ct)}; pass "fwd" returns the output,
-  "fwd+bwd" the output and (dq, dk, dv) for the cotangent ct. The default fused kernel is
-  reached through rope_attention / rove_attention(kernel="fused") (the dispatch), others and
-  interpret mode (where the dispatch would pick the TPU kernel) by fused_gpu.kernel."""
+  "fwd+bwd" the output and (dq, dk, dv) for the cotangent ct. The Hopper kernel is reached
+  through rope_attention / rove_attention(kernel="fused") (the dispatch, which picks it on an
+  sm90 target), or by fused_hopper.kernel in interpret mode (where the dispatch would pick the
+  TPU kernel); the Triton kernel by fused_gpu.kernel (the dispatch no longer picks it on a
+  Hopper GPU)."""
   rope = rj.Rope(rj.rope_frequencies(args.head_dim), 1.0, args.layout)
   mask = rj.Mask(causal=True, ordered=True)
-  defaults = (fused_gpu.DEFAULT_BLOCK, fused_gpu.DEFAULT_BACKWARD_BLOCK)
   out = {}
   for enc, fn in FNS.items():
-    kernels = [(label, b) for label, b in variants(args)] + [(baseline, None)]
-    for label, backward_block in kernels:
-      if backward_block is None or (
-          not args.interpret and (args.block, backward_block) == defaults):
-        kernel = "fused" if backward_block is not None else baseline
-        f = lambda q, k, v, pos, fn=fn, kernel=kernel: fn(
-            q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask, kernel=kernel)
+    via = lambda kernel, fn=fn: (lambda q, k, v, pos: fn(
+        q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask, kernel=kernel))
+    direct = lambda attend, kind=enc: (
+        lambda q, k, v, pos: attend(q, k, v, mask, pos, pos, rope, kind=kind))
+    for label, backward_block in variants(args) + [(baseline, None)]:
+      if label == baseline:
+        f = via(baseline)
+      elif label == "hopper":
+        f = direct(fused_hopper.kernel(interpret=True)) if args.interpret else via("fused")
       else:
-        attend = fused_gpu.kernel(args.block, backward_block, interpret=args.interpret)
-        f = lambda q, k, v, pos, a=attend, kind=enc: a(q, k, v, mask, pos, pos, rope, kind=kind)
+        f = direct(fused_gpu.kernel(args.block, backward_block, interpret=args.interpret))
 
       def both(q, k, v, pos, ct, f=f):
         o, vjp = jax.vjp(lambda q, k, v: f(q, k, v, pos), q, k, v)
         return o, vjp(ct)
-      if label in ("fused", baseline):
+      if not label.startswith("triton bwd"):
         out[enc, label, "fwd"] = jax.jit(lambda q, k, v, pos, ct, f=f: f(q, k, v, pos))
       out[enc, label, "fwd+bwd"] = jax.jit(both)
   return out
@@ -153,13 +161,16 @@ def compile_only(args) -> dict:
       rows.append(dict(encoding=enc, kernel=kernel, pass_=pas, compile_s=seconds,
                        temp_bytes=int(memory.temp_size_in_bytes),
                        triton_calls=text.count('custom_call_target="__gpu$xla.gpu.triton"'),
+                       mosaic_calls=text.count('custom_call_target="mosaic_gpu'),
                        cudnn_calls=text.count('custom_call_target="__cudnn$')))
   print(f"compiled for {args.aot} ({device.device_kind}), no GPU:")
-  print("| encoding | kernel | pass | compile s | temp MiB | Triton calls | cuDNN calls |")
-  print("|---|---|---|---|---|---|---|")
+  print("| encoding | kernel | pass | compile s | temp MiB | Triton calls | Mosaic GPU calls | "
+        "cuDNN calls |")
+  print("|---|---|---|---|---|---|---|---|")
   for r in rows:
     print(f"| {r['encoding']} | {r['kernel']} | {r['pass_']} | {r['compile_s']:.1f} | "
-          f"{r['temp_bytes'] / 2**20:.1f} | {r['triton_calls']} | {r['cudnn_calls']} |")
+          f"{r['temp_bytes'] / 2**20:.1f} | {r['triton_calls']} | {r['mosaic_calls']} | "
+          f"{r['cudnn_calls']} |")
   result = dict(target=args.aot, device=device.device_kind, rows=rows)
   if PTX_DIR is not None:
     result["ptxas"] = ptxas_report(PTX_DIR)

@@ -14,8 +14,9 @@
 # 4. python -m bench --suite gpu: 124M and 354M train steps RoVE/RoPE/NoPE with MFU (its JSON is
 #    written after each model), peak memory, long-context forwards, decoding, compile times;
 # 5. the trainer's XLA options for GPUs against XLA's defaults (RoPE step, same call);
-# 6. the fused GPU kernel against cuDNN (python -m bench.fused_gpu);
-# 7. a 16k-token evaluation forward of the 124M RoVE model through cuDNN.
+# 6. the fused Hopper kernel (Mosaic GPU): numerics compiled, timings against cuDNN;
+# 7. the fused GPU kernel against cuDNN (python -m bench.fused_gpu);
+# 8. a 16k-token evaluation forward of the 124M RoVE model through cuDNN.
 # Everything is teed to $OUT/gpu_check.log, each section's output also to $OUT/<section>.log;
 # $OUT/sections.tsv lists every section with its exit status and seconds.
 #
@@ -87,6 +88,19 @@ section xla-options 60 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
   --rounds 1 --steps 10 \
   --xla-flags xla_defaults='--xla_gpu_enable_triton_gemm=true --xla_gpu_enable_latency_hiding_scheduler=false' \
   --out "$OUT/xla_options_124m.json"
+
+# The fused Hopper kernel (Pallas Mosaic GPU, issue 48): its numerics compiled on this GPU
+# (FUSED_HOPPER_COMPILED=1 turns interpret mode off), then against cuDNN at 124M shapes (B=8/16,
+# T=1024/4096), RoVE and RoPE, forward and forward + backward. Needs an sm90 GPU; it runs when
+# the budget allows (BUDGET=900 for a longer check).
+section fused-hopper-tests 90 env FUSED_HOPPER_COMPILED=1 python3 -m pytest -q \
+  -p no:cacheprovider tests/core/test_kernels_fused_hopper.py
+
+section fused-hopper-bench 120 bash -c 'for shape in "8 1024" "16 1024" "8 4096" "16 4096"; do
+  set -- $shape
+  python3 -m bench.fused_gpu --batch "$1" --length "$2" --repeats 10 \
+    --out "'"$OUT"'/fused_hopper_b$1_t$2.json" || echo "fused Hopper B=$1 T=$2: exit $?"
+done'
 
 section fused-gpu 60 python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
   --out "$OUT/fused_gpu.json"

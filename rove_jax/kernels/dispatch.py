@@ -7,10 +7,10 @@ Kernels, by name: "xla" (jax.nn.dot_product_attention), "cudnn" (cuDNN flash att
 GPU, bfloat16/float16), "splash" (the Pallas splash flash kernel on TPU; Pallas interpret mode
 elsewhere), "chunked" (blockwise online softmax in pure JAX, memory O(T * chunk)), "reference"
 (materialised einsum, for tests), "fused" (a Pallas flash kernel that rotates q, k, v and the
-output inside: on TPU rove_jax.kernels.fused (Mosaic), on GPU rove_jax.kernels.fused_gpu
-(Triton), on CPU the TPU kernel in Pallas interpret mode; the GPU kernel's own limits are
-checked when the target is a GPU) and "auto", which picks one per call (never "fused", which
-has run on neither a TPU nor a GPU yet):
+output inside: on TPU rove_jax.kernels.fused (Mosaic), on a Hopper GPU (sm90)
+rove_jax.kernels.fused_hopper (Mosaic GPU), on other GPUs rove_jax.kernels.fused_gpu (Triton), on
+CPU the TPU kernel in Pallas interpret mode; the chosen kernel's own limits are checked) and
+"auto", which picks one per call (never "fused", which has run on neither a TPU nor a GPU yet):
 
   - TPU: "splash" where it can run the call (an `ordered` mask without kv_valid, window or
     bias, lengths that are multiples of 128); "xla" otherwise (decoding steps, general
@@ -61,7 +61,7 @@ def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional
   where = platform.target_platform() if platform_name is None else platform_name
   if name == "fused":
     reason = "it adds no logit bias" if bias else _fused(where).problem(q.shape, k.shape, mask,
-                                                                        rope)
+                                                                        rope, q.dtype)
     if reason is not None:
       raise ValueError(f"kernel='fused' cannot run this call: {reason}; use 'auto' or "
                        f"{'cudnn' if where == 'gpu' else 'splash'!r}")
@@ -114,9 +114,13 @@ def _splash():
 
 def _fused(where: str):
   """The fused kernel's module for a platform, imported on first use like splash (they import
-  only kernels.platform, kernels.mesh and the fused_* modules): rove_jax.kernels.fused_gpu
-  (Pallas on Triton) for "gpu", rove_jax.kernels.fused (Pallas on Mosaic TPU; interpret mode on
-  CPU) otherwise."""
+  only kernels.platform, kernels.mesh and the fused_* modules): rove_jax.kernels.fused_hopper
+  (Pallas on Mosaic GPU: wgmma and TMA) for a Hopper GPU (platform.gpu_is_hopper),
+  rove_jax.kernels.fused_gpu (Pallas on Triton) for other GPUs, rove_jax.kernels.fused (Pallas
+  on Mosaic TPU; interpret mode on CPU) otherwise."""
+  if where == "gpu" and platform.gpu_is_hopper():
+    from rove_jax.kernels import fused_hopper
+    return fused_hopper
   if where == "gpu":
     from rove_jax.kernels import fused_gpu
     return fused_gpu

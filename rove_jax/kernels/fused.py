@@ -72,9 +72,11 @@ VMEM_BUDGET = 15.25 * 2**20
 KINDS = ("rope", "rove", "rove_rotated")
 
 
-def problem(q_shape, k_shape, mask, rope) -> Optional[str]:
+def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
   """None when the fused kernel can run a call (q [B, T, H, D], k [B, S, K, D], a kernels.Mask,
-  a rotary.Rope); otherwise the reason, for an error message."""
+  a rotary.Rope; dtype, q's, is any float dtype here); otherwise the reason, for an error
+  message."""
+  del dtype  # every float dtype runs
   reason = rotary_problem(mask, rope)
   if reason is not None:
     return reason

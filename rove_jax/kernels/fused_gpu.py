@@ -53,9 +53,11 @@ MAX_HEAD_DIM = 128  # the [D, D] pair-swap matrix and the tiles stay in register
 KINDS = fused.KINDS
 
 
-def problem(q_shape, k_shape, mask, rope) -> Optional[str]:
+def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
   """None when the GPU fused kernel can run a call (q [B, T, H, D], k [B, S, K, D], a
-  kernels.Mask, a rotary.Rope); otherwise the reason, for an error message."""
+  kernels.Mask, a rotary.Rope; dtype, q's, is any float dtype here); otherwise the reason,
+  for an error message."""
+  del dtype  # every float dtype runs
   reason = fused.rotary_problem(mask, rope)
   if reason is not None:
     return reason

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 
 
@@ -13,3 +15,24 @@ def target_platform() -> str:
   device = None if mesh.empty else getattr(mesh, "abstract_device", None)
   platform = jax.default_backend() if device is None else device.platform
   return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+# Hopper (compute capability 9.0) by name, for compile-only targets whose devices carry only a
+# device kind (an abstract mesh's device).
+_HOPPER_NAMES = re.compile(r"\b(GH200|H100|H200|H800|H20)\b")
+
+
+def gpu_is_hopper() -> bool:
+  """Whether the GPU compiled for is a Hopper (sm90: wgmma and TMA, what
+  rove_jax.kernels.fused_hopper needs): that of the mesh set by `jax.set_mesh`, else the
+  first local device. False off GPU."""
+  if target_platform() != "gpu":
+    return False
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+  if device is None:
+    device = jax.devices()[0]
+    capability = getattr(device, "compute_capability", None)
+    if capability is not None:
+      return str(capability).split(".")[0] == "9"
+  return bool(_HOPPER_NAMES.search(getattr(device, "device_kind", "")))

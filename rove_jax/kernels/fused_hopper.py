@@ -1,0 +1,304 @@
+"""The fused kernel for Hopper GPUs (sm90: H100, H200): flash attention in Pallas Mosaic GPU that
+takes unrotated q, k, v with their positions and the rotary setup and rotates inside, as the TPU
+kernel (rove_jax.kernels.fused, which has the math) does: q and k (RoPE) and v (RoVE) per tile
+in shared memory and registers, the output back by R_i^-1 (RoVE), and in the backward pass
+(rove_jax.kernels.fused_hopper_backward) dO by R_i and dq, dk, dv back. No rotated tensor is
+written to HBM.
+
+Shape letters (legend in rove_jax): B batch, T queries, S keys/values, H query heads,
+K key/value heads, G = H // K, D head dim.
+
+What runs, and why:
+  * One program (a CUDA block of one warpgroup, 128 threads) a (query block, example, head),
+    with bq = 64 query rows: wgmma's native M. Its kv head (h // G: GQA, MQA) is read in
+    blocks of bk = 128 keys (64 when S is not a multiple of 128): the [64, 128] score tile and
+    the [64, D] accumulator stay in registers, as in FlashAttention-3.
+  * Operands move by TMA into shared memory with a 128-byte swizzle ((8, 64) tiles), the
+    layout wgmma reads. Key/value blocks are double-buffered: the copy of block j + 2 is
+    issued as block j's products finish, so it overlaps block j + 1's work.
+  * A tile is rotated on its way from the TMA buffer to the tile wgmma reads: the raw tile
+    times the [D, D] pair-swap matrix on the tensor cores (fused_hopper_tiles), the
+    cos/sin tables (from the positions, in registers) in float32, one rounding to bfloat16,
+    a store to shared memory. q once a program (with the softmax scale and YaRN's attention
+    factor squared on its rotated dims), k and (RoVE) v once a block.
+  * P = softmax numerator goes to the P.V wgmma from registers, as FA3 does.
+  * Not yet done (each is speed, not numerics; timing on an H200 decides them): a producer
+    warpgroup for the TMA copies and two consumer warpgroups in ping-pong (FA3's warp
+    specialisation), sharing one rotated k/v tile between two query blocks, and asynchronous
+    wgmma overlapping the softmax.
+Masks by index, like the other fused kernels: the Mask must be `ordered` (causal or not, with
+segment ids or not, no kv_valid or window); rows that see no key return 0 (lse +inf).
+bfloat16 only: wgmma's 16-bit inputs; float16 would need its own swap and staging dtype and
+float32 would run as TF32, below the float32 precision the other kernels give. D is 64 or 128
+(the [D, D] swap matrix and the tiles fit shared memory; (8, 64) tiles need D % 64 == 0); T and S
+are multiples of 64.
+
+Cost (what each program moves and computes, summed; N = B * H * bq * bk * block pairs run, the
+causal mask leaving about half): the forward reads q and writes o once, and reads k, v once per
+query block of each query head (about half of them under a causal mask): bytes =
+2 * B * T * H * D * 2 + 2 * B * S * K * D * 2 * (T / bq) * G, plus the [D, D] swap matrix and
+position rows per program; FLOPs = 4 * D * N (q.k, p.v) + 2 * D * D * (rows rotated: B * T * H
+for q, B * H * (pairs * bk) for k and again for v (RoVE), B * T * H twice for the output
+(RoVE)) + 6 * D per rotated row; transcendentals = N exp + 2 * D per rotated row (cos, sin).
+No pl.CostEstimate is attached: XLA sees the Mosaic GPU call as opaque.
+
+Under an active mesh the kernel runs in jax.shard_map (batch over ("data", "fsdp"), heads over
+"tensor"), as the other fused kernels do (not yet tested for this one). Off GPU it runs in
+Pallas Mosaic GPU's interpret mode, products as jnp dots (fused_hopper_tiles), which is how the
+tests check it on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from rove_jax.kernels import fused, fused_gpu_tiles, fused_hopper_backward, platform
+from rove_jax.kernels import fused_hopper_tiles as tiles
+from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
+
+BLOCK_Q = 64  # wgmma's M: one warpgroup's rows
+BLOCK_KV = 128
+MIN_BLOCK = 64
+HEAD_DIMS = (64, 128)
+DTYPES = (jnp.dtype(jnp.bfloat16),)
+KINDS = fused.KINDS
+
+
+def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
+  """None when the Hopper fused kernel can run a call (q [B, T, H, D], k [B, S, K, D], a
+  kernels.Mask, a rotary.Rope, q's dtype: None skips that check); otherwise the reason, for
+  an error message."""
+  reason = fused.rotary_problem(mask, rope)
+  if reason is not None:
+    return reason
+  (_, T, H, D), (_, S, K, _) = q_shape, k_shape
+  if min(T, S, H, K, D) < 1:
+    return f"every size must be positive, got T={T}, S={S}, H={H}, K={K}, D={D}"
+  if H % K:
+    return f"query heads H={H} are not a multiple of kv heads K={K}"
+  if dtype is not None and jnp.dtype(dtype) not in DTYPES:
+    return (f"on Hopper it runs in bfloat16 (wgmma), got {jnp.dtype(dtype).name}; cast q, k, "
+            f"v (e.g. the model's dtype='bfloat16')")
+  if D not in HEAD_DIMS:
+    return f"on Hopper the head dim D={D} must be one of {HEAD_DIMS}"
+  for name, n in (("query length T", T), ("kv length S", S)):
+    if n % MIN_BLOCK:
+      return f"{name}={n} is not a multiple of {MIN_BLOCK} (its smallest block on Hopper); pad it"
+  return None
+
+
+def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None):
+  """The Hopper fused kernel f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind)
+  -> [B, T, H, D] in q.dtype, on UNROTATED q, k, v, with the softmax scale 1 / sqrt(D); the
+  contract of rove_jax.kernels.fused.kernel.
+
+  Args:
+    block_kv: largest key/value block, 64 or 128.
+    interpret: Pallas Mosaic GPU interpret mode; None: on unless compiling for a GPU
+      (platform.target_platform).
+  """
+  if block_kv not in (64, 128) or isinstance(block_kv, bool):
+    raise ValueError(f"block_kv must be 64 or 128, got {block_kv!r}")
+
+  def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind: str):
+    q_BTHD, k_BSKD, v_BSKD = fused.checked_inputs(q_BTHD, k_BSKD, v_BSKD, kind)
+    B, T, H, D = q_BTHD.shape
+    S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+    reason = problem(q_BTHD.shape, k_BSKD.shape, mask, rope, q_BTHD.dtype)
+    if reason is None and not (k_BSKD.dtype == v_BSKD.dtype == q_BTHD.dtype):
+      reason = f"q, k, v must share a dtype, got {q_BTHD.dtype}, {k_BSKD.dtype}, {v_BSKD.dtype}"
+    if reason is not None:
+      raise ValueError(f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape} on "
+                       f"Hopper: {reason}")
+    run_interpreted = platform.target_platform() != "gpu" if interpret is None else interpret
+    q_seg, kv_seg = mask.segments()
+    plan = Plan(causal=mask.causal, segmented=q_seg is not None,
+                pair_offset=1 if rope.layout == "interleaved" else rope.n_rotated // 2,
+                rotate_values=kind != "rope", rotate_output=kind == "rove",
+                bq=BLOCK_Q, bk=block_kv if S % block_kv == 0 else MIN_BLOCK,
+                interpret=bool(run_interpreted))
+    consts = fused.constants(rope, D, 1.0 / math.sqrt(D))
+    swap = jnp.asarray(fused_gpu_tiles.swap_matrix(D, plan.pair_offset, rope.n_rotated),
+                       jnp.bfloat16)
+    rows = lambda x, n: jnp.broadcast_to(x, (B, n)).reshape(B, 1, n)
+    args = [rows(jnp.asarray(q_pos_BT, jnp.float32), T),
+            rows(jnp.asarray(kv_pos_BS, jnp.float32), S)]
+    if plan.segmented:
+      args += [rows(q_seg.astype(jnp.int32), T), rows(kv_seg.astype(jnp.int32), S)]
+    args += [q_BTHD, k_BSKD, v_BSKD]
+    run = lambda *a: _local(plan, (consts, swap), *a)
+    return fused._sharded(run, args, B, H, K)
+
+  return attend
+
+
+attend = kernel()
+
+
+# ------------------------------------------------------------------------------ internals
+
+
+def _local(plan: Plan, fixed, q_pos, kv_pos, *rest):
+  """The kernel on the arrays one device holds: position and segment rows [B, 1, n] to
+  [B, n]."""
+  q_seg, kv_seg = (rest[0][:, 0], rest[1][:, 0]) if plan.segmented else (None, None)
+  q_BTHD, k_BSKD, v_BSKD = rest[-3:]
+  return _fused(plan, fixed + (q_pos[:, 0], kv_pos[:, 0], q_seg, kv_seg), q_BTHD, k_BSKD,
+                v_BSKD)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused(plan, small, q_BTHD, k_BSKD, v_BSKD):
+  """small: (constants, swap matrix, q positions [B, T], kv positions [B, S], q segments,
+  kv segments); no gradient flows to them."""
+  return _fused_fwd(plan, small, q_BTHD, k_BSKD, v_BSKD)[0]
+
+
+def _fused_fwd(plan, small, q_BTHD, k_BSKD, v_BSKD):
+  o_BTHD, lse_BHT = forward(plan, small, q_BTHD, k_BSKD, v_BSKD)
+  return o_BTHD, (small, q_BTHD, k_BSKD, v_BSKD, o_BTHD, lse_BHT)
+
+
+def _fused_bwd(plan, residuals, do_BTHD):
+  small, q_BTHD, k_BSKD, v_BSKD, o_BTHD, lse_BHT = residuals
+  # rowsum(dO . O) is the same before and after the output rotation (R is orthogonal).
+  delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32),
+                         do_BTHD.astype(jnp.float32))
+  grads = fused_hopper_backward.gradients(plan, small, q_BTHD, k_BSKD, v_BSKD,
+                                          do_BTHD.astype(q_BTHD.dtype), lse_BHT, delta_BHT)
+  consts, swap = small[:2]
+  return ((jnp.zeros_like(consts), jnp.zeros_like(swap), None, None, None, None),) + grads
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
+  """(o [B, T, H, D] in q.dtype, logsumexp [B, H, T] float32; +inf for rows that see no
+  key)."""
+  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
+  B, T, H, D = q_BTHD.shape
+  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  bq, bk, dt = plan.bq, plan.bk, q_BTHD.dtype
+  smem = lambda shape, dtype=dt: plgpu.SMEM(shape, dtype, transforms=tiles.TRANSFORMS)
+  n_seg = 2 if plan.segmented else 0
+  scratch = [
+      plgpu.SMEM((CONST_ROWS, D), jnp.float32), smem((D, D)),  # constants, swap matrix
+      smem((bq, D)), plgpu.SMEM((bq,), jnp.float32),  # q (then rotated q, then o), q positions
+      smem((2, bk, D)), smem((2, bk, D)), plgpu.SMEM((2, bk), jnp.float32),  # k, v, positions
+      smem((bk, D)), smem((bk, D)),  # rotated k, v
+      smem((2, bq, D)), plgpu.SMEM((bq,), jnp.float32),  # output staging, lse
+      plgpu.SMEM((bq,), jnp.int32), plgpu.SMEM((2, bk), jnp.int32),  # segment ids
+      plgpu.Barrier(num_barriers=4 + n_seg // 2),  # constants, swap, q, q rows (+ segments)
+      plgpu.Barrier(num_barriers=2 * (3 + n_seg // 2)),  # k, v, kv rows (+ segments) a slot
+  ]
+  args = [consts, swap, q_pos, kv_pos]
+  if plan.segmented:
+    args += [q_seg, kv_seg]
+  args += [q_BTHD, k_BSKD, v_BSKD]
+  out_type = [jax.ShapeDtypeStruct(q_BTHD.shape, dt), jax.ShapeDtypeStruct((B, H, T), jnp.float32)]
+  body = functools.partial(_forward_body, plan, S // bk, H // K)
+  return tiles.run_kernel(plan, body, out_type, scratch, (H, T // bq, B),
+                          ("heads", "q", "batch"), *args)
+
+
+def _forward_body(plan: Plan, nk: int, G: int, *refs):
+  """One query block of one head. refs: the inputs (constants, swap, position rows, segment
+  rows when segmented, q, k, v), the outputs (o, lse) and the scratch of `forward`."""
+  n_in = 9 if plan.segmented else 7
+  ins, (o_ref, lse_ref), scr = refs[:n_in], refs[n_in:n_in + 2], refs[n_in + 2:]
+  consts_ref, swap_ref, q_pos_ref, kv_pos_ref = ins[:4]
+  q_seg_ref, kv_seg_ref = ins[4:6] if plan.segmented else (None, None)
+  q_ref, k_ref, v_ref = ins[-3:]
+  (consts_s, swap_s, q_s, qpos_s, k_s, v_s, kvpos_s, kr_s, vr_s, stage_s, lse_s, qseg_s,
+   kvseg_s, fixed_bar, kv_bar) = scr
+  ops = tiles.Ops(plan.interpret)
+  bq, bk, f32 = plan.bq, plan.bk, jnp.float32
+  b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
+  kh = lax.div(h, jnp.int32(G))
+  q_start = qb * bq
+  rows = pl.ds(q_start, bq)
+  n_kv_bar = 3 + (1 if plan.segmented else 0)
+
+  copies = [(consts_ref, consts_s), (swap_ref, swap_s), (q_ref.at[b, rows, h], q_s),
+            (q_pos_ref.at[b, rows], qpos_s)]
+  if plan.segmented:
+    copies.append((q_seg_ref.at[b, rows], qseg_s))
+  for n, (src, dst) in enumerate(copies):
+    plgpu.copy_gmem_to_smem(src, dst, fixed_bar.at[n])
+
+  def fetch(j, slot):
+    keys = pl.ds(j * bk, bk)
+    pairs = [(k_ref.at[b, keys, kh], k_s.at[slot]), (v_ref.at[b, keys, kh], v_s.at[slot]),
+             (kv_pos_ref.at[b, keys], kvpos_s.at[slot])]
+    if plan.segmented:
+      pairs.append((kv_seg_ref.at[b, keys], kvseg_s.at[slot]))
+    for n, (src, dst) in enumerate(pairs):
+      plgpu.copy_gmem_to_smem(src, dst, kv_bar.at[slot * n_kv_bar + n])
+
+  n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
+  fetch(0, 0)
+  if nk > 1:  # a second block exists (the slice would be out of bounds otherwise)
+    pl.when(n_blocks > 1)(lambda: fetch(1, 1))
+  for n in range(len(copies)):
+    plgpu.barrier_wait(fixed_bar.at[n])
+
+  q_tabs = tiles.tables(ops, qpos_s, consts_s)
+  scale = tiles.query_scale(ops, consts_s, (bq, q_s.shape[1]))
+  q_r = tiles.rotate(ops, q_s, q_tabs, swap_s) * scale
+  q_s[...] = q_r.astype(q_s.dtype)
+  plgpu.commit_smem()
+  q_seg = ops.load(qseg_s, 1) if plan.segmented else None
+
+  def step(j, carry):
+    acc, m_prev, l_prev = carry
+    slot = lax.rem(j, 2)
+    for n in range(n_kv_bar):
+      plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
+    tabs = tiles.tables(ops, kvpos_s.at[slot], consts_s)
+    kr_s[...] = tiles.rotate(ops, k_s.at[slot], tabs, swap_s).astype(kr_s.dtype)
+    values = v_s.at[slot]
+    if plan.rotate_values:
+      vr_s[...] = tiles.rotate(ops, values, tabs, swap_s).astype(vr_s.dtype)
+      values = vr_s
+    kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
+    plgpu.commit_smem()
+    s = ops.mma(q_s, kr_s, transpose_b=True)  # [bq, bk]
+    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape,
+                         keys_in_rows=False)
+    if mask is not None:
+      s = jnp.where(mask, s, -jnp.inf)
+    m_next = jnp.maximum(m_prev, s.max(axis=1))
+    m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)  # a row with nothing visible yet
+    p = jnp.exp(s - tiles.across(m_safe, s.shape, 1))
+    alpha = jnp.exp(m_prev - m_safe)
+    l_next = alpha * l_prev + p.sum(axis=1)
+    acc = ops.mma(p.astype(q_s.dtype), values, acc=tiles.across(alpha, acc.shape, 1) * acc)
+    pl.when(j + 2 < n_blocks)(lambda: fetch(j + 2, slot))
+    return acc, m_next, l_next
+
+  D = q_s.shape[1]
+  init = (ops.wgmma_layout(jnp.zeros((bq, D), f32)),
+          ops.rows_layout(jnp.full((bq,), -jnp.inf, f32)), ops.rows_layout(jnp.zeros((bq,), f32)))
+  acc, m, l = lax.fori_loop(0, n_blocks, step, init)
+  seen = l > 0.0
+  safe_l = jnp.where(seen, l, 1.0)
+  o = acc / tiles.across(safe_l, acc.shape, 1)
+  if plan.rotate_output:
+    # The query tables again, not held across the loop.
+    o = tiles.rotate_f32(ops, o, tiles.tables(ops, qpos_s, consts_s), swap_s, stage_s,
+                         inverse=True)
+  q_s[...] = o.astype(q_s.dtype)
+  lse_s[...] = jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(q_s, o_ref.at[b, rows, h])
+  plgpu.copy_smem_to_gmem(lse_s, lse_ref.at[b, h, rows])
+  plgpu.wait_smem_to_gmem(0)

@@ -1,0 +1,275 @@
+"""The Hopper fused kernel's backward pass: two Pallas Mosaic GPU kernels, dq (one program a
+query block of a head, looping over key blocks) and dk, dv (one program a key block of a kv
+head, looping over its G query heads and their query blocks), each rotating the tiles it reads
+on their way into shared memory and its gradients back before they are stored. The math is
+rove_jax.kernels.fused_backward's:
+
+  p = exp(q_r . k_r - lse),  ds = p * (dO_r . v_r - delta)
+  dq_r += ds . k_r                -> dq = R_i^-1 (scale * C^2 * dq_r)
+  dk_r += ds^T . q_r,  dv_r += p^T . dO_r  -> dk = R_j^-1 dk_r, dv = R_j^-1 dv_r (RoVE)
+
+with q_r = scale * C^2 * R_i q, k_r = R_j k, v_r = R_j v (RoVE; v otherwise), dO_r = R_i dO
+(RoVE; dO otherwise). The dk, dv kernel works on transposed scores [bk, bq], so every product
+is a wgmma whose left operand is a tile (in shared memory or registers) and whose right one is
+in shared memory, transposed or not. Blocks are 64 x 64 (a warpgroup holds two [64, D] float32
+accumulators and four [64, 64] score-sized tiles); copies are double-buffered as in the
+forward pass (rove_jax.kernels.fused_hopper).
+
+Shape letters (legend in rove_jax): B batch, T queries, S keys/values, H query heads,
+K key/value heads, G = H // K, D head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from rove_jax.kernels import fused_hopper_tiles as tiles
+from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
+
+BLOCK = 64
+
+
+def gradients(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
+  """(dq [B, T, H, D], dk [B, S, K, D], dv [B, S, K, D]) in the inputs' dtype."""
+  plan = plan._replace(bq=BLOCK, bk=BLOCK)
+  args = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
+  return (_dq(plan, small, *args),) + tuple(_dkv(plan, small, *args))
+
+
+def _scratch(D, dt, n_self, n_other, n_loop_bars):
+  """Shared memory of either kernel: constants, swap; the program's own tiles (n_self [b, D]
+  tiles, their rows and segment ids); a double-buffered loop of n_other tiles a slot with their
+  rows (positions, lse, delta) and segment ids; rotated copies; staging; barriers. The segment
+  buffers are allocated unsegmented too (a few hundred bytes), which keeps one unpacking."""
+  b = BLOCK
+  smem = lambda shape: plgpu.SMEM(shape, dt, transforms=tiles.TRANSFORMS)
+  return [plgpu.SMEM((CONST_ROWS, D), jnp.float32), smem((D, D)),
+          smem((n_self, b, D)), plgpu.SMEM((3, b), jnp.float32), plgpu.SMEM((b,), jnp.int32),
+          smem((2, n_other, b, D)), plgpu.SMEM((2, 3, b), jnp.float32),
+          plgpu.SMEM((2, b), jnp.int32),
+          smem((2, b, D)), smem((2, b, D)),  # rotated tiles, float32 staging
+          plgpu.Barrier(num_barriers=8),
+          plgpu.Barrier(num_barriers=2 * n_loop_bars)]
+
+
+def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
+  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
+  B, T, H, D = q_BTHD.shape
+  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
+  args += [q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT]
+  n_loop = 3 + (1 if plan.segmented else 0)
+  scratch = _scratch(D, q_BTHD.dtype, 2, 2, n_loop)
+  body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
+  return tiles.run_kernel(plan, body, jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
+                          scratch, (H, T // BLOCK, B), ("heads", "q", "batch"), *args)
+
+
+def _unpack(plan: Plan, refs, n_out: int):
+  """(inputs dict, outputs, scratch) of either kernel's refs."""
+  n_in = 12 if plan.segmented else 10
+  ins, outs, scr = refs[:n_in], refs[n_in:n_in + n_out], refs[n_in + n_out:]
+  names = ["consts", "swap", "q_pos", "kv_pos"] + (["q_seg", "kv_seg"] if plan.segmented
+                                                   else [])
+  names += ["q", "k", "v", "do", "lse", "delta"]
+  return dict(zip(names, ins)), outs, scr
+
+
+def _rotate_to(ops, dst_ref, src_ref, tabs, swap_s, scale=None):
+  """dst = R src (times scale) in dst's dtype: a rotated tile for the products."""
+  x = tiles.rotate(ops, src_ref, tabs, swap_s)
+  dst_ref[...] = (x if scale is None else x * scale).astype(dst_ref.dtype)
+
+
+def _dq_body(plan: Plan, nk: int, G: int, *refs):
+  """One query block of one head: q, dO [bq, D] and its lse, delta rows; k, v blocks looped."""
+  r, (dq_ref,), scr = _unpack(plan, refs, 1)
+  (consts_s, swap_s, own_s, own_rows, own_seg, loop_s, loop_rows, loop_seg, rot_s, stage_s,
+   fixed_bar, loop_bar) = scr
+  ops = tiles.Ops(plan.interpret)
+  bq, bk, dt = plan.bq, plan.bk, own_s.dtype
+  b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
+  kh = lax.div(h, jnp.int32(G))
+  q_start = qb * bq
+  rows = pl.ds(q_start, bq)
+  copies = [(r["consts"], consts_s), (r["swap"], swap_s), (r["q"].at[b, rows, h], own_s.at[0]),
+            (r["do"].at[b, rows, h], own_s.at[1]), (r["q_pos"].at[b, rows], own_rows.at[0]),
+            (r["lse"].at[b, h, rows], own_rows.at[1]),
+            (r["delta"].at[b, h, rows], own_rows.at[2])]
+  if plan.segmented:
+    copies.append((r["q_seg"].at[b, rows], own_seg))
+  for n, (src, dst) in enumerate(copies):
+    plgpu.copy_gmem_to_smem(src, dst, fixed_bar.at[n])
+  n_loop = 3 + (1 if plan.segmented else 0)
+
+  def fetch(j, slot):
+    keys = pl.ds(j * bk, bk)
+    pairs = [(r["k"].at[b, keys, kh], loop_s.at[slot, 0]),
+             (r["v"].at[b, keys, kh], loop_s.at[slot, 1]),
+             (r["kv_pos"].at[b, keys], loop_rows.at[slot, 0])]
+    if plan.segmented:
+      pairs.append((r["kv_seg"].at[b, keys], loop_seg.at[slot]))
+    for n, (src, dst) in enumerate(pairs):
+      plgpu.copy_gmem_to_smem(src, dst, loop_bar.at[slot * n_loop + n])
+
+  n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
+  fetch(0, 0)
+  if nk > 1:  # a second block exists (the slice would be out of bounds otherwise)
+    pl.when(n_blocks > 1)(lambda: fetch(1, 1))
+  for n in range(len(copies)):
+    plgpu.barrier_wait(fixed_bar.at[n])
+  D = own_s.shape[-1]
+  scale = tiles.query_scale(ops, consts_s, (bq, D))
+  q_tabs = tiles.tables(ops, own_rows.at[0], consts_s)
+  # q_r into the staging buffer, dO_r (RoVE) in place: own_s[0] keeps q for nothing more.
+  _rotate_to(ops, stage_s.at[0], own_s.at[0], q_tabs, swap_s, scale)
+  if plan.rotate_output:
+    _rotate_to(ops, stage_s.at[1], own_s.at[1], q_tabs, swap_s)
+  plgpu.commit_smem()
+  q_r_s, do_r_s = stage_s.at[0], stage_s.at[1] if plan.rotate_output else own_s.at[1]
+  lse, delta = ops.load(own_rows.at[1], 1), ops.load(own_rows.at[2], 1)
+  q_seg = ops.load(own_seg, 1) if plan.segmented else None
+
+  def step(j, acc):
+    slot = lax.rem(j, 2)
+    for n in range(n_loop):
+      plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
+    tabs = tiles.tables(ops, loop_rows.at[slot, 0], consts_s)
+    _rotate_to(ops, rot_s.at[0], loop_s.at[slot, 0], tabs, swap_s)
+    values = loop_s.at[slot, 1]
+    if plan.rotate_values:
+      _rotate_to(ops, rot_s.at[1], values, tabs, swap_s)
+      values = rot_s.at[1]
+    kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
+    plgpu.commit_smem()
+    s = ops.mma(q_r_s, rot_s.at[0], transpose_b=True)  # [bq, bk]
+    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape,
+                         keys_in_rows=False)
+    if mask is not None:
+      s = jnp.where(mask, s, -jnp.inf)
+    p = jnp.exp(s - tiles.across(lse, s.shape, 1))
+    dp = ops.mma(do_r_s, values, transpose_b=True)
+    ds = p * (dp - tiles.across(delta, s.shape, 1))
+    acc = ops.mma(ds.astype(dt), rot_s.at[0], acc=acc)
+    pl.when(j + 2 < n_blocks)(lambda: fetch(j + 2, slot))
+    return acc
+
+  acc = lax.fori_loop(0, n_blocks, step, ops.wgmma_layout(jnp.zeros((bq, D), jnp.float32)))
+  q_tabs = tiles.tables(ops, own_rows.at[0], consts_s)  # again, not held across the loop
+  dq = tiles.rotate_f32(ops, acc * scale, q_tabs, swap_s, stage_s, inverse=True)
+  own_s.at[0][...] = dq.astype(dt)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(own_s.at[0], dq_ref.at[b, rows, h])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
+  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
+  B, T, H, D = q_BTHD.shape
+  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
+  args += [q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT]
+  n_loop = 5 + (1 if plan.segmented else 0)
+  scratch = _scratch(D, q_BTHD.dtype, 2, 2, n_loop)
+  out_type = [jax.ShapeDtypeStruct(k_BSKD.shape, k_BSKD.dtype),
+              jax.ShapeDtypeStruct(v_BSKD.shape, v_BSKD.dtype)]
+  body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
+  return tiles.run_kernel(plan, body, out_type, scratch, (K, S // BLOCK, B),
+                          ("kv_heads", "kv", "batch"), *args)
+
+
+def _dkv_body(plan: Plan, nq: int, G: int, *refs):
+  """One key block of one kv head: k, v [bk, D]; the query blocks of its G query heads
+  looped (q, dO and their position, lse, delta rows)."""
+  r, (dk_ref, dv_ref), scr = _unpack(plan, refs, 2)
+  (consts_s, swap_s, own_s, own_rows, own_seg, loop_s, loop_rows, loop_seg, rot_s, stage_s,
+   fixed_bar, loop_bar) = scr
+  ops = tiles.Ops(plan.interpret)
+  bq, bk, dt = plan.bq, plan.bk, own_s.dtype
+  b, kh, kb = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("kv")
+  k_start = kb * bk
+  keys = pl.ds(k_start, bk)
+  copies = [(r["consts"], consts_s), (r["swap"], swap_s), (r["k"].at[b, keys, kh], own_s.at[0]),
+            (r["v"].at[b, keys, kh], own_s.at[1]), (r["kv_pos"].at[b, keys], own_rows.at[0])]
+  if plan.segmented:
+    copies.append((r["kv_seg"].at[b, keys], own_seg))
+  for n, (src, dst) in enumerate(copies):
+    plgpu.copy_gmem_to_smem(src, dst, fixed_bar.at[n])
+  n_loop = 5 + (1 if plan.segmented else 0)
+  first = lax.div(k_start, jnp.int32(bq)) if plan.causal else jnp.int32(0)
+  per_head = nq - first
+  n_steps = G * per_head
+
+  def fetch(t, slot):
+    h = kh * G + lax.div(t, per_head)
+    rows = pl.ds((first + lax.rem(t, per_head)) * bq, bq)
+    pairs = [(r["q"].at[b, rows, h], loop_s.at[slot, 0]),
+             (r["do"].at[b, rows, h], loop_s.at[slot, 1]),
+             (r["q_pos"].at[b, rows], loop_rows.at[slot, 0]),
+             (r["lse"].at[b, h, rows], loop_rows.at[slot, 1]),
+             (r["delta"].at[b, h, rows], loop_rows.at[slot, 2])]
+    if plan.segmented:
+      pairs.append((r["q_seg"].at[b, rows], loop_seg.at[slot]))
+    for n, (src, dst) in enumerate(pairs):
+      plgpu.copy_gmem_to_smem(src, dst, loop_bar.at[slot * n_loop + n])
+
+  fetch(0, 0)  # n_steps >= G >= 1: every key block has a query block at or after it
+  pl.when(n_steps > 1)(lambda: fetch(1, 1))
+  for n in range(len(copies)):
+    plgpu.barrier_wait(fixed_bar.at[n])
+  D = own_s.shape[-1]
+  kv_tabs = tiles.tables(ops, own_rows.at[0], consts_s)
+  _rotate_to(ops, stage_s.at[0], own_s.at[0], kv_tabs, swap_s)
+  if plan.rotate_values:
+    _rotate_to(ops, stage_s.at[1], own_s.at[1], kv_tabs, swap_s)
+  plgpu.commit_smem()
+  k_r_s, v_r_s = stage_s.at[0], stage_s.at[1] if plan.rotate_values else own_s.at[1]
+  kv_seg = ops.load(own_seg, 1) if plan.segmented else None
+  scale = tiles.query_scale(ops, consts_s, (bq, D))
+
+  def step(t, carry):
+    dk_acc, dv_acc = carry
+    slot = lax.rem(t, 2)
+    for n in range(n_loop):
+      plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
+    tabs = tiles.tables(ops, loop_rows.at[slot, 0], consts_s)
+    _rotate_to(ops, rot_s.at[0], loop_s.at[slot, 0], tabs, swap_s, scale)
+    do_r = loop_s.at[slot, 1]
+    if plan.rotate_output:
+      _rotate_to(ops, rot_s.at[1], do_r, tabs, swap_s)
+      do_r = rot_s.at[1]
+    lse, delta = ops.load(loop_rows.at[slot, 1], 0), ops.load(loop_rows.at[slot, 2], 0)
+    q_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
+    plgpu.commit_smem()
+    s_t = ops.mma(k_r_s, rot_s.at[0], transpose_b=True)  # [bk, bq]
+    q_start = (first + lax.rem(t, per_head)) * bq
+    mask = tiles.visible(ops, plan, q_start, k_start, q_seg, kv_seg, s_t.shape,
+                         keys_in_rows=True)
+    if mask is not None:
+      s_t = jnp.where(mask, s_t, -jnp.inf)
+    p_t = jnp.exp(s_t - tiles.across(lse, s_t.shape, 0))
+    dv_acc = ops.mma(p_t.astype(dt), do_r, acc=dv_acc)
+    dp_t = ops.mma(v_r_s, do_r, transpose_b=True)
+    ds_t = p_t * (dp_t - tiles.across(delta, s_t.shape, 0))
+    dk_acc = ops.mma(ds_t.astype(dt), rot_s.at[0], acc=dk_acc)
+    pl.when(t + 2 < n_steps)(lambda: fetch(t + 2, slot))
+    return dk_acc, dv_acc
+
+  zeros = ops.wgmma_layout(jnp.zeros((bk, D), jnp.float32))
+  dk_acc, dv_acc = lax.fori_loop(0, n_steps, step, (zeros, zeros))
+  kv_tabs = tiles.tables(ops, own_rows.at[0], consts_s)  # again, not held across the loop
+  dk = tiles.rotate_f32(ops, dk_acc, kv_tabs, swap_s, rot_s, inverse=True)
+  own_s.at[0][...] = dk.astype(dt)
+  if plan.rotate_values:
+    dv_acc = tiles.rotate_f32(ops, dv_acc, kv_tabs, swap_s, rot_s, inverse=True)
+  own_s.at[1][...] = dv_acc.astype(dt)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(own_s.at[0], dk_ref.at[b, keys, kh])
+  plgpu.copy_smem_to_gmem(own_s.at[1], dv_ref.at[b, keys, kh])
+  plgpu.wait_smem_to_gmem(0)

@@ -1,0 +1,175 @@
+"""What the Hopper fused kernel's forward (rove_jax.kernels.fused_hopper) and backward
+(rove_jax.kernels.fused_hopper_backward) bodies share: matrix products on the tensor cores
+(wgmma), the rotation of a tile, its tables from positions, the mask of a block pair, and the
+few places where Pallas Mosaic GPU's interpret mode needs another spelling of the same math.
+
+Shape letters: n rows of a tile (bq queries or bk keys), D head dim.
+
+The rotation of a tile (fused_gpu_tiles' formula): with C = cos(pos * f) and S = -sin(pos * f)
+on the first member of each pair, +sin(pos * f) on the second (0 on pass-through dims),
+
+    R x = x * C + swap(x) * S,   R^-1 x = x * C - swap(x) * S,
+
+where swap(x)[d] = x[partner of d] is x @ W with W the [D, D] 0/1 pair-swap matrix
+(fused_gpu_tiles.swap_matrix), one wgmma with the tile in shared memory as its left operand: a
+warpgroup's registers hold a tile in the WGMMA layout, where a dim's pair partner may sit in
+another thread, and neither layout ("interleaved", "half") nor partial rotary then needs its own
+code. The product is exact for a bfloat16 tile. A float32 tile (an accumulator: the output, dq,
+dk, dv) is swapped as two bfloat16 pieces, hi + lo, 16 of its 24 mantissa bits: its error is
+below the bfloat16 rounding of the result it feeds.
+
+Interpret mode (Pallas Mosaic GPU's interpreter, jax 0.10): it runs wgmma only with both
+operands in shared memory, untransposed, into a fresh accumulator (no register operand, no
+transposed operand, no run_state), and it has no rules for layout casts. `Ops(interpret=True)`
+therefore runs the products as jnp dots of the same operands in float32 and drops layout hints
+(layouts change where values live, not what they are); everything else (TMA copies, barriers,
+shared-memory buffers, the loops and masks) runs as compiled.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from rove_jax.kernels import fused_tiles
+from rove_jax.kernels.fused_tiles import Plan
+
+F32 = jnp.float32
+# A 128-byte swizzle with (8, 64)-element tiles: the layout wgmma reads bfloat16 operands in when
+# a row is 64 elements or a multiple of them (the head dims taken: 64, 128).
+TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+
+class Ops(NamedTuple):
+  """The kernel's products and layouts, compiled (wgmma) or interpreted (module docstring)."""
+  interpret: bool
+
+  def mma(self, a, b_ref, *, transpose_b: bool = False, acc=None):
+    """a @ b (a @ b^T when transpose_b) in float32, added to acc when given. a: a shared-memory
+    ref or a register array (bfloat16), b_ref: a shared-memory ref."""
+    if self.interpret:
+      a_val = a[...] if _is_ref(a) else a
+      b_val = b_ref[...]
+      dims = (((1,), (1,)) if transpose_b else ((1,), (0,)), ((), ()))
+      out = lax.dot_general(a_val, b_val, dims, preferred_element_type=F32)
+      return out if acc is None else acc + out
+    b = plgpu.transpose_ref(b_ref, (1, 0)) if transpose_b else b_ref
+    if acc is None:
+      def fresh(acc_ref):
+        plgpu.wgmma(acc_ref, a, b)
+        return acc_ref[...]
+      return pl.run_scoped(fresh, plgpu.ACC((a.shape[0], b.shape[1]), F32))
+
+    def into(acc_ref):
+      plgpu.wgmma(acc_ref, a, b)
+    return pl.run_state(into)(plgpu.ACC.init(acc))
+
+  def wgmma_layout(self, x):
+    """x with the layout of a wgmma accumulator (a hint; the identity when interpreting)."""
+    return x if self.interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA)
+
+  def rows_layout(self, x):
+    """A vector of one value per tile row, laid out for broadcasting along rows."""
+    return x if self.interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA.reduce(1))
+
+  def load(self, ref, along: int = 1):
+    """A shared-memory ref's value: a 1-D ref as a vector to broadcast along dim `along` of a
+    tile (1: one value per row, 0: one per column), a 2-D one as a tile."""
+    if self.interpret:
+      return ref[...]
+    layout = plgpu.Layout.WGMMA if len(ref.shape) == 2 else plgpu.Layout.WGMMA.reduce(along)
+    return plgpu.load(ref, (), layout=layout)
+
+  def iota(self, shape, dim: int):
+    if self.interpret:
+      return lax.broadcasted_iota(jnp.int32, shape, dim)
+    return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+
+
+def _is_ref(x) -> bool:
+  return hasattr(x, "transforms") or isinstance(jax.typeof(x), jax.ref.AbstractRef)
+
+
+def across(v, shape, along: int):
+  """A vector broadcast into a tile: one value per row (along=1) or per column (along=0)."""
+  return lax.broadcast_in_dim(v, shape, [1 - along])
+
+
+def tables(ops: Ops, pos_ref, consts_ref):
+  """(C, S), each [n, D] float32, for the n positions in a shared-memory ref [n] float32:
+  C = cos(pos * f), S = sin(pos * f) signed per dim (module docstring)."""
+  pos = ops.load(pos_ref, 1)
+  freq = ops.load(consts_ref.at[fused_tiles.FREQ], 0)
+  sign = ops.load(consts_ref.at[fused_tiles.NEG_FIRST], 0) + ops.load(
+      consts_ref.at[fused_tiles.SECOND], 0)
+  shape = (pos.shape[0], freq.shape[0])
+  angle = across(pos, shape, 1) * across(freq, shape, 0)
+  return jnp.cos(angle), jnp.sin(angle) * across(sign, shape, 0)
+
+
+def query_scale(ops: Ops, consts_ref, shape):
+  """[n, D]: the softmax scale times the attention factor squared on the rotated dims."""
+  return across(ops.load(consts_ref.at[fused_tiles.Q_SCALE], 0), shape, 0)
+
+
+def rotate(ops: Ops, x_ref, tabs, swap_ref, *, inverse: bool = False):
+  """R x (R^-1 x when inverse) in float32 of a bfloat16 tile in shared memory [n, D]."""
+  c, s = tabs
+  turned = ops.mma(x_ref, swap_ref) * s
+  x = ops.load(x_ref).astype(F32)
+  return x * c - turned if inverse else x * c + turned
+
+
+def rotate_f32(ops: Ops, y, tabs, swap_ref, stage_ref, *, inverse: bool = False):
+  """R y (R^-1 y) of a float32 register tile [n, D], its pair swap taken as two bfloat16
+  pieces staged in stage_ref [2, n, D] (module docstring)."""
+  c, s = tabs
+  hi = y.astype(jnp.bfloat16)
+  lo = (y - hi.astype(F32)).astype(jnp.bfloat16)
+  stage_ref.at[0][...] = hi
+  stage_ref.at[1][...] = lo
+  plgpu.commit_smem()
+  turned = ops.mma(stage_ref.at[1], swap_ref, acc=ops.mma(stage_ref.at[0], swap_ref)) * s
+  return y * c - turned if inverse else y * c + turned
+
+
+def visible(ops: Ops, plan, q_start, k_start, q_seg, kv_seg, shape, *, keys_in_rows: bool):
+  """The bool mask [rows, cols] of a block pair, or None when all of it is visible: causal by
+  index (the Mask's `ordered` promise), same segment. q_start, k_start: the pair's first query
+  and key index; q_seg, kv_seg: segment-id vectors (None without segments)."""
+  q_axis, k_axis = (1, 0) if keys_in_rows else (0, 1)
+  mask = None
+  if plan.causal:
+    mask = (k_start + ops.iota(shape, k_axis)) <= (q_start + ops.iota(shape, q_axis))
+  if plan.segmented:
+    same = across(q_seg, shape, 1 - q_axis) == across(kv_seg, shape, 1 - k_axis)
+    mask = same if mask is None else jnp.logical_and(mask, same)
+  return mask
+
+
+def interpret_params():
+  """The `interpret` value that runs a Mosaic GPU kernel on CPU. jax 0.10 exports the class
+  only from its private tree."""
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+  return InterpretGPUParams()
+
+
+def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args):
+  """plgpu.kernel(body) on one warpgroup a program, compiled or interpreted by plan."""
+  return plgpu.kernel(
+      body, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
+      interpret=interpret_params() if plan.interpret else None,
+      compiler_params=plgpu.CompilerParams(approx_math=False),
+  )(*args)
+
+
+def last_key_block(plan: Plan, q_start, n_kv_blocks: int):
+  """The last key block a query block starting at q_start reads (all without causality)."""
+  if not plan.causal:
+    return n_kv_blocks - 1
+  return jnp.minimum(lax.div(q_start + plan.bq - 1, plan.bk), n_kv_blocks - 1)
