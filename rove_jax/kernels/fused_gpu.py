@@ -40,8 +40,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from rove_jax.kernels import fused, fused_gpu_backward, fused_tiles, platform
-from rove_jax.kernels.fused_gpu_tiles import (compiler_params, kernel_name, rotate, swap_matrix,
-                                              tables)
+from rove_jax.kernels.fused_gpu_tiles import (compiler_params, kernel_name, rotate, row_operands,
+                                              swap_matrix, tables)
 from rove_jax.kernels.fused_tiles import Plan
 
 DEFAULT_BLOCK = 64
@@ -110,12 +110,7 @@ def kernel(block_size: int = DEFAULT_BLOCK, backward_block_size: int = DEFAULT_B
                                  bk=_block(S, backward_block_size)))
     consts = fused.constants(rope, D, 1.0 / math.sqrt(D))
     swap = jnp.asarray(swap_matrix(D, plan.pair_offset, rope.n_rotated), jnp.bfloat16)
-    rows = lambda x, n: jnp.broadcast_to(x, (B, n)).reshape(B, 1, n)
-    args = [rows(jnp.asarray(q_pos_BT, jnp.float32), T),
-            rows(jnp.asarray(kv_pos_BS, jnp.float32), S)]
-    if plan.segmented:
-      args += [rows(q_seg.astype(jnp.int32), T), rows(kv_seg.astype(jnp.int32), S)]
-    args += [q_BTHD, k_BSKD, v_BSKD]
+    args = row_operands(q_BTHD, k_BSKD, v_BSKD, q_pos_BT, kv_pos_BS, q_seg, kv_seg)
     run = lambda *a: _local(plans, (consts, swap), *a)
     return fused._sharded(run, args, B, H, K)
 

@@ -37,6 +37,19 @@ BACKWARD_WARPS = 8
 NUM_STAGES = 2
 
 
+def row_operands(q_BTHD, k_BSKD, v_BSKD, q_pos_BT, kv_pos_BS, q_seg, kv_seg) -> list:
+  """The operands of the GPU kernels (Triton and Mosaic GPU): positions as float32 rows
+  [B, 1, n], segment ids as int32 rows when given, then q, k, v."""
+  B, T = q_BTHD.shape[:2]
+  S = k_BSKD.shape[1]
+  rows = lambda x, n: jnp.broadcast_to(x, (B, n)).reshape(B, 1, n)
+  args = [rows(jnp.asarray(q_pos_BT, jnp.float32), T),
+          rows(jnp.asarray(kv_pos_BS, jnp.float32), S)]
+  if q_seg is not None:
+    args += [rows(q_seg.astype(jnp.int32), T), rows(kv_seg.astype(jnp.int32), S)]
+  return args + [q_BTHD, k_BSKD, v_BSKD]
+
+
 def swap_matrix(D: int, offset: int, n_rotated: int) -> np.ndarray:
   """[D, D] 0/1: (x @ it)[d] = x[partner of d] for the rotated dims, x[d] for pass-through ones
   (whose rotation coefficients are 0, so any value would do). offset: the distance between

@@ -128,12 +128,8 @@ def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None):
     consts = fused.constants(rope, D, 1.0 / math.sqrt(D))
     swap = jnp.asarray(fused_gpu_tiles.swap_matrix(D, plan.pair_offset, rope.n_rotated),
                        jnp.bfloat16)
-    rows = lambda x, n: jnp.broadcast_to(x, (B, n)).reshape(B, 1, n)
-    args = [rows(jnp.asarray(q_pos_BT, jnp.float32), T),
-            rows(jnp.asarray(kv_pos_BS, jnp.float32), S)]
-    if plan.segmented:
-      args += [rows(q_seg.astype(jnp.int32), T), rows(kv_seg.astype(jnp.int32), S)]
-    args += [q_BTHD, k_BSKD, v_BSKD]
+    args = fused_gpu_tiles.row_operands(q_BTHD, k_BSKD, v_BSKD, q_pos_BT, kv_pos_BS, q_seg,
+                                        kv_seg)
     run = lambda *a: _local(plan, (consts, swap), *a)
     return fused._sharded(run, args, B, H, K)
 

@@ -1,0 +1,72 @@
+"""rove_jax.aot.gpu_census on hand-written optimized-HLO text: what counts as a kernel, its
+bytes, while-loop trips, GEMM precisions and FLOPs, vocabulary-wide float32 bytes."""
+
+from rove_jax.aot import gpu_census
+
+HLO = """HloModule jit_step, entry_computation_layout={(f32[8,4]{1,0})->f32[8,4]{1,0}}
+
+%fused_convert (p: f32[8,4]) -> bf16[8,4] {
+  %p = f32[8,4]{1,0} parameter(0)
+  ROOT %c = bf16[8,4]{1,0} convert(%p)
+}
+
+%gemm_computation (a: bf16[8,4], b: bf16[4,16]) -> bf16[8,16] {
+  %a = bf16[8,4]{1,0} parameter(0)
+  %b = bf16[4,16]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[8,16]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (t: (s32[], f32[8,16])) -> (s32[], f32[8,16]) {
+  %t = (s32[], f32[8,16]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[8,16]{1,0} get-tuple-element(%t), index=1
+  %neg = f32[8,16]{1,0} fusion(%x), kind=kLoop, calls=%fused_convert, metadata={op_name="jit(step)/neg"}
+  ROOT %r = (s32[], f32[8,16]{1,0}) tuple(%i, %neg)
+}
+
+%cond (t: (s32[], f32[8,16])) -> pred[] {
+  %t = (s32[], f32[8,16]{1,0}) parameter(0)
+  ROOT %lt = pred[] constant(true)
+}
+
+ENTRY %main (x: f32[8,4], w: bf16[4,16]) -> f32[8,4] {
+  %x = f32[8,4]{1,0} parameter(0)
+  %w = bf16[4,16]{1,0} parameter(1)
+  %conv = bf16[8,4]{1,0} fusion(%x), kind=kLoop, calls=%fused_convert, metadata={op_name="jit(step)/convert"}
+  %bc = bf16[8,4]{1,0} bitcast(%conv)
+  %mm = bf16[8,16]{1,0} fusion(%bc, %w), kind=kCustom, calls=%gemm_computation, backend_config={"fusion_backend_config":{"kind":"__triton_nested_gemm_fusion"}}
+  %lt = (f32[8,16]{1,0}, s8[4194304]{0}) custom-call(%x, %x), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %init = (s32[], f32[8,16]{1,0}) tuple(%x, %x)
+  %loop = (s32[], f32[8,16]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  ROOT %out = f32[8,4]{1,0} copy(%x)
+}
+"""
+
+
+def test_kernels_bytes_and_trips():
+  c = gpu_census.read(HLO, vocab_size=16)
+  by_name = {k.name: k for k in c.kernels_list}
+  # conv, mm, lt, the copy, and the loop body's fusion counted 5 times; bitcast, tuple,
+  # parameters and the while itself launch nothing.
+  assert set(by_name) == {"conv", "mm", "lt", "out", "neg"}
+  assert c.kernels == 4 + 5
+  assert by_name["conv"].bytes == 8 * 4 * 4 + 8 * 4 * 2
+  assert by_name["mm"].bytes == 8 * 4 * 2 + 4 * 16 * 2 + 8 * 16 * 2
+  # cuBLAS's s8 workspace is no traffic: two f32 [8, 4] operands, one f32 [8, 16] output.
+  assert by_name["lt"].bytes == 2 * 8 * 4 * 4 + 8 * 16 * 4
+  assert by_name["neg"].times == 5 and by_name["neg"].bytes == 5 * (2 * 8 * 16 * 4)
+  assert c.bytes == sum(k.bytes for k in c.kernels_list)
+
+
+def test_gemm_precisions_and_flops():
+  gemms = gpu_census.read(HLO).gemms_by_precision()
+  assert gemms["bf16 x bf16"] == {"count": 1, "tflop": 2 * 8 * 16 * 4 / 1e12}
+  assert gemms["f32 x f32"] == {"count": 1, "tflop": 2 * 8 * 16 * 4 / 1e12}
+
+
+def test_vocab_wide_float32_bytes():
+  """Float32 arrays with a dimension of the vocabulary size (16 here): the cuBLAS output and
+  the loop body's float32 input and output, five times; not the bf16 GEMM's."""
+  c = gpu_census.read(HLO, vocab_size=16)
+  assert c.vocab_f32_bytes == 8 * 16 * 4 + 5 * 2 * 8 * 16 * 4
+  assert gpu_census.read(HLO).vocab_f32_bytes == 0
