@@ -27,8 +27,13 @@ OFFSET_OTHERS = runs/demo/offset/rope-s0 runs/demo/offset/rove-s1 runs/demo/offs
 # seeds and perplexity on the rest, the training-length check, and the retrieval studies
 # (associative recall and two position-dependent tasks); writes results/. Reruns resume.
 REPRODUCE_ARGS ?=
+# The second pre-registered study (study/preregistration_long.md, issue 49): RoVE and RoPE at
+# 2,000 steps, a 3-rate sweep at that horizon, then 10 fresh seed pairs; writes results/long/.
+# Runs at the lowest priority (nice 19) and resumes where it stopped; about 4 hours on 2 idle
+# cores, longer beside other work. Progress: `$(PY) -m study.long_study --status`.
+LONG_ARGS ?=
 
-.PHONY: test demo reproduce install clean
+.PHONY: test demo reproduce reproduce-long install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +64,9 @@ demo: $(CORE)
 
 reproduce: $(CORE)
 	$(PY) reproduce.py $(REPRODUCE_ARGS)
+
+reproduce-long: $(CORE)
+	nice -n 19 $(PY) -m study.long_study $(LONG_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,250 @@
+"""The second pre-registered study (study/preregistration_long.md): RoVE against RoPE at a
+longer training horizon, `make reproduce-long`.
+
+  python -m study.long_study [--out results/long] [--runs-dir runs/long] [--jobs N]
+                             [--write-only] [--status]
+
+The model, data and evaluation are the first study's (study/configs/reproduce.py: a 4-layer
+byte-level GPT, d_model 128, 2 heads of 64, 834,304 parameters, 128-token context, batch 16),
+trained for STEPS steps instead of 300 (16 x 128 x 2,000 = 4.10 M tokens, 4.9 tokens per
+parameter). In order, each run trained and then scored on perplexity (the first study's
+evaluation: 16,384 tokens a length, 0.5x-16x the training length, without YaRN and with YaRN
+at factor L / T), two at a time, each on its own core:
+
+  sweep    RoVE and RoPE at SWEEP_LRS on SWEEP_SEEDS; each encoding's rate is the one of
+           lowest mean final held-out loss (study/sweep.py's rule) and must lie strictly
+           inside its grid: a best rate at an edge extends that encoding's grid by one rate
+           2x past the edge (the same seeds), at most MAX_EXTENSIONS times, after which the
+           command stops and no comparison run trains. results/long/lr_sweep.md is written
+           before any comparison run trains.
+  primary  RoVE and RoPE at their chosen rates on SEEDS (10 fresh seed pairs), pair by pair.
+
+The sweep's runs at the rates next to the chosen one are the rate-sensitivity rows
+(exploratory). NoPE is not trained (the preregistration drops it from every comparison).
+Every run is a child process at the lowest priority (os.nice 19, inherited by the children),
+so the study yields the CPU to other work; rerunning resumes: train.py continues a run from its
+newest checkpoint (every 200 steps) or skips a finished one, and a run whose perplexity report
+is already in <out>/reports/ is not evaluated again. The write-up (study/long_writeup.py) is
+redone from <out>/reports/ and the runs' metrics.jsonl at every invocation; before every
+primary pair is evaluated it reports progress only, never a verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+
+from study import jobs
+from study import sweep
+from study.recall_runs import _env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "study", "configs", "reproduce.py")
+STEPS = 2000
+EVAL_EVERY = 200  # held-out loss every 200 steps: the gap-against-steps figure
+CHECKPOINT_EVERY = 200
+ENCODINGS = ("rove", "rope")
+SWEEP_LRS = (2e-3, 4e-3, 8e-3)
+SWEEP_SEEDS = (200, 201)
+SEEDS = tuple(range(10, 20))
+MIN_RATES, MIN_SEEDS = 3, 2
+MAX_EXTENSIONS = 2
+PPL_TOKENS = 16384
+RULE = ("each encoding's rate is the one with the lowest mean, over the sweep seeds, of the "
+        "final held-out loss at the training length (the last val_loss of metrics.jsonl, step "
+        f"{STEPS}); a best rate at either end of the grid is refused and that encoding's grid "
+        f"extended by one rate 2x past that end on the same seeds, at most {MAX_EXTENSIONS} "
+        f"times, after which the study stops")
+
+
+def parse_args(argv):
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--out", default="results/long", help="lr_sweep.md, reports/, README.md")
+  p.add_argument("--runs-dir", default="runs/long", help="training workdirs")
+  p.add_argument("--jobs", type=int, default=None,
+                 help="runs at a time, each pinned to its own core (default: study.jobs)")
+  p.add_argument("--write-only", action="store_true",
+                 help="train nothing: redo the write-up from <out>/reports/ and the runs")
+  p.add_argument("--status", action="store_true",
+                 help="print how many runs are trained and evaluated, and exit")
+  return p.parse_args(argv)
+
+
+def name(run: dict) -> str:
+  """A run's name: ENC-sSEED-lrRATE (the report file and, under sweep/ for the sweep, the
+  workdir)."""
+  return f"{run['encoding']}-s{run['seed']}-lr{run['lr']:g}"
+
+
+def report_path(out: str, run: dict) -> str:
+  return os.path.join(out, "reports", f"{run['kind']}-{name(run)}.json")
+
+
+def sweep_plan(grids: dict, runs_dir: str) -> list[dict]:
+  """The sweep's runs ({encoding, seed, kind "sweep", lr, workdir}) for `grids`."""
+  return sweep.plan(grids, SWEEP_SEEDS, runs_dir, MIN_RATES, MIN_SEEDS)
+
+
+def primary_plan(rates: dict, runs_dir: str) -> list[dict]:
+  """The comparison's runs, pair by pair (RoVE then RoPE of each seed), at the chosen rates."""
+  return [{"encoding": enc, "seed": seed, "kind": "primary", "lr": rates[enc],
+           "workdir": os.path.join(runs_dir, f"{enc}-s{seed}-lr{rates[enc]:g}")}
+          for seed in SEEDS for enc in ENCODINGS]
+
+
+def overrides(run: dict) -> list[str]:
+  return [f"--config.model.pos_encoding={run['encoding']}", f"--config.seed={run['seed']}",
+          f"--config.optim.lr={run['lr']}", f"--config.steps={STEPS}",
+          f"--config.eval_every={EVAL_EVERY}", f"--config.checkpoint_every={CHECKPOINT_EVERY}"]
+
+
+def commands(run: dict, out: str) -> tuple[list, list]:
+  """(the training command, the evaluation command) of a run."""
+  train = [sys.executable, os.path.join(ROOT, "train.py"), "--config", CONFIG, "--workdir",
+           run["workdir"], *overrides(run)]
+  evaluate = [sys.executable, "-m", "rove_jax.cli.eval", "--workdir", run["workdir"],
+              "--tasks", "ppl", "--suite", "full", "--yarn", "both", "--ppl-tokens",
+              str(PPL_TOKENS), "--no-progress", "--out", os.path.join(run["workdir"], "eval")]
+  return train, evaluate
+
+
+def job(run: dict, out: str, label: str) -> jobs.Job:
+  """One child: train (resume or skip), then, unless <out>/reports/ has the run's report,
+  evaluate and copy the report there. A shell chain, so that a pair's evaluation follows its
+  training on the same core while the other core trains."""
+  train, evaluate = commands(run, out)
+  dest = report_path(out, run)
+  chain = (f"{shlex.join(train)} && if [ ! -f {shlex.quote(dest)} ]; then "
+           f"{shlex.join(evaluate)} && mkdir -p {shlex.quote(os.path.dirname(dest))} && "
+           f"cp {shlex.quote(os.path.join(run['workdir'], 'eval', 'report.json'))} "
+           f"{shlex.quote(dest)}.tmp && mv {shlex.quote(dest)}.tmp {shlex.quote(dest)}; fi")
+  return jobs.Job(label, ["/bin/sh", "-c", chain], os.path.join(run["workdir"], "train.log"),
+                  _env())
+
+
+def run_all(runs: list, out: str, n_jobs, what: str) -> None:
+  """Trains and evaluates `runs` (finished ones are skipped); records each child's seconds
+  in <out>/timings.json; stops the command on a failure (a rerun resumes)."""
+  todo = [job(r, out, f"[{what} {i + 1}/{len(runs)}] {name(r)}") for i, r in enumerate(runs)]
+  results = jobs.run(todo, n_jobs, log=_say)
+  path = os.path.join(out, "timings.json")
+  timings = _read(path) or {}
+  for r, (rc, secs) in zip(runs, results):
+    if rc == 0 and secs is not None:
+      timings.setdefault(f"{r['kind']}-{name(r)}", []).append(round(secs, 1))
+  _write(path, timings)
+  for r, (rc, _) in zip(runs, results):
+    if rc not in (0, None):
+      raise SystemExit(f"{name(r)} failed (exit {rc}; its log: {r['workdir']}/train.log); "
+                       f"rerun `make reproduce-long` to resume")
+
+
+def _say(line: str) -> None:
+  print(line, flush=True)
+
+
+def _read(path: str):
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write(path: str, data) -> None:
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(data, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+def extend(grid: list, by_rate: dict) -> list:
+  """The grid with one rate 2x past the end its best rate (lowest mean loss) lies at."""
+  best = min(by_rate, key=lambda lr: sum(by_rate[lr]) / len(by_rate[lr]))
+  return sorted(grid + ([best / 2] if best == min(grid) else [best * 2]))
+
+
+def tune(runs_dir: str, out: str, n_jobs, meta: dict, train=None) -> dict:
+  """The sweep with its extensions (module docstring); returns {encoding: chosen rate} after
+  writing <out>/lr_sweep.md, or stops the command when a grid is still refused after
+  MAX_EXTENSIONS extensions. `train` (runs -> None) replaces run_all in tests."""
+  from rove_jax.train.metrics import read_metrics
+  train = train or (lambda runs: run_all(runs, out, n_jobs, "sweep"))
+  grids = {enc: list(SWEEP_LRS) for enc in ENCODINGS}
+  for attempt in range(MAX_EXTENSIONS + 1):
+    runs = sweep_plan(grids, runs_dir)
+    train(runs)
+    table = sweep.losses(runs, {r["workdir"]: read_metrics(r["workdir"]) for r in runs})
+    chosen, refused = sweep.decide(table, MIN_RATES)
+    sweep.write(out, table, SWEEP_SEEDS, chosen, refused,
+                dict(meta, rule=RULE, extensions=attempt,
+                     grids={e: [f"{x:g}" for x in g] for e, g in grids.items()}))
+    if not refused:
+      return chosen
+    if attempt == MAX_EXTENSIONS:
+      raise SystemExit(f"the sweep's best rate is still at its grid's edge after "
+                       f"{MAX_EXTENSIONS} extensions ({', '.join(refused)}): the study stops "
+                       f"here, as registered; no comparison run trains")
+    for enc in refused:
+      grids[enc] = extend(grids[enc], table[enc])
+      _say(f"{enc}: best rate at the grid's edge; grid extended to "
+           f"{', '.join(f'{x:g}' for x in grids[enc])}")
+  raise AssertionError("unreachable")
+
+
+def status(out: str, runs_dir: str) -> dict:
+  """{"sweep": (evaluated, planned), "primary": (...)} from <out>/reports/ (the primary plan
+  only once the sweep has chosen)."""
+  rec = sweep.load_record(out)
+  grids = {e: [float(x) for x in g] for e, g in
+           ((rec or {}).get("meta", {}).get("grids") or {}).items()} or {
+               e: list(SWEEP_LRS) for e in ENCODINGS}
+  plans = {"sweep": sweep_plan(grids, runs_dir)}
+  if rec and rec.get("chosen") and not rec.get("refused"):
+    plans["primary"] = primary_plan({e: float(x) for e, x in rec["chosen"].items()}, runs_dir)
+  return {k: (sum(os.path.exists(report_path(out, r)) for r in v), len(v))
+          for k, v in plans.items()}
+
+
+def main(argv=None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  if args.status:
+    for k, (done, n) in status(args.out, args.runs_dir).items():
+      print(f"{k}: {done} of {n} runs trained and evaluated")
+    return 0
+  if args.write_only:
+    from study import long_writeup
+    print(f"wrote {long_writeup.write(args.out, args.runs_dir)}")
+    return 0
+  os.nice(max(0, 19 - os.nice(0)))  # the lowest priority, for this process and its children
+  from study.paper_recipe import git_commit
+  os.makedirs(args.out, exist_ok=True)
+  t0 = time.time()
+  meta = {"command": "make reproduce-long", "commit": git_commit(), "steps": STEPS}
+  rates = tune(args.runs_dir, args.out, args.jobs, meta)
+  runs = primary_plan(rates, args.runs_dir)
+  _write_up(args)  # progress so far, before the pairs train
+  for i in range(0, len(runs), 2):  # pair by pair: a finished pair is a complete record
+    run_all(runs[i:i + 2], args.out, args.jobs, f"pair {i // 2 + 1}/{len(runs) // 2}")
+    _write_up(args)
+  _say(f"done in {(time.time() - t0) / 60:.1f} min (this invocation)")
+  return 0
+
+
+def _write_up(args) -> None:
+  """The write-up from what is there; a failure of it is printed and training goes on (the
+  write-up is redone at every invocation, and by --write-only)."""
+  from study import long_writeup
+  try:
+    _say(f"wrote {long_writeup.write(args.out, args.runs_dir)}")
+  except Exception as e:  # noqa: BLE001 - the runs matter more than an interim page
+    _say(f"the write-up failed ({type(e).__name__}: {e}); training goes on, and "
+         f"`python -m study.long_study --write-only` redoes it")
+
+
+if __name__ == "__main__":
+  sys.exit(main())
