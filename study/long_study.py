@@ -113,16 +113,22 @@ def commands(run: dict, out: str) -> tuple[list, list]:
   return train, evaluate
 
 
+def metrics_path(out: str, run: dict) -> str:
+  return os.path.join(out, "metrics", f"{run['kind']}-{name(run)}.jsonl")
+
+
 def job(run: dict, out: str, label: str) -> jobs.Job:
   """One child: train (resume or skip), then, unless <out>/reports/ has the run's report,
-  evaluate and copy the report there. A shell chain, so that a pair's evaluation follows its
-  training on the same core while the other core trains."""
+  evaluate and copy the report there, with the run's metrics.jsonl into <out>/metrics/ (the
+  committed records the write-up reads). A shell chain, so that a run's evaluation follows
+  its training on the same core while the other core trains."""
   train, evaluate = commands(run, out)
-  dest = report_path(out, run)
-  chain = (f"{shlex.join(train)} && if [ ! -f {shlex.quote(dest)} ]; then "
-           f"{shlex.join(evaluate)} && mkdir -p {shlex.quote(os.path.dirname(dest))} && "
-           f"cp {shlex.quote(os.path.join(run['workdir'], 'eval', 'report.json'))} "
-           f"{shlex.quote(dest)}.tmp && mv {shlex.quote(dest)}.tmp {shlex.quote(dest)}; fi")
+  dest, q = report_path(out, run), shlex.quote
+  copies = [(os.path.join(run["workdir"], "metrics.jsonl"), metrics_path(out, run)),
+            (os.path.join(run["workdir"], "eval", "report.json"), dest)]  # the report last
+  chain = (f"{shlex.join(train)} && if [ ! -f {q(dest)} ]; then {shlex.join(evaluate)}"
+           + "".join(f" && mkdir -p {q(os.path.dirname(b))} && cp {q(a)} {q(b)}.tmp && "
+                     f"mv {q(b)}.tmp {q(b)}" for a, b in copies) + "; fi")
   return jobs.Job(label, ["/bin/sh", "-c", chain], os.path.join(run["workdir"], "train.log"),
                   _env())
 
@@ -131,11 +137,12 @@ def run_all(runs: list, out: str, n_jobs, what: str) -> None:
   """Trains and evaluates `runs` (finished ones are skipped); records each child's seconds
   in <out>/timings.json; stops the command on a failure (a rerun resumes)."""
   todo = [job(r, out, f"[{what} {i + 1}/{len(runs)}] {name(r)}") for i, r in enumerate(runs)]
+  fresh = [not os.path.exists(report_path(out, r)) for r in runs]  # not finished before
   results = jobs.run(todo, n_jobs, log=_say)
   path = os.path.join(out, "timings.json")
   timings = _read(path) or {}
-  for r, (rc, secs) in zip(runs, results):
-    if rc == 0 and secs is not None:
+  for r, new, (rc, secs) in zip(runs, fresh, results):
+    if rc == 0 and secs is not None and new:  # a run skipped as finished adds nothing
       timings.setdefault(f"{r['kind']}-{name(r)}", []).append(round(secs, 1))
   _write(path, timings)
   for r, (rc, _) in zip(runs, results):
@@ -225,14 +232,33 @@ def main(argv=None) -> int:
   os.makedirs(args.out, exist_ok=True)
   t0 = time.time()
   meta = {"command": "make reproduce-long", "commit": git_commit(), "steps": STEPS}
+  mark = invocation(args.out, meta["commit"])
   rates = tune(args.runs_dir, args.out, args.jobs, meta)
+  mark()
   runs = primary_plan(rates, args.runs_dir)
   _write_up(args)  # progress so far, before the pairs train
   for i in range(0, len(runs), 2):  # pair by pair: a finished pair is a complete record
     run_all(runs[i:i + 2], args.out, args.jobs, f"pair {i // 2 + 1}/{len(runs) // 2}")
+    mark()
     _write_up(args)
   _say(f"done in {(time.time() - t0) / 60:.1f} min (this invocation)")
   return 0
+
+
+def invocation(out: str, commit: str):
+  """Records this invocation in <out>/invocations.json ({started, until, commit}, times in
+  seconds since the epoch) and returns a function that moves its "until" to now: the study's
+  wall time is the sum of until - started (an invocation cut off by the machine counts up to
+  its last finished stage)."""
+  path = os.path.join(out, "invocations.json")
+  records = _read(path) or []
+  records.append({"started": round(time.time()), "until": round(time.time()), "commit": commit})
+  _write(path, records)
+
+  def mark():
+    records[-1]["until"] = round(time.time())
+    _write(path, records)
+  return mark
 
 
 def _write_up(args) -> None:

@@ -228,8 +228,9 @@ def write(out_dir: str, table: dict, seeds: Sequence[int], chosen: dict, refused
     f.write(markdown(table, seeds, chosen, refused, meta))
   with open(os.path.join(out_dir, JSON), "w") as f:
     json.dump({"rule": meta.get("rule", RULE), "seeds": list(seeds), "meta": meta,
-               "chosen": chosen, "refused": refused, "losses": {e: {f"{lr:g}": v for lr, v in t.items()}
-                                              for e, t in table.items()}}, f, indent=2)
+               "chosen": chosen, "refused": refused,
+               "losses": {e: {f"{lr:g}": v for lr, v in t.items()} for e, t in table.items()}},
+              f, indent=2)
   return path
 
 

@@ -73,3 +73,84 @@ def test_a_child_trains_then_evaluates_once_into_reports(tmp_path):
   assert "--yarn both" in chain and "--ppl-tokens 16384" in chain and "--tasks ppl" in chain
   assert f"if [ ! -f {ls.report_path(str(tmp_path / 'out'), run)} ]" in chain
   assert job.log == os.path.join(run["workdir"], "train.log")
+
+
+LENGTHS = (64, 128, 256, 512, 1024, 2048)
+
+
+def _fake_records(out, run, rng, gap=-0.02, windows=4):
+  """A run's committed records as the job leaves them: reports/KEY.json (perplexity cells with
+  per-window NLLs; RoVE `gap` nats lower and degrading 0.8x as fast past T) and
+  metrics/KEY.jsonl (held-out loss every 200 steps)."""
+  import numpy as np
+  enc, key = run["encoding"], f"{run['kind']}-{ls.name(run)}"
+  base = 1.5 + 0.01 * run["seed"] % 0.07  # shared by the pair
+  ppl = {}
+  for s in ("none", "yarn"):
+    ppl[s] = {}
+    for L in LENGTHS:
+      growth = 0.1 * max(0.0, math.log2(L / 128)) * (0.5 if s == "yarn" else 1.0)
+      mean = base + growth * (0.8 if enc == "rove" else 1.0) + (gap if enc == "rove" else 0)
+      losses = mean + 0.005 * rng.standard_normal(windows)
+      ppl[s][str(L)] = {"loss": float(losses.mean()), "window_nll": (losses * L).tolist(),
+                        "window_tokens": [L] * windows}
+  entry = {"name": ls.name(run), "workdir": run["workdir"], "step": ls.STEPS,
+           "model": {"pos_encoding": enc, "train_len": 128}, "perplexity": ppl}
+  for sub, text in (("reports", json.dumps({"runs": [entry]})), ("metrics", "".join(
+      json.dumps({"step": s, "val_loss": base + 100 / s + (gap * 1000 / s if enc == "rove"
+                                                           else 0)}) + "\n"
+      for s in range(200, ls.STEPS + 1, 200)))):
+    os.makedirs(os.path.join(out, sub), exist_ok=True)
+    ext = ".json" if sub == "reports" else ".jsonl"
+    with open(os.path.join(out, sub, key + ext), "w") as f:
+      f.write(text)
+
+
+def _fake_study(tmp_path, pairs):
+  """results/long as the command leaves it after the sweep and `pairs` primary pairs."""
+  import numpy as np
+  rng = np.random.default_rng(0)
+  out, runs_dir = str(tmp_path / "out"), str(tmp_path / "runs")
+  sweep_train = _fake_sweep({"rove": 4e-3, "rope": 4e-3}, [])
+
+  def train(runs):
+    sweep_train(runs)
+    for r in runs:
+      _fake_records(out, r, rng)
+  chosen = ls.tune(runs_dir, out, 1, {"steps": ls.STEPS, "commit": "abc"}, train=train)
+  for r in ls.primary_plan(chosen, runs_dir)[:2 * pairs]:
+    _fake_records(out, r, rng)
+  return out, runs_dir
+
+
+def test_the_write_up_shows_no_comparison_number_before_all_ten_pairs(tmp_path):
+  from study import long_writeup
+  out, runs_dir = _fake_study(tmp_path, 9)
+  text = open(long_writeup.write(out, runs_dir)).read()
+  assert "(in progress)" in text and "primary: 18 of 20 runs" in text
+  assert "## Primary family" not in text and "P1" not in text
+  assert "## Rate sensitivity (exploratory)" in text  # the sweep's own runs, 3 rates
+  assert "| primary-rove-s10-lr0.004 | primary | RoVE | 10 | 0.004 | - |" in text
+
+
+def test_the_complete_study_gives_the_registered_family(tmp_path):
+  from study import long_rows as lr
+  from study import long_writeup
+  out, runs_dir = _fake_study(tmp_path, 10)
+  text = open(long_writeup.write(out, runs_dir)).read()
+  assert "(in progress)" not in text and "## Primary family (Holm over 7 rows)" in text
+  assert os.path.exists(os.path.join(out, long_writeup.PLOT))
+  runs = lr.load(out)
+  st = lr.study(runs, "primary", {"rove": 4e-3, "rope": 4e-3}, list(ls.SEEDS))
+  fam = {r["id"]: r for r in lr.adjust(lr.family(st))}
+  assert list(fam) == ["P1", "P2", "P3", "P4", "P5", "P6", "P7"]
+  # P1's pair differences are the runs' token-weighted losses at T, RoVE - RoPE
+  cell = {(r["encoding"], r["seed"]): r["report"]["perplexity"]["none"]["128"]["loss"]
+          for r in runs if r["kind"] == "primary"}
+  diffs = [cell["rove", s] - cell["rope", s] for s in ls.SEEDS]
+  assert fam["P1"]["tost"]["mean"] == pytest.approx(sum(diffs) / 10)
+  assert fam["P1"]["verdict"] == "RoVE better (beyond -1 %)"  # a -2 % gap, little noise
+  assert fam["P5"]["verdict"] == fam["P6"]["verdict"] == "degrades"
+  assert fam["P7"]["verdict"] == "supports" and fam["P4"]["verdict"] == "supports"
+  assert {r["holm_m"] for r in fam.values()} == {7}
+
