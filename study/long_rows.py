@@ -69,10 +69,20 @@ def load(out: str) -> list[dict]:
   return sorted(runs, key=lambda r: (r["kind"], r["lr"], r["seed"], r["encoding"]))
 
 
+def finite(run: dict) -> bool:
+  """Whether a run's final held-out loss and its loss at T are finite (preregistration: the
+  pair of a diverged run leaves the family and the next seed replaces it)."""
+  val = [row["val_loss"] for row in sorted(run["curve"], key=lambda r: r["step"])
+         if "val_loss" in row]
+  at_t = ((run["report"].get("perplexity") or {}).get("none") or {}).get(str(T)) or {}
+  return bool(val) and math.isfinite(val[-1]) and math.isfinite(at_t.get("loss", math.nan))
+
+
 def complete_pairs(runs: Sequence[dict], kind: str, rates: dict) -> list[int]:
-  """The seeds with both encodings of `kind` evaluated at their rate in `rates`."""
+  """The seeds with both encodings of `kind` evaluated at their rate in `rates`, both
+  finite (`finite`)."""
   have = {(r["encoding"], r["seed"]) for r in runs
-          if r["kind"] == kind and rates.get(r["encoding"]) == r["lr"]}
+          if r["kind"] == kind and rates.get(r["encoding"]) == r["lr"] and finite(r)}
   return sorted({s for _, s in have if all((e, s) in have for e in rates)})
 
 

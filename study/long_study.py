@@ -90,11 +90,19 @@ def sweep_plan(grids: dict, runs_dir: str) -> list[dict]:
   return sweep.plan(grids, SWEEP_SEEDS, runs_dir, MIN_RATES, MIN_SEEDS)
 
 
-def primary_plan(rates: dict, runs_dir: str) -> list[dict]:
+def primary_plan(rates: dict, runs_dir: str, seeds=SEEDS) -> list[dict]:
   """The comparison's runs, pair by pair (RoVE then RoPE of each seed), at the chosen rates."""
   return [{"encoding": enc, "seed": seed, "kind": "primary", "lr": rates[enc],
            "workdir": os.path.join(runs_dir, f"{enc}-s{seed}-lr{rates[enc]:g}")}
-          for seed in SEEDS for enc in ENCODINGS]
+          for seed in seeds for enc in ENCODINGS]
+
+
+def finite(run: dict) -> bool:
+  """Whether the run's final held-out loss is finite (a diverged run's pair is replaced)."""
+  import math
+  from rove_jax.train.metrics import read_metrics
+  loss = sweep.final_val_loss(read_metrics(run["workdir"]))
+  return loss is not None and math.isfinite(loss)
 
 
 def overrides(run: dict) -> list[str]:
@@ -235,11 +243,18 @@ def main(argv=None) -> int:
   mark = invocation(args.out, meta["commit"])
   rates = tune(args.runs_dir, args.out, args.jobs, meta)
   mark()
-  runs = primary_plan(rates, args.runs_dir)
   _write_up(args)  # progress so far, before the pairs train
-  for i in range(0, len(runs), 2):  # pair by pair: a finished pair is a complete record
-    run_all(runs[i:i + 2], args.out, args.jobs, f"pair {i // 2 + 1}/{len(runs) // 2}")
+  good, seed = 0, SEEDS[0]
+  while good < len(SEEDS):  # pair by pair: a finished pair is a complete record
+    pair = primary_plan(rates, args.runs_dir, [seed])
+    run_all(pair, args.out, args.jobs, f"seed {seed}, pair {good + 1}/{len(SEEDS)}")
     mark()
+    if all(finite(r) for r in pair):
+      good += 1
+    else:  # the preregistration's rule: the pair leaves, the next unused seed replaces it
+      _say(f"seed {seed}: a run diverged (final held-out loss not finite); seed {seed + 1} "
+           f"replaces the pair")
+    seed += 1
     _write_up(args)
   _say(f"done in {(time.time() - t0) / 60:.1f} min (this invocation)")
   return 0

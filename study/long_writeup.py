@@ -107,6 +107,7 @@ def write(out: str, runs_dir: str) -> str:
   chosen = {e: float(x) for e, x in (rec.get("chosen") or {}).items()}
   seeds = lr.complete_pairs(runs, "primary", chosen) if chosen and not rec.get("refused") else []
   done = len(seeds) >= len(long_study.SEEDS)
+  seeds = seeds[:len(long_study.SEEDS)]  # the first 10 complete pairs, in seed order
   L = ["# Second study: RoVE vs RoPE at 2,000 steps" + ("" if done else " (in progress)") + "\n",
        f"Pre-registered in [{PREREG}](../../{PREREG}), committed on its own in "
        f"{prereg_commit()}, before any of this study's runs trained. Every run: the first "

@@ -154,3 +154,15 @@ def test_the_complete_study_gives_the_registered_family(tmp_path):
   assert fam["P7"]["verdict"] == "supports" and fam["P4"]["verdict"] == "supports"
   assert {r["holm_m"] for r in fam.values()} == {7}
 
+
+
+def test_a_diverged_run_takes_its_pair_out_of_the_family(tmp_path):
+  from study import long_rows as lr
+  from study import long_writeup
+  out, runs_dir = _fake_study(tmp_path, 10)
+  path = os.path.join(out, "metrics", "primary-rope-s13-lr0.004.jsonl")
+  with open(path, "a") as f:
+    f.write(json.dumps({"step": ls.STEPS + 1, "val_loss": float("nan")}) + "\n")
+  runs = lr.load(out)
+  assert 13 not in lr.complete_pairs(runs, "primary", {"rove": 4e-3, "rope": 4e-3})
+  assert "(in progress)" in open(long_writeup.write(out, runs_dir)).read()
