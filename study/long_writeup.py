@@ -123,7 +123,16 @@ def write(out: str, runs_dir: str) -> str:
                             for k, (d, n) in st_.items()]
   inv = _read(out, "invocations.json", [])
   if inv:
-    L.append(f"- invocations: {len(inv)}; code " + ", ".join(sorted({i['commit'] for i in inv})))
+    import datetime
+    first = datetime.datetime.fromtimestamp(inv[0]["started"], datetime.timezone.utc)
+    try:
+      registered = datetime.datetime.fromisoformat(prereg_commit().split(" at ")[1])
+      order = "after" if first > registered else "BEFORE"
+    except (IndexError, ValueError):
+      order = "unknown against"
+    L.append(f"- invocations: {len(inv)}, the first started {first.isoformat()} ({order} the "
+             f"preregistration's commit); {wall_minutes(out):.0f} min of wall time so far; "
+             f"code " + ", ".join(sorted({i['commit'] for i in inv})))
   if not done:
     L.append("\nUntil all 10 seed pairs are evaluated this page reports no number, interval or "
              "p-value of the comparison (the preregistration's stopping rule).")
