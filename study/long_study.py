@@ -97,11 +97,20 @@ def primary_plan(rates: dict, runs_dir: str, seeds=SEEDS) -> list[dict]:
           for seed in seeds for enc in ENCODINGS]
 
 
-def finite(run: dict) -> bool:
+def curve(run: dict, out: str) -> list[dict]:
+  """A run's metrics rows: its copy in <out>/metrics/ (a finished run's), else its workdir's."""
+  from rove_jax.train.metrics import read_metrics
+  path = metrics_path(out, run)
+  if os.path.exists(path):
+    with open(path) as f:
+      return [json.loads(line) for line in f if line.strip()]
+  return read_metrics(run["workdir"])
+
+
+def finite(run: dict, out: str) -> bool:
   """Whether the run's final held-out loss is finite (a diverged run's pair is replaced)."""
   import math
-  from rove_jax.train.metrics import read_metrics
-  loss = sweep.final_val_loss(read_metrics(run["workdir"]))
+  loss = sweep.final_val_loss(curve(run, out))
   return loss is not None and math.isfinite(loss)
 
 
@@ -126,15 +135,16 @@ def metrics_path(out: str, run: dict) -> str:
 
 
 def job(run: dict, out: str, label: str) -> jobs.Job:
-  """One child: train (resume or skip), then, unless <out>/reports/ has the run's report,
-  evaluate and copy the report there, with the run's metrics.jsonl into <out>/metrics/ (the
-  committed records the write-up reads). A shell chain, so that a run's evaluation follows
-  its training on the same core while the other core trains."""
+  """One child: unless <out>/reports/ has the run's report (the mark of a finished run, even
+  in a checkout without the workdirs), train (resuming), evaluate, and copy the run's
+  metrics.jsonl into <out>/metrics/ and then its report into <out>/reports/ (the committed
+  records the write-up reads). A shell chain, so that a run's evaluation follows its training
+  on the same core while the other core trains."""
   train, evaluate = commands(run, out)
   dest, q = report_path(out, run), shlex.quote
   copies = [(os.path.join(run["workdir"], "metrics.jsonl"), metrics_path(out, run)),
             (os.path.join(run["workdir"], "eval", "report.json"), dest)]  # the report last
-  chain = (f"{shlex.join(train)} && if [ ! -f {q(dest)} ]; then {shlex.join(evaluate)}"
+  chain = (f"if [ ! -f {q(dest)} ]; then {shlex.join(train)} && {shlex.join(evaluate)}"
            + "".join(f" && mkdir -p {q(os.path.dirname(b))} && cp {q(a)} {q(b)}.tmp && "
                      f"mv {q(b)}.tmp {q(b)}" for a, b in copies) + "; fi")
   return jobs.Job(label, ["/bin/sh", "-c", chain], os.path.join(run["workdir"], "train.log"),
@@ -187,13 +197,12 @@ def tune(runs_dir: str, out: str, n_jobs, meta: dict, train=None) -> dict:
   """The sweep with its extensions (module docstring); returns {encoding: chosen rate} after
   writing <out>/lr_sweep.md, or stops the command when a grid is still refused after
   MAX_EXTENSIONS extensions. `train` (runs -> None) replaces run_all in tests."""
-  from rove_jax.train.metrics import read_metrics
   train = train or (lambda runs: run_all(runs, out, n_jobs, "sweep"))
   grids = {enc: list(SWEEP_LRS) for enc in ENCODINGS}
   for attempt in range(MAX_EXTENSIONS + 1):
     runs = sweep_plan(grids, runs_dir)
     train(runs)
-    table = sweep.losses(runs, {r["workdir"]: read_metrics(r["workdir"]) for r in runs})
+    table = sweep.losses(runs, {r["workdir"]: curve(r, out) for r in runs})
     chosen, refused = sweep.decide(table, MIN_RATES)
     sweep.write(out, table, SWEEP_SEEDS, chosen, refused,
                 dict(meta, rule=RULE, extensions=attempt,
@@ -249,7 +258,7 @@ def main(argv=None) -> int:
     pair = primary_plan(rates, args.runs_dir, [seed])
     run_all(pair, args.out, args.jobs, f"seed {seed}, pair {good + 1}/{len(SEEDS)}")
     mark()
-    if all(finite(r) for r in pair):
+    if all(finite(r, args.out) for r in pair):
       good += 1
     else:  # the preregistration's rule: the pair leaves, the next unused seed replaces it
       _say(f"seed {seed}: a run diverged (final held-out loss not finite); seed {seed + 1} "

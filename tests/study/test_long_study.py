@@ -4,6 +4,7 @@ the resumable child commands; nothing is trained here."""
 import json
 import math
 import os
+import shutil
 
 import pytest
 
@@ -48,6 +49,14 @@ def test_an_interior_best_is_chosen_and_written_before_the_comparison(tmp_path):
   assert "| rove | 0.004 (chosen) |" in md and ls.RULE in md
   assert ls.status(str(tmp_path / "out"), str(tmp_path / "runs")) == {
       "sweep": (0, 12), "primary": (0, 20)}
+  # a checkout with the committed metrics copies and no workdirs decides the same
+  for r in ls.sweep_plan({e: list(ls.SWEEP_LRS) for e in ls.ENCODINGS}, str(tmp_path / "runs")):
+    os.makedirs(os.path.dirname(ls.metrics_path(str(tmp_path / "out"), r)), exist_ok=True)
+    shutil.copy(os.path.join(r["workdir"], "metrics.jsonl"),
+                ls.metrics_path(str(tmp_path / "out"), r))
+  shutil.rmtree(tmp_path / "runs")
+  assert ls.tune(str(tmp_path / "runs"), str(tmp_path / "out"), 1, {"steps": ls.STEPS},
+                 train=lambda runs: None) == chosen
 
 
 def test_an_edge_best_extends_that_grid_and_stops_after_two_extensions(tmp_path):
@@ -69,9 +78,11 @@ def test_a_child_trains_then_evaluates_once_into_reports(tmp_path):
   run = ls.primary_plan({"rove": 4e-3, "rope": 4e-3}, str(tmp_path))[0]
   job = ls.job(run, str(tmp_path / "out"), "x")
   chain = job.cmd[-1]
+  dest = ls.report_path(str(tmp_path / "out"), run)
+  assert chain.startswith(f"if [ ! -f {dest} ]; then ")  # a finished run is not asked again
   assert chain.index("train.py") < chain.index("rove_jax.cli.eval") < chain.index(" cp ")
+  assert chain.rindex(f"mv {dest}.tmp {dest}") > chain.index("metrics.jsonl")  # report last
   assert "--yarn both" in chain and "--ppl-tokens 16384" in chain and "--tasks ppl" in chain
-  assert f"if [ ! -f {ls.report_path(str(tmp_path / 'out'), run)} ]" in chain
   assert job.log == os.path.join(run["workdir"], "train.log")
 
 
@@ -117,6 +128,7 @@ def _fake_study(tmp_path, pairs):
     sweep_train(runs)
     for r in runs:
       _fake_records(out, r, rng)
+      shutil.copy(os.path.join(r["workdir"], "metrics.jsonl"), ls.metrics_path(out, r))
   chosen = ls.tune(runs_dir, out, 1, {"steps": ls.STEPS, "commit": "abc"}, train=train)
   for r in ls.primary_plan(chosen, runs_dir)[:2 * pairs]:
     _fake_records(out, r, rng)
