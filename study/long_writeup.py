@@ -84,7 +84,7 @@ def _ppl_tables(st) -> list[str]:
 
 
 def _steps_lines(gaps: dict, out: str) -> list[str]:
-  png = plots.gap_vs_steps(gaps)
+  png = plots.gap_vs_steps(gaps, margin=lr.MARGIN)  # P1's +-1 %, in nats
   if png:
     with open(os.path.join(out, PLOT), "wb") as f:
       f.write(png)

@@ -59,13 +59,14 @@ def loss_curves(curves: dict, runs: list, names: dict) -> Optional[bytes]:
   return eval_plots.png(fig, 110)
 
 
-def gap_vs_steps(gaps: dict, *, title: str = "RoVE - RoPE held-out loss against training steps"
-                 ) -> Optional[bytes]:
+def gap_vs_steps(gaps: dict, *, title: str = "RoVE - RoPE held-out loss against training steps",
+                 margin: Optional[float] = None) -> Optional[bytes]:
   """Every seed pair's RoVE - RoPE held-out loss at each step (points, spread a little
   sideways), the mean over pairs (line) and its 95 % paired t-interval (band).
 
   Args:
     gaps: {step: [difference per pair, in the same pair order at every step]}.
+    margin: drawn as dashed lines at +-margin (an equivalence margin), when given.
 
   Returns:
     PNG bytes, or None without steps.
@@ -89,6 +90,10 @@ def gap_vs_steps(gaps: dict, *, title: str = "RoVE - RoPE held-out loss against 
     ax.fill_between(steps, [t["lower"] for t in ts], [t["upper"] for t in ts], alpha=0.2,
                     color=LOSS_COLORS.get("rove", "C3"), label="95 % t-interval")
   ax.axhline(0, color="black", lw=0.8)
+  if margin:
+    for y in (-margin, margin):
+      ax.axhline(y, color="black", lw=0.8, ls="--",
+                 label=f"+-{margin:.4f} (equivalence margin)" if y < 0 else None)
   ax.set(title=title, xlabel="training step", ylabel="RoVE - RoPE (nats / byte; < 0: RoVE lower)")
   ax.grid(alpha=0.3)
   eval_plots.legend(ax)
