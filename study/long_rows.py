@@ -246,6 +246,17 @@ def sensitivity(runs: Sequence[dict], chosen: dict, grids: dict) -> list:
   return rows
 
 
+def yarn_share(st: rs.Study, lengths: Sequence[int] = LONGER) -> dict:
+  """{length: the RoVE - RoPE gap with YaRN over the gap without} (mean log-perplexity gaps
+  over the pairs; exploratory, no test): 1 where YaRN keeps the whole gap."""
+  out = {}
+  for L in lengths:
+    y, n = (st.ppl_cmp("rove", "rope", s, L) for s in ("yarn", "none"))
+    if y is not None and n is not None and n.estimate != 0:
+      out[L] = math.log1p(y.estimate) / math.log1p(n.estimate)
+  return out
+
+
 def gap_by_step(runs: Sequence[dict], rates: dict, seeds: Sequence[int]) -> dict:
   """{step: [RoVE - RoPE held-out loss per pair, in seed order]} of the primary pairs (steps
   every pair has)."""

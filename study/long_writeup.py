@@ -168,7 +168,11 @@ def _results(out, runs, chosen, seeds) -> list[str]:
        f"tests (P1: two one-sided t-tests against +-1 %; P2-P4, P7: paired t on RoVE lower; P5, "
        f"P6: one-sample t of each encoding's 16x / T log ratio against 0); the bootstrap "
        f"interval is the effect's.\n", *_table(fam), ""]
-  L += ["## Perplexity by evaluation length\n", *ppl, ""]
+  share = lr.yarn_share(st)
+  L += ["## Perplexity by evaluation length\n", *ppl, "",
+        "How much of the gap YaRN keeps (exploratory; the gap with YaRN over the gap without, "
+        "mean log-perplexity gaps over the pairs; 1: all of it): " + ", ".join(
+            f"{v:.2f} at {fmt.mult(L, lr.T)}" for L, v in share.items()) + ".\n"]
   L += [f"## Exploratory rows (Holm over {primary.family_size(expl)} rows)\n", *_table(expl), ""]
   steps_lines = _steps_lines(lr.gap_by_step(runs, chosen, seeds), out)
   L += ["## The gap against training steps (exploratory)\n",

@@ -165,6 +165,9 @@ def test_the_complete_study_gives_the_registered_family(tmp_path):
   assert fam["P5"]["verdict"] == fam["P6"]["verdict"] == "degrades"
   assert fam["P7"]["verdict"] == "supports" and fam["P4"]["verdict"] == "supports"
   assert {r["holm_m"] for r in fam.values()} == {7}
+  share = lr.yarn_share(st)  # the fake runs: RoVE degrades 0.8x as fast, YaRN halves both
+  assert list(share) == [256, 512, 1024, 2048] and 0.4 < share[2048] < 0.7
+  assert "How much of the gap YaRN keeps" in text
 
 
 
