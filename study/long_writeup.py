@@ -18,7 +18,7 @@ import subprocess
 
 from study import fmt
 from study import long_rows as lr
-from study import long_study
+from study import long_plan
 from study import multiplicity
 from study import plots
 from study import primary
@@ -33,7 +33,7 @@ def prereg_commit() -> str:
   """'HASH at DATE' of the commit that added the preregistration, or '?' outside git."""
   try:
     out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H at %cI", "--", PREREG],
-                         cwd=long_study.ROOT, capture_output=True, text=True).stdout.split("\n")
+                         cwd=long_plan.ROOT, capture_output=True, text=True).stdout.split("\n")
     return out[-2] if len(out) > 1 else "?"  # the oldest: the commit that added it
   except OSError:
     return "?"
@@ -106,19 +106,19 @@ def write(out: str, runs_dir: str) -> str:
   timings = _read(out, "timings.json", {})
   chosen = {e: float(x) for e, x in (rec.get("chosen") or {}).items()}
   seeds = lr.complete_pairs(runs, "primary", chosen) if chosen and not rec.get("refused") else []
-  done = len(seeds) >= len(long_study.SEEDS)
-  seeds = seeds[:len(long_study.SEEDS)]  # the first 10 complete pairs, in seed order
+  done = len(seeds) >= len(long_plan.SEEDS)
+  seeds = seeds[:len(long_plan.SEEDS)]  # the first 10 complete pairs, in seed order
   L = ["# Second study: RoVE vs RoPE at 2,000 steps" + ("" if done else " (in progress)") + "\n",
        f"Pre-registered in [{PREREG}](../../{PREREG}), committed on its own in "
        f"{prereg_commit()}, before any of this study's runs trained. Every run: the first "
        f"study's 4-layer byte-level GPT (834,304 parameters, 128-token context, batch 16 x 128 "
-       f"tokens) trained for {long_study.STEPS:,} steps (4.10 M tokens, 4.9 tokens per "
+       f"tokens) trained for {long_plan.STEPS:,} steps (4.10 M tokens, 4.9 tokens per "
        f"parameter); RoVE and RoPE only (NoPE is not part of this study). Command: `make "
        f"reproduce-long` (study/long_study.py; reruns resume). Records: reports/ (each run's "
        f"perplexity report), metrics/ (its training metrics), lr_sweep.json, timings.json "
        f"(seconds a run took to train and evaluate, in the invocation that finished it), "
        f"invocations.json.\n"]
-  st_ = long_study.status(out, runs_dir)
+  st_ = long_plan.status(out, runs_dir)
   L += ["## Progress\n"] + [f"- {k}: {d} of {n} runs trained and evaluated"
                             for k, (d, n) in st_.items()]
   inv = _read(out, "invocations.json", [])
