@@ -111,18 +111,22 @@ def job(run: dict, out: str, label: str) -> jobs.Job:
                   _env())
 
 
-def run_all(runs: list, out: str, n_jobs, what: str) -> None:
-  """Trains and evaluates `runs` (finished ones are skipped); records each child's seconds
-  in <out>/timings.json; stops the command on a failure (a rerun resumes)."""
+def run_all(runs: list, out: str, n_jobs, what: str, mark=None) -> None:
+  """Trains and evaluates `runs` (finished ones are skipped); as each child ends, records its
+  seconds in <out>/timings.json and calls `mark` (the invocation's clock); stops the command
+  on a failure (a rerun resumes)."""
   todo = [job(r, out, f"[{what} {i + 1}/{len(runs)}] {name(r)}") for i, r in enumerate(runs)]
   fresh = [not os.path.exists(report_path(out, r)) for r in runs]  # not finished before
-  results = jobs.run(todo, n_jobs, log=_say)
   path = os.path.join(out, "timings.json")
-  timings = _read(path) or {}
-  for r, new, (rc, secs) in zip(runs, fresh, results):
-    if rc == 0 and secs is not None and new:  # a run skipped as finished adds nothing
-      timings.setdefault(f"{r['kind']}-{name(r)}", []).append(round(secs, 1))
-  _write(path, timings)
+
+  def done(i, rc, secs):
+    if rc == 0 and fresh[i]:  # a run skipped as finished adds nothing
+      timings = _read(path) or {}
+      timings.setdefault(f"{runs[i]['kind']}-{name(runs[i])}", []).append(round(secs, 1))
+      _write(path, timings)
+    if mark is not None:
+      mark()
+  results = jobs.run(todo, n_jobs, log=_say, on_done=done)
   for r, (rc, _) in zip(runs, results):
     if rc not in (0, None):
       raise SystemExit(f"{name(r)} failed (exit {rc}; its log: {r['workdir']}/train.log); "
@@ -153,11 +157,11 @@ def extend(grid: list, by_rate: dict) -> list:
   return sorted(grid + ([best / 2] if best == min(grid) else [best * 2]))
 
 
-def tune(runs_dir: str, out: str, n_jobs, meta: dict, train=None) -> dict:
+def tune(runs_dir: str, out: str, n_jobs, meta: dict, train=None, mark=None) -> dict:
   """The sweep with its extensions (module docstring); returns {encoding: chosen rate} after
   writing <out>/lr_sweep.md, or stops the command when a grid is still refused after
   MAX_EXTENSIONS extensions. `train` (runs -> None) replaces run_all in tests."""
-  train = train or (lambda runs: run_all(runs, out, n_jobs, "sweep"))
+  train = train or (lambda runs: run_all(runs, out, n_jobs, "sweep", mark))
   grids = {enc: list(SWEEP_LRS) for enc in ENCODINGS}
   for attempt in range(MAX_EXTENSIONS + 1):
     runs = sweep_plan(grids, runs_dir)
@@ -196,14 +200,12 @@ def main(argv=None) -> int:
   t0 = time.time()
   meta = {"command": "make reproduce-long", "commit": git_commit(), "steps": STEPS}
   mark = invocation(args.out, meta["commit"])
-  rates = tune(args.runs_dir, args.out, args.jobs, meta)
-  mark()
+  rates = tune(args.runs_dir, args.out, args.jobs, meta, mark=mark)
   _write_up(args)  # progress so far, before the pairs train
   good, seed = 0, SEEDS[0]
   while good < len(SEEDS):  # pair by pair: a finished pair is a complete record
     pair = primary_plan(rates, args.runs_dir, [seed])
-    run_all(pair, args.out, args.jobs, f"seed {seed}, pair {good + 1}/{len(SEEDS)}")
-    mark()
+    run_all(pair, args.out, args.jobs, f"seed {seed}, pair {good + 1}/{len(SEEDS)}", mark)
     if all(finite(r, args.out) for r in pair):
       good += 1
     else:  # the preregistration's rule: the pair leaves, the next unused seed replaces it
