@@ -223,12 +223,14 @@ def invocation(out: str, commit: str):
   wall time is the sum of until - started (an invocation cut off by the machine counts up to
   its last finished stage)."""
   path = os.path.join(out, "invocations.json")
-  records = _read(path) or []
-  records.append({"started": round(time.time()), "until": round(time.time()), "commit": commit})
-  _write(path, records)
+  mine = {"started": round(time.time()), "until": round(time.time()), "commit": commit}
+  _write(path, (_read(path) or []) + [mine])
 
-  def mark():
-    records[-1]["until"] = round(time.time())
+  def mark():  # the file as it is now (a note added beside the run is kept), this entry moved
+    records = _read(path) or []
+    for r in records:
+      if r.get("started") == mine["started"] and r.get("commit") == commit:
+        r["until"] = round(time.time())
     _write(path, records)
   return mark
 

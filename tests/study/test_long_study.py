@@ -181,3 +181,20 @@ def test_a_diverged_run_takes_its_pair_out_of_the_family(tmp_path):
   runs = lr.load(out)
   assert 13 not in lr.complete_pairs(runs, "primary", {"rove": 4e-3, "rope": 4e-3})
   assert "(in progress)" in open(long_writeup.write(out, runs_dir)).read()
+
+
+def test_an_invocation_moves_its_own_clock_and_keeps_the_others(tmp_path):
+  out = str(tmp_path)
+  with open(os.path.join(out, "invocations.json"), "w") as f:
+    json.dump([{"started": 1, "until": 5, "commit": "a", "note": "by hand"}], f)
+  mark = ls.invocation(out, "b")
+  with open(os.path.join(out, "invocations.json")) as f:
+    records = json.load(f)
+  records[0]["until"] = 7  # edited while this invocation runs
+  with open(os.path.join(out, "invocations.json"), "w") as f:
+    json.dump(records, f)
+  mark()
+  with open(os.path.join(out, "invocations.json")) as f:
+    records = json.load(f)
+  assert records[0] == {"started": 1, "until": 7, "commit": "a", "note": "by hand"}
+  assert records[1]["commit"] == "b" and records[1]["until"] >= records[1]["started"]
