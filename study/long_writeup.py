@@ -64,7 +64,7 @@ def _runs_table(runs: list, timings: dict, show_losses: bool) -> list[str]:
     shown = f"{val[-1]:.4f}" if val and (show_losses or r["kind"] == "sweep") else "-"
     secs = timings.get(r["key"]) or []
     L.append(f"| {r['key']} | {r['kind']} | {fmt.name(r['encoding'])} | {r['seed']} | "
-             f"{r['lr']:g} | {shown} | {sum(secs) / 60:.1f} |")
+             f"{r['lr']:g} | {shown} | {f'{sum(secs) / 60:.1f}' if secs else '-'} |")
   return L
 
 
