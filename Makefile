@@ -27,6 +27,11 @@ OFFSET_OTHERS = runs/demo/offset/rope-s0 runs/demo/offset/rove-s1 runs/demo/offs
 # seeds and perplexity on the rest, the training-length check, and the retrieval studies
 # (associative recall and two position-dependent tasks); writes results/. Reruns resume.
 REPRODUCE_ARGS ?=
+# The second pre-registered study (study/preregistration_long.md, issue 49): RoVE and RoPE at
+# 2,000 steps, a 3-rate sweep at that horizon, then 10 fresh seed pairs; writes results/long/.
+# Runs at the lowest priority (nice 19) and resumes where it stopped; about 4 hours on 2 idle
+# cores, longer beside other work. Progress: `$(PY) -m study.long_study --status`.
+LONG_ARGS ?=
 
 # The GPU tests, on a machine with a CUDA GPU: every test marked gpu, then the fused GPU kernel's
 # numerics compiled on the GPU (FUSED_GPU_COMPILED=1), within about 4 minutes on one H200. They
@@ -38,7 +43,7 @@ GPU_READY = import jax, sys; gpus = [d for d in jax.devices() if d.platform == "
   sys.exit(None if gpus else "make test-gpu needs a CUDA GPU visible to jax " + jax.__version__ \
   + " in GPU_PYTHON; it sees " + str(jax.devices()))
 
-.PHONY: test test-gpu demo reproduce install clean
+.PHONY: test test-gpu demo reproduce reproduce-long install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +79,9 @@ demo: $(CORE)
 
 reproduce: $(CORE)
 	$(PY) reproduce.py $(REPRODUCE_ARGS)
+
+reproduce-long: $(CORE)
+	nice -n 19 $(PY) -m study.long_study $(LONG_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

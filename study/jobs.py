@@ -42,9 +42,10 @@ def _pin(pid: int, core: Optional[int]) -> None:
       pass
 
 
-def run(jobs: Sequence[Job], n: Optional[int] = None, log=print) -> list:
+def run(jobs: Sequence[Job], n: Optional[int] = None, log=print, on_done=None) -> list:
   """Runs `jobs`, n at a time (default `default_jobs()`), in order of start; stops starting
-  new ones after a failure and waits for those running.
+  new ones after a failure and waits for those running. `on_done(index, exit code, seconds)`,
+  when given, is called as each job ends (e.g. to record it before the others end).
 
   Returns:
     [(exit code, seconds)] in the order of `jobs` (None, None for a job never started).
@@ -77,6 +78,8 @@ def run(jobs: Sequence[Job], n: Optional[int] = None, log=print) -> list:
       f.close()
       secs = time.perf_counter() - t0
       results[i] = (rc, secs)
+      if on_done is not None:
+        on_done(i, rc, secs)
       del running[slot]
       log(f"{jobs[i].label}: {'done' if rc == 0 else f'FAILED (exit {rc})'} in {secs:.0f} s")
       if rc != 0:

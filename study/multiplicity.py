@@ -123,3 +123,53 @@ def sign_flip(diffs: Sequence[float]) -> Optional[dict]:
   hits = int(np.sum(means >= observed * (1 - 1e-12) - 1e-300))
   return {"n": int(d.size), "mean": float(d.mean()), "p": hits / signs.shape[0],
           "p_min": 2 / signs.shape[0]}
+
+
+def tost(diffs: Sequence[float], margin: float, alpha: float = 0.05) -> Optional[dict]:
+  """Two one-sided t-tests over seed-pair differences against an equivalence margin +-margin
+  (on the scale of the differences; the second study's in-distribution row: log perplexity
+  ratios and margin log(1.01), study/preregistration_long.md).
+
+  The two one-sided tests: p_low for H0 "mean <= -margin" (against "mean > -margin") and p_high
+  for H0 "mean >= +margin" (against "mean < +margin"); equivalence when both reject, i.e. when
+  p_equiv = max(p_low, p_high) < alpha (the (1 - 2 alpha) t-interval lies inside the margins).
+  The same two statistics tested the other way round say whether the mean lies beyond a
+  margin: p_below = 1 - p_low for H0 "mean >= -margin" (A lower by more than the margin) and
+  p_above = 1 - p_high for H0 "mean <= +margin" (A higher by more than the margin).
+
+  Returns:
+    {"n", "mean", "df", "margin", "alpha", "p_low", "p_high", "p_equiv", "p_below", "p_above",
+    "lower", "upper": the (1 - 2 alpha) t-interval of the mean, "outcome": "equivalent",
+    "lower" (beyond -margin), "higher" (beyond +margin) or "inconclusive", "p": the p-value of
+    the outcome reached (the smallest of p_equiv, p_below, p_above; at alpha < 0.5 at most one
+    of them is below alpha)}, or None with fewer than 2 pairs.
+
+  Raises:
+    ValueError: a margin that is not positive, or alpha outside (0, 0.5).
+  """
+  from scipy import stats as sps
+
+  if not margin > 0:
+    raise ValueError(f"the equivalence margin must be positive, got {margin!r}")
+  if not 0 < alpha < 0.5:
+    raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
+  d = np.asarray(diffs, dtype=np.float64)
+  if d.size < 2:
+    return None
+  n, mean = d.size, float(d.mean())
+  se, df = float(d.std(ddof=1)) / math.sqrt(n), n - 1
+  if se == 0:  # no spread: each test is decided by the side of the mean
+    p_low = 0.0 if mean > -margin else 1.0
+    p_high = 0.0 if mean < margin else 1.0
+  else:
+    p_low = float(sps.t.sf((mean + margin) / se, df))
+    p_high = float(sps.t.cdf((mean - margin) / se, df))
+  half = float(sps.t.ppf(1 - alpha, df)) * se
+  out = {"n": n, "mean": mean, "df": df, "margin": margin, "alpha": alpha, "p_low": p_low,
+         "p_high": p_high, "p_equiv": max(p_low, p_high), "p_below": 1.0 - p_low,
+         "p_above": 1.0 - p_high, "lower": mean - half, "upper": mean + half}
+  named = {"equivalent": out["p_equiv"], "lower": out["p_below"], "higher": out["p_above"]}
+  reached = [k for k, p in named.items() if p < alpha]
+  out["outcome"] = reached[0] if reached else "inconclusive"
+  out["p"] = min(named.values())
+  return out

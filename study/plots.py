@@ -57,3 +57,45 @@ def loss_curves(curves: dict, runs: list, names: dict) -> Optional[bytes]:
     eval_plots.legend(ax)
   fig.tight_layout()
   return eval_plots.png(fig, 110)
+
+
+def gap_vs_steps(gaps: dict, *, title: str = "RoVE - RoPE held-out loss against training steps",
+                 margin: Optional[float] = None) -> Optional[bytes]:
+  """Every seed pair's RoVE - RoPE held-out loss at each step (points, spread a little
+  sideways), the mean over pairs (line) and its 95 % paired t-interval (band).
+
+  Args:
+    gaps: {step: [difference per pair, in the same pair order at every step]}.
+    margin: drawn as dashed lines at +-margin (an equivalence margin), when given.
+
+  Returns:
+    PNG bytes, or None without steps.
+  """
+  from study import multiplicity
+  steps = sorted(s for s in gaps if gaps[s])
+  if not steps:
+    return None
+  plt = eval_plots.pyplot()
+  fig, ax = plt.subplots(figsize=(8, 4.5))
+  width = 0.25 * (steps[1] - steps[0]) if len(steps) > 1 else 1.0
+  n = max(len(gaps[s]) for s in steps)
+  for s in steps:
+    xs = [s + width * ((i + 0.5) / n - 0.5) for i in range(len(gaps[s]))]
+    ax.scatter(xs, gaps[s], s=12, color="tab:gray", alpha=0.8,
+               label="one seed pair" if s == steps[0] else None)
+  ts = [multiplicity.paired_t(gaps[s]) for s in steps]
+  if all(ts):
+    ax.plot(steps, [t["mean"] for t in ts], "-o", color=LOSS_COLORS.get("rove", "C3"), ms=4,
+            label="mean over pairs")
+    ax.fill_between(steps, [t["lower"] for t in ts], [t["upper"] for t in ts], alpha=0.2,
+                    color=LOSS_COLORS.get("rove", "C3"), label="95 % t-interval")
+  ax.axhline(0, color="black", lw=0.8)
+  if margin:
+    for y in (-margin, margin):
+      ax.axhline(y, color="black", lw=0.8, ls="--",
+                 label=f"+-{margin:.4f} (equivalence margin)" if y < 0 else None)
+  ax.set(title=title, xlabel="training step", ylabel="RoVE - RoPE (nats / byte; < 0: RoVE lower)")
+  ax.grid(alpha=0.3)
+  eval_plots.legend(ax)
+  fig.tight_layout()
+  return eval_plots.png(fig, 110)

@@ -33,16 +33,18 @@ class EdgeError(ValueError):
   """The best rate of a grid is at its end: the grid does not bracket the optimum."""
 
 
-def check_grid(rates: Sequence[float], seeds: Sequence[int], what: str = "the sweep") -> None:
-  """Refuses (ValueError) a grid of fewer than MIN_RATES distinct rates, rates outside (0, 1),
-  or fewer than MIN_SEEDS distinct seeds."""
-  if len(set(rates)) != len(rates) or len(rates) < MIN_RATES:
-    raise ValueError(f"{what}: needs at least {MIN_RATES} distinct learning rates so that the "
+def check_grid(rates: Sequence[float], seeds: Sequence[int], what: str = "the sweep",
+               min_rates: int = MIN_RATES, min_seeds: int = MIN_SEEDS) -> None:
+  """Refuses (ValueError) a grid of fewer than `min_rates` distinct rates, rates outside
+  (0, 1), or fewer than `min_seeds` distinct seeds (the second study, study/long_study.py,
+  sweeps 3 rates on 2 seeds)."""
+  if len(set(rates)) != len(rates) or len(rates) < min_rates:
+    raise ValueError(f"{what}: needs at least {min_rates} distinct learning rates so that the "
                      f"best can lie strictly inside the grid, got {list(rates)}")
   if any(not 0 < lr < 1 for lr in rates):
     raise ValueError(f"{what}: learning rates must be in (0, 1), got {list(rates)}")
-  if len(set(seeds)) != len(seeds) or len(seeds) < MIN_SEEDS:
-    raise ValueError(f"{what}: needs at least {MIN_SEEDS} distinct seeds (seed pairs) a rate, "
+  if len(set(seeds)) != len(seeds) or len(seeds) < min_seeds:
+    raise ValueError(f"{what}: needs at least {min_seeds} distinct seeds (seed pairs) a rate, "
                      f"got {list(seeds)}")
 
 
@@ -98,11 +100,12 @@ def workdir(runs_dir: str, encoding: str, seed: int, lr: float) -> str:
   return os.path.join(runs_dir, "sweep", f"{encoding}-s{seed}-lr{lr:g}")
 
 
-def plan(grids: dict, seeds: Sequence[int], runs_dir: str) -> list[dict]:
+def plan(grids: dict, seeds: Sequence[int], runs_dir: str, min_rates: int = MIN_RATES,
+         min_seeds: int = MIN_SEEDS) -> list[dict]:
   """The sweep's runs, {encoding, seed, kind: "sweep", lr, workdir}: every encoding x rate of
-  its grid x seed (check_grid on each grid first)."""
+  its grid x seed (check_grid on each grid first, with these minimums)."""
   for enc, rates in grids.items():
-    check_grid(rates, seeds, f"the {enc} sweep")
+    check_grid(rates, seeds, f"the {enc} sweep", min_rates, min_seeds)
   return [{"encoding": enc, "seed": seed, "kind": "sweep", "lr": lr,
            "workdir": workdir(runs_dir, enc, seed, lr)}
           for enc, rates in grids.items() for lr in rates for seed in seeds]
@@ -134,7 +137,7 @@ def _mean(xs) -> float:
   return sum(xs) / len(xs)
 
 
-def choose(by_rate: dict, what: str = "the sweep") -> float:
+def choose(by_rate: dict, what: str = "the sweep", min_rates: int = MIN_RATES) -> float:
   """The rule (module docstring): the rate of lowest mean loss, strictly inside the grid.
 
   Args:
@@ -143,11 +146,11 @@ def choose(by_rate: dict, what: str = "the sweep") -> float:
 
   Raises:
     EdgeError: the best rate is the grid's smallest or largest.
-    ValueError: fewer than MIN_RATES rates.
+    ValueError: fewer than `min_rates` rates.
   """
   rates = sorted(by_rate)
-  if len(rates) < MIN_RATES:
-    raise ValueError(f"{what}: {len(rates)} rates, the rule needs at least {MIN_RATES}")
+  if len(rates) < min_rates:
+    raise ValueError(f"{what}: {len(rates)} rates, the rule needs at least {min_rates}")
   best = min(rates, key=lambda lr: _mean(by_rate[lr]))
   if best in (rates[0], rates[-1]):
     side, step = ("smallest", rates[0] / rates[1]) if best == rates[0] else (
@@ -160,12 +163,12 @@ def choose(by_rate: dict, what: str = "the sweep") -> float:
   return best
 
 
-def decide(table: dict) -> tuple[dict, dict]:
+def decide(table: dict, min_rates: int = MIN_RATES) -> tuple[dict, dict]:
   """({encoding: chosen rate}, {encoding: refusal message}) for every encoding of `losses`."""
   chosen, refused = {}, {}
   for enc, by_rate in table.items():
     try:
-      chosen[enc] = choose(by_rate, f"the {enc} sweep")
+      chosen[enc] = choose(by_rate, f"the {enc} sweep", min_rates)
     except EdgeError as e:
       refused[enc] = str(e)
   return chosen, refused
@@ -178,7 +181,7 @@ def markdown(table: dict, seeds: Sequence[int], chosen: dict, refused: dict, met
        f"{meta.get('commit', '?')}, before any comparison run trained. Seeds "
        f"{', '.join(map(str, seeds))} (one pair across the encodings each; not the "
        f"comparison's seeds), {meta.get('steps', '?')} steps, the study's training length.\n",
-       f"Rule: {RULE}.\n"]
+       f"Rule: {meta.get('rule', RULE)}.\n"]
   return "\n".join(L + table_lines(table, chosen, refused)) + "\n"
 
 
@@ -224,9 +227,10 @@ def write(out_dir: str, table: dict, seeds: Sequence[int], chosen: dict, refused
   with open(path, "w") as f:
     f.write(markdown(table, seeds, chosen, refused, meta))
   with open(os.path.join(out_dir, JSON), "w") as f:
-    json.dump({"rule": RULE, "seeds": list(seeds), "meta": meta, "chosen": chosen,
-               "refused": refused, "losses": {e: {f"{lr:g}": v for lr, v in t.items()}
-                                              for e, t in table.items()}}, f, indent=2)
+    json.dump({"rule": meta.get("rule", RULE), "seeds": list(seeds), "meta": meta,
+               "chosen": chosen, "refused": refused,
+               "losses": {e: {f"{lr:g}": v for lr, v in t.items()} for e, t in table.items()}},
+              f, indent=2)
   return path
 
 

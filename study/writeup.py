@@ -120,7 +120,8 @@ def _method(st: rs.Study) -> list:
       f"computed per task; 0 for open-ended answers) is *{verdicts.NOT_MEASURABLE}*, above "
       f"{1 - rs.FLOOR:g} *at the ceiling*: counts, no verdict.\n",
       "Multiplicity: the claims table makes many verdicts. A short family of primary "
-      "comparisons (the abstract's perplexity claims, one row a setting) was fixed before the "
+      "comparisons (the paper's perplexity claims: in-context, Sec. 4; out-of-distribution, "
+      "the abstract and Sec. 4; one row a setting) was fixed before the "
       "numbers were read (study/primary.py); its verdicts are also given after Holm's "
       "adjustment of the t-tests' p-values, as are the exploratory rows', within their own "
       "family; the claims table states how many rows enter each. Each interval's "

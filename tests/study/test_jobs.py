@@ -49,3 +49,11 @@ def test_a_failure_stops_new_starts_and_shows_the_log(tmp_path):
 def test_job_count_is_clamped(tmp_path, n):
   results = jobs.run([_job(tmp_path, "a", 0.0)], n, log=lambda _: None)
   assert results[0][0] == 0 and 1 <= jobs.default_jobs() <= 2
+
+
+def test_on_done_hears_each_job_as_it_ends(tmp_path):
+  heard = []
+  out = jobs.run([_job(tmp_path, "slow", 1.5), _job(tmp_path, "fast", 0.0, rc=3)], 2,
+                 log=lambda line: None, on_done=lambda i, rc, s: heard.append((i, rc)))
+  assert heard == [(1, 3), (0, 0)]  # the fast one first, while the slow one still ran
+  assert [rc for rc, _ in out] == [0, 3]

@@ -1,6 +1,8 @@
 """study.multiplicity against values computed once with statsmodels 0.14
 (multipletests, methods "holm" and "fdr_bh") and scipy.stats.ttest_1samp, committed here."""
 
+import math
+
 import pytest
 
 from study import multiplicity as m
@@ -53,3 +55,24 @@ def test_sign_flip_counts_the_sign_vectors_by_hand():
   assert m.sign_flip([0.5]) is None
   with pytest.raises(ValueError, match="2\\*\\*n"):
     m.sign_flip([1.0] * (m.MAX_SIGN_FLIP_PAIRS + 1))
+
+
+def test_tost_matches_scipy_one_sided_t_tests_and_hand_values():
+  from scipy import stats as sps
+  d = [-0.004, 0.003, -0.001, 0.002, 0.0005, -0.002]
+  r = m.tost(d, 0.01)
+  assert r["p_low"] == pytest.approx(sps.ttest_1samp(d, -0.01, alternative="greater").pvalue)
+  assert r["p_high"] == pytest.approx(sps.ttest_1samp(d, 0.01, alternative="less").pvalue)
+  assert r["outcome"] == "equivalent" and r["p"] == r["p_equiv"] < 0.05
+  # by hand: d = [-3, -2, -1] (mean -2, sd 1, se 1/sqrt 3), margin 0.5: t = -1.5 sqrt 3 = -2.598
+  r = m.tost([-3.0, -2.0, -1.0], 0.5)
+  assert r["p_below"] == pytest.approx(0.0608, abs=1e-4)  # t.cdf(-2.598, 2)
+  assert r["outcome"] == "inconclusive" and r["df"] == 2
+  assert r["upper"] == pytest.approx(-2 + 2.919986 / math.sqrt(3), abs=1e-5)  # t(0.95, 2)
+  r = m.tost([-3.0, -2.5, -2.0, -2.2], 0.5)
+  assert r["outcome"] == "lower" and r["p"] == r["p_below"] < 0.05
+  assert m.tost([3.0, 2.5, 2.0, 2.2], 0.5)["outcome"] == "higher"
+  assert m.tost([0.1, 0.1], 0.5)["outcome"] == "equivalent"  # no spread, inside the margin
+  assert m.tost([1.0], 0.5) is None
+  with pytest.raises(ValueError, match="margin"):
+    m.tost([1.0, 2.0], 0.0)
