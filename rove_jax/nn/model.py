@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from rove_jax import attention, kernels, rotary, scaling
+from rove_jax.kernels import mesh as kernel_mesh
 from rove_jax.nn import baselines
 # generate and sample_logits live in rove_jax.nn.decoding; re-exported for `from rove_jax.nn.model
 # import generate`.
@@ -81,10 +82,31 @@ def _lead(v, ndim):
   return v.reshape((1,) * (ndim - v.ndim) + v.shape)
 
 
+def _heads_split() -> bool:
+  """Whether the active mesh (jax.set_mesh) splits the heads: a tensor axis of size > 1."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return not mesh.empty and dict(zip(mesh.axis_names, mesh.axis_sizes)).get(
+      kernel_mesh.HEAD_AXIS, 1) > 1
+
+
 def _dense(x_BTE, w, b):
-  """x @ w (+ b) for a weight [E, ...] whose trailing axes become the output's."""
-  y = jnp.einsum("bte,e...->bt...", x_BTE, w[...].astype(x_BTE.dtype))
-  return y if b is None else y + _lead(b[...].astype(y.dtype), y.ndim)
+  """x @ w (+ b) for a weight [E, ...] whose trailing axes become the output's.
+
+  Unless the heads are split over a tensor-parallel mesh axis, the product is taken with the
+  trailing axes flattened to one and the bias added along it, so that on GPUs the bias rides in
+  the GEMM's epilogue instead of being broadcast to a full [B, T, ...] tensor the GEMM then
+  reads back. (Flattening [3, H, D] with H split would make GSPMD reshard the product.)
+  """
+  if w.ndim > 2 and _heads_split():
+    y = jnp.einsum("bte,e...->bt...", x_BTE, w[...].astype(x_BTE.dtype))
+    return y if b is None else y + _lead(b[...].astype(y.dtype), y.ndim)
+  w_EF = w[...].astype(x_BTE.dtype)
+  out_shape = x_BTE.shape[:-1] + w_EF.shape[1:]
+  w_EF = w_EF.reshape(w_EF.shape[0], -1)
+  y = jnp.einsum("bte,ef->btf", x_BTE, w_EF)
+  if b is not None:
+    y = y + _lead(b[...].astype(y.dtype).reshape(-1), y.ndim)
+  return y.reshape(out_shape)
 
 
 class Norm(nnx.Module):
