@@ -14,6 +14,7 @@ each, or nothing on TPU pods and SLURM, where jax.distributed.initialize() detec
 """
 
 import os
+import shlex
 import sys
 
 from absl import app, flags, logging
@@ -119,7 +120,9 @@ def main(argv):
     result.report(training.train(c, _WORKDIR.value), c)
   except (ValueError, NotImplementedError) as e:
     return fail(str(e), 2)
-  except (training.NonFiniteError, FloatingPointError) as e:
+  except training.NonFiniteError as e:
+    return fail(f"{e}, e.g. {rerun_command(sys.argv, c.optim.lr)}", 3)
+  except FloatingPointError as e:
     return fail(str(e), 3)
   except ImportError as e:
     return fail(missing_package(e), 1)
@@ -135,6 +138,15 @@ def main(argv):
 
 
 _MODEL_GIVEN: set = set()
+
+
+def rerun_command(argv: list[str], lr: float) -> str:
+  """This command again with a tenth of its learning rate (it resumes from the newest checkpoint
+  in the same workdir, which is a good one: train/health.py)."""
+  keep = [a for a in argv if not a.startswith("--config.optim.lr=")]
+  prog = os.path.basename(keep[0]) if keep[0].endswith("train.py") else keep[0]
+  cmd = [("python " + prog) if prog.endswith(".py") else prog] + [shlex.quote(a) for a in keep[1:]]
+  return " ".join(cmd + [f"--config.optim.lr={lr / 10:g}"])
 
 
 def _override_problems(argv: list[str]) -> list[str]:

@@ -28,7 +28,7 @@ from rove_jax.train import agreement
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import config_schema, run_config
 from rove_jax import data as data_lib
-from rove_jax.train import gpu_options, init_from, packing, resume
+from rove_jax.train import gpu_options, health as health_lib, init_from, packing, resume
 from rove_jax.train import run_control
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train import tracking
@@ -54,7 +54,11 @@ class TrainState:
 
 
 class NonFiniteError(RuntimeError):
-  pass
+  """The run diverged; `last_good` is the step of the newest good checkpoint (None: none)."""
+
+  def __init__(self, message: str, *, last_good: Optional[int] = None):
+    super().__init__(message)
+    self.last_good = last_good
 
 
 # --------------------------------------------------------------------------- components
@@ -348,10 +352,29 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
                  max_batches=c.eval_batches, packing=c.data.packing, process_index=pidx,
                  process_count=nproc)
   place = functools.partial(sharding_lib.place_batch, mesh=mesh)
+  param_norm = jax.jit(clipping.global_norm)
+  health = health_lib.Health(max_loss_jump=c.optim.max_loss_jump,
+                             max_param_growth=c.optim.max_param_growth,
+                             good_step=start if restored is not None else None,
+                             good_norm=float(param_norm(state.params)))
 
-  def save(step):
+  def save(step) -> Optional[str]:
+    """Checkpoints the state if it is good (health.py); else returns why it is not."""
+    norm = float(param_norm(state.params))
+    metrics_log.write({"step": step, "param_norm": norm})
+    problem = health.verdict(norm)
+    if problem is not None:
+      log(f"step {step}: not saved: {problem}; {health.last_good()}")
+      return problem
     ckpt.save(step, ckpt_lib.to_flat(state), iterator.get_state(), {**meta, "step": step})
     metrics_log.flush()  # the metrics of every step a resume keeps are stored with it
+    health.accept(step, norm)
+    return None
+
+  def diverged(what: str) -> NonFiniteError:
+    return NonFiniteError(f"{what}; {health.last_good()} (no later state was saved): rerun "
+                          f"with a lower optim.lr (this run's: {c.optim.lr:g}) or check the data",
+                          last_good=health.good_step)
 
   summary = {"start_step": start, "workdir": workdir}
   nonfinite_run = nonfinite_total = 0
@@ -368,6 +391,7 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
       step += 1
       profiler.after(step, m)
       finite = bool(m["finite"])
+      health.observe(step, float(m["loss"]), finite)
       if float(m["lr"]) > 0:  # warmup's first step (lr 0) changes nothing, skipped or not
         learning += 1
         learning_skipped += not finite
@@ -382,9 +406,8 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
             f"({nonfinite_run} in a row)")
         if nonfinite_run >= c.optim.max_nonfinite:
           ckpt.wait()
-          raise NonFiniteError(
-              f"{nonfinite_run} consecutive non-finite steps (last at step {step}); stopping. "
-              f"The last good checkpoint is kept; lower optim.lr or check the data.")
+          raise diverged(f"{nonfinite_run} consecutive non-finite steps (last at step {step}); "
+                         f"stopping")
       if step % c.log_every == 0 or step == c.steps:
         now = time.perf_counter()
         last = {"step": step, "loss": float(m["loss"]), "lr": float(m["lr"]),
@@ -425,14 +448,20 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
         summary["stopped_by"] = stop.received or "peer"
         break
     profiler.stop(state)  # a run that ended inside the window
-    if ckpt.latest_step() != step:  # always end with a checkpoint of the final state
-      save(step)
+    # Always end with a checkpoint of the final state, if it is good.
+    final_problem = None
+    if ckpt.latest_step() != step and health.good_step != step:
+      final_problem = save(step)
   metrics_log.close()
   if step > start and (nonfinite_total == step - start or learning_skipped == learning > 0):
     raise NonFiniteError(
         f"{nonfinite_total} of the {step - start} steps run were skipped as non-finite, every "
         f"one with a nonzero learning rate: nothing was learned; lower optim.lr or check the "
-        f"data")
+        f"data", last_good=health.good_step)
+  if final_problem is not None:
+    ckpt.wait()
+    raise diverged(f"the state at step {step}, where the run ended, is not good "
+                   f"({final_problem})")
   if data.loss_mask_T is None:  # a masked val loss scores some targets only: no comparison
     counts = np.bincount(np.asarray(data.val_tokens, np.int64), minlength=1).astype(np.float64)
     probs = counts[counts > 0] / counts.sum()

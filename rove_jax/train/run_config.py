@@ -74,6 +74,10 @@ class OptimConfig:
   clip_norm: float = _f(1.0, "global gradient-norm clip (0: off)")
   grad_accum: int = _f(1, "micro-steps a step's batch is split into")
   max_nonfinite: int = _f(10, "consecutive skipped (non-finite) updates before the run stops")
+  max_loss_jump: float = _f(2.0, "a state whose step's loss exceeds this x the median of the "
+                            "recent losses is not checkpointed (0: no check; train/health.py)")
+  max_param_growth: float = _f(4.0, "a state whose parameter norm exceeds this x that of the "
+                               "last good checkpoint is not checkpointed (0: no check)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +253,12 @@ def _validate(c: RunConfig) -> None:
       hint = {"clip_norm": " (clip_norm=0 turns clipping off)",
               "b1": _DECAY_HINT, "b2": _DECAY_HINT}.get(name, "")
       raise ValueError(f"optim.{name} must be a finite number in {interval}, got {value!r}{hint}")
+  for name in ("max_loss_jump", "max_param_growth"):
+    value = getattr(o, name)
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and (value == 0 or value > 1)):
+      raise ValueError(f"optim.{name} must be a finite number > 1, or 0 to turn the check off, "
+                       f"got {value!r}")
   if not (_is_int(o.warmup_steps) and 0 <= o.warmup_steps <= c.steps):
     raise ValueError(f"optim.warmup_steps={o.warmup_steps} must be in [0, steps={c.steps}]; "
                      f"set --config.optim.warmup_steps (e.g. {c.steps // 10}) with a short run")
