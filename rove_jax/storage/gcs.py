@@ -6,19 +6,29 @@ STORAGE_EMULATOR_HOST set (a local GCS API server such as fake-gcs-server, as th
 requests go there unauthenticated; otherwise gcsfs finds the machine's credentials (a TPU VM's
 service account, `gcloud auth application-default login`). Orbax and tensorstore reach the same
 objects on their own (tensorstore reads TENSORSTORE_GCS_HTTP_URL for an emulator).
+
+Every request runs under the storage deadline (rove_jax.storage.deadline): storage that stops
+answering ends the operation with StorageTimeout instead of blocking the run.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import os
+
+from rove_jax.storage import deadline
 
 
 @functools.lru_cache(maxsize=None)
 def _fs(emulator: str):
   import gcsfs  # the [gcs] extra; rove_jax.storage.paths.resolve checked it is installed
   if emulator:
-    return gcsfs.GCSFileSystem(use_listings_cache=False, token="anon", skip_instance_cache=True)
+    # The core client: gcsfs's experimental one (chosen at its import unless
+    # GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false) first probes the server over gRPC, which an
+    # emulator never answers.
+    from gcsfs.core import GCSFileSystem
+    return GCSFileSystem(use_listings_cache=False, token="anon", skip_instance_cache=True)
   return gcsfs.GCSFileSystem(use_listings_cache=False, skip_instance_cache=True)
 
 
@@ -31,20 +41,20 @@ def _key(path: str) -> str:
 
 
 def exists(path: str) -> bool:
-  return fs().exists(_key(path))
+  return _call(lambda: fs().exists(_key(path)), "checking", path)
 
 
 def isdir(path: str) -> bool:
-  return fs().isdir(_key(path))
+  return _call(lambda: fs().isdir(_key(path)), "checking", path)
 
 
 def isfile(path: str) -> bool:
-  return fs().isfile(_key(path))
+  return _call(lambda: fs().isfile(_key(path)), "checking", path)
 
 
 def listdir(path: str) -> list[str]:
   try:
-    entries = fs().ls(_key(path), detail=False)
+    entries = _call(lambda: fs().ls(_key(path), detail=False), "listing", path)
   except FileNotFoundError:
     return []
   key = _key(path)
@@ -54,7 +64,7 @@ def listdir(path: str) -> list[str]:
 def file_sizes(path: str) -> dict[str, int]:
   """{name: size} of the objects directly under path, from one listing request."""
   try:
-    entries = fs().ls(_key(path), detail=True)
+    entries = _call(lambda: fs().ls(_key(path), detail=True), "listing", path)
   except FileNotFoundError:
     return {}
   return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
@@ -62,50 +72,52 @@ def file_sizes(path: str) -> dict[str, int]:
 
 
 def remove(path: str) -> None:
-  fs().rm_file(_key(path))
+  _call(lambda: fs().rm_file(_key(path)), "deleting", path)
 
 
 def rmtree(path: str) -> None:
   # object by object: gcsfs's rm(recursive=True) would read [ ] * ? in the name as a pattern
   key = _key(path)
-  for name in fs().find(key):
+  for name in _call(lambda: fs().find(key), "listing", path):
     if name == key or name.startswith(key + "/"):
-      fs().rm_file(name)
+      _call(lambda: fs().rm_file(name), "deleting", f"gs://{name}")
 
 
 def size(path: str) -> int:
-  return int(fs().info(_key(path))["size"])
+  return int(_call(lambda: fs().info(_key(path)), "reading the size of", path)["size"])
 
 
 def mtime(path: str) -> float:
-  return fs().info(_key(path))["mtime"].timestamp()
+  return _call(lambda: fs().info(_key(path)), "reading the time of", path)["mtime"].timestamp()
 
 
 def read_bytes(path: str) -> bytes:
-  return fs().cat_file(_key(path))
+  return _call(lambda: fs().cat_file(_key(path)), "reading", path)
 
 
 def open_read(path: str):
-  return fs().open(_key(path), "rb")
+  """A binary file object whose every read runs under the storage deadline."""
+  return _DeadlinedReader(_call(lambda: fs().open(_key(path), "rb"), "opening", path), path)
 
 
 def download_into(path: str, f) -> None:
-  with fs().open(_key(path), "rb", block_size=16 * 2**20) as src:
+  src = _call(lambda: fs().open(_key(path), "rb", block_size=16 * 2**20), "opening", path)
+  with _DeadlinedReader(src, path) as src:
     while True:
-      chunk = src.read(16 * 2**20)
+      chunk = src.read(16 * 2**20)  # each chunk within the deadline, not the whole download
       if not chunk:
         return
       f.write(chunk)
 
 
 def write(path: str, data: bytes) -> None:
-  fs().pipe_file(_key(path), data)
+  _call(lambda: fs().pipe_file(_key(path), data), "writing", path)
 
 
 def create_exclusive(path: str, data: bytes) -> bool:
   """Creates the object only if it does not exist (the ifGenerationMatch=0 precondition)."""
   try:
-    fs().pipe_file(_key(path), data, mode="create")
+    _call(lambda: fs().pipe_file(_key(path), data, mode="create"), "creating", path)
   except FileExistsError:
     return False
   return True
@@ -113,7 +125,8 @@ def create_exclusive(path: str, data: bytes) -> bool:
 
 def walk_files(root: str) -> list[str]:
   key = _key(root)
-  return sorted(p[len(key) + 1:] for p in fs().find(key) if p.startswith(key + "/"))
+  found = _call(lambda: fs().find(key), "listing", root)
+  return sorted(p[len(key) + 1:] for p in found if p.startswith(key + "/"))
 
 
 def forget_listings() -> None:
@@ -121,4 +134,42 @@ def forget_listings() -> None:
   etils.epath (created as GCSFileSystem(finalize_on_close=True), which fsspec keeps as one
   instance): after this module moved or deleted objects, orbax must list them afresh."""
   import gcsfs
-  gcsfs.GCSFileSystem(finalize_on_close=True).invalidate_cache()
+  _call(lambda: gcsfs.GCSFileSystem(finalize_on_close=True).invalidate_cache(),
+        "reaching", "gs:// (orbax's client)")
+
+
+def _call(fn, what: str, path: str):
+  return deadline.call(fn, what=what, path=str(path))
+
+
+class _DeadlinedReader(io.RawIOBase):
+  """A gcsfs file opened for reading, each read and seek under the storage deadline."""
+
+  def __init__(self, f, path: str):
+    super().__init__()
+    self._f, self._path = f, str(path)
+
+  def readable(self) -> bool:
+    return True
+
+  def seekable(self) -> bool:
+    return True
+
+  def read(self, size: int = -1) -> bytes:
+    return _call(lambda: self._f.read(size), "reading", self._path)
+
+  def readinto(self, b) -> int:
+    data = self.read(len(b))
+    b[:len(data)] = data
+    return len(data)
+
+  def seek(self, offset: int, whence: int = 0) -> int:
+    return self._f.seek(offset, whence)  # gcsfs seeks without a request
+
+  def tell(self) -> int:
+    return self._f.tell()
+
+  def close(self) -> None:
+    if not self.closed:
+      self._f.close()
+    super().close()

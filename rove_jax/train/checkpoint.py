@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional
 import jax
 import orbax.checkpoint as ocp
 
-from rove_jax.storage import paths
+from rove_jax.storage import deadline, paths
 from rove_jax.train import checksums
 from rove_jax.train.checksums import CorruptCheckpoint, verify, verify_meta  # noqa: F401
 # the train state as named entries (re-exported: callers use ckpt_lib.to_flat etc.)
@@ -79,10 +79,19 @@ _ENV_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "PERMISS
                 "DEADLINE_EXCEEDED", "UNAVAILABLE", "Cannot allocate memory")
 
 
+# What the storage deadline's message calls each CheckpointManager call on a gs:// directory.
+_REMOTE_OPERATIONS = {
+    "save": "saving a checkpoint in", "wait_until_finished": "waiting for a checkpoint write in",
+    "restore": "reading a checkpoint in", "all_steps": "listing the checkpoints in",
+    "item_metadata": "reading checkpoint metadata in", "close": "closing the checkpoints in",
+    "check_for_errors": "checking the checkpoint writes in"}
+
+
 def _not_the_checkpoints_fault(e: BaseException) -> bool:
   """Failures of the machine rather than of the files: retrying later may well succeed, so
   they must never get a checkpoint moved aside."""
-  if isinstance(e, (MemoryError, PermissionError, TimeoutError, ConnectionError)):
+  if isinstance(e, (MemoryError, PermissionError, TimeoutError, ConnectionError,
+                    InterruptedError)):
     return True
   if isinstance(e, OSError) and e.errno in _ENV_ERRNOS:
     return True
@@ -149,7 +158,14 @@ class Checkpointer:
     where = self.directory if self.read_only and not paths.glob_chars(self.directory) else (
         paths.orbax_dir(self.directory))
     with _without_read_only_notice(self.read_only):
-      self.manager = ocp.CheckpointManager(where, options=options, item_handlers=handlers)
+      if paths.is_remote(self.directory):  # storage that stops answering ends with an error
+        self.manager = deadline.Bounded(
+            deadline.call(lambda: ocp.CheckpointManager(where, options=options,
+                                                        item_handlers=handlers),
+                          what="opening the checkpoints in", path=self.directory),
+            self.directory, _REMOTE_OPERATIONS)
+      else:
+        self.manager = ocp.CheckpointManager(where, options=options, item_handlers=handlers)
 
   # ------------------------------------------------------------------------------ query
   def steps(self) -> list[int]:
@@ -214,10 +230,10 @@ class Checkpointer:
     """Any failure inside as one SaveError naming the directory and its cause."""
     try:
       yield
-    except SaveError:
-      raise
+    except (SaveError, deadline.StorageTimeout, deadline.StorageInterrupted):
+      raise  # the deadline's own line names the operation and the path
     except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
-      latest = self.latest_step_quietly()
+      latest = self.latest_step_quietly(finished_only=True)
       cause = _root_cause(e)
       text = " ".join(str(cause).split())
       if len(text) > 240:  # orbax's messages: the path first, what went wrong at the end
@@ -226,11 +242,14 @@ class Checkpointer:
                       + (f"the checkpoint at step {latest} is intact" if latest is not None
                          else "no earlier checkpoint exists")) from e
 
-  def latest_step_quietly(self) -> Optional[int]:
+  def latest_step_quietly(self, *, finished_only: bool = False) -> Optional[int]:
+    """The newest step, or None when the listing fails; with finished_only, never the step of
+    the save in progress (a failed save's directory can be listed without being a checkpoint)."""
     try:
-      return self.latest_step()
+      steps = [s for s in self.steps() if not (finished_only and s == self._pending)]
     except Exception:  # noqa: BLE001 - only for a message
       return None
+    return steps[-1] if steps else None
 
   def _background(self) -> str:
     return f"saving the checkpoint at step {self._pending} (in the background)"

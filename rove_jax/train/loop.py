@@ -28,6 +28,7 @@ from rove_jax.train import agreement
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import config_schema, run_config
 from rove_jax import data as data_lib
+from rove_jax.storage import deadline
 from rove_jax.train import gpu_options, health as health_lib, init_from, packing, resume
 from rove_jax.train import run_control
 from rove_jax.train import sharding as sharding_lib
@@ -203,6 +204,8 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
   """
   c = config_schema.build(c, log=log)
   run_config.check_environment(c)
+  deadline.reset()  # a stop or a storage failure of an earlier run in this process is past
+  deadline.configure(c.storage_timeout)
   if jax.process_index() != 0:
     log = lambda *a, **k: None
   if "wandb" in tracking.parse_tracking(c.tracking) and jax.process_index() == 0:
@@ -247,7 +250,7 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
         ckpt.close_quietly(log)
     finally:
       if pidx == 0:
-        lock.release()
+        run_control.release_lock(lock, log)
 
 
 def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:

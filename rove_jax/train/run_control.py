@@ -1,6 +1,7 @@
 """What stops or shows a running training loop: SIGTERM / SIGINT (`StopSignal`), the progress
-bar (`progress`), and the failures found between steps (`failure`: a background checkpoint save
-that failed, the writer lock taken over by another trainer).
+bar (`progress`), the failures found between steps (`failure`: a background checkpoint save
+that failed, the writer lock taken over by another trainer), and the lock's release at the end
+(`release_lock`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import signal
 import sys
 from typing import Optional
 
+from rove_jax.storage import deadline
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import resume
 
@@ -31,6 +33,7 @@ class StopSignal:
 
   def _handle(self, signum, frame):
     self.received = signal.Signals(signum).name
+    deadline.interrupt()  # a wait blocked on storage that stopped answering ends soon
 
   def __exit__(self, *exc):
     for sig, old in self._old.items():
@@ -58,3 +61,15 @@ def failure(ckpt, lock) -> Optional[Exception]:
   except (ckpt_lib.SaveError, resume.LockError) as e:
     return e
   return None
+
+
+def release_lock(lock, log) -> None:
+  """Releases the writer lock; while the run is already failing (storage gone), a failure to
+  release is logged and the first error stays the one reported."""
+  failing = sys.exc_info()[1] is not None
+  try:
+    lock.release()
+  except OSError as e:
+    if not failing:
+      raise
+    log(f"while stopping: the writer lock was left as it was ({e})")
