@@ -180,9 +180,14 @@ def test_threads_racing_over_a_stale_lock_never_both_win(tmp_path, backend, tria
     won[0].release()
 
 
+def _on_another_host(lk):
+  """`lk` as if it ran on another machine: judged by its lease, not by a pid here."""
+  lk.record.update(host="another-host", pid_namespace="another-boot-id:4:4026531836")
+  return lk
+
+
 def test_a_live_lease_holds_whatever_this_hosts_clock_says(root, monkeypatch):
-  holder = lock_lib.WriterLock(root, heartbeat_s=60)
-  holder.record["host"] = "another-host"  # judged by its lease, not by a pid here
+  holder = _on_another_host(lock_lib.WriterLock(root, heartbeat_s=60))
   holder.acquire(log=lambda *_: None)
   real = time.time
   monkeypatch.setattr(time, "time", lambda: real() + 400)  # this host's clock runs 400 s ahead
@@ -192,8 +197,7 @@ def test_a_live_lease_holds_whatever_this_hosts_clock_says(root, monkeypatch):
 
 
 def test_a_holder_whose_lease_was_taken_over_stops(root):
-  stalled = lock_lib.WriterLock(root, heartbeat_s=3600)  # never renews in time
-  stalled.record["host"] = "another-host"
+  stalled = _on_another_host(lock_lib.WriterLock(root, heartbeat_s=3600))  # renews too late
   stalled.acquire(log=lambda *_: None)
   time.sleep(1.0)
   notes = []
