@@ -6,6 +6,7 @@ lease runs out. The exclusivity and the lease itself are tested in test_paths.py
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -129,7 +130,7 @@ def test_a_holder_in_another_pid_namespace_is_not_taken_over_while_it_renews(tmp
   # In the new namespace the holder is made to get the pid that is dead here (ns_last_pid is
   # the pid given last), as a container's process can; `; true` keeps sh from exec'ing it.
   script = (f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "
-            f"{sys.executable} -c '{HOLD}' '{tmp_path}'; true")
+            f"{shlex.join([sys.executable, '-c', HOLD, str(tmp_path)])}; true")
   proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
                            "sh", "-c", script], cwd=repo, stdout=subprocess.PIPE, text=True)
   try:
