@@ -8,13 +8,23 @@ the ifGenerationMatch=0 precondition on GCS), so of several processes that find 
 a released lock is rewritten as released, not deleted (only a full disk, where nothing can be
 rewritten, gets it deleted), so no two holders create the same number from different pasts.
 
-The holder renews its lease every `heartbeat_s` by rewriting its file. A lock is stale when its
-holder ran on this host and its process is gone, or when the file's age exceeds
-`stale_after_s`, the age measured between two timestamps of the storage itself (the file's
-modification time and that of a probe written now), never with this machine's clock, so hosts
-whose clocks disagree still agree on staleness. A holder whose lock was taken over (it stalled
-past the lease) finds a higher number at its next heartbeat: `check()` then raises, and the run
-stops before it writes another checkpoint.
+The holder renews its lease every `heartbeat_s` by rewriting its file. A lock is stale when the
+file's age exceeds `stale_after_s`, the age measured between two timestamps of the storage
+itself (the file's modification time and that of a probe written now), never with this
+machine's clock, so hosts whose clocks disagree still agree on staleness. A holder whose lock
+was taken over (it stalled past the lease) finds a higher number at its next heartbeat:
+`check()` then raises, and the run stops before it writes another checkpoint.
+
+The fast path: a lock whose holder's process is gone is free at once, without waiting for the
+lease, but only when its pid means the same process here as where it was written. A hostname
+does not prove that (two containers on one host network share a name, cloned machines too), so
+each record carries its pid namespace: the kernel's boot id (random at each boot, so two
+machines or two boots never share it) and the inode of /proc/self/ns/pid (unique among the pid
+namespaces alive on that kernel; reused only after every process of the old one is gone). Equal
+values mean the holder's pid is a pid of this process's namespace, and `kill(pid, 0)` with the
+kernel start time of the pid tells whether that process still runs. Any other record (another
+namespace or machine, a system without /proc, a record of an older version) is judged by its
+lease alone.
 """
 
 from __future__ import annotations
@@ -51,6 +61,21 @@ def _start_time(pid: int) -> Optional[str]:
     return None
 
 
+def _pid_namespace() -> Optional[str]:
+  """Where this process's pid has its meaning: "<boot id>:<nsfs device>:<pid namespace inode>";
+  None where /proc cannot say (not Linux, /proc unmounted or masked, or a /proc mounted from
+  another pid namespace, whose /proc/<pid> files would describe other processes)."""
+  try:
+    if os.readlink("/proc/self") != str(os.getpid()):
+      return None
+    with open("/proc/sys/kernel/random/boot_id") as f:
+      boot = f.read().strip()
+    ns = os.stat("/proc/self/ns/pid")
+  except OSError:
+    return None
+  return f"{boot}:{ns.st_dev}:{ns.st_ino}" if boot else None
+
+
 def _alive(pid: int) -> bool:
   try:
     os.kill(pid, 0)
@@ -83,7 +108,8 @@ class WriterLock:
     self._stop = threading.Event()
     self._thread = None
     self.record = {"host": socket.gethostname(), "pid": os.getpid(),
-                   "pid_start": _start_time(os.getpid()), "id": uuid.uuid4().hex,
+                   "pid_start": _start_time(os.getpid()),
+                   "pid_namespace": _pid_namespace(), "id": uuid.uuid4().hex,
                    "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv[:8],
                    "beat": 0}
 
@@ -115,13 +141,20 @@ class WriterLock:
   def _free(self, number: int, holder: dict) -> bool:
     if holder.get("released"):
       return True
-    if holder and holder.get("host") == self.record["host"]:
-      pid = holder.get("pid")
-      if not isinstance(pid, int) or not _alive(pid):
+    if self._same_pid_namespace(holder):
+      pid = holder["pid"]
+      if not _alive(pid):
         return True
-      started = holder.get("pid_start")
+      started = holder.get("pid_start")  # a live pid started later is another process
       return started is not None and _start_time(pid) not in (None, started)
     return self._age(number) > self.stale_after_s
+
+  def _same_pid_namespace(self, holder: dict) -> bool:
+    """Whether the holder's pid names a process of this one's pid namespace (module doc)."""
+    pid = holder.get("pid")
+    ours = self.record["pid_namespace"]
+    return (ours is not None and holder.get("pid_namespace") == ours
+            and isinstance(pid, int) and pid > 0)
 
   # ------------------------------------------------------------------------ acquiring
   def acquire(self, *, log=print) -> None:
@@ -136,8 +169,10 @@ class WriterLock:
         if not self._free(newest, holder):
           raise self._held_error(holder, newest)
         if not holder.get("released"):
-          log(f"taking over the writer lock of {self.directory} from a process that is no "
-              f"longer running ({_who(holder)})")
+          why = ("that is no longer running" if self._same_pid_namespace(holder) else
+                 f"whose lease was not renewed for over {self.stale_after_s:g} s")
+          log(f"taking over the writer lock of {self.directory} from a process {why} "
+              f"({_who(holder)})")
       if paths.create_exclusive(self._file(newest + 1), json.dumps(self.record)):
         self._number = newest + 1
         self.path = self._file(self._number)
@@ -151,11 +186,16 @@ class WriterLock:
                     f"keep taking it")
 
   def _held_error(self, holder: dict, number: int) -> LockError:
+    where = ""
+    if holder.get("host") == self.record["host"] and not self._same_pid_namespace(holder):
+      where = (" (this host's name, but another pid namespace or machine: a container, or a "
+               "record without one, so only its lease tells whether it lives)")
     return LockError(
-        f"{self.what} {self.directory} is being written by {_who(holder)}: two writers would "
-        f"overwrite each other's files. Stop that process or choose another {self.what}. If it "
-        f"is gone (its machine was lost), its lock goes stale {self.stale_after_s:.0f} s after "
-        f"its last heartbeat; or delete {self._file(number)} by hand.")
+        f"{self.what} {self.directory} is being written by {_who(holder)}{where}: two writers "
+        f"would overwrite each other's files. Stop that process or choose another {self.what}. "
+        f"If it is gone (its machine or container was lost), its lock goes stale "
+        f"{self.stale_after_s:.0f} s after its last heartbeat; or delete {self._file(number)} by "
+        f"hand.")
 
   # ------------------------------------------------------------------------- holding
   def _beat(self):

@@ -16,7 +16,8 @@ delete.
 
 Glob characters (`[ ] * ?`) in a path: orbax globs inside its checkpoint directories, so it
 cannot write under such a path. A local one is handed to orbax through a link without them
-(`orbax_dir`); a gs:// one is refused before any work by `check_orbax_path`.
+(`orbax_dir`, in a private directory of this user's: `link_root`); a gs:// one is refused before
+any work by `check_orbax_path`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import importlib.util
 import os
 import posixpath
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -120,23 +122,52 @@ def check_orbax_path(path: str, *, what: str = "--workdir") -> None:
 
 def orbax_dir(path: str) -> str:
   """The name to give orbax for the directory `path`: itself, or for a local path with glob
-  characters a link to it (in the temporary directory, named by a digest of the real path) that
-  has none. The directory is created."""
+  characters a link to it (in `link_root()`, named by a digest of the real path) that has none.
+  The directory is created."""
   makedirs(path)
   if not glob_chars(path) or is_remote(path):
     check_orbax_path(path)
     return path
   real = os.path.realpath(path)
-  root = os.path.join(tempfile.gettempdir(), f"rove-jax-links-{os.getuid()}")
-  os.makedirs(root, exist_ok=True)
+  root = link_root()
   link = os.path.join(root, hashlib.sha256(real.encode()).hexdigest()[:24])
-  if glob_chars(link):
-    raise ValueError(f"the temporary directory {root} contains glob characters; set TMPDIR")
   if not (os.path.islink(link) and os.readlink(link) == real):
     tmp = f"{link}.{uuid.uuid4().hex}"
     os.symlink(real, tmp)
     os.replace(tmp, link)
   return link
+
+
+def link_root() -> str:
+  """This user's directory of links for `orbax_dir`: TMPDIR/rove-jax-links-<uid>, created
+  private (mode 0700). Every checkpoint of a glob-named workdir is written through a link
+  there, so a directory another user could write in (theirs, a symlink to elsewhere, one with
+  group or other write permission) would let them redirect checkpoints: it is refused. One of
+  ours that others can only read (made by an older version under umask 022) is closed to 0700,
+  since nobody else could have changed its links."""
+  root = os.path.join(tempfile.gettempdir(), f"rove-jax-links-{os.getuid()}")
+  if glob_chars(root):
+    raise ValueError(f"the temporary directory {root} contains glob characters; set TMPDIR")
+  try:
+    os.mkdir(root, 0o700)
+  except FileExistsError:
+    pass
+  st = os.lstat(root)
+  fix = f"remove it (rm -r '{root}') or set TMPDIR to a directory only you can write"
+  if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+    kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+    raise PermissionError(f"the checkpoint link directory {root} is {kind}, not a directory of "
+                          f"this user's; {fix}")
+  if st.st_uid != os.getuid():
+    raise PermissionError(f"the checkpoint link directory {root} belongs to uid {st.st_uid}, not "
+                          f"this user (uid {os.getuid()}), who could redirect checkpoints; {fix}")
+  if st.st_mode & 0o022:
+    raise PermissionError(f"the checkpoint link directory {root} is writable by other users "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o}), who could redirect "
+                          f"checkpoints; {fix}")
+  if st.st_mode & 0o077:
+    os.chmod(root, 0o700)
+  return root
 
 
 # ----------------------------------------------------------------------------- operations

@@ -5,8 +5,10 @@ exclusive on both backends, stale by the storage's clock, released, taken over o
 import json
 import multiprocessing
 import os
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -92,6 +94,71 @@ def test_orbax_gets_a_glob_free_name_for_a_local_directory(tmp_path):
   assert paths.orbax_dir(d) == link  # stable across calls (and processes)
   plain = str(tmp_path / "plain")
   assert paths.orbax_dir(plain) == plain
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+  """TMPDIR for this test alone, world-writable and sticky like /tmp; yields where this user's
+  link directory goes."""
+  tmp = tmp_path / "tmp"
+  tmp.mkdir()
+  os.chmod(tmp, 0o1777)
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+  return tmp / f"rove-jax-links-{os.getuid()}"
+
+
+def test_the_link_directory_is_created_private(tmp_path, private_tmp):
+  link = paths.orbax_dir(str(tmp_path / "lr[3e-4]"))
+  assert os.path.dirname(link) == str(private_tmp)
+  st = os.lstat(private_tmp)
+  assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
+  assert st.st_uid == os.getuid()
+
+
+def test_a_link_directory_others_can_only_read_is_closed(tmp_path, private_tmp):
+  """One an older version made under umask 022: nobody else could write in it."""
+  private_tmp.mkdir()
+  os.chmod(private_tmp, 0o755)
+  link = paths.orbax_dir(str(tmp_path / "lr[3e-4]"))
+  assert os.path.realpath(link) == str(tmp_path / "lr[3e-4]")
+  assert stat.S_IMODE(os.lstat(private_tmp).st_mode) == 0o700
+
+
+def _attacker_dir(tmp_path):
+  """Where another user would like the checkpoints to go."""
+  theirs = tmp_path / "theirs"
+  theirs.mkdir()
+  return theirs
+
+
+@pytest.mark.parametrize("case", ["mode 0777", "mode 0770", "symlink", "another uid"])
+def test_a_link_directory_another_user_could_write_is_refused(tmp_path, private_tmp, case):
+  theirs = _attacker_dir(tmp_path)
+  if case == "symlink":
+    os.symlink(theirs, private_tmp)
+    expect = "is a symbolic link"
+  elif case == "another uid":
+    if os.geteuid() != 0:
+      pytest.skip("giving a directory to another uid needs root")
+    private_tmp.mkdir(mode=0o700)
+    os.chown(private_tmp, 65534, 65534)
+    expect = f"belongs to uid 65534, not this user \\(uid {os.getuid()}\\)"
+  else:
+    private_tmp.mkdir()
+    os.chmod(private_tmp, int(case.split()[1], 8))
+    expect = f"writable by other users \\({case}\\)"
+  before = sorted(os.listdir(private_tmp))
+  workdir = tmp_path / "lr[3e-4]"
+  with pytest.raises(PermissionError, match=expect) as e:
+    paths.orbax_dir(str(workdir))
+  message = str(e.value)
+  assert "\n" not in message and str(private_tmp) in message
+  assert f"rm -r '{private_tmp}'" in message and "set TMPDIR" in message
+  assert sorted(os.listdir(private_tmp)) == before and os.listdir(theirs) == []  # no link made
+  assert stat.S_ISLNK(os.lstat(private_tmp).st_mode) == (case == "symlink")  # left as it was
+  if case != "symlink":
+    assert stat.S_IMODE(os.lstat(private_tmp).st_mode) == (
+        0o700 if case == "another uid" else int(case.split()[1], 8))
 
 
 def test_a_gs_directory_with_glob_characters_is_refused_for_orbax():
@@ -180,9 +247,14 @@ def test_threads_racing_over_a_stale_lock_never_both_win(tmp_path, backend, tria
     won[0].release()
 
 
+def _on_another_host(lk):
+  """`lk` as if it ran on another machine: judged by its lease, not by a pid here."""
+  lk.record.update(host="another-host", pid_namespace="another-boot-id:4:4026531836")
+  return lk
+
+
 def test_a_live_lease_holds_whatever_this_hosts_clock_says(root, monkeypatch):
-  holder = lock_lib.WriterLock(root, heartbeat_s=60)
-  holder.record["host"] = "another-host"  # judged by its lease, not by a pid here
+  holder = _on_another_host(lock_lib.WriterLock(root, heartbeat_s=60))
   holder.acquire(log=lambda *_: None)
   real = time.time
   monkeypatch.setattr(time, "time", lambda: real() + 400)  # this host's clock runs 400 s ahead
@@ -192,8 +264,7 @@ def test_a_live_lease_holds_whatever_this_hosts_clock_says(root, monkeypatch):
 
 
 def test_a_holder_whose_lease_was_taken_over_stops(root):
-  stalled = lock_lib.WriterLock(root, heartbeat_s=3600)  # never renews in time
-  stalled.record["host"] = "another-host"
+  stalled = _on_another_host(lock_lib.WriterLock(root, heartbeat_s=3600))  # renews too late
   stalled.acquire(log=lambda *_: None)
   time.sleep(1.0)
   notes = []

@@ -256,7 +256,8 @@ def test_a_live_lock_holder_stops_a_second_trainer_and_a_dead_ones_lock_is_taken
   try:
     lock = workdir / f"{lock_lib.PREFIX}1"
     record = {"host": socket.gethostname(), "pid": holder.pid,
-              "pid_start": lock_lib._start_time(holder.pid), "started": "earlier",
+              "pid_start": lock_lib._start_time(holder.pid),
+              "pid_namespace": lock_lib._pid_namespace(), "started": "earlier",
               "argv": ["train.py"]}
     lock.write_text(json.dumps(record))
     before = tree_digest(workdir)
