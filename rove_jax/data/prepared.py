@@ -26,9 +26,10 @@ manifest.json:
                bytes, sha256}]}}; "documents" counts the documents that end in it (its eot ids)
 
 Checks: every open compares each shard's size with the manifest (cheap); `verify` hashes the
-shards (sha256): a training run does it at its first start, each process hashing its share
-of the shards. Errors name the damaged shard and the fix (rerunning the manifest's command
-finds and rewrites damaged shards).
+shards (sha256), each process its share; a training run checks every shard it reads at every
+start (`shard_check`: hashed once per machine, then again only when its file changed since).
+Errors name the damaged shard and the fix (rerunning the manifest's command finds and rewrites
+damaged shards).
 
 Reading: `load(path, split, tokenizer)` refuses a tokenizer whose fingerprint differs from the
 manifest's and returns the split as one flat read-only token array: a np.memmap (one shard) or
@@ -38,7 +39,7 @@ which gathers only the windows of its own rows (pipeline.train_iterator), reads 
 On Google Cloud Storage: the directory may be gs://bucket/path. The manifest is read from
 there; a shard is copied once into a local cache (`paths.local_copy`: ~/.cache/rove_jax/remote
 or $XDG_CACHE_HOME/rove_jax/remote, reused while the object is unchanged) and memory-mapped from
-it; `verify` hashes those local copies, which are what training reads.
+it; `verify` and `shard_check` hash those local copies, which are what training reads.
 
 Identity: `identity(manifest, path)` is what a run records to know its data again: the sha256
 of the manifest's description of the contents (dtype, tokenizer, every shard's sha256), which
@@ -372,7 +373,7 @@ def file_sha256(file: str, start: int = 0) -> str:
 
 
 def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
-            process_index: int = 0, process_count: int = 1,
+            allow_changed: bool = False, process_index: int = 0, process_count: int = 1,
             max_train_tokens: Optional[int] = None,
             max_val_tokens: Optional[int] = None) -> tuple[Tokenizer, Any, Any, dict]:
   """A training run's tokenizer, token arrays and data identity from a prepared directory.
@@ -385,7 +386,9 @@ def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
     path: the prepared directory (local or gs://).
     spec: the run's tokenizer spec (data.tokenizer).
     workdir: the run directory (local or gs://).
-    verify_shards: hash this process's share of the shards (`verify`) first.
+    verify_shards: check every shard first (`shard_check.check`: hashed once per machine,
+      then again only when its file changed).
+    allow_changed: a shard that does not match its sha256 is a warning, not an error.
     process_index, process_count: this process and how many there are.
     max_train_tokens, max_val_tokens: caps, as for `load_tokens`.
 
@@ -409,7 +412,9 @@ def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
   tok = tokenization.get_tokenizer(spec, workdir=workdir, train_texts=not_trained)
   check_tokenizer(manifest, tok, path)
   if verify_shards:
-    _verify(path, manifest, process_index, process_count, _log, True)
+    from rove_jax.data import shard_check  # it reads shards through this module
+    shard_check.check(path, manifest, process_index=process_index, process_count=process_count,
+                      allow_changed=allow_changed, log=_log)
   train = _load(path, manifest, "train", tok, max_train_tokens)
   val = _load(path, manifest, "val", tok, max_val_tokens)
   ident = identity(manifest, path)
