@@ -139,4 +139,3 @@ def _mismatch(path: str, manifest: dict, shard: dict, allow_changed: bool, log) 
       f"rove-prepare wrote it. To train on what the run began with, "
       f"{prepared.fix_hint(manifest)}; to train on it as it is, pass "
       f"--config.data.allow_changed=True")
-
