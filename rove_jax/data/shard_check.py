@@ -19,8 +19,7 @@ meanwhile, so that together they hash each shard about once; processes on anothe
 their own copies once.
 
 A local copy of a gs:// shard that fails is fetched again once (the cache is damaged, not the
-dataset); a shard that still fails stops the run naming it and the fix, or, with
-allow_changed, is read as it is after a warning.
+dataset). What to do about a shard that still fails is the caller's (`prepared.for_run`).
 """
 
 from __future__ import annotations
@@ -29,12 +28,28 @@ import hashlib
 import json
 import os
 import time
-from rove_jax.data import prepared
 from rove_jax.data.sources import SPLITS
 from rove_jax.storage import paths
 
 SETTLE_NS = 1_000_000_000
 RECORD_VERSION = 1
+_HASH_CHUNK = 1 << 24
+
+
+def file_sha256(file: str, start: int = 0) -> str:
+  """The hex sha256 of a file's bytes from offset `start` on, read in chunks (local or gs://)."""
+  h = hashlib.sha256()
+  with paths.open_read(file) as f:
+    f.seek(start)
+    for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def local_file(path: str, shard: dict, log=None) -> str:
+  """The local file holding a manifest's `shard` of the directory `path`: the shard itself,
+  or for gs:// its copy in the local cache (made now if missing)."""
+  return paths.local_copy(paths.join(path, shard["file"]), expect_size=shard["bytes"], log=log)
 
 
 def records_dir() -> str:
@@ -70,7 +85,7 @@ def hash_and_record(local: str, sha256: str) -> bool:
   too recently to trust its stamp (or during the hashing)."""
   began = time.time_ns()
   before = os.stat(local)
-  ok = prepared.file_sha256(local) == sha256
+  ok = file_sha256(local) == sha256
   after = os.stat(local)
   if ok and _stamp(before) == _stamp(after) and before.st_ctime_ns < began - SETTLE_NS:
     record = {"version": RECORD_VERSION, "file": os.path.realpath(local), "sha256": sha256,
@@ -83,32 +98,28 @@ def hash_and_record(local: str, sha256: str) -> bool:
 
 
 def check(path: str, manifest: dict, *, process_index: int = 0, process_count: int = 1,
-          allow_changed: bool = False, log=None) -> tuple[int, int]:
+          log=None) -> tuple[int, list[dict]]:
   """Checks every shard of the prepared directory `path` (resolved) that a run reads.
 
   Args:
     path: the prepared directory, resolved (local or gs://).
     manifest: its manifest (`prepared.read_manifest`).
     process_index, process_count: this process, for the order in which shards are hashed.
-    allow_changed: log a shard that does not match instead of raising.
     log: a function of one string.
 
   Returns:
-    (shards hashed now, shards found unchanged since they were hashed).
-
-  Raises:
-    prepared.DamagedDataset: a shard (or, for gs://, the object a fresh copy was made from)
-      does not match the manifest; the message names it and the fix.
+    (how many shards were hashed now, the shard records of those that do not match: for gs://,
+    a fresh local copy of each did not match either).
   """
-  log = log or prepared._log
+  log = log or (lambda line: None)
   shards = [s for split in SPLITS for s in manifest["splits"][split]["shards"]]
   n = len(shards)
   mine = set(range(process_index, n, process_count))  # this process's share first
   todo = [shards[i] for i in sorted(mine)] + [s for i, s in enumerate(shards) if i not in mine]
-  hashed = 0
+  hashed, bad = 0, []
   t = time.perf_counter()
   for shard in todo:
-    local = prepared._local(path, shard, log)
+    local = local_file(path, shard, log)
     if is_recorded(local, shard["sha256"]):
       continue
     hashed += 1
@@ -117,25 +128,10 @@ def check(path: str, manifest: dict, *, process_index: int = 0, process_count: i
       log(f"the local copy {local} of {paths.join(path, shard['file'])} does not match its "
           f"sha256: fetching it again")
       os.remove(local)
-      local = prepared._local(path, shard, log)
-      ok = hash_and_record(local, shard["sha256"])
+      ok = hash_and_record(local_file(path, shard, log), shard["sha256"])
     if not ok:
-      _mismatch(path, manifest, shard, allow_changed, log)
-  size = sum(s["bytes"] for s in todo)
+      bad.append(shard)
+  size = sum(s["bytes"] for s in shards)
   log(f"verifying the {n} shards of {path} ({size / 2**20:.1f} MiB): {hashed} hashed "
-      f"(sha256) in {time.perf_counter() - t:.1f} s, {n - hashed} unchanged since hashed")
-  return hashed, n - hashed
-
-
-def _mismatch(path: str, manifest: dict, shard: dict, allow_changed: bool, log) -> None:
-  file = paths.join(path, shard["file"])
-  if allow_changed:
-    log(f"WARNING: shard {file} does not match its sha256 in the manifest; training on it as "
-        f"it is (data.allow_changed=True)")
-    return
-  copy = " (a fresh local copy of it too)" if paths.is_remote(file) else ""
-  raise prepared.DamagedDataset(
-      f"shard {file}{copy} does not match its sha256 in the manifest: it changed after "
-      f"rove-prepare wrote it. To train on what the run began with, "
-      f"{prepared.fix_hint(manifest)}; to train on it as it is, pass "
-      f"--config.data.allow_changed=True")
+      f"(sha256) in {time.perf_counter() - t:.1f} s, the others unchanged since hashed")
+  return hashed, bad
