@@ -10,6 +10,8 @@ One concern a module:
                   identity), describe_identity_change
   prepared.py     the "prepared" source: a corpus tokenized once into memory-mapped shards
                   with a manifest (the format), read and verified
+  shard_check.py  a run's check of those shards at every start: each hashed once per machine,
+                  then again only when its file changed (records in the local cache)
   prepare_corpus.py  writes one: prepare_dataset, the rove-prepare command
                   (also `python -m rove_jax.cli.prepare`, prepare.py)
 

@@ -305,7 +305,8 @@ def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
             vocab_size: Optional[int] = None, max_train_tokens: Optional[int] = None,
             max_val_tokens: Optional[int] = None,
             bpe_train_chars: int = 1_000_000_000, verify: bool = True,
-            process_index: int = 0, process_count: int = 1) -> Data:
+            allow_changed: bool = False, process_index: int = 0,
+            process_count: int = 1) -> Data:
   """Builds (or reloads from workdir) a run's tokenizer and train/val token arrays.
 
   Args:
@@ -316,8 +317,10 @@ def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
     vocab_size: for "bpe".
     max_train_tokens, max_val_tokens: caps (see `load_tokens`).
     bpe_train_chars: BPE training reads at most this many characters of training text.
-    verify, process_index, process_count: a "prepared" corpus only (`prepared.for_run`): hash
-      this process's share of its shards first (a run does so when it starts from step 0).
+    verify, allow_changed, process_index, process_count: a "prepared" corpus only
+      (`prepared.for_run`): check its shards against the manifest first (hashing only those
+      not hashed on this machine since they last changed); allow_changed: a mismatch is a
+      warning, not an error.
 
   Returns:
     `Data`; call data.train_iterator(seq_len=..., global_batch_size=..., seed=...) and
@@ -327,7 +330,7 @@ def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
   if corpus.source == "prepared":  # tokenized already: read from its shards
     tok, train, val, identity = prepared.for_run(
         corpus.path, tokenizer, workdir=workdir, verify_shards=verify,
-        process_index=process_index, process_count=process_count,
+        allow_changed=allow_changed, process_index=process_index, process_count=process_count,
         max_train_tokens=max_train_tokens, max_val_tokens=max_val_tokens)
     return Data(tok, train, val, None, identity)
   tok = tokenization.get_tokenizer(

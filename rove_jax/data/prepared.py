@@ -26,9 +26,10 @@ manifest.json:
                bytes, sha256}]}}; "documents" counts the documents that end in it (its eot ids)
 
 Checks: every open compares each shard's size with the manifest (cheap); `verify` hashes the
-shards (sha256): a training run does it at its first start, each process hashing its share
-of the shards. Errors name the damaged shard and the fix (rerunning the manifest's command
-finds and rewrites damaged shards).
+shards (sha256), each process its share; a training run checks every shard it reads at every
+start (`shard_check`: hashed once per machine, then again only when its file changed since).
+Errors name the damaged shard and the fix (rerunning the manifest's command finds and rewrites
+damaged shards).
 
 Reading: `load(path, split, tokenizer)` refuses a tokenizer whose fingerprint differs from the
 manifest's and returns the split as one flat read-only token array: a np.memmap (one shard) or
@@ -38,7 +39,7 @@ which gathers only the windows of its own rows (pipeline.train_iterator), reads 
 On Google Cloud Storage: the directory may be gs://bucket/path. The manifest is read from
 there; a shard is copied once into a local cache (`paths.local_copy`: ~/.cache/rove_jax/remote
 or $XDG_CACHE_HOME/rove_jax/remote, reused while the object is unchanged) and memory-mapped from
-it; `verify` hashes those local copies, which are what training reads.
+it; `verify` and `shard_check` hash those local copies, which are what training reads.
 
 Identity: `identity(manifest, path)` is what a run records to know its data again: the sha256
 of the manifest's description of the contents (dtype, tokenizer, every shard's sha256), which
@@ -56,7 +57,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from rove_jax.data import tokenization
+from rove_jax.data import shard_check, tokenization
+from rove_jax.data.shard_check import file_sha256  # noqa: F401 - also this module's
 from rove_jax.data.sources import SPLITS, check_split
 from rove_jax.data.tokenization import Tokenizer
 from rove_jax.storage import paths
@@ -67,7 +69,6 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 SHARD_RE = re.compile(r"^(train|val)-\d{5,}\.bin$")
-_HASH_CHUNK = 1 << 24
 
 
 def shard_dtype(vocab_size: int) -> str:
@@ -357,22 +358,35 @@ def _verify(path, manifest, process_index, process_count, log, cache_remote) -> 
 
 def _local(path: str, shard: dict, log=None) -> str:
   """A local file holding the shard: itself, or for gs:// its copy in the local cache."""
-  return paths.local_copy(paths.join(path, shard["file"]), expect_size=shard["bytes"],
-                          log=log or _log)
+  return shard_check.local_file(path, shard, log or _log)
 
 
-def file_sha256(file: str, start: int = 0) -> str:
-  """The hex sha256 of a file's bytes from offset `start` on, read in chunks (local or gs://)."""
-  h = hashlib.sha256()
-  with paths.open_read(file) as f:
-    f.seek(start)
-    for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
-      h.update(chunk)
-  return h.hexdigest()
+def check_for_run(path: str, manifest: dict, *, process_index: int = 0,
+                  process_count: int = 1, allow_changed: bool = False) -> None:
+  """Checks every shard a run reads (`shard_check.check`: each hashed once per machine, then
+  again only when its file changed).
+
+  Raises:
+    DamagedDataset: a shard does not match its sha256, unless allow_changed (then a warning is
+      logged for each); the message names the first and the fix.
+  """
+  _, bad = shard_check.check(path, manifest, process_index=process_index,
+                             process_count=process_count, log=_log)
+  for shard in bad:
+    file = paths.join(path, shard["file"])
+    if allow_changed:
+      _log(f"WARNING: shard {file} does not match its sha256 in the manifest; training on it "
+           f"as it is (data.allow_changed=True)")
+      continue
+    copy = " (a fresh local copy of it too)" if paths.is_remote(file) else ""
+    raise DamagedDataset(
+        f"shard {file}{copy} does not match its sha256 in the manifest: it changed after "
+        f"rove-prepare wrote it. To train on what the run began with, {fix_hint(manifest)}; "
+        f"to train on it as it is, pass --config.data.allow_changed=True")
 
 
 def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
-            process_index: int = 0, process_count: int = 1,
+            allow_changed: bool = False, process_index: int = 0, process_count: int = 1,
             max_train_tokens: Optional[int] = None,
             max_val_tokens: Optional[int] = None) -> tuple[Tokenizer, Any, Any, dict]:
   """A training run's tokenizer, token arrays and data identity from a prepared directory.
@@ -385,7 +399,8 @@ def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
     path: the prepared directory (local or gs://).
     spec: the run's tokenizer spec (data.tokenizer).
     workdir: the run directory (local or gs://).
-    verify_shards: hash this process's share of the shards (`verify`) first.
+    verify_shards: check every shard first (`check_for_run`).
+    allow_changed: a shard that does not match its sha256 is a warning, not an error.
     process_index, process_count: this process and how many there are.
     max_train_tokens, max_val_tokens: caps, as for `load_tokens`.
 
@@ -409,7 +424,8 @@ def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
   tok = tokenization.get_tokenizer(spec, workdir=workdir, train_texts=not_trained)
   check_tokenizer(manifest, tok, path)
   if verify_shards:
-    _verify(path, manifest, process_index, process_count, _log, True)
+    check_for_run(path, manifest, process_index=process_index, process_count=process_count,
+                  allow_changed=allow_changed)
   train = _load(path, manifest, "train", tok, max_train_tokens)
   val = _load(path, manifest, "val", tok, max_val_tokens)
   ident = identity(manifest, path)

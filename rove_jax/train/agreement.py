@@ -86,3 +86,19 @@ def confirm(workdir: str, plain_config: dict, *, timeout_s: float | None = None)
         f"processes {differ} of {nproc} were given another config than process 0 (config "
         f"digests differ): give every process the same --config file and --config.* "
         f"overrides; nothing was trained.")
+
+
+def gather_json(obj) -> list:
+  """Every process's `obj` (JSON-serialisable), in process order; [obj] for one process. Call
+  it on every process at the same point."""
+  nproc = jax.process_count()
+  if nproc == 1:
+    return [obj]
+  from jax.experimental import multihost_utils
+  blob = np.frombuffer(json.dumps(obj, sort_keys=True, default=str).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int32)))
+  sizes = sizes.reshape(nproc)
+  padded = np.zeros(int(sizes.max()), np.int32)  # int32: what collectives carry without x64
+  padded[:blob.size] = blob
+  table = np.asarray(multihost_utils.process_allgather(padded)).reshape(nproc, -1)
+  return [json.loads(table[i, :sizes[i]].astype(np.uint8).tobytes()) for i in range(nproc)]

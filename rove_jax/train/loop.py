@@ -27,10 +27,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from rove_jax.train import agreement
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import config_schema, run_config
-from rove_jax import data as data_lib
 from rove_jax.storage import deadline
 from rove_jax.train import gpu_options, health as health_lib, init_from, packing, resume
-from rove_jax.train import run_control
+from rove_jax.train import run_control, run_data
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train import tracking
 from rove_jax.train import clipping
@@ -278,12 +277,8 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
         f"from step 0 would overwrite its metrics: move a checkpoint back if you can repair it, "
         f"or pass --config.fresh_start=True to start from step 0 (the moved ones stay).")
 
-  data = data_lib.prepare(c.data.corpus(), c.data.tokenizer, workdir=workdir,
-                          max_train_tokens=c.data.max_train_tokens,
-                          max_val_tokens=c.data.max_val_tokens,
-                          # data.source=prepared: hash the shards once, when the run starts
-                          verify=ckpt.latest_step() is None, process_index=pidx,
-                          process_count=nproc)
+  # prepared shards checked at every start; every process's data the same, or all stop here
+  data = run_data.open_data(c, workdir, resuming=ckpt.latest_step() is not None)
   for split, toks in (("training", data.train_tokens), ("validation", data.val_tokens)):
     windows = (len(toks) - 1) // c.data.seq_len
     if windows < c.data.batch_size:  # found now, not when the first evaluation comes round
