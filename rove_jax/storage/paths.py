@@ -16,7 +16,9 @@ delete.
 
 Glob characters (`[ ] * ?`) in a path: orbax globs inside its checkpoint directories, so it
 cannot write under such a path. A local one is handed to orbax through a link without them
-(`orbax_dir`); a gs:// one is refused before any work by `check_orbax_path`.
+(`orbax_dir`); a gs:// one is refused before any work by `check_orbax_path`, as is a gs:// one
+with `#`, `?` or a control character, which orbax's URL parsing cuts or drops (`url_chars`;
+local paths reach tensorstore's file driver as written and need nothing).
 """
 
 from __future__ import annotations
@@ -108,9 +110,27 @@ def glob_chars(path: str) -> str:
   return "".join(sorted({c for c in str(path) if c in GLOB_CHARS}))
 
 
+def url_chars(path: str) -> str:
+  """The characters of a gs:// `path` that orbax's URL parsing does not keep in the object name
+  (empty when there are none or the path is local): `#` and `?` end the path there (fragment
+  and query), and tabs and line breaks are dropped; other control characters are refused too.
+  `%`, spaces and the rest reach tensorstore and gcsfs alike, as written."""
+  if not is_remote(path):
+    return ""
+  return "".join(sorted({c for c in str(path) if c in "#?" or ord(c) < 0x20 or c == "\x7f"}))
+
+
 def check_orbax_path(path: str, *, what: str = "--workdir") -> None:
   """Raises ValueError when orbax cannot write checkpoints under `path`: a gs:// path with glob
-  characters (orbax lists its files by glob patterns built from the path)."""
+  characters (orbax lists its files by glob patterns built from the path), or with a character
+  its URL parsing cuts or drops (`url_chars`: the arrays would be written elsewhere than the
+  rest of the checkpoint)."""
+  cut = url_chars(path)
+  if cut:
+    raise ValueError(f"{what} {path} contains {', '.join(repr(c) for c in cut)}: orbax reads a "
+                     f"gs:// path as a URL, which ends the path at '#' or '?' and drops "
+                     f"control characters, so the arrays would be written outside the workdir; "
+                     f"choose a name without them (e.g. run-1 for run#1)")
   chars = glob_chars(path)
   if chars and is_remote(path):
     raise ValueError(f"{what} {path} contains {' '.join(repr(c) for c in chars)}: orbax finds "

@@ -434,6 +434,7 @@ def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=pri
     LayoutError: the checkpoint's parameters are named differently from the model's.
   """
   workdir = paths.resolve(workdir, what="workdir")
+  paths.check_orbax_path(workdir, what="workdir")  # orbax would read other arrays than named
   ckdir = checkpoint_dir(workdir)
   if not paths.isdir(workdir):
     raise ValueError(f"workdir {workdir} does not exist; give the --workdir of a training run")
