@@ -105,6 +105,28 @@ def dirname(path: str) -> str:
   return posixpath.dirname(path) if is_remote(path) else os.path.dirname(path)
 
 
+def inside(directory: str, name, *, what: str) -> str:
+  """The path of the file `name` that a file inside `directory` names (a shard in an index, a
+  tokenizer in a config.json): a relative path that stays inside it. Anything else (not a
+  string, empty, absolute, a scheme, `..` among its parts) is a ValueError naming `what`, so a
+  model directory cannot make a reader open files elsewhere. Symbolic links inside it are
+  followed as they are (the Hugging Face cache links every file to a blob outside it).
+  """
+  bad = None
+  if not isinstance(name, str) or not name.strip():
+    bad = "is not a file name"
+  elif name.startswith(("/", "\\")) or os.path.isabs(name) or _scheme(name):
+    bad = "is an absolute path"
+  elif ".." in name.replace("\\", "/").split("/"):
+    bad = "leads outside it (..)"
+  elif "\0" in name:
+    bad = "holds a NUL character"
+  if bad:
+    raise ValueError(f"{what} {name!r} {bad}: a file named inside {directory} must be a "
+                     f"relative path inside that directory")
+  return join(directory, name)
+
+
 def glob_chars(path: str) -> str:
   """The glob characters in `path` (empty when there are none)."""
   return "".join(sorted({c for c in str(path) if c in GLOB_CHARS}))

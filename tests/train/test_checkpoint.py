@@ -125,8 +125,8 @@ def test_a_checkpoint_of_another_layout_is_an_error_naming_the_entries(run_copy)
 def test_training_resume_with_another_layout_raises_and_quarantines_nothing(tmp_path):
   ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
   old = {"params.attn.wq": jnp.ones((2, 2)), "params.attn.wk": jnp.ones((2, 2)),
-         "params.attn.wv": jnp.ones((2, 2)), "step": jnp.zeros((), jnp.int32)}
-  ck.save(3, old, {}, {"step": 3})
+         "params.attn.wv": jnp.ones((2, 2)), "step": jnp.asarray(3, jnp.int32)}
+  ck.save(3, old, {}, {"step": 3})  # a state's step is its checkpoint's (check_step)
   new = {"params.attn.wqkv": jax.ShapeDtypeStruct((2, 6), jnp.float32),
          "step": jax.ShapeDtypeStruct((), jnp.int32)}
   names = r"\[params.attn.wk, params.attn.wq, params.attn.wv\]"
