@@ -16,6 +16,7 @@ each, or nothing on TPU pods and SLURM, where jax.distributed.initialize() detec
 import os
 import shlex
 import sys
+from typing import Optional
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -106,6 +107,13 @@ def main(argv):
   # Expected failures end with one message and an exit code, no traceback (set
   # ROVE_JAX_TRACEBACK=1 to see it): 2 a bad config or input, 3 a run that diverged, 1 the rest
   # (a missing package, files, the machine: memory, disk, permissions, another trainer).
+  deferred = deferred_config_error(_CONFIG.value)
+  if deferred is not None:  # an OSError the config file raised: a bad input like the others
+    config_file = os.path.abspath(config_flags.get_config_filename(flags.FLAGS["config"]))
+    message = (config_file_failure(deferred, config_file) or
+               f"--config {config_file}: {type(deferred).__name__}: {deferred}")
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
   try:
     # The run config, built and checked once, here. That touches no device, so
     # jax.distributed can still start after it, before the first device is used.
@@ -163,40 +171,75 @@ def _override_problems(argv: list[str]) -> list[str]:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with its errors as one `error:` line and exit status 2."""
+  """absl's flag parsing, with its errors as one `error:` line and exit status 2. ml_collections
+  runs the config file here: whatever it raises, SystemExit included, is such an error naming
+  the file's line (absl's own --help also exits here, and passes through)."""
+  config_file = config_path(argv)
   try:
     return flags.FLAGS(argv)
+  except SystemExit as e:
+    message = config_file_failure(e, config_file)
+    if message is None:
+      raise
   except Exception as e:  # noqa: BLE001 - absl's errors and the config file's own
-    message = " ".join(str(e).replace("\\n", " ").split())
-    if not isinstance(e, flags.Error):  # raised by executing the config file or an override
-      message = f"{type(e).__name__}: {message}"
-    where = _config_file_failure(str(e))
-    if where:
-      message = where
-    elif "get_config" in message:
-      message += ("; a config file defines get_config() returning the run's ConfigDict (see "
-                  "configs/tiny.py)")
-    print(f"error: {message}\nrun with --helpshort for the flags", file=sys.stderr)
-    sys.exit(2)
+    message = config_file_failure(e, config_file)
+    if message is None:
+      message = " ".join(str(e).replace("\\n", " ").split())
+      if not isinstance(e, flags.Error):  # raised by an override
+        message = f"{type(e).__name__}: {message}"
+      if "get_config" in message:
+        message += ("; a config file defines get_config() returning the run's ConfigDict (see "
+                    "configs/tiny.py)")
+  print(f"error: {message}\nrun with --helpshort for the flags", file=sys.stderr)
+  sys.exit(2)
 
 
-def _config_file_failure(text: str):
-  """For a config file whose code raised (ml_collections passes the traceback on as text):
-  "FILE, line N (CODE): Error: message", the innermost frame outside the installed packages;
-  None for other flag errors."""
+def config_path(argv: list[str]) -> Optional[str]:
+  """The absolute path of the config file --config names in argv (its :ARGS dropped)."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      value = arg.split("=", 1)[1]
+    elif arg == "--config" and i + 1 < len(argv):
+      value = argv[i + 1]
+    else:
+      continue
+    return os.path.abspath(value.split(":", 1)[0])
+  return None
+
+
+def config_file_failure(e: BaseException, config_file: Optional[str]) -> Optional[str]:
+  """For an exception raised while the config file ran (SystemExit too): "--config FILE, line
+  N (CODE): what happened; ...", the innermost line of the file in its traceback or in those of
+  the exceptions it was raised from or during (ml_collections re-raises a TypeError or
+  ValueError as a new one holding the old traceback as text). None when the file is not in
+  them: an error of absl's or of an override."""
   import linecache
-  import re
-  if "Error whilst parsing config file" not in text:
-    return None
-  frames = [(f, int(n)) for f, n in re.findall(r'File "([^"]+)", line (\d+), in ', text)
-            if "site-packages" not in f and "/ml_collections/" not in f]
-  if not frames:
-    return None
-  file, line = frames[-1]
-  code = linecache.getline(file, line).strip()
-  last = [l.strip() for l in text.replace("\\n", "\n").splitlines() if l.strip()][-1]
-  return (f"--config {file}, line {line} ({code}): {last}; a config file defines get_config() "
-          f"returning the run's ConfigDict (see configs/tiny.py)")
+  import traceback
+  seen = set()
+  while e is not None and config_file and id(e) not in seen:
+    seen.add(id(e))
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if os.path.abspath(f.filename) == config_file]
+    if frames:
+      line = frames[-1].lineno
+      code = linecache.getline(frames[-1].filename, line).strip()
+      if isinstance(e, SystemExit):
+        what = (f"the config file exited (SystemExit: {e.code!r}) instead of returning a config; "
+                f"nothing was trained")
+      else:
+        what = f"{type(e).__name__}: {' '.join(str(e).split())}"
+      return (f"--config {config_file}, line {line} ({code}): {what}; a config file defines "
+              f"get_config() returning the run's ConfigDict (see configs/tiny.py)")
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def deferred_config_error(value) -> Optional[BaseException]:
+  """The OSError a config file raised, which ml_collections keeps in a stand-in config (its
+  _ErrorConfig) until the config is used, or None for a config that loaded."""
+  if type(value).__name__ == "_ErrorConfig":
+    return vars(value).get("_error")
+  return None
 
 
 def run(argv=None):

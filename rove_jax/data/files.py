@@ -54,17 +54,19 @@ def resolve_files(pattern: str, exts: tuple[str, ...], what: str) -> tuple[list[
   """
   expanded = os.path.expanduser(pattern)
   named = False
-  if any(c in expanded for c in "*?["):
-    files = sorted(f for f in globlib.glob(expanded, recursive=True) if os.path.isfile(f))
-    if not files:
-      raise ValueError(f"{what}: the glob {pattern!r} matched no files; expected {exts} files")
-  elif os.path.isdir(expanded):
+  # A path that exists is taken literally, so a directory or file whose name holds glob
+  # characters (runs[1], what?) is read as named; only a path that does not exist is a glob.
+  if os.path.isdir(expanded):
     files = sorted(os.path.join(d, f) for d, _, names in os.walk(expanded) for f in names
                    if f.endswith(exts))
     if not files:
       raise ValueError(f"{what}: the directory {pattern!r} holds no {exts} files")
   elif os.path.isfile(expanded):
     files, named = [expanded], True
+  elif any(c in expanded for c in "*?["):
+    files = sorted(f for f in globlib.glob(expanded, recursive=True) if os.path.isfile(f))
+    if not files:
+      raise ValueError(f"{what}: the glob {pattern!r} matched no files; expected {exts} files")
   else:
     raise ValueError(f"{what}: path {pattern!r} does not exist; expected a file, a directory "
                      f"or a glob of {exts} files")

@@ -188,6 +188,18 @@ def _table(config: GPTConfig):
   return rows
 
 
+def header_shapes(shapes: Mapping[str, tuple], config: GPTConfig) -> tuple[dict, dict]:
+  """(found, wanted) for checking a GPT-2 checkpoint's tensor shapes (from its safetensors
+  headers, `shapes`: {name: shape}) before reading it: found without transformers' prefix, the
+  attention-mask buffers and a tied checkpoint's lm_head.weight (loading compares its values
+  with wte's), wanted the {name: shape} `config` needs."""
+  found = {(n[len(PREFIX):] if n.startswith(PREFIX) else n): tuple(s) for n, s in shapes.items()}
+  found = {n: s for n, s in found.items() if not _MASK_BUFFER.fullmatch(n)}
+  if config.tie_embeddings:
+    found.pop("lm_head.weight", None)
+  return found, {r[0]: r[1] for r in _table(config)}
+
+
 def params_from_gpt2(tensors: Mapping[str, np.ndarray], config: GPTConfig, *,
                      where: str = "the checkpoint"):
   """The GPT's parameters (nnx.State) from GPT-2 tensors {transformers name: array}, cast to

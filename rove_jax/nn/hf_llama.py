@@ -256,6 +256,17 @@ def _rows(config: GPTConfig):
   return rows
 
 
+def header_shapes(shapes: Mapping[str, tuple], config: GPTConfig) -> tuple[dict, dict]:
+  """(found, wanted) for checking a checkpoint's tensor shapes (from its safetensors headers,
+  `shapes`: {name: shape}) before reading it: found without the rotary inv_freq buffers and a
+  tied checkpoint's lm_head.weight (loading compares its values with the embeddings'), wanted
+  the {name: shape} `config` needs."""
+  found = {n: tuple(s) for n, s in shapes.items() if not _INV_FREQ_BUFFER.fullmatch(n)}
+  if config.tie_embeddings:
+    found.pop("lm_head.weight", None)
+  return found, dict(_rows(config))
+
+
 def params_from_llama(tensors: Mapping[str, np.ndarray], config: GPTConfig, *,
                       where: str = "the checkpoint"):
   """The GPT's parameters (nnx.State) from transformers tensors {name: array}, cast to

@@ -12,11 +12,17 @@ holds `config.json` and `model.safetensors` (or transformers' sharded form: an i
 reached through rove_jax.storage.paths (gs:// needs the [gcs] extra). Every file is replaced
 whole (a temporary file renamed locally, one upload on GCS), so an interrupted export never
 leaves a truncated file under the final name.
+
+What is read comes from outside and is checked before it is used: every safetensors header
+(`read_header`: its length against the file, dtypes, offsets against shapes) before the file
+is loaded, the index file's form, and every shard it names is inside its directory
+(`paths.inside`); each problem is one ValueError naming the file.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 from collections.abc import Mapping
@@ -66,6 +72,11 @@ def _path_name(path) -> str:
 def abstract_params(config) -> nnx.State:
   """The parameter tree of the GPT a GPTConfig builds, shapes and dtypes only."""
   return nnx.state(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))), nnx.Param)
+
+
+def named_leaves(tree) -> dict:
+  """{dotted module path: leaf} of a parameter tree (abstract or not), leaves as they are."""
+  return {_path_name(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def named(params) -> dict:
@@ -184,10 +195,9 @@ def locate(path: str, config: Optional[str] = None, *,
     if paths.isfile(single):
       files = [single]
     elif paths.isfile(index):
-      shards = sorted(set(json.loads(paths.read_text(index)).get("weight_map", {}).values()))
-      files = [paths.join(path, s) for s in shards]
+      files = sorted(set(read_index(index).values()))
       absent = [f for f in files if not paths.isfile(f)]
-      if not shards or absent:
+      if not files or absent:
         raise FileNotFoundError(f"{index} names shards that are not there: {absent or 'none'}")
     else:
       torch_only = paths.isfile(paths.join(path, "pytorch_model.bin"))
@@ -214,17 +224,127 @@ def locate(path: str, config: Optional[str] = None, *,
   return files, config_path
 
 
-def read_tensors(files) -> dict:
-  """{name: numpy array} of one or more safetensors files (shards must not repeat a name).
-  A local file is read by safetensors itself; a gs:// one is fetched whole into memory and
-  parsed from there (the bytes and the arrays: twice the file's size at the peak)."""
-  st = _safetensors_numpy()
+def read_index(index: str) -> dict:
+  """{tensor name: shard path} of a sharded checkpoint's index file (transformers'
+  model.safetensors.index.json: {"weight_map": {name: shard file name}, ...}), every shard
+  inside the index's directory.
+
+  Raises:
+    ValueError: not JSON, not of that form, or a shard named outside the directory (naming
+      the index file and the entry).
+  """
+  try:
+    parsed = json.loads(paths.read_text(index))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{index} is not valid JSON: {e}") from None
+  weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
+  if not isinstance(weight_map, dict) or not all(isinstance(k, str) for k in weight_map):
+    raise ValueError(f"{index} must hold a JSON object whose \"weight_map\" maps each tensor "
+                     f"name to its shard file, got "
+                     f"{type(parsed if not isinstance(parsed, dict) else weight_map).__name__}")
+  directory = paths.dirname(index)
+  return {name: paths.inside(directory, shard, what=f"{index}: weight_map[{name!r}]")
+          for name, shard in weight_map.items()}
+
+
+# safetensors' element types, by the size of one element in bytes
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2,
+               "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
+NUMPY_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+
+
+def read_header(path: str) -> dict:
+  """{tensor name: (safetensors dtype, shape)} of a safetensors file, from its header alone
+  (its first bytes: nothing else is read), checked as the safetensors library checks it before
+  it maps any data: a header length that fits the file, known dtypes, shapes of sizes, and
+  data_offsets that, in order, tile the data region exactly, each span the size its shape and
+  dtype need.
+
+  Raises:
+    ValueError: one line naming the file and what is wrong.
+  """
+  def bad(why: str) -> ValueError:
+    return ValueError(f"{path} is not a valid safetensors file: {why}")
+  size = paths.size(path)
+  with paths.open_read(path) as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise bad(f"it has {size} bytes, fewer than the 8 of its header length")
+    n = int.from_bytes(head, "little")
+    if n > MAX_HEADER_BYTES or 8 + n > size:
+      raise bad(f"its header length {n} does not fit a file of {size} bytes")
+    raw = f.read(n)
+  try:
+    header = json.loads(raw)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise bad(f"its header is not JSON ({e})") from None
+  if not isinstance(header, dict):
+    raise bad(f"its header is a JSON {type(header).__name__}, not an object")
+  meta = header.pop("__metadata__", {})
+  if not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+    raise bad("its __metadata__ is not an object of strings")
+  out, spans = {}, []
+  for name, entry in header.items():
+    entry = entry if isinstance(entry, dict) else {}
+    dtype, shape, span = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_BYTES:
+      raise bad(f"tensor {name!r} has dtype {dtype!r}, not one of {', '.join(DTYPE_BYTES)}")
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+      raise bad(f"tensor {name!r} has shape {shape!r}, not a list of sizes")
+    if not (isinstance(span, list) and len(span) == 2 and all(type(o) is int for o in span)
+            and 0 <= span[0] <= span[1]):
+      raise bad(f"tensor {name!r} has data_offsets {span!r}, not [begin, end] with "
+                f"0 <= begin <= end")
+    need = math.prod(shape) * DTYPE_BYTES[dtype]
+    if span[1] - span[0] != need:
+      raise bad(f"tensor {name!r} spans {span[1] - span[0]} bytes, but shape {tuple(shape)} of "
+                f"{dtype} needs {need}")
+    spans.append((span[0], span[1], name))
+    out[name] = (dtype, tuple(shape))
+  end, after = 0, "the start of the data"
+  for begin, stop, name in sorted(spans):
+    if begin != end:
+      raise bad(f"tensor {name!r} begins at byte {begin} of the data, but {after} ends at {end} "
+                f"({'overlapping' if begin < end else 'a gap'})")
+    end, after = stop, f"tensor {name!r}"
+  if end != size - 8 - n:
+    raise bad(f"its tensors end at byte {end} of a data region of {size - 8 - n} bytes")
+  return out
+
+
+def read_headers(files) -> dict:
+  """{tensor name: (safetensors dtype, shape)} of one or more safetensors files (`read_header`
+  of each; shards must not repeat a name)."""
   out: dict = {}
   for f in files:
-    loaded = st.load(paths.read_bytes(f)) if paths.is_remote(f) else st.load_file(f)
-    for name, array in loaded.items():
+    for name, described in read_header(f).items():
       if name in out:
         raise ValueError(f"tensor {name} appears in two shards (second: {f})")
+      out[name] = described
+  return out
+
+
+def read_tensors(files) -> dict:
+  """{name: numpy array} of one or more safetensors files (shards must not repeat a name),
+  each header checked first (`read_header`). A local file is read by safetensors itself; a
+  gs:// one is fetched whole into memory and parsed from there (the bytes and the arrays:
+  twice the file's size at the peak).
+
+  Raises:
+    ValueError: a file that is not valid safetensors, naming it.
+  """
+  st = _safetensors_numpy()
+  read_headers(files)
+  out: dict = {}
+  for f in files:
+    try:
+      loaded = st.load(paths.read_bytes(f)) if paths.is_remote(f) else st.load_file(f)
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type is not exported
+      if isinstance(e, (OSError, MemoryError)) or paths.is_storage_error(e):
+        raise
+      raise ValueError(f"{f} cannot be read as safetensors: {e}") from None
+    for name, array in loaded.items():
       out[name] = array
   return out
 

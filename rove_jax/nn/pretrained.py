@@ -194,6 +194,46 @@ def read_config(path: str) -> tuple[GPTConfig, dict]:
   return _config_from_rove_jax(hf, config_path), hf
 
 
+def check_files(path: str) -> tuple[GPTConfig, dict]:
+  """(GPTConfig, the parsed config.json) of a checkpoint directory (`read_config`), after
+  checking its files without reading a tensor: the index file and every safetensors header
+  (`param_files.read_header`: lengths, offsets, dtypes), and the tensors' names and shapes (and
+  for a rove-jax export their dtype) against the model its config.json describes. For callers
+  that must refuse a damaged checkpoint before any work (init_from).
+
+  Raises:
+    FileNotFoundError: no weights or no config.json.
+    ValueError: one line naming the file and what is wrong.
+  """
+  files, _ = param_files.locate(path)
+  config, hf = read_config(path)
+  headers = param_files.read_headers(files)
+  where = files[0] if len(files) == 1 else f"the {len(files)} shards of {path}"
+  shapes = {name: shape for name, (_, shape) in headers.items()}
+  if hf_gpt2.is_gpt2_config(hf):
+    found, wanted = hf_gpt2.header_shapes(shapes, config)
+  elif hf_llama.is_llama_config(hf):
+    found, wanted = hf_llama.header_shapes(shapes, config)
+  else:
+    found = shapes
+    wanted = {name: tuple(leaf.shape) for name, leaf in
+              param_files.named_leaves(param_files.abstract_params(config)).items()}
+    for name, (dtype, _) in headers.items():
+      if param_files.NUMPY_NAMES.get(dtype) != config.param_dtype:
+        raise ValueError(f"{where}: {name} is {dtype}, its config.json's param_dtype is "
+                         f"{config.param_dtype}")
+  missing, unknown = sorted(set(wanted) - set(found)), sorted(set(found) - set(wanted))
+  if missing or unknown:
+    raise ValueError(f"{where} does not hold the tensors of its config.json's model: missing "
+                     f"{missing[:6]}{' ...' * (len(missing) > 6)}, unexpected "
+                     f"{unknown[:6]}{' ...' * (len(unknown) > 6)}")
+  for name, shape in wanted.items():
+    if found[name] != tuple(shape):
+      raise ValueError(f"{where}: {name} has shape {found[name]}; its config.json says "
+                       f"{tuple(shape)}")
+  return config, hf
+
+
 def load(path, config=None):
   """(GPTConfig, params) of an export (any format) or of a transformers checkpoint of
   model_type gpt2, llama, qwen2 or mistral (single or sharded safetensors):

@@ -17,7 +17,9 @@ delete.
 Glob characters (`[ ] * ?`) in a path: orbax globs inside its checkpoint directories, so it
 cannot write under such a path. A local one is handed to orbax through a link without them
 (`orbax_dir`, in a private directory of this user's: `link_root`); a gs:// one is refused before
-any work by `check_orbax_path`.
+any work by `check_orbax_path`, as is a gs:// one with `#`, `?` or a control character, which
+orbax's URL parsing cuts or drops (`url_chars`; local paths reach tensorstore's file driver as
+written and need nothing).
 """
 
 from __future__ import annotations
@@ -105,14 +107,54 @@ def dirname(path: str) -> str:
   return posixpath.dirname(path) if is_remote(path) else os.path.dirname(path)
 
 
+def inside(directory: str, name, *, what: str) -> str:
+  """The path of the file `name` that a file inside `directory` names (a shard in an index, a
+  tokenizer in a config.json): a relative path that stays inside it. Anything else (not a
+  string, empty, absolute, a scheme, `..` among its parts) is a ValueError naming `what`, so a
+  model directory cannot make a reader open files elsewhere. Symbolic links inside it are
+  followed as they are (the Hugging Face cache links every file to a blob outside it).
+  """
+  bad = None
+  if not isinstance(name, str) or not name.strip():
+    bad = "is not a file name"
+  elif name.startswith(("/", "\\")) or os.path.isabs(name) or _scheme(name):
+    bad = "is an absolute path"
+  elif ".." in name.replace("\\", "/").split("/"):
+    bad = "leads outside it (..)"
+  elif "\0" in name:
+    bad = "holds a NUL character"
+  if bad:
+    raise ValueError(f"{what} {name!r} {bad}: a file named inside {directory} must be a "
+                     f"relative path inside that directory")
+  return join(directory, name)
+
+
 def glob_chars(path: str) -> str:
   """The glob characters in `path` (empty when there are none)."""
   return "".join(sorted({c for c in str(path) if c in GLOB_CHARS}))
 
 
+def url_chars(path: str) -> str:
+  """The characters of a gs:// `path` that orbax's URL parsing does not keep in the object name
+  (empty when there are none or the path is local): `#` and `?` end the path there (fragment
+  and query), and tabs and line breaks are dropped; other control characters are refused too.
+  `%`, spaces and the rest reach tensorstore and gcsfs alike, as written."""
+  if not is_remote(path):
+    return ""
+  return "".join(sorted({c for c in str(path) if c in "#?" or ord(c) < 0x20 or c == "\x7f"}))
+
+
 def check_orbax_path(path: str, *, what: str = "--workdir") -> None:
   """Raises ValueError when orbax cannot write checkpoints under `path`: a gs:// path with glob
-  characters (orbax lists its files by glob patterns built from the path)."""
+  characters (orbax lists its files by glob patterns built from the path), or with a character
+  its URL parsing cuts or drops (`url_chars`: the arrays would be written elsewhere than the
+  rest of the checkpoint)."""
+  cut = url_chars(path)
+  if cut:
+    raise ValueError(f"{what} {path} contains {', '.join(repr(c) for c in cut)}: orbax reads a "
+                     f"gs:// path as a URL, which ends the path at '#' or '?' and drops "
+                     f"control characters, so the arrays would be written outside the workdir; "
+                     f"choose a name without them (e.g. run-1 for run#1)")
   chars = glob_chars(path)
   if chars and is_remote(path):
     raise ValueError(f"{what} {path} contains {' '.join(repr(c) for c in chars)}: orbax finds "

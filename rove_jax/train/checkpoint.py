@@ -28,7 +28,8 @@ Integrity: every save records in meta["integrity"] a checksum of each state arra
 optimizer state, step), of the iterator state and of the rest of the metadata (run and model
 config, tokenizer) (`rove_jax.train.checksums`), computed from what is in memory; every restore
 verifies them, and so does every read of the metadata alone. A checkpoint that cannot be read for its own reasons (truncated, missing or
-corrupted files, a checksum mismatch, non-finite values) is reported by step, moved aside to
+corrupted files, a checksum mismatch, non-finite values, a step other than its directory's
+name) is reported by step, moved aside to
 `workdir/checkpoints_unreadable/` (never deleted) with the reason in its UNREADABLE.txt, and the
 previous one is restored instead.
 A failure that is not the checkpoint's own (out of memory, permissions, a full disk, a
@@ -180,6 +181,7 @@ class Checkpointer:
     restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     meta = dict(restored["meta"])
     verify_meta(meta)
+    check_step(step, meta)
     return meta
 
   def newest_meta(self, *, report=print) -> Optional[tuple[int, dict]]:
@@ -339,6 +341,7 @@ class Checkpointer:
           meta=ocp.args.JsonRestore()))
       state, data_state, meta = restored["state"], dict(restored["data"]), dict(restored["meta"])
       verify(state, meta, data_state)
+      check_step(step, meta, state)
       bad = non_finite_leaves(state)
       if bad:
         raise CorruptCheckpoint(f"non-finite values in {bad[:3]}")
@@ -397,6 +400,24 @@ def _describe(e: Exception) -> str:
   return f"{type(e).__name__}: {text}"
 
 
+def check_step(step: int, meta: dict, state: Optional[dict] = None) -> None:
+  """Raises CorruptCheckpoint when the step a checkpoint records (its metadata's "step" and,
+  given the restored flat state, the state's step) is not the step its directory is named by:
+  a checkpoint directory copied or renamed under another number, whose state, data position
+  and schedule belong to the step it records."""
+  recorded = {"metadata": meta.get("step")}
+  if state is not None and "step" in state:
+    value = state["step"]  # replicated: any local shard holds it, on every host
+    value = value.addressable_data(0) if hasattr(value, "addressable_data") else value
+    recorded["state"] = int(jax.device_get(value))
+  differ = {k: v for k, v in recorded.items() if v is not None and v != step}
+  if differ:
+    raise CorruptCheckpoint(
+        f"its directory says step {step} but its " + " and ".join(
+            f"{k} records step {v}" for k, v in differ.items()) +
+        " (a checkpoint directory copied or renamed under another step number)")
+
+
 def check_layout(stored: set, expected: set, *, where: str) -> None:
   """Raises LayoutError naming the entries `expected` lacks and those it does not know."""
   if stored == expected:
@@ -432,6 +453,7 @@ def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=pri
     LayoutError: the checkpoint's parameters are named differently from the model's.
   """
   workdir = paths.resolve(workdir, what="workdir")
+  paths.check_orbax_path(workdir, what="workdir")  # orbax would read other arrays than named
   ckdir = checkpoint_dir(workdir)
   if not paths.isdir(workdir):
     raise ValueError(f"workdir {workdir} does not exist; give the --workdir of a training run")
@@ -451,6 +473,7 @@ def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=pri
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
     meta, state = dict(restored["meta"]), restored["state"]
     verify(state, meta)
+    check_step(step, meta, state)
     try:
       abstract = abstract_params(meta)
     except ValueError as e:  # readable, but not a model this code builds: no fallback

@@ -190,8 +190,9 @@ def load(path: str) -> Exported:
                      f"rove_jax.nn.pretrained.load and give the tokenizer yourself")
   want = run["tokenizer"]
   if want.get("file"):
-    tok = tokenization.HFTokenizer.from_json(
-        paths.read_text(paths.join(path, want["file"])), name=want.get("name", want["file"]))
+    file = paths.inside(path, want["file"], what=f"{path}: rove_jax_run.tokenizer.file")
+    tok = tokenization.HFTokenizer.from_json(paths.read_text(file),
+                                             name=want.get("name", want["file"]))
   else:
     tok = tokenization.get_tokenizer(want["spec"])
   if want.get("fingerprint") and tok.fingerprint != want["fingerprint"]:

@@ -49,11 +49,13 @@ FREE = ("rope_scaling", "max_len", "dtype", "param_dtype", "attention_impl", "at
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def _read(path: str):
-  """(GPTConfig, config.json, directory) of the checkpoint at path, tensors unread."""
+def _read(path: str, *, check_files: bool = False):
+  """(GPTConfig, config.json, directory) of the checkpoint at path, tensors unread;
+  check_files: its index and safetensors headers checked too, against the config
+  (`pretrained.check_files`), so a damaged file is refused before any work."""
   from rove_jax.nn import pretrained  # safetensors: only runs that start from a checkpoint
   try:
-    cfg, hf = pretrained.read_config(path)
+    cfg, hf = (pretrained.check_files if check_files else pretrained.read_config)(path)
   except (OSError, ValueError) as e:
     raise ValueError(f"init_from={path}: {e}") from None
   directory = paths.dirname(path) if paths.isfile(path) else path
@@ -66,10 +68,11 @@ def resolve_model(path: str, model: dict, given: Optional[Iterable[str]], *, log
   FREE allows. `given`: the model field names the user set (None: every key of `model`).
 
   Raises:
-    ValueError: the checkpoint cannot be read, or a set field disagrees with it (one line,
-      naming the field), before any tensor is read.
+    ValueError: the checkpoint cannot be read, its files are damaged or not the model of its
+      config.json, or a set field disagrees with it (one line, naming the file or the field),
+      before any tensor is read.
   """
-  ckpt, _, _ = _read(path)
+  ckpt, _, _ = _read(path, check_files=True)
   out = ckpt.to_dict()
   hint = "" if given is not None else (
       "; from Python, build(c, model_given=[...]) names the model fields you set")
@@ -101,8 +104,13 @@ def checkpoint_tokenizer(path: str) -> Optional[str]:
   names, else tokenizer.json beside the weights), the spec an export of a byte or tiktoken
   run records, or None."""
   _, hf, directory = _read(path)
-  recorded = (hf.get("rove_jax_run") or {}).get("tokenizer") or {}
-  file = paths.join(directory, recorded.get("file") or TOKENIZER_FILE)
+  run = hf.get("rove_jax_run")
+  recorded = (run.get("tokenizer") if isinstance(run, dict) else None) or {}
+  if not isinstance(recorded, dict):
+    raise ValueError(f"init_from={path}: rove_jax_run.tokenizer in its config.json is not an "
+                     f"object")
+  file = paths.inside(directory, recorded.get("file") or TOKENIZER_FILE,
+                      what=f"init_from={path}: rove_jax_run.tokenizer.file")
   if paths.isfile(file):
     return file
   if recorded.get("spec") and not recorded.get("file"):

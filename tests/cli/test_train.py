@@ -50,3 +50,52 @@ def test_the_dry_run_prints_elapsed_time_while_it_compiles():
   assert len(beats) >= 3, lines  # one every 0.05 s of a 0.4 s compile
   done = re.fullmatch(r"  compiling: done in (\d+\.\d) s", lines[-1])
   assert done and float(done[1]) >= 0.4, lines
+
+
+def _config_failure(path):
+  """What rove-train says of the config file at `path`, parsed as rove-train parses --config
+  (in process, into flag values of its own, not absl's global ones)."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  from rove_jax.cli import train
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True)
+  argv = ["rove-train", "--config", str(path)]
+  try:
+    values(argv)
+  except BaseException as e:  # noqa: BLE001 - SystemExit too: what the flag parsing sees
+    return train.config_file_failure(e, train.config_path(argv))
+  deferred = train.deferred_config_error(values.config)
+  assert deferred is not None, "the config loaded"
+  return train.config_file_failure(deferred, str(path))
+
+
+def test_a_config_file_that_exits_or_raises_is_an_error_naming_its_line(tmp_path):
+  cases = {
+      "exit0.py": ("import sys\n\ndef get_config():\n  sys.exit(0)\n", 4, "sys.exit(0)",
+                   "the config file exited (SystemExit: 0)"),
+      "exit_at_import.py": ("import sys\nsys.exit('bye')\n", 2, "sys.exit('bye')",
+                            "the config file exited (SystemExit: 'bye')"),
+      "runtime.py": ("def get_config():\n  raise RuntimeError('boom')\n", 2,
+                     "raise RuntimeError('boom')", "RuntimeError: boom"),
+      "value.py": ("def get_config():\n  return int('x')\n", 2, "return int('x')",
+                   "ValueError: invalid literal for int() with base 10: 'x'"),
+      "oserror.py": ("def get_config():\n  return open('/nonexistent/config')\n", 2,
+                     "return open('/nonexistent/config')", "FileNotFoundError: [Errno 2]"),
+  }
+  for name, (text, line, code, what) in cases.items():
+    path = tmp_path / name
+    path.write_text(text)
+    message = _config_failure(path)
+    assert message.startswith(f"--config {path}, line {line} ({code}): {what}"), message
+
+
+def test_errors_outside_the_config_file_are_not_blamed_on_it(tmp_path):
+  from rove_jax.cli import train
+  try:
+    raise SystemExit(1)  # absl's --help exits like this: it must pass through
+  except SystemExit as e:
+    assert train.config_file_failure(e, str(tmp_path / "c.py")) is None
+  assert train.config_path(["rove-train", "--config=c.py:arg", "--workdir", "w"]).endswith(
+      "/c.py")

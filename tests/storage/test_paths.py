@@ -5,6 +5,7 @@ exclusive on both backends, stale by the storage's clock, released, taken over o
 import json
 import multiprocessing
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -164,6 +165,30 @@ def test_a_link_directory_another_user_could_write_is_refused(tmp_path, private_
 def test_a_gs_directory_with_glob_characters_is_refused_for_orbax():
   with pytest.raises(ValueError, match=r"contains '\[' '\]'.*lr3e-4"):
     paths.check_orbax_path("gs://b/runs/lr[3e-4]")
+
+
+@pytest.mark.parametrize("name,shown", [("run#1", "'#'"), ("a?b", "'?'"), ("a\nb", "'\\n'"),
+                                        ("a\tb", "'\\t'")])
+def test_a_gs_directory_that_orbax_parses_as_a_url_is_refused(name, shown):
+  """orbax reads a gs:// checkpoint path as a URL: '#' and '?' end it, tabs and line breaks
+  vanish, so tensorstore would write the arrays under another name than gcsfs the rest."""
+  with pytest.raises(ValueError, match="contains " + re.escape(shown) + ".*outside the workdir"):
+    paths.check_orbax_path(f"gs://b/runs/{name}")
+  paths.check_orbax_path(f"/tmp/runs/{name}")  # local: the file driver takes it as written
+
+
+def test_gs_names_that_orbax_keeps_as_written_pass():
+  for name in ("a%41b", "a b", "a+b", "a;b", "a@b", "a:b"):
+    paths.check_orbax_path(f"gs://b/runs/{name}")
+
+
+def test_a_workdir_with_a_hash_is_refused_before_the_run_touches_storage(tmp_path, gcs_bucket):
+  from rove_jax.train import checkpoint as ckpt_lib, resume
+  with pytest.raises(ValueError, match="'#'.*run-1 for run#1"):
+    resume.check_workdir(f"{gcs_bucket}/run#1")
+  with pytest.raises(ValueError, match="'#'"):
+    ckpt_lib.read_run(f"{gcs_bucket}/run#1", lambda meta: None)
+  assert paths.listdir(gcs_bucket) == []  # nothing created, under either name
 
 
 # ------------------------------------------------------------------------------- the lock

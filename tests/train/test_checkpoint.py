@@ -125,8 +125,8 @@ def test_a_checkpoint_of_another_layout_is_an_error_naming_the_entries(run_copy)
 def test_training_resume_with_another_layout_raises_and_quarantines_nothing(tmp_path):
   ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
   old = {"params.attn.wq": jnp.ones((2, 2)), "params.attn.wk": jnp.ones((2, 2)),
-         "params.attn.wv": jnp.ones((2, 2)), "step": jnp.zeros((), jnp.int32)}
-  ck.save(3, old, {}, {"step": 3})
+         "params.attn.wv": jnp.ones((2, 2)), "step": jnp.asarray(3, jnp.int32)}
+  ck.save(3, old, {}, {"step": 3})  # a state's step is its checkpoint's (check_step)
   new = {"params.attn.wqkv": jax.ShapeDtypeStruct((2, 6), jnp.float32),
          "step": jax.ShapeDtypeStruct((), jnp.int32)}
   names = r"\[params.attn.wk, params.attn.wq, params.attn.wv\]"
@@ -152,3 +152,37 @@ def test_missing_workdir_or_checkpoints_are_clear_errors(tmp_path):
   (tmp_path / "empty" / "checkpoints").mkdir()
   with pytest.raises(ValueError, match="no finished checkpoint"):
     ckpt_lib.read_run(str(tmp_path / "empty"), model_params)
+
+
+def test_a_checkpoint_copied_under_another_step_is_moved_aside(tmp_path):
+  """cp -r checkpoints/10 checkpoints/30: its checksums hold, but its state, iterator and
+  schedule are step 10's. The restore treats it as unreadable (moved aside with the reason)
+  and resumes from the real step 10; readers skip it the same way."""
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+  state = {"params.w": jnp.arange(4.0), "step": jnp.asarray(10, jnp.int32)}
+  ck.save(10, state, {"position": 10}, {"step": 10})
+  ck.close()
+  shutil.copytree(tmp_path / "checkpoints" / "10", tmp_path / "checkpoints" / "30")
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+  assert ck.steps() == [10, 30]
+  out = []
+  assert ck.newest_meta(report=out.append)[0] == 10
+  assert "step 30" in out[0] and "metadata records step 10" in out[0]
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+  out = []
+  step, restored, data_state, meta = ck.restore_latest(abstract, report=out.append)
+  assert step == 10 and meta["step"] == 10 and data_state == {"position": 10}
+  chex.assert_trees_all_close(restored, state)
+  assert len(out) == 1 and "step 30" in out[0] and "another step number" in out[0]
+  assert ck.steps() == [10]
+  moved = os.listdir(tmp_path / "checkpoints_unreadable")
+  assert len(moved) == 1 and moved[0].startswith("30-")
+  reason = (tmp_path / "checkpoints_unreadable" / moved[0] / ckpt_lib.REASON_FILE).read_text()
+  assert "directory says step 30" in reason and "records step 10" in reason
+  ck.close()
+
+
+def test_check_step_compares_metadata_and_state_with_the_directory():
+  ckpt_lib.check_step(7, {"step": 7}, {"step": np.int32(7)})
+  with pytest.raises(ckpt_lib.CorruptCheckpoint, match="state records step 5"):
+    ckpt_lib.check_step(7, {"step": 7}, {"step": np.int32(5)})

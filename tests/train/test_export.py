@@ -84,3 +84,21 @@ def test_weights_without_a_run_record_are_named(tmp_path, trained_run):
   (tmp_path / "out" / param_files.CONFIG).write_text(json.dumps(config))
   with pytest.raises(ValueError, match="rove_jax.nn.pretrained.load"):
     export.load(str(tmp_path / "out"))
+
+
+def test_a_tokenizer_file_named_outside_the_export_is_refused(tmp_path):
+  """config.json's rove_jax_run.tokenizer.file is read only inside the export."""
+  from flax import nnx
+
+  from rove_jax.nn import pretrained
+  from rove_jax.nn.model import GPT
+  from rove_jax.nn.model_config import GPTConfig
+  config = GPTConfig.tiny(vocab_size=64, n_layer=1, n_head=2, d_model=16, max_len=16)
+  params = nnx.state(GPT(config, rngs=nnx.Rngs(0)), nnx.Param)
+  for file, says in (("/etc/passwd", "is an absolute path"), ("../x.json", "leads outside it")):
+    out = tmp_path / file.replace("/", "_")
+    pretrained.save(str(out), config, params, extra_config={
+        "rove_jax_run": {"step": 1, "tokenizer": {"file": file}}})
+    with pytest.raises(ValueError, match=r"rove_jax_run\.tokenizer\.file '" +
+                       file.replace(".", r"\.") + "' " + says):
+      export.load(str(out))

@@ -251,3 +251,56 @@ def test_a_run_config_built_elsewhere_must_hold_the_checkpoints_model(checkpoint
   wider = dataclasses.replace(c, model=dataclasses.replace(c.model, d_ff=64))
   with pytest.raises(ValueError, match=r"model\.d_ff=64 disagrees with init_from="):
     config_schema.build(wider)
+
+
+def _llama_copy(directory: pathlib.Path, checkpoint: str) -> pathlib.Path:
+  directory.mkdir()
+  for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    shutil.copy(pathlib.Path(checkpoint) / name, directory / name)
+  return directory
+
+
+def _damage_header_length(path: pathlib.Path) -> None:
+  data = bytearray(path.read_bytes())
+  data[:8] = (2 ** 60).to_bytes(8, "little")
+  path.write_bytes(bytes(data))
+
+
+def test_a_damaged_safetensors_file_is_refused_when_the_config_is_built(checkpoint, tmp_path):
+  """Before the data is prepared and before any random init: at config_schema.build."""
+  model = _llama_copy(tmp_path / "model", checkpoint)
+  _damage_header_length(model / "model.safetensors")
+  with pytest.raises(ValueError, match=r"^init_from=\S+: \S+model\.safetensors is not a valid "
+                                       r"safetensors file: its header length 1152921504606846976"):
+    _config(str(model))
+  (model / "model.safetensors").write_bytes((LLAMA / "model.safetensors").read_bytes())
+  (model / "model.safetensors.index.json").write_text("[]")  # the single file wins: ignored
+  assert _config(str(model)).model.n_layer == 2
+
+
+def test_a_tokenizer_file_outside_the_checkpoint_is_refused(checkpoint, tmp_path):
+  model = _llama_copy(tmp_path / "model", checkpoint)
+  hf = json.loads((model / "config.json").read_text())
+  for file, says in (("/etc/passwd", "is an absolute path"),
+                     ("../tokenizer.json", "leads outside it")):
+    hf["rove_jax_run"] = {"tokenizer": {"file": file}}
+    (model / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ValueError, match=r"^init_from=\S+: rove_jax_run\.tokenizer\.file "
+                                         + repr(file).replace(".", r"\.") + " " + says):
+      _config(str(model))
+
+
+def test_rove_train_refuses_a_damaged_init_from_with_one_line_and_exit_2(checkpoint, tmp_path):
+  import subprocess
+  import sys
+  from tests.conftest import subprocess_env
+  model = _llama_copy(tmp_path / "model", checkpoint)
+  _damage_header_length(model / "model.safetensors")
+  r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", "smoke",
+                      f"--config.init_from={model}", "--workdir", str(tmp_path / "run")],
+                     capture_output=True, text=True, timeout=300, env=subprocess_env(1))
+  assert r.returncode == 2, r.stderr[-3000:]
+  assert r.stderr.strip().splitlines()[-1].startswith(
+      f"error: init_from={model}: {model / 'model.safetensors'} is not a valid safetensors "
+      f"file"), r.stderr[-3000:]
+  assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()

@@ -209,15 +209,20 @@ def test_every_schema_field_is_a_valid_override():
 
 def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
   """rove-train's flag errors: the unknown key is named although the valid one is given too;
-  absl's type errors and a config file without get_config() exit 2 too, without a traceback."""
+  absl's type errors, a config file without get_config() and one that raises or exits exit 2
+  too, without a traceback."""
   noget = tmp_path / "noget.py"
   noget.write_text("X = 1\n")
   raises = tmp_path / "raises.py"
   raises.write_text("from rove_jax.train.config_schema import base_config\n\n"
                     "def get_config():\n  c = base_config('tiny')\n  c.steps = int('x')\n"
                     "  return c\n")
+  exits = tmp_path / "exits.py"
+  exits.write_text("import sys\n\ndef get_config():\n  sys.exit(0)\n")
   tiny = str(ROOT / "configs" / "tiny.py")
   for argv, expected in [
+      (["--config", str(exits)],  # exit 0 would say a run succeeded that never started
+       f"error: --config {exits}, line 4 (sys.exit(0)): the config file exited"),
       (["--config", tiny, "--config.model.n_layer=2", "--config.model.n_layers=2"],
        "error: --config.model.n_layers: model has no field 'n_layers'; did you mean "
        "--config.model.n_layer?"),
