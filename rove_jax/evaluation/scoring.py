@@ -24,7 +24,7 @@ from flax import nnx
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax import data as data_lib
 from rove_jax.data import tokenization
-from rove_jax.train import resume
+from rove_jax.train import resume, run_reader
 from rove_jax.train.run_config import RunConfig
 from rove_jax.nn.model import GPT, GPTConfig, ROTARY_ENCODINGS
 from rove_jax.scaling import RopeScaling
@@ -79,7 +79,7 @@ def load_run(workdir: str) -> Run:
     paths.MissingExtra (an ImportError): a gs:// workdir without gcsfs.
   """
   workdir = paths.resolve(workdir, what="workdir")  # absolute, or gs://bucket/path
-  step, params, meta = ckpt_lib.read_run(
+  step, params, meta = run_reader.read_run(
       workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])))
   tokenizer = tokenization.get_tokenizer(meta["tokenizer"]["spec"], workdir=workdir)
   resume.check_tokenizer(meta, tokenizer, workdir=workdir)  # the ids the model was trained on

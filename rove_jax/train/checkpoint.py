@@ -10,9 +10,9 @@ A checkpoint at step s is `workdir/checkpoints/s/` with three items:
          read before anything is built
 
 Training resumes with `Checkpointer.restore_latest`; evaluation (and the notebook, through
-`rove_jax.evaluation.scoring.load_run`) reads a finished run with `read_run(workdir,
-abstract_params)` (step, parameters, metadata); `restore_params` does the same for a known
-parameter tree. A checkpoint whose entry names differ from the model's (written by another
+`rove_jax.evaluation.scoring.load_run`) reads a finished run with
+`rove_jax.train.run_reader.read_run(workdir, abstract_params)` (step, parameters, metadata);
+`run_reader.restore_params` does the same for a known parameter tree. A checkpoint whose entry names differ from the model's (written by another
 parameter layout, e.g. separate attn.wq/wk/wv where the model now fuses them) is a LayoutError
 naming the missing and unexpected entries; it is never taken for an unreadable one.
 
@@ -191,7 +191,7 @@ class Checkpointer:
       try:
         return step, self.read_meta(step)
       except Exception as e:  # noqa: BLE001 - any failure: look at the older one
-        report(f"checkpoint at step {step}: its metadata cannot be read ({_describe(e)})")
+        report(f"checkpoint at step {step}: its metadata cannot be read ({describe(e)})")
     return None
 
   def stored_entries(self, step: int) -> Optional[dict]:
@@ -279,7 +279,7 @@ class Checkpointer:
     try:
       self.close()
     except Exception as e:  # noqa: BLE001 - the first error is the one to report
-      log(f"while stopping: {_describe(e)}")
+      log(f"while stopping: {describe(e)}")
 
   # ---------------------------------------------------------------------------- restore
   def newest_readable(self, restore_step: Callable[[int], Any], *,
@@ -303,13 +303,13 @@ class Checkpointer:
         if _not_the_checkpoints_fault(e):
           raise RestoreEnvironmentError(
               f"restoring the checkpoint at step {step} in {self.directory} failed for a reason "
-              f"that is not the checkpoint's own ({_describe(e)}); nothing was moved or deleted: "
+              f"that is not the checkpoint's own ({describe(e)}); nothing was moved or deleted: "
               f"fix the cause and rerun") from e
         on_unreadable(step, e)
         last = e
     if steps:
       raise RuntimeError(f"none of the checkpoints {steps} in {self.directory} could be "
-                         f"restored (the oldest failed with {_describe(last)})") from last
+                         f"restored (the oldest failed with {describe(last)})") from last
     return None
 
   def check_layout(self, step: int, expected_names) -> None:
@@ -348,9 +348,9 @@ class Checkpointer:
       return state, data_state, meta
 
     def unreadable(step, e):
-      report(f"checkpoint at step {step} cannot be restored ({_describe(e)}); falling back "
+      report(f"checkpoint at step {step} cannot be restored ({describe(e)}); falling back "
              f"to the previous checkpoint")
-      self._quarantine(step, reason=_describe(e))
+      self._quarantine(step, reason=describe(e))
 
     try:
       found = self.newest_readable(restore_step, on_unreadable=unreadable)
@@ -395,7 +395,7 @@ def _root_cause(e: BaseException) -> BaseException:
   return e
 
 
-def _describe(e: Exception) -> str:
+def describe(e: Exception) -> str:
   text = str(e).splitlines()[0][:200] if str(e) else ""
   return f"{type(e).__name__}: {text}"
 
@@ -432,76 +432,3 @@ def check_layout(stored: set, expected: set, *, where: str) -> None:
       f"{len(missing)} entries the model needs [{show(missing)}] and has {len(unexpected)} the "
       f"model does not know [{show(unexpected)}]. Restore it with the rove-jax version that "
       f"wrote it, or train into a fresh --workdir.")
-
-
-def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=print):
-  """Restores the parameters of the newest readable checkpoint of a training workdir onto one
-  device, for evaluation. Nothing is moved or deleted (a training run may be writing there);
-  an unreadable checkpoint is reported and the previous one is read instead.
-
-  Args:
-    workdir: a training run's directory (checkpoints/ inside).
-    abstract_params: meta -> the parameter tree to fill (leaves with .shape and .dtype, e.g.
-      `nnx.state(nnx.eval_shape(...), nnx.Param)` of the model built from meta["model"]).
-    report: where the fallback messages go.
-
-  Returns:
-    (step, params: the tree of abstract_params with arrays, meta: the checkpoint's metadata).
-
-  Raises:
-    ValueError: no workdir, no checkpoints, or none readable.
-    LayoutError: the checkpoint's parameters are named differently from the model's.
-  """
-  workdir = paths.resolve(workdir, what="workdir")
-  paths.check_orbax_path(workdir, what="workdir")  # orbax would read other arrays than named
-  ckdir = checkpoint_dir(workdir)
-  if not paths.isdir(workdir):
-    raise ValueError(f"workdir {workdir} does not exist; give the --workdir of a training run")
-  if not paths.isdir(ckdir):
-    raise ValueError(f"{workdir} holds no {CHECKPOINTS}/ directory: train it first "
-                     f"(rove-train --config ... --workdir {workdir})")
-  ck = Checkpointer(ckdir, read_only=True)
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-
-  def restore_step(step):
-    stored = ck.stored_entries(step)
-    # Every entry onto one device, whatever mesh wrote it (orbax restores a whole item).
-    target = None if stored is None else {
-        name: jax.ShapeDtypeStruct(md.shape, md.dtype, sharding=device)
-        for name, md in stored.items()}
-    restored = ck.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-    meta, state = dict(restored["meta"]), restored["state"]
-    verify(state, meta)
-    check_step(step, meta, state)
-    try:
-      abstract = abstract_params(meta)
-    except ValueError as e:  # readable, but not a model this code builds: no fallback
-      raise LayoutError(f"checkpoint at step {step} in {ckdir} describes a model this version "
-                        f"cannot build: {e}") from e
-    want = {PARAMS + name for name in to_flat(abstract)}
-    check_layout({n for n in state if n.startswith(PARAMS)}, want,
-                 where=f"checkpoint at step {step} in {ckdir}")
-    return from_flat({name[len(PARAMS):]: state[name] for name in want}, abstract), meta
-
-  def unreadable(step, e):
-    report(f"checkpoint at step {step} of {workdir} cannot be restored ({_describe(e)}); "
-           f"trying the previous one")
-
-  try:
-    found = ck.newest_readable(restore_step, on_unreadable=unreadable)
-  except RuntimeError as e:
-    raise ValueError(str(e)) from e.__cause__
-  finally:
-    ck.close()
-  if found is None:
-    raise ValueError(f"{ckdir} holds no finished checkpoint")
-  step, (params, meta) = found
-  return step, params, meta
-
-
-def restore_params(workdir: str, abstract_params: Any, *, report=print):
-  """(step, params) of the newest readable checkpoint in workdir: `read_run` for a model whose
-  abstract parameter tree is already known."""
-  step, params, _ = read_run(workdir, lambda meta: abstract_params, report=report)
-  return step, params

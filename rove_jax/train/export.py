@@ -2,7 +2,7 @@
 command, rove_jax.cli.export, drives `export_run`).
 
 `export_run` reads the newest checkpoint whose checksums verify
-(`checkpoint.read_run`: read-only, an unreadable checkpoint is reported and the previous one
+(`run_reader.read_run`: read-only, an unreadable checkpoint is reported and the previous one
 taken) and writes its parameters with `rove_jax.nn.pretrained.save`: a transformers GPT-2
 checkpoint for a GPT-2-shaped model (learned positions), otherwise rove-jax's own safetensors +
 config.json (its keys in rove_jax.nn.pretrained's docstring). `rove_jax.nn.pretrained.load(out)`
@@ -38,7 +38,7 @@ from rove_jax.nn import param_files, pretrained
 from rove_jax.nn.decoding import generate
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
-from rove_jax.train import checkpoint, resume
+from rove_jax.train import checkpoint, resume, run_reader
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -119,7 +119,7 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
                      f"pass --overwrite")
   created = check_out_dir(out_dir)  # before the checkpoint read, which can take minutes
   try:
-    step, params, meta = checkpoint.read_run(
+    step, params, meta = run_reader.read_run(
         workdir, lambda meta: param_files.abstract_params(GPTConfig.from_dict(meta["model"])),
         report=report)
     config = GPTConfig.from_dict(meta["model"])

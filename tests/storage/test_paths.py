@@ -183,11 +183,11 @@ def test_gs_names_that_orbax_keeps_as_written_pass():
 
 
 def test_a_workdir_with_a_hash_is_refused_before_the_run_touches_storage(tmp_path, gcs_bucket):
-  from rove_jax.train import checkpoint as ckpt_lib, resume
+  from rove_jax.train import resume, run_reader
   with pytest.raises(ValueError, match="'#'.*run-1 for run#1"):
     resume.check_workdir(f"{gcs_bucket}/run#1")
   with pytest.raises(ValueError, match="'#'"):
-    ckpt_lib.read_run(f"{gcs_bucket}/run#1", lambda meta: None)
+    run_reader.read_run(f"{gcs_bucket}/run#1", lambda meta: None)
   assert paths.listdir(gcs_bucket) == []  # nothing created, under either name
 
 

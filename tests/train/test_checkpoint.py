@@ -13,6 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import run_reader
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train.run_config import RunConfig
@@ -50,14 +51,14 @@ def truncate_state(workdir, step):
 
 
 def test_read_run_restores_the_newest_checkpoint(trained_run):
-  step, params, meta = ckpt_lib.read_run(str(trained_run), model_params)
+  step, params, meta = run_reader.read_run(str(trained_run), model_params)
   assert step == 6 and meta["step"] == 6 and meta["config"]["data"]["seq_len"] == 64
   raw = raw_entries(trained_run, 6)
   got = params_as_entries(params)
   assert set(got) == {k for k in raw if k.startswith("params.")}
   chex.assert_trees_all_close(got, {k: raw[k] for k in got}, rtol=0, atol=0)
   # restore_params: the same, for a caller that knows the model already
-  step2, params2 = ckpt_lib.restore_params(str(trained_run), model_params(meta))
+  step2, params2 = run_reader.restore_params(str(trained_run), model_params(meta))
   assert step2 == 6
   chex.assert_trees_all_close(params2, params, rtol=0, atol=0)
   # and load_run builds the model config from the same metadata
@@ -71,7 +72,7 @@ def test_read_run_restores_the_newest_checkpoint(trained_run):
 def test_load_run_reads_back_the_run_config_it_was_trained_with(trained_run):
   """The metadata holds the model config once ("model") and the rest of the run config
   ("config"); evaluation reads them back as the RunConfig the run was built with."""
-  step, params, meta = ckpt_lib.read_run(str(trained_run), model_params)
+  step, params, meta = run_reader.read_run(str(trained_run), model_params)
   assert "model" not in meta["config"]
   run = scoring.load_run(str(trained_run))
   assert run.config == RunConfig.from_metadata(meta)
@@ -80,12 +81,12 @@ def test_load_run_reads_back_the_run_config_it_was_trained_with(trained_run):
 
 
 def test_read_run_falls_back_past_an_unreadable_newest_checkpoint(run_copy):
-  want = params_as_entries(ckpt_lib.read_run(str(run_copy), model_params)[1])  # step 6
+  want = params_as_entries(run_reader.read_run(str(run_copy), model_params)[1])  # step 6
   step4 = {k: v for k, v in raw_entries(run_copy, 4).items() if k in want}
   assert any(not np.array_equal(step4[k], want[k]) for k in want)  # 4 and 6 differ
   truncate_state(run_copy, 6)
   out = []
-  step, params, meta = ckpt_lib.read_run(str(run_copy), model_params, report=out.append)
+  step, params, meta = run_reader.read_run(str(run_copy), model_params, report=out.append)
   assert step == 4 and meta["step"] == 4
   assert len(out) == 1 and "checkpoint at step 6" in out[0] and "cannot be restored" in out[0]
   chex.assert_trees_all_close(params_as_entries(params), step4, rtol=0, atol=0)
@@ -94,7 +95,7 @@ def test_read_run_falls_back_past_an_unreadable_newest_checkpoint(run_copy):
   assert not (run_copy / "checkpoints_unreadable").exists()
   truncate_state(run_copy, 4)
   with pytest.raises(ValueError, match=r"none of the checkpoints \[4, 6\]"):
-    ckpt_lib.read_run(str(run_copy), model_params, report=out.append)
+    run_reader.read_run(str(run_copy), model_params, report=out.append)
 
 
 def renamed_layout(meta):
@@ -110,9 +111,9 @@ def renamed_layout(meta):
 
 def test_a_checkpoint_of_another_layout_is_an_error_naming_the_entries(run_copy):
   with pytest.raises(ckpt_lib.LayoutError) as info:
-    ckpt_lib.read_run(str(run_copy), renamed_layout, report=pytest.fail)
+    run_reader.read_run(str(run_copy), renamed_layout, report=pytest.fail)
   message = str(info.value)
-  flat = ckpt_lib.to_flat(model_params(ckpt_lib.read_run(str(run_copy), model_params)[2]))
+  flat = ckpt_lib.to_flat(model_params(run_reader.read_run(str(run_copy), model_params)[2]))
   old = next(k for k in sorted(flat) if ".attn." in k)
   assert "step 6" in message and "older" in message and "layout" in message
   assert "params." + old in message  # unexpected: the checkpoint has it, the model not
@@ -145,13 +146,13 @@ def test_training_resume_with_another_layout_raises_and_quarantines_nothing(tmp_
 
 def test_missing_workdir_or_checkpoints_are_clear_errors(tmp_path):
   with pytest.raises(ValueError, match="does not exist"):
-    ckpt_lib.read_run(str(tmp_path / "nope"), model_params)
+    run_reader.read_run(str(tmp_path / "nope"), model_params)
   (tmp_path / "empty").mkdir()
   with pytest.raises(ValueError, match="no checkpoints/ directory"):
-    ckpt_lib.read_run(str(tmp_path / "empty"), model_params)
+    run_reader.read_run(str(tmp_path / "empty"), model_params)
   (tmp_path / "empty" / "checkpoints").mkdir()
   with pytest.raises(ValueError, match="no finished checkpoint"):
-    ckpt_lib.read_run(str(tmp_path / "empty"), model_params)
+    run_reader.read_run(str(tmp_path / "empty"), model_params)
 
 
 def test_a_checkpoint_copied_under_another_step_is_moved_aside(tmp_path):

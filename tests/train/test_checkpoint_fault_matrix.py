@@ -9,7 +9,7 @@ is refused by training and evaluation alike (its fingerprint is in the checkpoin
 The run is test_loop_faults.py's reference (the tiny model, 8 steps, async checkpoints every 2). For
 each file of its newest checkpoint (step 8) and each damage (16 bytes flipped at the start, the
 middle and the end; cut to half; deleted) a copy of the run is damaged, read as rove-eval reads
-it (`checkpoint.read_run`, read-only), and opened the way `rove_jax.train.loop` opens it: the
+it (`run_reader.read_run`, read-only), and opened the way `rove_jax.train.loop` opens it: the
 resume check against the run's own config, then `Checkpointer.restore_latest`. The loop
 continues from exactly what is restored (parameters, optimizer state, step, iterator state), so
 a restore equal to the uninterrupted run's checkpoint continues it bitwise; test_loop_faults.py
@@ -28,6 +28,7 @@ import pytest
 from rove_jax.evaluation import scoring
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import run_reader
 from rove_jax.train import resume
 from rove_jax.train import config_schema
 from tests.conftest import small_config
@@ -96,7 +97,7 @@ def _evaluation_reads(ref, workdir, relative: str, damage: str) -> str:
                            for name, a in ref.states[STEPS].items()
                            if name.startswith(ckpt_lib.PARAMS)}
   try:
-    step, params, meta = ckpt_lib.read_run(str(workdir), abstract, report=out.append)
+    step, params, meta = run_reader.read_run(str(workdir), abstract, report=out.append)
   except CLEAR_ERRORS:
     result = "refused"
   else:

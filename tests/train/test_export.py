@@ -14,6 +14,7 @@ from rove_jax.data import tokenization
 from rove_jax.nn import param_files
 from rove_jax.nn.model import generate
 from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import run_reader
 from rove_jax.train import export
 from rove_jax.train import loop as training
 from tests.conftest import small_config
@@ -47,7 +48,7 @@ def test_a_bpe_export_carries_its_tokenizer_and_generates_text(bpe_run, tmp_path
   np.testing.assert_array_equal(ids, result.tokenizer.encode(PROMPT))
   assert loaded.decode(ids) == PROMPT
   # Greedy text equals decoding the checkpoint's own generate by hand.
-  _, params, _ = ckpt_lib.read_run(str(workdir), lambda meta: result.params)
+  _, params, _ = run_reader.read_run(str(workdir), lambda meta: result.params)
   from rove_jax.nn import pretrained
   by_hand = generate(pretrained.build(result.model_config, params), ids[None], 12,
                      temperature=0.0, valid_vocab=result.tokenizer.vocab_size)

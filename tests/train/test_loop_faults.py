@@ -37,6 +37,7 @@ from orbax.checkpoint._src.path import atomicity
 
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import run_reader
 from rove_jax.train import config_schema
 from rove_jax.train import resume, loop as training
 from rove_jax.evaluation import scoring
@@ -305,7 +306,7 @@ def test_reader_during_async_saves_leaves_every_checkpoint_intact(reference, tmp
       try:
         there = tmp.is_dir()
         try:
-          step, params, _ = ckpt_lib.read_run(str(workdir), abstract, report=errors.append)
+          step, params, _ = run_reader.read_run(str(workdir), abstract, report=errors.append)
         except ValueError as e:  # the first save: nothing finished to read yet
           step, params = None, str(e)
         reads.append((saving, there and tmp.is_dir(), step, params))
