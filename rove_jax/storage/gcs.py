@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 import os
 
 from rove_jax.storage import deadline
@@ -23,6 +24,11 @@ from rove_jax.storage import deadline
 @functools.lru_cache(maxsize=None)
 def _fs(emulator: str):
   import gcsfs  # the [gcs] extra; rove_jax.storage.paths.resolve checked it is installed
+  # gcsfs logs each request that runs out of retries with its traceback (dozens of lines); the
+  # failure reaches the caller as an exception, reported in one line. ROVE_JAX_TRACEBACK=1
+  # keeps gcsfs's log.
+  if os.environ.get("ROVE_JAX_TRACEBACK") != "1":
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
   if emulator:
     # The core client: gcsfs's experimental one (chosen at its import unless
     # GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false) first probes the server over gRPC, which an
@@ -138,8 +144,32 @@ def forget_listings() -> None:
         "reaching", "gs:// (orbax's client)")
 
 
+class StorageError(OSError):
+  """A request the GCS client gave up on (a server error after its retries), as an OSError
+  naming the operation and the path; `code` is the HTTP status when there was one."""
+
+  def __init__(self, message: str, code=None):
+    super().__init__(message)
+    self.code = code
+
+
 def _call(fn, what: str, path: str):
-  return deadline.call(fn, what=what, path=str(path))
+  try:
+    return deadline.call(fn, what=what, path=str(path))
+  except Exception as e:  # noqa: BLE001 - the client stack's own errors, re-raised otherwise
+    from rove_jax.storage import paths
+    # gcsfs's generic OSError (a 403 is "Forbidden: <key>"; its subclasses, such as
+    # FileNotFoundError, are what callers test for and pass unchanged) and its own errors.
+    if not (type(e) is OSError or (not isinstance(e, OSError) and paths.is_storage_error(e))):
+      raise
+    code = getattr(e, "code", None) or (403 if str(e).startswith("Forbidden") else None)
+    text = str(getattr(e, "message", "") or e)
+    if code == 403 and text.startswith("Forbidden"):  # "Forbidden: <key>\n<the server's reason>"
+      text = text.partition("\n")[2] or "Forbidden"
+    detail = " ".join(text.split()) or type(e).__name__
+    detail = detail.removesuffix(f", {code}")  # gcsfs appends the status to the message
+    raise StorageError(f"{what} {path} failed ({f'HTTP {code}: ' if code else ''}{detail})",
+                       code) from e
 
 
 class _DeadlinedReader(io.RawIOBase):

@@ -24,6 +24,7 @@ written and need nothing).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import os
@@ -53,6 +54,17 @@ def is_storage_error(e: BaseException) -> bool:
   """An exception raised by the GCS client libraries (e.g. gcsfs.retry.HttpError, a
   google.auth credentials error), which are not OSErrors."""
   return type(e).__module__.split(".")[0] in _CLIENT_PACKAGES
+
+
+def is_denied(e: BaseException) -> bool:
+  """A refusal of access (no permission, a read-only file system, GCS's 401 / 403), as opposed
+  to storage that failed (unreachable, a server error, a full disk)."""
+  if isinstance(e, PermissionError) or (
+      isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)):
+    return True
+  if getattr(e, "code", None) in (401, 403):  # gcsfs's HttpError
+    return True
+  return isinstance(e, OSError) and str(e).startswith(("Forbidden", "Unauthorized"))
 
 
 def describe_failure(e: BaseException, path: str) -> str:

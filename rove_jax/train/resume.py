@@ -123,7 +123,9 @@ def check_workdir(workdir: str) -> str:
   proved writable, before any work starts.
 
   Raises:
-    ValueError: a file, not a directory; not writable; a name orbax cannot write under.
+    ValueError: a file, not a directory; not writable (access refused); a name orbax cannot
+      write under.
+    OSError: the storage failed while the workdir was checked (unreachable, full, erroring).
     rove_jax.storage.paths.MissingExtra: gs:// without gcsfs.
   """
   workdir = paths.resolve(workdir, what="--workdir")
@@ -139,6 +141,12 @@ def check_workdir(workdir: str) -> str:
   except Exception as e:  # noqa: BLE001 - an OSError, or a GCS client library's own error
     if not (isinstance(e, OSError) or paths.is_storage_error(e)):
       raise
+    # Storage that failed (unreachable, full, erroring) is I/O, exit 1; a refusal or a missing
+    # bucket is this workdir's fault.
+    if not (paths.is_denied(e) or isinstance(e, FileNotFoundError)):
+      raise OSError(f"checking that workdir {workdir} is writable failed "
+                    f"({paths.describe_failure(e, workdir)}); nothing was trained: rerun when "
+                    f"the storage answers") from None
     raise ValueError(f"workdir {workdir} is not writable ({paths.describe_failure(e, workdir)})"
                      f"; choose another --workdir") from None
   return workdir

@@ -125,8 +125,9 @@ class RunConfig:
   checkpoint_every: int = _f(200, "steps between checkpoints")
   keep_checkpoints: int = _f(3, "checkpoints kept")
   async_checkpoints: bool = _f(True, "write checkpoints while training continues")
-  storage_timeout: float = _f(180.0, "seconds a gs:// read, write or wait may take before the "
-                              "run stops with exit 1 (rove_jax/storage/deadline.py)")
+  storage_timeout: Optional[float] = _f(None, "seconds a gs:// read, write or wait may take "
+                                        "before the run stops with exit 1; unset: "
+                                        "ROVE_JAX_STORAGE_TIMEOUT or 180 (storage/deadline.py)")
   fresh_start: bool = _f(False, "start from step 0 although earlier checkpoints were found "
                          "unreadable")
   seed: int = _f(0, "initialization and data order")
@@ -242,10 +243,10 @@ def _validate(c: RunConfig) -> None:
   if c.run_steps is not None and not (_is_int(c.run_steps) and c.run_steps >= 1):
     raise ValueError(f"run_steps must be an int >= 1 (the steps this invocation runs before it "
                      f"saves and exits) or unset, got {c.run_steps!r}")
-  if not (isinstance(c.storage_timeout, (int, float)) and not isinstance(c.storage_timeout, bool)
-          and math.isfinite(c.storage_timeout) and c.storage_timeout > 0):
-    raise ValueError(f"storage_timeout must be a number of seconds > 0, got "
-                     f"{c.storage_timeout!r}")
+  t = c.storage_timeout
+  if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool)
+                            and math.isfinite(t) and t > 0):
+    raise ValueError(f"storage_timeout must be a number of seconds > 0 (or unset), got {t!r}")
   if not (_is_int(c.sample_tokens) and c.sample_tokens >= 0):
     raise ValueError(f"sample_tokens must be an int >= 0 (0: no sample), got "
                      f"{c.sample_tokens!r}")
