@@ -18,7 +18,7 @@ import io
 import logging
 import os
 
-from rove_jax.storage import deadline
+from rove_jax.storage import deadline, errors
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,10 +157,9 @@ def _call(fn, what: str, path: str):
   try:
     return deadline.call(fn, what=what, path=str(path))
   except Exception as e:  # noqa: BLE001 - the client stack's own errors, re-raised otherwise
-    from rove_jax.storage import paths
     # gcsfs's generic OSError (a 403 is "Forbidden: <key>"; its subclasses, such as
     # FileNotFoundError, are what callers test for and pass unchanged) and its own errors.
-    if not (type(e) is OSError or (not isinstance(e, OSError) and paths.is_storage_error(e))):
+    if not (type(e) is OSError or (not isinstance(e, OSError) and errors.is_storage_error(e))):
       raise
     code = getattr(e, "code", None) or (403 if str(e).startswith("Forbidden") else None)
     text = str(getattr(e, "message", "") or e)

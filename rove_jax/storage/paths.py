@@ -36,6 +36,8 @@ import time
 import uuid
 from typing import Callable, Optional, Union
 
+from rove_jax.storage.errors import is_storage_error, is_unavailable  # noqa: F401
+
 REMOTE_SCHEMES = ("gs://",)
 GLOB_CHARS = "[]*?"
 GCS_EXTRA = "pip install 'rove_jax[gcs]'"
@@ -43,28 +45,6 @@ GCS_EXTRA = "pip install 'rove_jax[gcs]'"
 
 class MissingExtra(ImportError):
   """A remote path whose storage library is not installed."""
-
-
-# The top-level packages of the GCS client stack (gcsfs and what it calls): their exceptions
-# are storage failures, to be reported as I/O errors like an OSError.
-_CLIENT_PACKAGES = ("gcsfs", "google", "aiohttp", "requests", "fsspec")
-
-
-def is_storage_error(e: BaseException) -> bool:
-  """An exception raised by the GCS client libraries (e.g. gcsfs.retry.HttpError, a
-  google.auth credentials error), which are not OSErrors."""
-  return type(e).__module__.split(".")[0] in _CLIENT_PACKAGES
-
-
-def is_denied(e: BaseException) -> bool:
-  """A refusal of access (no permission, a read-only file system, GCS's 401 / 403), as opposed
-  to storage that failed (unreachable, a server error, a full disk)."""
-  if isinstance(e, PermissionError) or (
-      isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)):
-    return True
-  if getattr(e, "code", None) in (401, 403):  # gcsfs's HttpError
-    return True
-  return isinstance(e, OSError) and str(e).startswith(("Forbidden", "Unauthorized"))
 
 
 def describe_failure(e: BaseException, path: str) -> str:

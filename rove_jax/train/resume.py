@@ -141,12 +141,12 @@ def check_workdir(workdir: str) -> str:
   except Exception as e:  # noqa: BLE001 - an OSError, or a GCS client library's own error
     if not (isinstance(e, OSError) or paths.is_storage_error(e)):
       raise
-    # Storage that failed (unreachable, full, erroring) is I/O, exit 1; a refusal or a missing
-    # bucket is this workdir's fault.
-    if not (paths.is_denied(e) or isinstance(e, FileNotFoundError)):
+    # Storage that failed (unreachable, full, erroring) is I/O, exit 1; anything else (a
+    # refusal, a missing bucket, a file in the way) is this workdir's fault.
+    if paths.is_unavailable(e):
       raise OSError(f"checking that workdir {workdir} is writable failed "
                     f"({paths.describe_failure(e, workdir)}); nothing was trained: rerun when "
-                    f"the storage answers") from None
+                    f"the storage works again, or choose another --workdir") from None
     raise ValueError(f"workdir {workdir} is not writable ({paths.describe_failure(e, workdir)})"
                      f"; choose another --workdir") from None
   return workdir
