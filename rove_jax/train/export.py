@@ -80,7 +80,7 @@ def check_out_dir(out_dir: str) -> list:
       raise
     _remove_empty(created)
     raise OSError(f"cannot create or write the export directory {out_dir} "
-                  f"({paths.describe_failure(e, out_dir)}); give a writable --out") from None
+                  f"({_cause(e, out_dir)}); {_fix(e, 'give a writable --out')}") from None
   return created
 
 
@@ -184,19 +184,28 @@ def _write(out_dir: str, tokenizer_json: Optional[bytes], save) -> dict:
     raise _write_failure(e, out_dir, started) from None
 
 
+def _full(e: BaseException) -> bool:
+  return getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _cause(e: BaseException, out_dir: str) -> str:
+  """Why a write into out_dir failed; a full disk with the errno's name ("No space left on
+  device (ENOSPC)"), which is what a search for the failure finds."""
+  cause = paths.describe_failure(e, out_dir)
+  return f"{cause} ({errno.errorcode[e.errno]})" if _full(e) else cause
+
+
+def _fix(e: BaseException, otherwise: str) -> str:
+  return "free space there or choose another --out" if _full(e) else otherwise
+
+
 def _write_failure(e: BaseException, out_dir: str, started: bool) -> OSError:
   """The one-line OSError for a failed write into out_dir (keeping e's errno)."""
-  code = getattr(e, "errno", None)
-  cause = paths.describe_failure(e, out_dir)
-  name = errno.errorcode.get(code or 0)
-  if name and name not in cause:
-    cause += f" ({name})"
   left = "holds no export (the files written were removed)" if started else "is as it was"
-  fix = ("free space there or choose another --out" if code in (errno.ENOSPC, errno.EDQUOT)
-         else "fix that or choose another --out")
-  out = OSError(f"writing the export to {out_dir} failed: {cause}; {out_dir} {left}: {fix}, "
-                f"then run rove-export again")
-  out.errno = code
+  out = OSError(f"writing the export to {out_dir} failed: {_cause(e, out_dir)}; {out_dir} "
+                f"{left}: {_fix(e, 'fix that or choose another --out')}, then run rove-export "
+                f"again")
+  out.errno = getattr(e, "errno", None)
   return out
 
 

@@ -2,7 +2,8 @@
 why, where mounting is not permitted: it needs root), filled so that only part of the export
 fits. Each case ends with one line `rove-export: error: ...` naming --out and ENOSPC, exit 1,
 and leaves nothing that `export.load` takes for a finished export: whether the weights do not
-fit, or the weights fit and config.json does not, or --overwrite replaces an export there.
+fit, or the weights fit and config.json does not, or --overwrite replaces an export there. A
+tmpfs without a free inode refuses --out itself (the check before the checkpoint is read).
 """
 
 import os
@@ -15,18 +16,24 @@ from rove_jax.nn import param_files
 from rove_jax.train import export
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-  mnt = tmp_path / "mnt"
+def mount_tmpfs(mnt, options: str):
+  """Mounts a tmpfs at mnt (skipping the test where that is not permitted); returns a function
+  that unmounts it."""
   mnt.mkdir()
-  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+  done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
                         capture_output=True, text=True)
   if done.returncode != 0:
     pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip()}): needs root")
+  return lambda: subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  unmount = mount_tmpfs(tmp_path / "mnt", "size=2m")
   try:
-    yield mnt
+    yield tmp_path / "mnt"
   finally:
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    unmount()
 
 
 def fill(disk, leave: int) -> None:
@@ -100,3 +107,19 @@ def test_an_overwrite_that_does_not_fit_leaves_no_old_config_beside_new_weights(
   export_fails_in_one_line(trained_run, out, capsys, "--overwrite")
   assert out.is_dir()  # not created by this call: kept, without the export's files
   assert_no_export(out)
+
+
+def test_a_disk_without_room_for_the_directory_is_one_line_exit_1(trained_run, tmp_path,
+                                                                   capsys):
+  disk = tmp_path / "mnt"
+  unmount = mount_tmpfs(disk, "size=2m,nr_inodes=2")  # the root and one file
+  try:
+    (disk / "filler").touch()  # no inode left: --out cannot be created
+    code = export_cli.main(["--workdir", str(trained_run), "--out", str(disk / "out")])
+    err = capsys.readouterr().err
+  finally:
+    unmount()
+  assert code == 1, err
+  assert err.strip() == (f"rove-export: error: cannot create or write the export directory "
+                         f"{disk / 'out'} (No space left on device (ENOSPC)); free space there "
+                         f"or choose another --out")
