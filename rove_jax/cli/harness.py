@@ -14,6 +14,11 @@ One option of its own: --only_include_path indexes only the task files under --i
 lm_eval reads all of its built-in task YAMLs (thousands) at every start to find the tasks
 named; for local tasks that is most of a short run's time. lm_eval's command has no such
 option, so this one sets TaskManager's include_defaults=False for the run.
+
+Exit status: lm_eval's, and 2 for a model_args value or a request the "rove_jax" model cannot
+take (rove_jax.evaluation.harness.InputError: a path without a model, a continuation longer
+than max_length, a generate_until task whose max_gen_toks leaves no room for a context),
+printed as one line `rove-lm-eval: error: ...` (ROVE_JAX_TRACEBACK=1 shows the traceback).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Optional
 from lm_eval._cli.run import Run
 from lm_eval.utils import setup_logging
 
-from rove_jax.evaluation import harness  # noqa: F401 -- registers the "rove_jax" model
+from rove_jax.cli.errors import fail
+from rove_jax.evaluation import harness  # registers the "rove_jax" model
 
 PROG = "rove-lm-eval"
 
@@ -64,7 +70,10 @@ def main(argv: Optional[list] = None) -> int:
   if vars(args).pop("only_include_path"):  # lm_eval's run takes every other option as is
     _index_only_include_path()
   setup_logging()  # what lm_eval's own command does before it runs
-  args.func(args)
+  try:
+    args.func(args)
+  except harness.InputError as e:
+    return fail(str(e), 2, prefix=f"{PROG}: error")
   return 0
 
 

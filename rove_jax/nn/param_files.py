@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -355,13 +356,34 @@ def _umask() -> int:
   return mask
 
 
+def _as_os_error(e: Exception, path: str) -> Exception:
+  """safetensors reports a failed write (a full disk, a vanished directory) as its own
+  SafetensorError whose message ends "(os error N)"; that becomes OSError(N) on `path`, so
+  callers sort it as I/O. Any other error is returned as it is."""
+  found = re.search(r"\(os error (\d+)\)", str(e))
+  if isinstance(e, OSError) or found is None:
+    return e
+  code = int(found.group(1))
+  return OSError(code, os.strerror(code), path)
+
+
 def _replace_atomically(path: str, write) -> None:
   """Local files: write(tmp), then renames tmp to path; the file gets the mode an ordinary new
-  file gets (safetensors itself creates files readable by their owner only)."""
+  file gets (safetensors itself creates files readable by their owner only).
+
+  Raises:
+    OSError: the write or the rename failed (safetensors' own I/O errors included).
+  """
   name = f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}"
   tmp = os.path.join(os.path.dirname(path), name)
   try:
-    write(tmp)
+    try:
+      write(tmp)
+    except Exception as e:  # noqa: BLE001 - safetensors' error type is not exported
+      raised = _as_os_error(e, tmp)
+      if raised is e:
+        raise
+      raise raised from None
     os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
   finally:

@@ -19,12 +19,16 @@ prompt and decodes `generate`'s ids (`Exported.generate` does both).
 --out is a local directory or gs://bucket/path (rove_jax.storage.paths). It is checked before
 the checkpoint is read: not an existing file, not already holding an export (unless
 --overwrite), and writable (a probe file is written and removed; a directory this check
-created is removed again when the export then fails).
+created is removed again when the export then fails). The files are written weights first and
+config.json last, each replaced whole; config.json is what makes a directory an export, so an
+--overwrite removes the old one first, and a write that fails (a full disk) removes the files
+it wrote: what is left is never taken for a finished export.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import uuid
@@ -76,7 +80,7 @@ def check_out_dir(out_dir: str) -> list:
       raise
     _remove_empty(created)
     raise OSError(f"cannot create or write the export directory {out_dir} "
-                  f"({paths.describe_failure(e, out_dir)}); give a writable --out") from None
+                  f"({_cause(e, out_dir)}); {_fix(e, 'give a writable --out')}") from None
   return created
 
 
@@ -101,7 +105,8 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
       checkpoint, a model the format cannot hold, or an out_dir that already holds an export
       (without overwrite), all before writing.
     OSError: out_dir is a file or not writable (checked before the checkpoint is read), or the
-      write failed; out_dir is left as it was found where this call created it.
+      write failed (a full disk, a storage error): one message naming out_dir and the cause;
+      out_dir then holds no export (`_write`), and is removed where this call created it.
     paths.MissingExtra (an ImportError): a gs:// path without gcsfs.
   """
   if format not in pretrained.FORMATS:  # checked again, with the model, by resolve_format
@@ -127,8 +132,9 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
     tokenizer = dict(meta["tokenizer"])
     tok = tokenization.get_tokenizer(tokenizer["spec"], workdir=workdir)
     resume.check_tokenizer(meta, tok, workdir=workdir)  # the ids the model was trained on
+    tokenizer_json = None
     if isinstance(tok, tokenization.HFTokenizer):
-      paths.write_atomic(paths.join(out_dir, TOKENIZER_FILE), tok.to_json().encode("utf-8"))
+      tokenizer_json = tok.to_json().encode("utf-8")
       tokenizer["file"] = TOKENIZER_FILE
     run = {"step": int(step), "tokenizer": tokenizer, "workdir": paths.basename(workdir)}
     train_len = meta.get("config", {}).get("data", {}).get("seq_len")
@@ -137,11 +143,70 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
     extra = {"rove_jax_run": run}
     if tokenizer.get("eot_id") is not None and format != "rove_jax":  # transformers' formats
       extra["bos_token_id"] = extra["eos_token_id"] = int(tokenizer["eot_id"])
-    written = pretrained.save(out_dir, config, params, format=format, extra_config=extra)
+    written = _write(out_dir, tokenizer_json,
+                     lambda: pretrained.save(out_dir, config, params, format=format,
+                                             extra_config=extra))
   except BaseException:
     _remove_empty(created)  # only directories this call made, and only while still empty
     raise
   return {"step": int(step), **written}
+
+
+def _write(out_dir: str, tokenizer_json: Optional[bytes], save) -> dict:
+  """Writes an export into out_dir: tokenizer.json (when given), then `save()` (the weights,
+  then config.json); returns what `save` returns.
+
+  config.json marks a finished export (`load` needs it), so one already there (--overwrite) is
+  removed before anything is written: a failure part way never leaves new weights beside an
+  old config.json. On a failure the export's files in out_dir are removed again.
+
+  Raises:
+    OSError: one message naming out_dir, the cause and what is left there (storage errors
+      included).
+  """
+  names = [param_files.CONFIG, param_files.WEIGHTS] + ([TOKENIZER_FILE] if tokenizer_json else [])
+  started = False
+  try:
+    paths.remove(paths.join(out_dir, param_files.CONFIG))
+    started = True
+    if tokenizer_json is not None:
+      paths.write_atomic(paths.join(out_dir, TOKENIZER_FILE), tokenizer_json)
+    return save()
+  except BaseException as e:
+    if started:
+      for name in names:
+        try:
+          paths.remove(paths.join(out_dir, name))
+        except Exception:  # noqa: BLE001 -- best effort: without config.json it is no export
+          pass
+    if not (isinstance(e, OSError) or paths.is_storage_error(e)):
+      raise
+    raise _write_failure(e, out_dir, started) from None
+
+
+def _full(e: BaseException) -> bool:
+  return getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _cause(e: BaseException, out_dir: str) -> str:
+  """Why a write into out_dir failed; a full disk with the errno's name ("No space left on
+  device (ENOSPC)"), which is what a search for the failure finds."""
+  cause = paths.describe_failure(e, out_dir)
+  return f"{cause} ({errno.errorcode[e.errno]})" if _full(e) else cause
+
+
+def _fix(e: BaseException, otherwise: str) -> str:
+  return "free space there or choose another --out" if _full(e) else otherwise
+
+
+def _write_failure(e: BaseException, out_dir: str, started: bool) -> OSError:
+  """The one-line OSError for a failed write into out_dir (keeping e's errno)."""
+  left = "holds no export (the files written were removed)" if started else "is as it was"
+  out = OSError(f"writing the export to {out_dir} failed: {_cause(e, out_dir)}; {out_dir} "
+                f"{left}: {_fix(e, 'fix that or choose another --out')}, then run rove-export "
+                f"again")
+  out.errno = getattr(e, "errno", None)
+  return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -226,7 +226,7 @@ def test_bad_model_args_are_refused(export_dir, kwargs, match):
 
 
 def test_sampling_is_refused(lm):
-  with pytest.raises(NotImplementedError, match="greedy only"):
+  with pytest.raises(harness.InputError, match="greedy only"):
     lm.generate_until([Request("x", {"do_sample": True, "temperature": 0.7})])
 
 
