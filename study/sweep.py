@@ -221,17 +221,30 @@ def section(record: Optional[dict]) -> list[str]:
 
 def write(out_dir: str, table: dict, seeds: Sequence[int], chosen: dict, refused: dict,
           meta: dict) -> str:
-  """Writes <out_dir>/lr_sweep.md and lr_sweep.json; returns the markdown's path."""
+  """Writes <out_dir>/lr_sweep.md and lr_sweep.json; returns the markdown's path. A record of
+  the same decision (the same losses, choice and settings) is left as it is: its commit is the
+  one that made the decision, before any comparison run, and a later invocation that resumes
+  the study must not restamp it."""
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, MD)
+  record = {"rule": meta.get("rule", RULE), "seeds": list(seeds), "meta": meta,
+            "chosen": chosen, "refused": refused,
+            "losses": {e: {f"{lr:g}": v for lr, v in t.items()} for e, t in table.items()}}
+  old = load_record(out_dir)
+  if old is not None and os.path.exists(path) and _decision(old) == _decision(record):
+    return path
   with open(path, "w") as f:
     f.write(markdown(table, seeds, chosen, refused, meta))
   with open(os.path.join(out_dir, JSON), "w") as f:
-    json.dump({"rule": meta.get("rule", RULE), "seeds": list(seeds), "meta": meta,
-               "chosen": chosen, "refused": refused,
-               "losses": {e: {f"{lr:g}": v for lr, v in t.items()} for e, t in table.items()}},
-              f, indent=2)
+    json.dump(record, f, indent=2)
   return path
+
+
+def _decision(record: dict) -> dict:
+  """A record as JSON would hold it, without the commit that wrote it."""
+  plain = json.loads(json.dumps(record))
+  plain["meta"].pop("commit", None)
+  return plain
 
 
 def load_record(out_dir: str) -> Optional[dict]:

@@ -59,6 +59,21 @@ def test_an_interior_best_is_chosen_and_written_before_the_comparison(tmp_path):
                  train=lambda runs: None) == chosen
 
 
+def test_a_resumed_invocation_keeps_the_commit_that_made_the_decision(tmp_path):
+  """The sweep's record says which commit chose the rates, before any comparison run: an
+  invocation that resumes the study on later code decides the same and must not restamp it."""
+  out, runs = str(tmp_path / "out"), str(tmp_path / "runs")
+  fake = _fake_sweep({"rove": 4e-3, "rope": 4e-3}, [])
+  ls.tune(runs, out, 1, {"steps": ls.STEPS, "commit": "a" * 40}, train=fake)
+  ls.tune(runs, out, 1, {"steps": ls.STEPS, "commit": "b" * 40}, train=lambda r: None)
+  assert sweep.load_record(out)["meta"]["commit"] == "a" * 40
+  assert "a" * 40 in (tmp_path / "out" / sweep.MD).read_text()
+  # another decision (other losses) is written, with its own commit
+  ls.tune(runs, out, 1, {"steps": ls.STEPS, "commit": "c" * 40},
+          train=_fake_sweep({"rove": 4e-3, "rope": 2e-3}, []))
+  assert sweep.load_record(out)["meta"]["commit"] == "c" * 40
+
+
 def test_an_edge_best_extends_that_grid_and_stops_after_two_extensions(tmp_path):
   calls = []
   chosen = ls.tune(str(tmp_path / "runs"), str(tmp_path / "out"), 1, {"steps": ls.STEPS},
