@@ -54,7 +54,7 @@ def hopper_target(monkeypatch):
   """dispatch sees a Hopper GPU, and its Hopper kernel runs interpreted (on CPU)."""
   monkeypatch.setattr(platform, "target_platform", lambda: "gpu")
   monkeypatch.setattr(platform, "gpu_is_hopper", lambda: True)
-  monkeypatch.setattr(fused_hopper, "attend", fused_hopper.kernel(interpret=INTERPRET))
+  monkeypatch.setattr(fused_hopper, "attend", fused_hopper.kernel(interpret=INTERPRET).attend)
 
 
 def run_case(case, **kw):

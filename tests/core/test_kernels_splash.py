@@ -25,7 +25,7 @@ def splash_attention(q, k, v, *, scale, causal, q_segment_ids=None, kv_segment_i
   """The splash kernel on index-ordered positions (which it does not read)."""
   mask = Mask(causal=causal, segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
               ordered=True)
-  return splash.kernel(block_size)(q, k, v, mask, None, None, scale)
+  return splash.kernel(block_size).attend(KernelCall(q, k, v, mask, None, None, scale))
 
 
 @functools.lru_cache(maxsize=None)
