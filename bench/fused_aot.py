@@ -10,6 +10,7 @@ the block as given. Needs libtpu (pip install 'rove_jax[tpu]').
 """
 
 import argparse
+import math
 import time
 
 import jax
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 
 import rove_jax as rj
 from rove_jax.aot import compile as aot
-from rove_jax.kernels import Mask, fused
+from rove_jax.kernels import KernelCall, Mask, fused
 
 
 def main():
@@ -43,8 +44,8 @@ def main():
 
   def loss(q, k, v, seg, rove):
     pos = jnp.broadcast_to(jnp.arange(T), (B, T))
-    out = attend(q, k, v, Mask(ordered=True, segment_ids=seg), pos, pos, rope,
-                 kind="rove" if rove else "rope")
+    out = attend.attend(KernelCall(q, k, v, Mask(ordered=True, segment_ids=seg), pos, pos,
+                                   1.0 / math.sqrt(D), rope=rope, kind="rove" if rove else "rope"))
     return jnp.sum(out.astype(jnp.float32) ** 2)
 
   x = jax.ShapeDtypeStruct((B, T, H, D), jnp.bfloat16, sharding=sharding)

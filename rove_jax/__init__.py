@@ -5,7 +5,8 @@ Stable names:
   rope_attention, rove_attention, masked_attention               (rove_jax.attention)
   Mask (which keys each query sees), kernels.select              (rove_jax.kernels)
   scaling.linear / ntk / dynamic_ntk / yarn / dynamic_yarn / llama3 / longrope / from_config
-  scaling.RopeScaling (a transformers rope dict parsed once: from_dict, to_dict, frequencies)
+  scaling.RopeScaling (a transformers rope dict parsed once into one spec per rope_type:
+    from_dict, to_dict, frequencies)
   rope_from_hf_config (a transformers config.json's rot_dim, inv_freq, attention factor)
   analysis.value_kernel, analysis.mixer_matrix
 

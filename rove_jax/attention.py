@@ -20,11 +20,12 @@ rove_jax.kernels.mask), so one code path serves training, packing, KV-cache deco
 sliding-window evaluation and YaRN. A query that sees no key returns zeros.
 
 `kernel` is a name ("auto", "xla", "cudnn", "splash", "chunked", "reference", "fused"; see
-rove_jax.kernels.dispatch) or a kernel function, e.g. from `rove_jax.kernels.select` or
-`rove_jax.kernels.chunked.kernel(chunk_size)`. The rotations wrap any kernel, so the flash
-kernels serve RoVE unchanged. "fused" is the exception: a Pallas TPU kernel that takes the
-unrotated q, k, v and the Rope and applies every rotation of the call to tiles in VMEM
-(rove_jax.kernels.fused); the rotary functions hand it the call whole. A KV cache stores
+rove_jax.kernels.dispatch), a `kernels.Kernel`, e.g. from `rove_jax.kernels.select` or
+`rove_jax.kernels.chunked.kernel(chunk_size)`, or a function of one `kernels.KernelCall` (the
+record every kernel takes; rove_jax.kernels.call). The rotations wrap any kernel, so the flash
+kernels serve RoVE unchanged. A kernel whose `rotates` is true is the exception ("fused": a
+Pallas kernel that applies every rotation of the call to tiles in fast memory,
+rove_jax.kernels.fused): it gets the unrotated q, k, v with the Rope, the call whole. A KV cache stores
 R_j k_j (and, RoVE, R_j v_j): a decoding step rotates its queries with `rotate_queries`, calls
 `masked_attention` on the cache and, for RoVE, rotates the output back
 (rove_jax.nn.model.Attention does this).
@@ -39,14 +40,16 @@ import jax
 import jax.numpy as jnp
 
 from rove_jax import kernels
-from rove_jax.kernels import Mask
+from rove_jax.kernels import KernelCall, Mask
 from rove_jax.rotary import Rope
 
-Kernel = Union[str, Callable]
+# A kernel name (kernels.IMPLEMENTATIONS), a kernels.Kernel, or a function f(kernels.KernelCall)
+# on rotated inputs.
+KernelArg = Union[str, kernels.Kernel, Callable]
 
 
 def rope_attention(q, k, v, *, q_positions, kv_positions, rope: Rope,
-                   mask: Optional[Mask] = None, kernel: Kernel = "xla") -> jax.Array:
+                   mask: Optional[Mask] = None, kernel: KernelArg = "xla") -> jax.Array:
   """Attention with rotary queries and keys (RoPE).
 
   Args:
@@ -58,49 +61,35 @@ def rope_attention(q, k, v, *, q_positions, kv_positions, rope: Rope,
     kv_positions: [B, S] (or [S], [B, S, A]) positions of the keys and values.
     rope: the rotary setup (tables, attention factor, layout).
     mask: which keys each query sees (default: causal by position).
-    kernel: a kernel name or function (module docstring).
+    kernel: a kernel name, a kernels.Kernel or a function of a kernels.KernelCall (module
+      docstring).
 
   Returns:
     [B, T, H, D] in q.dtype.
   """
-  c = _prepare(q, k, v, q_positions, kv_positions, rope, mask)
-  if _rotates_inside(kernel):
-    return _rotary_kernel(kernel, c, rope, "rope")
-  attend = _kernel(kernel, c, bias=False)
-  q_r, k_r, v_r, _ = _rotate(c, rope, values=False)
-  return attend(q_r, k_r, v_r, c.mask, *_mask_positions(c, rope), _scale(c), None)
+  return _attention(_prepare(q, k, v, q_positions, kv_positions, rope, mask), kernel, "rope")
 
 
 def rove_attention(q, k, v, *, q_positions, kv_positions, rope: Rope,
-                   mask: Optional[Mask] = None, kernel: Kernel = "xla") -> jax.Array:
+                   mask: Optional[Mask] = None, kernel: KernelArg = "xla") -> jax.Array:
   """Rotary Value Embeddings: RoPE attention whose values are rotated by R_j before the kernel
   and whose output is rotated by R_i^-1 after it, so y_i = sum_j A_ij R_{j-i} v_j. Arguments
   and shapes as in `rope_attention`."""
-  c = _prepare(q, k, v, q_positions, kv_positions, rope, mask)
-  if _rotates_inside(kernel):
-    return _rotary_kernel(kernel, c, rope, "rove")
-  attend = _kernel(kernel, c, bias=False)
-  q_r, k_r, v_r, q_tables = _rotate(c, rope, values=True)
-  out = attend(q_r, k_r, v_r, c.mask, *_mask_positions(c, rope), _scale(c), None)
-  return rope.apply(out, q_tables, inverse=True)
+  return _attention(_prepare(q, k, v, q_positions, kv_positions, rope, mask), kernel, "rove")
 
 
 def rove_attention_rotated(q, k, v, *, q_positions, kv_positions, rope: Rope,
-                           mask: Optional[Mask] = None, kernel: Kernel = "xla") -> jax.Array:
+                           mask: Optional[Mask] = None, kernel: KernelArg = "xla") -> jax.Array:
   """`rove_attention` before its last step: R_i y_i, the kernel's output. The caller applies
   `rope.rotate(out, q_positions, inverse=True)` itself, e.g. fused with the output projection
   under jax.checkpoint so that training keeps one [B, T, H, D] residual per layer instead of
   two (the kernel's output and the rotated one; see rove_jax.nn.model.Attention)."""
-  c = _prepare(q, k, v, q_positions, kv_positions, rope, mask)
-  if _rotates_inside(kernel):
-    return _rotary_kernel(kernel, c, rope, "rove_rotated")
-  attend = _kernel(kernel, c, bias=False)
-  q_r, k_r, v_r, _ = _rotate(c, rope, values=True)
-  return attend(q_r, k_r, v_r, c.mask, *_mask_positions(c, rope), _scale(c), None)
+  return _attention(_prepare(q, k, v, q_positions, kv_positions, rope, mask), kernel,
+                    "rove_rotated")
 
 
 def masked_attention(q, k, v, *, q_positions, kv_positions, mask: Optional[Mask] = None,
-                     kernel: Kernel = "xla", bias_fn=None) -> jax.Array:
+                     kernel: KernelArg = "xla", bias_fn=None) -> jax.Array:
   """Softmax attention without rotations, masked by positions like the rotary functions: for
   position encodings that act elsewhere (NoPE, absolute embeddings), as a logit bias (T5
   buckets, ALiBi), or on keys and values rotated beforehand (a KV cache's).
@@ -115,8 +104,7 @@ def masked_attention(q, k, v, *, q_positions, kv_positions, mask: Optional[Mask]
     [B, T, H, D] in q.dtype.
   """
   c = _prepare(q, k, v, q_positions, kv_positions, None, mask)
-  attend = _kernel(kernel, c, bias=bias_fn is not None)
-  return attend(c.q, c.k, c.v, c.mask, c.q_pos, c.kv_pos, _scale(c), bias_fn)
+  return _attention(c, kernel, None, bias_fn)
 
 
 def rotate_queries(q_BTHD, q_positions, rope: Rope):
@@ -137,6 +125,7 @@ class _Call(NamedTuple):
   q_pos: jax.Array
   kv_pos: jax.Array
   mask: Mask
+  rope: Optional[Rope]  # None: attention without rotation (masked_attention)
   same_positions: bool  # kv_positions is q_positions: one set of tables serves both
 
 
@@ -151,47 +140,42 @@ def _prepare(q, k, v, q_positions, kv_positions, rope, mask) -> _Call:
   tail = q_positions.shape[2:]
   q_pos = jnp.broadcast_to(q_positions, (B, T) + tail)
   kv_pos = q_pos if same else jnp.broadcast_to(kv_positions, (B, S) + tail)
-  return _Call(q, k, v, q_pos, kv_pos, mask, same)
+  return _Call(q, k, v, q_pos, kv_pos, mask, rope, same)
 
 
-def _kernel(kernel: Kernel, c: _Call, bias: bool) -> Callable:
-  if callable(kernel):
-    return kernel
-  return kernels.select(kernel, q=c.q, k=c.k, mask=c.mask, bias=bias)
+def _attention(c: _Call, kernel: KernelArg, kind: Optional[str], bias_fn=None) -> jax.Array:
+  """The one body of the attention functions: kind "rope", "rove" or "rove_rotated" with a
+  Rope (kernels.KINDS), None without one. A kernel that rotates inside gets the unrotated call
+  and its Rope; any other gets q, k (and, RoVE, v) rotated here, and for "rove" its output is
+  rotated back by R_i^-1. The scale is 1 / sqrt(D): the attention factor is in q."""
+  rope = c.rope
+  kernel = _kernel(kernel, c, bias_fn is not None)
+  q_pos, kv_pos = (c.q_pos[..., 0], c.kv_pos[..., 0]) if rope is not None and rope.multi_axis \
+      else (c.q_pos, c.kv_pos)  # multi-axis positions mask by their first axis (_validate)
+  call = KernelCall(c.q, c.k, c.v, c.mask, q_pos, kv_pos, 1.0 / math.sqrt(c.q.shape[-1]),
+                    bias_fn, rope, kind or "rope")
+  if rope is None or kernel.rotates:
+    return kernel.attend(call)
+  q_r, k_r, v_r, q_tables = _rotate(c, values=kind != "rope")
+  out = kernel.attend(call._replace(q_BTHD=q_r, k_BSKD=k_r, v_BSKD=v_r, rope=None))
+  return rope.apply(out, q_tables, inverse=True) if kind == "rove" else out
 
 
-def _rotates_inside(kernel: Kernel) -> bool:
-  return isinstance(kernel, str) and kernel in kernels.ROTARY
+def _kernel(kernel: KernelArg, c: _Call, bias: bool) -> kernels.Kernel:
+  if isinstance(kernel, str):
+    return kernels.select(kernel, q=c.q, k=c.k, mask=c.mask, bias=bias, rope=c.rope)
+  return kernels.Kernel.coerce(kernel)
 
 
-def _rotary_kernel(name: str, c: _Call, rope: Rope, kind: str):
-  """The call on a kernel that rotates inside ("fused"): unrotated q, k, v and the Rope in;
-  kind "rope", "rove" or "rove_rotated" (rove_jax.kernels.fused.kernel). Its scale is
-  _scale's, 1 / sqrt(D)."""
-  attend = kernels.select(name, q=c.q, k=c.k, mask=c.mask, rope=rope)
-  return attend(c.q, c.k, c.v, c.mask, *_mask_positions(c, rope), rope, kind=kind)
-
-
-def _rotate(c: _Call, rope: Rope, values: bool):
+def _rotate(c: _Call, values: bool):
   """(C^2 R q, R k, R v if values else v, q's tables). One pair of full-width tables per
   position set, shared by q and the output and by k and v: the backward pass keeps one pair,
   not one per rotated tensor."""
-  q_r, q_tables = rotate_queries(c.q, c.q_pos, rope)
-  kv_tables = q_tables if c.same_positions else rope.tables(c.kv_pos, c.q.shape[-1], c.q.dtype)
-  k_r = rope.apply(c.k, kv_tables)
-  return q_r, k_r, rope.apply(c.v, kv_tables) if values else c.v, q_tables
-
-
-def _mask_positions(c: _Call, rope: Rope):
-  """The positions the mask compares: multi-axis positions mask by their first axis (they are
-  for bidirectional attention; `_validate` refuses causal masks and windows on them)."""
-  if rope.multi_axis:
-    return c.q_pos[..., 0], c.kv_pos[..., 0]
-  return c.q_pos, c.kv_pos
-
-
-def _scale(c: _Call) -> float:
-  return 1.0 / math.sqrt(c.q.shape[-1])  # the attention factor is in q
+  q_r, q_tables = rotate_queries(c.q, c.q_pos, c.rope)
+  kv_tables = q_tables if c.same_positions else c.rope.tables(c.kv_pos, c.q.shape[-1],
+                                                               c.q.dtype)
+  k_r = c.rope.apply(c.k, kv_tables)
+  return q_r, k_r, c.rope.apply(c.v, kv_tables) if values else c.v, q_tables
 
 
 def _validate(q, k, v, q_positions, kv_positions, rope, mask):

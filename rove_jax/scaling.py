@@ -1,161 +1,116 @@
-"""RopeScaling: one RoPE-scaling setting as transformers writes it (a v4 `rope_scaling` or v5
-`rope_parameters` dict), parsed once into typed, hashable fields. GPTConfig holds one, model
-calls take one to override it, and `RopeScaling.frequencies` computes the frequency table and
-attention factor with the functions of rove_jax.frequencies (re-exported here: `scaling.yarn`,
-`scaling.llama3`, ...). `from_config` does both steps for a dict in one call.
+"""RoPE scaling as transformers writes it (a v4 `rope_scaling` or v5 `rope_parameters` dict),
+parsed once into one small frozen spec per rope_type, each with its own `frequencies`.
+
+  RopeScaling            the base every spec shares: rope_theta, partial_rotary_factor, the dict
+                         forms (`from_dict`, the one parser of transformers' dicts; `to_dict`)
+  DefaultScaling         "default" (and v4 "mrope")   LinearScaling      "linear" ("pi")
+  NTKScaling             "ntk" ("ntk_aware")          DynamicNTKScaling  "dynamic" ("dynamic_ntk")
+  YarnScaling            "yarn"                       DynamicYarnScaling "dynamic_yarn"
+  Llama3Scaling          "llama3"                     LongRopeScaling    "longrope"
+  ProportionalScaling    "proportional"               AxialScaling       "axial"
+
+`RopeScaling(rope_type="yarn", factor=4.0)` builds the spec of that type (here a YarnScaling),
+as `RopeScaling.from_dict({"type": "yarn", "factor": 4.0})` does from a dict. GPTConfig holds
+one, model calls take one to override it, and `spec.frequencies(...)` computes the frequency
+table and attention factor with the functions of rove_jax.frequencies (re-exported here:
+`scaling.yarn`, `scaling.llama3`, ...). `from_config` does both steps for a dict in one call.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import warnings
-from typing import Any, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional
 
 import numpy as np
 
-from rove_jax.frequencies import (ScalingResult, axial, default, dynamic_ntk, dynamic_yarn, linear,
-                                  llama3, longrope, ntk, proportional, yarn,
+from rove_jax.frequencies import (ScalingResult, axial, check_factor, default, dynamic_ntk,
+                                  dynamic_yarn, linear, llama3, longrope, ntk, proportional, yarn,
                                   yarn_correction_range)
-from rove_jax.frequencies import check_factor
 
-__all__ = ["RopeScaling", "from_config", "ROPE_TYPES", "ScalingResult", "axial", "default",
-           "dynamic_ntk", "dynamic_yarn", "linear", "llama3", "longrope", "ntk", "proportional",
-           "yarn", "yarn_correction_range"]
+__all__ = ["RopeScaling", "from_config", "ROPE_TYPES", "SPECS", "KEYS", "DefaultScaling",
+           "LinearScaling", "NTKScaling", "DynamicNTKScaling", "YarnScaling",
+           "DynamicYarnScaling", "Llama3Scaling", "LongRopeScaling", "ProportionalScaling",
+           "AxialScaling", "ScalingResult", "axial", "default", "dynamic_ntk", "dynamic_yarn",
+           "linear", "llama3", "longrope", "ntk", "proportional", "yarn", "yarn_correction_range"]
 
-
-# ------------------------------------------------------------- RopeScaling: transformers' dicts
-
-# Keys each rope_type reads, beside _COMMON_KEYS.
-_HF_KEYS = {
-    "default": (),
-    "linear": ("factor",),
-    "ntk": ("factor",),
-    "dynamic": ("factor", "original_max_position_embeddings"),
-    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
-             "attention_factor", "mscale", "mscale_all_dim"),
-    "dynamic_yarn": ("original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
-                     "attention_factor", "mscale", "mscale_all_dim", "factor"),
-    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
-               "high_freq_factor"),
-    "longrope": ("short_factor", "long_factor", "factor", "original_max_position_embeddings",
-                 "attention_factor"),
-    "proportional": ("factor",),
-    "axial": (),
-}
+# Every key a spec reads, in the order to_dict and repr write them.
+KEYS = ("rope_type", "factor", "original_max_position_embeddings", "rope_theta",
+        "partial_rotary_factor", "beta_fast", "beta_slow", "truncate", "attention_factor",
+        "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor", "short_factor",
+        "long_factor")
 # Read by every type: transformers v5 keeps rope_theta and partial_rotary_factor in the dict.
 _COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 # "mrope" is Qwen2-VL's v4 name for default RoPE over (t, h, w) sections; transformers 5 renames
 # it "default" and so do we (for text positions the sections change nothing).
 _ALIASES = {"dynamic_ntk": "dynamic", "pi": "linear", "ntk_aware": "ntk", "mrope": "default"}
-ROPE_TYPES = tuple(_HF_KEYS) + tuple(_ALIASES)
-# RopeScaling's fields by kind of value (each is the dict key of the same name).
-_FLOAT_FIELDS = ("factor", "rope_theta", "partial_rotary_factor", "beta_fast", "beta_slow",
-                 "attention_factor", "mscale", "mscale_all_dim", "low_freq_factor",
-                 "high_freq_factor")
-_LIST_FIELDS = ("short_factor", "long_factor")
-# The name each type's own function gives in its messages.
-_FUNCTION_NAMES = {"dynamic": "dynamic_ntk", "dynamic_yarn": "yarn"}
+SPECS: dict = {}  # rope_type -> its spec class, filled by _register in the order below
+
+
+class _Dispatch(type):
+  """Construction by keywords, with the keys checked: `RopeScaling(rope_type=..., **keys)`
+  builds the spec class of rope_type; a key the type does not read is a ValueError (a None one
+  is unset and dropped)."""
+
+  def __call__(cls, **keys):
+    if cls is RopeScaling:
+      cls = _spec_class(keys.pop("rope_type", "default"))
+    own = {f.name for f in dataclasses.fields(cls)}
+    keys = {k: v for k, v in keys.items() if v is not None or k in own}
+    unread = sorted(set(keys) - own)
+    if unread:
+      raise ValueError(f"rope_scaling of type {cls.rope_type!r} got unknown keys {unread}; "
+                       f"accepted keys: {cls.type_keys()} (plus {', '.join(_COMMON_KEYS)}). "
+                       f"Leave them out, or pass strict=False (from_dict, from_config) to "
+                       f"ignore them with a warning, as transformers does")
+    return type.__call__(cls, **keys)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class RopeScaling:
-  """One RoPE-scaling setting: a transformers-style rope dict, parsed once into typed fields.
+class RopeScaling(metaclass=_Dispatch):
+  """One RoPE-scaling setting: the base of the per-type specs (module docstring).
 
-  Frozen and hashable: a GPTConfig field and a valid static argument of jax.jit. The fields are
-  the dict's keys as transformers spells them; None is unset (the type's default, or a value
-  `frequencies` resolves from the model). `RopeScaling()` is plain RoPE. Construction checks
-  everything that does not depend on the model: the type, the keys it reads (a key it does not
-  read is an error), the value types and ranges, the keys it cannot do without; `frequencies`
-  checks the rest (rot_dim, lengths). Aliases are stored by their transformers-5 name ("pi" as
-  "linear", "mrope" as "default").
+  Frozen and hashable: a GPTConfig field and a valid static argument of jax.jit; equal specs
+  are of one type with equal keys. The fields are the dict's keys as transformers spells them;
+  None is unset (the type's default, or a value `frequencies` resolves from the model).
+  `RopeScaling()` is plain RoPE. Construction checks everything that does not depend on the
+  model: the type, the keys it reads (a key it does not read is an error), the value types and
+  ranges, the keys it cannot do without; `frequencies` checks the rest (rot_dim, lengths).
 
     spec = RopeScaling.from_dict({"type": "yarn", "factor": 4.0})  # once
     inv_freq, attention_factor = spec.frequencies(64, base=1e4, max_len=1024, seq_len=4096)
     spec.to_dict()  # {"rope_type": "yarn", "factor": 4.0}: JSON-ready, from_dict reads it back
   """
-  rope_type: str = "default"  # one of ROPE_TYPES
-  factor: Optional[float] = None  # the context extension s
-  original_max_position_embeddings: Optional[int] = None  # L0, the training context
+  rope_type: ClassVar[str] = ""
   rope_theta: Optional[float] = None  # the RoPE base; overrides the caller's `base`
   partial_rotary_factor: Optional[float] = None  # the turning fraction of the head, in (0, 1]
-  beta_fast: Optional[float] = None  # yarn: turns above which pairs extrapolate (32)
-  beta_slow: Optional[float] = None  # yarn: turns below which pairs interpolate (1)
-  truncate: Optional[bool] = None  # yarn: floor / ceil the correction range (True)
-  attention_factor: Optional[float] = None  # yarn, longrope: overrides the computed factor
-  mscale: Optional[float] = None  # yarn: DeepSeek-style attention factor ...
-  mscale_all_dim: Optional[float] = None  # ... get_mscale(s, mscale) / get_mscale(s, all_dim)
-  low_freq_factor: Optional[float] = None  # llama3 (1)
-  high_freq_factor: Optional[float] = None  # llama3 (4)
-  short_factor: Optional[tuple] = None  # longrope: per-pair rescale up to L0
-  long_factor: Optional[tuple] = None  # longrope: per-pair rescale beyond L0
 
   def __post_init__(self):
-    set_ = functools.partial(object.__setattr__, self)
-    rope_type = self.rope_type
-    if not isinstance(rope_type, str):
-      raise ValueError(f"rope_scaling: rope_type must be a string, one of {sorted(ROPE_TYPES)}; "
-                       f"got {type(rope_type).__name__}: {rope_type!r}")
-    rope_type = _ALIASES.get(rope_type, rope_type)
-    if rope_type not in _HF_KEYS:
-      raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {sorted(ROPE_TYPES)}")
-    set_("rope_type", rope_type)
-    for name in _FLOAT_FIELDS:
-      set_(name, _as_float(name, getattr(self, name)))
-    for name in _LIST_FIELDS:
-      set_(name, _as_floats(name, getattr(self, name)))
-    set_("original_max_position_embeddings", _as_length(self.original_max_position_embeddings))
-    if self.truncate is not None:
-      if not isinstance(self.truncate, (bool, np.bool_)):
-        raise ValueError(f"rope_scaling['truncate'] must be true or false, got "
-                         f"{type(self.truncate).__name__}: {self.truncate!r}")
-      set_("truncate", bool(self.truncate))
-    unread = sorted(name for name, value in self._items()
-                    if value is not None and name not in _HF_KEYS[rope_type] + _COMMON_KEYS)
-    if unread:
-      raise ValueError(f"rope_scaling of type {rope_type!r} got unknown keys {unread}; accepted "
-                       f"keys: {sorted(_HF_KEYS[rope_type])} (plus {', '.join(_COMMON_KEYS)}). "
-                       f"Leave them out, or pass strict=False (from_dict, from_config) to "
-                       f"ignore them with a warning, as transformers does")
-    self._check_values()
-
-  def _items(self):
-    return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
-
-  def _check_values(self) -> None:
-    """The checks of the type's function that need no model shape, made at construction."""
-    rope_type, name = self.rope_type, _FUNCTION_NAMES.get(self.rope_type, self.rope_type)
+    for name, value in self._items():
+      object.__setattr__(self, name, _CONVERT.get(name, _as_float)(name, value))
     if self.rope_theta is not None and not self.rope_theta > 1.0:
       raise ValueError(f"rope_scaling: rope_theta (the RoPE base) must be > 1, got "
                        f"{self.rope_theta!r}")
     if self.partial_rotary_factor is not None and not 0.0 < self.partial_rotary_factor <= 1.0:
       raise ValueError(f"rope_scaling: partial_rotary_factor must be a number in (0, 1], got "
                        f"{self.partial_rotary_factor!r}")
-    if rope_type in ("linear", "ntk", "dynamic", "llama3"):
-      self._need("factor")
-    if rope_type in ("linear", "ntk", "dynamic", "llama3", "yarn") and self.factor is not None:
-      check_factor(name, self.factor)
-    if rope_type in ("yarn", "dynamic_yarn"):
-      fast = 32.0 if self.beta_fast is None else self.beta_fast
-      slow = 1.0 if self.beta_slow is None else self.beta_slow
-      if not fast > slow > 0:
-        raise ValueError(f"yarn: need beta_fast > beta_slow > 0, got beta_fast={fast}, "
-                         f"beta_slow={slow}")
-    if rope_type == "llama3":
-      low = 1.0 if self.low_freq_factor is None else self.low_freq_factor
-      high = 4.0 if self.high_freq_factor is None else self.high_freq_factor
-      if not high > low > 0:
-        raise ValueError(f"llama3: need high_freq_factor > low_freq_factor > 0, got "
-                         f"low_freq_factor={low}, high_freq_factor={high}")
-    if rope_type == "longrope":
-      for key in _LIST_FIELDS:
-        if not all(x > 0 for x in self._need(key)):
-          raise ValueError(f"longrope: {key} entries must be positive")
-      if self.factor is not None:
-        check_factor("longrope", self.factor, minimum=0.0)
-    if rope_type == "proportional" and self.factor is not None and not self.factor > 0:
-      raise ValueError(f"proportional: factor must be > 0, got factor={self.factor!r}")
+    self._check()
+
+  def _check(self) -> None:
+    """The type's checks that need no model shape, made at construction."""
+
+  def _frequencies(self, rot_dim: int, base: float, max_len, seq_len) -> ScalingResult:
+    raise NotImplementedError
+
+  @classmethod
+  def type_keys(cls) -> list:
+    """The keys this type reads beside _COMMON_KEYS, sorted."""
+    return sorted(f.name for f in dataclasses.fields(cls)
+                  if f.name not in ("rope_theta", "partial_rotary_factor"))
+
+  def _items(self):
+    return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
 
   def _need(self, key):
     value = getattr(self, key)
@@ -163,8 +118,31 @@ class RopeScaling:
       raise ValueError(f"rope_scaling of type {self.rope_type!r} needs the key {key!r}")
     return value
 
+  def _original(self, max_len) -> int:
+    """original_max_position_embeddings, else the model's max_len."""
+    value = getattr(self, "original_max_position_embeddings", None) or max_len
+    if value is None:
+      raise ValueError(f"rope_scaling {self.rope_type!r} needs 'original_max_position_embeddings' "
+                       f"in the dict or max_len= (the model's training context)")
+    return value
+
+  def _seq_len(self, seq_len):
+    if seq_len is None:
+      raise ValueError(f"rope_scaling of type {self.rope_type!r} depends on the current length: "
+                       f"pass seq_len=")
+    return seq_len
+
+  def _set(self, *names) -> dict:
+    """The named keys that are set, as keyword arguments of the type's function."""
+    return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+
   def __repr__(self):
-    return f"RopeScaling({', '.join(f'{k}={v!r}' for k, v in self._items() if v is not None)})"
+    return f"RopeScaling({', '.join(f'{k}={v!r}' for k, v in self._ordered())})"
+
+  def _ordered(self):
+    """(key, value) of rope_type and the set keys, in KEYS order."""
+    items = dict(self._items(), rope_type=self.rope_type)
+    return [(k, items[k]) for k in KEYS if items.get(k) is not None]
 
   # ------------------------------------------------------------------ dict forms
   @classmethod
@@ -188,28 +166,24 @@ class RopeScaling:
       raise ValueError(f"rope_scaling must be a dict (e.g. {{'rope_type': 'yarn', 'factor': "
                        f"4.0, ...}}), a RopeScaling or None, got {type(rope).__name__}: {rope!r}")
     cfg = {str(key): value for key, value in rope.items()}
-    rope_type = cfg.get("rope_type") or cfg.get("type") or "default"
-    if not (isinstance(rope_type, str) and _ALIASES.get(rope_type, rope_type) in _HF_KEYS):
-      return cls(rope_type=rope_type)  # the constructor names the problem
-    rope_type = _ALIASES.get(rope_type, rope_type)
-    accepted = _HF_KEYS[rope_type]
-    unknown = sorted(set(cfg) - set(accepted) - set(_COMMON_KEYS))
+    spec = _spec_class(cfg.get("rope_type") or cfg.get("type") or "default")
+    accepted = set(spec.type_keys()) | set(_COMMON_KEYS)
+    unknown = sorted(set(cfg) - accepted)
     if unknown and strict:
-      raise ValueError(f"rope_scaling of type {rope_type!r} got unknown keys {unknown}; accepted "
-                       f"keys: {sorted(accepted)} (plus {', '.join(_COMMON_KEYS)}). Pass "
-                       f"strict=False to ignore them with a warning, as transformers does")
+      raise ValueError(f"rope_scaling of type {spec.rope_type!r} got unknown keys {unknown}; "
+                       f"accepted keys: {spec.type_keys()} (plus {', '.join(_COMMON_KEYS)}). "
+                       f"Pass strict=False to ignore them with a warning, as transformers does")
     if unknown:
-      warnings.warn(f"rope_scaling of type {rope_type!r}: ignoring keys {unknown}, which this "
-                    f"type does not read (transformers ignores them too)", stacklevel=2)
-    fields = {k: v for k, v in cfg.items()
-              if k not in ("rope_type", "type") and k not in unknown}
-    return cls(rope_type=rope_type, **fields)
+      warnings.warn(f"rope_scaling of type {spec.rope_type!r}: ignoring keys {unknown}, which "
+                    f"this type does not read (transformers ignores them too)", stacklevel=2)
+    return spec(**{k: v for k, v in cfg.items() if k in accepted and k not in ("rope_type",
+                                                                                 "type")})
 
   def to_dict(self) -> dict:
-    """The set fields as a plain, JSON-ready dict (lists for the factor lists), rope_type
-    first: what run configs, checkpoint metadata and reports hold. `from_dict` reads it back
-    to an equal RopeScaling."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in self._items() if v is not None}
+    """rope_type and the set keys as a plain, JSON-ready dict (lists for the factor lists),
+    rope_type first: what run configs, checkpoint metadata and reports hold. `from_dict` reads
+    it back to an equal spec."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in self._ordered()}
 
   @classmethod
   def coerce(cls, value) -> Optional["RopeScaling"]:
@@ -218,9 +192,9 @@ class RopeScaling:
     Raises:
       ValueError: anything else, or a bad dict.
     """
-    if value is None or isinstance(value, cls):
+    if value is None or isinstance(value, RopeScaling):
       return value
-    return cls.from_dict(value)
+    return RopeScaling.from_dict(value)
 
   # ----------------------------------------------------------------- frequencies
   def frequencies(self, rot_dim: int, *, base: float = 10000.0, max_len: Optional[int] = None,
@@ -253,82 +227,241 @@ class RopeScaling:
     Raises:
       ValueError: a length the type needs is missing, or rot_dim does not fit the setting.
     """
-    rope_type = self.rope_type
-    if self.rope_theta is not None:
-      base = self.rope_theta
-    partial = self._partial_factor(rot_dim, head_dim)
+    if self.partial_rotary_factor is not None and head_dim is not None:
+      self._check_partial(rot_dim, head_dim)
+    base = base if self.rope_theta is None else self.rope_theta
+    return self._frequencies(rot_dim, base, max_len, seq_len)
 
-    def original_len():
-      value = self.original_max_position_embeddings or max_len
-      if value is None:
-        raise ValueError(f"rope_scaling {rope_type!r} needs 'original_max_position_embeddings' "
-                         f"in the dict or max_len= (the model's training context)")
-      return value
-
-    def need_seq_len():
-      if seq_len is None:
-        raise ValueError(f"rope_scaling of type {rope_type!r} depends on the current length: "
-                         f"pass seq_len=")
-      return seq_len
-
-    yarn_opts = {k: getattr(self, k) for k in ("beta_fast", "beta_slow", "truncate",
-                                               "attention_factor", "mscale", "mscale_all_dim")
-                 if getattr(self, k) is not None}
-    if rope_type == "default":
-      return default(rot_dim, base=base)
-    if rope_type == "linear":
-      return linear(rot_dim, base=base, factor=self.factor)
-    if rope_type == "ntk":
-      return ntk(rot_dim, base=base, factor=self.factor)
-    if rope_type == "dynamic":
-      original = self.original_max_position_embeddings
-      if max_len is not None and original is not None and original != max_len:
-        warnings.warn(f"dynamic rope: original_max_position_embeddings={original} is ignored; "
-                      f"like transformers, the scaling starts at max_len={max_len} (the model's "
-                      f"max_position_embeddings)", stacklevel=2)
-      return dynamic_ntk(rot_dim, base=base, factor=self.factor,
-                         original_max_len=max_len or original_len(), seq_len=need_seq_len())
-    if rope_type == "yarn":
-      factor = self.factor
-      if factor is None:
-        factor = self._need("factor") if max_len is None else max_len / original_len()
-      return yarn(rot_dim, base=base, factor=factor, original_max_len=original_len(),
-                  **yarn_opts)
-    if rope_type == "dynamic_yarn":
-      return dynamic_yarn(rot_dim, base=base, original_max_len=original_len(),
-                          seq_len=need_seq_len(), **yarn_opts)
-    if rope_type == "llama3":
-      return llama3(rot_dim, base=base, factor=self.factor, original_max_len=original_len(),
-                    **{k: getattr(self, k) for k in ("low_freq_factor", "high_freq_factor")
-                       if getattr(self, k) is not None})
-    if rope_type == "proportional":
-      return proportional(rot_dim, base=base, partial_rotary_factor=partial,
-                          factor=self.factor or 1.0)
-    if rope_type == "axial":
-      return axial(rot_dim, base=base)
-    return longrope(rot_dim, base=base, short_factor=self.short_factor,
-                    long_factor=self.long_factor, original_max_len=original_len(),
-                    factor=self.factor, max_len=max_len, seq_len=seq_len,
-                    attention_factor=self.attention_factor)
-
-  def _partial_factor(self, rot_dim, head_dim) -> float:
-    """partial_rotary_factor (1.0 when unset), checked against rot_dim and head_dim."""
+  def _check_partial(self, rot_dim: int, head_dim: int) -> None:
     partial = self.partial_rotary_factor
-    if partial is None:
-      return 1.0
-    if head_dim is None:
-      return partial
-    if self.rope_type == "proportional":
-      if rot_dim != head_dim:
-        raise ValueError(f"rope_scaling 'proportional' rotates the whole head: rot_dim must be "
-                         f"head_dim={head_dim}, got rot_dim={rot_dim} (partial_rotary_factor="
-                         f"{partial} picks how many pairs turn)")
-    elif int(head_dim * partial) != rot_dim:
+    if int(head_dim * partial) != rot_dim:
       raise ValueError(f"rope_scaling: partial_rotary_factor={partial} of head_dim={head_dim} "
                        f"turns int({head_dim} * {partial}) = {int(head_dim * partial)} dims, but "
                        f"rot_dim={rot_dim}; pass rot_dim={int(head_dim * partial)}, or drop the "
                        f"key")
-    return partial
+
+
+def _register(cls):
+  SPECS[cls.rope_type] = cls
+  return cls
+
+
+def _spec_class(rope_type) -> type:
+  if not isinstance(rope_type, str):
+    raise ValueError(f"rope_scaling: rope_type must be a string, one of {sorted(ROPE_TYPES)}; "
+                     f"got {type(rope_type).__name__}: {rope_type!r}")
+  spec = SPECS.get(_ALIASES.get(rope_type, rope_type))
+  if spec is None:
+    raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {sorted(ROPE_TYPES)}")
+  return spec
+
+
+# ------------------------------------------------------------------------- the specs
+
+
+@_register
+@dataclasses.dataclass(frozen=True, repr=False)
+class DefaultScaling(RopeScaling):
+  """Plain RoPE: theta_m = base^(-2m / rot_dim)."""
+  rope_type: ClassVar[str] = "default"
+
+  def _frequencies(self, rot_dim, base, max_len, seq_len):
+    return default(rot_dim, base=base)
+
+
+@_register
+@dataclasses.dataclass(frozen=True, repr=False)
+class LinearScaling(RopeScaling):
+  """Position interpolation: every frequency divided by the factor."""
+  rope_type: ClassVar[str] = "linear"
+  factor: Optional[float] = None  # the context extension s
+
+  def _check(self):
+    check_factor("linear", self._need("factor"))
+
+  def _frequencies(self, rot_dim, base, max_len, seq_len):
+    return linear(rot_dim, base=base, factor=self.factor)
+
+
+@_register
+@dataclasses.dataclass(frozen=True, repr=False)
+class NTKScaling(RopeScaling):
+  """NTK-aware scaling: the base raised so the lowest frequency interpolates by the factor."""
+  rope_type: ClassVar[str] = "ntk"
+  factor: Optional[float] = None
+
+  def _check(self):
+    check_factor("ntk", self._need("factor"))
+
+  def _frequencies(self, rot_dim, base, max_len, seq_len):
+    return ntk(rot_dim, base=base, factor=self.factor)
+
+
+@_register
+@dataclasses.dataclass(frozen=True, repr=False)
+class DynamicNTKScaling(RopeScaling):
+  """NTK scaling that grows with the current length past max_len."""
+  rope_type: ClassVar[str] = "dynamic"
+  factor: Optional[float] = None
+  original_max_position_embeddings: Optional[int] = None  # used only without max_len
+
+  def _check(self):
+    check_factor("dynamic_ntk", self._need("factor"))
+
+  def _frequencies(self, rot_dim, base, max_len, seq_len):
+    original = self.original_max_position_embeddings
+    if max_len is not None and original is not None and original != max_len:
+      warnings.warn(f"dynamic rope: original_max_position_embeddings={original} is ignored; "
+                    f"like transformers, the scaling starts at max_len={max_len} (the model's "
+                    f"max_position_embeddings)", stacklevel=3)
+    return dynamic_ntk(rot_dim, base=base, factor=self.factor,
+                       original_max_len=max_len or self._original(max_len),
+                       seq_len=self._seq_len(seq_len))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class _YarnKeys(RopeScaling):
+  """The keys yarn and dynamic_yarn share."""
+  factor: Optional[float] = None
+  original_max_position_embeddings: Optional[int] = None  # L0, the training context
+  beta_fast: Optional[float] = None  # turns above which pairs extrapolate (32)
+  beta_slow: Optional[float] = None  # turns below which pairs interpolate (1)
+  truncate: Optional[bool] = None  # floor / ceil the correction range (True)
+  attention_factor: Optional[float] = None  # overrides the computed factor
+  mscale: Optional[float] = None  # DeepSeek-style attention factor ...
+  mscale_all_dim: Optional[float] = None  # ... get_mscale(s, mscale) / get_mscale(s, all_dim)
+
+  def _check(self):
+    fast = 32.0 if self.beta_fast is None else self.beta_fast
+    slow = 1.0 if self.beta_slow is None else self.beta_slow
+    if not fast > slow > 0:
+      raise ValueError(f"yarn: need beta_fast > beta_slow > 0, got beta_fast={fast}, "
+                       f"beta_slow={slow}")
+
+  def _options(self) -> dict:
+    return self._set("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale",
+                     "mscale_all_dim")
+
+
+@_register
+@dataclasses.dataclass(frozen=True, repr=False)
+class YarnScaling(_YarnKeys):
+  """YaRN: interpolation by the factor on slow pairs, extrapolation on fast ones, and an
+  attention factor."""
+  rope_type: ClassVar[str] = "yarn"
+
+  def _check(self):
+    if self.factor is not None:
+      check_factor("yarn", self.factor)
+    super()._check()
+
+  def _frequencies(self, rot_dim, base, max_len, seq_len):
+    factor = self.factor
+    if factor is None:
+      factor = self._need("factor") if max_len is None else max_len / self._original(max_len)
+    return yarn(rot_dim, base=base, factor=factor, original_max_len=self._original(max_len),
+                **self._options())
+
+
+@_register
+@dataclasses.dataclass(frozen=True, repr=False)
+class DynamicYarnScaling(_YarnKeys):
+  """YaRN whose factor is the current length over the training context."""
+  rope_type: ClassVar[str] = "dynamic_yarn"
+
+  def _frequencies(self, rot_dim, base, max_len, seq_len):
+    return dynamic_yarn(rot_dim, base=base, original_max_len=self._original(max_len),
+                        seq_len=self._seq_len(seq_len), **self._options())
+
+
+@_register
+@dataclasses.dataclass(frozen=True, repr=False)
+class Llama3Scaling(RopeScaling):
+  """Llama 3.1: low frequencies interpolated by the factor, high ones kept, a ramp between."""
+  rope_type: ClassVar[str] = "llama3"
+  factor: Optional[float] = None
+  original_max_position_embeddings: Optional[int] = None
+  low_freq_factor: Optional[float] = None  # (1)
+  high_freq_factor: Optional[float] = None  # (4)
+
+  def _check(self):
+    check_factor("llama3", self._need("factor"))
+    low = 1.0 if self.low_freq_factor is None else self.low_freq_factor
+    high = 4.0 if self.high_freq_factor is None else self.high_freq_factor
+    if not high > low > 0:
+      raise ValueError(f"llama3: need high_freq_factor > low_freq_factor > 0, got "
+                       f"low_freq_factor={low}, high_freq_factor={high}")
+
+  def _frequencies(self, rot_dim, base, max_len, seq_len):
+    return llama3(rot_dim, base=base, factor=self.factor,
+                  original_max_len=self._original(max_len),
+                  **self._set("low_freq_factor", "high_freq_factor"))
+
+
+@_register
+@dataclasses.dataclass(frozen=True, repr=False)
+class LongRopeScaling(RopeScaling):
+  """LongRoPE (Phi-3): per-pair rescale factors, short up to the training context, long past
+  it."""
+  rope_type: ClassVar[str] = "longrope"
+  short_factor: Optional[tuple] = None  # per-pair rescale up to L0
+  long_factor: Optional[tuple] = None  # per-pair rescale beyond L0
+  factor: Optional[float] = None
+  original_max_position_embeddings: Optional[int] = None
+  attention_factor: Optional[float] = None
+
+  def _check(self):
+    for key in ("short_factor", "long_factor"):
+      if not all(x > 0 for x in self._need(key)):
+        raise ValueError(f"longrope: {key} entries must be positive")
+    if self.factor is not None:
+      check_factor("longrope", self.factor, minimum=0.0)
+
+  def _frequencies(self, rot_dim, base, max_len, seq_len):
+    return longrope(rot_dim, base=base, short_factor=self.short_factor,
+                    long_factor=self.long_factor, original_max_len=self._original(max_len),
+                    factor=self.factor, max_len=max_len, seq_len=seq_len,
+                    attention_factor=self.attention_factor)
+
+
+@_register
+@dataclasses.dataclass(frozen=True, repr=False)
+class ProportionalScaling(RopeScaling):
+  """Gemma-style partial rotary: rot_dim is the whole head and partial_rotary_factor picks how
+  many pairs turn."""
+  rope_type: ClassVar[str] = "proportional"
+  factor: Optional[float] = None
+
+  def _check(self):
+    if self.factor is not None and not self.factor > 0:
+      raise ValueError(f"proportional: factor must be > 0, got factor={self.factor!r}")
+
+  def _check_partial(self, rot_dim, head_dim):
+    if rot_dim != head_dim:
+      raise ValueError(f"rope_scaling 'proportional' rotates the whole head: rot_dim must be "
+                       f"head_dim={head_dim}, got rot_dim={rot_dim} (partial_rotary_factor="
+                       f"{self.partial_rotary_factor} picks how many pairs turn)")
+
+  def _frequencies(self, rot_dim, base, max_len, seq_len):
+    partial = 1.0 if self.partial_rotary_factor is None else self.partial_rotary_factor
+    return proportional(rot_dim, base=base, partial_rotary_factor=partial,
+                        factor=self.factor or 1.0)
+
+
+@_register
+@dataclasses.dataclass(frozen=True, repr=False)
+class AxialScaling(RopeScaling):
+  """Per-axis tables for 2-D positions (images)."""
+  rope_type: ClassVar[str] = "axial"
+
+  def _frequencies(self, rot_dim, base, max_len, seq_len):
+    return axial(rot_dim, base=base)
+
+
+ROPE_TYPES = tuple(SPECS) + tuple(_ALIASES)
+
+
+# ------------------------------------------------------------------------ value checks
 
 
 def _as_float(name: str, value) -> Optional[float]:
@@ -352,8 +485,7 @@ def _as_floats(name: str, value) -> Optional[tuple]:
   return tuple(_as_float(f"{name}[{i}]", x) for i, x in enumerate(value))
 
 
-def _as_length(value) -> Optional[int]:
-  name = "original_max_position_embeddings"
+def _as_length(name: str, value) -> Optional[int]:
   if value is None:
     return None
   ok = isinstance(value, (int, float, np.integer, np.floating)) \
@@ -363,6 +495,20 @@ def _as_length(value) -> Optional[int]:
     raise ValueError(f"rope_scaling[{name!r}] must be a positive int (the training context), got "
                      f"{type(value).__name__}: {value!r}")
   return int(value)
+
+
+def _as_bool(name: str, value) -> Optional[bool]:
+  if value is None:
+    return None
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"rope_scaling[{name!r}] must be true or false, got "
+                     f"{type(value).__name__}: {value!r}")
+  return bool(value)
+
+
+# How each key's value is read; any other key is a float.
+_CONVERT = {"original_max_position_embeddings": _as_length, "truncate": _as_bool,
+            "short_factor": _as_floats, "long_factor": _as_floats}
 
 
 def from_config(rope_scaling: RopeScaling | Mapping[str, Any] | None, rot_dim: int, *,

@@ -9,15 +9,18 @@ them in the rotations.
   splash     the Pallas splash flash kernel for TPU (imported when first chosen)
   fused      a Pallas flash kernel for TPU that rotates q, k, v and the output inside, forward
              and backward (fused_tiles, fused_backward; imported when first chosen)
+  call       the kernel boundary: KernelCall (one call's inputs) and Kernel (attend(call), and
+             whether it rotates inside)
   dispatch   "auto", the kernels' limits, `select`
   platform   the platform being compiled for
 """
 
 from rove_jax.kernels import chunked, platform, reference, xla
+from rove_jax.kernels.call import Kernel, KernelCall
 from rove_jax.kernels.dispatch import (AUTO_CHUNKED_MIN_KV, CUDNN_DTYPES, IMPLEMENTATIONS, ROTARY,
                                        choose, select)
 from rove_jax.kernels.mask import Mask
 from rove_jax.kernels.platform import target_platform
 
-__all__ = ["Mask", "select", "choose", "target_platform", "IMPLEMENTATIONS", "ROTARY",
+__all__ = ["Mask", "Kernel", "KernelCall", "select", "choose", "target_platform", "IMPLEMENTATIONS", "ROTARY",
            "AUTO_CHUNKED_MIN_KV", "CUDNN_DTYPES", "chunked", "platform", "reference", "xla"]

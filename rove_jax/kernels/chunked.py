@@ -13,25 +13,24 @@ all-reduce a block pair when it is sharded).
 
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 
+from rove_jax.kernels.call import Kernel, KernelCall
 from rove_jax.kernels.mask import visible
 
 DEFAULT_CHUNK = 512
 
 
-def kernel(chunk_size: int = DEFAULT_CHUNK) -> Callable:
-  """The chunked kernel with blocks of `chunk_size` queries and keys:
-  f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn=None) -> [B, T, H, D] in
-  q.dtype, rows that see no key 0. bias_fn(q_pos [B, t], kv_pos [B, s]) -> [B, H, t, s] is
-  evaluated block by block, so no [T, S] array exists."""
+def kernel(chunk_size: int = DEFAULT_CHUNK) -> Kernel:
+  """The chunked kernel with blocks of `chunk_size` queries and keys, on rotated inputs
+  (kernels.call); rows that see no key are 0. The call's bias_fn is evaluated block by block,
+  so no [T, S] array exists."""
   if isinstance(chunk_size, bool) or not (isinstance(chunk_size, int) and chunk_size > 0):
     raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
 
-  def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn=None):
+  def attend(call: KernelCall) -> jax.Array:
+    q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn = call[:8]
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     G = H // K
@@ -111,7 +110,7 @@ def kernel(chunk_size: int = DEFAULT_CHUNK) -> Callable:
     out = jnp.moveaxis(out_nBcHD, 0, 1).reshape(B, nq * cq, H, D)[:, :T]
     return out.astype(q_BTHD.dtype)
 
-  return attend
+  return Kernel("chunked", attend)
 
 
 attend = kernel()

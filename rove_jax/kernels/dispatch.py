@@ -19,30 +19,38 @@ CPU the TPU kernel in Pallas interpret mode; the chosen kernel's own limits are 
     <= 128 and a multiple of 8, no bias; "xla" otherwise;
   - CPU: "chunked" from AUTO_CHUNKED_MIN_KV keys on (memory linear in length), else "xla".
 
-Every kernel but "fused" is a function f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS,
-scale, bias_fn=None) -> [B, T, H, D] in q.dtype on rotated inputs, whose rows that see no key are
-0. "fused" is a ROTARY kernel: f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *,
-kind) on unrotated inputs with the scale 1 / sqrt(D); only rope_attention, rove_attention and
-rove_attention_rotated call it (they pass their Rope to `choose` and `select`).
+`select` returns a kernels.Kernel, called with one kernels.KernelCall (rove_jax.kernels.call).
+Every kernel but "fused" takes rotated inputs; "fused" rotates inside (its `rotates` is true),
+so only rope_attention, rove_attention and rove_attention_rotated can call it (they pass their
+Rope to `choose` and `select`).
+
+`fallback=True` is the GPT's policy for its configured kernel: the kernels that mask by index
+("splash", "fused") hand a call whose mask is not `ordered` (a decoding step against a KV cache,
+general positions) to "xla" instead of refusing it.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import jax.numpy as jnp
 
 from rove_jax.kernels import chunked, platform, reference, xla
+from rove_jax.kernels.call import Kernel
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash", "chunked", "reference", "fused")
-ROTARY = ("fused",)  # kernels that take unrotated q, k, v and the Rope (module docstring)
+# The names of kernels that rotate inside, for checks made before any call (configs); a call
+# asks the Kernel itself (Kernel.rotates).
+ROTARY = ("fused",)
+# Kernels that mask by index, handed to "xla" under fallback=True when the mask is not ordered.
+_BY_INDEX = ("splash", "fused")
 # "auto" on CPU picks the chunked kernel (memory linear in length) from this many keys.
 AUTO_CHUNKED_MIN_KV = 8192
 CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # cuDNN flash runs in these
 
 
 def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional[str] = None,
-           rope=None) -> str:
+           rope=None, fallback: bool = False) -> str:
   """The kernel `name` stands for in one call: itself, or for "auto" the platform's choice
   (module docstring). Raises ValueError when it cannot run the call.
 
@@ -54,10 +62,14 @@ def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional
     platform_name: "cpu", "gpu" or "tpu"; None: `platform.target_platform()`.
     rope: the call's rotary.Rope, None for attention without rotation (masked_attention);
       read by "fused" only.
+    fallback: "splash" and "fused" hand a mask that is not `ordered` to "xla" (module
+      docstring).
   """
   if name not in IMPLEMENTATIONS:
     raise ValueError(f"unknown attention implementation {name!r}; expected one of "
                      f"{IMPLEMENTATIONS}")
+  if fallback and name in _BY_INDEX and not mask.ordered:
+    return "xla"
   where = platform.target_platform() if platform_name is None else platform_name
   if name == "fused":
     reason = "it adds no logit bias" if bias else _fused(where).problem(q.shape, k.shape, mask,
@@ -90,18 +102,20 @@ def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional
 
 
 def select(name: str, *, q, k, mask, chunk_size: int = chunked.DEFAULT_CHUNK,
-           bias: bool = False, rope=None) -> Callable:
-  """The kernel function for one call: `choose`'s kernel, the chunked one with blocks of
-  chunk_size; for "fused" the rotary kernel (module docstring)."""
+           bias: bool = False, rope=None, fallback: bool = False) -> Kernel:
+  """The kernel for one call: `choose`'s kernel (arguments as there), the chunked one with
+  blocks of chunk_size."""
   where = platform.target_platform()
-  name = choose(name, q=q, k=k, mask=mask, bias=bias, rope=rope, platform_name=where)
+  name = choose(name, q=q, k=k, mask=mask, bias=bias, rope=rope, platform_name=where,
+                fallback=fallback)
   if name == "fused":
-    return _fused(where).attend
+    return Kernel(name, _fused(where).attend, rotates=True)
   if name == "chunked":
     return chunked.kernel(chunk_size)
   if name == "splash":
-    return _splash().attend
-  return {"reference": reference.attend, "xla": xla.attend, "cudnn": xla.attend_cudnn}[name]
+    return Kernel(name, _splash().attend)
+  attend = {"reference": reference.attend, "xla": xla.attend, "cudnn": xla.attend_cudnn}[name]
+  return Kernel(name, attend)
 
 
 def _splash():

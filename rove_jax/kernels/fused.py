@@ -51,7 +51,6 @@ fused_tiles.cost counts the rows each kernel rotates.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Optional
 
 import jax
@@ -61,6 +60,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from rove_jax.kernels import fused_backward, fused_tiles, mesh, platform
+from rove_jax.kernels.call import KINDS, Kernel, KernelCall
 from rove_jax.kernels.fused_tiles import Plan
 
 LANES = fused_tiles.LANES  # every block (and so every length) is a multiple of it
@@ -69,7 +69,6 @@ MAX_HEAD_DIM = 256
 # What the blocks may take of VMEM: under the 16 MiB a kernel gets by default on v4 and v5e.
 # `vmem_bytes` is checked against libtpu's own figures in bench/RESULTS.md.
 VMEM_BUDGET = 15.25 * 2**20
-KINDS = ("rope", "rove", "rove_rotated")
 
 
 def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
@@ -110,24 +109,25 @@ def rotary_problem(mask, rope) -> Optional[str]:
   return None
 
 
-def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
-  """The fused kernel f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind)
-  -> [B, T, H, D] in q.dtype, on UNROTATED q, k, v, with the softmax scale 1 / sqrt(D).
+def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None) -> Kernel:
+  """The fused kernel, one that rotates inside (kernels.call): UNROTATED q, k, v, the call's
+  Rope, and the call's kind of rotations.
 
   Args:
     block_size: largest q/kv block, a multiple of 128.
     interpret: Pallas interpret mode; None: on unless compiling for TPU
       (platform.target_platform).
 
-  The function's kind: "rope" (q and k rotated), "rove" (v by R_j and the output by R_i^-1
-  too) or "rove_rotated" (v rotated, the output left as rove_attention_rotated's R_i y_i).
+  The kinds: "rope" (q and k rotated), "rove" (v by R_j and the output by R_i^-1 too) or
+  "rove_rotated" (v rotated, the output left as rove_attention_rotated's R_i y_i).
   """
   if isinstance(block_size, bool) or not isinstance(block_size, int) or (
       block_size < LANES or block_size % LANES):
     raise ValueError(f"block_size must be a positive multiple of {LANES}, got {block_size!r}")
 
-  def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind: str):
-    q_BTHD, k_BSKD, v_BSKD = checked_inputs(q_BTHD, k_BSKD, v_BSKD, kind)
+  def attend(call: KernelCall) -> jax.Array:
+    q_BTHD, k_BSKD, v_BSKD = checked_inputs(call)
+    mask, rope, kind = call.mask, call.rope, call.kind
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     reason = problem(q_BTHD.shape, k_BSKD.shape, mask, rope)
@@ -142,32 +142,32 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None):
                 bq=_fit_block(T, S, H, K, D, q_BTHD.dtype, block_size),
                 bk=_fit_block(S, T, H, K, D, q_BTHD.dtype, block_size),
                 interpret=bool(run_interpreted))
-    consts = constants(rope, D, 1.0 / math.sqrt(D))
+    consts = constants(rope, D, call.scale)
     rows = lambda x, n: jnp.broadcast_to(x, (B, n)).reshape(B, 1, n)
-    args = [rows(jnp.asarray(q_pos_BT, jnp.float32), T),
-            rows(jnp.asarray(kv_pos_BS, jnp.float32), S)]
+    args = [rows(jnp.asarray(call.q_pos_BT, jnp.float32), T),
+            rows(jnp.asarray(call.kv_pos_BS, jnp.float32), S)]
     if plan.segmented:
       args += [rows(q_seg.astype(jnp.int32), T), rows(kv_seg.astype(jnp.int32), S)]
     args += [q_BTHD, k_BSKD, v_BSKD]
     run = lambda *a: _local(plan, consts, *a)
     return _sharded(run, args, B, H, K)
 
-  return attend
+  return Kernel("fused", attend, rotates=True)
 
 
-attend = kernel()
+attend = kernel().attend
 
 
-def checked_inputs(q_BTHD, k_BSKD, v_BSKD, kind: str):
-  """q, k, v as arrays, with the kind and the ranks and shapes every fused kernel (TPU and GPU)
-  takes checked.
+def checked_inputs(call: KernelCall):
+  """The call's q, k, v as arrays, with its kind and the ranks and shapes every fused kernel
+  (TPU and GPU) takes checked.
 
   Raises:
     ValueError: an unknown kind, or q not [B, T, H, D] and k, v not [B, S, K, D] alike.
   """
-  if kind not in KINDS:
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-  q_BTHD, k_BSKD, v_BSKD = jnp.asarray(q_BTHD), jnp.asarray(k_BSKD), jnp.asarray(v_BSKD)
+  if call.kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {call.kind!r}")
+  q_BTHD, k_BSKD, v_BSKD = (jnp.asarray(x) for x in (call.q_BTHD, call.k_BSKD, call.v_BSKD))
   if q_BTHD.ndim != 4 or k_BSKD.ndim != 4 or k_BSKD.shape != v_BSKD.shape:
     raise ValueError(f"fused attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
                      f"shape; got {q_BTHD.shape}, {k_BSKD.shape}, {v_BSKD.shape}")

@@ -32,7 +32,6 @@ mesh (jax.shard_map, batch over ("data", "fsdp") and heads over "tensor") and th
 from __future__ import annotations
 
 import functools
-import math
 from typing import Optional
 
 import jax
@@ -40,6 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from rove_jax.kernels import fused, fused_gpu_backward, fused_tiles, platform
+from rove_jax.kernels.call import Kernel, KernelCall
 from rove_jax.kernels.fused_gpu_tiles import (compiler_params, kernel_name, rotate, row_operands,
                                               swap_matrix, tables)
 from rove_jax.kernels.fused_tiles import Plan
@@ -76,10 +76,9 @@ def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
 
 
 def kernel(block_size: int = DEFAULT_BLOCK, backward_block_size: int = DEFAULT_BACKWARD_BLOCK,
-           interpret: Optional[bool] = None):
-  """The GPU fused kernel f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind)
-  -> [B, T, H, D] in q.dtype, on UNROTATED q, k, v, with the softmax scale 1 / sqrt(D); the
-  contract of rove_jax.kernels.fused.kernel.
+           interpret: Optional[bool] = None) -> Kernel:
+  """The GPU fused kernel, one that rotates inside (kernels.call): the contract of
+  rove_jax.kernels.fused.kernel.
 
   Args:
     block_size: largest q/kv block of the forward pass, a power of two >= MIN_BLOCK.
@@ -91,8 +90,10 @@ def kernel(block_size: int = DEFAULT_BLOCK, backward_block_size: int = DEFAULT_B
     if isinstance(b, bool) or not isinstance(b, int) or b < MIN_BLOCK or b & (b - 1):
       raise ValueError(f"{name} must be a power of two >= {MIN_BLOCK}, got {b!r}")
 
-  def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind: str):
-    q_BTHD, k_BSKD, v_BSKD = fused.checked_inputs(q_BTHD, k_BSKD, v_BSKD, kind)
+  def attend(call: KernelCall) -> jax.Array:
+    q_BTHD, k_BSKD, v_BSKD = fused.checked_inputs(call)
+    mask, rope, kind = call.mask, call.rope, call.kind
+    q_pos_BT, kv_pos_BS = call.q_pos_BT, call.kv_pos_BS
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     reason = problem(q_BTHD.shape, k_BSKD.shape, mask, rope)
@@ -108,16 +109,16 @@ def kernel(block_size: int = DEFAULT_BLOCK, backward_block_size: int = DEFAULT_B
                 interpret=bool(run_interpreted))
     plans = (plan, plan._replace(bq=_block(T, backward_block_size),
                                  bk=_block(S, backward_block_size)))
-    consts = fused.constants(rope, D, 1.0 / math.sqrt(D))
+    consts = fused.constants(rope, D, call.scale)
     swap = jnp.asarray(swap_matrix(D, plan.pair_offset, rope.n_rotated), jnp.bfloat16)
     args = row_operands(q_BTHD, k_BSKD, v_BSKD, q_pos_BT, kv_pos_BS, q_seg, kv_seg)
     run = lambda *a: _local(plans, (consts, swap), *a)
     return fused._sharded(run, args, B, H, K)
 
-  return attend
+  return Kernel("fused", attend, rotates=True)
 
 
-attend = kernel()
+attend = kernel().attend
 
 
 # ------------------------------------------------------------------------------ internals

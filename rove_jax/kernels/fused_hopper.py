@@ -51,7 +51,6 @@ tests check it on CPU.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Optional
 
 import jax
@@ -62,6 +61,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from rove_jax.kernels import fused, fused_gpu_tiles, fused_hopper_backward, platform
 from rove_jax.kernels import fused_hopper_tiles as tiles
+from rove_jax.kernels.call import Kernel, KernelCall
 from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
 
 BLOCK_Q = 64  # wgmma's M: one warpgroup's rows
@@ -95,10 +95,9 @@ def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
   return None
 
 
-def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None):
-  """The Hopper fused kernel f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind)
-  -> [B, T, H, D] in q.dtype, on UNROTATED q, k, v, with the softmax scale 1 / sqrt(D); the
-  contract of rove_jax.kernels.fused.kernel.
+def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None) -> Kernel:
+  """The Hopper fused kernel, one that rotates inside (kernels.call): the contract of
+  rove_jax.kernels.fused.kernel.
 
   Args:
     block_kv: largest key/value block, 64 or 128.
@@ -108,8 +107,10 @@ def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None):
   if block_kv not in (64, 128) or isinstance(block_kv, bool):
     raise ValueError(f"block_kv must be 64 or 128, got {block_kv!r}")
 
-  def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, rope, *, kind: str):
-    q_BTHD, k_BSKD, v_BSKD = fused.checked_inputs(q_BTHD, k_BSKD, v_BSKD, kind)
+  def attend(call: KernelCall) -> jax.Array:
+    q_BTHD, k_BSKD, v_BSKD = fused.checked_inputs(call)
+    mask, rope, kind = call.mask, call.rope, call.kind
+    q_pos_BT, kv_pos_BS = call.q_pos_BT, call.kv_pos_BS
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     reason = problem(q_BTHD.shape, k_BSKD.shape, mask, rope, q_BTHD.dtype)
@@ -125,7 +126,7 @@ def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None):
                 rotate_values=kind != "rope", rotate_output=kind == "rove",
                 bq=BLOCK_Q, bk=block_kv if S % block_kv == 0 else MIN_BLOCK,
                 interpret=bool(run_interpreted))
-    consts = fused.constants(rope, D, 1.0 / math.sqrt(D))
+    consts = fused.constants(rope, D, call.scale)
     swap = jnp.asarray(fused_gpu_tiles.swap_matrix(D, plan.pair_offset, rope.n_rotated),
                        jnp.bfloat16)
     args = fused_gpu_tiles.row_operands(q_BTHD, k_BSKD, v_BSKD, q_pos_BT, kv_pos_BS, q_seg,
@@ -133,10 +134,10 @@ def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None):
     run = lambda *a: _local(plan, (consts, swap), *a)
     return fused._sharded(run, args, B, H, K)
 
-  return attend
+  return Kernel("fused", attend, rotates=True)
 
 
-attend = kernel()
+attend = kernel().attend
 
 
 # ------------------------------------------------------------------------------ internals

@@ -9,17 +9,23 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rove_jax.kernels.call import KernelCall
 
-def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn=None):
-  """softmax(scale * q.k + bias) v over `mask` (a kernels.Mask, built dense from the
-  positions) in float32 (float64 for float64 inputs), GQA; rows that see no key give 0.
+
+def attend(call: KernelCall) -> jax.Array:
+  """softmax(scale * q.k + bias) v over the call's mask (built dense from the positions) in
+  float32 (float64 for float64 inputs), GQA; rows that see no key give 0.
 
   Returns:
     [B, T, H, D] in q.dtype.
   """
-  mask_BTS = mask.dense(q_pos_BT, kv_pos_BS)
-  bias_BHTS = None if bias_fn is None else bias_fn(q_pos_BT, kv_pos_BS).astype(jnp.float32)
-  return softmax_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, bias_BHTS)
+  mask_BTS = call.mask.dense(call.q_pos_BT, call.kv_pos_BS)
+  bias_BHTS = None
+  if call.bias_fn is not None:
+    bias_BHTS = call.bias_fn(call.q_pos_BT, call.kv_pos_BS).astype(jnp.float32)
+  return softmax_attention(call.q_BTHD, call.k_BSKD, call.v_BSKD, mask_BTS, call.scale,
+                           bias_BHTS)
+
 
 
 def softmax_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, bias_BHTS=None) -> jax.Array:

@@ -33,7 +33,7 @@ How the kernel is driven here:
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.sharding import PartitionSpec as P
 
 from rove_jax.kernels import mesh, platform
+from rove_jax.kernels.call import Kernel, KernelCall
 
 LANES = 128  # TPU lane width: every splash block (and so every length) is a multiple of it
 DEFAULT_BLOCK = 512
@@ -74,9 +75,9 @@ def problem(q_shape, k_shape, mask, bias: bool) -> str | None:
   return unsupported_reason(T, S, H, K, D, causal=mask.causal)
 
 
-def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None) -> Callable:
-  """The splash kernel f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale,
-  bias_fn=None) -> [B, T, H, D] in q.dtype (positions unread; see the module docstring).
+def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None) -> Kernel:
+  """The splash kernel, on rotated inputs (kernels.call; positions unread, see the module
+  docstring).
 
   Args:
     block_size: largest q/kv block, a multiple of 128; the blocks used are the largest
@@ -88,8 +89,9 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None) ->
       block_size < LANES or block_size % LANES):
     raise ValueError(f"block_size must be a positive multiple of {LANES}, got {block_size!r}")
 
-  def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn=None):
-    q_BTHD, k_BSKD, v_BSKD = jnp.asarray(q_BTHD), jnp.asarray(k_BSKD), jnp.asarray(v_BSKD)
+  def attend(call: KernelCall) -> jax.Array:
+    mask, scale, bias_fn = call.mask, call.scale, call.bias_fn
+    q_BTHD, k_BSKD, v_BSKD = (jnp.asarray(x) for x in (call.q_BTHD, call.k_BSKD, call.v_BSKD))
     if q_BTHD.ndim != 4 or k_BSKD.ndim != 4 or k_BSKD.shape != v_BSKD.shape:
       raise ValueError(f"splash attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
                        f"shape; got {q_BTHD.shape}, {k_BSKD.shape}, {v_BSKD.shape}")
@@ -118,10 +120,10 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None) ->
     specs = (sh.q, sh.kv, sh.kv) + (() if q_seg is None else (P(sh.batch, None),) * 2)
     return mesh.run_sharded(run, args, specs, sh.q, sh.free)
 
-  return attend
+  return Kernel("splash", attend)
 
 
-attend = kernel()
+attend = kernel().attend
 
 
 # ------------------------------------------------------------------------------ internals

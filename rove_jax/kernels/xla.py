@@ -16,11 +16,11 @@ window (local_window_size) equals the position window only for consecutive posit
 
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+
+from rove_jax.kernels.call import Kernel, KernelCall
 
 # Segments a row the packed cuDNN kernel is compiled for, per this many tokens: cuDNN launches
 # work for every slot, used or not, so the bound is kept small. A row with more segments gets NaN
@@ -30,10 +30,9 @@ from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
 CUDNN_TOKENS_PER_SEGMENT = 32
 
 
-def kernel(implementation: str) -> Callable:
-  """The kernel calling jax.nn.dot_product_attention with `implementation` ("xla" or "cudnn"):
-  f(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn=None) -> [B, T, H, D]
-  in q.dtype, rows that see no key 0.
+def kernel(implementation: str) -> Kernel:
+  """The kernel calling jax.nn.dot_product_attention with `implementation` ("xla" or "cudnn"),
+  on rotated inputs (kernels.call); rows that see no key are 0.
 
   A packed-documents row with more segments than `cudnn_max_segments(T)` cannot be described to
   cuDNN: its output is NaN, never a wrong number. The trainer refuses such data before its first
@@ -42,7 +41,8 @@ def kernel(implementation: str) -> Callable:
   k and v around such a cond (bench/RESULTS.md).
   """
 
-  def attend(q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn=None):
+  def attend(call: KernelCall) -> jax.Array:
+    q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn = call[:8]
     packed = (implementation == "cudnn" and mask.segment_ids is not None and mask.self_segments
               and bias_fn is None and cudnn_packs())
     by_index = (mask.ordered and mask.kv_valid is None and mask.window is None
@@ -69,11 +69,11 @@ def kernel(implementation: str) -> Callable:
                                        implementation=implementation)
     return zero_empty_rows(out, mask_BTS)
 
-  return attend
+  return Kernel(implementation, attend)
 
 
-attend = kernel("xla")
-attend_cudnn = kernel("cudnn")
+attend = kernel("xla").attend
+attend_cudnn = kernel("cudnn").attend
 
 
 def zero_empty_rows(out_BTHD, mask_BTS):

@@ -171,12 +171,11 @@ class Attention(nnx.Module):
     rope, bias_fn = self.rope(ctx), self.bias_fn(ctx)
     mask = kernels.Mask(segment_ids=ctx.segment_ids, ordered=ctx.positions_ordered,
                         window=self.window)
-    kw = dict(q_positions=ctx.positions, kv_positions=ctx.positions, mask=mask,
-              kernel=self.kernel(q_BTHD, k_BTKD, mask, ctx, bias_fn is not None))
-    if self.rotary == "rove" and kw["kernel"] == "fused":  # every rotation inside the kernel
-      out_BTHD = attention.rove_attention(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
-      return _dense_out(out_BTHD, self.wo, self.bo), None
-    if self.rotary == "rove":
+    kernel = self.kernel(q_BTHD, k_BTKD, mask, rope, bias_fn is not None)
+    kw = dict(q_positions=ctx.positions, kv_positions=ctx.positions, mask=mask, kernel=kernel)
+    if rope is None:
+      out_BTHD = attention.masked_attention(q_BTHD, k_BTKD, v_BTKD, bias_fn=bias_fn, **kw)
+    elif self.rotary == "rove" and not kernel.rotates:
       # R_i^-1 then the output projection. y = R_i^-1 o is kept for the projection's weight
       # gradient (one [B, T, H, D] residual more than RoPE); recomputing it in the backward pass
       # under a checkpoint cost a second pass over o and a rerun of the projection.
@@ -184,10 +183,9 @@ class Attention(nnx.Module):
       y = _rotated_out(o_BTHD, ctx.positions, ctx.inv_freq, self.wo[...],
                        None if self.bo is None else self.bo[...], layout=self.cfg.rope_layout)
       return y, None
-    if self.rotary == "rope":
-      out_BTHD = attention.rope_attention(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
-    else:
-      out_BTHD = attention.masked_attention(q_BTHD, k_BTKD, v_BTKD, bias_fn=bias_fn, **kw)
+    else:  # RoPE, or RoVE on a kernel that applies every rotation inside
+      attend = attention.rove_attention if self.rotary == "rove" else attention.rope_attention
+      out_BTHD = attend(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
     return _dense_out(out_BTHD, self.wo, self.bo), None
 
   def decode(self, q_BTHD, k_BTKD, v_BTKD, ctx: Context, cache_kv):
@@ -207,7 +205,7 @@ class Attention(nnx.Module):
     mask = kernels.Mask(kv_valid=ctx.kv_mask, window=self.window)
     out_BTHD = attention.masked_attention(
         q_BTHD, k_BLKD, v_BLKD, q_positions=ctx.positions, kv_positions=ctx.kv_positions,
-        mask=mask, kernel=self.kernel(q_BTHD, k_BLKD, mask, ctx, bias_fn is not None),
+        mask=mask, kernel=self.kernel(q_BTHD, k_BLKD, mask, None, bias_fn is not None),
         bias_fn=bias_fn)
     if self.rotary == "rove":
       out_BTHD = rope.apply(out_BTHD, q_tables, inverse=True)
@@ -233,15 +231,14 @@ class Attention(nnx.Module):
       return None
     return rotary.Rope(ctx.inv_freq, ctx.attention_factor, self.cfg.rope_layout)
 
-  def kernel(self, q_BTHD, k_BSKD, mask, ctx: Context, bias: bool):
-    """The attention kernel of a call (rove_jax.kernels.select), with the config's chunk size."""
-    name = self.cfg.attention_impl
-    if name in ("splash", "fused") and not ctx.positions_ordered:
-      name = "xla"  # both mask by index; cached (decoding) calls take the xla kernel
-    if name in kernels.ROTARY:
-      return name  # rope_attention / rove_attention hand it the unrotated call
-    return kernels.select(name, q=q_BTHD, k=k_BSKD, mask=mask,
-                          chunk_size=self.cfg.attention_chunk, bias=bias)
+  def kernel(self, q_BTHD, k_BSKD, mask, rope, bias: bool) -> kernels.Kernel:
+    """The attention kernel of a call: the config's attention_impl and chunk size, with
+    dispatch's fallback for calls a by-index kernel cannot take (rove_jax.kernels.dispatch).
+    rope is the call's Rope, None where the call rotates nothing (decoding's masked_attention
+    on rotated queries and cache)."""
+    return kernels.select(self.cfg.attention_impl, q=q_BTHD, k=k_BSKD, mask=mask,
+                          chunk_size=self.cfg.attention_chunk, bias=bias, rope=rope,
+                          fallback=True)
 
   def bias_fn(self, ctx: Context):
     """The T5 logit bias f(q_pos, kv_pos) -> [B, H, t, s], or None without a T5 table."""

@@ -23,7 +23,7 @@ from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train.run_config import SECTIONS, RunConfig
 
 _PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "max_len": int, "rove_layers": tuple}
-# model.rope_scaling is a section with one typed field per scaling.RopeScaling field, unset ones
+# model.rope_scaling is a section with one typed field per key of scaling.KEYS, unset ones
 # None, so `--config.model.rope_scaling.rope_type=yarn --config.model.rope_scaling.factor=4`
 # works from the command line; a config file may also assign a whole dict. Fields not named
 # here are floats.
@@ -32,11 +32,11 @@ _SCALING_TYPES = {"rope_type": str, "truncate": bool, "original_max_position_emb
 
 
 def scaling_fields(rope_scaling) -> ml_collections.ConfigDict:
-  """The model.rope_scaling section: every RopeScaling field, set from `rope_scaling` (its
+  """The model.rope_scaling section: every key of scaling.KEYS, set from `rope_scaling` (its
   `to_dict()`, or a dict a config file assigns)."""
   out = ml_collections.ConfigDict()
-  for field in dataclasses.fields(scaling.RopeScaling):
-    out[field.name] = config_dict.placeholder(_SCALING_TYPES.get(field.name, float))
+  for name in scaling.KEYS:
+    out[name] = config_dict.placeholder(_SCALING_TYPES.get(name, float))
   for key, value in (rope_scaling or {}).items():
     if key not in out:  # unknown keys reach GPTConfig's validation, which names them
       out[key] = value

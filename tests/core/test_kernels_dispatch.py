@@ -56,17 +56,32 @@ def test_auto_avoids_kernels_that_cannot_run_the_call():
     choose("cudnn", platform="gpu", ordered=True)
 
 
-def test_select_returns_the_kernel_function():
+def test_select_returns_the_kernel():
   q = k = jnp.zeros((1, 8, 2, 8), jnp.float32)
   mask = rj.Mask()
-  assert kernels.select("xla", q=q, k=k, mask=mask) is kernels.xla.attend
-  assert kernels.select("reference", q=q, k=k, mask=mask) is kernels.reference.attend
-  assert kernels.select("auto", q=q, k=k, mask=mask) is kernels.xla.attend  # CPU, 8 keys
+  assert kernels.select("xla", q=q, k=k, mask=mask).attend is kernels.xla.attend
+  assert kernels.select("reference", q=q, k=k, mask=mask).attend is kernels.reference.attend
+  chosen = kernels.select("auto", q=q, k=k, mask=mask)  # CPU, 8 keys
+  assert (chosen.name, chosen.attend, chosen.rotates) == ("xla", kernels.xla.attend, False)
   f = kernels.select("chunked", q=q, k=k, mask=mask, chunk_size=3)
-  want = kernels.reference.attend(q + 1, k, k + 2, mask, jnp.arange(8)[None], jnp.arange(8)[None],
-                                  0.5)
-  np.testing.assert_allclose(f(q + 1, k, k + 2, mask, jnp.arange(8)[None], jnp.arange(8)[None],
-                               0.5), want, atol=1e-6)
+  call = kernels.KernelCall(q + 1, k, k + 2, mask, jnp.arange(8)[None], jnp.arange(8)[None], 0.5)
+  np.testing.assert_allclose(f.attend(call), kernels.reference.attend(call), atol=1e-6)
+
+
+def test_fallback_hands_by_index_kernels_a_general_mask_to_xla():
+  """The GPT's policy (fallback=True): splash and fused mask by index, so a call whose mask is
+  not ordered (a decoding step) runs on xla; without it the kernel refuses the call."""
+  q = k = jnp.zeros((1, 128, 2, 8), jnp.float32)
+  rope = rj.Rope(rj.rope_frequencies(8))
+  for name in ("splash", "fused"):
+    for mask in (rj.Mask(), rj.Mask(kv_valid=jnp.ones((1, 128), bool))):
+      chosen = kernels.select(name, q=q, k=k, mask=mask, rope=rope, fallback=True)
+      assert (chosen.name, chosen.rotates) == ("xla", False)
+      with pytest.raises(ValueError, match="ordered=True"):
+        kernels.select(name, q=q, k=k, mask=mask, rope=rope)
+  ordered = kernels.select("fused", q=q, k=k, mask=rj.Mask(ordered=True), rope=rope,
+                           fallback=True)
+  assert (ordered.name, ordered.rotates) == ("fused", True)
 
 
 def test_target_platform_follows_the_mesh_being_compiled_for():

@@ -16,7 +16,7 @@ import pytest
 import rove_jax as rj
 from rove_jax import kernels
 from rove_jax.kernels import fused_gpu, fused_gpu_tiles
-from tests.core.test_kernels_fused import (BF16, CASES, D, F32, T, TOL, check, check_case,
+from tests.core.test_kernels_fused import (BF16, CASES, D, F32, T, TOL, check, check_case, direct,
                                            documents, inputs, reference_and_grads)
 
 INTERPRET = os.environ.get("FUSED_GPU_COMPILED") != "1"
@@ -36,7 +36,7 @@ def fused_gpu_and_grads(kind, q, k, v, ct, pos, rope, mask):
   attend = fused_gpu.kernel(interpret=INTERPRET)
 
   def run(q, k, v):
-    f = lambda q, k, v: attend(q, k, v, mask, pos, pos, rope, kind=KIND[kind])
+    f = lambda q, k, v: direct(attend, q, k, v, mask, pos, rope, KIND[kind])
     out, vjp = jax.vjp(f, q, k, v)
     return out, vjp(jnp.asarray(ct, out.dtype))
   return jax.jit(run)(q, k, v)

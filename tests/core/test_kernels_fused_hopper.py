@@ -17,7 +17,8 @@ import pytest
 import rove_jax as rj
 from rove_jax import kernels
 from rove_jax.kernels import fused_hopper, platform
-from tests.core.test_kernels_fused import (BF16, D, F32, FNS, T, TOL, check, documents, inputs,
+from tests.core.test_kernels_fused import (BF16, D, F32, FNS, T, TOL, check, direct, documents,
+                                           inputs,
                                            reference_and_grads, yarn_rope)
 
 INTERPRET = os.environ.get("FUSED_HOPPER_COMPILED") != "1"
@@ -40,7 +41,7 @@ def hopper_and_grads(kind, q, k, v, ct, pos, rope, mask, *, through_dispatch=Fal
     if through_dispatch:
       return FNS[kind](q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask,
                        kernel="fused")
-    return attend(q, k, v, mask, pos, pos, rope, kind=KIND[kind])
+    return direct(attend, q, k, v, mask, pos, rope, KIND[kind])
 
   def run(q, k, v):
     out, vjp = jax.vjp(f, q, k, v)
@@ -53,7 +54,7 @@ def hopper_target(monkeypatch):
   """dispatch sees a Hopper GPU, and its Hopper kernel runs interpreted (on CPU)."""
   monkeypatch.setattr(platform, "target_platform", lambda: "gpu")
   monkeypatch.setattr(platform, "gpu_is_hopper", lambda: True)
-  monkeypatch.setattr(fused_hopper, "attend", fused_hopper.kernel(interpret=INTERPRET))
+  monkeypatch.setattr(fused_hopper, "attend", fused_hopper.kernel(interpret=INTERPRET).attend)
 
 
 def run_case(case, **kw):
@@ -87,9 +88,9 @@ def test_rove_attention_dispatches_to_it_on_hopper(hopper_target):
   calls = []
   interpreted = fused_hopper.attend
 
-  def counted(*a, **kw):
-    calls.append(kw["kind"])
-    return interpreted(*a, **kw)
+  def counted(call):
+    calls.append(call.kind)
+    return interpreted(call)
   fused_hopper.attend = counted
   run_case("rove_causal_interleaved_mqa", through_dispatch=True)
   assert calls == ["rove"]

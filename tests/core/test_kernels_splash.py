@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rove_jax.kernels import Mask
+from rove_jax.kernels import KernelCall, Mask
 from rove_jax.kernels import splash
 from rove_jax.kernels.splash import unsupported_reason
 from rove_jax.train import sharding
@@ -25,7 +25,7 @@ def splash_attention(q, k, v, *, scale, causal, q_segment_ids=None, kv_segment_i
   """The splash kernel on index-ordered positions (which it does not read)."""
   mask = Mask(causal=causal, segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
               ordered=True)
-  return splash.kernel(block_size)(q, k, v, mask, None, None, scale)
+  return splash.kernel(block_size).attend(KernelCall(q, k, v, mask, None, None, scale))
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,7 +165,7 @@ def test_unsupported_reason():
   for mask, reason in ((Mask(), "ordered=True"), (Mask(ordered=True, window=8), "window"),
                        (Mask(ordered=True, kv_valid=np.ones((1, T), bool)), "kv_valid")):
     with pytest.raises(ValueError, match=reason):
-      splash.attend(q, k, v, mask, None, None, 1.0)
+      splash.attend(KernelCall(q, k, v, mask, None, None, 1.0))
 
 
 def test_sharded_matches_unsharded():

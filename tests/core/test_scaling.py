@@ -426,10 +426,28 @@ def test_rope_scaling_round_trips_through_its_dict(cfg):
   assert scaling.RopeScaling.from_dict(plain) == spec
   assert hash(scaling.RopeScaling.from_dict(json.loads(json.dumps(plain)))) == hash(spec)
   assert pickle.loads(pickle.dumps(spec)) == spec
-  assert list(plain)[0] == "rope_type" and plain["rope_type"] in scaling._HF_KEYS
+  assert list(plain)[0] == "rope_type" and plain["rope_type"] in scaling.SPECS
   # the keys keep their transformers spelling: the dict is the one given, the type canonical
   given = {k: v for k, v in cfg.items() if k not in ("type", "rope_type")}
   assert {k: v for k, v in plain.items() if k != "rope_type"} == given
+
+
+def test_each_rope_type_is_its_own_spec_built_from_its_dict():
+  """One spec class per rope_type, reached alike by from_dict, RopeScaling(rope_type=...) and
+  the class itself; EVERY_TYPE covers them all, and scaling.KEYS is every key they read."""
+  specs = [scaling.RopeScaling.from_dict(cfg) for cfg in EVERY_TYPE]
+  assert {type(spec) for spec in specs} == set(scaling.SPECS.values())
+  for spec in specs:
+    cls = scaling.SPECS[spec.rope_type]
+    assert type(spec) is cls and isinstance(spec, scaling.RopeScaling)
+    keys = {k: v for k, v in spec.to_dict().items() if k != "rope_type"}
+    assert cls(**keys) == spec == scaling.RopeScaling(rope_type=spec.rope_type, **keys)
+  read = {f.name for cls in scaling.SPECS.values() for f in dataclasses.fields(cls)}
+  assert set(scaling.KEYS) == read | {"rope_type"} and len(scaling.KEYS) == len(read) + 1
+  # one type's keys do not carry over to another
+  assert scaling.LinearScaling(factor=2.0) != scaling.NTKScaling(factor=2.0)
+  with pytest.raises(ValueError, match=r"type 'ntk' got unknown keys \['beta_fast'\]"):
+    scaling.NTKScaling(factor=2.0, beta_fast=4.0)
 
 
 @pytest.mark.parametrize("cfg", EVERY_TYPE, ids=lambda c: c.get("rope_type") or c["type"])
