@@ -19,12 +19,11 @@ table and attention factor with the functions of rove_jax.frequencies (re-export
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from typing import Any, ClassVar, Mapping, Optional
 
-import numpy as np
 
+from rove_jax.scaling_values import CONVERT as _CONVERT, as_float as _as_float
 from rove_jax.frequencies import (ScalingResult, axial, check_factor, default, dynamic_ntk,
                                   dynamic_yarn, linear, llama3, longrope, ntk, proportional, yarn,
                                   yarn_correction_range)
@@ -459,56 +458,6 @@ class AxialScaling(RopeScaling):
 
 
 ROPE_TYPES = tuple(SPECS) + tuple(_ALIASES)
-
-
-# ------------------------------------------------------------------------ value checks
-
-
-def _as_float(name: str, value) -> Optional[float]:
-  if value is None:
-    return None
-  if isinstance(value, (bool, np.bool_)) or not isinstance(
-      value, (int, float, np.integer, np.floating)):
-    raise ValueError(f"rope_scaling[{name!r}] must be a number, got {type(value).__name__}: "
-                     f"{value!r}")
-  if not math.isfinite(value):
-    raise ValueError(f"rope_scaling[{name!r}] must be a finite number, got {value!r}")
-  return float(value)
-
-
-def _as_floats(name: str, value) -> Optional[tuple]:
-  if value is None:
-    return None
-  if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
-    raise ValueError(f"rope_scaling[{name!r}] must be a list of numbers, got "
-                     f"{type(value).__name__}: {value!r}")
-  return tuple(_as_float(f"{name}[{i}]", x) for i, x in enumerate(value))
-
-
-def _as_length(name: str, value) -> Optional[int]:
-  if value is None:
-    return None
-  ok = isinstance(value, (int, float, np.integer, np.floating)) \
-      and not isinstance(value, (bool, np.bool_)) and math.isfinite(value) \
-      and value == int(value) and value > 0
-  if not ok:
-    raise ValueError(f"rope_scaling[{name!r}] must be a positive int (the training context), got "
-                     f"{type(value).__name__}: {value!r}")
-  return int(value)
-
-
-def _as_bool(name: str, value) -> Optional[bool]:
-  if value is None:
-    return None
-  if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"rope_scaling[{name!r}] must be true or false, got "
-                     f"{type(value).__name__}: {value!r}")
-  return bool(value)
-
-
-# How each key's value is read; any other key is a float.
-_CONVERT = {"original_max_position_embeddings": _as_length, "truncate": _as_bool,
-            "short_factor": _as_floats, "long_factor": _as_floats}
 
 
 def from_config(rope_scaling: RopeScaling | Mapping[str, Any] | None, rot_dim: int, *,
