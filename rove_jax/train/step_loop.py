@@ -25,10 +25,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from rove_jax import data as data_lib
 from rove_jax import hardware
 from rove_jax.nn import flops
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import clipping, health as health_lib, run_control, sharding as sharding_lib
+from rove_jax.train import clipping, health as health_lib, resume, run_control
+from rove_jax.train import sharding as sharding_lib
 from rove_jax.train.health import NonFiniteError
 from rove_jax.train.metrics import MetricsLog
 from rove_jax.train.result import TrainResult
@@ -43,9 +45,9 @@ class Run:
   workdir: str
   mesh: Mesh
   ckpt: ckpt_lib.Checkpointer
-  lock: Any  # process 0's writer lock (resume.WriterLock); None on the other processes
+  lock: Optional[resume.WriterLock]  # process 0's; None on the other processes
   log: Callable[..., None]
-  data: Any  # rove_jax.data's Data: tokenizer, splits, iterators
+  data: data_lib.Data
   iterator: Any  # the training batches, its position saved with each checkpoint
   state: Any  # loop.TrainState, sharded over the mesh
   start: int  # the step it starts from (a restored checkpoint's, else 0)
@@ -97,8 +99,8 @@ def run(r: Run) -> TrainResult:
   step = r.start
   end = c.steps if c.run_steps is None else min(c.steps, r.start + c.run_steps)
   bar_on = c.progress and jax.process_index() == 0
-  with run_control.StopSignal() as signal, run_control.progress(c.steps, r.start, bar_on) as bar:
-    logger, stop = LogMetrics(r, nonfinite, bar), Stop(r, signal)
+  with run_control.StopSignal() as signals, run_control.progress(c.steps, r.start, bar_on) as bar:
+    logger, stop = LogMetrics(r, nonfinite, bar), Stop(r, signals)
     hooks = (nonfinite, logger, Evaluate(r), save)
     while step < end:
       batch = r.place(next(r.iterator))
