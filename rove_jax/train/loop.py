@@ -283,8 +283,9 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
 
 
 def _model(c: RunConfig, tx: optax.GradientTransformation):
-  """The GPT built once, abstractly: its graphdef, the train state's shapes and the function
-  that creates the state (run jitted onto the mesh)."""
+  """(graphdef, the train state's shapes, init): the GPT built abstractly once for both, and
+  `init`, which builds it for real and returns its train state (jitted onto the mesh by the
+  caller)."""
   new_model = lambda: GPT(c.model, rngs=nnx.Rngs(c.seed))
   graphdef, abstract_params = nnx.split(nnx.eval_shape(new_model), nnx.Param)
 

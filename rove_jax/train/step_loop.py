@@ -1,6 +1,6 @@
 """The step loop of a training run and its callbacks.
 
-`run` steps a `Run` (what loop.train built: the sharded state, the data iterator, the compiled
+`run` steps a `Run` (what loop.train built: the sharded state, the data iterator, the jitted
 steps, the open checkpoints and metrics) from its start step. The profiler wraps each step;
 after it the callbacks run in this order, each deciding for itself whether the step is its
 turn:
@@ -245,7 +245,7 @@ class Checkpoint:
         good_norm=float(self.param_norm(r.state.params)))
 
   def __call__(self, step: int, m: dict) -> None:
-    self.health.observe(step, float(m["loss"]), bool(m["finite"]))
+    self.health.observe(step, float(m["loss"]), bool(m["finite"]))  # every step, saved or not
     if step % self.r.c.checkpoint_every == 0 and step < self.r.c.steps:
       self.save(step)
 
