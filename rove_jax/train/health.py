@@ -1,4 +1,5 @@
-"""Whether the training state is good enough to checkpoint.
+"""Whether the training state is good enough to checkpoint, and the error of a run that
+diverged (`NonFiniteError`).
 
 A checkpoint is written only from a state known good, so that retention (keep_checkpoints) can
 never rotate the last good state out behind a divergence. An update can be finite and still
@@ -25,6 +26,14 @@ from typing import Optional
 
 WINDOW = 64  # recent finite losses the median is taken over
 MIN_HISTORY = 8  # finite losses needed before a loss jump is judged
+
+
+class NonFiniteError(RuntimeError):
+  """The run diverged; `last_good` is the step of the newest good checkpoint (None: none)."""
+
+  def __init__(self, message: str, *, last_good: Optional[int] = None):
+    super().__init__(message)
+    self.last_good = last_good
 
 
 class Health:

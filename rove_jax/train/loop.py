@@ -1,9 +1,11 @@
-"""Training: optimizer, jitted train step, evaluation and the preemption-safe loop.
+"""Training: the optimizer, the jitted train and eval steps, and `train`, the resumable run.
 
 Shape letters (legend in rove_jax): B batch (per process), T sequence length,
 M gradient-accumulation micro-steps, V vocabulary.
 
-The loop resumes from the newest readable checkpoint in workdir (params, optimizer state,
+`train` is a short sequence: check the config, lock the workdir, open the checkpoints, build
+the run state (`_run_state`), run it (step_loop.py: the step and its callbacks), close. A run
+resumes from the newest readable checkpoint in workdir (params, optimizer state,
 step and the data iterator's position), logs to workdir/metrics.jsonl and TensorBoard, and
 on SIGTERM / SIGINT finishes the current step, saves and returns. A step whose loss or
 gradient is not finite leaves the state unchanged and is counted; too many in a row stop the
@@ -13,33 +15,28 @@ run with an error.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any, Optional
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from rove_jax.nn.model import GPT
+from rove_jax.storage import deadline
 from rove_jax.train import agreement
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import config_schema, run_config
-from rove_jax.storage import deadline
-from rove_jax.train import gpu_options, health as health_lib, init_from, packing, resume
-from rove_jax.train import run_control, run_data
+from rove_jax.train import clipping, config_schema, gpu_options, init_from, packing, resume
+from rove_jax.train import run_config, run_control, run_data
 from rove_jax.train import sharding as sharding_lib
-from rove_jax.train import tracking
-from rove_jax.train import clipping
+from rove_jax.train import step_loop, tracking
+from rove_jax.train.health import NonFiniteError  # noqa: F401 - what train() raises
 from rove_jax.train.loss import cross_entropy
-from rove_jax import hardware
-from rove_jax.nn import flops
 from rove_jax.train.metrics import MetricsLog
 from rove_jax.train.result import TrainResult
 from rove_jax.train.run_config import OptimConfig, RunConfig
-from rove_jax.nn.model import GPT
 
 # Weight decay applies to these matrices only; embeddings, norms, biases and the T5 table
 # are not decayed.
@@ -51,14 +48,6 @@ class TrainState:
   params: Any
   opt_state: Any
   step: jax.Array
-
-
-class NonFiniteError(RuntimeError):
-  """The run diverged; `last_good` is the step of the newest good checkpoint (None: none)."""
-
-  def __init__(self, message: str, *, last_good: Optional[int] = None):
-    super().__init__(message)
-    self.last_good = last_good
 
 
 # --------------------------------------------------------------------------- components
@@ -162,18 +151,6 @@ def _micro_batches(M: int, batch_sharding, x):
   return jax.lax.with_sharding_constraint(split, NamedSharding(batch_sharding.mesh, spec))
 
 
-def throughput(step_time_s: float, tokens_per_step: int, step_flops: float, n_devices: int,
-               peak: Optional[float]) -> dict:
-  """The logged speed of a step: its time, tokens/s, model TFLOP/s per device and, where the
-  devices' peak is known (rove_jax.hardware), MFU = achieved model FLOP/s / peak."""
-  per_device = step_flops / step_time_s / n_devices
-  out = {"step_time_s": step_time_s, "tokens_per_s": tokens_per_step / step_time_s,
-         "model_tflops_per_device": per_device / 1e12}
-  if peak:
-    out["mfu"] = per_device / peak
-  return out
-
-
 def make_eval_step(graphdef, compiler_options=None):
   @functools.partial(jax.jit, compiler_options=compiler_options or None)
   def eval_step(params, batch):
@@ -181,12 +158,7 @@ def make_eval_step(graphdef, compiler_options=None):
   return eval_step
 
 
-def evaluate(eval_step, params, batches) -> Optional[float]:
-  losses = [float(eval_step(params, b)) for b in batches]
-  return float(np.mean(losses)) if losses else None
-
-
-# ------------------------------------------------------------------------------ logging
+# ------------------------------------------------------------------------------- the run
 
 
 def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
@@ -202,36 +174,10 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
   Runs SPMD over the (data, fsdp, tensor) mesh of `c.mesh`.
   """
   c = config_schema.build(c, log=log)
-  run_config.check_environment(c)
-  deadline.reset()  # a stop or a storage failure of an earlier run in this process is past
-  deadline.configure(c.storage_timeout)
-  if jax.process_index() != 0:
-    log = lambda *a, **k: None
-  if "wandb" in tracking.parse_tracking(c.tracking) and jax.process_index() == 0:
-    tracking.check_wandb_ready(c.wandb)  # before the workdir is created: nothing left behind
+  log = _check(c, log)
   workdir = resume.check_workdir(workdir)
-  mesh = sharding_lib.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
-  dp = sharding_lib.data_parallel_size(mesh)
-  nproc, pidx = jax.process_count(), jax.process_index()
-  if c.data.batch_size % dp or c.data.batch_size % nproc:
-    raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by the data-parallel "
-                     f"size mesh.data * mesh.fsdp = {dp} (and the {nproc} processes)")
-  # The lock comes first: opening the checkpoints for writing cleans up unfinished saves,
-  # which must never happen under another trainer's feet.
-  lock = resume.WriterLock(workdir)
-  error = None
-  if pidx == 0:
-    try:
-      lock.acquire(log=log)
-    except resume.LockError as e:
-      error = e
-  if nproc > 1:  # every process stops if process 0 could not lock
-    from jax.experimental import multihost_utils
-    failed = multihost_utils.broadcast_one_to_all(np.array(error is not None))
-    if bool(failed) and error is None:
-      error = resume.LockError(f"process 0 could not lock {workdir}; see its log")
-  if error is not None:
-    raise error
+  mesh = _mesh(c, devices)
+  lock = _lock(workdir, log)
   ckpt = None
   try:
     # every process writes where process 0 locked, with the same config, or all stop now
@@ -239,35 +185,120 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
     ckpt = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints,
                                  async_save=c.async_checkpoints)
     with jax.set_mesh(mesh):  # kernels that shard themselves (TPU splash) see the mesh
-      summary = _train(c, workdir, mesh, ckpt, lock if pidx == 0 else None, log)
+      result = step_loop.run(_run_state(c, workdir, mesh, ckpt, lock, log))
     ckpt, closing = None, ckpt
     closing.close()  # the last save's failure is this run's error
-    return summary
+    return result
   finally:
     try:
       if ckpt is not None:  # already failing: that first error is the one reported
         ckpt.close_quietly(log)
     finally:
-      if pidx == 0:
+      if lock is not None:
         run_control.release_lock(lock, log)
 
 
-def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
-  """The body of `train`, inside the writer lock (held by process 0: `lock`, else None) and
-  with the checkpoints open."""
-  nproc, pidx = jax.process_count(), jax.process_index()
-  model_cfg = c.model
-  schedule = lr_schedule(c.optim, c.steps)
-  tx = make_optimizer(c.optim, c.steps)
+def _check(c: RunConfig, log):
+  """What is checked before the workdir is touched; returns this process's log (the other
+  processes than 0 log nothing)."""
+  run_config.check_environment(c)
+  deadline.reset()  # a stop or a storage failure of an earlier run in this process is past
+  deadline.configure(c.storage_timeout)
+  if jax.process_index() != 0:
+    return lambda *a, **k: None
+  if "wandb" in tracking.parse_tracking(c.tracking):
+    tracking.check_wandb_ready(c.wandb)  # before the workdir is created: nothing left behind
+  return log
 
-  def init_state():
-    _, params = nnx.split(GPT(model_cfg, rngs=nnx.Rngs(c.seed)), nnx.Param)
+
+def _mesh(c: RunConfig, devices) -> Mesh:
+  mesh = sharding_lib.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
+  dp, nproc = sharding_lib.data_parallel_size(mesh), jax.process_count()
+  if c.data.batch_size % dp or c.data.batch_size % nproc:
+    raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by the data-parallel "
+                     f"size mesh.data * mesh.fsdp = {dp} (and the {nproc} processes)")
+  return mesh
+
+
+def _lock(workdir: str, log) -> Optional[resume.WriterLock]:
+  """Process 0's writer lock on the workdir, taken (None on the other processes); if process 0
+  cannot take it, every process stops. The lock comes first: opening the checkpoints for
+  writing cleans up unfinished saves, which must never happen under another trainer's feet."""
+  lock = resume.WriterLock(workdir) if jax.process_index() == 0 else None
+  error = None
+  if lock is not None:
+    try:
+      lock.acquire(log=log)
+    except resume.LockError as e:
+      error = e
+  if run_control.gather_flags(error is not None).any() and error is None:
+    error = resume.LockError(f"process 0 could not lock {workdir}; see its log")
+  if error is not None:
+    raise error
+  return lock
+
+
+def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
+  """What the step loop works on, each part checked before the next is built: the model and
+  optimizer, a config that can continue the saved run, the data, the sharded state (restored,
+  from init_from or new), the metrics and the steps to compile."""
+  tx = make_optimizer(c.optim, c.steps)
+  graphdef, abstract_state, init_state = _model(c, tx)
+  meta = c.metadata()
+  _check_resumable(c, ckpt, meta, abstract_state, workdir, log)
+  data = _open_data(c, workdir, ckpt, log)
+  # Parameters and optimizer state are created already sharded: no full copy on one device.
+  path_specs = sharding_lib.param_path_specs(abstract_state.params, mesh)
+  state_sh = sharding_lib.tree_shardings(abstract_state, path_specs, mesh)
+  state = jax.jit(init_state, out_shardings=state_sh)()
+  pidx, nproc = jax.process_index(), jax.process_count()
+  iterator = data.train_iterator(seq_len=c.data.seq_len, global_batch_size=c.data.batch_size,
+                                 seed=c.seed, packing=c.data.packing, process_index=pidx,
+                                 process_count=nproc)
+  tok = data.tokenizer
+  meta["tokenizer"].update(name=tok.name, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
+                           fingerprint=tok.fingerprint)
+  meta["data_identity"] = data.identity
+  state, start, restored = _restore(c, workdir, ckpt, data, iterator, state, state_sh, log)
+  sinks = tracking.parse_tracking(c.tracking)
+  metrics_log = MetricsLog(
+      workdir, resume_step=start, enabled=pidx == 0, report=log,
+      tensorboard="tensorboard" in sinks,
+      sinks=[tracking.Wandb(workdir, c.wandb, c.to_dict())]
+      if "wandb" in sinks and pidx == 0 else [])
+  profiler = tracking.Profiler(workdir, tracking.parse_profile_steps(c.profile_steps, c.steps),
+                               enabled=pidx == 0, log=log)
+  options = gpu_options.compiler_options(mesh.devices.flat)
+  if options:
+    log(f"XLA options for this GPU: {options} (rove_jax/train/gpu_options.py)")
+  train_step = make_train_step(graphdef, tx, c.optim.grad_accum, lr_schedule(c.optim, c.steps),
+                               state_shardings=state_sh,
+                               batch_sharding=sharding_lib.batch_sharding(mesh),
+                               compiler_options=options)
+  return step_loop.Run(c=c, workdir=workdir, mesh=mesh, ckpt=ckpt, lock=lock, log=log,
+                       data=data, iterator=iterator, state=state, start=start,
+                       restored=restored, meta=meta, graphdef=graphdef, train_step=train_step,
+                       eval_step=make_eval_step(graphdef, options), metrics_log=metrics_log,
+                       profiler=profiler)
+
+
+def _model(c: RunConfig, tx: optax.GradientTransformation):
+  """(graphdef, the train state's shapes, init): the GPT built abstractly once for both, and
+  `init`, which builds it for real and returns its train state (jitted onto the mesh by the
+  caller)."""
+  new_model = lambda: GPT(c.model, rngs=nnx.Rngs(c.seed))
+  graphdef, abstract_params = nnx.split(nnx.eval_shape(new_model), nnx.Param)
+
+  def state_of(params) -> TrainState:
     return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
 
-  abstract_state = jax.eval_shape(init_state)
-  meta = c.metadata()
-  # Before data work and before any restore: a config that cannot continue the saved run is an
-  # error that leaves every checkpoint where it is.
+  abstract_state = jax.eval_shape(state_of, abstract_params)
+  return graphdef, abstract_state, lambda: state_of(nnx.state(new_model(), nnx.Param))
+
+
+def _check_resumable(c: RunConfig, ckpt, meta: dict, abstract_state, workdir, log) -> None:
+  """Before data work and before any restore: a config that cannot continue the saved run is an
+  error that leaves every checkpoint where it is."""
   resume.check_resumable(ckpt, meta, ckpt_lib.to_flat(abstract_state), workdir=workdir,
                          log=log)
   if ckpt.latest_step() is None and ckpt.quarantined() and not c.fresh_start:
@@ -277,7 +308,10 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
         f"from step 0 would overwrite its metrics: move a checkpoint back if you can repair it, "
         f"or pass --config.fresh_start=True to start from step 0 (the moved ones stay).")
 
-  # prepared shards checked at every start; every process's data the same, or all stop here
+
+def _open_data(c: RunConfig, workdir, ckpt, log):
+  """The run's data, the same on every process (prepared shards checked at every start), with
+  enough of each split for a batch and the tokenizer's ids inside the model's vocabulary."""
   data = run_data.open_data(c, workdir, resuming=ckpt.latest_step() is not None)
   for split, toks in (("training", data.train_tokens), ("validation", data.val_tokens)):
     windows = (len(toks) - 1) // c.data.seq_len
@@ -287,183 +321,34 @@ def _train(c: RunConfig, workdir, mesh, ckpt, lock, log) -> TrainResult:
                        f"data.batch_size={c.data.batch_size}; use more data (data.max_files, "
                        f"data.val_fraction, data.val_path) or a smaller seq_len / batch_size")
   if c.data.packing:  # rows the attention kernel cannot take stop the run here, not as NaN
-    packing.check(model_cfg, c.data.seq_len, (data.train_tokens, data.val_tokens),
+    packing.check(c.model, c.data.seq_len, (data.train_tokens, data.val_tokens),
                   data.tokenizer.eot_id, log=log)
-  if data.tokenizer.vocab_size > model_cfg.vocab_size:
+  if data.tokenizer.vocab_size > c.model.vocab_size:
     need = -(-data.tokenizer.vocab_size // 64) * 64
     raise ValueError(f"tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} ids but "
-                     f"model.vocab_size is {model_cfg.vocab_size}; set "
+                     f"model.vocab_size is {c.model.vocab_size}; set "
                      f"--config.model.vocab_size={need}")
+  return data
 
-  # Parameters and optimizer state are created already sharded: no full copy on one device.
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(c.seed))))
-  path_specs = sharding_lib.param_path_specs(abstract_state.params, mesh)
-  state_sh = sharding_lib.tree_shardings(abstract_state, path_specs, mesh)
-  state = jax.jit(init_state, out_shardings=state_sh)()
-  iterator = data.train_iterator(seq_len=c.data.seq_len, global_batch_size=c.data.batch_size,
-                                 seed=c.seed, packing=c.data.packing, process_index=pidx,
-                                 process_count=nproc)
-  meta["tokenizer"].update(name=data.tokenizer.name, vocab_size=data.tokenizer.vocab_size,
-                           eot_id=data.tokenizer.eot_id,
-                           fingerprint=data.tokenizer.fingerprint)
 
-  start = 0
-  tokens_per_step = c.data.batch_size * c.data.seq_len
+def _restore(c: RunConfig, workdir, ckpt, data, iterator, state, state_sh, log):
+  """(state, start step, restored?): the newest readable checkpoint's state, with the data
+  iterator set to its position; else, for a new run, init_from's parameters or `state`."""
   target = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                        abstract_state, state_sh)  # restores onto this run's mesh
+                        state, state_sh)  # restores onto this run's mesh
   restored = ckpt.restore_latest(ckpt_lib.to_flat(target), report=log)
-  meta["data_identity"] = data.identity
-  if restored is not None:
-    start, flat, data_state, saved_meta = restored
-    # A tokenizer file in the workdir that changed since the save would feed the run other ids.
-    resume.check_tokenizer(saved_meta, data.tokenizer, workdir=workdir)
-    # So would a dataset re-prepared, or files edited, since the run began.
-    resume.check_data(saved_meta, data.identity, allow_changed=c.data.allow_changed,
-                      workdir=workdir, log=log)
-    state = ckpt_lib.from_flat(flat, state)
-    iterator.set_state(data_state)
-    log(f"resumed from step {start} in {ckpt.directory}" + (
-        f"; init_from={c.init_from} is ignored" if c.init_from else ""))
-  elif c.init_from is not None:  # a new run from a pretrained model (train/init_from.py)
-    state = state.replace(params=init_from.load_params(c, state_sh.params, log=log))
-  sinks = tracking.parse_tracking(c.tracking)
-  metrics_log = MetricsLog(
-      workdir, resume_step=start, enabled=pidx == 0, report=log,
-      tensorboard="tensorboard" in sinks,
-      sinks=[tracking.Wandb(workdir, c.wandb, c.to_dict())]
-      if "wandb" in sinks and pidx == 0 else [])
-  profiler = tracking.Profiler(workdir, tracking.parse_profile_steps(c.profile_steps, c.steps),
-                               enabled=pidx == 0, log=log)
-  # Model FLOPs of a step (PaLM's count) against the devices' peak, for the logged MFU.
-  step_flops = tokens_per_step * flops.model_flops_per_token(
-      model_cfg, "train", c.data.seq_len)[0]
-  peak = hardware.peak_flops(mesh.devices.flat[0].device_kind)
-  batch_sh = sharding_lib.batch_sharding(mesh)
-  options = gpu_options.compiler_options(mesh.devices.flat)
-  if options:
-    log(f"XLA options for this GPU: {options} (rove_jax/train/gpu_options.py)")
-  train_step = make_train_step(graphdef, tx, c.optim.grad_accum, schedule,
-                               state_shardings=state_sh, batch_sharding=batch_sh,
-                               compiler_options=options)
-  eval_step = make_eval_step(graphdef, options)
-  eval_kw = dict(seq_len=c.data.seq_len, batch_size=c.data.batch_size,
-                 max_batches=c.eval_batches, packing=c.data.packing, process_index=pidx,
-                 process_count=nproc)
-  place = functools.partial(sharding_lib.place_batch, mesh=mesh)
-  param_norm = jax.jit(clipping.global_norm)
-  health = health_lib.Health(max_loss_jump=c.optim.max_loss_jump,
-                             max_param_growth=c.optim.max_param_growth,
-                             good_step=start if restored is not None else None,
-                             good_norm=float(param_norm(state.params)))
-
-  def save(step) -> Optional[str]:
-    """Checkpoints the state if it is good (health.py); else returns why it is not."""
-    norm = float(param_norm(state.params))
-    metrics_log.write({"step": step, "param_norm": norm})
-    problem = health.verdict(norm)
-    if problem is not None:
-      log(f"step {step}: not saved: {problem}; {health.last_good()}")
-      return problem
-    ckpt.save(step, ckpt_lib.to_flat(state), iterator.get_state(), {**meta, "step": step})
-    metrics_log.flush()  # the metrics of every step a resume keeps are stored with it
-    health.accept(step, norm)
-    return None
-
-  def diverged(what: str) -> NonFiniteError:
-    return NonFiniteError(f"{what}; {health.last_good()} (no later state was saved): rerun "
-                          f"with a lower optim.lr (this run's: {c.optim.lr:g}) or check the data",
-                          last_good=health.good_step)
-
-  summary = {"start_step": start, "workdir": workdir}
-  nonfinite_run = nonfinite_total = 0
-  learning = learning_skipped = 0  # steps run with a nonzero learning rate; of them skipped
-  t_last, step_last = time.perf_counter(), start
-  last = {}
-  step = start
-  end = c.steps if c.run_steps is None else min(c.steps, start + c.run_steps)
-  with run_control.StopSignal() as stop, run_control.progress(c.steps, start, c.progress and pidx == 0) as bar:
-    while step < end:
-      batch = place(next(iterator))
-      profiler.before(step + 1)
-      state, m = train_step(state, batch)
-      step += 1
-      profiler.after(step, m)
-      finite = bool(m["finite"])
-      health.observe(step, float(m["loss"]), finite)
-      if float(m["lr"]) > 0:  # warmup's first step (lr 0) changes nothing, skipped or not
-        learning += 1
-        learning_skipped += not finite
-      if step == start + 1:  # throughput from here on, compile time excluded
-        t_last, step_last = time.perf_counter(), step
-      if finite:
-        nonfinite_run = 0
-      else:
-        nonfinite_run += 1
-        nonfinite_total += 1
-        log(f"step {step}: non-finite loss or gradient, update skipped "
-            f"({nonfinite_run} in a row)")
-        if nonfinite_run >= c.optim.max_nonfinite:
-          ckpt.wait()
-          raise diverged(f"{nonfinite_run} consecutive non-finite steps (last at step {step}); "
-                         f"stopping")
-      if step % c.log_every == 0 or step == c.steps:
-        now = time.perf_counter()
-        last = {"step": step, "loss": float(m["loss"]), "lr": float(m["lr"]),
-                "grad_norm": float(m["grad_norm"]), "nonfinite_steps": nonfinite_total}
-        if step > step_last:  # the first step's time is compilation: no throughput for it
-          last.update(throughput((now - t_last) / (step - step_last), tokens_per_step,
-                                 step_flops, mesh.devices.size, peak))
-        t_last, step_last = now, step
-        metrics_log.write(last)
-        if bar is not None:
-          bar.set_postfix(loss=f"{last['loss']:.3f}",
-                          tok_s=f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "-")
-      if step % c.eval_every == 0 or step == c.steps:
-        val = evaluate(eval_step, state.params, map(place, data.eval_batches(**eval_kw)))
-        if val is not None:
-          metrics_log.write({"step": step, "val_loss": val})
-          summary["val_loss"] = val
-          log(f"step {step}: val_loss {val:.4f}")
-      if step % c.checkpoint_every == 0 and step < c.steps:
-        save(step)
-      if bar is not None:
-        bar.update(1)
-      stop_now = stop.received is not None
-      failure = run_control.failure(ckpt, lock)  # a background save that failed, a lock taken over
-      if nproc > 1:  # every process must leave the loop at the same step
-        from jax.experimental import multihost_utils
-        flags = np.asarray(multihost_utils.process_allgather(
-            np.array([stop_now, failure is not None]))).reshape(nproc, 2)
-        stop_now = bool(flags[:, 0].any())
-        if failure is None and flags[:, 1].any():
-          failure = ckpt_lib.SaveError(f"processes {np.flatnonzero(flags[:, 1]).tolist()} "
-                                       f"stopped at step {step}: see their log")
-      if failure is not None:
-        raise failure
-      if stop_now:
-        log(f"{stop.received or 'a stop signal on another process'} received: saving a "
-            f"checkpoint at step {step} and exiting")
-        summary["stopped_by"] = stop.received or "peer"
-        break
-    profiler.stop(state)  # a run that ended inside the window
-    # Always end with a checkpoint of the final state, if it is good.
-    final_problem = None
-    if ckpt.latest_step() != step and health.good_step != step:
-      final_problem = save(step)
-  metrics_log.close()
-  if step > start and (nonfinite_total == step - start or learning_skipped == learning > 0):
-    raise NonFiniteError(
-        f"{nonfinite_total} of the {step - start} steps run were skipped as non-finite, every "
-        f"one with a nonzero learning rate: nothing was learned; lower optim.lr or check the "
-        f"data", last_good=health.good_step)
-  if final_problem is not None:
-    ckpt.wait()
-    raise diverged(f"the state at step {step}, where the run ended, is not good "
-                   f"({final_problem})")
-  if data.loss_mask_T is None:  # a masked val loss scores some targets only: no comparison
-    counts = np.bincount(np.asarray(data.val_tokens, np.int64), minlength=1).astype(np.float64)
-    probs = counts[counts > 0] / counts.sum()
-    summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())
-  return TrainResult(**summary, step=step, last=last, nonfinite_steps=nonfinite_total,
-                     steps_run=step - start, tokenizer=data.tokenizer, model_config=model_cfg,
-                     params=state.params, graphdef=graphdef, mesh=mesh)
+  if restored is None:
+    if c.init_from is not None:  # a new run from a pretrained model (train/init_from.py)
+      state = state.replace(params=init_from.load_params(c, state_sh.params, log=log))
+    return state, 0, False
+  start, flat, data_state, saved_meta = restored
+  # A tokenizer file in the workdir that changed since the save would feed the run other ids.
+  resume.check_tokenizer(saved_meta, data.tokenizer, workdir=workdir)
+  # So would a dataset re-prepared, or files edited, since the run began.
+  resume.check_data(saved_meta, data.identity, allow_changed=c.data.allow_changed,
+                    workdir=workdir, log=log)
+  state = ckpt_lib.from_flat(flat, state)
+  iterator.set_state(data_state)
+  log(f"resumed from step {start} in {ckpt.directory}" + (
+      f"; init_from={c.init_from} is ignored" if c.init_from else ""))
+  return state, start, True

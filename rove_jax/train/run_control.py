@@ -1,7 +1,7 @@
 """What stops or shows a running training loop: SIGTERM / SIGINT (`StopSignal`), the progress
 bar (`progress`), the failures found between steps (`failure`: a background checkpoint save
-that failed, the writer lock taken over by another trainer), and the lock's release at the end
-(`release_lock`).
+that failed, the writer lock taken over by another trainer), what every process says
+(`gather_flags`: all stop together) and the lock's release at the end (`release_lock`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,10 @@ import contextlib
 import signal
 import sys
 from typing import Optional
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from rove_jax.storage import deadline
 from rove_jax.train import checkpoint as ckpt_lib
@@ -49,6 +53,15 @@ def progress(total, initial, enabled):
     return contextlib.nullcontext(None)
   return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
 
+
+def gather_flags(*flags: bool) -> np.ndarray:
+  """Every process's `flags`, the same array on every process: bool [process_count,
+  len(flags)]. `.any()` over a column is "any process says so". A collective on a multi-host
+  run: every process must call it at the same point."""
+  if jax.process_count() == 1:
+    return np.array([flags], bool)
+  said = multihost_utils.process_allgather(np.array(flags, bool))
+  return np.asarray(said).reshape(jax.process_count(), len(flags))
 
 
 def failure(ckpt, lock) -> Optional[Exception]:

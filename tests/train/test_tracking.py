@@ -15,7 +15,7 @@ from rove_jax import hardware
 from rove_jax.nn import flops
 from rove_jax.train import loop as training
 from rove_jax.train import config_schema, run_config
-from rove_jax.train import tracking
+from rove_jax.train import step_loop, tracking
 from rove_jax.train.metrics import read_metrics
 from tests.conftest import small_config
 
@@ -76,7 +76,7 @@ def test_every_training_record_carries_step_time_throughput_and_model_flops(trac
 def test_mfu_is_model_flops_over_the_devices_peak():
   assert hardware.chip_name("TPU v5 lite") == "v5e" and hardware.chip_name("cpu") is None
   assert hardware.peak_flops("NVIDIA H200") == 989e12
-  got = training.throughput(0.5, 1000, 4e15, 8, hardware.peak_flops("TPU v4"))
+  got = step_loop.throughput(0.5, 1000, 4e15, 8, hardware.peak_flops("TPU v4"))
   assert got["tokens_per_s"] == 2000 and got["model_tflops_per_device"] == 1000
   assert got["mfu"] == pytest.approx(1e15 / 275e12)
 
