@@ -43,7 +43,7 @@ GPU_READY = import jax, sys; gpus = [d for d in jax.devices() if d.platform == "
   sys.exit(None if gpus else "make test-gpu needs a CUDA GPU visible to jax " + jax.__version__ \
   + " in GPU_PYTHON; it sees " + str(jax.devices()))
 
-.PHONY: test test-gpu demo reproduce reproduce-long install clean
+.PHONY: test lint test-gpu demo reproduce reproduce-long install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,7 +59,11 @@ $(TEST): $(PY) pyproject.toml
 
 install: $(TEST)
 
-test: $(TEST)
+# The linter first (seconds), then the tests.
+lint: $(TEST)
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest -q -n 3 --durations=15 $(PYTEST_ARGS)
 
 test-gpu:

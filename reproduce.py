@@ -58,8 +58,15 @@ import sys
 import time
 
 from study import jobs
-from study.recall_runs import (RECALL_STUDY, _env, _recall_records, position_records,
-                               position_studies, recall_chance, recall_study)
+from study.recall_runs import (
+  RECALL_STUDY,
+  _env,
+  _recall_records,
+  position_records,
+  position_studies,
+  recall_chance,
+  recall_study,
+)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(ROOT, "study", "configs", "reproduce.py")
@@ -352,6 +359,7 @@ def train_meta(args) -> dict:
   """The training settings every run shares (for the write-up's limits paragraph): the
   config with this invocation's overrides applied."""
   import ast
+
   from study.paper_recipe import load_config
   c = load_config(CONFIG)
   for o in overrides(args, {"encoding": "rove", "seed": 0}):
@@ -391,8 +399,8 @@ def main(argv=None) -> int:
                         seeds=args.seed_list[:args.recall_seeds or None])
   positions = position_studies(args)
   recall_rerun = recall is not None and not args.no_recall
-  from study import writeup
   from rove_jax.train.metrics import read_metrics
+  from study import writeup
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
   meta = {"command": command, "commit": code_version, "machine": machine(),
           "started": started.isoformat(timespec="seconds"),
@@ -437,8 +445,8 @@ def rewrite(args) -> int:
   """--write-only: results/README.md and the rest of the write-up again, from the earlier run's
   <out>/eval/report.json, <out>/summary.json (its meta) and <out>/recall/recall.json; nothing
   is trained or evaluated. The meta gains a note naming the commit that rewrote it."""
-  from study import writeup
   from rove_jax.train.metrics import read_metrics
+  from study import writeup
   report_path = os.path.join(args.out, "eval", "report.json")
   summary_path = os.path.join(args.out, "summary.json")
   missing = [p for p in (report_path, summary_path) if not os.path.exists(p)]

@@ -37,6 +37,7 @@ def load_config(argv: list[str]):
   returns (config, the config argument as given)."""
   from absl import flags
   from ml_collections import config_flags
+
   from rove_jax.cli import train as train_cli
   argv = train_cli._rewrite_config_flag(["bench.aot"] + argv)
   problems = train_cli._override_problems(argv)

@@ -111,7 +111,8 @@ def longctx(args) -> list:
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("mode", choices=["ratio", "longctx", "_one"])
   p.add_argument("--B", type=int, default=4)
   p.add_argument("--T", type=int, default=1024)

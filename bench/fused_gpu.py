@@ -181,6 +181,7 @@ def ptxas_report(folder: str) -> dict:
   (each kernel once: the programs share them)."""
   import glob
   import subprocess
+
   import nvidia.cuda_nvcc
   ptxas = os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas")
   report = {}

@@ -44,7 +44,8 @@ def step_config(preset: str, batch: int, seq: int, encoding: str):
 def measure(preset: str, batch: int, seq: int, encoding: str, gpu: str, *,
             gpu_options: bool = True, hlo_dir=None, log=lambda line: None) -> dict:
   """Compiles one encoding's step for `gpu` and returns its census as a dict."""
-  from rove_jax.aot import compile as aot, gpu_census
+  from rove_jax.aot import compile as aot
+  from rove_jax.aot import gpu_census
   c = step_config(preset, batch, seq, encoding)
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(hlo_dir or tmp, f"{preset}_{encoding}_{gpu}.hlo")

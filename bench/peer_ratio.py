@@ -77,6 +77,7 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
   import jax.numpy as jnp
   import numpy as np
   from flax import nnx
+
   from rove_jax.nn.model import GPT
   from rove_jax.train import config_schema, gpu_options, loop
 

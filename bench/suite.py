@@ -34,10 +34,9 @@ from flax import nnx
 
 from bench import peak_rss_gib
 from bench.specs import Model, make_spec
-from rove_jax.train import config_schema
-from rove_jax.train import gpu_options
-from rove_jax.train import loop as training
 from rove_jax.nn.model import GPT, GPTConfig, count_params, generate
+from rove_jax.train import config_schema, gpu_options
+from rove_jax.train import loop as training
 
 GIB = 2**30
 ENCODINGS = ("rove", "rope", "nope")

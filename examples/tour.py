@@ -51,7 +51,8 @@ def main():
   # 3. the last 3 queries against all keys, as a KV cache would run them.
   tail = rj.rove_attention(q[:, -3:], k, v, q_positions=pos[:, -3:], kv_positions=pos,
                            rope=rope)
-  print(f"3. cache-style queries vs full pass:      max |diff| = {np.abs(tail - out[:, -3:]).max():.2e}")
+  diff = np.abs(tail - out[:, -3:]).max()
+  print(f"3. cache-style queries vs full pass:      max |diff| = {diff:.2e}")
 
   # 4. chunked vs xla at 4k tokens.
   L = 4096

@@ -24,12 +24,24 @@ e.g. q_BTHD; module docstrings list only the letters they use):
 """
 
 from rove_jax import analysis, attention, kernels, rotary, scaling
-from rove_jax.attention import (masked_attention, rope_attention, rove_attention,
-                                rove_attention_rotated)
+from rove_jax.attention import (
+                                masked_attention,
+                                rope_attention,
+                                rove_attention,
+                                rove_attention_rotated,
+)
 from rove_jax.hf_rope import rope_from_hf_config
 from rove_jax.kernels import Mask
-from rove_jax.rotary import (Rope, apply_rotary, axial_frequencies, rope_frequencies,
-                             rotary_tables, rotate, rotation_angles, rotation_matrix)
+from rove_jax.rotary import (
+                                Rope,
+                                apply_rotary,
+                                axial_frequencies,
+                                rope_frequencies,
+                                rotary_tables,
+                                rotate,
+                                rotation_angles,
+                                rotation_matrix,
+)
 
 __version__ = "0.1.0"
 

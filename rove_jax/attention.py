@@ -25,7 +25,8 @@ rove_jax.kernels.dispatch), a `kernels.Kernel`, e.g. from `rove_jax.kernels.sele
 record every kernel takes; rove_jax.kernels.call). The rotations wrap any kernel, so the flash
 kernels serve RoVE unchanged. A kernel whose `rotates` is true is the exception ("fused": a
 Pallas kernel that applies every rotation of the call to tiles in fast memory,
-rove_jax.kernels.fused): it gets the unrotated q, k, v with the Rope, the call whole. A KV cache stores
+rove_jax.kernels.fused): it gets the unrotated q, k, v with the Rope, the call whole. A KV cache
+stores
 R_j k_j (and, RoVE, R_j v_j): a decoding step rotates its queries with `rotate_queries`, calls
 `masked_attention` on the cache and, for RoVE, rotates the output back
 (rove_jax.nn.model.Attention does this).

@@ -22,11 +22,23 @@ import dataclasses
 import warnings
 from typing import Any, ClassVar, Mapping, Optional
 
-
-from rove_jax.scaling_values import CONVERT as _CONVERT, as_float as _as_float
-from rove_jax.frequencies import (ScalingResult, axial, check_factor, default, dynamic_ntk,
-                                  dynamic_yarn, linear, llama3, longrope, ntk, proportional, yarn,
-                                  yarn_correction_range)
+from rove_jax.frequencies import (
+  ScalingResult,
+  axial,
+  check_factor,
+  default,
+  dynamic_ntk,
+  dynamic_yarn,
+  linear,
+  llama3,
+  longrope,
+  ntk,
+  proportional,
+  yarn,
+  yarn_correction_range,
+)
+from rove_jax.scaling_values import CONVERT as _CONVERT
+from rove_jax.scaling_values import as_float as _as_float
 
 __all__ = ["RopeScaling", "from_config", "ROPE_TYPES", "SPECS", "KEYS", "DefaultScaling",
            "LinearScaling", "NTKScaling", "DynamicNTKScaling", "YarnScaling",

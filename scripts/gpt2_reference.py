@@ -3,11 +3,12 @@ transformers are this script's dependencies, never the project's. Run it in a se
 environment:
 
     python3 -m venv /tmp/hfref && /tmp/hfref/bin/pip install torch transformers safetensors
-    /tmp/hfref/bin/python scripts/gpt2_reference.py            # writes tests/reference_data/gpt2_tiny/
+    /tmp/hfref/bin/python scripts/gpt2_reference.py   # writes tests/reference_data/gpt2_tiny/
     python -m tests.nn.test_hf_gpt2 D                              # the project's venv
     /tmp/hfref/bin/python scripts/gpt2_reference.py --check D
 
-Default: writes the tiny transformers GPT-2 checkpoint and its logits into tests/reference_data/gpt2_tiny/:
+Default: writes the tiny transformers GPT-2 checkpoint and its logits into
+tests/reference_data/gpt2_tiny/:
   config.json, model.safetensors  GPT2LMHeadModel.save_pretrained (tied lm_head, so the file
                                   holds no lm_head.weight; names carry "transformer.")
   reference.json                  the token ids, the versions used and the seed

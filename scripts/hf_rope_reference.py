@@ -1,11 +1,13 @@
-"""Writes tests/reference_data/hf_rope_reference.json: RoPE tables and attention outputs from transformers.
+"""Writes tests/reference_data/hf_rope_reference.json: RoPE tables and attention outputs from
+transformers.
 
 tests/core/test_hf_rope.py compares rove_jax against this file; transformers and torch are not test
 dependencies, only this script's. Run it once in a separate environment (the CPU torch wheel):
 
     python3 -m venv /work/hfvenv
     /work/hfvenv/bin/pip install 'transformers>=5' torch numpy   # torch: the CPU wheel
-    /work/hfvenv/bin/python scripts/hf_rope_reference.py [--out tests/reference_data/hf_rope_reference.json]
+    /work/hfvenv/bin/python scripts/hf_rope_reference.py \\
+        [--out tests/reference_data/hf_rope_reference.json]
 
 Three tables:
   scaling    every transformers rope type across head_dim x partial_rotary_factor x base x factor

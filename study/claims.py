@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from study import fmt
+from study import fmt, plots, primary, verdicts
 from study import numbers as rs
-from study import plots
-from study import primary
-from study import verdicts
 from study.fmt import SETTING_NAMES as SETTINGS
 from study.fmt import mult as _x
 from study.fmt import name as _name

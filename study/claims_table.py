@@ -4,8 +4,7 @@ raw and after Holm, each family's size computed from its rows) and the closing n
 from __future__ import annotations
 
 from study import numbers as rs
-from study import primary
-from study import verdicts
+from study import primary, verdicts
 
 
 def table(rows_: list, left_note: str = "") -> list:

@@ -8,7 +8,6 @@ from typing import Optional
 from rove_jax.evaluation.plots import ENCODING_NAMES
 from study import stats
 
-
 # The write-up's labels (study.writeup and study.claims): encodings as the plots name them.
 SETTING_NAMES = {"none": "no YaRN", "yarn": "YaRN, factor L/T", "yarn_fixed": "YaRN, fixed s"}
 

@@ -19,10 +19,8 @@ import os
 import re
 from typing import Optional, Sequence
 
-from study import multiplicity
+from study import multiplicity, primary, verdicts
 from study import numbers as rs
-from study import primary
-from study import verdicts
 from study.units import Units, pooled, pooled_strata, ppl_units
 
 ALPHA = 0.05
@@ -217,7 +215,6 @@ def exploratory(st: rs.Study, lengths: Sequence[int]) -> list:
 def sensitivity(runs: Sequence[dict], chosen: dict, grids: dict) -> list:
   """The rate-sensitivity rows on the sweep's pairs: at each rate shared by both grids that is
   the chosen one or next to it, the gap at T, at 2x-16x without YaRN and beyond T."""
-  from study import fmt
   rows = []
   shared = sorted(set(grids.get("rove", ())) & set(grids.get("rope", ())))
   near = set()

@@ -38,12 +38,29 @@ import shlex
 import sys
 import time
 
-from study import jobs
-from study import sweep
-from study.long_plan import (CHECKPOINT_EVERY, CONFIG, ENCODINGS, EVAL_EVERY,  # noqa: F401
-                             MAX_EXTENSIONS, MIN_RATES, MIN_SEEDS, PPL_TOKENS, ROOT, RULE, SEEDS,
-                             STEPS, SWEEP_LRS, SWEEP_SEEDS, metrics_path, name, primary_plan,
-                             report_path, status, sweep_plan)
+from study import jobs, sweep
+from study.long_plan import (  # noqa: F401
+  CHECKPOINT_EVERY,
+  CONFIG,
+  ENCODINGS,
+  EVAL_EVERY,
+  MAX_EXTENSIONS,
+  MIN_RATES,
+  MIN_SEEDS,
+  PPL_TOKENS,
+  ROOT,
+  RULE,
+  SEEDS,
+  STEPS,
+  SWEEP_LRS,
+  SWEEP_SEEDS,
+  metrics_path,
+  name,
+  primary_plan,
+  report_path,
+  status,
+  sweep_plan,
+)
 from study.recall_runs import _env
 
 

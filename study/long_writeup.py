@@ -16,13 +16,8 @@ import json
 import os
 import subprocess
 
-from study import fmt
+from study import fmt, long_plan, multiplicity, plots, primary, sweep
 from study import long_rows as lr
-from study import long_plan
-from study import multiplicity
-from study import plots
-from study import primary
-from study import sweep
 
 README = "README.md"
 PLOT = "gap_vs_steps.png"

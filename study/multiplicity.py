@@ -14,8 +14,8 @@ t-test's (study/verdicts.py).
 
 from __future__ import annotations
 
-import math
 import itertools
+import math
 from typing import Optional, Sequence
 
 import numpy as np

@@ -20,12 +20,26 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from study import stats
-from study import verdicts
-from study.units import (FLOOR, Units, at_ceiling, at_floor, count, icl_common_tasks,  # noqa: F401
-                         icl_samples, icl_units, pooled, pooled_strata, ppl_mean_units,
-                         ppl_units, recall_units, ruler_count, ruler_lengths, ruler_tasks,
-                         ruler_units)
+from study import stats, verdicts
+from study.units import (  # noqa: F401
+  FLOOR,
+  Units,
+  at_ceiling,
+  at_floor,
+  count,
+  icl_common_tasks,
+  icl_samples,
+  icl_units,
+  pooled,
+  pooled_strata,
+  ppl_mean_units,
+  ppl_units,
+  recall_units,
+  ruler_count,
+  ruler_lengths,
+  ruler_tasks,
+  ruler_units,
+)
 
 # Replicates: stats reports the Monte-Carlo error of every endpoint, and the write-up flags a
 # verdict that error could flip.

@@ -14,9 +14,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from study import claims as claims_lib
-from study import fmt
+from study import fmt, verdicts
 from study import numbers as rs
-from study import verdicts
 
 TASK_NAMES = {
     "lastwrite": ("Position-dependent retrieval: last write wins",

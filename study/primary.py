@@ -31,10 +31,8 @@ family are given raw and after Holm's adjustment over its tested rows; the seed-
 
 from __future__ import annotations
 
-from study import fmt
-from study import multiplicity
+from study import fmt, multiplicity, verdicts
 from study import numbers as rs
-from study import verdicts
 
 SETTINGS = ("none", "yarn")  # YaRN with factor L / T; the fixed factor is exploratory
 # The in-distribution accuracy both encodings need for an accuracy-bearing task (ICL, RULER) to

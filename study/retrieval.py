@@ -30,12 +30,11 @@ import os
 import sys
 import time
 
-from rove_jax.tasks import recall as recall_data
-from rove_jax.evaluation import scoring
+from rove_jax.evaluation import recall, scoring
 from rove_jax.nn.model_config import POS_ENCODINGS
+from rove_jax.tasks import recall as recall_data
 from rove_jax.train import config_schema
 from study import jobs, plots, stats, verdicts
-from rove_jax.evaluation import recall
 from study.configs import retrieval as recall_config
 
 DONE = "recall_study_done.json"

@@ -19,18 +19,20 @@ from typing import Optional, Sequence
 from rove_jax.evaluation.plots import ENCODING_NAMES
 from rove_jax.evaluation.report import train_len
 from rove_jax.evaluation.report_files import replace_files
-from study import checks
+from study import (
+  checks,
+  claims_table,
+  fmt,
+  limits,
+  plots,
+  position_tasks,
+  primary,
+  run_info,
+  sweep,
+  verdicts,
+)
 from study import claims as claims_lib
-from study import claims_table
-from study import fmt
-from study import limits
 from study import numbers as rs
-from study import plots
-from study import position_tasks
-from study import primary
-from study import run_info
-from study import sweep
-from study import verdicts
 
 RECALL_PNG = "retrieval_study.png"
 POSITION_PNG = "position_retrieval.png"

@@ -1,14 +1,13 @@
 """Strict test configuration (rank promotion raises, 8 fake CPU devices for the sharding tests)
 and the fixtures the test files share: child-process environments, model and run configs."""
 
-import os
-import pathlib
-import socket
-import subprocess
-
 # Must happen before JAX initialises its backends.
 import importlib.metadata  # noqa: E402
+import os
+import pathlib
 import pkgutil  # noqa: E402
+import socket
+import subprocess
 
 
 def _cpu_only() -> bool:
@@ -77,8 +76,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from rove_jax.train import config_schema  # noqa: E402
 from rove_jax.nn.model_config import GPTConfig  # noqa: E402
+from rove_jax.train import config_schema  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")

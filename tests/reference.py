@@ -135,8 +135,7 @@ def naive_gpt(params, cfg, tokens, *, inv_freq=None, factor=1.0):
   p = as64(params)
   tokens = np.asarray(tokens)
   B, T = tokens.shape
-  H, K, E = cfg.n_head, cfg.n_kv_head, cfg.d_model
-  D = E // H
+  H, E = cfg.n_head, cfg.d_model
   pos = np.broadcast_to(np.arange(T), (B, T))
   x = p["embed"][tokens]
   if cfg.pos_encoding == "learned":

@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -7,7 +7,8 @@ resolve. Commands come from indented and shell-fenced blocks and inline spans, e
 rove-train / train.py: absl and the config's validation; rove-eval, python -m eval / bench[.X],
 reproduce.py, rove-lm-eval (lm_eval's own `run` parser): their argparse parsers; pip: extras
 in pyproject.toml; bash: `bash -n`; srun /
-gcloud: not runnable here, as the page says below them, and the train command inside parses. A synopsis
+gcloud: not runnable here, as the page says below them, and the train command inside parses. A
+synopsis
 (`[--x v]`, `a|b`) parses in each expansion; with `...`, `<x>`, or inline, only names and
 choices are checked. SAMPLES proves that each check rejects a bad command.
 """
@@ -207,8 +208,9 @@ def argparse_problems(target, args, mode) -> list:
 def train_problems(args, mode) -> list:
   """rove-train's absl flags (parsed on the global FLAGS, reset after) and the validation."""
   from absl import flags
-  from rove_jax.train import config_schema
+
   from rove_jax.cli import train as train_cli
+  from rove_jax.train import config_schema
   FLAGS, schema = flags.FLAGS, config_schema.base_config("tiny")
 
   def known(name):

@@ -68,8 +68,7 @@ from rove_jax import extras
 extras.require("train", "rove_jax.data")
 
 from rove_jax.data.files import PARQUET_EXTENSIONS, STDLIB_EXTENSIONS, TEXT_EXTENSIONS
-from rove_jax.data.pipeline import (Data, eval_batches, make_batch, prepare,
-                                    train_iterator)
+from rove_jax.data.pipeline import Data, eval_batches, make_batch, prepare, train_iterator
 from rove_jax.data.prepare_corpus import prepare_dataset
 from rove_jax.data.sources import SOURCES, SPLITS, Corpus, held_out_keys, iter_documents
 from rove_jax.data.token_cache import load_tokens

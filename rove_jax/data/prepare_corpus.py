@@ -29,8 +29,7 @@ from typing import Iterable, Optional, Union
 import numpy as np
 
 from rove_jax.data import prepared, tokenization
-from rove_jax.data.sources import (SPLITS, Corpus, iter_documents, list_units,
-                                   take_chars)
+from rove_jax.data.sources import SPLITS, Corpus, iter_documents, list_units, take_chars
 from rove_jax.data.tokenization import Tokenizer
 from rove_jax.storage import lock as lock_lib
 from rove_jax.storage import paths

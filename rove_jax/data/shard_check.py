@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import time
+
 from rove_jax.data.sources import SPLITS
 from rove_jax.storage import paths
 

@@ -40,8 +40,14 @@ from jax.experimental import pallas as pl
 
 from rove_jax.kernels import fused, fused_gpu_backward, fused_tiles, platform
 from rove_jax.kernels.call import Kernel, KernelCall
-from rove_jax.kernels.fused_gpu_tiles import (compiler_params, kernel_name, rotate, row_operands,
-                                              swap_matrix, tables)
+from rove_jax.kernels.fused_gpu_tiles import (
+  compiler_params,
+  kernel_name,
+  rotate,
+  row_operands,
+  swap_matrix,
+  tables,
+)
 from rove_jax.kernels.fused_tiles import Plan
 
 DEFAULT_BLOCK = 64

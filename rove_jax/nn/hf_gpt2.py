@@ -290,7 +290,8 @@ def load_gpt2(path, config: Union[str, Mapping, None] = None):
 def save_gpt2(out_dir: str, config: GPTConfig, params, *,
               extra_config: Optional[Mapping] = None) -> dict:
   """Writes a transformers GPT-2 checkpoint (config.json, model.safetensors) of the GPT to
-  out_dir (local or gs://); returns {"config": path, "weights": path}. `extra_config`: more config.json keys
+  out_dir (local or gs://); returns {"config": path, "weights": path}. `extra_config`: more
+  config.json keys
   (e.g. bos_token_id, eos_token_id), overriding the written ones.
 
   Raises:

@@ -27,13 +27,20 @@ from flax import nnx
 
 from rove_jax import attention, kernels, rotary, scaling
 from rove_jax.nn import baselines
-from rove_jax.nn.layers import (MLP, Norm, _const, _dense, _lead, _normal, _param,  # noqa: F401
-                                bias_gelu)
+
 # generate and sample_logits live in rove_jax.nn.decoding; re-exported for `from rove_jax.nn.model
 # import generate`.
 from rove_jax.nn.decoding import generate, sample_logits  # noqa: F401
+from rove_jax.nn.layers import MLP, Norm, _const, _dense, _lead, _normal, _param, bias_gelu  # noqa: F401
 from rove_jax.nn.model_config import (  # noqa: F401
-    DTYPES, MLPS, NORMS, POS_ENCODINGS, REMAT_POLICIES, ROTARY_ENCODINGS, GPTConfig)
+  DTYPES,
+  MLPS,
+  NORMS,
+  POS_ENCODINGS,
+  REMAT_POLICIES,
+  ROTARY_ENCODINGS,
+  GPTConfig,
+)
 
 
 @flax.struct.dataclass

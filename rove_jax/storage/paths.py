@@ -24,7 +24,6 @@ written and need nothing).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import importlib.util
 import os

@@ -61,8 +61,14 @@ from typing import Iterator, NamedTuple, Optional
 import numpy as np
 
 from rove_jax.tasks import recall_tasks
-from rove_jax.tasks.recall_chars import (FILLER_CHARS, KEY_CHARS, RECORD_CHARS, char_ids,
-                                        key_ids, record_ids)
+from rove_jax.tasks.recall_chars import (
+  FILLER_CHARS,
+  KEY_CHARS,
+  RECORD_CHARS,
+  char_ids,
+  key_ids,
+  record_ids,
+)
 
 TASKS = ("mqar", "lastwrite", "offset")
 FORMAT = 3  # bump when the generator's output changes: it is part of the token-cache key

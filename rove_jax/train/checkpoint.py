@@ -12,7 +12,8 @@ A checkpoint at step s is `workdir/checkpoints/s/` with three items:
 Training resumes with `Checkpointer.restore_latest`; evaluation (and the notebook, through
 `rove_jax.evaluation.scoring.load_run`) reads a finished run with
 `rove_jax.train.run_reader.read_run(workdir, abstract_params)` (step, parameters, metadata);
-`run_reader.restore_params` does the same for a known parameter tree. A checkpoint whose entry names differ from the model's (written by another
+`run_reader.restore_params` does the same for a known parameter tree. A checkpoint whose entry
+names differ from the model's (written by another
 parameter layout, e.g. separate attn.wq/wk/wv where the model now fuses them) is a LayoutError
 naming the missing and unexpected entries; it is never taken for an unreadable one.
 
@@ -27,7 +28,8 @@ step and its cause; background saves are checked every step (`check_saves`).
 Integrity: every save records in meta["integrity"] a checksum of each state array (parameters,
 optimizer state, step), of the iterator state and of the rest of the metadata (run and model
 config, tokenizer) (`rove_jax.train.checksums`), computed from what is in memory; every restore
-verifies them, and so does every read of the metadata alone. A checkpoint that cannot be read for its own reasons (truncated, missing or
+verifies them, and so does every read of the metadata alone. A checkpoint that cannot be read for
+its own reasons (truncated, missing or
 corrupted files, a checksum mismatch, non-finite values, a step other than its directory's
 name) is reported by step, moved aside to
 `workdir/checkpoints_unreadable/` (never deleted) with the reason in its UNREADABLE.txt, and the
@@ -53,6 +55,7 @@ import orbax.checkpoint as ocp
 from rove_jax.storage import deadline, paths
 from rove_jax.train import checksums
 from rove_jax.train.checksums import CorruptCheckpoint, verify, verify_meta  # noqa: F401
+
 # the train state as named entries (re-exported: callers use ckpt_lib.to_flat etc.)
 from rove_jax.train.flat_state import from_flat, non_finite_leaves, to_flat  # noqa: F401
 
@@ -380,8 +383,8 @@ class Checkpointer:
     dst = paths.join(self.quarantine_dir(), f"{step}-{int(time.time() * 1000)}")
     self.manager.wait_until_finished()
     paths.move_tree(src, dst)
-    paths.write_atomic(paths.join(dst, REASON_FILE),
-                       f"step {step} moved here {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {reason}\n")
+    when = time.strftime('%Y-%m-%d %H:%M:%S %Z')
+    paths.write_atomic(paths.join(dst, REASON_FILE), f"step {step} moved here {when}: {reason}\n")
     self.manager.close()
     self._open()
 

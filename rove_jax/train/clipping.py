@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-
 # Leaves up to this many elements (biases, norm scales) are summed as one array for the norm.
 SMALL_LEAF = 4096
 

@@ -42,7 +42,7 @@ from rove_jax.nn import param_files, pretrained
 from rove_jax.nn.decoding import generate
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
-from rove_jax.train import checkpoint, resume, run_reader
+from rove_jax.train import resume, run_reader
 
 TOKENIZER_FILE = "tokenizer.json"
 

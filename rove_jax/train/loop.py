@@ -22,16 +22,27 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from rove_jax.nn.model import GPT
 from rove_jax.storage import deadline
-from rove_jax.train import agreement
+from rove_jax.train import (
+  agreement,
+  clipping,
+  config_schema,
+  gpu_options,
+  init_from,
+  packing,
+  resume,
+  run_config,
+  run_control,
+  run_data,
+  step_loop,
+  tracking,
+)
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import clipping, config_schema, gpu_options, init_from, packing, resume
-from rove_jax.train import run_config, run_control, run_data
 from rove_jax.train import sharding as sharding_lib
-from rove_jax.train import step_loop, tracking
 from rove_jax.train.health import NonFiniteError  # noqa: F401 - what train() raises
 from rove_jax.train.loss import cross_entropy
 from rove_jax.train.metrics import MetricsLog

@@ -6,7 +6,8 @@ One JSON object a line, each with a "step": training lines {"step", "loss", "lr"
 {"step", "val_loss"}. A resumed run recomputes the steps after its checkpoint, so `MetricsLog`
 first drops the lines past it (the log shows one history, also after a fall back to an older
 checkpoint); a line that does not read (cut short by a kill, damaged, edited by hand) is
-reported and moved to metrics.jsonl.unreadable, never dropped without a word. TensorBoard event files are written
+reported and moved to metrics.jsonl.unreadable, never dropped without a word. TensorBoard event
+files are written
 beside it when tensorboardX is installed; a resumed run asks TensorBoard to hide the events
 past its checkpoint, so its plots show one history too.
 

@@ -6,7 +6,8 @@ A run is described in an ml_collections file (configs/*.py, starting from
 (rove-train, or `train()` for a library caller): every key is checked against the schema there,
 unset values are resolved (data.seq_len from model.max_len; a prepared dataset's tokenizer and
 vocabulary size from its manifest), and RunConfig's constructor validates every value, naming
-the field, before any work starts. Everything after that reads the typed value. `to_dict` / `from_dict` are the
+the field, before any work starts. Everything after that reads the typed value. `to_dict` /
+`from_dict` are the
 checkpoint metadata's form of it, which evaluation reads back as the same type.
 
 Frozen dataclasses, not pydantic: GPTConfig and RopeScaling already are, the values are hashable

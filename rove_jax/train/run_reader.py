@@ -9,9 +9,19 @@ import jax
 import orbax.checkpoint as ocp
 
 from rove_jax.storage import paths
-from rove_jax.train.checkpoint import (CHECKPOINTS, PARAMS, Checkpointer, LayoutError,
-                                       check_layout, check_step, checkpoint_dir, describe,
-                                       from_flat, to_flat, verify)
+from rove_jax.train.checkpoint import (
+  CHECKPOINTS,
+  PARAMS,
+  Checkpointer,
+  LayoutError,
+  check_layout,
+  check_step,
+  checkpoint_dir,
+  describe,
+  from_flat,
+  to_flat,
+  verify,
+)
 
 
 def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=print):

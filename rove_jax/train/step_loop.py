@@ -29,7 +29,8 @@ from rove_jax import data as data_lib
 from rove_jax import hardware
 from rove_jax.nn import flops
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import clipping, health as health_lib, resume, run_control
+from rove_jax.train import clipping, resume, run_control
+from rove_jax.train import health as health_lib
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train.health import NonFiniteError
 from rove_jax.train.metrics import MetricsLog

@@ -19,7 +19,8 @@ SEQ_LEN = 32
 DATA = (f"seq_len={SEQ_LEN},pairs=6,queries=8,keys=6,values=8,train_docs=60000,val_docs=1000,"
         f"seed=0,answer_loss=1")
 # The tasks `python -m study.retrieval --task NAME` runs: the generator spec (data.path) and the
-# training steps (and other config fields, "config"). mqar is this config's own; the position-dependent tasks (answer by order or
+# training steps (and other config fields, "config"). mqar is this config's own; the
+# position-dependent tasks (answer by order or
 # by distance, rove_jax.tasks.recall_tasks) train for fewer steps, which leaves headroom at the
 # training length (their sizing is in bench/RESULTS.md).
 TASKS = {

@@ -8,8 +8,8 @@ import os
 import jax
 import pytest
 
-from rove_jax.aot import compile as aot
 from rove_jax.aot import analysis as hlo
+from rove_jax.aot import compile as aot
 from rove_jax.train import config_schema
 
 # A module in the forms XLA prints: a variadic all-reduce, the async -start/-done pairs (only

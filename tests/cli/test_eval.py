@@ -1,7 +1,8 @@
 """Evaluation's command-line options end to end (rove_jax.cli.eval.main, what
 `python -m eval` and `rove-eval` run) on the shared trained run: --yarn off / on / both / all
 (yarn_fixed at one factor), --stride and --data-path, the numbers checked against the float64
-reference of tests/evaluation/test_perplexity.py; a report written to gs:// (the session's GCS API server)
+reference of tests/evaluation/test_perplexity.py; a report written to gs:// (the session's GCS API
+server)
 with the local report's numbers; RULER with and without YaRN, its QA tasks from --squad /
 --hotpot; ICL inside the training context; quiet checkpoint reads."""
 
@@ -13,15 +14,19 @@ import numpy as np
 import pytest
 from absl import logging as absl_logging
 
-from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.cli import eval as cli
-from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.evaluation import report, report_files, report_md, scoring
+from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.evaluation.ruler import suite as ruler
 from rove_jax.storage import paths
+from rove_jax.train import checkpoint as ckpt_lib
 from tests import gcs_server
-from tests.evaluation.test_perplexity import (TRAIN_LEN, assert_row_matches, reference_model,
-                                   reference_ppl)
+from tests.evaluation.test_perplexity import (
+  TRAIN_LEN,
+  assert_row_matches,
+  reference_model,
+  reference_ppl,
+)
 from tests.evaluation.test_ruler import SQUAD
 
 LENGTHS = (TRAIN_LEN, 2 * TRAIN_LEN)
@@ -39,7 +44,8 @@ def perplexity_report(workdir, out, *options) -> dict:
 @pytest.fixture(scope="module")
 def by_yarn(trained_run, tmp_path_factory):
   out = tmp_path_factory.mktemp("eval-yarn")
-  # "both" (none and yarn) is "all" without yarn_fixed (tests/evaluation/test_perplexity.py runs it).
+  # "both" (none and yarn) is "all" without yarn_fixed (tests/evaluation/test_perplexity.py runs
+  # it).
   return {yarn: perplexity_report(trained_run, out / yarn, "--yarn", yarn)
           for yarn in ("off", "on", "all")}
 

@@ -12,13 +12,13 @@ import warnings
 import numpy as np
 import pytest
 
-from rove_jax.train import config_schema
 from rove_jax import data as data_lib
 from rove_jax.cli import eval as cli
-from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.evaluation import plots, report, report_files, scoring
+from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.storage import paths
+from rove_jax.train import config_schema
 from study import plots as study_plots
 from tests import gcs_server
 from tests.conftest import small_config
@@ -236,7 +236,8 @@ def test_both_suites_include_the_qa_tasks():
   for name, suite in cli.SUITES.items():
     tasks = eval_tasks.ruler_tasks(suite)
     assert {"qa_1", "qa_2"} <= set(tasks) and len(set(tasks)) == len(tasks), name
-  assert len(eval_tasks.ruler_tasks(cli.SUITES["full"])) == 13  # the 11 synthetic tasks and the 2 QA
+  # the 11 synthetic tasks and the 2 QA
+  assert len(eval_tasks.ruler_tasks(cli.SUITES["full"])) == 13
 
 
 @pytest.mark.parametrize("flag, content, says", [

@@ -1,4 +1,5 @@
-"""rove_jax against transformers 5, from values stored in tests/reference_data/hf_rope_reference.json.
+"""rove_jax against transformers 5, from values stored in
+tests/reference_data/hf_rope_reference.json.
 
 The file is written by scripts/hf_rope_reference.py (transformers and torch are that script's
 dependencies, not the tests'); its docstring says how each value was computed. Covered:

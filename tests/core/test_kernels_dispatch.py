@@ -9,7 +9,8 @@ from flax import nnx
 
 import rove_jax as rj
 from rove_jax import kernels
-from rove_jax.kernels import chunked, mask as mask_lib
+from rove_jax.kernels import chunked
+from rove_jax.kernels import mask as mask_lib
 from rove_jax.nn.model import GPT, GPTConfig
 
 

@@ -16,8 +16,20 @@ import pytest
 import rove_jax as rj
 from rove_jax import kernels
 from rove_jax.kernels import fused_gpu, fused_gpu_tiles
-from tests.core.test_kernels_fused import (BF16, CASES, D, F32, T, TOL, check, check_case, direct,
-                                           documents, inputs, reference_and_grads)
+from tests.core.test_kernels_fused import (
+  BF16,
+  CASES,
+  F32,
+  TOL,
+  D,
+  T,
+  check,
+  check_case,
+  direct,
+  documents,
+  inputs,
+  reference_and_grads,
+)
 
 INTERPRET = os.environ.get("FUSED_GPU_COMPILED") != "1"
 # test_kernels_fused's cases but its MHA one (test_mha_matches_reference_and_runs_sharded).

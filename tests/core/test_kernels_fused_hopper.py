@@ -17,9 +17,20 @@ import pytest
 import rove_jax as rj
 from rove_jax import kernels
 from rove_jax.kernels import fused_hopper, platform
-from tests.core.test_kernels_fused import (BF16, D, F32, FNS, T, TOL, check, direct, documents,
-                                           inputs,
-                                           reference_and_grads, yarn_rope)
+from tests.core.test_kernels_fused import (
+  BF16,
+  F32,
+  FNS,
+  TOL,
+  D,
+  T,
+  check,
+  direct,
+  documents,
+  inputs,
+  reference_and_grads,
+  yarn_rope,
+)
 
 INTERPRET = os.environ.get("FUSED_HOPPER_COMPILED") != "1"
 KIND = {"rope": "rope", "rove": "rove", "rotated": "rove_rotated"}

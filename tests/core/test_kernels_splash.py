@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rove_jax.kernels import KernelCall, Mask
-from rove_jax.kernels import splash
+from rove_jax.kernels import KernelCall, Mask, splash
 from rove_jax.kernels.splash import unsupported_reason
 from rove_jax.train import sharding
 

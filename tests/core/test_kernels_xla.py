@@ -18,7 +18,7 @@ import pytest
 from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
 
 import rove_jax as rj
-from rove_jax.kernels import platform, reference, xla
+from rove_jax.kernels import platform, xla
 
 
 def runs_reference(seg, M):

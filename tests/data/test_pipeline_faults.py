@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from rove_jax import data
-from rove_jax.data import tokenization
-from rove_jax.data import files, hf, token_cache
+from rove_jax.data import files, hf, token_cache, tokenization
 from tests.conftest import write_corpus
 
 BYTES = tokenization.ByteTokenizer()

@@ -317,6 +317,7 @@ def test_a_run_trains_on_prepared_data_and_resumes_bitwise(tmp_path):
   """Steps 1-2 on a prepared dataset, then 3-4 resumed: the losses of a straight run on the raw
   corpus, bit for bit (the same tokens, batches and programs)."""
   import jax
+
   from rove_jax.evaluation import scoring
   c = small_config(tmp_path, steps=4)
   raw = config_schema.build(c).data.corpus()

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rove_jax.evaluation import perplexity, report, report_files, report_md, scoring
 from rove_jax.data import tokenization
+from rove_jax.evaluation import perplexity, report, report_files, report_md, scoring
 from rove_jax.nn.model import GPT
 from rove_jax.train.run_config import RunConfig
 from tests.conftest import gpt_config, small_config, subprocess_env

@@ -17,13 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from lm_eval.api.instance import Instance
 
 from rove_jax.evaluation import harness
 from tests.conftest import subprocess_env
-from tests.evaluation.test_harness import (RTOL, Request, export_dir, loaded,  # noqa: F401
-                                           ref)
+from tests.evaluation.test_harness import RTOL, Request, export_dir, loaded, ref  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTEXT = "import os\n" * 9 + "import os"  # 99 byte tokens, more than the model's 64

@@ -14,7 +14,6 @@ from rove_jax.evaluation import prompting
 from rove_jax.evaluation.ruler import suite as ruler
 from tests.reference import ByteTok, WordTok
 
-
 ESSAYS = [
     "When I was young I thought the best way to learn a craft was to read about it. Later I "
     "found that reading only helps once you have tried and failed a few times. The failures "

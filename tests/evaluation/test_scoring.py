@@ -9,8 +9,8 @@ import pytest
 from flax import nnx
 
 from rove_jax.data import tokenization
-from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.evaluation import perplexity, report, report_md, scoring
+from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.nn.model import GPT
 from rove_jax.train.run_config import DataConfig, RunConfig
 from tests.conftest import gpt_config

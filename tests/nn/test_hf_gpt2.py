@@ -1,6 +1,7 @@
 """GPT-2 interop and exports: rove_jax.nn.hf_gpt2, rove_jax.nn.pretrained, rove_jax.train.export.
 
-The reference is tests/reference_data/gpt2_tiny/: a tiny GPT2LMHeadModel saved by transformers with every
+The reference is tests/reference_data/gpt2_tiny/: a tiny GPT2LMHeadModel saved by transformers with
+every
 parameter (biases and LayerNorm gains included) redrawn at random, and transformers' logits of
 two token rows, written by scripts/gpt2_reference.py (its versions in reference.json).
 Covered: that checkpoint loads into the GPT and reproduces transformers' logits to float32
@@ -32,11 +33,11 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from rove_jax import hf_rope
+from rove_jax.cli import export as export_cli
 from rove_jax.nn import hf_gpt2, param_files, pretrained
 from rove_jax.nn.model import generate
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.cli import export as export_cli
 
 DATA = pathlib.Path(__file__).parents[1] / "reference_data" / "gpt2_tiny"
 RTOL = 1e-5  # of the logits' scale: float32 rounding of two implementations

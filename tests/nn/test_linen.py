@@ -61,7 +61,8 @@ def test_module_equals_the_pure_function_on_its_parameters():
   pos = jnp.broadcast_to(jnp.arange(10)[None], (2, 10))
   out = rj.rove_attention(proj("query"), proj("key"), proj("value"), q_positions=pos,
                           kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(8, base=100.0)))
-  want = jnp.einsum("bthd,hde->bte", out, params["out"]["kernel"]) + params["out"]["bias"][None, None]
+  want = (jnp.einsum("bthd,hde->bte", out, params["out"]["kernel"])
+          + params["out"]["bias"][None, None])
   chex.assert_trees_all_close(y, want, atol=1e-5, rtol=1e-7)
   # causal: the first output does not depend on later inputs
   x2 = x.at[:, 5:].set(0.0)

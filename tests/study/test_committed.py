@@ -25,9 +25,8 @@ def _load(*parts):
 def committed():
   """(report with the perplexity-only main runs, claims rows, Study) of the committed run."""
   import reproduce
-  from study import claims
+  from study import claims, writeup
   from study import numbers as rs
-  from study import writeup
   report, ppl = _load("eval", "report.json"), _load("eval_ppl", "report.json")
   main = [{"workdir": r["workdir"], "kind": "main"} for r in ppl["runs"]
           if re.fullmatch(r"[a-z]+-s\d+(-lr[0-9.e+-]+)?", r["name"])]  # not the -steps runs
@@ -50,8 +49,7 @@ def _seed_losses(report, enc, length):
 
 
 def test_primary_family_p_values_are_the_seed_pairs_t_tests(committed):
-  from study import multiplicity
-  from study import primary
+  from study import multiplicity, primary
   report, rows, _ = committed
   fam = [r for r in rows if r["family"] == "primary"]
   assert [r["id"] for r in fam] == ["b", "c", "c"]  # ICL and RULER left the family
@@ -96,8 +94,7 @@ def test_no_verdict_where_every_answer_is_wrong(committed):
 
 
 def test_the_exploratory_family_states_its_size(committed):
-  from study import claims_table
-  from study import primary
+  from study import claims_table, primary
   _, rows, st = committed
   text = "\n".join(claims_table.table(rows, primary.left_note(st)))
   for fam in ("primary", "exploratory"):

@@ -108,7 +108,6 @@ def _fake_records(out, run, rng, gap=-0.02, windows=4):
   """A run's committed records as the job leaves them: reports/KEY.json (perplexity cells with
   per-window NLLs; RoVE `gap` nats lower and degrading 0.8x as fast past T) and
   metrics/KEY.jsonl (held-out loss every 200 steps)."""
-  import numpy as np
   enc, key = run["encoding"], f"{run['kind']}-{ls.name(run)}"
   base = 1.5 + 0.01 * run["seed"] % 0.07  # shared by the pair
   ppl = {}

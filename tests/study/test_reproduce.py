@@ -293,7 +293,8 @@ def test_write_replaces_readme_summary_and_curves_together(tmp_path, monkeypatch
 
 
 def _fake_plots(monkeypatch):
-  """study.plots' PNG renderers replaced by stand-ins that record their calls (tests/evaluation/test_plots.py
+  """study.plots' PNG renderers replaced by stand-ins that record their calls
+  (tests/evaluation/test_plots.py
   covers the drawing; these tests cover which files the write-up writes and links)."""
   from study import plots
   calls = []
@@ -387,7 +388,8 @@ def test_reproduce_quick_end_to_end(tmp_path):
   for png in ("perplexity_vs_length.png", "figure1_mixer.png"):
     assert (out / "eval" / png).stat().st_size > 0
   # Rerunning resumes each run from its newest checkpoint: train.py's resume is tested in
-  # tests/train/test_loop.py and tests/train/test_loop_faults.py, and reproduce.py passes each run the same
+  # tests/train/test_loop.py and tests/train/test_loop_faults.py, and reproduce.py passes each run
+  # the same
   # workdir every time (plan()); a second full invocation here cost a minute of the CI budget.
   with open(runs_dir / "rove-s0" / "metrics.jsonl") as f:
     steps = [json.loads(line)["step"] for line in f if line.strip()]
@@ -649,9 +651,9 @@ def test_scale_printed_commands_parse_with_train_and_eval_parsers(capsys, tmp_pa
 
   from absl import flags
 
-  from rove_jax.train import config_schema
-  from rove_jax.cli import train as train_cli
   from rove_jax.cli import eval as cli
+  from rove_jax.cli import train as train_cli
+  from rove_jax.train import config_schema
   data = str(tmp_path / "fw" / "*.parquet")
   code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data", data,
                           "--topology", "v5e-8", "--sweep-lrs", "", "--dry-run")

@@ -207,6 +207,7 @@ def test_encodings_with_fewer_seeds_pair_on_the_seeds_both_have():
   """NoPE trains on 3 of the 8 seeds: RoVE - NoPE is paired over seeds 0-2, each pair's
   difference the runs' weighted means (sum of scores / sum of weights)."""
   import numpy as np
+
   from study import numbers as rs
   rng = np.random.default_rng(0)
   runs = lambda n: tuple(rng.normal(2, 0.1, 6) for _ in range(n))  # noqa: E731

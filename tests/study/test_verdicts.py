@@ -3,8 +3,7 @@ pairs and not-measurable rules, and chance per task."""
 
 import pytest
 
-from study import multiplicity
-from study import stats
+from study import multiplicity, stats
 from study import verdicts as v
 
 # The issue's RULER-with-YaRN case: three seed-pair gaps, all below 0, whose bootstrap interval

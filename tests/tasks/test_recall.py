@@ -11,17 +11,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rove_jax.data import Corpus, iter_documents, prepare
+from rove_jax.data.tokenization import ByteTokenizer
+from rove_jax.evaluation import recall, scoring
+from rove_jax.nn.model import GPT, GPTConfig
+from rove_jax.tasks import recall as gen
 from rove_jax.train import config_schema
 from rove_jax.train import loop as training
-from study.configs import retrieval as recall_config
-from rove_jax.data import Corpus, iter_documents, prepare
-from rove_jax.tasks import recall as gen
-from rove_jax.evaluation import scoring
-from rove_jax.evaluation import recall
-from study import retrieval as recall_study
-from rove_jax.nn.model import GPT, GPTConfig
-from rove_jax.data.tokenization import ByteTokenizer
 from rove_jax.train.run_config import DataConfig, RunConfig
+from study import retrieval as recall_study
+from study.configs import retrieval as recall_config
 
 SPEC = gen.RecallSpec(seq_len=32, pairs=4, queries=8, train_docs=300, val_docs=50, seed=3)
 EOT = 256

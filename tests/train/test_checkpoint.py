@@ -12,10 +12,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import run_reader
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import run_reader
 from rove_jax.train.run_config import RunConfig
 
 

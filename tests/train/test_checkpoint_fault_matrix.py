@@ -28,13 +28,23 @@ import pytest
 from rove_jax.evaluation import scoring
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import run_reader
-from rove_jax.train import resume
-from rove_jax.train import config_schema
+from rove_jax.train import config_schema, resume, run_reader
 from tests.conftest import small_config
-from tests.train.test_loop_faults import (ONE, SAVED, STEPS, copy_run, losses, quarantined, read_state,
-                               reference, step_dir, train, tree_digest, config,
-                               assert_ends_as_the_reference)
+from tests.train.test_loop_faults import (
+  ONE,
+  SAVED,
+  STEPS,
+  assert_ends_as_the_reference,
+  config,
+  copy_run,
+  losses,
+  quarantined,
+  read_state,
+  reference,
+  step_dir,
+  train,
+  tree_digest,
+)
 
 __all__ = ["reference"]  # the module-scoped fixture, shared with test_loop_faults.py
 # orbax leaves the reads of a damaged checkpoint's other arrays running when one fails.

@@ -13,9 +13,7 @@ import pytest
 from rove_jax.data import tokenization
 from rove_jax.nn import param_files
 from rove_jax.nn.model import generate
-from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import run_reader
-from rove_jax.train import export
+from rove_jax.train import export, run_reader
 from rove_jax.train import loop as training
 from tests.conftest import small_config
 

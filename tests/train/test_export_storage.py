@@ -16,16 +16,24 @@ import sys
 import numpy as np
 import pytest
 
+from rove_jax.cli import export as export_cli
 from rove_jax.evaluation import report_files
 from rove_jax.nn import hf_gpt2, param_files, pretrained
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
-from rove_jax.cli import export as export_cli
 from tests import gcs_server
-from tests.conftest import subprocess_env
 from tests.cli.test_eval_errors import _report
-from tests.nn.test_hf_gpt2 import (DATA, assert_logits_close, assert_same_params, learned,
-                                logits_of, random_params, reference, write_run)
+from tests.conftest import subprocess_env
+from tests.nn.test_hf_gpt2 import (
+  DATA,
+  assert_logits_close,
+  assert_same_params,
+  learned,
+  logits_of,
+  random_params,
+  reference,
+  write_run,
+)
 
 TOKENIZER = {"spec": "bytes", "name": "bytes", "vocab_size": 257, "eot_id": 47,
              "fingerprint": "bytes-v1"}

@@ -209,6 +209,7 @@ def test_rove_train_replaces_the_config_files_model_and_refuses_a_shape_flag(che
                                                                              tmp_path):
   import subprocess
   import sys
+
   from tests.conftest import subprocess_env
   cmd = [sys.executable, str(ROOT / "train.py"), "--config", "smoke",
          f"--config.init_from={checkpoint}", "--config.model.pos_encoding=rove",
@@ -293,6 +294,7 @@ def test_a_tokenizer_file_outside_the_checkpoint_is_refused(checkpoint, tmp_path
 def test_rove_train_refuses_a_damaged_init_from_with_one_line_and_exit_2(checkpoint, tmp_path):
   import subprocess
   import sys
+
   from tests.conftest import subprocess_env
   model = _llama_copy(tmp_path / "model", checkpoint)
   _damage_header_length(model / "model.safetensors")

@@ -20,10 +20,10 @@ import optax
 import pytest
 from flax import nnx
 
-from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import config_schema
-from rove_jax.train import loop as training, result
 from rove_jax.nn.model import GPT, GPTConfig
+from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import config_schema, result
+from rove_jax.train import loop as training
 from tests.conftest import small_config, subprocess_env, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -35,14 +35,13 @@ import orbax.checkpoint as ocp
 import pytest
 from orbax.checkpoint._src.path import atomicity
 
+from rove_jax.evaluation import scoring
+from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import run_reader
-from rove_jax.train import config_schema
-from rove_jax.train import resume, loop as training
-from rove_jax.evaluation import scoring
+from rove_jax.train import config_schema, resume, run_reader
+from rove_jax.train import loop as training
 from rove_jax.train.metrics import read_metrics
-from rove_jax.nn.model_config import GPTConfig
 from tests.conftest import apply_overrides, small_config, subprocess_env, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

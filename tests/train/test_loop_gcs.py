@@ -21,8 +21,16 @@ from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train.metrics import read_metrics
 from tests import gcs_server
 from tests.conftest import free_port, subprocess_env
-from tests.train.test_loop_faults import (ROOT, SAVED, STEPS, assert_same_state, cli_overrides, config,
-                               read_state, reference, train)  # noqa: F401 - reference is a fixture
+from tests.train.test_loop_faults import (
+  ROOT,
+  SAVED,
+  STEPS,
+  assert_same_state,
+  cli_overrides,
+  config,
+  read_state,  # noqa: F401 - reference is a fixture
+  train,
+)
 
 ENV = dict(JAX_DEFAULT_MATMUL_PRECISION="highest", JAX_NUMPY_RANK_PROMOTION="raise")
 

@@ -4,8 +4,9 @@ without a word."""
 import json
 import struct
 
-from rove_jax.train import metrics
 from tensorboardX.proto import event_pb2
+
+from rove_jax.train import metrics
 
 
 def _events(directory):

@@ -16,9 +16,8 @@ import jax
 import pytest
 
 from rove_jax import data
-from rove_jax.train import config_schema
+from rove_jax.train import config_schema, resume
 from rove_jax.train import loop as training
-from rove_jax.train import resume
 from tests.conftest import free_port, small_config, subprocess_env
 
 ONE = jax.devices()[:1]

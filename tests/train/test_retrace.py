@@ -13,9 +13,9 @@ import optax
 import pytest
 from flax import nnx
 
+from rove_jax.nn.model import GPT, generate
 from rove_jax.train import config_schema
 from rove_jax.train import loop as training
-from rove_jax.nn.model import GPT, generate
 from tests.conftest import gpt_config, small_config
 
 RETRACED = "traced > "

@@ -18,11 +18,10 @@ import pytest
 from absl import app, flags
 from ml_collections import config_flags
 
-from rove_jax.train import config_schema, resume
 from rove_jax import scaling
 from rove_jax.cli import train as train_cli
 from rove_jax.nn.model_config import GPTConfig
-from rove_jax.train.run_config import RunConfig
+from rove_jax.train import config_schema, resume
 from rove_jax.train.run_config import RunConfig
 from tests.conftest import subprocess_env
 
@@ -99,7 +98,8 @@ def test_round_trip_config_file_to_metadata_and_back(tmp_path):
 
 def test_presets_pass_through_the_run_config_unchanged():
   for preset in ("tiny", "gpt2_124m", "gpt2_354m"):
-    assert config_schema.build(config_schema.base_config(preset)).model == getattr(GPTConfig, preset)()
+    built = config_schema.build(config_schema.base_config(preset))
+    assert built.model == getattr(GPTConfig, preset)()
 
 
 def test_rope_scaling_is_parsed_once_and_lists_come_back_as_lists():
@@ -247,7 +247,8 @@ def test_rope_scaling_from_the_command_line(tmp_path):
                         "--config.model.rope_scaling.original_max_position_embeddings=128")
   assert config_schema.build(c).model.rope_scaling.to_dict() == {
       "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
-  assert config_schema.build(parse_config_file(tiny)).model.rope_scaling is None  # unset: plain RoPE
+  # unset: plain RoPE
+  assert config_schema.build(parse_config_file(tiny)).model.rope_scaling is None
   # A dict from a config file, with one key overridden on the command line.
   c = parse_config_file(write_tiny_with_longrope(tmp_path),
                         "--config.model.rope_scaling.original_max_position_embeddings=64")

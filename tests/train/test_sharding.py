@@ -12,9 +12,17 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from rove_jax.train import sharding, loop as training
 from rove_jax.nn.model import GPT, GPTConfig
-from tests.conftest import free_port, run_together, apply_overrides, small_config, subprocess_env, write_corpus
+from rove_jax.train import loop as training
+from rove_jax.train import sharding
+from tests.conftest import (
+  apply_overrides,
+  free_port,
+  run_together,
+  small_config,
+  subprocess_env,
+  write_corpus,
+)
 from tests.train.test_loop import ROOT, losses
 
 # data alone, all three axes, fsdp with tensor (tensor also runs 4-way in the save/restore test)
@@ -72,7 +80,8 @@ def test_parameter_specs_follow_the_rules():
   cfg = GPTConfig.tiny(n_layer=1, d_model=64, n_head=8, d_ff=128, pos_encoding="t5_bias",
                        tie_embeddings=False)
   mesh = sharding.make_mesh(1, 4, 2)
-  specs = {k: spec for k, (_, spec) in sharding.param_path_specs(_abstract_params(cfg), mesh).items()}
+  paths = sharding.param_path_specs(_abstract_params(cfg), mesh)
+  specs = {k: spec for k, (_, spec) in paths.items()}
   get = lambda suffix: next(v for k, v in specs.items() if k.endswith(suffix))
   assert get("['attn']['wo'].value") == P("tensor", None, "fsdp")  # heads over tensor
   assert get("['attn']['wqkv'].value") == P("fsdp", None, "tensor", None)  # [E, 3, H, D]

@@ -22,8 +22,15 @@ import pytest
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
 from tests.conftest import subprocess_env
-from tests.train.test_loop_faults import (ROOT, STEPS, cli_overrides, config, copy_run,  # noqa: F401
-                               reference, train)
+from tests.train.test_loop_faults import (  # noqa: F401
+  ROOT,
+  STEPS,
+  cli_overrides,
+  config,
+  copy_run,
+  reference,
+  train,
+)
 
 
 @pytest.fixture
@@ -143,7 +150,8 @@ def test_storage_turning_read_only_is_one_line_about_the_write_exit_1(reference,
 
 def test_a_failed_final_save_still_releases_the_lock(reference, tmp_path, monkeypatch):
   """The last save of a run fails in the background (simulated in orbax's manager: the save
-  writes nothing and the wait raises what a full disk raises): the run ends with a SaveError naming step 8, and the lock is
+  writes nothing and the wait raises what a full disk raises): the run ends with a SaveError naming
+  step 8, and the lock is
   released (before, the failing close skipped the release)."""
   workdir = copy_run(reference, tmp_path, keep=(2, 4, 6))
   real_save, real_wait = ocp.CheckpointManager.save, ocp.CheckpointManager.wait_until_finished

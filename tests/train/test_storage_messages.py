@@ -14,8 +14,14 @@ from rove_jax.storage import gcs
 from tests import gcs_server
 from tests.conftest import free_port, subprocess_env
 from tests.stall_proxy import StallProxy
-from tests.train.test_storage_deadline import (ROOT, finished_steps, last_line, silent_storage,  # noqa: F401
-                                               small_flags, start_and_stall)
+from tests.train.test_storage_deadline import (  # noqa: F401
+  ROOT,
+  finished_steps,
+  last_line,
+  silent_storage,
+  small_flags,
+  start_and_stall,
+)
 
 
 def train_cmd(tmp_path, workdir, **extra):

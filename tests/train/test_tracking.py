@@ -13,9 +13,8 @@ import pytest
 
 from rove_jax import hardware
 from rove_jax.nn import flops
+from rove_jax.train import config_schema, run_config, step_loop, tracking
 from rove_jax.train import loop as training
-from rove_jax.train import config_schema, run_config
-from rove_jax.train import step_loop, tracking
 from rove_jax.train.metrics import read_metrics
 from tests.conftest import small_config
 
@@ -129,6 +128,7 @@ def test_wandb_online_without_a_key_is_one_line_before_any_work(tmp_path):
   wandb-id.txt left behind)."""
   import subprocess
   import sys
+
   from tests.conftest import subprocess_env
   root = pathlib.Path(__file__).resolve().parents[2]
   env = subprocess_env(devices=1, HOME=str(tmp_path / "home"))
