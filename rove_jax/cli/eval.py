@@ -94,7 +94,7 @@ def parse_args(argv, *, check_files: bool = False):
                       "needs --yarn all")
   p.add_argument("--tasks", default="ppl,ruler,icl")
   p.add_argument("--out", help="report directory (default: WORKDIR/eval for a training run, "
-                                "./eval/NAME for a model directory NAME)")
+                                "NAME-eval beside a model directory NAME)")
   p.add_argument("--data-path", help="score perplexity on this text/parquet source instead of "
                                      "the run's held-out split")
   p.add_argument("--stride", type=float, help="sliding-window perplexity with stride = this "
@@ -223,11 +223,13 @@ def _check_inputs(p, args) -> None:
 
 
 def default_out(workdir: str) -> str:
-  """--out's default: a training run's WORKDIR/eval; for a model directory (a transformers
-  checkpoint or an export, which may be a read-only or shared download) eval/NAME under the
-  current directory, so that the model directory is never written to."""
+  """--out's default: a training run's WORKDIR/eval; for a model directory NAME (a
+  transformers checkpoint or an export) NAME-eval beside it, so that the model directory
+  (perhaps a shared download) is never written to and the report never lands in a checkout's
+  packages, whatever the current directory."""
   if imported.is_model_dir(workdir):
-    return os.path.abspath(os.path.join("eval", paths.basename(workdir) or "model"))
+    model_dir = paths.resolve(workdir, what="--workdir")
+    return paths.join(paths.dirname(model_dir), (paths.basename(model_dir) or "model") + "-eval")
   return paths.join(workdir, "eval")
 
 

@@ -90,17 +90,17 @@ def test_a_model_directory_without_a_tokenizer_is_one_error_line(checkpoint, tmp
   assert not (tmp_path / "report").exists()  # made for the run, removed: nothing was written
 
 
-def test_the_report_of_a_model_directory_goes_under_the_current_directory(tmp_path,
-                                                                          monkeypatch):
+def test_the_report_of_a_model_directory_goes_beside_it(tmp_path, monkeypatch):
   model = tmp_path / "hub" / "llama-tiny"
   model.mkdir(parents=True)
   (model / "config.json").write_text("{}")
   run = tmp_path / "run"
   (run / "checkpoints").mkdir(parents=True)
   (run / "config.json").write_text("{}")  # a workdir that also holds a config.json
-  here = tmp_path / "here"
+  here = tmp_path / "here"  # a checkout, say: nothing is written under the current directory
   here.mkdir()
   monkeypatch.chdir(here)
-  assert eval_cli.default_out(str(model)) == str(here / "eval" / "llama-tiny")
-  assert eval_cli.default_out(str(model) + "/") == str(here / "eval" / "llama-tiny")
+  assert eval_cli.default_out(str(model)) == str(tmp_path / "hub" / "llama-tiny-eval")
+  assert eval_cli.default_out(str(model) + "/") == str(tmp_path / "hub" / "llama-tiny-eval")
+  assert eval_cli.default_out("../hub/llama-tiny") == str(tmp_path / "hub" / "llama-tiny-eval")
   assert eval_cli.default_out(str(run)) == str(run / "eval")
