@@ -7,6 +7,7 @@ NLL and in-context learning for trained runs, written as report.json, report.md 
             [--compare runs/Y runs/Z] [--out DIR] [--squad FILE] [--hotpot FILE]
             [--icl-tasks SPECS.json] [--ppl-tokens N] [--ruler-lengths 4096,8192]
             [--recall-lengths 32,128] [--recall-samples N] [--train-len T]
+            [--tokenizer FILE]
 
 --workdir and --compare take training workdirs or model directories (a rove-export, or a
 transformers checkpoint of type gpt2, llama, qwen2 or mistral with its tokenizer.json): a model
@@ -83,6 +84,9 @@ def parse_args(argv, *, check_files: bool = False):
   p.add_argument("--train-len", type=int,
                  help="model directories: the training length T that lengths and YaRN factors "
                       "are relative to (default: the one the directory records)")
+  p.add_argument("--tokenizer",
+                 help="model directories that hold no tokenizer.json: the model's tokenizer "
+                      "(a tokenizer.json path, bytes or tiktoken:gpt2)")
   p.add_argument("--suite", choices=tuple(SUITES), default="quick")
   p.add_argument("--lengths", help="comma-separated token counts (default: suite multiples of "
                                    "the training length)")
@@ -195,12 +199,29 @@ def _check_workdir(p, flag: str, workdir: str) -> str:
           f"directory")
 
 
+def _check_tokenizer(p, flag: str, workdir: str, given) -> None:
+  """A model directory without a tokenizer needs --tokenizer: an argparse error (exit 2) that
+  says so, before any model is loaded. --tokenizer's file must exist."""
+  if not imported.is_model_dir(workdir):
+    return
+  try:
+    found = imported.has_tokenizer(workdir)
+  except ValueError as e:
+    p.error(f"{flag} {workdir}: {e}")
+  if given is not None and given.endswith(".json") and not os.path.isfile(given):
+    p.error(f"--tokenizer {given}: no such file; give the model's tokenizer.json")
+  if not found and given is None:
+    p.error(f"{flag} {workdir} holds no tokenizer.json and records no tokenizer; pass "
+            f"--tokenizer PATH/tokenizer.json (the model's), or copy it into the directory")
+
+
 def _check_inputs(p, args) -> None:
   """parse_args' checks of the file system (see check_files there). Workdirs and --out are
   local or gs:// (rove_jax.storage.paths); the other inputs are local files."""
   workdir = _check_workdir(p, "--workdir", args.workdir)
+  _check_tokenizer(p, "--workdir", workdir, args.tokenizer)
   for w in args.compare:
-    _check_workdir(p, "--compare", w)
+    _check_tokenizer(p, "--compare", _check_workdir(p, "--compare", w), args.tokenizer)
   if args.data_path:
     exts = (data_lib.PARQUET_EXTENSIONS if args.data_path.endswith(".parquet")
             else data_lib.TEXT_EXTENSIONS)
@@ -317,7 +338,8 @@ def _load(workdir: str, args) -> scoring.Run:
   """A training workdir's newest checkpoint, or a model directory (evaluation.imported)."""
   resolved = paths.resolve(workdir, what="--workdir")
   if imported.is_model_dir(resolved):
-    return imported.load_model(resolved, data_path=args.data_path, train_len=args.train_len)
+    return imported.load_model(resolved, data_path=args.data_path, train_len=args.train_len,
+                               tokenizer=args.tokenizer)
   return scoring.load_run(resolved)
 
 
