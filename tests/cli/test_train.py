@@ -1,4 +1,5 @@
-"""rove-train's helpers for a newcomer: --help-config lists every config field with its default,
+"""rove-train's helpers for a newcomer: --help-config lists every config field with its default
+(or its value under --config, overrides applied) and its description,
 and the dry run prints the elapsed time while the compiler runs."""
 
 from __future__ import annotations
@@ -37,9 +38,31 @@ def test_help_config_lists_every_field_with_its_default():
   defaults = RunConfig()
   assert listed["optim.lr"] == repr(defaults.optim.lr) and listed["steps"] == "1000"
   assert listed["model.d_model"] == repr(GPTConfig.tiny().d_model)
-  for name, section in SECTIONS.items():
+  for name, section in {**SECTIONS, "model": GPTConfig}.items():
     for f in dataclasses.fields(section):
-      assert f.metadata["help"] in r.stdout, f"{name}.{f.name} has no help text"
+      assert f.metadata.get("help"), f"{name}.{f.name} has no help text"
+      assert f.metadata["help"] in r.stdout, f"{name}.{f.name}'s help text is not listed"
+
+
+def test_help_config_lists_the_chosen_configs_values_with_overrides():
+  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.train", "--config", "demo",
+                      "--config.model.pos_encoding=rope", "--help-config"],
+                     capture_output=True, text=True, timeout=120, env=subprocess_env())
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert r.stdout.splitlines()[0] == (
+      "Every config field with its value under --config demo and "
+      "--config.model.pos_encoding=rope; set one with --config.FIELD=VALUE:")
+  listed = dict(re.findall(r"^  (\S+) = (.*?)(?:  # .*)?$", r.stdout, re.M))
+  # configs/demo.py's values, not the tiny preset's (n_layer 6, d_model 384, max_len 256)
+  assert (listed["model.n_layer"], listed["model.d_model"], listed["model.max_len"]) == (
+      "3", "128", "64")
+  assert listed["data.seq_len"] == "64" and listed["steps"] == "400"
+  assert listed["model.pos_encoding"] == "'rope'"
+  assert "  model.n_layer = 3  # transformer blocks" in r.stdout.splitlines()
+  bad = subprocess.run([sys.executable, "-m", "rove_jax.cli.train", "--config", "demo",
+                        "--config.model.nope=1", "--help-config"],
+                       capture_output=True, text=True, timeout=120, env=subprocess_env())
+  assert bad.returncode == 2 and "model has no field 'nope'" in bad.stderr, bad.stderr
 
 
 def test_the_dry_run_prints_elapsed_time_while_it_compiles():
