@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Optional
 
 import jax
@@ -80,8 +81,10 @@ def report(result: TrainResult, c, *, out=print) -> None:
     tok = result.tokenizer
     model = nnx.merge(result.graphdef, result.params)
     prompt = tok.encode("def ")[None]
-    out_ids = generate(model, prompt, c.sample_tokens, temperature=0.8, top_k=40,
-                       rng=jax.random.key(c.seed), valid_vocab=tok.vocab_size)
+    with warnings.catch_warnings():  # a smoke check of the model, not a long-context use
+      warnings.filterwarnings("ignore", message="generate: a prompt of", category=UserWarning)
+      out_ids = generate(model, prompt, c.sample_tokens, temperature=0.8, top_k=40,
+                         rng=jax.random.key(c.seed), valid_vocab=tok.vocab_size)
     out("sample:\n" + tok.decode(np.asarray(out_ids[0])))
   if jax.process_index() == 0:
     out(next_step(result))
