@@ -75,6 +75,36 @@ def test_the_dry_run_prints_elapsed_time_while_it_compiles():
   assert done and float(done[1]) >= 0.4, lines
 
 
+def test_the_dry_run_gives_a_verdict_against_this_hosts_memory():
+  report = {"memory": {"total": 3 * 2**30}, "devices": 2}
+  assert dry_run.verdict(report, 8 * 2**30, "this host's memory", True) == (
+      True, "verdict: fits this host's memory: it needs 3.00 GiB a device x 2 devices = 6.00 GiB "
+            "of 8.00 GiB")
+  assert dry_run.verdict(report, 5 * 2**30, "this host's memory", True) == (
+      False, "the train step does not fit this host's memory: it needs 3.00 GiB a device x 2 "
+             "devices = 6.00 GiB of 5.00 GiB")
+  assert dry_run.verdict(report, 5 * 2**30, "a GPU's memory", False)[0]  # one device's own
+  assert dry_run.host_memory_bytes() > 2**30
+
+
+def test_a_dry_run_that_does_not_fit_this_host_exits_1_with_the_figures(tmp_path):
+  base = [sys.executable, "-m", "rove_jax.cli.train", "--config", "smoke", "--workdir",
+          str(tmp_path / "w"), "--config.dry_run=True"]
+  ok = subprocess.run(base, capture_output=True, text=True, timeout=600, env=subprocess_env())
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert re.search(r"^verdict: fits this host's memory: it needs [\d.]+ GiB of [\d.]+ GiB$",
+                   ok.stdout, re.M), ok.stdout
+  # 1 TiB of host memory is not enough for a batch of 2**22 windows
+  big = subprocess.run([*base, "--config.data.batch_size=4194304"], capture_output=True,
+                       text=True, timeout=600, env=subprocess_env())
+  assert big.returncode == 1, big.stderr[-2000:]
+  last = big.stderr.strip().splitlines()[-1]
+  assert re.match(r"error: the train step does not fit this host's memory: it needs [\d.]+ GiB "
+                  r"of [\d.]+ GiB; training would run out of memory \(a smaller "
+                  r"data.batch_size", last), last
+  assert not (tmp_path / "w").exists()  # nothing written
+
+
 def _config_failure(path):
   """What rove-train says of the config file at `path`, parsed as rove-train parses --config
   (in process, into flag values of its own, not absl's global ones)."""
