@@ -320,7 +320,7 @@ def main(argv=None) -> int:
   one-paragraph message on stderr and no traceback, for an expected failure (a run that cannot
   be restored or scored, an unreadable input, an unwritable report, a missing package)."""
   args = parse_args(sys.argv[1:] if argv is None else argv, check_files=True)
-  platforms.skip_absent_tpu()
+  platforms.skip_absent_accelerators()
   try:
     return _evaluate(args)
   except Exception as e:  # noqa: BLE001 -- the expected failures; anything else is re-raised

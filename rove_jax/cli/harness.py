@@ -28,6 +28,7 @@ from typing import Optional
 from lm_eval._cli.run import Run
 from lm_eval.utils import setup_logging
 
+from rove_jax.cli import platforms
 from rove_jax.evaluation import harness  # noqa: F401 -- registers the "rove_jax" model
 
 PROG = "rove-lm-eval"
@@ -69,6 +70,7 @@ def _index_only_include_path() -> None:
 
 def main(argv: Optional[list] = None) -> int:
   args = parse_args(argv)
+  platforms.skip_absent_accelerators()
   if vars(args).pop("only_include_path"):  # lm_eval's run takes every other option as is
     _index_only_include_path()
   setup_logging()  # what lm_eval's own command does before it runs

@@ -120,7 +120,7 @@ def main(argv):
     c = config_schema.build(_CONFIG.value, model_given=_MODEL_GIVEN)
     run_config.check_environment(c)
     if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with libtpu
-      platforms.skip_absent_tpu()
+      platforms.skip_absent_accelerators()
     sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
     if c.dry_run:
       from rove_jax.cli import dry_run  # the compiler's machinery: this flag only
