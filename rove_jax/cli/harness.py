@@ -50,8 +50,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.error("--only_include_path needs --include_path DIR (the task files to index)")
   # lm_eval's automatic batch size probes a torch model's memory, which the rove_jax model
   # has not: refused here, before anything loads, rather than as a traceback from lm_eval.
-  if args.model == "rove_jax" and str(args.batch_size).startswith("auto"):
-    parser.error(f"--batch_size {args.batch_size}: the rove_jax model takes a fixed batch size; "
+  batch_size = str(getattr(args, "batch_size", None))  # absent: lm_eval's default, a number
+  if getattr(args, "model", None) == "rove_jax" and batch_size.startswith("auto"):
+    parser.error(f"--batch_size {batch_size}: the rove_jax model takes a fixed batch size; "
                  f"give a number, e.g. --batch_size 8")
   return args
 
