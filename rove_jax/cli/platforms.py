@@ -58,3 +58,15 @@ def skip_absent_accelerators(environ: Optional[MutableMapping[str, str]] = None,
   if "jax" in sys.modules and environ is os.environ:  # jax read the variable when imported
     sys.modules["jax"].config.update("jax_platforms", "cpu")
   return "cpu"
+
+
+def prepare_gpu_compile(topology: str, environ: Optional[MutableMapping[str, str]] = None,
+                        gpus=("h100", "h200")) -> bool:
+  """For a dry run compiled for a named NVIDIA topology (h200-8, ...): sets
+  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 unless set, without which the CUDA plugin, finding no
+  driver, does not register (rove_jax/aot/gpu.py). Returns whether the topology is a GPU's."""
+  environ = os.environ if environ is None else environ
+  if not topology.lower().startswith(tuple(f"{g}-" for g in gpus)):
+    return False
+  environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  return True

@@ -119,8 +119,10 @@ def main(argv):
     # jax.distributed can still start after it, before the first device is used.
     c = config_schema.build(_CONFIG.value, model_given=_MODEL_GIVEN)
     run_config.check_environment(c)
-    if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with libtpu
+    if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with its plugin
       platforms.skip_absent_accelerators()
+    else:
+      platforms.prepare_gpu_compile(c.dry_run_topology)
     sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
     if c.dry_run:
       from rove_jax.cli import dry_run  # the compiler's machinery: this flag only

@@ -64,3 +64,14 @@ def test_a_cuda_plugin_without_a_gpu_runs_on_the_cpu(installed, tmp_path, plugin
   assert not platforms.gpu_attached(str(tmp_path))
   assert platforms.skip_absent_accelerators(env, dev=str(tmp_path)) == "cpu"
   assert env == {"JAX_PLATFORMS": "cpu"}
+
+
+def test_a_gpu_topology_gets_the_constraints_check_skipped():
+  env = {}
+  assert platforms.prepare_gpu_compile("h200-8", env)
+  assert env == {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1"}
+  env = {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "0"}  # the user's setting is kept
+  assert platforms.prepare_gpu_compile("H100-16", env)
+  assert env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] == "0"
+  env = {}
+  assert not platforms.prepare_gpu_compile("v5e-8", env) and env == {}
