@@ -151,10 +151,13 @@ def check_resumable(ckpt: ckpt_lib.Checkpointer, meta: dict, abstract_flat: dict
 
 def _warn_changes(saved: dict, meta: dict, step: int, workdir: str, log) -> None:
   changes = config_changes(saved, meta)
-  if changes and "config" in saved:
-    log(f"WARNING: this config differs from the one the run in {workdir} was saved with at "
-        f"step {step} ({'; '.join(changes)}); the run continues under the new values. Rerun "
-        f"with the saved ones, or train into a new --workdir, to keep the run as it began.")
+  if not (changes and "config" in saved):
+    return
+  what = ("the run is finished, so nothing is trained" if step >= meta["config"].get("steps", 0)
+          else "the run continues under the new values. Rerun with the saved ones, or train into "
+               "a new --workdir, to keep the run as it began")
+  log(f"WARNING: this config differs from the one the run in {workdir} was saved with at step "
+      f"{step} ({'; '.join(changes)}); {what}.")
 
 
 def check_workdir(workdir: str) -> str:

@@ -76,7 +76,8 @@ def test_an_export_supplies_its_training_length_and_text_defaults_to_the_stdlib(
     imported.recorded_train_len({})
 
 
-def test_a_model_directory_without_a_tokenizer_exits_2_naming_the_flag(checkpoint, tmp_path, capsys):  # noqa: F811
+def test_a_model_directory_without_a_tokenizer_exits_2_naming_the_flag(
+    checkpoint, tmp_path, capsys):  # noqa: F811
   bare = tmp_path / "bare"
   bare.mkdir()
   for name in ("config.json", "model.safetensors"):

@@ -17,7 +17,8 @@ class Holder(nnx.Module):
 
 
 def test_a_bare_rope_is_refused_with_the_error_the_docs_quote():
-  with pytest.raises(ValueError, match=r"Found data on value of type .*rotary\.Rope.* assigned to static attribute 'rope'"):
+  refused = r"Found data on value of type .*rotary\.Rope.* assigned to static attribute 'rope'"
+  with pytest.raises(ValueError, match=refused):
     Holder(rj.Rope(rj.rope_frequencies(8)))
 
 

@@ -49,7 +49,7 @@ def test_rerunning_a_finished_run_says_nothing_was_trained_and_names_overrides(t
   train(small_config(tmp_path, **{"optim.lr": 1e-2}), workdir, changed.append)
   (warning,) = warnings_in(changed)
   assert "optim.lr: saved 0.001, now 0.01" in warning and str(workdir) in warning, warning
-  assert "the run continues under the new values" in warning
+  assert warning.endswith("; the run is finished, so nothing is trained."), warning
 
   # Continuing under a longer schedule trains, and says the schedule changed.
   longer = []
@@ -57,6 +57,7 @@ def test_rerunning_a_finished_run_says_nothing_was_trained_and_names_overrides(t
   assert (more.start_step, more.step) == (8, 10)
   (warning,) = warnings_in(longer)
   assert "steps: saved 8, now 10" in warning and "optim.lr" in warning, warning
+  assert "the run continues under the new values" in warning
 
 
 def test_config_changes_compare_what_the_run_computes():
