@@ -80,6 +80,7 @@ demo: $(CORE)
 	$(PY) train.py $(OFFSET)/rove-s1 --config.model.pos_encoding=rove --config.seed=1
 	$(PY) train.py $(OFFSET)/rope-s1 --config.model.pos_encoding=rope --config.seed=1
 	$(PY) -m eval --workdir runs/demo/offset/rove-s0 --compare $(OFFSET_OTHERS) $(OFFSET_EVAL)
+	@echo "next: read runs/demo/eval/report.md; make reproduce runs the study (docs/results.md)"
 
 reproduce: $(CORE)
 	$(PY) reproduce.py $(REPRODUCE_ARGS)

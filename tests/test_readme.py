@@ -373,7 +373,8 @@ PY_BLOCKS = [(page, code) for page, md in PAGES.items()
 
 # A python block of a page (found by a phrase of it) -> what it must compute.
 EXPECT = {
-    "rj.rove_attention(": lambda s: chex.assert_shape([s["y"], s["y_long"]], (2, 128, 8, 64)),
+    "y_long = rj.": lambda s: chex.assert_shape([s["y"], s["y_long"]], (2, 128, 8, 64)),
+    "nnx.data(rj.Rope(": lambda s: chex.assert_shape(s["y"], (2, 16, 64)),
     "minimal.rove_attention(": lambda s: chex.assert_shape(s["y"], (2, 16, 4, 32)),
     "generate(": lambda s: (
         chex.assert_shape(s["logits"], (2, 1024, s["model"].config.vocab_size)),  # YaRN at 4x

@@ -11,9 +11,10 @@ Triton kernels (rove_jax.kernels.fused_gpu) compile on this path too, Triton inc
 kernel is chosen at trace time for the platform of the mesh set by `jax.set_mesh`
 (python -m bench.fused_gpu --aot h200).
 
-What the host needs, at the installed jax version V (the tool's error prints the command):
-  pip install "jax-cuda12-plugin==V" "jax-cuda12-pjrt==V" nvidia-cuda-nvcc-cu12
-  pip install --no-deps "nvidia-cudnn-cu12>=9.8,<10"   # jax checks cuDNN when tracing it
+What the host needs (the tool's error prints the command): the `[gpu-aot]` extra,
+  pip install 'rove_jax[gpu-aot]'
+which installs jax-cuda12-plugin and jax-cuda12-pjrt at the installed jax's version, ptxas
+(nvidia-cuda-nvcc-cu12) and cuDNN (nvidia-cudnn-cu12, which jax checks when tracing it),
 and JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (bench.aot sets it), or the plugin, finding no driver,
 does not register. Known limits of deviceless compiles: cost_analysis() is not implemented by
 the GPU plugin (FLOPs then come from XLA's HLO cost model on the CPU client, see `gpu_costs`),
@@ -101,8 +102,8 @@ def devices(spec: GpuSpec, n_gpus: int) -> list:
   from jax.experimental import topologies
   grid = gpu_grid(n_gpus)
   version = jax.__version__
-  fix = (f"pip install 'jax-cuda12-plugin=={version}' 'jax-cuda12-pjrt=={version}' "
-         f"nvidia-cuda-nvcc-cu12 && pip install --no-deps 'nvidia-cudnn-cu12>=9.8,<10', and "
+  fix = (f"pip install 'rove_jax[gpu-aot]' (jax-cuda12-plugin and jax-cuda12-pjrt "
+         f"=={version}, nvidia-cuda-nvcc-cu12, nvidia-cudnn-cu12), and "
          f"JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 in the environment before JAX starts")
   try:
     topo = topologies.get_topology_desc(topology_name=f"{spec.name}-{n_gpus}", platform="cuda",

@@ -7,6 +7,7 @@ NLL and in-context learning for trained runs, written as report.json, report.md 
             [--compare runs/Y runs/Z] [--out DIR] [--squad FILE] [--hotpot FILE]
             [--icl-tasks SPECS.json] [--ppl-tokens N] [--ruler-lengths 4096,8192]
             [--recall-lengths 32,128] [--recall-samples N] [--train-len T]
+            [--tokenizer FILE]
 
 --workdir and --compare take training workdirs or model directories (a rove-export, or a
 transformers checkpoint of type gpt2, llama, qwen2 or mistral with its tokenizer.json): a model
@@ -83,6 +84,9 @@ def parse_args(argv, *, check_files: bool = False):
   p.add_argument("--train-len", type=int,
                  help="model directories: the training length T that lengths and YaRN factors "
                       "are relative to (default: the one the directory records)")
+  p.add_argument("--tokenizer",
+                 help="model directories that hold no tokenizer.json: the model's tokenizer "
+                      "(a tokenizer.json path, bytes or tiktoken:gpt2)")
   p.add_argument("--suite", choices=tuple(SUITES), default="quick")
   p.add_argument("--lengths", help="comma-separated token counts (default: suite multiples of "
                                    "the training length)")
@@ -94,7 +98,7 @@ def parse_args(argv, *, check_files: bool = False):
                       "needs --yarn all")
   p.add_argument("--tasks", default="ppl,ruler,icl")
   p.add_argument("--out", help="report directory (default: WORKDIR/eval for a training run, "
-                                "./eval/NAME for a model directory NAME)")
+                                "NAME-eval beside a model directory NAME)")
   p.add_argument("--data-path", help="score perplexity on this text/parquet source instead of "
                                      "the run's held-out split")
   p.add_argument("--stride", type=float, help="sliding-window perplexity with stride = this "
@@ -195,12 +199,29 @@ def _check_workdir(p, flag: str, workdir: str) -> str:
           f"directory")
 
 
+def _check_tokenizer(p, flag: str, workdir: str, given) -> None:
+  """A model directory without a tokenizer needs --tokenizer: an argparse error (exit 2) that
+  says so, before any model is loaded. --tokenizer's file must exist."""
+  if not imported.is_model_dir(workdir):
+    return
+  try:
+    found = imported.has_tokenizer(workdir)
+  except ValueError as e:
+    p.error(f"{flag} {workdir}: {e}")
+  if given is not None and given.endswith(".json") and not os.path.isfile(given):
+    p.error(f"--tokenizer {given}: no such file; give the model's tokenizer.json")
+  if not found and given is None:
+    p.error(f"{flag} {workdir} holds no tokenizer.json and records no tokenizer; pass "
+            f"--tokenizer PATH/tokenizer.json (the model's), or copy it into the directory")
+
+
 def _check_inputs(p, args) -> None:
   """parse_args' checks of the file system (see check_files there). Workdirs and --out are
   local or gs:// (rove_jax.storage.paths); the other inputs are local files."""
   workdir = _check_workdir(p, "--workdir", args.workdir)
+  _check_tokenizer(p, "--workdir", workdir, args.tokenizer)
   for w in args.compare:
-    _check_workdir(p, "--compare", w)
+    _check_tokenizer(p, "--compare", _check_workdir(p, "--compare", w), args.tokenizer)
   if args.data_path:
     exts = (data_lib.PARQUET_EXTENSIONS if args.data_path.endswith(".parquet")
             else data_lib.TEXT_EXTENSIONS)
@@ -223,11 +244,13 @@ def _check_inputs(p, args) -> None:
 
 
 def default_out(workdir: str) -> str:
-  """--out's default: a training run's WORKDIR/eval; for a model directory (a transformers
-  checkpoint or an export, which may be a read-only or shared download) eval/NAME under the
-  current directory, so that the model directory is never written to."""
+  """--out's default: a training run's WORKDIR/eval; for a model directory NAME (a
+  transformers checkpoint or an export) NAME-eval beside it, so that the model directory
+  (perhaps a shared download) is never written to and the report never lands in a checkout's
+  packages, whatever the current directory."""
   if imported.is_model_dir(workdir):
-    return os.path.abspath(os.path.join("eval", paths.basename(workdir) or "model"))
+    model_dir = paths.resolve(workdir, what="--workdir")
+    return paths.join(paths.dirname(model_dir), (paths.basename(model_dir) or "model") + "-eval")
   return paths.join(workdir, "eval")
 
 
@@ -297,7 +320,7 @@ def main(argv=None) -> int:
   one-paragraph message on stderr and no traceback, for an expected failure (a run that cannot
   be restored or scored, an unreadable input, an unwritable report, a missing package)."""
   args = parse_args(sys.argv[1:] if argv is None else argv, check_files=True)
-  platforms.skip_absent_tpu()
+  platforms.skip_absent_accelerators()
   try:
     return _evaluate(args)
   except Exception as e:  # noqa: BLE001 -- the expected failures; anything else is re-raised
@@ -315,7 +338,8 @@ def _load(workdir: str, args) -> scoring.Run:
   """A training workdir's newest checkpoint, or a model directory (evaluation.imported)."""
   resolved = paths.resolve(workdir, what="--workdir")
   if imported.is_model_dir(resolved):
-    return imported.load_model(resolved, data_path=args.data_path, train_len=args.train_len)
+    return imported.load_model(resolved, data_path=args.data_path, train_len=args.train_len,
+                               tokenizer=args.tokenizer)
   return scoring.load_run(resolved)
 
 

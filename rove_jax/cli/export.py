@@ -50,7 +50,7 @@ def main(argv: Optional[list] = None) -> int:
   parser.add_argument("--overwrite", action="store_true",
                       help="replace an export already in --out")
   args = parser.parse_args(argv)
-  platforms.skip_absent_tpu()
+  platforms.skip_absent_accelerators()
   try:
     done = export.export_run(args.workdir, args.out, format=args.format, overwrite=args.overwrite,
                       report=lambda msg: print(msg, file=sys.stderr))

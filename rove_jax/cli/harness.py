@@ -10,6 +10,9 @@ subcommand: the same options, the same parser, the same outputs (`rove-lm-eval r
 accepted too). lm_eval's other subcommands (`lm-eval ls tasks`, `lm-eval validate`) need no
 model: run them with `lm-eval`.
 
+`--batch_size auto` (lm_eval's search for the largest batch, a torch feature) is refused for
+the rove_jax model with one line before anything loads: give a number.
+
 One option of its own: --only_include_path indexes only the task files under --include_path.
 lm_eval reads all of its built-in task YAMLs (thousands) at every start to find the tasks
 named; for local tasks that is most of a short run's time. lm_eval's command has no such
@@ -30,6 +33,7 @@ from typing import Optional
 from lm_eval._cli.run import Run
 from lm_eval.utils import setup_logging
 
+from rove_jax.cli import platforms
 from rove_jax.cli.errors import fail
 from rove_jax.evaluation import harness  # registers the "rove_jax" model
 
@@ -50,6 +54,12 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
   args = parser.parse_args(argv[1:] if argv[:1] == ["run"] else argv)
   if args.only_include_path and not args.include_path:
     parser.error("--only_include_path needs --include_path DIR (the task files to index)")
+  # lm_eval's automatic batch size probes a torch model's memory, which the rove_jax model
+  # has not: refused here, before anything loads, rather than as a traceback from lm_eval.
+  batch_size = str(getattr(args, "batch_size", None))  # absent: lm_eval's default, a number
+  if getattr(args, "model", None) == "rove_jax" and batch_size.startswith("auto"):
+    parser.error(f"--batch_size {batch_size}: the rove_jax model takes a fixed batch size; "
+                 f"give a number, e.g. --batch_size 8")
   return args
 
 
@@ -67,6 +77,7 @@ def _index_only_include_path() -> None:
 
 def main(argv: Optional[list] = None) -> int:
   args = parse_args(argv)
+  platforms.skip_absent_accelerators()
   if vars(args).pop("only_include_path"):  # lm_eval's run takes every other option as is
     _index_only_include_path()
   setup_logging()  # what lm_eval's own command does before it runs

@@ -119,8 +119,10 @@ def main(argv):
     # jax.distributed can still start after it, before the first device is used.
     c = config_schema.build(_CONFIG.value, model_given=_MODEL_GIVEN)
     run_config.check_environment(c)
-    if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with libtpu
-      platforms.skip_absent_tpu()
+    if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with its plugin
+      platforms.skip_absent_accelerators()
+    else:
+      platforms.prepare_gpu_compile(c.dry_run_topology)
     sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
     if c.dry_run:
       from rove_jax.cli import dry_run  # the compiler's machinery: this flag only
@@ -242,6 +244,39 @@ def deferred_config_error(value) -> Optional[BaseException]:
   return None
 
 
+def help_config(argv: list[str]) -> int:
+  """--help-config: every config field with its value and description; those of the config
+  --config names, overrides applied, when one is given, else the defaults."""
+  if config_path(argv) is None:
+    print("Every config field with its default (the tiny preset's model); set one with "
+          "--config.FIELD=VALUE:")
+    print("\n".join("  " + line for line in run_config.describe()))
+    return 0
+  problems = _override_problems(argv)
+  if problems:
+    print("error: " + "\nerror: ".join(problems), file=sys.stderr)
+    return 2
+  rest = [a for a in argv if a != "--help-config"]
+  if not any(a == "--workdir" or a.startswith("--workdir=") for a in rest):
+    rest.append("--workdir=unused")  # absl requires it; nothing is trained or written
+  _parse_flags(rest)
+  model_given = {a[len("--config.model."):].partition("=")[0].split(".")[0]
+                 for a in rest[1:] if a.startswith("--config.model.")}
+  try:
+    c = config_schema.build(_CONFIG.value, model_given=model_given)
+  except ValueError as e:
+    return fail(str(e), 2)
+  path = config_path(argv)
+  packaged = os.path.dirname(path) == os.path.abspath(CONFIG_DIR)
+  name = os.path.basename(path)[:-3] if packaged else os.path.relpath(path)
+  overrides = [a for a in rest[1:] if a.startswith("--config.")]
+  print(f"Every config field with its value under --config {name}"
+        + (f" and {' '.join(overrides)}" if overrides else "")
+        + "; set one with --config.FIELD=VALUE:")
+  print("\n".join("  " + line for line in run_config.describe(c)))
+  return 0
+
+
 def run(argv=None):
   """Entry point of `rove-train` and train.py."""
   argv = list(sys.argv if argv is None else argv)
@@ -251,10 +286,7 @@ def run(argv=None):
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   if "--help-config" in argv[1:]:
-    print("Every config field with its default (the tiny preset's model); set one with "
-          "--config.FIELD=VALUE:")
-    print("\n".join("  " + line for line in run_config.describe()))
-    sys.exit(0)
+    sys.exit(help_config(argv))
   # the model fields set on the command line: with init_from, the only ones compared with the
   # checkpoint's (a config file's model section is for a model trained from scratch)
   _MODEL_GIVEN.update(a[len("--config.model."):].partition("=")[0].split(".")[0]

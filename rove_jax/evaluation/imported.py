@@ -47,9 +47,16 @@ def recorded_train_len(hf: dict) -> int:
                    "--train-len")
 
 
+def has_tokenizer(path: str) -> bool:
+  """Whether the model directory at `path` holds or records its tokenizer (ValueError: a
+  config.json whose tokenizer record is malformed)."""
+  return init_from.checkpoint_tokenizer(paths.resolve(path, what="model directory")) is not None
+
+
 def load_model(path: str, *, data_path: Optional[str] = None,
-               train_len: Optional[int] = None) -> Run:
-  """The model directory at `path` as a Run (module docstring).
+               train_len: Optional[int] = None, tokenizer: Optional[str] = None) -> Run:
+  """The model directory at `path` as a Run (module docstring); `tokenizer` (a tokenizer.json
+  path or a spec) is used when the directory holds and records none.
 
   Raises:
     ValueError: not a loadable model directory (pretrained.load says which keys), no
@@ -58,10 +65,10 @@ def load_model(path: str, *, data_path: Optional[str] = None,
   path = paths.resolve(path, what="model directory")
   config, params = pretrained.load(path)
   hf = json.loads(paths.read_text(paths.join(path, param_files.CONFIG)))
-  spec = init_from.checkpoint_tokenizer(path)
+  spec = init_from.checkpoint_tokenizer(path) or tokenizer
   if spec is None:
-    raise ValueError(f"{path} holds no tokenizer.json and records no tokenizer; copy the "
-                     f"model's tokenizer.json into it")
+    raise ValueError(f"{path} holds no tokenizer.json and records no tokenizer; pass "
+                     f"--tokenizer PATH/tokenizer.json (the model's)")
   tokenizer = tokenization.get_tokenizer(spec)
   if tokenizer.vocab_size > config.vocab_size:
     raise ValueError(f"the tokenizer of {path} has {tokenizer.vocab_size} ids but the model's "

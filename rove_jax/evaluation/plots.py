@@ -177,15 +177,43 @@ def perplexity_figure(report: dict):
   kinds = _draw_curves(ax, series, "loss", transform=np.exp)
   _length_axis(ax, [L for cells in series.values() for L in cells])
   extra = _train_lines(ax, [train_len(r) for r in runs])
-  from matplotlib.ticker import LogFormatter
   ax.set_yscale("log")
-  ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))  # 20, 30, not 2 x 10^1
-  ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+  _perplexity_ticks(ax)
   ax.set_ylabel("perplexity (exp of the mean loss over seeds)")
   ax.set_title("Perplexity vs evaluation length")
   ax.grid(alpha=0.3, which="major")
   _curve_legend(ax, series, kinds, extra)
   return fig
+
+
+# Mantissas of the labelled perplexity ticks, densest first: the first set that gives at most
+# MAX_Y_TICKS ticks in the axis' range is used, so a range that ends a little past a power of
+# ten (5 to 16) still has labelled ticks above it (12, 15).
+Y_TICK_MANTISSAS = ((1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9), (1, 1.5, 2, 3, 4, 5, 6, 8),
+                    (1, 2, 3, 5), (1, 2, 5), (1,))
+MAX_Y_TICKS = 10
+
+
+def perplexity_ticks(low: float, high: float) -> list:
+  """Labelled ticks of a log perplexity axis over [low, high]: plain numbers at the densest
+  mantissas of Y_TICK_MANTISSAS that give at most MAX_Y_TICKS of them (at least the powers of
+  ten inside the range)."""
+  decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
+  for mantissas in Y_TICK_MANTISSAS:
+    ticks = [m * 10.0 ** e for e in decades for m in mantissas
+             if low <= m * 10.0 ** e * (1 + 1e-9) and m * 10.0 ** e <= high * (1 + 1e-9)]
+    if len(ticks) <= MAX_Y_TICKS:
+      return ticks
+  return ticks
+
+
+def _perplexity_ticks(ax) -> None:
+  from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+  ax.autoscale_view()
+  low, high = ax.get_ylim()
+  ax.yaxis.set_major_locator(FixedLocator(perplexity_ticks(low, high)))
+  ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 15, not 1.5 x 10^1
+  ax.yaxis.set_minor_locator(NullLocator())
 
 
 def perplexity(report: dict) -> Optional[bytes]:

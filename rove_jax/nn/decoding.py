@@ -7,6 +7,7 @@ Shape letters (legend in rove_jax): B batch, T prompt tokens, V vocabulary.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Optional
 
 import jax
@@ -57,6 +58,31 @@ def _generate_fn(graphdef, max_new_tokens, temperature, top_k, valid_vocab, rope
   return run
 
 
+_WARNED_PAST: set = set()  # training lengths already warned about in this process
+
+
+def warn_past_training_length(cfg, prompt_len: int, max_new_tokens: int,
+                              rope_scaling: Optional[scaling.RopeScaling]) -> bool:
+  """Warns once per training length (a UserWarning) when prompt and new tokens reach past
+  cfg.max_len under no context extension (rope_scaling None or "default", the call's or else
+  the config's): the model never saw those positions. Returns whether it warned."""
+  end = prompt_len + max_new_tokens
+  scaled = rope_scaling if rope_scaling is not None else cfg.rope_scaling
+  if end <= cfg.max_len or (scaled is not None and scaled.rope_type != "default"):
+    return False
+  if cfg.max_len in _WARNED_PAST:
+    return False
+  _WARNED_PAST.add(cfg.max_len)
+  hint = (f"; YaRN may help: rope_scaling=RopeScaling(rope_type='yarn', "
+          f"factor={-(-end // cfg.max_len)}.0, original_max_position_embeddings={cfg.max_len})"
+          if cfg.pos_encoding in ("rove", "rope") else "")
+  warnings.warn(f"generate: a prompt of {prompt_len} tokens and max_new_tokens={max_new_tokens} "
+                f"reach position {end}, past the training length max_len={cfg.max_len}; the "
+                f"model never saw those positions and its text there is usually worse{hint} "
+                f"(said once)", UserWarning, stacklevel=3)
+  return True
+
+
 def generate(model, prompt, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: Optional[int] = None, rng=None, valid_vocab: Optional[int] = None,
              rope_scaling: Optional[scaling.RopeScaling] = None):
@@ -79,9 +105,10 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 1.0,
   if temperature > 0 and rng is None:
     raise ValueError("sampling (temperature > 0) needs rng=jax.random.key(...)")
   B, T = prompt.shape
+  rope_scaling = scaling.RopeScaling.coerce(rope_scaling)  # hashable; a bad value: ValueError
+  warn_past_training_length(model.config, T, max_new_tokens, rope_scaling)
   cache = model.init_cache(B, T + max_new_tokens)
   graphdef, state = nnx.split(model)
-  rope_scaling = scaling.RopeScaling.coerce(rope_scaling)  # hashable; a bad value: ValueError
   fn = _generate_fn(graphdef, max_new_tokens, float(temperature), top_k, valid_vocab,
                     rope_scaling)
   rng = jax.random.key(0) if rng is None else rng

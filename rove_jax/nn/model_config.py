@@ -24,6 +24,11 @@ WINDOWLESS_KERNELS = ("cudnn", "splash", "fused")  # flash kernels that mask by 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+def _f(default, help: str):
+  """A field with its description (rove-train --help-config prints it)."""
+  return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
   """Model shape and positional encoding. Frozen and hashable; presets are classmethods.
@@ -36,34 +41,42 @@ class GPTConfig:
   output projection and the MLP then have none), as Qwen2 does; `sliding_window` w > 0 lets
   query i see key j only if pos_i - pos_j < w (Mistral's window), 0 is no window.
   """
-  vocab_size: int = 320
-  n_layer: int = 6
-  n_head: int = 6
-  n_kv_head: Optional[int] = None  # None: n_head (multi-head); fewer for GQA, 1 for MQA
-  d_model: int = 384
-  d_ff: Optional[int] = None  # None: 4 * d_model
-  max_len: int = 256  # the training context
-  pos_encoding: str = "rove"
-  rope_base: float = 10000.0
-  rotary_fraction: float = 1.0
-  rope_layout: str = "interleaved"
-  rope_scaling: Optional[scaling.RopeScaling] = None
-  rove_layers: Optional[tuple] = None
-  norm: str = "layernorm"
-  mlp: str = "gelu"
-  use_bias: bool = True
-  qkv_bias: bool = False  # biases on q, k, v even without use_bias (Qwen2)
-  tie_embeddings: bool = True
-  dtype: str = "float32"
-  param_dtype: str = "float32"
-  attention_impl: str = "auto"  # per call: splash (TPU), cudnn (GPU bf16), xla/chunked (CPU)
-  attention_chunk: int = 512
-  remat: str = "none"
-  t5_num_buckets: int = 32
-  t5_max_distance: int = 128
-  init_std: float = 0.02
-  norm_eps: float = 1e-5
-  sliding_window: int = 0  # w > 0: each query sees the keys at most w - 1 positions back
+  vocab_size: int = _f(320, "embedding rows: at least the tokenizer's ids, a multiple of 64")
+  n_layer: int = _f(6, "transformer blocks")
+  n_head: int = _f(6, "query heads")
+  n_kv_head: Optional[int] = _f(None, "key/value heads; unset: n_head (multi-head), fewer for "
+                                "GQA, 1 for MQA")
+  d_model: int = _f(384, "residual width (a multiple of n_head)")
+  d_ff: Optional[int] = _f(None, "MLP hidden width; unset: 4 * d_model")
+  max_len: int = _f(256, "the training context in tokens (data.seq_len's default)")
+  pos_encoding: str = _f("rove", " | ".join(POS_ENCODINGS))
+  rope_base: float = _f(10000.0, "RoPE base: theta_m = base^(-2m/rot_dim)")
+  rotary_fraction: float = _f(1.0, "share of each head's dims that rotate (partial rotary)")
+  rope_layout: str = _f("interleaved", "rotary pairs: interleaved (x[2m], x[2m+1]) | half "
+                        "(x[m], x[m+P], Llama's)")
+  rope_scaling: Optional[scaling.RopeScaling] = _f(
+      None, "transformers-style dict, e.g. {'rope_type': 'yarn', 'factor': 4.0}; unset: plain "
+      "RoPE")
+  rove_layers: Optional[tuple] = _f(None, "layer indices that use RoVE (the rest RoPE); unset: "
+                                    "all")
+  norm: str = _f("layernorm", " | ".join(NORMS))
+  mlp: str = _f("gelu", " | ".join(MLPS))
+  use_bias: bool = _f(True, "biases on the projections and the MLP")
+  qkv_bias: bool = _f(False, "biases on q, k, v even without use_bias (Qwen2)")
+  tie_embeddings: bool = _f(True, "the output projection is the embedding's transpose")
+  dtype: str = _f("float32", "compute dtype: " + " | ".join(DTYPES))
+  param_dtype: str = _f("float32", "parameter dtype: " + " | ".join(DTYPES))
+  attention_impl: str = _f("auto", "attention kernel; auto: splash (TPU), cudnn (GPU), "
+                           "xla/chunked (CPU), per call")
+  attention_chunk: int = _f(512, "block length of the chunked kernel")
+  remat: str = _f("none", "none | full (recompute each block in the backward pass) | dots "
+                  "(save matmul outputs only)")
+  t5_num_buckets: int = _f(32, "t5_bias: relative-position buckets")
+  t5_max_distance: int = _f(128, "t5_bias: distance of the last bucket")
+  init_std: float = _f(0.02, "standard deviation of the weights' normal init")
+  norm_eps: float = _f(1e-5, "epsilon of the norms")
+  sliding_window: int = _f(0, "w > 0: each query sees the keys at most w - 1 positions back "
+                           "(Mistral); 0: no window")
 
   def __post_init__(self):
     set_ = functools.partial(object.__setattr__, self)

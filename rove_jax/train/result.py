@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Optional
 
 import jax
@@ -48,9 +49,26 @@ class TrainResult:
   stopped_by: Optional[str] = None
 
 
+def finished_already(result: TrainResult) -> bool:
+  """Whether this invocation found the run at its last step and trained nothing."""
+  return result.steps_run == 0 and result.stopped_by is None and result.start_step > 0
+
+
+def next_step(result: TrainResult) -> str:
+  """The closing line: the command that evaluates this run."""
+  return (f"next: rove-eval --workdir {result.workdir} --tasks ppl (perplexity from 0.5x to "
+          f"16x the training length, with and without YaRN; docs/evaluation.md)")
+
+
 def report(result: TrainResult, c, *, out=print) -> None:
-  """Prints the end-of-run summary and, if c.sample_tokens, a generated sample."""
+  """Prints the end-of-run summary, if c.sample_tokens a generated sample, and the next step.
+  A run that was finished already says that nothing was trained."""
   last = result.last or {}
+  if finished_already(result):
+    out(f"already finished at step {result.step} in {result.workdir}; nothing trained "
+        f"(--config.steps={c.steps}: raise it to train further, or give a new --workdir)")
+    out(next_step(result))
+    return
   out(f"done: step {result.step} in {result.workdir}"
       + (f", train loss {last['loss']:.4f}" if "loss" in last else "")
       + (f", val loss {result.val_loss:.4f} nats/token" if result.val_loss is not None else "")
@@ -63,6 +81,10 @@ def report(result: TrainResult, c, *, out=print) -> None:
     tok = result.tokenizer
     model = nnx.merge(result.graphdef, result.params)
     prompt = tok.encode("def ")[None]
-    out_ids = generate(model, prompt, c.sample_tokens, temperature=0.8, top_k=40,
-                       rng=jax.random.key(c.seed), valid_vocab=tok.vocab_size)
+    with warnings.catch_warnings():  # a smoke check of the model, not a long-context use
+      warnings.filterwarnings("ignore", message="generate: a prompt of", category=UserWarning)
+      out_ids = generate(model, prompt, c.sample_tokens, temperature=0.8, top_k=40,
+                         rng=jax.random.key(c.seed), valid_vocab=tok.vocab_size)
     out("sample:\n" + tok.decode(np.asarray(out_ids[0])))
+  if jax.process_index() == 0:
+    out(next_step(result))

@@ -82,16 +82,47 @@ def _section_diffs(saved: dict, mine: dict, prefix: str) -> list[str]:
           if saved.get(k) != mine.get(k)]
 
 
+# The settings that decide what a resumed run computes: the model, the data, the optimizer
+# and its schedule (steps sets the cosine decay), the seed. The others (logging, checkpoint
+# cadence, tracking, run_steps, the mesh, init_from, which a resumed run ignores and the loop
+# says so) may change between invocations without a word.
+COMPARED = ("model.", "data.", "optim.", "steps", "seed")
+NOT_COMPARED = ("data.allow_changed",)  # check_data reports what it allows
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict) and v and k != "rope_scaling":  # rope_scaling compares as one value
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
+
+
+def config_changes(saved: dict, meta: dict) -> list[str]:
+  """"field: saved X, now Y" for each COMPARED run setting in which `meta` differs from the
+  checkpoint metadata `saved`."""
+  before = {**_flat(saved.get("model", {}), "model."), **_flat(saved.get("config", {}))}
+  after = {**_flat(meta.get("model", {}), "model."), **_flat(meta.get("config", {}))}
+  return [f"{k}: saved {before.get(k)!r}, now {after.get(k)!r}"
+          for k in sorted(set(before) | set(after))
+          if before.get(k) != after.get(k) and k.startswith(COMPARED) and k not in NOT_COMPARED]
+
+
 def check_resumable(ckpt: ckpt_lib.Checkpointer, meta: dict, abstract_flat: dict, *,
                     workdir: str, log=print) -> None:
   """Raises IncompatibleRun (or LayoutError) when the newest readable checkpoint of `ckpt`
   cannot be continued by a run whose metadata would be `meta` and whose flat train state is
-  `abstract_flat`. Nothing is restored, moved or deleted.
+  `abstract_flat`. Nothing is restored, moved or deleted. A config that can continue the run
+  but differs from the one it was saved with (a learning rate, the step count that sets the
+  schedule) is logged as a warning naming each changed field.
   """
   found = ckpt.newest_meta(report=log)
   if found is None:
     return
   step, saved = found
+  _warn_changes(saved, meta, step, workdir, log)
   fix = (f"Rerun with the settings the run was started with (its config is in the checkpoint "
          f"metadata and metrics), or train into a new --workdir than {workdir}.")
   diffs = model_diffs(saved.get("model", {}), meta["model"])
@@ -116,6 +147,17 @@ def check_resumable(ckpt: ckpt_lib.Checkpointer, meta: dict, abstract_flat: dict
         f"({len(want - set(stored))} entries missing, {len(set(stored) - want)} unexpected); "
         f"changed optimizer settings: {'; '.join(changed) or 'none found in the config'}. {fix}")
   ckpt.check_layout(step, want)  # parameters named differently: LayoutError
+
+
+def _warn_changes(saved: dict, meta: dict, step: int, workdir: str, log) -> None:
+  changes = config_changes(saved, meta)
+  if not (changes and "config" in saved):
+    return
+  what = ("the run is finished, so nothing is trained" if step >= meta["config"].get("steps", 0)
+          else "the run continues under the new values. Rerun with the saved ones, or train into "
+               "a new --workdir, to keep the run as it began")
+  log(f"WARNING: this config differs from the one the run in {workdir} was saved with at step "
+      f"{step} ({'; '.join(changes)}); {what}.")
 
 
 def check_workdir(workdir: str) -> str:

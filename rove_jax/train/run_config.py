@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from rove_jax import scaling
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train import tracking
 
@@ -298,10 +299,9 @@ def describe(c: Optional[RunConfig] = None) -> list[str]:
   def walk(obj, prefix):
     for f in dataclasses.fields(obj):
       value = getattr(obj, f.name)
-      if f.name == "model":
-        for mf in dataclasses.fields(value):
-          lines.append(f"model.{mf.name} = {getattr(value, mf.name)!r}")
-      elif dataclasses.is_dataclass(value):
+      if isinstance(value, scaling.RopeScaling):  # one value, as an override gives it
+        value = value.to_dict()
+      if dataclasses.is_dataclass(value):
         walk(value, f"{prefix}{f.name}.")
       else:
         help_ = f.metadata.get("help", "")

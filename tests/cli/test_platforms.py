@@ -1,5 +1,6 @@
-"""rove_jax.cli.platforms: where libtpu is installed and no TPU is attached, the commands start
-JAX on the CPU only (no libtpu errors); everywhere else JAX's own choice is kept."""
+"""rove_jax.cli.platforms: where libtpu or a CUDA plugin is installed and no accelerator of theirs
+is attached, the commands start JAX on the CPU only (no libtpu errors, no CUDA plugin
+traceback); everywhere else JAX's own choice is kept."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def installed(monkeypatch):
 def test_libtpu_without_a_tpu_runs_on_the_cpu(installed, tmp_path):
   installed.add("libtpu")
   env = {}
-  assert platforms.skip_absent_tpu(env, dev=str(tmp_path)) == "cpu"
+  assert platforms.skip_absent_accelerators(env, dev=str(tmp_path)) == "cpu"
   assert env == {"JAX_PLATFORMS": "cpu"}
 
 
@@ -33,7 +34,7 @@ def test_an_attached_tpu_is_left_to_jax(installed, tmp_path, device):
   (tmp_path / device).write_text("")
   env = {}
   assert platforms.tpu_attached(str(tmp_path))
-  assert platforms.skip_absent_tpu(env, dev=str(tmp_path)) is None and env == {}
+  assert platforms.skip_absent_accelerators(env, dev=str(tmp_path)) is None and env == {}
 
 
 def test_vfio_without_numbered_groups_is_no_tpu(tmp_path):
@@ -42,12 +43,35 @@ def test_vfio_without_numbered_groups_is_no_tpu(tmp_path):
   assert not platforms.tpu_attached(str(tmp_path))
 
 
-def test_no_libtpu_a_cuda_plugin_or_a_user_setting_changes_nothing(installed, tmp_path):
+def test_no_plugin_an_attached_gpu_or_a_user_setting_changes_nothing(installed, tmp_path):
   env = {}
-  assert platforms.skip_absent_tpu(env, dev=str(tmp_path)) is None and env == {}  # no libtpu
+  assert platforms.skip_absent_accelerators(env, dev=str(tmp_path)) is None and env == {}
   installed.update({"libtpu", platforms.CUDA_PLUGINS[0]})
-  assert platforms.skip_absent_tpu(env, dev=str(tmp_path)) is None and env == {}  # a GPU host
+  (tmp_path / "nvidia0").write_text("")  # a GPU host
+  assert platforms.gpu_attached(str(tmp_path))
+  assert platforms.skip_absent_accelerators(env, dev=str(tmp_path)) is None and env == {}
   installed.discard(platforms.CUDA_PLUGINS[0])
   env = {"JAX_PLATFORMS": "tpu"}
-  assert platforms.skip_absent_tpu(env, dev=str(tmp_path)) is None
+  assert platforms.skip_absent_accelerators(env, dev=str(tmp_path)) is None
   assert env == {"JAX_PLATFORMS": "tpu"}
+
+
+@pytest.mark.parametrize("plugin", platforms.CUDA_PLUGINS)
+def test_a_cuda_plugin_without_a_gpu_runs_on_the_cpu(installed, tmp_path, plugin):
+  installed.add(plugin)
+  (tmp_path / "nvidiactl").write_text("")  # the driver's control node is no GPU
+  env = {}
+  assert not platforms.gpu_attached(str(tmp_path))
+  assert platforms.skip_absent_accelerators(env, dev=str(tmp_path)) == "cpu"
+  assert env == {"JAX_PLATFORMS": "cpu"}
+
+
+def test_a_gpu_topology_gets_the_constraints_check_skipped():
+  env = {}
+  assert platforms.prepare_gpu_compile("h200-8", env)
+  assert env == {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1"}
+  env = {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "0"}  # the user's setting is kept
+  assert platforms.prepare_gpu_compile("H100-16", env)
+  assert env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] == "0"
+  env = {}
+  assert not platforms.prepare_gpu_compile("v5e-8", env) and env == {}

@@ -76,31 +76,44 @@ def test_an_export_supplies_its_training_length_and_text_defaults_to_the_stdlib(
     imported.recorded_train_len({})
 
 
-def test_a_model_directory_without_a_tokenizer_is_one_error_line(checkpoint, tmp_path, capsys):  # noqa: F811
+def test_a_model_directory_without_a_tokenizer_exits_2_naming_the_flag(
+    checkpoint, tmp_path, capsys):  # noqa: F811
   bare = tmp_path / "bare"
   bare.mkdir()
   for name in ("config.json", "model.safetensors"):
     shutil.copy(pathlib.Path(checkpoint) / name, bare / name)
   assert imported.is_model_dir(str(bare))
-  code = eval_cli.main(["--workdir", str(bare), "--tasks", "ppl", "--lengths", "16",
-                        "--out", str(tmp_path / "report"), "--no-progress"])
+  argv = ["--workdir", str(bare), "--tasks", "ppl", "--lengths", "16", "--train-len", "16",
+          "--ppl-tokens", "32", "--yarn", "off", "--out", str(tmp_path / "report"),
+          "--no-progress"]
+  with pytest.raises(SystemExit) as exit_:  # an argument error, before the model loads
+    eval_cli.main(argv)
   err = capsys.readouterr().err
-  assert code == 1
-  assert "holds no tokenizer.json" in err and "Traceback" not in err, err
-  assert not (tmp_path / "report").exists()  # made for the run, removed: nothing was written
+  assert exit_.value.code == 2
+  last = err.strip().splitlines()[-1]
+  assert "holds no tokenizer.json" in last and "--tokenizer PATH/tokenizer.json" in last, err
+  assert "Traceback" not in err
+  assert not (tmp_path / "report").exists()
+  with pytest.raises(SystemExit):  # a --tokenizer that is not there is named
+    eval_cli.main([*argv, "--tokenizer", str(tmp_path / "missing.json")])
+  assert "--tokenizer" in capsys.readouterr().err
+  # --tokenizer supplies it: the directory is scored
+  code = eval_cli.main([*argv, "--tokenizer", str(pathlib.Path(checkpoint) / "tokenizer.json")])
+  assert code == 0, capsys.readouterr().err
+  assert (tmp_path / "report" / "report.json").exists()
 
 
-def test_the_report_of_a_model_directory_goes_under_the_current_directory(tmp_path,
-                                                                          monkeypatch):
+def test_the_report_of_a_model_directory_goes_beside_it(tmp_path, monkeypatch):
   model = tmp_path / "hub" / "llama-tiny"
   model.mkdir(parents=True)
   (model / "config.json").write_text("{}")
   run = tmp_path / "run"
   (run / "checkpoints").mkdir(parents=True)
   (run / "config.json").write_text("{}")  # a workdir that also holds a config.json
-  here = tmp_path / "here"
+  here = tmp_path / "here"  # a checkout, say: nothing is written under the current directory
   here.mkdir()
   monkeypatch.chdir(here)
-  assert eval_cli.default_out(str(model)) == str(here / "eval" / "llama-tiny")
-  assert eval_cli.default_out(str(model) + "/") == str(here / "eval" / "llama-tiny")
+  assert eval_cli.default_out(str(model)) == str(tmp_path / "hub" / "llama-tiny-eval")
+  assert eval_cli.default_out(str(model) + "/") == str(tmp_path / "hub" / "llama-tiny-eval")
+  assert eval_cli.default_out("../hub/llama-tiny") == str(tmp_path / "hub" / "llama-tiny-eval")
   assert eval_cli.default_out(str(run)) == str(run / "eval")

@@ -91,6 +91,32 @@ def test_perplexity_colours_by_encoding_styles_by_setting_and_means_over_seeds(c
   assert [l.get_xdata()[0] for l in ax.get_lines() if l.get_gid() == "train_len"] == [128]
 
 
+def test_perplexity_ticks_above_ten_are_labelled(close_figures):
+  # The demo's range: perplexities from about 5.5 to 16, a little past a power of ten.
+  runs = [ppl_run("rove", 0, settings=("none",))]
+  for L, ppl in zip(LENGTHS, (5.5, 9.0, 16.0)):
+    runs[0]["perplexity"]["none"][str(L)]["loss"] = math.log(ppl)
+  ax, = plots.perplexity_figure({"runs": runs}).axes
+  fig = ax.figure
+  fig.canvas.draw()
+  low, high = ax.get_ylim()
+  shown = [(t.get_loc(), t.label1.get_text()) for t in ax.yaxis.get_major_ticks()
+           if low <= t.get_loc() <= high and t.label1.get_visible()]
+  labels = [text for _, text in shown]
+  assert all(text for text in labels)
+  assert [text for loc, text in shown if loc > 10] == ["12", "15"]
+  assert "10" in labels and "6" in labels
+  assert ax.yaxis.get_minor_locator().tick_values(low, high) == []
+
+
+def test_perplexity_ticks_thin_out_over_wide_ranges():
+  assert plots.perplexity_ticks(5.5, 16) == [6, 7, 8, 9, 10, 12, 15]
+  assert plots.perplexity_ticks(5, 1000) == [5, 10, 20, 30, 50, 100, 200, 300, 500, 1000]
+  assert plots.perplexity_ticks(2, 3) == [2, 2.5, 3]
+  wide = plots.perplexity_ticks(1.5, 1e6)
+  assert len(wide) <= plots.MAX_Y_TICKS and 1000 in wide
+
+
 def test_perplexity_band_is_the_seed_range_even_with_window_records(close_figures):
   """Per-window records do not turn the band into an interval over windows (whose difficulty
   every run shares): it stays the min-max over seeds, around the mean over seeds."""

@@ -198,10 +198,10 @@ def test_the_closing_line_counts_skipped_steps():
   no_sample = config_schema.build({"sample_tokens": 0})
   result.report(summary, no_sample, out=lines.append)
   assert lines == ["done: step 8 in w, train loss 2.0000; 3 of the 8 steps run were skipped "
-                   "as non-finite (their updates not applied)"]
+                   "as non-finite (their updates not applied)", result.next_step(summary)]
   lines.clear()
   result.report(dataclasses.replace(summary, nonfinite_steps=0), no_sample, out=lines.append)
-  assert lines == ["done: step 8 in w, train loss 2.0000"]
+  assert lines == ["done: step 8 in w, train loss 2.0000", result.next_step(summary)]
 
 
 def test_checkpointer_refuses_non_finite_state(tmp_path):
