@@ -37,12 +37,12 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from rove_jax import hardware
-from rove_jax.aot import analysis as aot_analysis, gpu as aot_gpu
-from rove_jax.nn import flops
-from rove_jax.train import sharding
-from rove_jax.train import config_schema, gpu_options
-from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, param_count
+from rove_jax.aot import analysis as aot_analysis
+from rove_jax.aot import gpu as aot_gpu
 from rove_jax.aot.analysis import format_report  # noqa: F401 (re-exported)
+from rove_jax.nn import flops
+from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, param_count
+from rove_jax.train import config_schema, gpu_options, sharding
 
 GiB = 2**30
 JOBS = flops.JOBS

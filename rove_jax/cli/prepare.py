@@ -30,7 +30,6 @@ from rove_jax.data.sources import SOURCES, Corpus
 from rove_jax.storage import paths
 
 
-
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       prog="rove-prepare", description="Tokenize a corpus once into memory-mapped shards with a "

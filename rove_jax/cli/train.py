@@ -5,9 +5,11 @@
   rove-train --help-config                            # every config field, with its default
 
 --config takes a config file (configs/tiny.py) or the name of a packaged one (smoke, tiny,
-demo, recall_offset, gpt2_124m, gpt2_354m: rove_jax/train/configs/NAME.py), so an installed package trains
+demo, recall_offset, gpt2_124m, gpt2_354m: rove_jax/train/configs/NAME.py), so an installed package
+trains
 without a checkout. --config.dry_run=True compiles the train step and prints its memory and
-FLOPs instead of training; --helpfull lists the flags. Rerunning the same command resumes from the newest readable checkpoint in
+FLOPs instead of training; --helpfull lists the flags. Rerunning the same command resumes from the
+newest readable checkpoint in
 --workdir. SIGTERM / Ctrl-C finish the current step, save a checkpoint and exit 0. Several
 processes (hosts): add --coordinator_address HOST:PORT --num_processes N --process_id I on
 each, or nothing on TPU pods and SLURM, where jax.distributed.initialize() detects the cluster.
@@ -23,8 +25,7 @@ from ml_collections import config_flags
 
 from rove_jax.cli import platforms
 from rove_jax.cli.errors import TRACEBACK_VAR, fail, missing_package
-from rove_jax.train import config_schema, run_config
-from rove_jax.train import sharding
+from rove_jax.train import config_schema, run_config, sharding
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "a config file (configs/tiny.py) or a packaged config's name (tiny, "
@@ -103,7 +104,8 @@ def main(argv):
   if os.environ.get(TRACEBACK_VAR) != "1":
     _quiet_background_failures()
   # after flag parsing: --help and flag errors do not load flax, optax, orbax and grain
-  from rove_jax.train import loop as training, result
+  from rove_jax.train import loop as training
+  from rove_jax.train import result
   # Expected failures end with one message and an exit code, no traceback (set
   # ROVE_JAX_TRACEBACK=1 to see it): 2 a bad config or input, 3 a run that diverged, 1 the rest
   # (a missing package, files, the machine: memory, disk, permissions, another trainer).

@@ -8,5 +8,6 @@ prompt to a length, answer scoring), ruler/ (suite, tasks, haystack, qa), icl/ (
 files, specs), report (the report.json schema and its validation), and its writers: report_md
 (report.md's tables), plots (the PNGs) and report_files (the report directory, replaced
 atomically). harness is the lm-evaluation-harness model "rove_jax" (the [harness] extra; it
-imports lm_eval, so nothing else here imports it). The paper reproduction's write-up is study/, outside the package.
+imports lm_eval, so nothing else here imports it). The paper reproduction's write-up is study/,
+outside the package.
 """

@@ -61,15 +61,17 @@ from flax import nnx
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from lm_eval.models.utils import (handle_stop_sequences, normalize_gen_kwargs,
-                                  postprocess_generated_text)
+from lm_eval.models.utils import (
+  handle_stop_sequences,
+  normalize_gen_kwargs,
+  postprocess_generated_text,
+)
 
 from rove_jax.data import tokenization
 from rove_jax.nn import param_files, pretrained
 from rove_jax.nn.model_config import DTYPES
 from rove_jax.storage import paths
 from rove_jax.train import export
-
 
 MODEL_NAME = "rove_jax"
 SMALLEST_BUCKET = 64

@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rove_jax.tasks import recall as recall_data
-from rove_jax.tasks.recall_chars import MARKER
 from rove_jax.evaluation import scoring
 from rove_jax.nn.model import GPT
 from rove_jax.scaling import RopeScaling
+from rove_jax.tasks import recall as recall_data
+from rove_jax.tasks.recall_chars import MARKER
 
 SETTINGS = ("none", "yarn", "yarn_fixed")
 MULTIPLES = (1, 2, 4, 8, 16)

@@ -21,14 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax import data as data_lib
 from rove_jax.data import tokenization
-from rove_jax.train import resume, run_reader
-from rove_jax.train.run_config import RunConfig
-from rove_jax.nn.model import GPT, GPTConfig, ROTARY_ENCODINGS
+from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, GPTConfig
 from rove_jax.scaling import RopeScaling
 from rove_jax.storage import paths
+from rove_jax.train import resume, run_reader
+from rove_jax.train.run_config import RunConfig
 
 
 @dataclasses.dataclass

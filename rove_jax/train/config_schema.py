@@ -145,7 +145,8 @@ def override_problem(key: str, value: Optional[str] = None, *,
       hint = (f"did you mean --config.{'.'.join(path + close + parts[i + 1:])}?" if close
               else f"{here} has: {fields}")
       return (f"--config.{key}: {here} has no field {part!r}; {hint} (the schema is "
-              f"rove_jax/train/config_schema.py:base_config; rove-train --help-config lists every field)")
+              f"rove_jax/train/config_schema.py:base_config; rove-train --help-config lists "
+              f"every field)")
     node = node[part]
     path.append(part)
   if isinstance(node, ml_collections.ConfigDict):

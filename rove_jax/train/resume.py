@@ -1,5 +1,6 @@
 """What a training run checks before it touches a workdir's checkpoints: that the workdir is a
-writable directory (`check_workdir`), that no other trainer is writing there (the writer lock, `rove_jax.storage.lock`, taken by process 0), and that the
+writable directory (`check_workdir`), that no other trainer is writing there (the writer lock,
+`rove_jax.storage.lock`, taken by process 0), and that the
 saved run is one this config can continue.
 
 Compatibility: the newest checkpoint whose metadata reads is compared with the new config before

@@ -218,6 +218,7 @@ def test_the_tpu_pair_swap_equals_the_cpu_one_bitwise(monkeypatch, inverse):
   """The interleaved swap is written two ways (a reshape-reverse on CPU/GPU, pads and a select
   for TPU layouts): both move data only, so R x and its gradient agree bit for bit."""
   import jax
+
   from rove_jax import rotary
   rng = np.random.default_rng(3)
   x = jnp.asarray(rng.normal(size=(2, 16, 3, 10)), jnp.float32)  # 4 pairs + a 2-wide tail

@@ -6,7 +6,7 @@ import dataclasses
 
 import jax
 
-from rove_jax.train import config_schema, resume, result
+from rove_jax.train import config_schema, result, resume
 from rove_jax.train import loop as training
 from tests.conftest import small_config
 

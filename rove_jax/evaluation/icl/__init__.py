@@ -20,12 +20,23 @@ This module gathers the public names of:
                  answer scoring
 """
 
-from rove_jax.evaluation.icl.files import (build_prompts, centered_accuracy, core_score,
-                                           fewshot_indices, read_task_file, run_task_files)
+from rove_jax.evaluation.icl.files import (
+                                           build_prompts,
+                                           centered_accuracy,
+                                           core_score,
+                                           fewshot_indices,
+                                           read_task_file,
+                                           run_task_files,
+)
 from rove_jax.evaluation.icl.specs import KINDS, SCORINGS, TaskSpec, load_specs, load_task_specs
-from rove_jax.evaluation.icl.synthetic import (FEWSHOT_TASKS, LENGTH_TASKS, LENGTH_TOLERANCE,
-                                               run_synthetic, synthetic_examples,
-                                               synthetic_tasks)
+from rove_jax.evaluation.icl.synthetic import (
+                                           FEWSHOT_TASKS,
+                                           LENGTH_TASKS,
+                                           LENGTH_TOLERANCE,
+                                           run_synthetic,
+                                           synthetic_examples,
+                                           synthetic_tasks,
+)
 from rove_jax.evaluation.prompting import ScoreFn, Tokenizer, encode_prompt
 
 __all__ = ["KINDS", "SCORINGS", "TaskSpec", "load_task_specs", "load_specs", "read_task_file",

@@ -56,8 +56,8 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from rove_jax.evaluation import prompting
-from rove_jax.evaluation.ruler import tasks as ruler_tasks
 from rove_jax.evaluation.prompting import ScoreFn, Tokenizer
+from rove_jax.evaluation.ruler import tasks as ruler_tasks
 from rove_jax.evaluation.ruler.haystack import TOLERANCE, fit_problem
 from rove_jax.evaluation.ruler.qa import QAData, QAQuestion, load_hotpotqa, load_squad
 from rove_jax.evaluation.ruler.tasks import NIAH

@@ -11,11 +11,22 @@ from typing import Callable
 
 import numpy as np
 
-from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.evaluation.prompting import NOISE_SENTENCES
+from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.evaluation.ruler.haystack import (
-    ADJECTIVES, NOUNS, SINGLE_WORDS, Built, Draw, Exhausted, Problem, Stream, essay_sentences,
-    join_and, place, task_rng)
+  ADJECTIVES,
+  NOUNS,
+  SINGLE_WORDS,
+  Built,
+  Draw,
+  Exhausted,
+  Problem,
+  Stream,
+  essay_sentences,
+  join_and,
+  place,
+  task_rng,
+)
 
 _NIAH_INSTRUCTION = ("Some special magic {kind}s are hidden within the following text. Make sure "
                      "to memorize it. I will quiz you about the {kind}s afterwards.\n")
