@@ -28,7 +28,8 @@ from tests.train.test_loop_faults import (
   assert_same_state,
   cli_overrides,
   config,
-  read_state,  # noqa: F401 - reference is a fixture
+  read_state,
+  reference,  # noqa: F401 - a fixture
   train,
 )
 
