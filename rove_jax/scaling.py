@@ -37,7 +37,9 @@ from rove_jax.frequencies import (
   yarn,
   yarn_correction_range,
 )
+from rove_jax.scaling_values import COMMON_KEYS as _COMMON_KEYS
 from rove_jax.scaling_values import CONVERT as _CONVERT
+from rove_jax.scaling_values import KEYS
 from rove_jax.scaling_values import as_float as _as_float
 
 __all__ = ["RopeScaling", "from_config", "ROPE_TYPES", "SPECS", "KEYS", "DefaultScaling",
@@ -46,13 +48,6 @@ __all__ = ["RopeScaling", "from_config", "ROPE_TYPES", "SPECS", "KEYS", "Default
            "AxialScaling", "ScalingResult", "axial", "default", "dynamic_ntk", "dynamic_yarn",
            "linear", "llama3", "longrope", "ntk", "proportional", "yarn", "yarn_correction_range"]
 
-# Every key a spec reads, in the order to_dict and repr write them.
-KEYS = ("rope_type", "factor", "original_max_position_embeddings", "rope_theta",
-        "partial_rotary_factor", "beta_fast", "beta_slow", "truncate", "attention_factor",
-        "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor", "short_factor",
-        "long_factor")
-# Read by every type: transformers v5 keeps rope_theta and partial_rotary_factor in the dict.
-_COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 # "mrope" is Qwen2-VL's v4 name for default RoPE over (t, h, w) sections; transformers 5 renames
 # it "default" and so do we (for text positions the sections change nothing).
 _ALIASES = {"dynamic_ntk": "dynamic", "pi": "linear", "ntk_aware": "ntk", "mrope": "default"}

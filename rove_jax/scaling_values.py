@@ -1,5 +1,6 @@
-"""How rove_jax.scaling reads each value of a transformers rope dict: numbers, lists of numbers,
-the training context length and flags, each checked with a message naming the key."""
+"""The keys of a transformers rope dict and how rove_jax.scaling reads each value: numbers,
+lists of numbers, the training context length and flags, each checked with a message naming
+the key."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ import math
 from typing import Mapping, Optional
 
 import numpy as np
+
+# Every key a spec reads, in the order to_dict and repr write them.
+KEYS = ("rope_type", "factor", "original_max_position_embeddings", "rope_theta",
+        "partial_rotary_factor", "beta_fast", "beta_slow", "truncate", "attention_factor",
+        "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor", "short_factor",
+        "long_factor")
+# Read by every type: transformers v5 keeps rope_theta and partial_rotary_factor in the dict.
+COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 
 
 def as_float(name: str, value) -> Optional[float]:
