@@ -1,4 +1,4 @@
-"""A divergence never costs the last good checkpoint (issue 46, item 1): only states judged good
+"""A divergence never costs the last good checkpoint: only states judged good
 (train/health.py) are saved, so retention cannot rotate the good ones out, and the run that
 diverged says where a rerun resumes."""
 

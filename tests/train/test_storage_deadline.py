@@ -1,4 +1,4 @@
-"""Storage that stops answering ends a run cleanly (issue 46, item 2): a gs:// trainer whose
+"""Storage that stops answering ends a run cleanly: a gs:// trainer whose
 GCS server goes silent mid-run (tests/stall_proxy.py: connections accepted, never answered)
 stops with exit 1 and one line naming the operation and the path, within its storage deadline;
 SIGTERM is honoured within seconds while storage hangs; the lock and the checkpoints written
@@ -19,6 +19,7 @@ from rove_jax.train import checkpoint as ckpt_lib
 from tests import gcs_server
 from tests.conftest import subprocess_env, write_corpus
 from tests.stall_proxy import StallProxy
+from tests.train.test_loop_gcs import finished_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,14 +31,6 @@ def small_flags(tmp_path, **extra) -> list[str]:
            "checkpoint_every": 2, "optim.warmup_steps": 0, "progress": False,
            "sample_tokens": 0, "eval_every": 100000, **extra}
   return [f"--config.{k}={v}" for k, v in small.items()]
-
-
-def finished_steps(workdir) -> list[int]:
-  ck = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), read_only=True)
-  try:
-    return ck.steps()
-  finally:
-    ck.close()
 
 
 @pytest.fixture

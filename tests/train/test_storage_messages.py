@@ -1,4 +1,4 @@
-"""What a run says when storage refuses or fails (issue 46, defect 12): GCS unreachable at the
+"""What a run says when storage refuses or fails: GCS unreachable at the
 start is an I/O failure (exit 1, one line), not a bad workdir; a save refused with 403 never
 calls the step it failed to write intact; rove-export names the operation and the path of a
 refused write; a server error the client gave up on is reported the same way."""
