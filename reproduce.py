@@ -358,20 +358,10 @@ def commit() -> str:
 def train_meta(args) -> dict:
   """The training settings every run shares (for the write-up's limits paragraph): the
   config with this invocation's overrides applied."""
-  import ast
-
+  from rove_jax.train import overrides as overrides_lib
   from study.paper_recipe import load_config
-  c = load_config(CONFIG)
-  for o in overrides(args, {"encoding": "rove", "seed": 0}):
-    key, value = o[len("--config."):].split("=", 1)
-    *parents, leaf = key.split(".")
-    node = c
-    for part in parents:
-      node = node[part]
-    try:
-      node[leaf] = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      node[leaf] = value
+  given = overrides_lib.split(overrides(args, {"encoding": "rove", "seed": 0}))
+  c = overrides_lib.apply(load_config(CONFIG), given)
   return {"steps": c.steps, "batch_size": c.data.batch_size, "seq_len": c.data.seq_len,
           "lr": c.optim.lr, "warmup_steps": c.optim.warmup_steps}
 

@@ -50,18 +50,20 @@ from flax import nnx
 import rove_jax
 assert rove_jax.__file__.startswith(os.getcwd()), rove_jax.__file__  # this side's code
 if os.path.exists("rove_jax/train/loop.py"):  # (an editable install maps missing modules
-  from rove_jax.train import loop as T, config_schema as S  # to its own tree: look first)
+  from rove_jax.train import loop as T  # to its own tree: look first)
+  from rove_jax.train.run_config import OptimConfig
   from rove_jax.nn.model import GPT, GPTConfig
+  optim = OptimConfig()
 else:
   from rove_jax import training as T, config as C
   from rove_jax.model import GPT, GPTConfig
+  optim = C.base_config("tiny").optim
 batch_size, seq, steps, encoding = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 cfg = GPTConfig.tiny(max_len=seq, pos_encoding=encoding)
-c = S.base_config("tiny")
-tx = T.make_optimizer(c.optim, 1000)
+tx = T.make_optimizer(optim, 1000)
 graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
 state = T.TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
-step = T.make_train_step(graphdef, tx, 1, T.lr_schedule(c.optim, 1000))
+step = T.make_train_step(graphdef, tx, 1, T.lr_schedule(optim, 1000))
 tokens = np.random.default_rng(0).integers(0, 256, (batch_size, seq + 1))
 batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
          "targets": jnp.asarray(tokens[:, 1:], jnp.int32)}

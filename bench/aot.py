@@ -33,31 +33,23 @@ import time
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 def load_config(argv: list[str]):
-  """The run config of `--config FILE [--config.a.b=value ...]`, parsed as train.py does;
-  returns (config, the config argument as given)."""
-  from absl import flags
-  from ml_collections import config_flags
-
+  """The run config of `--config FILE [--config.a.b=value ...]`, read as rove-train reads it;
+  returns (config, the config file's name)."""
   from rove_jax.cli import train as train_cli
+  from rove_jax.train import overrides
   argv = train_cli._rewrite_config_flag(["bench.aot"] + argv)
-  problems = train_cli._override_problems(argv)
-  if problems:
-    raise ValueError("\n".join(problems))
-  values = flags.FlagValues()
-  config = config_flags.DEFINE_config_file("config", None, "a run config file",
-                                           flag_values=values, lock_config=True, sys_argv=argv)
+  given = overrides.split(argv[1:])
+  rest = [a for a in argv[1:] if not a.startswith("--config.")]
   try:
-    extra = values(argv)
-  except Exception as e:  # noqa: BLE001 - absl's errors and the config file's own
-    raise ValueError(" ".join(str(e).replace("\\n", " ").split())) from None
-  if len(extra) > 1:
-    raise ValueError(f"unexpected arguments {extra[1:]}; every setting is a flag")
-  if config.value is None:
+    spec = train_cli._config_arg(argv)
+  except ValueError:
     raise ValueError("--config is required: a config file (configs/gpt2_124m.py) or a packaged "
-                     "config's name")
-  name = next((a.split("=", 1)[1] if "=" in a else argv[i + 1]) for i, a in enumerate(argv)
-              if a == "--config" or a.startswith("--config="))
-  return config.value, os.path.basename(name.split(":")[0]).removesuffix(".py")
+                     "config's name") from None
+  extra = [a for a in rest if a not in ("--config", spec, f"--config={spec}")]
+  if extra:
+    raise ValueError(f"unexpected arguments {extra}; every setting is a flag")
+  c = overrides.apply(overrides.load_file(spec), given)
+  return c, os.path.basename(spec.split(":")[0]).removesuffix(".py")
 
 
 def markdown(name: str, reports: list[dict]) -> str:
@@ -88,6 +80,7 @@ def main(argv=None) -> int:
   jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
   try:
     from rove_jax.aot import compile as aot
+    from rove_jax.train import overrides
     bad = [j for j in jobs if j not in aot.JOBS]
     if bad:
       raise ValueError(f"--jobs: unknown {bad}; choose from {aot.JOBS}")
@@ -96,11 +89,12 @@ def main(argv=None) -> int:
     if args.recommend:
       rec = aot.recommend(c, topology)
       explicit = " ".join(rest)
+      chosen = {}
       if "--config.mesh." not in explicit:
-        for axis, size in rec["mesh"].items():
-          c.mesh[axis] = size
+        chosen.update({f"mesh.{axis}": size for axis, size in rec["mesh"].items()})
       if "--config.optim.grad_accum" not in explicit:
-        c.optim.grad_accum = rec["grad_accum"]
+        chosen["optim.grad_accum"] = rec["grad_accum"]
+      c = overrides.apply(c, chosen)
       log(f"recommended mesh {rec['mesh']}, grad_accum {rec['grad_accum']} (state "
           f"{rec['state_bytes_per_device'] / 2**30:.2f} GiB, activations "
           f"{rec['activation_bytes_per_device'] / 2**30:.2f} GiB a device; rule: "

@@ -34,11 +34,10 @@ GiB = 2**30
 
 def step_config(preset: str, batch: int, seq: int, encoding: str):
   """The paper's run config for a preset at one GPU's batch: bf16, no accumulation."""
-  from rove_jax.train import config_schema
-  c = config_schema.paper_config(preset, lr=6e-4)
-  c.model.pos_encoding = encoding
-  c.data.batch_size, c.data.seq_len, c.optim.grad_accum = batch, seq, 1
-  return c
+  from rove_jax.train import overrides, run_config
+  return overrides.apply(run_config.paper_config(preset, lr=6e-4), {
+      "model.pos_encoding": encoding, "data.batch_size": batch, "data.seq_len": seq,
+      "optim.grad_accum": 1})
 
 
 def measure(preset: str, batch: int, seq: int, encoding: str, gpu: str, *,
@@ -70,8 +69,7 @@ def measure(preset: str, batch: int, seq: int, encoding: str, gpu: str, *,
 
 
 def _vocab(c) -> int:
-  from rove_jax.train import config_schema
-  return config_schema.build(c).model.vocab_size
+  return c.model.vocab_size
 
 
 def table(rows: list[dict]) -> str:

@@ -17,9 +17,15 @@ import tempfile  # noqa: E402
 
 import jax  # noqa: E402
 
-from rove_jax.train import config_schema  # noqa: E402
+from rove_jax.nn.model_config import GPTConfig  # noqa: E402
 from rove_jax.train import loop as training  # noqa: E402
 from rove_jax.train.metrics import read_metrics  # noqa: E402
+from rove_jax.train.run_config import (  # noqa: E402
+  DataConfig,
+  MeshConfig,
+  OptimConfig,
+  RunConfig,
+)
 
 MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)]
 
@@ -31,14 +37,12 @@ def main(argv=None):
   args = p.parse_args(argv)
   rows = []
   for mesh in MESHES:
-    c = config_schema.base_config("tiny")
-    m = c.model
-    m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 2, 128, 8, 512, 128
-    c.data.max_files, c.data.seq_len, c.data.batch_size = 100, 128, 16
-    c.steps, c.log_every, c.eval_every, c.checkpoint_every = args.steps, 1, 10**6, 10**6
-    c.optim.warmup_steps, c.progress, c.sample_tokens = 1, False, 0
-    c.async_checkpoints = False
-    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
+    c = RunConfig(
+        model=GPTConfig.tiny(n_layer=2, d_model=128, n_head=8, d_ff=512, max_len=128),
+        data=DataConfig(max_files=100, seq_len=128, batch_size=16),
+        optim=OptimConfig(warmup_steps=1), mesh=MeshConfig(*mesh),
+        steps=args.steps, log_every=1, eval_every=10**6, checkpoint_every=10**6,
+        progress=False, sample_tokens=0, async_checkpoints=False)
     n = mesh[0] * mesh[1] * mesh[2]
     with tempfile.TemporaryDirectory() as work:
       training.train(c, work, devices=jax.devices()[:n], log=lambda *a: None)

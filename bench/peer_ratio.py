@@ -79,13 +79,12 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
   from flax import nnx
 
   from rove_jax.nn.model import GPT
-  from rove_jax.train import config_schema, gpu_options, loop
+  from rove_jax.train import gpu_options, loop
+  from rove_jax.train.run_config import OptimConfig
 
   sh = SHAPES[shape]
   cfg = model_config(shape, encoding)
-  c = config_schema.base_config("tiny")
-  c.optim.lr, c.optim.warmup_steps = 1e-3, 0
-  tx = loop.make_optimizer(c.optim, 1000)
+  tx = loop.make_optimizer(OptimConfig(lr=1e-3, warmup_steps=0), 1000)
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
   state = loop.TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
   step = loop.make_train_step(graphdef, tx, 1,

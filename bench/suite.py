@@ -35,8 +35,9 @@ from flax import nnx
 from bench import peak_rss_gib
 from bench.specs import Model, make_spec
 from rove_jax.nn.model import GPT, GPTConfig, count_params, generate
-from rove_jax.train import config_schema, gpu_options
+from rove_jax.train import gpu_options
 from rove_jax.train import loop as training
+from rove_jax.train.run_config import OptimConfig
 
 GIB = 2**30
 ENCODINGS = ("rove", "rope", "nope")
@@ -93,7 +94,7 @@ def _table(header: list, rows: list) -> str:
 
 def _optimizer():
   """The training loop's AdamW (warmup + cosine, clipping, decay mask) from the default config."""
-  return training.make_optimizer(config_schema.base_config("tiny").optim, 1000)
+  return training.make_optimizer(OptimConfig(), 1000)
 
 
 def _train_state(cfg: GPTConfig, tx, abstract: bool = False):

@@ -13,7 +13,7 @@ import importlib.util
 # The pip extra of each layer and the top-level modules it brings (pyproject.toml's extras).
 # Each extra includes the one before it, as in pyproject.toml.
 _NN = ("flax",)
-_TRAIN = _NN + ("optax", "orbax.checkpoint", "grain", "ml_collections", "absl", "tqdm",
+_TRAIN = _NN + ("optax", "orbax.checkpoint", "grain", "absl", "tqdm",
                 "tensorboardX")
 EXTRAS = {"nn": _NN, "train": _TRAIN, "eval": _TRAIN + ("matplotlib",)}
 

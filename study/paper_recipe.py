@@ -11,7 +11,7 @@ The plan tunes first (study/paper_sweep.py, study/sweep.py's rule): each rotary 
 every rate of --sweep-lrs (default 5, spaced by 2x around the preset's lr; '' skips it) on the
 --sweep-seeds, lr_sweep.md written to --out, a best rate at its grid's edge stopping the recipe.
 Then, for each encoding x seed at its chosen rate, one train.py command with the preset's paper
-config (configs/PRESET.py; rove_jax/train/config_schema.py:paper_config labels what is assumed),
+config (configs/PRESET.py; rove_jax/train/run_config.py:paper_config labels what is assumed),
 the data, and the mesh and grad_accum bench/aot_results records for --topology (the sweep's
 alike); then one rove-eval over these runs: perplexity from 512 to 16384 tokens without and
 with YaRN, RULER by NLL, DCLM Core few-shot accuracy from local task files (--icl-tasks). The
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
-import importlib.util
 import json
 import os
 import shlex
@@ -35,7 +34,7 @@ import sys
 import time
 
 from rove_jax.nn.model_config import POS_ENCODINGS
-from rove_jax.train import config_schema
+from rove_jax.train import overrides
 from rove_jax.train.metrics import read_metrics
 from study import paper_sweep
 
@@ -131,13 +130,9 @@ def _topology_name(p, given: str, aot_dir: str, preset: str) -> str:
 
 
 def load_config(preset: str):
-  """A run config: configs/PRESET.py for a preset's name, or the config file at that path."""
+  """A RunConfig: configs/PRESET.py for a preset's name, or the config file at that path."""
   path = preset if preset.endswith(".py") else os.path.join(ROOT, "configs", f"{preset}.py")
-  preset = os.path.splitext(os.path.basename(path))[0]
-  spec = importlib.util.spec_from_file_location(f"_paper_config_{preset}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return overrides.load_file(path)
 
 
 def compiled_rows(aot_dir: str, preset: str) -> list[dict]:
@@ -270,7 +265,7 @@ def cost_lines(plan, args) -> list[str]:
                f"device-hours, {flops:.3e} FLOPs")
   if missing:
     from rove_jax.nn.model import param_count  # heavy: see the note above ROOT
-    n = param_count(config_schema.build(plan["config"]).model)
+    n = param_count(plan["config"].model)
     where = f"for {topo_name}" if topo else "for any topology"
     for enc in missing:
       out.append(f"  {enc}: no compiled figures {where} in {os.path.relpath(args.aot_dir)}; "
@@ -353,7 +348,7 @@ def format_plan(plan, args) -> str:
         f"steps, lr {plan['config'].optim.lr:g}" + (" (the sweep's grid around it)" if
         args.sweep_grids else "") + f", {plan['config'].optim.warmup_steps} warmup "
         f"steps, weight decay {plan['config'].optim.weight_decay:g}, AdamW betas, bf16 "
-        f"(rove_jax/train/config_schema.py:paper_config)",
+        f"(rove_jax/train/run_config.py:paper_config)",
         (f"  - one seed ({seeds}): a cost choice, every seed adds a full run per encoding; "
          f"--seeds 0,1 gives a spread over seeds" if len(args.seed_list) == 1 else
          f"  - {len(args.seed_list)} seeds ({seeds}), each a full run per encoding"),

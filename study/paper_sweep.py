@@ -151,8 +151,7 @@ def cost_lines(plan: dict, args, comparison_hours: float, missing: list) -> list
     r = next(run for run in plan["runs"] if run["encoding"] == enc)["compiled"]
     if r is None:
       from rove_jax.nn.model import param_count  # heavy: see paper_recipe's note
-      from rove_jax.train import config_schema
-      f = 6 * param_count(config_schema.build(plan["config"]).model) * tokens
+      f = 6 * param_count(plan["config"].model) * tokens
       out.append(f"  {enc}: {n} runs, no compiled figures (see the bench.aot command above): no "
                  f"device-hours; analytic 6 N x tokens = {f:.3e} FLOPs a run, {n * f:.3e} in all")
       continue

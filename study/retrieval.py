@@ -33,7 +33,7 @@ import time
 from rove_jax.evaluation import recall, scoring
 from rove_jax.nn.model_config import POS_ENCODINGS
 from rove_jax.tasks import recall as recall_data
-from rove_jax.train import config_schema
+from rove_jax.train import overrides
 from study import jobs, plots, stats, verdicts
 from study.configs import retrieval as recall_config
 
@@ -117,9 +117,7 @@ def plan(args) -> list[dict]:
       seeds = seeds[:args.nope_seeds]
     for seed in seeds:
       fields = {"model.pos_encoding": enc, "seed": seed, **base}
-      c = recall_config.get_config()
-      c.update_from_flattened_dict(fields)
-      config_schema.build(c).model
+      overrides.apply(recall_config.get_config(), [(k, str(v)) for k, v in fields.items()])
       runs.append({"encoding": enc, "seed": seed,
                    "overrides": [f"--config.{k}={v}" for k, v in fields.items()],
                    "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}")})

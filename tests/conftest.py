@@ -77,7 +77,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from rove_jax.nn.model_config import GPTConfig  # noqa: E402
-from rove_jax.train import config_schema  # noqa: E402
+from rove_jax.train import overrides as overrides_lib  # noqa: E402
+from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -181,17 +182,6 @@ def write_corpus(directory: pathlib.Path, n_files=6, chars=6000, seed=0) -> str:
   return str(directory)
 
 
-def apply_overrides(c, overrides: dict):
-  """{"a.b": value} -> c.a.b = value; returns c."""
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
-
-
 def free_port() -> int:
   """A TCP port on localhost nobody listens on now (for jax.distributed's coordinator)."""
   with socket.socket() as s:
@@ -215,27 +205,24 @@ def run_together(cmds, env, *, timeout=300) -> list:
   return outs
 
 
-def small_config(tmp_path, **overrides):
+def small_config(tmp_path, **overrides) -> RunConfig:
   """The tiny run config on a corpus written under tmp_path: 8 steps of [4, 32] batches.
 
   Args:
     tmp_path: a directory for the corpus (pytest's tmp_path).
-    **overrides: dotted keys, e.g. **{"optim.lr": 0.0}, or top-level ones like steps=4.
+    **overrides: dotted keys, e.g. **{"optim.lr": 0.0}, or top-level ones like steps=4
+      (rove_jax.train.overrides.apply: model.max_len follows data.seq_len, d_ff d_model).
 
   Returns:
-    The ml_collections ConfigDict.
+    The RunConfig.
   """
-  c = config_schema.base_config("tiny")
-  m = c.model
-  m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 1, 32, 2, 64, 32
-  c.data.source = "text"
-  c.data.path = write_corpus(tmp_path / "corpus")
-  c.data.seq_len, c.data.batch_size = 32, 4
-  c.optim.warmup_steps = 2
-  c.steps, c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every = 8, 1, 4, 2, 4
-  c.progress = False
-  c.sample_tokens = 0
-  return apply_overrides(c, overrides)
+  c = RunConfig(
+      model=GPTConfig.tiny(n_layer=1, d_model=32, n_head=2, d_ff=64, max_len=32),
+      data=DataConfig(source="text", path=write_corpus(tmp_path / "corpus"), seq_len=32,
+                      batch_size=4),
+      optim=OptimConfig(warmup_steps=2), steps=8, log_every=1, eval_every=4, eval_batches=2,
+      checkpoint_every=4, progress=False, sample_tokens=0)
+  return overrides_lib.apply(c, overrides)
 
 
 # ------------------------------------------------------------------------ a trained run

@@ -210,27 +210,25 @@ def train_problems(args, mode) -> list:
   from absl import flags
 
   from rove_jax.cli import train as train_cli
-  from rove_jax.train import config_schema
-  FLAGS, schema = flags.FLAGS, config_schema.base_config("tiny")
+  from rove_jax.train import overrides
+  FLAGS = flags.FLAGS
 
   def known(name):
-    with contextlib.suppress(KeyError, TypeError, AttributeError):
-      return name[2:] in FLAGS or bool(name.startswith("--config.") and [schema[name[9:]]])
+    return name[2:] in FLAGS or bool(name.startswith("--config.") and
+                                     overrides.problem(name[9:], "1") is None)
   if mode == "reference":
     return [f"{n}: no such train flag or config field" for n in option_names(args) if not known(n)]
   problems = []
   for argv in [["rove-train", *a] for a in (expansions(args) if mode == "synopsis" else [args])]:
-    try:  # --config NAME -> a packaged config, as rove-train does; config_flags reads sys.argv
+    try:  # --config NAME -> a packaged config, as rove-train does
       argv = train_cli._rewrite_config_flag(argv)
-      with mock.patch.object(sys, "argv", argv):
-        rest = FLAGS(argv)
+      given = overrides.split(argv[1:])
+      rest = FLAGS([a for a in argv if not a.startswith("--config.")])
       problems += [f"rove-train: unexpected arguments {rest[1:]}"] * bool(rest[1:])
-      config_schema.build(FLAGS.config, read_data=False)
+      overrides.apply(overrides.load_file(FLAGS.config), given)
     except Exception as e:
       problems.append(f"rove-train {' '.join(argv[1:])} rejected: {type(e).__name__}: {e}")
     finally:
-      for name in [n for n in FLAGS if n.startswith("config.")]:
-        delattr(FLAGS, name)  # config_flags defines a flag per override while parsing
       FLAGS.unparse_flags()
   return problems
 

@@ -1,8 +1,8 @@
 """Ahead-of-time compilation of a run's programs for a Cloud TPU slice, with no TPU attached.
 
   from rove_jax.aot import compile as aot
-  from rove_jax.train import config_schema
-  c = config_schema.paper_config("gpt2_124m", lr=6e-4)
+  from rove_jax.train.run_config import paper_config
+  c = paper_config("gpt2_124m", lr=6e-4)
   print(aot.recommend(c, "v5e-8"))                 # a (data, fsdp, tensor) mesh and grad_accum
   report = aot.compile_job(c, "v5e-8", "train")    # or "eval", "decode"
   print(aot.format_report(report))                 # the command line: python -m bench.aot
@@ -42,7 +42,7 @@ from rove_jax.aot import gpu as aot_gpu
 from rove_jax.aot.analysis import format_report  # noqa: F401 (re-exported)
 from rove_jax.nn import flops
 from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, param_count
-from rove_jax.train import config_schema, gpu_options, sharding
+from rove_jax.train import gpu_options, resolve, sharding
 
 GiB = 2**30
 JOBS = flops.JOBS
@@ -301,8 +301,7 @@ def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
   """Lowers and compiles one program of run config `c` for a topology; returns its figures.
 
   Args:
-    c: a RunConfig, or a config as written (config_schema's base_config or paper_config, a
-      configs/*.py get_config()), built here.
+    c: a RunConfig (a configs/*.py get_config(), run_config.paper_config), resolved here.
     topology: a name for parse_topology ("v5e-8", "v4:2x2x4", "cpu:4") or a Topology.
     job: "train" (the config's batch, grad_accum, dtype, remat), "eval" (the forward and
       token scores of `batch` windows of eval_len tokens, YaRN past data.seq_len) or "decode"
@@ -319,7 +318,7 @@ def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
   """
   if job not in JOBS:
     raise ValueError(f"unknown job {job!r}; choose from {JOBS}")
-  c = config_schema.build(c)
+  c = resolve.resolve(c)
   topology, model_cfg = parse_topology(topology), c.model
   log = log or (lambda line: None)
   devices = topology.devices()
@@ -392,7 +391,7 @@ def recommend(c, topology, *, usable: float = 0.9) -> dict:
       remat, n_layer 2 E with remat="full" (Korthikanti et al. 2022, bfloat16; float32 doubles
       them), plus 8 V for the float32 logits and their gradient.
   """
-  c = config_schema.build(c)
+  c = resolve.resolve(c)
   topology, model_cfg = parse_topology(topology), c.model
   if topology.chip is None:
     raise ValueError(f"recommend needs a TPU topology's HBM figure; {topology.name} has none")

@@ -21,15 +21,14 @@ import sys
 from typing import Optional
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from rove_jax.cli import platforms
 from rove_jax.cli.errors import TRACEBACK_VAR, fail, missing_package
-from rove_jax.train import config_schema, run_config, sharding
+from rove_jax.train import overrides, run_config, sharding
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "a config file (configs/tiny.py) or a packaged config's name (tiny, "
-    "demo, recall_offset, gpt2_124m, gpt2_354m)", lock_config=True)
+_CONFIG = flags.DEFINE_string(
+    "config", None, "a config file (configs/tiny.py) or a packaged config's name (smoke, tiny, "
+    "demo, recall_offset, gpt2_124m, gpt2_354m); --config.a.b=VALUE overrides a field")
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics, tokenizer")
 _COORD = flags.DEFINE_string("coordinator_address", None,
                              "multi-process: HOST:PORT of process 0 (with --num_processes, "
@@ -109,17 +108,10 @@ def main(argv):
   # Expected failures end with one message and an exit code, no traceback (set
   # ROVE_JAX_TRACEBACK=1 to see it): 2 a bad config or input, 3 a run that diverged, 1 the rest
   # (a missing package, files, the machine: memory, disk, permissions, another trainer).
-  deferred = deferred_config_error(_CONFIG.value)
-  if deferred is not None:  # an OSError the config file raised: a bad input like the others
-    config_file = os.path.abspath(config_flags.get_config_filename(flags.FLAGS["config"]))
-    message = (config_file_failure(deferred, config_file) or
-               f"--config {config_file}: {type(deferred).__name__}: {deferred}")
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
-    return 2
   try:
     # The run config, built and checked once, here. That touches no device, so
     # jax.distributed can still start after it, before the first device is used.
-    c = config_schema.build(_CONFIG.value, model_given=_MODEL_GIVEN)
+    c = load(_CONFIG.value, _OVERRIDES)
     run_config.check_environment(c)
     if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with its plugin
       platforms.skip_absent_accelerators()
@@ -149,7 +141,14 @@ def main(argv):
   return 0
 
 
-_MODEL_GIVEN: set = set()
+_OVERRIDES: list = []  # this command's --config.KEY=VALUE, taken out of argv before absl
+
+
+def load(spec: str, given: list) -> "run_config.RunConfig":
+  """The run's config: the file's RunConfig, the overrides applied, what the inputs decide
+  filled in (rove_jax.train.resolve). Raises ValueError, one line, before any work."""
+  from rove_jax.train import resolve  # reads a prepared dataset's manifest, init_from's config
+  return resolve.command_line(overrides.load_file(spec), given)
 
 
 def rerun_command(argv: list[str], lr: float) -> str:
@@ -161,41 +160,14 @@ def rerun_command(argv: list[str], lr: float) -> str:
   return " ".join(cmd + [f"--config.optim.lr={lr / 10:g}"])
 
 
-def _override_problems(argv: list[str]) -> list[str]:
-  """config.override_problem for every --config.KEY[=VALUE] in argv."""
-  schema = config_schema.base_config("tiny")
-  problems = []
-  for arg in argv[1:]:
-    if arg.startswith("--config."):
-      key, eq, value = arg[len("--config."):].partition("=")
-      problem = config_schema.override_problem(key, value if eq else None, schema=schema)
-      if problem:
-        problems.append(problem)
-  return problems
-
-
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with its errors as one `error:` line and exit status 2. ml_collections
-  runs the config file here: whatever it raises, SystemExit included, is such an error naming
-  the file's line (absl's own --help also exits here, and passes through)."""
-  config_file = config_path(argv)
+  """absl's flag parsing, with its errors as one `error:` line and exit status 2."""
   try:
     return flags.FLAGS(argv)
-  except SystemExit as e:
-    message = config_file_failure(e, config_file)
-    if message is None:
-      raise
-  except Exception as e:  # noqa: BLE001 - absl's errors and the config file's own
-    message = config_file_failure(e, config_file)
-    if message is None:
-      message = " ".join(str(e).replace("\\n", " ").split())
-      if not isinstance(e, flags.Error):  # raised by an override
-        message = f"{type(e).__name__}: {message}"
-      if "get_config" in message:
-        message += ("; a config file defines get_config() returning the run's ConfigDict (see "
-                    "configs/tiny.py)")
-  print(f"error: {message}\nrun with --helpshort for the flags", file=sys.stderr)
-  sys.exit(2)
+  except flags.Error as e:
+    print(f"error: {' '.join(str(e).split())}\nrun with --helpshort for the flags",
+          file=sys.stderr)
+    sys.exit(2)
 
 
 def config_path(argv: list[str]) -> Optional[str]:
@@ -211,72 +183,38 @@ def config_path(argv: list[str]) -> Optional[str]:
   return None
 
 
-def config_file_failure(e: BaseException, config_file: Optional[str]) -> Optional[str]:
-  """For an exception raised while the config file ran (SystemExit too): "--config FILE, line
-  N (CODE): what happened; ...", the innermost line of the file in its traceback or in those of
-  the exceptions it was raised from or during (ml_collections re-raises a TypeError or
-  ValueError as a new one holding the old traceback as text). None when the file is not in
-  them: an error of absl's or of an override."""
-  import linecache
-  import traceback
-  seen = set()
-  while e is not None and config_file and id(e) not in seen:
-    seen.add(id(e))
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if os.path.abspath(f.filename) == config_file]
-    if frames:
-      line = frames[-1].lineno
-      code = linecache.getline(frames[-1].filename, line).strip()
-      if isinstance(e, SystemExit):
-        what = (f"the config file exited (SystemExit: {e.code!r}) instead of returning a config; "
-                f"nothing was trained")
-      else:
-        what = f"{type(e).__name__}: {' '.join(str(e).split())}"
-      return (f"--config {config_file}, line {line} ({code}): {what}; a config file defines "
-              f"get_config() returning the run's ConfigDict (see configs/tiny.py)")
-    e = e.__cause__ or e.__context__
-  return None
-
-
-def deferred_config_error(value) -> Optional[BaseException]:
-  """The OSError a config file raised, which ml_collections keeps in a stand-in config (its
-  _ErrorConfig) until the config is used, or None for a config that loaded."""
-  if type(value).__name__ == "_ErrorConfig":
-    return vars(value).get("_error")
-  return None
-
-
 def help_config(argv: list[str]) -> int:
   """--help-config: every config field with its value and description; those of the config
   --config names, overrides applied, when one is given, else the defaults."""
-  if config_path(argv) is None:
+  path = config_path(argv)
+  if path is None:
     print("Every config field with its default (the tiny preset's model); set one with "
           "--config.FIELD=VALUE:")
     print("\n".join("  " + line for line in run_config.describe()))
     return 0
-  problems = _override_problems(argv)
-  if problems:
-    print("error: " + "\nerror: ".join(problems), file=sys.stderr)
-    return 2
-  rest = [a for a in argv if a != "--help-config"]
-  if not any(a == "--workdir" or a.startswith("--workdir=") for a in rest):
-    rest.append("--workdir=unused")  # absl requires it; nothing is trained or written
-  _parse_flags(rest)
-  model_given = {a[len("--config.model."):].partition("=")[0].split(".")[0]
-                 for a in rest[1:] if a.startswith("--config.model.")}
+  given = overrides.split(argv[1:])
   try:
-    c = config_schema.build(_CONFIG.value, model_given=model_given)
+    c = load(_config_arg(argv), given)
   except ValueError as e:
     return fail(str(e), 2)
-  path = config_path(argv)
   packaged = os.path.dirname(path) == os.path.abspath(CONFIG_DIR)
   name = os.path.basename(path)[:-3] if packaged else os.path.relpath(path)
-  overrides = [a for a in rest[1:] if a.startswith("--config.")]
+  shown = [a for a in argv[1:] if a.startswith("--config.")]
   print(f"Every config field with its value under --config {name}"
-        + (f" and {' '.join(overrides)}" if overrides else "")
+        + (f" and {' '.join(shown)}" if shown else "")
         + "; set one with --config.FIELD=VALUE:")
   print("\n".join("  " + line for line in run_config.describe(c)))
   return 0
+
+
+def _config_arg(argv: list[str]) -> str:
+  """The value of --config in argv (a path, after _rewrite_config_flag)."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  raise ValueError("no --config given")
 
 
 def run(argv=None):
@@ -289,14 +227,15 @@ def run(argv=None):
     sys.exit(2)
   if "--help-config" in argv[1:]:
     sys.exit(help_config(argv))
-  # the model fields set on the command line: with init_from, the only ones compared with the
-  # checkpoint's (a config file's model section is for a model trained from scratch)
-  _MODEL_GIVEN.update(a[len("--config.model."):].partition("=")[0].split(".")[0]
-                      for a in argv[1:] if a.startswith("--config.model."))
-  problems = _override_problems(argv)  # before absl, which blames the wrong flag or none
+  # --config.KEY=VALUE are the run config's, applied to the file's RunConfig by type
+  # (rove_jax.train.overrides); their keys and values are checked before absl and any work
+  given = overrides.split(argv[1:])
+  problems = [p for p in (overrides.problem(k, v) for k, v in given) if p]
   if problems:
     print("error: " + "\nerror: ".join(problems), file=sys.stderr)
     sys.exit(2)
+  _OVERRIDES[:] = given
+  argv = [a for a in argv if not a.startswith("--config.")]
   # absl prints the __main__ module's docstring as --help's usage; under the rove-train
   # console script that module is pip's generated wrapper, which has none.
   main_module = sys.modules.get("__main__")

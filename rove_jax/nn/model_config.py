@@ -103,19 +103,19 @@ class GPTConfig:
   def tiny(cls, **overrides) -> "GPTConfig":
     """6 layers, d_model 384, 6 heads, context 256, byte vocabulary (256 + EOT, padded to 320):
     10.7M parameters, trains on 2 CPU cores in minutes."""
-    return cls(**{**dict(vocab_size=320, n_layer=6, n_head=6, d_model=384, d_ff=1536,
+    return cls(**{**dict(vocab_size=320, n_layer=6, n_head=6, d_model=384,
                          max_len=256), **overrides})
 
   @classmethod
   def gpt2_124m(cls, **overrides) -> "GPTConfig":
     """GPT-2 small: 12 layers, d_model 768, 12 heads, context 1024, vocab 50304, tied."""
-    return cls(**{**dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, d_ff=3072,
+    return cls(**{**dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768,
                          max_len=1024), **overrides})
 
   @classmethod
   def gpt2_354m(cls, **overrides) -> "GPTConfig":
     """GPT-2 medium: 24 layers, d_model 1024, 16 heads, context 1024, vocab 50304, tied."""
-    return cls(**{**dict(vocab_size=50304, n_layer=24, n_head=16, d_model=1024, d_ff=4096,
+    return cls(**{**dict(vocab_size=50304, n_layer=24, n_head=16, d_model=1024,
                          max_len=1024), **overrides})
 
   # ------------------------------------------------------------------------- derived

@@ -5,9 +5,9 @@ rove-jax export (rove-export, `rove_jax.nn.pretrained.save`), local or gs://. A 
 checkpoint in its workdir yet) starts from its parameters instead of a random init, with a fresh
 optimizer state; a resumed run restores its own checkpoint as always and ignores init_from.
 
-`resolve` (called by `config_schema.build`, before any work, from config.json alone) makes the
-model section the checkpoint's and finds its tokenizer; `load_params` (called by the loop for a
-new run) reads the tensors.
+`resolve_model` and `resolve_tokenizer` (called by rove_jax.train.resolve, before any work,
+from config.json alone) make the model section the checkpoint's and find its tokenizer;
+`load_params` (called by the loop for a new run) reads the tensors.
 
 The model is the checkpoint's. A run may set only what does not change which tensors there are
 or what they compute before the attention (FREE below, and pos_encoding):
@@ -27,7 +27,7 @@ rotary_fraction, rope_layout, sliding_window, the T5 buckets) is the checkpoint'
 that disagrees is an error naming the field. Which model fields count as set: `model_given`
 (rove-train passes its --config.model.* flags, so a config file's model section, written for a
 model trained from scratch, is replaced, not compared); without it, every model field the
-config holds (from Python, pass a dict with only the model fields you mean, or model_given).
+config holds (from Python, pass model_given to rove_jax.train.resolve.resolve).
 
 The tokenizer is the checkpoint's when data.tokenizer is unset: its tokenizer.json (a
 transformers directory's, or the file rove-export writes beside the weights), or for an export
@@ -62,10 +62,17 @@ def _read(path: str, *, check_files: bool = False):
   return cfg, hf, directory
 
 
-def resolve_model(path: str, model: dict, given: Optional[Iterable[str]], *, log=None) -> dict:
-  """The model section (GPTConfig.to_dict() form) of a run from the checkpoint at `path`:
-  its architecture, with the set fields of `model` (the config's, None values dropped) that
-  FREE allows. `given`: the model field names the user set (None: every key of `model`).
+def checkpoint_model(path: str) -> GPTConfig:
+  """The GPTConfig of the checkpoint at `path` (its config.json; files checked, tensors
+  unread). Raises ValueError naming the path."""
+  return _read(path, check_files=True)[0]
+
+
+def resolve_model(path: str, config: GPTConfig, given: Optional[Iterable[str]], *,
+                  log=None) -> GPTConfig:
+  """The model of a run from the checkpoint at `path`: its architecture, with the fields of
+  `config` named in `given` (the model field names the user set; None: every field `config`
+  holds a value for) where FREE allows them.
 
   Raises:
     ValueError: the checkpoint cannot be read, its files are damaged or not the model of its
@@ -74,8 +81,10 @@ def resolve_model(path: str, model: dict, given: Optional[Iterable[str]], *, log
   """
   ckpt, _, _ = _read(path, check_files=True)
   out = ckpt.to_dict()
+  model = {k: v for k, v in config.to_dict().items() if v is not None}
   hint = "" if given is not None else (
-      "; from Python, build(c, model_given=[...]) names the model fields you set")
+      "; from Python, rove_jax.train.resolve.resolve(c, model_given=[...]) names the model "
+      "fields you set")
   given = set(model) if given is None else {g for g in given if g in model}
   for name in sorted(given):
     value, have = model[name], out[name]
@@ -96,7 +105,10 @@ def resolve_model(path: str, model: dict, given: Optional[Iterable[str]], *, log
   (log or _log)(f"init_from={path}: {ckpt.n_layer} layers x {ckpt.d_model}, {ckpt.n_head} "
                 f"heads ({ckpt.n_kv_head} kv), vocabulary {ckpt.vocab_size}; pos_encoding "
                 f"{ckpt.pos_encoding} -> {out['pos_encoding']}")
-  return out
+  try:
+    return GPTConfig.from_dict(out)
+  except ValueError as e:
+    raise ValueError(f"config.model: {e}") from None
 
 
 def checkpoint_tokenizer(path: str) -> Optional[str]:
@@ -118,16 +130,16 @@ def checkpoint_tokenizer(path: str) -> Optional[str]:
   return None
 
 
-def resolve_tokenizer(path: str, data: dict, vocab_size: int) -> None:
-  """Sets data["tokenizer"] to the checkpoint's when unset; checks one given against it and
-  that the tokenizer's ids fit the model's vocabulary.
+def resolve_tokenizer(path: str, given: Optional[str], vocab_size: int) -> str:
+  """The run's tokenizer spec: the checkpoint's when `given` (data.tokenizer) is unset, else
+  `given` checked against it; its ids must fit the model's vocabulary.
 
   Raises:
     ValueError: no tokenizer found or given, a given one that is not the checkpoint's, or more
       ids than vocab_size (all one line, before any data work).
   """
   from rove_jax.data import tokenization  # the data layer: loaded by training runs only
-  want, given = checkpoint_tokenizer(path), data.get("tokenizer")
+  want = checkpoint_tokenizer(path)
   if want is None and given is None:
     raise ValueError(f"init_from={path} holds no {TOKENIZER_FILE} and records no tokenizer; "
                      f"set --config.data.tokenizer to the model's tokenizer.json")
@@ -139,19 +151,12 @@ def resolve_tokenizer(path: str, data: dict, vocab_size: int) -> None:
       raise ValueError(f"data.tokenizer={given!r} is not the tokenizer of init_from={path} "
                        f"({want!r}); leave data.tokenizer unset (the checkpoint supplies it)")
   spec = given if given is not None else want
-  data["tokenizer"] = spec
   if not (spec == "bpe" or spec.startswith("bpe:")):
     n = tokenization.get_tokenizer(spec).vocab_size
     if n > vocab_size:
       raise ValueError(f"tokenizer {spec!r} has {n} ids but init_from={path} has a vocabulary "
                        f"of {vocab_size}; give the model's own tokenizer")
-
-
-def check_model(path: str, config: GPTConfig) -> None:
-  """For a RunConfig built elsewhere: its model must be the checkpoint's up to FREE and the
-  rope/rove switch (`resolve_model` with every field set)."""
-  resolve_model(path, {k: v for k, v in config.to_dict().items() if v is not None}, None,
-                log=lambda *a: None)
+  return spec
 
 
 def load_params(c, shardings, *, log=print):

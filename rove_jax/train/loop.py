@@ -30,10 +30,10 @@ from rove_jax.storage import deadline
 from rove_jax.train import (
   agreement,
   clipping,
-  config_schema,
   gpu_options,
   init_from,
   packing,
+  resolve,
   resume,
   run_config,
   run_control,
@@ -176,15 +176,16 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
   """Trains (or resumes) the run described by config `c` in `workdir`; returns its result.
 
   Args:
-    c: a RunConfig, or a config as written (an ml_collections ConfigDict from a config file),
-      which is built into one here (`config_schema.build`: checked before any work).
+    c: the RunConfig (a config file's get_config(), rove_jax.train.overrides applies
+      command-line overrides); what its inputs decide is filled in here
+      (rove_jax.train.resolve: checked before any work).
     workdir: local path or gs://bucket/path.
     log: where process 0's progress lines go (the other processes log nothing).
     devices: the mesh's devices (default: all devices of all processes).
 
   Runs SPMD over the (data, fsdp, tensor) mesh of `c.mesh`.
   """
-  c = config_schema.build(c, log=log)
+  c = resolve.resolve(c, log=log)
   log = _check(c, log)
   workdir = resume.check_workdir(workdir)
   mesh = _mesh(c, devices)

@@ -1,14 +1,12 @@
 """The run config: one typed, frozen `RunConfig`, its model section a `GPTConfig`.
 
-A run is described in an ml_collections file (configs/*.py, starting from
-`config_schema.base_config`) and `--config.a.b=value` overrides, the Flax convention.
-`config_schema.build` turns that ConfigDict into a RunConfig once, at the command boundary
-(rove-train, or `train()` for a library caller): every key is checked against the schema there,
-unset values are resolved (data.seq_len from model.max_len; a prepared dataset's tokenizer and
-vocabulary size from its manifest), and RunConfig's constructor validates every value, naming
-the field, before any work starts. Everything after that reads the typed value. `to_dict` /
-`from_dict` are the
-checkpoint metadata's form of it, which evaluation reads back as the same type.
+A run is described by a config file whose get_config() returns a RunConfig (configs/*.py, or a
+function of the presets here: `paper_config`) and `--config.a.b=value` overrides, which
+rove_jax.train.overrides applies by each field's type. RunConfig's constructor validates every
+value, naming the field, before any work starts; rove_jax.train.resolve fills what the inputs
+decide (a prepared dataset's tokenizer, init_from's model). Everything after that reads the
+typed value. `to_dict` / `from_dict` are the checkpoint metadata's form of it, read back by
+`from_metadata` as the same type.
 
 Frozen dataclasses, not pydantic: GPTConfig and RopeScaling already are, the values are hashable
 and comparable, and the core adds no dependency. Nothing here touches a JAX device, so a config
@@ -107,8 +105,8 @@ SECTIONS = {"data": DataConfig, "optim": OptimConfig, "mesh": MeshConfig, "wandb
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """Everything a training run reads. Constructed only with valid values (ValueError names the
-  field); unset data.seq_len takes model.max_len, an unset data.tokenizer "bytes" (a prepared
-  dataset's own: `build`)."""
+  field); unset data.seq_len takes model.max_len. An unset data.tokenizer is rove_jax.train.
+  resolve's to fill: a prepared dataset's own, init_from's, else bytes."""
   model: GPTConfig = dataclasses.field(default_factory=GPTConfig.tiny,
                                        metadata={"help": "the model (GPTConfig)"})
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -148,8 +146,6 @@ class RunConfig:
     unset = {}
     if self.data.seq_len is None:
       unset["seq_len"] = self.model.max_len
-    if self.data.tokenizer is None and self.data.source != "prepared":
-      unset["tokenizer"] = "bytes"  # a prepared dataset's is read from it by `build`
     if unset:
       object.__setattr__(self, "data", dataclasses.replace(self.data, **unset))
     _validate(self)
@@ -186,6 +182,25 @@ class RunConfig:
   @classmethod
   def from_metadata(cls, meta: Mapping[str, Any]) -> "RunConfig":
     return cls.from_dict({**meta["config"], "model": meta["model"]})
+
+
+def paper_config(preset: str, *, lr: float) -> RunConfig:
+  """A GPT-2 run for a preset set up like the paper's, as far as the paper says.
+
+  From the paper (2606.11275, the experiments section): GPT-2-style models of ~124M and ~354M
+  parameters, trained on FineWebEdu-10B with a context of 1024 tokens. Everything else here is
+  an ASSUMPTION, nanoGPT-style defaults the paper does not give: the GPT-2 tokenizer, 0.5M-token
+  batches (512 x 1024), 19,073 steps (one pass over ~10B tokens), the learning rate `lr`, 700
+  warmup steps, weight decay 0.1, AdamW's betas, bf16 compute with float32 master weights.
+  """
+  return RunConfig(
+      model=getattr(GPTConfig, preset)(pos_encoding="rove", dtype="bfloat16"),
+      data=DataConfig(source="parquet", path="fineweb-edu/*.parquet", tokenizer="tiktoken:gpt2",
+                      seq_len=1024, batch_size=512),  # assumed: 512 x 1024 = 0.5M tokens a step
+      optim=OptimConfig(lr=lr, warmup_steps=700, weight_decay=0.1),  # assumed
+      steps=19073,  # assumed: one pass over ~10B tokens
+      log_every=10, eval_every=500, eval_batches=40, checkpoint_every=1000, keep_checkpoints=3,
+      sample_tokens=0)
 
 
 def _check_known(fields: Mapping, cls, prefix: str) -> None:

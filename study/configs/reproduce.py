@@ -10,25 +10,13 @@ python train.py --config study/configs/reproduce.py --workdir runs/reproduce/rov
     --config.model.pos_encoding=rove --config.seed=0
 """
 
-from rove_jax.train.config_schema import base_config
+from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 
 
-def get_config():
-  c = base_config("tiny")
-  c.model.n_layer = 4
-  c.model.d_model = 128
-  c.model.n_head = 2
-  c.model.max_len = 128
-  c.model.pos_encoding = "rove"
-  c.data.source = "stdlib"
-  c.data.tokenizer = "bytes"
-  c.data.seq_len = 128
-  c.data.batch_size = 16
-  c.optim.lr = 2e-3
-  c.optim.warmup_steps = 50
-  c.steps = 300
-  c.log_every = 20
-  c.eval_every = 100
-  c.eval_batches = 16
-  c.checkpoint_every = 100
-  return c
+def get_config() -> RunConfig:
+  return RunConfig(
+      model=GPTConfig.tiny(n_layer=4, d_model=128, n_head=2, max_len=128, pos_encoding="rove"),
+      data=DataConfig(source="stdlib", tokenizer="bytes", seq_len=128, batch_size=16),
+      optim=OptimConfig(lr=2e-3, warmup_steps=50),
+      steps=300, log_every=20, eval_every=100, eval_batches=16, checkpoint_every=100)

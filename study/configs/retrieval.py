@@ -13,7 +13,10 @@ is the same for every run.
 The sizing that chose this spec (models, steps, what was tried) is in bench/RESULTS.md.
 """
 
+import dataclasses
+
 from rove_jax.train.configs import recall_offset
+from rove_jax.train.run_config import RunConfig
 
 SEQ_LEN = 32
 DATA = (f"seq_len={SEQ_LEN},pairs=6,queries=8,keys=6,values=8,train_docs=60000,val_docs=1000,"
@@ -34,9 +37,7 @@ TASKS = {
 }
 
 
-def get_config():
+def get_config() -> RunConfig:
   c = recall_offset.get_config()  # the packaged model, optimizer and loop settings
-  c.data.path = DATA
-  c.steps = 1000
-  c.progress = False
-  return c
+  return dataclasses.replace(c, data=dataclasses.replace(c.data, path=DATA), steps=1000,
+                             progress=False)

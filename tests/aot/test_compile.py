@@ -10,7 +10,8 @@ import pytest
 
 from rove_jax.aot import analysis as hlo
 from rove_jax.aot import compile as aot
-from rove_jax.train import config_schema
+from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train import overrides, run_config
 
 # A module in the forms XLA prints: a variadic all-reduce, the async -start/-done pairs (only
 # -start counts; all-gather-start and collective-permute-start return their operands too), a
@@ -161,7 +162,7 @@ def test_analyze_scales_the_accumulation_loop_and_adds_kernel_attention():
 
 
 def test_recommend_mesh_and_accumulation():
-  c = config_schema.paper_config("gpt2_124m", lr=6e-4)
+  c = run_config.paper_config("gpt2_124m", lr=6e-4)
   r = aot.recommend(c, "v5e-8")  # state 16 x 124.5M bytes fits half the HBM: data parallel
   assert r["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
   # 64 rows a device; per token 12 (34 x 768 + 5 x 12 x 1024) + 8 x 50304 bytes: 8 rows fit
@@ -176,17 +177,15 @@ def test_recommend_mesh_and_accumulation():
     aot.recommend(c, "cpu:8")
 
 
-def _tiny():
-  c = config_schema.base_config("tiny")
-  m = c.model
-  m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 1, 64, 2, 256, 64
-  c.data.seq_len, c.data.batch_size = 64, 8
-  return c
+def _tiny(**over):
+  c = run_config.RunConfig(
+      model=GPTConfig.tiny(n_layer=1, d_model=64, n_head=2, d_ff=256, max_len=64),
+      data=run_config.DataConfig(seq_len=64, batch_size=8))
+  return overrides.apply(c, over)
 
 
 def test_mesh_that_does_not_match_the_topology():
-  c = _tiny()
-  c.mesh.data = 3
+  c = _tiny(**{"mesh.data": 3})
   with pytest.raises(ValueError, match=r"topology cpu:4 has 4 devices: .* needs 3 devices"):
     aot.compile_job(c, "cpu:4", "train")
   with pytest.raises(ValueError, match="needs 16 CPU devices"):
@@ -219,7 +218,7 @@ def test_train_step_compiled_for_cpu_devices_matches_independent_counts():
 
 def param_count(c):
   from rove_jax.nn.model import param_count as count
-  return count(config_schema.build(c).model)
+  return count(c.model)
 
 
 def test_command_line_on_cpu_devices(tmp_path, capsys):
@@ -252,10 +251,9 @@ def test_gradient_accumulation_keeps_micro_batches_split_over_the_devices():
   """With grad_accum = M each device works on its own rows of each micro-batch: the loop body's
   inputs are [B / M / devices, T] a device, and the temporaries do not grow with M (a micro-batch
   replicated on every device would hold devices x more activations)."""
-  c = _tiny()
-  c.data.batch_size = 16
+  c = _tiny(**{"data.batch_size": 16})
   one = aot.compile_job(c, "cpu:4", "train")
-  c.optim.grad_accum = 2
+  c = overrides.apply(c, {"optim.grad_accum": 2})
   two = aot.compile_job(c, "cpu:4", "train", hlo_path=None)
   assert two["memory"]["temp"] <= one["memory"]["temp"], (two["memory"], one["memory"])
 

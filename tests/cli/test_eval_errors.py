@@ -18,7 +18,7 @@ from rove_jax.evaluation import plots, report, report_files, scoring
 from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.storage import paths
-from rove_jax.train import config_schema
+from rove_jax.train import resolve
 from study import plots as study_plots
 from tests import gcs_server
 from tests.conftest import small_config
@@ -324,13 +324,13 @@ def test_eval_reads_the_runs_capped_val_cache_and_writes_nothing(tmp_path, capsy
   c = small_config(tmp_path, **{"data.max_val_tokens": 300})
   workdir = tmp_path / "run"
   prepared = data_lib.prepare(  # what training.train does before its first step
-      config_schema.build(c).data.corpus(), "bytes", workdir=str(workdir),
+      c.data.corpus(), "bytes", workdir=str(workdir),
       max_train_tokens=c.data.max_train_tokens, max_val_tokens=c.data.max_val_tokens)
   assert prepared.val_tokens.size == 300
   data_dir = workdir / "data"
 
   def val_tokens():
-    run = scoring.Run(workdir=str(workdir), name="run", step=8, config=config_schema.build(c),
+    run = scoring.Run(workdir=str(workdir), name="run", step=8, config=resolve.resolve(c),
                       params=None, tokenizer=prepared.tokenizer)
     capsys.readouterr()
     tokens = np.array(run.val_tokens())

@@ -86,7 +86,7 @@ def test_extras_match_pyproject():
         out.add(req.split(">")[0].split("=")[0].split("[")[0].strip().lower())
     return out
 
-  dist = {"orbax.checkpoint": "orbax-checkpoint", "ml_collections": "ml-collections",
+  dist = {"orbax.checkpoint": "orbax-checkpoint",
           "absl": "absl-py", "tensorboardX": "tensorboardx"}
   for extra, modules in extras.EXTRAS.items():
     have = packages(extra)

@@ -16,8 +16,8 @@ import pytest
 from rove_jax import data
 from rove_jax.cli import prepare as prepare_cli
 from rove_jax.data import prepare_corpus, prepared, tokenization
-from rove_jax.train import config_schema
 from rove_jax.train import loop as training
+from rove_jax.train import overrides, resolve
 from tests.conftest import free_port, run_together, small_config, subprocess_env, write_corpus
 from tests.train.test_loop import ROOT, losses
 
@@ -293,7 +293,7 @@ def test_prepared_data_supplies_the_tokenizer_and_vocabulary_size(tmp_path):
                                          "model.vocab_size": 256})
   assert c.data.tokenizer is None and 256 < ids  # no tokenizer named; a vocabulary too small
   said = []
-  built = config_schema.build(c, log=said.append)
+  built = resolve.resolve(c, log=said.append)
   assert built.data.tokenizer == "bpe:400" and built.model.vocab_size == need
   assert said == [f"model.vocab_size={need}: the prepared dataset's tokenizer 'bpe:400' has "
                   f"{ids} ids"]
@@ -301,16 +301,16 @@ def test_prepared_data_supplies_the_tokenizer_and_vocabulary_size(tmp_path):
                           log=lambda *a: None)
   assert result.step == 2 and result.tokenizer.vocab_size == ids
   assert result.model_config.vocab_size == need
-  c.data.tokenizer, c.model.vocab_size = "bpe:400", 512  # given, and agreeing: kept
-  assert config_schema.build(c).model.vocab_size == 512
-  c.model.vocab_size = 256
+  c = overrides.apply(c, {"data.tokenizer": "bpe:400", "model.vocab_size": 512})  # agreeing
+  assert resolve.resolve(c).model.vocab_size == 512
+  c = overrides.apply(c, {"model.vocab_size": 256})
   with pytest.raises(ValueError, match=rf"model.vocab_size=256 is smaller than the {ids} ids.*"
                                        rf"--config.model.vocab_size={need}"):
-    config_schema.build(c)
-  c.data.tokenizer = "bytes"
+    resolve.resolve(c)
+  c = overrides.apply(c, {"data.tokenizer": "bytes"})
   with pytest.raises(ValueError, match=r"data.tokenizer='bytes' but the prepared dataset .* was "
                                        r"tokenized with 'bpe:400'; leave data.tokenizer unset"):
-    config_schema.build(c)
+    resolve.resolve(c)
 
 
 def test_a_run_trains_on_prepared_data_and_resumes_bitwise(tmp_path):
@@ -320,15 +320,14 @@ def test_a_run_trains_on_prepared_data_and_resumes_bitwise(tmp_path):
 
   from rove_jax.evaluation import scoring
   c = small_config(tmp_path, steps=4)
-  raw = config_schema.build(c).data.corpus()
+  raw = c.data.corpus()
   data.prepare_dataset(raw, "bytes", tmp_path / "p", tokens_per_shard=3000, progress=False)
   one = jax.devices()[:1]
   training.train(c, str(tmp_path / "raw"), devices=one, log=lambda *a: None)
-  c.data.source, c.data.path = "prepared", str(tmp_path / "p")
+  c = overrides.apply(c, {"data.source": "prepared", "data.path": str(tmp_path / "p")})
   out, resumed = [], tmp_path / "resumed"
-  c.run_steps = 2
-  training.train(c, str(resumed), devices=one, log=out.append)
-  c.run_steps = None
+  training.train(overrides.apply(c, {"run_steps": 2}), str(resumed), devices=one,
+                 log=out.append)
   training.train(c, str(resumed), devices=one, log=out.append)
   assert any("resumed from step 2" in line for line in out), out
   want = losses(tmp_path / "raw")
@@ -346,7 +345,7 @@ def test_two_process_run_on_prepared_data_resumes_on_one(tmp_path):
   those of one process training on the raw corpus."""
   import jax
   c = small_config(tmp_path, steps=4, **{"data.batch_size": 8, "mesh.data": 2})
-  data.prepare_dataset(config_schema.build(c).data.corpus(), "bytes", tmp_path / "p",
+  data.prepare_dataset(c.data.corpus(), "bytes", tmp_path / "p",
                        tokens_per_shard=3000, progress=False)
   two = jax.devices()[:2]
   training.train(c, str(tmp_path / "raw"), devices=two, log=lambda *a: None)
@@ -365,7 +364,7 @@ def test_two_process_run_on_prepared_data_resumes_on_one(tmp_path):
         "--num_processes=2", f"--process_id={i}"] for i in range(2)],
       subprocess_env(devices=1, JAX_PLATFORMS="cpu"))
   assert all("verifying" in o for o in outs)  # each process hashed its share of the shards
-  c.data.source, c.data.path = "prepared", str(tmp_path / "p")
+  c = overrides.apply(c, {"data.source": "prepared", "data.path": str(tmp_path / "p")})
   log = []
   training.train(c, str(tmp_path / "run"), devices=two, log=log.append)
   assert any("resumed from step 2" in line for line in log), log

@@ -15,6 +15,7 @@ from flax import nnx
 from rove_jax.data import tokenization
 from rove_jax.evaluation import perplexity, report, report_files, report_md, scoring
 from rove_jax.nn.model import GPT
+from rove_jax.train import overrides
 from rove_jax.train.run_config import RunConfig
 from tests.conftest import gpt_config, small_config, subprocess_env
 from tests.train.test_loop import ROOT, run_train
@@ -260,8 +261,8 @@ def test_python_m_eval_end_to_end_on_a_trained_checkpoint(tmp_path, trained_run)
                                 "data.max_files": 120, "model.max_len": 64,
                                 "data.seq_len": 64, "steps": 6})
   shutil.copytree(trained_run, tmp_path / "run")  # this config, trained once per session
-  c.model.pos_encoding = "rope"
-  run_train(c, tmp_path / "rope", log=lambda *a: None)
+  run_train(overrides.apply(c, {"model.pos_encoding": "rope"}), tmp_path / "rope",
+            log=lambda *a: None)
   r = subprocess.run([sys.executable, "-m", "eval", "--workdir", str(tmp_path / "run"),
                       "--compare", str(tmp_path / "rope"),
                       "--suite", "quick", "--lengths", "64,128", "--no-progress"],

@@ -6,7 +6,6 @@ comparison run trains, or stops at a best rate on the grid's edge."""
 import json
 import math
 import os
-import sys
 
 import pytest
 
@@ -52,22 +51,13 @@ def test_dry_run_lists_the_sweep_before_the_comparison(capsys, tmp_path):
   assert [_flag(ev, "--workdir"), _flag(ev, "--compare")] == [
       str(tmp_path / "runs" / f"{e}-s0-lr<chosen>") for e in ("rove", "rope")]
   # The sweep's commands load and validate with rove-train's own flag parsing.
-  from unittest import mock
-
-  from absl import flags
-
   from rove_jax.cli import train as train_cli
+  from rove_jax.train import overrides
   argv = train_cli._rewrite_config_flag(["rove-train", *sweep[-1][2:]])
-  assert not train_cli._override_problems(argv)
-  try:
-    with mock.patch.object(sys, "argv", argv):
-      flags.FLAGS(argv)
-    c = flags.FLAGS.config
-    assert (c.optim.lr, c.steps, c.seed) == (0.0024, 5000, 102)
-  finally:
-    for name in [n for n in flags.FLAGS if n.startswith("config.")]:
-      delattr(flags.FLAGS, name)
-    flags.FLAGS.unparse_flags()
+  given = overrides.split(argv[1:])
+  assert not [p for p in (overrides.problem(k, v) for k, v in given) if p]
+  c = overrides.apply(overrides.load_file(train_cli._config_arg(argv)), given)
+  assert (c.optim.lr, c.steps, c.seed) == (0.0024, 5000, 102)
 
 
 def test_full_horizon_sweep_and_no_sweep(capsys, tmp_path):

@@ -647,13 +647,11 @@ def test_scale_dry_run_prints_the_paper_plan(capsys, tmp_path, preset):
 def test_scale_printed_commands_parse_with_train_and_eval_parsers(capsys, tmp_path):
   """The printed train.py commands load and validate with rove-train's own flag parsing (the
   config file and every override, nothing trained); the rove-eval one parses too."""
-  from unittest import mock
-
   from absl import flags
 
   from rove_jax.cli import eval as cli
   from rove_jax.cli import train as train_cli
-  from rove_jax.train import config_schema
+  from rove_jax.train import overrides
   data = str(tmp_path / "fw" / "*.parquet")
   code, out, err = _scale(capsys, tmp_path, "--scale", "gpt2_124m", "--data", data,
                           "--topology", "v5e-8", "--sweep-lrs", "", "--dry-run")
@@ -661,15 +659,13 @@ def test_scale_printed_commands_parse_with_train_and_eval_parsers(capsys, tmp_pa
   FLAGS = flags.FLAGS
   for cmd, enc in zip(_commands(out, "train.py"), ("rove", "rope")):
     argv = train_cli._rewrite_config_flag(["rove-train", *cmd[2:]])
-    assert not train_cli._override_problems(argv)
+    given = overrides.split(argv[1:])
+    assert not [p for p in (overrides.problem(k, v) for k, v in given) if p]
     try:
-      with mock.patch.object(sys, "argv", argv):
-        assert FLAGS(argv) == ["rove-train"]
-      c = FLAGS.config
-      model = config_schema.build(c).model
+      assert FLAGS([a for a in argv if not a.startswith("--config.")]) == ["rove-train"]
+      c = overrides.apply(overrides.load_file(FLAGS.config), given)
+      model = c.model
     finally:
-      for name in [n for n in FLAGS if n.startswith("config.")]:
-        delattr(FLAGS, name)
       FLAGS.unparse_flags()
     assert model.pos_encoding == enc and model.n_layer == 12 and c.data.path == data
     assert (c.data.batch_size, c.data.seq_len, c.data.tokenizer) == (512, 1024, "tiktoken:gpt2")

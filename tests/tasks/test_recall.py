@@ -16,8 +16,8 @@ from rove_jax.data.tokenization import ByteTokenizer
 from rove_jax.evaluation import recall, scoring
 from rove_jax.nn.model import GPT, GPTConfig
 from rove_jax.tasks import recall as gen
-from rove_jax.train import config_schema
 from rove_jax.train import loop as training
+from rove_jax.train import overrides
 from rove_jax.train.run_config import DataConfig, RunConfig
 from study import retrieval as recall_study
 from study.configs import retrieval as recall_config
@@ -77,10 +77,8 @@ def test_corpus_stream_puts_each_document_in_one_window_after_an_eot():
   windows = stream[:(stream.size - 1) // T * T].reshape(-1, T)
   assert (windows[1:, 0] == tok.eot_id).all()  # window i >= 1: [eot] + document i
   np.testing.assert_array_equal(windows[1:, 1:], gen.training_tokens(SPEC, "train")[1:])
-  c = recall_config.get_config()
-  c.data.seq_len = c.model.max_len = 16
   with pytest.raises(ValueError, match="made for seq_len=32"):
-    config_schema.build(c).model
+    overrides.apply(recall_config.get_config(), {"data.seq_len": 16})
 
 
 def test_test_samples_exact_lengths_answers_and_growing_distances():

@@ -125,18 +125,13 @@ def test_corpus_source_streams_the_task_documents():
 def test_the_demos_mechanism_trains_the_offset_task_and_scores_it():
   """make demo's mechanism (the packaged recall_offset config, trained per encoding and seed,
   then rove-eval --tasks recall) is the offset task at 32 tokens, scored at 1x and 4x."""
-  import importlib.util
   import pathlib
   import subprocess
 
   from rove_jax.cli import eval as eval_cli
-  from rove_jax.train import config_schema
+  from rove_jax.train import overrides
   root = pathlib.Path(__file__).resolve().parents[2]
-  path = root / "rove_jax" / "train" / "configs" / "recall_offset.py"
-  spec_ = importlib.util.spec_from_file_location("recall_offset", path)
-  module = importlib.util.module_from_spec(spec_)
-  spec_.loader.exec_module(module)
-  c = config_schema.build(module.get_config())
+  c = overrides.load_file(str(root / "rove_jax" / "train" / "configs" / "recall_offset.py"))
   spec = gen.RecallSpec.parse(c.data.path)
   assert (spec.task, spec.seq_len, c.data.seq_len, c.steps) == ("offset", 32, 32, 300)
   recipe = subprocess.run(["make", "-n", "demo"], cwd=root, capture_output=True, text=True,

@@ -28,7 +28,7 @@ import pytest
 from rove_jax.evaluation import scoring
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import config_schema, resume, run_reader
+from rove_jax.train import resolve, resume, run_reader
 from tests.conftest import small_config
 from tests.train.test_loop_faults import (
   ONE,
@@ -84,7 +84,7 @@ def _data_state(workdir, step) -> dict:
 def _open_as_the_loop_does(ref, workdir):
   """(step, state, data_state) restored the way the training loop resumes, or the error."""
   c = config(ref)
-  meta = config_schema.build(c).metadata()
+  meta = resolve.resolve(c).metadata()
   device = jax.sharding.SingleDeviceSharding(ONE[0])
   target = {name: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device)
             for name, a in ref.states[STEPS].items()}

@@ -22,11 +22,9 @@ PROMPT = "def main(argv):\n    "
 
 @pytest.fixture(scope="module")
 def bpe_run(tmp_path_factory):
-  """A 4-step run with a trained BPE tokenizer (a file in the workdir), trained on 32 tokens
-  while the preset's model context is 256: model.max_len follows data.seq_len."""
+  """A 4-step run with a trained BPE tokenizer (a file in the workdir), trained on 32 tokens."""
   tmp = tmp_path_factory.mktemp("bpe_run")
-  c = small_config(tmp, steps=4, **{"data.tokenizer": "bpe:300", "model.max_len": None,
-                                    "data.seq_len": 32})
+  c = small_config(tmp, steps=4, **{"data.tokenizer": "bpe:300", "data.seq_len": 32})
   result = training.train(c, str(tmp / "run"), devices=jax.devices()[:1], log=lambda *a: None)
   return tmp / "run", result
 

@@ -12,9 +12,10 @@ import pytest
 
 from rove_jax.data import tokenization
 from rove_jax.nn import param_files, pretrained
-from rove_jax.train import config_schema
+from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train import loop as training
-from tests.conftest import apply_overrides
+from rove_jax.train import resolve
+from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "tests" / "reference_data" / "llama_family" / "llama_gqa"  # vocabulary 64
@@ -41,20 +42,18 @@ def checkpoint(tmp_path_factory) -> str:
   return str(out)
 
 
-def _config(path, model_given=("pos_encoding",), **overrides):
-  """The RunConfig of a short stdlib run from the checkpoint at `path`."""
-  c = config_schema.base_config("tiny")
-  c.init_from = path
-  c.model.pos_encoding = "rove"
-  c.data.source = "stdlib"
-  c.data.max_files = 8
-  c.data.val_fraction = 0.25
-  c.data.seq_len, c.data.batch_size = 32, 4
-  c.optim.lr, c.optim.warmup_steps = 1e-2, 1  # step 1 runs at lr 0: it changes nothing
-  c.steps, c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every = STEPS, 1, STEPS, 1, 3
-  c.progress, c.sample_tokens, c.tracking = False, 0, "none"
-  return config_schema.build(apply_overrides(c, overrides), model_given=set(model_given),
-                             log=lambda *a: None)
+def _config(path, rove=True, **over):
+  """The RunConfig of a short stdlib run from the checkpoint at `path`, as rove-train builds it
+  from a config file with `over` (and --config.model.pos_encoding=rove when `rove`) given."""
+  c = RunConfig(
+      model=GPTConfig.tiny(pos_encoding="rove"), init_from=path,
+      data=DataConfig(source="stdlib", max_files=8, val_fraction=0.25, seq_len=32, batch_size=4),
+      optim=OptimConfig(lr=1e-2, warmup_steps=1),  # step 1 runs at lr 0: it changes nothing
+      steps=STEPS, log_every=1, eval_every=STEPS, eval_batches=1, checkpoint_every=3,
+      progress=False, sample_tokens=0, tracking="none")
+  given = [("model.pos_encoding", "rove")] if rove else []
+  return resolve.command_line(c, given + [(k, str(v)) for k, v in over.items()],
+                              log=lambda *a: None)
 
 
 def _losses(workdir) -> list:
@@ -142,13 +141,12 @@ def test_rope_first_loss_is_the_loaded_models_loss(checkpoint, straight, tmp_pat
 def test_a_shape_override_is_refused_naming_the_field(checkpoint):
   with pytest.raises(ValueError, match=r"^model\.n_kv_head=4 disagrees with init_from=.*whose "
                                        r"n_kv_head is 2") as e:
-    _config(checkpoint, model_given=("pos_encoding", "n_kv_head"), **{"model.n_kv_head": 4})
+    _config(checkpoint, **{"model.n_kv_head": 4})
   assert "\n" not in str(e.value)
   with pytest.raises(ValueError, match=r"model\.pos_encoding='nope' disagrees"):
     _config(checkpoint, **{"model.pos_encoding": "nope"})
   # non-shape settings may differ
-  c = _config(checkpoint, model_given=("pos_encoding", "remat", "max_len", "rope_scaling"),
-              **{"model.remat": "full", "model.max_len": 128,
+  c = _config(checkpoint, **{"model.remat": "full", "model.max_len": 128,
                  "model.rope_scaling.rope_type": "yarn", "model.rope_scaling.factor": 2.0})
   assert (c.model.remat, c.model.max_len, c.model.rope_scaling.rope_type) == ("full", 128, "yarn")
   assert (c.model.n_layer, c.model.d_model, c.model.vocab_size) == (2, 32, 64)
@@ -183,12 +181,10 @@ def test_a_missing_init_from_is_refused_before_any_work(tmp_path):
 
 
 def test_without_model_given_every_model_field_held_is_compared(checkpoint):
-  c = config_schema.base_config("tiny")
-  c.init_from = checkpoint
+  c = RunConfig(init_from=checkpoint, data=DataConfig(seq_len=32))
   with pytest.raises(ValueError, match=r"disagrees with init_from=.*model_given"):
-    config_schema.build(c, log=lambda *a: None)
-  built = config_schema.build({"init_from": checkpoint, "model": {"pos_encoding": "rove"},
-                               "data": {"seq_len": 32}}, log=lambda *a: None)
+    resolve.resolve(c, log=lambda *a: None)
+  built = resolve.resolve(c, model_given=["pos_encoding"], log=lambda *a: None)
   assert built.model.pos_encoding == "rove" and built.model.n_layer == 2
 
 
@@ -197,10 +193,10 @@ def test_an_export_of_the_rove_run_starts_a_run_with_its_model_and_tokenizer(str
   from rove_jax.train import export
   workdir, result = straight
   export.export_run(str(workdir), str(tmp_path / "export"), report=lambda *a: None)
-  c = _config(str(tmp_path / "export"), model_given=())
+  c = _config(str(tmp_path / "export"), rove=False)
   assert c.model.pos_encoding == "rove"  # the export's own, now
   assert c.data.tokenizer == str(tmp_path / "export" / "tokenizer.json")
-  first = training.train(_config(str(tmp_path / "export"), model_given=(), run_steps=1),
+  first = training.train(_config(str(tmp_path / "export"), rove=False, run_steps=1),
                          str(tmp_path / "run"), devices=ONE, log=lambda *a: None)
   _assert_bitwise(_named(first.params), _named(result.params))
 
@@ -248,10 +244,10 @@ def test_init_from_a_bucket_reads_the_model_and_its_tokenizer(checkpoint, gcs_bu
 def test_a_run_config_built_elsewhere_must_hold_the_checkpoints_model(checkpoint):
   import dataclasses
   c = _config(checkpoint)
-  assert config_schema.build(c) is c
+  assert resolve.resolve(c) is c
   wider = dataclasses.replace(c, model=dataclasses.replace(c.model, d_ff=64))
   with pytest.raises(ValueError, match=r"model\.d_ff=64 disagrees with init_from="):
-    config_schema.build(wider)
+    resolve.resolve(wider)
 
 
 def _llama_copy(directory: pathlib.Path, checkpoint: str) -> pathlib.Path:
@@ -268,7 +264,7 @@ def _damage_header_length(path: pathlib.Path) -> None:
 
 
 def test_a_damaged_safetensors_file_is_refused_when_the_config_is_built(checkpoint, tmp_path):
-  """Before the data is prepared and before any random init: at config_schema.build."""
+  """Before the data is prepared and before any random init: at resolve.resolve."""
   model = _llama_copy(tmp_path / "model", checkpoint)
   _damage_header_length(model / "model.safetensors")
   with pytest.raises(ValueError, match=r"^init_from=\S+: \S+model\.safetensors is not a valid "

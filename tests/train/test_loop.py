@@ -22,8 +22,9 @@ from flax import nnx
 
 from rove_jax.nn.model import GPT, GPTConfig
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import config_schema, result
 from rove_jax.train import loop as training
+from rove_jax.train import overrides, result
+from rove_jax.train.run_config import RunConfig
 from tests.conftest import small_config, subprocess_env, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -57,9 +58,8 @@ def assert_same_params(a, b):
 
 
 def test_loss_falls_when_overfitting_one_batch(tmp_path):
-  c = small_config(tmp_path)
-  c.optim.lr, c.optim.warmup_steps = 1e-2, 0
-  model = GPT(config_schema.build(c).model, rngs=nnx.Rngs(0))
+  c = small_config(tmp_path, **{"optim.lr": 1e-2, "optim.warmup_steps": 0})
+  model = GPT(c.model, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
   tx = training.make_optimizer(c.optim, 100)
   state = training.TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
@@ -80,7 +80,7 @@ def test_grad_accumulation_equals_the_full_batch(tmp_path):
   rate: with AdamW (nearly scale-invariant, so the grad norm is what catches a missing 1 / A)
   and with SGD (whose update is the gradient itself)."""
   c = small_config(tmp_path, **{"optim.warmup_steps": 0, "optim.lr": 1e-2})
-  model = GPT(config_schema.build(c).model, rngs=nnx.Rngs(0))
+  model = GPT(c.model, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
   toks = jax.random.randint(jax.random.key(1), (4, 33), 0, 64)
   batch = {"inputs": toks[:, :-1], "targets": toks[:, 1:]}
@@ -122,11 +122,11 @@ def test_decay_mask_only_on_projection_matrices():
 
 
 def test_tiny_run_on_stdlib_lowers_val_loss(tmp_path):
-  c = small_config(tmp_path, **{"data.source": "stdlib", "data.path": None,
-                                "data.max_files": 40})
-  c.model.n_layer, c.model.d_model, c.model.n_head, c.model.d_ff = 2, 64, 4, 256
-  c.data.batch_size, c.steps, c.eval_every, c.checkpoint_every = 8, 40, 20, 40
-  c.optim.lr, c.optim.warmup_steps, c.log_every = 3e-3, 5, 5
+  c = small_config(tmp_path, **{
+      "data.source": "stdlib", "data.path": None, "data.max_files": 40, "model.n_layer": 2,
+      "model.d_model": 64, "model.n_head": 4, "model.d_ff": 256, "data.batch_size": 8,
+      "steps": 40, "eval_every": 20, "checkpoint_every": 40, "optim.lr": 3e-3,
+      "optim.warmup_steps": 5, "log_every": 5})
   summary = run_train(c, tmp_path / "run", log=lambda *a: None)
   with open(tmp_path / "run" / "metrics.jsonl") as f:
     vals = [r["val_loss"] for r in map(json.loads, f) if "val_loss" in r]
@@ -195,7 +195,7 @@ def test_the_closing_line_counts_skipped_steps():
   summary = result.TrainResult(
       workdir="w", start_step=0, step=8, steps_run=8, nonfinite_steps=3, last={"loss": 2.0},
       tokenizer=None, model_config=None, params=None, graphdef=None, mesh=None)
-  no_sample = config_schema.build({"sample_tokens": 0})
+  no_sample = RunConfig(sample_tokens=0)
   result.report(summary, no_sample, out=lines.append)
   assert lines == ["done: step 8 in w, train loss 2.0000; 3 of the 8 steps run were skipped "
                    "as non-finite (their updates not applied)", result.next_step(summary)]
@@ -315,10 +315,13 @@ def test_sigkill_during_checkpoint_write_then_resume_is_bitwise_equal(tmp_path):
 
 
 def test_unknown_config_keys(tmp_path):
-  c = small_config(tmp_path)
-  c.optim.lrr = 0.1
-  with pytest.raises(ValueError, match=r"unknown config keys \['optim.lrr'\]"):
-    run_train(c, tmp_path / "w")
+  with pytest.raises(ValueError, match=r"--config.optim.lrr=0.1: optim has no field 'lrr'; "
+                                       r"did you mean --config.optim.lr\?"):
+    small_config(tmp_path, **{"optim.lrr": 0.1})
+  with pytest.raises(ValueError, match=r"unknown config fields \['optim.lrr'\]; optim has: "):
+    RunConfig.from_dict({"optim": {"lrr": 0.1}})
+  with pytest.raises(TypeError, match=r"a run config is a rove_jax.train.RunConfig, got dict"):
+    run_train({"steps": 3}, tmp_path / "w")
   r = subprocess.run(_train_cmd(tmp_path / "w2", "--config.model.n_layers=2"),
                      capture_output=True, text=True, timeout=120, env=ENV1)
   assert r.returncode != 0 and "n_layers" in r.stderr
@@ -344,16 +347,17 @@ def test_workdir_with_a_different_model(tmp_path, trained_run):
 
 def test_seq_len_above_the_model_context(tmp_path):
   with pytest.raises(ValueError, match="exceeds model.max_len=32"):
-    run_train(small_config(tmp_path, **{"data.seq_len": 64}), tmp_path / "w")
+    small_config(tmp_path, **{"data.seq_len": 64, "model.max_len": 32})
+  # model.max_len follows data.seq_len unless set
+  assert small_config(tmp_path, **{"data.seq_len": 64}).model.max_len == 64
 
 
 def test_batch_not_divisible(tmp_path):
   c = small_config(tmp_path, **{"mesh.data": 8, "data.batch_size": 12})
   with pytest.raises(ValueError, match="not divisible by the data-parallel size"):
     training.train(c, str(tmp_path / "w"))  # all 8 devices: data-parallel size 8
-  c = small_config(tmp_path, **{"optim.grad_accum": 3})
   with pytest.raises(ValueError, match="grad_accum"):
-    run_train(c, tmp_path / "w")
+    small_config(tmp_path, **{"optim.grad_accum": 3})
 
 
 def test_unwritable_workdir(tmp_path):
@@ -373,12 +377,8 @@ def test_validation_split_too_small_is_an_error_before_training(tmp_path):
 
 @pytest.mark.parametrize("name", ["tiny", "gpt2_124m", "gpt2_354m"])
 def test_config_files_validate(name):
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(f"cfg_{name}", ROOT / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
-  model = config_schema.build(c).model
+  c = overrides.load_file(str(ROOT / "configs" / f"{name}.py"))
+  model = c.model
   assert model.pos_encoding == "rove" and c.data.seq_len == model.max_len
   if name != "tiny":
     assert (c.data.tokenizer, model.max_len, model.vocab_size) == ("tiktoken:gpt2", 1024, 50304)

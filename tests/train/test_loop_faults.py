@@ -11,10 +11,8 @@ the copy and train on it in-process; only the SIGKILL test runs train.py in a su
 """
 
 import asyncio
-import copy
 import fcntl
 import hashlib
-import importlib.util
 import json
 import os
 import pathlib
@@ -39,10 +37,11 @@ from rove_jax.evaluation import scoring
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
-from rove_jax.train import config_schema, resume, run_reader
 from rove_jax.train import loop as training
+from rove_jax.train import overrides as overrides_lib
+from rove_jax.train import resolve, resume, run_reader
 from rove_jax.train.metrics import read_metrics
-from tests.conftest import apply_overrides, small_config, subprocess_env, write_corpus
+from tests.conftest import small_config, subprocess_env, write_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ONE = jax.devices()[:1]
@@ -179,7 +178,7 @@ def reference(tmp_path_factory):
 
 def config(ref, **overrides):
   """A copy of the reference config with dotted-key overrides."""
-  return apply_overrides(copy.deepcopy(ref.config), overrides)
+  return overrides_lib.apply(ref.config, overrides)
 
 
 def copy_run(ref, tmp_path, *, keep=tuple(SAVED)) -> pathlib.Path:
@@ -400,11 +399,8 @@ def flat(d, prefix="") -> dict:
 
 def cli_overrides(c) -> list[str]:
   """--config.KEY=VALUE flags that turn configs/tiny.py into the config `c`."""
-  spec = importlib.util.spec_from_file_location("tiny_cfg", ROOT / "configs" / "tiny.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  want = flat(config_schema.build(c).to_dict())
-  have = flat(config_schema.build(module.get_config()).to_dict())
+  want = flat(resolve.resolve(c).to_dict())
+  have = flat(resolve.resolve(overrides_lib.load_file(str(ROOT / "configs" / "tiny.py"))).to_dict())
   changed = sorted(k for k in want if want[k] != have.get(k))
   assert all(want[k] is not None for k in changed), changed  # values a flag can give
   return [f"--config.{k}={want[k]}" for k in changed]
@@ -461,7 +457,7 @@ def test_sigkill_at_random_moments_then_resume_is_bitwise_equal(reference, tmp_p
     ck = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), read_only=True)
     meta = ck.read_meta(newest(steps_in(workdir)))
     ck.close()
-    assert meta["config"] == config_schema.build(reference.config).metadata()["config"]
+    assert meta["config"] == resolve.resolve(reference.config).metadata()["config"]
   out = []
   summary = train(config(reference), workdir, out)
   assert any("taking over the writer lock" in l for l in out), out  # the killed run's

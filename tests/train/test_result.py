@@ -6,15 +6,15 @@ import dataclasses
 
 import jax
 
-from rove_jax.train import config_schema, result, resume
 from rove_jax.train import loop as training
+from rove_jax.train import result, resume
 from tests.conftest import small_config
 
 ONE = jax.devices()[:1]
 
 
 def train(c, workdir, log):
-  return training.train(config_schema.build(c), str(workdir), devices=ONE, log=log)
+  return training.train(c, str(workdir), devices=ONE, log=log)
 
 
 def warnings_in(lines):
@@ -27,7 +27,7 @@ def test_rerunning_a_finished_run_says_nothing_was_trained_and_names_overrides(t
   done = train(small_config(tmp_path), workdir, first.append)
   assert not warnings_in(first)
   report = []
-  result.report(done, config_schema.build(small_config(tmp_path)), out=report.append)
+  result.report(done, small_config(tmp_path), out=report.append)
   assert report[0].startswith(f"done: step 8 in {done.workdir}")
   assert report[-1] == (f"next: rove-eval --workdir {done.workdir} --tasks ppl (perplexity from "
                         f"0.5x to 16x the training length, with and without YaRN; "
@@ -39,7 +39,7 @@ def test_rerunning_a_finished_run_says_nothing_was_trained_and_names_overrides(t
   assert (rerun.start_step, rerun.step, rerun.steps_run) == (8, 8, 0)
   assert not warnings_in(again), again
   report.clear()
-  result.report(rerun, config_schema.build(small_config(tmp_path)), out=report.append)
+  result.report(rerun, small_config(tmp_path), out=report.append)
   assert report == [
       f"already finished at step 8 in {rerun.workdir}; nothing trained (--config.steps=8: raise "
       f"it to train further, or give a new --workdir)", result.next_step(rerun)]

@@ -16,8 +16,8 @@ import jax
 import pytest
 
 from rove_jax import data
-from rove_jax.train import config_schema, resume
 from rove_jax.train import loop as training
+from rove_jax.train import overrides, resume
 from tests.conftest import free_port, small_config, subprocess_env
 
 ONE = jax.devices()[:1]
@@ -40,27 +40,26 @@ def test_a_re_prepared_dataset_stops_the_resume_unless_allowed(tmp_path):
   c = small_config(tmp_path, steps=4)
   corpus = pathlib.Path(c.data.path)
   prepared = tmp_path / "prepared"
-  data.prepare_dataset(config_schema.build(c).data.corpus(), "bytes", prepared,
+  data.prepare_dataset(c.data.corpus(), "bytes", prepared,
                        tokens_per_shard=3000, progress=False)
-  c.data.source, c.data.path, c.run_steps = "prepared", str(prepared), 2
+  c = overrides.apply(c, {"data.source": "prepared", "data.path": str(prepared), "run_steps": 2})
   run(c, tmp_path / "run")
-  first = data.prepare(config_schema.build(c).data.corpus(), "bytes",
+  first = data.prepare(c.data.corpus(), "bytes",
                        workdir=str(tmp_path / "probe")).identity
   swap_x_and_y(corpus)
   shutil.rmtree(prepared)
-  raw = config_schema.build(small_config(tmp_path / "raw", **{"data.path": str(corpus)})
-                            ).data.corpus()
+  raw = small_config(tmp_path / "raw", **{"data.path": str(corpus)}).data.corpus()
   data.prepare_dataset(raw, "bytes", prepared, tokens_per_shard=3000, progress=False)
-  second = data.prepare(config_schema.build(c).data.corpus(), "bytes",
+  second = data.prepare(c.data.corpus(), "bytes",
                         workdir=str(tmp_path / "probe")).identity
   assert first["manifest_sha256"] != second["manifest_sha256"]
-  c.run_steps = None
+  c = overrides.apply(c, {"run_steps": None})
   with pytest.raises(resume.IncompatibleRun) as info:
     run(c, tmp_path / "run")
   message = str(info.value)
   assert "step 2" in message and str(prepared) in message and "re-prepared" in message
   assert "--config.data.allow_changed=True" in message
-  c.data.allow_changed = True
+  c = overrides.apply(c, {"data.allow_changed": True})
   out = []
   summary = run(c, tmp_path / "run", out)
   assert summary.start_step == 2 and summary.step == 4
@@ -71,7 +70,7 @@ def test_an_edited_text_corpus_stops_the_resume(tmp_path):
   c = small_config(tmp_path, steps=4, run_steps=2)
   run(c, tmp_path / "run")
   swap_x_and_y(pathlib.Path(c.data.path))
-  c.run_steps = None
+  c = overrides.apply(c, {"run_steps": None})
   with pytest.raises(resume.IncompatibleRun, match="training data changed since the "
                                                    "checkpoint at step 2"):
     run(c, tmp_path / "run")
@@ -95,15 +94,15 @@ def steps(workdir) -> list[int]:
 def test_a_shard_edited_in_place_stops_the_resume_until_prepared_again(tmp_path, monkeypatch):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
   c = small_config(tmp_path, steps=4)
-  prepared, corpus = tmp_path / "prepared", config_schema.build(c).data.corpus()
+  prepared, corpus = tmp_path / "prepared", c.data.corpus()
   manifest = data.prepare_dataset(corpus, "bytes", prepared, tokens_per_shard=3000,
                                   progress=False)
-  c.data.source, c.data.path, c.run_steps = "prepared", str(prepared), 2
+  c = overrides.apply(c, {"data.source": "prepared", "data.path": str(prepared), "run_steps": 2})
   run(c, tmp_path / "run")
   shard = prepared / manifest["splits"]["train"]["shards"][1]["file"]
   good = shard.read_bytes()
   edit_in_place(shard)
-  c.run_steps = None
+  c = overrides.apply(c, {"run_steps": None})
   with pytest.raises(data.prepared.DamagedDataset) as info:
     run(c, tmp_path / "run")
   message = str(info.value)
@@ -123,15 +122,15 @@ def test_an_edited_local_copy_of_a_gs_shard_is_fetched_again_on_resume(tmp_path,
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
   c = small_config(tmp_path, steps=4)
   out = f"{gcs_bucket}/ds"
-  manifest = data.prepare_dataset(config_schema.build(c).data.corpus(), "bytes", out,
+  manifest = data.prepare_dataset(c.data.corpus(), "bytes", out,
                                   tokens_per_shard=3000, progress=False)
-  c.data.source, c.data.path, c.run_steps = "prepared", out, 2
+  c = overrides.apply(c, {"data.source": "prepared", "data.path": out, "run_steps": 2})
   run(c, tmp_path / "run")
   name = manifest["splits"]["train"]["shards"][0]["file"]
   (copy,) = (tmp_path / "xdg-cache" / "rove_jax" / "remote").rglob(name)
   intact = copy.read_bytes()
   edit_in_place(copy)
-  c.run_steps = None
+  c = overrides.apply(c, {"run_steps": None})
   capsys.readouterr()
   summary = run(c, tmp_path / "run")
   assert summary.start_step == 2 and summary.step == 4 and copy.read_bytes() == intact

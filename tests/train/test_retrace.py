@@ -14,8 +14,8 @@ import pytest
 from flax import nnx
 
 from rove_jax.nn.model import GPT, generate
-from rove_jax.train import config_schema
 from rove_jax.train import loop as training
+from rove_jax.train.run_config import OptimConfig
 from tests.conftest import gpt_config, small_config
 
 RETRACED = "traced > "
@@ -42,7 +42,7 @@ def test_train_step_traces_once():
   """With gradient accumulation (a scan over micro-batches); the loop test below runs A = 1."""
   cfg = gpt_config()
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-  o = config_schema.base_config("tiny").optim
+  o = OptimConfig()
   tx = guarded(training.make_optimizer(o, 10), n=1)
   step = training.make_train_step(graphdef, tx, grad_accum=2,
                                   schedule=training.lr_schedule(o, 10))

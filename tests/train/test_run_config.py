@@ -12,16 +12,14 @@ import textwrap
 
 import chex
 import jax
-import ml_collections
 import numpy as np
 import pytest
-from absl import app, flags
-from ml_collections import config_flags
+from absl import app
 
 from rove_jax import scaling
 from rove_jax.cli import train as train_cli
 from rove_jax.nn.model_config import GPTConfig
-from rove_jax.train import config_schema, resume
+from rove_jax.train import overrides, resolve, resume, run_config
 from rove_jax.train.run_config import RunConfig
 from tests.conftest import subprocess_env
 
@@ -33,31 +31,22 @@ LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + i / 64 for i in rang
             "original_max_position_embeddings": 128}
 
 
-def parse_config_file(path, *overrides):
-  """The ConfigDict that `rove-train --config=path --config.x=y ...` parses (absl config_flags
-  reads the overrides from sys.argv)."""
-  argv = ["rove-train", f"--config={path}", *overrides]
-  saved = sys.argv
-  sys.argv = argv
-  try:
-    values = flags.FlagValues()
-    holder = config_flags.DEFINE_config_file("config", None, "", flag_values=values,
-                                             lock_config=True)
-    values(argv)
-    return holder.value
-  finally:
-    sys.argv = saved
+def parse_config_file(path, *args):
+  """The RunConfig that `rove-train --config=path --config.x=y ...` runs with."""
+  return overrides.apply(overrides.load_file(str(path)), overrides.split(args))
 
 
 def write_tiny_with_longrope(tmp_path):
   path = tmp_path / "tiny_longrope.py"
   path.write_text(textwrap.dedent(f"""
+      import dataclasses
+
       from rove_jax.train.configs import tiny
 
       def get_config():
         c = tiny.get_config()
-        c.model.rope_scaling = {LONGROPE!r}
-        return c
+        return dataclasses.replace(
+            c, model=dataclasses.replace(c.model, rope_scaling={LONGROPE!r}))
       """))
   return path
 
@@ -65,7 +54,7 @@ def write_tiny_with_longrope(tmp_path):
 def test_round_trip_config_file_to_metadata_and_back(tmp_path):
   c = parse_config_file(write_tiny_with_longrope(tmp_path), "--config.model.rove_layers=(0,2)",
                         "--config.model.n_kv_head=2")
-  model = config_schema.build(c).model
+  model = c.model
   assert model.rove_layers == (0, 2) and model.n_kv_head == 2
   assert model.rope_scaling == scaling.RopeScaling.from_dict(LONGROPE)
   assert model.to_dict()["rope_scaling"] == LONGROPE
@@ -75,9 +64,8 @@ def test_round_trip_config_file_to_metadata_and_back(tmp_path):
   back = GPTConfig.from_dict(meta)
   assert back == model and hash(back) == hash(model)
   assert len({back, model}) == 1
-  # a JSON copy of the run config's sections gives the same model too
-  assert config_schema.build(
-      ml_collections.ConfigDict(json.loads(json.dumps(config_schema.to_plain(c))))).model == model
+  # a JSON copy of the whole run config reads back to an equal one
+  assert RunConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
   # the restored rope_scaling gives the same frequencies, at a length that picks long_factor
   want = scaling.from_config(LONGROPE, 64, max_len=256, seq_len=512)
   got = back.rope_scaling.frequencies(back.rot_dim, base=back.rope_base, max_len=back.max_len,
@@ -98,8 +86,9 @@ def test_round_trip_config_file_to_metadata_and_back(tmp_path):
 
 def test_presets_pass_through_the_run_config_unchanged():
   for preset in ("tiny", "gpt2_124m", "gpt2_354m"):
-    built = config_schema.build(config_schema.base_config(preset))
-    assert built.model == getattr(GPTConfig, preset)()
+    c = RunConfig(model=getattr(GPTConfig, preset)())
+    assert overrides.apply(c, {}) == c and RunConfig.from_dict(c.to_dict()) == c
+    assert c.model.d_ff == 4 * c.model.d_model and c.data.seq_len == c.model.max_len
 
 
 def test_rope_scaling_is_parsed_once_and_lists_come_back_as_lists():
@@ -136,10 +125,8 @@ def test_rope_scaling_dicts_read_back(stored):
 
 
 def test_checkpoint_metadata_holds_the_model_config_once():
-  c = config_schema.base_config("tiny")
-  c.model.rope_scaling.rope_type = "linear"
-  c.model.rope_scaling.factor = 2.0
-  built = config_schema.build(c)
+  built = resolve.resolve(overrides.apply(RunConfig(), {"model.rope_scaling.rope_type": "linear",
+                                                         "model.rope_scaling.factor": "2"}))
   meta = json.loads(json.dumps(built.metadata()))
   assert "model" not in meta["config"] and meta["model"] == built.model.to_dict()
   assert meta["model"]["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
@@ -174,37 +161,86 @@ def test_checkpoint_metadata_holds_the_model_config_once():
     ({"optim.eps": 0.0}, r"optim.eps must be a finite number in \(0, inf\)"),
 ])
 def test_validation_errors_name_the_field(override, message):
-  c = config_schema.base_config("tiny")
-  for key, value in override.items():
-    *sections, name = key.split(".")
-    node = c
-    for section in sections:
-      node = node[section]
-    node[name] = value
   with pytest.raises(ValueError, match=message):
-    config_schema.build(c).model
+    overrides.apply(RunConfig(), override)
 
 
 @pytest.mark.parametrize("key, message", [
     ("model.n_layers", r"model has no field 'n_layers'; did you mean --config.model.n_layer\?"),
     ("optimizer.lr", r"the config has no field 'optimizer'; did you mean --config.optim.lr\?"),
-    ("model.rope_scaling.type", r"did you mean --config.model.rope_scaling.rope_type\?"),
+    ("model.rope_scaling.typ", r"model.rope_scaling has no key 'typ'; did you mean "
+                               r"'rope_type'\? its keys are rope_type, factor, "),
+    ("model.rope_scaling.factor.x", r"model.rope_scaling.factor is a field, not a section"),
     ("model.rope_scaling", r"model.rope_scaling is a section, not a field; .*rope_type=yarn"),
     ("steps.max", r"steps is a field, not a section"),
     ("zzz", r"the config has no field 'zzz'; the config has: async_checkpoints, "),
 ])
 def test_command_line_overrides_of_unknown_fields_name_the_closest(key, message):
-  assert re.search(message, config_schema.override_problem(key, "1"))
+  assert re.search(message, overrides.problem(key, "1"))
+  with pytest.raises(ValueError, match=message):
+    overrides.apply(RunConfig(), [(key, "1")])
 
 
-def test_every_schema_field_is_a_valid_override():
-  def keys(c, prefix=""):
-    for k, v in c.items():
-      yield from keys(v, f"{prefix}{k}.") if isinstance(v, ml_collections.ConfigDict) else [
-          prefix + k]
-  fields = list(keys(config_schema.base_config("tiny")))
+def test_every_field_is_a_valid_override():
+  """Every field --help-config lists, and every key of model.rope_scaling, takes a value."""
+  fields = [line.split(" = ")[0] for line in run_config.describe()]
+  fields += [f"model.rope_scaling.{k}" for k in scaling.KEYS]
   assert "model.rope_scaling.factor" in fields and "optim.lr" in fields
-  assert [k for k in fields if config_schema.override_problem(k, "1") is not None] == []
+  assert "model.rope_scaling" in fields  # a section, unset: refused with how to set its fields
+  fields.remove("model.rope_scaling")
+  assert [k for k in fields if overrides.problem(k, "1") is not None] == []
+
+
+@pytest.mark.parametrize("key, value, want", [
+    ("async_checkpoints", "false", False), ("async_checkpoints", "Yes", True),
+    ("optim.lr", "3e-4", 3e-4), ("steps", "1_000", 1000), ("data.path", "a=b,c", "a=b,c"),
+    ("data.seq_len", "None", None), ("model.rove_layers", "0,2", (0, 2)),
+    ("model.rove_layers", "[1]", (1,)), ("model.pos_encoding", "'rope'", "rope"),
+    ("model.rope_scaling.short_factor", "1,2.5", [1.0, 2.5]),
+    ("model.rope_scaling.truncate", "false", False),
+])
+def test_override_values_are_parsed_by_the_field_type(key, value, want):
+  tree = RunConfig().to_dict()
+  assert overrides._set(tree, key, value) is None
+  node = tree
+  for part in key.split("."):
+    node = node[part]
+  assert node == want and type(node) is type(want)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("steps", "ten", r"'ten' is not an int$"),
+    ("async_checkpoints", "maybe", r"'maybe' is not a bool: give true or false$"),
+    ("optim.lr", "fast", r"'fast' is not a number$"),
+    ("data.seq_len", "x", r"'x' is not an int or None"),
+    ("model.rove_layers", "0,(", r"is not a list: give numbers separated by commas"),
+    ("steps", overrides.MISSING, r"no value: give --config.steps=VALUE"),
+])
+def test_override_values_of_the_wrong_type_are_named(key, value, message):
+  assert re.search(message, overrides.problem(key, value))
+
+
+def test_fields_follow_what_they_derive_from_unless_set():
+  c = RunConfig()  # the tiny preset: 6 heads, d_model 384, context 256
+  wider = overrides.apply(c, {"model.d_model": 192, "model.n_head": 3, "data.seq_len": 512})
+  assert (wider.model.d_ff, wider.model.n_kv_head, wider.model.max_len) == (768, 3, 512)
+  kept = overrides.apply(c, {"model.d_model": 192, "model.d_ff": 100, "model.max_len": 512})
+  assert (kept.model.d_ff, kept.data.seq_len, kept.model.max_len) == (100, 256, 512)
+  gqa = overrides.apply(overrides.apply(c, {"model.n_kv_head": 2}), {"model.n_head": 12})
+  assert gqa.model.n_kv_head == 2  # set by the config: no longer follows
+
+
+def test_config_files_must_return_a_run_config(tmp_path):
+  legacy = tmp_path / "legacy.py"
+  legacy.write_text("class ConfigDict(dict):  # what an ml_collections config file returned\n"
+                    "  pass\n\ndef get_config():\n  return ConfigDict(steps=3)\n")
+  with pytest.raises(ValueError, match=r"get_config\(\) returned a ConfigDict, not a RunConfig "
+                                       r"\(config files no longer return"):
+    overrides.load_file(str(legacy))
+  with_arg = tmp_path / "with_arg.py"
+  with_arg.write_text("from rove_jax.train.run_config import RunConfig\n\n"
+                      "def get_config(steps):\n  return RunConfig(steps=100 * int(steps))\n")
+  assert overrides.load_file(f"{with_arg}:7").steps == 700
 
 
 def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
@@ -214,8 +250,8 @@ def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
   noget = tmp_path / "noget.py"
   noget.write_text("X = 1\n")
   raises = tmp_path / "raises.py"
-  raises.write_text("from rove_jax.train.config_schema import base_config\n\n"
-                    "def get_config():\n  c = base_config('tiny')\n  c.steps = int('x')\n"
+  raises.write_text("from rove_jax.train.configs import tiny\n\n"
+                    "def get_config():\n  c = tiny.get_config()\n  steps = int('x')\n"
                     "  return c\n")
   exits = tmp_path / "exits.py"
   exits.write_text("import sys\n\ndef get_config():\n  sys.exit(0)\n")
@@ -224,13 +260,13 @@ def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
       (["--config", str(exits)],  # exit 0 would say a run succeeded that never started
        f"error: --config {exits}, line 4 (sys.exit(0)): the config file exited"),
       (["--config", tiny, "--config.model.n_layer=2", "--config.model.n_layers=2"],
-       "error: --config.model.n_layers: model has no field 'n_layers'; did you mean "
+       "error: --config.model.n_layers=2: model has no field 'n_layers'; did you mean "
        "--config.model.n_layer?"),
       (["--config", tiny, "--config.steps=abc"],
-       "error: flag --config.steps=abc: invalid literal for int()"),
+       "error: --config.steps=abc: 'abc' is not an int"),
       (["--config", str(noget)], "a config file defines get_config()"),
       (["--config", str(raises)],  # the file, line and code that raised
-       f"error: --config {raises}, line 5 (c.steps = int('x')): ValueError: invalid literal "
+       f"error: --config {raises}, line 5 (steps = int('x')): ValueError: invalid literal "
        f"for int() with base 10: 'x'")]:
     r = subprocess.run([sys.executable, "-m", "rove_jax.cli.train", *argv, "--workdir",
                         str(tmp_path / "w")], capture_output=True, text=True, timeout=120,
@@ -245,20 +281,21 @@ def test_rope_scaling_from_the_command_line(tmp_path):
   c = parse_config_file(tiny, "--config.model.rope_scaling.rope_type=yarn",
                         "--config.model.rope_scaling.factor=4",
                         "--config.model.rope_scaling.original_max_position_embeddings=128")
-  assert config_schema.build(c).model.rope_scaling.to_dict() == {
+  assert c.model.rope_scaling.to_dict() == {
       "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
   # unset: plain RoPE
-  assert config_schema.build(parse_config_file(tiny)).model.rope_scaling is None
+  assert parse_config_file(tiny).model.rope_scaling is None
+  # cleared from the command line
+  assert parse_config_file(write_tiny_with_longrope(tmp_path),
+                           "--config.model.rope_scaling=None").model.rope_scaling is None
   # A dict from a config file, with one key overridden on the command line.
   c = parse_config_file(write_tiny_with_longrope(tmp_path),
                         "--config.model.rope_scaling.original_max_position_embeddings=64")
-  got = config_schema.build(c).model.rope_scaling
+  got = c.model.rope_scaling
   assert got.original_max_position_embeddings == 64
   assert list(got.short_factor) == LONGROPE["short_factor"]
   with pytest.raises(ValueError, match=r"rope_scaling.*unknown keys \['facter'\]"):
-    c = config_schema.base_config("tiny")
-    c.model.rope_scaling = {"rope_type": "yarn", "facter": 2.0}
-    config_schema.build(c).model
+    overrides.apply(RunConfig(), {"model.rope_scaling": {"rope_type": "yarn", "facter": 2.0}})
 
 
 def test_a_workdir_that_is_a_file_has_its_own_message(tmp_path):
@@ -275,23 +312,18 @@ def test_unknown_model_fields_are_named_with_the_known_ones():
 _NO_BACKEND = textwrap.dedent("""
     import sys
     from jax._src import xla_bridge
-    from rove_jax.train import config_schema
+    from rove_jax.train import overrides, resolve, run_config
     from rove_jax.nn.model_config import GPTConfig
-    from rove_jax.cli import train as train_cli  # defines the rove-train flags on absl's FLAGS
-    from absl import flags
+    from rove_jax.cli import train as train_cli
 
-    config_schema.build(config_schema.base_config("tiny")).model
+    resolve.resolve(run_config.RunConfig())
     for scaling in ({"rope_type": "yarn", "factor": 4.0}, {"rope_type": "dynamic", "factor": 2.0},
                     {"rope_type": "llama3", "factor": 8.0}, {"rope_type": "ntk", "factor": 2.0},
                     %(longrope)r):
       GPTConfig.tiny(rope_scaling=scaling)
-    sys.argv = ["rove-train", "--config=tiny", "--workdir=/nonexistent",
-                "--config.model.rove_layers=(0,2)"]
-    argv = train_cli._rewrite_config_flag(sys.argv)
-    sys.argv = argv
-    flags.FLAGS(argv)  # what app.run does before main: evaluates configs/tiny.py
-    c = train_cli._CONFIG.value
-    assert config_schema.build(c).model.rove_layers == (0, 2)
+    c = train_cli.load(train_cli.resolve_config_arg("tiny"),
+                       overrides.split(["--config.model.rove_layers=(0,2)"]))
+    assert c.model.rove_layers == (0, 2)
     print("before:", xla_bridge.backends_are_initialized())
     import jax.numpy as jnp
     jnp.zeros(1)  # the check below can fail: a device array starts a backend
@@ -300,8 +332,8 @@ _NO_BACKEND = textwrap.dedent("""
 
 
 def test_building_and_validating_configs_starts_no_jax_backend():
-  """jax.distributed must start before any backend: rove-train starts it in main, after absl
-  has evaluated the config file."""
+  """jax.distributed must start before any backend: rove-train starts it in main, after it
+  has read the config file."""
   r = subprocess.run([sys.executable, "-c", _NO_BACKEND], cwd=ROOT, capture_output=True,
                      text=True, timeout=120, env=subprocess_env(devices=1))
   assert r.returncode == 0, r.stderr[-3000:]

@@ -16,7 +16,6 @@ from rove_jax.nn.model import GPT, GPTConfig
 from rove_jax.train import loop as training
 from rove_jax.train import sharding
 from tests.conftest import (
-  apply_overrides,
   free_port,
   run_together,
   small_config,
@@ -30,13 +29,11 @@ MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2)]
 
 
 def mesh_config(tmp_path, mesh, **over):
-  c = small_config(tmp_path)
-  m = c.model
-  m.n_layer, m.d_model, m.n_head, m.d_ff, m.max_len = 1, 64, 8, 128, 32
-  c.data.batch_size = 8
-  c.steps, c.checkpoint_every, c.eval_every = 5, 100, 100
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
-  return apply_overrides(c, over)
+  return small_config(tmp_path, **{
+      "model.n_layer": 1, "model.d_model": 64, "model.n_head": 8, "model.d_ff": 128,
+      "model.max_len": 32, "data.batch_size": 8, "steps": 5, "checkpoint_every": 100,
+      "eval_every": 100, "mesh.data": mesh[0], "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2],
+      **over})
 
 
 def run(c, workdir, n_devices):

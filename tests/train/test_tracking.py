@@ -13,8 +13,8 @@ import pytest
 
 from rove_jax import hardware
 from rove_jax.nn import flops
-from rove_jax.train import config_schema, run_config, step_loop, tracking
 from rove_jax.train import loop as training
+from rove_jax.train import run_config, step_loop, tracking
 from rove_jax.train.metrics import read_metrics
 from tests.conftest import small_config
 
@@ -60,8 +60,8 @@ def test_every_training_record_carries_step_time_throughput_and_model_flops(trac
   c, workdir, _ = tracked_run
   rows = [r for r in read_metrics(str(workdir)) if "loss" in r]
   assert [r["step"] for r in rows] == [1, 2, 3, 4]
-  per_token = flops.model_flops_per_token(config_schema.build(c).model, "train", 32)[0]
-  assert per_token == 6 * flops.matmul_params(config_schema.build(c).model) + 12 * 1 * 32 * 32
+  per_token = flops.model_flops_per_token(c.model, "train", 32)[0]
+  assert per_token == 6 * flops.matmul_params(c.model) + 12 * 1 * 32 * 32
   for r in rows[1:]:  # the first step's time is its compilation
     tokens = c.data.batch_size * c.data.seq_len
     assert r["step_time_s"] > 0
@@ -111,7 +111,7 @@ def test_profile_window_writes_a_trace_tensorboard_opens(tracked_run):
 ])
 def test_bad_tracking_settings_are_refused_before_training(tmp_path, overrides, message):
   with pytest.raises(ValueError, match=message):
-    config_schema.build(small_config(tmp_path, **overrides)).model
+    small_config(tmp_path, **overrides)
 
 
 def test_wandb_missing_is_named_with_the_install_command(tmp_path, monkeypatch):
@@ -119,7 +119,7 @@ def test_wandb_missing_is_named_with_the_install_command(tmp_path, monkeypatch):
   monkeypatch.setattr(run_config.importlib.util, "find_spec",
                       lambda name, *a: None if name == "wandb" else real(name, *a))
   with pytest.raises(ValueError, match=r"pip install 'rove-jax\[wandb\]'"):
-    run_config.check_environment(config_schema.build(small_config(tmp_path, tracking="wandb")))
+    run_config.check_environment(small_config(tmp_path, tracking="wandb"))
 
 
 def test_wandb_online_without_a_key_is_one_line_before_any_work(tmp_path):

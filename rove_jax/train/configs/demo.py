@@ -9,25 +9,14 @@ python train.py --config configs/demo.py --workdir runs/demo/rove
 python train.py --config configs/demo.py --workdir runs/demo/rope --config.model.pos_encoding=rope
 """
 
-from rove_jax.train.config_schema import base_config
+from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 
 
-def get_config():
-  c = base_config("tiny")
-  c.model.n_layer = 3
-  c.model.d_model = 128
-  c.model.n_head = 4
-  c.model.max_len = 64
-  c.model.pos_encoding = "rove"
-  c.data.source = "stdlib"
-  c.data.seq_len = 64
-  c.data.batch_size = 32
-  c.optim.lr = 3e-3
-  c.optim.warmup_steps = 30
-  c.steps = 400
-  c.log_every = 20
-  c.eval_every = 200
-  c.eval_batches = 8
-  c.checkpoint_every = 200
-  c.sample_tokens = 0
-  return c
+def get_config() -> RunConfig:
+  return RunConfig(
+      model=GPTConfig.tiny(n_layer=3, d_model=128, n_head=4, max_len=64, pos_encoding="rove"),
+      data=DataConfig(source="stdlib", seq_len=64, batch_size=32),
+      optim=OptimConfig(lr=3e-3, warmup_steps=30),
+      steps=400, log_every=20, eval_every=200, eval_batches=8, checkpoint_every=200,
+      sample_tokens=0)

@@ -9,8 +9,8 @@ python train.py --config configs/gpt2_124m.py --workdir runs/gpt2_124m_rove \\
 RoPE twin: --config.model.pos_encoding=rope --workdir runs/gpt2_124m_rope
 """
 
-from rove_jax.train.config_schema import paper_config
+from rove_jax.train.run_config import RunConfig, paper_config
 
 
-def get_config():
+def get_config() -> RunConfig:
   return paper_config("gpt2_124m", lr=6e-4)

@@ -8,28 +8,18 @@ rove-train --config recall_offset --workdir runs/offset_rove
 rove-eval --workdir runs/offset_rove --tasks recall --recall-lengths 32,128
 """
 
-from rove_jax.train.config_schema import base_config
+from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 
 SEQ_LEN = 32
 
-
-def get_config():
-  c = base_config("tiny")
-  c.model.n_layer = 2
-  c.model.d_model = 64
-  c.model.d_ff = 256
-  c.model.n_head = 4
-  c.model.pos_encoding = "rove"
-  c.data.source = "recall"
-  c.data.path = "task=offset,pairs=1,queries=8,keys=4,values=16,train_docs=20000"
-  c.data.seq_len = SEQ_LEN
-  c.data.batch_size = 32
-  c.optim.lr = 1e-3
-  c.optim.warmup_steps = 100
-  c.steps = 300
-  c.log_every = 100
-  c.eval_every = 500  # once, at the end
-  c.eval_batches = 8
-  c.checkpoint_every = 500
-  c.sample_tokens = 0
-  return c
+def get_config() -> RunConfig:
+  return RunConfig(
+      model=GPTConfig.tiny(n_layer=2, d_model=64, d_ff=256, n_head=4, max_len=SEQ_LEN,
+                           pos_encoding="rove"),
+      data=DataConfig(source="recall", seq_len=SEQ_LEN, batch_size=32,
+                      path="task=offset,pairs=1,queries=8,keys=4,values=16,train_docs=20000"),
+      optim=OptimConfig(lr=1e-3, warmup_steps=100),
+      steps=300, log_every=100,
+      eval_every=500,  # once, at the end
+      eval_batches=8, checkpoint_every=500, sample_tokens=0)

@@ -6,16 +6,14 @@ sample at the end.
 rove-train --config smoke --workdir runs/smoke
 """
 
+import dataclasses
+
 from rove_jax.train.configs import demo
+from rove_jax.train.run_config import RunConfig
 
 
-def get_config():
+def get_config() -> RunConfig:
   c = demo.get_config()
-  c.optim.warmup_steps = 10
-  c.steps = 100
-  c.log_every = 10
-  c.eval_every = 50
-  c.eval_batches = 4
-  c.checkpoint_every = 50
-  c.sample_tokens = 100
-  return c
+  return dataclasses.replace(
+      c, optim=dataclasses.replace(c.optim, warmup_steps=10), steps=100, log_every=10,
+      eval_every=50, eval_batches=4, checkpoint_every=50, sample_tokens=100)

@@ -4,20 +4,13 @@ python train.py --config configs/tiny.py --workdir runs/tiny
 RoPE twin for a side-by-side run: add --config.model.pos_encoding=rope (another --workdir).
 """
 
-from rove_jax.train.config_schema import base_config
+from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 
 
-def get_config():
-  c = base_config("tiny")
-  c.model.pos_encoding = "rove"
-  c.data.source = "stdlib"
-  c.data.seq_len = 256
-  c.data.batch_size = 16
-  c.optim.lr = 2e-3
-  c.optim.warmup_steps = 50
-  c.steps = 600
-  c.log_every = 10
-  c.eval_every = 100
-  c.eval_batches = 8
-  c.checkpoint_every = 100
-  return c
+def get_config() -> RunConfig:
+  return RunConfig(
+      model=GPTConfig.tiny(pos_encoding="rove"),
+      data=DataConfig(source="stdlib", seq_len=256, batch_size=16),
+      optim=OptimConfig(lr=2e-3, warmup_steps=50),
+      steps=600, log_every=10, eval_every=100, eval_batches=8, checkpoint_every=100)

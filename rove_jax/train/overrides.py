@@ -1,0 +1,289 @@
+"""The run config from a command line: a config file whose `get_config()` returns a RunConfig
+(`load_file`), then `--config.a.b=value` overrides applied to it by each field's type
+(`apply`).
+
+A value is parsed by the type its field declares: bools (true/false, 1/0, yes/no), ints,
+floats, strings, None for an optional field, a list for a tuple field (`0,2` or `[0, 2]`), and
+model.rope_scaling's keys each by what transformers' rope dicts hold (`rope_type=yarn`,
+`factor=4`). An unknown key is named with the closest known one and the fields of its section;
+a bad value with the type it needs. RunConfig's constructor then checks the whole.
+
+Three fields follow another unless set: model.n_kv_head follows model.n_head (multi-head),
+model.d_ff is 4 * model.d_model, and model.max_len follows data.seq_len. A field follows when
+the config holds the followed value for it, so `--config.model.d_model=256` on the tiny preset
+gives d_ff 1024 and `--config.data.seq_len=512` a context of 512.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib.util
+import linecache
+import os
+import traceback
+import typing
+from typing import Any, Iterable, Optional
+
+from rove_jax import scaling
+from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train.run_config import SECTIONS, RunConfig
+
+HELP = "rove-train --help-config lists every field"
+EXAMPLE = "configs/tiny.py"
+# model.rope_scaling's keys by what their values are; the rest are numbers
+_SCALING_TYPES = {"rope_type": str, "truncate": bool, "original_max_position_embeddings": int,
+                  "short_factor": tuple, "long_factor": tuple}
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+MISSING = type("MissingValue", (), {"__repr__": lambda self: "MISSING"})()  # --config.KEY, no =
+
+# (follower, followed, how): the follower takes how(followed) unless set
+_FOLLOWERS = ((("model", "n_kv_head"), ("model", "n_head"), lambda v: v),
+              (("model", "d_ff"), ("model", "d_model"), lambda v: 4 * v),
+              (("model", "max_len"), ("data", "seq_len"), lambda v: v))
+
+
+# ------------------------------------------------------------------------- the file
+
+
+def load_file(spec: str) -> RunConfig:
+  """The RunConfig of a config file: `PATH` calls its get_config(), `PATH:ARG` get_config(ARG).
+
+  Raises:
+    ValueError: the file is missing, defines no get_config(), raises (the message names the file,
+      the line and the exception, whatever it is) or returns something other than a RunConfig.
+  """
+  path, sep, arg = spec.partition(":")
+  path = os.path.abspath(path)
+  if not os.path.isfile(path):
+    raise ValueError(f"--config {path}: no such file; give a config file (e.g. {EXAMPLE}) or a "
+                     f"packaged config's name")
+  try:
+    module_spec = importlib.util.spec_from_file_location("_rove_jax_config_file", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    get_config = getattr(module, "get_config", None)
+    if not callable(get_config):
+      raise ValueError(f"--config {path} defines no get_config(); a config file defines "
+                       f"get_config() returning the run's RunConfig (see {EXAMPLE})")
+    c = get_config(arg) if sep else get_config()
+  except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the file raises is named
+    message = _failure(e, path)
+    if message is None:
+      raise
+    raise ValueError(message) from None
+  if not isinstance(c, RunConfig):
+    kind = type(c).__name__
+    hint = (" (config files no longer return an ml_collections ConfigDict: build the "
+            "RunConfig as configs/tiny.py does)" if kind in ("ConfigDict", "FrozenConfigDict")
+            else "")
+    raise ValueError(f"--config {path}: get_config() returned a {kind}, not a RunConfig"
+                     f"{hint}; see {EXAMPLE}")
+  return c
+
+
+def _failure(e: BaseException, path: str) -> Optional[str]:
+  """"--config FILE, line N (CODE): what happened; ..." for an exception raised in the file (its
+  innermost line there), or None when the file is not in the traceback."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, ValueError) and str(e).startswith(f"--config {path}"):
+      return str(e)
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if os.path.abspath(f.filename) == path]
+    if frames:
+      line = frames[-1].lineno
+      code = linecache.getline(frames[-1].filename, line).strip()
+      if isinstance(e, SystemExit):
+        what = (f"the config file exited (SystemExit: {e.code!r}) instead of returning a config; "
+                f"nothing was trained")
+      else:
+        what = f"{type(e).__name__}: {' '.join(str(e).split())}"
+      return (f"--config {path}, line {line} ({code}): {what}; a config file defines "
+              f"get_config() returning the run's RunConfig (see {EXAMPLE})")
+    e = e.__cause__ or e.__context__
+  return None
+
+
+# ------------------------------------------------------------------------ overrides
+
+
+def split(args: Iterable[str]) -> list[tuple[str, Any]]:
+  """[(key, value)] of the `--config.KEY=VALUE` arguments among `args` (MISSING for a
+  `--config.KEY` without a value)."""
+  out = []
+  for arg in args:
+    if arg.startswith("--config."):
+      key, eq, value = arg[len("--config."):].partition("=")
+      out.append((key, value if eq else MISSING))
+  return out
+
+
+def _shown(key: str, value) -> str:
+  return f"--config.{key}" + ("" if value is MISSING else f"={value}")
+
+
+def apply(c: RunConfig, overrides) -> RunConfig:
+  """`c` with each (key, value) override set: a list of pairs or a {key: value} dict. A string
+  value is parsed by its field's type (as written after `--config.KEY=`); any other value is
+  taken as it is, for RunConfig's constructor to check.
+
+  Raises:
+    ValueError: an unknown key, a section given a value, a value its field cannot take, or an
+      invalid config (every problem of the keys and values at once, each naming the override).
+  """
+  overrides = list(overrides.items() if isinstance(overrides, dict) else overrides)
+  tree = c.to_dict()
+  following = [f for f in _FOLLOWERS if _get(tree, f[0]) == f[2](_get(tree, f[1]))]
+  problems = []
+  for key, value in overrides:
+    problem = _set(tree, key, value)
+    if problem:
+      problems.append(f"{_shown(key, value)}: {problem}")
+  if problems:
+    raise ValueError("; ".join(problems))
+  given = {tuple(key.split(".")) for key, _ in overrides}  # a section given: all its fields
+  for follower, followed, how in following:
+    if not any(follower[:len(g)] == g for g in given) and _get(tree, followed) is not None:
+      tree[follower[0]][follower[1]] = how(_get(tree, followed))
+  if tree["model"]["rope_scaling"] == {}:
+    tree["model"]["rope_scaling"] = None
+  try:
+    return RunConfig.from_dict(tree)
+  except ValueError as e:
+    given = " ".join(f"--config.{k}={v}" for k, v in overrides)
+    raise ValueError(f"{e} (with {given})" if overrides else str(e)) from None
+
+
+def model_given(overrides: Iterable[tuple[str, Any]]) -> set[str]:
+  """The model fields the overrides set (init_from compares only those with its checkpoint)."""
+  return {key.split(".")[1] for key, _ in overrides if key.startswith("model.")}
+
+
+def problem(key: str, value: Any = MISSING) -> Optional[str]:
+  """Why `--config.KEY=VALUE` cannot be applied to a config, or None (checks the key and the
+  value's type, not the whole config)."""
+  tree = RunConfig().to_dict()
+  p = _set(tree, key, value)
+  return None if p is None else f"{_shown(key, value)}: {p}"
+
+
+def _get(tree: dict, path: tuple):
+  return tree[path[0]][path[1]]
+
+
+def _set(tree: dict, key: str, value: Any) -> Optional[str]:
+  """Sets tree[key] (a dotted key) to `value` parsed by the field's type; the problem or None."""
+  parts = key.split(".")
+  cls, node = RunConfig, tree
+  for i, part in enumerate(parts):
+    here = ".".join(parts[:i]) or "the config"
+    if cls is scaling.RopeScaling:
+      return _set_scaling(node, parts[i:], value)
+    if cls is None:
+      return (f"{here} is a field, not a section: it has no {part!r}; set "
+              f"--config.{here}=VALUE")
+    names = [f.name for f in dataclasses.fields(cls)]
+    if part not in names:
+      close = difflib.get_close_matches(part, names, n=1, cutoff=0.5)
+      hint = (f"did you mean --config.{'.'.join(parts[:i] + close + parts[i + 1:])}?" if close
+              else f"{here} has: {', '.join(sorted(names))}")
+      return f"{here} has no field {part!r}; {hint} ({HELP})"
+    kind = typing.get_type_hints(cls)[part]
+    inner = [t for t in typing.get_args(kind) if t is not type(None)]
+    optional = type(None) in typing.get_args(kind)
+    kind = inner[0] if inner else kind
+    if i < len(parts) - 1:
+      if kind is scaling.RopeScaling:
+        node[part] = node[part] if node[part] is not None else {}
+      node, cls = node[part], _section(kind)
+      continue
+    if value is MISSING:
+      return f"no value: give --config.{key}=VALUE"
+    if _section(kind) is not None:
+      example = {"model.rope_scaling": " (e.g. --config.model.rope_scaling.rope_type=yarn "
+                                       "--config.model.rope_scaling.factor=4)"}.get(key, "")
+      if kind is scaling.RopeScaling and (value is None or str(value).strip() in
+                                          ("None", "none", "{}")):
+        node[part] = None
+        return None
+      if isinstance(value, _section(kind)):  # a whole section, from Python
+        node[part] = value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
+        return None
+      if kind is scaling.RopeScaling and isinstance(value, dict):
+        node[part] = dict(value)
+        return None
+      return (f"{key} is a section, not a field; set its fields one by one, "
+              f"--config.{key}.FIELD=VALUE{example}")
+    try:
+      node[part] = parse(value, kind, optional) if isinstance(value, str) else value
+    except ValueError as e:
+      return str(e)
+    return None
+  return None  # unreachable: the loop returns at the last part
+
+
+def _section(kind) -> Optional[type]:
+  if kind is GPTConfig or kind in SECTIONS.values() or kind is scaling.RopeScaling:
+    return kind
+  return None
+
+
+def _set_scaling(rope: dict, parts: list[str], value: Any) -> Optional[str]:
+  name = parts[0]
+  if len(parts) > 1:
+    return f"model.rope_scaling.{name} is a field, not a section"
+  if name not in scaling.KEYS:
+    close = difflib.get_close_matches(name, scaling.KEYS, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"model.rope_scaling has no key {name!r}; {hint}its keys are "
+            f"{', '.join(scaling.KEYS)}")
+  if value is MISSING:
+    return f"no value: give --config.model.rope_scaling.{name}=VALUE"
+  try:
+    parsed = parse(value, _SCALING_TYPES.get(name, float), True) if isinstance(value, str) \
+        else value
+  except ValueError as e:
+    return str(e)
+  if parsed is None:
+    rope.pop(name, None)
+  else:
+    rope[name] = list(parsed) if isinstance(parsed, tuple) else parsed
+  return None
+
+
+def parse(text: str, kind, optional: bool = False):
+  """`text` as a value of type `kind` (bool, int, float, str or tuple); "None" for an optional
+  field. Raises ValueError naming what the field takes."""
+  if optional and text.strip() in ("None", "none", "null"):
+    return None
+  unset = " or None" if optional else ""
+  if kind is bool:
+    low = text.strip().lower()
+    if low in _TRUE or low in _FALSE:
+      return low in _TRUE
+    raise ValueError(f"{text!r} is not a bool: give true or false{unset}")
+  if kind is int:
+    try:
+      return int(text.strip().replace("_", ""))
+    except ValueError:
+      raise ValueError(f"{text!r} is not an int{unset}") from None
+  if kind is float:
+    try:
+      return float(text)
+    except ValueError:
+      raise ValueError(f"{text!r} is not a number{unset}") from None
+  if kind is tuple:
+    body = text.strip()
+    try:
+      value = ast.literal_eval(body if body[:1] in "[(" else f"[{body}]")
+    except (ValueError, SyntaxError):
+      raise ValueError(f"{text!r} is not a list: give numbers separated by commas, e.g. 0,2"
+                       f"{unset}") from None
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+  text = text.strip()
+  if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+    text = text[1:-1]  # a value quoted for the shell twice
+  return text
