@@ -31,9 +31,9 @@ TIMEOUT_S = 60.0
 _OK, _MISSING, _OTHER = 0, 1, 2  # what a process found in its workdir
 
 
-def config_digest(plain_config: dict) -> str:
-  """The sha256 of a run config (`RunConfig.to_dict()`), canonical JSON."""
-  return hashlib.sha256(json.dumps(plain_config, sort_keys=True, default=str).encode()).hexdigest()
+def config_digest(c) -> str:
+  """The sha256 of a RunConfig: its `to_dict()` as canonical JSON."""
+  return hashlib.sha256(json.dumps(c.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _words(hex_digest: str, n: int = 4) -> list[int]:
@@ -41,7 +41,7 @@ def _words(hex_digest: str, n: int = 4) -> list[int]:
   return [int(hex_digest[8 * i:8 * i + 8], 16) & 0x7FFFFFFF for i in range(n)]
 
 
-def confirm(workdir: str, plain_config: dict, *, timeout_s: float | None = None) -> None:
+def confirm(workdir: str, c, *, timeout_s: float | None = None) -> None:
   """Raises ValueError on every process unless all of them see process 0's check file in their
   workdir and hold the same config; returns at once for a single process. Call it on every
   process at the same point, after process 0 took the writer lock."""
@@ -51,7 +51,7 @@ def confirm(workdir: str, plain_config: dict, *, timeout_s: float | None = None)
   if timeout_s is None:
     timeout_s = float(os.environ.get("ROVE_JAX_SHARED_CHECK_S", TIMEOUT_S))
   from jax.experimental import multihost_utils
-  digest = config_digest(plain_config)
+  digest = config_digest(c)
   path = paths.join(workdir, CHECK_FILE)
   nonce = secrets.token_hex(16)
   if pidx == 0:

@@ -193,7 +193,7 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
   ckpt = None
   try:
     # every process writes where process 0 locked, with the same config, or all stop now
-    agreement.confirm(workdir, c.to_dict())
+    agreement.confirm(workdir, c)
     ckpt = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints,
                                  async_save=c.async_checkpoints)
     with jax.set_mesh(mesh):  # kernels that shard themselves (TPU splash) see the mesh
@@ -276,7 +276,7 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
   metrics_log = MetricsLog(
       workdir, resume_step=start, enabled=pidx == 0, report=log,
       tensorboard="tensorboard" in sinks,
-      sinks=[tracking.Wandb(workdir, c.wandb, c.to_dict())]
+      sinks=[tracking.Wandb(workdir, c)]
       if "wandb" in sinks and pidx == 0 else [])
   profiler = tracking.Profiler(workdir, tracking.parse_profile_steps(c.profile_steps, c.steps),
                                enabled=pidx == 0, log=log)

@@ -90,7 +90,9 @@ def parse_profile_steps(value, steps: int) -> Optional[tuple[int, int]]:
 class Wandb:
   """A Weights & Biases run that mirrors metrics.jsonl (`write`, `close`)."""
 
-  def __init__(self, workdir: str, settings, config: dict):
+  def __init__(self, workdir: str, c):
+    """`c`: the RunConfig; its wandb section names the run, the whole is its W&B config."""
+    settings = c.wandb
     try:
       import wandb
     except ImportError:
@@ -108,7 +110,7 @@ class Wandb:
     self.run = wandb.init(
         project=settings.project, entity=settings.entity, group=settings.group,
         name=settings.name or paths.basename(workdir), id=run_id,
-        resume="allow", mode=settings.mode, dir=local, config=config)
+        resume="allow", mode=settings.mode, dir=local, config=c.to_dict())
     self.run.define_metric("train/step")
     self.run.define_metric("*", step_metric="train/step")
 
