@@ -62,7 +62,16 @@ def _dense(x_BTE, w, b):
 
 
 class Norm(nnx.Module):
-  """LayerNorm or RMSNorm, computed in float32."""
+  """LayerNorm or RMSNorm, computed in float32.
+
+  LayerNorm's variance is E[x^2] - E[x]^2, as flax's LayerNorm computes it by default
+  (use_fast_variance): the two means are sums over the same row, which XLA's GPU compiler
+  takes in one pass, where E[(x - E[x])^2] needs a second pass after the mean, in the forward
+  pass and again in the backward pass (bench/RESULTS.md). The price is cancellation in a row
+  whose mean is far from zero: about (mean / std)^2 ulp of the variance (tests/nn/test_model.py
+  bounds it). Shifting the row by its first element first would remove it, but XLA then reads
+  that element in a kernel of its own, which costs back most of what one pass saves.
+  """
 
   def __init__(self, dim: int, cfg: GPTConfig):
     pd = DTYPES[cfg.param_dtype]
@@ -73,9 +82,11 @@ class Norm(nnx.Module):
 
   def __call__(self, x):
     x32 = x.astype(jnp.float32)
+    var = jnp.mean(x32 * x32, axis=-1, keepdims=True)
     if self.kind == "layernorm":
-      x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+      mean = jnp.mean(x32, axis=-1, keepdims=True)
+      x32, var = x32 - mean, jnp.maximum(var - mean * mean, 0.0)  # >= 0 despite rounding
+    y = x32 * jax.lax.rsqrt(var + self.eps)
     y = y * _lead(self.scale[...].astype(jnp.float32), y.ndim)
     if self.bias is not None:
       y = y + _lead(self.bias[...].astype(jnp.float32), y.ndim)
