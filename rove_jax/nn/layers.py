@@ -120,8 +120,11 @@ def _bias_gelu_fwd(h, b):
 
 def _bias_gelu_bwd(res, g):
   # The barrier keeps the compiler from sharing h + b and the tanh with the forward pass, which
-  # would store them in float32 for this pass instead of recomputing them here.
-  h, b = jax.lax.optimization_barrier(res)
+  # would store them in float32 for this pass instead of recomputing them here. On h alone: b
+  # under it would have to be materialised, a kernel a layer where b is a slice of the layers'
+  # stacked biases (train/layer_stack.py).
+  h, b = res
+  h = jax.lax.optimization_barrier(h)
   u, t = _gelu_parts(h, b)
   slope = 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * u * u)
   # du is written once in h's dtype and the bias gradient summed from it; without the barrier
