@@ -4,7 +4,7 @@ layer i is one [L, ...] array blocks.attn.wqkv, and so on for each parameter of 
 Why: the optimizer updates each parameter array in a kernel of its own, and the norm for
 gradient clipping reduces each one in two more; XLA's GPU compiler does not fuse independent
 updates (no horizontal fusion pass runs in it now). A GPT-2 124M has 147 arrays, twelve of each
-block parameter; stacked, the optimizer sees 16. The model still takes its own per-layer
+block parameter; stacked, the optimizer sees 15. The model still takes its own per-layer
 parameters: the train step slices them out of the stacks (the slices fuse with the bfloat16
 casts the forward pass makes anyway) and stacks their gradients (the concatenation fuses into
 the update). bench/RESULTS.md has the kernel counts.
