@@ -2,6 +2,7 @@
 
   python -m bench.gpu_step [--preset gpt2_124m] [--batch 16] [--seq 1024] [--gpu h200]
       [--encodings rove,rope,nope] [--no-gpu-options] [--json OUT] [--markdown] [--dump-hlo DIR]
+      [--breakdown N]
 
 Compiles the trainer's own step (rove_jax.train.loop.make_train_step: loss, gradients, global-
 norm clipping, AdamW, the finiteness check; bfloat16 compute, float32 master weights, attention
@@ -10,6 +11,8 @@ norm clipping, AdamW, the finiteness check; bfloat16 compute, float32 master wei
 encoding from the optimized HLO (rove_jax.aot.gpu_census): kernels launched, bytes moved
 (operands + outputs of each kernel), the bytes of float32 arrays of vocabulary width, GEMMs by
 operand precision with their TFLOP, and the compiler's peak temporary memory; then RoVE / RoPE.
+--breakdown N adds, per encoding, the N largest groups of kernels by phase (forward, backward,
+other: the optimizer and XLA's copies), kind and jax operation (gpu_census.Census.groups).
 The XLA options are the trainer's for GPUs (rove_jax.train.gpu_options) unless --no-gpu-options.
 
 These are the compiler's figures, not timings: python -m bench --suite gpu (bench/gpu_check.sh)
@@ -65,7 +68,7 @@ def measure(preset: str, batch: int, seq: int, encoding: str, gpu: str, *,
           "gpu_options": gpu_options, "kernels": census.kernels, "bytes": census.bytes,
           "vocab_f32_bytes": census.vocab_f32_bytes, "gemms": census.gemms_by_precision(),
           "temp_bytes": mem["temp"], "total_bytes": mem["total"],
-          "compile_s": report["compile_s"]}
+          "compile_s": report["compile_s"], "groups": census.groups()}
 
 
 def _vocab(c) -> int:
@@ -88,6 +91,15 @@ def table(rows: list[dict]) -> str:
   return "\n".join(out)
 
 
+def breakdown(row: dict, n: int) -> str:
+  """Markdown rows of one encoding's n largest kernel groups."""
+  out = [f"{row['encoding']}: {row['kernels']} kernels", "",
+         "| phase | kind | operation | kernels | GB |", "|---|---|---|---|---|"]
+  for phase, kind, op, count, moved in row["groups"][:n]:
+    out.append(f"| {phase} | {kind} | {op or '-'} | {count} | {moved / GB:.2f} |")
+  return "\n".join(out)
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m bench.gpu_step", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,6 +113,8 @@ def main(argv=None) -> int:
   p.add_argument("--json", help="write every figure here")
   p.add_argument("--markdown", action="store_true", help="print the table as markdown only")
   p.add_argument("--dump-hlo", metavar="DIR", help="keep each compiled HLO text here")
+  p.add_argument("--breakdown", type=int, default=0, metavar="N",
+                 help="print each encoding's N largest groups of kernels")
   args = p.parse_args(argv)
   t0 = time.perf_counter()
   log = lambda line: print(f"[{time.perf_counter() - t0:7.1f} s] {line}", file=sys.stderr,
@@ -121,6 +135,8 @@ def main(argv=None) -> int:
     print(f"{args.preset}, batch {args.batch} x {args.seq}, bf16, one {args.gpu.upper()}, "
           f"XLA options: {options}")
   print(table(rows))
+  for r in rows if args.breakdown else ():
+    print("\n" + breakdown(r, args.breakdown))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)

@@ -42,7 +42,7 @@ from rove_jax.aot import gpu as aot_gpu
 from rove_jax.aot.analysis import format_report  # noqa: F401 (re-exported)
 from rove_jax.nn import flops
 from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, param_count
-from rove_jax.train import gpu_options, resolve, sharding
+from rove_jax.train import gpu_options, layer_stack, resolve, sharding
 
 GiB = 2**30
 JOBS = flops.JOBS
@@ -223,12 +223,12 @@ def _train_program(c, model_cfg, mesh):
   from rove_jax.train import loop as training
   tx = training.make_optimizer(c.optim, c.steps)
   graphdef, params, _, specs = _abstract(model_cfg, mesh)
-  state = jax.eval_shape(lambda: training.TrainState(params=params, opt_state=tx.init(params),
-                                                     step=jnp.zeros((), jnp.int32)))
-  state_sh = sharding.tree_shardings(state, specs, mesh)
+  layers = layer_stack.LayerStack(params)  # the trainer's state: the layers' parameters stacked
+  state = jax.eval_shape(lambda p: training.new_state(tx, p, layers), params)
+  state_sh = sharding.tree_shardings(state, layers.path_specs(specs), mesh)
   batch_sh = sharding.batch_sharding(mesh)
   step = training.make_train_step(graphdef, tx, c.optim.grad_accum,
-                                  training.lr_schedule(c.optim, c.steps),
+                                  training.lr_schedule(c.optim, c.steps), layers=layers,
                                   state_shardings=state_sh, batch_sharding=batch_sh,
                                   compiler_options=gpu_options.compiler_options(
                                       mesh.devices.flat))

@@ -123,6 +123,22 @@ class Census:
         out[k.gemm.precision]["tflop"] += k.times * k.gemm.flops / 1e12
     return dict(out)
 
+  def groups(self) -> list:
+    """The kernels grouped by where they come from, most kernels first: (phase, kind, op,
+    kernels, bytes) with phase "forward" (under jvp), "backward" (under transpose) or "other"
+    (the optimizer, the finiteness check, copies XLA inserted), kind the fusion's kind
+    ("loop", "__triton", ...) or the custom call's target or the instruction ("copy"), op the
+    last name of the jax operation it came from (metadata), "" when it has none."""
+    count, moved = collections.Counter(), collections.Counter()
+    for k in self.kernels_list:
+      phase = ("backward" if "transpose(" in k.op_name else
+               "forward" if "jvp(" in k.op_name else "other")
+      kind = (k.kind or "loop") if k.op == "fusion" else (k.kind or k.op)
+      key = (phase, kind, k.op_name.rsplit("/", 1)[-1])
+      count[key] += k.times
+      moved[key] += k.bytes
+    return [key + (n, moved[key]) for key, n in sorted(count.items(), key=lambda kv: -kv[1])]
+
   def top(self, n: int = 20) -> list:
     """The n kernels that move the most bytes."""
     return sorted(self.kernels_list, key=lambda k: -k.bytes)[:n]

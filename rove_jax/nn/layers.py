@@ -62,7 +62,16 @@ def _dense(x_BTE, w, b):
 
 
 class Norm(nnx.Module):
-  """LayerNorm or RMSNorm, computed in float32."""
+  """LayerNorm or RMSNorm, computed in float32.
+
+  LayerNorm's variance is E[x^2] - E[x]^2, as flax's LayerNorm computes it by default
+  (use_fast_variance): the two means are sums over the same row, which XLA's GPU compiler
+  takes in one pass, where E[(x - E[x])^2] needs a second pass after the mean, in the forward
+  pass and again in the backward pass (bench/RESULTS.md). The price is cancellation in a row
+  whose mean is far from zero: about (mean / std)^2 ulp of the variance (tests/nn/test_model.py
+  bounds it). Shifting the row by its first element first would remove it, but XLA then reads
+  that element in a kernel of its own, which costs back most of what one pass saves.
+  """
 
   def __init__(self, dim: int, cfg: GPTConfig):
     pd = DTYPES[cfg.param_dtype]
@@ -73,9 +82,11 @@ class Norm(nnx.Module):
 
   def __call__(self, x):
     x32 = x.astype(jnp.float32)
+    var = jnp.mean(x32 * x32, axis=-1, keepdims=True)
     if self.kind == "layernorm":
-      x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+      mean = jnp.mean(x32, axis=-1, keepdims=True)
+      x32, var = x32 - mean, jnp.maximum(var - mean * mean, 0.0)  # >= 0 despite rounding
+    y = x32 * jax.lax.rsqrt(var + self.eps)
     y = y * _lead(self.scale[...].astype(jnp.float32), y.ndim)
     if self.bias is not None:
       y = y + _lead(self.bias[...].astype(jnp.float32), y.ndim)
@@ -109,8 +120,11 @@ def _bias_gelu_fwd(h, b):
 
 def _bias_gelu_bwd(res, g):
   # The barrier keeps the compiler from sharing h + b and the tanh with the forward pass, which
-  # would store them in float32 for this pass instead of recomputing them here.
-  h, b = jax.lax.optimization_barrier(res)
+  # would store them in float32 for this pass instead of recomputing them here. On h alone: b
+  # under it would have to be materialised, a kernel a layer where b is a slice of the layers'
+  # stacked biases (train/layer_stack.py).
+  h, b = res
+  h = jax.lax.optimization_barrier(h)
   u, t = _gelu_parts(h, b)
   slope = 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * u * u)
   # du is written once in h's dtype and the bias gradient summed from it; without the barrier

@@ -3,8 +3,10 @@
 optax.clip_by_global_norm sums each leaf's squares in a kernel of its own; a GPT-2 124M has 147
 leaves, 98 of them biases and norm scales of at most 3072 elements, and their reductions were a
 tenth of the kernels of the compiled GPU step (bench/RESULTS.md). Here the small leaves are
-summed as one concatenated array. The transformation keeps optax's state (optax.EmptyState), so
-checkpoints written with either restore into the other.
+summed as one concatenated array: in the trainer's state (train/layer_stack.py) these are the
+stacks of every layer's biases and norm scales, [L, 3072] at most for GPT-2 124M. The
+transformation keeps optax's state (optax.EmptyState), so checkpoints written with either
+restore into the other.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-# Leaves up to this many elements (biases, norm scales) are summed as one array for the norm.
-SMALL_LEAF = 4096
+# Leaves up to this many elements (biases, norm scales, their layer stacks) are summed as one
+# array for the norm.
+SMALL_LEAF = 1 << 16
 
 
 def global_norm(tree) -> jax.Array:

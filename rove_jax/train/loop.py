@@ -9,7 +9,8 @@ resumes from the newest readable checkpoint in workdir (params, optimizer state,
 step and the data iterator's position), logs to workdir/metrics.jsonl and TensorBoard, and
 on SIGTERM / SIGINT finishes the current step, saves and returns. A step whose loss or
 gradient is not finite leaves the state unchanged and is counted; too many in a row stop the
-run with an error.
+run with an error. In memory the state holds the blocks' parameters and moments stacked by
+layer (layer_stack.py: fewer optimizer kernels); checkpoints hold them per layer.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from rove_jax.train import (
   clipping,
   gpu_options,
   init_from,
+  layer_stack,
   packing,
   resolve,
   resume,
@@ -97,31 +99,45 @@ def _batch_loss(graphdef, params, batch):
   return cross_entropy(logits, batch["targets"], batch.get("loss_mask"))[0]
 
 
+def new_state(tx: optax.GradientTransformation, params, layers=None) -> TrainState:
+  """The train state at step 0 of the model's parameters (an nnx.State): stacked by `layers`
+  (a layer_stack.LayerStack) when given, and the optimizer's state for them."""
+  if layers is not None:
+    params = layers.stack(params)
+  return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+
+
 def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
-                    schedule=None, *, state_shardings=None, batch_sharding=None,
+                    schedule=None, *, layers=None, state_shardings=None, batch_sharding=None,
                     compiler_options=None):
   """A jitted (state, batch) -> (state, metrics) with the state donated, compiled with
-  `compiler_options` (rove_jax.train.gpu_options on GPUs).
+  `compiler_options` (rove_jax.train.gpu_options on GPUs). With `layers` (a
+  layer_stack.LayerStack) the state's parameters are stacked (`new_state(tx, params, layers)`):
+  the model gets them unstacked and the optimizer sees their gradients stacked.
 
   With grad_accum = M the batch [B, T] is split into M micro-batches [B / M, T] whose
   gradients are averaged (a lax.scan), then one optimizer update is applied. A non-finite loss
   or gradient norm leaves params and optimizer state unchanged (metrics["finite"] = False).
   """
   def step(state: TrainState, batch):
+    params = state.params if layers is None else layers.unstack(state.params)
+    loss_fn = functools.partial(_batch_loss, graphdef)
+
     def micro(carry, mb):
-      loss, grads = jax.value_and_grad(functools.partial(_batch_loss, graphdef))(state.params, mb)
+      loss, grads = jax.value_and_grad(loss_fn)(params, mb)
       acc_loss, acc_grads = carry
       return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), None
 
     if grad_accum == 1:
-      loss_fn = functools.partial(_batch_loss, graphdef)
-      loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+      loss, grads = jax.value_and_grad(loss_fn)(params, batch)
     else:
       split = jax.tree.map(functools.partial(_micro_batches, grad_accum, batch_sharding), batch)
-      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      zeros = jax.tree.map(jnp.zeros_like, params)
       (loss, grads), _ = jax.lax.scan(micro, (jnp.zeros((), jnp.float32), zeros), split)
       loss = loss / grad_accum
       grads = jax.tree.map(lambda g: g / grad_accum, grads)
+    if layers is not None:  # the concatenation fuses into the optimizer's update
+      grads = layers.stack(grads)
     # The norm clipping computes too (clipping.clip_by_global_norm): compiled once.
     grad_norm = clipping.global_norm(grads)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
@@ -162,10 +178,11 @@ def _micro_batches(M: int, batch_sharding, x):
   return jax.lax.with_sharding_constraint(split, NamedSharding(batch_sharding.mesh, spec))
 
 
-def make_eval_step(graphdef, compiler_options=None):
+def make_eval_step(graphdef, compiler_options=None, layers=None):
+  """A jitted (params, batch) -> mean loss; params stacked by `layers` when given."""
   @functools.partial(jax.jit, compiler_options=compiler_options or None)
   def eval_step(params, batch):
-    return _batch_loss(graphdef, params, batch)
+    return _batch_loss(graphdef, params if layers is None else layers.unstack(params), batch)
   return eval_step
 
 
@@ -255,13 +272,13 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
   optimizer, a config that can continue the saved run, the data, the sharded state (restored,
   from init_from or new), the metrics and the steps to compile."""
   tx = make_optimizer(c.optim, c.steps)
-  graphdef, abstract_state, init_state = _model(c, tx)
+  graphdef, layers, abstract_state, init_state = _model(c, tx)
+  saved = _Saved(layers, abstract_state, mesh)
+  state_sh = saved.state_shardings
   meta = c.metadata()
-  _check_resumable(c, ckpt, meta, abstract_state, workdir, log)
+  _check_resumable(c, ckpt, meta, saved.state, workdir, log)
   data = _open_data(c, workdir, ckpt, log)
   # Parameters and optimizer state are created already sharded: no full copy on one device.
-  path_specs = sharding_lib.param_path_specs(abstract_state.params, mesh)
-  state_sh = sharding_lib.tree_shardings(abstract_state, path_specs, mesh)
   state = jax.jit(init_state, out_shardings=state_sh)()
   pidx, nproc = jax.process_index(), jax.process_count()
   iterator = data.train_iterator(seq_len=c.data.seq_len, global_batch_size=c.data.batch_size,
@@ -271,7 +288,7 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
   meta["tokenizer"].update(name=tok.name, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
                            fingerprint=tok.fingerprint)
   meta["data_identity"] = data.identity
-  state, start, restored = _restore(c, workdir, ckpt, data, iterator, state, state_sh, log)
+  state, start, restored = _restore(c, workdir, ckpt, data, iterator, state, saved, log)
   sinks = tracking.parse_tracking(c.tracking)
   metrics_log = MetricsLog(
       workdir, resume_step=start, enabled=pidx == 0, report=log,
@@ -284,28 +301,51 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
   if options:
     log(f"XLA options for this GPU: {options} (rove_jax/train/gpu_options.py)")
   train_step = make_train_step(graphdef, tx, c.optim.grad_accum, lr_schedule(c.optim, c.steps),
-                               state_shardings=state_sh,
+                               layers=layers, state_shardings=state_sh,
                                batch_sharding=sharding_lib.batch_sharding(mesh),
                                compiler_options=options)
   return step_loop.Run(c=c, workdir=workdir, mesh=mesh, ckpt=ckpt, lock=lock, log=log,
                        data=data, iterator=iterator, state=state, start=start,
-                       restored=restored, meta=meta, graphdef=graphdef, train_step=train_step,
-                       eval_step=make_eval_step(graphdef, options), metrics_log=metrics_log,
-                       profiler=profiler)
+                       restored=restored, meta=meta, graphdef=graphdef, layers=layers,
+                       to_checkpoint=saved.to_layers, train_step=train_step,
+                       eval_step=make_eval_step(graphdef, options, layers),
+                       metrics_log=metrics_log, profiler=profiler)
 
 
 def _model(c: RunConfig, tx: optax.GradientTransformation):
-  """(graphdef, the train state's shapes, init): the GPT built abstractly once for both, and
-  `init`, which builds it for real and returns its train state (jitted onto the mesh by the
-  caller)."""
+  """(graphdef, layer stack, the train state's shapes, init): the GPT built abstractly once
+  for all three, and `init`, which builds it for real and returns its train state, the layers'
+  parameters stacked (jitted onto the mesh by the caller)."""
   new_model = lambda: GPT(c.model, rngs=nnx.Rngs(c.seed))
   graphdef, abstract_params = nnx.split(nnx.eval_shape(new_model), nnx.Param)
+  layers = layer_stack.LayerStack(abstract_params)
+  abstract_state = jax.eval_shape(lambda p: new_state(tx, p, layers), abstract_params)
+  return graphdef, layers, abstract_state, lambda: new_state(
+      tx, nnx.state(new_model(), nnx.Param), layers)
 
-  def state_of(params) -> TrainState:
-    return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
 
-  abstract_state = jax.eval_shape(state_of, abstract_params)
-  return graphdef, abstract_state, lambda: state_of(nnx.state(new_model(), nnx.Param))
+class _Saved:
+  """The train state in the checkpoints' layout (the model's per-layer parameters and
+  moments, layer_stack.LayerStack.to_layers): its shapes and shardings on the mesh, the
+  shardings of the stacked state, and the conversions between the two, jitted."""
+
+  def __init__(self, layers: layer_stack.LayerStack, abstract_state, mesh: Mesh):
+    self.state = jax.eval_shape(layers.to_layers, abstract_state)
+    path_specs = sharding_lib.param_path_specs(self.state.params, mesh)
+    self.shardings = sharding_lib.tree_shardings(self.state, path_specs, mesh)
+    self.state_shardings = sharding_lib.tree_shardings(abstract_state,
+                                                       layers.path_specs(path_specs), mesh)
+    # to_layers copies the state once on the devices while a save starts (orbax then copies
+    # it to the host); from_layers stacks a restored one. Nothing stacked: nothing to do.
+    on_mesh = lambda f, sh: jax.jit(f, out_shardings=sh) if layers.active else f
+    self.to_layers = on_mesh(layers.to_layers, self.shardings)
+    self.from_layers = on_mesh(layers.from_layers, self.state_shardings)
+    self.stack_params = on_mesh(layers.stack, self.state_shardings.params)
+
+  def target(self):
+    """What a checkpoint restores into: shapes with this run's shardings."""
+    return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                        self.state, self.shardings)
 
 
 def _check_resumable(c: RunConfig, ckpt, meta: dict, abstract_state, workdir, log) -> None:
@@ -343,15 +383,15 @@ def _open_data(c: RunConfig, workdir, ckpt, log):
   return data
 
 
-def _restore(c: RunConfig, workdir, ckpt, data, iterator, state, state_sh, log):
+def _restore(c: RunConfig, workdir, ckpt, data, iterator, state, saved: _Saved, log):
   """(state, start step, restored?): the newest readable checkpoint's state, with the data
   iterator set to its position; else, for a new run, init_from's parameters or `state`."""
-  target = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                        state, state_sh)  # restores onto this run's mesh
+  target = saved.target()  # restores onto this run's mesh, in the checkpoints' layout
   restored = ckpt.restore_latest(ckpt_lib.to_flat(target), report=log)
   if restored is None:
     if c.init_from is not None:  # a new run from a pretrained model (train/init_from.py)
-      state = state.replace(params=init_from.load_params(c, state_sh.params, log=log))
+      state = state.replace(params=saved.stack_params(
+          init_from.load_params(c, saved.shardings.params, log=log)))
     return state, 0, False
   start, flat, data_state, saved_meta = restored
   # A tokenizer file in the workdir that changed since the save would feed the run other ids.
@@ -359,7 +399,7 @@ def _restore(c: RunConfig, workdir, ckpt, data, iterator, state, state_sh, log):
   # So would a dataset re-prepared, or files edited, since the run began.
   resume.check_data(saved_meta, data.identity, allow_changed=c.data.allow_changed,
                     workdir=workdir, log=log)
-  state = ckpt_lib.from_flat(flat, state)
+  state = saved.from_layers(ckpt_lib.from_flat(flat, target))
   iterator.set_state(data_state)
   log(f"resumed from step {start} in {ckpt.directory}" + (
       f"; init_from={c.init_from} is ignored" if c.init_from else ""))

@@ -55,6 +55,8 @@ class Run:
   restored: bool
   meta: dict  # stored with every checkpoint
   graphdef: Any
+  layers: Any  # layer_stack.LayerStack: the state's parameters are stacked by it
+  to_checkpoint: Callable  # the state -> the checkpoints' layout (LayerStack.to_layers)
   train_step: Callable
   eval_step: Callable
   metrics_log: MetricsLog
@@ -135,7 +137,8 @@ def _result(r: Run, step: int, last: dict, nonfinite_steps: int) -> TrainResult:
     r.summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())
   return TrainResult(**r.summary, workdir=r.workdir, start_step=r.start, step=step, last=last,
                      nonfinite_steps=nonfinite_steps, steps_run=step - r.start,
-                     tokenizer=r.data.tokenizer, model_config=r.c.model, params=r.state.params,
+                     tokenizer=r.data.tokenizer, model_config=r.c.model,
+                     params=r.layers.unstack(r.state.params),
                      graphdef=r.graphdef, mesh=r.mesh)
 
 
@@ -259,7 +262,8 @@ class Checkpoint:
     if problem is not None:
       r.log(f"step {step}: not saved: {problem}; {self.health.last_good()}")
       return problem
-    r.ckpt.save(step, ckpt_lib.to_flat(r.state), r.iterator.get_state(), {**r.meta, "step": step})
+    r.ckpt.save(step, ckpt_lib.to_flat(r.to_checkpoint(r.state)), r.iterator.get_state(),
+                {**r.meta, "step": step})
     r.metrics_log.flush()  # the metrics of every step a resume keeps are stored with it
     self.health.accept(step, norm)
     return None

@@ -70,3 +70,13 @@ def test_vocab_wide_float32_bytes():
   c = gpu_census.read(HLO, vocab_size=16)
   assert c.vocab_f32_bytes == 8 * 16 * 4 + 5 * 2 * 8 * 16 * 4
   assert gpu_census.read(HLO).vocab_f32_bytes == 0
+
+
+def test_groups_by_phase_kind_and_operation():
+  rows = gpu_census.read(HLO).groups()
+  assert sum(r[3] for r in rows) == 9
+  by = {r[:3]: r[3:] for r in rows}
+  assert by[("other", "loop", "neg")][0] == 5  # the loop body's fusion, once a trip
+  assert by[("other", "copy", "")] == (1, 2 * 8 * 4 * 4)
+  assert ("other", "__cublas$lt$matmul", "") in by
+  assert rows[0][:3] == ("other", "loop", "neg")  # most kernels first
