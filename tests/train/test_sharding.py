@@ -49,12 +49,13 @@ def grad_norms(workdir):
 def test_five_steps_have_the_same_losses_on_every_mesh(tmp_path):
   """Every mesh gives the one-device run's losses, gradient norms and final parameters: a loss
   is computed before its step's update, so only the parameters show the last update, and the
-  grad norm shows a gradient scaled per device (which AdamW would hide from the losses)."""
+  grad norm shows a gradient scaled per device (which AdamW would hide from the losses). Two
+  layers: the train state holds the blocks' parameters stacked (train/layer_stack.py)."""
   results, norms, params = {}, {}, {}
   for mesh in MESHES:
     n = int(np.prod(mesh))
     work = tmp_path / f"m{'x'.join(map(str, mesh))}"
-    summary = run(mesh_config(tmp_path, mesh), work, n)
+    summary = run(mesh_config(tmp_path, mesh, **{"model.n_layer": 2}), work, n)
     results[mesh], norms[mesh] = losses(work), grad_norms(work)
     params[mesh] = jax.tree.map(np.asarray, summary.params)
   ref = results[(1, 1, 1)]
