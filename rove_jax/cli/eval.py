@@ -43,15 +43,13 @@ import sys
 import tempfile
 import uuid
 
-from flax import nnx
-
 from rove_jax import data as data_lib
 from rove_jax.cli import platforms
 from rove_jax.data import files as data_files
 from rove_jax.evaluation import icl, imported, report, report_files, report_md, scoring
 from rove_jax.evaluation.ruler import qa as ruler_qa
 from rove_jax.evaluation.tasks import QA_FLAGS, SUITES, TASKS, evaluate_run
-from rove_jax.nn.model import GPT
+from rove_jax.nn import model as nn_model
 from rove_jax.storage import paths
 
 YARN_CHOICES = ("off", "on", "both", "all")
@@ -360,8 +358,7 @@ def _evaluate(args) -> int:
   figure1 = None
   first = runs[0]
   if first.model_config.pos_encoding in ("rove", "rope"):
-    model = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: GPT(first.model_config,
-                                                              rngs=nnx.Rngs(0)))), first.params)
+    model = nn_model.build(first.model_config, first.params)
     sample = first.val_tokens()[:12]
     figure1 = (model, sample, f"{first.name}: layer 0, head 0, {len(sample)} held-out tokens")
   paths = report_files.write(rep, out_dir, figure1=figure1)

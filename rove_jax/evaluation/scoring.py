@@ -23,7 +23,8 @@ from flax import nnx
 
 from rove_jax import data as data_lib
 from rove_jax.data import tokenization
-from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, GPTConfig
+from rove_jax.nn import model as nn_model
+from rove_jax.nn.model import ROTARY_ENCODINGS, GPTConfig
 from rove_jax.scaling import RopeScaling
 from rove_jax.storage import paths
 from rove_jax.train import resume, run_reader
@@ -64,11 +65,6 @@ class Run:
     return self._val_tokens
 
 
-def abstract_params(model_cfg: GPTConfig):
-  """The parameter tree of a model config, shapes only (nothing is allocated)."""
-  return nnx.state(nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
-
-
 def load_run(workdir: str) -> Run:
   """Restores the newest readable checkpoint of a training workdir (parameters only).
 
@@ -79,7 +75,7 @@ def load_run(workdir: str) -> Run:
   """
   workdir = paths.resolve(workdir, what="workdir")  # absolute, or gs://bucket/path
   step, params, meta = run_reader.read_run(
-      workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])))
+      workdir, lambda meta: nn_model.abstract_params(GPTConfig.from_dict(meta["model"])))
   tokenizer = tokenization.get_tokenizer(meta["tokenizer"]["spec"], workdir=workdir)
   resume.check_tokenizer(meta, tokenizer, workdir=workdir)  # the ids the model was trained on
   return Run(workdir=workdir, name=paths.basename(workdir), step=int(step),
@@ -138,8 +134,7 @@ class Scorer:
     self.config = dataclasses.replace(run.model_config, attention_impl=implementation,
                                       attention_chunk=chunk_size)
     self.max_tokens_per_batch = max_tokens_per_batch
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(self.config, rngs=nnx.Rngs(0))))
-    self.model = nnx.merge(graphdef, run.params)
+    self.model = nn_model.build(self.config, run.params)
     self._fns = {}
 
   @property

@@ -19,7 +19,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from rove_jax import scaling
-from rove_jax.nn.model_config import GPTConfig
+from rove_jax.nn.model_config import GPTConfig, padded_vocab_size
 from rove_jax.train.run_config import SECTIONS, RunConfig
 
 _PLACEHOLDER_TYPES = {"n_kv_head": int, "d_ff": int, "max_len": int, "rove_layers": tuple}
@@ -269,7 +269,7 @@ def _prepared(data: dict, model: dict, *, dry_run: bool, log) -> None:
                      f"tokenized with {want['spec']!r}; leave data.tokenizer unset (the dataset "
                      f"supplies it) or prepare the corpus again with {given!r}")
   vocab = int(want["vocab_size"])
-  need = -(-vocab // 64) * 64
+  need = padded_vocab_size(vocab)
   have = model.get("vocab_size", GPTConfig.vocab_size)
   if have < vocab:
     if given is not None:

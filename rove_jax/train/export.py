@@ -40,6 +40,7 @@ import numpy as np
 from rove_jax.data import tokenization
 from rove_jax.nn import param_files, pretrained
 from rove_jax.nn.decoding import generate
+from rove_jax.nn.model import abstract_params
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
 from rove_jax.train import resume, run_reader
@@ -125,7 +126,7 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
   created = check_out_dir(out_dir)  # before the checkpoint read, which can take minutes
   try:
     step, params, meta = run_reader.read_run(
-        workdir, lambda meta: param_files.abstract_params(GPTConfig.from_dict(meta["model"])),
+        workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])),
         report=report)
     config = GPTConfig.from_dict(meta["model"])
     format = pretrained.resolve_format(config, format)

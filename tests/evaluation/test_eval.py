@@ -14,6 +14,7 @@ from flax import nnx
 
 from rove_jax.data import tokenization
 from rove_jax.evaluation import perplexity, report, report_files, report_md, scoring
+from rove_jax.nn import model as nn_model
 from rove_jax.nn.model import GPT
 from rove_jax.train.run_config import RunConfig
 from tests.conftest import gpt_config, small_config, subprocess_env
@@ -109,8 +110,7 @@ def test_exact_match_needs_every_answer_token_to_be_greedy(trained_run):
   one whose both tokens are the greedy continuation matches (not any(), first or last only)."""
   run = scoring.load_run(str(trained_run))
   scorer = scoring.Scorer(run, chunk_size=64)
-  model = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: GPT(run.model_config,
-                                                             rngs=nnx.Rngs(0)))), run.params)
+  model = nn_model.build(run.model_config, run.params)
 
   def greedy_next(seq):  # the argmax after seq and its margin over the runner-up
     logits = np.asarray(model(jnp.asarray(seq, jnp.int32)[None]))[0, -1]

@@ -13,6 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from rove_jax.evaluation import scoring
+from rove_jax.nn.model import abstract_params
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import run_reader
@@ -20,7 +21,7 @@ from rove_jax.train.run_config import RunConfig
 
 
 def model_params(meta):
-  return scoring.abstract_params(GPTConfig.from_dict(meta["model"]))
+  return abstract_params(GPTConfig.from_dict(meta["model"]))
 
 
 def raw_entries(workdir, step) -> dict:
