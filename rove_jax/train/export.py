@@ -40,10 +40,9 @@ import numpy as np
 from rove_jax.data import tokenization
 from rove_jax.nn import param_files, pretrained
 from rove_jax.nn.decoding import generate
-from rove_jax.nn.model import abstract_params
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
-from rove_jax.train import resume, run_reader
+from rove_jax.train import run_reader
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -125,22 +124,17 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
                      f"pass --overwrite")
   created = check_out_dir(out_dir)  # before the checkpoint read, which can take minutes
   try:
-    step, params, meta = run_reader.read_run(
-        workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])),
-        report=report)
-    config = GPTConfig.from_dict(meta["model"])
+    restored = run_reader.load_for_inference(workdir, report=report)
+    step, config, params = restored.step, restored.model_config, restored.params
     format = pretrained.resolve_format(config, format)
-    tokenizer = dict(meta["tokenizer"])
-    tok = tokenization.get_tokenizer(tokenizer["spec"], workdir=workdir)
-    resume.check_tokenizer(meta, tok, workdir=workdir)  # the ids the model was trained on
+    tokenizer = dict(restored.meta["tokenizer"])
     tokenizer_json = None
-    if isinstance(tok, tokenization.HFTokenizer):
-      tokenizer_json = tok.to_json().encode("utf-8")
+    if isinstance(restored.tokenizer, tokenization.HFTokenizer):
+      tokenizer_json = restored.tokenizer.to_json().encode("utf-8")
       tokenizer["file"] = TOKENIZER_FILE
-    run = {"step": int(step), "tokenizer": tokenizer, "workdir": paths.basename(workdir)}
-    train_len = meta.get("config", {}).get("data", {}).get("seq_len")
-    if train_len is not None:
-      run["train_len"] = int(train_len)
+    run = {"step": step, "tokenizer": tokenizer, "workdir": paths.basename(workdir)}
+    if restored.train_len is not None:
+      run["train_len"] = restored.train_len
     extra = {"rove_jax_run": run}
     if tokenizer.get("eot_id") is not None and format != "rove_jax":  # transformers' formats
       extra["bos_token_id"] = extra["eos_token_id"] = int(tokenizer["eot_id"])
