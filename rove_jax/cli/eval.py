@@ -25,8 +25,9 @@ and every prompt whose prompt + answer exceeds T tokens is cut from the left to 
 rule for every encoding; the report counts the cut prompts). --tasks recall scores a run trained
 on the synthetic recall source (data.source=recall) on its own task: accuracy and answer NLL
 of the same test samples for every run, at each length and setting.
-The report goes to <first workdir>/eval/ unless --out is given. Workdirs and --out may be
-gs://bucket/path (the [gcs] extra; report_files says what a failed write leaves there).
+The report goes to <first workdir>/eval/ (NAME-eval beside a model directory NAME) unless --out
+is given; a default that would fall inside a Python package is refused. Workdirs and --out may
+be gs://bucket/path (the [gcs] extra; report_files says what a failed write leaves there).
 
 Exit status: 2 for a bad argument or input file (checked before any checkpoint is restored),
 1 for a failure after that (a one-line message on stderr), 0 when the report is written.
@@ -238,12 +239,37 @@ def _check_inputs(p, args) -> None:
 def default_out(workdir: str) -> str:
   """--out's default: a training run's WORKDIR/eval; for a model directory NAME (a
   transformers checkpoint or an export) NAME-eval beside it, so that the model directory
-  (perhaps a shared download) is never written to and the report never lands in a checkout's
-  packages, whatever the current directory."""
+  (perhaps a shared download) is never written to, whatever the current directory.
+
+  Raises:
+    ValueError: the default falls inside a Python package (a directory holding __init__.py, the
+      report directory itself or one above it): source code is never written to; give --out.
+  """
   if imported.is_model_dir(workdir):
     model_dir = paths.resolve(workdir, what="--workdir")
-    return paths.join(paths.dirname(model_dir), (paths.basename(model_dir) or "model") + "-eval")
-  return paths.join(workdir, "eval")
+    out = paths.join(paths.dirname(model_dir), (paths.basename(model_dir) or "model") + "-eval")
+  else:
+    out = paths.join(workdir, "eval")
+  package = _package_around(out)
+  if package is not None:
+    raise ValueError(f"the default report directory {out} is inside the Python package "
+                     f"{package}; give --out DIR outside the source tree")
+  return out
+
+
+def _package_around(path: str):
+  """The innermost directory holding __init__.py among a local path and the directories above
+  it, or None (and None for gs://)."""
+  if paths.is_remote(path):
+    return None
+  path = os.path.abspath(path)
+  while True:
+    if os.path.isfile(os.path.join(path, "__init__.py")):
+      return path
+    parent = os.path.dirname(path)
+    if parent == path:
+      return None
+    path = parent
 
 
 def check_task_files(p, args) -> list | None:
