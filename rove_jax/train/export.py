@@ -1,11 +1,12 @@
 """Exports the newest verified checkpoint of a training workdir for inference (the rove-export
 command, rove_jax.cli.export, drives `export_run`).
 
-`export_run` reads the newest checkpoint whose checksums verify
-(`run_reader.read_run`: read-only, an unreadable checkpoint is reported and the previous one
-taken) and writes its parameters with `rove_jax.nn.pretrained.save`: a transformers GPT-2
-checkpoint for a GPT-2-shaped model (learned positions), otherwise rove-jax's own safetensors +
-config.json (its keys in rove_jax.nn.pretrained's docstring). `rove_jax.nn.pretrained.load(out)`
+`export_run` reads the newest checkpoint whose checksums verify with its model config and
+tokenizer (`run_reader.load_for_inference`, as rove-eval does: read-only, an unreadable
+checkpoint is reported and the previous one taken) and writes its parameters with
+`rove_jax.nn.pretrained.save`: a transformers GPT-2 checkpoint for a GPT-2-shaped model
+(learned positions), otherwise rove-jax's own safetensors + config.json (its keys in
+rove_jax.nn.pretrained's docstring). `rove_jax.nn.pretrained.load(out)`
 returns (GPTConfig, params) ready for `rove_jax.nn.model.generate`. The config.json also records
 the run it came from under "rove_jax_run": the step, the workdir's name, the training length
 and the tokenizer metadata (spec, vocabulary size, end-of-text id, fingerprint), since the ids
