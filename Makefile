@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
+EVAL    = $(VENV)/bin/rove-eval
 CORE    = $(VENV)/.installed-core
 TEST    = $(VENV)/.installed-test
 
@@ -74,12 +75,12 @@ test-gpu:
 demo: $(CORE)
 	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rove --config.model.pos_encoding=rove
 	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rope --config.model.pos_encoding=rope
-	$(PY) -m eval --workdir runs/demo/rove --compare runs/demo/rope $(DEMO_EVAL) --out runs/demo/eval
+	$(EVAL) --workdir runs/demo/rove --compare runs/demo/rope $(DEMO_EVAL) --out runs/demo/eval
 	$(PY) train.py $(OFFSET)/rove-s0 --config.model.pos_encoding=rove --config.seed=0
 	$(PY) train.py $(OFFSET)/rope-s0 --config.model.pos_encoding=rope --config.seed=0
 	$(PY) train.py $(OFFSET)/rove-s1 --config.model.pos_encoding=rove --config.seed=1
 	$(PY) train.py $(OFFSET)/rope-s1 --config.model.pos_encoding=rope --config.seed=1
-	$(PY) -m eval --workdir runs/demo/offset/rove-s0 --compare $(OFFSET_OTHERS) $(OFFSET_EVAL)
+	$(EVAL) --workdir runs/demo/offset/rove-s0 --compare $(OFFSET_OTHERS) $(OFFSET_EVAL)
 	@echo "next: read runs/demo/eval/report.md; make reproduce runs the study (docs/results.md)"
 
 reproduce: $(CORE)

@@ -2,7 +2,7 @@
 
   python train.py --config configs/tiny.py --workdir runs/tiny [--config.field=value ...]
 
-See rove_jax/train/cli.py for the flags.
+See rove_jax/cli/train.py for the flags.
 """
 
 from rove_jax.cli.train import run

@@ -34,6 +34,7 @@ from flax import nnx
 
 from bench import peak_rss_gib
 from bench.specs import Model, make_spec
+from rove_jax.nn import model as nn_model
 from rove_jax.nn.model import GPT, GPTConfig, count_params, generate
 from rove_jax.train import gpu_options
 from rove_jax.train import loop as training
@@ -103,7 +104,7 @@ def _train_state(cfg: GPTConfig, tx, abstract: bool = False):
     _, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     return training.TrainState(params=params, opt_state=tx.init(params),
                                step=jnp.zeros((), jnp.int32))
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0))))
+  graphdef = nn_model.graphdef(cfg)
   return graphdef, (jax.eval_shape(init) if abstract else jax.jit(init)())
 
 
@@ -117,7 +118,7 @@ def _batch(B: int, T: int, vocab: int, abstract: bool = False) -> dict:
 
 def flops_per_step(cfg: GPTConfig, B: int, T: int) -> float:
   """Model FLOPs of one train step by FLOPS_FORMULA."""
-  abstract = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
+  abstract = nn_model.abstract_model(cfg)
   n_embed = cfg.vocab_size * cfg.d_model + (cfg.max_len * cfg.d_model
                                             if cfg.pos_encoding == "learned" else 0)
   n_nonembed = count_params(abstract) - n_embed

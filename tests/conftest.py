@@ -129,7 +129,7 @@ def rng():
 
 
 def subprocess_env(devices=1, **overrides) -> dict:
-  """os.environ for a child process (train.py, python -m eval, a notebook kernel, bench).
+  """os.environ for a child process (train.py, rove_jax.cli.eval, a notebook kernel, bench).
 
   This process splits the CPU into 8 fake devices; a child inherits that through XLA_FLAGS
   unless told otherwise, and its default mesh then spans all 8.
@@ -234,7 +234,7 @@ def trained_run(tmp_path_factory) -> pathlib.Path:
 
   small_config on the stdlib corpus (120 files), max_len = seq_len = 64, 6 steps, checkpoints
   at steps 4 and 6. Under pytest-xdist the workers share it: the first to take the file lock
-  trains it, the others wait and reuse it. Tests must not write into it (give python -m eval an
+  trains it, the others wait and reuse it. Tests must not write into it (give rove-eval an
   --out directory).
 
   Returns:

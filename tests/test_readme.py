@@ -4,8 +4,9 @@ The pages: README.md (a front page of at most MAX_README_LINES lines that links 
 page), docs/*.md, results/README.md and bench/README.md; their relative links and anchors
 resolve. Commands come from indented and shell-fenced blocks and inline spans, each checked once
 (on the first page that has it). `make T`: its dry run;
-rove-train / train.py: absl and the config's validation; rove-eval, python -m eval / bench[.X],
-reproduce.py, rove-lm-eval (lm_eval's own `run` parser): their argparse parsers; pip: extras
+rove-train / train.py: absl and the config's validation; rove-eval, bench[.X], reproduce.py,
+rove-lm-eval (lm_eval's own `run` parser): their argparse parsers (a command of the retired
+`python -m eval` is refused: the checkout has no eval/ package); pip: extras
 in pyproject.toml; bash: `bash -n`; srun /
 gcloud: not runnable here, as the page says below them, and the train command inside parses. A
 synopsis
@@ -46,7 +47,7 @@ STARTS = ("make ", "python ", "python3 ", "pip ", "bash ", "srun ", "gcloud ", "
 SHELL_FENCES = ("bash", "sh", "shell", "console")
 PLACEHOLDERS = {"$RANK": "0", "$TPU": "my-tpu", "$ZONE": "us-central2-b", "$BUCKET": "my-bucket",
                 "git+<this repository>": "git+THIS-REPO"}
-MAKE_EXPECTS = {"demo": ["-m venv", "train.py", "-m eval"],
+MAKE_EXPECTS = {"demo": ["-m venv", "train.py", ".venv/bin/rove-eval"],
                 "test": ["-m venv", ".[test]", "-m pytest"], "reproduce": ["reproduce.py"]}
 CHECKOUT_FILES = {"train": "train.py", "eval": "eval/__main__.py", "reproduce": "reproduce.py"}
 SCRIPTS = {"rove-train": "rove_jax.cli.train:run", "rove-eval": "rove_jax.cli.eval:main",
@@ -121,19 +122,21 @@ def extract(md: str) -> list:
 
 
 def words(text: str) -> list:
-  """argv: placeholders filled in, `.venv/bin/python3` -> python, `python -m pip` -> pip."""
+  """argv: placeholders filled in, `.venv/bin/python3` -> python, `.venv/bin/rove-eval` ->
+  rove-eval, `python -m pip` -> pip."""
   text = re.sub("|".join(map(re.escape, PLACEHOLDERS)), lambda m: PLACEHOLDERS[m[0]], text)
   if "$" in text:
     raise ValueError(f"a shell variable without a value in PLACEHOLDERS: {text}")
   tokens = shlex.split(text)
-  tokens[:1] = [re.sub(r"^(?:.*/)?python3?$", "python", t) for t in tokens[:1]]
+  tokens[:1] = [re.sub(r"^(?:.*/)?(python)3?$|^(?:.*/)?(rove-[\w-]+)$", r"\1\2", t)
+                for t in tokens[:1]]
   return ["pip", *tokens[3:]] if tokens[:3] == ["python", "-m", "pip"] else tokens
 
 
 def program(tokens):
   """(kind, the module whose parser checks it or None, its argv)."""
   head, rest = tokens[0], tokens[1:]
-  if head in ("rove-train", "rove-eval"):  # train.py and python -m eval, installed
+  if head in ("rove-train", "rove-eval"):  # train.py and rove_jax.cli.eval, installed
     head = head[5:]
   elif head in SCRIPTS:  # the module whose main() the script runs
     head = SCRIPTS[head].split(":")[0]
@@ -385,12 +388,14 @@ EXPECT = {
 SAMPLES = [
     ("rove-train --config tiny --workdir x --config.steps=10 --config.optim.warmup_steps=2", ""),
     ("rove-eval --workdir runs/x --suite quick", ""),
-    ("python -m eval --workdir runs/x [--suite quick|full] [--compare runs/y ...]", ""),
+    ("rove-eval --workdir runs/x [--suite quick|full] [--compare runs/y ...]", ""),
+    ("python -m rove_jax.cli.eval --workdir runs/x --yarn all", ""),
+    ("python -m eval --workdir runs/x", "no eval/__main__.py in the checkout"),  # retired
     ("srun --nodes=2 python train.py ... --config.mesh.fsdp=2", ""),
     ("rove-train --config tiny --workdir runs/x --config.model.no_such_field=1", "rejected"),
     ("rove-train --config no_such_config --workdir runs/x", "packaged config"),
     ("rove-train --config tiny --workdir runs/x --config.steps=10", "warmup_steps=50 must be"),
-    ("python -m eval --wor runs/x", "--wor is not an option"),  # argparse would take it
+    ("rove-eval --wor runs/x", "--wor is not an option"),  # argparse would take it
     ("rove-lm-eval --model rove_jax --model_args path=x --tasks t --batch_size 4", ""),
     ("rove-lm-eval --model rove_jax --no_such_option 1", "--no_such_option is not an option"),
     ("rove-eval --workdir runs/x [--lengths 256,abc]", "--lengths must be"),

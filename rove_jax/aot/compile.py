@@ -41,7 +41,7 @@ from rove_jax.aot import analysis as aot_analysis
 from rove_jax.aot import gpu as aot_gpu
 from rove_jax.aot.analysis import format_report  # noqa: F401 (re-exported)
 from rove_jax.nn import flops
-from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, param_count
+from rove_jax.nn.model import ROTARY_ENCODINGS, abstract_model, param_count
 from rove_jax.train import gpu_options, layer_stack, resolve, sharding
 
 GiB = 2**30
@@ -206,7 +206,7 @@ def _quiet_libtpu(topology: Topology):
 
 def _abstract(model_cfg, mesh):
   """(graphdef, abstract params, their shardings, path specs) of a model config on a mesh."""
-  model = nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0)))
+  model = abstract_model(model_cfg)
   params = nnx.state(model, nnx.Param)
   specs = sharding.param_path_specs(params, mesh)
   return nnx.graphdef(model), params, sharding.tree_shardings(params, specs, mesh), specs

@@ -1,6 +1,6 @@
-"""rove-eval (or `python -m eval` from a checkout): perplexity vs length (+/- YaRN), RULER
-NLL and in-context learning for trained runs, written as report.json, report.md and plots
-(the tasks themselves: rove_jax.evaluation.tasks).
+"""rove-eval: perplexity vs length (+/- YaRN), RULER NLL and in-context learning for trained
+runs, written as report.json, report.md and plots (the options become one
+rove_jax.evaluation.config.EvalConfig; the tasks themselves: rove_jax.evaluation.tasks).
 
   rove-eval --workdir runs/X [--suite quick|full] [--lengths 256,512,...]
             [--yarn off|on|both|all] [--yarn-fixed-factor F] [--tasks ppl,ruler,icl,recall]
@@ -25,8 +25,9 @@ and every prompt whose prompt + answer exceeds T tokens is cut from the left to 
 rule for every encoding; the report counts the cut prompts). --tasks recall scores a run trained
 on the synthetic recall source (data.source=recall) on its own task: accuracy and answer NLL
 of the same test samples for every run, at each length and setting.
-The report goes to <first workdir>/eval/ unless --out is given. Workdirs and --out may be
-gs://bucket/path (the [gcs] extra; report_files says what a failed write leaves there).
+The report goes to <first workdir>/eval/ (NAME-eval beside a model directory NAME) unless --out
+is given; a default that would fall inside a Python package is refused. Workdirs and --out may
+be gs://bucket/path (the [gcs] extra; report_files says what a failed write leaves there).
 
 Exit status: 2 for a bad argument or input file (checked before any checkpoint is restored),
 1 for a failure after that (a one-line message on stderr), 0 when the report is written.
@@ -36,25 +37,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
-import math
 import os
 import sys
 import tempfile
 import uuid
 
-from flax import nnx
-
 from rove_jax import data as data_lib
 from rove_jax.cli import platforms
 from rove_jax.data import files as data_files
 from rove_jax.evaluation import icl, imported, report, report_files, report_md, scoring
+from rove_jax.evaluation.config import SUITES, TASKS, YARN_CHOICES, EvalConfig, FieldError
 from rove_jax.evaluation.ruler import qa as ruler_qa
-from rove_jax.evaluation.tasks import QA_FLAGS, SUITES, TASKS, evaluate_run
-from rove_jax.nn.model import GPT
+from rove_jax.evaluation.tasks import QA_FLAGS, evaluate_run
+from rove_jax.nn import model as nn_model
 from rove_jax.storage import paths
 
-YARN_CHOICES = ("off", "on", "both", "all")
 PROG = "rove-eval"
 
 
@@ -67,11 +66,12 @@ def parse_args(argv, *, check_files: bool = False):
       --data-path, --squad, --hotpot and --icl-tasks inputs exist (the QA files, the spec file
       and its task files are read and validated), and create the report directory and prove it
       writable.
-      Sets args.icl_specs (None without --icl-tasks), args.out_dir (absolute or gs://) and
-      args.created_out. Off: no file system access (the README's command checks).
+      Sets args.out_dir (absolute or gs://) and args.created_out, and args.config.icl_specs
+      (the specs of --icl-tasks). Off: no file system access (the README's command checks).
 
   Returns:
-    The namespace, with args.task_list (the --tasks names) and --lengths as integers.
+    The namespace, with args.task_list (the --tasks names), the lengths as lists of integers
+    and args.config, the EvalConfig of the options (whose checks are argparse errors here).
   """
   p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,44 +121,36 @@ def parse_args(argv, *, check_files: bool = False):
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
   args.task_list = _task_list(p, args.tasks)
-  if args.stride is not None and not 0 < args.stride <= 1:
-    p.error(f"--stride must be a fraction of the length in (0, 1], e.g. --stride 0.5 for "
-            f"windows that advance by half a length (omit it for non-overlapping windows); "
-            f"got {args.stride:g}")
-  if args.chunk < 1:
-    p.error(f"--chunk must be a block length >= 1 token, e.g. --chunk 512; got {args.chunk}")
-  if args.ppl_tokens is not None and args.ppl_tokens < 1:
-    p.error(f"--ppl-tokens must be >= 1 target a length, e.g. --ppl-tokens 16384; got "
-            f"{args.ppl_tokens}")
-  if args.seed < 0:
-    p.error(f"--seed must be >= 0, e.g. --seed 0; got {args.seed}")
-  if args.train_len is not None and args.train_len < 2:
-    p.error(f"--train-len must be >= 2 tokens, e.g. --train-len 2048; got {args.train_len}")
-  factor = args.yarn_fixed_factor
-  if factor is not None:
-    if not (math.isfinite(factor) and factor > 1):
-      p.error(f"--yarn-fixed-factor must be a YaRN factor > 1, e.g. --yarn-fixed-factor 16 "
-              f"for 16x the training length; got {factor:g}")
-    if args.yarn != "all":
-      p.error(f"--yarn-fixed-factor applies to the yarn_fixed setting, which only --yarn all "
-              f"evaluates; got --yarn {args.yarn}")
-  if args.recall_samples is not None and args.recall_samples < 1:
-    p.error(f"--recall-samples must be >= 1, e.g. --recall-samples 100; got "
-            f"{args.recall_samples}")
   for flag in ("lengths", "ruler_lengths", "recall_lengths"):
     value = getattr(args, flag)
     if not value:
+      setattr(args, flag, None)
       continue
     name = "--" + flag.replace("_", "-")
     try:
       setattr(args, flag, [int(x) for x in value.split(",")])
     except ValueError:
       p.error(f"{name} must be comma-separated integers, e.g. {name} 4096,8192; got {value!r}")
-    if any(L < 2 for L in getattr(args, flag)):
-      p.error(f"{name} must be >= 2 tokens")
+  args.config = eval_config(p, args)
   if check_files:
     _check_inputs(p, args)
   return args
+
+
+def eval_config(p, args) -> EvalConfig:
+  """The EvalConfig of the parsed options: its checks of the values, a value it refuses an
+  argparse error (exit 2) that names the option."""
+  try:
+    return EvalConfig(
+        tasks=tuple(args.task_list), suite=args.suite, lengths=args.lengths, yarn=args.yarn,
+        yarn_fixed_factor=args.yarn_fixed_factor, stride=args.stride,
+        ppl_tokens=args.ppl_tokens, ruler_lengths=args.ruler_lengths,
+        recall_lengths=args.recall_lengths, recall_samples=args.recall_samples, seed=args.seed,
+        chunk=args.chunk, data_path=args.data_path, squad=args.squad, hotpot=args.hotpot,
+        icl_tasks=args.icl_tasks, progress=not args.no_progress, train_len=args.train_len,
+        tokenizer=args.tokenizer)
+  except FieldError as e:
+    p.error(e.as_flags())
 
 
 def _task_list(p, value: str) -> list:
@@ -229,7 +221,8 @@ def _check_inputs(p, args) -> None:
       data_files.resolve_files(args.data_path, exts, "--data-path")
     except ValueError as e:
       p.error(str(e))
-  check_task_files(p, args)
+  specs = check_task_files(p, args)
+  args.config = dataclasses.replace(args.config, icl_specs=None if specs is None else tuple(specs))
   try:
     args.out_dir = (paths.resolve(args.out, what="--out") if args.out
                     else default_out(workdir))
@@ -246,19 +239,44 @@ def _check_inputs(p, args) -> None:
 def default_out(workdir: str) -> str:
   """--out's default: a training run's WORKDIR/eval; for a model directory NAME (a
   transformers checkpoint or an export) NAME-eval beside it, so that the model directory
-  (perhaps a shared download) is never written to and the report never lands in a checkout's
-  packages, whatever the current directory."""
+  (perhaps a shared download) is never written to, whatever the current directory.
+
+  Raises:
+    ValueError: the default falls inside a Python package (a directory holding __init__.py, the
+      report directory itself or one above it): source code is never written to; give --out.
+  """
   if imported.is_model_dir(workdir):
     model_dir = paths.resolve(workdir, what="--workdir")
-    return paths.join(paths.dirname(model_dir), (paths.basename(model_dir) or "model") + "-eval")
-  return paths.join(workdir, "eval")
+    out = paths.join(paths.dirname(model_dir), (paths.basename(model_dir) or "model") + "-eval")
+  else:
+    out = paths.join(workdir, "eval")
+  package = _package_around(out)
+  if package is not None:
+    raise ValueError(f"the default report directory {out} is inside the Python package "
+                     f"{package}; give --out DIR outside the source tree")
+  return out
 
 
-def check_task_files(p, args) -> None:
+def _package_around(path: str):
+  """The innermost directory holding __init__.py among a local path and the directories above
+  it, or None (and None for gs://)."""
+  if paths.is_remote(path):
+    return None
+  path = os.path.abspath(path)
+  while True:
+    if os.path.isfile(os.path.join(path, "__init__.py")):
+      return path
+    parent = os.path.dirname(path)
+    if parent == path:
+      return None
+    path = parent
+
+
+def check_task_files(p, args) -> list | None:
   """The --squad, --hotpot and --icl-tasks files of `args`, read and validated now (an
-  argparse error through `p` names the flag and the problem); sets args.icl_specs (None
-  without --icl-tasks). Shared by rove-eval and the paper-scale recipe (paper_recipe.py),
-  which checks them before days of training."""
+  argparse error through `p` names the flag and the problem); returns the specs of
+  --icl-tasks (None without it). Shared by rove-eval and the paper-scale recipe
+  (study/paper_recipe.py), which checks them before days of training."""
   for flag, dest, _, _ in QA_FLAGS.values():
     path = getattr(args, dest)
     if path is None:
@@ -270,20 +288,21 @@ def check_task_files(p, args) -> None:
       load(path)  # parsed and validated now (cached for the RULER tasks)
     except (ValueError, OSError) as e:
       p.error(f"{flag} {path}: {e}")
-  args.icl_specs = None
-  if args.icl_tasks is not None:
-    if not os.path.isfile(args.icl_tasks):
-      p.error(f"--icl-tasks {args.icl_tasks} {_what_is_wrong(args.icl_tasks, 'file')}; give a "
-              f"JSON list of ICL task specs")
-    try:
-      args.icl_specs = icl.load_specs(args.icl_tasks)
-      for spec in args.icl_specs:
-        icl.read_task_file(spec)  # validates every example
-    except (ValueError, OSError) as e:
-      p.error(f"--icl-tasks {args.icl_tasks}: {e}")
-    if not args.icl_specs:
-      p.error(f"--icl-tasks {args.icl_tasks} lists no tasks; give at least one task spec or "
-              f"drop the option")
+  if args.icl_tasks is None:
+    return None
+  if not os.path.isfile(args.icl_tasks):
+    p.error(f"--icl-tasks {args.icl_tasks} {_what_is_wrong(args.icl_tasks, 'file')}; give a "
+            f"JSON list of ICL task specs")
+  try:
+    specs = icl.load_specs(args.icl_tasks)
+    for spec in specs:
+      icl.read_task_file(spec)  # validates every example
+  except (ValueError, OSError) as e:
+    p.error(f"--icl-tasks {args.icl_tasks}: {e}")
+  if not specs:
+    p.error(f"--icl-tasks {args.icl_tasks} lists no tasks; give at least one task spec or drop "
+            f"the option")
+  return specs
 
 
 def prepare_out_dir(out_dir: str) -> None:
@@ -334,34 +353,31 @@ def main(argv=None) -> int:
     return 1
 
 
-def _load(workdir: str, args) -> scoring.Run:
+def _load(workdir: str, config: EvalConfig) -> scoring.Run:
   """A training workdir's newest checkpoint, or a model directory (evaluation.imported)."""
   resolved = paths.resolve(workdir, what="--workdir")
   if imported.is_model_dir(resolved):
-    return imported.load_model(resolved, data_path=args.data_path, train_len=args.train_len,
-                               tokenizer=args.tokenizer)
+    return imported.load_model(resolved, data_path=config.data_path, train_len=config.train_len,
+                               tokenizer=config.tokenizer)
   return scoring.load_run(resolved)
 
 
 def _evaluate(args) -> int:
-  suite = dict(SUITES[args.suite])
-  if args.ppl_tokens is not None:
-    suite["ppl_tokens"] = args.ppl_tokens
+  config = args.config
   workdirs = [args.workdir, *args.compare]
-  runs = [_load(w, args) for w in workdirs]  # every run restorable before any scoring
+  runs = [_load(w, config) for w in workdirs]  # every run restorable before any scoring
   results = []
   for run in runs:
     print(f"== {run.name}: {run.model_config.pos_encoding}, step {run.step}", file=sys.stderr)
-    results.append(evaluate_run(run, args, suite))
-  rep = {"schema_version": report.SCHEMA_VERSION, "suite": args.suite,
+    results.append(evaluate_run(run, config))
+  rep = {"schema_version": report.SCHEMA_VERSION, "suite": config.suite,
          "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "runs": results}
   out_dir = args.out_dir  # made and probed by parse_args
   figure1 = None
   first = runs[0]
   if first.model_config.pos_encoding in ("rove", "rope"):
-    model = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: GPT(first.model_config,
-                                                              rngs=nnx.Rngs(0)))), first.params)
+    model = nn_model.build(first.model_config, first.params)
     sample = first.val_tokens()[:12]
     figure1 = (model, sample, f"{first.name}: layer 0, head 0, {len(sample)} held-out tokens")
   paths = report_files.write(rep, out_dir, figure1=figure1)

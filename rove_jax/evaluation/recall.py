@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from rove_jax.evaluation import scoring
-from rove_jax.nn.model import GPT
+from rove_jax.nn import model as nn_model
 from rove_jax.scaling import RopeScaling
 from rove_jax.tasks import recall as recall_data
 from rove_jax.tasks.recall_chars import MARKER
@@ -107,7 +107,7 @@ def _scores_fn(config, rope_scaling):
   encoding) share the compiled programs."""
   key = (config, rope_scaling)
   if key not in _FNS:
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
+    graphdef = nn_model.graphdef(config)
     _FNS[key] = jax.jit(lambda params, tokens_BW: scoring.token_scores(
         nnx.merge(graphdef, params), tokens_BW, rope_scaling))
   return _FNS[key]

@@ -22,11 +22,11 @@ import numpy as np
 from flax import nnx
 
 from rove_jax import data as data_lib
-from rove_jax.data import tokenization
-from rove_jax.nn.model import GPT, ROTARY_ENCODINGS, GPTConfig
+from rove_jax.nn import model as nn_model
+from rove_jax.nn.model import ROTARY_ENCODINGS, GPTConfig
 from rove_jax.scaling import RopeScaling
 from rove_jax.storage import paths
-from rove_jax.train import resume, run_reader
+from rove_jax.train import run_reader
 from rove_jax.train.run_config import RunConfig
 
 
@@ -64,26 +64,20 @@ class Run:
     return self._val_tokens
 
 
-def abstract_params(model_cfg: GPTConfig):
-  """The parameter tree of a model config, shapes only (nothing is allocated)."""
-  return nnx.state(nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
-
-
 def load_run(workdir: str) -> Run:
-  """Restores the newest readable checkpoint of a training workdir (parameters only).
+  """Restores the newest readable checkpoint of a training workdir (parameters only) with its
+  run config and tokenizer (`run_reader.load_for_inference`, which rove-export shares).
 
   Raises:
-    ValueError: the workdir or its checkpoints are missing or unreadable, or (a
-      checkpoint.LayoutError) they were written by another parameter layout.
+    ValueError: the workdir or its checkpoints are missing or unreadable, (a
+      checkpoint.LayoutError) they were written by another parameter layout, or the run's
+      tokenizer is not the one it was trained with.
     paths.MissingExtra (an ImportError): a gs:// workdir without gcsfs.
   """
-  workdir = paths.resolve(workdir, what="workdir")  # absolute, or gs://bucket/path
-  step, params, meta = run_reader.read_run(
-      workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])))
-  tokenizer = tokenization.get_tokenizer(meta["tokenizer"]["spec"], workdir=workdir)
-  resume.check_tokenizer(meta, tokenizer, workdir=workdir)  # the ids the model was trained on
-  return Run(workdir=workdir, name=paths.basename(workdir), step=int(step),
-             config=RunConfig.from_metadata(meta), params=params, tokenizer=tokenizer)
+  restored = run_reader.load_for_inference(workdir)
+  return Run(workdir=restored.workdir, name=paths.basename(restored.workdir), step=restored.step,
+             config=RunConfig.from_metadata(restored.meta), params=restored.params,
+             tokenizer=restored.tokenizer)
 
 
 DEFAULT_KERNEL = "chunked"  # evaluation's attention kernel: memory linear in the length
@@ -138,8 +132,7 @@ class Scorer:
     self.config = dataclasses.replace(run.model_config, attention_impl=implementation,
                                       attention_chunk=chunk_size)
     self.max_tokens_per_batch = max_tokens_per_batch
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(self.config, rngs=nnx.Rngs(0))))
-    self.model = nnx.merge(graphdef, run.params)
+    self.model = nn_model.build(self.config, run.params)
     self._fns = {}
 
   @property

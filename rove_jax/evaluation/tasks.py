@@ -2,33 +2,22 @@
 schema): perplexity against length, RULER (answer NLL), in-context learning, and, for a run
 trained on a synthetic recall task, that task's accuracy and answer NLL against length.
 
-`evaluate_run(run, args, suite)` runs the tasks in args.task_list (the parsed rove-eval
-arguments, rove_jax.cli.eval) with one of SUITES' sizes.
+`evaluate_run(run, config)` runs the tasks of an EvalConfig (rove_jax.evaluation.config, which
+rove-eval builds from its command line) with the sizes of its suite.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from typing import Optional
 
 from rove_jax import data as data_lib
 from rove_jax.evaluation import icl, perplexity, prompting, recall, scoring
+from rove_jax.evaluation.config import SUITES, EvalConfig
 from rove_jax.evaluation.ruler import suite as ruler
 from rove_jax.nn.model import param_count
 
-# Lengths are int(multiple * T). ICL's by-length tasks run at T only: the paper's ICL is inside
-# the training context. The quick suite leaves out 0.5x: it is a smoke test (reproduce --quick
-# and the test suite run it), and 0.5x adds to its perplexity time without testing anything new.
-SUITES = {
-    "quick": {"multiples": (1, 4, 16), "ppl_tokens": 8192, "ruler_multiples": (4, 16),
-              "ruler_tasks": ("niah_single_1", "niah_multikey_1", "vt", "cwe", "qa_1", "qa_2"),
-              "ruler_samples": 2, "icl_samples": 8, "icl_shots": (0, 2, 8),
-              "icl_length_multiples": (1,), "recall_samples": 100},
-    "full": {"multiples": (0.5, 1, 2, 4, 8, 16), "ppl_tokens": 65536,
-             "ruler_multiples": (4, 8, 16), "ruler_tasks": None, "ruler_samples": 25,
-             "icl_samples": 32, "icl_shots": (0, 1, 2, 4, 8), "icl_length_multiples": (1,),
-             "recall_samples": 200},
-}
 # RULER's QA tasks read local dev files; without one a task is reported as skipped.
 QA_FLAGS = {"qa_1": ("--squad", "squad", "SQuAD", "dev-v2.0.json"),
             "qa_2": ("--hotpot", "hotpot", "HotpotQA", "hotpot_dev_distractor_v1.json")}
@@ -38,16 +27,23 @@ ICL_CONTEXT_RULE = ("every prompt is scored inside the training context of {T} t
                     "(keeping the question and the nearest shots), for every encoding alike; "
                     "no YaRN")
 
-TASKS = ("ppl", "ruler", "icl", "recall")  # --tasks; recall only for recall-trained runs
 RECALL_SETTINGS = {"off": ("none",), "on": ("yarn",), "both": ("none", "yarn"),
                    "all": recall.SETTINGS}  # by --yarn
 
 
-def evaluate_run(run, args, suite) -> dict:
-  """One run's report entry (report.py's RUN) for the tasks in args.task_list."""
+def evaluate_run(run, config: EvalConfig, suite: Optional[dict] = None) -> dict:
+  """One run's report entry (report.py's RUN) for the tasks of `config`.
+
+  Args:
+    run: a scoring.Run (or what evaluation.imported loads).
+    config: what to evaluate and how.
+    suite: the task sizes; None: SUITES[config.suite] (a dict of the same keys with smaller
+      sizes serves tests).
+  """
+  suite = SUITES[config.suite] if suite is None else suite
   train_len = run.train_len  # the one training length: lengths, YaRN factors, labels
-  lengths = args.lengths or suite_lengths(suite["multiples"], train_len)
-  scorer = scoring.Scorer(run, implementation="chunked", chunk_size=args.chunk)
+  lengths = list(config.lengths or suite_lengths(suite["multiples"], train_len))
+  scorer = scoring.Scorer(run, implementation="chunked", chunk_size=config.chunk)
   for L in lengths:  # before any work: a learned-position model cannot go past its table
     scorer.check_length(L)
   cfg = run.model_config
@@ -58,10 +54,10 @@ def evaluate_run(run, args, suite) -> dict:
             "perplexity": None, "ruler": None, "icl": None, "recall": None, "seconds": {}}
   for task, fn in (("ppl", _perplexity), ("ruler", _ruler), ("icl", _icl),
                    ("recall", _recall)):
-    if task in args.task_list:
+    if task in config.tasks:
       t0 = time.perf_counter()
       key = "perplexity" if task == "ppl" else task
-      result[key] = fn(run, scorer, args, suite, lengths)
+      result[key] = fn(run, scorer, config, suite, lengths)
       result["seconds"][key] = time.perf_counter() - t0
   return result
 
@@ -71,17 +67,18 @@ def suite_lengths(multiples, train_len: int) -> list:
   return list(dict.fromkeys(int(m * train_len) for m in multiples))
 
 
-def _perplexity(run, scorer, args, suite, lengths) -> dict:
-  if args.data_path:
-    source = "parquet" if args.data_path.endswith(".parquet") else "text"
-    corpus = data_lib.Corpus(source=source, path=args.data_path)
+def _perplexity(run, scorer, config: EvalConfig, suite, lengths) -> dict:
+  if config.data_path:
+    source = "parquet" if config.data_path.endswith(".parquet") else "text"
+    corpus = data_lib.Corpus(source=source, path=config.data_path)
     tokens = data_lib.load_tokens(corpus, "train", run.tokenizer)
   else:
     tokens = run.val_tokens()
-  return perplexity.evaluate(scorer, tokens, lengths, yarn=args.yarn,
-                             max_tokens=suite["ppl_tokens"], stride_fraction=args.stride,
-                             yarn_fixed_factor=getattr(args, "yarn_fixed_factor", None),
-                             progress=not args.no_progress)
+  max_tokens = suite["ppl_tokens"] if config.ppl_tokens is None else config.ppl_tokens
+  return perplexity.evaluate(scorer, tokens, lengths, yarn=config.yarn, max_tokens=max_tokens,
+                             stride_fraction=config.stride,
+                             yarn_fixed_factor=config.yarn_fixed_factor,
+                             progress=config.progress)
 
 
 # RULER samples by (tokenizer fingerprint, haystack digest, --squad, --hotpot): runs that share
@@ -94,13 +91,13 @@ def ruler_settings(yarn: str) -> tuple:
   return {"off": ("none",), "on": ("yarn",)}.get(yarn, ("none", "yarn"))
 
 
-def _ruler(run, scorer, args, suite, lengths) -> dict:
+def _ruler(run, scorer, config: EvalConfig, suite, lengths) -> dict:
   """report.py's RULER entry: every (task, length) cell under each setting, same samples."""
   cfg, train_len = run.model_config, run.train_len
-  r_lengths = args.ruler_lengths or suite_lengths(suite["ruler_multiples"], train_len)
+  r_lengths = list(config.ruler_lengths or suite_lengths(suite["ruler_multiples"], train_len))
   if cfg.pos_encoding == "learned":
     r_lengths = [L for L in r_lengths if L <= cfg.max_len] or [cfg.max_len]
-  wanted = ruler_settings(args.yarn)
+  wanted = ruler_settings(config.yarn)
   settings, fns = {}, {}
   if "none" in wanted or not scorer.rotary:  # YaRN has nothing to rescale: the run as trained
     fns["none"] = lambda L: scorer.score_fn()
@@ -110,12 +107,12 @@ def _ruler(run, scorer, args, suite, lengths) -> dict:
     settings["yarn"] = {"not_applicable": f"pos_encoding={cfg.pos_encoding!r} has no rotary "
                                           f"frequencies to rescale"}
   settings = {**{name: {"tasks": {}} for name in fns}, **settings}
-  out = {"protocol": {"samples": suite["ruler_samples"], "seed": args.seed,
+  out = {"protocol": {"samples": suite["ruler_samples"], "seed": config.seed,
                       "lengths": r_lengths, "train_len": train_len,
                       "yarn_factor": "L / train_len for L > train_len, else none"},
          "settings": settings, "skipped": {}}
   tasks = ruler_tasks(suite)
-  for task in [t for t in tasks if t in QA_FLAGS and getattr(args, QA_FLAGS[t][1]) is None]:
+  for task in [t for t in tasks if t in QA_FLAGS and getattr(config, QA_FLAGS[t][1]) is None]:
     flag, _, name, example = QA_FLAGS[task]
     out["skipped"][task] = (f"needs {flag} FILE: a local {name} dev JSON file (e.g. "
                             f"{example}); none was given")
@@ -123,14 +120,14 @@ def _ruler(run, scorer, args, suite, lengths) -> dict:
   haystack = _haystack_texts(run)
   cache = _RULER_SAMPLES.setdefault(
       (run.tokenizer.fingerprint, hashlib.sha256("\0".join(haystack).encode()).hexdigest(),
-       args.squad, args.hotpot), {})
+       config.squad, config.hotpot), {})
   for L in r_lengths:
     for task in tasks:
       try:
         res = ruler.evaluate_settings(
             fns, run.tokenizer, tasks=[task], lengths=[L],
-            samples_per_task=suite["ruler_samples"], seed=args.seed, haystack_texts=haystack,
-            squad_path=args.squad, hotpot_path=args.hotpot, progress=not args.no_progress,
+            samples_per_task=suite["ruler_samples"], seed=config.seed, haystack_texts=haystack,
+            squad_path=config.squad, hotpot_path=config.hotpot, progress=config.progress,
             sample_cache=cache)
       except ValueError as e:  # e.g. a length below the task's fixed parts
         out["skipped"][f"{task}@{L}"] = str(e)
@@ -142,9 +139,9 @@ def _ruler(run, scorer, args, suite, lengths) -> dict:
   return out
 
 
-def _icl(run, scorer, args, suite, lengths) -> dict:
+def _icl(run, scorer, config: EvalConfig, suite, lengths) -> dict:
   """report.py's ICL entry: synthetic tasks (and task files) inside the training context."""
-  progress, train_len = not args.no_progress, run.train_len
+  progress, train_len = config.progress, run.train_len
   fn = scorer.score_fn()
   icl_lengths = tuple(suite_lengths(suite["icl_length_multiples"], train_len))
   synthetic = {"tasks": {}, "skipped": {}}
@@ -153,7 +150,7 @@ def _icl(run, scorer, args, suite, lengths) -> dict:
     try:
       res = icl.run_synthetic(fit, run.tokenizer, tasks=[task], shots=suite["icl_shots"],
                               lengths=icl_lengths, samples=suite["icl_samples"],
-                              seed=args.seed, progress=progress)
+                              seed=config.seed, progress=progress)
     except ValueError as e:  # e.g. a passkey context shorter than its fixed text
       synthetic["skipped"][task] = str(e)
       continue
@@ -165,15 +162,15 @@ def _icl(run, scorer, args, suite, lengths) -> dict:
   synthetic["prompts"] = sum(t["prompts"] for t in rows)
   synthetic["truncated"] = sum(t["truncated"] for t in rows)
   files = None
-  specs = getattr(args, "icl_specs", None)
-  if specs is None and args.icl_tasks:
-    specs = icl.load_specs(args.icl_tasks)
+  specs = config.icl_specs
+  if specs is None and config.icl_tasks:
+    specs = icl.load_specs(config.icl_tasks)
   if specs:
     tasks = {}
     for spec in specs:  # one at a time: a count of cut prompts per task
       fit = prompting.ContextFit(fn, train_len)
       try:
-        row = icl.run_task_files(fit, run.tokenizer, [spec], seed=args.seed,
+        row = icl.run_task_files(fit, run.tokenizer, [spec], seed=config.seed,
                                  progress=progress)["tasks"][spec.name]
       except ValueError as e:  # e.g. an answer longer than the training context
         raise ValueError(f"ICL task {spec.name!r} ({spec.path}): {e}") from None
@@ -183,7 +180,7 @@ def _icl(run, scorer, args, suite, lengths) -> dict:
              "truncated": sum(t["truncated"] for t in tasks.values())}
   protocol = {"context": train_len, "lengths": list(icl_lengths),
               "samples": suite["icl_samples"], "shots": list(suite["icl_shots"]),
-              "seed": args.seed, "rule": ICL_CONTEXT_RULE.format(T=train_len)}
+              "seed": config.seed, "rule": ICL_CONTEXT_RULE.format(T=train_len)}
   return {"protocol": protocol, "synthetic": synthetic, "files": files}
 
 
@@ -200,16 +197,16 @@ def _haystack_texts(run, max_chars: int = 400_000):
   return [t for t in text.split(eot) if t.strip()] or [text]
 
 
-def _recall(run, scorer, args, suite, lengths) -> dict:
+def _recall(run, scorer, config: EvalConfig, suite, lengths) -> dict:
   """report.py's RECALL entry: a recall-trained run on its own task (the generator spec it was
   trained on, rove_jax.evaluation.recall) at --recall-lengths (default: the suite's lengths),
   the same test samples for every run, under the --yarn settings."""
   spec = recall.run_spec(run)  # ValueError for a run not trained on the recall source
-  r_lengths = getattr(args, "recall_lengths", None) or lengths
-  n = getattr(args, "recall_samples", None) or suite["recall_samples"]
-  samples = recall.test_set(spec, r_lengths, n, eot_id=run.tokenizer.eot_id, seed=args.seed)
-  records = recall.evaluate(scorer, samples, settings=RECALL_SETTINGS[args.yarn],
-                            fixed_factor=getattr(args, "yarn_fixed_factor", None))
-  return {"protocol": {"task": spec.to_string(), "samples": n, "seed": args.seed,
+  r_lengths = list(config.recall_lengths or lengths)
+  n = suite["recall_samples"] if config.recall_samples is None else config.recall_samples
+  samples = recall.test_set(spec, r_lengths, n, eot_id=run.tokenizer.eot_id, seed=config.seed)
+  records = recall.evaluate(scorer, samples, settings=RECALL_SETTINGS[config.yarn],
+                            fixed_factor=config.yarn_fixed_factor)
+  return {"protocol": {"task": spec.to_string(), "samples": n, "seed": config.seed,
                        "lengths": [int(L) for L in r_lengths], "train_len": run.train_len},
           "records": records}

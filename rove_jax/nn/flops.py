@@ -17,14 +17,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rove_jax.nn.model import GPT
+from rove_jax.nn.model import abstract_model
 
 JOBS = ("train", "eval", "decode")
 
 
 def matmul_params(model_cfg) -> int:
   """Parameters that multiply activations: all but the embedding lookups."""
-  model = nnx.eval_shape(lambda: GPT(model_cfg, rngs=nnx.Rngs(0)))
+  model = abstract_model(model_cfg)
   size = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
   lookups = [model.pos_embed, model.t5_table] + ([model.embed] if model.lm_head else [])
   return size(nnx.state(model, nnx.Param)) - sum(size(v) for v in lookups if v is not None)

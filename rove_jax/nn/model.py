@@ -399,6 +399,33 @@ class GPT(nnx.Module):
                            positions=ctx.kv_positions, length=start + T)
 
 
+# ------------------------------------------------------------------ shapes, no arrays
+# The one place the model is built abstractly: restores, exports, compiles, counts and the
+# scoring programs take its graph and parameter shapes from here.
+
+
+def abstract_model(config: GPTConfig) -> GPT:
+  """The GPT of a config with shapes and dtypes in place of arrays (nnx.eval_shape: nothing is
+  allocated or initialised)."""
+  return nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0)))
+
+
+def abstract_params(config: GPTConfig) -> nnx.State:
+  """The parameter tree of the GPT a config builds, shapes and dtypes only: the target of a
+  restore, a file's names and shapes to check against."""
+  return nnx.state(abstract_model(config), nnx.Param)
+
+
+def graphdef(config: GPTConfig) -> nnx.GraphDef:
+  """The GPT's structure without its parameters: `nnx.merge(graphdef(c), params)` is the model."""
+  return nnx.graphdef(abstract_model(config))
+
+
+def build(config: GPTConfig, params) -> GPT:
+  """The GPT of a config holding the given parameters (nothing is initialised randomly)."""
+  return nnx.merge(graphdef(config), params)
+
+
 def count_params(model_or_state) -> int:
   """Number of parameters (works on nnx.eval_shape results: nothing allocated)."""
   state = nnx.state(model_or_state, nnx.Param)
@@ -407,4 +434,4 @@ def count_params(model_or_state) -> int:
 
 def param_count(config: GPTConfig) -> int:
   """Parameter count of a config, from shapes only."""
-  return count_params(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
+  return count_params(abstract_model(config))

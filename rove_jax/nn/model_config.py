@@ -22,6 +22,15 @@ MLPS = ("gelu", "swiglu")
 REMAT_POLICIES = ("none", "full", "dots")
 WINDOWLESS_KERNELS = ("cudnn", "splash", "fused")  # flash kernels that mask by index only
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# Embedding rows come in multiples of this: a tokenizer's ids padded up to it keep the embedding
+# and output matmuls on tile-friendly shapes.
+VOCAB_MULTIPLE = 64
+
+
+def padded_vocab_size(n_ids: int) -> int:
+  """The vocab_size for a tokenizer of n_ids ids: n_ids rounded up to a multiple of
+  VOCAB_MULTIPLE."""
+  return -(-int(n_ids) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 def _f(default, help: str):
@@ -41,7 +50,8 @@ class GPTConfig:
   output projection and the MLP then have none), as Qwen2 does; `sliding_window` w > 0 lets
   query i see key j only if pos_i - pos_j < w (Mistral's window), 0 is no window.
   """
-  vocab_size: int = _f(320, "embedding rows: at least the tokenizer's ids, a multiple of 64")
+  vocab_size: int = _f(320, "embedding rows: at least the tokenizer's ids, a multiple of "
+                        f"{VOCAB_MULTIPLE}")
   n_layer: int = _f(6, "transformer blocks")
   n_head: int = _f(6, "query heads")
   n_kv_head: Optional[int] = _f(None, "key/value heads; unset: n_head (multi-head), fewer for "

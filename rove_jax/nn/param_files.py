@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rove_jax.nn.model import GPT
+from rove_jax.nn.model import abstract_params
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
 
@@ -68,11 +68,6 @@ def _path_name(path) -> str:
   if parts and parts[-1] == "value":
     parts = parts[:-1]
   return ".".join(parts)
-
-
-def abstract_params(config) -> nnx.State:
-  """The parameter tree of the GPT a GPTConfig builds, shapes and dtypes only."""
-  return nnx.state(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))), nnx.Param)
 
 
 def named_leaves(tree) -> dict:

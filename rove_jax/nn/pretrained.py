@@ -56,10 +56,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Optional
 
-from flax import nnx
-
 from rove_jax.nn import hf_gpt2, hf_llama, param_files
-from rove_jax.nn.model import GPT
+from rove_jax.nn import model as model_lib
 from rove_jax.nn.model_config import ROTARY_ENCODINGS, GPTConfig
 
 MODEL_TYPE = "rove_jax_gpt"
@@ -217,7 +215,7 @@ def check_files(path: str) -> tuple[GPTConfig, dict]:
   else:
     found = shapes
     wanted = {name: tuple(leaf.shape) for name, leaf in
-              param_files.named_leaves(param_files.abstract_params(config)).items()}
+              param_files.named_leaves(model_lib.abstract_params(config)).items()}
     for name, (dtype, _) in headers.items():
       if param_files.NUMPY_NAMES.get(dtype) != config.param_dtype:
         raise ValueError(f"{where}: {name} is {dtype}, its config.json's param_dtype is "
@@ -263,7 +261,5 @@ def load(path, config=None):
   return cfg, param_files.from_named(tensors, cfg, where=", ".join(files))
 
 
-def build(config: GPTConfig, params) -> GPT:
-  """The GPT of a config with the given parameters (nothing is initialised randomly)."""
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
-  return nnx.merge(graphdef, params)
+# The GPT of a config with the given parameters, nothing initialised: `build(*load(path))`.
+build = model_lib.build

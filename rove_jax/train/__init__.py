@@ -1,5 +1,6 @@
 """The training layer: run configs, the jitted step and loop, checkpoints, resume, metrics,
-sharding and the rove-train command."""
+sharding, and reading a finished run back for evaluation and export. The rove-train command
+that drives it is rove_jax.cli.train."""
 
 from rove_jax import extras
 

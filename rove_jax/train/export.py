@@ -1,11 +1,12 @@
 """Exports the newest verified checkpoint of a training workdir for inference (the rove-export
 command, rove_jax.cli.export, drives `export_run`).
 
-`export_run` reads the newest checkpoint whose checksums verify
-(`run_reader.read_run`: read-only, an unreadable checkpoint is reported and the previous one
-taken) and writes its parameters with `rove_jax.nn.pretrained.save`: a transformers GPT-2
-checkpoint for a GPT-2-shaped model (learned positions), otherwise rove-jax's own safetensors +
-config.json (its keys in rove_jax.nn.pretrained's docstring). `rove_jax.nn.pretrained.load(out)`
+`export_run` reads the newest checkpoint whose checksums verify with its model config and
+tokenizer (`run_reader.load_for_inference`, as rove-eval does: read-only, an unreadable
+checkpoint is reported and the previous one taken) and writes its parameters with
+`rove_jax.nn.pretrained.save`: a transformers GPT-2 checkpoint for a GPT-2-shaped model
+(learned positions), otherwise rove-jax's own safetensors + config.json (its keys in
+rove_jax.nn.pretrained's docstring). `rove_jax.nn.pretrained.load(out)`
 returns (GPTConfig, params) ready for `rove_jax.nn.model.generate`. The config.json also records
 the run it came from under "rove_jax_run": the step, the workdir's name, the training length
 and the tokenizer metadata (spec, vocabulary size, end-of-text id, fingerprint), since the ids
@@ -42,7 +43,7 @@ from rove_jax.nn import param_files, pretrained
 from rove_jax.nn.decoding import generate
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
-from rove_jax.train import resume, run_reader
+from rove_jax.train import run_reader
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -124,22 +125,17 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
                      f"pass --overwrite")
   created = check_out_dir(out_dir)  # before the checkpoint read, which can take minutes
   try:
-    step, params, meta = run_reader.read_run(
-        workdir, lambda meta: param_files.abstract_params(GPTConfig.from_dict(meta["model"])),
-        report=report)
-    config = GPTConfig.from_dict(meta["model"])
+    restored = run_reader.load_for_inference(workdir, report=report)
+    step, config, params = restored.step, restored.model_config, restored.params
     format = pretrained.resolve_format(config, format)
-    tokenizer = dict(meta["tokenizer"])
-    tok = tokenization.get_tokenizer(tokenizer["spec"], workdir=workdir)
-    resume.check_tokenizer(meta, tok, workdir=workdir)  # the ids the model was trained on
+    tokenizer = dict(restored.meta["tokenizer"])
     tokenizer_json = None
-    if isinstance(tok, tokenization.HFTokenizer):
-      tokenizer_json = tok.to_json().encode("utf-8")
+    if isinstance(restored.tokenizer, tokenization.HFTokenizer):
+      tokenizer_json = restored.tokenizer.to_json().encode("utf-8")
       tokenizer["file"] = TOKENIZER_FILE
-    run = {"step": int(step), "tokenizer": tokenizer, "workdir": paths.basename(workdir)}
-    train_len = meta.get("config", {}).get("data", {}).get("seq_len")
-    if train_len is not None:
-      run["train_len"] = int(train_len)
+    run = {"step": step, "tokenizer": tokenizer, "workdir": paths.basename(workdir)}
+    if restored.train_len is not None:
+      run["train_len"] = restored.train_len
     extra = {"rove_jax_run": run}
     if tokenizer.get("eot_id") is not None and format != "rove_jax":  # transformers' formats
       extra["bos_token_id"] = extra["eos_token_id"] = int(tokenizer["eot_id"])

@@ -26,7 +26,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rove_jax.nn.model import GPT
+from rove_jax.nn.model import GPT, abstract_model
+from rove_jax.nn.model_config import padded_vocab_size
 from rove_jax.storage import deadline
 from rove_jax.train import (
   agreement,
@@ -317,7 +318,7 @@ def _model(c: RunConfig, tx: optax.GradientTransformation):
   for all three, and `init`, which builds it for real and returns its train state, the layers'
   parameters stacked (jitted onto the mesh by the caller)."""
   new_model = lambda: GPT(c.model, rngs=nnx.Rngs(c.seed))
-  graphdef, abstract_params = nnx.split(nnx.eval_shape(new_model), nnx.Param)
+  graphdef, abstract_params = nnx.split(abstract_model(c.model), nnx.Param)
   layers = layer_stack.LayerStack(abstract_params)
   abstract_state = jax.eval_shape(lambda p: new_state(tx, p, layers), abstract_params)
   return graphdef, layers, abstract_state, lambda: new_state(
@@ -376,7 +377,7 @@ def _open_data(c: RunConfig, workdir, ckpt, log):
     packing.check(c.model, c.data.seq_len, (data.train_tokens, data.val_tokens),
                   data.tokenizer.eot_id, log=log)
   if data.tokenizer.vocab_size > c.model.vocab_size:
-    need = -(-data.tokenizer.vocab_size // 64) * 64
+    need = padded_vocab_size(data.tokenizer.vocab_size)
     raise ValueError(f"tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} ids but "
                      f"model.vocab_size is {c.model.vocab_size}; set "
                      f"--config.model.vocab_size={need}")

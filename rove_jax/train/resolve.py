@@ -8,6 +8,7 @@ import dataclasses
 import sys
 from typing import Iterable, Optional
 
+from rove_jax.nn.model_config import padded_vocab_size
 from rove_jax.train import overrides
 from rove_jax.train.run_config import DataConfig, RunConfig
 
@@ -82,7 +83,7 @@ def _prepared(data: DataConfig, vocab_size: int, *, dry_run: bool, log) -> tuple
                      f"tokenized with {want['spec']!r}; leave data.tokenizer unset (the dataset "
                      f"supplies it) or prepare the corpus again with {given!r}")
   ids = int(want["vocab_size"])
-  need = -(-ids // 64) * 64
+  need = padded_vocab_size(ids)
   if vocab_size < ids:
     if given is not None:
       raise ValueError(f"model.vocab_size={vocab_size} is smaller than the {ids} ids of the "

@@ -1,14 +1,25 @@
-"""Reading a finished run's parameters for evaluation and export: the newest readable checkpoint
-of a training workdir, restored onto one device, read-only (nothing is moved or deleted)."""
+"""Reading a finished run for evaluation and export: the newest readable checkpoint of a
+training workdir, restored onto one device, read-only (nothing is moved or deleted).
+
+`load_for_inference(workdir)` is what rove-eval (evaluation.scoring.load_run) and rove-export
+(train.export) restore: the parameters, the model config and the metadata read back from the
+checkpoint, and the tokenizer the run was trained with, checked against its fingerprint.
+`read_run` is the layer below it, for any abstract parameter tree.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import Any, Callable, Optional
 
 import jax
 import orbax.checkpoint as ocp
 
+from rove_jax.data import tokenization
+from rove_jax.nn.model import abstract_params
+from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
+from rove_jax.train import resume
 from rove_jax.train.checkpoint import (
   CHECKPOINTS,
   PARAMS,
@@ -32,7 +43,7 @@ def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=pri
   Args:
     workdir: a training run's directory (checkpoints/ inside).
     abstract_params: meta -> the parameter tree to fill (leaves with .shape and .dtype, e.g.
-      `nnx.state(nnx.eval_shape(...), nnx.Param)` of the model built from meta["model"]).
+      `rove_jax.nn.model.abstract_params` of the model config in meta["model"]).
     report: where the fallback messages go.
 
   Returns:
@@ -95,3 +106,41 @@ def restore_params(workdir: str, abstract_params: Any, *, report=print):
   abstract parameter tree is already known."""
   step, params, _ = read_run(workdir, lambda meta: abstract_params, report=report)
   return step, params
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """A finished run restored for inference (`load_for_inference`)."""
+  workdir: str  # resolved: absolute, or gs://bucket/path
+  step: int
+  params: Any  # the GPT's nnx.State of parameters, on one device
+  model_config: GPTConfig  # read back from the checkpoint's metadata
+  tokenizer: tokenization.Tokenizer  # the one the run was trained with (fingerprint checked)
+  meta: dict  # the checkpoint's metadata: "model", "config" (the rest of the run config), ...
+
+  @property
+  def train_len(self) -> Optional[int]:
+    """The length the run was trained on (data.seq_len), None where the metadata has none."""
+    seq_len = self.meta.get("config", {}).get("data", {}).get("seq_len")
+    return None if seq_len is None else int(seq_len)
+
+
+def load_for_inference(workdir: str, *, report=print) -> Restored:
+  """The newest readable checkpoint of a training workdir with its model config and tokenizer:
+  `read_run` into the parameter tree of the model its metadata describes, then the tokenizer of
+  the metadata's spec, checked to map text to the ids the model was trained on.
+
+  Raises:
+    ValueError: the workdir or its checkpoints are missing or unreadable, (a LayoutError) they
+      were written by another parameter layout, or (resume.IncompatibleRun) the tokenizer found
+      is not the one the run was trained with.
+    paths.MissingExtra (an ImportError): a gs:// workdir without gcsfs.
+  """
+  workdir = paths.resolve(workdir, what="workdir")  # absolute, or gs://bucket/path
+  step, params, meta = read_run(
+      workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])), report=report)
+  tokenizer = tokenization.get_tokenizer(meta["tokenizer"]["spec"], workdir=workdir)
+  resume.check_tokenizer(meta, tokenizer, workdir=workdir)  # the ids the model was trained on
+  return Restored(workdir=workdir, step=int(step), params=params,
+                  model_config=GPTConfig.from_dict(meta["model"]), tokenizer=tokenizer,
+                  meta=meta)

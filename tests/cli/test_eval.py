@@ -1,5 +1,5 @@
-"""Evaluation's command-line options end to end (rove_jax.cli.eval.main, what
-`python -m eval` and `rove-eval` run) on the shared trained run: --yarn off / on / both / all
+"""Evaluation's command-line options end to end (rove_jax.cli.eval.main, what `rove-eval`
+runs) on the shared trained run: --yarn off / on / both / all
 (yarn_fixed at one factor), --stride and --data-path, the numbers checked against the float64
 reference of tests/evaluation/test_perplexity.py; a report written to gs:// (the session's GCS API
 server)
@@ -186,7 +186,7 @@ def test_ruler_scores_qa_1_with_and_without_yarn_and_reports_qa_2_skipped(traine
                         check_files=True)  # --ruler-lengths, not the suite's (4, 16) multiples
   suite = {**cli.SUITES["quick"], "ruler_tasks": ("qa_1", "qa_2"), "ruler_samples": 2}
   run = scoring.load_run(str(trained_run))
-  result = eval_tasks.evaluate_run(run, args, suite)
+  result = eval_tasks.evaluate_run(run, args.config, suite)
   got, length = result["ruler"], 8 * TRAIN_LEN
   assert list(got["settings"]) == ["none", "yarn"]
   assert got["protocol"]["samples"] == 2 and got["protocol"]["lengths"] == [length]

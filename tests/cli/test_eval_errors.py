@@ -172,7 +172,7 @@ def test_icl_task_files_are_read_and_validated_up_front(capsys, tmp_path, empty_
     (tmp_path / name).write_text(content if isinstance(content, str) else json.dumps(content))
   base = ["--workdir", empty_workdir, "--out", tmp_path / "eval", "--icl-tasks"]
   args = cli.parse_args([str(a) for a in base + [tmp_path / "ok.json"]], check_files=True)
-  assert [(s.name, s.num_fewshot) for s in args.icl_specs] == [("sums", 1)]
+  assert [(s.name, s.num_fewshot) for s in args.config.icl_specs] == [("sums", 1)]
   for name, says in [("missing.json", "does not exist"), ("empty.json", "lists no tasks"),
                      ("invalid.json", "invalid JSON"), ("no_file.json", "no file at"),
                      ("bad_line.json", "broken.jsonl, line 2: invalid JSON"),

@@ -1,4 +1,5 @@
-"""Evaluation: scoring, perplexity protocol, report schema, and python -m eval end to end."""
+"""Evaluation: scoring, perplexity protocol, report schema, and rove-eval end to end (its module
+run as a child process from the checkout, as the installed command runs it)."""
 
 import json
 import math
@@ -14,6 +15,7 @@ from flax import nnx
 
 from rove_jax.data import tokenization
 from rove_jax.evaluation import perplexity, report, report_files, report_md, scoring
+from rove_jax.nn import model as nn_model
 from rove_jax.nn.model import GPT
 from rove_jax.train import overrides
 from rove_jax.train.run_config import RunConfig
@@ -110,8 +112,7 @@ def test_exact_match_needs_every_answer_token_to_be_greedy(trained_run):
   one whose both tokens are the greedy continuation matches (not any(), first or last only)."""
   run = scoring.load_run(str(trained_run))
   scorer = scoring.Scorer(run, chunk_size=64)
-  model = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: GPT(run.model_config,
-                                                             rngs=nnx.Rngs(0)))), run.params)
+  model = nn_model.build(run.model_config, run.params)
 
   def greedy_next(seq):  # the argmax after seq and its margin over the runner-up
     logits = np.asarray(model(jnp.asarray(seq, jnp.int32)[None]))[0, -1]
@@ -249,21 +250,21 @@ def test_missing_workdir_or_checkpoint_is_a_clear_error(tmp_path):
   (tmp_path / "empty").mkdir()
   with pytest.raises(ValueError, match="no checkpoints"):
     scoring.load_run(str(tmp_path / "empty"))
-  r = subprocess.run([sys.executable, "-m", "eval", "--workdir", str(tmp_path / "nope")],
-                     cwd=ROOT, capture_output=True, text=True, timeout=120,
-                     env=ENV1)
+  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.eval", "--workdir",
+                      str(tmp_path / "nope")], cwd=ROOT, capture_output=True, text=True,
+                     timeout=120, env=ENV1)
   assert r.returncode == 2 and "does not exist" in r.stderr
 
 
 @pytest.mark.slow
-def test_python_m_eval_end_to_end_on_a_trained_checkpoint(tmp_path, trained_run):
+def test_rove_eval_end_to_end_on_a_trained_checkpoint(tmp_path, trained_run):
   c = small_config(tmp_path, **{"data.source": "stdlib", "data.path": None,
                                 "data.max_files": 120, "model.max_len": 64,
                                 "data.seq_len": 64, "steps": 6})
   shutil.copytree(trained_run, tmp_path / "run")  # this config, trained once per session
   run_train(overrides.apply(c, {"model.pos_encoding": "rope"}), tmp_path / "rope",
             log=lambda *a: None)
-  r = subprocess.run([sys.executable, "-m", "eval", "--workdir", str(tmp_path / "run"),
+  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.eval", "--workdir", str(tmp_path / "run"),
                       "--compare", str(tmp_path / "rope"),
                       "--suite", "quick", "--lengths", "64,128", "--no-progress"],
                      cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -482,11 +482,11 @@ def test_cli_icl_scores_inside_the_training_context_and_counts_cut_prompts(files
   """rove-eval's ICL: the by-length tasks at the training length T only; every pair (synthetic
   or task file) longer than T is cut from the left to T tokens, whatever the encoding, and the
   cut prompts are counted per task."""
-  import argparse
   import types
 
   from rove_jax.cli import eval as cli
   from rove_jax.evaluation import tasks as eval_tasks
+  from rove_jax.evaluation.config import EvalConfig
   tok, T, seen = ByteTok(), 64, []
 
   def score_fn(prompts, answers):
@@ -495,10 +495,10 @@ def test_cli_icl_scores_inside_the_training_context_and_counts_cut_prompts(files
 
   run = types.SimpleNamespace(train_len=T, tokenizer=tok)
   scorer = types.SimpleNamespace(score_fn=lambda: score_fn)
-  args = argparse.Namespace(no_progress=True, seed=0, icl_tasks="specs.json", icl_specs=[
+  config = EvalConfig(progress=False, seed=0, icl_tasks="specs.json", icl_specs=[
       icl.TaskSpec("mc", files["mc"], "multiple_choice", num_fewshot=3)])
   suite = {**cli.SUITES["full"], "icl_shots": (0, 8), "icl_samples": 2}
-  got = eval_tasks._icl(run, scorer, args, suite, lengths=None)
+  got = eval_tasks._icl(run, scorer, config, suite, lengths=None)
   assert got["protocol"]["context"] == T and got["protocol"]["lengths"] == [T]
   assert f"training context of {T} tokens" in got["protocol"]["rule"]
   synth = got["synthetic"]
@@ -513,7 +513,7 @@ def test_cli_icl_scores_inside_the_training_context_and_counts_cut_prompts(files
     too_long = sum(1 + len(tok.encode(p)) + len(tok.encode(a)) > T for p, a in pairs)
     assert (task["prompts"], task["truncated"]) == (4, too_long) and too_long > 0
   assert synth["truncated"] == sum(t["truncated"] for t in synth["tasks"].values())
-  spec = args.icl_specs[0]
+  spec = config.icl_specs[0]
   examples = icl.read_task_file(spec)
   too_long = sum(1 + len(tok.encode(p)) + len(tok.encode(c)) > T for i in range(len(examples))
                  for p, c in icl.build_prompts(spec, examples, i, seed=0))

@@ -5,6 +5,7 @@ supplies the training length it records; a directory without a tokenizer is one 
 
 import json
 import pathlib
+import re
 import shutil
 
 import jax.numpy as jnp
@@ -117,3 +118,25 @@ def test_the_report_of_a_model_directory_goes_beside_it(tmp_path, monkeypatch):
   assert eval_cli.default_out(str(model) + "/") == str(tmp_path / "hub" / "llama-tiny-eval")
   assert eval_cli.default_out("../hub/llama-tiny") == str(tmp_path / "hub" / "llama-tiny-eval")
   assert eval_cli.default_out(str(run)) == str(run / "eval")
+
+
+def test_a_default_report_inside_a_python_package_is_refused(tmp_path, capsys):
+  """The default report directory never lands in source code: a model directory or a workdir
+  inside a package (a directory holding __init__.py) needs --out, an argument error before
+  anything is created."""
+  pkg = tmp_path / "src" / "pkg"
+  model, run = pkg / "exports" / "tiny", pkg / "run"
+  model.mkdir(parents=True)
+  (run / "checkpoints").mkdir(parents=True)
+  (pkg / "__init__.py").write_text("")
+  (model / "config.json").write_text("{}")
+  for workdir in (model, run):
+    with pytest.raises(ValueError, match=re.escape(f"inside the Python package {pkg}; give --out")):
+      eval_cli.default_out(str(workdir))
+  with pytest.raises(SystemExit) as info:
+    eval_cli.main(["--workdir", str(run)])
+  assert info.value.code == 2 and "give --out DIR" in capsys.readouterr().err
+  assert not (run / "eval").exists()
+  args = eval_cli.parse_args(["--workdir", str(run), "--out", str(tmp_path / "report")],
+                             check_files=True)
+  assert args.out_dir == str(tmp_path / "report")

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from rove_jax.evaluation import perplexity, scoring
-from rove_jax.nn.model import GPT
+from rove_jax.nn import model as nn_model
 from rove_jax.scaling import RopeScaling
 
 TRAIN_LEN = 64  # the shared run's max_len = data.seq_len
@@ -26,7 +26,7 @@ TRAIN_LEN = 64  # the shared run's max_len = data.seq_len
 def reference_model(run):
   """The run's GPT as a jitted (inputs [B, L], rope_scaling) -> logits [B, L, V] (the default
   attention kernel, not the scorer's chunked one)."""
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: GPT(run.model_config, rngs=nnx.Rngs(0))))
+  graphdef = nn_model.graphdef(run.model_config)
 
   @functools.partial(jax.jit, static_argnames="yarn")
   def logits(params, inputs_BL, yarn=None):

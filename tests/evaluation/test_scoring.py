@@ -1,7 +1,6 @@
 """Evaluation takes the training length from one place (Run.train_len = data.seq_len): the
 lengths, the YaRN factors and the report's labels, also when model.max_len is larger."""
 
-import argparse
 import math
 
 import numpy as np
@@ -11,6 +10,7 @@ from flax import nnx
 from rove_jax.data import tokenization
 from rove_jax.evaluation import perplexity, report, report_md, scoring
 from rove_jax.evaluation import tasks as eval_tasks
+from rove_jax.evaluation.config import EvalConfig
 from rove_jax.nn.model import GPT
 from rove_jax.train.run_config import DataConfig, RunConfig
 from tests.conftest import gpt_config
@@ -42,10 +42,9 @@ def test_yarn_factor_is_the_length_over_the_trained_length(short_run):
 
 def test_eval_lengths_yarn_and_labels_all_use_the_trained_length(short_run):
   run = short_run
-  args = argparse.Namespace(no_progress=True, lengths=None, chunk=64, task_list=["ppl"],
-                            data_path=None, yarn="both", stride=None)
+  config = EvalConfig(progress=False, chunk=64, tasks=("ppl",), yarn="both")
   suite = {"multiples": (1, 2), "ppl_tokens": 512}
-  result = eval_tasks.evaluate_run(run, args, suite)
+  result = eval_tasks.evaluate_run(run, config, suite)
   ppl = result["perplexity"]
   assert set(ppl["none"]) == set(ppl["yarn"]) == {str(SEQ_LEN), str(2 * SEQ_LEN)}
   assert ppl["protocol"]["train_len"] == SEQ_LEN

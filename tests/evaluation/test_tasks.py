@@ -4,13 +4,12 @@ report schema and rendered as counts), and its refusal of a run trained on other
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 from flax import nnx
 
 from rove_jax.data.tokenization import ByteTokenizer
 from rove_jax.evaluation import recall, report, report_md, scoring, tasks
+from rove_jax.evaluation.config import EvalConfig
 from rove_jax.nn.model import GPT, GPTConfig
 from rove_jax.tasks import recall as gen
 from rove_jax.train.run_config import DataConfig, RunConfig
@@ -29,15 +28,15 @@ def _run(name, pos_encoding, source="recall"):
                      tokenizer=ByteTokenizer(), config=RunConfig(model=cfg, data=data, seed=4))
 
 
-def _args(**kw):
-  base = dict(task_list=["recall"], lengths=[32, 64], yarn="both", seed=2, chunk=16,
-              recall_lengths=None, recall_samples=6, no_progress=True)
-  return argparse.Namespace(**{**base, **kw})
+def _config(**kw):
+  base = dict(tasks=("recall",), lengths=(32, 64), yarn="both", seed=2, chunk=16,
+              recall_samples=6, progress=False)
+  return EvalConfig(**{**base, **kw})
 
 
 def test_recall_entry_is_the_runs_own_task_scored_on_shared_samples():
   run = _run("a", "rove")
-  entry = tasks.evaluate_run(run, _args(), tasks.SUITES["quick"])
+  entry = tasks.evaluate_run(run, _config(), tasks.SUITES["quick"])
   rec = entry["recall"]
   assert entry["perplexity"] is None and entry["ruler"] is None and entry["icl"] is None
   assert rec["protocol"] == {"task": SPEC.to_string(), "samples": 6, "seed": 2,
@@ -54,14 +53,23 @@ def test_recall_entry_is_the_runs_own_task_scored_on_shared_samples():
     assert f"| a | {r['setting']} |" in md and cell in md
 
 
-def test_recall_lengths_and_yarn_settings_follow_the_flags():
-  entry = tasks.evaluate_run(_run("b", "rope"), _args(recall_lengths=[32], yarn="off"),
+def test_recall_lengths_and_yarn_settings_follow_the_config():
+  entry = tasks.evaluate_run(_run("b", "rope"), _config(recall_lengths=(32,), yarn="off"),
                              tasks.SUITES["quick"])
   assert [(r["setting"], r["length"]) for r in entry["recall"]["records"]] == [("none", 32)]
-  nope = tasks.evaluate_run(_run("c", "nope"), _args(yarn="all"), tasks.SUITES["quick"])
+  nope = tasks.evaluate_run(_run("c", "nope"), _config(yarn="all"), tasks.SUITES["quick"])
   assert {r["setting"] for r in nope["recall"]["records"]} == {"none"}  # nothing to rescale
+
+
+def test_the_suite_is_the_configs_unless_given():
+  """No suite given: the sizes of config.suite; recall_samples unset: the suite's count."""
+  config = _config(recall_samples=None, suite="full", recall_lengths=(32,), yarn="off")
+  entry = tasks.evaluate_run(_run("e", "rove"), config)
+  assert entry["recall"]["protocol"]["samples"] == tasks.SUITES["full"]["recall_samples"]
+  assert entry["recall"] == tasks.evaluate_run(_run("e", "rove"), config,
+                                               tasks.SUITES["full"])["recall"]
 
 
 def test_a_run_trained_on_other_data_is_refused():
   with pytest.raises(ValueError, match=r"trained on the 'stdlib' source, not 'recall'"):
-    tasks.evaluate_run(_run("d", "rove", source="stdlib"), _args(), tasks.SUITES["quick"])
+    tasks.evaluate_run(_run("d", "rove", source="stdlib"), _config(), tasks.SUITES["quick"])

@@ -35,7 +35,7 @@ from safetensors.numpy import load_file, save_file
 from rove_jax import hf_rope
 from rove_jax.cli import export as export_cli
 from rove_jax.nn import hf_gpt2, param_files, pretrained
-from rove_jax.nn.model import generate
+from rove_jax.nn.model import abstract_params, generate
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train import checkpoint as ckpt_lib
 
@@ -71,7 +71,7 @@ def random_params(config, seed=0):
   """Every parameter drawn at random (biases and norm gains too), in the config's dtype."""
   rng = np.random.default_rng(seed)
   return jax.tree.map(lambda leaf: jnp.asarray(rng.normal(0.0, 0.3, leaf.shape), leaf.dtype),
-                      param_files.abstract_params(config))
+                      abstract_params(config))
 
 
 def learned(**overrides):

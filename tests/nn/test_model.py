@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from rove_jax import analysis, scaling
-from rove_jax.nn import decoding
+from rove_jax.nn import decoding, model_config
 from rove_jax.nn import model as M
 from rove_jax.nn.model import GPT, GPTConfig
 from rove_jax.train import loop as training
@@ -31,9 +31,7 @@ def make(cfg, seed=0):
 
 def transplant(src: GPT, cfg: GPTConfig) -> GPT:
   """The same parameters under another config (same parameter shapes)."""
-  dst = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
-  graphdef, _ = nnx.split(dst)
-  return nnx.merge(graphdef, nnx.state(src))
+  return M.build(cfg, nnx.state(src))
 
 
 def tokens(B, T, vocab=64, seed=1):
@@ -52,6 +50,30 @@ def test_preset_param_counts_without_allocating():
   assert M.param_count(GPTConfig.gpt2_124m(pos_encoding="learned")) == n124 + 1024 * 768
   tiny = M.param_count(GPTConfig.tiny())
   assert 5e6 < tiny < 15e6
+
+
+@pytest.mark.parametrize("pe", ["rove", "learned", "t5_bias"])
+def test_the_abstract_model_is_the_real_one_without_arrays(pe):
+  """abstract_model, abstract_params, graphdef and build: the real model's graph, parameter
+  names, shapes and dtypes, nothing allocated; the model built from its parameters computes the
+  same logits, bit for bit."""
+  cfg = small(pe, tie_embeddings=False, param_dtype="bfloat16")
+  real = make(cfg, seed=3)
+  want = nnx.state(real, nnx.Param)
+  got = M.abstract_params(cfg)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert isinstance(a, jax.ShapeDtypeStruct) and (a.shape, a.dtype) == (b.shape, b.dtype)
+  assert M.graphdef(cfg) == nnx.graphdef(real)
+  assert M.count_params(M.abstract_model(cfg)) == M.param_count(cfg) == M.count_params(real)
+  x = tokens(2, 16)
+  np.testing.assert_array_equal(M.build(cfg, want)(x), real(x))
+
+
+def test_the_vocabulary_is_padded_to_a_multiple_of_64():
+  assert model_config.VOCAB_MULTIPLE == 64
+  got = [model_config.padded_vocab_size(n) for n in (1, 64, 65, 257, 50257)]
+  assert got == [64, 64, 128, 320, 50304]
 
 
 def test_every_parameter_has_logical_axes():

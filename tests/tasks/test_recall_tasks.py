@@ -142,6 +142,6 @@ def test_the_demos_mechanism_trains_the_offset_task_and_scores_it():
                                   for t, (s, e) in zip(trains, [(0, "rove"), (0, "rope"),
                                                                 (1, "rove"), (1, "rope")]))
   [ev] = [line for line in recipe if "--tasks recall" in line]
-  args = eval_cli.parse_args(ev.split(" -m eval ")[1].split())
+  args = eval_cli.parse_args(ev.split("/rove-eval ")[1].split())
   assert args.task_list == ["recall"] and args.recall_lengths == [32, 128]
   assert len(args.compare) == 3 and args.recall_samples == 100

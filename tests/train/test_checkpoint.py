@@ -13,6 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from rove_jax.evaluation import scoring
+from rove_jax.nn.model import abstract_params
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import run_reader
@@ -20,7 +21,7 @@ from rove_jax.train.run_config import RunConfig
 
 
 def model_params(meta):
-  return scoring.abstract_params(GPTConfig.from_dict(meta["model"]))
+  return abstract_params(GPTConfig.from_dict(meta["model"]))
 
 
 def raw_entries(workdir, step) -> dict:
@@ -67,6 +68,25 @@ def test_read_run_restores_the_newest_checkpoint(trained_run):
   assert run.train_len == 64
   chex.assert_trees_all_close(run.params, params, rtol=0, atol=0)
   assert "model" not in meta["config"]  # the model config is stored once, under "model"
+
+
+def test_load_for_inference_restores_the_checkpoint_bit_for_bit(trained_run):
+  """What rove-eval and rove-export restore (run_reader.load_for_inference): the newest
+  checkpoint's parameters as orbax stored them, the model config and training length of its
+  metadata, and the tokenizer it was trained with; rove-eval's Run holds the same."""
+  restored = run_reader.load_for_inference(str(trained_run))
+  raw = raw_entries(trained_run, 6)
+  got = params_as_entries(restored.params)
+  assert restored.step == 6 and set(got) == {k for k in raw if k.startswith("params.")}
+  chex.assert_trees_all_close(got, {k: raw[k] for k in got}, rtol=0, atol=0)
+  _, _, meta = run_reader.read_run(str(trained_run), model_params)
+  assert restored.meta == meta and restored.workdir == str(trained_run)
+  assert restored.model_config == GPTConfig.from_dict(meta["model"]) and restored.train_len == 64
+  assert restored.tokenizer.fingerprint == meta["tokenizer"]["fingerprint"]
+  run = scoring.load_run(str(trained_run))
+  assert (run.step, run.model_config, run.train_len) == (6, restored.model_config, 64)
+  assert run.tokenizer.fingerprint == restored.tokenizer.fingerprint
+  chex.assert_trees_all_close(run.params, restored.params, rtol=0, atol=0)
 
 
 def test_load_run_reads_back_the_run_config_it_was_trained_with(trained_run):

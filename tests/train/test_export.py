@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 
+import chex
 import jax
 import numpy as np
 import pytest
 
 from rove_jax.data import tokenization
-from rove_jax.nn import param_files
+from rove_jax.evaluation import scoring
+from rove_jax.nn import param_files, pretrained
 from rove_jax.nn.model import generate
 from rove_jax.train import export, run_reader
 from rove_jax.train import loop as training
@@ -45,7 +47,6 @@ def test_a_bpe_export_carries_its_tokenizer_and_generates_text(bpe_run, tmp_path
   assert loaded.decode(ids) == PROMPT
   # Greedy text equals decoding the checkpoint's own generate by hand.
   _, params, _ = run_reader.read_run(str(workdir), lambda meta: result.params)
-  from rove_jax.nn import pretrained
   by_hand = generate(pretrained.build(result.model_config, params), ids[None], 12,
                      temperature=0.0, valid_vocab=result.tokenizer.vocab_size)
   want = result.tokenizer.decode(np.asarray(by_hand[0, len(ids):]))
@@ -59,6 +60,16 @@ def test_a_byte_export_needs_no_tokenizer_file(trained_run, tmp_path):
   assert isinstance(loaded.tokenizer, tokenization.ByteTokenizer)
   assert loaded.decode(loaded.encode("héllo")) == "héllo"
   assert isinstance(loaded.generate("def ", 5, temperature=0.8, top_k=40, seed=1), str)
+
+
+def test_the_export_holds_the_parameters_eval_restores(trained_run, tmp_path):
+  """rove-export and rove-eval restore a run through one function: the exported weights and
+  config are what scoring.load_run gives, bit for bit."""
+  export.export_run(str(trained_run), str(tmp_path / "out"), report=lambda *a: None)
+  config, params = pretrained.load(str(tmp_path / "out"))
+  run = scoring.load_run(str(trained_run))
+  assert config == run.model_config
+  chex.assert_trees_all_close(params, run.params, rtol=0, atol=0)
 
 
 def test_a_swapped_tokenizer_file_is_refused(bpe_run, tmp_path):

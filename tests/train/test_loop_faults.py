@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 import pytest
 from orbax.checkpoint._src.path import atomicity
 
-from rove_jax.evaluation import scoring
+from rove_jax.nn.model import abstract_params
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import lock as lock_lib
 from rove_jax.train import checkpoint as ckpt_lib
@@ -294,7 +294,7 @@ def test_reader_during_async_saves_leaves_every_checkpoint_intact(reference, tmp
     return await finalize(self)
 
   monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", finalize_after_a_read)
-  abstract = lambda meta: scoring.abstract_params(GPTConfig.from_dict(meta["model"]))
+  abstract = lambda meta: abstract_params(GPTConfig.from_dict(meta["model"]))
   reads, errors = [], []
 
   def reader():

@@ -84,7 +84,7 @@ def test_a_gs_run_stopped_killed_and_resumed_equals_the_local_run(reference, tmp
   assert not (tmp_path / "gs:").exists() and not (ROOT / "gs:").exists()
 
   # rove-eval and rove-export read the bucket (and write into it)
-  ev = subprocess.run([sys.executable, "-m", "eval", "--workdir", workdir, "--out",
+  ev = subprocess.run([sys.executable, "-m", "rove_jax.cli.eval", "--workdir", workdir, "--out",
                        f"{workdir}/eval", "--tasks", "ppl", "--suite", "quick", "--lengths",
                        "32", "--no-progress"], env=env, cwd=ROOT, capture_output=True,
                       text=True, timeout=300)

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from rove_jax.nn.model import GPT, GPTConfig
+from rove_jax.nn.model import GPTConfig, abstract_params
 from rove_jax.train import loop as training
 from rove_jax.train import sharding
 from tests.conftest import (
@@ -70,22 +70,18 @@ def test_five_steps_have_the_same_losses_on_every_mesh(tmp_path):
     chex.assert_trees_all_close(params[mesh], params[(1, 1, 1)], atol=1e-5, rtol=0)
 
 
-def _abstract_params(cfg):
-  return nnx.state(nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0))), nnx.Param)
-
-
 def test_parameter_specs_follow_the_rules():
   cfg = GPTConfig.tiny(n_layer=1, d_model=64, n_head=8, d_ff=128, pos_encoding="t5_bias",
                        tie_embeddings=False)
   mesh = sharding.make_mesh(1, 4, 2)
-  paths = sharding.param_path_specs(_abstract_params(cfg), mesh)
+  paths = sharding.param_path_specs(abstract_params(cfg), mesh)
   specs = {k: spec for k, (_, spec) in paths.items()}
   get = lambda suffix: next(v for k, v in specs.items() if k.endswith(suffix))
   assert get("['attn']['wo'].value") == P("tensor", None, "fsdp")  # heads over tensor
   assert get("['attn']['wqkv'].value") == P("fsdp", None, "tensor", None)  # [E, 3, H, D]
   gqa = GPTConfig.tiny(n_layer=1, d_model=64, n_head=8, n_kv_head=2, d_ff=128)
   gqa_specs = {k: spec for k, (_, spec) in
-               sharding.param_path_specs(_abstract_params(gqa), mesh).items()}
+               sharding.param_path_specs(abstract_params(gqa), mesh).items()}
   assert next(v for k, v in gqa_specs.items() if k.endswith("['attn']['wq'].value")) == P(
       "fsdp", "tensor", None)
   assert next(v for k, v in gqa_specs.items() if k.endswith("['attn']['wkv'].value")) == P(
@@ -100,7 +96,7 @@ def test_parameter_specs_follow_the_rules():
   # parameters without one (per-head and MLP biases, the T5 table: tensor axes of size 1)
   # replicated.
   mesh = sharding.make_mesh(1, 8, 1)
-  params = _abstract_params(cfg)
+  params = abstract_params(cfg)
   flat = sharding.param_path_specs(params, mesh)
   axes = {jax.tree_util.keystr(p) + ".value": v.get_metadata()["logical_axes"]
           for p, v in jax.tree_util.tree_flatten_with_path(

@@ -1,1 +1,0 @@
-"""`python -m eval` from a checkout; the evaluation library is rove_jax.evaluation."""
