@@ -236,6 +236,11 @@ def run(argv=None):
     sys.exit(2)
   _OVERRIDES[:] = given
   argv = [a for a in argv if not a.startswith("--config.")]
+  if config_path(argv) is None and not any(a.startswith("--help") for a in argv[1:]):
+    print(f"error: --config is required: a config file (e.g. configs/tiny.py) or a packaged "
+          f"config's name, one of {packaged_configs()}; e.g. rove-train --config smoke "
+          f"--workdir runs/smoke", file=sys.stderr)
+    sys.exit(2)
   # absl prints the __main__ module's docstring as --help's usage; under the rove-train
   # console script that module is pip's generated wrapper, which has none.
   main_module = sys.modules.get("__main__")

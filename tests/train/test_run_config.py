@@ -380,3 +380,10 @@ def test_rove_train_with_an_unknown_config_name_exits_2(tmp_path):
                      capture_output=True, text=True, timeout=120, env=subprocess_env(devices=1))
   assert r.returncode == 2 and "error: unexpected arguments ['steps=5']" in r.stderr, r.stderr
   assert not (tmp_path / "w").exists()
+  # No --config at all: the packaged names and an example, not absl's "must have a value".
+  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.train", "--workdir",
+                      str(tmp_path / "w")], cwd=tmp_path, capture_output=True, text=True,
+                     timeout=120, env=subprocess_env(devices=1))
+  assert r.returncode == 2 and r.stderr.startswith("error: --config is required: a config "
+                                                   "file"), r.stderr
+  assert "'smoke'" in r.stderr and "rove-train --config smoke" in r.stderr, r.stderr
