@@ -84,9 +84,9 @@ def _elsewhere(part: str):
 
 @pytest.mark.parametrize("part", ["namespace", "boot", "absent"])
 def test_a_holder_whose_pid_is_not_ours_to_judge_keeps_its_lease(tmp_path, part):
-  """The reproducer of issue 46: the holder runs in another container of this host name, where
-  its pid means another process; that pid is dead here. The lock must hold until the lease
-  runs out, then go to exactly the starter that finds it stale."""
+  """A lock held from another container of this host name, where the holder's pid means
+  another process; that pid is dead here. The lock must hold until the lease runs out, then
+  go to exactly the starter that finds it stale."""
   pid = _dead_pid()
   fields = {"pid_namespace": _elsewhere(part)} if part != "absent" else {}
   _holder(str(tmp_path), pid, **fields)
