@@ -40,11 +40,10 @@ def load_config(argv: list[str]):
   argv = train_cli._rewrite_config_flag(["bench.aot"] + argv)
   given = overrides.split(argv[1:])
   rest = [a for a in argv[1:] if not a.startswith("--config.")]
-  try:
-    spec = train_cli._config_arg(argv)
-  except ValueError:
+  spec = train_cli.config_arg(argv)
+  if spec is None:
     raise ValueError("--config is required: a config file (configs/gpt2_124m.py) or a packaged "
-                     "config's name") from None
+                     "config's name")
   extra = [a for a in rest if a not in ("--config", spec, f"--config={spec}")]
   if extra:
     raise ValueError(f"unexpected arguments {extra}; every setting is a flag")

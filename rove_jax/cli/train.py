@@ -15,6 +15,7 @@ processes (hosts): add --coordinator_address HOST:PORT --num_processes N --proce
 each, or nothing on TPU pods and SLURM, where jax.distributed.initialize() detects the cluster.
 """
 
+import functools
 import os
 import shlex
 import sys
@@ -94,7 +95,9 @@ def _quiet_background_failures() -> None:
   sys.unraisablehook = lambda u: None if closed(u.exc_value) else unraisablehook(u)
 
 
-def main(argv):
+def main(argv, given=()):
+  """The run, after absl parsed its flags; `given`: the --config.KEY=VALUE overrides, taken
+  out of argv before absl (overrides.split)."""
   if len(argv) > 1:
     print(f"error: unexpected arguments {argv[1:]}: every setting is a flag, e.g. "
           f"--config.steps=100", file=sys.stderr)
@@ -111,7 +114,7 @@ def main(argv):
   try:
     # The run config, built and checked once, here. That touches no device, so
     # jax.distributed can still start after it, before the first device is used.
-    c = load(_CONFIG.value, _OVERRIDES)
+    c = load(_CONFIG.value, list(given))
     run_config.check_environment(c)
     if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with its plugin
       platforms.skip_absent_accelerators()
@@ -141,9 +144,6 @@ def main(argv):
   return 0
 
 
-_OVERRIDES: list = []  # this command's --config.KEY=VALUE, taken out of argv before absl
-
-
 def load(spec: str, given: list) -> "run_config.RunConfig":
   """The run's config: the file's RunConfig, the overrides applied, what the inputs decide
   filled in (rove_jax.train.resolve). Raises ValueError, one line, before any work."""
@@ -170,17 +170,20 @@ def _parse_flags(argv: list[str]) -> list[str]:
     sys.exit(2)
 
 
-def config_path(argv: list[str]) -> Optional[str]:
-  """The absolute path of the config file --config names in argv (its :ARGS dropped)."""
+def config_arg(argv: list[str]) -> Optional[str]:
+  """The value --config has in argv (PATH or PATH:ARGS), or None."""
   for i, arg in enumerate(argv):
     if arg.startswith("--config="):
-      value = arg.split("=", 1)[1]
-    elif arg == "--config" and i + 1 < len(argv):
-      value = argv[i + 1]
-    else:
-      continue
-    return os.path.abspath(value.split(":", 1)[0])
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
   return None
+
+
+def config_path(argv: list[str]) -> Optional[str]:
+  """The absolute path of the config file --config names in argv (its :ARGS dropped)."""
+  value = config_arg(argv)
+  return None if value is None else os.path.abspath(value.split(":", 1)[0])
 
 
 def help_config(argv: list[str]) -> int:
@@ -194,7 +197,7 @@ def help_config(argv: list[str]) -> int:
     return 0
   given = overrides.split(argv[1:])
   try:
-    c = load(_config_arg(argv), given)
+    c = load(config_arg(argv), given)
   except ValueError as e:
     return fail(str(e), 2)
   packaged = os.path.dirname(path) == os.path.abspath(CONFIG_DIR)
@@ -205,16 +208,6 @@ def help_config(argv: list[str]) -> int:
         + "; set one with --config.FIELD=VALUE:")
   print("\n".join("  " + line for line in run_config.describe(c)))
   return 0
-
-
-def _config_arg(argv: list[str]) -> str:
-  """The value of --config in argv (a path, after _rewrite_config_flag)."""
-  for i, arg in enumerate(argv):
-    if arg.startswith("--config="):
-      return arg.split("=", 1)[1]
-    if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  raise ValueError("no --config given")
 
 
 def run(argv=None):
@@ -234,7 +227,6 @@ def run(argv=None):
   if problems:
     print("error: " + "\nerror: ".join(problems), file=sys.stderr)
     sys.exit(2)
-  _OVERRIDES[:] = given
   argv = [a for a in argv if not a.startswith("--config.")]
   if config_path(argv) is None and not any(a.startswith("--help") for a in argv[1:]):
     print(f"error: --config is required: a config file (e.g. configs/tiny.py) or a packaged "
@@ -246,7 +238,7 @@ def run(argv=None):
   main_module = sys.modules.get("__main__")
   if main_module is not None and not getattr(main_module, "__doc__", None):
     main_module.__doc__ = __doc__
-  app.run(main, argv=argv, flags_parser=_parse_flags)
+  app.run(functools.partial(main, given=given), argv=argv, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

@@ -153,13 +153,18 @@ def apply(c: RunConfig, overrides) -> RunConfig:
   try:
     return RunConfig.from_dict(tree)
   except ValueError as e:
-    given = " ".join(f"--config.{k}={v}" for k, v in overrides)
-    raise ValueError(f"{e} (with {given})" if overrides else str(e)) from None
+    shown = [_shown(k, v) for k, v in overrides if _section_of(k) is None]
+    raise ValueError(f"{e} (with {' '.join(shown)})" if shown else str(e)) from None
 
 
 def model_given(overrides: Iterable[tuple[str, Any]]) -> set[str]:
   """The model fields the overrides set (init_from compares only those with its checkpoint)."""
   return {key.split(".")[1] for key, _ in overrides if key.startswith("model.")}
+
+
+def _section_of(key: str) -> Optional[type]:
+  """The section class a top-level key names (model, data, ...), or None for a field."""
+  return {"model": GPTConfig, **SECTIONS}.get(key)
 
 
 def problem(key: str, value: Any = MISSING) -> Optional[str]:

@@ -18,18 +18,21 @@ def command_line(c: RunConfig, given: list, *, log=None) -> RunConfig:
   overrides.split) applied, resolved. With init_from (the file's or an override's), the
   --config.model.* overrides apply to the checkpoint's model, not to the file's: a config
   file's model section is for a model trained from scratch, and the checkpoint decides its
-  shapes (rove_jax.train.init_from, which refuses an override it does not allow).
+  shapes (rove_jax.train.init_from, which refuses an override it does not allow). The
+  overrides are applied at once, so fields that must agree (data.seq_len and model.max_len)
+  may both change.
   """
-  model = [(k, v) for k, v in given if k.split(".")[0] == "model"]
-  c = overrides.apply(c, [(k, v) for k, v in given if k.split(".")[0] != "model"])
-  if c.init_from is not None:
+  path = c.init_from
+  for key, value in given:
+    if key == "init_from" and value is not overrides.MISSING:
+      path = overrides.parse(value, str, optional=True) if isinstance(value, str) else value
+  if path is not None:
     from rove_jax.train import init_from  # safetensors: runs that start from a checkpoint
-    model = [("model", init_from.checkpoint_model(c.init_from))] + model
-  return resolve(overrides.apply(c, model), model_given=overrides.model_given(given), log=log)
+    given = [("model", init_from.checkpoint_model(path))] + list(given)
+  return resolve(overrides.apply(c, given), model_given=overrides.model_given(given), log=log)
 
 
-def resolve(c: RunConfig, *, read_data: bool = True, log=None,
-            model_given: Optional[Iterable[str]] = None) -> RunConfig:
+def resolve(c: RunConfig, *, log=None, model_given: Optional[Iterable[str]] = None) -> RunConfig:
   """`c` with what its inputs decide filled in, checked before any work.
 
   A prepared dataset (data.source=prepared) supplies its tokenizer when data.tokenizer is unset
@@ -38,7 +41,7 @@ def resolve(c: RunConfig, *, read_data: bool = True, log=None,
   given (rove_jax.train.init_from); `model_given`
   names the model fields the user set (rove-train passes its --config.model.* overrides; None:
   every model field, compared with the checkpoint's). Resolving a resolved config returns an
-  equal one. read_data=False returns `c` as is (a command line checked away from its data).
+  equal one.
 
   Raises:
     ValueError: one line naming the field or the file, before any work.
@@ -47,8 +50,6 @@ def resolve(c: RunConfig, *, read_data: bool = True, log=None,
     raise TypeError(f"a run config is a rove_jax.train.RunConfig, got {type(c).__name__}: "
                     f"build one in Python or load a config file with "
                     f"rove_jax.train.overrides.load_file")
-  if not read_data:
-    return c
   model, data = c.model, c.data
   if c.init_from is not None:
     from rove_jax.train import init_from  # safetensors: runs that start from a checkpoint

@@ -56,7 +56,7 @@ def test_dry_run_lists_the_sweep_before_the_comparison(capsys, tmp_path):
   argv = train_cli._rewrite_config_flag(["rove-train", *sweep[-1][2:]])
   given = overrides.split(argv[1:])
   assert not [p for p in (overrides.problem(k, v) for k, v in given) if p]
-  c = overrides.apply(overrides.load_file(train_cli._config_arg(argv)), given)
+  c = overrides.apply(overrides.load_file(train_cli.config_arg(argv)), given)
   assert (c.optim.lr, c.steps, c.seed) == (0.0024, 5000, 102)
 
 

@@ -228,6 +228,12 @@ def test_fields_follow_what_they_derive_from_unless_set():
   assert (kept.model.d_ff, kept.data.seq_len, kept.model.max_len) == (100, 256, 512)
   gqa = overrides.apply(overrides.apply(c, {"model.n_kv_head": 2}), {"model.n_head": 12})
   assert gqa.model.n_kv_head == 2  # set by the config: no longer follows
+  # a context that does not follow (256 over 128 tokens) raised with the training length in
+  # one command line: the overrides apply together, not section by section
+  short = RunConfig(data=run_config.DataConfig(seq_len=128))
+  both = resolve.command_line(short, overrides.split(["--config.data.seq_len=512",
+                                                      "--config.model.max_len=512"]))
+  assert (both.data.seq_len, both.model.max_len) == (512, 512)
 
 
 def test_config_files_must_return_a_run_config(tmp_path):
