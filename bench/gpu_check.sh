@@ -14,9 +14,10 @@
 # 4. python -m bench --suite gpu: 124M and 354M train steps RoVE/RoPE/NoPE with MFU (its JSON is
 #    written after each model), peak memory, long-context forwards, decoding, compile times;
 # 5. the trainer's XLA options for GPUs against XLA's defaults (RoPE step, same call);
-# 6. the fused Hopper kernel (Mosaic GPU): numerics compiled, timings against cuDNN;
-# 7. the fused GPU kernel against cuDNN (python -m bench.fused_gpu);
-# 8. a 16k-token evaluation forward of the 124M RoVE model through cuDNN.
+# 6. the fused output projection and loss (optim.loss_impl=fused) against the default, 124M;
+# 7. the fused Hopper kernel (Mosaic GPU): numerics compiled, timings against cuDNN;
+# 8. the fused GPU kernel against cuDNN (python -m bench.fused_gpu);
+# 9. a 16k-token evaluation forward of the 124M RoVE model through cuDNN.
 # Everything is teed to $OUT/gpu_check.log, each section's output also to $OUT/<section>.log;
 # $OUT/sections.tsv lists every section with its exit status and seconds.
 #
@@ -88,6 +89,11 @@ section xla-options 60 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
   --rounds 1 --steps 10 \
   --xla-flags xla_defaults='--xla_gpu_enable_triton_gemm=true --xla_gpu_enable_latency_hiding_scheduler=false' \
   --out "$OUT/xla_options_124m.json"
+
+# The fused output projection and loss (optim.loss_impl=fused, rove_jax/kernels/linear_ce.py)
+# against the default: the 124M step's tokens/s, RoPE and RoVE.
+section fused-loss 120 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch \
+  --encodings rope,rope+fused,rove+fused --rounds 1 --steps 10 --out "$OUT/fused_loss_124m.json"
 
 # The fused Hopper kernel (Pallas Mosaic GPU, issue 48): its numerics compiled on this GPU
 # (FUSED_HOPPER_COMPILED=1 turns interpret mode off), then against cuDNN at 124M shapes (B=8/16,

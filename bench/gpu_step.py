@@ -2,7 +2,7 @@
 
   python -m bench.gpu_step [--preset gpt2_124m] [--batch 16] [--seq 1024] [--gpu h200]
       [--encodings rove,rope,nope] [--no-gpu-options] [--json OUT] [--markdown] [--dump-hlo DIR]
-      [--breakdown N]
+      [--breakdown N] [--loss-impl xla|fused]
 
 Compiles the trainer's own step (rove_jax.train.loop.make_train_step: loss, gradients, global-
 norm clipping, AdamW, the finiteness check; bfloat16 compute, float32 master weights, attention
@@ -14,6 +14,8 @@ operand precision with their TFLOP, and the compiler's peak temporary memory; th
 --breakdown N adds, per encoding, the N largest groups of kernels by phase (forward, backward,
 other: the optimizer and XLA's copies), kind and jax operation (gpu_census.Census.groups).
 The XLA options are the trainer's for GPUs (rove_jax.train.gpu_options) unless --no-gpu-options.
+--loss-impl fused compiles the step with the output projection and the loss in one Pallas kernel
+(optim.loss_impl=fused, rove_jax/kernels/linear_ce.py), which never writes the logits.
 
 These are the compiler's figures, not timings: python -m bench --suite gpu (bench/gpu_check.sh)
 times the same step on a GPU.
@@ -35,22 +37,23 @@ GB = 1e9
 GiB = 2**30
 
 
-def step_config(preset: str, batch: int, seq: int, encoding: str):
+def step_config(preset: str, batch: int, seq: int, encoding: str, loss_impl: str = "xla"):
   """The paper's run config for a preset at one GPU's batch: bf16, no accumulation."""
   from rove_jax.train import overrides, run_config
   return overrides.apply(run_config.paper_config(preset, lr=6e-4), {
       "model.pos_encoding": encoding, "data.batch_size": batch, "data.seq_len": seq,
-      "optim.grad_accum": 1})
+      "optim.grad_accum": 1, "optim.loss_impl": loss_impl})
 
 
 def measure(preset: str, batch: int, seq: int, encoding: str, gpu: str, *,
-            gpu_options: bool = True, hlo_dir=None, log=lambda line: None) -> dict:
+            gpu_options: bool = True, hlo_dir=None, log=lambda line: None,
+            loss_impl: str = "xla") -> dict:
   """Compiles one encoding's step for `gpu` and returns its census as a dict."""
   from rove_jax.aot import compile as aot
   from rove_jax.aot import gpu_census
-  c = step_config(preset, batch, seq, encoding)
+  c = step_config(preset, batch, seq, encoding, loss_impl)
   with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(hlo_dir or tmp, f"{preset}_{encoding}_{gpu}.hlo")
+    path = os.path.join(hlo_dir or tmp, f"{preset}_{encoding}_{gpu}_{loss_impl}.hlo")
     saved = os.environ.get("ROVE_JAX_GPU_OPTIONS")
     if not gpu_options:
       os.environ["ROVE_JAX_GPU_OPTIONS"] = "off"
@@ -65,7 +68,8 @@ def measure(preset: str, batch: int, seq: int, encoding: str, gpu: str, *,
       census = gpu_census.read(f.read(), vocab_size=report.get("vocab_size") or _vocab(c))
   mem = report["memory"]
   return {"encoding": encoding, "preset": preset, "batch": batch, "seq": seq, "gpu": gpu,
-          "gpu_options": gpu_options, "kernels": census.kernels, "bytes": census.bytes,
+          "gpu_options": gpu_options, "loss_impl": loss_impl, "kernels": census.kernels,
+          "bytes": census.bytes,
           "vocab_f32_bytes": census.vocab_f32_bytes, "gemms": census.gemms_by_precision(),
           "temp_bytes": mem["temp"], "total_bytes": mem["total"],
           "compile_s": report["compile_s"], "groups": census.groups()}
@@ -115,6 +119,8 @@ def main(argv=None) -> int:
   p.add_argument("--dump-hlo", metavar="DIR", help="keep each compiled HLO text here")
   p.add_argument("--breakdown", type=int, default=0, metavar="N",
                  help="print each encoding's N largest groups of kernels")
+  p.add_argument("--loss-impl", default="xla", choices=["xla", "fused"],
+                 help="the step's output projection and loss (optim.loss_impl)")
   args = p.parse_args(argv)
   t0 = time.perf_counter()
   log = lambda line: print(f"[{time.perf_counter() - t0:7.1f} s] {line}", file=sys.stderr,
@@ -125,7 +131,8 @@ def main(argv=None) -> int:
   try:
     for enc in [e.strip() for e in args.encodings.split(",") if e.strip()]:
       rows.append(measure(args.preset, args.batch, args.seq, enc, args.gpu,
-                          gpu_options=not args.no_gpu_options, hlo_dir=args.dump_hlo, log=log))
+                          gpu_options=not args.no_gpu_options, hlo_dir=args.dump_hlo, log=log,
+                          loss_impl=args.loss_impl))
       log(f"{enc}: {rows[-1]['kernels']} kernels, {rows[-1]['bytes'] / GB:.2f} GB")
   except (ImportError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
@@ -133,7 +140,7 @@ def main(argv=None) -> int:
   if not args.markdown:
     options = "none" if args.no_gpu_options else "the trainer's (rove_jax/train/gpu_options.py)"
     print(f"{args.preset}, batch {args.batch} x {args.seq}, bf16, one {args.gpu.upper()}, "
-          f"XLA options: {options}")
+          f"XLA options: {options}, loss: {args.loss_impl}")
   print(table(rows))
   for r in rows if args.breakdown else ():
     print("\n" + breakdown(r, args.breakdown))

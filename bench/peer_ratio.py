@@ -72,7 +72,9 @@ def peak_side(n: int = 8192, repeats: int = 10) -> dict:
 
 
 def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") -> dict:
-  """Times rove_jax's train step on random tokens; run in a subprocess (`--side`)."""
+  """Times rove_jax's train step on random tokens; run in a subprocess (`--side`). An encoding
+  ending in "+fused" (rope+fused) takes the fused output projection and loss
+  (optim.loss_impl=fused)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -83,12 +85,16 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
   from rove_jax.train.run_config import OptimConfig
 
   sh = SHAPES[shape]
+  encoding, plus, loss = encoding.partition("+")
+  if plus and loss != "fused":
+    raise ValueError(f"--encodings: {encoding}+{loss}: the only suffix is +fused (the loss)")
   cfg = model_config(shape, encoding)
   tx = loop.make_optimizer(OptimConfig(lr=1e-3, warmup_steps=0), 1000)
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
   state = loop.TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
   step = loop.make_train_step(graphdef, tx, 1,
-                              compiler_options=gpu_options.compiler_options(jax.devices()))
+                              compiler_options=gpu_options.compiler_options(jax.devices()),
+                              loss_impl="fused" if plus else "xla")
   tokens = np.random.default_rng(0).integers(0, sh["vocab"], (sh["batch"], sh["seq"] + 1))
   batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
            "targets": jnp.asarray(tokens[:, 1:], jnp.int32)}
@@ -101,7 +107,7 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
     state, m = step(state, batch)
     float(m["loss"])  # the loop syncs on the metrics every step, as here
     speeds.append(sh["batch"] * sh["seq"] / (time.perf_counter() - t))
-  return {"side": f"jax-{encoding}", "devices": str(jax.devices()[0].device_kind),
+  return {"side": f"jax-{encoding}{plus}{loss}", "devices": str(jax.devices()[0].device_kind),
           "tokens_per_s": speeds}
 
 

@@ -231,7 +231,7 @@ def _train_program(c, model_cfg, mesh):
                                   training.lr_schedule(c.optim, c.steps), layers=layers,
                                   state_shardings=state_sh, batch_sharding=batch_sh,
                                   compiler_options=gpu_options.compiler_options(
-                                      mesh.devices.flat))
+                                      mesh.devices.flat), loss_impl=c.optim.loss_impl)
   B, T = c.data.batch_size, c.data.seq_len
   keys = ("inputs", "targets") + (("positions", "segment_ids") if c.data.packing else ())
   batch = {k: jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=batch_sh) for k in keys}

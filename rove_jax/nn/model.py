@@ -310,10 +310,17 @@ class GPT(nnx.Module):
       x = x + baselines.sinusoidal_embedding(positions_BT, cfg.d_model).astype(dt)
     return x
 
+  def head_VE(self, dtype):
+    """The output projection's weight, one row per class, [V, E] in `dtype`: the tied
+    embedding, or the untied head transposed."""
+    w = self.embed[...] if self.lm_head is None else self.lm_head[...].T
+    return w.astype(dtype)
+
   # ---------------------------------------------------------------------------- call
   def __call__(self, tokens_BT, positions=None, segment_ids=None, *, cache: KVCache | None = None,
                rope_scaling: Optional[scaling.RopeScaling] = None,
-               positions_ordered: Optional[bool] = None, logits_dtype: Any = jnp.float32):
+               positions_ordered: Optional[bool] = None, logits_dtype: Any = jnp.float32,
+               head: bool = True):
     """Logits [B, T, V] in float32, or (logits, cache) when a cache is given.
 
     Args:
@@ -334,6 +341,8 @@ class GPT(nnx.Module):
         either way); None: the model's compute dtype, which training uses (under bfloat16 the
         [B, T, V] logits are then half the bytes; rove_jax.train.loss.cross_entropy takes them
         to float32 inside its reductions).
+      head: False: return the final norm's output [B, T, E] in the compute dtype instead of
+        logits (no cache), for a loss that projects it itself (`head_VE`).
     """
     cfg, tokens_BT = self.config, jnp.asarray(tokens_BT)
     if positions_ordered is None:
@@ -353,12 +362,15 @@ class GPT(nnx.Module):
     x = self.embed_tokens(tokens_BT, positions)
     return self.forward_embeddings(x, positions, segment_ids, cache=cache,
                                    rope_scaling=rope_scaling, positions_ordered=positions_ordered,
-                                   logits_dtype=logits_dtype)
+                                   logits_dtype=logits_dtype, head=head)
 
   def forward_embeddings(self, x_BTE, positions_BT, segment_ids=None, *, cache=None,
                          rope_scaling: Optional[scaling.RopeScaling] = None,
-                         positions_ordered: bool = False, logits_dtype: Any = jnp.float32):
-    """The transformer from input embeddings (after `embed_tokens`) to logits."""
+                         positions_ordered: bool = False, logits_dtype: Any = jnp.float32,
+                         head: bool = True):
+    """The transformer from input embeddings (after `embed_tokens`) to logits; with head=False
+    (no cache) to the final norm's output [B, T, E] instead, which the fused training loss
+    (rove_jax.kernels.linear_ce) projects itself with `head_VE`."""
     cfg = self.config
     B, T, _ = x_BTE.shape
     if cache is None:
@@ -390,8 +402,9 @@ class GPT(nnx.Module):
       x, kv = call(block, x, ctx, None if cache is None else (cache.k[i], cache.v[i]))
       new_kv.append(kv)
     x = self.final_norm(x)
-    head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-    logits = jnp.einsum("bte,ev->btv", x, head.astype(x.dtype),
+    if not head and cache is None:
+      return x
+    logits = jnp.einsum("bte,ve->btv", x, self.head_VE(x.dtype),
                         preferred_element_type=x.dtype if logits_dtype is None else logits_dtype)
     if cache is None:
       return logits

@@ -47,7 +47,7 @@ from rove_jax.train import (
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train.health import NonFiniteError  # noqa: F401 - what train() raises
-from rove_jax.train.loss import cross_entropy
+from rove_jax.train.loss import cross_entropy, fused_cross_entropy
 from rove_jax.train.metrics import MetricsLog
 from rove_jax.train.result import TrainResult
 from rove_jax.train.run_config import OptimConfig, RunConfig
@@ -92,12 +92,18 @@ def make_optimizer(o: OptimConfig, steps: int) -> optax.GradientTransformation:
   return optax.chain(*parts)
 
 
-def _batch_loss(graphdef, params, batch):
+def _batch_loss(graphdef, params, batch, loss_impl: str = "xla"):
+  """The mean token loss of a batch: from the logits in the compute dtype ("xla"), or with the
+  output projection inside the loss kernel ("fused", rove_jax.kernels.linear_ce)."""
   model = nnx.merge(graphdef, params)
   # The pipeline's positions restart at each packed document and grow inside it.
-  logits = model(batch["inputs"], positions=batch.get("positions"),
-                 segment_ids=batch.get("segment_ids"), positions_ordered=True, logits_dtype=None)
-  return cross_entropy(logits, batch["targets"], batch.get("loss_mask"))[0]
+  out = model(batch["inputs"], positions=batch.get("positions"),
+              segment_ids=batch.get("segment_ids"), positions_ordered=True, logits_dtype=None,
+              head=loss_impl != "fused")
+  if loss_impl == "fused":
+    return fused_cross_entropy(out, model.head_VE(out.dtype), batch["targets"],
+                               batch.get("loss_mask"))[0]
+  return cross_entropy(out, batch["targets"], batch.get("loss_mask"))[0]
 
 
 def new_state(tx: optax.GradientTransformation, params, layers=None) -> TrainState:
@@ -110,9 +116,10 @@ def new_state(tx: optax.GradientTransformation, params, layers=None) -> TrainSta
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
                     schedule=None, *, layers=None, state_shardings=None, batch_sharding=None,
-                    compiler_options=None):
+                    compiler_options=None, loss_impl: str = "xla"):
   """A jitted (state, batch) -> (state, metrics) with the state donated, compiled with
-  `compiler_options` (rove_jax.train.gpu_options on GPUs). With `layers` (a
+  `compiler_options` (rove_jax.train.gpu_options on GPUs), its loss by `loss_impl`
+  (OptimConfig.loss_impl: `_batch_loss`). With `layers` (a
   layer_stack.LayerStack) the state's parameters are stacked (`new_state(tx, params, layers)`):
   the model gets them unstacked and the optimizer sees their gradients stacked.
 
@@ -122,7 +129,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
   """
   def step(state: TrainState, batch):
     params = state.params if layers is None else layers.unstack(state.params)
-    loss_fn = functools.partial(_batch_loss, graphdef)
+    loss_fn = functools.partial(_batch_loss, graphdef, loss_impl=loss_impl)
 
     def micro(carry, mb):
       loss, grads = jax.value_and_grad(loss_fn)(params, mb)
@@ -179,11 +186,12 @@ def _micro_batches(M: int, batch_sharding, x):
   return jax.lax.with_sharding_constraint(split, NamedSharding(batch_sharding.mesh, spec))
 
 
-def make_eval_step(graphdef, compiler_options=None, layers=None):
+def make_eval_step(graphdef, compiler_options=None, layers=None, loss_impl: str = "xla"):
   """A jitted (params, batch) -> mean loss; params stacked by `layers` when given."""
   @functools.partial(jax.jit, compiler_options=compiler_options or None)
   def eval_step(params, batch):
-    return _batch_loss(graphdef, params if layers is None else layers.unstack(params), batch)
+    return _batch_loss(graphdef, params if layers is None else layers.unstack(params), batch,
+                       loss_impl)
   return eval_step
 
 
@@ -304,12 +312,12 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
   train_step = make_train_step(graphdef, tx, c.optim.grad_accum, lr_schedule(c.optim, c.steps),
                                layers=layers, state_shardings=state_sh,
                                batch_sharding=sharding_lib.batch_sharding(mesh),
-                               compiler_options=options)
+                               compiler_options=options, loss_impl=c.optim.loss_impl)
   return step_loop.Run(c=c, workdir=workdir, mesh=mesh, ckpt=ckpt, lock=lock, log=log,
                        data=data, iterator=iterator, state=state, start=start,
                        restored=restored, meta=meta, graphdef=graphdef, layers=layers,
                        to_checkpoint=saved.to_layers, train_step=train_step,
-                       eval_step=make_eval_step(graphdef, options, layers),
+                       eval_step=make_eval_step(graphdef, options, layers, c.optim.loss_impl),
                        metrics_log=metrics_log, profiler=profiler)
 
 

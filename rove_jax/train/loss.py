@@ -26,11 +26,25 @@ def cross_entropy(logits_BTV, targets_BT, mask_BT=None):
   that read it, so the max, the sum of exponentials, the log-sum-exp and the target's logit
   are float32 (`token_nll`).
   """
-  nll = token_nll(logits_BTV, targets_BT.astype(jnp.int32))
+  return masked_mean(token_nll(logits_BTV, targets_BT.astype(jnp.int32)), mask_BT)
+
+
+def fused_cross_entropy(x_BTE, w_VE, targets_BT, mask_BT=None):
+  """`cross_entropy` of the logits x W^T, computed without writing them: the output
+  projection and the loss in one kernel (rove_jax.kernels.linear_ce; optim.loss_impl=fused).
+  x [B, T, E] is the final norm's output and W [V, E] the projection's weight, both in the
+  compute dtype; the logits are float32 inside the kernel, so the loss is that of unrounded
+  logits."""
+  from rove_jax.kernels import linear_ce  # Pallas: imported when the fused loss is chosen
+  return masked_mean(linear_ce.token_nll(x_BTE, w_VE, targets_BT), mask_BT)
+
+
+def masked_mean(nll_BT, mask_BT=None):
+  """(mean of the per-token losses over the tokens the mask keeps, token count)."""
   if mask_BT is None:
-    return jnp.mean(nll), nll.size
+    return jnp.mean(nll_BT), nll_BT.size
   mask = mask_BT.astype(jnp.float32)
-  return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0), jnp.sum(mask)
+  return jnp.sum(nll_BT * mask) / jnp.maximum(jnp.sum(mask), 1.0), jnp.sum(mask)
 
 
 @jax.custom_vjp

@@ -73,6 +73,9 @@ class OptimConfig:
   eps: float = _f(1e-8, "Adam's epsilon")
   clip_norm: float = _f(1.0, "global gradient-norm clip (0: off)")
   grad_accum: int = _f(1, "micro-steps a step's batch is split into")
+  loss_impl: str = _f("xla", "the output projection and loss: xla (the logits written in the "
+                      "compute dtype) | fused (one Pallas kernel for GPUs that never writes "
+                      "them, rove_jax/kernels/linear_ce.py; interpreted, slowly, on CPU)")
   max_nonfinite: int = _f(10, "consecutive skipped (non-finite) updates before the run stops")
   max_loss_jump: float = _f(2.0, "a state whose step's loss exceeds this x the median of the "
                             "recent losses is not checkpointed (0: no check; train/health.py)")
@@ -223,6 +226,25 @@ def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
+LOSS_IMPLS = ("xla", "fused")
+
+
+def _check_loss_impl(c: RunConfig) -> None:
+  """optim.loss_impl is known, and the fused kernel's blocks (multiples of 16, its smallest
+  Triton tile) fit the micro-batch's tokens, the width and the vocabulary."""
+  o, m = c.optim, c.model
+  if o.loss_impl not in LOSS_IMPLS:
+    raise ValueError(f"optim.loss_impl must be one of {LOSS_IMPLS}, got {o.loss_impl!r}")
+  if o.loss_impl != "fused":
+    return
+  tokens = c.data.batch_size // o.grad_accum * c.data.seq_len
+  for name, n in (("the micro-batch's tokens (batch_size / grad_accum x seq_len)", tokens),
+                  ("model.d_model", m.d_model), ("model.vocab_size", m.vocab_size)):
+    if n % 16:
+      raise ValueError(f"optim.loss_impl=fused needs {name} a multiple of 16, got {n}; change "
+                       f"it or use optim.loss_impl=xla")
+
+
 def _validate(c: RunConfig) -> None:
   """Each value's one check; ValueError names the field."""
   if not isinstance(c.model, GPTConfig):
@@ -289,6 +311,7 @@ def _validate(c: RunConfig) -> None:
   if d.batch_size % o.grad_accum:
     raise ValueError(f"data.batch_size={d.batch_size} is not divisible by "
                      f"optim.grad_accum={o.grad_accum}")
+  _check_loss_impl(c)
   tracking.parse_tracking(c.tracking)
   if c.wandb.mode not in tracking.WANDB_MODES:
     raise ValueError(f"wandb.mode must be one of {tracking.WANDB_MODES}, got {c.wandb.mode!r}")
