@@ -11,6 +11,8 @@ them in the rotations.
              and backward (fused_tiles, fused_backward; imported when first chosen)
   call       the kernel boundary: KernelCall (one call's inputs) and Kernel (attend(call), and
              whether it rotates inside)
+  linear_ce  not attention: the output projection and cross-entropy in one Pallas Triton kernel
+             for GPUs (the trainer's optim.loss_impl=fused; imported when chosen)
   dispatch   "auto", the kernels' limits, `select`
   platform   the platform being compiled for
 """
