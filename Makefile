@@ -44,7 +44,7 @@ GPU_READY = import jax, sys; gpus = [d for d in jax.devices() if d.platform == "
   sys.exit(None if gpus else "make test-gpu needs a CUDA GPU visible to jax " + jax.__version__ \
   + " in GPU_PYTHON; it sees " + str(jax.devices()))
 
-.PHONY: test lint test-gpu demo reproduce reproduce-long install clean
+.PHONY: test lint format test-gpu demo reproduce reproduce-long install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -60,9 +60,15 @@ $(TEST): $(PY) pyproject.toml
 
 install: $(TEST)
 
-# The linter first (seconds), then the tests.
+# The linter and the formatter's check first (seconds), then the tests. `make format` formats
+# the tree in place (ruff format, [tool.ruff.format] in pyproject.toml) and sorts the imports.
 lint: $(TEST)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(TEST)
+	$(PY) -m ruff check --select I --fix -q .
+	$(PY) -m ruff format .
 
 test: lint
 	$(PY) -m pytest -q -n 3 --durations=15 $(PYTEST_ARGS)
