@@ -83,67 +83,120 @@ SWEEP_LRS = "1e-3,2e-3,4e-3,8e-3,1.6e-2"
 
 
 def parse_args(argv):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--out", default="results", help="where README.md, report.json, plots go")
   p.add_argument("--runs-dir", default="runs/reproduce", help="training workdirs")
-  p.add_argument("--seeds", default="0,1,2,3,4,5,6,7",
-                 help="seeds for every encoding; seed s is one pair across the encodings (the "
-                      "same initialisation and batch order)")
+  p.add_argument(
+    "--seeds",
+    default="0,1,2,3,4,5,6,7",
+    help="seeds for every encoding; seed s is one pair across the encodings (the "
+    "same initialisation and batch order)",
+  )
   p.add_argument("--encodings", default="rove,rope,nope")
-  p.add_argument("--nope-seeds", type=int, default=3,
-                 help="how many of the seeds NoPE (the third baseline) runs with (0: all)")
-  p.add_argument("--full-eval-seeds", type=int, default=3,
-                 help="the first N seeds get the full evaluation (perplexity, RULER, ICL); the "
-                      "others perplexity only (0: all get the full one)")
-  p.add_argument("--long-seeds", type=int, default=3,
-                 help="the training-length check: RoVE and RoPE on the first N seeds again "
-                      "with --long-multiple times the steps (0: no check)")
+  p.add_argument(
+    "--nope-seeds",
+    type=int,
+    default=3,
+    help="how many of the seeds NoPE (the third baseline) runs with (0: all)",
+  )
+  p.add_argument(
+    "--full-eval-seeds",
+    type=int,
+    default=3,
+    help="the first N seeds get the full evaluation (perplexity, RULER, ICL); the "
+    "others perplexity only (0: all get the full one)",
+  )
+  p.add_argument(
+    "--long-seeds",
+    type=int,
+    default=3,
+    help="the training-length check: RoVE and RoPE on the first N seeds again "
+    "with --long-multiple times the steps (0: no check)",
+  )
   p.add_argument("--long-multiple", type=int, default=3)
-  p.add_argument("--lrs", default="",
-                 help="without a sweep (--sweep-lrs ''), a learning-rate check: RoVE and RoPE "
-                      "on the first --lr-seeds seeds at these learning rates besides the "
-                      "config's ('': no check)")
+  p.add_argument(
+    "--lrs",
+    default="",
+    help="without a sweep (--sweep-lrs ''), a learning-rate check: RoVE and RoPE "
+    "on the first --lr-seeds seeds at these learning rates besides the "
+    "config's ('': no check)",
+  )
   p.add_argument("--lr-seeds", type=int, default=1)
-  p.add_argument("--sweep-lrs", default=None,
-                 help="tune the learning rate first (study/sweep.py): a grid of at least "
-                      "4 rates for every rotary encoding ('r1,r2,...') or one each "
-                      "('rove=...;rope=...'); the main and long runs then train at each "
-                      f"encoding's chosen rate (default {SWEEP_LRS}; with --quick none; '': "
-                      f"no sweep, the config's rate)")
-  p.add_argument("--sweep-seeds", default="100,101,102",
-                 help="the sweep's seeds (at least 3 pairs a rate), none of them in --seeds")
-  p.add_argument("--reuse-sweep", action="store_true",
-                 help="take the rates <out>/lr_sweep.json records for this grid, seeds and "
-                      "steps (e.g. the committed results/) instead of training the sweep again")
-  p.add_argument("--sweep-only", action="store_true",
-                 help="stop after the sweep has written <out>/lr_sweep.md")
-  p.add_argument("--recall-seeds", type=int, default=3,
-                 help="the associative-recall (mqar) retrieval study's seeds: the first N")
-  p.add_argument("--position-seeds", type=int, default=5,
-                 help="the position-dependent retrieval tasks' seed pairs: the first N seeds "
-                      "(0: not run)")
+  p.add_argument(
+    "--sweep-lrs",
+    default=None,
+    help="tune the learning rate first (study/sweep.py): a grid of at least "
+    "4 rates for every rotary encoding ('r1,r2,...') or one each "
+    "('rove=...;rope=...'); the main and long runs then train at each "
+    f"encoding's chosen rate (default {SWEEP_LRS}; with --quick none; '': "
+    f"no sweep, the config's rate)",
+  )
+  p.add_argument(
+    "--sweep-seeds",
+    default="100,101,102",
+    help="the sweep's seeds (at least 3 pairs a rate), none of them in --seeds",
+  )
+  p.add_argument(
+    "--reuse-sweep",
+    action="store_true",
+    help="take the rates <out>/lr_sweep.json records for this grid, seeds and "
+    "steps (e.g. the committed results/) instead of training the sweep again",
+  )
+  p.add_argument(
+    "--sweep-only", action="store_true", help="stop after the sweep has written <out>/lr_sweep.md"
+  )
+  p.add_argument(
+    "--recall-seeds",
+    type=int,
+    default=3,
+    help="the associative-recall (mqar) retrieval study's seeds: the first N",
+  )
+  p.add_argument(
+    "--position-seeds",
+    type=int,
+    default=5,
+    help="the position-dependent retrieval tasks' seed pairs: the first N seeds (0: not run)",
+  )
   p.add_argument("--position-nope-seeds", type=int, default=2)
   p.add_argument("--steps", type=int, help="training steps (default: study/configs/reproduce.py)")
-  p.add_argument("--jobs", type=int, default=None,
-                 help="children (trainings, evaluations) at a time, each pinned to its own "
-                      "core (default: study.jobs.default_jobs(), at most 2)")
+  p.add_argument(
+    "--jobs",
+    type=int,
+    default=None,
+    help="children (trainings, evaluations) at a time, each pinned to its own "
+    "core (default: study.jobs.default_jobs(), at most 2)",
+  )
   p.add_argument("--suite", default="full", choices=("quick", "full"))
-  p.add_argument("--quick", action="store_true",
-                 help="tiny settings for tests: 1 layer, few steps, short lengths")
-  p.add_argument("--no-recall", action="store_true",
-                 help=f"skip the retrieval study ({RECALL_STUDY}) even when it is present; "
-                      f"records of an earlier run in <out>/recall/recall.json still go into "
-                      f"the write-up")
-  p.add_argument("--write-only", action="store_true",
-                 help="only redo the write-up from what an earlier run left in --out (its "
-                      "report, retrieval records and meta), e.g. after a change to the "
-                      "write-up; give the same --runs-dir, --seeds and --encodings")
-  p.add_argument("--note", help="a line for the write-up's header (e.g. what a resumed run "
-                                "did before)")
-  p.add_argument("--scale", choices=SCALES,
-                 help="the paper-scale recipe instead (GPT-2 on your FineWeb-Edu shards): "
-                      "see `python reproduce.py --scale gpt2_124m --help`")
+  p.add_argument(
+    "--quick",
+    action="store_true",
+    help="tiny settings for tests: 1 layer, few steps, short lengths",
+  )
+  p.add_argument(
+    "--no-recall",
+    action="store_true",
+    help=f"skip the retrieval study ({RECALL_STUDY}) even when it is present; "
+    f"records of an earlier run in <out>/recall/recall.json still go into "
+    f"the write-up",
+  )
+  p.add_argument(
+    "--write-only",
+    action="store_true",
+    help="only redo the write-up from what an earlier run left in --out (its "
+    "report, retrieval records and meta), e.g. after a change to the "
+    "write-up; give the same --runs-dir, --seeds and --encodings",
+  )
+  p.add_argument(
+    "--note", help="a line for the write-up's header (e.g. what a resumed run did before)"
+  )
+  p.add_argument(
+    "--scale",
+    choices=SCALES,
+    help="the paper-scale recipe instead (GPT-2 on your FineWeb-Edu shards): "
+    "see `python reproduce.py --scale gpt2_124m --help`",
+  )
   args = p.parse_args(argv)
   try:
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -151,6 +204,7 @@ def parse_args(argv):
     p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
   args.encoding_list = [e.strip() for e in args.encodings.split(",") if e.strip()]
   from rove_jax.nn.model import POS_ENCODINGS
+
   bad = [e for e in args.encoding_list if e not in POS_ENCODINGS]
   if bad or not args.encoding_list:
     p.error(f"--encodings: unknown {bad}; choose from {POS_ENCODINGS}")
@@ -158,8 +212,15 @@ def parse_args(argv):
     p.error("--seeds: give at least one seed")
   if args.steps is not None and args.steps < 1:
     p.error("--steps must be >= 1")
-  for flag in ("nope_seeds", "full_eval_seeds", "long_seeds", "lr_seeds", "recall_seeds",
-               "position_seeds", "position_nope_seeds"):
+  for flag in (
+    "nope_seeds",
+    "full_eval_seeds",
+    "long_seeds",
+    "lr_seeds",
+    "recall_seeds",
+    "position_seeds",
+    "position_nope_seeds",
+  ):
     if getattr(args, flag) < 0:
       p.error(f"--{flag.replace('_', '-')} must be >= 0")
   if args.long_multiple < 2:
@@ -177,6 +238,7 @@ def parse_args(argv):
 def _parse_sweep(p, args) -> None:
   """args.sweep_grids ({encoding: rates}, {} without a sweep) and args.sweep_seed_list."""
   from study import sweep
+
   args.sweep_grids, args.sweep_seed_list = {}, []
   if args.sweep_lrs is None:
     args.sweep_lrs = "" if args.quick else SWEEP_LRS
@@ -185,7 +247,8 @@ def _parse_sweep(p, args) -> None:
   if args.sweep_lrs:
     try:
       args.sweep_grids, args.sweep_seed_list = sweep.from_flags(
-          args.sweep_lrs, args.sweep_seeds, args.encoding_list, args.seed_list)
+        args.sweep_lrs, args.sweep_seeds, args.encoding_list, args.seed_list
+      )
     except ValueError as e:
       p.error(str(e))
     args.lr_list = []  # the sweep replaces the learning-rate check
@@ -204,28 +267,48 @@ def plan(args, rates: dict | None = None) -> list[dict]:
   runs, rates = [], rates or {}
   tuned = lambda enc: {"lr": rates[enc]} if enc in rates else {}  # noqa: E731
   suffix = lambda enc: f"-lr{rates[enc]:g}" if enc in rates else ""  # noqa: E731
-  full = args.seed_list[:args.full_eval_seeds] if args.full_eval_seeds else args.seed_list
+  full = args.seed_list[: args.full_eval_seeds] if args.full_eval_seeds else args.seed_list
   for enc in args.encoding_list:
     seeds = args.seed_list
     if enc == "nope" and args.nope_seeds:
       seeds = seeds[: args.nope_seeds]
     for seed in seeds:
-      runs.append({"encoding": enc, "seed": seed, "kind": "main", "full_eval": seed in full,
-                   "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}{suffix(enc)}"),
-                   **tuned(enc)})
+      runs.append(
+        {
+          "encoding": enc,
+          "seed": seed,
+          "kind": "main",
+          "full_eval": seed in full,
+          "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}{suffix(enc)}"),
+          **tuned(enc),
+        }
+      )
   rotary = [e for e in args.encoding_list if e != "nope"]
   steps = base_steps(args) * args.long_multiple
-  for seed in args.seed_list[:args.long_seeds]:
+  for seed in args.seed_list[: args.long_seeds]:
     for enc in rotary:
-      runs.append({"encoding": enc, "seed": seed, "kind": "long", "steps": steps,
-                   "workdir": os.path.join(args.runs_dir,
-                                           f"{enc}-s{seed}-steps{steps}{suffix(enc)}"),
-                   **tuned(enc)})
+      runs.append(
+        {
+          "encoding": enc,
+          "seed": seed,
+          "kind": "long",
+          "steps": steps,
+          "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}-steps{steps}{suffix(enc)}"),
+          **tuned(enc),
+        }
+      )
   for lr in args.lr_list:
-    for seed in args.seed_list[:args.lr_seeds]:
+    for seed in args.seed_list[: args.lr_seeds]:
       for enc in rotary:
-        runs.append({"encoding": enc, "seed": seed, "kind": "lr", "lr": lr,
-                     "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}-lr{lr:g}")})
+        runs.append(
+          {
+            "encoding": enc,
+            "seed": seed,
+            "kind": "lr",
+            "lr": lr,
+            "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}-lr{lr:g}"),
+          }
+        )
   return runs
 
 
@@ -236,6 +319,7 @@ def base_steps(args) -> int:
   if args.quick:
     return QUICK_STEPS
   from study.paper_recipe import load_config
+
   return load_config(CONFIG).steps
 
 
@@ -248,28 +332,50 @@ def overrides(args, run) -> list[str]:
   if run.get("lr") is not None:
     o.append(f"--config.optim.lr={run['lr']}")
   if args.quick:
-    o += ["--config.model.n_layer=1", "--config.model.d_model=64", "--config.model.n_head=2",
-          "--config.model.max_len=32", "--config.data.seq_len=32", "--config.data.batch_size=8",
-          "--config.data.max_files=40", "--config.optim.warmup_steps=2",
-          "--config.log_every=2", "--config.eval_every=4", "--config.eval_batches=2",
-          "--config.checkpoint_every=4", "--config.sample_tokens=0"]
+    o += [
+      "--config.model.n_layer=1",
+      "--config.model.d_model=64",
+      "--config.model.n_head=2",
+      "--config.model.max_len=32",
+      "--config.data.seq_len=32",
+      "--config.data.batch_size=8",
+      "--config.data.max_files=40",
+      "--config.optim.warmup_steps=2",
+      "--config.log_every=2",
+      "--config.eval_every=4",
+      "--config.eval_batches=2",
+      "--config.checkpoint_every=4",
+      "--config.sample_tokens=0",
+    ]
   return o
 
 
 def train_all(args, runs) -> None:
   """Trains every run (train.py resumes or skips a finished one), --jobs at a time, each
   child's output in <workdir>/train.log; records train_seconds."""
-  todo = [jobs.Job(f"[{i + 1}/{len(runs)}] {r['encoding']} seed {r['seed']} ({r['kind']}) -> "
-                   f"{r['workdir']}",
-                   [sys.executable, os.path.join(ROOT, "train.py"), "--config", CONFIG,
-                    "--workdir", r["workdir"]] + overrides(args, r),
-                   os.path.join(r["workdir"], "train.log"))
-          for i, r in enumerate(runs)]
+  todo = [
+    jobs.Job(
+      f"[{i + 1}/{len(runs)}] {r['encoding']} seed {r['seed']} ({r['kind']}) -> {r['workdir']}",
+      [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        "--config",
+        CONFIG,
+        "--workdir",
+        r["workdir"],
+      ]
+      + overrides(args, r),
+      os.path.join(r["workdir"], "train.log"),
+    )
+    for i, r in enumerate(runs)
+  ]
   for run, (rc, secs) in zip(runs, jobs.run(todo, args.jobs, log=_say)):
     run["train_seconds"] = secs
     if rc is not None and rc != 0:
-      raise SystemExit(f"training {run['workdir']} failed (exit {rc}, its log: "
-                       f"{run['workdir']}/train.log); rerun `{' '.join(sys.argv)}` to resume it")
+      raise SystemExit(
+        f"training {run['workdir']} failed (exit {rc}, its log: "
+        f"{run['workdir']}/train.log); rerun `{' '.join(sys.argv)}` to resume it"
+      )
 
 
 def _say(line: str) -> None:
@@ -280,12 +386,12 @@ def eval_command(args, runs, eval_dir, ppl_only: bool = False) -> list[str]:
   """The rove-eval command over `runs` (the full suite with PPL_TOKENS and RULER at
   RULER_MULTIPLES of the training length; --quick: the quick suite as it is; ppl_only: its
   perplexity part alone)."""
-  cmd = [sys.executable, "-m", "rove_jax.cli.eval", "--workdir", runs[0]["workdir"],
-         "--compare"]
+  cmd = [sys.executable, "-m", "rove_jax.cli.eval", "--workdir", runs[0]["workdir"], "--compare"]
   cmd += [r["workdir"] for r in runs[1:]]
   cmd += ["--suite", "quick" if args.quick else args.suite, "--out", eval_dir, "--yarn", "all"]
   if not args.quick and args.suite == "full":
     from study.paper_recipe import load_config
+
     train_len = load_config(CONFIG).data.seq_len
     cmd += ["--ppl-tokens", str(PPL_TOKENS)]
     if not ppl_only:
@@ -306,18 +412,31 @@ def evaluate_all(args, runs, out_dir) -> tuple[dict, dict | None]:
   full = [r for r in runs if r["kind"] == "main" and r["full_eval"]]
   rest = [r for r in runs if r["kind"] == "long" or r["kind"] == "main" and not r["full_eval"]]
   dirs = {"eval": os.path.join(out_dir, "eval"), "eval_ppl": os.path.join(out_dir, "eval_ppl")}
-  todo = [jobs.Job("evaluation (full suite)", eval_command(args, full, dirs["eval"]),
-                   os.path.join(dirs["eval"], "eval.log"), _env())]
+  todo = [
+    jobs.Job(
+      "evaluation (full suite)",
+      eval_command(args, full, dirs["eval"]),
+      os.path.join(dirs["eval"], "eval.log"),
+      _env(),
+    )
+  ]
   if rest:
-    todo.append(jobs.Job("evaluation (perplexity only)",
-                         eval_command(args, rest, dirs["eval_ppl"], ppl_only=True),
-                         os.path.join(dirs["eval_ppl"], "eval.log"), _env()))
+    todo.append(
+      jobs.Job(
+        "evaluation (perplexity only)",
+        eval_command(args, rest, dirs["eval_ppl"], ppl_only=True),
+        os.path.join(dirs["eval_ppl"], "eval.log"),
+        _env(),
+      )
+    )
   for job in todo:
     _say(f"{job.label}: {' '.join(job.cmd[1:])}")
   for job, (rc, _) in zip(todo, jobs.run(todo, args.jobs, log=_say)):
     if rc != 0:
-      raise SystemExit(f"{job.label} failed (exit {rc}; its log: {job.log}); rerun "
-                       f"`{' '.join(sys.argv)}` to redo it (training is kept)")
+      raise SystemExit(
+        f"{job.label} failed (exit {rc}; its log: {job.log}); rerun "
+        f"`{' '.join(sys.argv)}` to redo it (training is kept)"
+      )
   reports = []
   for d in dirs.values() if rest else [dirs["eval"]]:
     with open(os.path.join(d, "report.json")) as f:
@@ -330,8 +449,10 @@ def evaluate_all(args, runs, out_dir) -> tuple[dict, dict | None]:
 def with_ppl_runs(report: dict, ppl: dict, runs) -> dict:
   """The main report with the perplexity-only report's main runs added (not the checks')."""
   main_dirs = {os.path.abspath(r["workdir"]) for r in runs if r["kind"] == "main"}
-  return dict(report, runs=report["runs"] + [
-      r for r in ppl["runs"] if os.path.abspath(r["workdir"]) in main_dirs])
+  return dict(
+    report,
+    runs=report["runs"] + [r for r in ppl["runs"] if os.path.abspath(r["workdir"]) in main_dirs],
+  )
 
 
 def machine() -> str:
@@ -345,13 +466,17 @@ def machine() -> str:
   except OSError:
     pass
   import jax
-  return (f"{os.cpu_count()} CPU cores ({cpu}), {platform.system()} {platform.release()}, "
-          f"Python {platform.python_version()}, jax {jax.__version__}, "
-          f"device {jax.devices()[0].device_kind}")
+
+  return (
+    f"{os.cpu_count()} CPU cores ({cpu}), {platform.system()} {platform.release()}, "
+    f"Python {platform.python_version()}, jax {jax.__version__}, "
+    f"device {jax.devices()[0].device_kind}"
+  )
 
 
 def commit() -> str:
   from study.paper_recipe import git_commit
+
   return git_commit()
 
 
@@ -360,16 +485,23 @@ def train_meta(args) -> dict:
   config with this invocation's overrides applied."""
   from rove_jax.train import overrides as overrides_lib
   from study.paper_recipe import load_config
+
   given = overrides_lib.split(overrides(args, {"encoding": "rove", "seed": 0}))
   c = overrides_lib.apply(load_config(CONFIG), given)
-  return {"steps": c.steps, "batch_size": c.data.batch_size, "seq_len": c.data.seq_len,
-          "lr": c.optim.lr, "warmup_steps": c.optim.warmup_steps}
+  return {
+    "steps": c.steps,
+    "batch_size": c.data.batch_size,
+    "seq_len": c.data.seq_len,
+    "lr": c.optim.lr,
+    "warmup_steps": c.optim.warmup_steps,
+  }
 
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if any(a == "--scale" or a.startswith("--scale=") for a in argv):
     from study import paper_recipe  # its own flags: --data, --topology, --dry-run, ...
+
     return paper_recipe.main(argv)
   args = parse_args(argv)
   if args.write_only:
@@ -385,27 +517,43 @@ def main(argv=None) -> int:
   runs = plan(args, rates)
   train_all(args, runs)
   report, ppl_report = evaluate_all(args, runs, args.out)
-  recall = recall_study(args, os.path.join(args.out, "recall"),
-                        seeds=args.seed_list[:args.recall_seeds or None])
+  recall = recall_study(
+    args, os.path.join(args.out, "recall"), seeds=args.seed_list[: args.recall_seeds or None]
+  )
   positions = position_studies(args)
   recall_rerun = recall is not None and not args.no_recall
   from rove_jax.train.metrics import read_metrics
   from study import writeup
+
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
-  meta = {"command": command, "commit": code_version, "machine": machine(),
-          "started": started.isoformat(timespec="seconds"),
-          "wall_seconds": time.perf_counter() - t0, "quick": args.quick,
-          "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs},
-          "recall_rerun": recall_rerun, "train": train_meta(args)}
+  meta = {
+    "command": command,
+    "commit": code_version,
+    "machine": machine(),
+    "started": started.isoformat(timespec="seconds"),
+    "wall_seconds": time.perf_counter() - t0,
+    "quick": args.quick,
+    "train_seconds": {r["workdir"]: r.get("train_seconds") for r in runs},
+    "recall_rerun": recall_rerun,
+    "train": train_meta(args),
+  }
   if rates:
     from study import sweep
-    meta["lr_sweep"] = {**(sweep.load_record(args.out) or {}), "chosen": rates,
-                        "file": sweep.MD}
+
+    meta["lr_sweep"] = {**(sweep.load_record(args.out) or {}), "chosen": rates, "file": sweep.MD}
   if args.note:
     meta["notes"] = args.note
-  writeup.write(args.out, report, runs, curves, meta, recall=recall,
-                ppl_report=ppl_report, positions=positions,
-                recall_chance=recall_chance(args.out))
+  writeup.write(
+    args.out,
+    report,
+    runs,
+    curves,
+    meta,
+    recall=recall,
+    ppl_report=ppl_report,
+    positions=positions,
+    recall_chance=recall_chance(args.out),
+  )
   print(f"wrote {os.path.join(args.out, 'README.md')} in {meta['wall_seconds'] / 60:.1f} min")
   return 0
 
@@ -415,6 +563,7 @@ def _sweep_choice(args) -> dict:
   if not args.sweep_grids:
     return {}
   from study import sweep
+
   return sweep.load_choice(args.out)
 
 
@@ -425,10 +574,18 @@ def tune(args, code_version: str, command: str) -> dict:
   if not args.sweep_grids:
     return {}
   from study import sweep
+
   meta = {"command": command, "commit": code_version, "steps": base_steps(args)}
-  return sweep.tune(args.sweep_grids, args.sweep_seed_list, args.runs_dir, args.out,
-                    lambda runs: train_all(args, runs), meta, log=_say,
-                    reuse=args.reuse_sweep)
+  return sweep.tune(
+    args.sweep_grids,
+    args.sweep_seed_list,
+    args.runs_dir,
+    args.out,
+    lambda runs: train_all(args, runs),
+    meta,
+    log=_say,
+    reuse=args.reuse_sweep,
+  )
 
 
 def rewrite(args) -> int:
@@ -437,21 +594,26 @@ def rewrite(args) -> int:
   is trained or evaluated. The meta gains a note naming the commit that rewrote it."""
   from rove_jax.train.metrics import read_metrics
   from study import writeup
+
   report_path = os.path.join(args.out, "eval", "report.json")
   summary_path = os.path.join(args.out, "summary.json")
   missing = [p for p in (report_path, summary_path) if not os.path.exists(p)]
   if missing:
-    raise SystemExit(f"--write-only needs an earlier run's {' and '.join(missing)}; run "
-                     f"`python reproduce.py --out {args.out}` first")
+    raise SystemExit(
+      f"--write-only needs an earlier run's {' and '.join(missing)}; run "
+      f"`python reproduce.py --out {args.out}` first"
+    )
   with open(report_path) as f:
     report = json.load(f)
   with open(summary_path) as f:
     meta = json.load(f)["meta"]
   runs = plan(args, _sweep_choice(args))
   if [r["workdir"] for r in runs] != list(meta.get("train_seconds") or {}):
-    raise SystemExit(f"--write-only: the runs {[r['workdir'] for r in runs]} are not the "
-                     f"earlier run's {list(meta.get('train_seconds') or {})}; give the same "
-                     f"--runs-dir, --seeds and --encodings as `{meta.get('command')}`")
+    raise SystemExit(
+      f"--write-only: the runs {[r['workdir'] for r in runs]} are not the "
+      f"earlier run's {list(meta.get('train_seconds') or {})}; give the same "
+      f"--runs-dir, --seeds and --encodings as `{meta.get('command')}`"
+    )
   recall_path = os.path.join(args.out, "recall", "recall.json")
   recall = _recall_records(recall_path) if os.path.exists(recall_path) else None
   ppl_path = os.path.join(args.out, "eval_ppl", "report.json")
@@ -462,18 +624,29 @@ def rewrite(args) -> int:
     report = with_ppl_runs(report, ppl_report, runs)
   meta.setdefault("recall_rerun", "--no-recall" not in (meta.get("command") or "").split())
   meta.setdefault("train", train_meta(args))
-  lost = [r["workdir"] for r in runs
-          if not os.path.exists(os.path.join(r["workdir"], "metrics.jsonl"))]
+  lost = [
+    r["workdir"] for r in runs if not os.path.exists(os.path.join(r["workdir"], "metrics.jsonl"))
+  ]
   if lost:  # the loss curves and the limits paragraph are drawn from them: refuse, lose none
-    raise SystemExit(f"--write-only needs every run's metrics.jsonl for the loss curves; "
-                     f"missing in {', '.join(lost)}: give the --runs-dir the runs were trained "
-                     f"in (nothing was written)")
+    raise SystemExit(
+      f"--write-only needs every run's metrics.jsonl for the loss curves; "
+      f"missing in {', '.join(lost)}: give the --runs-dir the runs were trained "
+      f"in (nothing was written)"
+    )
   note = f"write-up redone from the same report by `python reproduce.py --write-only` at {commit()}"
   meta["notes"] = f"{meta['notes']}; {note}" if meta.get("notes") else note
   curves = {r["workdir"]: read_metrics(r["workdir"]) for r in runs}
-  writeup.write(args.out, report, runs, curves, meta, recall=recall,
-                ppl_report=ppl_report, positions=position_records(args.out),
-                recall_chance=recall_chance(args.out))
+  writeup.write(
+    args.out,
+    report,
+    runs,
+    curves,
+    meta,
+    recall=recall,
+    ppl_report=ppl_report,
+    positions=position_records(args.out),
+    recall_chance=recall_chance(args.out),
+  )
   print(f"rewrote {os.path.join(args.out, 'README.md')}")
   return 0
 

@@ -12,15 +12,24 @@ import os
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog="python -m bench",
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   p.add_argument("--suite", required=True, choices=["cpu", "gpu"])
   p.add_argument("--out", help="write all results here as JSON")
-  p.add_argument("--quick", action="store_true",
-                 help="tiny shapes and few repeats (about 3 minutes on 2 CPU cores)")
-  p.add_argument("--smoke", action="store_true",
-                 help="cpu suite at the smallest shapes: checks that every section runs and "
-                      "prints (under a minute); its figures mean nothing")
+  p.add_argument(
+    "--quick",
+    action="store_true",
+    help="tiny shapes and few repeats (about 3 minutes on 2 CPU cores)",
+  )
+  p.add_argument(
+    "--smoke",
+    action="store_true",
+    help="cpu suite at the smallest shapes: checks that every section runs and "
+    "prints (under a minute); its figures mean nothing",
+  )
   args = p.parse_args(argv)
   if args.smoke and args.suite != "cpu":
     p.error("--smoke is for --suite cpu; the gpu suite's smallest run is --quick")

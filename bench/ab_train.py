@@ -70,7 +70,9 @@ batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
 """
 
 # --mode step: times argv[3] steps after two of warm-up.
-STEP_WORKER = STEP_SETUP + """
+STEP_WORKER = (
+  STEP_SETUP
+  + """
 times = []
 for i in range(steps + 2):
   t = time.perf_counter()
@@ -79,11 +81,14 @@ for i in range(steps + 2):
   times.append(time.perf_counter() - t)
 print(json.dumps({"tokens_per_s": [batch_size * seq / t for t in times[2:]]}))
 """
+)
 
 
 # --mode interleaved: the step as a flat function of (inputs, targets, *state leaves), exported
 # to argv[5] with its starting arguments in argv[6].
-EXPORT_WORKER = STEP_SETUP + """
+EXPORT_WORKER = (
+  STEP_SETUP
+  + """
 leaves, treedef = jax.tree.flatten(state)
 def flat(inputs, targets, *leaves):
   new, m = step(jax.tree.unflatten(treedef, leaves), {"inputs": inputs, "targets": targets})
@@ -93,6 +98,7 @@ exp = jax.export.export(jax.jit(flat))(*args)
 open(sys.argv[5], "wb").write(exp.serialize())
 np.savez(sys.argv[6], *[np.asarray(a) for a in args])
 """
+)
 
 
 def export(rev: str, into: pathlib.Path) -> pathlib.Path:
@@ -100,23 +106,37 @@ def export(rev: str, into: pathlib.Path) -> pathlib.Path:
   if rev == WORKTREE:
     return ROOT
   into.mkdir(parents=True)
-  archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
-                           capture_output=True).stdout
+  archive = subprocess.run(
+    ["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True
+  ).stdout
   subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
   return into
 
 
 def run_once(tree: pathlib.Path, workdir: pathlib.Path, args) -> float:
   """Trains in a subprocess; the median tokens/s of its logged rows after the first two."""
-  cmd = [sys.executable, "train.py", "--config", "configs/tiny.py", "--workdir", str(workdir),
-         f"--config.steps={args.steps}", "--config.log_every=1",
-         f"--config.eval_every={args.steps}", f"--config.checkpoint_every={args.steps}",
-         "--config.eval_batches=1", "--config.progress=False", "--config.sample_tokens=0",
-         f"--config.data.batch_size={args.batch}", f"--config.data.seq_len={args.seq}",
-         f"--config.model.max_len={args.seq}", "--config.optim.warmup_steps=2",
-         f"--config.data.max_train_tokens={args.max_tokens}",
-         f"--config.data.max_val_tokens={args.max_tokens // 10}",
-         *[f"--config.{kv}" for kv in args.set]]
+  cmd = [
+    sys.executable,
+    "train.py",
+    "--config",
+    "configs/tiny.py",
+    "--workdir",
+    str(workdir),
+    f"--config.steps={args.steps}",
+    "--config.log_every=1",
+    f"--config.eval_every={args.steps}",
+    f"--config.checkpoint_every={args.steps}",
+    "--config.eval_batches=1",
+    "--config.progress=False",
+    "--config.sample_tokens=0",
+    f"--config.data.batch_size={args.batch}",
+    f"--config.data.seq_len={args.seq}",
+    f"--config.model.max_len={args.seq}",
+    "--config.optim.warmup_steps=2",
+    f"--config.data.max_train_tokens={args.max_tokens}",
+    f"--config.data.max_val_tokens={args.max_tokens // 10}",
+    *[f"--config.{kv}" for kv in args.set],
+  ]
   env = {**os.environ, "PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
   if proc.returncode:
@@ -131,9 +151,13 @@ def run_once(tree: pathlib.Path, workdir: pathlib.Path, args) -> float:
 def _worker(tree: pathlib.Path, code: str, args, steps: int, *extra: str) -> str:
   """Runs a step worker on `tree`'s code in a subprocess; its stdout."""
   env = {**os.environ, "PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-c", code, str(args.batch), str(args.seq), str(steps),
-                         args.encoding, *extra], cwd=tree, env=env, capture_output=True,
-                        text=True)
+  proc = subprocess.run(
+    [sys.executable, "-c", code, str(args.batch), str(args.seq), str(steps), args.encoding, *extra],
+    cwd=tree,
+    env=env,
+    capture_output=True,
+    text=True,
+  )
   if proc.returncode:
     raise RuntimeError(f"{tree}: the step worker failed:\n{proc.stderr[-3000:]}")
   return proc.stdout
@@ -154,10 +178,12 @@ def interleaved(paths: dict, args) -> dict:
   """Step times of both exported steps in this process, alternating ABBA step by step."""
   import jax
   import numpy as np
+
   steps, state = {}, {}
   for side, path in paths.items():
-    steps[side] = jax.jit(jax.export.deserialize(bytearray(
-        pathlib.Path(str(path) + ".hlo").read_bytes())).call)
+    steps[side] = jax.jit(
+      jax.export.deserialize(bytearray(pathlib.Path(str(path) + ".hlo").read_bytes())).call
+    )
     with np.load(str(path) + ".npz") as z:
       args_ = [jax.numpy.asarray(z[f"arr_{i}"]) for i in range(len(z.files))]
     state[side] = (args_[:2], args_[2:])
@@ -175,18 +201,22 @@ def interleaved(paths: dict, args) -> dict:
     one(side), one(side)
   times = {side: [] for side in paths}
   for i in range(args.repeats * args.steps):
-    for side in (("base", "head") if i % 2 == 0 else ("head", "base")):
+    for side in ("base", "head") if i % 2 == 0 else ("head", "base"):
       times[side].append(one(side))
     if (i + 1) % args.steps == 0:
-      base, head = (statistics.median(times[s][i + 1 - args.steps:]) for s in ("base", "head"))
-      print(f"block {(i + 1) // args.steps}/{args.repeats}: head / base {base / head:.3f}",
-            file=sys.stderr, flush=True)
+      base, head = (statistics.median(times[s][i + 1 - args.steps :]) for s in ("base", "head"))
+      print(
+        f"block {(i + 1) // args.steps}/{args.repeats}: head / base {base / head:.3f}",
+        file=sys.stderr,
+        flush=True,
+      )
   return times
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--mode", choices=("train", "step", "interleaved"), default="train")
   p.add_argument("--encoding", default="rove", help="--mode step: the model's pos_encoding")
   p.add_argument("--base", default="fd1fdb1")
@@ -200,8 +230,10 @@ def main(argv=None) -> dict:
   p.add_argument("--out")
   args = p.parse_args(argv)
   if args.mode == "interleaved" and importlib.util.find_spec("flatbuffers") is None:
-    p.error("--mode interleaved serializes jax.export steps and needs flatbuffers: "
-            "pip install -e '.[bench]'")
+    p.error(
+      "--mode interleaved serializes jax.export steps and needs flatbuffers: "
+      "pip install -e '.[bench]'"
+    )
   if args.steps < 4 or args.repeats < 1:
     p.error("--steps must be >= 4 (two rows are warm-up) and --repeats >= 1")
   with tempfile.TemporaryDirectory(prefix="ab-train-") as tmp:
@@ -219,26 +251,46 @@ def main(argv=None) -> dict:
         for side in speeds:
           speeds[side].append(tokens / statistics.median(times[side][block]))
       pooled = statistics.median(times["base"]) / statistics.median(times["head"])
-      print(f"all {len(times['base'])} pairs: head / base {pooled:.4f} "
-            f"(median step {statistics.median(times['base']) * 1e3:.1f} ms base, "
-            f"{statistics.median(times['head']) * 1e3:.1f} ms head)", file=sys.stderr)
+      print(
+        f"all {len(times['base'])} pairs: head / base {pooled:.4f} "
+        f"(median step {statistics.median(times['base']) * 1e3:.1f} ms base, "
+        f"{statistics.median(times['head']) * 1e3:.1f} ms head)",
+        file=sys.stderr,
+      )
     else:
       for r in range(args.repeats):
         order = ("base", "head") if r % 2 == 0 else ("head", "base")  # ABBA
         for side in order:
-          speeds[side].append(step_once(trees[side], args) if args.mode == "step" else
-                              run_once(trees[side], tmp / f"run-{side}-{r}", args))
-          print(f"repeat {r + 1}/{args.repeats} {side:4s} {speeds[side][-1]:8.1f} tokens/s",
-                file=sys.stderr, flush=True)
+          speeds[side].append(
+            step_once(trees[side], args)
+            if args.mode == "step"
+            else run_once(trees[side], tmp / f"run-{side}-{r}", args)
+          )
+          print(
+            f"repeat {r + 1}/{args.repeats} {side:4s} {speeds[side][-1]:8.1f} tokens/s",
+            file=sys.stderr,
+            flush=True,
+          )
   ratios = [h / b for h, b in zip(speeds["head"], speeds["base"])]
-  result = {"mode": args.mode, "base": args.base, "head": args.head, "batch": args.batch,
-            "seq": args.seq, "encoding": args.encoding if args.mode != "train" else None,
-            "steps": args.steps, "set": args.set, "tokens_per_s": speeds, "ratios": ratios,
-            "geomean_ratio": math.exp(statistics.fmean(math.log(x) for x in ratios)),
-            "pooled_ratio": pooled}
-  print(f"head / base tokens/s: {result['geomean_ratio']:.3f} (per repeat "
-        f"{', '.join(f'{x:.3f}' for x in ratios)}); base {statistics.median(speeds['base']):.0f}, "
-        f"head {statistics.median(speeds['head']):.0f} tokens/s (medians)")
+  result = {
+    "mode": args.mode,
+    "base": args.base,
+    "head": args.head,
+    "batch": args.batch,
+    "seq": args.seq,
+    "encoding": args.encoding if args.mode != "train" else None,
+    "steps": args.steps,
+    "set": args.set,
+    "tokens_per_s": speeds,
+    "ratios": ratios,
+    "geomean_ratio": math.exp(statistics.fmean(math.log(x) for x in ratios)),
+    "pooled_ratio": pooled,
+  }
+  print(
+    f"head / base tokens/s: {result['geomean_ratio']:.3f} (per repeat "
+    f"{', '.join(f'{x:.3f}' for x in ratios)}); base {statistics.median(speeds['base']):.0f}, "
+    f"head {statistics.median(speeds['head']):.0f} tokens/s (medians)"
+  )
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
   return result

@@ -1,11 +1,11 @@
 """Attention benchmarks on this machine.
 
-  python -m bench.attention ratio   [--B 4 --T 1024 --H 8 --D 64 --repeats 15]
-      forward+backward time of rove_attention / rope_attention (xla kernel), interleaved
-      repeats in one process, medians and the ratio.
-  python -m bench.attention longctx [--lengths 4096,8192,16384,32768 --impl chunked]
-      a forward pass of rove_attention at each length in a fresh subprocess; reports time and
-      the subprocess's peak RSS, and where it stops fitting (out of memory or --max-gib).
+python -m bench.attention ratio   [--B 4 --T 1024 --H 8 --D 64 --repeats 15]
+    forward+backward time of rove_attention / rope_attention (xla kernel), interleaved
+    repeats in one process, medians and the ratio.
+python -m bench.attention longctx [--lengths 4096,8192,16384,32768 --impl chunked]
+    a forward pass of rove_attention at each length in a fresh subprocess; reports time and
+    the subprocess's peak RSS, and where it stops fitting (out of memory or --max-gib).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def ratio(args) -> dict:
     def loss(q, k, v):
       out = fn(q, k, v, q_positions=pos, kv_positions=pos, rope=rope, kernel=kernel)
       return jnp.sum(out.astype(jnp.float32) ** 2)
+
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
   steps = {"rope": make(rj.rope_attention), "rove": make(rj.rove_attention)}
@@ -61,18 +62,26 @@ def ratio(args) -> dict:
   # Paired ratios (same repeat, back to back) cancel slow drifts of the machine.
   paired = sorted(r / p for r, p in zip(times["rove"], times["rope"]))
   quart = statistics.quantiles(paired, n=4)
-  result = {"bench": "attention fwd+bwd", "shape": dict(B=args.B, T=args.T, H=args.H, D=args.D),
-            "impl": args.impl, "repeats": args.repeats,
-            "median_s": med, "ratio_rove_over_rope": med["rove"] / med["rope"],
-            "paired_ratio_median": statistics.median(paired),
-            "paired_ratio_iqr": [quart[0], quart[2]],
-            "device": str(jax.devices()[0].device_kind), "jax": jax.__version__}
+  result = {
+    "bench": "attention fwd+bwd",
+    "shape": dict(B=args.B, T=args.T, H=args.H, D=args.D),
+    "impl": args.impl,
+    "repeats": args.repeats,
+    "median_s": med,
+    "ratio_rove_over_rope": med["rove"] / med["rope"],
+    "paired_ratio_median": statistics.median(paired),
+    "paired_ratio_iqr": [quart[0], quart[2]],
+    "device": str(jax.devices()[0].device_kind),
+    "jax": jax.__version__,
+  }
   print("| kernel | median fwd+bwd (ms) |\n|---|---|")
   for name in steps:
     print(f"| {name} | {1e3 * med[name]:.2f} |")
-  print(f"\nratio rove/rope = {result['ratio_rove_over_rope']:.3f}; paired ratio median "
-        f"{result['paired_ratio_median']:.3f} (IQR {quart[0]:.3f}-{quart[2]:.3f}) "
-        f"(B={args.B}, T={args.T}, H={args.H}, D={args.D}, {args.impl}, {args.repeats} repeats)")
+  print(
+    f"\nratio rove/rope = {result['ratio_rove_over_rope']:.3f}; paired ratio median "
+    f"{result['paired_ratio_median']:.3f} (IQR {quart[0]:.3f}-{quart[2]:.3f}) "
+    f"(B={args.B}, T={args.T}, H={args.H}, D={args.D}, {args.impl}, {args.repeats} repeats)"
+  )
   return result
 
 
@@ -80,39 +89,74 @@ def _one_length(T, impl, H, D, chunk):
   q, k, v, pos = _inputs(1, T, H, H, D)
   rope = rj.Rope(rj.rope_frequencies(D))
   kernel = kernels.chunked.kernel(chunk) if impl == "chunked" else impl
-  f = jax.jit(lambda q, k, v: rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos,
-                                                rope=rope, kernel=kernel))
+  f = jax.jit(
+    lambda q, k, v: rj.rove_attention(
+      q, k, v, q_positions=pos, kv_positions=pos, rope=rope, kernel=kernel
+    )
+  )
   jax.block_until_ready(f(q, k, v))
   t0 = time.perf_counter()
   out = jax.block_until_ready(f(q, k, v))
   dt = time.perf_counter() - t0
   peak_gib = peak_rss_gib()
-  print(json.dumps({"T": T, "impl": impl, "seconds": dt, "tokens_per_s": T / dt,
-                    "peak_rss_gib": peak_gib, "finite": bool(np.isfinite(np.asarray(out)).all())}))
+  print(
+    json.dumps(
+      {
+        "T": T,
+        "impl": impl,
+        "seconds": dt,
+        "tokens_per_s": T / dt,
+        "peak_rss_gib": peak_gib,
+        "finite": bool(np.isfinite(np.asarray(out)).all()),
+      }
+    )
+  )
 
 
 def longctx(args) -> list:
   rows = []
   for T in [int(x) for x in args.lengths.split(",")]:
-    cmd = [sys.executable, "-m", "bench.attention", "_one", "--T", str(T), "--impl", args.impl,
-           "--H", str(args.H), "--D", str(args.D), "--chunk", str(args.chunk)]
+    cmd = [
+      sys.executable,
+      "-m",
+      "bench.attention",
+      "_one",
+      "--T",
+      str(T),
+      "--impl",
+      args.impl,
+      "--H",
+      str(args.H),
+      "--D",
+      str(args.D),
+      "--chunk",
+      str(args.chunk),
+    ]
     limit = int(args.max_gib * 2**30)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    proc = subprocess.run(
+      cmd,
+      capture_output=True,
+      text=True,
+      timeout=args.timeout,
+      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )
     if proc.returncode != 0:
       rows.append({"T": T, "impl": args.impl, "error": proc.stderr.strip().splitlines()[-1:]})
       print(f"T={T}: failed ({rows[-1]['error']})")
       break
     rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     r = rows[-1]
-    print(f"T={T:6d} {args.impl}: {r['seconds']:.2f} s, {r['tokens_per_s']:.0f} tok/s, "
-          f"peak RSS {r['peak_rss_gib']:.2f} GiB, finite={r['finite']}")
+    print(
+      f"T={T:6d} {args.impl}: {r['seconds']:.2f} s, {r['tokens_per_s']:.0f} tok/s, "
+      f"peak RSS {r['peak_rss_gib']:.2f} GiB, finite={r['finite']}"
+    )
   return rows
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("mode", choices=["ratio", "longctx", "_one"])
   p.add_argument("--B", type=int, default=4)
   p.add_argument("--T", type=int, default=1024)

@@ -39,13 +39,26 @@ def main():
   sharding = jax.sharding.SingleDeviceSharding(device)
   rope = rj.Rope(rj.rope_frequencies(D), 1.0, a.layout)
   attend = fused.kernel(a.block, interpret=False)
-  print(f"{a.topology}: B={B} T={T} H={H} D={D} block {a.block}, estimate "
-        f"{fused.vmem_bytes(H, H, D, jnp.bfloat16, a.block, a.block) / 2**20:.2f} MiB")
+  print(
+    f"{a.topology}: B={B} T={T} H={H} D={D} block {a.block}, estimate "
+    f"{fused.vmem_bytes(H, H, D, jnp.bfloat16, a.block, a.block) / 2**20:.2f} MiB"
+  )
 
   def loss(q, k, v, seg, rove):
     pos = jnp.broadcast_to(jnp.arange(T), (B, T))
-    out = attend.attend(KernelCall(q, k, v, Mask(ordered=True, segment_ids=seg), pos, pos,
-                                   1.0 / math.sqrt(D), rope=rope, kind="rove" if rove else "rope"))
+    out = attend.attend(
+      KernelCall(
+        q,
+        k,
+        v,
+        Mask(ordered=True, segment_ids=seg),
+        pos,
+        pos,
+        1.0 / math.sqrt(D),
+        rope=rope,
+        kind="rove" if rove else "rope",
+      )
+    )
     return jnp.sum(out.astype(jnp.float32) ** 2)
 
   x = jax.ShapeDtypeStruct((B, T, H, D), jnp.bfloat16, sharding=sharding)
@@ -55,8 +68,10 @@ def main():
     grad = jax.jit(jax.grad(lambda q, k, v, s, r=rove: loss(q, k, v, s, r), argnums=(0, 1, 2)))
     try:
       cost = grad.trace(x, x, x, seg).lower().compile().cost_analysis()
-      print(f"{'rove' if rove else 'rope'}: compiled in {time.time() - start:.1f} s, bytes "
-            f"{cost['bytes accessed']:.3e}, flops {cost['flops']:.3e}")
+      print(
+        f"{'rove' if rove else 'rope'}: compiled in {time.time() - start:.1f} s, bytes "
+        f"{cost['bytes accessed']:.3e}, flops {cost['flops']:.3e}"
+      )
     except Exception as e:  # noqa: BLE001 - libtpu's verdict is the result
       print(f"{'rove' if rove else 'rope'}: {str(e).splitlines()[0][:300]}")
 

@@ -40,6 +40,7 @@ if "--aot" in sys.argv:
 PTX_DIR = None
 if "--ptxas" in sys.argv:
   import tempfile
+
   PTX_DIR = tempfile.mkdtemp(prefix="fused_gpu_ptx_")
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={PTX_DIR}".strip()
 
@@ -60,8 +61,9 @@ def variants(args) -> list:
   --backward-block, "triton bwd<N>" at each other (timed forward + backward only: the forward
   is the same)."""
   blocks = [int(b) for b in str(args.backward_block).split(",")]
-  return [("hopper", None)] + [("triton" if i == 0 else f"triton bwd{b}", b)
-                               for i, b in enumerate(blocks)]
+  return [("hopper", None)] + [
+    ("triton" if i == 0 else f"triton bwd{b}", b) for i, b in enumerate(blocks)
+  ]
 
 
 def programs(args, baseline: str) -> dict:
@@ -75,8 +77,11 @@ def programs(args, baseline: str) -> dict:
   mask = rj.Mask(causal=True, ordered=True)
   out = {}
   for enc, fn in FNS.items():
-    via = lambda kernel, fn=fn: (lambda q, k, v, pos: fn(
-        q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask, kernel=kernel))
+    via = lambda kernel, fn=fn: (
+      lambda q, k, v, pos: fn(
+        q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask, kernel=kernel
+      )
+    )
     direct = via  # a kernels.Kernel given as kernel= is called as is, no dispatch
     for label, backward_block in variants(args) + [(baseline, None)]:
       if label == baseline:
@@ -89,6 +94,7 @@ def programs(args, baseline: str) -> dict:
       def both(q, k, v, pos, ct, f=f):
         o, vjp = jax.vjp(lambda q, k, v: f(q, k, v, pos), q, k, v)
         return o, vjp(ct)
+
       if not label.startswith("triton bwd"):
         out[enc, label, "fwd"] = jax.jit(lambda q, k, v, pos, ct, f=f: f(q, k, v, pos))
       out[enc, label, "fwd+bwd"] = jax.jit(both)
@@ -130,20 +136,33 @@ def measure(args) -> dict:
     a, b = times[enc, label, pas], times[enc, baseline, pas]
     got, want = progs[enc, label, pas](*ops), progs[enc, baseline, pas](*ops)
     dev = max(deviation(g, w) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
-    rows.append(dict(encoding=enc, kernel=label, pass_=pas, fused_ms=1e3 * statistics.median(a),
-                     baseline_ms=1e3 * statistics.median(b),
-                     ratio=statistics.median(x / y for x, y in zip(a, b)), max_deviation=dev))
-  print(f"| encoding | kernel | pass | ms | {baseline} ms | / {baseline} | "
-        f"max |difference| / max |{baseline}| |")
+    rows.append(
+      dict(
+        encoding=enc,
+        kernel=label,
+        pass_=pas,
+        fused_ms=1e3 * statistics.median(a),
+        baseline_ms=1e3 * statistics.median(b),
+        ratio=statistics.median(x / y for x, y in zip(a, b)),
+        max_deviation=dev,
+      )
+    )
+  print(
+    f"| encoding | kernel | pass | ms | {baseline} ms | / {baseline} | "
+    f"max |difference| / max |{baseline}| |"
+  )
   print("|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['encoding']} | {r['kernel']} | {r['pass_']} | {r['fused_ms']:.3f} | "
-          f"{r['baseline_ms']:.3f} | {r['ratio']:.3f} | {r['max_deviation']:.1e} |")
+    print(
+      f"| {r['encoding']} | {r['kernel']} | {r['pass_']} | {r['fused_ms']:.3f} | "
+      f"{r['baseline_ms']:.3f} | {r['ratio']:.3f} | {r['max_deviation']:.1e} |"
+    )
   return dict(device=jax.devices()[0].device_kind, baseline=baseline, rows=rows)
 
 
 def compile_only(args) -> dict:
   from rove_jax.aot import gpu as aot_gpu
+
   device = aot_gpu.devices(aot_gpu.GPUS[args.aot], 1)[0]
   mesh = jax.sharding.Mesh(np.array([device]), ("data",))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -157,19 +176,30 @@ def compile_only(args) -> dict:
       seconds = time.perf_counter() - t0
       text = compiled.as_text()
       memory = compiled.memory_analysis()
-      rows.append(dict(encoding=enc, kernel=kernel, pass_=pas, compile_s=seconds,
-                       temp_bytes=int(memory.temp_size_in_bytes),
-                       triton_calls=text.count('custom_call_target="__gpu$xla.gpu.triton"'),
-                       mosaic_calls=text.count('custom_call_target="mosaic_gpu'),
-                       cudnn_calls=text.count('custom_call_target="__cudnn$')))
+      rows.append(
+        dict(
+          encoding=enc,
+          kernel=kernel,
+          pass_=pas,
+          compile_s=seconds,
+          temp_bytes=int(memory.temp_size_in_bytes),
+          triton_calls=text.count('custom_call_target="__gpu$xla.gpu.triton"'),
+          mosaic_calls=text.count('custom_call_target="mosaic_gpu'),
+          cudnn_calls=text.count('custom_call_target="__cudnn$'),
+        )
+      )
   print(f"compiled for {args.aot} ({device.device_kind}), no GPU:")
-  print("| encoding | kernel | pass | compile s | temp MiB | Triton calls | Mosaic GPU calls | "
-        "cuDNN calls |")
+  print(
+    "| encoding | kernel | pass | compile s | temp MiB | Triton calls | Mosaic GPU calls | "
+    "cuDNN calls |"
+  )
   print("|---|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['encoding']} | {r['kernel']} | {r['pass_']} | {r['compile_s']:.1f} | "
-          f"{r['temp_bytes'] / 2**20:.1f} | {r['triton_calls']} | {r['mosaic_calls']} | "
-          f"{r['cudnn_calls']} |")
+    print(
+      f"| {r['encoding']} | {r['kernel']} | {r['pass_']} | {r['compile_s']:.1f} | "
+      f"{r['temp_bytes'] / 2**20:.1f} | {r['triton_calls']} | {r['mosaic_calls']} | "
+      f"{r['cudnn_calls']} |"
+    )
   result = dict(target=args.aot, device=device.device_kind, rows=rows)
   if PTX_DIR is not None:
     result["ptxas"] = ptxas_report(PTX_DIR)
@@ -183,6 +213,7 @@ def ptxas_report(folder: str) -> dict:
   import subprocess
 
   import nvidia.cuda_nvcc
+
   ptxas = os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas")
   report = {}
   for path in sorted(glob.glob(os.path.join(folder, "*.ptx"))):
@@ -191,8 +222,12 @@ def ptxas_report(folder: str) -> dict:
     if "fused_rotary_attention_gpu" not in text:
       continue
     arch = next(line.split()[1] for line in text.splitlines() if line.startswith(".target"))
-    out = subprocess.run([ptxas, "-v", f"-arch={arch}", path, "-o", os.devnull],
-                         capture_output=True, text=True, check=True).stderr
+    out = subprocess.run(
+      [ptxas, "-v", f"-arch={arch}", path, "-o", os.devnull],
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stderr
     key = None
     for line in out.splitlines():
       if "Compiling entry function" in line:
@@ -208,35 +243,48 @@ def ptxas_report(folder: str) -> dict:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m bench.fused_gpu", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog="python -m bench.fused_gpu",
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--length", type=int, default=1024)
   p.add_argument("--heads", type=int, default=12)
   p.add_argument("--head-dim", type=int, default=64)
   p.add_argument("--block", type=int, default=fused_gpu.DEFAULT_BLOCK)
-  p.add_argument("--backward-block", default=str(fused_gpu.DEFAULT_BACKWARD_BLOCK),
-                 help="the backward block, or several (32,64): each timed against cuDNN")
+  p.add_argument(
+    "--backward-block",
+    default=str(fused_gpu.DEFAULT_BACKWARD_BLOCK),
+    help="the backward block, or several (32,64): each timed against cuDNN",
+  )
   p.add_argument("--layout", default="half", choices=("half", "interleaved"))
   p.add_argument("--repeats", type=int, default=20)
   p.add_argument("--aot", choices=("h100", "h200"), help="compile only, for this GPU")
-  p.add_argument("--ptxas", action="store_true",
-                 help="with --aot: registers and spills of the fused kernels (ptxas -v)")
-  p.add_argument("--interpret", action="store_true",
-                 help="Pallas interpret mode against the xla kernel (no GPU)")
+  p.add_argument(
+    "--ptxas",
+    action="store_true",
+    help="with --aot: registers and spills of the fused kernels (ptxas -v)",
+  )
+  p.add_argument(
+    "--interpret", action="store_true", help="Pallas interpret mode against the xla kernel (no GPU)"
+  )
   p.add_argument("--tiny", action="store_true", help="B=1, T=128, H=2, 3 repeats")
   p.add_argument("--out", help="write the figures here as JSON")
   args = p.parse_args(argv)
   if args.tiny:
     args.batch, args.length, args.heads, args.repeats = 1, 128, 2, 3
   if not args.aot and not args.interpret and jax.default_backend() != "gpu":
-    print("error: no GPU here; use --aot h100|h200 (compile only) or --interpret",
-          file=sys.stderr)
+    print("error: no GPU here; use --aot h100|h200 (compile only) or --interpret", file=sys.stderr)
     return 1
   result = compile_only(args) if args.aot else measure(args)
-  result.update(shape=dict(B=args.batch, T=args.length, H=args.heads, D=args.head_dim),
-                block=args.block, backward_block=args.backward_block, layout=args.layout,
-                jax=jax.__version__)
+  result.update(
+    shape=dict(B=args.batch, T=args.length, H=args.heads, D=args.head_dim),
+    block=args.block,
+    backward_block=args.backward_block,
+    layout=args.layout,
+    jax=jax.__version__,
+  )
   if args.out:
     with open(args.out, "w") as f:
       json.dump(result, f, indent=2)

@@ -40,17 +40,35 @@ GiB = 2**30
 def step_config(preset: str, batch: int, seq: int, encoding: str, loss_impl: str = "xla"):
   """The paper's run config for a preset at one GPU's batch: bf16, no accumulation."""
   from rove_jax.train import overrides, run_config
-  return overrides.apply(run_config.paper_config(preset, lr=6e-4), {
-      "model.pos_encoding": encoding, "data.batch_size": batch, "data.seq_len": seq,
-      "optim.grad_accum": 1, "optim.loss_impl": loss_impl})
+
+  return overrides.apply(
+    run_config.paper_config(preset, lr=6e-4),
+    {
+      "model.pos_encoding": encoding,
+      "data.batch_size": batch,
+      "data.seq_len": seq,
+      "optim.grad_accum": 1,
+      "optim.loss_impl": loss_impl,
+    },
+  )
 
 
-def measure(preset: str, batch: int, seq: int, encoding: str, gpu: str, *,
-            gpu_options: bool = True, hlo_dir=None, log=lambda line: None,
-            loss_impl: str = "xla") -> dict:
+def measure(
+  preset: str,
+  batch: int,
+  seq: int,
+  encoding: str,
+  gpu: str,
+  *,
+  gpu_options: bool = True,
+  hlo_dir=None,
+  log=lambda line: None,
+  loss_impl: str = "xla",
+) -> dict:
   """Compiles one encoding's step for `gpu` and returns its census as a dict."""
   from rove_jax.aot import compile as aot
   from rove_jax.aot import gpu_census
+
   c = step_config(preset, batch, seq, encoding, loss_impl)
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(hlo_dir or tmp, f"{preset}_{encoding}_{gpu}_{loss_impl}.hlo")
@@ -67,12 +85,23 @@ def measure(preset: str, batch: int, seq: int, encoding: str, gpu: str, *,
     with open(path) as f:
       census = gpu_census.read(f.read(), vocab_size=report.get("vocab_size") or _vocab(c))
   mem = report["memory"]
-  return {"encoding": encoding, "preset": preset, "batch": batch, "seq": seq, "gpu": gpu,
-          "gpu_options": gpu_options, "loss_impl": loss_impl, "kernels": census.kernels,
-          "bytes": census.bytes,
-          "vocab_f32_bytes": census.vocab_f32_bytes, "gemms": census.gemms_by_precision(),
-          "temp_bytes": mem["temp"], "total_bytes": mem["total"],
-          "compile_s": report["compile_s"], "groups": census.groups()}
+  return {
+    "encoding": encoding,
+    "preset": preset,
+    "batch": batch,
+    "seq": seq,
+    "gpu": gpu,
+    "gpu_options": gpu_options,
+    "loss_impl": loss_impl,
+    "kernels": census.kernels,
+    "bytes": census.bytes,
+    "vocab_f32_bytes": census.vocab_f32_bytes,
+    "gemms": census.gemms_by_precision(),
+    "temp_bytes": mem["temp"],
+    "total_bytes": mem["total"],
+    "compile_s": report["compile_s"],
+    "groups": census.groups(),
+  }
 
 
 def _vocab(c) -> int:
@@ -81,66 +110,105 @@ def _vocab(c) -> int:
 
 def table(rows: list[dict]) -> str:
   """Markdown rows, one per encoding, then RoVE / RoPE."""
-  out = ["| encoding | kernels | bytes moved (GB) | f32 vocab-wide (GB) | GEMMs by precision "
-         "(count, TFLOP) | peak temp (GiB) |", "|---|---|---|---|---|---|"]
+  out = [
+    "| encoding | kernels | bytes moved (GB) | f32 vocab-wide (GB) | GEMMs by precision "
+    "(count, TFLOP) | peak temp (GiB) |",
+    "|---|---|---|---|---|---|",
+  ]
   for r in rows:
     gemms = "; ".join(f"{k}: {v['count']}, {v['tflop']:.2f}" for k, v in sorted(r["gemms"].items()))
-    out.append(f"| {r['encoding']} | {r['kernels']} | {r['bytes'] / GB:.2f} | "
-               f"{r['vocab_f32_bytes'] / GB:.2f} | {gemms} | {r['temp_bytes'] / GiB:.2f} |")
+    out.append(
+      f"| {r['encoding']} | {r['kernels']} | {r['bytes'] / GB:.2f} | "
+      f"{r['vocab_f32_bytes'] / GB:.2f} | {gemms} | {r['temp_bytes'] / GiB:.2f} |"
+    )
   by = {r["encoding"]: r for r in rows}
   if "rove" in by and "rope" in by:
     a, b = by["rove"], by["rope"]
-    out.append(f"| RoVE / RoPE | {a['kernels'] / b['kernels']:.3f} | "
-               f"{a['bytes'] / b['bytes']:.4f} | | | {a['temp_bytes'] / b['temp_bytes']:.3f} |")
+    out.append(
+      f"| RoVE / RoPE | {a['kernels'] / b['kernels']:.3f} | "
+      f"{a['bytes'] / b['bytes']:.4f} | | | {a['temp_bytes'] / b['temp_bytes']:.3f} |"
+    )
   return "\n".join(out)
 
 
 def breakdown(row: dict, n: int) -> str:
   """Markdown rows of one encoding's n largest kernel groups."""
-  out = [f"{row['encoding']}: {row['kernels']} kernels", "",
-         "| phase | kind | operation | kernels | GB |", "|---|---|---|---|---|"]
+  out = [
+    f"{row['encoding']}: {row['kernels']} kernels",
+    "",
+    "| phase | kind | operation | kernels | GB |",
+    "|---|---|---|---|---|",
+  ]
   for phase, kind, op, count, moved in row["groups"][:n]:
     out.append(f"| {phase} | {kind} | {op or '-'} | {count} | {moved / GB:.2f} |")
   return "\n".join(out)
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m bench.gpu_step", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog="python -m bench.gpu_step",
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   p.add_argument("--preset", default="gpt2_124m", help="gpt2_124m, gpt2_354m, small, tiny")
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--seq", type=int, default=1024)
   p.add_argument("--gpu", default="h200", choices=["h100", "h200"])
   p.add_argument("--encodings", default="rove,rope,nope")
-  p.add_argument("--no-gpu-options", action="store_true",
-                 help="compile without the trainer's XLA options for GPUs")
+  p.add_argument(
+    "--no-gpu-options",
+    action="store_true",
+    help="compile without the trainer's XLA options for GPUs",
+  )
   p.add_argument("--json", help="write every figure here")
   p.add_argument("--markdown", action="store_true", help="print the table as markdown only")
   p.add_argument("--dump-hlo", metavar="DIR", help="keep each compiled HLO text here")
-  p.add_argument("--breakdown", type=int, default=0, metavar="N",
-                 help="print each encoding's N largest groups of kernels")
-  p.add_argument("--loss-impl", default="xla", choices=["xla", "fused"],
-                 help="the step's output projection and loss (optim.loss_impl)")
+  p.add_argument(
+    "--breakdown",
+    type=int,
+    default=0,
+    metavar="N",
+    help="print each encoding's N largest groups of kernels",
+  )
+  p.add_argument(
+    "--loss-impl",
+    default="xla",
+    choices=["xla", "fused"],
+    help="the step's output projection and loss (optim.loss_impl)",
+  )
   args = p.parse_args(argv)
   t0 = time.perf_counter()
-  log = lambda line: print(f"[{time.perf_counter() - t0:7.1f} s] {line}", file=sys.stderr,
-                           flush=True)
+  log = lambda line: print(
+    f"[{time.perf_counter() - t0:7.1f} s] {line}", file=sys.stderr, flush=True
+  )
   if args.dump_hlo:
     os.makedirs(args.dump_hlo, exist_ok=True)
   rows = []
   try:
     for enc in [e.strip() for e in args.encodings.split(",") if e.strip()]:
-      rows.append(measure(args.preset, args.batch, args.seq, enc, args.gpu,
-                          gpu_options=not args.no_gpu_options, hlo_dir=args.dump_hlo, log=log,
-                          loss_impl=args.loss_impl))
+      rows.append(
+        measure(
+          args.preset,
+          args.batch,
+          args.seq,
+          enc,
+          args.gpu,
+          gpu_options=not args.no_gpu_options,
+          hlo_dir=args.dump_hlo,
+          log=log,
+          loss_impl=args.loss_impl,
+        )
+      )
       log(f"{enc}: {rows[-1]['kernels']} kernels, {rows[-1]['bytes'] / GB:.2f} GB")
   except (ImportError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if not args.markdown:
     options = "none" if args.no_gpu_options else "the trainer's (rove_jax/train/gpu_options.py)"
-    print(f"{args.preset}, batch {args.batch} x {args.seq}, bf16, one {args.gpu.upper()}, "
-          f"XLA options: {options}, loss: {args.loss_impl}")
+    print(
+      f"{args.preset}, batch {args.batch} x {args.seq}, bf16, one {args.gpu.upper()}, "
+      f"XLA options: {options}, loss: {args.loss_impl}"
+    )
   print(table(rows))
   for r in rows if args.breakdown else ():
     print("\n" + breakdown(r, args.breakdown))

@@ -38,19 +38,28 @@ def main(argv=None):
   rows = []
   for mesh in MESHES:
     c = RunConfig(
-        model=GPTConfig.tiny(n_layer=2, d_model=128, n_head=8, d_ff=512, max_len=128),
-        data=DataConfig(max_files=100, seq_len=128, batch_size=16),
-        optim=OptimConfig(warmup_steps=1), mesh=MeshConfig(*mesh),
-        steps=args.steps, log_every=1, eval_every=10**6, checkpoint_every=10**6,
-        progress=False, sample_tokens=0, async_checkpoints=False)
+      model=GPTConfig.tiny(n_layer=2, d_model=128, n_head=8, d_ff=512, max_len=128),
+      data=DataConfig(max_files=100, seq_len=128, batch_size=16),
+      optim=OptimConfig(warmup_steps=1),
+      mesh=MeshConfig(*mesh),
+      steps=args.steps,
+      log_every=1,
+      eval_every=10**6,
+      checkpoint_every=10**6,
+      progress=False,
+      sample_tokens=0,
+      async_checkpoints=False,
+    )
     n = mesh[0] * mesh[1] * mesh[2]
     with tempfile.TemporaryDirectory() as work:
       training.train(c, work, devices=jax.devices()[:n], log=lambda *a: None)
       tps = [r["tokens_per_s"] for r in read_metrics(work) if "tokens_per_s" in r][1:]
     step_s = 16 * 128 / statistics.median(tps)
     rows.append({"mesh": mesh, "step_s": step_s})
-    print(f"mesh (data, fsdp, tensor) = {mesh}: {1e3 * step_s:.0f} ms/step "
-          f"(median of {len(tps)} steps, 16 x 128 tokens)")
+    print(
+      f"mesh (data, fsdp, tensor) = {mesh}: {1e3 * step_s:.0f} ms/step "
+      f"(median of {len(tps)} steps, 16 x 128 tokens)"
+    )
   if args.out:
     with open(args.out, "w") as f:
       json.dump(rows, f, indent=2)

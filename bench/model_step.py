@@ -28,8 +28,9 @@ def loss_fn(model, tokens):
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--preset", default="tiny")
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--seq", type=int, default=256)
@@ -60,13 +61,25 @@ def main(argv=None):
   med = {e: statistics.median(ts) for e, ts in times.items()}
   ntok = args.batch * args.seq
   print("| encoding | median step (ms) | tokens/s | paired ratio vs rope |\n|---|---|---|---|")
-  result = {"preset": args.preset, "batch": args.batch, "seq": args.seq,
-            "repeats": args.repeats, "device": jax.devices()[0].device_kind, "rows": {}}
+  result = {
+    "preset": args.preset,
+    "batch": args.batch,
+    "seq": args.seq,
+    "repeats": args.repeats,
+    "device": jax.devices()[0].device_kind,
+    "rows": {},
+  }
   for e in encs:
-    paired = (statistics.median(a / b for a, b in zip(times[e], times["rope"]))
-              if "rope" in times else float("nan"))
-    result["rows"][e] = {"median_s": med[e], "tokens_per_s": ntok / med[e],
-                         "paired_ratio_vs_rope": paired}
+    paired = (
+      statistics.median(a / b for a, b in zip(times[e], times["rope"]))
+      if "rope" in times
+      else float("nan")
+    )
+    result["rows"][e] = {
+      "median_s": med[e],
+      "tokens_per_s": ntok / med[e],
+      "paired_ratio_vs_rope": paired,
+    }
     print(f"| {e} | {1e3 * med[e]:.1f} | {ntok / med[e]:.0f} | {paired:.3f} |")
   if args.out:
     with open(args.out, "w") as f:

@@ -40,8 +40,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHAPES = {
-    "tiny": dict(layers=6, d_model=384, heads=6, vocab=320, batch=16, seq=256),
-    "gpt2_124m": dict(layers=12, d_model=768, heads=12, vocab=50304, batch=16, seq=1024),
+  "tiny": dict(layers=6, d_model=384, heads=6, vocab=320, batch=16, seq=256),
+  "gpt2_124m": dict(layers=12, d_model=768, heads=12, vocab=50304, batch=16, seq=1024),
 }
 GPU_SHAPES = ("gpt2_124m",)  # bfloat16 on a CUDA GPU; the others float32 on the CPU
 SHAPE = SHAPES["tiny"]
@@ -49,16 +49,24 @@ SHAPE = SHAPES["tiny"]
 
 def model_config(shape: str, encoding: str):
   from rove_jax.nn.model import GPTConfig
+
   sh = SHAPES[shape]
-  return GPTConfig(vocab_size=sh["vocab"], n_layer=sh["layers"], n_head=sh["heads"],
-                   d_model=sh["d_model"], max_len=sh["seq"], pos_encoding=encoding,
-                   dtype="bfloat16" if shape in GPU_SHAPES else "float32")
+  return GPTConfig(
+    vocab_size=sh["vocab"],
+    n_layer=sh["layers"],
+    n_head=sh["heads"],
+    d_model=sh["d_model"],
+    max_len=sh["seq"],
+    pos_encoding=encoding,
+    dtype="bfloat16" if shape in GPU_SHAPES else "float32",
+  )
 
 
 def peak_side(n: int = 8192, repeats: int = 10) -> dict:
   """The best bf16 [n, n] @ [n, n] FLOP/s of this process's device."""
   import jax
   import jax.numpy as jnp
+
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
   f = jax.jit(jnp.matmul)
   jax.block_until_ready(f(a, a))
@@ -67,8 +75,11 @@ def peak_side(n: int = 8192, repeats: int = 10) -> dict:
     t = time.perf_counter()
     jax.block_until_ready(f(a, a))
     best = min(best, time.perf_counter() - t)
-  return {"side": "peak", "flops_per_s": 2.0 * n**3 / best,
-          "device": str(jax.devices()[0].device_kind)}
+  return {
+    "side": "peak",
+    "flops_per_s": 2.0 * n**3 / best,
+    "device": str(jax.devices()[0].device_kind),
+  }
 
 
 def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") -> dict:
@@ -92,12 +103,18 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
   tx = loop.make_optimizer(OptimConfig(lr=1e-3, warmup_steps=0), 1000)
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
   state = loop.TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
-  step = loop.make_train_step(graphdef, tx, 1,
-                              compiler_options=gpu_options.compiler_options(jax.devices()),
-                              loss_impl="fused" if plus else "xla")
+  step = loop.make_train_step(
+    graphdef,
+    tx,
+    1,
+    compiler_options=gpu_options.compiler_options(jax.devices()),
+    loss_impl="fused" if plus else "xla",
+  )
   tokens = np.random.default_rng(0).integers(0, sh["vocab"], (sh["batch"], sh["seq"] + 1))
-  batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
-           "targets": jnp.asarray(tokens[:, 1:], jnp.int32)}
+  batch = {
+    "inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
+    "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
+  }
   for _ in range(warmup):
     state, m = step(state, batch)
     float(m["loss"])
@@ -107,35 +124,48 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
     state, m = step(state, batch)
     float(m["loss"])  # the loop syncs on the metrics every step, as here
     speeds.append(sh["batch"] * sh["seq"] / (time.perf_counter() - t))
-  return {"side": f"jax-{encoding}{plus}{loss}", "devices": str(jax.devices()[0].device_kind),
-          "tokens_per_s": speeds}
+  return {
+    "side": f"jax-{encoding}{plus}{loss}",
+    "devices": str(jax.devices()[0].device_kind),
+    "tokens_per_s": speeds,
+  }
 
 
 def _run(cmd, env=None) -> dict:
-  proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                        env={**os.environ, **(env or {})})
+  proc = subprocess.run(
+    cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})}
+  )
   if proc.returncode:
     raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--torch-python", help="the python of a venv with torch")
   p.add_argument("--rounds", type=int, default=2)
   p.add_argument("--steps", type=int, default=8)
   p.add_argument("--encodings", default="learned,rove")
   p.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
-  p.add_argument("--xla-flags", action="append", default=[], metavar="NAME=FLAGS",
-                 help="an extra JAX side per encoding with XLA_FLAGS=FLAGS (repeatable)")
+  p.add_argument(
+    "--xla-flags",
+    action="append",
+    default=[],
+    metavar="NAME=FLAGS",
+    help="an extra JAX side per encoding with XLA_FLAGS=FLAGS (repeatable)",
+  )
   p.add_argument("--no-torch", action="store_true", help="JAX sides only")
   p.add_argument("--side", help=argparse.SUPPRESS)  # internal: one JAX side, JSON on stdout
   p.add_argument("--out")
   args = p.parse_args(argv)
   if args.side:
-    print(json.dumps(peak_side() if args.side == "peak" else
-                     jax_side(args.side, args.steps, shape=args.shape)))
+    print(
+      json.dumps(
+        peak_side() if args.side == "peak" else jax_side(args.side, args.steps, shape=args.shape)
+      )
+    )
     return {}
   gpu = args.shape in GPU_SHAPES
   shape = SHAPES[args.shape]
@@ -146,18 +176,29 @@ def main(argv=None) -> dict:
       p.error(f"--xla-flags {spec!r}: expected NAME=--xla_flag=value [--xla_flag2=...]")
     variants[name] = flags.strip()
   if not args.torch_python and not args.no_torch:
-    p.error("--torch-python is needed: a venv with torch (pip install torch), kept apart "
-            "from rove-jax's")
-  torch_cmd = [args.torch_python, str(ROOT / "bench" / "peers" / "torch_gpt.py"),
-               *[f"--{k.replace('_', '-')}={v}" for k, v in shape.items()],
-               f"--steps={args.steps}"] + (["--device=cuda", "--bf16"] if gpu else [])
+    p.error(
+      "--torch-python is needed: a venv with torch (pip install torch), kept apart from rove-jax's"
+    )
+  torch_cmd = [
+    args.torch_python,
+    str(ROOT / "bench" / "peers" / "torch_gpt.py"),
+    *[f"--{k.replace('_', '-')}={v}" for k, v in shape.items()],
+    f"--steps={args.steps}",
+  ] + (["--device=cuda", "--bf16"] if gpu else [])
   sides, envs = ({} if args.no_torch else {"torch": torch_cmd}), {}
   platform = {} if gpu else {"JAX_PLATFORMS": "cpu"}
   for enc in args.encodings.split(","):
     for vname, flags in variants.items():
       name = f"jax-{enc}" + (f"[{vname}]" if vname else "")
-      sides[name] = [sys.executable, "-m", "bench.peer_ratio", "--side", enc,
-                     f"--steps={args.steps}", f"--shape={args.shape}"]
+      sides[name] = [
+        sys.executable,
+        "-m",
+        "bench.peer_ratio",
+        "--side",
+        enc,
+        f"--steps={args.steps}",
+        f"--shape={args.shape}",
+      ]
       envs[name] = {**platform, **({"XLA_FLAGS": flags} if flags else {})}
   peak_cmd = [sys.executable, "-m", "bench.peer_ratio", "--side", "peak"]
   peaks = [_run(peak_cmd)["flops_per_s"]] if gpu else []
@@ -167,25 +208,38 @@ def main(argv=None) -> dict:
     for name in names:
       got = _run(sides[name], env=envs.get(name, platform))
       speeds[name] += got["tokens_per_s"]
-      print(f"round {r + 1}/{args.rounds} {name:12s} median "
-            f"{statistics.median(got['tokens_per_s']):8.1f} tokens/s", file=sys.stderr,
-            flush=True)
+      print(
+        f"round {r + 1}/{args.rounds} {name:12s} median "
+        f"{statistics.median(got['tokens_per_s']):8.1f} tokens/s",
+        file=sys.stderr,
+        flush=True,
+      )
   if gpu:
     peaks.append(_run(peak_cmd)["flops_per_s"])
   medians = {name: statistics.median(v) for name, v in speeds.items()}
-  result = {"shape": dict(shape, name=args.shape), "median_tokens_per_s": medians,
-            "xla_flags": variants, "tokens_per_s": speeds}
+  result = {
+    "shape": dict(shape, name=args.shape),
+    "median_tokens_per_s": medians,
+    "xla_flags": variants,
+    "tokens_per_s": speeds,
+  }
   if gpu:
     from rove_jax.nn import flops
-    per_token = flops.model_flops_per_token(model_config(args.shape, "rope"), "train",
-                                            shape["seq"])[0]
-    result.update(peak_flops_per_s=max(peaks), peak_samples=peaks,
-                  model_flops_per_token=per_token,
-                  mfu={n: m * per_token / max(peaks) for n, m in medians.items()})
+
+    per_token = flops.model_flops_per_token(
+      model_config(args.shape, "rope"), "train", shape["seq"]
+    )[0]
+    result.update(
+      peak_flops_per_s=max(peaks),
+      peak_samples=peaks,
+      model_flops_per_token=per_token,
+      mfu={n: m * per_token / max(peaks) for n, m in medians.items()},
+    )
   if "torch" in medians:
     result["ratio_vs_torch"] = {n: medians[n] / medians["torch"] for n in medians if n != "torch"}
   result["ratio_vs_default_flags"] = {
-      n: medians[n] / medians[n.split("[")[0]] for n in medians if "[" in n}
+    n: medians[n] / medians[n.split("[")[0]] for n in medians if "[" in n
+  }
   for name in medians:
     line = f"{name}: {medians[name]:.0f} tokens/s"
     if "torch" in medians and name != "torch":
@@ -196,8 +250,10 @@ def main(argv=None) -> dict:
       line += f", {result['ratio_vs_default_flags'][name]:.3f}x default XLA flags"
     print(line)
   if "mfu" in result:
-    print(f"MFU = tokens/s x {result['model_flops_per_token'] / 1e6:.1f} MFLOP a token / "
-          f"{result['peak_flops_per_s'] / 1e12:.1f} TFLOP/s (the best bf16 matmul measured here)")
+    print(
+      f"MFU = tokens/s x {result['model_flops_per_token'] / 1e6:.1f} MFLOP a token / "
+      f"{result['peak_flops_per_s'] / 1e12:.1f} TFLOP/s (the best bf16 matmul measured here)"
+    )
   if "jax-rove" in medians and "jax-rope" in medians:
     result["rove_over_rope_time"] = medians["jax-rope"] / medians["jax-rove"]
     print(f"RoVE / RoPE step time: {result['rove_over_rope_time']:.3f}")

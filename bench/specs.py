@@ -12,6 +12,7 @@ from rove_jax.nn.model import GPTConfig
 @dataclasses.dataclass(frozen=True)
 class Model:
   """A named model shape: a GPTConfig preset, overrides, and the batch it is run at."""
+
   name: str
   preset: str
   overrides: tuple  # ((field, value), ...): hashable, printable
@@ -25,6 +26,7 @@ class Model:
 @dataclasses.dataclass(frozen=True)
 class Spec:
   """Everything a suite run measures; built by `make_spec`, recorded in the JSON."""
+
   suite: str
   quick: bool
   smoke: bool  # the smallest shapes: the suite runs end to end; its figures mean nothing
@@ -59,56 +61,114 @@ def make_spec(suite: str, quick: bool, smoke: bool = False) -> Spec:
   if smoke:
     one = (("n_layer", 1), ("d_model", 64), ("n_head", 2), ("d_ff", 128))
     spec = Spec(
-        suite=suite, quick=True, smoke=True,
-        train_models=(Model("smoke-L1", "tiny", one, 2, 32),),
-        repeats=2, matmul_n=256, matmul_dtype="float32",
-        memory_model=Model("smoke-L1", "tiny", one, 2, 32), memory_steps=2,
-        long_model=Model("smoke-L1", "tiny", one, 1, 0), long_lengths=(512,),
-        long_kernels=("xla", "chunked"), long_cap_gib=4.0,
-        decode_model=Model("smoke-L1", "tiny", one, 2, 0), decode_prompt=8, decode_new=8,
-        compile_model=Model("smoke", "tiny", one[1:], 2, 32), compile_depths=(1, 2, 4))
+      suite=suite,
+      quick=True,
+      smoke=True,
+      train_models=(Model("smoke-L1", "tiny", one, 2, 32),),
+      repeats=2,
+      matmul_n=256,
+      matmul_dtype="float32",
+      memory_model=Model("smoke-L1", "tiny", one, 2, 32),
+      memory_steps=2,
+      long_model=Model("smoke-L1", "tiny", one, 1, 0),
+      long_lengths=(512,),
+      long_kernels=("xla", "chunked"),
+      long_cap_gib=4.0,
+      decode_model=Model("smoke-L1", "tiny", one, 2, 0),
+      decode_prompt=8,
+      decode_new=8,
+      compile_model=Model("smoke", "tiny", one[1:], 2, 32),
+      compile_depths=(1, 2, 4),
+    )
   elif suite == "cpu":
     small = (("n_layer", 2), ("d_model", 128), ("n_head", 4), ("d_ff", 512))
     if quick:
-      train = (Model("tiny-L2", "tiny", (("n_layer", 2),), 4, 128),
-               Model("mid-L4-d256", "tiny", (("n_layer", 4), ("d_model", 256), ("n_head", 4),
-                                               ("d_ff", 1024)), 2, 128))
+      train = (
+        Model("tiny-L2", "tiny", (("n_layer", 2),), 4, 128),
+        Model(
+          "mid-L4-d256",
+          "tiny",
+          (("n_layer", 4), ("d_model", 256), ("n_head", 4), ("d_ff", 1024)),
+          2,
+          128,
+        ),
+      )
     else:
-      train = (Model("tiny", "tiny", (), 16, 256),
-               Model("mid-L8-d512", "tiny", (("n_layer", 8), ("d_model", 512), ("n_head", 8),
-                                               ("d_ff", 2048)), 4, 256))
+      train = (
+        Model("tiny", "tiny", (), 16, 256),
+        Model(
+          "mid-L8-d512",
+          "tiny",
+          (("n_layer", 8), ("d_model", 512), ("n_head", 8), ("d_ff", 2048)),
+          4,
+          256,
+        ),
+      )
     spec = Spec(
-        suite=suite, quick=quick, smoke=False, train_models=train, repeats=3 if quick else 7,
-        matmul_n=1024 if quick else 2048, matmul_dtype="float32",
-        memory_model=(Model("tiny-L2", "tiny", (("n_layer", 2),), 4, 128) if quick
-                      else Model("tiny", "tiny", (), 16, 256)),
-        memory_steps=3 if quick else 5,
-        long_model=Model("small-L2" if quick else "tiny", "tiny", small if quick else (), 1, 0),
-        long_lengths=(4096,) if quick else (4096, 8192, 16384),
-        long_kernels=("xla", "chunked"), long_cap_gib=8.0 if quick else 16.0,
-        decode_model=(Model("tiny-L2", "tiny", (("n_layer", 2),), 2, 0) if quick
-                      else Model("tiny", "tiny", (), 4, 0)),
-        decode_prompt=16 if quick else 64, decode_new=32 if quick else 128,
-        compile_model=Model("small" if quick else "tiny", "tiny",
-                            (("d_model", 128), ("n_head", 4), ("d_ff", 512)) if quick else (),
-                            2, 64 if quick else 256),
-        compile_depths=(2, 6, 12))
+      suite=suite,
+      quick=quick,
+      smoke=False,
+      train_models=train,
+      repeats=3 if quick else 7,
+      matmul_n=1024 if quick else 2048,
+      matmul_dtype="float32",
+      memory_model=(
+        Model("tiny-L2", "tiny", (("n_layer", 2),), 4, 128)
+        if quick
+        else Model("tiny", "tiny", (), 16, 256)
+      ),
+      memory_steps=3 if quick else 5,
+      long_model=Model("small-L2" if quick else "tiny", "tiny", small if quick else (), 1, 0),
+      long_lengths=(4096,) if quick else (4096, 8192, 16384),
+      long_kernels=("xla", "chunked"),
+      long_cap_gib=8.0 if quick else 16.0,
+      decode_model=(
+        Model("tiny-L2", "tiny", (("n_layer", 2),), 2, 0)
+        if quick
+        else Model("tiny", "tiny", (), 4, 0)
+      ),
+      decode_prompt=16 if quick else 64,
+      decode_new=32 if quick else 128,
+      compile_model=Model(
+        "small" if quick else "tiny",
+        "tiny",
+        (("d_model", 128), ("n_head", 4), ("d_ff", 512)) if quick else (),
+        2,
+        64 if quick else 256,
+      ),
+      compile_depths=(2, 6, 12),
+    )
   else:
     gpu = (("dtype", "bfloat16"), ("attention_impl", "cudnn"))
     spec = Spec(
-        suite=suite, quick=quick, smoke=False,
-        train_models=(Model("gpt2_124m", "gpt2_124m", gpu, 8 if quick else 16, 1024),
-                      Model("gpt2_354m", "gpt2_354m", gpu, 4 if quick else 8, 1024)),
-        repeats=3 if quick else 5, matmul_n=8192, matmul_dtype="bfloat16",
-        memory_model=Model("gpt2_124m", "gpt2_124m", gpu, 16, 1024), memory_steps=3,
-        long_model=Model("gpt2_124m", "gpt2_124m", (("dtype", "bfloat16"),), 1, 0),
-        long_lengths=(4096, 8192, 16384), long_kernels=("xla", "chunked"),
-        long_cap_gib=0.0,  # on the GPU the cap is the device's own memory (bytes_limit)
-        decode_model=Model("gpt2_124m", "gpt2_124m", (("dtype", "bfloat16"),), 4, 0),
-        decode_prompt=64, decode_new=128,
-        compile_model=Model("gpt2_124m", "gpt2_124m", gpu, 8, 1024), compile_depths=(2, 6, 12))
+      suite=suite,
+      quick=quick,
+      smoke=False,
+      train_models=(
+        Model("gpt2_124m", "gpt2_124m", gpu, 8 if quick else 16, 1024),
+        Model("gpt2_354m", "gpt2_354m", gpu, 4 if quick else 8, 1024),
+      ),
+      repeats=3 if quick else 5,
+      matmul_n=8192,
+      matmul_dtype="bfloat16",
+      memory_model=Model("gpt2_124m", "gpt2_124m", gpu, 16, 1024),
+      memory_steps=3,
+      long_model=Model("gpt2_124m", "gpt2_124m", (("dtype", "bfloat16"),), 1, 0),
+      long_lengths=(4096, 8192, 16384),
+      long_kernels=("xla", "chunked"),
+      long_cap_gib=0.0,  # on the GPU the cap is the device's own memory (bytes_limit)
+      decode_model=Model("gpt2_124m", "gpt2_124m", (("dtype", "bfloat16"),), 4, 0),
+      decode_prompt=64,
+      decode_new=128,
+      compile_model=Model("gpt2_124m", "gpt2_124m", gpu, 8, 1024),
+      compile_depths=(2, 6, 12),
+    )
   # Building every config now turns a bad override into an error before anything is timed.
-  for m in spec.train_models + (spec.memory_model, spec.long_model, spec.decode_model,
-                                spec.compile_model):
+  for m in spec.train_models + (
+    spec.memory_model,
+    spec.long_model,
+    spec.decode_model,
+    spec.compile_model,
+  ):
     m.config()
   return spec

@@ -25,8 +25,10 @@ def simulate(rng, pairs: int, inter_sd: float, n_units: int = 40, delta: float =
   difficulty, shared = 2.0 * rng.normal(size=n_units), 0.5 * rng.normal(size=pairs)
 
   def runs(shift):
-    return [shift + difficulty + shared[i] + inter_sd * rng.normal() + rng.normal(size=n_units)
-            for i in range(pairs)]
+    return [
+      shift + difficulty + shared[i] + inter_sd * rng.normal() + rng.normal(size=n_units)
+      for i in range(pairs)
+    ]
 
   return runs(delta), runs(0.0)
 
@@ -41,16 +43,20 @@ def coverage(pairs: int, inter_sd: float, sets: int, boot: int) -> float:
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--sets", type=int, default=400)
   p.add_argument("--boot", type=int, default=400)
   p.add_argument("--pairs", default="3,8")
   args = p.parse_args(argv)
   for pairs in map(int, args.pairs.split(",")):
     got = [coverage(pairs, sd, args.sets, args.boot) for sd in INTER_SDS]
-    print(f"{pairs} pairs, encoding-by-seed sd {' / '.join(f'{sd:g}' for sd in INTER_SDS)}: "
-          f"{' / '.join(f'{100 * c:g}' for c in got)} %", flush=True)
+    print(
+      f"{pairs} pairs, encoding-by-seed sd {' / '.join(f'{sd:g}' for sd in INTER_SDS)}: "
+      f"{' / '.join(f'{100 * c:g}' for c in got)} %",
+      flush=True,
+    )
 
 
 if __name__ == "__main__":

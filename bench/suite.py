@@ -42,9 +42,11 @@ from rove_jax.train.run_config import OptimConfig
 
 GIB = 2**30
 ENCODINGS = ("rove", "rope", "nope")
-FLOPS_FORMULA = ("6 * N_nonembed * tokens + 6 * n_layer * T * d_model * tokens "
-                 "(Kaplan et al. 2020; N_nonembed excludes the token/position embedding "
-                 "tables, so the tied LM-head matmul and rotary arithmetic are not credited)")
+FLOPS_FORMULA = (
+  "6 * N_nonembed * tokens + 6 * n_layer * T * d_model * tokens "
+  "(Kaplan et al. 2020; N_nonembed excludes the token/position embedding "
+  "tables, so the tied LM-head matmul and rotary arithmetic are not credited)"
+)
 
 
 def check_device(suite: str) -> str:
@@ -55,10 +57,12 @@ def check_device(suite: str) -> str:
     except RuntimeError:
       gpus = []
     if not gpus:
-      raise SystemExit(f"--suite gpu needs a CUDA GPU visible to JAX, but this machine has only "
-                       f"{[d.platform for d in jax.devices()]} (jax {jax.__version__}, backend "
-                       f"{jax.default_backend()!r}). Run --suite cpu here, or bench/gpu_check.sh "
-                       f"on a GPU machine.")
+      raise SystemExit(
+        f"--suite gpu needs a CUDA GPU visible to JAX, but this machine has only "
+        f"{[d.platform for d in jax.devices()]} (jax {jax.__version__}, backend "
+        f"{jax.default_backend()!r}). Run --suite cpu here, or bench/gpu_check.sh "
+        f"on a GPU machine."
+      )
     return gpus[0].device_kind
   return jax.devices("cpu")[0].device_kind
 
@@ -100,10 +104,13 @@ def _optimizer():
 
 def _train_state(cfg: GPTConfig, tx, abstract: bool = False):
   """(graphdef, TrainState); shapes only (nothing allocated) when abstract."""
+
   def init():
     _, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-    return training.TrainState(params=params, opt_state=tx.init(params),
-                               step=jnp.zeros((), jnp.int32))
+    return training.TrainState(
+      params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32)
+    )
+
   graphdef = nn_model.graphdef(cfg)
   return graphdef, (jax.eval_shape(init) if abstract else jax.jit(init)())
 
@@ -119,8 +126,9 @@ def _batch(B: int, T: int, vocab: int, abstract: bool = False) -> dict:
 def flops_per_step(cfg: GPTConfig, B: int, T: int) -> float:
   """Model FLOPs of one train step by FLOPS_FORMULA."""
   abstract = nn_model.abstract_model(cfg)
-  n_embed = cfg.vocab_size * cfg.d_model + (cfg.max_len * cfg.d_model
-                                            if cfg.pos_encoding == "learned" else 0)
+  n_embed = cfg.vocab_size * cfg.d_model + (
+    cfg.max_len * cfg.d_model if cfg.pos_encoding == "learned" else 0
+  )
   n_nonembed = count_params(abstract) - n_embed
   tokens = B * T
   return 6.0 * n_nonembed * tokens + 6.0 * cfg.n_layer * T * cfg.d_model * tokens
@@ -159,13 +167,15 @@ def train_compare(model: Model, repeats: int, peak_flops: float) -> dict:
     cfg = model.config(pos_encoding=enc)
     graphdef, states[enc] = _train_state(cfg, tx)
     steps[enc] = training.make_train_step(  # with the trainer's XLA options on a GPU
-        graphdef, tx, 1, compiler_options=gpu_options.compiler_options(jax.devices()))
+      graphdef, tx, 1, compiler_options=gpu_options.compiler_options(jax.devices())
+    )
   batch = _batch(model.batch, model.seq, cfg.vocab_size)
 
   def runner(enc):
     def run():  # the state is donated: keep the returned one for the next call
       states[enc], metrics = steps[enc](states[enc], batch)
       return metrics["loss"]
+
     return run
 
   fns = {enc: runner(enc) for enc in ENCODINGS}
@@ -178,12 +188,24 @@ def train_compare(model: Model, repeats: int, peak_flops: float) -> dict:
   rows = {}
   for enc in ENCODINGS:
     med = statistics.median(times[enc])
-    rows[enc] = {"median_s": med, "times_s": times[enc], "tokens_per_s": tokens / med,
-                 "paired_ratio_vs_rope": _paired(times[enc], times["rope"]),
-                 "mfu": flops / med / peak_flops, "loss": losses[enc]}
-  return {"model": model.name, "config": dict(model.overrides, preset=model.preset),
-          "batch": model.batch, "seq": model.seq, "repeats": repeats, "flops_per_step": flops,
-          "rows": rows, "ratio_rove_over_rope": rows["rove"]["paired_ratio_vs_rope"]}
+    rows[enc] = {
+      "median_s": med,
+      "times_s": times[enc],
+      "tokens_per_s": tokens / med,
+      "paired_ratio_vs_rope": _paired(times[enc], times["rope"]),
+      "mfu": flops / med / peak_flops,
+      "loss": losses[enc],
+    }
+  return {
+    "model": model.name,
+    "config": dict(model.overrides, preset=model.preset),
+    "batch": model.batch,
+    "seq": model.seq,
+    "repeats": repeats,
+    "flops_per_step": flops,
+    "rows": rows,
+    "ratio_rove_over_rope": rows["rove"]["paired_ratio_vs_rope"],
+  }
 
 
 def _subprocess(kind: str, payload: dict, cap_gib: float, timeout: float) -> dict:
@@ -191,8 +213,14 @@ def _subprocess(kind: str, payload: dict, cap_gib: float, timeout: float) -> dic
   memory is its own; under RLIMIT_AS when cap_gib > 0 (not on GPUs, whose driver reserves far
   more address space than it uses). A failure is a row with an error, not a crash."""
   # The worker sets the cap on itself: a preexec_fn would fork this multithreaded JAX process.
-  cmd = [sys.executable, "-m", "bench.suite", "--worker", kind,
-         json.dumps({**payload, "cap_gib": cap_gib})]
+  cmd = [
+    sys.executable,
+    "-m",
+    "bench.suite",
+    "--worker",
+    kind,
+    json.dumps({**payload, "cap_gib": cap_gib}),
+  ]
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
   except subprocess.TimeoutExpired:
@@ -219,13 +247,25 @@ def _worker_train_memory(p: dict) -> dict:
 def memory_compare(model: Model, steps: int, timeout: float) -> dict:
   rows = {}
   for enc in ("rove", "rope"):
-    rows[enc] = _subprocess("train_memory", {"model": dataclasses.asdict(model), "encoding": enc,
-                                             "steps": steps}, 0.0, timeout)
+    rows[enc] = _subprocess(
+      "train_memory",
+      {"model": dataclasses.asdict(model), "encoding": enc, "steps": steps},
+      0.0,
+      timeout,
+    )
   key = "peak_device_gib" if "peak_device_gib" in rows["rope"] else "peak_rss_gib"
-  ratio = (rows["rove"][key] / rows["rope"][key]
-           if all(key in r for r in rows.values()) else float("nan"))
-  return {"model": model.name, "batch": model.batch, "seq": model.seq, "steps": steps,
-          "measure": key, "rows": rows, "ratio_rove_over_rope": ratio}
+  ratio = (
+    rows["rove"][key] / rows["rope"][key] if all(key in r for r in rows.values()) else float("nan")
+  )
+  return {
+    "model": model.name,
+    "batch": model.batch,
+    "seq": model.seq,
+    "steps": steps,
+    "measure": key,
+    "rows": rows,
+    "ratio_rove_over_rope": ratio,
+  }
 
 
 def _xla_attention_bytes(cfg: GPTConfig, T: int) -> float:
@@ -245,12 +285,19 @@ def _worker_long_forward(p: dict) -> dict:
   jax.block_until_ready(f(state, tok))  # compile (excluded)
   dt = _time(lambda: f(state, tok))
   out = np.asarray(f(state, tok), np.float32)
-  return {"T": T, "kernel": p["kernel"], "seconds": dt, "tokens_per_s": T / dt,
-          "finite": bool(np.isfinite(out).all()), **_peak_memory()}
+  return {
+    "T": T,
+    "kernel": p["kernel"],
+    "seconds": dt,
+    "tokens_per_s": T / dt,
+    "finite": bool(np.isfinite(out).all()),
+    **_peak_memory(),
+  }
 
 
-def long_context(model: Model, lengths: tuple, kernels: tuple, cap_gib: float,
-                 timeout: float) -> dict:
+def long_context(
+  model: Model, lengths: tuple, kernels: tuple, cap_gib: float, timeout: float
+) -> dict:
   budget = cap_gib * GIB
   if cap_gib <= 0:  # GPU: the device's own memory is the cap
     budget = (jax.devices()[0].memory_stats() or {}).get("bytes_limit", float("inf"))
@@ -259,32 +306,60 @@ def long_context(model: Model, lengths: tuple, kernels: tuple, cap_gib: float,
     for kernel in kernels:
       need = _xla_attention_bytes(model.config(), T)
       if kernel == "xla" and need > 0.8 * budget:
-        rows.append({"T": T, "kernel": kernel, "skipped": f"xla needs >= {need / GIB:.1f} GiB "
-                     f"for one layer's [H, T, T] scores; cap {budget / GIB:.1f} GiB"})
+        rows.append(
+          {
+            "T": T,
+            "kernel": kernel,
+            "skipped": f"xla needs >= {need / GIB:.1f} GiB "
+            f"for one layer's [H, T, T] scores; cap {budget / GIB:.1f} GiB",
+          }
+        )
         continue
-      r = _subprocess("long_forward", {"model": dataclasses.asdict(model), "T": T,
-                                       "kernel": kernel}, cap_gib, timeout)
+      r = _subprocess(
+        "long_forward",
+        {"model": dataclasses.asdict(model), "T": T, "kernel": kernel},
+        cap_gib,
+        timeout,
+      )
       rows.append({"T": T, "kernel": kernel, **r})
-  return {"model": model.name, "config": dict(model.overrides, preset=model.preset),
-          "batch": 1, "cap_gib": cap_gib, "rows": rows}
+  return {
+    "model": model.name,
+    "config": dict(model.overrides, preset=model.preset),
+    "batch": 1,
+    "cap_gib": cap_gib,
+    "rows": rows,
+  }
 
 
 def decode_compare(model: Model, prompt_len: int, new: int, repeats: int) -> dict:
   """Greedy KV-cache decoding tokens/s, RoVE vs RoPE; the first call of each compiles."""
   prompt = jax.random.randint(jax.random.key(4), (model.batch, prompt_len), 0, 256, jnp.int32)
-  models = {enc: GPT(model.config(pos_encoding=enc, max_len=max(prompt_len + new, 256)),
-                     rngs=nnx.Rngs(0)) for enc in ("rove", "rope")}
+  models = {
+    enc: GPT(model.config(pos_encoding=enc, max_len=max(prompt_len + new, 256)), rngs=nnx.Rngs(0))
+    for enc in ("rove", "rope")
+  }
   fns = {enc: (lambda m=m: generate(m, prompt, new, temperature=0.0)) for enc, m in models.items()}
   for fn in fns.values():
     jax.block_until_ready(fn())
   times = _interleaved(fns, repeats)
-  rows = {enc: {"median_s": statistics.median(ts),
-                "tokens_per_s": model.batch * new / statistics.median(ts),
-                "paired_ratio_vs_rope": _paired(ts, times["rope"])} for enc, ts in times.items()}
-  return {"model": model.name, "batch": model.batch, "prompt": prompt_len, "new_tokens": new,
-          "repeats": repeats, "rows": rows,
-          "ratio_rove_over_rope": rows["rove"]["paired_ratio_vs_rope"],
-          "note": "time per generate() call: prefill of the prompt + new-1 cached decode steps"}
+  rows = {
+    enc: {
+      "median_s": statistics.median(ts),
+      "tokens_per_s": model.batch * new / statistics.median(ts),
+      "paired_ratio_vs_rope": _paired(ts, times["rope"]),
+    }
+    for enc, ts in times.items()
+  }
+  return {
+    "model": model.name,
+    "batch": model.batch,
+    "prompt": prompt_len,
+    "new_tokens": new,
+    "repeats": repeats,
+    "rows": rows,
+    "ratio_rove_over_rope": rows["rove"]["paired_ratio_vs_rope"],
+    "note": "time per generate() call: prefill of the prompt + new-1 cached decode steps",
+  }
 
 
 def compile_times(model: Model, depths: tuple) -> dict:
@@ -307,19 +382,24 @@ def compile_times(model: Model, depths: tuple) -> dict:
 # ------------------------------------------------------------------------------- driver
 
 
-def run(suite: str, quick: bool, out: Optional[str] = None, log=print, smoke: bool = False
-        ) -> dict:
+def run(suite: str, quick: bool, out: Optional[str] = None, log=print, smoke: bool = False) -> dict:
   """Run a suite; print markdown tables through `log`; return (and write) all results."""
   spec = make_spec(suite, quick, smoke)
   quick = spec.quick
   device = check_device(suite)
   t_start = time.perf_counter()
   timeout = 600.0 if quick else 1800.0
-  res = {"suite": suite, "quick": quick, "smoke": spec.smoke, "device": device,
-         "jax": jax.__version__, "spec": dataclasses.asdict(spec), "flops_formula": FLOPS_FORMULA}
+  res = {
+    "suite": suite,
+    "quick": quick,
+    "smoke": spec.smoke,
+    "device": device,
+    "jax": jax.__version__,
+    "spec": dataclasses.asdict(spec),
+    "flops_formula": FLOPS_FORMULA,
+  }
   size = " --smoke (figures meaningless)" if spec.smoke else " --quick" if quick else ""
-  log(f"# rove-jax benchmarks: suite {suite}{size} on {device} "
-      f"(jax {jax.__version__})\n")
+  log(f"# rove-jax benchmarks: suite {suite}{size} on {device} (jax {jax.__version__})\n")
 
   def save():  # after every section: a run stopped by a time limit keeps what it measured
     if out:
@@ -327,8 +407,10 @@ def run(suite: str, quick: bool, out: Optional[str] = None, log=print, smoke: bo
         json.dump(res, f, indent=2)
 
   res["peak_matmul"] = pk = peak_matmul(spec.matmul_n, spec.matmul_dtype, spec.repeats + 2)
-  log(f"Measured peak matmul: {pk['flops_per_s'] / 1e9:.1f} GFLOP/s ({pk['n']}^3 {pk['dtype']}, "
-      f"best of repeats)\n")
+  log(
+    f"Measured peak matmul: {pk['flops_per_s'] / 1e9:.1f} GFLOP/s ({pk['n']}^3 {pk['dtype']}, "
+    f"best of repeats)\n"
+  )
 
   res["train"] = []
   samples = [pk["flops_per_s"]]
@@ -345,34 +427,63 @@ def run(suite: str, quick: bool, out: Optional[str] = None, log=print, smoke: bo
     t = train_compare(m, spec.repeats, pk["flops_per_s"])
     res["train"].append(t)
     log(f"## Train step: {m.name}, batch {m.batch} x {m.seq}, {t['repeats']} interleaved repeats")
-    log(_table(["encoding", "median step (ms)", "tokens/s", "paired ratio vs rope", "MFU"],
-               [[e, f"{1e3 * r['median_s']:.1f}", f"{r['tokens_per_s']:.0f}",
-                 f"{r['paired_ratio_vs_rope']:.3f}", f"{r['mfu']:.3f}"]
-                for e, r in t["rows"].items()]))
-    log(f"RoVE/RoPE = {t['ratio_rove_over_rope']:.3f}; "
-        f"{t['flops_per_step'] / 1e9:.2f} GFLOP/step\n")
+    log(
+      _table(
+        ["encoding", "median step (ms)", "tokens/s", "paired ratio vs rope", "MFU"],
+        [
+          [
+            e,
+            f"{1e3 * r['median_s']:.1f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['paired_ratio_vs_rope']:.3f}",
+            f"{r['mfu']:.3f}",
+          ]
+          for e, r in t["rows"].items()
+        ],
+      )
+    )
+    log(
+      f"RoVE/RoPE = {t['ratio_rove_over_rope']:.3f}; {t['flops_per_step'] / 1e9:.2f} GFLOP/step\n"
+    )
     save()  # after each model: a later model that runs out of time loses only itself
   log(f"MFU = model FLOPs per step / median step time / measured peak; FLOPs = {FLOPS_FORMULA}")
-  log(f"Peak matmul measurements this run: "
-      f"{', '.join(f'{x / 1e9:.0f}' for x in samples)} GFLOP/s; MFU uses the best"
-      + (" (they differ by more than 20%: the machine's speed changed during the run, so "
-         "compare ratios, not absolute figures)" if min(samples) < 0.8 * max(samples) else "")
-      + "\n")
+  log(
+    f"Peak matmul measurements this run: "
+    f"{', '.join(f'{x / 1e9:.0f}' for x in samples)} GFLOP/s; MFU uses the best"
+    + (
+      " (they differ by more than 20%: the machine's speed changed during the run, so "
+      "compare ratios, not absolute figures)"
+      if min(samples) < 0.8 * max(samples)
+      else ""
+    )
+    + "\n"
+  )
 
   save()
   res["memory"] = mem = memory_compare(spec.memory_model, spec.memory_steps, timeout)
-  log(f"## Peak memory: {mem['steps']} train steps of {mem['model']} "
-      f"(batch {mem['batch']} x {mem['seq']}), one subprocess per encoding")
-  log(_table(["encoding", f"{mem['measure']}"],
-             [[e, f"{r[mem['measure']]:.3f}" if mem["measure"] in r else r.get("error")]
-              for e, r in mem["rows"].items()]))
+  log(
+    f"## Peak memory: {mem['steps']} train steps of {mem['model']} "
+    f"(batch {mem['batch']} x {mem['seq']}), one subprocess per encoding"
+  )
+  log(
+    _table(
+      ["encoding", f"{mem['measure']}"],
+      [
+        [e, f"{r[mem['measure']]:.3f}" if mem["measure"] in r else r.get("error")]
+        for e, r in mem["rows"].items()
+      ],
+    )
+  )
   log(f"RoVE/RoPE = {mem['ratio_rove_over_rope']:.3f}\n")
 
   save()
-  res["longctx"] = lc = long_context(spec.long_model, spec.long_lengths, spec.long_kernels,
-                                     spec.long_cap_gib, timeout)
-  log(f"## Long-context forward: {lc['model']} RoVE, batch 1, one subprocess per row"
-      + (f", RLIMIT_AS {lc['cap_gib']:.0f} GiB" if lc["cap_gib"] > 0 else ""))
+  res["longctx"] = lc = long_context(
+    spec.long_model, spec.long_lengths, spec.long_kernels, spec.long_cap_gib, timeout
+  )
+  log(
+    f"## Long-context forward: {lc['model']} RoVE, batch 1, one subprocess per row"
+    + (f", RLIMIT_AS {lc['cap_gib']:.0f} GiB" if lc["cap_gib"] > 0 else "")
+  )
   lrows = []
   for r in lc["rows"]:
     if "tokens_per_s" in r:
@@ -383,20 +494,42 @@ def run(suite: str, quick: bool, out: Optional[str] = None, log=print, smoke: bo
   log(_table(["T", "kernel", "tokens/s", "peak memory (GiB)", "finite / note"], lrows) + "\n")
 
   save()
-  res["decode"] = dc = decode_compare(spec.decode_model, spec.decode_prompt, spec.decode_new,
-                                      spec.repeats)
-  log(f"## Decoding: {dc['model']}, greedy, batch {dc['batch']}, prompt {dc['prompt']}, "
-      f"{dc['new_tokens']} new tokens, compile excluded")
-  log(_table(["encoding", "median (ms)", "tokens/s", "paired ratio vs rope"],
-             [[e, f"{1e3 * r['median_s']:.1f}", f"{r['tokens_per_s']:.0f}",
-               f"{r['paired_ratio_vs_rope']:.3f}"] for e, r in dc["rows"].items()]) + "\n")
+  res["decode"] = dc = decode_compare(
+    spec.decode_model, spec.decode_prompt, spec.decode_new, spec.repeats
+  )
+  log(
+    f"## Decoding: {dc['model']}, greedy, batch {dc['batch']}, prompt {dc['prompt']}, "
+    f"{dc['new_tokens']} new tokens, compile excluded"
+  )
+  log(
+    _table(
+      ["encoding", "median (ms)", "tokens/s", "paired ratio vs rope"],
+      [
+        [
+          e,
+          f"{1e3 * r['median_s']:.1f}",
+          f"{r['tokens_per_s']:.0f}",
+          f"{r['paired_ratio_vs_rope']:.3f}",
+        ]
+        for e, r in dc["rows"].items()
+      ],
+    )
+    + "\n"
+  )
 
   save()
   res["compile"] = cc = compile_times(spec.compile_model, spec.compile_depths)
   log(f"## Train-step compile time: {cc['model']}, batch {cc['batch']} x {cc['seq']}")
-  log(_table(["n_layer", "lower (s)", "compile (s)", "total (s)"],
-             [[r["n_layer"], f"{r['lower_s']:.2f}", f"{r['compile_s']:.2f}",
-               f"{r['total_s']:.2f}"] for r in cc["rows"]]) + "\n")
+  log(
+    _table(
+      ["n_layer", "lower (s)", "compile (s)", "total (s)"],
+      [
+        [r["n_layer"], f"{r['lower_s']:.2f}", f"{r['compile_s']:.2f}", f"{r['total_s']:.2f}"]
+        for r in cc["rows"]
+      ],
+    )
+    + "\n"
+  )
 
   res["seconds"] = time.perf_counter() - t_start
   log(f"Suite time: {res['seconds']:.0f} s")

@@ -44,13 +44,11 @@ def main():
   print(f"1. RoVE vs attentive convolution:         max |diff| = {np.abs(out - conv).max():.2e}")
 
   # 2. shift invariance.
-  shifted = rj.rove_attention(q, k, v, q_positions=pos + 1000, kv_positions=pos + 1000,
-                              rope=rope)
+  shifted = rj.rove_attention(q, k, v, q_positions=pos + 1000, kv_positions=pos + 1000, rope=rope)
   print(f"2. RoVE with all positions + 1000:        max |diff| = {np.abs(shifted - out).max():.2e}")
 
   # 3. the last 3 queries against all keys, as a KV cache would run them.
-  tail = rj.rove_attention(q[:, -3:], k, v, q_positions=pos[:, -3:], kv_positions=pos,
-                           rope=rope)
+  tail = rj.rove_attention(q[:, -3:], k, v, q_positions=pos[:, -3:], kv_positions=pos, rope=rope)
   diff = np.abs(tail - out[:, -3:]).max()
   print(f"3. cache-style queries vs full pass:      max |diff| = {diff:.2e}")
 
@@ -62,22 +60,29 @@ def main():
   timings = {}
   results = {}
   for impl in ("xla", "chunked"):
-    f = jax.jit(lambda q, k, v, impl=impl: rj.rove_attention(
-        q, k, v, q_positions=p4, kv_positions=p4, rope=rope4, kernel=impl))
+    f = jax.jit(
+      lambda q, k, v, impl=impl: rj.rove_attention(
+        q, k, v, q_positions=p4, kv_positions=p4, rope=rope4, kernel=impl
+      )
+    )
     jax.block_until_ready(f(q4, k4, v4))
     t0 = time.perf_counter()
     results[impl] = jax.block_until_ready(f(q4, k4, v4))
     timings[impl] = time.perf_counter() - t0
   diff = float(jnp.abs(results["xla"] - results["chunked"]).max())
-  print(f"4. chunked vs xla at {L} tokens:          max |diff| = {diff:.2e} "
-        f"(xla {timings['xla']:.2f} s, chunked {timings['chunked']:.2f} s)")
+  print(
+    f"4. chunked vs xla at {L} tokens:          max |diff| = {diff:.2e} "
+    f"(xla {timings['xla']:.2f} s, chunked {timings['chunked']:.2f} s)"
+  )
 
   # 5. YaRN for 16x.
   plain = np.asarray(rj.rope_frequencies(64))
   yarn, factor = rj.scaling.yarn(64, factor=16.0, original_max_len=1024)
   ratio = plain / np.asarray(yarn)
-  print(f"5. YaRN 16x on d=64, L0=1024: attention factor {factor:.4f}; per-pair slowdown "
-        f"{ratio[0]:.1f}x (fast pairs) ... {ratio[-1]:.1f}x (slow pairs)")
+  print(
+    f"5. YaRN 16x on d=64, L0=1024: attention factor {factor:.4f}; per-pair slowdown "
+    f"{ratio[0]:.1f}x (fast pairs) ... {ratio[-1]:.1f}x (slow pairs)"
+  )
 
 
 if __name__ == "__main__":

@@ -25,30 +25,44 @@ e.g. q_BTHD; module docstrings list only the letters they use):
 
 from rove_jax import analysis, attention, kernels, rotary, scaling
 from rove_jax.attention import (
-                                masked_attention,
-                                rope_attention,
-                                rove_attention,
-                                rove_attention_rotated,
+  masked_attention,
+  rope_attention,
+  rove_attention,
+  rove_attention_rotated,
 )
 from rove_jax.hf_rope import rope_from_hf_config
 from rove_jax.kernels import Mask
 from rove_jax.rotary import (
-                                Rope,
-                                apply_rotary,
-                                axial_frequencies,
-                                rope_frequencies,
-                                rotary_tables,
-                                rotate,
-                                rotation_angles,
-                                rotation_matrix,
+  Rope,
+  apply_rotary,
+  axial_frequencies,
+  rope_frequencies,
+  rotary_tables,
+  rotate,
+  rotation_angles,
+  rotation_matrix,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "analysis", "attention", "kernels", "rotary", "scaling",
-    "rope_attention", "rove_attention", "rove_attention_rotated", "masked_attention",
-    "Rope", "Mask",
-    "rope_frequencies", "axial_frequencies", "rotate", "rotation_matrix", "rotation_angles",
-    "rotary_tables", "apply_rotary", "rope_from_hf_config",
+  "analysis",
+  "attention",
+  "kernels",
+  "rotary",
+  "scaling",
+  "rope_attention",
+  "rove_attention",
+  "rove_attention_rotated",
+  "masked_attention",
+  "Rope",
+  "Mask",
+  "rope_frequencies",
+  "axial_frequencies",
+  "rotate",
+  "rotation_matrix",
+  "rotation_angles",
+  "rotary_tables",
+  "apply_rotary",
+  "rope_from_hf_config",
 ]

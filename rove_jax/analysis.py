@@ -26,8 +26,9 @@ import numpy as np
 from rove_jax import rotary
 
 
-def value_kernel(delta, w_v, inv_freq: rotary.Frequencies, *,
-                 layout: str = "interleaved") -> jax.Array:
+def value_kernel(
+  delta, w_v, inv_freq: rotary.Frequencies, *, layout: str = "interleaved"
+) -> jax.Array:
   """psi_delta = R_delta w_v, RoVE's value kernel at relative offset delta = p_j - p_i.
 
   Args:
@@ -50,8 +51,16 @@ def value_kernel(delta, w_v, inv_freq: rotary.Frequencies, *,
   return psi[0] if single else psi
 
 
-def mixer_matrix(weights_TS, w_v, q_positions, kv_positions, inv_freq: rotary.Frequencies, *,
-                 rove: bool, layout: str = "interleaved") -> jax.Array:
+def mixer_matrix(
+  weights_TS,
+  w_v,
+  q_positions,
+  kv_positions,
+  inv_freq: rotary.Frequencies,
+  *,
+  rove: bool,
+  layout: str = "interleaved",
+) -> jax.Array:
   """The dense token-mixing matrix of one attention head, [T*D, S*E].
 
   Args:
@@ -74,10 +83,14 @@ def mixer_matrix(weights_TS, w_v, q_positions, kv_positions, inv_freq: rotary.Fr
   q_pos = jnp.asarray(q_positions, jnp.float32)
   kv_pos = jnp.asarray(kv_positions, jnp.float32)
   if q_pos.shape[0] != T or kv_pos.shape[0] != S:
-    raise ValueError(f"positions {q_pos.shape}, {kv_pos.shape} do not match weights [T, S] = "
-                     f"{(T, S)}")
-  delta_TS = kv_pos[None, :] - q_pos[:, None] if q_pos.ndim == 1 else (
-      kv_pos[None, :, :] - q_pos[:, None, :])
+    raise ValueError(
+      f"positions {q_pos.shape}, {kv_pos.shape} do not match weights [T, S] = {(T, S)}"
+    )
+  delta_TS = (
+    kv_pos[None, :] - q_pos[:, None]
+    if q_pos.ndim == 1
+    else (kv_pos[None, :, :] - q_pos[:, None, :])
+  )
   flat = delta_TS.reshape((T * S,) + delta_TS.shape[2:])
   psi = value_kernel(flat, w_v, inv_freq, layout=layout).reshape(T, S, D, E)
   blocks_TSDC = a_TS[:, :, None, None] * psi
@@ -111,17 +124,24 @@ def layer_attention(model, tokens_T, *, layer: int = 0, head: int = 0) -> dict:
   a_BHTS = block.attn.weights(x_BTE, ctx)
   w_EKD, b_KD = block.attn.value_projection()
   kv_head = head // (cfg.n_head // cfg.n_kv_head)
-  inv_freq = ctx.inv_freq if ctx.inv_freq is not None else rotary.rope_frequencies(
-      cfg.head_dim, base=cfg.rope_base)
-  return {"a": np.asarray(a_BHTS[0, head], np.float32),
-          "w_v": np.asarray(w_EKD[:, kv_head].T, np.float32),
-          "b_v": None if b_KD is None else np.asarray(b_KD[kv_head], np.float32),
-          "x": np.asarray(x_BTE[0], np.float32), "inv_freq": np.asarray(inv_freq),
-          "layout": cfg.rope_layout}
+  inv_freq = (
+    ctx.inv_freq
+    if ctx.inv_freq is not None
+    else rotary.rope_frequencies(cfg.head_dim, base=cfg.rope_base)
+  )
+  return {
+    "a": np.asarray(a_BHTS[0, head], np.float32),
+    "w_v": np.asarray(w_EKD[:, kv_head].T, np.float32),
+    "b_v": None if b_KD is None else np.asarray(b_KD[kv_head], np.float32),
+    "x": np.asarray(x_BTE[0], np.float32),
+    "inv_freq": np.asarray(inv_freq),
+    "layout": cfg.rope_layout,
+  }
 
 
-def figure1_mixers(head_view: dict, *, pairs: Optional[int] = None,
-                   features: Optional[int] = None) -> dict:
+def figure1_mixers(
+  head_view: dict, *, pairs: Optional[int] = None, features: Optional[int] = None
+) -> dict:
   """RoPE's mixer A (x) W_V and RoVE's [A_ij R_{j-i} W_V] for a `layer_attention` result.
 
   Args:
@@ -140,12 +160,16 @@ def figure1_mixers(head_view: dict, *, pairs: Optional[int] = None,
   if pairs is None:
     dims = np.arange(w_v.shape[0])
   else:
-    inv = inv[:min(pairs, n_pairs)]
+    inv = inv[: min(pairs, n_pairs)]
     k = len(inv)
-    dims = (np.arange(2 * k) if head_view["layout"] == "interleaved" else
-            np.concatenate([np.arange(k), n_pairs + np.arange(k)]))
+    dims = (
+      np.arange(2 * k)
+      if head_view["layout"] == "interleaved"
+      else np.concatenate([np.arange(k), n_pairs + np.arange(k)])
+    )
   w_v = w_v[dims][:, :features]
   pos = np.arange(a.shape[0])
-  mix = lambda rove: np.asarray(mixer_matrix(a, w_v, pos, pos, inv, rove=rove,
-                                             layout=head_view["layout"]))
+  mix = lambda rove: np.asarray(
+    mixer_matrix(a, w_v, pos, pos, inv, rove=rove, layout=head_view["layout"])
+  )
   return {"rope": mix(False), "rove": mix(True), "dims": dims}

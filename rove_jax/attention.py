@@ -49,8 +49,17 @@ from rove_jax.rotary import Rope
 KernelArg = Union[str, kernels.Kernel, Callable]
 
 
-def rope_attention(q, k, v, *, q_positions, kv_positions, rope: Rope,
-                   mask: Optional[Mask] = None, kernel: KernelArg = "xla") -> jax.Array:
+def rope_attention(
+  q,
+  k,
+  v,
+  *,
+  q_positions,
+  kv_positions,
+  rope: Rope,
+  mask: Optional[Mask] = None,
+  kernel: KernelArg = "xla",
+) -> jax.Array:
   """Attention with rotary queries and keys (RoPE).
 
   Args:
@@ -71,26 +80,54 @@ def rope_attention(q, k, v, *, q_positions, kv_positions, rope: Rope,
   return _attention(_prepare(q, k, v, q_positions, kv_positions, rope, mask), kernel, "rope")
 
 
-def rove_attention(q, k, v, *, q_positions, kv_positions, rope: Rope,
-                   mask: Optional[Mask] = None, kernel: KernelArg = "xla") -> jax.Array:
+def rove_attention(
+  q,
+  k,
+  v,
+  *,
+  q_positions,
+  kv_positions,
+  rope: Rope,
+  mask: Optional[Mask] = None,
+  kernel: KernelArg = "xla",
+) -> jax.Array:
   """Rotary Value Embeddings: RoPE attention whose values are rotated by R_j before the kernel
   and whose output is rotated by R_i^-1 after it, so y_i = sum_j A_ij R_{j-i} v_j. Arguments
   and shapes as in `rope_attention`."""
   return _attention(_prepare(q, k, v, q_positions, kv_positions, rope, mask), kernel, "rove")
 
 
-def rove_attention_rotated(q, k, v, *, q_positions, kv_positions, rope: Rope,
-                           mask: Optional[Mask] = None, kernel: KernelArg = "xla") -> jax.Array:
+def rove_attention_rotated(
+  q,
+  k,
+  v,
+  *,
+  q_positions,
+  kv_positions,
+  rope: Rope,
+  mask: Optional[Mask] = None,
+  kernel: KernelArg = "xla",
+) -> jax.Array:
   """`rove_attention` before its last step: R_i y_i, the kernel's output. The caller applies
   `rope.rotate(out, q_positions, inverse=True)` itself, e.g. fused with the output projection
   under jax.checkpoint so that training keeps one [B, T, H, D] residual per layer instead of
   two (the kernel's output and the rotated one; see rove_jax.nn.model.Attention)."""
-  return _attention(_prepare(q, k, v, q_positions, kv_positions, rope, mask), kernel,
-                    "rove_rotated")
+  return _attention(
+    _prepare(q, k, v, q_positions, kv_positions, rope, mask), kernel, "rove_rotated"
+  )
 
 
-def masked_attention(q, k, v, *, q_positions, kv_positions, mask: Optional[Mask] = None,
-                     kernel: KernelArg = "xla", bias_fn=None) -> jax.Array:
+def masked_attention(
+  q,
+  k,
+  v,
+  *,
+  q_positions,
+  kv_positions,
+  mask: Optional[Mask] = None,
+  kernel: KernelArg = "xla",
+  bias_fn=None,
+) -> jax.Array:
   """Softmax attention without rotations, masked by positions like the rotary functions: for
   position encodings that act elsewhere (NoPE, absolute embeddings), as a logit bias (T5
   buckets, ALiBi), or on keys and values rotated beforehand (a KV cache's).
@@ -120,6 +157,7 @@ def rotate_queries(q_BTHD, q_positions, rope: Rope):
 
 class _Call(NamedTuple):
   """One call's inputs, validated, with positions broadcast to [B, T(, A)] / [B, S(, A)]."""
+
   q: jax.Array
   k: jax.Array
   v: jax.Array
@@ -151,10 +189,23 @@ def _attention(c: _Call, kernel: KernelArg, kind: Optional[str], bias_fn=None) -
   rotated back by R_i^-1. The scale is 1 / sqrt(D): the attention factor is in q."""
   rope = c.rope
   kernel = _kernel(kernel, c, bias_fn is not None)
-  q_pos, kv_pos = (c.q_pos[..., 0], c.kv_pos[..., 0]) if rope is not None and rope.multi_axis \
-      else (c.q_pos, c.kv_pos)  # multi-axis positions mask by their first axis (_validate)
-  call = KernelCall(c.q, c.k, c.v, c.mask, q_pos, kv_pos, 1.0 / math.sqrt(c.q.shape[-1]),
-                    bias_fn, rope, kind or "rope")
+  q_pos, kv_pos = (
+    (c.q_pos[..., 0], c.kv_pos[..., 0])
+    if rope is not None and rope.multi_axis
+    else (c.q_pos, c.kv_pos)
+  )  # multi-axis positions mask by their first axis (_validate)
+  call = KernelCall(
+    c.q,
+    c.k,
+    c.v,
+    c.mask,
+    q_pos,
+    kv_pos,
+    1.0 / math.sqrt(c.q.shape[-1]),
+    bias_fn,
+    rope,
+    kind or "rope",
+  )
   if rope is None or kernel.rotates:
     return kernel.attend(call)
   q_r, k_r, v_r, q_tables = _rotate(c, values=kind != "rope")
@@ -173,16 +224,17 @@ def _rotate(c: _Call, values: bool):
   position set, shared by q and the output and by k and v: the backward pass keeps one pair,
   not one per rotated tensor."""
   q_r, q_tables = rotate_queries(c.q, c.q_pos, c.rope)
-  kv_tables = q_tables if c.same_positions else c.rope.tables(c.kv_pos, c.q.shape[-1],
-                                                               c.q.dtype)
+  kv_tables = q_tables if c.same_positions else c.rope.tables(c.kv_pos, c.q.shape[-1], c.q.dtype)
   k_r = c.rope.apply(c.k, kv_tables)
   return q_r, k_r, c.rope.apply(c.v, kv_tables) if values else c.v, q_tables
 
 
 def _validate(q, k, v, q_positions, kv_positions, rope, mask):
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(f"q, k, v must be [B, T, H, D], [B, S, K, D], [B, S, K, D]; got shapes "
-                     f"{q.shape}, {k.shape}, {v.shape}")
+    raise ValueError(
+      f"q, k, v must be [B, T, H, D], [B, S, K, D], [B, S, K, D]; got shapes "
+      f"{q.shape}, {k.shape}, {v.shape}"
+    )
   B, T, H, D = q.shape
   if k.shape != v.shape:
     raise ValueError(f"k and v must have the same shape [B, S, K, D], got {k.shape} and {v.shape}")
@@ -190,12 +242,16 @@ def _validate(q, k, v, q_positions, kv_positions, rope, mask):
     raise ValueError(f"k {k.shape} must share batch B={B} and head dim D={D} with q {q.shape}")
   S, K = k.shape[1], k.shape[2]
   if H % K:
-    raise ValueError(f"query heads H={H} must be a multiple of kv heads K={K} (GQA groups "
-                     f"query head h onto kv head h // (H / K))")
+    raise ValueError(
+      f"query heads H={H} must be a multiple of kv heads K={K} (GQA groups "
+      f"query head h onto kv head h // (H / K))"
+    )
   n_rotated = 0 if rope is None else rope.n_rotated
   if n_rotated > D:
-    raise ValueError(f"{n_rotated // 2} rotary frequencies need {n_rotated} dims but the head "
-                     f"dimension D is {D}; use a shorter table (partial rotary)")
+    raise ValueError(
+      f"{n_rotated // 2} rotary frequencies need {n_rotated} dims but the head "
+      f"dimension D is {D}; use a shorter table (partial rotary)"
+    )
   multi = rope is not None and rope.multi_axis
   tail = (len(rope.inv_freq),) if multi else ()
   for name, pos, n in (("q_positions", q_positions, T), ("kv_positions", kv_positions, S)):
@@ -203,7 +259,9 @@ def _validate(q, k, v, q_positions, kv_positions, rope, mask):
     if pos.shape != want and pos.shape != (n,) + tail and pos.shape != (1, n) + tail:
       raise ValueError(f"{name} must have shape {want} (or {(n,) + tail}), got {pos.shape}")
   if multi and (mask.causal or mask.window is not None or mask.ordered):
-    raise ValueError("causal masks, windows and ordered positions need 1-D positions; multi-axis "
-                     "(image/video) positions are for bidirectional attention: pass "
-                     "mask=Mask(causal=False)")
+    raise ValueError(
+      "causal masks, windows and ordered positions need 1-D positions; multi-axis "
+      "(image/video) positions are for bidirectional attention: pass "
+      "mask=Mask(causal=False)"
+    )
   mask.check(B, T, S)

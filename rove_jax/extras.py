@@ -13,8 +13,7 @@ import importlib.util
 # The pip extra of each layer and the top-level modules it brings (pyproject.toml's extras).
 # Each extra includes the one before it, as in pyproject.toml.
 _NN = ("flax",)
-_TRAIN = _NN + ("optax", "orbax.checkpoint", "grain", "absl", "tqdm",
-                "tensorboardX")
+_TRAIN = _NN + ("optax", "orbax.checkpoint", "grain", "absl", "tqdm", "tensorboardX")
 EXTRAS = {"nn": _NN, "train": _TRAIN, "eval": _TRAIN + ("matplotlib",)}
 
 
@@ -30,6 +29,7 @@ def require(extra: str, layer: str) -> None:
   missing = [m for m in EXTRAS[extra] if not _installed(m)]
   if missing:
     raise ModuleNotFoundError(
-        f"{layer} needs the {extra!r} extra, which is not installed (missing: "
-        f"{', '.join(missing)}): pip install 'rove_jax[{extra}]' (or 'rove_jax[all]')",
-        name=missing[0])
+      f"{layer} needs the {extra!r} extra, which is not installed (missing: "
+      f"{', '.join(missing)}): pip install 'rove_jax[{extra}]' (or 'rove_jax[all]')",
+      name=missing[0],
+    )

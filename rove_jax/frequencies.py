@@ -109,8 +109,9 @@ def ntk(rot_dim: int, *, base: float = 10000.0, factor: float) -> ScalingResult:
   return _finish(_base_table(rot_dim, new_base, np), 1.0)
 
 
-def dynamic_ntk(rot_dim: int, *, base: float = 10000.0, factor: float, original_max_len: int,
-                seq_len) -> ScalingResult:
+def dynamic_ntk(
+  rot_dim: int, *, base: float = 10000.0, factor: float, original_max_len: int, seq_len
+) -> ScalingResult:
   """Dynamic NTK (HuggingFace "dynamic"): the NTK base grows with the current length.
 
   base' = base * (factor * L / L0 - (factor - 1))^(d / (d - 2)) with L = max(seq_len, L0), so
@@ -123,8 +124,9 @@ def dynamic_ntk(rot_dim: int, *, base: float = 10000.0, factor: float, original_
   if rot_dim < 4:
     raise ValueError(f"dynamic_ntk: rot_dim must be >= 4, got {rot_dim}")
   xp = _xp(seq_len, factor)
-  length = xp.maximum(xp.asarray(seq_len, dtype=xp.float32 if xp is jnp else np.float64),
-                      original_max_len)
+  length = xp.maximum(
+    xp.asarray(seq_len, dtype=xp.float32 if xp is jnp else np.float64), original_max_len
+  )
   new_base = base * (factor * length / original_max_len - (factor - 1)) ** (rot_dim / (rot_dim - 2))
   return _finish(_base_table(rot_dim, new_base, xp), 1.0)
 
@@ -137,8 +139,15 @@ def _yarn_mscale(scale, mscale, xp):
   return jnp.where(scale > 1, 0.1 * mscale * jnp.log(jnp.maximum(scale, 1.0)) + 1.0, 1.0)
 
 
-def yarn_correction_range(rot_dim: int, *, base: float, original_max_len: int, beta_fast: float,
-                          beta_slow: float, truncate: bool = True) -> tuple[float, float]:
+def yarn_correction_range(
+  rot_dim: int,
+  *,
+  base: float,
+  original_max_len: int,
+  beta_fast: float,
+  beta_slow: float,
+  truncate: bool = True,
+) -> tuple[float, float]:
   """The pair indices (low, high) between which YaRN ramps from extrapolation to interpolation.
 
   Pair m completes L0 / (2 pi base^(2m/d)) turns over the original context L0; the correction
@@ -155,10 +164,19 @@ def yarn_correction_range(rot_dim: int, *, base: float, original_max_len: int, b
   return max(low, 0), min(high, rot_dim - 1)
 
 
-def yarn(rot_dim: int, *, base: float = 10000.0, factor, original_max_len: int,
-         beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True,
-         attention_factor: float | None = None, mscale: float | None = None,
-         mscale_all_dim: float | None = None) -> ScalingResult:
+def yarn(
+  rot_dim: int,
+  *,
+  base: float = 10000.0,
+  factor,
+  original_max_len: int,
+  beta_fast: float = 32.0,
+  beta_slow: float = 1.0,
+  truncate: bool = True,
+  attention_factor: float | None = None,
+  mscale: float | None = None,
+  mscale_all_dim: float | None = None,
+) -> ScalingResult:
   """YaRN (Peng et al. 2024), as defined by HuggingFace transformers and the authors' code.
 
   Args:
@@ -179,16 +197,23 @@ def yarn(rot_dim: int, *, base: float = 10000.0, factor, original_max_len: int,
   check_factor("yarn", factor)
   _check_len("yarn", "original_max_len", original_max_len)
   if not beta_fast > beta_slow > 0:
-    raise ValueError(f"yarn: need beta_fast > beta_slow > 0, got beta_fast={beta_fast}, "
-                     f"beta_slow={beta_slow}")
+    raise ValueError(
+      f"yarn: need beta_fast > beta_slow > 0, got beta_fast={beta_fast}, beta_slow={beta_slow}"
+    )
   xp = _xp(factor)
   if attention_factor is None:
     if mscale and mscale_all_dim:
       attention_factor = _yarn_mscale(factor, mscale, xp) / _yarn_mscale(factor, mscale_all_dim, xp)
     else:
       attention_factor = _yarn_mscale(factor, 1.0, xp)
-  low, high = yarn_correction_range(rot_dim, base=base, original_max_len=original_max_len,
-                                    beta_fast=beta_fast, beta_slow=beta_slow, truncate=truncate)
+  low, high = yarn_correction_range(
+    rot_dim,
+    base=base,
+    original_max_len=original_max_len,
+    beta_fast=beta_fast,
+    beta_slow=beta_slow,
+    truncate=truncate,
+  )
   if low == high:
     high += 0.001  # the reference's guard against a zero-width ramp
   # The ramp does not depend on the factor: numpy float64 always.
@@ -205,8 +230,9 @@ def yarn(rot_dim: int, *, base: float = 10000.0, factor, original_max_len: int,
   return _finish(inv_freq, attention_factor)
 
 
-def dynamic_yarn(rot_dim: int, *, base: float = 10000.0, original_max_len: int, seq_len,
-                 **yarn_kwargs) -> ScalingResult:
+def dynamic_yarn(
+  rot_dim: int, *, base: float = 10000.0, original_max_len: int, seq_len, **yarn_kwargs
+) -> ScalingResult:
   """YaRN with the factor taken from the current length: s = max(1, seq_len / original_max_len)."""
   _check_len("dynamic_yarn", "seq_len", seq_len)
   _check_len("dynamic_yarn", "original_max_len", original_max_len)
@@ -217,16 +243,25 @@ def dynamic_yarn(rot_dim: int, *, base: float = 10000.0, original_max_len: int, 
   return yarn(rot_dim, base=base, factor=factor, original_max_len=original_max_len, **yarn_kwargs)
 
 
-def llama3(rot_dim: int, *, base: float = 500000.0, factor: float, original_max_len: int,
-           low_freq_factor: float = 1.0, high_freq_factor: float = 4.0) -> ScalingResult:
+def llama3(
+  rot_dim: int,
+  *,
+  base: float = 500000.0,
+  factor: float,
+  original_max_len: int,
+  low_freq_factor: float = 1.0,
+  high_freq_factor: float = 4.0,
+) -> ScalingResult:
   """Llama 3.1 scaling: wavelengths shorter than L0 / high_freq_factor are kept, longer than
   L0 / low_freq_factor divided by `factor`, and the band between blends the two smoothly."""
   rot_dim = rotary._check_rot_dim(rot_dim)
   check_factor("llama3", factor)
   _check_len("llama3", "original_max_len", original_max_len)
   if not high_freq_factor > low_freq_factor > 0:
-    raise ValueError(f"llama3: need high_freq_factor > low_freq_factor > 0, got "
-                     f"low_freq_factor={low_freq_factor}, high_freq_factor={high_freq_factor}")
+    raise ValueError(
+      f"llama3: need high_freq_factor > low_freq_factor > 0, got "
+      f"low_freq_factor={low_freq_factor}, high_freq_factor={high_freq_factor}"
+    )
   inv_freq = _base_table(rot_dim, base, np)
   wavelen = 2 * np.pi / inv_freq
   low_freq_wavelen = original_max_len / low_freq_factor
@@ -238,10 +273,18 @@ def llama3(rot_dim: int, *, base: float = 500000.0, factor: float, original_max_
   return _finish(np.where(medium, blended, out), 1.0)
 
 
-def longrope(rot_dim: int, *, base: float = 10000.0, short_factor: Sequence[float],
-             long_factor: Sequence[float], original_max_len: int, factor: float | None = None,
-             max_len: int | None = None, seq_len=None,
-             attention_factor: float | None = None) -> ScalingResult:
+def longrope(
+  rot_dim: int,
+  *,
+  base: float = 10000.0,
+  short_factor: Sequence[float],
+  long_factor: Sequence[float],
+  original_max_len: int,
+  factor: float | None = None,
+  max_len: int | None = None,
+  seq_len=None,
+  attention_factor: float | None = None,
+) -> ScalingResult:
   """LongRoPE (Phi-3): inv_freq = base^(-2m/d) / ext[m], ext = long_factor when the current
   length exceeds L0, else short_factor.
 
@@ -255,36 +298,42 @@ def longrope(rot_dim: int, *, base: float = 10000.0, short_factor: Sequence[floa
   long = np.asarray(long_factor, dtype=np.float64)
   for name, arr in (("short_factor", short), ("long_factor", long)):
     if arr.shape != (rot_dim // 2,):
-      raise ValueError(f"longrope: {name} must have rot_dim / 2 = {rot_dim // 2} entries, got "
-                       f"{arr.shape[0] if arr.ndim == 1 else arr.shape}")
+      raise ValueError(
+        f"longrope: {name} must have rot_dim / 2 = {rot_dim // 2} entries, got "
+        f"{arr.shape[0] if arr.ndim == 1 else arr.shape}"
+      )
     if not np.all(arr > 0):
       raise ValueError(f"longrope: {name} entries must be positive")
   if factor is None:
     factor = 1.0 if max_len is None else max_len / original_max_len
   check_factor("longrope", factor, minimum=0.0)
   if attention_factor is None:
-    attention_factor = 1.0 if factor <= 1.0 else math.sqrt(
-        1 + math.log(factor) / math.log(original_max_len))
+    attention_factor = (
+      1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original_max_len))
+    )
   table = _base_table(rot_dim, base, np)
   if seq_len is None:
     return _finish(table / short, attention_factor)
   if isinstance(seq_len, jax.Array):
     use_long = seq_len > original_max_len
-    inv = jnp.where(use_long, jnp.asarray(table / long, jnp.float32),
-                    jnp.asarray(table / short, jnp.float32))
+    inv = jnp.where(
+      use_long, jnp.asarray(table / long, jnp.float32), jnp.asarray(table / short, jnp.float32)
+    )
     return _finish(inv, attention_factor)
   return _finish(table / (long if seq_len > original_max_len else short), attention_factor)
 
 
-def proportional(rot_dim: int, *, base: float = 10000.0, partial_rotary_factor: float = 1.0,
-                 factor: float = 1.0) -> ScalingResult:
+def proportional(
+  rot_dim: int, *, base: float = 10000.0, partial_rotary_factor: float = 1.0, factor: float = 1.0
+) -> ScalingResult:
   """transformers' "proportional" RoPE (Gemma 4): rot_dim is the whole head D; the first
   int(partial_rotary_factor * D // 2) pairs turn at base^(-2m/D) / factor (exponents over D, not
   over the turning dims) and the other pairs get frequency 0, i.e. do not turn."""
   rot_dim = rotary._check_rot_dim(rot_dim)
   if not 0.0 <= partial_rotary_factor <= 1.0:
-    raise ValueError(f"proportional: partial_rotary_factor must be in [0, 1], got "
-                     f"{partial_rotary_factor!r}")
+    raise ValueError(
+      f"proportional: partial_rotary_factor must be in [0, 1], got {partial_rotary_factor!r}"
+    )
   if not factor > 0:
     raise ValueError(f"proportional: factor must be > 0, got factor={factor!r}")
   turning = int(partial_rotary_factor * rot_dim // 2)

@@ -9,13 +9,25 @@ from __future__ import annotations
 from typing import Optional
 
 PEAK_BF16_FLOPS = {
-    "v4": 275e12, "v5e": 197e12, "v5p": 459e12, "v6e": 918e12,  # per TPU chip
-    "h100": 989e12, "h200": 989e12,  # per GPU (SXM)
+  "v4": 275e12,
+  "v5e": 197e12,
+  "v5p": 459e12,
+  "v6e": 918e12,  # per TPU chip
+  "h100": 989e12,
+  "h200": 989e12,  # per GPU (SXM)
 }
 # device_kind prefixes (jax.Device.device_kind) of those accelerators.
-DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5p": "v5p",
-                "TPU v5": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e", "NVIDIA H100": "h100",
-                "NVIDIA H200": "h200"}
+DEVICE_KINDS = {
+  "TPU v4": "v4",
+  "TPU v5 lite": "v5e",
+  "TPU v5e": "v5e",
+  "TPU v5p": "v5p",
+  "TPU v5": "v5p",
+  "TPU v6 lite": "v6e",
+  "TPU v6e": "v6e",
+  "NVIDIA H100": "h100",
+  "NVIDIA H200": "h200",
+}
 
 
 def chip_name(device_kind: str) -> Optional[str]:

@@ -42,6 +42,7 @@ from rove_jax import scaling
 
 class HFRope(NamedTuple):
   """What `rope_from_hf_config` reads: pass inv_freq and attention_factor to `rope_attention`."""
+
   rot_dim: int  # dims that turn (2 * len(inv_freq)); the rest of the head passes through
   inv_freq: Any  # numpy float32 [rot_dim // 2]; for "axial" a pair of per-axis tables
   attention_factor: float  # multiplies the rotated dims of q and k (transformers' scaling)
@@ -50,9 +51,13 @@ class HFRope(NamedTuple):
   rope_scaling: scaling.RopeScaling  # the resolved setting; .to_dict() is its v5-style dict
 
 
-def rope_from_hf_config(config: str | os.PathLike | Mapping[str, Any], *,
-                        seq_len: int | None = None, layer_type: str | None = None,
-                        strict: bool = False) -> HFRope:
+def rope_from_hf_config(
+  config: str | os.PathLike | Mapping[str, Any],
+  *,
+  seq_len: int | None = None,
+  layer_type: str | None = None,
+  strict: bool = False,
+) -> HFRope:
   """rot_dim, inv_freq and attention factor of a transformers model config (see the module doc).
 
   Args:
@@ -65,16 +70,24 @@ def rope_from_hf_config(config: str | os.PathLike | Mapping[str, Any], *,
     ValueError: unreadable config, no head dimension, an odd rotary width, or a bad rope dict.
   """
   cfg = _load(config)
-  if "num_attention_heads" not in cfg and "n_head" not in cfg and "head_dim" not in cfg \
-      and isinstance(cfg.get("text_config"), Mapping):
+  if (
+    "num_attention_heads" not in cfg
+    and "n_head" not in cfg
+    and "head_dim" not in cfg
+    and isinstance(cfg.get("text_config"), Mapping)
+  ):
     cfg = dict(cfg["text_config"])
   head_dim = cfg.get("head_dim")
   if not head_dim:
-    width, heads = (cfg.get("hidden_size") or cfg.get("n_embd"),
-                    cfg.get("num_attention_heads") or cfg.get("n_head"))
+    width, heads = (
+      cfg.get("hidden_size") or cfg.get("n_embd"),
+      cfg.get("num_attention_heads") or cfg.get("n_head"),
+    )
     if not (width and heads):
-      raise ValueError("the config names no head dimension: it needs head_dim, or hidden_size and "
-                       "num_attention_heads")
+      raise ValueError(
+        "the config names no head dimension: it needs head_dim, or hidden_size and "
+        "num_attention_heads"
+      )
     head_dim = width // heads
   params = _rope_dict(cfg, layer_type)
   rope_type = params.get("rope_type") or params.get("type") or "default"
@@ -83,8 +96,9 @@ def rope_from_hf_config(config: str | os.PathLike | Mapping[str, Any], *,
   params.pop("type", None)
   theta = params.get("rope_theta") or cfg.get("rope_theta") or cfg.get("rotary_emb_base")
   params["rope_theta"] = float(theta or 10000.0)
-  partial = params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") \
-      or cfg.get("rotary_pct")
+  partial = (
+    params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or cfg.get("rotary_pct")
+  )
   if partial is not None:
     params["partial_rotary_factor"] = partial
   max_len = cfg.get("max_position_embeddings") or cfg.get("n_positions")
@@ -97,24 +111,34 @@ def rope_from_hf_config(config: str | os.PathLike | Mapping[str, Any], *,
   else:
     rot_dim = int(head_dim * (partial or 1.0))
   if rot_dim % 2 or rot_dim <= 0:
-    raise ValueError(f"the config rotates {rot_dim} dims of head_dim={head_dim} (partial rotary "
-                     f"factor {partial}); rove_jax rotates an even number of dims, while "
-                     f"transformers pads an odd count by one pair: not supported")
+    raise ValueError(
+      f"the config rotates {rot_dim} dims of head_dim={head_dim} (partial rotary "
+      f"factor {partial}); rove_jax rotates an even number of dims, while "
+      f"transformers pads an odd count by one pair: not supported"
+    )
   if rope_type == "dynamic" and seq_len is None:
     seq_len = max_len  # transformers' table at load time
   spec = scaling.RopeScaling.from_dict(params, strict=strict)
-  inv_freq, factor = spec.frequencies(rot_dim, max_len=max_len, seq_len=seq_len,
-                                      head_dim=head_dim if partial is not None else None)
-  return HFRope(rot_dim=rot_dim, inv_freq=inv_freq, attention_factor=float(factor),
-                head_dim=int(head_dim), rope_type=rope_type, rope_scaling=spec)
+  inv_freq, factor = spec.frequencies(
+    rot_dim, max_len=max_len, seq_len=seq_len, head_dim=head_dim if partial is not None else None
+  )
+  return HFRope(
+    rot_dim=rot_dim,
+    inv_freq=inv_freq,
+    attention_factor=float(factor),
+    head_dim=int(head_dim),
+    rope_type=rope_type,
+    rope_scaling=spec,
+  )
 
 
 def _load(config) -> dict:
   if isinstance(config, Mapping):
     return dict(config)
   if not isinstance(config, (str, os.PathLike)):
-    raise ValueError(f"config must be a config.json path, its folder or a dict, got "
-                     f"{type(config).__name__}")
+    raise ValueError(
+      f"config must be a config.json path, its folder or a dict, got {type(config).__name__}"
+    )
   path = os.path.join(config, "config.json") if os.path.isdir(config) else os.fspath(config)
   try:
     with open(path, encoding="utf-8") as f:
@@ -134,12 +158,16 @@ def _rope_dict(cfg: Mapping[str, Any], layer_type: str | None) -> dict:
   nested = [k for k, v in rope.items() if isinstance(v, Mapping)]
   if not nested:
     if layer_type is not None:
-      raise ValueError(f"layer_type={layer_type!r} given, but the rope dict is not nested by "
-                       f"layer type; leave layer_type unset")
+      raise ValueError(
+        f"layer_type={layer_type!r} given, but the rope dict is not nested by "
+        f"layer type; leave layer_type unset"
+      )
     return dict(rope)
   if layer_type is None and len(nested) == 1:
     layer_type = nested[0]
   if layer_type not in nested:
-    raise ValueError(f"the rope dict is nested by layer type {sorted(nested)}: pass layer_type= "
-                     f"one of them (got {layer_type!r})")
+    raise ValueError(
+      f"the rope dict is nested by layer type {sorted(nested)}: pass layer_type= "
+      f"one of them (got {layer_type!r})"
+    )
   return dict(rope[layer_type])

@@ -47,8 +47,9 @@ def rotate(x, positions, inv_freq, *, inverse: bool = False) -> jax.Array:
 def causal_attention(q, k, v, q_positions, kv_positions) -> jax.Array:
   """softmax(q.k / sqrt(D)) v over keys at positions <= the query's; GQA; [B, T, H, D]."""
   visible_BTS = kv_positions[:, None, :] <= q_positions[:, :, None]
-  out = jax.nn.dot_product_attention(q, k, v, mask=visible_BTS[:, None],
-                                     scale=1.0 / math.sqrt(q.shape[-1]))
+  out = jax.nn.dot_product_attention(
+    q, k, v, mask=visible_BTS[:, None], scale=1.0 / math.sqrt(q.shape[-1])
+  )
   has_key = jnp.any(visible_BTS, axis=-1)[:, :, None, None]
   return jnp.where(has_key, out, jnp.zeros((), out.dtype))
 

@@ -67,8 +67,9 @@ def axial_frequencies(rot_dim: int, n_axes: int, *, base: float = 10000.0) -> tu
   rot_dim = _check_rot_dim(rot_dim)
   if rot_dim % (2 * n_axes):
     raise ValueError(
-        f"rot_dim={rot_dim} cannot be split evenly into {n_axes} axes of rotation pairs: "
-        f"it must be a multiple of 2 * n_axes = {2 * n_axes}")
+      f"rot_dim={rot_dim} cannot be split evenly into {n_axes} axes of rotation pairs: "
+      f"it must be a multiple of 2 * n_axes = {2 * n_axes}"
+    )
   table = rope_frequencies(rot_dim // n_axes, base=base)
   return tuple(table for _ in range(n_axes))
 
@@ -87,8 +88,9 @@ def rotation_angles(positions, inv_freq: Frequencies) -> jax.Array:
     return _outer(positions.astype(dtype), tables[0].astype(dtype))
   if positions.ndim < 1 or positions.shape[-1] != len(tables):
     raise ValueError(
-        f"multi-axis rotation with {len(tables)} frequency tables needs positions [..., T, "
-        f"{len(tables)}], got positions of shape {positions.shape}")
+      f"multi-axis rotation with {len(tables)} frequency tables needs positions [..., T, "
+      f"{len(tables)}], got positions of shape {positions.shape}"
+    )
   parts = [_outer(positions[..., a].astype(dtype), t.astype(dtype)) for a, t in enumerate(tables)]
   return jnp.concatenate(parts, axis=-1)
 
@@ -119,13 +121,15 @@ def apply_rotary(x, cos, sin, *, inverse: bool = False, layout: str = "interleav
 
 class ExpandedTables(NamedTuple):
   """`expand_tables`' result: full-width C, S [..., T, 1, D] and the rotated pair count."""
+
   c: jax.Array
   s: jax.Array
   n_pairs: int
 
 
-def expand_tables(cos, sin, head_dim: int, *, layout: str = "interleaved",
-                  dtype=jnp.float32) -> ExpandedTables:
+def expand_tables(
+  cos, sin, head_dim: int, *, layout: str = "interleaved", dtype=jnp.float32
+) -> ExpandedTables:
   """Full-width tables C, S, each [..., T, 1, head_dim], from cos, sin [..., T, P]:
   `apply_expanded(x, tables)` is R_t x. Build them once per position set and apply them to
   every tensor at those positions (RoVE's q and output; k and v): the backward pass then keeps
@@ -136,9 +140,10 @@ def expand_tables(cos, sin, head_dim: int, *, layout: str = "interleaved",
   n_pairs = cos.shape[-1]
   if 2 * n_pairs > head_dim:
     raise ValueError(
-        f"{n_pairs} rotary frequencies need 2 * {n_pairs} = {2 * n_pairs} dims but the head "
-        f"dimension D is {head_dim}; use a shorter frequency table (partial rotary) or a "
-        f"larger head")
+      f"{n_pairs} rotary frequencies need 2 * {n_pairs} = {2 * n_pairs} dims but the head "
+      f"dimension D is {head_dim}; use a shorter frequency table (partial rotary) or a "
+      f"larger head"
+    )
   if cos.shape != sin.shape:
     raise ValueError(f"cos {cos.shape} and sin {sin.shape} must have the same shape")
   compute = jnp.promote_types(jnp.promote_types(cos.dtype, dtype), jnp.float32)
@@ -163,16 +168,19 @@ def expand_tables(cos, sin, head_dim: int, *, layout: str = "interleaved",
   return ExpandedTables(jnp.expand_dims(c_full, -2), jnp.expand_dims(s_full, -2), n_pairs)
 
 
-def apply_expanded(x, tables: ExpandedTables, *, inverse: bool = False,
-                   layout: str = "interleaved") -> jax.Array:
+def apply_expanded(
+  x, tables: ExpandedTables, *, inverse: bool = False, layout: str = "interleaved"
+) -> jax.Array:
   """R_t x (R_t^-1 x when inverse) for x [..., T, H, D] and `expand_tables`' tables; the
   result in x.dtype (the math in the tables' dtype or x's, whichever is wider)."""
   x = jnp.asarray(x)
   _check_layout(layout)
   c_full, s_full, n_pairs = tables
   if c_full.shape[-1] != x.shape[-1]:
-    raise ValueError(f"tables of head dimension {c_full.shape[-1]} cannot rotate x {x.shape}; "
-                     f"build them with expand_tables(cos, sin, {x.shape[-1]})")
+    raise ValueError(
+      f"tables of head dimension {c_full.shape[-1]} cannot rotate x {x.shape}; "
+      f"build them with expand_tables(cos, sin, {x.shape[-1]})"
+    )
   while c_full.ndim < x.ndim:  # tables without x's leading batch dims broadcast over them
     c_full, s_full = c_full[None], s_full[None]
   compute = jnp.promote_types(c_full.dtype, x.dtype)
@@ -198,14 +206,15 @@ def apply_expanded(x, tables: ExpandedTables, *, inverse: bool = False,
     swapped = jnp.concatenate([head[..., n_pairs:], head[..., :n_pairs]], axis=-1)
   swapped = swapped.astype(compute)
   if rest:
-    swapped = jnp.concatenate([swapped, xc[..., 2 * n_pairs:]], axis=-1)
+    swapped = jnp.concatenate([swapped, xc[..., 2 * n_pairs :]], axis=-1)
   # R^-1 is R with sin -> -sin: subtract rather than negate S, so both directions share S.
   y = xc * c_full - swapped * s_full if inverse else xc * c_full + swapped * s_full
   return y.astype(x.dtype)
 
 
-def rotate(x, positions, inv_freq: Frequencies, *, inverse: bool = False,
-           layout: str = "interleaved") -> jax.Array:
+def rotate(
+  x, positions, inv_freq: Frequencies, *, inverse: bool = False, layout: str = "interleaved"
+) -> jax.Array:
   """Applies R_t (or R_t^-1 = R_t^T when inverse) to every head vector of x.
 
   Args:
@@ -226,8 +235,9 @@ def rotate(x, positions, inv_freq: Frequencies, *, inverse: bool = False,
   return apply_rotary(x, cos, sin, inverse=inverse, layout=layout)
 
 
-def rotation_matrix(position, inv_freq: Frequencies, dim: int, *, layout: str = "interleaved",
-                    dtype=jnp.float32) -> jax.Array:
+def rotation_matrix(
+  position, inv_freq: Frequencies, dim: int, *, layout: str = "interleaved", dtype=jnp.float32
+) -> jax.Array:
   """The dense R_t [dim, dim] for one position (a scalar, or [A] for multi-axis tables).
 
   rotate(x, t, inv_freq) == x @ R_t.T for a row vector x, i.e. R_t @ x for a column vector.
@@ -265,6 +275,7 @@ class Rope:
       c**2 on q alone (`scale_query`); value and output rotations are never scaled.
     layout: "interleaved" or "half" (module docstring).
   """
+
   inv_freq: Frequencies
   attention_factor: Any = 1.0
   layout: str = dataclasses.field(default="interleaved", metadata=dict(static=True))
@@ -317,7 +328,8 @@ def _check_rot_dim(rot_dim) -> int:
     raise ValueError(f"rot_dim must be an int, got {rot_dim!r}")
   if rot_dim <= 0 or rot_dim % 2:
     raise ValueError(
-        f"rot_dim must be a positive even number (dims rotate in pairs), got rot_dim={rot_dim}")
+      f"rot_dim must be a positive even number (dims rotate in pairs), got rot_dim={rot_dim}"
+    )
   return int(rot_dim)
 
 
@@ -355,15 +367,20 @@ def _check_positions(x_shape, pos_shape, inv_freq: Frequencies, *, what: str) ->
     n_axes = len(inv_freq)
     if len(pos_shape) < 2 or pos_shape[-1] != n_axes:
       raise ValueError(
-          f"{what} for {n_axes} frequency tables must be [..., T, {n_axes}], got {pos_shape}")
+        f"{what} for {n_axes} frequency tables must be [..., T, {n_axes}], got {pos_shape}"
+      )
     pos_lead = tuple(pos_shape[:-1])
   else:
     pos_lead = tuple(pos_shape)
-  ok = 1 <= len(pos_lead) <= len(lead) and pos_lead[-1] == lead[-1] and all(
-      p in (1, l) for p, l in zip(pos_lead[::-1], lead[::-1]))
+  ok = (
+    1 <= len(pos_lead) <= len(lead)
+    and pos_lead[-1] == lead[-1]
+    and all(p in (1, l) for p, l in zip(pos_lead[::-1], lead[::-1]))
+  )
   if not ok:
     want = "[..., T]" if not is_multi_axis(inv_freq) else f"[..., T, {len(inv_freq)}]"
     raise ValueError(
-        f"{what} of shape {tuple(pos_shape)} do not match x of shape {tuple(x_shape)}: expected "
-        f"{want} with T = {lead[-1] if lead else '?'} and leading dims equal to "
-        f"{lead[:-1]} (or broadcastable)")
+      f"{what} of shape {tuple(pos_shape)} do not match x of shape {tuple(x_shape)}: expected "
+      f"{want} with T = {lead[-1] if lead else '?'} and leading dims equal to "
+      f"{lead[:-1]} (or broadcastable)"
+    )

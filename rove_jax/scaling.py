@@ -42,11 +42,35 @@ from rove_jax.scaling_values import CONVERT as _CONVERT
 from rove_jax.scaling_values import KEYS
 from rove_jax.scaling_values import as_float as _as_float
 
-__all__ = ["RopeScaling", "from_config", "ROPE_TYPES", "SPECS", "KEYS", "DefaultScaling",
-           "LinearScaling", "NTKScaling", "DynamicNTKScaling", "YarnScaling",
-           "DynamicYarnScaling", "Llama3Scaling", "LongRopeScaling", "ProportionalScaling",
-           "AxialScaling", "ScalingResult", "axial", "default", "dynamic_ntk", "dynamic_yarn",
-           "linear", "llama3", "longrope", "ntk", "proportional", "yarn", "yarn_correction_range"]
+__all__ = [
+  "RopeScaling",
+  "from_config",
+  "ROPE_TYPES",
+  "SPECS",
+  "KEYS",
+  "DefaultScaling",
+  "LinearScaling",
+  "NTKScaling",
+  "DynamicNTKScaling",
+  "YarnScaling",
+  "DynamicYarnScaling",
+  "Llama3Scaling",
+  "LongRopeScaling",
+  "ProportionalScaling",
+  "AxialScaling",
+  "ScalingResult",
+  "axial",
+  "default",
+  "dynamic_ntk",
+  "dynamic_yarn",
+  "linear",
+  "llama3",
+  "longrope",
+  "ntk",
+  "proportional",
+  "yarn",
+  "yarn_correction_range",
+]
 
 # "mrope" is Qwen2-VL's v4 name for default RoPE over (t, h, w) sections; transformers 5 renames
 # it "default" and so do we (for text positions the sections change nothing).
@@ -66,10 +90,12 @@ class _Dispatch(type):
     keys = {k: v for k, v in keys.items() if v is not None or k in own}
     unread = sorted(set(keys) - own)
     if unread:
-      raise ValueError(f"rope_scaling of type {cls.rope_type!r} got unknown keys {unread}; "
-                       f"accepted keys: {cls.type_keys()} (plus {', '.join(_COMMON_KEYS)}). "
-                       f"Leave them out, or pass strict=False (from_dict, from_config) to "
-                       f"ignore them with a warning, as transformers does")
+      raise ValueError(
+        f"rope_scaling of type {cls.rope_type!r} got unknown keys {unread}; "
+        f"accepted keys: {cls.type_keys()} (plus {', '.join(_COMMON_KEYS)}). "
+        f"Leave them out, or pass strict=False (from_dict, from_config) to "
+        f"ignore them with a warning, as transformers does"
+      )
     return type.__call__(cls, **keys)
 
 
@@ -88,6 +114,7 @@ class RopeScaling(metaclass=_Dispatch):
     inv_freq, attention_factor = spec.frequencies(64, base=1e4, max_len=1024, seq_len=4096)
     spec.to_dict()  # {"rope_type": "yarn", "factor": 4.0}: JSON-ready, from_dict reads it back
   """
+
   rope_type: ClassVar[str] = ""
   rope_theta: Optional[float] = None  # the RoPE base; overrides the caller's `base`
   partial_rotary_factor: Optional[float] = None  # the turning fraction of the head, in (0, 1]
@@ -96,11 +123,14 @@ class RopeScaling(metaclass=_Dispatch):
     for name, value in self._items():
       object.__setattr__(self, name, _CONVERT.get(name, _as_float)(name, value))
     if self.rope_theta is not None and not self.rope_theta > 1.0:
-      raise ValueError(f"rope_scaling: rope_theta (the RoPE base) must be > 1, got "
-                       f"{self.rope_theta!r}")
+      raise ValueError(
+        f"rope_scaling: rope_theta (the RoPE base) must be > 1, got {self.rope_theta!r}"
+      )
     if self.partial_rotary_factor is not None and not 0.0 < self.partial_rotary_factor <= 1.0:
-      raise ValueError(f"rope_scaling: partial_rotary_factor must be a number in (0, 1], got "
-                       f"{self.partial_rotary_factor!r}")
+      raise ValueError(
+        f"rope_scaling: partial_rotary_factor must be a number in (0, 1], got "
+        f"{self.partial_rotary_factor!r}"
+      )
     self._check()
 
   def _check(self) -> None:
@@ -112,8 +142,11 @@ class RopeScaling(metaclass=_Dispatch):
   @classmethod
   def type_keys(cls) -> list:
     """The keys this type reads beside _COMMON_KEYS, sorted."""
-    return sorted(f.name for f in dataclasses.fields(cls)
-                  if f.name not in ("rope_theta", "partial_rotary_factor"))
+    return sorted(
+      f.name
+      for f in dataclasses.fields(cls)
+      if f.name not in ("rope_theta", "partial_rotary_factor")
+    )
 
   def _items(self):
     return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
@@ -128,14 +161,17 @@ class RopeScaling(metaclass=_Dispatch):
     """original_max_position_embeddings, else the model's max_len."""
     value = getattr(self, "original_max_position_embeddings", None) or max_len
     if value is None:
-      raise ValueError(f"rope_scaling {self.rope_type!r} needs 'original_max_position_embeddings' "
-                       f"in the dict or max_len= (the model's training context)")
+      raise ValueError(
+        f"rope_scaling {self.rope_type!r} needs 'original_max_position_embeddings' "
+        f"in the dict or max_len= (the model's training context)"
+      )
     return value
 
   def _seq_len(self, seq_len):
     if seq_len is None:
-      raise ValueError(f"rope_scaling of type {self.rope_type!r} depends on the current length: "
-                       f"pass seq_len=")
+      raise ValueError(
+        f"rope_scaling of type {self.rope_type!r} depends on the current length: pass seq_len="
+      )
     return seq_len
 
   def _set(self, *names) -> dict:
@@ -169,21 +205,29 @@ class RopeScaling(metaclass=_Dispatch):
       ValueError: not a dict, an unknown rope_type, unknown keys (strict), bad values.
     """
     if not isinstance(rope, Mapping):
-      raise ValueError(f"rope_scaling must be a dict (e.g. {{'rope_type': 'yarn', 'factor': "
-                       f"4.0, ...}}), a RopeScaling or None, got {type(rope).__name__}: {rope!r}")
+      raise ValueError(
+        f"rope_scaling must be a dict (e.g. {{'rope_type': 'yarn', 'factor': "
+        f"4.0, ...}}), a RopeScaling or None, got {type(rope).__name__}: {rope!r}"
+      )
     cfg = {str(key): value for key, value in rope.items()}
     spec = _spec_class(cfg.get("rope_type") or cfg.get("type") or "default")
     accepted = set(spec.type_keys()) | set(_COMMON_KEYS)
     unknown = sorted(set(cfg) - accepted)
     if unknown and strict:
-      raise ValueError(f"rope_scaling of type {spec.rope_type!r} got unknown keys {unknown}; "
-                       f"accepted keys: {spec.type_keys()} (plus {', '.join(_COMMON_KEYS)}). "
-                       f"Pass strict=False to ignore them with a warning, as transformers does")
+      raise ValueError(
+        f"rope_scaling of type {spec.rope_type!r} got unknown keys {unknown}; "
+        f"accepted keys: {spec.type_keys()} (plus {', '.join(_COMMON_KEYS)}). "
+        f"Pass strict=False to ignore them with a warning, as transformers does"
+      )
     if unknown:
-      warnings.warn(f"rope_scaling of type {spec.rope_type!r}: ignoring keys {unknown}, which "
-                    f"this type does not read (transformers ignores them too)", stacklevel=2)
-    return spec(**{k: v for k, v in cfg.items() if k in accepted and k not in ("rope_type",
-                                                                                 "type")})
+      warnings.warn(
+        f"rope_scaling of type {spec.rope_type!r}: ignoring keys {unknown}, which "
+        f"this type does not read (transformers ignores them too)",
+        stacklevel=2,
+      )
+    return spec(
+      **{k: v for k, v in cfg.items() if k in accepted and k not in ("rope_type", "type")}
+    )
 
   def to_dict(self) -> dict:
     """rope_type and the set keys as a plain, JSON-ready dict (lists for the factor lists),
@@ -203,8 +247,15 @@ class RopeScaling(metaclass=_Dispatch):
     return RopeScaling.from_dict(value)
 
   # ----------------------------------------------------------------- frequencies
-  def frequencies(self, rot_dim: int, *, base: float = 10000.0, max_len: Optional[int] = None,
-                  seq_len=None, head_dim: Optional[int] = None) -> ScalingResult:
+  def frequencies(
+    self,
+    rot_dim: int,
+    *,
+    base: float = 10000.0,
+    max_len: Optional[int] = None,
+    seq_len=None,
+    head_dim: Optional[int] = None,
+  ) -> ScalingResult:
     """(inv_freq, attention_factor) of a head, values resolved as transformers 5 resolves them:
       rope_theta       when set, overrides `base`.
       partial_rotary_factor  rot_dim is the caller's: it already says how many dims turn. With
@@ -241,10 +292,12 @@ class RopeScaling(metaclass=_Dispatch):
   def _check_partial(self, rot_dim: int, head_dim: int) -> None:
     partial = self.partial_rotary_factor
     if int(head_dim * partial) != rot_dim:
-      raise ValueError(f"rope_scaling: partial_rotary_factor={partial} of head_dim={head_dim} "
-                       f"turns int({head_dim} * {partial}) = {int(head_dim * partial)} dims, but "
-                       f"rot_dim={rot_dim}; pass rot_dim={int(head_dim * partial)}, or drop the "
-                       f"key")
+      raise ValueError(
+        f"rope_scaling: partial_rotary_factor={partial} of head_dim={head_dim} "
+        f"turns int({head_dim} * {partial}) = {int(head_dim * partial)} dims, but "
+        f"rot_dim={rot_dim}; pass rot_dim={int(head_dim * partial)}, or drop the "
+        f"key"
+      )
 
 
 def _register(cls):
@@ -254,8 +307,10 @@ def _register(cls):
 
 def _spec_class(rope_type) -> type:
   if not isinstance(rope_type, str):
-    raise ValueError(f"rope_scaling: rope_type must be a string, one of {sorted(ROPE_TYPES)}; "
-                     f"got {type(rope_type).__name__}: {rope_type!r}")
+    raise ValueError(
+      f"rope_scaling: rope_type must be a string, one of {sorted(ROPE_TYPES)}; "
+      f"got {type(rope_type).__name__}: {rope_type!r}"
+    )
   spec = SPECS.get(_ALIASES.get(rope_type, rope_type))
   if spec is None:
     raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {sorted(ROPE_TYPES)}")
@@ -269,6 +324,7 @@ def _spec_class(rope_type) -> type:
 @dataclasses.dataclass(frozen=True, repr=False)
 class DefaultScaling(RopeScaling):
   """Plain RoPE: theta_m = base^(-2m / rot_dim)."""
+
   rope_type: ClassVar[str] = "default"
 
   def _frequencies(self, rot_dim, base, max_len, seq_len):
@@ -279,6 +335,7 @@ class DefaultScaling(RopeScaling):
 @dataclasses.dataclass(frozen=True, repr=False)
 class LinearScaling(RopeScaling):
   """Position interpolation: every frequency divided by the factor."""
+
   rope_type: ClassVar[str] = "linear"
   factor: Optional[float] = None  # the context extension s
 
@@ -293,6 +350,7 @@ class LinearScaling(RopeScaling):
 @dataclasses.dataclass(frozen=True, repr=False)
 class NTKScaling(RopeScaling):
   """NTK-aware scaling: the base raised so the lowest frequency interpolates by the factor."""
+
   rope_type: ClassVar[str] = "ntk"
   factor: Optional[float] = None
 
@@ -307,6 +365,7 @@ class NTKScaling(RopeScaling):
 @dataclasses.dataclass(frozen=True, repr=False)
 class DynamicNTKScaling(RopeScaling):
   """NTK scaling that grows with the current length past max_len."""
+
   rope_type: ClassVar[str] = "dynamic"
   factor: Optional[float] = None
   original_max_position_embeddings: Optional[int] = None  # used only without max_len
@@ -317,17 +376,25 @@ class DynamicNTKScaling(RopeScaling):
   def _frequencies(self, rot_dim, base, max_len, seq_len):
     original = self.original_max_position_embeddings
     if max_len is not None and original is not None and original != max_len:
-      warnings.warn(f"dynamic rope: original_max_position_embeddings={original} is ignored; "
-                    f"like transformers, the scaling starts at max_len={max_len} (the model's "
-                    f"max_position_embeddings)", stacklevel=3)
-    return dynamic_ntk(rot_dim, base=base, factor=self.factor,
-                       original_max_len=max_len or self._original(max_len),
-                       seq_len=self._seq_len(seq_len))
+      warnings.warn(
+        f"dynamic rope: original_max_position_embeddings={original} is ignored; "
+        f"like transformers, the scaling starts at max_len={max_len} (the model's "
+        f"max_position_embeddings)",
+        stacklevel=3,
+      )
+    return dynamic_ntk(
+      rot_dim,
+      base=base,
+      factor=self.factor,
+      original_max_len=max_len or self._original(max_len),
+      seq_len=self._seq_len(seq_len),
+    )
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class _YarnKeys(RopeScaling):
   """The keys yarn and dynamic_yarn share."""
+
   factor: Optional[float] = None
   original_max_position_embeddings: Optional[int] = None  # L0, the training context
   beta_fast: Optional[float] = None  # turns above which pairs extrapolate (32)
@@ -341,12 +408,14 @@ class _YarnKeys(RopeScaling):
     fast = 32.0 if self.beta_fast is None else self.beta_fast
     slow = 1.0 if self.beta_slow is None else self.beta_slow
     if not fast > slow > 0:
-      raise ValueError(f"yarn: need beta_fast > beta_slow > 0, got beta_fast={fast}, "
-                       f"beta_slow={slow}")
+      raise ValueError(
+        f"yarn: need beta_fast > beta_slow > 0, got beta_fast={fast}, beta_slow={slow}"
+      )
 
   def _options(self) -> dict:
-    return self._set("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale",
-                     "mscale_all_dim")
+    return self._set(
+      "beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim"
+    )
 
 
 @_register
@@ -354,6 +423,7 @@ class _YarnKeys(RopeScaling):
 class YarnScaling(_YarnKeys):
   """YaRN: interpolation by the factor on slow pairs, extrapolation on fast ones, and an
   attention factor."""
+
   rope_type: ClassVar[str] = "yarn"
 
   def _check(self):
@@ -365,25 +435,33 @@ class YarnScaling(_YarnKeys):
     factor = self.factor
     if factor is None:
       factor = self._need("factor") if max_len is None else max_len / self._original(max_len)
-    return yarn(rot_dim, base=base, factor=factor, original_max_len=self._original(max_len),
-                **self._options())
+    return yarn(
+      rot_dim, base=base, factor=factor, original_max_len=self._original(max_len), **self._options()
+    )
 
 
 @_register
 @dataclasses.dataclass(frozen=True, repr=False)
 class DynamicYarnScaling(_YarnKeys):
   """YaRN whose factor is the current length over the training context."""
+
   rope_type: ClassVar[str] = "dynamic_yarn"
 
   def _frequencies(self, rot_dim, base, max_len, seq_len):
-    return dynamic_yarn(rot_dim, base=base, original_max_len=self._original(max_len),
-                        seq_len=self._seq_len(seq_len), **self._options())
+    return dynamic_yarn(
+      rot_dim,
+      base=base,
+      original_max_len=self._original(max_len),
+      seq_len=self._seq_len(seq_len),
+      **self._options(),
+    )
 
 
 @_register
 @dataclasses.dataclass(frozen=True, repr=False)
 class Llama3Scaling(RopeScaling):
   """Llama 3.1: low frequencies interpolated by the factor, high ones kept, a ramp between."""
+
   rope_type: ClassVar[str] = "llama3"
   factor: Optional[float] = None
   original_max_position_embeddings: Optional[int] = None
@@ -395,13 +473,19 @@ class Llama3Scaling(RopeScaling):
     low = 1.0 if self.low_freq_factor is None else self.low_freq_factor
     high = 4.0 if self.high_freq_factor is None else self.high_freq_factor
     if not high > low > 0:
-      raise ValueError(f"llama3: need high_freq_factor > low_freq_factor > 0, got "
-                       f"low_freq_factor={low}, high_freq_factor={high}")
+      raise ValueError(
+        f"llama3: need high_freq_factor > low_freq_factor > 0, got "
+        f"low_freq_factor={low}, high_freq_factor={high}"
+      )
 
   def _frequencies(self, rot_dim, base, max_len, seq_len):
-    return llama3(rot_dim, base=base, factor=self.factor,
-                  original_max_len=self._original(max_len),
-                  **self._set("low_freq_factor", "high_freq_factor"))
+    return llama3(
+      rot_dim,
+      base=base,
+      factor=self.factor,
+      original_max_len=self._original(max_len),
+      **self._set("low_freq_factor", "high_freq_factor"),
+    )
 
 
 @_register
@@ -409,6 +493,7 @@ class Llama3Scaling(RopeScaling):
 class LongRopeScaling(RopeScaling):
   """LongRoPE (Phi-3): per-pair rescale factors, short up to the training context, long past
   it."""
+
   rope_type: ClassVar[str] = "longrope"
   short_factor: Optional[tuple] = None  # per-pair rescale up to L0
   long_factor: Optional[tuple] = None  # per-pair rescale beyond L0
@@ -424,10 +509,17 @@ class LongRopeScaling(RopeScaling):
       check_factor("longrope", self.factor, minimum=0.0)
 
   def _frequencies(self, rot_dim, base, max_len, seq_len):
-    return longrope(rot_dim, base=base, short_factor=self.short_factor,
-                    long_factor=self.long_factor, original_max_len=self._original(max_len),
-                    factor=self.factor, max_len=max_len, seq_len=seq_len,
-                    attention_factor=self.attention_factor)
+    return longrope(
+      rot_dim,
+      base=base,
+      short_factor=self.short_factor,
+      long_factor=self.long_factor,
+      original_max_len=self._original(max_len),
+      factor=self.factor,
+      max_len=max_len,
+      seq_len=seq_len,
+      attention_factor=self.attention_factor,
+    )
 
 
 @_register
@@ -435,6 +527,7 @@ class LongRopeScaling(RopeScaling):
 class ProportionalScaling(RopeScaling):
   """Gemma-style partial rotary: rot_dim is the whole head and partial_rotary_factor picks how
   many pairs turn."""
+
   rope_type: ClassVar[str] = "proportional"
   factor: Optional[float] = None
 
@@ -444,20 +537,24 @@ class ProportionalScaling(RopeScaling):
 
   def _check_partial(self, rot_dim, head_dim):
     if rot_dim != head_dim:
-      raise ValueError(f"rope_scaling 'proportional' rotates the whole head: rot_dim must be "
-                       f"head_dim={head_dim}, got rot_dim={rot_dim} (partial_rotary_factor="
-                       f"{self.partial_rotary_factor} picks how many pairs turn)")
+      raise ValueError(
+        f"rope_scaling 'proportional' rotates the whole head: rot_dim must be "
+        f"head_dim={head_dim}, got rot_dim={rot_dim} (partial_rotary_factor="
+        f"{self.partial_rotary_factor} picks how many pairs turn)"
+      )
 
   def _frequencies(self, rot_dim, base, max_len, seq_len):
     partial = 1.0 if self.partial_rotary_factor is None else self.partial_rotary_factor
-    return proportional(rot_dim, base=base, partial_rotary_factor=partial,
-                        factor=self.factor or 1.0)
+    return proportional(
+      rot_dim, base=base, partial_rotary_factor=partial, factor=self.factor or 1.0
+    )
 
 
 @_register
 @dataclasses.dataclass(frozen=True, repr=False)
 class AxialScaling(RopeScaling):
   """Per-axis tables for 2-D positions (images)."""
+
   rope_type: ClassVar[str] = "axial"
 
   def _frequencies(self, rot_dim, base, max_len, seq_len):
@@ -467,9 +564,16 @@ class AxialScaling(RopeScaling):
 ROPE_TYPES = tuple(SPECS) + tuple(_ALIASES)
 
 
-def from_config(rope_scaling: RopeScaling | Mapping[str, Any] | None, rot_dim: int, *,
-                base: float = 10000.0, max_len: int | None = None, seq_len=None,
-                head_dim: int | None = None, strict: bool = True) -> ScalingResult:
+def from_config(
+  rope_scaling: RopeScaling | Mapping[str, Any] | None,
+  rot_dim: int,
+  *,
+  base: float = 10000.0,
+  max_len: int | None = None,
+  seq_len=None,
+  head_dim: int | None = None,
+  strict: bool = True,
+) -> ScalingResult:
   """Frequencies and attention factor of a RopeScaling or a transformers-style rope dict:
   `RopeScaling.from_dict(rope_scaling, strict=strict).frequencies(rot_dim, ...)` (see both for
   how the dict is read and its values resolved).
@@ -493,7 +597,9 @@ def from_config(rope_scaling: RopeScaling | Mapping[str, Any] | None, rot_dim: i
   """
   if rope_scaling is None:
     return default(rot_dim, base=base)
-  spec = rope_scaling if isinstance(rope_scaling, RopeScaling) else RopeScaling.from_dict(
-      rope_scaling, strict=strict)
-  return spec.frequencies(rot_dim, base=base, max_len=max_len, seq_len=seq_len,
-                          head_dim=head_dim)
+  spec = (
+    rope_scaling
+    if isinstance(rope_scaling, RopeScaling)
+    else RopeScaling.from_dict(rope_scaling, strict=strict)
+  )
+  return spec.frequencies(rot_dim, base=base, max_len=max_len, seq_len=seq_len, head_dim=head_dim)

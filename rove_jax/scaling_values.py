@@ -10,10 +10,23 @@ from typing import Mapping, Optional
 import numpy as np
 
 # Every key a spec reads, in the order to_dict and repr write them.
-KEYS = ("rope_type", "factor", "original_max_position_embeddings", "rope_theta",
-        "partial_rotary_factor", "beta_fast", "beta_slow", "truncate", "attention_factor",
-        "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor", "short_factor",
-        "long_factor")
+KEYS = (
+  "rope_type",
+  "factor",
+  "original_max_position_embeddings",
+  "rope_theta",
+  "partial_rotary_factor",
+  "beta_fast",
+  "beta_slow",
+  "truncate",
+  "attention_factor",
+  "mscale",
+  "mscale_all_dim",
+  "low_freq_factor",
+  "high_freq_factor",
+  "short_factor",
+  "long_factor",
+)
 # Read by every type: transformers v5 keeps rope_theta and partial_rotary_factor in the dict.
 COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 
@@ -22,9 +35,11 @@ def as_float(name: str, value) -> Optional[float]:
   if value is None:
     return None
   if isinstance(value, (bool, np.bool_)) or not isinstance(
-      value, (int, float, np.integer, np.floating)):
-    raise ValueError(f"rope_scaling[{name!r}] must be a number, got {type(value).__name__}: "
-                     f"{value!r}")
+    value, (int, float, np.integer, np.floating)
+  ):
+    raise ValueError(
+      f"rope_scaling[{name!r}] must be a number, got {type(value).__name__}: {value!r}"
+    )
   if not math.isfinite(value):
     raise ValueError(f"rope_scaling[{name!r}] must be a finite number, got {value!r}")
   return float(value)
@@ -34,20 +49,27 @@ def as_floats(name: str, value) -> Optional[tuple]:
   if value is None:
     return None
   if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
-    raise ValueError(f"rope_scaling[{name!r}] must be a list of numbers, got "
-                     f"{type(value).__name__}: {value!r}")
+    raise ValueError(
+      f"rope_scaling[{name!r}] must be a list of numbers, got {type(value).__name__}: {value!r}"
+    )
   return tuple(as_float(f"{name}[{i}]", x) for i, x in enumerate(value))
 
 
 def as_length(name: str, value) -> Optional[int]:
   if value is None:
     return None
-  ok = isinstance(value, (int, float, np.integer, np.floating)) \
-      and not isinstance(value, (bool, np.bool_)) and math.isfinite(value) \
-      and value == int(value) and value > 0
+  ok = (
+    isinstance(value, (int, float, np.integer, np.floating))
+    and not isinstance(value, (bool, np.bool_))
+    and math.isfinite(value)
+    and value == int(value)
+    and value > 0
+  )
   if not ok:
-    raise ValueError(f"rope_scaling[{name!r}] must be a positive int (the training context), got "
-                     f"{type(value).__name__}: {value!r}")
+    raise ValueError(
+      f"rope_scaling[{name!r}] must be a positive int (the training context), got "
+      f"{type(value).__name__}: {value!r}"
+    )
   return int(value)
 
 
@@ -55,11 +77,16 @@ def as_bool(name: str, value) -> Optional[bool]:
   if value is None:
     return None
   if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"rope_scaling[{name!r}] must be true or false, got "
-                     f"{type(value).__name__}: {value!r}")
+    raise ValueError(
+      f"rope_scaling[{name!r}] must be true or false, got {type(value).__name__}: {value!r}"
+    )
   return bool(value)
 
 
 # How each key's value is read; any other key is a float.
-CONVERT = {"original_max_position_embeddings": as_length, "truncate": as_bool,
-            "short_factor": as_floats, "long_factor": as_floats}
+CONVERT = {
+  "original_max_position_embeddings": as_length,
+  "truncate": as_bool,
+  "short_factor": as_floats,
+  "long_factor": as_floats,
+}

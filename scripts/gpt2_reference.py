@@ -42,9 +42,20 @@ RTOL = 1e-5
 
 def write_reference(out: str):
   torch.manual_seed(SEED)
-  config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2,
-                      activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0,
-                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+  config = GPT2Config(
+    vocab_size=64,
+    n_positions=16,
+    n_embd=16,
+    n_layer=2,
+    n_head=2,
+    activation_function="gelu_new",
+    layer_norm_epsilon=1e-5,
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+    bos_token_id=0,
+    eos_token_id=0,
+  )
   model = GPT2LMHeadModel(config).eval()
   gen = torch.Generator().manual_seed(SEED)
   with torch.no_grad():
@@ -63,16 +74,26 @@ def write_reference(out: str):
     logits = model(tokens).logits.numpy().astype(np.float32)
   np.save(os.path.join(out, "logits.npy"), logits)
   with open(os.path.join(out, "reference.json"), "w") as f:
-    json.dump({"tokens": tokens.tolist(), "seed": SEED, "torch": torch.__version__,
-               "transformers": transformers.__version__, "numpy": np.__version__}, f, indent=1)
+    json.dump(
+      {
+        "tokens": tokens.tolist(),
+        "seed": SEED,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": np.__version__,
+      },
+      f,
+      indent=1,
+    )
     f.write("\n")
   print(f"wrote {out}: logits {logits.shape}, |logits| max {np.abs(logits).max():.3f}")
 
 
 def check_exports(root: str) -> int:
   worst = 0.0
-  dirs = sorted(d for d in os.listdir(root)
-                if os.path.isfile(os.path.join(root, d, "expected.npz")))
+  dirs = sorted(
+    d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "expected.npz"))
+  )
   if not dirs:
     print(f"no exports with expected.npz under {root}")
     return 1
@@ -85,8 +106,10 @@ def check_exports(root: str) -> int:
     want = expected["logits"]
     err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
     worst = max(worst, err)
-    print(f"{d}: transformers {transformers.__version__} vs rove-jax logits {want.shape}: "
-          f"max |diff| / max |logit| = {err:.2e}")
+    print(
+      f"{d}: transformers {transformers.__version__} vs rove-jax logits {want.shape}: "
+      f"max |diff| / max |logit| = {err:.2e}"
+    )
   return int(worst > RTOL)
 
 

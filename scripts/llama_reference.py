@@ -36,32 +36,65 @@ SEED = 0
 RTOL = 1e-5
 TOKENS = (2, 24)  # rows, length: longer than mistral's window, past yarn's original length
 
-_BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-             num_attention_heads=4, rms_norm_eps=1e-6, max_position_embeddings=64,
-             attention_dropout=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+_BASE = dict(
+  vocab_size=64,
+  hidden_size=32,
+  intermediate_size=48,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  rms_norm_eps=1e-6,
+  max_position_embeddings=64,
+  attention_dropout=0.0,
+  bos_token_id=0,
+  eos_token_id=0,
+  pad_token_id=None,
+)
 # case: (model_type, config overrides, save_pretrained keywords)
 CASES = {
-    # GQA (4 query heads, 2 kv heads), untied head, plain RoPE, no biases
-    "llama_gqa": ("llama", dict(num_key_value_heads=2, tie_word_embeddings=False,
-                                rope_theta=500.0), {}),
-    # multi-head (K == H), tied head, biases on all four projections, Llama 3 scaling
-    "llama_llama3_tied": ("llama", dict(
-        num_key_value_heads=4, tie_word_embeddings=True, attention_bias=True,
-        rope_parameters=dict(rope_type="llama3", rope_theta=100.0, factor=4.0,
-                             low_freq_factor=1.0, high_freq_factor=4.0,
-                             original_max_position_embeddings=16)), {}),
-    # GQA, YaRN (factor 4 from 16 positions), untied
-    "llama_yarn": ("llama", dict(
-        num_key_value_heads=2, tie_word_embeddings=False,
-        rope_parameters=dict(rope_type="yarn", rope_theta=100.0, factor=4.0,
-                             original_max_position_embeddings=16)), {}),
-    # q/k/v biases without an output bias, GQA, tied (as the small Qwen2 models are)
-    "qwen2": ("qwen2", dict(num_key_value_heads=2, tie_word_embeddings=True,
-                            rope_theta=10000.0), {}),
-    # sliding window of 5 over 24 tokens, GQA, untied, written as transformers' shards
-    "mistral_sharded": ("mistral", dict(num_key_value_heads=1, tie_word_embeddings=False,
-                                        sliding_window=5, rope_theta=1000.0),
-                        dict(max_shard_size="40KB")),
+  # GQA (4 query heads, 2 kv heads), untied head, plain RoPE, no biases
+  "llama_gqa": (
+    "llama",
+    dict(num_key_value_heads=2, tie_word_embeddings=False, rope_theta=500.0),
+    {},
+  ),
+  # multi-head (K == H), tied head, biases on all four projections, Llama 3 scaling
+  "llama_llama3_tied": (
+    "llama",
+    dict(
+      num_key_value_heads=4,
+      tie_word_embeddings=True,
+      attention_bias=True,
+      rope_parameters=dict(
+        rope_type="llama3",
+        rope_theta=100.0,
+        factor=4.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=16,
+      ),
+    ),
+    {},
+  ),
+  # GQA, YaRN (factor 4 from 16 positions), untied
+  "llama_yarn": (
+    "llama",
+    dict(
+      num_key_value_heads=2,
+      tie_word_embeddings=False,
+      rope_parameters=dict(
+        rope_type="yarn", rope_theta=100.0, factor=4.0, original_max_position_embeddings=16
+      ),
+    ),
+    {},
+  ),
+  # q/k/v biases without an output bias, GQA, tied (as the small Qwen2 models are)
+  "qwen2": ("qwen2", dict(num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0), {}),
+  # sliding window of 5 over 24 tokens, GQA, untied, written as transformers' shards
+  "mistral_sharded": (
+    "mistral",
+    dict(num_key_value_heads=1, tie_word_embeddings=False, sliding_window=5, rope_theta=1000.0),
+    dict(max_shard_size="40KB"),
+  ),
 }
 
 
@@ -88,17 +121,27 @@ def write_case(out: str, model_type: str, overrides: dict, save_kw: dict):
     logits = model(tokens).logits.numpy().astype(np.float32)
   np.save(os.path.join(out, "logits.npy"), logits)
   with open(os.path.join(out, "reference.json"), "w") as f:
-    json.dump({"tokens": tokens.tolist(), "seed": SEED, "model_type": model_type,
-               "torch": torch.__version__, "transformers": transformers.__version__,
-               "numpy": np.__version__}, f, indent=1)
+    json.dump(
+      {
+        "tokens": tokens.tolist(),
+        "seed": SEED,
+        "model_type": model_type,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": np.__version__,
+      },
+      f,
+      indent=1,
+    )
     f.write("\n")
   print(f"wrote {out}: logits {logits.shape}, |logits| max {np.abs(logits).max():.3f}")
 
 
 def check_exports(root: str) -> int:
   worst = 0.0
-  dirs = sorted(d for d in os.listdir(root)
-                if os.path.isfile(os.path.join(root, d, "expected.npz")))
+  dirs = sorted(
+    d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "expected.npz"))
+  )
   if not dirs:
     print(f"no exports with expected.npz under {root}")
     return 1
@@ -111,8 +154,10 @@ def check_exports(root: str) -> int:
     want = expected["logits"]
     err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
     worst = max(worst, err)
-    print(f"{d}: {type(model).__name__}, transformers {transformers.__version__} vs rove-jax "
-          f"logits {want.shape}: max |diff| / max |logit| = {err:.2e}")
+    print(
+      f"{d}: {type(model).__name__}, transformers {transformers.__version__} vs rove-jax "
+      f"logits {want.shape}: max |diff| / max |logit| = {err:.2e}"
+    )
   return int(worst > RTOL)
 
 

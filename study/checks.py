@@ -57,8 +57,14 @@ def _by_workdir(reports: Sequence[Optional[dict]]) -> dict:
   return {os.path.abspath(r["workdir"]): r for rep in reports if rep for r in rep["runs"]}
 
 
-def long_rows(runs: list, curves: dict, reports: Sequence[Optional[dict]],
-              train_len: int, a: str = "rove", b: str = "rope") -> list[dict]:
+def long_rows(
+  runs: list,
+  curves: dict,
+  reports: Sequence[Optional[dict]],
+  train_len: int,
+  a: str = "rove",
+  b: str = "rope",
+) -> list[dict]:
   """One row per (seed, steps) of the training-length check: the main runs' and the long
   runs' RoVE - RoPE differences (held-out loss in nats, in-context and beyond-context
   perplexity in %, the latter as the geometric mean over the lengths above T)."""
@@ -70,24 +76,29 @@ def long_rows(runs: list, curves: dict, reports: Sequence[Optional[dict]],
       ra, rb = index.get((kind, a, seed)), index.get((kind, b, seed))
       if ra is None or rb is None:
         continue
-      row = {"seed": seed, "steps": ra.get("steps") or "main",
-             "val": (_final_val(curves, ra), _final_val(curves, rb))}
+      row = {
+        "seed": seed,
+        "steps": ra.get("steps") or "main",
+        "val": (_final_val(curves, ra), _final_val(curves, rb)),
+      }
       for setting in ("none", "yarn"):
-        row[setting] = tuple(_ppl_losses(by_dir.get(os.path.abspath(r["workdir"])), setting,
-                                         train_len) for r in (ra, rb))
+        row[setting] = tuple(
+          _ppl_losses(by_dir.get(os.path.abspath(r["workdir"])), setting, train_len)
+          for r in (ra, rb)
+        )
       rows.append(row)
   return rows
 
 
-def lr_rows(runs: list, curves: dict, main_lr: float, a: str = "rove",
-            b: str = "rope") -> list[dict]:
+def lr_rows(
+  runs: list, curves: dict, main_lr: float, a: str = "rove", b: str = "rope"
+) -> list[dict]:
   """One row per (seed, learning rate), the config's rate (the main runs) included: each
   encoding's final held-out loss at it."""
   lr_runs = [r for r in runs if _kind(r) == "lr"]
   rows = []
   for seed in sorted({r["seed"] for r in lr_runs}):
-    rates = {main_lr: {r["encoding"]: r for r in runs
-                       if _kind(r) == "main" and r["seed"] == seed}}
+    rates = {main_lr: {r["encoding"]: r for r in runs if _kind(r) == "main" and r["seed"] == seed}}
     for r in lr_runs:
       if r["seed"] == seed:
         rates.setdefault(r["lr"], {})[r["encoding"]] = r
@@ -111,67 +122,86 @@ def gap_lines(longs: list, main_steps) -> list:
     return []
   long_steps = next(k for k in pairs[0] if k != "main")
   cells = {}
-  for name, diffs in (("main", [g["main"] for g in pairs]),
-                      ("long", [g[long_steps] for g in pairs]),
-                      ("change", [g[long_steps] - g["main"] for g in pairs])):
+  for name, diffs in (
+    ("main", [g["main"] for g in pairs]),
+    ("long", [g[long_steps] for g in pairs]),
+    ("change", [g[long_steps] - g["main"] for g in pairs]),
+  ):
     t = multiplicity.paired_t(diffs)
     cells[name] = f"{t['mean']:+.3f} [{t['lower']:+.3f}, {t['upper']:+.3f}] (t p = {t['p']:.3g})"
-  return [f"\nOver the {len(pairs)} seed pairs (mean, 95 % t-interval and paired t-test over "
-          f"the pairs): the held-out gap is {cells['main']} nats at {main_steps} steps and "
-          f"{cells['long']} at {long_steps}; its change from {main_steps} to {long_steps} "
-          f"steps is {cells['change']}. A change of the opposite sign to the gap says the "
-          f"gap shrinks with training."]
+  return [
+    f"\nOver the {len(pairs)} seed pairs (mean, 95 % t-interval and paired t-test over "
+    f"the pairs): the held-out gap is {cells['main']} nats at {main_steps} steps and "
+    f"{cells['long']} at {long_steps}; its change from {main_steps} to {long_steps} "
+    f"steps is {cells['change']}. A change of the opposite sign to the gap says the "
+    f"gap shrinks with training."
+  ]
 
 
-def section(runs: list, curves: dict, reports: Sequence[Optional[dict]], meta: dict,
-            train_len: int) -> tuple[list, dict]:
+def section(
+  runs: list, curves: dict, reports: Sequence[Optional[dict]], meta: dict, train_len: int
+) -> tuple[list, dict]:
   """(the markdown lines, the summary's "checks" entry); no lines when neither check ran."""
   train = meta.get("train") or {}
-  longs = long_rows(runs, curves, reports, train_len) if any(
-      _kind(r) == "long" for r in runs) else []
+  longs = (
+    long_rows(runs, curves, reports, train_len) if any(_kind(r) == "long" for r in runs) else []
+  )
   lrs = lr_rows(runs, curves, train.get("lr")) if any(_kind(r) == "lr" for r in runs) else []
   if not longs and not lrs:
     return [], {}
-  L = ["## Training length and learning rate\n",
-       "Point estimates per seed pair (RoVE - RoPE; below 0: RoVE lower); the training-length "
-       "check adds the mean over its pairs with a t-interval. Held-out loss: each run's last "
-       "held-out evaluation (nats/token)" + (", each encoding at the learning rate its sweep "
-       "chose" if meta.get("lr_sweep") else "") + ".\n"]
+  L = [
+    "## Training length and learning rate\n",
+    "Point estimates per seed pair (RoVE - RoPE; below 0: RoVE lower); the training-length "
+    "check adds the mean over its pairs with a t-interval. Held-out loss: each run's last "
+    "held-out evaluation (nats/token)"
+    + (", each encoding at the learning rate its sweep chose" if meta.get("lr_sweep") else "")
+    + ".\n",
+  ]
   if longs:
-    L += [f"**Training length.** The same seeds trained again with "
-          f"{longs[-1]['steps']} steps on their own schedule (warm-up and decay over the longer "
-          f"run) beside the main runs' {train.get('steps', '?')}. If the RoVE - RoPE gap "
-          f"shrinks with training, the main comparison measures convergence speed more than "
-          f"final quality.\n",
-          "| seed | steps | held-out loss RoVE / RoPE | gap (nats) | perplexity at T | "
-          "beyond T, no YaRN | beyond T, YaRN |", "|---|---|---|---|---|---|---|"]
+    L += [
+      f"**Training length.** The same seeds trained again with "
+      f"{longs[-1]['steps']} steps on their own schedule (warm-up and decay over the longer "
+      f"run) beside the main runs' {train.get('steps', '?')}. If the RoVE - RoPE gap "
+      f"shrinks with training, the main comparison measures convergence speed more than "
+      f"final quality.\n",
+      "| seed | steps | held-out loss RoVE / RoPE | gap (nats) | perplexity at T | "
+      "beyond T, no YaRN | beyond T, YaRN |",
+      "|---|---|---|---|---|---|---|",
+    ]
     for r in longs:
       va, vb = r["val"]
       steps = train.get("steps", "main") if r["steps"] == "main" else r["steps"]
-      L.append(f"| {r['seed']} | {steps} | "
-               f"{'-' if va is None else f'{va:.4f}'} / {'-' if vb is None else f'{vb:.4f}'} | "
-               f"{_nats(va, vb)} | {_pct(r['none'][0][0], r['none'][1][0])} | "
-               f"{_pct(r['none'][0][1], r['none'][1][1])} | "
-               f"{_pct(r['yarn'][0][1], r['yarn'][1][1])} |")
+      L.append(
+        f"| {r['seed']} | {steps} | "
+        f"{'-' if va is None else f'{va:.4f}'} / {'-' if vb is None else f'{vb:.4f}'} | "
+        f"{_nats(va, vb)} | {_pct(r['none'][0][0], r['none'][1][0])} | "
+        f"{_pct(r['none'][0][1], r['none'][1][1])} | "
+        f"{_pct(r['yarn'][0][1], r['yarn'][1][1])} |"
+      )
     L += gap_lines(longs, train.get("steps", "main"))
     L.append("")
   if lrs:
-    L += [f"**Learning rate.** The main runs use {train.get('lr', '?'):g}; the check trains "
-          f"the same seeds at the other rates with everything else equal.\n",
-          "| seed | learning rate | held-out loss RoVE | RoPE | gap (nats) |",
-          "|---|---|---|---|---|"]
+    L += [
+      f"**Learning rate.** The main runs use {train.get('lr', '?'):g}; the check trains "
+      f"the same seeds at the other rates with everything else equal.\n",
+      "| seed | learning rate | held-out loss RoVE | RoPE | gap (nats) |",
+      "|---|---|---|---|---|",
+    ]
     for r in lrs:
       va, vb = r["val"]
-      L.append(f"| {r['seed']} | {r['lr']:g}{' (main)' if r['main'] else ''} | "
-               f"{'-' if va is None else f'{va:.4f}'} | {'-' if vb is None else f'{vb:.4f}'} | "
-               f"{_nats(va, vb)} |")
+      L.append(
+        f"| {r['seed']} | {r['lr']:g}{' (main)' if r['main'] else ''} | "
+        f"{'-' if va is None else f'{va:.4f}'} | {'-' if vb is None else f'{vb:.4f}'} | "
+        f"{_nats(va, vb)} |"
+      )
     best = {}
     for i, enc in enumerate(("RoVE", "RoPE")):
       scored = [(r["val"][i], r["lr"]) for r in lrs if r["val"][i] is not None]
       if scored:
         best[enc] = min(scored)[1]
     if best:
-      L.append("\nLowest held-out loss at: " + ", ".join(
-          f"{e} {lr:g}" for e, lr in best.items()) + ".")
+      L.append(
+        "\nLowest held-out loss at: " + ", ".join(f"{e} {lr:g}" for e, lr in best.items()) + "."
+      )
     L.append("")
   return L, {"long": longs, "lr": lrs}

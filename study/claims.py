@@ -19,18 +19,18 @@ from study.fmt import mult as _x
 from study.fmt import name as _name
 
 CLAIMS = {
-    "a": "RoVE improves few-shot in-context learning (abstract; Sec. 4 \"RoVE improves in the "
-         "trained regime\": Core ICL accuracy, measured inside the training context)",
-    "b": "RoVE improves in-context perplexity (Sec. 4 \"RoVE improves in the trained regime\")",
-    "c": "RoVE improves out-of-distribution perplexity (abstract; Sec. 4: perplexity up to 16x "
-         "the training context, with and without YaRN)",
-    "d1": "YaRN improves both baselines (Sec. 4 \"RoVE and YaRN are complementary\")",
-    "d2": "... while largely preserving the gap between them (Sec. 4 \"RoVE and YaRN are "
-          "complementary\")",
-    "e": "RoVE improves long-context retrieval (abstract; Sec. 4 \"RoVE improves long-context "
-         "retrieval\": RULER, scored by NLL)",
-    "f": "the improvements are largest on tasks requiring long-sequence aggregation (abstract; "
-         "Sec. 4 \"RoVE improves long-context retrieval\")",
+  "a": 'RoVE improves few-shot in-context learning (abstract; Sec. 4 "RoVE improves in the '
+  'trained regime": Core ICL accuracy, measured inside the training context)',
+  "b": 'RoVE improves in-context perplexity (Sec. 4 "RoVE improves in the trained regime")',
+  "c": "RoVE improves out-of-distribution perplexity (abstract; Sec. 4: perplexity up to 16x "
+  "the training context, with and without YaRN)",
+  "d1": 'YaRN improves both baselines (Sec. 4 "RoVE and YaRN are complementary")',
+  "d2": '... while largely preserving the gap between them (Sec. 4 "RoVE and YaRN are '
+  'complementary")',
+  "e": 'RoVE improves long-context retrieval (abstract; Sec. 4 "RoVE improves long-context '
+  'retrieval": RULER, scored by NLL)',
+  "f": "the improvements are largest on tasks requiring long-sequence aggregation (abstract; "
+  'Sec. 4 "RoVE improves long-context retrieval")',
 }
 
 
@@ -38,8 +38,10 @@ def _pct(iv) -> str:
   """A within-run relative change (an Interval) in percent."""
   if iv is None:
     return "-"
-  return (f"{100 * iv.estimate:+.1f} % [{100 * iv.lower:+.1f}, {100 * iv.upper:+.1f}]"
-          + fmt.seeds_note(iv))
+  return (
+    f"{100 * iv.estimate:+.1f} % [{100 * iv.lower:+.1f}, {100 * iv.upper:+.1f}]"
+    + fmt.seeds_note(iv)
+  )
 
 
 def _row(cid, test, figure, verdict, claim=None, result=None, **extra) -> dict:
@@ -54,8 +56,14 @@ def _both(verdicts) -> str:
 
 
 def _ppl_lengths(st: rs.Study) -> list:
-  return sorted({int(L) for r in st.report["runs"] for L in
-                 ((r.get("perplexity") or {}).get("none") or {}) if L.isdigit()})
+  return sorted(
+    {
+      int(L)
+      for r in st.report["runs"]
+      for L in ((r.get("perplexity") or {}).get("none") or {})
+      if L.isdigit()
+    }
+  )
 
 
 def recall_train_len(records) -> Optional[int]:
@@ -78,8 +86,12 @@ def _recall_layout(st: rs.Study):
   return encs, settings, lengths
 
 
-def retrieval(st: rs.Study, png_name: str, heading: str = "## Retrieval study",
-              task: str = "synthetic associative recall"):
+def retrieval(
+  st: rs.Study,
+  png_name: str,
+  heading: str = "## Retrieval study",
+  task: str = "synthetic associative recall",
+):
   """(markdown lines, PNG bytes or None, summary dict or None) of a retrieval study (its
   records in st.recall): `heading`, then tables by length for models trained on `task`."""
   if not st.recall:
@@ -87,15 +99,18 @@ def retrieval(st: rs.Study, png_name: str, heading: str = "## Retrieval study",
   encs, settings, lengths = _recall_layout(st)
   T = recall_train_len(st.recall)
   n = sorted({len(r.get("sample_nll") or ()) for r in st.recall})
-  seeds = "; ".join(f"{_name(e)} {len({r['seed'] for r in st.recall if r['encoding'] == e})}"
-                    for e in encs)
-  L = [f"{heading}\n",
-       f"Small models trained on {task} at T = {T} tokens "
-       f"(rove_jax/evaluation/recall.py), seeds: {seeds}; {'/'.join(map(str, n))} test samples "
-       f"a length, the same samples for every model, so comparisons are paired. Accuracy: "
-       f"greedy exact match of the one-token answer; answer NLL in nats. Settings as for "
-       f"perplexity (YaRN factor L/T; fixed s = longest / T at every length). This study is "
-       f"not in the paper.\n"]
+  seeds = "; ".join(
+    f"{_name(e)} {len({r['seed'] for r in st.recall if r['encoding'] == e})}" for e in encs
+  )
+  L = [
+    f"{heading}\n",
+    f"Small models trained on {task} at T = {T} tokens "
+    f"(rove_jax/evaluation/recall.py), seeds: {seeds}; {'/'.join(map(str, n))} test samples "
+    f"a length, the same samples for every model, so comparisons are paired. Accuracy: "
+    f"greedy exact match of the one-token answer; answer NLL in nats. Settings as for "
+    f"perplexity (YaRN factor L/T; fixed s = longest / T at every length). This study is "
+    f"not in the paper.\n",
+  ]
   head = "| encoding | setting | " + " | ".join(f"{x} ({_x(x, T)})" for x in lengths) + " |"
   rule = "|---|---|" + "---|" * len(lengths)
   summary = {"train_len": T, "cells": {}}
@@ -107,30 +122,50 @@ def retrieval(st: rs.Study, png_name: str, heading: str = "## Retrieval study",
         if all(c is None for c in cells):
           continue
         summary["cells"].setdefault(key, {}).setdefault(e, {})[s] = {
-            str(x): None if c is None else [c.estimate, c.lower, c.upper]
-            for x, c in zip(lengths, cells)}
-        L.append(f"| {_name(e)} | {SETTINGS[s]} | "
-                 + " | ".join(fmt.fmt_interval(c) for c in cells) + " |")
+          str(x): None if c is None else [c.estimate, c.lower, c.upper]
+          for x, c in zip(lengths, cells)
+        }
+        L.append(
+          f"| {_name(e)} | {SETTINGS[s]} | " + " | ".join(fmt.fmt_interval(c) for c in cells) + " |"
+        )
     L.append("")
-  for key, title, claim in (("sample_correct", "accuracy", "higher"),
-                            ("sample_nll", "answer NLL", "lower")):
-    L += [f"RoVE minus the other encoding, {title} (verdict on \"RoVE is {claim}\"):\n",
-          head.replace("| encoding |", "| comparison |"), rule]
+  for key, title, claim in (
+    ("sample_correct", "accuracy", "higher"),
+    ("sample_nll", "answer NLL", "lower"),
+  ):
+    L += [
+      f'RoVE minus the other encoding, {title} (verdict on "RoVE is {claim}"):\n',
+      head.replace("| encoding |", "| comparison |"),
+      rule,
+    ]
     for a, b in st.pairs(encs):
       for s in settings:
         cells = [st.recall_cmp(a, b, s, [x], key) for x in lengths]
         if all(c is None for c in cells):
           continue
-        L.append(f"| {_name(a)} - {_name(b)} | {SETTINGS[s]} | " + " | ".join(
-            "-" if c is None else f"{fmt.fmt_change(c)} "
-            + ("at the ceiling" if rs.at_ceiling(_counts(st, a, b, s, [x])) else
-               verdicts.NOT_MEASURABLE if rs.at_floor(_counts(st, a, b, s, [x]),
-                                                      st.recall_chance)
-               else rs.verdict(c, claim))
-            for x, c in zip(lengths, cells)) + " |")
+        L.append(
+          f"| {_name(a)} - {_name(b)} | {SETTINGS[s]} | "
+          + " | ".join(
+            "-"
+            if c is None
+            else f"{fmt.fmt_change(c)} "
+            + (
+              "at the ceiling"
+              if rs.at_ceiling(_counts(st, a, b, s, [x]))
+              else verdicts.NOT_MEASURABLE
+              if rs.at_floor(_counts(st, a, b, s, [x]), st.recall_chance)
+              else rs.verdict(c, claim)
+            )
+            for x, c in zip(lengths, cells)
+          )
+          + " |"
+        )
     L.append("")
-  png = plots.retrieval_study(st.recall, train_lengths=[T] if T else [],
-                              title=f"{heading.lstrip('# ')}: accuracy and answer NLL vs length")
+  png = plots.retrieval_study(
+    st.recall,
+    train_lengths=[T] if T else [],
+    title=f"{heading.lstrip('# ')}: accuracy and answer NLL vs length",
+  )
   if png is not None:
     L.append(f"![retrieval study]({png_name})\n")
   L.append(_recall_paragraph(st, encs, settings, lengths, T) + "\n")
@@ -147,16 +182,30 @@ def _recall_paragraph(st, encs, settings, lengths, T) -> str:
   acc = lambda e, s, x: st.recall_cell(e, s, [x], "sample_correct")  # noqa: E731
   text = "What it shows (computed from the tables above): "
   if T in lengths and "none" in settings:
-    text += (f"at the training length ({T} tokens) accuracy is "
-             + ", ".join(f"{_name(e)} {fmt.fmt_interval(acc(e, 'none', T))}" for e in encs
-                         if acc(e, "none", T) is not None) + ". ")
+    text += (
+      f"at the training length ({T} tokens) accuracy is "
+      + ", ".join(
+        f"{_name(e)} {fmt.fmt_interval(acc(e, 'none', T))}"
+        for e in encs
+        if acc(e, "none", T) is not None
+      )
+      + ". "
+    )
   if ("rove", "rope") not in st.pairs(encs):
     return text + "No RoVE-RoPE comparison (both are needed)."
   parts = []
-  for key, what, claim in (("sample_correct", "accuracy", "higher"),
-                           ("sample_nll", "answer NLL", "lower")):
-    tally = {"supports": 0, "contradicts": 0, "inconclusive": 0, "floor": 0, "ceiling": 0,
-             verdicts.FEW_PAIRS: 0}
+  for key, what, claim in (
+    ("sample_correct", "accuracy", "higher"),
+    ("sample_nll", "answer NLL", "lower"),
+  ):
+    tally = {
+      "supports": 0,
+      "contradicts": 0,
+      "inconclusive": 0,
+      "floor": 0,
+      "ceiling": 0,
+      verdicts.FEW_PAIRS: 0,
+    }
     for s in settings:
       for x in (x for x in lengths if T is None or x > T):
         c = st.recall_cmp("rove", "rope", s, [x], key)
@@ -170,22 +219,38 @@ def _recall_paragraph(st, encs, settings, lengths, T) -> str:
         else:
           tally[rs.verdict(c, claim)] += 1
     other = "lower" if claim == "higher" else "higher"
-    parts.append(f"RoVE's {what} is {claim} than RoPE's (paired t over seed pairs, p < "
-                 f"{verdicts.ALPHA:g}) in {tally['supports']}, {other} in "
-                 f"{tally['contradicts']}, and neither in {tally['inconclusive']}"
-                 + (f", with fewer than {verdicts.MIN_PAIRS} seed pairs (no test) in "
-                    f"{tally[verdicts.FEW_PAIRS]}" if tally[verdicts.FEW_PAIRS] else "")
-                 + (f", both within {verdicts.MARGIN:g} of chance ({st.recall_chance:.3g}: "
-                    f"not measurable) in {tally['floor']}" if tally["floor"] else "")
-                 + (f", both at the ceiling (no verdict) in {tally['ceiling']}"
-                    if tally["ceiling"] else ""))
+    parts.append(
+      f"RoVE's {what} is {claim} than RoPE's (paired t over seed pairs, p < "
+      f"{verdicts.ALPHA:g}) in {tally['supports']}, {other} in "
+      f"{tally['contradicts']}, and neither in {tally['inconclusive']}"
+      + (
+        f", with fewer than {verdicts.MIN_PAIRS} seed pairs (no test) in "
+        f"{tally[verdicts.FEW_PAIRS]}"
+        if tally[verdicts.FEW_PAIRS]
+        else ""
+      )
+      + (
+        f", both within {verdicts.MARGIN:g} of chance ({st.recall_chance:.3g}: "
+        f"not measurable) in {tally['floor']}"
+        if tally["floor"]
+        else ""
+      )
+      + (f", both at the ceiling (no verdict) in {tally['ceiling']}" if tally["ceiling"] else "")
+    )
     cells = sum(tally.values())
-  text += (f"Of the {cells} length-setting cells past the training length, "
-           + "; ".join(parts) + ". ")
+  text += (
+    f"Of the {cells} length-setting cells past the training length, " + "; ".join(parts) + ". "
+  )
   x = lengths[-1]
-  text += f"At the longest length ({x} tokens, {_x(x, T)}), accuracy RoVE vs RoPE: " + "; ".join(
+  text += (
+    f"At the longest length ({x} tokens, {_x(x, T)}), accuracy RoVE vs RoPE: "
+    + "; ".join(
       f"{SETTINGS[s]} {fmt.fmt_interval(acc('rove', s, x))} vs "
-      f"{fmt.fmt_interval(acc('rope', s, x))}" for s in settings) + "."
+      f"{fmt.fmt_interval(acc('rope', s, x))}"
+      for s in settings
+    )
+    + "."
+  )
   return text
 
 
@@ -206,8 +271,15 @@ def rows(st: rs.Study, base, extra: Sequence[dict] = ()) -> list:
     for x in longer:
       c = st.ppl_cmp("rove", "rope", s, x)
       if c is not None and not _duplicate(s, x, longer):
-        explore.append(_row("c", f"perplexity at {x} tokens ({_x(x, base)}), {SETTINGS[s]}: "
-                                 f"RoVE / RoPE - 1", fmt.fmt_change(c), rs.verdict(c), result=c))
+        explore.append(
+          _row(
+            "c",
+            f"perplexity at {x} tokens ({_x(x, base)}), {SETTINGS[s]}: RoVE / RoPE - 1",
+            fmt.fmt_change(c),
+            rs.verdict(c),
+            result=c,
+          )
+        )
   explore += _gap_rows(st, base, longer)
   explore += _ruler_rows(st, base)
   explore += recall_rows(st) + [dict(r) for r in extra]
@@ -230,21 +302,30 @@ def _icl_rows(st, base) -> list:
     return []
   c = st.icl_cmp("rove", "rope", tasks, 0)
   counts = [st.icl_count(e, tasks) for e in ("rove", "rope")]
-  out = [_row("a", f"synthetic ICL, {len(tasks)} tasks pooled, inside the {base}-token "
-                   f"training context: answer NLL (mean, nats), RoVE - RoPE",
-              fmt.fmt_change(c),
-              primary.measured(counts, verdicts.study_icl_chance(st, tasks), rs.verdict(c)),
-              result=c)]
+  out = [
+    _row(
+      "a",
+      f"synthetic ICL, {len(tasks)} tasks pooled, inside the {base}-token "
+      f"training context: answer NLL (mean, nats), RoVE - RoPE",
+      fmt.fmt_change(c),
+      primary.measured(counts, verdicts.study_icl_chance(st, tasks), rs.verdict(c)),
+      result=c,
+    )
+  ]
   for task in tasks:
     c = st.icl_cmp("rove", "rope", [task], 0)
     counts = [st.icl_count(e, [task]) for e in ("rove", "rope")]
-    out.append(_row("a", f"synthetic ICL task {task}: answer NLL, RoVE - RoPE",
-                    f"{fmt.fmt_change(c)} (exact match RoVE {fmt.fmt_count(counts[0])}, "
-                    f"RoPE {fmt.fmt_count(counts[1])})",
-                    primary.measured(counts, verdicts.study_icl_chance(st, [task]), rs.verdict(c)),
-                    result=c))
+    out.append(
+      _row(
+        "a",
+        f"synthetic ICL task {task}: answer NLL, RoVE - RoPE",
+        f"{fmt.fmt_change(c)} (exact match RoVE {fmt.fmt_count(counts[0])}, "
+        f"RoPE {fmt.fmt_count(counts[1])})",
+        primary.measured(counts, verdicts.study_icl_chance(st, [task]), rs.verdict(c)),
+        result=c,
+      )
+    )
   return out
-
 
 
 def _yarn_rows(st, base, longer) -> list:
@@ -259,10 +340,16 @@ def _yarn_rows(st, base, longer) -> list:
     diffs = {e: _run_changes(st, e, x) for e in ch}
     verdicts_ = [verdicts.from_diffs(diffs[e]) for e in ch]
     tests = {e: primary.p_cell(verdicts.seed_tests(diffs[e])) for e in ch}
-    out.append(_row("d1", f"{SETTINGS['yarn']} vs no YaRN at {x} tokens ({_x(x, base)}), same "
-                          f"runs: perplexity ratio - 1 for each encoding",
-                    f"RoVE {_pct(ch['rove'])}, {tests['rove']}; RoPE {_pct(ch['rope'])}, "
-                    f"{tests['rope']}", _both(verdicts_), family="yarn"))
+    out.append(
+      _row(
+        "d1",
+        f"{SETTINGS['yarn']} vs no YaRN at {x} tokens ({_x(x, base)}), same "
+        f"runs: perplexity ratio - 1 for each encoding",
+        f"RoVE {_pct(ch['rove'])}, {tests['rove']}; RoPE {_pct(ch['rope'])}, {tests['rope']}",
+        _both(verdicts_),
+        family="yarn",
+      )
+    )
   return out
 
 
@@ -277,19 +364,28 @@ def _gap_rows(st, base, longer) -> list:
   out = []
   for s in ("yarn", "yarn_fixed"):
     for x in longer:
-      without, with_, kept = (st.ppl_cmp("rove", "rope", "none", x),
-                              st.ppl_cmp("rove", "rope", s, x), st.gap_kept(s, x))
+      without, with_, kept = (
+        st.ppl_cmp("rove", "rope", "none", x),
+        st.ppl_cmp("rove", "rope", s, x),
+        st.gap_kept(s, x),
+      )
       if None in (without, with_, kept) or _duplicate(s, x, longer):
         continue
       verdict = rs.verdict(kept)
       if rs.verdict(without) != "supports":
         verdict = "inconclusive: no RoVE-RoPE gap without YaRN to preserve"
-      out.append(_row(
-          "d2", f"at {x} tokens ({_x(x, base)}), {SETTINGS[s]}: is the RoVE-RoPE log-perplexity "
-                f"gap with YaRN at least half the gap without (\"largely\" read so here)? "
-                f"Figure: gap with - 0.5 x gap without, below 0 supports",
+      out.append(
+        _row(
+          "d2",
+          f"at {x} tokens ({_x(x, base)}), {SETTINGS[s]}: is the RoVE-RoPE log-perplexity "
+          f'gap with YaRN at least half the gap without ("largely" read so here)? '
+          f"Figure: gap with - 0.5 x gap without, below 0 supports",
           f"gap without {fmt.fmt_change(without)}, with {fmt.fmt_change(with_)}; test "
-          f"{fmt.fmt_change(kept, 3)} nats", verdict, result=kept))
+          f"{fmt.fmt_change(kept, 3)} nats",
+          verdict,
+          result=kept,
+        )
+      )
   return out
 
 
@@ -305,13 +401,23 @@ def _ruler_rows(st, base) -> list:
       c = st.ruler_cmp("rove", "rope", s, task)
       counts = [st.ruler_count(e, s, task) for e in ("rove", "rope")]
       em = f"exact match RoVE {fmt.fmt_count(counts[0])}, RoPE {fmt.fmt_count(counts[1])}"
-      test = (f"RULER {task} answer NLL, mean over {', '.join(map(str, lengths[task]))} "
-              f"tokens, {SETTINGS[s]}: RoVE - RoPE")
+      test = (
+        f"RULER {task} answer NLL, mean over {', '.join(map(str, lengths[task]))} "
+        f"tokens, {SETTINGS[s]}: RoVE - RoPE"
+      )
       claim = f"{CLAIMS['e'].split(' (')[0]} (abstract; Sec. 4): RULER task {task}"
       if task in rs.AGGREGATION:
         claim += " (an aggregation task in RULER's own categories: bears on (f))"
-      out.append(_row("e", test, f"{fmt.fmt_change(c)} nats; {em}",
-                      primary.measured(counts, 0.0, rs.verdict(c)), claim, result=c))
+      out.append(
+        _row(
+          "e",
+          test,
+          f"{fmt.fmt_change(c)} nats; {em}",
+          primary.measured(counts, 0.0, rs.verdict(c)),
+          claim,
+          result=c,
+        )
+      )
   return out
 
 
@@ -330,23 +436,37 @@ def recall_rows(st, label: str = "retrieval study (not in the paper)") -> list:
   for s in settings:
     counts = [rs.count(st.recall_units(e, s, longer, "sample_correct")) for e in ("rove", "rope")]
     c = st.recall_cmp("rove", "rope", s, longer, "sample_correct")
-    test = (f"{label}, {SETTINGS[s]}: accuracy, mean over "
-            f"{where} tokens (past T = {T}), RoVE - RoPE")
+    test = f"{label}, {SETTINGS[s]}: accuracy, mean over {where} tokens (past T = {T}), RoVE - RoPE"
     shown = f"RoVE {fmt.fmt_count(counts[0])}, RoPE {fmt.fmt_count(counts[1])} correct"
     if c is None:
       continue
     ceiling = rs.at_ceiling(counts)
     floor = verdicts.measurable_note(counts, st.recall_chance, ("RoVE", "RoPE"))
     if floor:
-      out.append(_row("e", test, f"{fmt.fmt_change(c, 3)} ({shown})", floor, claim, result=c,
-                      recall=s))
+      out.append(
+        _row("e", test, f"{fmt.fmt_change(c, 3)} ({shown})", floor, claim, result=c, recall=s)
+      )
     else:
-      out.append(_row("e", test, f"{fmt.fmt_change(c, 3)} ({shown})",
-                      f"at the ceiling: {shown}" if ceiling else rs.verdict(c, "higher"),
-                      claim, result=c, recall=s))
+      out.append(
+        _row(
+          "e",
+          test,
+          f"{fmt.fmt_change(c, 3)} ({shown})",
+          f"at the ceiling: {shown}" if ceiling else rs.verdict(c, "higher"),
+          claim,
+          result=c,
+          recall=s,
+        )
+      )
     c = st.recall_cmp("rove", "rope", s, longer, "sample_nll")
-    out.append(_row("e", f"{label}, {SETTINGS[s]}: answer NLL, mean over {where} "
-                         f"tokens, RoVE - RoPE", fmt.fmt_change(c) + " nats",
-                    "at the ceiling: every answer right, no verdict" if ceiling
-                    else floor or rs.verdict(c), claim, result=c))
+    out.append(
+      _row(
+        "e",
+        f"{label}, {SETTINGS[s]}: answer NLL, mean over {where} tokens, RoVE - RoPE",
+        fmt.fmt_change(c) + " nats",
+        "at the ceiling: every answer right, no verdict" if ceiling else floor or rs.verdict(c),
+        claim,
+        result=c,
+      )
+    )
   return out

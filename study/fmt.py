@@ -17,7 +17,7 @@ def name(enc: str) -> str:
 
 
 def mult(length: int, base: Optional[int]) -> str:
-  """"4x" for a length 4 times the training length ("0.5x" below it)."""
+  """ "4x" for a length 4 times the training length ("0.5x" below it)."""
   return f"{length / base:g}x" if base else "?"
 
 
@@ -27,11 +27,10 @@ def seeds_note(x) -> str:
 
 
 def fmt_interval(iv: Optional[stats.Interval], digits: int = 2) -> str:
-  """"estimate [lower, upper]", "-" for None."""
+  """ "estimate [lower, upper]", "-" for None."""
   if iv is None:
     return "-"
-  return (f"{iv.estimate:.{digits}f} [{iv.lower:.{digits}f}, {iv.upper:.{digits}f}]"
-          + seeds_note(iv))
+  return f"{iv.estimate:.{digits}f} [{iv.lower:.{digits}f}, {iv.upper:.{digits}f}]" + seeds_note(iv)
 
 
 def fmt_change(c, digits: int = 2) -> str:
@@ -39,11 +38,9 @@ def fmt_change(c, digits: int = 2) -> str:
   if c is None:
     return "-"
   if getattr(c, "contrast", "difference") in ("relative", "exp"):
-    return (f"{100 * c.estimate:+.1f} % [{100 * c.lower:+.1f}, {100 * c.upper:+.1f}]"
-            + seeds_note(c))
+    return f"{100 * c.estimate:+.1f} % [{100 * c.lower:+.1f}, {100 * c.upper:+.1f}]" + seeds_note(c)
   return f"{c.estimate:+.{digits}f} [{c.lower:+.{digits}f}, {c.upper:+.{digits}f}]" + seeds_note(c)
 
 
 def fmt_count(kn: Optional[tuple[int, int]]) -> str:
   return "-" if kn is None else f"{kn[0]}/{kn[1]}"
-

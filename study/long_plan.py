@@ -20,11 +20,13 @@ SEEDS = tuple(range(10, 20))
 MIN_RATES, MIN_SEEDS = 3, 2
 MAX_EXTENSIONS = 2
 PPL_TOKENS = 16384
-RULE = ("each encoding's rate is the one with the lowest mean, over the sweep seeds, of the "
-        "final held-out loss at the training length (the last val_loss of metrics.jsonl, step "
-        f"{STEPS}); a best rate at either end of the grid is refused and that encoding's grid "
-        f"extended by one rate 2x past that end on the same seeds, at most {MAX_EXTENSIONS} "
-        f"times, after which the study stops")
+RULE = (
+  "each encoding's rate is the one with the lowest mean, over the sweep seeds, of the "
+  "final held-out loss at the training length (the last val_loss of metrics.jsonl, step "
+  f"{STEPS}); a best rate at either end of the grid is refused and that encoding's grid "
+  f"extended by one rate 2x past that end on the same seeds, at most {MAX_EXTENSIONS} "
+  f"times, after which the study stops"
+)
 
 
 def name(run: dict) -> str:
@@ -44,9 +46,17 @@ def sweep_plan(grids: dict, runs_dir: str) -> list[dict]:
 
 def primary_plan(rates: dict, runs_dir: str, seeds=SEEDS) -> list[dict]:
   """The comparison's runs, pair by pair (RoVE then RoPE of each seed), at the chosen rates."""
-  return [{"encoding": enc, "seed": seed, "kind": "primary", "lr": rates[enc],
-           "workdir": os.path.join(runs_dir, f"{enc}-s{seed}-lr{rates[enc]:g}")}
-          for seed in seeds for enc in ENCODINGS]
+  return [
+    {
+      "encoding": enc,
+      "seed": seed,
+      "kind": "primary",
+      "lr": rates[enc],
+      "workdir": os.path.join(runs_dir, f"{enc}-s{seed}-lr{rates[enc]:g}"),
+    }
+    for seed in seeds
+    for enc in ENCODINGS
+  ]
 
 
 def metrics_path(out: str, run: dict) -> str:
@@ -57,11 +67,12 @@ def status(out: str, runs_dir: str) -> dict:
   """{"sweep": (evaluated, planned), "primary": (...)} from <out>/reports/ (the primary plan
   only once the sweep has chosen)."""
   rec = sweep.load_record(out)
-  grids = {e: [float(x) for x in g] for e, g in
-           ((rec or {}).get("meta", {}).get("grids") or {}).items()} or {
-               e: list(SWEEP_LRS) for e in ENCODINGS}
+  grids = {
+    e: [float(x) for x in g] for e, g in ((rec or {}).get("meta", {}).get("grids") or {}).items()
+  } or {e: list(SWEEP_LRS) for e in ENCODINGS}
   plans = {"sweep": sweep_plan(grids, runs_dir)}
   if rec and rec.get("chosen") and not rec.get("refused"):
     plans["primary"] = primary_plan({e: float(x) for e, x in rec["chosen"].items()}, runs_dir)
-  return {k: (sum(os.path.exists(report_path(out, r)) for r in v), len(v))
-          for k, v in plans.items()}
+  return {
+    k: (sum(os.path.exists(report_path(out, r)) for r in v), len(v)) for k, v in plans.items()
+  }

@@ -28,20 +28,24 @@ MARGIN = math.log(1.01)  # P1's equivalence margin: RoVE / RoPE perplexity withi
 T = 128
 LONGER = (256, 512, 1024, 2048)
 NAME = re.compile(r"(sweep|primary)-(\w+)-s(\d+)-lr([0-9.e+-]+)")
-OUTCOMES = {"equivalent": "equivalent (within +-1 %)", "lower": "RoVE better (beyond -1 %)",
-            "higher": "RoVE worse (beyond +1 %)", "inconclusive": "inconclusive"}
+OUTCOMES = {
+  "equivalent": "equivalent (within +-1 %)",
+  "lower": "RoVE better (beyond -1 %)",
+  "higher": "RoVE worse (beyond +1 %)",
+  "inconclusive": "inconclusive",
+}
 PAPER = {
-    "P1": "RoVE improves in-context perplexity (Sec. 4 \"RoVE improves in the trained regime\", "
-          "Table 1)",
-    "P2": "RoVE improves out-of-distribution perplexity (abstract; Sec. 4 \"RoVE and YaRN are "
-          "complementary\": up to 16x without YaRN)",
-    "P3": "the gap holds with YaRN (Sec. 4 \"RoVE and YaRN are complementary\": YaRN improves "
-          "both baselines while largely preserving the gap)",
-    "P4": "RoVE's gain past T is more than its gain at T: extrapolation (Sec. 1 \"long-context "
-          "robustness\"; Sec. 2 \"YaRN\": RoPE's low frequencies meet unseen angles past T)",
-    "P5": "does RoVE itself degrade past T? (Sec. 1, Sec. 2 \"YaRN\")",
-    "P6": "does RoPE degrade past T? (Sec. 2 \"YaRN\")",
-    "P7": "RoVE degrades less than RoPE: its 16x / T ratio against RoPE's (Sec. 1, Sec. 2)",
+  "P1": 'RoVE improves in-context perplexity (Sec. 4 "RoVE improves in the trained regime", '
+  "Table 1)",
+  "P2": 'RoVE improves out-of-distribution perplexity (abstract; Sec. 4 "RoVE and YaRN are '
+  'complementary": up to 16x without YaRN)',
+  "P3": 'the gap holds with YaRN (Sec. 4 "RoVE and YaRN are complementary": YaRN improves '
+  "both baselines while largely preserving the gap)",
+  "P4": "RoVE's gain past T is more than its gain at T: extrapolation (Sec. 1 \"long-context "
+  'robustness"; Sec. 2 "YaRN": RoPE\'s low frequencies meet unseen angles past T)',
+  "P5": 'does RoVE itself degrade past T? (Sec. 1, Sec. 2 "YaRN")',
+  "P6": 'does RoPE degrade past T? (Sec. 2 "YaRN")',
+  "P7": "RoVE degrades less than RoPE: its 16x / T ratio against RoPE's (Sec. 1, Sec. 2)",
 }
 
 
@@ -50,7 +54,7 @@ def load(out: str) -> list[dict]:
   curve (metrics rows)}, sorted by kind, rate, seed, encoding."""
   runs = []
   for path in glob.glob(os.path.join(out, "reports", "*.json")):
-    key = os.path.basename(path)[:-len(".json")]
+    key = os.path.basename(path)[: -len(".json")]
     m = NAME.fullmatch(key)
     if not m:
       continue
@@ -61,17 +65,26 @@ def load(out: str) -> list[dict]:
     if os.path.exists(mpath):
       with open(mpath) as f:
         curve = [json.loads(line) for line in f if line.strip()]
-    runs.append({"kind": m.group(1), "encoding": m.group(2), "seed": int(m.group(3)),
-                 "lr": float(m.group(4)), "key": key, "report": report["runs"][0],
-                 "curve": curve})
+    runs.append(
+      {
+        "kind": m.group(1),
+        "encoding": m.group(2),
+        "seed": int(m.group(3)),
+        "lr": float(m.group(4)),
+        "key": key,
+        "report": report["runs"][0],
+        "curve": curve,
+      }
+    )
   return sorted(runs, key=lambda r: (r["kind"], r["lr"], r["seed"], r["encoding"]))
 
 
 def finite(run: dict) -> bool:
   """Whether a run's final held-out loss and its loss at T are finite (preregistration: the
   pair of a diverged run leaves the family and the next seed replaces it)."""
-  val = [row["val_loss"] for row in sorted(run["curve"], key=lambda r: r["step"])
-         if "val_loss" in row]
+  val = [
+    row["val_loss"] for row in sorted(run["curve"], key=lambda r: r["step"]) if "val_loss" in row
+  ]
   at_t = ((run["report"].get("perplexity") or {}).get("none") or {}).get(str(T)) or {}
   return bool(val) and math.isfinite(val[-1]) and math.isfinite(at_t.get("loss", math.nan))
 
@@ -79,16 +92,23 @@ def finite(run: dict) -> bool:
 def complete_pairs(runs: Sequence[dict], kind: str, rates: dict) -> list[int]:
   """The seeds with both encodings of `kind` evaluated at their rate in `rates`, both
   finite (`finite`)."""
-  have = {(r["encoding"], r["seed"]) for r in runs
-          if r["kind"] == kind and rates.get(r["encoding"]) == r["lr"] and finite(r)}
+  have = {
+    (r["encoding"], r["seed"])
+    for r in runs
+    if r["kind"] == kind and rates.get(r["encoding"]) == r["lr"] and finite(r)
+  }
   return sorted({s for _, s in have if all((e, s) in have for e in rates)})
 
 
-def study(runs: Sequence[dict], kind: str, rates: dict, seeds: Sequence[int],
-          boot: Optional[rs.Boot] = None) -> rs.Study:
+def study(
+  runs: Sequence[dict], kind: str, rates: dict, seeds: Sequence[int], boot: Optional[rs.Boot] = None
+) -> rs.Study:
   """A numbers.Study of the pairs of `seeds` (each encoding at its rate in `rates`)."""
-  pick = [dict(r["report"], seed=r["seed"]) for r in runs
-          if r["kind"] == kind and rates.get(r["encoding"]) == r["lr"] and r["seed"] in seeds]
+  pick = [
+    dict(r["report"], seed=r["seed"])
+    for r in runs
+    if r["kind"] == kind and rates.get(r["encoding"]) == r["lr"] and r["seed"] in seeds
+  ]
   return rs.Study({"runs": pick}, boot=boot)
 
 
@@ -123,6 +143,7 @@ def _pval(p: Optional[float]) -> str:
 def _cmp_row(rid, claim, test, c) -> dict:
   """A RoVE - RoPE row from a Comparison: the paired t verdict on "RoVE lower"."""
   from study import fmt
+
   return primary.row(rid, claim, test, fmt.fmt_change(c), verdicts.verdict(c), c)
 
 
@@ -134,52 +155,94 @@ def _own_row(rid, claim, test, st, enc, setting) -> Optional[dict]:
   cell = st.boot.cell(u, math.expm1)
   vals = _run_values(u)
   t = multiplicity.paired_t(vals)
-  verdict = "inconclusive" if t is None or not t["p"] < ALPHA else (
-      "degrades" if t["mean"] > 0 else "improves")
-  figure = (f"x{1 + cell.estimate:.2f} [{1 + cell.lower:.2f}, {1 + cell.upper:.2f}] "
-            f"({100 * cell.estimate:+.0f} %)")
+  verdict = (
+    "inconclusive"
+    if t is None or not t["p"] < ALPHA
+    else ("degrades" if t["mean"] > 0 else "improves")
+  )
+  figure = (
+    f"x{1 + cell.estimate:.2f} [{1 + cell.lower:.2f}, {1 + cell.upper:.2f}] "
+    f"({100 * cell.estimate:+.0f} %)"
+  )
   return primary.row(rid, claim, test, figure, verdict, diffs=vals)
 
 
-def family(st: rs.Study, setting: str = "none", ids: Sequence[str] = ("P1", "P2", "P3", "P4",
-                                                                       "P5", "P6", "P7")) -> list:
+def family(
+  st: rs.Study,
+  setting: str = "none",
+  ids: Sequence[str] = ("P1", "P2", "P3", "P4", "P5", "P6", "P7"),
+) -> list:
   """The rows P1-P7 (with setting "yarn": P4-P7's YaRN versions, exploratory)."""
   from study import fmt
+
   rows, tag = [], "" if setting == "none" else " (YaRN)"
   sname = fmt.SETTING_NAMES[setting]
   if "P1" in ids:
     c = st.ppl_cmp("rove", "rope", "none", T)
     diffs = verdicts.comparison_diffs(c)
-    r = primary.row("P1", PAPER["P1"], f"perplexity at {T} tokens, no YaRN: RoVE / RoPE - 1; "
-                    f"TOST against +-1 %", fmt.fmt_change(c), "inconclusive", c)
+    r = primary.row(
+      "P1",
+      PAPER["P1"],
+      f"perplexity at {T} tokens, no YaRN: RoVE / RoPE - 1; TOST against +-1 %",
+      fmt.fmt_change(c),
+      "inconclusive",
+      c,
+    )
     tost = multiplicity.tost(diffs, MARGIN, ALPHA)
     if tost:
       r.update(tost=tost, p=tost["p"], verdict=OUTCOMES[tost["outcome"]])
-      r["figure"] += (f"; 90 % t-interval {_pct(tost['lower'])} to {_pct(tost['upper'])}, "
-                      f"TOST p = {_pval(tost['p_equiv'])}, beyond -1 % p = "
-                      f"{_pval(tost['p_below'])}, beyond +1 % p = {_pval(tost['p_above'])}")
+      r["figure"] += (
+        f"; 90 % t-interval {_pct(tost['lower'])} to {_pct(tost['upper'])}, "
+        f"TOST p = {_pval(tost['p_equiv'])}, beyond -1 % p = "
+        f"{_pval(tost['p_below'])}, beyond +1 % p = {_pval(tost['p_above'])}"
+      )
     rows.append(r)
   for rid, s in (("P2", "none"), ("P3", "yarn")):
     if rid in ids:
-      rows.append(_cmp_row(rid, PAPER[rid], f"perplexity at 256-2048 tokens (2x-16x), "
-                           f"{fmt.SETTING_NAMES[s]}: geometric mean of RoVE / RoPE - 1",
-                           st.ppl_mean_cmp("rove", "rope", s, LONGER)))
+      rows.append(
+        _cmp_row(
+          rid,
+          PAPER[rid],
+          f"perplexity at 256-2048 tokens (2x-16x), "
+          f"{fmt.SETTING_NAMES[s]}: geometric mean of RoVE / RoPE - 1",
+          st.ppl_mean_cmp("rove", "rope", s, LONGER),
+        )
+      )
   if "P4" in ids:
-    c = st.boot.compare(combo(st, "rove", setting, BEYOND), combo(st, "rope", setting, BEYOND),
-                        "exp")
-    rows.append(_cmp_row("P4" + tag, PAPER["P4"], f"the gap at 2x-16x ({sname}) beyond the "
-                         f"gap at T: (RoVE / RoPE at 2x-16x) / (RoVE / RoPE at T) - 1", c))
+    c = st.boot.compare(
+      combo(st, "rove", setting, BEYOND), combo(st, "rope", setting, BEYOND), "exp"
+    )
+    rows.append(
+      _cmp_row(
+        "P4" + tag,
+        PAPER["P4"],
+        f"the gap at 2x-16x ({sname}) beyond the "
+        f"gap at T: (RoVE / RoPE at 2x-16x) / (RoVE / RoPE at T) - 1",
+        c,
+      )
+    )
   for rid, enc in (("P5", "rove"), ("P6", "rope")):
     if rid in ids:
-      r = _own_row(rid + tag, PAPER[rid], f"{fmt.name(enc)}'s perplexity at 2048 tokens (16x, "
-                   f"{sname}) / at {T} tokens, over its runs", st, enc, setting)
+      r = _own_row(
+        rid + tag,
+        PAPER[rid],
+        f"{fmt.name(enc)}'s perplexity at 2048 tokens (16x, "
+        f"{sname}) / at {T} tokens, over its runs",
+        st,
+        enc,
+        setting,
+      )
       if r:
         rows.append(r)
   if "P7" in ids:
-    c = st.boot.compare(combo(st, "rove", setting, RATIO16),
-                        combo(st, "rope", setting, RATIO16), "exp")
-    rows.append(_cmp_row("P7" + tag, PAPER["P7"], f"RoVE's 16x / T perplexity ratio over "
-                         f"RoPE's ({sname}) - 1", c))
+    c = st.boot.compare(
+      combo(st, "rove", setting, RATIO16), combo(st, "rope", setting, RATIO16), "exp"
+    )
+    rows.append(
+      _cmp_row(
+        "P7" + tag, PAPER["P7"], f"RoVE's 16x / T perplexity ratio over RoPE's ({sname}) - 1", c
+      )
+    )
   return rows
 
 
@@ -200,15 +263,20 @@ def exploratory(st: rs.Study, lengths: Sequence[int]) -> list:
   """Every length's RoVE - RoPE row (no YaRN at every length but T, YaRN past T) and P4-P7
   with YaRN."""
   from study import fmt
+
   rows = []
   for s in ("none", "yarn"):
     for L in lengths:
       if L == T or (s == "yarn" and L < T):
         continue
-      rows.append(_cmp_row(f"{fmt.mult(L, T)}", "RoVE improves perplexity at this length",
-                           f"perplexity at {L} tokens ({fmt.mult(L, T)}), "
-                           f"{fmt.SETTING_NAMES[s]}: RoVE / RoPE - 1",
-                           st.ppl_cmp("rove", "rope", s, L)))
+      rows.append(
+        _cmp_row(
+          f"{fmt.mult(L, T)}",
+          "RoVE improves perplexity at this length",
+          f"perplexity at {L} tokens ({fmt.mult(L, T)}), {fmt.SETTING_NAMES[s]}: RoVE / RoPE - 1",
+          st.ppl_cmp("rove", "rope", s, L),
+        )
+      )
   return rows + family(st, "yarn", ("P4", "P5", "P6", "P7"))
 
 
@@ -221,7 +289,7 @@ def sensitivity(runs: Sequence[dict], chosen: dict, grids: dict) -> list:
   for enc, lr in chosen.items():
     g = sorted(grids[enc])
     i = g.index(lr)
-    near |= set(g[max(0, i - 1):i + 2])
+    near |= set(g[max(0, i - 1) : i + 2])
   for lr in [x for x in shared if x in near]:
     rates = {"rove": lr, "rope": lr}
     seeds = complete_pairs(runs, "sweep", rates)
@@ -230,14 +298,26 @@ def sensitivity(runs: Sequence[dict], chosen: dict, grids: dict) -> list:
     st = study(runs, "sweep", rates, seeds)
     tag = f"{lr:g}" + (" (chosen)" if lr in chosen.values() else "")
     for rid, test, c in (
-        ("1x", f"perplexity at {T} tokens", st.ppl_cmp("rove", "rope", "none", T)),
-        ("2x-16x", "perplexity at 2x-16x, no YaRN (P2's statistic)",
-         st.ppl_mean_cmp("rove", "rope", "none", LONGER)),
-        ("beyond", "the gap at 2x-16x beyond the gap at T, no YaRN (P4's statistic)",
-         st.boot.compare(combo(st, "rove", "none", BEYOND), combo(st, "rope", "none", BEYOND),
-                         "exp"))):
-      r = _cmp_row(rid, f"rate sensitivity at {tag}", f"sweep pairs (seeds "
-                   f"{', '.join(map(str, seeds))}) at {tag}: {test}: RoVE / RoPE - 1", c)
+      ("1x", f"perplexity at {T} tokens", st.ppl_cmp("rove", "rope", "none", T)),
+      (
+        "2x-16x",
+        "perplexity at 2x-16x, no YaRN (P2's statistic)",
+        st.ppl_mean_cmp("rove", "rope", "none", LONGER),
+      ),
+      (
+        "beyond",
+        "the gap at 2x-16x beyond the gap at T, no YaRN (P4's statistic)",
+        st.boot.compare(
+          combo(st, "rove", "none", BEYOND), combo(st, "rope", "none", BEYOND), "exp"
+        ),
+      ),
+    ):
+      r = _cmp_row(
+        rid,
+        f"rate sensitivity at {tag}",
+        f"sweep pairs (seeds {', '.join(map(str, seeds))}) at {tag}: {test}: RoVE / RoPE - 1",
+        c,
+      )
       r["lr"] = lr
       rows.append(r)
   return rows
@@ -260,11 +340,15 @@ def gap_by_step(runs: Sequence[dict], rates: dict, seeds: Sequence[int]) -> dict
   val = {}
   for r in runs:
     if r["kind"] == "primary" and rates.get(r["encoding"]) == r["lr"] and r["seed"] in seeds:
-      val[(r["encoding"], r["seed"])] = {row["step"]: row["val_loss"] for row in r["curve"]
-                                         if "val_loss" in row}
+      val[(r["encoding"], r["seed"])] = {
+        row["step"]: row["val_loss"] for row in r["curve"] if "val_loss" in row
+      }
   out = {}
   steps = set.intersection(*(set(v) for v in val.values())) if val else set()
   for step in sorted(steps):
-    out[step] = [val[("rove", s)][step] - val[("rope", s)][step] for s in seeds
-                 if ("rove", s) in val and ("rope", s) in val]
+    out[step] = [
+      val[("rove", s)][step] - val[("rope", s)][step]
+      for s in seeds
+      if ("rove", s) in val and ("rope", s) in val
+    ]
   return out

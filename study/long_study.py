@@ -65,22 +65,32 @@ from study.recall_runs import _env
 
 
 def parse_args(argv):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--out", default="results/long", help="lr_sweep.md, reports/, README.md")
   p.add_argument("--runs-dir", default="runs/long", help="training workdirs")
-  p.add_argument("--jobs", type=int, default=None,
-                 help="runs at a time, each pinned to its own core (default: study.jobs)")
-  p.add_argument("--write-only", action="store_true",
-                 help="train nothing: redo the write-up from <out>/reports/ and the runs")
-  p.add_argument("--status", action="store_true",
-                 help="print how many runs are trained and evaluated, and exit")
+  p.add_argument(
+    "--jobs",
+    type=int,
+    default=None,
+    help="runs at a time, each pinned to its own core (default: study.jobs)",
+  )
+  p.add_argument(
+    "--write-only",
+    action="store_true",
+    help="train nothing: redo the write-up from <out>/reports/ and the runs",
+  )
+  p.add_argument(
+    "--status", action="store_true", help="print how many runs are trained and evaluated, and exit"
+  )
   return p.parse_args(argv)
 
 
 def curve(run: dict, out: str) -> list[dict]:
   """A run's metrics rows: its copy in <out>/metrics/ (a finished run's), else its workdir's."""
   from rove_jax.train.metrics import read_metrics
+
   path = metrics_path(out, run)
   if os.path.exists(path):
     with open(path) as f:
@@ -91,23 +101,51 @@ def curve(run: dict, out: str) -> list[dict]:
 def finite(run: dict, out: str) -> bool:
   """Whether the run's final held-out loss is finite (a diverged run's pair is replaced)."""
   import math
+
   loss = sweep.final_val_loss(curve(run, out))
   return loss is not None and math.isfinite(loss)
 
 
 def overrides(run: dict) -> list[str]:
-  return [f"--config.model.pos_encoding={run['encoding']}", f"--config.seed={run['seed']}",
-          f"--config.optim.lr={run['lr']}", f"--config.steps={STEPS}",
-          f"--config.eval_every={EVAL_EVERY}", f"--config.checkpoint_every={CHECKPOINT_EVERY}"]
+  return [
+    f"--config.model.pos_encoding={run['encoding']}",
+    f"--config.seed={run['seed']}",
+    f"--config.optim.lr={run['lr']}",
+    f"--config.steps={STEPS}",
+    f"--config.eval_every={EVAL_EVERY}",
+    f"--config.checkpoint_every={CHECKPOINT_EVERY}",
+  ]
 
 
 def commands(run: dict, out: str) -> tuple[list, list]:
   """(the training command, the evaluation command) of a run."""
-  train = [sys.executable, os.path.join(ROOT, "train.py"), "--config", CONFIG, "--workdir",
-           run["workdir"], *overrides(run)]
-  evaluate = [sys.executable, "-m", "rove_jax.cli.eval", "--workdir", run["workdir"],
-              "--tasks", "ppl", "--suite", "full", "--yarn", "both", "--ppl-tokens",
-              str(PPL_TOKENS), "--no-progress", "--out", os.path.join(run["workdir"], "eval")]
+  train = [
+    sys.executable,
+    os.path.join(ROOT, "train.py"),
+    "--config",
+    CONFIG,
+    "--workdir",
+    run["workdir"],
+    *overrides(run),
+  ]
+  evaluate = [
+    sys.executable,
+    "-m",
+    "rove_jax.cli.eval",
+    "--workdir",
+    run["workdir"],
+    "--tasks",
+    "ppl",
+    "--suite",
+    "full",
+    "--yarn",
+    "both",
+    "--ppl-tokens",
+    str(PPL_TOKENS),
+    "--no-progress",
+    "--out",
+    os.path.join(run["workdir"], "eval"),
+  ]
   return train, evaluate
 
 
@@ -119,13 +157,21 @@ def job(run: dict, out: str, label: str) -> jobs.Job:
   on the same core while the other core trains."""
   train, evaluate = commands(run, out)
   dest, q = report_path(out, run), shlex.quote
-  copies = [(os.path.join(run["workdir"], "metrics.jsonl"), metrics_path(out, run)),
-            (os.path.join(run["workdir"], "eval", "report.json"), dest)]  # the report last
-  chain = (f"if [ ! -f {q(dest)} ]; then {shlex.join(train)} && {shlex.join(evaluate)}"
-           + "".join(f" && mkdir -p {q(os.path.dirname(b))} && cp {q(a)} {q(b)}.tmp && "
-                     f"mv {q(b)}.tmp {q(b)}" for a, b in copies) + "; fi")
-  return jobs.Job(label, ["/bin/sh", "-c", chain], os.path.join(run["workdir"], "train.log"),
-                  _env())
+  copies = [
+    (os.path.join(run["workdir"], "metrics.jsonl"), metrics_path(out, run)),
+    (os.path.join(run["workdir"], "eval", "report.json"), dest),
+  ]  # the report last
+  chain = (
+    f"if [ ! -f {q(dest)} ]; then {shlex.join(train)} && {shlex.join(evaluate)}"
+    + "".join(
+      f" && mkdir -p {q(os.path.dirname(b))} && cp {q(a)} {q(b)}.tmp && mv {q(b)}.tmp {q(b)}"
+      for a, b in copies
+    )
+    + "; fi"
+  )
+  return jobs.Job(
+    label, ["/bin/sh", "-c", chain], os.path.join(run["workdir"], "train.log"), _env()
+  )
 
 
 def run_all(runs: list, out: str, n_jobs, what: str, mark=None) -> None:
@@ -143,11 +189,14 @@ def run_all(runs: list, out: str, n_jobs, what: str, mark=None) -> None:
       _write(path, timings)
     if mark is not None:
       mark()
+
   results = jobs.run(todo, n_jobs, log=_say, on_done=done)
   for r, (rc, _) in zip(runs, results):
     if rc not in (0, None):
-      raise SystemExit(f"{name(r)} failed (exit {rc}; its log: {r['workdir']}/train.log); "
-                       f"rerun `make reproduce-long` to resume")
+      raise SystemExit(
+        f"{name(r)} failed (exit {rc}; its log: {r['workdir']}/train.log); "
+        f"rerun `make reproduce-long` to resume"
+      )
 
 
 def _say(line: str) -> None:
@@ -185,19 +234,33 @@ def tune(runs_dir: str, out: str, n_jobs, meta: dict, train=None, mark=None) -> 
     train(runs)
     table = sweep.losses(runs, {r["workdir"]: curve(r, out) for r in runs})
     chosen, refused = sweep.decide(table, MIN_RATES)
-    sweep.write(out, table, SWEEP_SEEDS, chosen, refused,
-                dict(meta, rule=RULE, extensions=attempt,
-                     grids={e: [f"{x:g}" for x in g] for e, g in grids.items()}))
+    sweep.write(
+      out,
+      table,
+      SWEEP_SEEDS,
+      chosen,
+      refused,
+      dict(
+        meta,
+        rule=RULE,
+        extensions=attempt,
+        grids={e: [f"{x:g}" for x in g] for e, g in grids.items()},
+      ),
+    )
     if not refused:
       return chosen
     if attempt == MAX_EXTENSIONS:
-      raise SystemExit(f"the sweep's best rate is still at its grid's edge after "
-                       f"{MAX_EXTENSIONS} extensions ({', '.join(refused)}): the study stops "
-                       f"here, as registered; no comparison run trains")
+      raise SystemExit(
+        f"the sweep's best rate is still at its grid's edge after "
+        f"{MAX_EXTENSIONS} extensions ({', '.join(refused)}): the study stops "
+        f"here, as registered; no comparison run trains"
+      )
     for enc in refused:
       grids[enc] = extend(grids[enc], table[enc])
-      _say(f"{enc}: best rate at the grid's edge; grid extended to "
-           f"{', '.join(f'{x:g}' for x in grids[enc])}")
+      _say(
+        f"{enc}: best rate at the grid's edge; grid extended to "
+        f"{', '.join(f'{x:g}' for x in grids[enc])}"
+      )
   raise AssertionError("unreachable")
 
 
@@ -209,10 +272,12 @@ def main(argv=None) -> int:
     return 0
   if args.write_only:
     from study import long_writeup
+
     print(f"wrote {long_writeup.write(args.out, args.runs_dir)}")
     return 0
   os.nice(max(0, 19 - os.nice(0)))  # the lowest priority, for this process and its children
   from study.paper_recipe import git_commit
+
   os.makedirs(args.out, exist_ok=True)
   t0 = time.time()
   meta = {"command": "make reproduce-long", "commit": git_commit(), "steps": STEPS}
@@ -226,8 +291,10 @@ def main(argv=None) -> int:
     if all(finite(r, args.out) for r in pair):
       good += 1
     else:  # the preregistration's rule: the pair leaves, the next unused seed replaces it
-      _say(f"seed {seed}: a run diverged (final held-out loss not finite); seed {seed + 1} "
-           f"replaces the pair")
+      _say(
+        f"seed {seed}: a run diverged (final held-out loss not finite); seed {seed + 1} "
+        f"replaces the pair"
+      )
     seed += 1
     _write_up(args)
   _say(f"done in {(time.time() - t0) / 60:.1f} min (this invocation)")
@@ -249,6 +316,7 @@ def invocation(out: str, commit: str):
       if r.get("started") == mine["started"] and r.get("commit") == commit:
         r["until"] = round(time.time())
     _write(path, records)
+
   return mark
 
 
@@ -256,11 +324,14 @@ def _write_up(args) -> None:
   """The write-up from what is there; a failure of it is printed and training goes on (the
   write-up is redone at every invocation, and by --write-only)."""
   from study import long_writeup
+
   try:
     _say(f"wrote {long_writeup.write(args.out, args.runs_dir)}")
   except Exception as e:  # noqa: BLE001 - the runs matter more than an interim page
-    _say(f"the write-up failed ({type(e).__name__}: {e}); training goes on, and "
-         f"`python -m study.long_study --write-only` redoes it")
+    _say(
+      f"the write-up failed ({type(e).__name__}: {e}); training goes on, and "
+      f"`python -m study.long_study --write-only` redoes it"
+    )
 
 
 if __name__ == "__main__":

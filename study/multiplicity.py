@@ -89,8 +89,15 @@ def paired_t(diffs: Sequence[float]) -> Optional[dict]:
   else:
     t = mean / se
     p = float(2 * sps.t.sf(abs(t), n - 1))
-  return {"n": n, "mean": mean, "t": t, "df": n - 1, "p": p,
-          "lower": mean - half, "upper": mean + half}
+  return {
+    "n": n,
+    "mean": mean,
+    "t": t,
+    "df": n - 1,
+    "p": p,
+    "lower": mean - half,
+    "upper": mean + half,
+  }
 
 
 # Exact enumeration visits 2**n sign vectors: beyond this many pairs it is refused.
@@ -114,15 +121,20 @@ def sign_flip(diffs: Sequence[float]) -> Optional[dict]:
   if d.size < 2:
     return None
   if d.size > MAX_SIGN_FLIP_PAIRS:
-    raise ValueError(f"sign_flip enumerates 2**n sign vectors; {d.size} pairs is more than "
-                     f"{MAX_SIGN_FLIP_PAIRS}")
+    raise ValueError(
+      f"sign_flip enumerates 2**n sign vectors; {d.size} pairs is more than {MAX_SIGN_FLIP_PAIRS}"
+    )
   signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
   means = np.abs(signs @ d) / d.size
   observed = abs(float(d.mean()))
   # a relative tolerance: the observed vector's own |mean| must count despite rounding
   hits = int(np.sum(means >= observed * (1 - 1e-12) - 1e-300))
-  return {"n": int(d.size), "mean": float(d.mean()), "p": hits / signs.shape[0],
-          "p_min": 2 / signs.shape[0]}
+  return {
+    "n": int(d.size),
+    "mean": float(d.mean()),
+    "p": hits / signs.shape[0],
+    "p_min": 2 / signs.shape[0],
+  }
 
 
 def tost(diffs: Sequence[float], margin: float, alpha: float = 0.05) -> Optional[dict]:
@@ -165,9 +177,20 @@ def tost(diffs: Sequence[float], margin: float, alpha: float = 0.05) -> Optional
     p_low = float(sps.t.sf((mean + margin) / se, df))
     p_high = float(sps.t.cdf((mean - margin) / se, df))
   half = float(sps.t.ppf(1 - alpha, df)) * se
-  out = {"n": n, "mean": mean, "df": df, "margin": margin, "alpha": alpha, "p_low": p_low,
-         "p_high": p_high, "p_equiv": max(p_low, p_high), "p_below": 1.0 - p_low,
-         "p_above": 1.0 - p_high, "lower": mean - half, "upper": mean + half}
+  out = {
+    "n": n,
+    "mean": mean,
+    "df": df,
+    "margin": margin,
+    "alpha": alpha,
+    "p_low": p_low,
+    "p_high": p_high,
+    "p_equiv": max(p_low, p_high),
+    "p_below": 1.0 - p_low,
+    "p_above": 1.0 - p_high,
+    "lower": mean - half,
+    "upper": mean + half,
+  }
   named = {"equivalent": out["p_equiv"], "lower": out["p_below"], "higher": out["p_above"]}
   reached = [k for k, p in named.items() if p < alpha]
   out["outcome"] = reached[0] if reached else "inconclusive"

@@ -49,17 +49,16 @@ BOOT_SEED = 0
 # The measured coverage of the 95 % difference interval with paired seeds, by number of seed
 # pairs: (encoding-by-seed sd, coverage %) on simulated runs (40 units, unit noise sd 1, a seed
 # effect shared by the pair); bench/RESULTS.md has the measurement, tests check the quote.
-COVERAGE = {3: (("0", "99"), ("0.1", "97.5"), ("0.22", "94.75"), ("0.5", "85"), ("1", "75")),
-            8: (("0", "99.75"), ("0.1", "98.75"), ("0.22", "97"), ("0.5", "92.25"),
-                ("1", "91.5"))}
+COVERAGE = {
+  3: (("0", "99"), ("0.1", "97.5"), ("0.22", "94.75"), ("0.5", "85"), ("1", "75")),
+  8: (("0", "99.75"), ("0.1", "98.75"), ("0.22", "97"), ("0.5", "92.25"), ("1", "91.5")),
+}
 
 
 def coverage_quote(pairs: int) -> str:
   """'encoding-by-seed sd 0 / 0.1 / ...: 99 / 97.5 / ... %' for COVERAGE[pairs]."""
   rows = COVERAGE[pairs]
-  return (f"encoding-by-seed sd {' / '.join(s for s, _ in rows)}: "
-          f"{' / '.join(c for _, c in rows)} %")
-
+  return f"encoding-by-seed sd {' / '.join(s for s, _ in rows)}: {' / '.join(c for _, c in rows)} %"
 
 
 class Boot:
@@ -68,18 +67,26 @@ class Boot:
   def __init__(self, n_boot: int = N_BOOT, seed: int = BOOT_SEED, ci: float = CI):
     self.n_boot, self.seed, self.ci = n_boot, seed, ci
 
-  def cell(self, units: Optional[Units],
-           transform: Optional[Callable[[float], float]] = None) -> Optional[stats.Interval]:
+  def cell(
+    self, units: Optional[Units], transform: Optional[Callable[[float], float]] = None
+  ) -> Optional[stats.Interval]:
     """stats.mean_interval of `units` (None stays None), under an increasing `transform`."""
     if units is None:
       return None
     weights = None if units.weights is None else np.stack(units.weights)
-    iv = stats.mean_interval(list(units.scores), weights=weights, n_boot=self.n_boot,
-                             seed=self.seed, ci=self.ci, strata=units.strata)
+    iv = stats.mean_interval(
+      list(units.scores),
+      weights=weights,
+      n_boot=self.n_boot,
+      seed=self.seed,
+      ci=self.ci,
+      strata=units.strata,
+    )
     return iv if transform is None else iv.transformed(transform)
 
-  def compare(self, a: Optional[Units], b: Optional[Units],
-              contrast: str = "difference") -> Optional[stats.Comparison]:
+  def compare(
+    self, a: Optional[Units], b: Optional[Units], contrast: str = "difference"
+  ) -> Optional[stats.Comparison]:
     """stats.paired_difference of A against B (None when either is missing). Runs of the same
     training seed are paired; when the two have different seed sets (NoPE trains on fewer),
     the comparison is over the seeds both have, paired, if there are at least 2."""
@@ -87,8 +94,9 @@ class Boot:
       return None
     if a.seeds is not None and b.seeds is not None and a.seeds != b.seeds:
       common = [x for x in a.seeds if x in b.seeds]  # e.g. NoPE's 3 seeds of RoVE's 8
-      if len(common) >= 2 and len(set(a.seeds)) == len(a.seeds) and len(set(b.seeds)) == len(
-          b.seeds):
+      if (
+        len(common) >= 2 and len(set(a.seeds)) == len(a.seeds) and len(set(b.seeds)) == len(b.seeds)
+      ):
         a, b = a.on_seeds(common), b.on_seeds(common)
     weights = None
     if a.weights is not None and b.weights is not None:
@@ -98,15 +106,21 @@ class Boot:
     if a.strata != b.strata:
       raise ValueError("compare: both statistics must have the same strata")
     pair = a.seeds is not None and a.seeds == b.seeds
-    return stats.paired_difference(list(a.scores), list(b.scores), weights=weights,
-                                   contrast=contrast, n_boot=self.n_boot, seed=self.seed,
-                                   ci=self.ci, pair_seeds=pair, strata=a.strata)
+    return stats.paired_difference(
+      list(a.scores),
+      list(b.scores),
+      weights=weights,
+      contrast=contrast,
+      n_boot=self.n_boot,
+      seed=self.seed,
+      ci=self.ci,
+      pair_seeds=pair,
+      strata=a.strata,
+    )
 
 
 # supports / contradicts / inconclusive from the paired t-test over seed pairs; "not measured"
 verdict = verdicts.verdict  # for None (study/verdicts.py)
-
-
 
 
 # ---------------------------------------------------------------------------------- study
@@ -129,8 +143,13 @@ class Study:
   """A report's runs grouped by encoding (and retrieval-study records), with every cell and
   comparison computed once."""
 
-  def __init__(self, report: dict, recall: Optional[Sequence[dict]] = None,
-               boot: Optional[Boot] = None, recall_chance: float = 0.0):
+  def __init__(
+    self,
+    report: dict,
+    recall: Optional[Sequence[dict]] = None,
+    boot: Optional[Boot] = None,
+    recall_chance: float = 0.0,
+  ):
     self.report, self.recall, self.boot = report, list(recall or []), boot or Boot()
     self.recall_chance = recall_chance  # the retrieval task's chance accuracy (verdicts)
     self.groups: dict = {}
@@ -140,7 +159,8 @@ class Study:
       runs.sort(key=lambda r: (isinstance(run_seed(r), str), run_seed(r)))
     self.seeds = {e: tuple(run_seed(r) for r in runs) for e, runs in self.groups.items()}
     self.order = [e for e in ORDER if e in self.groups] + sorted(
-        e for e in self.groups if e not in ORDER)
+      e for e in self.groups if e not in ORDER
+    )
     self._cache: dict = {}
 
   def _once(self, key, fn):
@@ -169,29 +189,44 @@ class Study:
     return [r for r in self.groups[enc] if icl_samples(r)]
 
   def ppl_units(self, enc, setting, length) -> Optional[Units]:
-    return self._once(("ppl", enc, setting, length), lambda: self._seeded(
-        enc, ppl_units(self.groups[enc], setting, length)))
+    return self._once(
+      ("ppl", enc, setting, length),
+      lambda: self._seeded(enc, ppl_units(self.groups[enc], setting, length)),
+    )
 
   def loss(self, enc, setting, length):
-    return self._once(("loss", enc, setting, length),
-                      lambda: self.boot.cell(self.ppl_units(enc, setting, length)))
+    return self._once(
+      ("loss", enc, setting, length), lambda: self.boot.cell(self.ppl_units(enc, setting, length))
+    )
 
   def ppl(self, enc, setting, length):
-    return self._once(("ppl_iv", enc, setting, length), lambda: self.boot.cell(
-        self.ppl_units(enc, setting, length), math.exp))
+    return self._once(
+      ("ppl_iv", enc, setting, length),
+      lambda: self.boot.cell(self.ppl_units(enc, setting, length), math.exp),
+    )
 
   def ppl_cmp(self, a, b, setting, length):
-    return self._once(("ppl_cmp", a, b, setting, length), lambda: self.boot.compare(
-        self.ppl_units(a, setting, length), self.ppl_units(b, setting, length), "exp"))
+    return self._once(
+      ("ppl_cmp", a, b, setting, length),
+      lambda: self.boot.compare(
+        self.ppl_units(a, setting, length), self.ppl_units(b, setting, length), "exp"
+      ),
+    )
 
   def ppl_mean_cmp(self, a, b, setting, lengths):
     """exp(mean over `lengths` of the A - B mean window loss) - 1: the geometric-mean
     perplexity ratio - 1 over those lengths."""
     lengths = tuple(lengths)
-    units = {e: self._once(("ppl_mean", e, setting, lengths), lambda e=e: self._seeded(
-        e, ppl_mean_units(self.groups[e], setting, lengths))) for e in (a, b)}
-    return self._once(("ppl_mean_cmp", a, b, setting, lengths),
-                      lambda: self.boot.compare(units[a], units[b], "exp"))
+    units = {
+      e: self._once(
+        ("ppl_mean", e, setting, lengths),
+        lambda e=e: self._seeded(e, ppl_mean_units(self.groups[e], setting, lengths)),
+      )
+      for e in (a, b)
+    }
+    return self._once(
+      ("ppl_mean_cmp", a, b, setting, lengths), lambda: self.boot.compare(units[a], units[b], "exp")
+    )
 
   def _ppl_mix(self, enc, setting, length, keep):
     """Units of loss(setting) - keep * loss(none) per run (the same windows)."""
@@ -200,15 +235,20 @@ class Study:
 
   def yarn_change(self, enc, setting, length):
     """A YaRN setting against none within the same runs: ppl ratio - 1 (seeds paired)."""
-    return self._once(("yarn_change", enc, setting, length), lambda: self.boot.cell(
-        self._ppl_mix(enc, setting, length, 1.0), math.expm1))
+    return self._once(
+      ("yarn_change", enc, setting, length),
+      lambda: self.boot.cell(self._ppl_mix(enc, setting, length, 1.0), math.expm1),
+    )
 
   def gap_kept(self, setting, length, keep: float = 0.5):
     """(RoVE - RoPE loss with YaRN) - keep * (the same without): below 0 when the gap with
     YaRN is more than `keep` of the gap without (both gaps negative, RoVE lower)."""
-    return self._once(("gap_kept", setting, length, keep), lambda: self.boot.compare(
-        self._ppl_mix("rove", setting, length, keep),
-        self._ppl_mix("rope", setting, length, keep)))
+    return self._once(
+      ("gap_kept", setting, length, keep),
+      lambda: self.boot.compare(
+        self._ppl_mix("rove", setting, length, keep), self._ppl_mix("rope", setting, length, keep)
+      ),
+    )
 
   # RULER
   def ruler_encodings(self, setting) -> list:
@@ -216,15 +256,22 @@ class Study:
 
   def ruler_lengths(self, setting) -> dict:
     """{task: lengths} scored by every run of every encoding scored under the setting."""
-    return self._once(("ruler_lengths", setting), lambda: ruler_lengths(
-        [r for e in self.ruler_encodings(setting) for r in self.ruler_runs(e, setting)],
-        setting))
+    return self._once(
+      ("ruler_lengths", setting),
+      lambda: ruler_lengths(
+        [r for e in self.ruler_encodings(setting) for r in self.ruler_runs(e, setting)], setting
+      ),
+    )
 
   def _ruler(self, enc, setting, coefs_key, key):
     coefs = self.ruler_coefs(setting, coefs_key)
     runs = self.ruler_runs(enc, setting)
-    return self._once(("ruler_units", enc, setting, coefs_key, key), lambda: self._seeded(
-        enc, ruler_units(runs, setting, coefs, self.ruler_lengths(setting), key), runs))
+    return self._once(
+      ("ruler_units", enc, setting, coefs_key, key),
+      lambda: self._seeded(
+        enc, ruler_units(runs, setting, coefs, self.ruler_lengths(setting), key), runs
+      ),
+    )
 
   def ruler_coefs(self, setting, which) -> dict:
     """Task coefficients: a task name (that task), "mean" (mean over tasks), "agg" / "other"
@@ -238,18 +285,25 @@ class Study:
     if which == "agg-other":
       if not agg or not groups["other"]:
         return {}
-      return {**self.ruler_coefs(setting, "agg"),
-              **{t: -c for t, c in self.ruler_coefs(setting, "other").items()}}
+      return {
+        **self.ruler_coefs(setting, "agg"),
+        **{t: -c for t, c in self.ruler_coefs(setting, "other").items()},
+      }
     return {which: 1.0} if which in tasks else {}
 
   def ruler_nll(self, enc, setting, which):
-    return self._once(("ruler_nll", enc, setting, which), lambda: self.boot.cell(
-        self._ruler(enc, setting, which, "sample_nll")))
+    return self._once(
+      ("ruler_nll", enc, setting, which),
+      lambda: self.boot.cell(self._ruler(enc, setting, which, "sample_nll")),
+    )
 
   def ruler_cmp(self, a, b, setting, which):
-    return self._once(("ruler_cmp", a, b, setting, which), lambda: self.boot.compare(
-        self._ruler(a, setting, which, "sample_nll"),
-        self._ruler(b, setting, which, "sample_nll")))
+    return self._once(
+      ("ruler_cmp", a, b, setting, which),
+      lambda: self.boot.compare(
+        self._ruler(a, setting, which, "sample_nll"), self._ruler(b, setting, which, "sample_nll")
+      ),
+    )
 
   def ruler_count(self, enc, setting, which) -> Optional[tuple[int, int]]:
     lengths = self.ruler_lengths(setting)
@@ -258,40 +312,54 @@ class Study:
 
   # ICL
   def icl_tasks(self) -> list:
-    return self._once("icl_tasks", lambda: icl_common_tasks(
-        [runs for runs in (self.icl_runs(e) for e in self.order) if runs]))
+    return self._once(
+      "icl_tasks",
+      lambda: icl_common_tasks([runs for runs in (self.icl_runs(e) for e in self.order) if runs]),
+    )
 
   def icl_units(self, enc, tasks, index):
     tasks = tuple(tasks)
     runs = self.icl_runs(enc)
-    return self._once(("icl_units", enc, tasks, index), lambda: self._seeded(
-        enc, icl_units(runs, tasks, index), runs))
+    return self._once(
+      ("icl_units", enc, tasks, index),
+      lambda: self._seeded(enc, icl_units(runs, tasks, index), runs),
+    )
 
   def icl_nll(self, enc, tasks):
-    return self._once(("icl_nll", enc, tuple(tasks)),
-                      lambda: self.boot.cell(self.icl_units(enc, tasks, 0)))
+    return self._once(
+      ("icl_nll", enc, tuple(tasks)), lambda: self.boot.cell(self.icl_units(enc, tasks, 0))
+    )
 
   def icl_count(self, enc, tasks):
     return count(self.icl_units(enc, tasks, 1))
 
   def icl_cmp(self, a, b, tasks, index):
-    return self._once(("icl_cmp", a, b, tuple(tasks), index), lambda: self.boot.compare(
-        self.icl_units(a, tasks, index), self.icl_units(b, tasks, index)))
+    return self._once(
+      ("icl_cmp", a, b, tuple(tasks), index),
+      lambda: self.boot.compare(self.icl_units(a, tasks, index), self.icl_units(b, tasks, index)),
+    )
 
   # retrieval study
   def recall_units(self, enc, setting, lengths, key):
     lengths = tuple(lengths)
-    return self._once(("recall_units", enc, setting, lengths, key),
-                      lambda: recall_units(self.recall, enc, setting, lengths, key))
+    return self._once(
+      ("recall_units", enc, setting, lengths, key),
+      lambda: recall_units(self.recall, enc, setting, lengths, key),
+    )
 
   def recall_cell(self, enc, setting, lengths, key):
-    return self._once(("recall_cell", enc, setting, tuple(lengths), key), lambda: self.boot.cell(
-        self.recall_units(enc, setting, lengths, key)))
+    return self._once(
+      ("recall_cell", enc, setting, tuple(lengths), key),
+      lambda: self.boot.cell(self.recall_units(enc, setting, lengths, key)),
+    )
 
   def recall_cmp(self, a, b, setting, lengths, key):
-    return self._once(("recall_cmp", a, b, setting, tuple(lengths), key),
-                      lambda: self.boot.compare(self.recall_units(a, setting, lengths, key),
-                                                self.recall_units(b, setting, lengths, key)))
+    return self._once(
+      ("recall_cmp", a, b, setting, tuple(lengths), key),
+      lambda: self.boot.compare(
+        self.recall_units(a, setting, lengths, key), self.recall_units(b, setting, lengths, key)
+      ),
+    )
 
 
 # RULER's aggregation category (Hsieh et al. 2024): common and frequent words extraction.

@@ -25,17 +25,27 @@ GRID_FACTORS = (0.25, 0.5, 1, 2, 4)  # the default grid: spaced by 2x around the
 
 def add_flags(p) -> None:
   """The sweep's flags on the --scale parser."""
-  p.add_argument("--sweep-lrs", default=None,
-                 help=f"tune each rotary encoding's learning rate first (study/sweep.py): a "
-                      f"grid of at least {sweep.MIN_RATES} rates, 'r1,r2,...' or "
-                      f"'rove=...;rope=...' (default: {len(GRID_FACTORS)} rates spaced by 2x "
-                      f"around the preset's lr); '' trains at the preset's lr, untuned")
-  p.add_argument("--sweep-seeds", default="100,101,102",
-                 help=f"the sweep's seeds (at least {sweep.MIN_SEEDS}), none of them in --seeds "
-                      f"(default 100,101,102)")
-  p.add_argument("--sweep-steps", type=int, default=None,
-                 help="the sweep runs' training steps (default: the preset's; fewer is cheaper, "
-                      "but the optimum of a shorter horizon may differ)")
+  p.add_argument(
+    "--sweep-lrs",
+    default=None,
+    help=f"tune each rotary encoding's learning rate first (study/sweep.py): a "
+    f"grid of at least {sweep.MIN_RATES} rates, 'r1,r2,...' or "
+    f"'rove=...;rope=...' (default: {len(GRID_FACTORS)} rates spaced by 2x "
+    f"around the preset's lr); '' trains at the preset's lr, untuned",
+  )
+  p.add_argument(
+    "--sweep-seeds",
+    default="100,101,102",
+    help=f"the sweep's seeds (at least {sweep.MIN_SEEDS}), none of them in --seeds "
+    f"(default 100,101,102)",
+  )
+  p.add_argument(
+    "--sweep-steps",
+    type=int,
+    default=None,
+    help="the sweep runs' training steps (default: the preset's; fewer is cheaper, "
+    "but the optimum of a shorter horizon may differ)",
+  )
 
 
 def default_grid(lr: float) -> str:
@@ -53,15 +63,18 @@ def check_flags(p, args, config) -> None:
   if args.sweep_lrs.strip():
     try:
       args.sweep_grids, args.sweep_seed_list = sweep.from_flags(
-          args.sweep_lrs, args.sweep_seeds, args.encoding_list, args.seed_list)
+        args.sweep_lrs, args.sweep_seeds, args.encoding_list, args.seed_list
+      )
     except ValueError as e:
       p.error(str(e))
   warmup = config.optim.warmup_steps
   if args.sweep_steps is None:
     args.sweep_steps = config.steps
   elif not warmup < args.sweep_steps <= config.steps:
-    p.error(f"--sweep-steps: more than the preset's {warmup} warmup steps and at most its "
-            f"{config.steps} steps, got {args.sweep_steps}")
+    p.error(
+      f"--sweep-steps: more than the preset's {warmup} warmup steps and at most its "
+      f"{config.steps} steps, got {args.sweep_steps}"
+    )
 
 
 def runs(args, steps: int, command) -> list[dict]:
@@ -85,8 +98,12 @@ def comparison_run(run: dict, args) -> dict:
     return run
   workdir = run["workdir"] + WORKDIR_TAG
   train = [workdir if a == run["workdir"] else a for a in run["train"]]
-  return {**run, "workdir": workdir, "tuned": True,
-          "train": train + [f"--config.optim.lr={PLACEHOLDER}"]}
+  return {
+    **run,
+    "workdir": workdir,
+    "tuned": True,
+    "train": train + [f"--config.optim.lr={PLACEHOLDER}"],
+  }
 
 
 def settle(plan: dict, chosen: dict) -> None:
@@ -97,9 +114,11 @@ def settle(plan: dict, chosen: dict) -> None:
     if not run.get("tuned"):
       continue
     rate = chosen[run["encoding"]]
-    workdir = run["workdir"][:-len(WORKDIR_TAG)] + f"-lr{rate:g}"
-    swap = {run["workdir"]: workdir,
-            f"--config.optim.lr={PLACEHOLDER}": f"--config.optim.lr={rate}"}
+    workdir = run["workdir"][: -len(WORKDIR_TAG)] + f"-lr{rate:g}"
+    swap = {
+      run["workdir"]: workdir,
+      f"--config.optim.lr={PLACEHOLDER}": f"--config.optim.lr={rate}",
+    }
     moved[run["workdir"]] = workdir
     run.update(workdir=workdir, lr=rate, tuned=False, train=[swap.get(a, a) for a in run["train"]])
   plan["eval"] = [moved.get(a, a) for a in plan["eval"]]
@@ -109,22 +128,33 @@ def plan_lines(plan: dict, args) -> list[str]:
   """The printed plan's sweep section, listed before the comparison; [] without a sweep."""
   todo = plan["sweep"]
   if not todo:
-    return ["", f"No learning-rate sweep (--sweep-lrs '', or no rotary encoding): every run "
-                f"trains at the preset's lr {plan['config'].optim.lr:g}"]
-  grids = "; ".join(f"{e} at {', '.join(f'{x:g}' for x in r)}"
-                    for e, r in args.sweep_grids.items())
-  L = ["", f"Learning-rate sweep first ({len(todo)} runs, in order; study/sweep.py): {grids}, "
-           f"seeds {', '.join(map(str, args.sweep_seed_list))} (not the comparison's), "
-           f"{args.sweep_steps:,} steps"]
+    return [
+      "",
+      f"No learning-rate sweep (--sweep-lrs '', or no rotary encoding): every run "
+      f"trains at the preset's lr {plan['config'].optim.lr:g}",
+    ]
+  grids = "; ".join(f"{e} at {', '.join(f'{x:g}' for x in r)}" for e, r in args.sweep_grids.items())
+  L = [
+    "",
+    f"Learning-rate sweep first ({len(todo)} runs, in order; study/sweep.py): {grids}, "
+    f"seeds {', '.join(map(str, args.sweep_seed_list))} (not the comparison's), "
+    f"{args.sweep_steps:,} steps",
+  ]
   if args.sweep_steps != plan["steps"]:
-    L.append(f"  --sweep-steps {args.sweep_steps:,} is shorter than the comparison's "
-             f"{plan['steps']:,} steps: the optimum of a shorter horizon may differ from the "
-             f"full run's, and the comparison trains at it all the same")
-  L.append(f"  rule: {sweep.RULE}. {os.path.join(args.out, sweep.MD)} is written before any "
-           f"comparison run trains; a best rate at its grid's edge stops the recipe there")
+    L.append(
+      f"  --sweep-steps {args.sweep_steps:,} is shorter than the comparison's "
+      f"{plan['steps']:,} steps: the optimum of a shorter horizon may differ from the "
+      f"full run's, and the comparison trains at it all the same"
+    )
+  L.append(
+    f"  rule: {sweep.RULE}. {os.path.join(args.out, sweep.MD)} is written before any "
+    f"comparison run trains; a best rate at its grid's edge stops the recipe there"
+  )
   for i, run in enumerate(todo):
-    L.append(f"  [{i + 1}/{len(todo)}] {run['encoding']} seed {run['seed']} lr {run['lr']:g} -> "
-             f"{run['workdir']}")
+    L.append(
+      f"  [{i + 1}/{len(todo)}] {run['encoding']} seed {run['seed']} lr {run['lr']:g} -> "
+      f"{run['workdir']}"
+    )
     L.append(f"    {shlex.join(run['train'])}")
   return L
 
@@ -133,8 +163,10 @@ def comparison_note(args) -> str:
   """The comparison's heading's note on its learning rate."""
   if not args.sweep_grids:
     return ""
-  return (f"; {', '.join(args.sweep_grids)} at the rate the sweep chooses, shown as "
-          f"--config.optim.lr={PLACEHOLDER} and a workdir ending {WORKDIR_TAG} until then")
+  return (
+    f"; {', '.join(args.sweep_grids)} at the rate the sweep chooses, shown as "
+    f"--config.optim.lr={PLACEHOLDER} and a workdir ending {WORKDIR_TAG} until then"
+  )
 
 
 def cost_lines(plan: dict, args, comparison_hours: float, missing: list) -> list[str]:
@@ -144,32 +176,45 @@ def cost_lines(plan: dict, args, comparison_hours: float, missing: list) -> list
   steps, out, hours = args.sweep_steps, [], 0.0
   tokens = steps * plan["batch"] * plan["seq_len"]
   if plan["sweep"]:
-    out.append(f"Cost of the learning-rate sweep ({steps:,} steps x {plan['batch']} x "
-               f"{plan['seq_len']} = {tokens:,} tokens a run):")
+    out.append(
+      f"Cost of the learning-rate sweep ({steps:,} steps x {plan['batch']} x "
+      f"{plan['seq_len']} = {tokens:,} tokens a run):"
+    )
   for enc, rates in args.sweep_grids.items():
     n = len(rates) * len(args.sweep_seed_list)
     r = next(run for run in plan["runs"] if run["encoding"] == enc)["compiled"]
     if r is None:
       from rove_jax.nn.model import param_count  # heavy: see paper_recipe's note
+
       f = 6 * param_count(plan["config"].model) * tokens
-      out.append(f"  {enc}: {n} runs, no compiled figures (see the bench.aot command above): no "
-                 f"device-hours; analytic 6 N x tokens = {f:.3e} FLOPs a run, {n * f:.3e} in all")
+      out.append(
+        f"  {enc}: {n} runs, no compiled figures (see the bench.aot command above): no "
+        f"device-hours; analytic 6 N x tokens = {f:.3e} FLOPs a run, {n * f:.3e} in all"
+      )
       continue
     h = steps * r["roofline"]["step_time_bound_s"] / 3600
     hours += n * h * r["devices"]
-    out.append(f"  {enc}: {len(rates)} rates x {len(args.sweep_seed_list)} seeds = {n} runs "
-               f"x >= {h:.2f} h on {r['name']} ({r['devices']} devices) >= "
-               f"{n * h * r['devices']:.1f} device-hours [{r['file']}]")
+    out.append(
+      f"  {enc}: {len(rates)} rates x {len(args.sweep_seed_list)} seeds = {n} runs "
+      f"x >= {h:.2f} h on {r['name']} ({r['devices']} devices) >= "
+      f"{n * h * r['devices']:.1f} device-hours [{r['file']}]"
+    )
   counted = [e for e in args.encoding_list if e not in missing]
   if not counted:
-    return out + [f"expected device-hours: unknown: no compiled figures for "
-                  f"{', '.join(missing)} (produce them with the bench.aot command above)"]
+    return out + [
+      f"expected device-hours: unknown: no compiled figures for "
+      f"{', '.join(missing)} (produce them with the bench.aot command above)"
+    ]
   sweep_part = f"sweep {hours:.1f}" if plan["sweep"] else "sweep 0.0 (none)"
-  line = (f"expected device-hours: {sweep_part} + comparison {comparison_hours:.1f} = "
-          f"{hours + comparison_hours:.1f} (compiled-figure bounds, not measurements)")
+  line = (
+    f"expected device-hours: {sweep_part} + comparison {comparison_hours:.1f} = "
+    f"{hours + comparison_hours:.1f} (compiled-figure bounds, not measurements)"
+  )
   if missing:
-    line += (f"; {', '.join(counted)} only: {', '.join(missing)} has no compiled figures and "
-             f"its runs are not counted")
+    line += (
+      f"; {', '.join(counted)} only: {', '.join(missing)} has no compiled figures and "
+      f"its runs are not counted"
+    )
   return out + [line]
 
 
@@ -188,16 +233,20 @@ def tune(plan: dict, args, meta: dict, train, log=print) -> dict:
   train(plan["sweep"])
   record = {"command": meta["command"], "commit": meta["commit"], "steps": args.sweep_steps}
   try:
-    chosen, refused = sweep.record_choice(plan["sweep"], args.sweep_seed_list, args.out, record,
-                                          log)
+    chosen, refused = sweep.record_choice(
+      plan["sweep"], args.sweep_seed_list, args.out, record, log
+    )
   except ValueError as e:  # a run that logged no held-out loss: its config evaluates none
-    raise SystemExit(f"{e}; the sweep's rule needs a held-out loss from every run "
-                     f"(--config.eval_every)") from None
+    raise SystemExit(
+      f"{e}; the sweep's rule needs a held-out loss from every run (--config.eval_every)"
+    ) from None
   if refused:
-    raise SystemExit("\n".join(refused.values()) + f"\nThe fix: rerun `{meta['command']}` with "
-                     f"--sweep-lrs extended past that end; the finished sweep runs are kept "
-                     f"(train.py resumes them) and {os.path.join(args.out, sweep.MD)} records "
-                     f"this sweep")
+    raise SystemExit(
+      "\n".join(refused.values()) + f"\nThe fix: rerun `{meta['command']}` with "
+      f"--sweep-lrs extended past that end; the finished sweep runs are kept "
+      f"(train.py resumes them) and {os.path.join(args.out, sweep.MD)} records "
+      f"this sweep"
+    )
   log("learning-rate sweep chose " + ", ".join(f"{e} {lr:g}" for e, lr in chosen.items()))
   return chosen
 

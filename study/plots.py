@@ -12,8 +12,12 @@ from rove_jax.evaluation import plots as eval_plots
 LOSS_COLORS = eval_plots.ENCODING_COLORS  # an encoding has the same colour in every figure
 
 
-def retrieval_study(records: Sequence[dict], *, title: str = "Retrieval vs evaluation length",
-                    train_lengths: Sequence[int] = ()) -> Optional[bytes]:
+def retrieval_study(
+  records: Sequence[dict],
+  *,
+  title: str = "Retrieval vs evaluation length",
+  train_lengths: Sequence[int] = (),
+) -> Optional[bytes]:
   """Accuracy (left) and answer NLL (right) against evaluation length: the figure of
   rove_jax.evaluation.plots.retrieval_figure (its docstring describes `records`, `title`,
   `train_lengths` and the ValueError on a bad record) as PNG bytes, or None when `records`
@@ -59,8 +63,12 @@ def loss_curves(curves: dict, runs: list, names: dict) -> Optional[bytes]:
   return eval_plots.png(fig, 110)
 
 
-def gap_vs_steps(gaps: dict, *, title: str = "RoVE - RoPE held-out loss against training steps",
-                 margin: Optional[float] = None) -> Optional[bytes]:
+def gap_vs_steps(
+  gaps: dict,
+  *,
+  title: str = "RoVE - RoPE held-out loss against training steps",
+  margin: Optional[float] = None,
+) -> Optional[bytes]:
   """Every seed pair's RoVE - RoPE held-out loss at each step (points, spread a little
   sideways), the mean over pairs (line) and its 95 % paired t-interval (band).
 
@@ -72,6 +80,7 @@ def gap_vs_steps(gaps: dict, *, title: str = "RoVE - RoPE held-out loss against 
     PNG bytes, or None without steps.
   """
   from study import multiplicity
+
   steps = sorted(s for s in gaps if gaps[s])
   if not steps:
     return None
@@ -81,19 +90,42 @@ def gap_vs_steps(gaps: dict, *, title: str = "RoVE - RoPE held-out loss against 
   n = max(len(gaps[s]) for s in steps)
   for s in steps:
     xs = [s + width * ((i + 0.5) / n - 0.5) for i in range(len(gaps[s]))]
-    ax.scatter(xs, gaps[s], s=12, color="tab:gray", alpha=0.8,
-               label="one seed pair" if s == steps[0] else None)
+    ax.scatter(
+      xs,
+      gaps[s],
+      s=12,
+      color="tab:gray",
+      alpha=0.8,
+      label="one seed pair" if s == steps[0] else None,
+    )
   ts = [multiplicity.paired_t(gaps[s]) for s in steps]
   if all(ts):
-    ax.plot(steps, [t["mean"] for t in ts], "-o", color=LOSS_COLORS.get("rove", "C3"), ms=4,
-            label="mean over pairs")
-    ax.fill_between(steps, [t["lower"] for t in ts], [t["upper"] for t in ts], alpha=0.2,
-                    color=LOSS_COLORS.get("rove", "C3"), label="95 % t-interval")
+    ax.plot(
+      steps,
+      [t["mean"] for t in ts],
+      "-o",
+      color=LOSS_COLORS.get("rove", "C3"),
+      ms=4,
+      label="mean over pairs",
+    )
+    ax.fill_between(
+      steps,
+      [t["lower"] for t in ts],
+      [t["upper"] for t in ts],
+      alpha=0.2,
+      color=LOSS_COLORS.get("rove", "C3"),
+      label="95 % t-interval",
+    )
   ax.axhline(0, color="black", lw=0.8)
   if margin:
     for y in (-margin, margin):
-      ax.axhline(y, color="black", lw=0.8, ls="--",
-                 label=f"+-{margin:.4f} (equivalence margin)" if y < 0 else None)
+      ax.axhline(
+        y,
+        color="black",
+        lw=0.8,
+        ls="--",
+        label=f"+-{margin:.4f} (equivalence margin)" if y < 0 else None,
+      )
   ax.set(title=title, xlabel="training step", ylabel="RoVE - RoPE (nats / byte; < 0: RoVE lower)")
   ax.grid(alpha=0.3)
   eval_plots.legend(ax)

@@ -40,14 +40,14 @@ SETTINGS = ("none", "yarn")  # YaRN with factor L / T; the fixed factor is explo
 ENTRY_BAND = (0.6, 0.9)
 
 CLAIMS = {
-    "a": "RoVE improves few-shot in-context learning (abstract; Sec. 4, Table 1: Core ICL "
-         "accuracy inside the training context)",
-    "b": "RoVE improves in-context perplexity (Sec. 4 \"RoVE improves in the trained regime\")",
-    "c": "RoVE improves out-of-distribution perplexity (abstract; Sec. 4: up to 16x the "
-         "training context, with and without YaRN)",
-    "e": "RoVE improves long-context retrieval (abstract; Sec. 4: RULER scored by NLL)",
-    "f": "the improvements are largest on tasks requiring long-sequence aggregation (abstract; "
-         "Sec. 4)",
+  "a": "RoVE improves few-shot in-context learning (abstract; Sec. 4, Table 1: Core ICL "
+  "accuracy inside the training context)",
+  "b": 'RoVE improves in-context perplexity (Sec. 4 "RoVE improves in the trained regime")',
+  "c": "RoVE improves out-of-distribution perplexity (abstract; Sec. 4: up to 16x the "
+  "training context, with and without YaRN)",
+  "e": "RoVE improves long-context retrieval (abstract; Sec. 4: RULER scored by NLL)",
+  "f": "the improvements are largest on tasks requiring long-sequence aggregation (abstract; "
+  "Sec. 4)",
 }
 
 
@@ -58,8 +58,13 @@ def row(cid, claim, test, figure, verdict, result=None, diffs=None, **extra) -> 
   "p", the paired t-test's p-value that decides the verdict and enters Holm's adjustment."""
   out = {"id": cid, "claim": claim, "test": test, "figure": figure, "verdict": verdict, **extra}
   if result is not None:
-    out.update(estimate=result.estimate, lower=result.lower, upper=result.upper,
-               p_boot=result.p_value, mc_stable=result.mc_stable)
+    out.update(
+      estimate=result.estimate,
+      lower=result.lower,
+      upper=result.upper,
+      p_boot=result.p_value,
+      mc_stable=result.mc_stable,
+    )
     if not result.mc_stable:
       out["figure"] += " (an endpoint within 2 Monte-Carlo errors of 0)"
     if diffs is None:
@@ -81,16 +86,30 @@ def rows(st: rs.Study, base, ppl_lengths) -> list:
   out = []
   c = st.ppl_cmp("rove", "rope", "none", base)
   if c is not None:
-    out.append(_row("b", f"perplexity at the training length ({base} tokens), no YaRN: "
-                         f"RoVE / RoPE - 1", fmt.fmt_change(c), rs.verdict(c), c))
+    out.append(
+      _row(
+        "b",
+        f"perplexity at the training length ({base} tokens), no YaRN: RoVE / RoPE - 1",
+        fmt.fmt_change(c),
+        rs.verdict(c),
+        c,
+      )
+    )
   longer = [x for x in ppl_lengths if x > base]
   for s in SETTINGS:
     c = st.ppl_mean_cmp("rove", "rope", s, longer) if longer else None
     if c is not None:
-      out.append(_row("c", f"perplexity at {', '.join(map(str, longer))} tokens "
-                           f"({fmt.mult(longer[0], base)}-{fmt.mult(longer[-1], base)}), "
-                           f"{fmt.SETTING_NAMES[s]}: geometric mean of RoVE / RoPE - 1",
-                      fmt.fmt_change(c), rs.verdict(c), c))
+      out.append(
+        _row(
+          "c",
+          f"perplexity at {', '.join(map(str, longer))} tokens "
+          f"({fmt.mult(longer[0], base)}-{fmt.mult(longer[-1], base)}), "
+          f"{fmt.SETTING_NAMES[s]}: geometric mean of RoVE / RoPE - 1",
+          fmt.fmt_change(c),
+          rs.verdict(c),
+          c,
+        )
+      )
   return adjust(out)
 
 
@@ -113,11 +132,21 @@ def former(st: rs.Study, base) -> list:
   if tasks:
     counts = [st.icl_count(e, tasks) for e in ("rove", "rope")]
     shown = f"RoVE {fmt.fmt_count(counts[0])}, RoPE {fmt.fmt_count(counts[1])} correct"
-    test = (f"synthetic ICL accuracy, {len(tasks)} tasks pooled, inside the {base}-token "
-            f"training context: RoVE - RoPE")
+    test = (
+      f"synthetic ICL accuracy, {len(tasks)} tasks pooled, inside the {base}-token "
+      f"training context: RoVE - RoPE"
+    )
     c = st.icl_cmp("rove", "rope", tasks, 1)
-    out.append(row("a", CLAIMS["a"], test, f"{fmt.fmt_change(c, 3)} ({shown})", measured(
-        counts, verdicts.study_icl_chance(st, tasks), rs.verdict(c, "higher")), c))
+    out.append(
+      row(
+        "a",
+        CLAIMS["a"],
+        test,
+        f"{fmt.fmt_change(c, 3)} ({shown})",
+        measured(counts, verdicts.study_icl_chance(st, tasks), rs.verdict(c, "higher")),
+        c,
+      )
+    )
   for s in SETTINGS:
     if not {"rove", "rope"} <= set(st.ruler_encodings(s)):
       continue
@@ -127,24 +156,38 @@ def former(st: rs.Study, base) -> list:
     em = f"exact match RoVE {fmt.fmt_count(counts[0])}, RoPE {fmt.fmt_count(counts[1])}"
     c = st.ruler_cmp("rove", "rope", s, "mean")
     if c is not None:  # RULER's answers are open-ended: chance 0
-      out.append(row("e", CLAIMS["e"], f"RULER answer NLL, mean over {len(lengths)} tasks at "
-                                       f"{', '.join(map(str, lens))} tokens, "
-                                       f"{fmt.SETTING_NAMES[s]}: RoVE - RoPE (nats)",
-                     f"{fmt.fmt_change(c)}; {em}", measured(counts, 0.0, rs.verdict(c)),
-                     c))
+      out.append(
+        row(
+          "e",
+          CLAIMS["e"],
+          f"RULER answer NLL, mean over {len(lengths)} tasks at "
+          f"{', '.join(map(str, lens))} tokens, "
+          f"{fmt.SETTING_NAMES[s]}: RoVE - RoPE (nats)",
+          f"{fmt.fmt_change(c)}; {em}",
+          measured(counts, 0.0, rs.verdict(c)),
+          c,
+        )
+      )
     d, agg = st.ruler_cmp("rove", "rope", s, "agg-other"), st.ruler_cmp("rove", "rope", s, "agg")
     if d is None:
       continue
     verdict = rs.verdict(d)
     if verdict == "supports" and rs.verdict(agg) != "supports":
       verdict = "inconclusive: the aggregation tasks themselves do not improve"
-    out.append(row(
-        "f", CLAIMS["f"], f"RULER, {fmt.SETTING_NAMES[s]}: RoVE - RoPE NLL on the aggregation "
+    out.append(
+      row(
+        "f",
+        CLAIMS["f"],
+        f"RULER, {fmt.SETTING_NAMES[s]}: RoVE - RoPE NLL on the aggregation "
         f"tasks ({', '.join(t for t in lengths if t in rs.AGGREGATION)}) minus the same on the "
         f"others; below 0 with the aggregation tasks improving supports",
         f"aggregation {fmt.fmt_change(agg)}; others "
         f"{fmt.fmt_change(st.ruler_cmp('rove', 'rope', s, 'other'))}; difference "
-        f"{fmt.fmt_change(d)}; {em}", measured(counts, 0.0, verdict), d))
+        f"{fmt.fmt_change(d)}; {em}",
+        measured(counts, 0.0, verdict),
+        d,
+      )
+    )
   for r in out:
     r["left_primary"] = True
   return out
@@ -159,21 +202,27 @@ def left_note(st: rs.Study) -> str:
   if tasks:
     counts = [st.icl_count(e, tasks) for e in ("rove", "rope")]
     chance = verdicts.study_icl_chance(st, tasks)
-    parts.append(f"ICL (a, {len(tasks)} synthetic tasks, chance {chance:.3g}): "
-                 + ", ".join(f"{n} {fmt.fmt_count(k)}" for n, k in zip(NAMES, counts)))
+    parts.append(
+      f"ICL (a, {len(tasks)} synthetic tasks, chance {chance:.3g}): "
+      + ", ".join(f"{n} {fmt.fmt_count(k)}" for n, k in zip(NAMES, counts))
+    )
   for s in SETTINGS:
     if {"rove", "rope"} <= set(st.ruler_encodings(s)):
       counts = [st.ruler_count(e, s, "mean") for e in ("rove", "rope")]
-      parts.append(f"RULER (e, f), {fmt.SETTING_NAMES[s]} (chance 0): "
-                   + ", ".join(f"{n} {fmt.fmt_count(k)}" for n, k in zip(NAMES, counts)))
+      parts.append(
+        f"RULER (e, f), {fmt.SETTING_NAMES[s]} (chance 0): "
+        + ", ".join(f"{n} {fmt.fmt_count(k)}" for n, k in zip(NAMES, counts))
+      )
   if not parts:
     return ""
   lo, hi = ENTRY_BAND
-  return ("ICL (claim a) and RULER (claims e, f) left the primary family (study/primary.py): "
-          f"an accuracy-bearing task enters it only with an in-distribution accuracy of "
-          f"{lo:.0%}-{hi:.0%} for both encodings, and no such variant is built. Answers right "
-          f"here: " + "; ".join(parts) + ". Their rows are exploratory, marked \"left the "
-          "primary family\".")
+  return (
+    "ICL (claim a) and RULER (claims e, f) left the primary family (study/primary.py): "
+    f"an accuracy-bearing task enters it only with an in-distribution accuracy of "
+    f"{lo:.0%}-{hi:.0%} for both encodings, and no such variant is built. Answers right "
+    f"here: " + "; ".join(parts) + '. Their rows are exploratory, marked "left the '
+    'primary family".'
+  )
 
 
 UNTESTED = (verdicts.NOT_MEASURABLE, "at the ceiling", "not measured")
@@ -204,7 +253,7 @@ def t_cell(row: dict) -> str:
   t, flip = row.get("t"), row.get("sign_flip")
   if not t:
     return "-"
-  cell = (f"{t['mean']:+.3f} [{t['lower']:+.3f}, {t['upper']:+.3f}], t p = {_p(t['p'])}")
+  cell = f"{t['mean']:+.3f} [{t['lower']:+.3f}, {t['upper']:+.3f}], t p = {_p(t['p'])}"
   if flip:
     cell += f", sign-flip p = {_p(flip['p'])}"
   return cell + f" ({t['n']} pairs)"
@@ -215,8 +264,11 @@ def p_cell(row: dict) -> str:
   t, flip = row.get("t"), row.get("sign_flip")
   if not t:
     return "-"
-  return (f"t p = {_p(t['p'])}" + (f", sign-flip p = {_p(flip['p'])}" if flip else "")
-          + f" ({t['n']} pairs)")
+  return (
+    f"t p = {_p(t['p'])}"
+    + (f", sign-flip p = {_p(flip['p'])}" if flip else "")
+    + f" ({t['n']} pairs)"
+  )
 
 
 def _p(p: float) -> str:

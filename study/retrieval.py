@@ -38,35 +38,59 @@ from study import jobs, plots, stats, verdicts
 from study.configs import retrieval as recall_config
 
 DONE = "recall_study_done.json"
-QUICK = {"model.n_layer": 1, "model.d_model": 32, "model.n_head": 2, "data.batch_size": 8,
-         "optim.warmup_steps": 2, "log_every": 2, "eval_every": 4, "eval_batches": 2,
-         "checkpoint_every": 4, "async_checkpoints": False}
+QUICK = {
+  "model.n_layer": 1,
+  "model.d_model": 32,
+  "model.n_head": 2,
+  "data.batch_size": 8,
+  "optim.warmup_steps": 2,
+  "log_every": 2,
+  "eval_every": 4,
+  "eval_batches": 2,
+  "checkpoint_every": 4,
+  "async_checkpoints": False,
+}
 QUICK_DOCS = {"train_docs": 200, "val_docs": 40}  # the --quick runs' data
 
 
 def parse_args(argv):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--out", required=True, help="where recall.json goes")
   p.add_argument("--runs-dir", required=True, help="training workdirs (ENCODING-sSEED)")
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--encodings", default="rove,rope,nope")
   p.add_argument("--samples", type=int, default=200, help="test samples per length")
-  p.add_argument("--multiples", default=",".join(map(str, recall.MULTIPLES)),
-                 help="test lengths as multiples of the training length")
+  p.add_argument(
+    "--multiples",
+    default=",".join(map(str, recall.MULTIPLES)),
+    help="test lengths as multiples of the training length",
+  )
   p.add_argument("--test-seed", type=int, default=0)
   p.add_argument("--steps", type=int, help="training steps (default: study/configs/retrieval.py)")
-  p.add_argument("--data", help="the generator spec, data.path (default: "
-                 "study/configs/retrieval.py's); e.g. seq_len=32,pairs=4,queries=8 "
-                 "(rove_jax.tasks.recall.RecallSpec)")
-  p.add_argument("--task", choices=sorted(recall_config.TASKS),
-                 help="one of study/configs/retrieval.py's TASKS: its generator spec and steps "
-                      "(default: the config's own, mqar); --data and --steps override them")
-  p.add_argument("--nope-seeds", type=int, default=0,
-                 help="NoPE runs on the first N seeds only (0: all)")
-  p.add_argument("--jobs", type=int, default=None,
-                 help="trainings at a time, each pinned to its own core (default: "
-                      "study.jobs.default_jobs(), at most 2)")
+  p.add_argument(
+    "--data",
+    help="the generator spec, data.path (default: "
+    "study/configs/retrieval.py's); e.g. seq_len=32,pairs=4,queries=8 "
+    "(rove_jax.tasks.recall.RecallSpec)",
+  )
+  p.add_argument(
+    "--task",
+    choices=sorted(recall_config.TASKS),
+    help="one of study/configs/retrieval.py's TASKS: its generator spec and steps "
+    "(default: the config's own, mqar); --data and --steps override them",
+  )
+  p.add_argument(
+    "--nope-seeds", type=int, default=0, help="NoPE runs on the first N seeds only (0: all)"
+  )
+  p.add_argument(
+    "--jobs",
+    type=int,
+    default=None,
+    help="trainings at a time, each pinned to its own core (default: "
+    "study.jobs.default_jobs(), at most 2)",
+  )
   p.add_argument("--quick", action="store_true", help="tiny settings for tests")
   args = p.parse_args(argv)
   try:
@@ -78,8 +102,12 @@ def parse_args(argv):
   bad = [e for e in args.encoding_list if e not in POS_ENCODINGS]
   if bad or not args.encoding_list or not args.seed_list:
     p.error(f"--encodings: choose from {POS_ENCODINGS}; --seeds: at least one")
-  if args.steps is not None and args.steps < 1 or args.samples < 1 or not all(
-      m >= 1 for m in args.multiple_list):
+  if (
+    args.steps is not None
+    and args.steps < 1
+    or args.samples < 1
+    or not all(m >= 1 for m in args.multiple_list)
+  ):
     p.error("--steps, --samples and --multiples must be >= 1")
   if args.nope_seeds < 0:
     p.error("--nope-seeds must be >= 0")
@@ -114,13 +142,18 @@ def plan(args) -> list[dict]:
   for enc in args.encoding_list:
     seeds = args.seed_list
     if enc == "nope" and args.nope_seeds:
-      seeds = seeds[:args.nope_seeds]
+      seeds = seeds[: args.nope_seeds]
     for seed in seeds:
       fields = {"model.pos_encoding": enc, "seed": seed, **base}
       overrides.apply(recall_config.get_config(), [(k, str(v)) for k, v in fields.items()])
-      runs.append({"encoding": enc, "seed": seed,
-                   "overrides": [f"--config.{k}={v}" for k, v in fields.items()],
-                   "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}")})
+      runs.append(
+        {
+          "encoding": enc,
+          "seed": seed,
+          "overrides": [f"--config.{k}={v}" for k, v in fields.items()],
+          "workdir": os.path.join(args.runs_dir, f"{enc}-s{seed}"),
+        }
+      )
   return runs
 
 
@@ -143,18 +176,32 @@ def train_all(runs, log=print, n_jobs=None) -> None:
       with open(os.path.join(run["workdir"], DONE)) as f:
         run["train_seconds"] = json.load(f).get("train_seconds")
       continue
-    cmd = [sys.executable, "-m", "rove_jax.cli.train", "--config", recall_config.__file__,
-           "--workdir", run["workdir"]] + run["overrides"]
-    todo.append(jobs.Job(f"[{i + 1}/{len(runs)}] {run['encoding']} seed {run['seed']} -> "
-                         f"{run['workdir']}", cmd, os.path.join(run["workdir"], "train.log")))
+    cmd = [
+      sys.executable,
+      "-m",
+      "rove_jax.cli.train",
+      "--config",
+      recall_config.__file__,
+      "--workdir",
+      run["workdir"],
+    ] + run["overrides"]
+    todo.append(
+      jobs.Job(
+        f"[{i + 1}/{len(runs)}] {run['encoding']} seed {run['seed']} -> {run['workdir']}",
+        cmd,
+        os.path.join(run["workdir"], "train.log"),
+      )
+    )
     pending.append(run)
   for run, (rc, secs) in zip(pending, jobs.run(todo, n_jobs, log=log)):
     if rc is None:
       continue
     run["train_seconds"] = secs
     if rc != 0:
-      raise SystemExit(f"training {run['workdir']} failed (exit {rc}, its log: "
-                       f"{run['workdir']}/train.log); rerun the same command to resume it")
+      raise SystemExit(
+        f"training {run['workdir']} failed (exit {rc}, its log: "
+        f"{run['workdir']}/train.log); rerun the same command to resume it"
+      )
     with open(os.path.join(run["workdir"], DONE), "w") as f:
       json.dump({"overrides": run["overrides"], "train_seconds": secs}, f)
 
@@ -168,22 +215,32 @@ def evaluate_all(args, runs, log=print) -> dict:
     if spec is None:
       spec, train_len = run_spec, loaded.train_len
       lengths = [m * train_len for m in args.multiple_list]
-      samples = recall.test_set(spec, lengths, args.samples, eot_id=loaded.tokenizer.eot_id,
-                                seed=args.test_seed)
+      samples = recall.test_set(
+        spec, lengths, args.samples, eot_id=loaded.tokenizer.eot_id, seed=args.test_seed
+      )
     elif run_spec != spec or loaded.train_len != train_len:
-      raise ValueError(f"run {run['workdir']} was trained on other data ({run_spec}) than "
-                       f"{runs[0]['workdir']} ({spec}); the study compares runs on one spec")
+      raise ValueError(
+        f"run {run['workdir']} was trained on other data ({run_spec}) than "
+        f"{runs[0]['workdir']} ({spec}); the study compares runs on one spec"
+      )
     t0 = time.perf_counter()
-    recs = recall.evaluate(scoring.Scorer(loaded), samples, encoding=run["encoding"],
-                           seed=run["seed"])
+    recs = recall.evaluate(
+      scoring.Scorer(loaded), samples, encoding=run["encoding"], seed=run["seed"]
+    )
     run["eval_seconds"] = time.perf_counter() - t0
     run["step"] = loaded.step
     records += recs
     log(f"scored {run['encoding']} seed {run['seed']} in {run['eval_seconds']:.0f} s")
-  return {"spec": spec.to_string(), "train_len": train_len, "n_samples": args.samples,
-          "test_seed": args.test_seed, "lengths": sorted(samples),
-          "sample_distance": {str(L): s.distance.tolist() for L, s in sorted(samples.items())},
-          "records": records, "comparisons": comparisons(records)}
+  return {
+    "spec": spec.to_string(),
+    "train_len": train_len,
+    "n_samples": args.samples,
+    "test_seed": args.test_seed,
+    "lengths": sorted(samples),
+    "sample_distance": {str(L): s.distance.tolist() for L, s in sorted(samples.items())},
+    "records": records,
+    "comparisons": comparisons(records),
+  }
 
 
 def comparisons(records: list[dict], reference: str = "rove") -> list[dict]:
@@ -206,13 +263,20 @@ def comparisons(records: list[dict], reference: str = "rove") -> list[dict]:
       b_runs = sorted(runs, key=lambda r: r["seed"])
       pair = [r["seed"] for r in a_runs] == [r["seed"] for r in b_runs]  # seed i: one pair
       for metric, field in (("accuracy", "sample_correct"), ("nll", "sample_nll")):
-        c = stats.paired_difference([r[field] for r in a_runs], [r[field] for r in b_runs],
-                                    pair_seeds=pair)
-        row[metric] = {"difference": c.estimate, "lower": c.lower, "upper": c.upper,
-                       "a": c.a, "b": c.b, "direction": c.direction,
-                       "seed_spread_included": c.seed_spread_included,
-                       "seeds_paired": pair,
-                       **verdicts.seed_tests(verdicts.comparison_diffs(c))}
+        c = stats.paired_difference(
+          [r[field] for r in a_runs], [r[field] for r in b_runs], pair_seeds=pair
+        )
+        row[metric] = {
+          "difference": c.estimate,
+          "lower": c.lower,
+          "upper": c.upper,
+          "a": c.a,
+          "b": c.b,
+          "direction": c.direction,
+          "seed_spread_included": c.seed_spread_included,
+          "seeds_paired": pair,
+          **verdicts.seed_tests(verdicts.comparison_diffs(c)),
+        }
       out.append(row)
   return out
 
@@ -228,18 +292,28 @@ def main(argv=None) -> int:
   train_all(runs, n_jobs=args.jobs)
   t_train = time.perf_counter() - t0
   result = evaluate_all(args, runs)
-  result.update(quick=bool(args.quick), train_wall_seconds=t_train,
-                wall_seconds=time.perf_counter() - t0,
-                runs=[{k: r.get(k) for k in ("encoding", "seed", "workdir", "step",
-                                             "train_seconds", "eval_seconds")} for r in runs])
+  result.update(
+    quick=bool(args.quick),
+    train_wall_seconds=t_train,
+    wall_seconds=time.perf_counter() - t0,
+    runs=[
+      {
+        k: r.get(k)
+        for k in ("encoding", "seed", "workdir", "step", "train_seconds", "eval_seconds")
+      }
+      for r in runs
+    ],
+  )
   path = os.path.join(args.out, "recall.json")
   with open(path, "w") as f:
     json.dump(result, f)
   try:  # the figure needs matplotlib; the JSON does not
     png = plots.retrieval_study(
-        result["records"], train_lengths=[result["train_len"]],
-        title=f"{args.task or 'Associative recall'} vs length (trained at "
-              f"{result['train_len']} tokens)")
+      result["records"],
+      train_lengths=[result["train_len"]],
+      title=f"{args.task or 'Associative recall'} vs length (trained at "
+      f"{result['train_len']} tokens)",
+    )
   except ImportError:
     png = None
   if png:

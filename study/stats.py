@@ -61,6 +61,7 @@ class Interval:
     mc_se: the Monte-Carlo standard errors of (lower, upper); None below 200 replicates.
     n_strata: the strata the units were resampled within (1: none).
   """
+
   estimate: float
   lower: float
   upper: float
@@ -75,8 +76,12 @@ class Interval:
   def transformed(self, fn: Callable[[float], float]) -> "Interval":
     """The interval under an increasing function, e.g. math.exp for loss -> perplexity
     (percentile intervals commute with increasing maps)."""
-    return dataclasses.replace(self, estimate=float(fn(self.estimate)),
-                               lower=float(fn(self.lower)), upper=float(fn(self.upper)))
+    return dataclasses.replace(
+      self,
+      estimate=float(fn(self.estimate)),
+      lower=float(fn(self.lower)),
+      upper=float(fn(self.upper)),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Comparison:
     seed_diffs: with paired seeds, each pair's A - B of the per-run statistic on the full data
       (for the paired t-test, study/multiplicity.py); () otherwise.
   """
+
   estimate: float
   lower: float
   upper: float
@@ -134,7 +140,7 @@ class Comparison:
 
   @property
   def direction(self) -> str:
-    """"A lower" or "A higher" when the interval excludes 0, else "inconclusive"."""
+    """ "A lower" or "A higher" when the interval excludes 0, else "inconclusive"."""
     if self.upper < 0:
       return "A lower"
     if self.lower > 0:
@@ -175,8 +181,10 @@ def _check_options(n_boot: int, ci: float) -> None:
 def _as_runs(runs, name: str) -> np.ndarray:
   """The runs' per-unit scores as a finite float64 array [n_runs, n_units]."""
   if isinstance(runs, np.ndarray) and runs.ndim == 1:
-    raise ValueError(f"{name}: expected a list of runs (1-D arrays), got one 1-D array; "
-                     f"wrap a single run as [scores]")
+    raise ValueError(
+      f"{name}: expected a list of runs (1-D arrays), got one 1-D array; "
+      f"wrap a single run as [scores]"
+    )
   runs = [np.asarray(r, dtype=np.float64) for r in runs]
   if not runs:
     raise ValueError(f"{name}: no runs")
@@ -186,8 +194,10 @@ def _as_runs(runs, name: str) -> np.ndarray:
     if r.size == 0:
       raise ValueError(f"{name}[{i}]: no units")
     if r.size != runs[0].size:
-      raise ValueError(f"{name}: run {i} has {r.size} units, run 0 has {runs[0].size}; every "
-                       f"run must be scored on the same units in the same order")
+      raise ValueError(
+        f"{name}: run {i} has {r.size} units, run 0 has {runs[0].size}; every "
+        f"run must be scored on the same units in the same order"
+      )
   runs = np.stack(runs)
   bad = np.flatnonzero(~np.isfinite(runs).all(axis=1))
   if bad.size:
@@ -202,12 +212,16 @@ def _as_weights(weights, n_runs: int, n_units: int, name: str) -> Optional[np.nd
   try:
     w = np.asarray(weights, dtype=np.float64)
   except ValueError:  # rows of different lengths
-    raise ValueError(f"{name} must have shape ({n_units},) (shared by every run) or "
-                     f"({n_runs}, {n_units}) (one row per run); got rows of different "
-                     f"lengths") from None
+    raise ValueError(
+      f"{name} must have shape ({n_units},) (shared by every run) or "
+      f"({n_runs}, {n_units}) (one row per run); got rows of different "
+      f"lengths"
+    ) from None
   if w.shape not in ((n_units,), (n_runs, n_units)):
-    raise ValueError(f"{name} must have shape ({n_units},) (shared by every run) or "
-                     f"({n_runs}, {n_units}) (one row per run), got {w.shape}")
+    raise ValueError(
+      f"{name} must have shape ({n_units},) (shared by every run) or "
+      f"({n_runs}, {n_units}) (one row per run), got {w.shape}"
+    )
   if not np.all(np.isfinite(w)) or np.any(w < 0) or np.any(w.sum(axis=-1) <= 0):
     raise ValueError(f"{name} must be finite, non-negative, with a positive sum")
   return np.ascontiguousarray(np.broadcast_to(w, (n_runs, n_units)))
@@ -216,8 +230,9 @@ def _as_weights(weights, n_runs: int, n_units: int, name: str) -> Optional[np.nd
 # ------------------------------------------------------------------------------- bootstrap
 
 
-def _run_stats(scores: np.ndarray, weights: Optional[np.ndarray],
-               counts: Optional[np.ndarray] = None) -> np.ndarray:
+def _run_stats(
+  scores: np.ndarray, weights: Optional[np.ndarray], counts: Optional[np.ndarray] = None
+) -> np.ndarray:
   """Per-run statistics, [n_runs] on the full data or [n_boot, n_runs] under unit `counts`
   ([n_boot, n_units], how often each unit was drawn)."""
   if counts is None:
@@ -238,13 +253,13 @@ def _as_strata(strata, n_units: int) -> Optional[list]:
     return None
   labels = np.asarray(strata)
   if labels.shape != (n_units,):
-    raise ValueError(f"strata must give one label per unit, shape ({n_units},), got "
-                     f"{labels.shape}")
+    raise ValueError(f"strata must give one label per unit, shape ({n_units},), got {labels.shape}")
   return [np.flatnonzero(labels == v) for v in np.unique(labels)]
 
 
-def _unit_counts(rng: np.random.Generator, n_rows: int, n_units: int,
-                 strata: Optional[list] = None) -> np.ndarray:
+def _unit_counts(
+  rng: np.random.Generator, n_rows: int, n_units: int, strata: Optional[list] = None
+) -> np.ndarray:
   """How often each unit is drawn in n_rows resamples of n_units units: [n_rows, n_units];
   with `strata` (index arrays) each stratum is resampled within itself."""
   groups = strata if strata is not None else [None]
@@ -300,8 +315,9 @@ def _mc_se(boot: np.ndarray, ci: float) -> tuple:
   n = boot.size // MC_BATCHES
   if n < 20:
     return None
-  ends = np.quantile(boot[:n * MC_BATCHES].reshape(MC_BATCHES, n),
-                     [(1 - ci) / 2, (1 + ci) / 2], axis=1)
+  ends = np.quantile(
+    boot[: n * MC_BATCHES].reshape(MC_BATCHES, n), [(1 - ci) / 2, (1 + ci) / 2], axis=1
+  )
   se = ends.std(axis=1, ddof=1) / np.sqrt(MC_BATCHES)
   return float(se[0]), float(se[1])
 
@@ -314,10 +330,19 @@ def _p_value(boot: np.ndarray) -> float:
   return float(min(1.0, 2 * (min(below, above) + 1) / (boot.size + 1)))
 
 
-def paired_difference(a_runs: Sequence, b_runs: Sequence, *, weights=None,
-                      contrast: str = "difference", n_boot: int = 2000, seed: int = 0,
-                      ci: float = 0.95, paired: bool = True, pair_seeds: bool = False,
-                      strata=None) -> Comparison:
+def paired_difference(
+  a_runs: Sequence,
+  b_runs: Sequence,
+  *,
+  weights=None,
+  contrast: str = "difference",
+  n_boot: int = 2000,
+  seed: int = 0,
+  ci: float = 0.95,
+  paired: bool = True,
+  pair_seeds: bool = False,
+  strata=None,
+) -> Comparison:
   """Encoding A against encoding B with a paired, hierarchical bootstrap interval.
 
   Args:
@@ -356,11 +381,15 @@ def paired_difference(a_runs: Sequence, b_runs: Sequence, *, weights=None,
     raise ValueError(f"contrast must be one of {CONTRASTS}, got {contrast!r}")
   sa, sb = _as_runs(a_runs, "a_runs"), _as_runs(b_runs, "b_runs")
   if sa.shape[1] != sb.shape[1]:
-    raise ValueError(f"a_runs have {sa.shape[1]} units, b_runs {sb.shape[1]}; A and B must be "
-                     f"scored on the same units in the same order")
+    raise ValueError(
+      f"a_runs have {sa.shape[1]} units, b_runs {sb.shape[1]}; A and B must be "
+      f"scored on the same units in the same order"
+    )
   if pair_seeds and len(sa) != len(sb):
-    raise ValueError(f"pair_seeds needs as many runs of A as of B (seed i of each is a pair), "
-                     f"got {len(sa)} and {len(sb)}; pass pair_seeds=False for unpaired seeds")
+    raise ValueError(
+      f"pair_seeds needs as many runs of A as of B (seed i of each is a pair), "
+      f"got {len(sa)} and {len(sb)}; pass pair_seeds=False for unpaired seeds"
+    )
   n_units = sa.shape[1]
   groups = _as_strata(strata, n_units)
   if isinstance(weights, tuple) and len(weights) == 2 and np.ndim(weights[0]) >= 1:
@@ -383,21 +412,35 @@ def paired_difference(a_runs: Sequence, b_runs: Sequence, *, weights=None,
     mean_a = _seed_mean(_run_stats(sa, wa, counts_a), pick_a)
     mean_b = _seed_mean(_run_stats(sb, wb, counts_b), pick_b)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-      boot[start:start + rows] = _contrast(mean_a, mean_b, contrast)
+      boot[start : start + rows] = _contrast(mean_a, mean_b, contrast)
   lower, upper = _percentiles(boot, ci, "paired_difference")
   with np.errstate(divide="ignore", invalid="ignore"):
     estimate = float(_contrast(a, b, contrast))
-  return Comparison(estimate=estimate, lower=lower, upper=upper, a=float(a), b=float(b),
-                    contrast=contrast, ci=float(ci), n_seeds_a=len(sa), n_seeds_b=len(sb),
-                    n_units=n_units, n_boot=int(n_boot), paired=bool(paired),
-                    seed_spread_included=len(sa) > 1 and len(sb) > 1,
-                    seeds_paired=bool(pair_seeds), p_value=_p_value(boot),
-                    mc_se=_mc_se(boot, ci), n_strata=1 if groups is None else len(groups),
-                    seed_diffs=tuple(float(x) for x in run_a - run_b) if pair_seeds else ())
+  return Comparison(
+    estimate=estimate,
+    lower=lower,
+    upper=upper,
+    a=float(a),
+    b=float(b),
+    contrast=contrast,
+    ci=float(ci),
+    n_seeds_a=len(sa),
+    n_seeds_b=len(sb),
+    n_units=n_units,
+    n_boot=int(n_boot),
+    paired=bool(paired),
+    seed_spread_included=len(sa) > 1 and len(sb) > 1,
+    seeds_paired=bool(pair_seeds),
+    p_value=_p_value(boot),
+    mc_se=_mc_se(boot, ci),
+    n_strata=1 if groups is None else len(groups),
+    seed_diffs=tuple(float(x) for x in run_a - run_b) if pair_seeds else (),
+  )
 
 
-def mean_interval(runs: Sequence, *, weights=None, n_boot: int = 2000, seed: int = 0,
-                  ci: float = 0.95, strata=None) -> Interval:
+def mean_interval(
+  runs: Sequence, *, weights=None, n_boot: int = 2000, seed: int = 0, ci: float = 0.95, strata=None
+) -> Interval:
   """One encoding's statistic (mean over its seeds) with a hierarchical bootstrap interval.
 
   Args:
@@ -424,9 +467,17 @@ def mean_interval(runs: Sequence, *, weights=None, n_boot: int = 2000, seed: int
   for start in range(0, n_boot, step):
     rows = min(step, n_boot - start)
     per_run = _run_stats(scores, w, _unit_counts(rng, rows, n_units, groups))
-    boot[start:start + rows] = _seed_mean(per_run, _seed_pick(rng, rows, n_runs))
+    boot[start : start + rows] = _seed_mean(per_run, _seed_pick(rng, rows, n_runs))
   lower, upper = _percentiles(boot, ci, "mean_interval")
-  return Interval(estimate=float(_run_stats(scores, w).mean()), lower=lower, upper=upper,
-                  ci=float(ci), n_seeds=n_runs, n_units=n_units, n_boot=int(n_boot),
-                  seed_spread_included=n_runs > 1, mc_se=_mc_se(boot, ci),
-                  n_strata=1 if groups is None else len(groups))
+  return Interval(
+    estimate=float(_run_stats(scores, w).mean()),
+    lower=lower,
+    upper=upper,
+    ci=float(ci),
+    n_seeds=n_runs,
+    n_units=n_units,
+    n_boot=int(n_boot),
+    seed_spread_included=n_runs > 1,
+    mc_se=_mc_se(boot, ci),
+    n_strata=1 if groups is None else len(groups),
+  )

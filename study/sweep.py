@@ -22,10 +22,12 @@ from typing import Callable, Optional, Sequence
 
 MIN_RATES = 4
 MIN_SEEDS = 3
-RULE = ("each encoding's rate is the one with the lowest mean, over the sweep seeds, of the "
-        "final held-out loss at the training length (the last val_loss of metrics.jsonl); a "
-        "best rate at either end of the grid is refused: the grid is extended past that end "
-        "and the sweep rerun")
+RULE = (
+  "each encoding's rate is the one with the lowest mean, over the sweep seeds, of the "
+  "final held-out loss at the training length (the last val_loss of metrics.jsonl); a "
+  "best rate at either end of the grid is refused: the grid is extended past that end "
+  "and the sweep rerun"
+)
 MD, JSON = "lr_sweep.md", "lr_sweep.json"
 
 
@@ -33,19 +35,27 @@ class EdgeError(ValueError):
   """The best rate of a grid is at its end: the grid does not bracket the optimum."""
 
 
-def check_grid(rates: Sequence[float], seeds: Sequence[int], what: str = "the sweep",
-               min_rates: int = MIN_RATES, min_seeds: int = MIN_SEEDS) -> None:
+def check_grid(
+  rates: Sequence[float],
+  seeds: Sequence[int],
+  what: str = "the sweep",
+  min_rates: int = MIN_RATES,
+  min_seeds: int = MIN_SEEDS,
+) -> None:
   """Refuses (ValueError) a grid of fewer than `min_rates` distinct rates, rates outside
   (0, 1), or fewer than `min_seeds` distinct seeds (the second study, study/long_study.py,
   sweeps 3 rates on 2 seeds)."""
   if len(set(rates)) != len(rates) or len(rates) < min_rates:
-    raise ValueError(f"{what}: needs at least {min_rates} distinct learning rates so that the "
-                     f"best can lie strictly inside the grid, got {list(rates)}")
+    raise ValueError(
+      f"{what}: needs at least {min_rates} distinct learning rates so that the "
+      f"best can lie strictly inside the grid, got {list(rates)}"
+    )
   if any(not 0 < lr < 1 for lr in rates):
     raise ValueError(f"{what}: learning rates must be in (0, 1), got {list(rates)}")
   if len(set(seeds)) != len(seeds) or len(seeds) < min_seeds:
-    raise ValueError(f"{what}: needs at least {min_seeds} distinct seeds (seed pairs) a rate, "
-                     f"got {list(seeds)}")
+    raise ValueError(
+      f"{what}: needs at least {min_seeds} distinct seeds (seed pairs) a rate, got {list(seeds)}"
+    )
 
 
 def parse_rates(text: str, encodings: Sequence[str]) -> dict:
@@ -67,12 +77,14 @@ def parse_rates(text: str, encodings: Sequence[str]) -> dict:
   try:
     return {e: sorted(float(x) for x in g.split(",") if x.strip()) for e, g in grids.items()}
   except ValueError:
-    raise ValueError(f"--sweep-lrs must be comma-separated numbers (or enc=...;enc=...), got "
-                     f"{text!r}") from None
+    raise ValueError(
+      f"--sweep-lrs must be comma-separated numbers (or enc=...;enc=...), got {text!r}"
+    ) from None
 
 
-def from_flags(rates_text: str, seeds_text: str, encodings: Sequence[str],
-               comparison_seeds: Sequence[int]) -> tuple[dict, list]:
+def from_flags(
+  rates_text: str, seeds_text: str, encodings: Sequence[str], comparison_seeds: Sequence[int]
+) -> tuple[dict, list]:
   """(grids, sweep seeds) from reproduce.py's --sweep-lrs and --sweep-seeds: the rotary
   encodings of `encodings` are swept.
 
@@ -83,16 +95,19 @@ def from_flags(rates_text: str, seeds_text: str, encodings: Sequence[str],
   try:
     seeds = [int(x) for x in seeds_text.split(",") if x.strip()]
   except ValueError:
-    raise ValueError(f"--sweep-seeds must be comma-separated integers, got {seeds_text!r}"
-                     ) from None
+    raise ValueError(
+      f"--sweep-seeds must be comma-separated integers, got {seeds_text!r}"
+    ) from None
   grids = parse_rates(rates_text, [e for e in encodings if e != "nope"])
   for enc, rates in grids.items():
     check_grid(rates, seeds, f"--sweep-lrs ({enc})")
   shared = sorted(set(seeds) & set(comparison_seeds))
   if shared:
-    raise ValueError(f"--sweep-seeds {shared} are also comparison --seeds: the chosen rate's "
-                     f"sweep loss is a minimum over the grid, so the comparison needs fresh "
-                     f"seeds")
+    raise ValueError(
+      f"--sweep-seeds {shared} are also comparison --seeds: the chosen rate's "
+      f"sweep loss is a minimum over the grid, so the comparison needs fresh "
+      f"seeds"
+    )
   return grids, seeds
 
 
@@ -100,15 +115,29 @@ def workdir(runs_dir: str, encoding: str, seed: int, lr: float) -> str:
   return os.path.join(runs_dir, "sweep", f"{encoding}-s{seed}-lr{lr:g}")
 
 
-def plan(grids: dict, seeds: Sequence[int], runs_dir: str, min_rates: int = MIN_RATES,
-         min_seeds: int = MIN_SEEDS) -> list[dict]:
+def plan(
+  grids: dict,
+  seeds: Sequence[int],
+  runs_dir: str,
+  min_rates: int = MIN_RATES,
+  min_seeds: int = MIN_SEEDS,
+) -> list[dict]:
   """The sweep's runs, {encoding, seed, kind: "sweep", lr, workdir}: every encoding x rate of
   its grid x seed (check_grid on each grid first, with these minimums)."""
   for enc, rates in grids.items():
     check_grid(rates, seeds, f"the {enc} sweep", min_rates, min_seeds)
-  return [{"encoding": enc, "seed": seed, "kind": "sweep", "lr": lr,
-           "workdir": workdir(runs_dir, enc, seed, lr)}
-          for enc, rates in grids.items() for lr in rates for seed in seeds]
+  return [
+    {
+      "encoding": enc,
+      "seed": seed,
+      "kind": "sweep",
+      "lr": lr,
+      "workdir": workdir(runs_dir, enc, seed, lr),
+    }
+    for enc, rates in grids.items()
+    for lr in rates
+    for seed in seeds
+  ]
 
 
 def final_val_loss(rows: Optional[Sequence[dict]]) -> Optional[float]:
@@ -127,8 +156,9 @@ def losses(runs: Sequence[dict], curves: dict) -> dict:
   for r in sorted(runs, key=lambda r: (r["encoding"], r["lr"], r["seed"])):
     loss = final_val_loss(curves.get(r["workdir"]))
     if loss is None:
-      raise ValueError(f"sweep run {r['workdir']} has no held-out loss (val_loss) in its "
-                       f"metrics.jsonl")
+      raise ValueError(
+        f"sweep run {r['workdir']} has no held-out loss (val_loss) in its metrics.jsonl"
+      )
     out.setdefault(r["encoding"], {}).setdefault(r["lr"], []).append(loss)
   return out
 
@@ -153,13 +183,16 @@ def choose(by_rate: dict, what: str = "the sweep", min_rates: int = MIN_RATES) -
     raise ValueError(f"{what}: {len(rates)} rates, the rule needs at least {min_rates}")
   best = min(rates, key=lambda lr: _mean(by_rate[lr]))
   if best in (rates[0], rates[-1]):
-    side, step = ("smallest", rates[0] / rates[1]) if best == rates[0] else (
-        "largest", rates[-1] / rates[-2])
-    raise EdgeError(f"{what}: the best learning rate {best:g} (mean held-out loss "
-                    f"{_mean(by_rate[best]):.4f}) is the {side} of the grid "
-                    f"{', '.join(f'{x:g}' for x in rates)}; the optimum may lie beyond it. "
-                    f"Extend the grid past that end (e.g. add {best * step:.3g}) and rerun the "
-                    f"sweep; no rate is chosen and no comparison run trains")
+    side, step = (
+      ("smallest", rates[0] / rates[1]) if best == rates[0] else ("largest", rates[-1] / rates[-2])
+    )
+    raise EdgeError(
+      f"{what}: the best learning rate {best:g} (mean held-out loss "
+      f"{_mean(by_rate[best]):.4f}) is the {side} of the grid "
+      f"{', '.join(f'{x:g}' for x in rates)}; the optimum may lie beyond it. "
+      f"Extend the grid past that end (e.g. add {best * step:.3g}) and rerun the "
+      f"sweep; no rate is chosen and no comparison run trains"
+    )
   return best
 
 
@@ -176,12 +209,14 @@ def decide(table: dict, min_rates: int = MIN_RATES) -> tuple[dict, dict]:
 
 def markdown(table: dict, seeds: Sequence[int], chosen: dict, refused: dict, meta: dict) -> str:
   """lr_sweep.md: the rule, the table of mean (and per-seed) losses, the choice or refusal."""
-  L = ["# Learning-rate sweep\n",
-       f"Written by `{meta.get('command', 'python reproduce.py --sweep-lrs ...')}` at commit "
-       f"{meta.get('commit', '?')}, before any comparison run trained. Seeds "
-       f"{', '.join(map(str, seeds))} (one pair across the encodings each; not the "
-       f"comparison's seeds), {meta.get('steps', '?')} steps, the study's training length.\n",
-       f"Rule: {meta.get('rule', RULE)}.\n"]
+  L = [
+    "# Learning-rate sweep\n",
+    f"Written by `{meta.get('command', 'python reproduce.py --sweep-lrs ...')}` at commit "
+    f"{meta.get('commit', '?')}, before any comparison run trained. Seeds "
+    f"{', '.join(map(str, seeds))} (one pair across the encodings each; not the "
+    f"comparison's seeds), {meta.get('steps', '?')} steps, the study's training length.\n",
+    f"Rule: {meta.get('rule', RULE)}.\n",
+  ]
   return "\n".join(L + table_lines(table, chosen, refused)) + "\n"
 
 
@@ -192,12 +227,21 @@ def table_lines(table: dict, chosen: dict, refused: dict) -> list[str]:
   for enc, by_rate in table.items():
     for lr in sorted(by_rate):
       mark = " (chosen)" if chosen.get(enc) == lr else ""
-      L.append(f"| {enc} | {lr:g}{mark} | {_mean(by_rate[lr]):.4f} | "
-               + ", ".join(f"{x:.4f}" for x in by_rate[lr]) + " |")
+      L.append(
+        f"| {enc} | {lr:g}{mark} | {_mean(by_rate[lr]):.4f} | "
+        + ", ".join(f"{x:.4f}" for x in by_rate[lr])
+        + " |"
+      )
   L.append("")
   for enc in table:
-    L.append(f"- {enc}: " + (f"{chosen[enc]:g}, strictly inside its grid" if enc in chosen
-                             else f"refused. {refused[enc]}"))
+    L.append(
+      f"- {enc}: "
+      + (
+        f"{chosen[enc]:g}, strictly inside its grid"
+        if enc in chosen
+        else f"refused. {refused[enc]}"
+      )
+    )
   return L
 
 
@@ -209,27 +253,36 @@ def section(record: Optional[dict]) -> list[str]:
   table = {e: {float(lr): v for lr, v in t.items()} for e, t in record["losses"].items()}
   chosen = {e: float(lr) for e, lr in (record.get("chosen") or {}).items()}
   meta = record.get("meta") or {}
-  return ["## Learning-rate sweep\n",
-          f"Each rotary encoding trains at its own learning rate, chosen by a sweep written to "
-          f"[{MD}]({MD}) before any comparison run trained (`{meta.get('command', '?')}` at "
-          f"commit {meta.get('commit', '?')}): every rate of the grid on the sweep seeds "
-          f"{', '.join(map(str, record.get('seeds') or []))} (fresh seeds, not the "
-          f"comparison's: the chosen rate's sweep loss is a minimum over the grid, biased low), "
-          f"{meta.get('steps', '?')} steps. Rule: {record.get('rule', RULE)}.\n",
-          *table_lines(table, chosen, record.get("refused") or {}), ""]
+  return [
+    "## Learning-rate sweep\n",
+    f"Each rotary encoding trains at its own learning rate, chosen by a sweep written to "
+    f"[{MD}]({MD}) before any comparison run trained (`{meta.get('command', '?')}` at "
+    f"commit {meta.get('commit', '?')}): every rate of the grid on the sweep seeds "
+    f"{', '.join(map(str, record.get('seeds') or []))} (fresh seeds, not the "
+    f"comparison's: the chosen rate's sweep loss is a minimum over the grid, biased low), "
+    f"{meta.get('steps', '?')} steps. Rule: {record.get('rule', RULE)}.\n",
+    *table_lines(table, chosen, record.get("refused") or {}),
+    "",
+  ]
 
 
-def write(out_dir: str, table: dict, seeds: Sequence[int], chosen: dict, refused: dict,
-          meta: dict) -> str:
+def write(
+  out_dir: str, table: dict, seeds: Sequence[int], chosen: dict, refused: dict, meta: dict
+) -> str:
   """Writes <out_dir>/lr_sweep.md and lr_sweep.json; returns the markdown's path. A record of
   the same decision (the same losses, choice and settings) is left as it is: its commit is the
   one that made the decision, before any comparison run, and a later invocation that resumes
   the study must not restamp it."""
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, MD)
-  record = {"rule": meta.get("rule", RULE), "seeds": list(seeds), "meta": meta,
-            "chosen": chosen, "refused": refused,
-            "losses": {e: {f"{lr:g}": v for lr, v in t.items()} for e, t in table.items()}}
+  record = {
+    "rule": meta.get("rule", RULE),
+    "seeds": list(seeds),
+    "meta": meta,
+    "chosen": chosen,
+    "refused": refused,
+    "losses": {e: {f"{lr:g}": v for lr, v in t.items()} for e, t in table.items()},
+  }
   old = load_record(out_dir)
   if old is not None and os.path.exists(path) and _decision(old) == _decision(record):
     return path
@@ -264,13 +317,15 @@ def load_choice(out_dir: str) -> dict:
   """
   path = os.path.join(out_dir, JSON)
   if not os.path.exists(path):
-    raise SystemExit(f"no learning-rate sweep in {path}: run `python reproduce.py --sweep-lrs "
-                     f"...` first")
+    raise SystemExit(
+      f"no learning-rate sweep in {path}: run `python reproduce.py --sweep-lrs ...` first"
+    )
   with open(path) as f:
     data = json.load(f)
   if data.get("refused"):
-    raise SystemExit(f"{path}: the sweep chose no rate for {sorted(data['refused'])}; extend the "
-                     f"grid and rerun it")
+    raise SystemExit(
+      f"{path}: the sweep chose no rate for {sorted(data['refused'])}; extend the grid and rerun it"
+    )
   return {e: float(lr) for e, lr in data["chosen"].items()}
 
 
@@ -283,18 +338,27 @@ def recorded(out_dir: str, grids: dict, seeds: Sequence[int], steps: int) -> Opt
     return None
   with open(path) as f:
     data = json.load(f)
-  same = (data.get("seeds") == list(seeds)
-          and (data.get("meta") or {}).get("steps") == steps
-          and {e: sorted(float(x) for x in t) for e, t in (data.get("losses") or {}).items()}
-          == {e: sorted(float(x) for x in r) for e, r in grids.items()})
+  same = (
+    data.get("seeds") == list(seeds)
+    and (data.get("meta") or {}).get("steps") == steps
+    and {e: sorted(float(x) for x in t) for e, t in (data.get("losses") or {}).items()}
+    == {e: sorted(float(x) for x in r) for e, r in grids.items()}
+  )
   if not same or data.get("refused") or set(data.get("chosen") or {}) != set(grids):
     return None
   return {e: float(lr) for e, lr in data["chosen"].items()}
 
 
-def tune(grids: dict, seeds: Sequence[int], runs_dir: str, out_dir: str,
-         train: Callable[[list], None], meta: dict, log: Callable[[str], None] = print,
-         reuse: bool = False) -> dict:
+def tune(
+  grids: dict,
+  seeds: Sequence[int],
+  runs_dir: str,
+  out_dir: str,
+  train: Callable[[list], None],
+  meta: dict,
+  log: Callable[[str], None] = print,
+  reuse: bool = False,
+) -> dict:
   """The sweep: trains `plan`'s runs with `train` (resuming finished ones), applies the rule,
   writes lr_sweep.md and lr_sweep.json to out_dir, and returns {encoding: chosen rate}. With
   `reuse`, a sweep out_dir already records (`recorded`: a committed results/lr_sweep.json) is
@@ -305,13 +369,17 @@ def tune(grids: dict, seeds: Sequence[int], runs_dir: str, out_dir: str,
   """
   done = recorded(out_dir, grids, seeds, meta.get("steps")) if reuse else None
   if done is not None:
-    log(f"learning-rate sweep: {os.path.join(out_dir, JSON)} records this sweep (same grids, "
-        f"seeds and steps) and its choice {done}; not trained again")
+    log(
+      f"learning-rate sweep: {os.path.join(out_dir, JSON)} records this sweep (same grids, "
+      f"seeds and steps) and its choice {done}; not trained again"
+    )
     return done
   runs = plan(grids, seeds, runs_dir)
-  log(f"learning-rate sweep: {len(runs)} runs, "
-      + "; ".join(f"{e} at {', '.join(f'{x:g}' for x in r)}" for e, r in grids.items())
-      + f", seeds {', '.join(map(str, seeds))}")
+  log(
+    f"learning-rate sweep: {len(runs)} runs, "
+    + "; ".join(f"{e} at {', '.join(f'{x:g}' for x in r)}" for e, r in grids.items())
+    + f", seeds {', '.join(map(str, seeds))}"
+  )
   train(runs)
   chosen, refused = record_choice(runs, seeds, out_dir, meta, log)
   if refused:
@@ -319,8 +387,13 @@ def tune(grids: dict, seeds: Sequence[int], runs_dir: str, out_dir: str,
   return chosen
 
 
-def record_choice(runs: Sequence[dict], seeds: Sequence[int], out_dir: str, meta: dict,
-                  log: Callable[[str], None] = print) -> tuple[dict, dict]:
+def record_choice(
+  runs: Sequence[dict],
+  seeds: Sequence[int],
+  out_dir: str,
+  meta: dict,
+  log: Callable[[str], None] = print,
+) -> tuple[dict, dict]:
   """The rule on trained sweep runs (each {encoding, seed, lr, workdir}): their final held-out
   losses (`losses` of each workdir's metrics.jsonl), `decide`, and lr_sweep.md and
   lr_sweep.json written to out_dir; returns (chosen, refused) as `decide` does. Shared by the
@@ -330,6 +403,7 @@ def record_choice(runs: Sequence[dict], seeds: Sequence[int], out_dir: str, meta
     ValueError: a run without a held-out loss.
   """
   from rove_jax.train.metrics import read_metrics
+
   table = losses(runs, {r["workdir"]: read_metrics(r["workdir"]) for r in runs})
   chosen, refused = decide(table)
   log(f"wrote {write(out_dir, table, seeds, chosen, refused, meta)}")

@@ -24,12 +24,14 @@ from study import verdicts
 # (the floor is chance + study.verdicts.MARGIN: "not measurable at this scale").
 FLOOR = 0.05
 
+
 @dataclasses.dataclass(frozen=True)
 class Units:
   """One encoding's per-unit scores for one statistic: one array per run (seed), all on the
   same units in the same order; with `weights` the statistic is sum(scores) / sum(weights).
   `seeds` names each run's training seed (pairing across encodings); `strata` labels each
   unit with its cell (task, length) for stratified resampling."""
+
   scores: tuple
   weights: Optional[tuple] = None
   seeds: Optional[tuple] = None
@@ -47,15 +49,20 @@ class Units:
     """The runs of `seeds` (each in self.seeds), in that order."""
     idx = [self.seeds.index(s) for s in seeds]
     pick = lambda xs: None if xs is None else tuple(xs[i] for i in idx)  # noqa: E731
-    return dataclasses.replace(self, scores=pick(self.scores), weights=pick(self.weights),
-                               seeds=tuple(seeds))
+    return dataclasses.replace(
+      self, scores=pick(self.scores), weights=pick(self.weights), seeds=tuple(seeds)
+    )
 
   def scaled(self, other: "Units", a: float, b: float) -> "Units":
     """a * self + b * other, unit by unit (same runs, units and weights)."""
     if self.n_runs != other.n_runs or self.n_units != other.n_units:
       raise ValueError("combined statistics need the same runs and units")
-    return Units(tuple(a * x + b * y for x, y in zip(self.scores, other.scores)), self.weights,
-                 self.seeds, self.strata)
+    return Units(
+      tuple(a * x + b * y for x, y in zip(self.scores, other.scores)),
+      self.weights,
+      self.seeds,
+      self.strata,
+    )
 
 
 def _arrays(lists) -> tuple:
@@ -87,18 +94,17 @@ def pooled_strata(parts: Sequence[tuple[float, Sequence]]) -> tuple:
   return tuple(i for i, (_, runs) in enumerate(parts) for _ in range(len(runs[0])))
 
 
-
 def ppl_units(runs: Sequence[dict], setting: str, length: int) -> Optional[Units]:
   """Per-window summed NLLs weighted by window tokens, or None unless every run has them."""
   rows = [((r.get("perplexity") or {}).get(setting) or {}).get(str(length)) for r in runs]
   if not runs or any(not isinstance(row, dict) or not row.get("window_nll") for row in rows):
     return None
-  return Units(_arrays(row["window_nll"] for row in rows),
-               _arrays(row["window_tokens"] for row in rows))
+  return Units(
+    _arrays(row["window_nll"] for row in rows), _arrays(row["window_tokens"] for row in rows)
+  )
 
 
-def ppl_mean_units(runs: Sequence[dict], setting: str, lengths: Sequence[int]
-                   ) -> Optional[Units]:
+def ppl_mean_units(runs: Sequence[dict], setting: str, lengths: Sequence[int]) -> Optional[Units]:
   """The mean over `lengths` of each length's mean window loss (window NLL / its tokens), one
   stratum a length; None unless every run has every length."""
   parts = []
@@ -126,8 +132,9 @@ def ruler_lengths(runs: Sequence[dict], setting: str) -> dict:
   return {t: ls for t, ls in sorted(out.items()) if ls}
 
 
-def ruler_units(runs: Sequence[dict], setting: str, coefs: dict, lengths: dict,
-                key: str = "sample_nll") -> Optional[Units]:
+def ruler_units(
+  runs: Sequence[dict], setting: str, coefs: dict, lengths: dict, key: str = "sample_nll"
+) -> Optional[Units]:
   """Units of sum_task coefs[task] * (mean over the task's lengths of the per-length mean).
 
   Args:
@@ -161,12 +168,12 @@ def ruler_count(runs: Sequence[dict], setting: str, tasks: dict) -> tuple[int, i
 def icl_samples(run: dict) -> dict:
   """{task: (sample NLLs, sample correct)} of a run's synthetic ICL, each task's lists
   concatenated over its axis values (lengths or shot counts) in numeric order."""
-  tasks = (((run.get("icl") or {}).get("synthetic") or {}).get("tasks") or {})
+  tasks = ((run.get("icl") or {}).get("synthetic") or {}).get("tasks") or {}
   out = {}
   for task, row in sorted(tasks.items()):
     nll, right = [], []
     for key in sorted(k for k in row if k.startswith("sample_nll_by_")):
-      axis = key[len("sample_nll_by_"):]
+      axis = key[len("sample_nll_by_") :]
       by_v, correct = row[key], row.get(f"sample_correct_by_{axis}") or {}
       for v in sorted(by_v, key=lambda s: (len(s), s)):
         nll += list(by_v[v])
@@ -182,8 +189,7 @@ def icl_units(runs: Sequence[dict], tasks: Sequence[str], index: int) -> Optiona
   if not runs or not tasks or any(t not in s for s in per_run for t in tasks):
     return None
   strata = tuple(i for i, t in enumerate(tasks) for _ in per_run[0][t][index])
-  return Units(_arrays([x for t in tasks for x in s[t][index]] for s in per_run),
-               strata=strata)
+  return Units(_arrays([x for t in tasks for x in s[t][index]] for s in per_run), strata=strata)
 
 
 def icl_common_tasks(groups: Sequence[Sequence[dict]]) -> list:
@@ -212,8 +218,9 @@ def at_floor(counts: Sequence[Optional[tuple[int, int]]], chance: float = 0.0) -
   return verdicts.near_chance(counts, chance)
 
 
-def recall_units(records: Sequence[dict], encoding: str, setting: str, lengths: Sequence[int],
-                 key: str) -> Optional[Units]:
+def recall_units(
+  records: Sequence[dict], encoding: str, setting: str, lengths: Sequence[int], key: str
+) -> Optional[Units]:
   """A retrieval-study statistic of one encoding: the mean over `lengths` of the per-length
   mean of `key` ("sample_nll" or "sample_correct"), one run per seed."""
   cells = {}
@@ -221,8 +228,9 @@ def recall_units(records: Sequence[dict], encoding: str, setting: str, lengths: 
     if rec["encoding"] == encoding and rec["setting"] == setting:
       cells.setdefault(rec["seed"], {})[int(rec["length"])] = rec
   seeds = sorted(cells, key=str)
-  if not seeds or any(L not in cells[s] or not cells[s][L].get(key)
-                      for s in seeds for L in lengths):
+  if not seeds or any(
+    L not in cells[s] or not cells[s][L].get(key) for s in seeds for L in lengths
+  ):
     return None
   parts = [(1 / len(lengths), [cells[s][L][key] for s in seeds]) for L in lengths]
   return Units(pooled(parts), seeds=tuple(seeds), strata=pooled_strata(parts))

@@ -80,14 +80,16 @@ def near_chance(counts: Sequence[Optional[tuple]], chance: float = 0.0) -> bool:
   return bool(got) and all(k / n <= chance + MARGIN for k, n in got)
 
 
-def measurable_note(counts: Sequence[Optional[tuple]], chance: float, names: Sequence[str]
-                    ) -> Optional[str]:
+def measurable_note(
+  counts: Sequence[Optional[tuple]], chance: float, names: Sequence[str]
+) -> Optional[str]:
   """NOT_MEASURABLE with the counts and chance behind it, or None when a model is above
   chance + MARGIN."""
   if not near_chance(counts, chance):
     return None
-  shown = ", ".join(f"{name} {'-' if c is None else f'{c[0]}/{c[1]}'}"
-                    for name, c in zip(names, counts))
+  shown = ", ".join(
+    f"{name} {'-' if c is None else f'{c[0]}/{c[1]}'}" for name, c in zip(names, counts)
+  )
   return f"{NOT_MEASURABLE}: {shown} right, chance {chance:.3g} + margin {MARGIN:g}"
 
 
@@ -98,6 +100,7 @@ def recall_chance(spec: Optional[str]) -> float:
   if not spec:
     return 0.0
   from rove_jax.tasks.recall import RecallSpec
+
   return 1.0 / RecallSpec.parse(spec).values
 
 
@@ -107,8 +110,7 @@ def icl_chance(counts_by_task: dict) -> float:
   total = sum(n for _, n in counts_by_task.values())
   if not total:
     return 0.0
-  return sum(n / ICL_CHOICES[t] for t, (_, n) in counts_by_task.items()
-             if t in ICL_CHOICES) / total
+  return sum(n / ICL_CHOICES[t] for t, (_, n) in counts_by_task.items() if t in ICL_CHOICES) / total
 
 
 def study_icl_chance(st, tasks) -> float:

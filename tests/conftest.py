@@ -14,13 +14,15 @@ def _cpu_only() -> bool:
   """Whether this session's JAX can only run on the CPU: JAX_PLATFORMS names the CPU alone, or
   no accelerator plugin is installed (found without importing jax: the plugins' namespace
   package and entry points, where jax looks for them)."""
-  platforms = {p.strip().lower() for p in os.environ.get("JAX_PLATFORMS", "").split(",")
-               if p.strip()}
+  platforms = {
+    p.strip().lower() for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()
+  }
   if platforms:
     return platforms <= {"cpu"}
   names = [ep.name for ep in importlib.metadata.entry_points(group="jax_plugins")]
   try:
     import jax_plugins
+
     names += [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
   except ImportError:
     pass
@@ -57,6 +59,7 @@ _CHILD_CACHE_VAR = "ROVE_JAX_TEST_CHILD_XLA_CACHE"
 _OWN_CACHE = None
 if _CHILD_CACHE_VAR not in os.environ:
   import tempfile
+
   _OWN_CACHE = os.environ[_CHILD_CACHE_VAR] = tempfile.mkdtemp(prefix="rove-jax-test-xla-cache-")
 
 # One GCS API server (fake-gcs-server, tests/gcs_server.py) for the session, started by the
@@ -96,6 +99,7 @@ def pytest_unconfigure(config):
     _OWN_GCS.stop()
   if _OWN_CACHE is not None:
     import shutil
+
     shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
@@ -166,15 +170,35 @@ def gpt_config(**overrides) -> GPTConfig:
   Returns:
     The validated config.
   """
-  return GPTConfig(**{**dict(n_layer=1, n_head=2, d_model=32, d_ff=64, max_len=32),
-                      **overrides})
+  return GPTConfig(**{**dict(n_layer=1, n_head=2, d_model=32, d_ff=64, max_len=32), **overrides})
 
 
 def write_corpus(directory: pathlib.Path, n_files=6, chars=6000, seed=0) -> str:
   """A few text files of code-like words in `directory`; returns its path as a string."""
   rng = np.random.default_rng(seed)
-  words = ["def", "return", "self", "value", "class", "import", "for", "in", "if", "else",
-           "print", "(", ")", ":", "=", "+", "0", "1", "x", "y", "\n"]
+  words = [
+    "def",
+    "return",
+    "self",
+    "value",
+    "class",
+    "import",
+    "for",
+    "in",
+    "if",
+    "else",
+    "print",
+    "(",
+    ")",
+    ":",
+    "=",
+    "+",
+    "0",
+    "1",
+    "x",
+    "y",
+    "\n",
+  ]
   directory.mkdir(parents=True, exist_ok=True)
   for i in range(n_files):
     text = " ".join(rng.choice(words, size=chars // 4))
@@ -192,8 +216,10 @@ def free_port() -> int:
 def run_together(cmds, env, *, timeout=300) -> list:
   """Runs the commands at once (the processes of one jax.distributed job) and returns their
   outputs (stdout and stderr); asserts that every one exited 0."""
-  procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True) for cmd in cmds]
+  procs = [
+    subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for cmd in cmds
+  ]
   outs = []
   try:
     for p in procs:
@@ -217,11 +243,19 @@ def small_config(tmp_path, **overrides) -> RunConfig:
     The RunConfig.
   """
   c = RunConfig(
-      model=GPTConfig.tiny(n_layer=1, d_model=32, n_head=2, d_ff=64, max_len=32),
-      data=DataConfig(source="text", path=write_corpus(tmp_path / "corpus"), seq_len=32,
-                      batch_size=4),
-      optim=OptimConfig(warmup_steps=2), steps=8, log_every=1, eval_every=4, eval_batches=2,
-      checkpoint_every=4, progress=False, sample_tokens=0)
+    model=GPTConfig.tiny(n_layer=1, d_model=32, n_head=2, d_ff=64, max_len=32),
+    data=DataConfig(
+      source="text", path=write_corpus(tmp_path / "corpus"), seq_len=32, batch_size=4
+    ),
+    optim=OptimConfig(warmup_steps=2),
+    steps=8,
+    log_every=1,
+    eval_every=4,
+    eval_batches=2,
+    checkpoint_every=4,
+    progress=False,
+    sample_tokens=0,
+  )
   return overrides_lib.apply(c, overrides)
 
 
@@ -244,6 +278,7 @@ def trained_run(tmp_path_factory) -> pathlib.Path:
   import shutil
 
   from rove_jax.train import loop as training
+
   base = tmp_path_factory.getbasetemp()
   # Under xdist each worker's base is <session dir>/popen-gwN: the parent is this session's
   # alone. Without xdist the parent holds other sessions' directories, so stay in base.
@@ -253,9 +288,17 @@ def trained_run(tmp_path_factory) -> pathlib.Path:
     fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
     if not (workdir / "TRAINED").exists():
       shutil.rmtree(workdir, ignore_errors=True)  # a worker that died mid-training
-      c = small_config(root / "shared-trained-run-data", steps=6, **{
-          "data.source": "stdlib", "data.path": None, "data.max_files": 120,
-          "model.max_len": 64, "data.seq_len": 64})
+      c = small_config(
+        root / "shared-trained-run-data",
+        steps=6,
+        **{
+          "data.source": "stdlib",
+          "data.path": None,
+          "data.max_files": 120,
+          "model.max_len": 64,
+          "data.seq_len": 64,
+        },
+      )
       training.train(c, str(workdir), devices=jax.devices()[:1], log=lambda *a: None)
       (workdir / "TRAINED").write_text("the run is complete\n")
   return workdir

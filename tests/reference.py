@@ -24,14 +24,30 @@ def dense_rotation(angles, dim, layout="interleaved"):
 def angles_for(position, inv_freq):
   """Angles [P] for a scalar position and one table, or a position [A] and A tables."""
   if isinstance(inv_freq, (tuple, list)):
-    return np.concatenate([float(p) * np.asarray(t, np.float64)
-                           for p, t in zip(np.atleast_1d(position), inv_freq)])
+    return np.concatenate(
+      [float(p) * np.asarray(t, np.float64) for p, t in zip(np.atleast_1d(position), inv_freq)]
+    )
   return float(position) * np.asarray(inv_freq, np.float64)
 
 
-def naive_attention(q, k, v, q_pos, kv_pos, inv_freq, *, rove, causal=True, factor=1.0,
-                    layout="interleaved", q_seg=None, kv_seg=None, kv_mask=None, bias=None,
-                    window=None):
+def naive_attention(
+  q,
+  k,
+  v,
+  q_pos,
+  kv_pos,
+  inv_freq,
+  *,
+  rove,
+  causal=True,
+  factor=1.0,
+  layout="interleaved",
+  q_seg=None,
+  kv_seg=None,
+  kv_mask=None,
+  bias=None,
+  window=None,
+):
   """Loops over batch, heads, queries and keys in float64. bias: optional [B, H, T, S] added
   to the logits; window: key j visible only if q_pos[i] - kv_pos[j] < window. inv_freq None:
   no rotation (plain softmax attention).
@@ -80,8 +96,11 @@ def naive_attention(q, k, v, q_pos, kv_pos, inv_freq, *, rove, causal=True, fact
           if w[j] == 0:
             continue
           if rove:
-            delta = (kv_pos[b, j] - q_pos[b, i]) if not multi else (
-                np.asarray(kv_pos[b, j]) - np.asarray(q_pos[b, i]))
+            delta = (
+              (kv_pos[b, j] - q_pos[b, i])
+              if not multi
+              else (np.asarray(kv_pos[b, j]) - np.asarray(q_pos[b, i]))
+            )
             kernel = dense_rotation(angles_for(delta, inv_freq), D, layout)
             out[b, i, h] += w[j] * (kernel @ v[b, j, kh])
           else:
@@ -130,8 +149,9 @@ def naive_gpt(params, cfg, tokens, *, inv_freq=None, factor=1.0):
     inv_freq: [P] rotary frequencies (rotary encodings), after any scaling.
     factor: the attention factor multiplying q and k.
   """
-  as64 = lambda tree: {k: as64(v) if isinstance(v, dict) else np.asarray(v, np.float64)
-                       for k, v in tree.items()}
+  as64 = lambda tree: {
+    k: as64(v) if isinstance(v, dict) else np.asarray(v, np.float64) for k, v in tree.items()
+  }
   p = as64(params)
   tokens = np.asarray(tokens)
   B, T = tokens.shape
@@ -145,8 +165,12 @@ def naive_gpt(params, cfg, tokens, *, inv_freq=None, factor=1.0):
   rotary = cfg.pos_encoding in ("rove", "rope")
   bias = None
   if cfg.pos_encoding == "t5_bias":
-    buckets = np.array([[t5_bucket(i - j, cfg.t5_num_buckets, cfg.t5_max_distance)
-                         for j in range(T)] for i in range(T)])
+    buckets = np.array(
+      [
+        [t5_bucket(i - j, cfg.t5_num_buckets, cfg.t5_max_distance) for j in range(T)]
+        for i in range(T)
+      ]
+    )
     bias = np.broadcast_to(np.moveaxis(p["t5_table"][buckets], -1, 0)[None], (B, H, T, T))
   for layer in range(cfg.n_layer):
     blk = p["blocks"][layer]
@@ -160,8 +184,18 @@ def naive_gpt(params, cfg, tokens, *, inv_freq=None, factor=1.0):
       b = [a["bq"], a["bkv"][0], a["bkv"][1]] if "bq" in a else [0.0] * 3
     q, k, v = (np.einsum("bte,ehd->bthd", h, wi) + bi for wi, bi in zip(w, b))
     rove = cfg.pos_encoding == "rove" and (cfg.rove_layers is None or layer in cfg.rove_layers)
-    out = naive_attention(q, k, v, pos, pos, inv_freq if rotary else np.zeros(1), rove=rove,
-                          factor=factor, layout=cfg.rope_layout, bias=bias)
+    out = naive_attention(
+      q,
+      k,
+      v,
+      pos,
+      pos,
+      inv_freq if rotary else np.zeros(1),
+      rove=rove,
+      factor=factor,
+      layout=cfg.rope_layout,
+      bias=bias,
+    )
     x = x + np.einsum("bthd,hde->bte", out, a["wo"]) + a.get("bo", 0.0)
     m = blk["mlp"]
     h = _norm(x, blk["norm2"], cfg.norm, cfg.norm_eps)

@@ -100,11 +100,13 @@ class StallProxy:
         return
       if head.split(b" ", 1)[0] in WRITES:
         status = self._fail_status
-        payload = json.dumps({"error": {"code": status, "message": "injected",
-                                        "errors": [{"message": "injected"}]}}).encode()
-        client.sendall(b"HTTP/1.1 %d Injected\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (status, len(payload))
-                       + payload)
+        payload = json.dumps(
+          {"error": {"code": status, "message": "injected", "errors": [{"message": "injected"}]}}
+        ).encode()
+        client.sendall(
+          b"HTTP/1.1 %d Injected\r\nContent-Type: application/json\r\n"
+          b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (status, len(payload)) + payload
+        )
         return
       lines = [l for l in head.split(b"\r\n") if not l.lower().startswith(b"connection:")]
       with socket.create_connection(self._target) as upstream:

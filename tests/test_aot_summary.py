@@ -8,21 +8,35 @@ GiB = 2**30
 
 
 def report(enc, memory_gib, tflop, *, packing=False, estimate=None):
-  r = {"job": "train", "accelerator": "v4-32", "mesh": {"data": 16, "fsdp": 1, "tensor": 1},
-       "grad_accum": 2, "batch": 512, "length": 1024, "pos_encoding": enc, "packing": packing,
-       "memory": {"total": memory_gib * GiB}, "flops": tflop * 1e12, "model_to_compiled": 0.5,
-       "hbm_bytes": 32 * GiB, "headroom_bytes": (32 - memory_gib) * GiB,
-       "collectives": {"all-reduce": {"count": 7, "bytes": 0.6 * GiB},
-                       "all-gather": {"count": 0, "bytes": 0}},
-       "roofline": {"step_time_bound_s": 0.25, "mfu_bound": 0.4}}
+  r = {
+    "job": "train",
+    "accelerator": "v4-32",
+    "mesh": {"data": 16, "fsdp": 1, "tensor": 1},
+    "grad_accum": 2,
+    "batch": 512,
+    "length": 1024,
+    "pos_encoding": enc,
+    "packing": packing,
+    "memory": {"total": memory_gib * GiB},
+    "flops": tflop * 1e12,
+    "model_to_compiled": 0.5,
+    "hbm_bytes": 32 * GiB,
+    "headroom_bytes": (32 - memory_gib) * GiB,
+    "collectives": {
+      "all-reduce": {"count": 7, "bytes": 0.6 * GiB},
+      "all-gather": {"count": 0, "bytes": 0},
+    },
+    "roofline": {"step_time_bound_s": 0.25, "mfu_bound": 0.4},
+  }
   if estimate is not None:
     r["memory_estimate"] = {"estimate_gib": estimate}
   return r
 
 
 def write(tmp_path, name, *reports):
-  (tmp_path / f"{name}.json").write_text(json.dumps({"config": "gpt2_124m",
-                                                     "reports": list(reports)}))
+  (tmp_path / f"{name}.json").write_text(
+    json.dumps({"config": "gpt2_124m", "reports": list(reports)})
+  )
 
 
 def test_ratios_pair_rove_with_rope_and_leave_packed_rows_out(tmp_path):

@@ -30,9 +30,14 @@ def _clean_env():
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
   out = tmp_path_factory.mktemp("bench") / "quick.json"
-  proc = subprocess.run([sys.executable, "-m", "bench", "--suite", "cpu", "--smoke",
-                         "--out", str(out)], cwd=ROOT, env=_clean_env(), capture_output=True,
-                        text=True, timeout=400)
+  proc = subprocess.run(
+    [sys.executable, "-m", "bench", "--suite", "cpu", "--smoke", "--out", str(out)],
+    cwd=ROOT,
+    env=_clean_env(),
+    capture_output=True,
+    text=True,
+    timeout=400,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(out) as f:
     return json.load(f), proc.stdout
@@ -45,8 +50,15 @@ def _positive(x):
 @pytest.mark.slow
 def test_quick_suite_prints_every_table(quick):
   _, stdout = quick
-  for title in ("## Train step", "## Peak memory", "## Long-context forward", "## Decoding",
-                "## Train-step compile time", "MFU = model FLOPs", "Measured peak matmul"):
+  for title in (
+    "## Train step",
+    "## Peak memory",
+    "## Long-context forward",
+    "## Decoding",
+    "## Train-step compile time",
+    "MFU = model FLOPs",
+    "Measured peak matmul",
+  ):
     assert title in stdout
   assert stdout.count("|---|") >= 7
 
@@ -92,8 +104,14 @@ def test_quick_suite_memory_longctx_decode_compile(quick):
 
 
 def test_gpu_suite_without_gpu_is_a_clear_error():
-  proc = subprocess.run([sys.executable, "-m", "bench", "--suite", "gpu"], cwd=ROOT,
-                        env=_clean_env(), capture_output=True, text=True, timeout=120)
+  proc = subprocess.run(
+    [sys.executable, "-m", "bench", "--suite", "gpu"],
+    cwd=ROOT,
+    env=_clean_env(),
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode != 0
   assert "--suite gpu needs a CUDA GPU" in proc.stderr, proc.stderr[-2000:]
 

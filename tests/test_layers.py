@@ -38,17 +38,25 @@ NOT_LOADED_BY_CORE = ("flax", "optax", "orbax", "grain", "matplotlib", "ml_colle
 # The layers in order (docs/architecture.md): a module may import its own layer and the ones
 # before it. The commands (rove_jax/cli) sit above the layers they drive (rove-train's dry run
 # compiles ahead of time; rove-eval restores what training wrote).
-LAYERS = (("core", None), ("storage", "rove_jax.storage"), ("tasks", "rove_jax.tasks"),
-          ("nn", "rove_jax.nn"),
-          ("data", "rove_jax.data"),
-          ("train", "rove_jax.train"), ("evaluation", "rove_jax.evaluation"),
-          ("aot", "rove_jax.aot"), ("commands", "rove_jax.cli"), ("study", "study"))
+LAYERS = (
+  ("core", None),
+  ("storage", "rove_jax.storage"),
+  ("tasks", "rove_jax.tasks"),
+  ("nn", "rove_jax.nn"),
+  ("data", "rove_jax.data"),
+  ("train", "rove_jax.train"),
+  ("evaluation", "rove_jax.evaluation"),
+  ("aot", "rove_jax.aot"),
+  ("commands", "rove_jax.cli"),
+  ("study", "study"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Edge:
   """One import: `source` imports `target` (a module of rove_jax/ or study/, or the top-level
   name of an outside package) at `line`, inside a function or class when `local`."""
+
   source: str
   target: str
   line: int
@@ -84,11 +92,12 @@ def _targets(node, module: str, is_package: bool, modules) -> list:
     base = node.module or ""
     if node.level:  # relative: against this module's package
       package = module.split(".") if is_package else module.split(".")[:-1]
-      package = package[:len(package) - node.level + 1]
+      package = package[: len(package) - node.level + 1]
       base = ".".join(package + ([base] if base else []))
     # `from pkg import name` imports the submodule pkg.name when there is one.
-    names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
-             for alias in node.names]
+    names = [
+      f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+    ]
   out = []
   for name in dict.fromkeys(names):
     top = name.split(".")[0]
@@ -109,8 +118,7 @@ def _edges(module: str, path: Path, modules) -> list:
         for target, internal in _targets(child, module, is_package, modules):
           if target != module:
             edges.append(Edge(module, target, child.lineno, local, internal))
-      inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
-                                 ast.Lambda))
+      inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
       visit(child, local or inner)
 
   visit(tree, False)
@@ -126,16 +134,19 @@ def import_graph() -> dict:
   edges = [e for es in graph.values() for e in es]
   internal = {(e.source, e.target) for e in edges if e.internal}
   local = {(e.source, e.target) for e in edges if e.internal and e.local}
-  print(f"import graph: {len(graph)} modules, {len(internal)} edges between them "
-        f"({len(local)} made only or also inside functions), "
-        f"{len({(e.source, e.target) for e in edges if not e.internal})} to outside packages")
+  print(
+    f"import graph: {len(graph)} modules, {len(internal)} edges between them "
+    f"({len(local)} made only or also inside functions), "
+    f"{len({(e.source, e.target) for e in edges if not e.internal})} to outside packages"
+  )
   return graph
 
 
 def _cycles(graph: dict) -> list:
   """The strongly connected components of more than one module (Tarjan), each sorted."""
-  succ = {m: sorted({e.target for e in es if e.internal and e.target in graph})
-          for m, es in graph.items()}
+  succ = {
+    m: sorted({e.target for e in es if e.internal and e.target in graph}) for m, es in graph.items()
+  }
   index, low, stack, on_stack, out = {}, {}, [], set(), []
 
   def connect(v):
@@ -191,10 +202,15 @@ def _in(module: str, package: str) -> bool:
 
 
 def _violations(graph: dict, sources, allowed) -> list:
-  """"source -> target (line N)" for every import of a module in `sources` that `allowed`
+  """ "source -> target (line N)" for every import of a module in `sources` that `allowed`
   (edge -> bool) refuses."""
-  return [f"{e.source} -> {e.target} (line {e.line}{', inside a function' if e.local else ''})"
-          for m in sorted(graph) if sources(m) for e in graph[m] if not allowed(e)]
+  return [
+    f"{e.source} -> {e.target} (line {e.line}{', inside a function' if e.local else ''})"
+    for m in sorted(graph)
+    if sources(m)
+    for e in graph[m]
+    if not allowed(e)
+  ]
 
 
 # ------------------------------------------------------------------------------------ tests
@@ -214,41 +230,52 @@ def test_the_graph_sees_every_kind_of_import(graph):
   assert ("rove_jax.evaluation.icl.synthetic", "rove_jax.evaluation.prompting", False) in edges
   assert ("rove_jax.evaluation.plots", "matplotlib", True) in edges  # deferred, inside pyplot()
   assert ("rove_jax.evaluation.report_md", "numpy", False) in edges
-  assert all(e.target in graph for es in graph.values() for e in es if e.internal), \
-      "an import of rove_jax or study names no module"
+  assert all(e.target in graph for es in graph.values() for e in es if e.internal), (
+    "an import of rove_jax or study names no module"
+  )
 
 
 def test_no_import_cycle(graph):
   cycles = _cycles(graph)
   assert not cycles, "import cycles (modules, then the imports that close them):\n" + "\n".join(
-      f"{' <-> '.join(c)}\n{_describe(graph, c)}" for c in cycles)
+    f"{' <-> '.join(c)}\n{_describe(graph, c)}" for c in cycles
+  )
 
 
 def test_core_imports_only_jax_numpy_the_standard_library_and_core(graph):
-  bad = _violations(graph, is_core, lambda e: is_core(e.target) if e.internal
-                    else e.target in CORE_EXTERNAL)
+  bad = _violations(
+    graph, is_core, lambda e: is_core(e.target) if e.internal else e.target in CORE_EXTERNAL
+  )
   assert not bad, "core modules importing outside the core:\n" + "\n".join(bad)
 
 
 def test_storage_imports_only_itself_gcsfs_and_the_standard_library(graph):
   storage = lambda m: _in(m, "rove_jax.storage")
-  bad = _violations(graph, storage, lambda e: storage(e.target) if e.internal
-                    else e.target in STORAGE_EXTERNAL)
+  bad = _violations(
+    graph, storage, lambda e: storage(e.target) if e.internal else e.target in STORAGE_EXTERNAL
+  )
   assert not bad, "rove_jax.storage importing outside itself and gcsfs:\n" + "\n".join(bad)
 
 
 def test_tasks_import_only_themselves_numpy_and_the_standard_library(graph):
   tasks = lambda m: _in(m, "rove_jax.tasks")
-  bad = _violations(graph, tasks, lambda e: tasks(e.target) if e.internal
-                    else e.target in STDLIB | {"numpy"})
+  bad = _violations(
+    graph, tasks, lambda e: tasks(e.target) if e.internal else e.target in STDLIB | {"numpy"}
+  )
   assert not bad, "rove_jax.tasks importing outside itself and numpy:\n" + "\n".join(bad)
 
 
 def test_nn_imports_only_core_storage_nn_flax_jax_numpy_and_the_standard_library(graph):
   nn = lambda m: _in(m, "rove_jax.nn")
-  bad = _violations(graph, nn, lambda e: (is_core(e.target) or nn(e.target)
-                                          or _in(e.target, "rove_jax.storage")) if e.internal
-                    else e.target in NN_EXTERNAL)
+  bad = _violations(
+    graph,
+    nn,
+    lambda e: (
+      (is_core(e.target) or nn(e.target) or _in(e.target, "rove_jax.storage"))
+      if e.internal
+      else e.target in NN_EXTERNAL
+    ),
+  )
   assert not bad, "rove_jax.nn importing outside core, nn, flax, jax, numpy:\n" + "\n".join(bad)
 
 
@@ -263,27 +290,39 @@ def layer(module: str) -> int:
 
 
 def test_a_layer_never_imports_a_later_one(graph):
-  bad = _violations(graph, lambda m: True,
-                    lambda e: not e.internal or layer(e.target) <= layer(e.source))
+  bad = _violations(
+    graph, lambda m: True, lambda e: not e.internal or layer(e.target) <= layer(e.source)
+  )
   names = " -> ".join(name for name, _ in LAYERS)
   assert not bad, f"imports against the layer order {names}:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("source, target", [
+@pytest.mark.parametrize(
+  "source, target",
+  [
     ("rove_jax.train.loop", "rove_jax.evaluation.scoring"),  # train -> evaluation
     ("rove_jax.nn.model", "rove_jax.train.loop"),  # nn -> train
     ("rove_jax.attention", "rove_jax.nn.model"),  # core -> nn
     ("rove_jax.evaluation.scoring", "study.stats"),  # evaluation -> study
-])
+  ],
+)
 def test_the_layer_order_catches_a_wrong_way_import(source, target):
   assert layer(target) > layer(source)
 
 
 def test_import_rove_jax_loads_no_training_plotting_or_config_library():
-  code = ("import json, sys; import rove_jax; "
-          f"print(json.dumps([m for m in {list(NOT_LOADED_BY_CORE)!r} if m in sys.modules]))")
-  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**subprocess_env(), "PYTHONPATH": str(ROOT)})
+  code = (
+    "import json, sys; import rove_jax; "
+    f"print(json.dumps([m for m in {list(NOT_LOADED_BY_CORE)!r} if m in sys.modules]))"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**subprocess_env(), "PYTHONPATH": str(ROOT)},
+  )
   assert out.returncode == 0, out.stderr
   assert json.loads(out.stdout.splitlines()[-1]) == []
 

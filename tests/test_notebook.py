@@ -24,8 +24,20 @@ NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
 MARKER = "quickstart done"
 
 # Small enough for a couple of CPU cores in well under two minutes.
-TINY = dict(STEPS=6, SEQ_LEN=64, BATCH=4, N_LAYER=2, N_HEAD=4, D_MODEL=64, LR=3e-3, MAX_FILES=30,
-            VAL_FRACTION=0.05, EVAL_LENGTHS=[64, 128, 256], EVAL_TOKENS=1024, SAMPLE_TOKENS=24)
+TINY = dict(
+  STEPS=6,
+  SEQ_LEN=64,
+  BATCH=4,
+  N_LAYER=2,
+  N_HEAD=4,
+  D_MODEL=64,
+  LR=3e-3,
+  MAX_FILES=30,
+  VAL_FRACTION=0.05,
+  EVAL_LENGTHS=[64, 128, 256],
+  EVAL_TOKENS=1024,
+  SAMPLE_TOKENS=24,
+)
 
 
 def read_notebook():
@@ -90,8 +102,13 @@ def test_notebook_runs_end_to_end(tmp_path):
   env.setdefault("JAX_PLATFORMS", "cpu")
   env["PYTHONUNBUFFERED"] = "1"
 
-  client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600, startup_timeout=120,
-                                   resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+  client = nbclient.NotebookClient(
+    nb,
+    kernel_name="python3",
+    timeout=600,
+    startup_timeout=120,
+    resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+  )
   t0 = time.perf_counter()
   try:
     client.execute(env=env)
@@ -107,8 +124,13 @@ def test_notebook_runs_end_to_end(tmp_path):
   assert all(nb.cells[i].execution_count is not None for i in code)
   assert MARKER in texts[code[-1]], texts[code[-1]]
   everything = "\n".join(texts)
-  for expected in ("rotate: keeps lengths", "== rove_attention", "mixer @ x == attention output",
-                   "NNX RoVESelfAttention: (2, 10, 64)", "Linen RotarySelfAttention: (2, 10, 64)"):
+  for expected in (
+    "rotate: keeps lengths",
+    "== rove_attention",
+    "mixer @ x == attention output",
+    "NNX RoVESelfAttention: (2, 10, 64)",
+    "Linen RotarySelfAttention: (2, 10, 64)",
+  ):
     assert expected in everything, expected
   # The training run went into the overridden WORKDIR, at the overridden size.
   with open(workdir / "metrics.jsonl") as f:

@@ -37,23 +37,53 @@ pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarni
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 # page (relative to ROOT) -> its markdown: the front page first, then the guides.
-PAGES = {p: (ROOT / p).read_text() for p in [
-    "README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
-    "results/README.md", "bench/README.md"]}
+PAGES = {
+  p: (ROOT / p).read_text()
+  for p in [
+    "README.md",
+    *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
+    "results/README.md",
+    "bench/README.md",
+  ]
+}
 MAX_README_LINES = 230
 CHECKOUT = re.search(r"^# (\S+)", README, re.M).group(1)  # the directory a clone makes
-STARTS = ("make ", "python ", "python3 ", "pip ", "bash ", "srun ", "gcloud ", "rove-train",
-          "rove-eval", "rove-prepare", "rove-export", "rove-lm-eval", ".venv/bin/")
+STARTS = (
+  "make ",
+  "python ",
+  "python3 ",
+  "pip ",
+  "bash ",
+  "srun ",
+  "gcloud ",
+  "rove-train",
+  "rove-eval",
+  "rove-prepare",
+  "rove-export",
+  "rove-lm-eval",
+  ".venv/bin/",
+)
 SHELL_FENCES = ("bash", "sh", "shell", "console")
-PLACEHOLDERS = {"$RANK": "0", "$TPU": "my-tpu", "$ZONE": "us-central2-b", "$BUCKET": "my-bucket",
-                "git+<this repository>": "git+THIS-REPO"}
-MAKE_EXPECTS = {"demo": ["-m venv", "train.py", ".venv/bin/rove-eval"],
-                "test": ["-m venv", ".[test]", "-m pytest"], "reproduce": ["reproduce.py"]}
+PLACEHOLDERS = {
+  "$RANK": "0",
+  "$TPU": "my-tpu",
+  "$ZONE": "us-central2-b",
+  "$BUCKET": "my-bucket",
+  "git+<this repository>": "git+THIS-REPO",
+}
+MAKE_EXPECTS = {
+  "demo": ["-m venv", "train.py", ".venv/bin/rove-eval"],
+  "test": ["-m venv", ".[test]", "-m pytest"],
+  "reproduce": ["reproduce.py"],
+}
 CHECKOUT_FILES = {"train": "train.py", "eval": "eval/__main__.py", "reproduce": "reproduce.py"}
-SCRIPTS = {"rove-train": "rove_jax.cli.train:run", "rove-eval": "rove_jax.cli.eval:main",
-           "rove-prepare": "rove_jax.cli.prepare:run",
-           "rove-export": "rove_jax.cli.export:main",
-           "rove-lm-eval": "rove_jax.cli.harness:main"}
+SCRIPTS = {
+  "rove-train": "rove_jax.cli.train:run",
+  "rove-eval": "rove_jax.cli.eval:main",
+  "rove-prepare": "rove_jax.cli.prepare:run",
+  "rove-export": "rove_jax.cli.export:main",
+  "rove-lm-eval": "rove_jax.cli.harness:main",
+}
 GENERIC = ("--config.field=value", "--config.x=y")  # the override syntax, not a field
 PIP_OK = ("-e", "--editable", "-U", "--upgrade", "-q", "--quiet", "git+THIS-REPO", "pip")
 # A fenced block (lang, body) and an indented one (after a blank line; blank lines inside).
@@ -69,7 +99,7 @@ def strip_comment(line: str) -> str:
   """Drops a shell comment: a `#` that starts a word outside quotes."""
   for m in re.finditer(r"""'[^']*'|"(?:\\.|[^"\\])*"|\\.|(?P<c>(?<!\S)#)|\S""", line):
     if m.group("c"):
-      return line[:m.start()].rstrip()
+      return line[: m.start()].rstrip()
   return line.rstrip()
 
 
@@ -81,9 +111,11 @@ def code_blocks(md: str):
   def take(m, start, lang, body):  # -> as many ``` lines as the match has
     blocks.append((m.string.count("\n", 0, start) + 1, body.splitlines(), lang))
     return "\n".join(["```"] * (m[0].count("\n") + 1))
+
   prose = FENCED.sub(lambda m: take(m, m.start(3), m[2].lower(), m[3]), md)
-  prose = INDENTED.sub(lambda m: take(m, m.start(), None, re.sub(r"(?m)^ {4}", "", m[0].rstrip())),
-                       prose)
+  prose = INDENTED.sub(
+    lambda m: take(m, m.start(), None, re.sub(r"(?m)^ {4}", "", m[0].rstrip())), prose
+  )
   return sorted(blocks), prose
 
 
@@ -112,8 +144,12 @@ def block_commands(line: int, block, lang) -> list:
 def extract(md: str) -> list:
   """md's commands (and --flags in inline spans) in order, deduplicated by text."""
   blocks, prose = code_blocks(md)
-  commands = [c for line, block, lang in blocks if lang in (None, "", *SHELL_FENCES)
-              for c in block_commands(line, block, lang)]
+  commands = [
+    c
+    for line, block, lang in blocks
+    if lang in (None, "", *SHELL_FENCES)
+    for c in block_commands(line, block, lang)
+  ]
   for m in re.finditer(r"(?<!`)`([^`]+)`(?!`)", prose):
     text = " ".join(m.group(1).split())
     if text.startswith(STARTS) or text.startswith("--") and text not in GENERIC:
@@ -128,8 +164,9 @@ def words(text: str) -> list:
   if "$" in text:
     raise ValueError(f"a shell variable without a value in PLACEHOLDERS: {text}")
   tokens = shlex.split(text)
-  tokens[:1] = [re.sub(r"^(?:.*/)?(python)3?$|^(?:.*/)?(rove-[\w-]+)$", r"\1\2", t)
-                for t in tokens[:1]]
+  tokens[:1] = [
+    re.sub(r"^(?:.*/)?(python)3?$|^(?:.*/)?(rove-[\w-]+)$", r"\1\2", t) for t in tokens[:1]
+  ]
   return ["pip", *tokens[3:]] if tokens[:3] == ["python", "-m", "pip"] else tokens
 
 
@@ -174,17 +211,24 @@ def argparse_problems(target, args, mode) -> list:
   expansion of a synopsis) passes the program's parse_args, or its main's parser."""
   if str(ROOT) not in sys.path:  # reproduce.py and bench/ run from the checkout
     sys.path.insert(0, str(ROOT))
-  mod = importlib.import_module({"eval": "rove_jax.cli.eval", "bench": "bench.__main__"}
-                                .get(target, target))
+  mod = importlib.import_module(
+    {"eval": "rove_jax.cli.eval", "bench": "bench.__main__"}.get(target, target)
+  )
   parse = getattr(mod, "parse_args", None) or mod.main
-  with mock.patch.object(argparse.ArgumentParser, "parse_args", autospec=True,
-                         side_effect=LookupError) as grab, \
-       mock.patch.object(argparse.ArgumentParser, "parse_known_args", autospec=True,
-                         side_effect=LookupError) as grab_known, contextlib.suppress(LookupError):
+  with (
+    mock.patch.object(
+      argparse.ArgumentParser, "parse_args", autospec=True, side_effect=LookupError
+    ) as grab,
+    mock.patch.object(
+      argparse.ArgumentParser, "parse_known_args", autospec=True, side_effect=LookupError
+    ) as grab_known,
+    contextlib.suppress(LookupError),
+  ):
     parse([])  # builds its parser, caught before anything runs
   known = grab.call_args is None  # parse_known_args: the rest are --config overrides (bench.aot)
   parser = (grab_known if known else grab).call_args.args[0]
   if known:
+
     def parse(argv):
       rest = parser.parse_known_args(argv)[1]
       bad = [a for a in rest if a.startswith("-") and not a.startswith("--config")]
@@ -193,11 +237,18 @@ def argparse_problems(target, args, mode) -> list:
   elif parse.__name__ != "parse_args":
     parse = parser.parse_args
   choices = {c for a in parser._actions for c in (a.choices or ())}
-  problems = [f"{n} is not an option of {target}" for n in option_names(args)
-              if n not in parser._option_string_actions
-              and not (known and n.startswith("--config"))]
-  problems += [f"{alt!r} is not a choice of {target}" for t in args if "|" in t
-               for alt in t.strip("[]").split("|") if alt not in choices]
+  problems = [
+    f"{n} is not an option of {target}"
+    for n in option_names(args)
+    if n not in parser._option_string_actions and not (known and n.startswith("--config"))
+  ]
+  problems += [
+    f"{alt!r} is not a choice of {target}"
+    for t in args
+    if "|" in t
+    for alt in t.strip("[]").split("|")
+    if alt not in choices
+  ]
   for argv in {"exact": [args], "synopsis": expansions(args)}.get(mode, []):
     out = io.StringIO()
     try:
@@ -214,11 +265,14 @@ def train_problems(args, mode) -> list:
 
   from rove_jax.cli import train as train_cli
   from rove_jax.train import overrides
+
   FLAGS = flags.FLAGS
 
   def known(name):
-    return name[2:] in FLAGS or bool(name.startswith("--config.") and
-                                     overrides.problem(name[9:], "1") is None)
+    return name[2:] in FLAGS or bool(
+      name.startswith("--config.") and overrides.problem(name[9:], "1") is None
+    )
+
   if mode == "reference":
     return [f"{n}: no such train flag or config field" for n in option_names(args) if not known(n)]
   problems = []
@@ -246,17 +300,27 @@ def make_problems(kind, args, context) -> list:
       problems.append(f"make {t}: no such target in the Makefile")
       continue
     # -n prints the recipes without running them; -B prints all, whatever .venv's state.
-    p = subprocess.run(["make", "-n", "-B", "--no-print-directory", *[a for a in args if "=" in a],
-                        t], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+      ["make", "-n", "-B", "--no-print-directory", *[a for a in args if "=" in a], t],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=60,
+    )
     trained, evaluated = _workdirs(p.stdout)
     problems += [f"`make -n {t}` exited {p.returncode}: {p.stderr[-800:]}"] * bool(p.returncode)
-    problems += [f"`make -n {t}` does not run `{e}`" for e in MAKE_EXPECTS.get(t, [])
-                 if e not in p.stdout]
-    problems += [f"make {t} evaluates {sorted(evaluated)}, not what it trains "
-                 f"{sorted(trained)}"] * bool(trained and evaluated and trained != evaluated)
-    problems += [q for sub in map(words, p.stdout.splitlines())
-                 if sub and program(sub)[0] in ("pip", "train", "eval", "reproduce")
-                 for q in command_problems(sub, context)]
+    problems += [
+      f"`make -n {t}` does not run `{e}`" for e in MAKE_EXPECTS.get(t, []) if e not in p.stdout
+    ]
+    problems += [
+      f"make {t} evaluates {sorted(evaluated)}, not what it trains {sorted(trained)}"
+    ] * bool(trained and evaluated and trained != evaluated)
+    problems += [
+      q
+      for sub in map(words, p.stdout.splitlines())
+      if sub and program(sub)[0] in ("pip", "train", "eval", "reproduce")
+      for q in command_problems(sub, context)
+    ]
   return problems
 
 
@@ -269,7 +333,7 @@ def _workdirs(recipe: str) -> tuple:
       if kind == "train" and a == "--workdir":
         trained.add(args[i + 1])
       elif kind == "eval" and a in ("--workdir", "--compare"):
-        evaluated.update(itertools.takewhile(lambda w: not w.startswith("-"), args[i + 1:]))
+        evaluated.update(itertools.takewhile(lambda w: not w.startswith("-"), args[i + 1 :]))
   return trained, evaluated
 
 
@@ -279,19 +343,29 @@ def pip_problems(kind, args, context) -> list:
   problems = [] if args[:1] == ["install"] and args[1:] else ["pip: not an install"]
   for a in (a for a in args[1:] if a not in PIP_OK):
     # `.`, `.[extras]` in a checkout, or `rove_jax[extras] @ git+URL` from anywhere
-    m = re.fullmatch(r"(?:\.|rove_jax(?=\[.*\] @ git\+THIS-REPO$))(?:\[([\w,-]*)\])?"
-                     r"(?: @ git\+THIS-REPO)?", a)
-    problems += [f"pip extra {e!r} is not in pyproject.toml's optional-dependencies "
-                 f"{sorted(extras)}" for e in (m.group(1) or "").split(",")
-                 if e and e not in extras] if m else [f"pip install {a}: not covered"]
+    m = re.fullmatch(
+      r"(?:\.|rove_jax(?=\[.*\] @ git\+THIS-REPO$))(?:\[([\w,-]*)\])?"
+      r"(?: @ git\+THIS-REPO)?",
+      a,
+    )
+    problems += (
+      [
+        f"pip extra {e!r} is not in pyproject.toml's optional-dependencies {sorted(extras)}"
+        for e in (m.group(1) or "").split(",")
+        if e and e not in extras
+      ]
+      if m
+      else [f"pip install {a}: not covered"]
+    )
   return problems
 
 
 def bash_problems(kind, args, context) -> list:
   path = ROOT / "".join(args[:1])
   p = path.is_file() and subprocess.run(["bash", "-n", path], capture_output=True, text=True)
-  return [] if p and not p.returncode else [
-      f"bash {args[:1]}: {p.stderr if p else 'no such script'}"]
+  return (
+    [] if p and not p.returncode else [f"bash {args[:1]}: {p.stderr if p else 'no such script'}"]
+  )
 
 
 def cluster_problems(kind, args, context) -> list:
@@ -299,11 +373,12 @@ def cluster_problems(kind, args, context) -> list:
   command that they run parses (`...`: the flags of the train command above on that page)."""
   readme, before, line = context
   names = {"srun": "GPU-cluster|SLURM", "gcloud": "TPU"}[kind]  # in one sentence, below it
-  said = re.search(rf"({names})(?:[^.;]|[.;]\S)*could\s+not\s+be\s+run",
-                   readme.split("\n", line - 1)[-1])
+  said = re.search(
+    rf"({names})(?:[^.;]|[.;]\S)*could\s+not\s+be\s+run", readme.split("\n", line - 1)[-1]
+  )
   problems = [] if said else [f"the page does not say the {kind} command could not be run"]
   if kind == "srun":  # srun's options, then the command
-    sub = args[next((i for i, a in enumerate(args) if not a.startswith("--")), len(args)):]
+    sub = args[next((i for i, a in enumerate(args) if not a.startswith("--")), len(args)) :]
   else:  # --command="cd CHECKOUT && ...", the checkout named by README.md's title
     cd, _, remote = next((a[10:] for a in args if a.startswith("--command=")), "").partition("&&")
     if cd.split() != ["cd", CHECKOUT]:
@@ -311,29 +386,45 @@ def cluster_problems(kind, args, context) -> list:
     sub = shlex.split(remote)
   if "..." in sub:
     same = [p[2] for p in (program(words(c.text)) for c in before) if p[0] == "train"]
-    sub[sub.index("..."):sub.index("...") + 1] = (same or [["--no-train-command-before"]])[-1]
-  return problems + (command_problems(sub, context) if sub and program(sub)[0] == "train"
-                     else [f"not covered: {kind} runs {sub[:2]}"])
+    sub[sub.index("...") : sub.index("...") + 1] = (same or [["--no-train-command-before"]])[-1]
+  return problems + (
+    command_problems(sub, context)
+    if sub and program(sub)[0] == "train"
+    else [f"not covered: {kind} runs {sub[:2]}"]
+  )
 
 
 # kind -> the check of a command that no argparse / absl parser covers: f(kind, args, context)
-CHECKS = {"make": make_problems, "pip": pip_problems, "bash": bash_problems,
-          "srun": cluster_problems, "gcloud": cluster_problems}
+CHECKS = {
+  "make": make_problems,
+  "pip": pip_problems,
+  "bash": bash_problems,
+  "srun": cluster_problems,
+  "gcloud": cluster_problems,
+}
 
 
 def command_problems(tokens, context, inline=False) -> list:
   """What is wrong with one command; context: (its page, the commands above it, its line)."""
   kind, target, args = program(tokens)
   if target is None:
-    return CHECKS[kind](kind, args, context) if kind in CHECKS else [
-        f"README command not covered: {' '.join(tokens)}"]
+    return (
+      CHECKS[kind](kind, args, context)
+      if kind in CHECKS
+      else [f"README command not covered: {' '.join(tokens)}"]
+    )
   got = toml_table("project.scripts").get(tokens[0], "").strip('"')
   if tokens[0] in SCRIPTS and got != SCRIPTS[tokens[0]]:  # what runs is what is parsed here
     return [f"{tokens[0]} is {got!r} in pyproject.toml's scripts, not {SCRIPTS[tokens[0]]}"]
   if tokens[0] not in SCRIPTS and not (ROOT / CHECKOUT_FILES.get(kind, "bench")).exists():
     return [f"{' '.join(tokens[:3])}: no {CHECKOUT_FILES[kind]} in the checkout"]
-  mode = ("reference" if inline or any(t == "..." or re.search(r"<.*>", t) for t in args) else
-          "synopsis" if any("[" in t or "|" in t for t in args) else "exact")
+  mode = (
+    "reference"
+    if inline or any(t == "..." or re.search(r"<.*>", t) for t in args)
+    else "synopsis"
+    if any("[" in t or "|" in t for t in args)
+    else "exact"
+  )
   return train_problems(args, mode) if kind == "train" else argparse_problems(target, args, mode)
 
 
@@ -343,21 +434,27 @@ def problems_of(cmd: Command, readme: str = README, commands=None) -> list:
   config, in `--config.a.b / c` a.b and a.c are config fields, and any other --flag is an
   option of a README program."""
   if re.fullmatch(r"--config\.[\w.]+=.*", cmd.text):
-    return train_problems(["--config", "tiny", "--workdir", "x", re.sub("=N$", "=1", cmd.text)],
-                          "exact")
+    return train_problems(
+      ["--config", "tiny", "--workdir", "x", re.sub("=N$", "=1", cmd.text)], "exact"
+    )
   if cmd.text.startswith("--"):
     first, *siblings = re.split(r"\s*/\s*", cmd.text)
     names = [first] + [f"{first.rsplit('.', 1)[0]}.{s}" for s in siblings]
     aot = () if first.startswith("--config") else ("bench.aot",)  # it passes --config on
-    if any(not argparse_problems(t, names, "reference")
-           for t in ("eval", "reproduce", "study.paper_recipe", "bench",
-                     "rove_jax.cli.harness") + aot):
+    if any(
+      not argparse_problems(t, names, "reference")
+      for t in ("eval", "reproduce", "study.paper_recipe", "bench", "rove_jax.cli.harness") + aot
+    ):
       return []
-    return [f"{p}, nor an option of another README program"
-            for p in train_problems(names, "reference")]
+    return [
+      f"{p}, nor an option of another README program" for p in train_problems(names, "reference")
+    ]
   try:
-    before = [c for c in (extract(readme) if commands is None else commands)
-              if c.line < cmd.line and not c.inline]
+    before = [
+      c
+      for c in (extract(readme) if commands is None else commands)
+      if c.line < cmd.line and not c.inline
+    ]
     return command_problems(words(cmd.text), (readme, before, cmd.line), cmd.inline)
   except (ValueError, ImportError) as e:  # shell syntax, `python -m` of no module
     return [f"{cmd.text}: {type(e).__name__}: {e}"]
@@ -366,56 +463,64 @@ def problems_of(cmd: Command, readme: str = README, commands=None) -> list:
 EXTRACTED = {page: extract(md) for page, md in PAGES.items()}
 # (page, command): each command text once, on the first page that has it
 COMMANDS = [(page, c) for page, cs in EXTRACTED.items() for c in cs]
-COMMANDS = [(p, c) for i, (p, c) in enumerate(COMMANDS)
-            if c.text not in {d.text for _, d in COMMANDS[:i]}]
+COMMANDS = [
+  (p, c) for i, (p, c) in enumerate(COMMANDS) if c.text not in {d.text for _, d in COMMANDS[:i]}
+]
 # (page, its python blocks' code)
-PY_BLOCKS = [(page, code) for page, md in PAGES.items()
-             for code in re.findall(r"^```python\n(.*?)^```", md, re.M | re.S)]
+PY_BLOCKS = [
+  (page, code)
+  for page, md in PAGES.items()
+  for code in re.findall(r"^```python\n(.*?)^```", md, re.M | re.S)
+]
 
 # A python block of a page (found by a phrase of it) -> what it must compute.
 EXPECT = {
-    "y_long = rj.": lambda s: chex.assert_shape([s["y"], s["y_long"]], (2, 128, 8, 64)),
-    "nnx.data(rj.Rope(": lambda s: chex.assert_shape(s["y"], (2, 16, 64)),
-    "minimal.rove_attention(": lambda s: chex.assert_shape(s["y"], (2, 16, 4, 32)),
-    "generate(": lambda s: (
-        chex.assert_shape(s["logits"], (2, 1024, s["model"].config.vocab_size)),  # YaRN at 4x
-        chex.assert_shape(s["out"], (1, 8 + 64)),
-        np.testing.assert_array_equal(s["out"][:, :8], s["prompt"])),
+  "y_long = rj.": lambda s: chex.assert_shape([s["y"], s["y_long"]], (2, 128, 8, 64)),
+  "nnx.data(rj.Rope(": lambda s: chex.assert_shape(s["y"], (2, 16, 64)),
+  "minimal.rove_attention(": lambda s: chex.assert_shape(s["y"], (2, 16, 4, 32)),
+  "generate(": lambda s: (
+    chex.assert_shape(s["logits"], (2, 1024, s["model"].config.vocab_size)),  # YaRN at 4x
+    chex.assert_shape(s["out"], (1, 8 + 64)),
+    np.testing.assert_array_equal(s["out"][:, :8], s["prompt"]),
+  ),
 }
 
 # A command (or an inline --flag) of each form, and the reason a check must give to reject it
 # ("": it must pass): proof that the checks can fail, and that the README's forms pass.
 SAMPLES = [
-    ("rove-train --config tiny --workdir x --config.steps=10 --config.optim.warmup_steps=2", ""),
-    ("rove-eval --workdir runs/x --suite quick", ""),
-    ("rove-eval --workdir runs/x [--suite quick|full] [--compare runs/y ...]", ""),
-    ("python -m rove_jax.cli.eval --workdir runs/x --yarn all", ""),
-    ("python -m eval --workdir runs/x", "no eval/__main__.py in the checkout"),  # retired
-    ("srun --nodes=2 python train.py ... --config.mesh.fsdp=2", ""),
-    ("rove-train --config tiny --workdir runs/x --config.model.no_such_field=1", "rejected"),
-    ("rove-train --config no_such_config --workdir runs/x", "packaged config"),
-    ("rove-train --config tiny --workdir runs/x --config.steps=10", "warmup_steps=50 must be"),
-    ("rove-eval --wor runs/x", "--wor is not an option"),  # argparse would take it
-    ("rove-lm-eval --model rove_jax --model_args path=x --tasks t --batch_size 4", ""),
-    ("rove-lm-eval --model rove_jax --no_such_option 1", "--no_such_option is not an option"),
-    ("rove-eval --workdir runs/x [--lengths 256,abc]", "--lengths must be"),
-    ("rove-eval --workdir runs/x [--yarn on|sideways]", "'sideways' is not a choice"),
-    ("python -m bench.attention ratio|sideways", "'sideways' is not a choice"),
-    ("python reproduce.py --encodings rove,alibi", "unknown ['alibi']"),
-    ("make no_such_target", "no such target"),
-    ("make demo DEMO_ARGS=--config.steps=x", "rove-train --config.steps=x --workdir"),
-    ("pip install -e '.[no_such_extra]'", "'no_such_extra' is not in pyproject.toml"),
-    ("bash bench/no_such_script.sh", "no such script"),
-    ("srun --nodes=2 python train.py ... --config.mesh.fsdp=0", "could not be run"),
-    ('gcloud compute tpus tpu-vm ssh $TPU --command="cd elsewhere && rove-train ..."', "cd"),
-    ("cd somewhere", "not covered"),
-    ("--config.model.no_such_field=1", "rejected"), ("--config.steps=x", "steps"),
-    ("--config.mesh.data / nope", "mesh.nope: no such"), ("--no-such", "no such train flag"),
+  ("rove-train --config tiny --workdir x --config.steps=10 --config.optim.warmup_steps=2", ""),
+  ("rove-eval --workdir runs/x --suite quick", ""),
+  ("rove-eval --workdir runs/x [--suite quick|full] [--compare runs/y ...]", ""),
+  ("python -m rove_jax.cli.eval --workdir runs/x --yarn all", ""),
+  ("python -m eval --workdir runs/x", "no eval/__main__.py in the checkout"),  # retired
+  ("srun --nodes=2 python train.py ... --config.mesh.fsdp=2", ""),
+  ("rove-train --config tiny --workdir runs/x --config.model.no_such_field=1", "rejected"),
+  ("rove-train --config no_such_config --workdir runs/x", "packaged config"),
+  ("rove-train --config tiny --workdir runs/x --config.steps=10", "warmup_steps=50 must be"),
+  ("rove-eval --wor runs/x", "--wor is not an option"),  # argparse would take it
+  ("rove-lm-eval --model rove_jax --model_args path=x --tasks t --batch_size 4", ""),
+  ("rove-lm-eval --model rove_jax --no_such_option 1", "--no_such_option is not an option"),
+  ("rove-eval --workdir runs/x [--lengths 256,abc]", "--lengths must be"),
+  ("rove-eval --workdir runs/x [--yarn on|sideways]", "'sideways' is not a choice"),
+  ("python -m bench.attention ratio|sideways", "'sideways' is not a choice"),
+  ("python reproduce.py --encodings rove,alibi", "unknown ['alibi']"),
+  ("make no_such_target", "no such target"),
+  ("make demo DEMO_ARGS=--config.steps=x", "rove-train --config.steps=x --workdir"),
+  ("pip install -e '.[no_such_extra]'", "'no_such_extra' is not in pyproject.toml"),
+  ("bash bench/no_such_script.sh", "no such script"),
+  ("srun --nodes=2 python train.py ... --config.mesh.fsdp=0", "could not be run"),
+  ('gcloud compute tpus tpu-vm ssh $TPU --command="cd elsewhere && rove-train ..."', "cd"),
+  ("cd somewhere", "not covered"),
+  ("--config.model.no_such_field=1", "rejected"),
+  ("--config.steps=x", "steps"),
+  ("--config.mesh.data / nope", "mesh.nope: no such"),
+  ("--no-such", "no such train flag"),
 ]
 
 
-@pytest.mark.parametrize("page,cmd", COMMANDS,
-                         ids=[f"{p}:L{c.line}:{c.text[:60]}" for p, c in COMMANDS])
+@pytest.mark.parametrize(
+  "page,cmd", COMMANDS, ids=[f"{p}:L{c.line}:{c.text[:60]}" for p, c in COMMANDS]
+)
 def test_page_command(page, cmd):
   problems = problems_of(cmd, PAGES[page], EXTRACTED[page])
   assert not problems, f"{page} line {cmd.line}: {cmd.text}\n" + "\n".join(problems)
@@ -425,13 +530,15 @@ def test_page_command(page, cmd):
 def test_checks_on_samples(text, reason):
   """text in a sample README (a --flag inline), after a train command (what `...` stands for),
   followed by the sentence that cluster commands need unless it must be rejected."""
-  md = ("# rove-jax\n\n    rove-train --config tiny --workdir runs/x --process_id=0\n\n" + (
-      f"Use `{text}`.\n" if text.startswith("--") else f"```bash\n{text}\n```\n\n") +
-      "The SLURM job could not be run here.\n" * (not reason))
+  md = (
+    "# rove-jax\n\n    rove-train --config tiny --workdir runs/x --process_id=0\n\n"
+    + (f"Use `{text}`.\n" if text.startswith("--") else f"```bash\n{text}\n```\n\n")
+    + "The SLURM job could not be run here.\n" * (not reason)
+  )
   commands = extract(md)
   assert [c.text for c in commands][1:] == [" ".join(text.split())]
   problems = problems_of(commands[1], md, commands)
-  assert (any(reason in p for p in problems) if reason else not problems), problems
+  assert any(reason in p for p in problems) if reason else not problems, problems
 
 
 def test_extraction():
@@ -450,17 +557,28 @@ def test_extraction():
     named = {e for g in re.findall(r"\.\[([\w,-]+)\]", md) for e in g.split(",")}  # prose too
     named |= set(re.findall(r"`\[([\w-]+)\]`", md))  # an extra named alone: `[gcs]`
     assert named <= extras, f"{page} names extras not in pyproject.toml: {named - extras}"
-  md = ("# t\n\n    rove-eval --workdir a [--suite quick|full]\n              [--out D]  # c\n"
-        "    make demo \\\n        X=1\n\nText.\n\n    a diagram -> x\n    rove-eval ... -> y\n\n"
-        "```python\n\n    python x.py\n```\nUse `pip install .`, `--stride`.\n")
-  assert extract(md) == [("rove-eval --workdir a [--suite quick|full] [--out D]", 3, False),
-                         ("make demo X=1", 5, False), ("rove-eval ...", 11, False),
-                         ("pip install .", 17, True), ("--stride", 17, True)]
+  md = (
+    "# t\n\n    rove-eval --workdir a [--suite quick|full]\n              [--out D]  # c\n"
+    "    make demo \\\n        X=1\n\nText.\n\n    a diagram -> x\n    rove-eval ... -> y\n\n"
+    "```python\n\n    python x.py\n```\nUse `pip install .`, `--stride`.\n"
+  )
+  assert extract(md) == [
+    ("rove-eval --workdir a [--suite quick|full] [--out D]", 3, False),
+    ("make demo X=1", 5, False),
+    ("rove-eval ...", 11, False),
+    ("pip install .", 17, True),
+    ("--stride", 17, True),
+  ]
   assert strip_comment("""echo x#y "a # b" '#c' # real""") == """echo x#y "a # b" '#c'"""
 
 
-@pytest.mark.parametrize("i", range(len(PY_BLOCKS)), ids=[  # page:its block number
-    f"{p}:{[q for q, _ in PY_BLOCKS[:i + 1]].count(p)}" for i, (p, _) in enumerate(PY_BLOCKS)])
+@pytest.mark.parametrize(
+  "i",
+  range(len(PY_BLOCKS)),
+  ids=[  # page:its block number
+    f"{p}:{[q for q, _ in PY_BLOCKS[: i + 1]].count(p)}" for i, (p, _) in enumerate(PY_BLOCKS)
+  ],
+)
 def test_page_python_block_runs(i):
   page, code = PY_BLOCKS[i]
   scope = {}
@@ -522,5 +640,9 @@ def test_readme_is_a_front_page_that_links_every_guide():
   linked = {resolved("README.md", t)[0] for t in links(README)}
   unlinked = sorted(set(PAGES) - {"README.md"} - linked)
   assert not unlinked, f"README.md does not link {unlinked}"
-  assert anchors("# A\n## What `make demo` prints\n## Will it fit? Yes, from any host\n## A\n") \
-      == {"a", "what-make-demo-prints", "will-it-fit-yes-from-any-host", "a-1"}
+  assert anchors("# A\n## What `make demo` prints\n## Will it fit? Yes, from any host\n## A\n") == {
+    "a",
+    "what-make-demo-prints",
+    "will-it-fit-yes-from-any-host",
+    "a-1",
+  }

@@ -62,9 +62,17 @@ class GPT(nn.Module):
 
 def main():
   p = argparse.ArgumentParser()
-  for name, default in (("layers", 6), ("d-model", 384), ("heads", 6), ("vocab", 320),
-                        ("batch", 16), ("seq", 256), ("steps", 8), ("warmup", 3),
-                        ("threads", 0)):
+  for name, default in (
+    ("layers", 6),
+    ("d-model", 384),
+    ("heads", 6),
+    ("vocab", 320),
+    ("batch", 16),
+    ("seq", 256),
+    ("steps", 8),
+    ("warmup", 3),
+    ("threads", 0),
+  ):
     p.add_argument(f"--{name}", type=int, default=default)
   p.add_argument("--no-compile", action="store_true")
   p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -79,8 +87,10 @@ def main():
   torch.manual_seed(0)
   model = GPT(a.vocab, a.seq, a.layers, a.d_model, a.heads).to(a.device)
   params = [p for p in model.parameters() if p.requires_grad]
-  groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+  groups = [
+    {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+  ]
   opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=cuda)
   loss_fn = model if a.no_compile else torch.compile(model)
   data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=a.device)
@@ -104,8 +114,17 @@ def main():
     loss = step()
     speeds.append(a.batch * a.seq / (time.perf_counter() - t))
   assert math.isfinite(loss)
-  print(json.dumps({"side": "torch", "threads": torch.get_num_threads(), "device": a.device,
-                    "torch": torch.__version__, "tokens_per_s": speeds}))
+  print(
+    json.dumps(
+      {
+        "side": "torch",
+        "threads": torch.get_num_threads(),
+        "device": a.device,
+        "torch": torch.__version__,
+        "tokens_per_s": speeds,
+      }
+    )
+  )
 
 
 if __name__ == "__main__":

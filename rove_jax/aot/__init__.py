@@ -2,4 +2,4 @@
 
 from rove_jax import extras
 
-extras.require('train', 'rove_jax.aot')
+extras.require("train", "rove_jax.aot")

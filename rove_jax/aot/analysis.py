@@ -41,11 +41,14 @@ GiB = 2**30
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # Custom-call targets of hand-written kernels, whose FLOPs cost_analysis cannot see.
 KERNEL_TARGETS = ("tpu_custom_call", "__gpu$xla.gpu.triton", "__cudnn$fmha")
-_OP = re.compile(r"=\s*(?P<shape>.*?)\s(?P<kind>" + "|".join(COLLECTIVES)
-                 + r")(?P<start>-start)?\(")
+_OP = re.compile(
+  r"=\s*(?P<shape>.*?)\s(?P<kind>" + "|".join(COLLECTIVES) + r")(?P<start>-start)?\("
+)
 _ARRAY = re.compile(r"\b(pred|[a-z]+(\d+)[a-z0-9]*)\[([\d,]*)\]")
-_CALLEE = re.compile(r"\b(body|calls|to_apply|condition|true_computation|false_computation)="
-                     r"%?([\w.\-]+)")
+_CALLEE = re.compile(
+  r"\b(body|calls|to_apply|condition|true_computation|false_computation)="
+  r"%?([\w.\-]+)"
+)
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 
 
@@ -58,8 +61,9 @@ def _arrays(shape_text: str) -> list[tuple[int, int]]:
   out = []  # (bytes, rank)
   for dtype, bits, dims in _ARRAY.findall(shape_text):
     sizes = [int(d) for d in dims.split(",") if d]
-    out.append((math.ceil(int(np.prod(sizes)) * (8 if dtype == "pred" else int(bits)) / 8),
-                len(sizes)))
+    out.append(
+      (math.ceil(int(np.prod(sizes)) * (8 if dtype == "pred" else int(bits)) / 8), len(sizes))
+    )
   return out
 
 
@@ -83,14 +87,15 @@ def _module(hlo: str):
       arrays = _arrays(m["shape"])
       if m["start"] and m["kind"] != "all-reduce":  # (operands, outputs[, u32[] contexts])
         arrays = [a for a in arrays if a[1]]
-        arrays = arrays[len(arrays) // 2:]
+        arrays = arrays[len(arrays) // 2 :]
       ops[comp].append((m["kind"], sum(b for b, _ in arrays)))
     consts[comp] += [int(n) for n in re.findall(r"= s32\[\]\S* constant\((\d+)\)", line)]
     if " compare(" in line and "direction=LT" in line:
       less.add(comp)
     branches = re.search(r"branch_computations=\{([^}]*)\}", line)
-    callees = _CALLEE.findall(line) + [("branch", b.strip().lstrip("%")) for b in
-                                       (branches[1].split(",") if branches else [])]
+    callees = _CALLEE.findall(line) + [
+      ("branch", b.strip().lstrip("%")) for b in (branches[1].split(",") if branches else [])
+    ]
     if " while(" in line:
       known = _TRIP.search(line)
       whiles.append((comp, dict((h, c) for h, c in callees), int(known[1]) if known else None))
@@ -109,6 +114,7 @@ def _walk(calls, entry, visit):
     visit(comp, times, depth)
     for callee, factor in calls.get(comp, ()) if depth < 64 else ():
       go(callee, times * factor, depth + 1)
+
   if entry is not None:
     go(entry, 1, 0)
 
@@ -160,20 +166,33 @@ def uncosted_kernels(hlo: str) -> dict:
   return dict(out)
 
 
-def roofline(flops: float, bytes_accessed: float, chip,
-             model_flops: Optional[float] = None) -> dict:
+def roofline(
+  flops: float, bytes_accessed: float, chip, model_flops: Optional[float] = None
+) -> dict:
   """A lower bound on the step time and an upper bound on MFU from per-device figures."""
   compute_s, memory_s = flops / chip.peak_flops, bytes_accessed / chip.hbm_bandwidth
   step_s = max(compute_s, memory_s)
-  out = {"compute_s": compute_s, "memory_s": memory_s, "step_time_bound_s": step_s,
-         "bound_by": "compute" if compute_s >= memory_s else "memory"}
+  out = {
+    "compute_s": compute_s,
+    "memory_s": memory_s,
+    "step_time_bound_s": step_s,
+    "bound_by": "compute" if compute_s >= memory_s else "memory",
+  }
   if model_flops is not None and step_s > 0:
     out["mfu_bound"] = model_flops / (step_s * chip.peak_flops)
   return out
 
 
-def analyze(compiled, chip, *, n_devices: int, tokens: int, model_flops: float,
-            attention_flops: float, accumulation: int = 1) -> dict:
+def analyze(
+  compiled,
+  chip,
+  *,
+  n_devices: int,
+  tokens: int,
+  model_flops: float,
+  attention_flops: float,
+  accumulation: int = 1,
+) -> dict:
   """Per-device figures of a compiled program: memory, FLOPs, bytes, collectives, roofline.
 
   Args:
@@ -184,49 +203,80 @@ def analyze(compiled, chip, *, n_devices: int, tokens: int, model_flops: float,
     accumulation: trip count of the gradient-accumulation scan (1: none).
   """
   m = compiled.memory_analysis()
-  memory = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in
-            ("argument", "output", "alias", "temp", "generated_code")}
+  memory = {
+    k: int(getattr(m, f"{k}_size_in_bytes"))
+    for k in ("argument", "output", "alias", "temp", "generated_code")
+  }
   memory["total"] = memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
   notes = []
   if not cost:  # the CUDA plugin implements no cost_analysis
     cost = aot_gpu.gpu_costs(compiled)
-    notes.append("flops and bytes accessed from XLA's HLO cost model on the CPU client (the "
-                 "compiler has no cost_analysis)" if cost else "no FLOPs or bytes: the compiler "
-                 "has no cost_analysis and its HLO cost model was unavailable")
+    notes.append(
+      "flops and bytes accessed from XLA's HLO cost model on the CPU client (the "
+      "compiler has no cost_analysis)"
+      if cost
+      else "no FLOPs or bytes: the compiler "
+      "has no cost_analysis and its HLO cost model was unavailable"
+    )
   xla_flops, xla_bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
   hlo = compiled.as_text()
   calls, loops = custom_calls(hlo), while_loops(hlo)
   scale = accumulation if accumulation > 1 and (accumulation, 0) in loops else 1
   if scale > 1:
     loops.remove((accumulation, 0))
-    notes.append(f"cost_analysis counts a loop body once: flops and bytes accessed are its "
-                 f"figures times the {scale} gradient-accumulation steps")
+    notes.append(
+      f"cost_analysis counts a loop body once: flops and bytes accessed are its "
+      f"figures times the {scale} gradient-accumulation steps"
+    )
   flops, accessed = xla_flops * scale, xla_bytes * scale
   kernels = uncosted_kernels(hlo)  # kernels with a cost estimate are in cost_analysis already
   if kernels or loops:
     flops += attention_flops * tokens / n_devices
-    why = (f"custom-call kernels {kernels}" if kernels else
-           f"{len(loops)} while loops (e.g. the chunked attention kernel's)")
-    notes.append(f"{why}: cost_analysis misses their FLOPs; flops add the analytic attention "
-                 f"FLOPs, bytes accessed are uncorrected")
-  out = dict(memory=memory, xla_flops=xla_flops, xla_bytes_accessed=xla_bytes, flops=flops,
-             bytes_accessed=accessed, model_flops_per_token=model_flops,
-             compiled_flops_per_token=flops * n_devices / tokens,
-             model_to_compiled=model_flops * tokens / (flops * n_devices) if flops else None,
-             collectives=parse_collectives(hlo), custom_calls=calls, while_loops=len(loops),
-             analysis_notes=notes, roofline=None, fits=None)
+    why = (
+      f"custom-call kernels {kernels}"
+      if kernels
+      else f"{len(loops)} while loops (e.g. the chunked attention kernel's)"
+    )
+    notes.append(
+      f"{why}: cost_analysis misses their FLOPs; flops add the analytic attention "
+      f"FLOPs, bytes accessed are uncorrected"
+    )
+  out = dict(
+    memory=memory,
+    xla_flops=xla_flops,
+    xla_bytes_accessed=xla_bytes,
+    flops=flops,
+    bytes_accessed=accessed,
+    model_flops_per_token=model_flops,
+    compiled_flops_per_token=flops * n_devices / tokens,
+    model_to_compiled=model_flops * tokens / (flops * n_devices) if flops else None,
+    collectives=parse_collectives(hlo),
+    custom_calls=calls,
+    while_loops=len(loops),
+    analysis_notes=notes,
+    roofline=None,
+    fits=None,
+  )
   ratio = out["model_to_compiled"]
   if ratio is not None and not 0.5 <= ratio <= 1.25:
-    notes.append(f"compiled FLOPs are {1 / ratio:.2f}x the model FLOPs: " + (
+    notes.append(
+      f"compiled FLOPs are {1 / ratio:.2f}x the model FLOPs: "
+      + (
         "work repeated across devices (a batch not split as the mesh says), recomputed, or "
-        "elementwise work the model count leaves out" if ratio < 0.5 else
-        "cost_analysis misses work that this analysis did not correct"))
+        "elementwise work the model count leaves out"
+        if ratio < 0.5
+        else "cost_analysis misses work that this analysis did not correct"
+      )
+    )
   if chip is not None:
-    out.update(hbm_bytes=chip.hbm_bytes, fits=memory["total"] <= chip.hbm_bytes,
-               headroom_bytes=chip.hbm_bytes - memory["total"],
-               roofline=roofline(flops, accessed, chip, model_flops * tokens / n_devices))
+    out.update(
+      hbm_bytes=chip.hbm_bytes,
+      fits=memory["total"] <= chip.hbm_bytes,
+      headroom_bytes=chip.hbm_bytes - memory["total"],
+      roofline=roofline(flops, accessed, chip, model_flops * tokens / n_devices),
+    )
   return out
 
 
@@ -234,32 +284,43 @@ def format_report(r: dict) -> str:
   """A readable summary of an aot.compile_job report."""
   gib = lambda b: f"{b / GiB:.2f} GiB" if abs(b) >= GiB / 10 else f"{b / 2**20:.2f} MiB"
   mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
-  lines = [f"{r['job']} on {r['topology']} ({r['accelerator']}), mesh {mesh}, grad_accum "
-           f"{r['grad_accum']}: batch {r['batch']} x {r['length']}, {r['dtype']}, remat "
-           f"{r['remat']}, attention {r.get('attention_impl')}",
-           f"  compile         {r['compile_s']:.1f} s (lowering {r['lower_s']:.1f} s)"]
+  lines = [
+    f"{r['job']} on {r['topology']} ({r['accelerator']}), mesh {mesh}, grad_accum "
+    f"{r['grad_accum']}: batch {r['batch']} x {r['length']}, {r['dtype']}, remat "
+    f"{r['remat']}, attention {r.get('attention_impl')}",
+    f"  compile         {r['compile_s']:.1f} s (lowering {r['lower_s']:.1f} s)",
+  ]
   if r.get("error"):
     return "\n".join(lines + [f"  DOES NOT FIT    {r['error']}"])
   mem = r["memory"]
-  lines.append(f"  memory/device   {gib(mem['total'])} = argument {gib(mem['argument'])} + "
-               f"output {gib(mem['output'])} - alias {gib(mem['alias'])} + temp "
-               f"{gib(mem['temp'])} (generated code {gib(mem['generated_code'])})")
+  lines.append(
+    f"  memory/device   {gib(mem['total'])} = argument {gib(mem['argument'])} + "
+    f"output {gib(mem['output'])} - alias {gib(mem['alias'])} + temp "
+    f"{gib(mem['temp'])} (generated code {gib(mem['generated_code'])})"
+  )
   if r.get("hbm_bytes"):
-    lines.append(f"  HBM             {gib(r['hbm_bytes'])}: "
-                 f"{'fits' if r['fits'] else 'DOES NOT FIT'}, headroom "
-                 f"{gib(r['headroom_bytes'])}")
-  lines.append(f"  FLOPs/device    {r['flops']:.4g} (XLA cost_analysis {r['xla_flops']:.4g}); per "
-               f"token {r['compiled_flops_per_token'] / 1e6:.1f} M compiled, "
-               f"{r['model_flops_per_token'] / 1e6:.1f} M model (model/compiled "
-               f"{r['model_to_compiled'] or 0:.3f})")
+    lines.append(
+      f"  HBM             {gib(r['hbm_bytes'])}: "
+      f"{'fits' if r['fits'] else 'DOES NOT FIT'}, headroom "
+      f"{gib(r['headroom_bytes'])}"
+    )
+  lines.append(
+    f"  FLOPs/device    {r['flops']:.4g} (XLA cost_analysis {r['xla_flops']:.4g}); per "
+    f"token {r['compiled_flops_per_token'] / 1e6:.1f} M compiled, "
+    f"{r['model_flops_per_token'] / 1e6:.1f} M model (model/compiled "
+    f"{r['model_to_compiled'] or 0:.3f})"
+  )
   lines.append(f"  bytes accessed  {r['bytes_accessed']:.4g}")
-  coll = [f"{k} {v['count']} ({gib(v['bytes'])})" for k, v in r["collectives"].items()
-          if v["count"]]
+  coll = [
+    f"{k} {v['count']} ({gib(v['bytes'])})" for k, v in r["collectives"].items() if v["count"]
+  ]
   lines.append(f"  collectives     {', '.join(coll) or 'none'}")
   if r.get("roofline"):
     f = r["roofline"]
-    lines.append(f"  roofline bound  step >= {f['step_time_bound_s'] * 1e3:.2f} ms ({f['bound_by']}"
-                 f"-bound: compute {f['compute_s'] * 1e3:.2f} ms, HBM {f['memory_s'] * 1e3:.2f} "
-                 f"ms), MFU <= {f.get('mfu_bound', 0):.3f} (a bound, not a measurement)")
+    lines.append(
+      f"  roofline bound  step >= {f['step_time_bound_s'] * 1e3:.2f} ms ({f['bound_by']}"
+      f"-bound: compute {f['compute_s'] * 1e3:.2f} ms, HBM {f['memory_s'] * 1e3:.2f} "
+      f"ms), MFU <= {f.get('mfu_bound', 0):.3f} (a bound, not a measurement)"
+    )
   lines += [f"  note: {n}" for n in r["notes"]]
   return "\n".join(lines)

@@ -54,6 +54,7 @@ JOBS = flops.JOBS
 @dataclasses.dataclass(frozen=True)
 class Chip:
   """Per-chip figures of a TPU generation, from the Cloud TPU system-architecture pages."""
+
   name: str
   accelerator: str  # accelerator-type prefix (v5e is sold as v5litepod)
   peak_flops: float  # bf16 FLOP/s
@@ -65,23 +66,52 @@ class Chip:
   grids: dict  # chips -> the slice's chip grid
 
 
-_GRIDS_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
-             256: (16, 16)}
-_GRIDS_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4),
-             128: (4, 4, 8), 256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16),
-             2048: (8, 16, 16), 4096: (16, 16, 16)}
+_GRIDS_2D = {
+  1: (1, 1),
+  4: (2, 2),
+  8: (2, 4),
+  16: (4, 4),
+  32: (4, 8),
+  64: (8, 8),
+  128: (8, 16),
+  256: (16, 16),
+}
+_GRIDS_3D = {
+  4: (2, 2, 1),
+  8: (2, 2, 2),
+  16: (2, 2, 4),
+  32: (2, 4, 4),
+  64: (4, 4, 4),
+  128: (4, 4, 8),
+  256: (4, 8, 8),
+  512: (8, 8, 8),
+  1024: (8, 8, 16),
+  2048: (8, 16, 16),
+  4096: (16, 16, 16),
+}
 PEAK = hardware.PEAK_BF16_FLOPS
 CHIPS = {
-    "v4": Chip("v4", "v4", PEAK["v4"], 32 * GiB, 1200e9, None, 2, 4, _GRIDS_3D),
-    "v5e": Chip("v5e", "v5litepod", PEAK["v5e"], 16 * GiB, 819e9, 400e9, 1, 8, _GRIDS_2D),
-    "v5p": Chip("v5p", "v5p", PEAK["v5p"], 95 * GiB, 2765e9, 1200e9, 2, 4, _GRIDS_3D),
-    "v6e": Chip("v6e", "v6e", PEAK["v6e"], 32 * GiB, 1638e9, 800e9, 1, 8, _GRIDS_2D),
+  "v4": Chip("v4", "v4", PEAK["v4"], 32 * GiB, 1200e9, None, 2, 4, _GRIDS_3D),
+  "v5e": Chip("v5e", "v5litepod", PEAK["v5e"], 16 * GiB, 819e9, 400e9, 1, 8, _GRIDS_2D),
+  "v5p": Chip("v5p", "v5p", PEAK["v5p"], 95 * GiB, 2765e9, 1200e9, 2, 4, _GRIDS_3D),
+  "v6e": Chip("v6e", "v6e", PEAK["v6e"], 32 * GiB, 1638e9, 800e9, 1, 8, _GRIDS_2D),
 }
 _ALIASES = {"v5litepod": "v5e"}
 # NVIDIA GPUs (rove_jax.aot.gpu): "h100-8" is 8 GPUs, hosts of 8 beyond that.
-GPU_CHIPS = {g.name: Chip(g.name, g.name, g.peak_bf16, g.memory_bytes, g.memory_bandwidth,
-                          g.nvlink_bandwidth, 1, aot_gpu.GPUS_PER_HOST, {})
-             for g in aot_gpu.GPUS.values()}
+GPU_CHIPS = {
+  g.name: Chip(
+    g.name,
+    g.name,
+    g.peak_bf16,
+    g.memory_bytes,
+    g.memory_bandwidth,
+    g.nvlink_bandwidth,
+    1,
+    aot_gpu.GPUS_PER_HOST,
+    {},
+  )
+  for g in aot_gpu.GPUS.values()
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,23 +140,28 @@ class Topology:
     if self.chip is None:
       cpus = jax.devices("cpu")
       if len(cpus) < self.n_devices:
-        raise ValueError(f"topology {self.name} needs {self.n_devices} CPU devices but this "
-                         f"process has {len(cpus)}; set XLA_FLAGS=--xla_force_host_platform_"
-                         f"device_count={self.n_devices} before JAX starts")
-      return cpus[:self.n_devices]
+        raise ValueError(
+          f"topology {self.name} needs {self.n_devices} CPU devices but this "
+          f"process has {len(cpus)}; set XLA_FLAGS=--xla_force_host_platform_"
+          f"device_count={self.n_devices} before JAX starts"
+        )
+      return cpus[: self.n_devices]
     return list(_tpu_devices(self))
 
 
 def known_topologies() -> list[str]:
   """The names parse_topology takes, one pattern a generation."""
   sizes = lambda c: ",".join(str(n * c.cores_per_chip) for n in c.grids)
-  return ([f"{c.name}-{{{sizes(c)}}}" for c in CHIPS.values()]
-          + ["v5e:AxB, v6e:AxB, v4:AxBxC, v5p:AxBxC (chip grids)",
-             "h100-N, h200-N (N GPUs: 1-8 or a multiple of 8)", "cpu:N", "local"])
+  return [f"{c.name}-{{{sizes(c)}}}" for c in CHIPS.values()] + [
+    "v5e:AxB, v6e:AxB, v4:AxBxC, v5p:AxBxC (chip grids)",
+    "h100-N, h200-N (N GPUs: 1-8 or a multiple of 8)",
+    "cpu:N",
+    "local",
+  ]
 
 
 def parse_topology(name) -> Topology:
-  """"v5e-8", "v4-32", "v5e:2x4", "v4:2x2x4", "cpu:8" (or a Topology) -> Topology."""
+  """ "v5e-8", "v4-32", "v5e:2x4", "v4:2x2x4", "cpu:8" (or a Topology) -> Topology."""
   if isinstance(name, Topology):
     return name
   text, chips = str(name).strip().lower(), "|".join(list(CHIPS) + list(_ALIASES))
@@ -148,14 +183,18 @@ def parse_topology(name) -> Topology:
     chips_n, rest = divmod(int(m[2]), chip.cores_per_chip)
     grid = None if rest else chip.grids.get(chips_n)
     if grid is None:
-      raise ValueError(f"topology {name!r}: no {chip.name} slice of that size; known: "
-                       f"{known_topologies()[list(CHIPS).index(chip.name)]}, or give a chip "
-                       f"grid such as {chip.name}:{'x'.join(map(str, chip.grids[16]))}")
+      raise ValueError(
+        f"topology {name!r}: no {chip.name} slice of that size; known: "
+        f"{known_topologies()[list(CHIPS).index(chip.name)]}, or give a chip "
+        f"grid such as {chip.name}:{'x'.join(map(str, chip.grids[16]))}"
+      )
   else:
     grid = tuple(int(d) for d in m[3].split("x"))
     if len(grid) != len(chip.grids[16]) or min(grid) < 1:
-      raise ValueError(f"topology {name!r}: a {chip.name} chip grid has {len(chip.grids[16])} "
-                       f"positive sizes, e.g. {chip.name}:{'x'.join(map(str, chip.grids[16]))}")
+      raise ValueError(
+        f"topology {name!r}: a {chip.name} chip grid has {len(chip.grids[16])} "
+        f"positive sizes, e.g. {chip.name}:{'x'.join(map(str, chip.grids[16]))}"
+      )
   return Topology(f"{chip.name}:{'x'.join(map(str, grid))}", chip, grid)
 
 
@@ -166,6 +205,7 @@ def _tpu_devices(topology: Topology):
   if topology.name in _DEVICE_CACHE:
     return _DEVICE_CACHE[topology.name]
   from jax.experimental import topologies
+
   chip, kwargs = topology.chip, {}
   if chip.cores_per_chip == 2:
     kwargs["chip_config_name"] = "megacore"  # one JAX device a chip, as JAX runs v4 and v5p
@@ -173,12 +213,15 @@ def _tpu_devices(topology: Topology):
     kwargs["chips_per_host_bounds"] = (topology.grid + (1, 1))[:3]
   with _quiet_libtpu(topology):
     try:
-      devices = topologies.get_topology_desc(topology_name=topology.name, platform="tpu",
-                                             **kwargs).devices
+      devices = topologies.get_topology_desc(
+        topology_name=topology.name, platform="tpu", **kwargs
+      ).devices
     except RuntimeError as e:
       if "not installed" in str(e):
-        raise ImportError(f"topology {topology.name} needs libtpu to compile for TPU (no TPU "
-                          f"needed): pip install 'rove_jax[tpu]'") from None
+        raise ImportError(
+          f"topology {topology.name} needs libtpu to compile for TPU (no TPU "
+          f"needed): pip install 'rove_jax[tpu]'"
+        ) from None
       raise ValueError(f"libtpu cannot describe topology {topology.name}: {e}") from None
   _DEVICE_CACHE[topology.name] = devices
   return devices
@@ -190,8 +233,12 @@ def _quiet_libtpu(topology: Topology):
   prints warnings for each variable it cannot determine; names for a single local host silence
   them. Variables already set win; they are restored afterwards (sharding.auto_detect_cluster
   reads them)."""
-  values = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0",
-            "TPU_ACCELERATOR_TYPE": topology.accelerator_type, "TPU_SKIP_MDS_QUERY": "1"}
+  values = {
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_WORKER_ID": "0",
+    "TPU_ACCELERATOR_TYPE": topology.accelerator_type,
+    "TPU_SKIP_MDS_QUERY": "1",
+  }
   added = [k for k in values if k not in os.environ]
   os.environ.update({k: values[k] for k in added})
   try:
@@ -213,36 +260,48 @@ def _abstract(model_cfg, mesh):
 
 
 def _sds(tree, shardings):
-  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree,
-                      shardings)
+  return jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings
+  )
 
 
 def _train_program(c, model_cfg, mesh):
   # Here, not at the top: the training loop loads orbax and grain, which parse_topology's users
   # and the eval and decode programs do not need.
   from rove_jax.train import loop as training
+
   tx = training.make_optimizer(c.optim, c.steps)
   graphdef, params, _, specs = _abstract(model_cfg, mesh)
   layers = layer_stack.LayerStack(params)  # the trainer's state: the layers' parameters stacked
   state = jax.eval_shape(lambda p: training.new_state(tx, p, layers), params)
   state_sh = sharding.tree_shardings(state, layers.path_specs(specs), mesh)
   batch_sh = sharding.batch_sharding(mesh)
-  step = training.make_train_step(graphdef, tx, c.optim.grad_accum,
-                                  training.lr_schedule(c.optim, c.steps), layers=layers,
-                                  state_shardings=state_sh, batch_sharding=batch_sh,
-                                  compiler_options=gpu_options.compiler_options(
-                                      mesh.devices.flat), loss_impl=c.optim.loss_impl)
+  step = training.make_train_step(
+    graphdef,
+    tx,
+    c.optim.grad_accum,
+    training.lr_schedule(c.optim, c.steps),
+    layers=layers,
+    state_shardings=state_sh,
+    batch_sharding=batch_sh,
+    compiler_options=gpu_options.compiler_options(mesh.devices.flat),
+    loss_impl=c.optim.loss_impl,
+  )
   B, T = c.data.batch_size, c.data.seq_len
   keys = ("inputs", "targets") + (("positions", "segment_ids") if c.data.packing else ())
   batch = {k: jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=batch_sh) for k in keys}
-  return step, (_sds(state, state_sh), batch), dict(batch=B, length=T, tokens=B * T,
-                                                    packing=bool(c.data.packing))
+  return (
+    step,
+    (_sds(state, state_sh), batch),
+    dict(batch=B, length=T, tokens=B * T, packing=bool(c.data.packing)),
+  )
 
 
 def _yarn(model_cfg, length: int, train_len: int):
   """evaluation.scoring's YaRN (a RopeScaling) past the training length; None (the model
   config's own) at or below it."""
   from rove_jax.evaluation import scoring  # loads orbax and grain: only eval programs need it
+
   if model_cfg.pos_encoding not in ROTARY_ENCODINGS:
     return None
   return scoring.yarn_scaling(length, train_len)
@@ -250,11 +309,14 @@ def _yarn(model_cfg, length: int, train_len: int):
 
 def _eval_program(c, model_cfg, mesh, length, batch, impl):
   from rove_jax.evaluation import scoring  # loads orbax and grain: only eval programs need it
+
   impl = impl or scoring.DEFAULT_KERNEL  # evaluation's own kernel unless told
   model_cfg = dataclasses.replace(model_cfg, attention_impl=impl)
   if model_cfg.pos_encoding == "learned" and length > model_cfg.max_len:
-    raise ValueError(f"learned position embeddings cover {model_cfg.max_len} positions; "
-                     f"choose an evaluation length <= {model_cfg.max_len}")
+    raise ValueError(
+      f"learned position embeddings cover {model_cfg.max_len} positions; "
+      f"choose an evaluation length <= {model_cfg.max_len}"
+    )
   graphdef, params, params_sh, _ = _abstract(model_cfg, mesh)
   scaling = _yarn(model_cfg, length, c.data.seq_len)
 
@@ -264,8 +326,13 @@ def _eval_program(c, model_cfg, mesh, length, batch, impl):
   batch_sh = sharding.batch_sharding(mesh)
   fn = jax.jit(token_scores, in_shardings=(params_sh, batch_sh))
   tokens = jax.ShapeDtypeStruct((batch, length + 1), jnp.int32, sharding=batch_sh)
-  info = dict(batch=batch, length=length, tokens=batch * length, attention_impl=impl,
-              rope_scaling=None if scaling is None else scaling.to_dict())
+  info = dict(
+    batch=batch,
+    length=length,
+    tokens=batch * length,
+    attention_impl=impl,
+    rope_scaling=None if scaling is None else scaling.to_dict(),
+  )
   return fn, (_sds(params, params_sh), tokens), info
 
 
@@ -274,8 +341,9 @@ def _decode_program(c, model_cfg, mesh, length, batch):
   model = nnx.eval_shape(lambda: nnx.merge(graphdef, params))
   cache = jax.eval_shape(lambda: model.init_cache(batch, length))
   axes = {4: ("batch", None, "kv_heads", "head_dim"), 2: ("batch", None), 0: ()}
-  cache_sh = jax.tree.map(lambda a: NamedSharding(mesh, sharding.logical_to_spec(
-      axes[a.ndim], a.shape, mesh)), cache)
+  cache_sh = jax.tree.map(
+    lambda a: NamedSharding(mesh, sharding.logical_to_spec(axes[a.ndim], a.shape, mesh)), cache
+  )
   scaling = _yarn(model_cfg, length, c.data.seq_len)
 
   def decode_step(params, tokens_B1, cache):  # one token a sequence; greedy next token
@@ -283,21 +351,37 @@ def _decode_program(c, model_cfg, mesh, length, batch):
     return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32), cache
 
   batch_sh = sharding.batch_sharding(mesh)
-  fn = jax.jit(decode_step, in_shardings=(params_sh, batch_sh, cache_sh),
-               out_shardings=(batch_sh, cache_sh), donate_argnums=2)
+  fn = jax.jit(
+    decode_step,
+    in_shardings=(params_sh, batch_sh, cache_sh),
+    out_shardings=(batch_sh, cache_sh),
+    donate_argnums=2,
+  )
   tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=batch_sh)
-  info = dict(batch=batch, length=length, tokens=batch,
-              rope_scaling=None if scaling is None else scaling.to_dict())
+  info = dict(
+    batch=batch,
+    length=length,
+    tokens=batch,
+    rope_scaling=None if scaling is None else scaling.to_dict(),
+  )
   return fn, (_sds(params, params_sh), tokens, _sds(cache, cache_sh)), info
 
 
 # ------------------------------------------------------------------------------ compile_job
 
 
-def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
-                eval_impl: Optional[str] = None, decode_len: Optional[int] = None,
-                batch: Optional[int] = None, log: Optional[Callable[[str], None]] = None,
-                hlo_path: Optional[str] = None) -> dict:
+def compile_job(
+  c,
+  topology,
+  job: str = "train",
+  *,
+  eval_len: int = 16384,
+  eval_impl: Optional[str] = None,
+  decode_len: Optional[int] = None,
+  batch: Optional[int] = None,
+  log: Optional[Callable[[str], None]] = None,
+  hlo_path: Optional[str] = None,
+) -> dict:
   """Lowers and compiles one program of run config `c` for a topology; returns its figures.
 
   Args:
@@ -330,24 +414,38 @@ def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
   notes = []
   if job == "train":
     if B % dp or B % M:
-      raise ValueError(f"data.batch_size={B} must divide by the data-parallel size mesh.data * "
-                       f"mesh.fsdp = {dp} and by optim.grad_accum={M}")
+      raise ValueError(
+        f"data.batch_size={B} must divide by the data-parallel size mesh.data * "
+        f"mesh.fsdp = {dp} and by optim.grad_accum={M}"
+      )
     if (B // M) % dp:
       notes.append(f"a micro-batch of {B // M} rows does not split over {dp} data shards")
     fn, args, info = _train_program(c, model_cfg, mesh)
   elif (batch or dp) % dp:
-    raise ValueError(f"{job} batch {batch} does not split over the data-parallel size {dp}; "
-                     f"choose a multiple of {dp}")
+    raise ValueError(
+      f"{job} batch {batch} does not split over the data-parallel size {dp}; "
+      f"choose a multiple of {dp}"
+    )
   elif job == "eval":
     fn, args, info = _eval_program(c, model_cfg, mesh, eval_len, batch or dp, eval_impl)
   else:
     fn, args, info = _decode_program(c, model_cfg, mesh, decode_len or eval_len, batch or dp)
-  log(f"{job}: lowering and compiling for {topology.name} ({topology.accelerator_type}), mesh "
-      f"{dict(mesh.shape)}")
-  report = dict(job=job, topology=topology.name, accelerator=topology.accelerator_type,
-                devices=topology.n_devices, mesh=dict(mesh.shape), grad_accum=M,
-                dtype=model_cfg.dtype, remat=model_cfg.remat, pos_encoding=model_cfg.pos_encoding,
-                attention_impl=model_cfg.attention_impl)
+  log(
+    f"{job}: lowering and compiling for {topology.name} ({topology.accelerator_type}), mesh "
+    f"{dict(mesh.shape)}"
+  )
+  report = dict(
+    job=job,
+    topology=topology.name,
+    accelerator=topology.accelerator_type,
+    devices=topology.n_devices,
+    mesh=dict(mesh.shape),
+    grad_accum=M,
+    dtype=model_cfg.dtype,
+    remat=model_cfg.remat,
+    pos_encoding=model_cfg.pos_encoding,
+    attention_impl=model_cfg.attention_impl,
+  )
   report.update(info)
   t0 = time.perf_counter()
   with jax.set_mesh(mesh):
@@ -359,18 +457,31 @@ def compile_job(c, topology, job: str = "train", *, eval_len: int = 16384,
       if "RESOURCE_EXHAUSTED" not in str(e):
         raise
       log(f"{job}: does not fit ({time.perf_counter() - t1:.1f} s)")
-      return dict(report, lower_s=t1 - t0, compile_s=time.perf_counter() - t1, fits=False,
-                  error=" ".join(str(e).split("\n")[0].split()[:40]), notes=notes)
+      return dict(
+        report,
+        lower_s=t1 - t0,
+        compile_s=time.perf_counter() - t1,
+        fits=False,
+        error=" ".join(str(e).split("\n")[0].split()[:40]),
+        notes=notes,
+      )
   report.update(lower_s=t1 - t0, compile_s=time.perf_counter() - t1)
   log(f"{job}: compiled in {report['compile_s']:.1f} s (lowering {t1 - t0:.1f} s)")
   if hlo_path:
     with open(hlo_path, "w") as f:
       f.write(compiled.as_text())
   per_token, attention = flops.model_flops_per_token(model_cfg, job, info["length"])
-  report.update(aot_analysis.analyze(compiled, topology.chip, n_devices=topology.n_devices,
-                                     tokens=info["tokens"], model_flops=per_token,
-                                     attention_flops=attention,
-                                     accumulation=M if job == "train" else 1))
+  report.update(
+    aot_analysis.analyze(
+      compiled,
+      topology.chip,
+      n_devices=topology.n_devices,
+      tokens=info["tokens"],
+      model_flops=per_token,
+      attention_flops=attention,
+      accumulation=M if job == "train" else 1,
+    )
+  )
   report["notes"] = notes + report.pop("analysis_notes")
   return report
 
@@ -397,8 +508,10 @@ def recommend(c, topology, *, usable: float = 0.9) -> dict:
     raise ValueError(f"recommend needs a TPU topology's HBM figure; {topology.name} has none")
   n, hbm, B, T = topology.n_devices, topology.chip.hbm_bytes, c.data.batch_size, c.data.seq_len
   if B % n:
-    raise ValueError(f"data.batch_size={B} does not split over the {n} devices of "
-                     f"{topology.name}; choose a multiple of {n}")
+    raise ValueError(
+      f"data.batch_size={B} does not split over the {n} devices of "
+      f"{topology.name}; choose a multiple of {n}"
+    )
   state = 16 * param_count(model_cfg)
   fsdp = 1
   while state / fsdp > hbm / 2 and fsdp < n and n % (2 * fsdp) == 0:
@@ -408,9 +521,15 @@ def recommend(c, topology, *, usable: float = 0.9) -> dict:
   per_token = L * per_layer * (2 if model_cfg.dtype == "float32" else 1) + 8 * V
   budget = usable * hbm - state / fsdp
   rows = B // n
-  M = next((m for m in range(1, rows + 1) if rows % m == 0
-            and rows // m * T * per_token <= budget), rows)
+  M = next(
+    (m for m in range(1, rows + 1) if rows % m == 0 and rows // m * T * per_token <= budget), rows
+  )
   activations = rows // M * T * per_token
-  return dict(mesh=dict(data=n // fsdp, fsdp=fsdp, tensor=1), grad_accum=M,
-              state_bytes_per_device=state / fsdp, activation_bytes_per_device=activations,
-              fits=state / fsdp + activations <= usable * hbm, rule=recommend.__doc__)
+  return dict(
+    mesh=dict(data=n // fsdp, fsdp=fsdp, tensor=1),
+    grad_accum=M,
+    state_bytes_per_device=state / fsdp,
+    activation_bytes_per_device=activations,
+    fits=state / fsdp + activations <= usable * hbm,
+    rule=recommend.__doc__,
+  )

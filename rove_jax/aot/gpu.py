@@ -38,6 +38,7 @@ MiB = 2**20
 class GpuSpec:
   """Published figures of one GPU model (NVIDIA data sheets; CUDA programming guide for
   compute capability 9.0 limits)."""
+
   name: str
   description: str
   sm_count: int
@@ -50,10 +51,28 @@ class GpuSpec:
 
 
 GPUS = {
-    "h100": GpuSpec("h100", "NVIDIA H100 80GB HBM3", 132, 1.98, 81559 * MiB, 3.35e12,
-                    50 * MiB, hardware.PEAK_BF16_FLOPS["h100"], 900e9),
-    "h200": GpuSpec("h200", "NVIDIA H200 141GB HBM3e", 132, 1.98, 143771 * MiB, 4.8e12,
-                    50 * MiB, hardware.PEAK_BF16_FLOPS["h200"], 900e9),
+  "h100": GpuSpec(
+    "h100",
+    "NVIDIA H100 80GB HBM3",
+    132,
+    1.98,
+    81559 * MiB,
+    3.35e12,
+    50 * MiB,
+    hardware.PEAK_BF16_FLOPS["h100"],
+    900e9,
+  ),
+  "h200": GpuSpec(
+    "h200",
+    "NVIDIA H200 141GB HBM3e",
+    132,
+    1.98,
+    143771 * MiB,
+    4.8e12,
+    50 * MiB,
+    hardware.PEAK_BF16_FLOPS["h200"],
+    900e9,
+  ),
 }
 GPUS_PER_HOST = 8
 
@@ -89,8 +108,10 @@ device_description_str: "{spec.description}"
 def gpu_grid(n_gpus: int) -> tuple:
   """(slices, hosts, gpus a host) for n GPUs: one host up to 8, then whole hosts of 8."""
   if n_gpus < 1 or (n_gpus > GPUS_PER_HOST and n_gpus % GPUS_PER_HOST):
-    raise ValueError(f"{n_gpus} GPUs: use 1-{GPUS_PER_HOST} (one host) or a multiple of "
-                     f"{GPUS_PER_HOST} (whole hosts)")
+    raise ValueError(
+      f"{n_gpus} GPUs: use 1-{GPUS_PER_HOST} (one host) or a multiple of "
+      f"{GPUS_PER_HOST} (whole hosts)"
+    )
   if n_gpus <= GPUS_PER_HOST:
     return (1, 1, n_gpus)
   return (1, n_gpus // GPUS_PER_HOST, GPUS_PER_HOST)
@@ -100,20 +121,28 @@ def devices(spec: GpuSpec, n_gpus: int) -> list:
   """Compile-only devices of n GPUs of this model (needs the CUDA plugin, not a GPU)."""
   import jax
   from jax.experimental import topologies
+
   grid = gpu_grid(n_gpus)
   version = jax.__version__
-  fix = (f"pip install 'rove_jax[gpu-aot]' (jax-cuda12-plugin and jax-cuda12-pjrt "
-         f"=={version}, nvidia-cuda-nvcc-cu12, nvidia-cudnn-cu12), and "
-         f"JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 in the environment before JAX starts")
+  fix = (
+    f"pip install 'rove_jax[gpu-aot]' (jax-cuda12-plugin and jax-cuda12-pjrt "
+    f"=={version}, nvidia-cuda-nvcc-cu12, nvidia-cudnn-cu12), and "
+    f"JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 in the environment before JAX starts"
+  )
   try:
-    topo = topologies.get_topology_desc(topology_name=f"{spec.name}-{n_gpus}", platform="cuda",
-                                        target_config=target_config(spec),
-                                        topology="x".join(map(str, grid)))
+    topo = topologies.get_topology_desc(
+      topology_name=f"{spec.name}-{n_gpus}",
+      platform="cuda",
+      target_config=target_config(spec),
+      topology="x".join(map(str, grid)),
+    )
   except (NotImplementedError, RuntimeError, ValueError) as e:
     skip = os.environ.get("JAX_SKIP_CUDA_CONSTRAINTS_CHECK")
-    raise ImportError(f"cannot describe {n_gpus} x {spec.name} for compilation ({e}); this needs "
-                      f"JAX's CUDA plugin at jax {version} (no GPU needed): {fix}"
-                      f"{'' if skip else ' (it is unset now)'}") from None
+    raise ImportError(
+      f"cannot describe {n_gpus} x {spec.name} for compilation ({e}); this needs "
+      f"JAX's CUDA plugin at jax {version} (no GPU needed): {fix}"
+      f"{'' if skip else ' (it is unset now)'}"
+    ) from None
   answer_capability_checks(spec)
   return list(topo.devices)
 
@@ -124,6 +153,7 @@ def answer_capability_checks(spec: GpuSpec) -> None:
   answer "no". For compile-only devices the target answers: every GpuSpec here is 9.0. Patches
   jax's private module for this process, which compiles for that GPU only."""
   from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+
   target = (9, 0)
   assert spec.name in GPUS  # all compute capability 9.0 (target_config)
   as_tuple = lambda capability: tuple(int(x) for x in capability.split("."))
@@ -138,6 +168,7 @@ def gpu_costs(compiled) -> dict:
   try:
     from jax._src import xla_bridge
     from jax._src.lib import _jax
+
     module = compiled.runtime_executable().hlo_modules()[0]
     costs = _jax.hlo_module_cost_analysis(xla_bridge.get_backend("cpu"), module)
   except Exception:  # noqa: BLE001 - private API: any change just drops the figures

@@ -31,14 +31,53 @@ import re
 from typing import Optional
 
 # Instructions that launch nothing: their data stays where it is.
-FREE = frozenset(("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
-                  "conditional", "call", "after-all", "add-dependency", "opt-barrier",
-                  "partition-id", "replica-id", "domain", "copy-done", "send-done", "recv-done",
-                  "all-reduce-done", "all-gather-done", "collective-permute-done",
-                  "async-done", "async-update"))
-_DTYPE_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "f8e4m3fn": 8, "f8e5m2": 8,
-               "bf16": 16, "f16": 16, "s16": 16, "u16": 16, "f32": 32, "s32": 32, "u32": 32,
-               "f64": 64, "s64": 64, "u64": 64, "c64": 64, "c128": 128}
+FREE = frozenset(
+  (
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "while",
+    "conditional",
+    "call",
+    "after-all",
+    "add-dependency",
+    "opt-barrier",
+    "partition-id",
+    "replica-id",
+    "domain",
+    "copy-done",
+    "send-done",
+    "recv-done",
+    "all-reduce-done",
+    "all-gather-done",
+    "collective-permute-done",
+    "async-done",
+    "async-update",
+  )
+)
+_DTYPE_BITS = {
+  "pred": 8,
+  "s4": 4,
+  "u4": 4,
+  "s8": 8,
+  "u8": 8,
+  "f8e4m3fn": 8,
+  "f8e5m2": 8,
+  "bf16": 16,
+  "f16": 16,
+  "s16": 16,
+  "u16": 16,
+  "f32": 32,
+  "s32": 32,
+  "u32": 32,
+  "f64": 64,
+  "s64": 64,
+  "u64": 64,
+  "c64": 64,
+  "c128": 128,
+}
 _ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([\d,]*)\]")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][a-z\-]*)\((.*)$")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
@@ -62,8 +101,11 @@ class Array:
 
 def arrays(shape_text: str) -> list[Array]:
   """The arrays of an HLO shape: "bf16[8,128]{1,0}" or a tuple "(f32[2], s32[])"."""
-  return [Array(dtype, tuple(int(d) for d in dims.split(",") if d))
-          for dtype, dims in _ARRAY.findall(shape_text) if dtype in _DTYPE_BITS]
+  return [
+    Array(dtype, tuple(int(d) for d in dims.split(",") if d))
+    for dtype, dims in _ARRAY.findall(shape_text)
+    if dtype in _DTYPE_BITS
+  ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +153,12 @@ class Census:
     """Bytes moved in float32 arrays one of whose dimensions is the vocabulary size."""
     if not self.vocab_size:
       return 0
-    return sum(k.times * a.bytes for k in self.kernels_list for a in k.operands + k.outputs
-               if a.dtype == "f32" and self.vocab_size in a.dims)
+    return sum(
+      k.times * a.bytes
+      for k in self.kernels_list
+      for a in k.operands + k.outputs
+      if a.dtype == "f32" and self.vocab_size in a.dims
+    )
 
   def gemms_by_precision(self) -> dict:
     """{"bf16 x bf16": {"count", "tflop"}, ...} over the GEMM kernels."""
@@ -131,8 +177,9 @@ class Census:
     last name of the jax operation it came from (metadata), "" when it has none."""
     count, moved = collections.Counter(), collections.Counter()
     for k in self.kernels_list:
-      phase = ("backward" if "transpose(" in k.op_name else
-               "forward" if "jvp(" in k.op_name else "other")
+      phase = (
+        "backward" if "transpose(" in k.op_name else "forward" if "jvp(" in k.op_name else "other"
+      )
       kind = (k.kind or "loop") if k.op == "fusion" else (k.kind or k.op)
       key = (phase, kind, k.op_name.rsplit("/", 1)[-1])
       count[key] += k.times
@@ -202,7 +249,7 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
         for how, callee in re.findall(r"\b(body|condition|to_apply)=%?([\w.\-]+)", rest):
           walk(callee, times * factor, depth + 1)
         branches = re.search(r"branch_computations=\{([^}]*)\}", rest)
-        for callee in (branches[1].split(",") if branches else []):
+        for callee in branches[1].split(",") if branches else []:
           walk(callee.strip().lstrip("%"), times, depth + 1)
         continue
       if op in FREE:
@@ -226,8 +273,9 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
       if op == "custom-call":  # a library call's scratch workspace (u8/s8 [n]) is no traffic
         outputs = tuple(a for a in outputs if not (a.dtype in ("u8", "s8") and len(a.dims) == 1))
       op_name = _OP_NAME.search(rest)
-      out.append(Kernel(name, op, kind, op_name[1] if op_name else "", operands, outputs, times,
-                        gemm))
+      out.append(
+        Kernel(name, op, kind, op_name[1] if op_name else "", operands, outputs, times, gemm)
+      )
 
   if entry is not None:
     walk(entry, 1, 0)

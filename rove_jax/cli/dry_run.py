@@ -68,6 +68,7 @@ def local_capacity() -> tuple[Optional[int], str, bool]:
   machine's own devices: a GPU's memory limit, or the host's memory for CPU devices, which all
   share it."""
   import jax
+
   device = jax.local_devices()[0]
   if device.platform == "cpu":
     return host_memory_bytes(), "this host's memory", True
@@ -80,13 +81,18 @@ def verdict(report: dict, capacity: Optional[int], what: str, shared: bool) -> t
   (times the devices, when they share `capacity`) against `capacity`."""
   per_device, n = report["memory"]["total"], report.get("devices", 1)
   need = per_device * n if shared else per_device
-  detail = (f"{per_device / GiB:.2f} GiB a device x {n} devices = {need / GiB:.2f} GiB"
-            if shared and n > 1 else f"{need / GiB:.2f} GiB")
+  detail = (
+    f"{per_device / GiB:.2f} GiB a device x {n} devices = {need / GiB:.2f} GiB"
+    if shared and n > 1
+    else f"{need / GiB:.2f} GiB"
+  )
   if capacity is None:
     return True, f"verdict: unknown: the step needs {detail}; {what} could not be read"
   fits = need <= capacity
-  return fits, (f"{'verdict: fits' if fits else 'the train step does not fit'} {what}: it "
-                f"needs {detail} of {capacity / GiB:.2f} GiB")
+  return fits, (
+    f"{'verdict: fits' if fits else 'the train step does not fit'} {what}: it "
+    f"needs {detail} of {capacity / GiB:.2f} GiB"
+  )
 
 
 def run(c) -> int:
@@ -94,18 +100,24 @@ def run(c) -> int:
   --config.dry_run_topology) and print its figures and a verdict; exit 0 if it fits the
   device's memory (for CPU devices, this host's), 1 if not. Nothing is trained or written."""
   from rove_jax.aot import compile as aot  # loads the compiler's machinery: this flag only
+
   topology = c.dry_run_topology or "local"
   with Elapsed("compiling"):
     report = aot.compile_job(c, topology, "train", log=_log)
   print(aot.format_report(report))
-  fix = ("a smaller data.batch_size or data.seq_len, a larger optim.grad_accum or fsdp axis, "
-         "model.remat=full; python -m bench.aot --recommend proposes a mesh")
+  fix = (
+    "a smaller data.batch_size or data.seq_len, a larger optim.grad_accum or fsdp axis, "
+    "model.remat=full; python -m bench.aot --recommend proposes a mesh"
+  )
   if report.get("fits") is False:
-    return fail(f"the train step does not fit a device of {report['topology']}: see above "
-                f"({fix})", 1)
+    return fail(
+      f"the train step does not fit a device of {report['topology']}: see above ({fix})", 1
+    )
   if report.get("fits"):
-    print(f"verdict: fits a device of {report['topology']}: "
-          f"{report['memory']['total'] / GiB:.2f} GiB of {report['hbm_bytes'] / GiB:.2f} GiB")
+    print(
+      f"verdict: fits a device of {report['topology']}: "
+      f"{report['memory']['total'] / GiB:.2f} GiB of {report['hbm_bytes'] / GiB:.2f} GiB"
+    )
     return 0
   if c.dry_run_topology:  # a named slice without a memory figure: nothing to compare with
     print(f"verdict: unknown: {report['topology']} has no memory figure to compare with")

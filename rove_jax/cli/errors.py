@@ -18,5 +18,8 @@ def fail(message: str, code: int, *, prefix: str = "error") -> int:
 
 def missing_package(e: ImportError) -> str:
   """An ImportError's message, with how to install the extras when it does not say."""
-  return (str(e) if "pip install" in str(e) else
-          f"{e}; is rove_jax installed with its extras (pip install 'rove_jax[all]')?")
+  return (
+    str(e)
+    if "pip install" in str(e)
+    else f"{e}; is rove_jax installed with its extras (pip install 'rove_jax[all]')?"
+  )

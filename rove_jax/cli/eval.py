@@ -73,46 +73,87 @@ def parse_args(argv, *, check_files: bool = False):
     The namespace, with args.task_list (the --tasks names), the lengths as lists of integers
     and args.config, the EvalConfig of the options (whose checks are argparse errors here).
   """
-  p = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--workdir", required=True,
-                 help="a training workdir (checkpoints/ inside), or a model directory: a "
-                      "rove-export or a transformers checkpoint (config.json, safetensors, "
-                      "tokenizer.json)")
-  p.add_argument("--compare", nargs="*", default=[],
-                 help="more workdirs or model directories for the same tables")
-  p.add_argument("--train-len", type=int,
-                 help="model directories: the training length T that lengths and YaRN factors "
-                      "are relative to (default: the one the directory records)")
-  p.add_argument("--tokenizer",
-                 help="model directories that hold no tokenizer.json: the model's tokenizer "
-                      "(a tokenizer.json path, bytes or tiktoken:gpt2)")
+  p = argparse.ArgumentParser(
+    prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  p.add_argument(
+    "--workdir",
+    required=True,
+    help="a training workdir (checkpoints/ inside), or a model directory: a "
+    "rove-export or a transformers checkpoint (config.json, safetensors, "
+    "tokenizer.json)",
+  )
+  p.add_argument(
+    "--compare",
+    nargs="*",
+    default=[],
+    help="more workdirs or model directories for the same tables",
+  )
+  p.add_argument(
+    "--train-len",
+    type=int,
+    help="model directories: the training length T that lengths and YaRN factors "
+    "are relative to (default: the one the directory records)",
+  )
+  p.add_argument(
+    "--tokenizer",
+    help="model directories that hold no tokenizer.json: the model's tokenizer "
+    "(a tokenizer.json path, bytes or tiktoken:gpt2)",
+  )
   p.add_argument("--suite", choices=tuple(SUITES), default="quick")
-  p.add_argument("--lengths", help="comma-separated token counts (default: suite multiples of "
-                                   "the training length)")
-  p.add_argument("--yarn", choices=YARN_CHOICES, default="both",
-                 help="off: none; on: yarn (factor L / T); both: none and yarn; all: none, yarn "
-                      "and yarn_fixed (one factor at every length; perplexity and recall)")
-  p.add_argument("--yarn-fixed-factor", type=float,
-                 help="the yarn_fixed factor (> 1; default: longest length / training length); "
-                      "needs --yarn all")
+  p.add_argument(
+    "--lengths",
+    help="comma-separated token counts (default: suite multiples of the training length)",
+  )
+  p.add_argument(
+    "--yarn",
+    choices=YARN_CHOICES,
+    default="both",
+    help="off: none; on: yarn (factor L / T); both: none and yarn; all: none, yarn "
+    "and yarn_fixed (one factor at every length; perplexity and recall)",
+  )
+  p.add_argument(
+    "--yarn-fixed-factor",
+    type=float,
+    help="the yarn_fixed factor (> 1; default: longest length / training length); needs --yarn all",
+  )
   p.add_argument("--tasks", default="ppl,ruler,icl")
-  p.add_argument("--out", help="report directory (default: WORKDIR/eval for a training run, "
-                                "NAME-eval beside a model directory NAME)")
-  p.add_argument("--data-path", help="score perplexity on this text/parquet source instead of "
-                                     "the run's held-out split")
-  p.add_argument("--stride", type=float, help="sliding-window perplexity with stride = this "
-                                              "fraction of the length, in (0, 1] (default: "
-                                              "non-overlapping)")
-  p.add_argument("--ppl-tokens", type=int,
-                 help="perplexity targets scored per length and setting (default: the "
-                      "suite's, quick 8192 and full 65536)")
-  p.add_argument("--ruler-lengths", help="comma-separated RULER lengths in tokens (default: "
-                 "suite multiples of the training length), e.g. 4096,8192 as in the paper")
-  p.add_argument("--recall-lengths", help="comma-separated lengths of the recall task (default: "
-                 "--lengths, or the suite's)")
-  p.add_argument("--recall-samples", type=int, help="recall test samples a length (default: "
-                 "the suite's, quick 100 and full 200)")
+  p.add_argument(
+    "--out",
+    help="report directory (default: WORKDIR/eval for a training run, "
+    "NAME-eval beside a model directory NAME)",
+  )
+  p.add_argument(
+    "--data-path",
+    help="score perplexity on this text/parquet source instead of the run's held-out split",
+  )
+  p.add_argument(
+    "--stride",
+    type=float,
+    help="sliding-window perplexity with stride = this "
+    "fraction of the length, in (0, 1] (default: "
+    "non-overlapping)",
+  )
+  p.add_argument(
+    "--ppl-tokens",
+    type=int,
+    help="perplexity targets scored per length and setting (default: the "
+    "suite's, quick 8192 and full 65536)",
+  )
+  p.add_argument(
+    "--ruler-lengths",
+    help="comma-separated RULER lengths in tokens (default: "
+    "suite multiples of the training length), e.g. 4096,8192 as in the paper",
+  )
+  p.add_argument(
+    "--recall-lengths",
+    help="comma-separated lengths of the recall task (default: --lengths, or the suite's)",
+  )
+  p.add_argument(
+    "--recall-samples",
+    type=int,
+    help="recall test samples a length (default: the suite's, quick 100 and full 200)",
+  )
   p.add_argument("--squad", help="local SQuAD dev JSON for RULER qa_1")
   p.add_argument("--hotpot", help="local HotpotQA dev JSON for RULER qa_2")
   p.add_argument("--icl-tasks", help="JSON list of ICL task specs (LLM-Foundry JSONL files)")
@@ -142,13 +183,26 @@ def eval_config(p, args) -> EvalConfig:
   argparse error (exit 2) that names the option."""
   try:
     return EvalConfig(
-        tasks=tuple(args.task_list), suite=args.suite, lengths=args.lengths, yarn=args.yarn,
-        yarn_fixed_factor=args.yarn_fixed_factor, stride=args.stride,
-        ppl_tokens=args.ppl_tokens, ruler_lengths=args.ruler_lengths,
-        recall_lengths=args.recall_lengths, recall_samples=args.recall_samples, seed=args.seed,
-        chunk=args.chunk, data_path=args.data_path, squad=args.squad, hotpot=args.hotpot,
-        icl_tasks=args.icl_tasks, progress=not args.no_progress, train_len=args.train_len,
-        tokenizer=args.tokenizer)
+      tasks=tuple(args.task_list),
+      suite=args.suite,
+      lengths=args.lengths,
+      yarn=args.yarn,
+      yarn_fixed_factor=args.yarn_fixed_factor,
+      stride=args.stride,
+      ppl_tokens=args.ppl_tokens,
+      ruler_lengths=args.ruler_lengths,
+      recall_lengths=args.recall_lengths,
+      recall_samples=args.recall_samples,
+      seed=args.seed,
+      chunk=args.chunk,
+      data_path=args.data_path,
+      squad=args.squad,
+      hotpot=args.hotpot,
+      icl_tasks=args.icl_tasks,
+      progress=not args.no_progress,
+      train_len=args.train_len,
+      tokenizer=args.tokenizer,
+    )
   except FieldError as e:
     p.error(e.as_flags())
 
@@ -160,8 +214,7 @@ def _task_list(p, value: str) -> list:
   if not any(names):
     p.error(f"--tasks {value!r} names no task; give one or more of {choices}, comma-separated")
   if "" in names:
-    p.error(f"--tasks {value!r} has an empty entry; give names from {choices}, "
-            f"comma-separated")
+    p.error(f"--tasks {value!r} has an empty entry; give names from {choices}, comma-separated")
   bad = [t for t in names if t not in TASKS]
   if bad:
     p.error(f"--tasks {value!r}: unknown task {bad[0]!r}; choose from {choices}")
@@ -187,8 +240,7 @@ def _check_workdir(p, flag: str, workdir: str) -> str:
     if not (isinstance(e, OSError) or paths.is_storage_error(e)):
       raise
     p.error(f"{flag} {workdir} cannot be read: {' '.join(str(e).split()) or type(e).__name__}")
-  p.error(f"{flag} {workdir} {wrong}; give the workdir of a training run or a model "
-          f"directory")
+  p.error(f"{flag} {workdir} {wrong}; give the workdir of a training run or a model directory")
 
 
 def _check_tokenizer(p, flag: str, workdir: str, given) -> None:
@@ -203,8 +255,10 @@ def _check_tokenizer(p, flag: str, workdir: str, given) -> None:
   if given is not None and given.endswith(".json") and not os.path.isfile(given):
     p.error(f"--tokenizer {given}: no such file; give the model's tokenizer.json")
   if not found and given is None:
-    p.error(f"{flag} {workdir} holds no tokenizer.json and records no tokenizer; pass "
-            f"--tokenizer PATH/tokenizer.json (the model's), or copy it into the directory")
+    p.error(
+      f"{flag} {workdir} holds no tokenizer.json and records no tokenizer; pass "
+      f"--tokenizer PATH/tokenizer.json (the model's), or copy it into the directory"
+    )
 
 
 def _check_inputs(p, args) -> None:
@@ -215,8 +269,11 @@ def _check_inputs(p, args) -> None:
   for w in args.compare:
     _check_tokenizer(p, "--compare", _check_workdir(p, "--compare", w), args.tokenizer)
   if args.data_path:
-    exts = (data_lib.PARQUET_EXTENSIONS if args.data_path.endswith(".parquet")
-            else data_lib.TEXT_EXTENSIONS)
+    exts = (
+      data_lib.PARQUET_EXTENSIONS
+      if args.data_path.endswith(".parquet")
+      else data_lib.TEXT_EXTENSIONS
+    )
     try:
       data_files.resolve_files(args.data_path, exts, "--data-path")
     except ValueError as e:
@@ -224,8 +281,7 @@ def _check_inputs(p, args) -> None:
   specs = check_task_files(p, args)
   args.config = dataclasses.replace(args.config, icl_specs=None if specs is None else tuple(specs))
   try:
-    args.out_dir = (paths.resolve(args.out, what="--out") if args.out
-                    else default_out(workdir))
+    args.out_dir = paths.resolve(args.out, what="--out") if args.out else default_out(workdir)
   except (ValueError, ImportError) as e:
     p.error(str(e))
   # GCS has no directories: a gs:// --out is never "created", so never removed on failure
@@ -252,8 +308,10 @@ def default_out(workdir: str) -> str:
     out = paths.join(workdir, "eval")
   package = _package_around(out)
   if package is not None:
-    raise ValueError(f"the default report directory {out} is inside the Python package "
-                     f"{package}; give --out DIR outside the source tree")
+    raise ValueError(
+      f"the default report directory {out} is inside the Python package "
+      f"{package}; give --out DIR outside the source tree"
+    )
   return out
 
 
@@ -291,8 +349,10 @@ def check_task_files(p, args) -> list | None:
   if args.icl_tasks is None:
     return None
   if not os.path.isfile(args.icl_tasks):
-    p.error(f"--icl-tasks {args.icl_tasks} {_what_is_wrong(args.icl_tasks, 'file')}; give a "
-            f"JSON list of ICL task specs")
+    p.error(
+      f"--icl-tasks {args.icl_tasks} {_what_is_wrong(args.icl_tasks, 'file')}; give a "
+      f"JSON list of ICL task specs"
+    )
   try:
     specs = icl.load_specs(args.icl_tasks)
     for spec in specs:
@@ -300,8 +360,9 @@ def check_task_files(p, args) -> list | None:
   except (ValueError, OSError) as e:
     p.error(f"--icl-tasks {args.icl_tasks}: {e}")
   if not specs:
-    p.error(f"--icl-tasks {args.icl_tasks} lists no tasks; give at least one task spec or drop "
-            f"the option")
+    p.error(
+      f"--icl-tasks {args.icl_tasks} lists no tasks; give at least one task spec or drop the option"
+    )
   return specs
 
 
@@ -328,10 +389,11 @@ def prepare_out_dir(out_dir: str) -> None:
   except Exception as e:  # noqa: BLE001 -- OSError or a storage library's own error
     if not (isinstance(e, OSError) or paths.is_storage_error(e)):
       raise
-    raise OSError(f"cannot create or write the report directory {out_dir} "
-                  f"({paths.describe_failure(e, out_dir)}); give a writable --out") from None
-  raise OSError(f"{out_dir} is an existing file, not a directory; give a directory for the "
-                f"report")
+    raise OSError(
+      f"cannot create or write the report directory {out_dir} "
+      f"({paths.describe_failure(e, out_dir)}); give a writable --out"
+    ) from None
+  raise OSError(f"{out_dir} is an existing file, not a directory; give a directory for the report")
 
 
 def main(argv=None) -> int:
@@ -357,8 +419,9 @@ def _load(workdir: str, config: EvalConfig) -> scoring.Run:
   """A training workdir's newest checkpoint, or a model directory (evaluation.imported)."""
   resolved = paths.resolve(workdir, what="--workdir")
   if imported.is_model_dir(resolved):
-    return imported.load_model(resolved, data_path=config.data_path, train_len=config.train_len,
-                               tokenizer=config.tokenizer)
+    return imported.load_model(
+      resolved, data_path=config.data_path, train_len=config.train_len, tokenizer=config.tokenizer
+    )
   return scoring.load_run(resolved)
 
 
@@ -370,9 +433,12 @@ def _evaluate(args) -> int:
   for run in runs:
     print(f"== {run.name}: {run.model_config.pos_encoding}, step {run.step}", file=sys.stderr)
     results.append(evaluate_run(run, config))
-  rep = {"schema_version": report.SCHEMA_VERSION, "suite": config.suite,
-         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-         "runs": results}
+  rep = {
+    "schema_version": report.SCHEMA_VERSION,
+    "suite": config.suite,
+    "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "runs": results,
+  }
   out_dir = args.out_dir  # made and probed by parse_args
   figure1 = None
   first = runs[0]

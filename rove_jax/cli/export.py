@@ -38,29 +38,42 @@ def failure_status(e: BaseException) -> Optional[int]:
 
 def main(argv: Optional[list] = None) -> int:
   parser = argparse.ArgumentParser(
-      prog=PROG,
-      description="Export the newest verified checkpoint of a training workdir as "
-                  "safetensors + config.json (GPT-2's format where it fits).")
-  parser.add_argument("--workdir", required=True,
-                      help="the training run's --workdir (local or gs://bucket/path)")
-  parser.add_argument("--out", required=True,
-                      help="the directory to write (local or gs://bucket/path)")
-  parser.add_argument("--format", default="auto", choices=pretrained.FORMATS,
-                      help="auto: GPT-2's where the model fits it, else rove-jax's")
-  parser.add_argument("--overwrite", action="store_true",
-                      help="replace an export already in --out")
+    prog=PROG,
+    description="Export the newest verified checkpoint of a training workdir as "
+    "safetensors + config.json (GPT-2's format where it fits).",
+  )
+  parser.add_argument(
+    "--workdir", required=True, help="the training run's --workdir (local or gs://bucket/path)"
+  )
+  parser.add_argument(
+    "--out", required=True, help="the directory to write (local or gs://bucket/path)"
+  )
+  parser.add_argument(
+    "--format",
+    default="auto",
+    choices=pretrained.FORMATS,
+    help="auto: GPT-2's where the model fits it, else rove-jax's",
+  )
+  parser.add_argument("--overwrite", action="store_true", help="replace an export already in --out")
   args = parser.parse_args(argv)
   platforms.skip_absent_accelerators()
   try:
-    done = export.export_run(args.workdir, args.out, format=args.format, overwrite=args.overwrite,
-                      report=lambda msg: print(msg, file=sys.stderr))
+    done = export.export_run(
+      args.workdir,
+      args.out,
+      format=args.format,
+      overwrite=args.overwrite,
+      report=lambda msg: print(msg, file=sys.stderr),
+    )
   except Exception as e:  # noqa: BLE001 -- sorted by failure_status; others re-raised
     status = failure_status(e)
     if status is None:
       raise
     return fail(str(e) or type(e).__name__, status, prefix=f"{PROG}: error")
-  print(f"exported step {done['step']} of {args.workdir} in {done['format']} format to "
-        f"{paths.dirname(done['config'])}")
+  print(
+    f"exported step {done['step']} of {args.workdir} in {done['format']} format to "
+    f"{paths.dirname(done['config'])}"
+  )
   return 0
 
 

@@ -48,9 +48,12 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
   parser = subparsers.choices["run"]
   parser.prog = PROG
   parser.usage = f"{PROG} --model rove_jax --model_args path=DIR --tasks TASK ... [options]"
-  parser.add_argument("--only_include_path", action="store_true",
-                      help="index only the tasks under --include_path, not lm_eval's built-in "
-                           "task files (a faster start for local tasks)")
+  parser.add_argument(
+    "--only_include_path",
+    action="store_true",
+    help="index only the tasks under --include_path, not lm_eval's built-in "
+    "task files (a faster start for local tasks)",
+  )
   args = parser.parse_args(argv[1:] if argv[:1] == ["run"] else argv)
   if args.only_include_path and not args.include_path:
     parser.error("--only_include_path needs --include_path DIR (the task files to index)")
@@ -58,8 +61,10 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
   # has not: refused here, before anything loads, rather than as a traceback from lm_eval.
   batch_size = str(getattr(args, "batch_size", None))  # absent: lm_eval's default, a number
   if getattr(args, "model", None) == "rove_jax" and batch_size.startswith("auto"):
-    parser.error(f"--batch_size {batch_size}: the rove_jax model takes a fixed batch size; "
-                 f"give a number, e.g. --batch_size 8")
+    parser.error(
+      f"--batch_size {batch_size}: the rove_jax model takes a fixed batch size; "
+      f"give a number, e.g. --batch_size 8"
+    )
   return args
 
 
@@ -67,6 +72,7 @@ def _index_only_include_path() -> None:
   """Makes lm_eval's TaskManager skip its built-in tasks (include_defaults=False) in this
   process; lm_eval's `run` builds its TaskManager with the default."""
   from lm_eval.tasks import manager
+
   init = manager.TaskManager.__init__
 
   def local_only(self, *a, **k):

@@ -42,8 +42,9 @@ def _installed(name: str) -> bool:
     return False
 
 
-def skip_absent_accelerators(environ: Optional[MutableMapping[str, str]] = None, *,
-                             dev: str = "/dev") -> Optional[str]:
+def skip_absent_accelerators(
+  environ: Optional[MutableMapping[str, str]] = None, *, dev: str = "/dev"
+) -> Optional[str]:
   """Sets environ["JAX_PLATFORMS"] = "cpu" where libtpu or a CUDA plugin is installed and no
   accelerator of an installed one is attached, unless JAX_PLATFORMS is set already; returns
   what it set (None: nothing). Call it before JAX starts a backend."""
@@ -60,8 +61,9 @@ def skip_absent_accelerators(environ: Optional[MutableMapping[str, str]] = None,
   return "cpu"
 
 
-def prepare_gpu_compile(topology: str, environ: Optional[MutableMapping[str, str]] = None,
-                        gpus=("h100", "h200")) -> bool:
+def prepare_gpu_compile(
+  topology: str, environ: Optional[MutableMapping[str, str]] = None, gpus=("h100", "h200")
+) -> bool:
   """For a dry run compiled for a named NVIDIA topology (h200-8, ...): sets
   JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 unless set, without which the CUDA plugin, finding no
   driver, does not register (rove_jax/aot/gpu.py). Returns whether the topology is a GPU's."""

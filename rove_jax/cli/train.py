@@ -28,12 +28,18 @@ from rove_jax.cli.errors import TRACEBACK_VAR, fail, missing_package
 from rove_jax.train import overrides, run_config, sharding
 
 _CONFIG = flags.DEFINE_string(
-    "config", None, "a config file (configs/tiny.py) or a packaged config's name (smoke, tiny, "
-    "demo, recall_offset, gpt2_124m, gpt2_354m); --config.a.b=VALUE overrides a field")
+  "config",
+  None,
+  "a config file (configs/tiny.py) or a packaged config's name (smoke, tiny, "
+  "demo, recall_offset, gpt2_124m, gpt2_354m); --config.a.b=VALUE overrides a field",
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics, tokenizer")
-_COORD = flags.DEFINE_string("coordinator_address", None,
-                             "multi-process: HOST:PORT of process 0 (with --num_processes, "
-                             "--process_id); without them, TPU pods and SLURM are auto-detected")
+_COORD = flags.DEFINE_string(
+  "coordinator_address",
+  None,
+  "multi-process: HOST:PORT of process 0 (with --num_processes, "
+  "--process_id); without them, TPU pods and SLURM are auto-detected",
+)
 _NPROC = flags.DEFINE_integer("num_processes", None, "multi-process: how many processes")
 _PID = flags.DEFINE_integer("process_id", None, "multi-process: this process's index")
 # Handled in run(), before absl (which would first ask for --config and --workdir); defined
@@ -41,14 +47,16 @@ _PID = flags.DEFINE_integer("process_id", None, "multi-process: this process's i
 flags.DEFINE_bool("help-config", False, "list every config field with its default and exit")
 flags.mark_flags_as_required(["config", "workdir"])
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train",
-                          "configs")  # the packaged configs
+CONFIG_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train", "configs"
+)  # the packaged configs
 
 
 def packaged_configs() -> list[str]:
   """Names accepted by --config NAME."""
-  return sorted(f[:-3] for f in os.listdir(CONFIG_DIR)
-                if f.endswith(".py") and not f.startswith("_"))
+  return sorted(
+    f[:-3] for f in os.listdir(CONFIG_DIR) if f.endswith(".py") and not f.startswith("_")
+  )
 
 
 def resolve_config_arg(value: str) -> str:
@@ -58,11 +66,15 @@ def resolve_config_arg(value: str) -> str:
     return value
   if "/" in name or name.endswith(".py"):
     what = "is not a file" if os.path.exists(name) else "no such file"
-    raise app.UsageError(f"--config {name}: {what}; give a config file (e.g. configs/tiny.py) "
-                         f"or one of {packaged_configs()}")
+    raise app.UsageError(
+      f"--config {name}: {what}; give a config file (e.g. configs/tiny.py) "
+      f"or one of {packaged_configs()}"
+    )
   if name not in packaged_configs():
-    raise app.UsageError(f"--config {value!r} is neither a file nor a packaged config; give a "
-                         f"path to a config file or one of {packaged_configs()}")
+    raise app.UsageError(
+      f"--config {value!r} is neither a file nor a packaged config; give a "
+      f"path to a config file or one of {packaged_configs()}"
+    )
   return os.path.join(CONFIG_DIR, name + ".py") + sep + rest
 
 
@@ -81,6 +93,7 @@ def _quiet_background_failures() -> None:
   which asyncio and orbax log with a traceback; the run reports that failure once, as its
   error line (ROVE_JAX_TRACEBACK=1 shows them all)."""
   import logging as std_logging
+
   std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
 
   def keep(record) -> bool:
@@ -99,8 +112,10 @@ def main(argv, given=()):
   """The run, after absl parsed its flags; `given`: the --config.KEY=VALUE overrides, taken
   out of argv before absl (overrides.split)."""
   if len(argv) > 1:
-    print(f"error: unexpected arguments {argv[1:]}: every setting is a flag, e.g. "
-          f"--config.steps=100", file=sys.stderr)
+    print(
+      f"error: unexpected arguments {argv[1:]}: every setting is a flag, e.g. --config.steps=100",
+      file=sys.stderr,
+    )
     return 2
   logging.set_verbosity(logging.WARNING)  # orbax reports every file it writes at INFO
   if os.environ.get(TRACEBACK_VAR) != "1":
@@ -108,6 +123,7 @@ def main(argv, given=()):
   # after flag parsing: --help and flag errors do not load flax, optax, orbax and grain
   from rove_jax.train import loop as training
   from rove_jax.train import result
+
   # Expected failures end with one message and an exit code, no traceback (set
   # ROVE_JAX_TRACEBACK=1 to see it): 2 a bad config or input, 3 a run that diverged, 1 the rest
   # (a missing package, files, the machine: memory, disk, permissions, another trainer).
@@ -123,6 +139,7 @@ def main(argv, given=()):
     sharding.initialize_distributed(_COORD.value, _NPROC.value, _PID.value)
     if c.dry_run:
       from rove_jax.cli import dry_run  # the compiler's machinery: this flag only
+
       return dry_run.run(c)
     result.report(training.train(c, _WORKDIR.value), c)
   except (ValueError, NotImplementedError) as e:
@@ -148,6 +165,7 @@ def load(spec: str, given: list) -> "run_config.RunConfig":
   """The run's config: the file's RunConfig, the overrides applied, what the inputs decide
   filled in (rove_jax.train.resolve). Raises ValueError, one line, before any work."""
   from rove_jax.train import resolve  # reads a prepared dataset's manifest, init_from's config
+
   return resolve.command_line(overrides.load_file(spec), given)
 
 
@@ -165,8 +183,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    print(f"error: {' '.join(str(e).split())}\nrun with --helpshort for the flags",
-          file=sys.stderr)
+    print(f"error: {' '.join(str(e).split())}\nrun with --helpshort for the flags", file=sys.stderr)
     sys.exit(2)
 
 
@@ -191,8 +208,10 @@ def help_config(argv: list[str]) -> int:
   --config names, overrides applied, when one is given, else the defaults."""
   path = config_path(argv)
   if path is None:
-    print("Every config field with its default (the tiny preset's model); set one with "
-          "--config.FIELD=VALUE:")
+    print(
+      "Every config field with its default (the tiny preset's model); set one with "
+      "--config.FIELD=VALUE:"
+    )
     print("\n".join("  " + line for line in run_config.describe()))
     return 0
   given = overrides.split(argv[1:])
@@ -203,9 +222,11 @@ def help_config(argv: list[str]) -> int:
   packaged = os.path.dirname(path) == os.path.abspath(CONFIG_DIR)
   name = os.path.basename(path)[:-3] if packaged else os.path.relpath(path)
   shown = [a for a in argv[1:] if a.startswith("--config.")]
-  print(f"Every config field with its value under --config {name}"
-        + (f" and {' '.join(shown)}" if shown else "")
-        + "; set one with --config.FIELD=VALUE:")
+  print(
+    f"Every config field with its value under --config {name}"
+    + (f" and {' '.join(shown)}" if shown else "")
+    + "; set one with --config.FIELD=VALUE:"
+  )
   print("\n".join("  " + line for line in run_config.describe(c)))
   return 0
 
@@ -229,9 +250,12 @@ def run(argv=None):
     sys.exit(2)
   argv = [a for a in argv if not a.startswith("--config.")]
   if config_path(argv) is None and not any(a.startswith("--help") for a in argv[1:]):
-    print(f"error: --config is required: a config file (e.g. configs/tiny.py) or a packaged "
-          f"config's name, one of {packaged_configs()}; e.g. rove-train --config smoke "
-          f"--workdir runs/smoke", file=sys.stderr)
+    print(
+      f"error: --config is required: a config file (e.g. configs/tiny.py) or a packaged "
+      f"config's name, one of {packaged_configs()}; e.g. rove-train --config smoke "
+      f"--workdir runs/smoke",
+      file=sys.stderr,
+    )
     sys.exit(2)
   # absl prints the __main__ module's docstring as --help's usage; under the rove-train
   # console script that module is pip's generated wrapper, which has none.

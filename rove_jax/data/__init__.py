@@ -74,7 +74,19 @@ from rove_jax.data.sources import SOURCES, SPLITS, Corpus, held_out_keys, iter_d
 from rove_jax.data.token_cache import load_tokens
 
 __all__ = [
-    "Corpus", "SOURCES", "SPLITS", "TEXT_EXTENSIONS", "PARQUET_EXTENSIONS", "STDLIB_EXTENSIONS",
-    "iter_documents", "held_out_keys", "load_tokens", "train_iterator", "eval_batches",
-    "make_batch", "prepare", "Data", "prepare_dataset",
+  "Corpus",
+  "SOURCES",
+  "SPLITS",
+  "TEXT_EXTENSIONS",
+  "PARQUET_EXTENSIONS",
+  "STDLIB_EXTENSIONS",
+  "iter_documents",
+  "held_out_keys",
+  "load_tokens",
+  "train_iterator",
+  "eval_batches",
+  "make_batch",
+  "prepare",
+  "Data",
+  "prepare_dataset",
 ]

@@ -34,10 +34,11 @@ _TO_UTF8 = "convert it to UTF-8 text (e.g. iconv -t UTF-8) or remove it from the
 @dataclasses.dataclass(frozen=True)
 class Unit:
   """One file (or pydoc topic): the unit the validation split holds out."""
-  key: str                                # relative path, the input of the held-out hash
+
+  key: str  # relative path, the input of the held-out hash
   docs: Callable[[], Iterator[str]]
-  stamp: tuple = ()                       # (size, mtime_ns): part of the token-cache key
-  whole: bool = False                     # exactly one document (a .txt file)
+  stamp: tuple = ()  # (size, mtime_ns): part of the token-cache key
+  whole: bool = False  # exactly one document (a .txt file)
 
 
 def resolve_files(pattern: str, exts: tuple[str, ...], what: str) -> tuple[list[str], bool]:
@@ -57,8 +58,9 @@ def resolve_files(pattern: str, exts: tuple[str, ...], what: str) -> tuple[list[
   # A path that exists is taken literally, so a directory or file whose name holds glob
   # characters (runs[1], what?) is read as named; only a path that does not exist is a glob.
   if os.path.isdir(expanded):
-    files = sorted(os.path.join(d, f) for d, _, names in os.walk(expanded) for f in names
-                   if f.endswith(exts))
+    files = sorted(
+      os.path.join(d, f) for d, _, names in os.walk(expanded) for f in names if f.endswith(exts)
+    )
     if not files:
       raise ValueError(f"{what}: the directory {pattern!r} holds no {exts} files")
   elif os.path.isfile(expanded):
@@ -68,8 +70,10 @@ def resolve_files(pattern: str, exts: tuple[str, ...], what: str) -> tuple[list[
     if not files:
       raise ValueError(f"{what}: the glob {pattern!r} matched no files; expected {exts} files")
   else:
-    raise ValueError(f"{what}: path {pattern!r} does not exist; expected a file, a directory "
-                     f"or a glob of {exts} files")
+    raise ValueError(
+      f"{what}: path {pattern!r} does not exist; expected a file, a directory "
+      f"or a glob of {exts} files"
+    )
   bad = [f for f in files if not f.endswith(exts)]
   if bad:
     raise ValueError(f"{what}: {bad[0]!r} is not one of {exts}; narrow the glob to those files")
@@ -125,12 +129,17 @@ def _drop_binary(files: list[str], named: bool, pattern: str, what: str) -> list
       raise ValueError(f"{what}: {f} is not UTF-8 text ({problem}); {_TO_UTF8}")
     else:
       skipped.append(f)
-      warnings.warn(f"{what}: skipping {f}, matched by {pattern!r}: it is not UTF-8 text "
-                    f"({problem}); {_TO_UTF8}", stacklevel=2)
+      warnings.warn(
+        f"{what}: skipping {f}, matched by {pattern!r}: it is not UTF-8 text "
+        f"({problem}); {_TO_UTF8}",
+        stacklevel=2,
+      )
   if not kept:
-    raise ValueError(f"{what}: none of the {len(skipped)} files {pattern!r} matched is UTF-8 "
-                     f"text (skipped {skipped[:3]}); point path at text files or convert them "
-                     f"to UTF-8")
+    raise ValueError(
+      f"{what}: none of the {len(skipped)} files {pattern!r} matched is UTF-8 "
+      f"text (skipped {skipped[:3]}); point path at text files or convert them "
+      f"to UTF-8"
+    )
   return kept
 
 
@@ -180,14 +189,22 @@ def _txt_reader(path: str):
     except UnicodeDecodeError as e:
       raise _read_text_error(path, e) from None
     if "\x00" in text:
-      raise ValueError(f"text corpus: {path} is not text (a NUL byte at character "
-                       f"{text.index(chr(0))}); {_TO_UTF8}")
+      raise ValueError(
+        f"text corpus: {path} is not text (a NUL byte at character "
+        f"{text.index(chr(0))}); {_TO_UTF8}"
+      )
     yield text
+
   return docs
 
 
-def guarded(items, error: Callable[[Exception, int], Exception], *, catch=Exception,
-            count: Callable[[object], int] = lambda item: 1) -> Iterator:
+def guarded(
+  items,
+  error: Callable[[Exception, int], Exception],
+  *,
+  catch=Exception,
+  count: Callable[[object], int] = lambda item: 1,
+) -> Iterator:
   """Yields from items; an exception of type `catch` raised while getting the next one becomes
   `error(e, n)`, n the total `count` of the items yielded before it (rows read, for a message
   that says where reading failed). Exceptions raised by the consumer are not touched."""
@@ -206,17 +223,21 @@ def guarded(items, error: Callable[[Exception, int], Exception], *, catch=Except
 def _jsonl_reader(path: str, field: str):
   def docs():
     with open(path, encoding="utf-8") as f:
-      lines = guarded(enumerate(f, 1), lambda e, _: _read_text_error(path, e),
-                      catch=UnicodeDecodeError)
+      lines = guarded(
+        enumerate(f, 1), lambda e, _: _read_text_error(path, e), catch=UnicodeDecodeError
+      )
       for line_no, line in lines:
         if not line.strip():
           continue
         try:
           row = json.loads(line)
         except json.JSONDecodeError as e:
-          raise ValueError(f"{path}:{line_no} is not valid JSON ({e}); fix or remove that "
-                           f"line (one JSON object per line)") from None
+          raise ValueError(
+            f"{path}:{line_no} is not valid JSON ({e}); fix or remove that "
+            f"line (one JSON object per line)"
+          ) from None
         yield text_of(row, field, f"{path}:{line_no}")
+
   return docs
 
 
@@ -228,9 +249,11 @@ def _check_parquet_magic(path: str, what: str) -> None:
     f.seek(max(size - 4, 0))
     tail = f.read(4)
   if size < 12 or head not in (b"PAR1", b"PARE") or tail != head:
-    raise ValueError(f"{what}: {path} is not a parquet file ({size} bytes, starting "
-                     f"{head!r} and ending {tail!r}, not with the magic bytes b'PAR1'): a "
-                     f"truncated download or another format; re-download it or remove it")
+    raise ValueError(
+      f"{what}: {path} is not a parquet file ({size} bytes, starting "
+      f"{head!r} and ending {tail!r}, not with the magic bytes b'PAR1'): a "
+      f"truncated download or another format; re-download it or remove it"
+    )
 
 
 def _parquet_reader(path: str, field: str):
@@ -245,26 +268,35 @@ def _parquet_reader(path: str, field: str):
       pf = pq.ParquetFile(path)
       schema = pf.schema_arrow
     except Exception as e:  # pyarrow's errors name no file
-      raise ValueError(f"parquet file {path} could not be opened ({type(e).__name__}: {e}); "
-                       f"{fix}") from e
+      raise ValueError(
+        f"parquet file {path} could not be opened ({type(e).__name__}: {e}); {fix}"
+      ) from e
     if field not in schema.names:
-      raise ValueError(f"parquet file {path} has no column text_field={field!r}; its columns "
-                       f"are {schema.names}; set text_field")
+      raise ValueError(
+        f"parquet file {path} has no column text_field={field!r}; its columns "
+        f"are {schema.names}; set text_field"
+      )
     kind = schema.field(field).type
     is_view = getattr(pa.types, "is_string_view", lambda _: False)  # pyarrow >= 16
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or is_view(kind)):
-      raise ValueError(f"parquet file {path}: column text_field={field!r} holds {kind}, not "
-                       f"text; set text_field to the text column")
+      raise ValueError(
+        f"parquet file {path}: column text_field={field!r} holds {kind}, not "
+        f"text; set text_field to the text column"
+      )
     # Row-group batches: a multi-GB shard never sits in memory at once.
     batches = guarded(
-        pf.iter_batches(batch_size=1024, columns=[field]),
-        lambda e, rows: ValueError(f"parquet file {path}: reading column {field!r} failed after "
-                                   f"{rows} rows ({type(e).__name__}: {e}); {fix}"),
-        count=lambda batch: batch.num_rows)
+      pf.iter_batches(batch_size=1024, columns=[field]),
+      lambda e, rows: ValueError(
+        f"parquet file {path}: reading column {field!r} failed after "
+        f"{rows} rows ({type(e).__name__}: {e}); {fix}"
+      ),
+      count=lambda batch: batch.num_rows,
+    )
     for batch in batches:
       for text in batch.column(0).to_pylist():
         if text is not None:
           yield text
+
   return docs
 
 
@@ -294,13 +326,18 @@ def stdlib_units(root: str) -> list[Unit]:
   """
   root = os.path.abspath(os.path.expanduser(root))
   if not os.path.isdir(root):
-    raise ValueError(f"stdlib corpus: the library root {root!r} does not exist; expected the "
-                     f"directory holding the standard library's .py files")
+    raise ValueError(
+      f"stdlib corpus: the library root {root!r} does not exist; expected the "
+      f"directory holding the standard library's .py files"
+    )
   units = []
   for dirpath, dirnames, filenames in os.walk(root):
     # A virtualenv (pyvenv.cfg) or installed packages are not the standard library.
-    dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP_DIRS and not os.path.exists(
-        os.path.join(dirpath, d, "pyvenv.cfg")))
+    dirnames[:] = sorted(
+      d
+      for d in dirnames
+      if d not in _STDLIB_SKIP_DIRS and not os.path.exists(os.path.join(dirpath, d, "pyvenv.cfg"))
+    )
     for name in filenames:
       if not (name.endswith(STDLIB_EXTENSIONS) or name.startswith("README")):
         continue
@@ -314,8 +351,10 @@ def stdlib_units(root: str) -> list[Unit]:
       if topics:
         # The topics module is prose stored in string literals: use the prose, one document
         # (and one held-out unit) per topic.
-        units += [Unit(f"{key}::{t}", lambda text=text: iter([text]), stamp)
-                  for t, text in sorted(topics.items())]
+        units += [
+          Unit(f"{key}::{t}", lambda text=text: iter([text]), stamp)
+          for t, text in sorted(topics.items())
+        ]
       else:
         units.append(Unit(key, lambda p=path: _read_stdlib_file(p), stamp))
   units.sort(key=lambda u: u.key)
@@ -345,7 +384,8 @@ def _pydoc_topics(path: str) -> Optional[dict[str, str]]:
       tree = ast.parse(f.read())
     for node in tree.body:
       if isinstance(node, ast.Assign) and any(
-          isinstance(t, ast.Name) and t.id == "topics" for t in node.targets):
+        isinstance(t, ast.Name) and t.id == "topics" for t in node.targets
+      ):
         topics = ast.literal_eval(node.value)
         if isinstance(topics, dict) and all(isinstance(v, str) for v in topics.values()):
           return {str(k): v for k, v in topics.items()}

@@ -40,10 +40,19 @@ from rove_jax.data.tokenization import Tokenizer
 from rove_jax.storage import paths
 
 
-def train_iterator(tokens, *, seq_len: int, global_batch_size: int, seed: int,
-                   process_index: int = 0, process_count: int = 1, packing: bool = False,
-                   eot_id: Optional[int] = None, num_threads: int = 2,
-                   loss_mask_T: Optional[np.ndarray] = None) -> grain.DatasetIterator:
+def train_iterator(
+  tokens,
+  *,
+  seq_len: int,
+  global_batch_size: int,
+  seed: int,
+  process_index: int = 0,
+  process_count: int = 1,
+  packing: bool = False,
+  eot_id: Optional[int] = None,
+  num_threads: int = 2,
+  loss_mask_T: Optional[np.ndarray] = None,
+) -> grain.DatasetIterator:
   """An endless, shuffled, checkpointable iterator of this process's training batches.
 
   Windows (see the module docstring) are shuffled with seed and every epoch is reshuffled.
@@ -77,15 +86,21 @@ def train_iterator(tokens, *, seq_len: int, global_batch_size: int, seed: int,
   n_windows = (tokens.size - 1) // seq_len
   # grain reseeds epoch e with seed + e, so seeds 0 and 1 would share shuffles one epoch
   # apart; hashing the user's seed first decorrelates neighbouring seeds.
-  shuffle_seed = int.from_bytes(hashlib.sha256(f"rove_jax/{int(seed)}".encode()).digest()[:4],
-                                "big")
+  shuffle_seed = int.from_bytes(
+    hashlib.sha256(f"rove_jax/{int(seed)}".encode()).digest()[:4], "big"
+  )
   ds = grain.MapDataset.range(n_windows).shuffle(seed=shuffle_seed).repeat()
   ds = ds.batch(global_batch_size, drop_remainder=True)  # batches of window indices
   ds = ds.map(_WindowBatch(tokens, seq_len, lo, hi, packing, eot_id, loss_mask_T))
   read = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=max(2, 2 * num_threads))
   inner = iter(ds.to_iter_dataset(read))
-  pipeline = {"seq_len": int(seq_len), "global_batch_size": int(global_batch_size),
-              "seed": int(seed), "packing": bool(packing), "n_windows": int(n_windows)}
+  pipeline = {
+    "seq_len": int(seq_len),
+    "global_batch_size": int(global_batch_size),
+    "seed": int(seed),
+    "packing": bool(packing),
+    "n_windows": int(n_windows),
+  }
   return _CheckedIterator(inner, pipeline)
 
 
@@ -97,9 +112,13 @@ class _WindowBatch:
     self.packing, self.eot_id, self.loss_mask_T = packing, eot_id, loss_mask_T
 
   def __call__(self, window_ids: np.ndarray) -> dict[str, np.ndarray]:
-    starts_B = np.asarray(window_ids[self.lo:self.hi], dtype=np.int64) * self.seq_len
-    return make_batch(_gather(self.tokens, starts_B, self.seq_len + 1),
-                      packing=self.packing, eot_id=self.eot_id, loss_mask_T=self.loss_mask_T)
+    starts_B = np.asarray(window_ids[self.lo : self.hi], dtype=np.int64) * self.seq_len
+    return make_batch(
+      _gather(self.tokens, starts_B, self.seq_len + 1),
+      packing=self.packing,
+      eot_id=self.eot_id,
+      loss_mask_T=self.loss_mask_T,
+    )
 
 
 class _CheckedIterator(grain.DatasetIterator):
@@ -118,26 +137,42 @@ class _CheckedIterator(grain.DatasetIterator):
 
   def set_state(self, state: dict[str, Any]) -> None:
     if not isinstance(state, dict) or "grain" not in state or "pipeline" not in state:
-      raise ValueError("not a rove_jax data-iterator state (expected keys 'grain' and "
-                       f"'pipeline'), got {type(state).__name__} "
-                       f"{sorted(state) if isinstance(state, dict) else ''}")
+      raise ValueError(
+        "not a rove_jax data-iterator state (expected keys 'grain' and "
+        f"'pipeline'), got {type(state).__name__} "
+        f"{sorted(state) if isinstance(state, dict) else ''}"
+      )
     saved = state["pipeline"]
-    diffs = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in self._pipeline.items()
-             if saved.get(k) != v]
+    diffs = [
+      f"{k}: saved {saved.get(k)!r}, now {v!r}"
+      for k, v in self._pipeline.items()
+      if saved.get(k) != v
+    ]
     if diffs:
-      raise ValueError("the saved data-iterator state belongs to a different pipeline ("
-                       + "; ".join(diffs) + "); resume with the same data settings or start "
-                       "a fresh run")
+      raise ValueError(
+        "the saved data-iterator state belongs to a different pipeline ("
+        + "; ".join(diffs)
+        + "); resume with the same data settings or start "
+        "a fresh run"
+      )
     self._inner.set_state(state["grain"])
 
   def __str__(self) -> str:
     return f"rove_jax.data.train_iterator({self._pipeline})"
 
 
-def eval_batches(tokens, *, seq_len: int, batch_size: int, max_batches: Optional[int] = None,
-                 process_index: int = 0, process_count: int = 1, packing: bool = False,
-                 eot_id: Optional[int] = None,
-                 loss_mask_T: Optional[np.ndarray] = None) -> Iterator[dict[str, np.ndarray]]:
+def eval_batches(
+  tokens,
+  *,
+  seq_len: int,
+  batch_size: int,
+  max_batches: Optional[int] = None,
+  process_index: int = 0,
+  process_count: int = 1,
+  packing: bool = False,
+  eot_id: Optional[int] = None,
+  loss_mask_T: Optional[np.ndarray] = None,
+) -> Iterator[dict[str, np.ndarray]]:
   """Deterministic evaluation batches: windows in order, no shuffle, a partial last batch
   dropped.
 
@@ -156,29 +191,42 @@ def eval_batches(tokens, *, seq_len: int, batch_size: int, max_batches: Optional
   lo, hi = _process_rows(batch_size, process_index, process_count)
   _check_packing(packing, eot_id)
   loss_mask_T = _check_loss_mask(loss_mask_T, seq_len)
-  if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(
-      max_batches, (int, np.integer)) or max_batches < 1):
+  if max_batches is not None and (
+    isinstance(max_batches, bool)
+    or not isinstance(max_batches, (int, np.integer))
+    or max_batches < 1
+  ):
     raise ValueError(f"max_batches must be a positive int or None, got {max_batches!r}")
   n_windows = (tokens.size - 1) // seq_len
   n_batches = n_windows // batch_size
   if n_batches == 0:
     raise ValueError(
-        f"{tokens.size} validation tokens make {n_windows} windows of seq_len={seq_len}, fewer "
-        f"than batch_size={batch_size}: lower batch_size or seq_len, or hold out more data")
+      f"{tokens.size} validation tokens make {n_windows} windows of seq_len={seq_len}, fewer "
+      f"than batch_size={batch_size}: lower batch_size or seq_len, or hold out more data"
+    )
   if max_batches is not None:
     n_batches = min(n_batches, int(max_batches))
 
   def batches():
     for b in range(n_batches):
       starts_B = (b * batch_size + np.arange(lo, hi, dtype=np.int64)) * seq_len
-      yield make_batch(_gather(tokens, starts_B, seq_len + 1), packing=packing, eot_id=eot_id,
-                       loss_mask_T=loss_mask_T)
+      yield make_batch(
+        _gather(tokens, starts_B, seq_len + 1),
+        packing=packing,
+        eot_id=eot_id,
+        loss_mask_T=loss_mask_T,
+      )
+
   return batches()
 
 
-def make_batch(windows_BW, *, packing: bool = False,
-               eot_id: Optional[int] = None,
-               loss_mask_T: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
+def make_batch(
+  windows_BW,
+  *,
+  packing: bool = False,
+  eot_id: Optional[int] = None,
+  loss_mask_T: Optional[np.ndarray] = None,
+) -> dict[str, np.ndarray]:
   """Splits windows [B, T + 1] into inputs/targets (+ segment_ids/positions with packing,
   + loss_mask with loss_mask_T).
 
@@ -204,8 +252,9 @@ def make_batch(windows_BW, *, packing: bool = False,
     start_BT = np.maximum.accumulate(after_eot_BT, axis=1)  # where each token's document began
     batch["positions"] = (t_T[None, :] - start_BT).astype(np.int32)
   if loss_mask_T is not None:
-    batch["loss_mask"] = np.repeat(np.asarray(loss_mask_T, np.int32)[None],
-                                   windows_BW.shape[0], axis=0)
+    batch["loss_mask"] = np.repeat(
+      np.asarray(loss_mask_T, np.int32)[None], windows_BW.shape[0], axis=0
+    )
   return batch
 
 
@@ -219,14 +268,14 @@ def max_documents(tokens, seq_len: int, eot_id: int, *, chunk_windows: int = 1 <
   most = 0
   for w in range(0, n_windows, chunk_windows):
     n = min(chunk_windows, n_windows - w)
-    rows = np.asarray(tokens[w * seq_len:(w + n) * seq_len]).reshape(n, seq_len)
+    rows = np.asarray(tokens[w * seq_len : (w + n) * seq_len]).reshape(n, seq_len)
     most = max(most, 1 + int(np.max(np.sum(rows[:, :-1] == eot_id, axis=1))))
   return most
 
 
 def _gather(tokens, starts_B: np.ndarray, width: int) -> np.ndarray:
   # One contiguous slice per row: cheap on a memmap, reads only these rows' pages.
-  return np.stack([np.asarray(tokens[s:s + width], dtype=np.int32) for s in starts_B.tolist()])
+  return np.stack([np.asarray(tokens[s : s + width], dtype=np.int32) for s in starts_B.tolist()])
 
 
 def _check_tokens(tokens, seq_len) -> np.ndarray:
@@ -235,26 +284,30 @@ def _check_tokens(tokens, seq_len) -> np.ndarray:
   if not isinstance(tokens, (np.ndarray, prepared.ShardedTokens)):  # shards: read when sliced
     tokens = np.asarray(tokens)
   if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-    raise ValueError(f"tokens must be a flat integer array [N], got {tokens.dtype} "
-                     f"{tokens.shape}")
+    raise ValueError(f"tokens must be a flat integer array [N], got {tokens.dtype} {tokens.shape}")
   if tokens.size < seq_len + 1:
-    raise ValueError(f"{tokens.size} tokens cannot fill one window of seq_len + 1 = "
-                     f"{seq_len + 1}; lower seq_len or use more data")
+    raise ValueError(
+      f"{tokens.size} tokens cannot fill one window of seq_len + 1 = "
+      f"{seq_len + 1}; lower seq_len or use more data"
+    )
   return tokens
 
 
 def _process_rows(global_batch_size, process_index, process_count) -> tuple[int, int]:
-  for name, value, low in (("global_batch_size", global_batch_size, 1),
-                           ("process_count", process_count, 1),
-                           ("process_index", process_index, 0)):
+  for name, value, low in (
+    ("global_batch_size", global_batch_size, 1),
+    ("process_count", process_count, 1),
+    ("process_index", process_index, 0),
+  ):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
       raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
   if not process_index < process_count:
     raise ValueError(f"process_index={process_index} must be < process_count={process_count}")
   if global_batch_size % process_count:
     raise ValueError(
-        f"global_batch_size={global_batch_size} is not divisible by process_count="
-        f"{process_count}; use a multiple of {process_count}")
+      f"global_batch_size={global_batch_size} is not divisible by process_count="
+      f"{process_count}; use a multiple of {process_count}"
+    )
   per_process = global_batch_size // process_count
   return process_index * per_process, (process_index + 1) * per_process
 
@@ -264,15 +317,18 @@ def _check_loss_mask(loss_mask_T, seq_len) -> Optional[np.ndarray]:
     return None
   mask = np.asarray(loss_mask_T)
   if mask.shape != (seq_len,) or not np.isin(mask, (0, 1)).all() or not mask.any():
-    raise ValueError(f"loss_mask_T must be [seq_len={seq_len}] zeros and ones, not all zero; "
-                     f"got shape {mask.shape}")
+    raise ValueError(
+      f"loss_mask_T must be [seq_len={seq_len}] zeros and ones, not all zero; "
+      f"got shape {mask.shape}"
+    )
   return mask.astype(np.int32)
 
 
 def _check_packing(packing, eot_id) -> None:
   if packing and eot_id is None:
-    raise ValueError("packing=True needs eot_id (the tokenizer's end-of-text id) to find "
-                     "document boundaries")
+    raise ValueError(
+      "packing=True needs eot_id (the tokenizer's end-of-text id) to find document boundaries"
+    )
 
 
 # ---------------------------------------------------------------------------------- prepare
@@ -284,6 +340,7 @@ class Data:
   `sources.loss_mask` (None for most sources), which the batches then carry; identity: what
   the token streams are (see the module docstring; compare two with
   `describe_identity_change`)."""
+
   tokenizer: Tokenizer
   train_tokens: np.ndarray
   val_tokens: np.ndarray
@@ -292,21 +349,31 @@ class Data:
 
   def train_iterator(self, **kwargs) -> grain.DatasetIterator:
     """`train_iterator(self.train_tokens, eot_id=tokenizer.eot_id, loss_mask_T=..., **kwargs)`."""
-    return train_iterator(self.train_tokens, eot_id=self.tokenizer.eot_id,
-                          loss_mask_T=self.loss_mask_T, **kwargs)
+    return train_iterator(
+      self.train_tokens, eot_id=self.tokenizer.eot_id, loss_mask_T=self.loss_mask_T, **kwargs
+    )
 
   def eval_batches(self, **kwargs) -> Iterator[dict[str, np.ndarray]]:
     """`eval_batches(self.val_tokens, eot_id=tokenizer.eot_id, loss_mask_T=..., **kwargs)`."""
-    return eval_batches(self.val_tokens, eot_id=self.tokenizer.eot_id,
-                        loss_mask_T=self.loss_mask_T, **kwargs)
+    return eval_batches(
+      self.val_tokens, eot_id=self.tokenizer.eot_id, loss_mask_T=self.loss_mask_T, **kwargs
+    )
 
 
-def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
-            vocab_size: Optional[int] = None, max_train_tokens: Optional[int] = None,
-            max_val_tokens: Optional[int] = None,
-            bpe_train_chars: int = 1_000_000_000, verify: bool = True,
-            allow_changed: bool = False, process_index: int = 0,
-            process_count: int = 1) -> Data:
+def prepare(
+  corpus: Corpus,
+  tokenizer: str = "bytes",
+  *,
+  workdir: str,
+  vocab_size: Optional[int] = None,
+  max_train_tokens: Optional[int] = None,
+  max_val_tokens: Optional[int] = None,
+  bpe_train_chars: int = 1_000_000_000,
+  verify: bool = True,
+  allow_changed: bool = False,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> Data:
   """Builds (or reloads from workdir) a run's tokenizer and train/val token arrays.
 
   Args:
@@ -329,18 +396,30 @@ def prepare(corpus: Corpus, tokenizer: str = "bytes", *, workdir: str,
   workdir = paths.resolve(workdir, what="workdir")
   if corpus.source == "prepared":  # tokenized already: read from its shards
     tok, train, val, identity = prepared.for_run(
-        corpus.path, tokenizer, workdir=workdir, verify_shards=verify,
-        allow_changed=allow_changed, process_index=process_index, process_count=process_count,
-        max_train_tokens=max_train_tokens, max_val_tokens=max_val_tokens)
+      corpus.path,
+      tokenizer,
+      workdir=workdir,
+      verify_shards=verify,
+      allow_changed=allow_changed,
+      process_index=process_index,
+      process_count=process_count,
+      max_train_tokens=max_train_tokens,
+      max_val_tokens=max_val_tokens,
+    )
     return Data(tok, train, val, None, identity)
   tok = tokenization.get_tokenizer(
-      tokenizer, workdir=workdir, vocab_size=vocab_size,
-      train_texts=lambda: take_chars(iter_documents(corpus, "train"), bpe_train_chars))
+    tokenizer,
+    workdir=workdir,
+    vocab_size=vocab_size,
+    train_texts=lambda: take_chars(iter_documents(corpus, "train"), bpe_train_chars),
+  )
   cache_dir = paths.join(workdir, "data")
-  train, train_sha = load_tokens_and_sha256(corpus, "train", tok, cache_dir=cache_dir,
-                                            max_tokens=max_train_tokens)
-  val, val_sha = load_tokens_and_sha256(corpus, "val", tok, cache_dir=cache_dir,
-                                        max_tokens=max_val_tokens)
+  train, train_sha = load_tokens_and_sha256(
+    corpus, "train", tok, cache_dir=cache_dir, max_tokens=max_train_tokens
+  )
+  val, val_sha = load_tokens_and_sha256(
+    corpus, "val", tok, cache_dir=cache_dir, max_tokens=max_val_tokens
+  )
   identity = {"source": corpus.source, "train_sha256": train_sha, "val_sha256": val_sha}
   return Data(tok, train, val, loss_mask(corpus), identity)
 
@@ -363,30 +442,40 @@ def describe_identity_change(saved: dict, now: dict) -> str:
     return "the saved run recorded no data identity (it predates identity records)"
   old_src, new_src = saved.get("source"), now.get("source")
   if old_src != new_src:
-    return (f"the data source changed from {_describe(saved)} to {_describe(now)}")
+    return f"the data source changed from {_describe(saved)} to {_describe(now)}"
   changes = []
   if old_src == "prepared":
     old_path, new_path = saved.get("path"), now.get("path")
     old_sha, new_sha = saved.get("manifest_sha256"), now.get("manifest_sha256")
     if old_sha != new_sha and old_path == new_path:
-      changes.append(f"the prepared dataset {new_path} was re-prepared (manifest sha256 "
-                     f"{_short(old_sha)} -> {_short(new_sha)})")
+      changes.append(
+        f"the prepared dataset {new_path} was re-prepared (manifest sha256 "
+        f"{_short(old_sha)} -> {_short(new_sha)})"
+      )
     elif old_sha != new_sha:
-      changes.append(f"the prepared dataset changed from {old_path} (manifest sha256 "
-                     f"{_short(old_sha)}) to {new_path} (manifest sha256 {_short(new_sha)})")
+      changes.append(
+        f"the prepared dataset changed from {old_path} (manifest sha256 "
+        f"{_short(old_sha)}) to {new_path} (manifest sha256 {_short(new_sha)})"
+      )
     elif old_path != new_path:
-      changes.append(f"the prepared dataset moved from {old_path} to {new_path} (the same "
-                     f"contents: manifest sha256 {_short(new_sha)})")
+      changes.append(
+        f"the prepared dataset moved from {old_path} to {new_path} (the same "
+        f"contents: manifest sha256 {_short(new_sha)})"
+      )
     old_caps, new_caps = saved.get("max_tokens") or {}, now.get("max_tokens") or {}
     for split in ("train", "val"):
       if old_caps.get(split) != new_caps.get(split):
-        changes.append(f"its {split} split's token cap changed from {old_caps.get(split)} to "
-                       f"{new_caps.get(split)}")
+        changes.append(
+          f"its {split} split's token cap changed from {old_caps.get(split)} to "
+          f"{new_caps.get(split)}"
+        )
   else:
     for key, what in (("train_sha256", "training"), ("val_sha256", "validation")):
       if saved.get(key) != now.get(key):
-        changes.append(f"the {what} tokens of the {new_src} corpus changed (sha256 "
-                       f"{_short(saved.get(key))} -> {_short(now.get(key))})")
+        changes.append(
+          f"the {what} tokens of the {new_src} corpus changed (sha256 "
+          f"{_short(saved.get(key))} -> {_short(now.get(key))})"
+        )
   known = {"source", "path", "manifest_sha256", "max_tokens", "train_sha256", "val_sha256"}
   for key in sorted((set(saved) | set(now)) - known):
     if saved.get(key) != now.get(key):
@@ -397,10 +486,11 @@ def describe_identity_change(saved: dict, now: dict) -> str:
 def _describe(identity: dict) -> str:
   source = identity.get("source")
   if source == "prepared":
-    return (f"the prepared dataset {identity.get('path')} (manifest sha256 "
-            f"{_short(identity.get('manifest_sha256'))})")
-  return (f"the {source} corpus (training tokens sha256 "
-          f"{_short(identity.get('train_sha256'))})")
+    return (
+      f"the prepared dataset {identity.get('path')} (manifest sha256 "
+      f"{_short(identity.get('manifest_sha256'))})"
+    )
+  return f"the {source} corpus (training tokens sha256 {_short(identity.get('train_sha256'))})"
 
 
 def _short(digest) -> str:

@@ -44,12 +44,20 @@ _OURS = re.compile(rf"^({_NAMES}|{_NAMES}\.tmp-.*|\.{_NAMES}\.tmp-.*)$")
 _LOCK_FILES = re.compile(r"^(\.writer-lock\.\d+|\.clock-probe-.*)$")
 
 
-def prepare_dataset(corpus: Corpus, tokenizer: Union[str, Tokenizer], out: str, *,
-                    tokens_per_shard: int = DEFAULT_TOKENS_PER_SHARD,
-                    max_train_tokens: Optional[int] = None,
-                    max_val_tokens: Optional[int] = None, vocab_size: Optional[int] = None,
-                    bpe_train_chars: int = 1_000_000_000, overwrite: bool = False,
-                    progress: bool = True, log=None) -> dict:
+def prepare_dataset(
+  corpus: Corpus,
+  tokenizer: Union[str, Tokenizer],
+  out: str,
+  *,
+  tokens_per_shard: int = DEFAULT_TOKENS_PER_SHARD,
+  max_train_tokens: Optional[int] = None,
+  max_val_tokens: Optional[int] = None,
+  vocab_size: Optional[int] = None,
+  bpe_train_chars: int = 1_000_000_000,
+  overwrite: bool = False,
+  progress: bool = True,
+  log=None,
+) -> dict:
   """Tokenizes corpus's train and val splits into the prepared directory out (or resumes).
 
   Args:
@@ -79,39 +87,82 @@ def prepare_dataset(corpus: Corpus, tokenizer: Union[str, Tokenizer], out: str, 
   source = _source_digest(corpus, tokens_per_shard, caps)  # lists the files: bad paths fail here
   # A tokenizer that needs no training is built now: a bad spec fails before any file changes.
   spec, bpe_size = _canonical_spec(tokenizer, vocab_size)
-  tok = None if bpe_size else (tokenizer if isinstance(tokenizer, Tokenizer) else
-                               tokenization.get_tokenizer(tokenizer))
+  tok = (
+    None
+    if bpe_size
+    else (tokenizer if isinstance(tokenizer, Tokenizer) else tokenization.get_tokenizer(tokenizer))
+  )
   foreign = sorted(f for f in paths.listdir(out) if not (_OURS.match(f) or _LOCK_FILES.match(f)))
   if foreign:
-    raise ValueError(f"--out {out} holds files that are not a prepared dataset's "
-                     f"({foreign[:3]}); choose an empty or new directory")
+    raise ValueError(
+      f"--out {out} holds files that are not a prepared dataset's "
+      f"({foreign[:3]}); choose an empty or new directory"
+    )
   # Before anything in out changes: a second rove-prepare on out stops here, naming the first.
   writer = lock_lib.WriterLock(out, what="prepared dataset")
   writer.acquire(log=log)
   try:
-    return _prepare_locked(corpus, out, tok, spec, bpe_size, source, caps, writer,
-                           tokens_per_shard=tokens_per_shard, bpe_train_chars=bpe_train_chars,
-                           overwrite=overwrite, progress=progress, log=log)
+    return _prepare_locked(
+      corpus,
+      out,
+      tok,
+      spec,
+      bpe_size,
+      source,
+      caps,
+      writer,
+      tokens_per_shard=tokens_per_shard,
+      bpe_train_chars=bpe_train_chars,
+      overwrite=overwrite,
+      progress=progress,
+      log=log,
+    )
   finally:
     writer.release()
 
 
-def _prepare_locked(corpus, out, tok, spec, bpe_size, source, caps, writer, *,
-                    tokens_per_shard, bpe_train_chars, overwrite, progress, log) -> dict:
+def _prepare_locked(
+  corpus,
+  out,
+  tok,
+  spec,
+  bpe_size,
+  source,
+  caps,
+  writer,
+  *,
+  tokens_per_shard,
+  bpe_train_chars,
+  overwrite,
+  progress,
+  log,
+) -> dict:
   """prepare_dataset's work, with out's writer lock held."""
   manifest, journal = _read_json(out, prepared.MANIFEST), _read_json(out, prepared.PROGRESS)
   done = manifest or journal
-  same = bool(done) and done.get("request", {}).get("source") == source and (
-      done.get("tokenizer", {}).get("spec") == spec)
+  same = (
+    bool(done)
+    and done.get("request", {}).get("source") == source
+    and (done.get("tokenizer", {}).get("spec") == spec)
+  )
   if manifest and not same and not overwrite:
-    raise ValueError(f"--out {out} holds a prepared dataset of another corpus, tokenizer or "
-                     f"shard size (made by: {manifest.get('command')}); choose another --out or "
-                     f"pass --overwrite to replace it")
+    raise ValueError(
+      f"--out {out} holds a prepared dataset of another corpus, tokenizer or "
+      f"shard size (made by: {manifest.get('command')}); choose another --out or "
+      f"pass --overwrite to replace it"
+    )
   if not same:  # leftovers no record vouches for, or another dataset: start afresh
     if _ours(out):
-      log(f"{out}: removing the files of " + (
-          "the dataset it held" if manifest else "an unfinished preparation of other data"
-          if journal else "an unfinished preparation"))
+      log(
+        f"{out}: removing the files of "
+        + (
+          "the dataset it held"
+          if manifest
+          else "an unfinished preparation of other data"
+          if journal
+          else "an unfinished preparation"
+        )
+      )
     _remove_ours(out, keep_tokenizer=False)
     manifest = journal = None
   for f in _ours(out):  # temporary files of a killed run (none are this process's: the lock)
@@ -120,8 +171,10 @@ def _prepare_locked(corpus, out, tok, spec, bpe_size, source, caps, writer, *,
 
   if tok is None:  # bpe: trained on the train split into out once, then reused
     tok = tokenization.get_tokenizer(
-        spec, workdir=out,
-        train_texts=lambda: take_chars(iter_documents(corpus, "train"), bpe_train_chars))
+      spec,
+      workdir=out,
+      train_texts=lambda: take_chars(iter_documents(corpus, "train"), bpe_train_chars),
+    )
   request = {"source": source, "tokenizer": tok.fingerprint}
   if manifest:
     if manifest["request"] == request and _intact(out, log):
@@ -134,11 +187,18 @@ def _prepare_locked(corpus, out, tok, spec, bpe_size, source, caps, writer, *,
     _remove_ours(out, keep_tokenizer=True)
     journal = None
   dtype_name = prepared.shard_dtype(tok.vocab_size)
-  state = journal or {"request": request, "tokenizer": {"spec": spec}, "splits": {
-      s: {"shards": [], "tokens": 0, "next_doc": 0, "skip": 0, "done": False} for s in SPLITS}}
+  state = journal or {
+    "request": request,
+    "tokenizer": {"spec": spec},
+    "splits": {
+      s: {"shards": [], "tokens": 0, "next_doc": 0, "skip": 0, "done": False} for s in SPLITS
+    },
+  }
   if journal:
-    log(f"{out}: resuming an unfinished preparation "
-        + ", ".join(f"{s}: {len(v['shards'])} shards done" for s, v in state["splits"].items()))
+    log(
+      f"{out}: resuming an unfinished preparation "
+      + ", ".join(f"{s}: {len(v['shards'])} shards done" for s, v in state["splits"].items())
+    )
 
   def save_state():
     writer.check()  # a process that lost the lock (stalled past its lease) writes no more
@@ -148,55 +208,99 @@ def _prepare_locked(corpus, out, tok, spec, bpe_size, source, caps, writer, *,
   for split in SPLITS:
     st = state["splits"][split]
     if not st["done"]:
-      _write_split(iter_documents(corpus, split), tok, out, split, st, save_state,
-                   tokens_per_shard=tokens_per_shard, cap=caps[split],
-                   dtype=prepared.DTYPES[dtype_name], progress=progress, log=log)
+      _write_split(
+        iter_documents(corpus, split),
+        tok,
+        out,
+        split,
+        st,
+        save_state,
+        tokens_per_shard=tokens_per_shard,
+        cap=caps[split],
+        dtype=prepared.DTYPES[dtype_name],
+        progress=progress,
+        log=log,
+      )
     if st["tokens"] == 0:
-      raise ValueError(f"the {split} split of {corpus.source} corpus {corpus.path!r} is empty: "
-                       f"no non-empty documents; check path and text_field="
-                       f"{corpus.text_field!r}")
+      raise ValueError(
+        f"the {split} split of {corpus.source} corpus {corpus.path!r} is empty: "
+        f"no non-empty documents; check path and text_field="
+        f"{corpus.text_field!r}"
+      )
   manifest = {
-      "format": prepared.FORMAT, "version": prepared.VERSION, "request": request,
-      "command": command_line(corpus, spec, out, tokens_per_shard, caps),
-      "corpus": dataclasses.asdict(corpus),
-      "tokenizer": {"spec": spec, "name": tok.name, "fingerprint": tok.fingerprint,
-                    "vocab_size": int(tok.vocab_size), "eot_id": int(tok.eot_id),
-                    "file": paths.basename(tokenization.bpe_cache_path(out, bpe_size))
-                    if bpe_size else None},
-      "dtype": dtype_name, "tokens_per_shard": int(tokens_per_shard), "max_tokens": caps,
-      "splits": {s: {"tokens": st["tokens"], "shards": st["shards"],
-                     "documents": sum(sh["documents"] for sh in st["shards"])}
-                 for s, st in state["splits"].items()}}
+    "format": prepared.FORMAT,
+    "version": prepared.VERSION,
+    "request": request,
+    "command": command_line(corpus, spec, out, tokens_per_shard, caps),
+    "corpus": dataclasses.asdict(corpus),
+    "tokenizer": {
+      "spec": spec,
+      "name": tok.name,
+      "fingerprint": tok.fingerprint,
+      "vocab_size": int(tok.vocab_size),
+      "eot_id": int(tok.eot_id),
+      "file": paths.basename(tokenization.bpe_cache_path(out, bpe_size)) if bpe_size else None,
+    },
+    "dtype": dtype_name,
+    "tokens_per_shard": int(tokens_per_shard),
+    "max_tokens": caps,
+    "splits": {
+      s: {
+        "tokens": st["tokens"],
+        "shards": st["shards"],
+        "documents": sum(sh["documents"] for sh in st["shards"]),
+      }
+      for s, st in state["splits"].items()
+    },
+  }
   writer.check()
   _write_json(out, prepared.MANIFEST, manifest)
   paths.remove(paths.join(out, prepared.PROGRESS))
-  log(f"prepared {out}: " + ", ".join(
+  log(
+    f"prepared {out}: "
+    + ", ".join(
       f"{s} {v['tokens']} tokens ({v['documents']} documents, {len(v['shards'])} shards)"
-      for s, v in manifest["splits"].items()) + f", {dtype_name}")
+      for s, v in manifest["splits"].items()
+    )
+    + f", {dtype_name}"
+  )
   return manifest
 
 
 def _check_out(out: str) -> None:
   """Raises ValueError when --out cannot be a directory: it, or a parent of it, is a file."""
   parent = out  # GCS has no directories: only out itself can be an object in the way
-  while (not paths.is_remote(out) and not os.path.exists(parent)
-         and os.path.dirname(parent) != parent):
+  while (
+    not paths.is_remote(out) and not os.path.exists(parent) and os.path.dirname(parent) != parent
+  ):
     parent = os.path.dirname(parent)
   if paths.isfile(parent):
     where = "is a file" if parent == out else f"is below {parent}, which is a file"
-    raise ValueError(f"--out {out} {where}; a prepared dataset is a directory: choose another "
-                     f"--out")
+    raise ValueError(
+      f"--out {out} {where}; a prepared dataset is a directory: choose another --out"
+    )
 
 
-def _write_split(docs: Iterable[str], tok: Tokenizer, out: str, split: str, st: dict,
-                 save_state, *, tokens_per_shard: int, cap: Optional[int], dtype: np.dtype,
-                 progress: bool, log) -> None:
+def _write_split(
+  docs: Iterable[str],
+  tok: Tokenizer,
+  out: str,
+  split: str,
+  st: dict,
+  save_state,
+  *,
+  tokens_per_shard: int,
+  cap: Optional[int],
+  dtype: np.dtype,
+  progress: bool,
+  log,
+) -> None:
   """Tokenizes one split from where st says it stopped, writing shards and updating st."""
   eot = np.array([tok.eot_id], dtype)
   resume_doc, resume_skip = st["next_doc"], st["skip"]
   buf, buf_len = [], 0
-  flushed = st["tokens"]   # tokens in the shards written
-  in_buf = deque()         # (document index, global offset of its first token) in buf
+  flushed = st["tokens"]  # tokens in the shards written
+  in_buf = deque()  # (document index, global offset of its first token) in buf
   bar = _bar(progress, split, cap, flushed)
 
   def emit(n):
@@ -250,7 +354,7 @@ def _write_split(docs: Iterable[str], tok: Tokenizer, out: str, split: str, st: 
   if pending and not stop:
     encode(pending)
   if cap is not None and flushed + buf_len > cap:  # cut at exactly cap tokens
-    whole = np.concatenate(buf)[:cap - flushed]
+    whole = np.concatenate(buf)[: cap - flushed]
     buf, buf_len = [whole], whole.size
   while buf_len >= tokens_per_shard:
     emit(tokens_per_shard)
@@ -265,8 +369,13 @@ def _write_split(docs: Iterable[str], tok: Tokenizer, out: str, split: str, st: 
 def _write_shard(out: str, name: str, tokens: np.ndarray, eot_id: int) -> dict:
   data = np.ascontiguousarray(tokens).tobytes()
   paths.write_atomic(paths.join(out, name), data)
-  return {"file": name, "tokens": int(tokens.size), "documents": int(np.count_nonzero(
-      tokens == eot_id)), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+  return {
+    "file": name,
+    "tokens": int(tokens.size),
+    "documents": int(np.count_nonzero(tokens == eot_id)),
+    "bytes": len(data),
+    "sha256": hashlib.sha256(data).hexdigest(),
+  }
 
 
 def _write_json(out: str, name: str, obj) -> None:
@@ -303,8 +412,12 @@ def _intact(out: str, log) -> bool:
 
 
 def _source_digest(corpus: Corpus, tokens_per_shard: int, caps: dict) -> str:
-  desc = {"version": prepared.VERSION, "corpus": dataclasses.asdict(corpus),
-          "tokens_per_shard": int(tokens_per_shard), "max_tokens": caps}
+  desc = {
+    "version": prepared.VERSION,
+    "corpus": dataclasses.asdict(corpus),
+    "tokens_per_shard": int(tokens_per_shard),
+    "max_tokens": caps,
+  }
   if corpus.source == "stdlib":
     desc["python"] = sys.version
   if corpus.source == "hf":
@@ -328,23 +441,32 @@ def _canonical_spec(tokenizer, vocab_size) -> tuple[str, Optional[int]]:
     try:
       size = int(tokenizer[4:])
     except ValueError:
-      raise ValueError(f"tokenizer {tokenizer!r}: VOCAB must be an integer, e.g. "
-                       f"bpe:8192") from None
+      raise ValueError(
+        f"tokenizer {tokenizer!r}: VOCAB must be an integer, e.g. bpe:8192"
+      ) from None
     if vocab_size is not None and vocab_size != size:
-      raise ValueError(f"tokenizer {tokenizer!r} and vocab_size={vocab_size} disagree; give the "
-                       f"size once")
+      raise ValueError(
+        f"tokenizer {tokenizer!r} and vocab_size={vocab_size} disagree; give the size once"
+      )
   tokenization._check_bpe_vocab(size)
   return f"bpe:{size}", size
 
 
 def _check_args(corpus, tokens_per_shard, *caps) -> None:
   if corpus.source in ("prepared", "recall"):
-    raise ValueError(f"source {corpus.source!r} cannot be prepared: "
-                     + ("it is prepared already" if corpus.source == "prepared" else
-                        "the recall source generates its windows (and loss mask) itself; "
-                        "train on it directly"))
-  for name, value in (("tokens_per_shard", tokens_per_shard), ("max_train_tokens", caps[0]),
-                      ("max_val_tokens", caps[1])):
+    raise ValueError(
+      f"source {corpus.source!r} cannot be prepared: "
+      + (
+        "it is prepared already"
+        if corpus.source == "prepared"
+        else "the recall source generates its windows (and loss mask) itself; train on it directly"
+      )
+    )
+  for name, value in (
+    ("tokens_per_shard", tokens_per_shard),
+    ("max_train_tokens", caps[0]),
+    ("max_val_tokens", caps[1]),
+  ):
     if value is None and name != "tokens_per_shard":
       continue
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -358,24 +480,39 @@ def _bar(enabled: bool, split: str, cap, initial: int):
     from tqdm import tqdm
   except ImportError:
     return None
-  return tqdm(total=cap, initial=initial, desc=f"tokenizing {split}", unit="tok",
-              unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+  return tqdm(
+    total=cap,
+    initial=initial,
+    desc=f"tokenizing {split}",
+    unit="tok",
+    unit_scale=True,
+    dynamic_ncols=True,
+    file=sys.stderr,
+  )
 
 
-def command_line(corpus: Corpus, spec: str, out: str, tokens_per_shard: int,
-                 caps: dict) -> str:
+def command_line(corpus: Corpus, spec: str, out: str, tokens_per_shard: int, caps: dict) -> str:
   """The rove-prepare command line that prepares corpus with spec into out."""
   default = Corpus(source=corpus.source, path=corpus.path)
   args = ["rove-prepare", "--source", corpus.source]
-  for field in ("path", "val_path", "text_field", "val_fraction", "max_files", "hf_config",
-                "hf_split"):
+  for field in (
+    "path",
+    "val_path",
+    "text_field",
+    "val_fraction",
+    "max_files",
+    "hf_config",
+    "hf_split",
+  ):
     value = getattr(corpus, field)
     if value is not None and (field == "path" or value != getattr(default, field)):
       args += [f"--{field.replace('_', '-')}", str(value)]
   files = corpus.hf_data_files
   if files is not None:
-    args += ["--hf-data-files", *([files] if isinstance(files, str) else
-                                  [f for f in files if isinstance(f, str)])]
+    args += [
+      "--hf-data-files",
+      *([files] if isinstance(files, str) else [f for f in files if isinstance(f, str)]),
+    ]
   args += ["--tokenizer", spec, "--out", out, "--tokens-per-shard", str(tokens_per_shard)]
   for split, cap in caps.items():
     if cap is not None:

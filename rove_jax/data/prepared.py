@@ -72,7 +72,7 @@ SHARD_RE = re.compile(r"^(train|val)-\d{5,}\.bin$")
 
 
 def shard_dtype(vocab_size: int) -> str:
-  """"uint16" when every id of a vocab_size vocabulary fits, else "uint32"."""
+  """ "uint16" when every id of a vocab_size vocabulary fits, else "uint32"."""
   return "uint16" if int(vocab_size) <= 1 << 16 else "uint32"
 
 
@@ -131,12 +131,14 @@ class ShardedTokens:
       return np.zeros((0,), self.dtype)
     first = int(np.searchsorted(self._starts, start, side="right")) - 1
     last = int(np.searchsorted(self._starts, stop - 1, side="right")) - 1
-    pieces = [self._parts[k][max(start - self._starts[k], 0):stop - self._starts[k]]
-              for k in range(first, last + 1)]
+    pieces = [
+      self._parts[k][max(start - self._starts[k], 0) : stop - self._starts[k]]
+      for k in range(first, last + 1)
+    ]
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
   def __array__(self, dtype=None, copy=None):
-    whole = np.asarray(self[0:self.size])
+    whole = np.asarray(self[0 : self.size])
     return whole if dtype is None else whole.astype(dtype)
 
   def __repr__(self) -> str:
@@ -163,25 +165,35 @@ def read_manifest(path: str) -> dict[str, Any]:
   path = paths.resolve(path, what="prepared dataset")
   mpath = paths.join(path, MANIFEST)
   if not paths.isdir(path):
-    what = ("holds no objects" if paths.is_remote(path) else "is not a directory")
-    raise ValueError(f"prepared dataset {path!r} {what}; make one with rove-prepare "
-                     f"(python -m rove_jax.cli.prepare --help)")
+    what = "holds no objects" if paths.is_remote(path) else "is not a directory"
+    raise ValueError(
+      f"prepared dataset {path!r} {what}; make one with rove-prepare "
+      f"(python -m rove_jax.cli.prepare --help)"
+    )
   try:
     manifest = json.loads(paths.read_bytes(mpath))
   except FileNotFoundError:
     unfinished = paths.exists(paths.join(path, PROGRESS))
     raise DamagedDataset(
-        f"{path} holds no {MANIFEST}: "
-        + ("its preparation was interrupted (progress.json is there); rerun the same "
-           "rove-prepare command to finish it" if unfinished else
-           "it is not a prepared dataset; make one with rove-prepare")) from None
+      f"{path} holds no {MANIFEST}: "
+      + (
+        "its preparation was interrupted (progress.json is there); rerun the same "
+        "rove-prepare command to finish it"
+        if unfinished
+        else "it is not a prepared dataset; make one with rove-prepare"
+      )
+    ) from None
   except (OSError, ValueError) as e:
-    raise DamagedDataset(f"{mpath} is unreadable ({type(e).__name__}: {e}); prepare the "
-                         f"dataset again with rove-prepare --overwrite") from None
+    raise DamagedDataset(
+      f"{mpath} is unreadable ({type(e).__name__}: {e}); prepare the "
+      f"dataset again with rove-prepare --overwrite"
+    ) from None
   problem = _manifest_problem(manifest)
   if problem:
-    raise DamagedDataset(f"{mpath}: {problem}; prepare the dataset again with rove-prepare "
-                         f"--overwrite (or a rove_jax that reads this format)")
+    raise DamagedDataset(
+      f"{mpath}: {problem}; prepare the dataset again with rove-prepare "
+      f"--overwrite (or a rove_jax that reads this format)"
+    )
   itemsize = DTYPES[manifest["dtype"]].itemsize
   sizes = paths.file_sizes(path)  # one listing, not one request a shard
   for split in SPLITS:
@@ -192,9 +204,11 @@ def read_manifest(path: str) -> dict[str, Any]:
       except KeyError:
         raise DamagedDataset(f"shard {file} is missing; {fix_hint(manifest)}") from None
       if size != shard["tokens"] * itemsize or size != shard["bytes"]:
-        raise DamagedDataset(f"shard {file} has {size} bytes, the manifest says {shard['bytes']} "
-                             f"({shard['tokens']} tokens): truncated or overwritten; "
-                             f"{fix_hint(manifest)}")
+        raise DamagedDataset(
+          f"shard {file} has {size} bytes, the manifest says {shard['bytes']} "
+          f"({shard['tokens']} tokens): truncated or overwritten; "
+          f"{fix_hint(manifest)}"
+        )
   return manifest
 
 
@@ -213,8 +227,11 @@ def identity(manifest: dict, path: str) -> dict[str, str]:
   """
   contents = {k: manifest[k] for k in ("dtype", "tokenizer", "splits")}
   blob = json.dumps(contents, sort_keys=True, separators=(",", ":")).encode("utf-8")
-  return {"source": "prepared", "manifest_sha256": hashlib.sha256(blob).hexdigest(),
-          "path": paths.resolve(path, what="prepared dataset")}
+  return {
+    "source": "prepared",
+    "manifest_sha256": hashlib.sha256(blob).hexdigest(),
+    "path": paths.resolve(path, what="prepared dataset"),
+  }
 
 
 def _manifest_problem(m) -> Optional[str]:
@@ -237,24 +254,33 @@ def _manifest_problem(m) -> Optional[str]:
       return f"split {split!r} lists no shards"
     for shard in shards:
       if not isinstance(shard, dict) or not all(
-          k in shard for k in ("file", "tokens", "bytes", "sha256")):
+        k in shard for k in ("file", "tokens", "bytes", "sha256")
+      ):
         return f"split {split!r} has a shard record without file, tokens, bytes and sha256"
-      if not isinstance(shard["file"], str) or not SHARD_RE.match(shard["file"]) or (
-          not shard["file"].startswith(split + "-")):
+      if (
+        not isinstance(shard["file"], str)
+        or not SHARD_RE.match(shard["file"])
+        or (not shard["file"].startswith(split + "-"))
+      ):
         return f"split {split!r} lists a shard file named {shard['file']!r}"
       if not isinstance(shard["tokens"], int) or shard["tokens"] < 1:
         return f"shard {shard['file']} has tokens={shard['tokens']!r}"
     if sum(sh["tokens"] for sh in shards) != s.get("tokens"):
-      return f"split {split!r}: its shards hold {sum(sh['tokens'] for sh in shards)} tokens, " \
-             f"the split says {s.get('tokens')!r}"
+      return (
+        f"split {split!r}: its shards hold {sum(sh['tokens'] for sh in shards)} tokens, "
+        f"the split says {s.get('tokens')!r}"
+      )
   return None
 
 
 def fix_hint(manifest: dict) -> str:
   """How to repair a damaged prepared directory: rerun the command that made it."""
   command = manifest.get("command")
-  return ("rerun the command that prepared it, which finds and rewrites damaged shards"
-          + (f": {command}" if command else "") + " (or restore the directory from a copy)")
+  return (
+    "rerun the command that prepared it, which finds and rewrites damaged shards"
+    + (f": {command}" if command else "")
+    + " (or restore the directory from a copy)"
+  )
 
 
 def check_tokenizer(manifest: dict, tokenizer: Tokenizer, path: str) -> None:
@@ -263,14 +289,14 @@ def check_tokenizer(manifest: dict, tokenizer: Tokenizer, path: str) -> None:
   if tokenizer.fingerprint == want["fingerprint"]:
     return
   raise ValueError(
-      f"the prepared dataset {path} was tokenized with {want['spec']!r} (fingerprint "
-      f"{want['fingerprint'][:19]}), not with the tokenizer {tokenizer.name!r} given (fingerprint "
-      f"{tokenizer.fingerprint[:19]}): its ids would mean other text. Set the tokenizer to "
-      f"{want['spec']!r} (--config.data.tokenizer), or prepare the corpus again with yours")
+    f"the prepared dataset {path} was tokenized with {want['spec']!r} (fingerprint "
+    f"{want['fingerprint'][:19]}), not with the tokenizer {tokenizer.name!r} given (fingerprint "
+    f"{tokenizer.fingerprint[:19]}): its ids would mean other text. Set the tokenizer to "
+    f"{want['spec']!r} (--config.data.tokenizer), or prepare the corpus again with yours"
+  )
 
 
-def load(path: str, split: str, tokenizer: Tokenizer, *,
-         max_tokens: Optional[int] = None) -> Any:
+def load(path: str, split: str, tokenizer: Tokenizer, *, max_tokens: Optional[int] = None) -> Any:
   """One split of a prepared dataset as a flat read-only token array.
 
   Args:
@@ -288,8 +314,9 @@ def load(path: str, split: str, tokenizer: Tokenizer, *,
   return _load(path, read_manifest(path), split, tokenizer, max_tokens)
 
 
-def _load(path: str, manifest: dict, split: str, tokenizer: Tokenizer,
-          max_tokens: Optional[int]) -> Any:
+def _load(
+  path: str, manifest: dict, split: str, tokenizer: Tokenizer, max_tokens: Optional[int]
+) -> Any:
   check_tokenizer(manifest, tokenizer, path)
   dtype = DTYPES[manifest["dtype"]]
   shards = manifest["splits"][split]["shards"]
@@ -301,8 +328,7 @@ def _load(path: str, manifest: dict, split: str, tokenizer: Tokenizer,
       keep.append(shard)
       total += shard["tokens"]
     shards = keep
-  parts = [np.memmap(_local(path, s), dtype=dtype, mode="r", shape=(s["tokens"],))
-           for s in shards]
+  parts = [np.memmap(_local(path, s), dtype=dtype, mode="r", shape=(s["tokens"],)) for s in shards]
   tokens = parts[0] if len(parts) == 1 else ShardedTokens(parts)
   if max_tokens is not None:
     tokens = tokens[:max_tokens] if len(parts) == 1 else tokens.head(max_tokens)
@@ -310,8 +336,9 @@ def _load(path: str, manifest: dict, split: str, tokenizer: Tokenizer,
   return tokens
 
 
-def verify(path: str, *, process_index: int = 0, process_count: int = 1,
-           log=None, cache_remote: bool = True) -> int:
+def verify(
+  path: str, *, process_index: int = 0, process_count: int = 1, log=None, cache_remote: bool = True
+) -> int:
   """Hashes shards of a prepared directory against their sha256 in the manifest.
 
   The shards (train's, then val's) are dealt round-robin over process_count processes: this
@@ -330,16 +357,16 @@ def verify(path: str, *, process_index: int = 0, process_count: int = 1,
     the number of shards hashed. Raises DamagedDataset naming the first bad shard and the fix.
   """
   path = paths.resolve(path, what="prepared dataset")
-  return _verify(path, read_manifest(path), process_index, process_count, log or _log,
-                 cache_remote)
+  return _verify(path, read_manifest(path), process_index, process_count, log or _log, cache_remote)
 
 
 def _verify(path, manifest, process_index, process_count, log, cache_remote) -> int:
   shards = [s for split in SPLITS for s in manifest["splits"][split]["shards"]]
   mine = shards[process_index::process_count]
   total = sum(s["bytes"] for s in mine)
-  log(f"verifying {len(mine)} of the {len(shards)} shards of {path} "
-      f"({total / 2**20:.1f} MiB, sha256)")
+  log(
+    f"verifying {len(mine)} of the {len(shards)} shards of {path} ({total / 2**20:.1f} MiB, sha256)"
+  )
   for shard in mine:
     file = paths.join(path, shard["file"])
     if paths.is_remote(file) and cache_remote:
@@ -350,9 +377,11 @@ def _verify(path, manifest, process_index, process_count, log, cache_remote) -> 
     else:
       ok = file_sha256(file) == shard["sha256"]
     if not ok:
-      raise DamagedDataset(f"shard {file} does not match its sha256 in the manifest (its "
-                           f"contents changed: damaged on disk or in a copy); "
-                           f"{fix_hint(manifest)}")
+      raise DamagedDataset(
+        f"shard {file} does not match its sha256 in the manifest (its "
+        f"contents changed: damaged on disk or in a copy); "
+        f"{fix_hint(manifest)}"
+      )
   return len(mine)
 
 
@@ -361,8 +390,14 @@ def _local(path: str, shard: dict, log=None) -> str:
   return shard_check.local_file(path, shard, log or _log)
 
 
-def check_for_run(path: str, manifest: dict, *, process_index: int = 0,
-                  process_count: int = 1, allow_changed: bool = False) -> None:
+def check_for_run(
+  path: str,
+  manifest: dict,
+  *,
+  process_index: int = 0,
+  process_count: int = 1,
+  allow_changed: bool = False,
+) -> None:
   """Checks every shard a run reads (`shard_check.check`: each hashed once per machine, then
   again only when its file changed).
 
@@ -370,25 +405,37 @@ def check_for_run(path: str, manifest: dict, *, process_index: int = 0,
     DamagedDataset: a shard does not match its sha256, unless allow_changed (then a warning is
       logged for each); the message names the first and the fix.
   """
-  _, bad = shard_check.check(path, manifest, process_index=process_index,
-                             process_count=process_count, log=_log)
+  _, bad = shard_check.check(
+    path, manifest, process_index=process_index, process_count=process_count, log=_log
+  )
   for shard in bad:
     file = paths.join(path, shard["file"])
     if allow_changed:
-      _log(f"WARNING: shard {file} does not match its sha256 in the manifest; training on it "
-           f"as it is (data.allow_changed=True)")
+      _log(
+        f"WARNING: shard {file} does not match its sha256 in the manifest; training on it "
+        f"as it is (data.allow_changed=True)"
+      )
       continue
     copy = " (a fresh local copy of it too)" if paths.is_remote(file) else ""
     raise DamagedDataset(
-        f"shard {file}{copy} does not match its sha256 in the manifest: it changed after "
-        f"rove-prepare wrote it. To train on what the run began with, {fix_hint(manifest)}; "
-        f"to train on it as it is, pass --config.data.allow_changed=True")
+      f"shard {file}{copy} does not match its sha256 in the manifest: it changed after "
+      f"rove-prepare wrote it. To train on what the run began with, {fix_hint(manifest)}; "
+      f"to train on it as it is, pass --config.data.allow_changed=True"
+    )
 
 
-def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
-            allow_changed: bool = False, process_index: int = 0, process_count: int = 1,
-            max_train_tokens: Optional[int] = None,
-            max_val_tokens: Optional[int] = None) -> tuple[Tokenizer, Any, Any, dict]:
+def for_run(
+  path: str,
+  spec: str,
+  *,
+  workdir: str,
+  verify_shards: bool = True,
+  allow_changed: bool = False,
+  process_index: int = 0,
+  process_count: int = 1,
+  max_train_tokens: Optional[int] = None,
+  max_val_tokens: Optional[int] = None,
+) -> tuple[Tokenizer, Any, Any, dict]:
   """A training run's tokenizer, token arrays and data identity from a prepared directory.
 
   A "bpe" spec's tokenizer file is copied from the dataset into workdir when workdir has none
@@ -418,14 +465,21 @@ def for_run(path: str, spec: str, *, workdir: str, verify_shards: bool = True,
     _log(f"copied the dataset's tokenizer {file} from {path} into {workdir}")
 
   def not_trained():
-    raise ValueError(f"the prepared dataset {path} was tokenized with {want['spec']!r}; a run on "
-                     f"it needs that tokenizer: set --config.data.tokenizer={want['spec']}")
+    raise ValueError(
+      f"the prepared dataset {path} was tokenized with {want['spec']!r}; a run on "
+      f"it needs that tokenizer: set --config.data.tokenizer={want['spec']}"
+    )
 
   tok = tokenization.get_tokenizer(spec, workdir=workdir, train_texts=not_trained)
   check_tokenizer(manifest, tok, path)
   if verify_shards:
-    check_for_run(path, manifest, process_index=process_index, process_count=process_count,
-                  allow_changed=allow_changed)
+    check_for_run(
+      path,
+      manifest,
+      process_index=process_index,
+      process_count=process_count,
+      allow_changed=allow_changed,
+    )
   train = _load(path, manifest, "train", tok, max_train_tokens)
   val = _load(path, manifest, "val", tok, max_val_tokens)
   ident = identity(manifest, path)

@@ -76,9 +76,13 @@ def is_recorded(local: str, sha256: str) -> bool:
     st = os.stat(local)
   except (OSError, ValueError):
     return False
-  return (isinstance(record, dict) and record.get("version") == RECORD_VERSION
-          and record.get("file") == os.path.realpath(local)
-          and record.get("sha256") == sha256 and record.get("stamp") == _stamp(st))
+  return (
+    isinstance(record, dict)
+    and record.get("version") == RECORD_VERSION
+    and record.get("file") == os.path.realpath(local)
+    and record.get("sha256") == sha256
+    and record.get("stamp") == _stamp(st)
+  )
 
 
 def hash_and_record(local: str, sha256: str) -> bool:
@@ -89,8 +93,12 @@ def hash_and_record(local: str, sha256: str) -> bool:
   ok = file_sha256(local) == sha256
   after = os.stat(local)
   if ok and _stamp(before) == _stamp(after) and before.st_ctime_ns < began - SETTLE_NS:
-    record = {"version": RECORD_VERSION, "file": os.path.realpath(local), "sha256": sha256,
-              "stamp": _stamp(before)}
+    record = {
+      "version": RECORD_VERSION,
+      "file": os.path.realpath(local),
+      "sha256": sha256,
+      "stamp": _stamp(before),
+    }
     try:
       paths.write_atomic(_record_path(local), json.dumps(record))
     except OSError:  # a read-only cache costs a hash at every start, nothing else
@@ -98,8 +106,9 @@ def hash_and_record(local: str, sha256: str) -> bool:
   return ok
 
 
-def check(path: str, manifest: dict, *, process_index: int = 0, process_count: int = 1,
-          log=None) -> tuple[int, list[dict]]:
+def check(
+  path: str, manifest: dict, *, process_index: int = 0, process_count: int = 1, log=None
+) -> tuple[int, list[dict]]:
   """Checks every shard of the prepared directory `path` (resolved) that a run reads.
 
   Args:
@@ -126,13 +135,17 @@ def check(path: str, manifest: dict, *, process_index: int = 0, process_count: i
     hashed += 1
     ok = hash_and_record(local, shard["sha256"])
     if not ok and paths.is_remote(path):  # perhaps only the local copy is damaged
-      log(f"the local copy {local} of {paths.join(path, shard['file'])} does not match its "
-          f"sha256: fetching it again")
+      log(
+        f"the local copy {local} of {paths.join(path, shard['file'])} does not match its "
+        f"sha256: fetching it again"
+      )
       os.remove(local)
       ok = hash_and_record(local_file(path, shard, log), shard["sha256"])
     if not ok:
       bad.append(shard)
   size = sum(s["bytes"] for s in shards)
-  log(f"verifying the {n} shards of {path} ({size / 2**20:.1f} MiB): {hashed} hashed "
-      f"(sha256) in {time.perf_counter() - t:.1f} s, the others unchanged since hashed")
+  log(
+    f"verifying the {n} shards of {path} ({size / 2**20:.1f} MiB): {hashed} hashed "
+    f"(sha256) in {time.perf_counter() - t:.1f} s, the others unchanged since hashed"
+  )
   return hashed, bad

@@ -42,6 +42,7 @@ class Corpus:
       json files, for instance).
     hf_split: the hf split the training documents come from.
   """
+
   source: str = "stdlib"
   path: Optional[str] = None
   val_path: Optional[str] = None
@@ -68,38 +69,55 @@ class Corpus:
       data_files = _as_files(data_files)
     object.__setattr__(self, "hf_data_files", data_files)
     if self.source in ("text", "parquet", "hf", "prepared") and not self.path:
-      want = {"text": "a .txt/.jsonl file, directory or glob",
-              "parquet": "a .parquet file, directory or glob",
-              "prepared": "the directory rove-prepare wrote",
-              "hf": "a dataset name such as 'HuggingFaceFW/fineweb-edu' (or 'parquet' with "
-                    "hf_data_files)"}[self.source]
+      want = {
+        "text": "a .txt/.jsonl file, directory or glob",
+        "parquet": "a .parquet file, directory or glob",
+        "prepared": "the directory rove-prepare wrote",
+        "hf": "a dataset name such as 'HuggingFaceFW/fineweb-edu' (or 'parquet' with "
+        "hf_data_files)",
+      }[self.source]
       raise ValueError(f"corpus source {self.source!r} needs path: {want}")
     if self.source == "stdlib" and self.val_path is not None:
-      raise ValueError("the stdlib corpus holds out its validation files itself; val_path is "
-                       "for the text, parquet and hf sources")
+      raise ValueError(
+        "the stdlib corpus holds out its validation files itself; val_path is "
+        "for the text, parquet and hf sources"
+      )
     if self.source == "recall":
       recall.RecallSpec.parse(self.path)  # a bad spec fails here, naming the field
       if self.val_path is not None or self.max_files is not None:
-        raise ValueError("the recall source generates its own validation split and has no "
-                         "files: leave val_path and max_files unset")
+        raise ValueError(
+          "the recall source generates its own validation split and has no "
+          "files: leave val_path and max_files unset"
+        )
     if self.source == "prepared":
       # The split and the files were fixed when the corpus was prepared.
-      fixed = [f.name for f in dataclasses.fields(self) if f.name not in ("source", "path")
-               and getattr(self, f.name) != f.default]
+      fixed = [
+        f.name
+        for f in dataclasses.fields(self)
+        if f.name not in ("source", "path") and getattr(self, f.name) != f.default
+      ]
       if fixed:
-        raise ValueError(f"a prepared corpus was split and read by rove-prepare: leave {fixed} "
-                         f"unset (they are rove-prepare options)")
+        raise ValueError(
+          f"a prepared corpus was split and read by rove-prepare: leave {fixed} "
+          f"unset (they are rove-prepare options)"
+        )
     if not (isinstance(self.val_fraction, (int, float)) and 0.0 < self.val_fraction < 1.0):
       raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
     if self.source == "hf" and self.val_path is not None and self.val_path == self.hf_split:
-      raise ValueError(f"val_path={self.val_path!r} is also hf_split, the training split; name "
-                       f"a separate validation split (e.g. 'validation') or drop val_path")
+      raise ValueError(
+        f"val_path={self.val_path!r} is also hf_split, the training split; name "
+        f"a separate validation split (e.g. 'validation') or drop val_path"
+      )
     if self.max_files is not None:
       if self.source == "hf":
-        raise ValueError("max_files limits local files; for the hf source cap the tokens "
-                         "with max_tokens instead")
-      if isinstance(self.max_files, bool) or not isinstance(self.max_files, int) or (
-          self.max_files < 1):
+        raise ValueError(
+          "max_files limits local files; for the hf source cap the tokens with max_tokens instead"
+        )
+      if (
+        isinstance(self.max_files, bool)
+        or not isinstance(self.max_files, int)
+        or (self.max_files < 1)
+      ):
         raise ValueError(f"max_files must be a positive int or None, got {self.max_files!r}")
     if not self.text_field:
       raise ValueError("text_field must name the jsonl key / column holding the text")
@@ -151,8 +169,9 @@ def held_out_keys(keys: Sequence[str], fraction: float) -> set[str]:
   Returns:
     the held-out subset of keys; the same for the same keys on any machine.
   """
-  scores = {k: int.from_bytes(hashlib.sha256(k.encode("utf-8")).digest()[:8], "big") / 2.0**64
-            for k in keys}
+  scores = {
+    k: int.from_bytes(hashlib.sha256(k.encode("utf-8")).digest()[:8], "big") / 2.0**64 for k in keys
+  }
   held = {k for k, s in scores.items() if s < fraction}
   if not held:
     held = {min(scores, key=scores.get)}
@@ -175,31 +194,40 @@ def list_units(corpus: Corpus) -> tuple[list[files.Unit], Optional[list[files.Un
   _not_prepared(corpus)
   if corpus.source == "recall":
     spec = recall.RecallSpec.parse(corpus.path)
-    unit = lambda split: files.Unit(key=f"recall/{split}/{spec.to_string()}",
-                                    docs=lambda: recall.documents(spec, split),
-                                    stamp=(recall.FORMAT,))
+    unit = lambda split: files.Unit(
+      key=f"recall/{split}/{spec.to_string()}",
+      docs=lambda: recall.documents(spec, split),
+      stamp=(recall.FORMAT,),
+    )
     return [unit("train")], [unit("val")]
   if corpus.source == "stdlib":
     units = files.stdlib_units(corpus.path or sysconfig.get_paths()["stdlib"])
     val_units = None
   else:
     units = files.file_units(corpus.source, corpus.path, corpus.text_field)
-    val_units = None if corpus.val_path is None else files.file_units(
-        corpus.source, corpus.val_path, corpus.text_field)
+    val_units = (
+      None
+      if corpus.val_path is None
+      else files.file_units(corpus.source, corpus.val_path, corpus.text_field)
+    )
   if corpus.max_files is not None:
-    units = units[:corpus.max_files]
+    units = units[: corpus.max_files]
   if val_units is not None:
     overlap = {u.key for u in units} & {u.key for u in val_units}
     if overlap:
-      raise ValueError(f"val_path {corpus.val_path!r} and path {corpus.path!r} share files "
-                       f"{sorted(overlap)[:3]}; the validation files must be separate")
+      raise ValueError(
+        f"val_path {corpus.val_path!r} and path {corpus.path!r} share files "
+        f"{sorted(overlap)[:3]}; the validation files must be separate"
+      )
   return units, val_units
 
 
 def _not_prepared(corpus: Corpus) -> None:
   if corpus.source == "prepared":
-    raise ValueError(f"the prepared corpus {corpus.path!r} holds token ids, not documents: "
-                     f"read it with load_tokens (or rove_jax.data.prepared.load)")
+    raise ValueError(
+      f"the prepared corpus {corpus.path!r} holds token ids, not documents: "
+      f"read it with load_tokens (or rove_jax.data.prepared.load)"
+    )
 
 
 def check_split(split) -> None:
@@ -224,8 +252,9 @@ def _tail_split(unit: files.Unit, fraction: float, split: str) -> Iterator[str]:
   head, tail = text[:cut], text[cut:]
   if not head.strip() or not tail.strip():
     raise ValueError(
-        f"the single text file {unit.key!r} ({len(text)} characters) is too short to hold out "
-        f"val_fraction={fraction} of it for validation; give val_path or more files")
+      f"the single text file {unit.key!r} ({len(text)} characters) is too short to hold out "
+      f"val_fraction={fraction} of it for validation; give val_path or more files"
+    )
   yield head if split == "train" else tail
 
 

@@ -41,14 +41,20 @@ from rove_jax.data.sources import Corpus, check_split, iter_documents, list_unit
 from rove_jax.data.tokenization import Tokenizer
 from rove_jax.storage import paths
 
-_CACHE_FORMAT = 1   # part of the cache key: bumping it renames (rebuilds) every cache
+_CACHE_FORMAT = 1  # part of the cache key: bumping it renames (rebuilds) every cache
 _RECORD_FORMAT = 2  # 2: the record holds the sha256 of the tokens
 _ENCODE_CHUNK_CHARS = 1 << 20  # texts handed to encode_batch at once (parallel in tokenizers)
 
 
-def load_tokens(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
-                cache_dir: Optional[str] = None, max_tokens: Optional[int] = None,
-                write_cache: bool = True) -> np.ndarray:
+def load_tokens(
+  corpus: Corpus,
+  split: str,
+  tokenizer: Tokenizer,
+  *,
+  cache_dir: Optional[str] = None,
+  max_tokens: Optional[int] = None,
+  write_cache: bool = True,
+) -> np.ndarray:
   """Tokenizes a split into one flat array, eot_id after each document, cached on disk.
 
   Args:
@@ -72,13 +78,20 @@ def load_tokens(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
   if corpus.source == "prepared":  # tokenized already: memory-mapped, no cache
     _check_request(split, max_tokens)
     return prepared.load(corpus.path, split, tokenizer, max_tokens=max_tokens)
-  return load_tokens_and_sha256(corpus, split, tokenizer, cache_dir=cache_dir,
-                                max_tokens=max_tokens, write_cache=write_cache)[0]
+  return load_tokens_and_sha256(
+    corpus, split, tokenizer, cache_dir=cache_dir, max_tokens=max_tokens, write_cache=write_cache
+  )[0]
 
 
-def load_tokens_and_sha256(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
-                           cache_dir: Optional[str] = None, max_tokens: Optional[int] = None,
-                           write_cache: bool = True) -> tuple[np.ndarray, str]:
+def load_tokens_and_sha256(
+  corpus: Corpus,
+  split: str,
+  tokenizer: Tokenizer,
+  *,
+  cache_dir: Optional[str] = None,
+  max_tokens: Optional[int] = None,
+  write_cache: bool = True,
+) -> tuple[np.ndarray, str]:
   """`load_tokens` and the hex sha256 of the tokens' bytes (native uint16 / int32, in order):
   the digest the cache record stores (checked against the file when read), or computed when
   the split was tokenized without a cache. Not for a "prepared" corpus, whose identity is its
@@ -92,8 +105,10 @@ def load_tokens_and_sha256(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
   """
   _check_request(split, max_tokens)
   if corpus.source == "prepared":
-    raise ValueError("a prepared corpus is read with load_tokens (its identity is "
-                     "prepared.identity of its manifest)")
+    raise ValueError(
+      "a prepared corpus is read with load_tokens (its identity is "
+      "prepared.identity of its manifest)"
+    )
   label = f"{corpus.source} corpus {corpus.path or '(stdlib)'} split {split!r}"
   dtype = token_dtype(tokenizer)
   path = key = None
@@ -106,23 +121,30 @@ def load_tokens_and_sha256(corpus: Corpus, split: str, tokenizer: Tokenizer, *,
       if problem is None:
         log(f"{label}: {tokens.size} cached tokens from {path}")
         return tokens, digest
-      action = ("rebuilding it from the sources" if write_cache else
-                "tokenizing the sources in memory (the cache is left as it is)")
+      action = (
+        "rebuilding it from the sources"
+        if write_cache
+        else "tokenizing the sources in memory (the cache is left as it is)"
+      )
       log(f"WARNING: token cache {path} is unusable: {problem}; {action}")
   tokens = _tokenize(iter_documents(corpus, split), tokenizer, max_tokens, label)
   if tokens.size == 0:
-    raise ValueError(f"{label} is empty: no non-empty documents were found; check path and "
-                     f"text_field={corpus.text_field!r}")
+    raise ValueError(
+      f"{label} is empty: no non-empty documents were found; check path and "
+      f"text_field={corpus.text_field!r}"
+    )
   if path is None or not write_cache:
     return tokens, tokens_sha256(tokens)
-  return _write_cache(path, tokens, {"key": key, "tokenizer": tokenizer.fingerprint,
-                                     "corpus": label})
+  return _write_cache(
+    path, tokens, {"key": key, "tokenizer": tokenizer.fingerprint, "corpus": label}
+  )
 
 
 def _check_request(split, max_tokens) -> None:
   check_split(split)
-  if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(
-      max_tokens, (int, np.integer)) or max_tokens < 1):
+  if max_tokens is not None and (
+    isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1
+  ):
     raise ValueError(f"max_tokens must be a positive int or None, got {max_tokens!r}")
 
 
@@ -166,8 +188,9 @@ def _read_cache(path: str, key: str, dtype) -> tuple[Any, Optional[str], Optiona
   return tokens, record["sha256"], None
 
 
-def cache_problem(path: str, key: str, dtype, *, blob: Optional[bytes] = None,
-                  record_out: Optional[dict] = None) -> Optional[str]:
+def cache_problem(
+  path: str, key: str, dtype, *, blob: Optional[bytes] = None, record_out: Optional[dict] = None
+) -> Optional[str]:
   """Why the cache file path cannot be used for key, or None when its record vouches for it.
 
   Args:
@@ -186,8 +209,10 @@ def cache_problem(path: str, key: str, dtype, *, blob: Optional[bytes] = None,
   try:
     record = json.loads(paths.read_bytes(rec_path))
   except FileNotFoundError:
-    return (f"its record {rec_path} is missing (it is written last, so the build was "
-            f"interrupted, or the cache predates these records)")
+    return (
+      f"its record {rec_path} is missing (it is written last, so the build was "
+      f"interrupted, or the cache predates these records)"
+    )
   except (OSError, ValueError) as e:
     return f"its record {rec_path} is unreadable ({type(e).__name__}: {e})"
   if not isinstance(record, dict):
@@ -202,13 +227,17 @@ def cache_problem(path: str, key: str, dtype, *, blob: Optional[bytes] = None,
   except OSError as e:
     return f"it could not be read ({type(e).__name__}: {e})"
   if record.get("bytes") != size:
-    return (f"the file has {size} bytes but its record says {record.get('bytes')!r} (truncated "
-            f"or overwritten)")
+    return (
+      f"the file has {size} bytes but its record says {record.get('bytes')!r} (truncated "
+      f"or overwritten)"
+    )
   try:
-    with (io.BytesIO(blob) if blob is not None else paths.open_read(path)) as f:
+    with io.BytesIO(blob) if blob is not None else paths.open_read(path) as f:
       version = np.lib.format.read_magic(f)
-      read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                     (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+      read_header = {
+        (1, 0): np.lib.format.read_array_header_1_0,
+        (2, 0): np.lib.format.read_array_header_2_0,
+      }.get(version)
       if read_header is None:
         return f"its .npy format version {version} is not one np.save writes here"
       shape, fortran, file_dtype = read_header(f)
@@ -216,13 +245,15 @@ def cache_problem(path: str, key: str, dtype, *, blob: Optional[bytes] = None,
   except (OSError, ValueError) as e:
     return f"its .npy header is unreadable ({type(e).__name__}: {e})"
   if shape != (n,) or fortran or file_dtype != np.dtype(dtype):
-    return (f"its .npy header says {file_dtype} {shape}, its record {record.get('dtype')} "
-            f"({n},)")
+    return f"its .npy header says {file_dtype} {shape}, its record {record.get('dtype')} ({n},)"
   if data_start + n * np.dtype(dtype).itemsize != size:
     return f"{size} bytes cannot hold the header and {n} {np.dtype(dtype).name} tokens"
   try:
-    digest = (hashlib.sha256(memoryview(blob)[data_start:]).hexdigest() if blob is not None
-              else prepared.file_sha256(path, data_start))
+    digest = (
+      hashlib.sha256(memoryview(blob)[data_start:]).hexdigest()
+      if blob is not None
+      else prepared.file_sha256(path, data_start)
+    )
   except OSError as e:
     return f"it could not be read ({type(e).__name__}: {e})"
   if digest != record.get("sha256"):
@@ -241,12 +272,20 @@ def _write_cache(path: str, tokens: np.ndarray, record: dict[str, Any]) -> tuple
     # A stale record must not vouch for a file that a killed build leaves behind.
     paths.remove(rec_path)
     size = paths.write_atomic(path, lambda f: np.save(f, tokens))
-    record = {"format": _RECORD_FORMAT, **record, "tokens": int(tokens.size),
-              "dtype": tokens.dtype.name, "bytes": size, "sha256": digest}
+    record = {
+      "format": _RECORD_FORMAT,
+      **record,
+      "tokens": int(tokens.size),
+      "dtype": tokens.dtype.name,
+      "bytes": size,
+      "sha256": digest,
+    }
     paths.write_atomic(rec_path, json.dumps(record, indent=1))
   except OSError as e:
-    raise OSError(f"could not write the token cache {path} ({type(e).__name__}: {e}); free disk "
-                  f"space or make its directory writable, or use another workdir") from e
+    raise OSError(
+      f"could not write the token cache {path} ({type(e).__name__}: {e}); free disk "
+      f"space or make its directory writable, or use another workdir"
+    ) from e
   if paths.is_remote(path):  # the array in hand is what was uploaded
     tokens.flags.writeable = False
     return tokens, digest
@@ -255,9 +294,13 @@ def _write_cache(path: str, tokens: np.ndarray, record: dict[str, Any]) -> tuple
 
 def cache_key(corpus: Corpus, split: str, tokenizer: Tokenizer, max_tokens) -> str:
   """The hex sha256 of what decides a split's tokens (see the module docstring)."""
-  desc: dict[str, Any] = {"format": _CACHE_FORMAT, "corpus": dataclasses.asdict(corpus),
-                          "split": split, "tokenizer": tokenizer.fingerprint,
-                          "max_tokens": max_tokens}
+  desc: dict[str, Any] = {
+    "format": _CACHE_FORMAT,
+    "corpus": dataclasses.asdict(corpus),
+    "split": split,
+    "tokenizer": tokenizer.fingerprint,
+    "max_tokens": max_tokens,
+  }
   if corpus.source == "stdlib":
     desc["python"] = sys.version
   if corpus.source != "hf":
@@ -303,8 +346,10 @@ def _tokenize(docs: Iterable[str], tokenizer: Tokenizer, max_tokens, label) -> n
   tokens = np.concatenate(chunks) if chunks else np.zeros((0,), dtype)
   if max_tokens is not None:
     tokens = tokens[:max_tokens]
-  log(f"{label}: {n_docs} documents, {n_chars / 1e6:.1f} M characters -> {tokens.size} tokens "
-      f"in {time.perf_counter() - start:.1f} s")
+  log(
+    f"{label}: {n_docs} documents, {n_chars / 1e6:.1f} M characters -> {tokens.size} tokens "
+    f"in {time.perf_counter() - start:.1f} s"
+  )
   return tokens
 
 

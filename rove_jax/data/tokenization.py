@@ -39,8 +39,13 @@ _MIN_BPE_VOCAB = 257
 # End-of-text names tried, in order, on a tokenizer.json (GPT-2 / Llama-3 / T5 / Gemma styles).
 _EOT_CANDIDATES = (EOT_TEXT, "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
 
-SPEC_FORMS = ("bytes", "bpe", "bpe:VOCAB (e.g. bpe:8192)", "a path to a tokenizer.json file",
-              "tiktoken:NAME (e.g. tiktoken:gpt2)")
+SPEC_FORMS = (
+  "bytes",
+  "bpe",
+  "bpe:VOCAB (e.g. bpe:8192)",
+  "a path to a tokenizer.json file",
+  "tiktoken:NAME (e.g. tiktoken:gpt2)",
+)
 
 Texts = Union[Iterable[str], Callable[[], Iterable[str]]]
 
@@ -95,8 +100,9 @@ class ByteTokenizer(Tokenizer):
     bad = (ids_N < 0) | (ids_N > self.eot_id)
     if bad.any():
       raise ValueError(
-          f"byte tokenizer ids must be in [0, {self.eot_id}], got {int(ids_N[bad][0])}; a model "
-          f"whose vocabulary is padded past {self.vocab_size} can sample such ids: mask them")
+        f"byte tokenizer ids must be in [0, {self.eot_id}], got {int(ids_N[bad][0])}; a model "
+        f"whose vocabulary is padded past {self.vocab_size} can sample such ids: mask them"
+      )
     # Decode each run between end-of-text ids on its own so a multi-byte character is never
     # stitched together across a document boundary.
     parts, start = [], 0
@@ -133,8 +139,9 @@ class HFTokenizer(Tokenizer):
         break
     else:
       raise ValueError(
-          f"tokenizer {name!r} has no end-of-text token: tried {list(candidates)}; add one of "
-          f"them as a special token to the tokenizer.json")
+        f"tokenizer {name!r} has no end-of-text token: tried {list(candidates)}; add one of "
+        f"them as a special token to the tokenizer.json"
+      )
     self._fingerprint = "hf-" + hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
 
   @classmethod
@@ -189,13 +196,17 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, show_progress: bool = Fa
   _check_bpe_vocab(vocab_size)
   tokenizers = _import_tokenizers("training a bpe tokenizer")
   from tokenizers import decoders, models, pre_tokenizers, trainers
+
   tok = tokenizers.Tokenizer(models.BPE())
   # add_prefix_space=False keeps decode(encode(s)) == s exactly.
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(
-      vocab_size=int(vocab_size), special_tokens=[EOT_TEXT],
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress)
+    vocab_size=int(vocab_size),
+    special_tokens=[EOT_TEXT],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=show_progress,
+  )
   tok.train_from_iterator(texts, trainer=trainer)
   return tok
 
@@ -233,8 +244,7 @@ class TiktokenTokenizer(Tokenizer):
     return np.asarray(self._enc.encode_ordinary(text), dtype=np.int32)
 
   def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-    return [np.asarray(ids, dtype=np.int32)
-            for ids in self._enc.encode_ordinary_batch(list(texts))]
+    return [np.asarray(ids, dtype=np.int32) for ids in self._enc.encode_ordinary_batch(list(texts))]
 
   def decode(self, ids) -> str:
     ids = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
@@ -251,26 +261,31 @@ def load_tiktoken(name: str) -> TiktokenTokenizer:
     import tiktoken
   except ImportError as e:
     raise ImportError(
-        f"tokenizer 'tiktoken:{name}' needs the tiktoken package: "
-        f"pip install 'rove_jax[tiktoken]'") from e
+      f"tokenizer 'tiktoken:{name}' needs the tiktoken package: pip install 'rove_jax[tiktoken]'"
+    ) from e
   try:
     encoding = tiktoken.get_encoding(name)
   except ValueError as e:  # unknown encoding name
     raise ValueError(f"tiktoken has no encoding {name!r}: {e}") from e
   except Exception as e:  # network / file errors from the download
     raise RuntimeError(
-        f"tiktoken could not load the files of encoding {name!r} ({type(e).__name__}: {e}); "
-        f"it downloads them on first use, so run once with network access or point "
-        f"TIKTOKEN_CACHE_DIR at a directory that holds them") from e
+      f"tiktoken could not load the files of encoding {name!r} ({type(e).__name__}: {e}); "
+      f"it downloads them on first use, so run once with network access or point "
+      f"TIKTOKEN_CACHE_DIR at a directory that holds them"
+    ) from e
   return TiktokenTokenizer(encoding, name=f"tiktoken:{name}")
 
 
 # ------------------------------------------------------------------------------- factory
 
 
-def get_tokenizer(spec: str = "bytes", *, workdir: Optional[str] = None,
-                  train_texts: Optional[Texts] = None,
-                  vocab_size: Optional[int] = None) -> Tokenizer:
+def get_tokenizer(
+  spec: str = "bytes",
+  *,
+  workdir: Optional[str] = None,
+  train_texts: Optional[Texts] = None,
+  vocab_size: Optional[int] = None,
+) -> Tokenizer:
   """Builds the tokenizer named by spec (see the module docstring for the forms).
 
   Args:
@@ -284,14 +299,16 @@ def get_tokenizer(spec: str = "bytes", *, workdir: Optional[str] = None,
     a `Tokenizer`.
   """
   if not isinstance(spec, str) or not spec:
-    raise ValueError(f"tokenizer spec must be a non-empty string, got {spec!r}; expected "
-                     f"one of: {', '.join(SPEC_FORMS)}")
+    raise ValueError(
+      f"tokenizer spec must be a non-empty string, got {spec!r}; expected "
+      f"one of: {', '.join(SPEC_FORMS)}"
+    )
   if spec == "bytes":
     return ByteTokenizer()
   if spec == "bpe" or spec.startswith("bpe:"):
     return _get_bpe(spec, workdir=workdir, train_texts=train_texts, vocab_size=vocab_size)
   if spec.startswith("tiktoken:"):
-    name = spec[len("tiktoken:"):]
+    name = spec[len("tiktoken:") :]
     if not name:
       raise ValueError("tokenizer spec 'tiktoken:' lacks an encoding name, e.g. tiktoken:gpt2")
     return load_tiktoken(name)
@@ -301,8 +318,9 @@ def get_tokenizer(spec: str = "bytes", *, workdir: Optional[str] = None,
     spec = os.path.join(spec, "tokenizer.json")  # a HuggingFace model directory
   if spec.endswith(".json") or os.path.isfile(spec):
     if not os.path.isfile(spec):
-      raise ValueError(f"tokenizer file {spec!r} does not exist; expected a path to a "
-                       f"HuggingFace tokenizer.json")
+      raise ValueError(
+        f"tokenizer file {spec!r} does not exist; expected a path to a HuggingFace tokenizer.json"
+      )
     return HFTokenizer.from_file(spec)
   raise ValueError(f"unknown tokenizer spec {spec!r}; expected one of: {', '.join(SPEC_FORMS)}")
 
@@ -310,29 +328,34 @@ def get_tokenizer(spec: str = "bytes", *, workdir: Optional[str] = None,
 def _get_bpe(spec, *, workdir, train_texts, vocab_size) -> HFTokenizer:
   size = DEFAULT_BPE_VOCAB
   if spec.startswith("bpe:"):
-    text = spec[len("bpe:"):]
+    text = spec[len("bpe:") :]
     try:
       size = int(text)
     except ValueError:
       raise ValueError(
-          f"tokenizer spec {spec!r}: VOCAB must be an integer, e.g. bpe:8192") from None
+        f"tokenizer spec {spec!r}: VOCAB must be an integer, e.g. bpe:8192"
+      ) from None
     if vocab_size is not None and int(vocab_size) != size:
-      raise ValueError(f"tokenizer spec {spec!r} and vocab_size={vocab_size} disagree; give "
-                       f"the size once")
+      raise ValueError(
+        f"tokenizer spec {spec!r} and vocab_size={vocab_size} disagree; give the size once"
+      )
   elif vocab_size is not None:
     size = int(vocab_size)
   _check_bpe_vocab(size)
   if workdir is None:
-    raise ValueError(f"tokenizer {spec!r} is trained once and cached in the run directory: "
-                     f"pass workdir")
+    raise ValueError(
+      f"tokenizer {spec!r} is trained once and cached in the run directory: pass workdir"
+    )
   path = bpe_cache_path(workdir, size)
   name = f"bpe:{size}"
   if paths.isfile(path):
     _log(f"reusing the {name} tokenizer at {path}")
     return _load_bpe_file(path, name)
   if train_texts is None:
-    raise ValueError(f"tokenizer {spec!r} is not trained yet (no {path}) and no train_texts "
-                     f"were given to train it on")
+    raise ValueError(
+      f"tokenizer {spec!r} is not trained yet (no {path}) and no train_texts "
+      f"were given to train it on"
+    )
   texts = train_texts() if callable(train_texts) else train_texts
   _log(f"training the {name} tokenizer (byte-level BPE) ...")
   start = time.perf_counter()
@@ -340,8 +363,10 @@ def _get_bpe(spec, *, workdir, train_texts, vocab_size) -> HFTokenizer:
   # Atomic publish (a temporary file renamed locally, one upload on GCS): a crash mid-write
   # must not leave a truncated file that a resume would load.
   paths.write_atomic(path, tok.to_str(pretty=True))
-  _log(f"trained {name} (vocab {tok.get_vocab_size()}) in {time.perf_counter() - start:.1f} s "
-       f"-> {path}")
+  _log(
+    f"trained {name} (vocab {tok.get_vocab_size()}) in {time.perf_counter() - start:.1f} s "
+    f"-> {path}"
+  )
   # Reload from the file so a first run and a resumed run use byte-identical tokenizers.
   return _load_bpe_file(path, name)
 
@@ -350,8 +375,9 @@ def _check_bpe_vocab(vocab_size) -> None:
   if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
     raise ValueError(f"bpe vocab_size must be an int, got {vocab_size!r}")
   if vocab_size <= _MIN_BPE_VOCAB:
-    raise ValueError(f"bpe vocab_size must be > {_MIN_BPE_VOCAB} (256 bytes + end-of-text), "
-                     f"got {vocab_size}")
+    raise ValueError(
+      f"bpe vocab_size must be > {_MIN_BPE_VOCAB} (256 bytes + end-of-text), got {vocab_size}"
+    )
 
 
 def _import_tokenizers(why: str):

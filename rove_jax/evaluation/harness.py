@@ -113,8 +113,10 @@ def load_model(path: str, tokenizer: Optional[str] = None):
   path = paths.resolve(path, what="path")
   if not paths.isfile(paths.join(path, param_files.CONFIG)):
     what = f"holds no {param_files.CONFIG}" if paths.isdir(path) else "does not exist"
-    raise InputError(f"model_args path={path} {what}; give the directory of a rove-export or a "
-                     f"transformers checkpoint")
+    raise InputError(
+      f"model_args path={path} {what}; give the directory of a rove-export or a "
+      f"transformers checkpoint"
+    )
   config_json = json.loads(paths.read_text(paths.join(path, param_files.CONFIG)))
   run = config_json.get("rove_jax_run")
   if run is not None and tokenizer is None:
@@ -124,8 +126,10 @@ def load_model(path: str, tokenizer: Optional[str] = None):
   if tokenizer is None:
     tokenizer = paths.join(path, "tokenizer.json")
     if not paths.exists(tokenizer):
-      raise InputError(f"{path} is not a rove-export and holds no tokenizer.json; give "
-                       f"model_args tokenizer=SPEC ({', '.join(tokenization.SPEC_FORMS)})")
+      raise InputError(
+        f"{path} is not a rove-export and holds no tokenizer.json; give "
+        f"model_args tokenizer=SPEC ({', '.join(tokenization.SPEC_FORMS)})"
+      )
   return config, params, tokenization.get_tokenizer(tokenizer), None
 
 
@@ -134,11 +138,13 @@ def _positive_int(name: str, value) -> int:
     out = int(value)
   except (TypeError, ValueError):
     out = None
-  if out is None or out < 1 or isinstance(value, bool) or (isinstance(value, float)
-                                                           and value != out):
-    raise InputError(f"{name} must be a positive integer, got {value!r}"
-                     + ("; rove_jax has no automatic batch size" if str(value).startswith("auto")
-                        else ""))
+  if (
+    out is None or out < 1 or isinstance(value, bool) or (isinstance(value, float) and value != out)
+  ):
+    raise InputError(
+      f"{name} must be a positive integer, got {value!r}"
+      + ("; rove_jax has no automatic batch size" if str(value).startswith("auto") else "")
+    )
   return out
 
 
@@ -146,16 +152,26 @@ def _positive_int(name: str, value) -> int:
 class RoveJaxLM(TemplateLM):
   """lm_eval's LM interface over a rove-jax GPT (model_args in the module docstring)."""
 
-  def __init__(self, path: str, batch_size=1, max_length: Optional[int] = None,
-               max_gen_toks=None, tokenizer: Optional[str] = None,
-               dtype: Optional[str] = None, max_batch_size=None, device=None):
+  def __init__(
+    self,
+    path: str,
+    batch_size=1,
+    max_length: Optional[int] = None,
+    max_gen_toks=None,
+    tokenizer: Optional[str] = None,
+    dtype: Optional[str] = None,
+    max_batch_size=None,
+    device=None,
+  ):
     super().__init__()
     self.batch_size = _positive_int("batch_size", batch_size)
     if max_gen_toks is not None:
       max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
     if max_batch_size is not None:
-      raise InputError("max_batch_size is for lm_eval's automatic batch size, which rove_jax "
-                       "does not have; give --batch_size N")
+      raise InputError(
+        "max_batch_size is for lm_eval's automatic batch size, which rove_jax "
+        "does not have; give --batch_size N"
+      )
     del device  # JAX places the model on its default device (JAX_PLATFORMS chooses)
     config, params, self.tok, train_len = load_model(path, tokenizer)
     if dtype is not None:
@@ -163,19 +179,24 @@ class RoveJaxLM(TemplateLM):
         raise InputError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
       config = dataclasses.replace(config, dtype=dtype)
     if self.tok.vocab_size > config.vocab_size:
-      raise InputError(f"the tokenizer has {self.tok.vocab_size} ids but the model only "
-                       f"{config.vocab_size}: not this model's tokenizer")
+      raise InputError(
+        f"the tokenizer has {self.tok.vocab_size} ids but the model only "
+        f"{config.vocab_size}: not this model's tokenizer"
+      )
     self.config = config
     self.max_length = _positive_int("max_length", max_length or train_len or config.max_len)
     if config.pos_encoding == "learned" and self.max_length > config.max_len:
-      raise InputError(f"max_length {self.max_length} exceeds the {config.max_len} learned "
-                       f"positions of the model")
+      raise InputError(
+        f"max_length {self.max_length} exceeds the {config.max_len} learned positions of the model"
+      )
     if max_gen_toks is None:  # a default that leaves half of the model input to the context
       max_gen_toks = min(DEFAULT_MAX_GEN_TOKS, max(1, self.max_length // 2))
     elif max_gen_toks >= self.max_length:
-      raise InputError(f"max_gen_toks {max_gen_toks} leaves no room for a context in "
-                       f"max_length {self.max_length}; give max_gen_toks below "
-                       f"{self.max_length}")
+      raise InputError(
+        f"max_gen_toks {max_gen_toks} leaves no room for a context in "
+        f"max_length {self.max_length}; give max_gen_toks below "
+        f"{self.max_length}"
+      )
     self.max_gen_toks = max_gen_toks
     self.buckets = length_buckets(self.max_length)
     graphdef, self._state = nnx.split(pretrained.build(config, params))
@@ -231,13 +252,16 @@ class RoveJaxLM(TemplateLM):
 
   def _too_long(self, n_context: int, n_continuation: int) -> str:
     """Why a continuation longer than max_length is refused, and the fix."""
-    fix = (f"give model_args max_length={n_continuation} or more"
-           if self.config.pos_encoding != "learned" or n_continuation <= self.config.max_len
-           else f"the model's {self.config.max_len} learned positions cannot hold it; leave "
-                f"the task out")
-    return (f"a continuation of {n_continuation} tokens (after {n_context} of context) is "
-            f"longer than max_length {self.max_length}: only the context is cut to fit, as in "
-            f"lm_eval's HF model, which refuses it too; {fix}")
+    fix = (
+      f"give model_args max_length={n_continuation} or more"
+      if self.config.pos_encoding != "learned" or n_continuation <= self.config.max_len
+      else f"the model's {self.config.max_len} learned positions cannot hold it; leave the task out"
+    )
+    return (
+      f"a continuation of {n_continuation} tokens (after {n_context} of context) is "
+      f"longer than max_length {self.max_length}: only the context is cut to fit, as in "
+      f"lm_eval's HF model, which refuses it too; {fix}"
+    )
 
   def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list:
     """(sum log p of the continuation, greedy) per (strings or None, context ids,
@@ -251,27 +275,30 @@ class RoveJaxLM(TemplateLM):
     rows = []
     for i, (_, context, continuation) in enumerate(requests):
       if not continuation or not context:
-        raise InputError(f"a loglikelihood request needs context and continuation tokens, "
-                         f"got {len(context)} and {len(continuation)}", request=i)
+        raise InputError(
+          f"a loglikelihood request needs context and continuation tokens, "
+          f"got {len(context)} and {len(continuation)}",
+          request=i,
+        )
       if len(continuation) > self.max_length:
         raise InputError(self._too_long(len(context), len(continuation)), request=i)
-      whole = (list(context) + list(continuation))[-(self.max_length + 1):]
+      whole = (list(context) + list(continuation))[-(self.max_length + 1) :]
       rows.append((whole[:-1], whole[1:], len(continuation)))
     out = [None] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))  # like lengths together
     for start in range(0, len(order), self.batch_size):
-      batch = order[start:start + self.batch_size]
+      batch = order[start : start + self.batch_size]
       L = self._bucket(len(rows[batch[0]][0]))
       tokens_BL = np.full((self.batch_size, L), self.eot_token_id, np.int32)
       targets_BL = np.full((self.batch_size, L), self.eot_token_id, np.int32)
       for r, i in enumerate(batch):
-        tokens_BL[r, :len(rows[i][0])] = rows[i][0]
-        targets_BL[r, :len(rows[i][1])] = rows[i][1]
+        tokens_BL[r, : len(rows[i][0])] = rows[i][0]
+        targets_BL[r, : len(rows[i][1])] = rows[i][1]
       logp_BL, greedy_BL = self._score(self._state, tokens_BL, targets_BL)
       logp_BL, greedy_BL = np.asarray(logp_BL, np.float64), np.asarray(greedy_BL)
       for r, i in enumerate(batch):
         n, k = len(rows[i][0]), rows[i][2]
-        out[i] = (float(logp_BL[r, n - k:n].sum()), bool(greedy_BL[r, n - k:n].all()))
+        out[i] = (float(logp_BL[r, n - k : n].sum()), bool(greedy_BL[r, n - k : n].all()))
         if requests[i][0] is not None:
           self.cache_hook.add_partial("loglikelihood", requests[i][0], out[i])
     return out
@@ -282,8 +309,11 @@ class RoveJaxLM(TemplateLM):
     strings = [req.args[0] for req in requests]
     for i, string in enumerate(strings):
       for pair in lm_utils.get_rolling_token_windows(
-          token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-          max_seq_len=self.max_length, context_len=1):
+        token_list=self.tok_encode(string),
+        prefix_token=self.prefix_token_id,
+        max_seq_len=self.max_length,
+        context_len=1,
+      ):
         windows.append((None, *lm_utils.make_disjoint_window(pair)))
         owner.append(i)
     totals = [0.0] * len(strings)
@@ -305,21 +335,24 @@ class RoveJaxLM(TemplateLM):
     for i, req in enumerate(requests):
       kwargs = normalize_gen_kwargs(req.args[1], self.max_gen_toks)
       if kwargs.get("do_sample") or kwargs.get("temperature", 0.0) > 0:
-        raise InputError(f"{_which(req, i)}: rove_jax's generate_until is greedy only; give "
-                         f"--gen_kwargs do_sample=False,temperature=0")
+        raise InputError(
+          f"{_which(req, i)}: rove_jax's generate_until is greedy only; give "
+          f"--gen_kwargs do_sample=False,temperature=0"
+        )
       max_gen_toks = int(kwargs["max_gen_toks"])
       if max_gen_toks >= self.max_length:  # lm_eval's HF model asserts the same
         raise InputError(
-            f"{_which(req, i)}: max_gen_toks {max_gen_toks} leaves no room for a context in "
-            f"max_length {self.max_length}; give --gen_kwargs max_gen_toks=N with N below "
-            f"{self.max_length} (the context keeps its last {self.max_length} - N tokens)")
+          f"{_which(req, i)}: max_gen_toks {max_gen_toks} leaves no room for a context in "
+          f"max_length {self.max_length}; give --gen_kwargs max_gen_toks=N with N below "
+          f"{self.max_length} (the context keeps its last {self.max_length} - N tokens)"
+        )
       until = tuple(handle_stop_sequences(kwargs.get("until"), eos=None))
       groups.setdefault((until, max_gen_toks), []).append(i)
     out = [None] * len(requests)
     for (until, max_gen_toks), members in groups.items():
       members.sort(key=lambda i: -len(requests[i].args[0]))
       for start in range(0, len(members), self.batch_size):
-        batch = members[start:start + self.batch_size]
+        batch = members[start : start + self.batch_size]
         texts = self._greedy([requests[i].args[0] for i in batch], list(until), max_gen_toks)
         for i, text in zip(batch, texts):
           out[i] = text
@@ -336,7 +369,7 @@ class RoveJaxLM(TemplateLM):
     tokens_BL = np.full((self.batch_size, L), self.eot_token_id, np.int32)
     lengths_B = np.ones(self.batch_size, np.int32)
     for r, prompt in enumerate(prompts):
-      tokens_BL[r, :len(prompt)] = prompt
+      tokens_BL[r, : len(prompt)] = prompt
       lengths_B[r] = len(prompt)
     generated = [[] for _ in prompts]
     done = [False] * len(prompts)

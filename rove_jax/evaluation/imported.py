@@ -27,8 +27,9 @@ from rove_jax.train.run_config import DataConfig, RunConfig
 def is_model_dir(path: str) -> bool:
   """Whether `path` (resolved) is a model directory rather than a training workdir: it holds a
   config.json and no checkpoints/."""
-  return (paths.isfile(paths.join(path, param_files.CONFIG))
-          and not paths.isdir(paths.join(path, "checkpoints")))
+  return paths.isfile(paths.join(path, param_files.CONFIG)) and not paths.isdir(
+    paths.join(path, "checkpoints")
+  )
 
 
 def recorded_train_len(hf: dict) -> int:
@@ -43,8 +44,7 @@ def recorded_train_len(hf: dict) -> int:
     return int(hf["max_position_embeddings"])
   if hf.get("n_positions"):  # GPT-2's name
     return int(hf["n_positions"])
-  raise ValueError("its config.json records no length (max_position_embeddings); give "
-                   "--train-len")
+  raise ValueError("its config.json records no length (max_position_embeddings); give --train-len")
 
 
 def has_tokenizer(path: str) -> bool:
@@ -53,8 +53,13 @@ def has_tokenizer(path: str) -> bool:
   return init_from.checkpoint_tokenizer(paths.resolve(path, what="model directory")) is not None
 
 
-def load_model(path: str, *, data_path: Optional[str] = None,
-               train_len: Optional[int] = None, tokenizer: Optional[str] = None) -> Run:
+def load_model(
+  path: str,
+  *,
+  data_path: Optional[str] = None,
+  train_len: Optional[int] = None,
+  tokenizer: Optional[str] = None,
+) -> Run:
   """The model directory at `path` as a Run (module docstring); `tokenizer` (a tokenizer.json
   path or a spec) is used when the directory holds and records none.
 
@@ -67,21 +72,35 @@ def load_model(path: str, *, data_path: Optional[str] = None,
   hf = json.loads(paths.read_text(paths.join(path, param_files.CONFIG)))
   spec = init_from.checkpoint_tokenizer(path) or tokenizer
   if spec is None:
-    raise ValueError(f"{path} holds no tokenizer.json and records no tokenizer; pass "
-                     f"--tokenizer PATH/tokenizer.json (the model's)")
+    raise ValueError(
+      f"{path} holds no tokenizer.json and records no tokenizer; pass "
+      f"--tokenizer PATH/tokenizer.json (the model's)"
+    )
   tokenizer = tokenization.get_tokenizer(spec)
   if tokenizer.vocab_size > config.vocab_size:
-    raise ValueError(f"the tokenizer of {path} has {tokenizer.vocab_size} ids but the model's "
-                     f"vocabulary is {config.vocab_size}: it is not this model's tokenizer")
+    raise ValueError(
+      f"the tokenizer of {path} has {tokenizer.vocab_size} ids but the model's "
+      f"vocabulary is {config.vocab_size}: it is not this model's tokenizer"
+    )
   try:
     T = train_len or recorded_train_len(hf)
   except ValueError as e:
     raise ValueError(f"{path}: {e}") from None
   if data_path:
-    data = DataConfig(source="parquet" if data_path.endswith(".parquet") else "text",
-                      path=data_path, seq_len=T, tokenizer=spec)
+    data = DataConfig(
+      source="parquet" if data_path.endswith(".parquet") else "text",
+      path=data_path,
+      seq_len=T,
+      tokenizer=spec,
+    )
   else:
     data = DataConfig(seq_len=T, tokenizer=spec)
   step = (hf.get("rove_jax_run") or {}).get("step", 0)
-  return Run(workdir=path, name=paths.basename(path), step=int(step),
-             config=RunConfig(model=config, data=data), params=params, tokenizer=tokenizer)
+  return Run(
+    workdir=path,
+    name=paths.basename(path),
+    step=int(step),
+    config=RunConfig(model=config, data=data),
+    params=params,
+    tokenizer=tokenizer,
+  )

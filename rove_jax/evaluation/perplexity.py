@@ -34,13 +34,22 @@ import numpy as np
 
 from rove_jax.evaluation.prompting import round_sig
 
-YARN_SETTINGS = {"off": ("none",), "on": ("yarn",), "both": ("none", "yarn"),
-                 "all": ("none", "yarn", "yarn_fixed")}
+YARN_SETTINGS = {
+  "off": ("none",),
+  "on": ("yarn",),
+  "both": ("none", "yarn"),
+  "all": ("none", "yarn", "yarn_fixed"),
+}
 SETTINGS = ("none", "yarn", "yarn_fixed")  # every setting a report may hold, in table order
 
 
-def windows(tokens: np.ndarray, length: int, *, stride: Optional[int] = None,
-            max_targets: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+def windows(
+  tokens: np.ndarray,
+  length: int,
+  *,
+  stride: Optional[int] = None,
+  max_targets: Optional[int] = None,
+) -> tuple[np.ndarray, np.ndarray]:
   """Windows [N, L + 1] of the token stream and, for each, the first target index it scores.
 
   Non-overlapping (stride None or L): targets of window i are positions 0..L-1. Sliding: window
@@ -50,8 +59,10 @@ def windows(tokens: np.ndarray, length: int, *, stride: Optional[int] = None,
   if length < 1:
     raise ValueError(f"length must be >= 1, got {length}")
   if tokens.size < length + 1:
-    raise ValueError(f"{tokens.size} held-out tokens cannot fill one window of {length + 1}; "
-                     f"use shorter lengths or more evaluation data")
+    raise ValueError(
+      f"{tokens.size} held-out tokens cannot fill one window of {length + 1}; "
+      f"use shorter lengths or more evaluation data"
+    )
   stride = length if stride is None else stride
   if not 1 <= stride <= length:
     raise ValueError(f"stride must be in [1, length={length}], got {stride}")
@@ -65,8 +76,9 @@ def windows(tokens: np.ndarray, length: int, *, stride: Optional[int] = None,
   return tokens[idx].astype(np.int32), first
 
 
-def fixed_factor(lengths: Sequence[int], train_len: int,
-                 factor: Optional[float] = None) -> Optional[float]:
+def fixed_factor(
+  lengths: Sequence[int], train_len: int, factor: Optional[float] = None
+) -> Optional[float]:
   """The yarn_fixed setting's one factor: `factor` if given, else max(lengths) / train_len;
   None when that is not > 1 (no evaluated length exceeds the training length)."""
   if factor is not None:
@@ -75,10 +87,18 @@ def fixed_factor(lengths: Sequence[int], train_len: int,
   return factor if factor > 1 else None
 
 
-def evaluate(scorer, tokens: np.ndarray, lengths: Sequence[int], *, yarn: str = "both",
-             max_tokens: int = 32768, stride_fraction: Optional[float] = None,
-             n_buckets: int = 8, yarn_fixed_factor: Optional[float] = None,
-             progress: bool = True) -> dict:
+def evaluate(
+  scorer,
+  tokens: np.ndarray,
+  lengths: Sequence[int],
+  *,
+  yarn: str = "both",
+  max_tokens: int = 32768,
+  stride_fraction: Optional[float] = None,
+  n_buckets: int = 8,
+  yarn_fixed_factor: Optional[float] = None,
+  progress: bool = True,
+) -> dict:
   """Perplexity at each length for each YaRN setting.
 
   Args:
@@ -108,11 +128,17 @@ def evaluate(scorer, tokens: np.ndarray, lengths: Sequence[int], *, yarn: str = 
   fixed = fixed_factor(lengths, scorer.train_len, yarn_fixed_factor)
   if "yarn_fixed" in settings and fixed is not None:
     scorer.fixed_yarn_scaling(fixed)  # validates the factor before any scoring
-  out = {"protocol": {"mode": "sliding" if stride_fraction else "non-overlapping",
-                      "stride_fraction": stride_fraction, "max_tokens": max_tokens,
-                      "train_len": scorer.train_len, "n_buckets": n_buckets,
-                      "yarn_factor": "L / train_len for L > train_len, else none",
-                      "yarn_fixed_factor": fixed if "yarn_fixed" in settings else None}}
+  out = {
+    "protocol": {
+      "mode": "sliding" if stride_fraction else "non-overlapping",
+      "stride_fraction": stride_fraction,
+      "max_tokens": max_tokens,
+      "train_len": scorer.train_len,
+      "n_buckets": n_buckets,
+      "yarn_factor": "L / train_len for L > train_len, else none",
+      "yarn_fixed_factor": fixed if "yarn_fixed" in settings else None,
+    }
+  }
   bar = _bar(len(lengths) * len(settings), progress)
   for setting in settings:
     why = _not_applicable(scorer, setting, fixed)
@@ -125,8 +151,15 @@ def evaluate(scorer, tokens: np.ndarray, lengths: Sequence[int], *, yarn: str = 
         scaling = scorer.fixed_yarn_scaling(fixed)
       else:
         scaling = scorer.yarn_scaling(L) if setting == "yarn" else None  # None: the model's own
-      rows[str(L)] = _score_length(scorer, tokens, L, scaling, max_tokens=max_tokens,
-                                   stride_fraction=stride_fraction, n_buckets=n_buckets)
+      rows[str(L)] = _score_length(
+        scorer,
+        tokens,
+        L,
+        scaling,
+        max_tokens=max_tokens,
+        stride_fraction=stride_fraction,
+        n_buckets=n_buckets,
+      )
       if bar is not None:
         bar.set_postfix(L=L, yarn=setting, ppl=f"{rows[str(L)]['ppl']:.2f}")
         bar.update(1)
@@ -141,16 +174,25 @@ def _not_applicable(scorer, setting: str, fixed: Optional[float]) -> Optional[st
   if setting == "none":
     return None
   if not scorer.rotary:
-    return (f"pos_encoding={scorer.config.pos_encoding!r} has no rotary frequencies to "
-            f"rescale")
+    return f"pos_encoding={scorer.config.pos_encoding!r} has no rotary frequencies to rescale"
   if setting == "yarn_fixed" and fixed is None:
-    return (f"no evaluated length exceeds the training length {scorer.train_len}, so "
-            f"max(lengths) / train_len gives no factor > 1; give --yarn-fixed-factor")
+    return (
+      f"no evaluated length exceeds the training length {scorer.train_len}, so "
+      f"max(lengths) / train_len gives no factor > 1; give --yarn-fixed-factor"
+    )
   return None
 
 
-def _score_length(scorer, tokens, L: int, scaling, *, max_tokens: int,
-                  stride_fraction: Optional[float], n_buckets: int) -> dict:
+def _score_length(
+  scorer,
+  tokens,
+  L: int,
+  scaling,
+  *,
+  max_tokens: int,
+  stride_fraction: Optional[float],
+  n_buckets: int,
+) -> dict:
   """One (setting, length) row: the windows of L tokens scored with `scaling`."""
   stride = None if not stride_fraction else max(1, int(L * stride_fraction))
   wins, first = windows(tokens, L, stride=stride, max_targets=max_tokens)
@@ -160,7 +202,7 @@ def _score_length(scorer, tokens, L: int, scaling, *, max_tokens: int,
   bucket_cnt = np.zeros(n_buckets)
   bucket_of = np.minimum(np.arange(L) * n_buckets // L, n_buckets - 1)
   for b in range(0, len(wins), per_batch):
-    batch, batch_first = wins[b:b + per_batch], first[b:b + per_batch]
+    batch, batch_first = wins[b : b + per_batch], first[b : b + per_batch]
     rows_real = len(batch)
     if rows_real < per_batch and len(wins) > per_batch:  # one shape: one compilation
       batch = np.concatenate([batch, np.repeat(batch[-1:], per_batch - rows_real, 0)])
@@ -173,10 +215,15 @@ def _score_length(scorer, tokens, L: int, scaling, *, max_tokens: int,
     np.add.at(bucket_cnt, bucket_of, mask.sum(0))
   total, count = float(np.sum(window_nll)), int(np.sum(window_tokens))
   loss = total / count
-  return {"loss": loss, "ppl": math.exp(loss), "tokens": count, "windows": int(len(wins)),
-          "by_position": [float(s / c) if c else None for s, c in zip(bucket_sum, bucket_cnt)],
-          "window_nll": [round_sig(x) for x in window_nll],
-          "window_tokens": [int(n) for n in window_tokens]}
+  return {
+    "loss": loss,
+    "ppl": math.exp(loss),
+    "tokens": count,
+    "windows": int(len(wins)),
+    "by_position": [float(s / c) if c else None for s, c in zip(bucket_sum, bucket_cnt)],
+    "window_nll": [round_sig(x) for x in window_nll],
+    "window_tokens": [int(n) for n in window_tokens],
+  }
 
 
 def _bar(total, enabled):

@@ -23,13 +23,28 @@ import numpy as np
 from rove_jax import analysis, extras
 from rove_jax.evaluation.report import train_len
 
-ENCODING_COLORS = {"rove": "tab:red", "rope": "tab:blue", "nope": "tab:gray",
-                   "learned": "tab:green", "sinusoidal": "tab:purple", "t5_bias": "tab:orange"}
-ENCODING_NAMES = {"rove": "RoVE", "rope": "RoPE", "nope": "NoPE", "learned": "learned",
-                  "sinusoidal": "sinusoidal", "t5_bias": "T5 bias"}
+ENCODING_COLORS = {
+  "rove": "tab:red",
+  "rope": "tab:blue",
+  "nope": "tab:gray",
+  "learned": "tab:green",
+  "sinusoidal": "tab:purple",
+  "t5_bias": "tab:orange",
+}
+ENCODING_NAMES = {
+  "rove": "RoVE",
+  "rope": "RoPE",
+  "nope": "NoPE",
+  "learned": "learned",
+  "sinusoidal": "sinusoidal",
+  "t5_bias": "T5 bias",
+}
 SETTING_STYLES = {"none": "-", "yarn": "--", "yarn_fixed": ":"}
-SETTING_NAMES = {"none": "no YaRN", "yarn": "YaRN, factor L / T",
-                 "yarn_fixed": "YaRN, one fixed factor"}
+SETTING_NAMES = {
+  "none": "no YaRN",
+  "yarn": "YaRN, factor L / T",
+  "yarn_fixed": "YaRN, one fixed factor",
+}
 # Encodings and settings outside the fixed maps, in sorted order of those present in a figure.
 _EXTRA_COLORS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black")
 _EXTRA_STYLES = ("-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (1, 1)))
@@ -41,8 +56,10 @@ def pyplot():
   extra, an error naming it."""
   extras.require("eval", "rove_jax.evaluation's plots")
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   return plt
 
 
@@ -69,8 +86,10 @@ def legend(ax) -> None:
 def _styles(keys, fixed: dict, extra: tuple) -> dict:
   """{key: fixed[key]}, keys outside `fixed` taking `extra` in sorted order (cycled)."""
   others = sorted(k for k in set(keys) if k not in fixed)
-  return {**{k: fixed[k] for k in keys if k in fixed},
-          **{k: extra[i % len(extra)] for i, k in enumerate(others)}}
+  return {
+    **{k: fixed[k] for k in keys if k in fixed},
+    **{k: extra[i % len(extra)] for i, k in enumerate(others)},
+  }
 
 
 def _cell(items, key: str, transform):
@@ -99,8 +118,16 @@ def _draw_curves(ax, series: dict, key: str, *, transform=None) -> set:
     cells = [_cell(by_length[L], key, transform) for L in lengths]
     center = [c[0] for c in cells]
     gid = f"{encoding}/{setting}"
-    ax.plot(lengths, center, linestyle=styles[setting], color=colors[encoding], marker="o",
-            ms=3, lw=1.4, gid=gid)
+    ax.plot(
+      lengths,
+      center,
+      linestyle=styles[setting],
+      color=colors[encoding],
+      marker="o",
+      ms=3,
+      lw=1.4,
+      gid=gid,
+    )
     if any(c[3] for c in cells):
       lower = [c[0] if c[1] is None else c[1] for c in cells]
       upper = [c[0] if c[2] is None else c[2] for c in cells]
@@ -113,12 +140,14 @@ def _draw_curves(ax, series: dict, key: str, *, transform=None) -> set:
 def _length_axis(ax, lengths) -> None:
   """Log2 x axis with a labelled tick at every evaluated length."""
   from matplotlib.ticker import NullLocator
+
   ax.set_xscale("log", base=2)
   lengths = sorted(set(lengths))
   if lengths:
     ax.set_xticks(lengths)
-    ax.set_xticklabels([f"{L // 1024}k" if L >= 1024 and L % 1024 == 0 else str(L)
-                        for L in lengths], fontsize=7)
+    ax.set_xticklabels(
+      [f"{L // 1024}k" if L >= 1024 and L % 1024 == 0 else str(L) for L in lengths], fontsize=7
+    )
     ax.xaxis.set_minor_locator(NullLocator())
   ax.set_xlabel("evaluation length (tokens)")
 
@@ -126,6 +155,7 @@ def _length_axis(ax, lengths) -> None:
 def _train_lines(ax, lengths) -> list:
   """A thin gray vertical line at each training length; its legend handles."""
   from matplotlib.lines import Line2D
+
   for T in sorted(set(lengths)):
     ax.axvline(T, color="0.6", lw=0.8, zorder=0, gid="train_len")
   return [Line2D([], [], color="0.6", lw=0.8, label="training length")] if lengths else []
@@ -135,15 +165,19 @@ def _curve_legend(ax, series: dict, kinds: set, extra=()) -> None:
   """One legend entry per encoding (colour) and per setting (style), then the band kinds."""
   from matplotlib.lines import Line2D
   from matplotlib.patches import Patch
+
   if not series:
     return
   colors = _styles([e for e, _ in series], ENCODING_COLORS, _EXTRA_COLORS)
   styles = _styles([s for _, s in series], SETTING_STYLES, _EXTRA_STYLES)
   encodings, settings = _ordered(colors, ENCODING_COLORS), _ordered(styles, SETTING_STYLES)
-  handles = [Line2D([], [], color=colors[e], lw=2, label=ENCODING_NAMES.get(e, e))
-             for e in encodings]
-  handles += [Line2D([], [], color="black", ls=styles[s], lw=1.2,
-                     label=SETTING_NAMES.get(s, s)) for s in settings]
+  handles = [
+    Line2D([], [], color=colors[e], lw=2, label=ENCODING_NAMES.get(e, e)) for e in encodings
+  ]
+  handles += [
+    Line2D([], [], color="black", ls=styles[s], lw=1.2, label=SETTING_NAMES.get(s, s))
+    for s in settings
+  ]
   handles += [Patch(color="0.5", alpha=0.3, label=_BAND_LABELS[k]) for k in sorted(kinds)]
   ax.legend(handles=handles + list(extra), fontsize=7)
 
@@ -157,9 +191,18 @@ def _ordered(keys, known: dict) -> list:
 def _ppl_settings(ppl: dict) -> list:
   """The scored settings of a perplexity entry: known ones in SETTING_STYLES order, then any
   other entry keyed by lengths."""
-  return _ordered([k for k in ppl if k != "protocol" and isinstance(ppl[k], dict) and ppl[k]
-                   and "not_applicable" not in ppl[k]
-                   and all(str(L).isdigit() for L in ppl[k])], SETTING_STYLES)
+  return _ordered(
+    [
+      k
+      for k in ppl
+      if k != "protocol"
+      and isinstance(ppl[k], dict)
+      and ppl[k]
+      and "not_applicable" not in ppl[k]
+      and all(str(L).isdigit() for L in ppl[k])
+    ],
+    SETTING_STYLES,
+  )
 
 
 def perplexity_figure(report: dict):
@@ -189,8 +232,13 @@ def perplexity_figure(report: dict):
 # Mantissas of the labelled perplexity ticks, densest first: the first set that gives at most
 # MAX_Y_TICKS ticks in the axis' range is used, so a range that ends a little past a power of
 # ten (5 to 16) still has labelled ticks above it (12, 15).
-Y_TICK_MANTISSAS = ((1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9), (1, 1.5, 2, 3, 4, 5, 6, 8),
-                    (1, 2, 3, 5), (1, 2, 5), (1,))
+Y_TICK_MANTISSAS = (
+  (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9),
+  (1, 1.5, 2, 3, 4, 5, 6, 8),
+  (1, 2, 3, 5),
+  (1, 2, 5),
+  (1,),
+)
 MAX_Y_TICKS = 10
 
 
@@ -200,8 +248,12 @@ def perplexity_ticks(low: float, high: float) -> list:
   ten inside the range)."""
   decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
   for mantissas in Y_TICK_MANTISSAS:
-    ticks = [m * 10.0 ** e for e in decades for m in mantissas
-             if low <= m * 10.0 ** e * (1 + 1e-9) and m * 10.0 ** e <= high * (1 + 1e-9)]
+    ticks = [
+      m * 10.0**e
+      for e in decades
+      for m in mantissas
+      if low <= m * 10.0**e * (1 + 1e-9) and m * 10.0**e <= high * (1 + 1e-9)
+    ]
     if len(ticks) <= MAX_Y_TICKS:
       return ticks
   return ticks
@@ -209,6 +261,7 @@ def perplexity_ticks(low: float, high: float) -> list:
 
 def _perplexity_ticks(ax) -> None:
   from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
   ax.autoscale_view()
   low, high = ax.get_ylim()
   ax.yaxis.set_major_locator(FixedLocator(perplexity_ticks(low, high)))
@@ -229,8 +282,12 @@ def perplexity(report: dict) -> Optional[bytes]:
 RECORD_KEYS = ("encoding", "seed", "setting", "length", "accuracy", "nll")
 
 
-def retrieval_figure(records: Sequence[dict], *, title: str = "Retrieval vs evaluation length",
-                     train_lengths: Sequence[int] = ()):
+def retrieval_figure(
+  records: Sequence[dict],
+  *,
+  title: str = "Retrieval vs evaluation length",
+  train_lengths: Sequence[int] = (),
+):
   """Accuracy (left) and answer NLL (right) against evaluation length, the curve conventions
   of the module docstring, as an open figure (RULER's plot here, the retrieval study's in
   study/plots.py).
@@ -309,10 +366,14 @@ def ruler_records(report: dict) -> list:
       rows = [task_rows[t] for t in common]
       if not rows:
         continue
-      rec = {"encoding": report["runs"][i]["model"]["pos_encoding"], "seed": i,
-             "setting": setting, "length": L,
-             "accuracy": float(np.mean([row["exact_match"] for row in rows])),
-             "nll": float(np.mean([row["nll"] for row in rows]))}
+      rec = {
+        "encoding": report["runs"][i]["model"]["pos_encoding"],
+        "seed": i,
+        "setting": setting,
+        "length": L,
+        "accuracy": float(np.mean([row["exact_match"] for row in rows])),
+        "nll": float(np.mean([row["nll"] for row in rows])),
+      }
       for key in ("sample_correct", "sample_nll"):
         if all(row.get(key) for row in rows):
           rec[key] = [x for row in rows for x in row[key]]
@@ -323,8 +384,9 @@ def ruler_records(report: dict) -> list:
 def ruler_figure(report: dict):
   """`ruler`'s figure (open), or None."""
   train = [train_len(r) for r in report["runs"] if r.get("ruler")]
-  return retrieval_figure(ruler_records(report), train_lengths=train,
-                          title="RULER: mean over the tasks every run scored")
+  return retrieval_figure(
+    ruler_records(report), train_lengths=train, title="RULER: mean over the tasks every run scored"
+  )
 
 
 def ruler(report: dict) -> Optional[bytes]:
@@ -339,8 +401,7 @@ def _bars(runs, tasks, value, *, ylabel, title, ylim=None) -> bytes:
   fig, ax = pyplot().subplots(figsize=(max(6, 0.7 * len(tasks) * len(runs)), 4))
   width = 0.8 / len(runs)
   for i, r in enumerate(runs):
-    ax.bar(np.arange(len(tasks)) + i * width, [value(r, t) for t in tasks], width,
-           label=r["name"])
+    ax.bar(np.arange(len(tasks)) + i * width, [value(r, t) for t in tasks], width, label=r["name"])
   ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2)
   ax.set_xticklabels(tasks, rotation=45, ha="right", fontsize=7)
   if ylim:
@@ -359,8 +420,9 @@ def icl(report: dict) -> Optional[bytes]:
     return None
   tasks = sorted({t for r in runs for t in r["icl"]["synthetic"]["tasks"]})
   accuracy = lambda r, t: r["icl"]["synthetic"]["tasks"].get(t, {}).get("accuracy", np.nan)
-  return _bars(runs, tasks, accuracy, ylabel="accuracy",
-               title="In-context learning (synthetic)", ylim=(0, 1))
+  return _bars(
+    runs, tasks, accuracy, ylabel="accuracy", title="In-context learning (synthetic)", ylim=(0, 1)
+  )
 
 
 def figure1(model, tokens_T, *, title: str, layer: int = 0, head: int = 0) -> bytes:
@@ -375,8 +437,10 @@ def figure1(model, tokens_T, *, title: str, layer: int = 0, head: int = 0) -> by
   rope, rove, dims = m["rope"], m["rove"], len(m["dims"])
   fig, axes = pyplot().subplots(1, 2, figsize=(10, 4.5))
   vmax = float(np.percentile(np.abs(rope), 99.5)) or 1.0
-  for ax, mat, name in ((axes[0], rope, "RoPE: A \u2297 W_V"),
-                        (axes[1], rove, "RoVE: [A_ij R_{j-i} W_V] (block Toeplitz up to A)")):
+  for ax, mat, name in (
+    (axes[0], rope, "RoPE: A \u2297 W_V"),
+    (axes[1], rove, "RoVE: [A_ij R_{j-i} W_V] (block Toeplitz up to A)"),
+  ):
     ax.imshow(mat, cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
     ax.set_title(name, fontsize=9)
     ax.set_xlabel(f"input: {T} tokens x first {features} features")

@@ -32,8 +32,13 @@ ScoreFn = Callable[[list[np.ndarray], list[np.ndarray]], list[tuple[float, bool]
 
 # The filler of the usual passkey test (Mohtashami & Jaggi, 2023), which is also RULER's noise
 # haystack.
-NOISE_SENTENCES = ("The grass is green.", "The sky is blue.", "The sun is yellow.",
-                   "Here we go.", "There and back again.")
+NOISE_SENTENCES = (
+  "The grass is green.",
+  "The sky is blue.",
+  "The sun is yellow.",
+  "Here we go.",
+  "There and back again.",
+)
 
 
 class Tokenizer(Protocol):
@@ -61,8 +66,9 @@ def check_tokenizer(tokenizer) -> None:
   """Raises ValueError listing what `tokenizer` lacks of the Tokenizer protocol."""
   missing = [a for a in ("encode", "decode", "eot_id") if not hasattr(tokenizer, a)]
   if missing:
-    raise ValueError(f"tokenizer lacks {missing}; it needs encode(str) -> int32 ids, "
-                     f"decode(ids) -> str and eot_id")
+    raise ValueError(
+      f"tokenizer lacks {missing}; it needs encode(str) -> int32 ids, decode(ids) -> str and eot_id"
+    )
 
 
 def read_json(path):
@@ -125,8 +131,7 @@ class Fit(NamedTuple):
   next_tokens: float
 
 
-def fit_length(size: Callable[[int], float], target: int, *, lo: int,
-               hi: int | None = None) -> Fit:
+def fit_length(size: Callable[[int], float], target: int, *, lo: int, hi: int | None = None) -> Fit:
   """The largest n >= lo with size(n) <= target, for a size that grows with n.
 
   Without hi, the bracket is found by extrapolating from the measured tokens per unit (5% long,
@@ -157,8 +162,10 @@ def fit_length(size: Callable[[int], float], target: int, *, lo: int,
 
   f_lo = measure(lo)
   if f_lo > target:
-    raise LengthError(f"the shortest example has {f_lo} tokens, more than the target length "
-                     f"{target}; ask for a length of at least {f_lo}")
+    raise LengthError(
+      f"the shortest example has {f_lo} tokens, more than the target length "
+      f"{target}; ask for a length of at least {f_lo}"
+    )
   if hi is None:
     start, step = lo, 16
     while True:
@@ -167,8 +174,10 @@ def fit_length(size: Callable[[int], float], target: int, *, lo: int,
       if f_hi > target:
         break
       if hi - start > 64 * target:
-        raise LengthError(f"cannot reach {target} tokens: {hi - start} more units still fit "
-                         f"(does the tokenizer encode anything?)")
+        raise LengthError(
+          f"cannot reach {target} tokens: {hi - start} more units still fit "
+          f"(does the tokenizer encode anything?)"
+        )
       slope = (f_hi - f_lo) / step
       lo, f_lo = hi, f_hi
       guess = math.ceil((target - f_lo) / slope * 1.05) if slope > 0 else 2 * step
@@ -200,8 +209,9 @@ def within_tolerance(tokens: float, target: int, tolerance: float) -> bool:
 # ------------------------------------------------------------------------------- scoring
 
 
-def score_pairs(score_fn: ScoreFn, prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray],
-                where: str = "") -> list[tuple[float, bool]]:
+def score_pairs(
+  score_fn: ScoreFn, prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray], where: str = ""
+) -> list[tuple[float, bool]]:
   """Scores prompt/answer pairs in one score_fn call.
 
   Args:
@@ -215,15 +225,19 @@ def score_pairs(score_fn: ScoreFn, prompts: Sequence[np.ndarray], answers: Seque
   """
   results = list(score_fn(list(prompts), list(answers)))
   if len(results) != len(prompts):
-    raise ValueError(f"score_fn returned {len(results)} results for {len(prompts)} pairs"
-                     f"{where}; it must return one (mean_nll, greedy_match) per pair")
+    raise ValueError(
+      f"score_fn returned {len(results)} results for {len(prompts)} pairs"
+      f"{where}; it must return one (mean_nll, greedy_match) per pair"
+    )
   return [(float(nll), bool(match)) for nll, match in results]
 
 
 def mean_scores(results: Sequence[tuple[float, bool]]) -> tuple[float, float]:
   """(mean NLL, exact-match fraction) of `score_pairs` results."""
-  return (float(np.mean([nll for nll, _ in results])),
-          float(np.mean([match for _, match in results])))
+  return (
+    float(np.mean([nll for nll, _ in results])),
+    float(np.mean([match for _, match in results])),
+  )
 
 
 SIGNIFICANT_DIGITS = 6  # of the per-unit NLLs in a report
@@ -237,8 +251,10 @@ def round_sig(x: float, digits: int = SIGNIFICANT_DIGITS) -> float:
 def sample_records(results: Sequence[tuple[float, bool]]) -> dict:
   """Per-sample records of `score_pairs` results, in order: {"sample_nll": [mean answer NLL,
   SIGNIFICANT_DIGITS digits], "sample_correct": [1 for a greedy exact match, else 0]}."""
-  return {"sample_nll": [round_sig(nll) for nll, _ in results],
-          "sample_correct": [int(match) for _, match in results]}
+  return {
+    "sample_nll": [round_sig(nll) for nll, _ in results],
+    "sample_correct": [int(match) for _, match in results],
+  }
 
 
 class ContextFit:
@@ -263,10 +279,12 @@ class ContextFit:
     for prompt, answer in zip(prompts, answers):
       room = self.max_tokens - len(answer)
       if room < 1:
-        raise ValueError(f"an answer of {len(answer)} tokens leaves no room for a prompt in a "
-                         f"context of {self.max_tokens} tokens")
+        raise ValueError(
+          f"an answer of {len(answer)} tokens leaves no room for a prompt in a "
+          f"context of {self.max_tokens} tokens"
+        )
       if len(prompt) > room:
-        prompt = prompt[len(prompt) - room:]
+        prompt = prompt[len(prompt) - room :]
         self.truncated += 1
       cut.append(prompt)
     self.prompts += len(cut)

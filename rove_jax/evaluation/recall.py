@@ -38,28 +38,34 @@ def run_spec(run: scoring.Run) -> recall_data.RecallSpec:
   tokenizer maps the generator's characters to their codes (the byte tokenizer does)."""
   data = run.config.data
   if data.source != "recall":
-    raise ValueError(f"run {run.name} was trained on the {data.source!r} source, not "
-                     f"'recall'; the recall evaluation needs a recall-trained run")
+    raise ValueError(
+      f"run {run.name} was trained on the {data.source!r} source, not "
+      f"'recall'; the recall evaluation needs a recall-trained run"
+    )
   spec = recall_data.RecallSpec.parse(data.path)
-  chars = (recall_data.KEY_CHARS + recall_data.RECORD_CHARS + recall_data.FILLER_CHARS
-           + MARKER)
+  chars = recall_data.KEY_CHARS + recall_data.RECORD_CHARS + recall_data.FILLER_CHARS + MARKER
   ids = np.asarray(run.tokenizer.encode(chars))
   if ids.shape != (len(chars),) or not np.array_equal(ids, [ord(c) for c in chars]):
-    raise ValueError(f"run {run.name}'s tokenizer {run.tokenizer.name} does not encode the "
-                     f"recall characters as their byte values; train recall runs with "
-                     f"data.tokenizer='bytes'")
+    raise ValueError(
+      f"run {run.name}'s tokenizer {run.tokenizer.name} does not encode the "
+      f"recall characters as their byte values; train recall runs with "
+      f"data.tokenizer='bytes'"
+    )
   return spec
 
 
-def test_set(spec: recall_data.RecallSpec, lengths: Iterable[int], n: int, *, eot_id: int,
-             seed: int = 0) -> dict[int, recall_data.Samples]:
+def test_set(
+  spec: recall_data.RecallSpec, lengths: Iterable[int], n: int, *, eot_id: int, seed: int = 0
+) -> dict[int, recall_data.Samples]:
   """{length: `recall_data.test_samples`} for each length."""
-  return {int(L): recall_data.test_samples(spec, int(L), n, eot_id=eot_id, seed=seed)
-          for L in lengths}
+  return {
+    int(L): recall_data.test_samples(spec, int(L), n, eot_id=eot_id, seed=seed) for L in lengths
+  }
 
 
-def setting_scaling(setting: str, length: int, train_len: int,
-                    fixed_factor: float) -> Optional[RopeScaling]:
+def setting_scaling(
+  setting: str, length: int, train_len: int, fixed_factor: float
+) -> Optional[RopeScaling]:
   """The rope_scaling of a setting at one length (None: the training frequencies)."""
   if setting == "none":
     return None
@@ -70,8 +76,12 @@ def setting_scaling(setting: str, length: int, train_len: int,
   raise ValueError(f"unknown setting {setting!r}; expected one of {SETTINGS}")
 
 
-def score_tokens(scorer: scoring.Scorer, tokens_NL: np.ndarray, answer_index: int,
-                 rope_scaling: Optional[RopeScaling] = None) -> tuple[np.ndarray, np.ndarray]:
+def score_tokens(
+  scorer: scoring.Scorer,
+  tokens_NL: np.ndarray,
+  answer_index: int,
+  rope_scaling: Optional[RopeScaling] = None,
+) -> tuple[np.ndarray, np.ndarray]:
   """(answer NLL [N], greedy match [N]) of samples whose answer is token answer_index.
 
   Rows are batched up to scorer.max_tokens_per_batch tokens; a short last batch is padded with
@@ -87,12 +97,14 @@ def score_tokens(scorer: scoring.Scorer, tokens_NL: np.ndarray, answer_index: in
   rows = max(1, min(n, scorer.max_tokens_per_batch // length))
   nll, match = [], []
   for lo in range(0, n, rows):
-    batch = tokens_NL[lo:lo + rows]
+    batch = tokens_NL[lo : lo + rows]
     real = batch.shape[0]
     if real < rows:
       batch = np.concatenate([batch, np.repeat(batch[:1], rows - real, axis=0)])
-    nll_BT, match_BT = (np.asarray(x) for x in _scores_fn(scorer.config, rope_scaling)(
-        scorer.run.params, jnp.asarray(batch)))
+    nll_BT, match_BT = (
+      np.asarray(x)
+      for x in _scores_fn(scorer.config, rope_scaling)(scorer.run.params, jnp.asarray(batch))
+    )
     nll.append(nll_BT[:real, answer_index - 1])  # position t predicts token t + 1
     match.append(match_BT[:real, answer_index - 1])
   return np.concatenate(nll), np.concatenate(match)
@@ -108,8 +120,11 @@ def _scores_fn(config, rope_scaling):
   key = (config, rope_scaling)
   if key not in _FNS:
     graphdef = nn_model.graphdef(config)
-    _FNS[key] = jax.jit(lambda params, tokens_BW: scoring.token_scores(
-        nnx.merge(graphdef, params), tokens_BW, rope_scaling))
+    _FNS[key] = jax.jit(
+      lambda params, tokens_BW: scoring.token_scores(
+        nnx.merge(graphdef, params), tokens_BW, rope_scaling
+      )
+    )
   return _FNS[key]
 
 
@@ -117,10 +132,15 @@ def _round(x: float) -> float:
   return float(f"{x:.6g}")
 
 
-def evaluate(scorer: scoring.Scorer, samples: dict[int, recall_data.Samples], *,
-             encoding: Optional[str] = None, seed: Optional[int] = None,
-             settings: Sequence[str] = SETTINGS,
-             fixed_factor: Optional[float] = None) -> list[dict]:
+def evaluate(
+  scorer: scoring.Scorer,
+  samples: dict[int, recall_data.Samples],
+  *,
+  encoding: Optional[str] = None,
+  seed: Optional[int] = None,
+  settings: Sequence[str] = SETTINGS,
+  fixed_factor: Optional[float] = None,
+) -> list[dict]:
   """The records of one run: one per (setting, length).
 
   Args:
@@ -157,13 +177,21 @@ def evaluate(scorer: scoring.Scorer, samples: dict[int, recall_data.Samples], *,
       if key not in done:  # yarn at 1x is none at 1x: scored once
         done[key] = score_tokens(scorer, smp.tokens, smp.answer_index, scaling)
       nll, match = done[key]
-      records.append({
-          "encoding": encoding, "seed": seed, "setting": setting, "length": int(length),
+      records.append(
+        {
+          "encoding": encoding,
+          "seed": seed,
+          "setting": setting,
+          "length": int(length),
           "multiple": length / train_len,
-          "rope_scaling": None if scaling is None else scaling.to_dict(), "n": int(nll.size),
-          "accuracy": float(np.mean(match)), "nll": float(np.mean(nll)),
+          "rope_scaling": None if scaling is None else scaling.to_dict(),
+          "n": int(nll.size),
+          "accuracy": float(np.mean(match)),
+          "nll": float(np.mean(nll)),
           "sample_correct": [int(m) for m in match],
-          "sample_nll": [_round(x) for x in nll]})
+          "sample_nll": [_round(x) for x in nll],
+        }
+      )
   return records
 
 
@@ -174,16 +202,18 @@ def summary_table(records: Sequence[dict]) -> str:
   groups: dict = {}
   for r in records:
     groups.setdefault((r["encoding"], r["setting"]), {}).setdefault(r["length"], []).append(r)
-  head = f"{'encoding':<9}{'setting':<11}{'seeds':>5}  " + "".join(
-      f"{L:>14}" for L in lengths)
+  head = f"{'encoding':<9}{'setting':<11}{'seeds':>5}  " + "".join(f"{L:>14}" for L in lengths)
   lines = [head, "-" * len(head)]
   for (enc, setting), by_len in groups.items():
     seeds = max(len(v) for v in by_len.values())
     cells = []
     for L in lengths:
       rs = by_len.get(L, [])
-      cells.append(f"{100 * np.mean([r['accuracy'] for r in rs]):6.1f}% "
-                   f"{np.mean([r['nll'] for r in rs]):5.2f}" if rs else f"{'-':>14}")
+      cells.append(
+        f"{100 * np.mean([r['accuracy'] for r in rs]):6.1f}% {np.mean([r['nll'] for r in rs]):5.2f}"
+        if rs
+        else f"{'-':>14}"
+      )
     lines.append(f"{enc:<9}{setting:<11}{seeds:>5}  " + "".join(f"{c:>14}" for c in cells))
   return "\n".join(lines)
 
@@ -199,13 +229,19 @@ def pair_table(records: Sequence[dict], a: str = "rove", b: str = "rope") -> str
   if not seeds:
     return ""
   head = f"{a} - {b}, accuracy (points) per seed pair\n{'setting':<11}{'seed':>5}  " + "".join(
-      f"{L:>8}" for L in lengths)
+    f"{L:>8}" for L in lengths
+  )
   lines = [head, "-" * len(head.splitlines()[1])]
   for setting in settings:
     for seed in seeds:
-      cells = [100 * (acc[(a, seed, setting, L)] - acc[(b, seed, setting, L)])
-               if (a, seed, setting, L) in acc and (b, seed, setting, L) in acc else None
-               for L in lengths]
-      lines.append(f"{setting:<11}{seed:>5}  " + "".join(
-          f"{c:>+8.0f}" if c is not None else f"{'-':>8}" for c in cells))
+      cells = [
+        100 * (acc[(a, seed, setting, L)] - acc[(b, seed, setting, L)])
+        if (a, seed, setting, L) in acc and (b, seed, setting, L) in acc
+        else None
+        for L in lengths
+      ]
+      lines.append(
+        f"{setting:<11}{seed:>5}  "
+        + "".join(f"{c:>+8.0f}" if c is not None else f"{'-':>8}" for c in cells)
+      )
   return "\n".join(lines)

@@ -71,9 +71,11 @@ def validate(report: dict) -> None:
   """Raises ValueError naming the first place where `report` breaks the schema."""
   version = need(report, "schema_version", int, "report")
   if version == 1:
-    raise ValueError("report: schema_version 1 is the layout before per-window and per-sample "
-                     "records, yarn_fixed and RULER's YaRN settings; this reader needs "
-                     f"schema_version {SCHEMA_VERSION}: rerun rove-eval to rewrite the report")
+    raise ValueError(
+      "report: schema_version 1 is the layout before per-window and per-sample "
+      "records, yarn_fixed and RULER's YaRN settings; this reader needs "
+      f"schema_version {SCHEMA_VERSION}: rerun rove-eval to rewrite the report"
+    )
   if version != SCHEMA_VERSION:
     raise ValueError(f"report: schema_version must be {SCHEMA_VERSION}, got {version}")
   need(report, "suite", str, "report")
@@ -104,8 +106,10 @@ def validate(report: dict) -> None:
       synth = icl["synthetic"]
       finite(need(synth, "accuracy", None, w + ".icl.synthetic"), w + ".icl.synthetic.accuracy")
       for task, row in need(synth, "tasks", dict, w + ".icl.synthetic").items():
-        finite(need(row, "accuracy", None, f"{w}.icl.synthetic.{task}"),
-               f"{w}.icl.synthetic.{task}.accuracy")
+        finite(
+          need(row, "accuracy", None, f"{w}.icl.synthetic.{task}"),
+          f"{w}.icl.synthetic.{task}.accuracy",
+        )
 
 
 def need(obj, key, kind, where):
@@ -138,8 +142,10 @@ def _validate_perplexity(ppl: dict, w: str) -> None:
       tokens = need(row, "tokens", int, where)
       nll, counts = need(row, "window_nll", list, where), need(row, "window_tokens", list, where)
       if len(nll) != len(counts) or sum(counts) != tokens:
-        raise ValueError(f"report: {where}: window_nll and window_tokens must have one entry a "
-                         f"window and window_tokens must sum to tokens={tokens}")
+        raise ValueError(
+          f"report: {where}: window_nll and window_tokens must have one entry a "
+          f"window and window_tokens must sum to tokens={tokens}"
+        )
       for j, x in enumerate(nll):
         finite(x, f"{where}.window_nll[{j}]")
       if tokens and not math.isclose(sum(nll) / tokens, row["loss"], rel_tol=1e-4):
@@ -164,8 +170,10 @@ def _validate_ruler(ruler: dict, w: str) -> None:
         n = need(row, "n", int, where)
         nll, right = need(row, "sample_nll", list, where), need(row, "sample_correct", list, where)
         if len(nll) != n or len(right) != n or any(c not in (0, 1) for c in right):
-          raise ValueError(f"report: {where}: sample_nll and sample_correct need n={n} entries, "
-                           f"sample_correct of 0 or 1")
+          raise ValueError(
+            f"report: {where}: sample_nll and sample_correct need n={n} entries, "
+            f"sample_correct of 0 or 1"
+          )
         for j, x in enumerate(nll):
           finite(x, f"{where}.sample_nll[{j}]")
         if need(row, "correct", int, where) != sum(right):

@@ -30,8 +30,12 @@ from rove_jax.evaluation.report import validate
 from rove_jax.storage import paths as paths_lib
 
 # The plot files `write` draws, by key of its returned paths (the only files it ever removes).
-PLOT_FILES = {"perplexity": "perplexity_vs_length.png", "ruler": "ruler_nll.png",
-              "icl": "icl_accuracy.png", "figure1": "figure1_mixer.png"}
+PLOT_FILES = {
+  "perplexity": "perplexity_vs_length.png",
+  "ruler": "ruler_nll.png",
+  "icl": "icl_accuracy.png",
+  "figure1": "figure1_mixer.png",
+}
 
 
 def _write_data(f, data: Union[str, bytes], path: str) -> None:
@@ -104,8 +108,10 @@ def write(report: dict, out_dir: str, *, figure1=None) -> dict:
   """
   validate(report)
   text = json.dumps(report, indent=2)
-  images = {key: fn(report) for key, fn in (("perplexity", plots.perplexity),
-                                           ("ruler", plots.ruler), ("icl", plots.icl))}
+  images = {
+    key: fn(report)
+    for key, fn in (("perplexity", plots.perplexity), ("ruler", plots.ruler), ("icl", plots.icl))
+  }
   if figure1 is not None:
     model, tokens, title = figure1
     images["figure1"] = plots.figure1(model, tokens, title=title)

@@ -33,6 +33,7 @@ from rove_jax.train.run_config import RunConfig
 @dataclasses.dataclass
 class Run:
   """A trained run restored for evaluation."""
+
   workdir: str
   name: str
   step: int
@@ -59,8 +60,13 @@ class Run:
     if self._val_tokens is None:
       data = self.config.data
       self._val_tokens = data_lib.load_tokens(
-          data.corpus(), "val", self.tokenizer, cache_dir=paths.join(self.workdir, "data"),
-          max_tokens=data.max_val_tokens, write_cache=False)
+        data.corpus(),
+        "val",
+        self.tokenizer,
+        cache_dir=paths.join(self.workdir, "data"),
+        max_tokens=data.max_val_tokens,
+        write_cache=False,
+      )
     return self._val_tokens
 
 
@@ -75,9 +81,14 @@ def load_run(workdir: str) -> Run:
     paths.MissingExtra (an ImportError): a gs:// workdir without gcsfs.
   """
   restored = run_reader.load_for_inference(workdir)
-  return Run(workdir=restored.workdir, name=paths.basename(restored.workdir), step=restored.step,
-             config=RunConfig.from_metadata(restored.meta), params=restored.params,
-             tokenizer=restored.tokenizer)
+  return Run(
+    workdir=restored.workdir,
+    name=paths.basename(restored.workdir),
+    step=restored.step,
+    config=RunConfig.from_metadata(restored.meta),
+    params=restored.params,
+    tokenizer=restored.tokenizer,
+  )
 
 
 DEFAULT_KERNEL = "chunked"  # evaluation's attention kernel: memory linear in the length
@@ -99,11 +110,16 @@ def fixed_yarn_scaling(factor: float, train_len: int) -> RopeScaling:
   Raises:
     ValueError: factor is not a finite number > 1.
   """
-  if not (isinstance(factor, (int, float)) and not isinstance(factor, bool)
-          and math.isfinite(factor) and factor > 1):
+  if not (
+    isinstance(factor, (int, float))
+    and not isinstance(factor, bool)
+    and math.isfinite(factor)
+    and factor > 1
+  ):
     raise ValueError(f"a fixed YaRN factor must be a finite number > 1, got {factor!r}")
-  return RopeScaling(rope_type="yarn", factor=float(factor),
-                     original_max_position_embeddings=train_len)
+  return RopeScaling(
+    rope_type="yarn", factor=float(factor), original_max_position_embeddings=train_len
+  )
 
 
 def token_scores(model, tokens_BW, rope_scaling: Optional[RopeScaling] = None):
@@ -126,11 +142,18 @@ class Scorer:
     max_tokens_per_batch: windows are batched up to this many tokens.
   """
 
-  def __init__(self, run: Run, *, implementation: str = DEFAULT_KERNEL, chunk_size: int = 512,
-               max_tokens_per_batch: int = 8192):
+  def __init__(
+    self,
+    run: Run,
+    *,
+    implementation: str = DEFAULT_KERNEL,
+    chunk_size: int = 512,
+    max_tokens_per_batch: int = 8192,
+  ):
     self.run = run
-    self.config = dataclasses.replace(run.model_config, attention_impl=implementation,
-                                      attention_chunk=chunk_size)
+    self.config = dataclasses.replace(
+      run.model_config, attention_impl=implementation, attention_chunk=chunk_size
+    )
     self.max_tokens_per_batch = max_tokens_per_batch
     self.model = nn_model.build(self.config, run.params)
     self._fns = {}
@@ -154,16 +177,19 @@ class Scorer:
   def check_length(self, length: int) -> None:
     cfg = self.config
     if cfg.pos_encoding == "learned" and length > cfg.max_len:
-      raise ValueError(f"run {self.run.name} uses learned position embeddings for "
-                       f"{cfg.max_len} positions and cannot score {length} tokens; drop the "
-                       f"longer lengths for this run")
+      raise ValueError(
+        f"run {self.run.name} uses learned position embeddings for "
+        f"{cfg.max_len} positions and cannot score {length} tokens; drop the "
+        f"longer lengths for this run"
+      )
 
   def _fn(self, rope_scaling: Optional[RopeScaling]):
     if rope_scaling not in self._fns:
       graphdef, state = nnx.split(self.model)
 
-      fn = jax.jit(lambda state, tokens_BW: token_scores(nnx.merge(graphdef, state), tokens_BW,
-                                                         rope_scaling))
+      fn = jax.jit(
+        lambda state, tokens_BW: token_scores(nnx.merge(graphdef, state), tokens_BW, rope_scaling)
+      )
       self._fns[rope_scaling] = (fn, state)
     return self._fns[rope_scaling]
 
@@ -177,8 +203,12 @@ class Scorer:
     nll, match = fn(state, jnp.asarray(tokens))
     return np.asarray(nll, np.float64), np.asarray(match)
 
-  def score(self, prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray],
-            rope_scaling: Optional[RopeScaling] = None) -> list[tuple[float, bool]]:
+  def score(
+    self,
+    prompts: Sequence[np.ndarray],
+    answers: Sequence[np.ndarray],
+    rope_scaling: Optional[RopeScaling] = None,
+  ) -> list[tuple[float, bool]]:
     """(mean NLL of the answer tokens given the prompt, greedy exact match) per pair.
 
     Pairs are right-padded to a multiple of 256 tokens (fewer recompilations; a model with
@@ -197,7 +227,7 @@ class Scorer:
       if table is not None and seq.size - 1 <= table:
         padded = min(padded, table + 1)
       window = np.full((1, padded), self.run.tokenizer.eot_id, np.int32)
-      window[0, :seq.size] = seq
+      window[0, : seq.size] = seq
       nll, match = self.token_nll(window, rope_scaling)
       span = slice(prompt.size - 1, seq.size - 1)  # positions predicting the answer tokens
       out.append((float(nll[0, span].mean()), bool(match[0, span].all())))

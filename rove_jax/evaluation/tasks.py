@@ -19,16 +19,24 @@ from rove_jax.evaluation.ruler import suite as ruler
 from rove_jax.nn.model import param_count
 
 # RULER's QA tasks read local dev files; without one a task is reported as skipped.
-QA_FLAGS = {"qa_1": ("--squad", "squad", "SQuAD", "dev-v2.0.json"),
-            "qa_2": ("--hotpot", "hotpot", "HotpotQA", "hotpot_dev_distractor_v1.json")}
+QA_FLAGS = {
+  "qa_1": ("--squad", "squad", "SQuAD", "dev-v2.0.json"),
+  "qa_2": ("--hotpot", "hotpot", "HotpotQA", "hotpot_dev_distractor_v1.json"),
+}
 # The ICL rule, as the report states it.
-ICL_CONTEXT_RULE = ("every prompt is scored inside the training context of {T} tokens: a prompt "
-                    "whose prompt + answer exceeds {T} tokens is cut from the left to fit "
-                    "(keeping the question and the nearest shots), for every encoding alike; "
-                    "no YaRN")
+ICL_CONTEXT_RULE = (
+  "every prompt is scored inside the training context of {T} tokens: a prompt "
+  "whose prompt + answer exceeds {T} tokens is cut from the left to fit "
+  "(keeping the question and the nearest shots), for every encoding alike; "
+  "no YaRN"
+)
 
-RECALL_SETTINGS = {"off": ("none",), "on": ("yarn",), "both": ("none", "yarn"),
-                   "all": recall.SETTINGS}  # by --yarn
+RECALL_SETTINGS = {
+  "off": ("none",),
+  "on": ("yarn",),
+  "both": ("none", "yarn"),
+  "all": recall.SETTINGS,
+}  # by --yarn
 
 
 def evaluate_run(run, config: EvalConfig, suite: Optional[dict] = None) -> dict:
@@ -47,13 +55,26 @@ def evaluate_run(run, config: EvalConfig, suite: Optional[dict] = None) -> dict:
   for L in lengths:  # before any work: a learned-position model cannot go past its table
     scorer.check_length(L)
   cfg = run.model_config
-  result = {"name": run.name, "workdir": run.workdir, "step": run.step,
-            "model": {"pos_encoding": cfg.pos_encoding, "params": int(param_count(cfg)),
-                      "n_layer": cfg.n_layer, "d_model": cfg.d_model, "n_head": cfg.n_head,
-                      "max_len": cfg.max_len, "train_len": train_len},
-            "perplexity": None, "ruler": None, "icl": None, "recall": None, "seconds": {}}
-  for task, fn in (("ppl", _perplexity), ("ruler", _ruler), ("icl", _icl),
-                   ("recall", _recall)):
+  result = {
+    "name": run.name,
+    "workdir": run.workdir,
+    "step": run.step,
+    "model": {
+      "pos_encoding": cfg.pos_encoding,
+      "params": int(param_count(cfg)),
+      "n_layer": cfg.n_layer,
+      "d_model": cfg.d_model,
+      "n_head": cfg.n_head,
+      "max_len": cfg.max_len,
+      "train_len": train_len,
+    },
+    "perplexity": None,
+    "ruler": None,
+    "icl": None,
+    "recall": None,
+    "seconds": {},
+  }
+  for task, fn in (("ppl", _perplexity), ("ruler", _ruler), ("icl", _icl), ("recall", _recall)):
     if task in config.tasks:
       t0 = time.perf_counter()
       key = "perplexity" if task == "ppl" else task
@@ -75,10 +96,16 @@ def _perplexity(run, scorer, config: EvalConfig, suite, lengths) -> dict:
   else:
     tokens = run.val_tokens()
   max_tokens = suite["ppl_tokens"] if config.ppl_tokens is None else config.ppl_tokens
-  return perplexity.evaluate(scorer, tokens, lengths, yarn=config.yarn, max_tokens=max_tokens,
-                             stride_fraction=config.stride,
-                             yarn_fixed_factor=config.yarn_fixed_factor,
-                             progress=config.progress)
+  return perplexity.evaluate(
+    scorer,
+    tokens,
+    lengths,
+    yarn=config.yarn,
+    max_tokens=max_tokens,
+    stride_fraction=config.stride,
+    yarn_fixed_factor=config.yarn_fixed_factor,
+    progress=config.progress,
+  )
 
 
 # RULER samples by (tokenizer fingerprint, haystack digest, --squad, --hotpot): runs that share
@@ -104,31 +131,54 @@ def _ruler(run, scorer, config: EvalConfig, suite, lengths) -> dict:
   if "yarn" in wanted and scorer.rotary:
     fns["yarn"] = lambda L: scorer.score_fn(scorer.yarn_scaling(L))  # None: as trained
   elif "yarn" in wanted:
-    settings["yarn"] = {"not_applicable": f"pos_encoding={cfg.pos_encoding!r} has no rotary "
-                                          f"frequencies to rescale"}
+    settings["yarn"] = {
+      "not_applicable": f"pos_encoding={cfg.pos_encoding!r} has no rotary frequencies to rescale"
+    }
   settings = {**{name: {"tasks": {}} for name in fns}, **settings}
-  out = {"protocol": {"samples": suite["ruler_samples"], "seed": config.seed,
-                      "lengths": r_lengths, "train_len": train_len,
-                      "yarn_factor": "L / train_len for L > train_len, else none"},
-         "settings": settings, "skipped": {}}
+  out = {
+    "protocol": {
+      "samples": suite["ruler_samples"],
+      "seed": config.seed,
+      "lengths": r_lengths,
+      "train_len": train_len,
+      "yarn_factor": "L / train_len for L > train_len, else none",
+    },
+    "settings": settings,
+    "skipped": {},
+  }
   tasks = ruler_tasks(suite)
   for task in [t for t in tasks if t in QA_FLAGS and getattr(config, QA_FLAGS[t][1]) is None]:
     flag, _, name, example = QA_FLAGS[task]
-    out["skipped"][task] = (f"needs {flag} FILE: a local {name} dev JSON file (e.g. "
-                            f"{example}); none was given")
+    out["skipped"][task] = (
+      f"needs {flag} FILE: a local {name} dev JSON file (e.g. {example}); none was given"
+    )
   tasks = [t for t in tasks if t not in out["skipped"]]
   haystack = _haystack_texts(run)
   cache = _RULER_SAMPLES.setdefault(
-      (run.tokenizer.fingerprint, hashlib.sha256("\0".join(haystack).encode()).hexdigest(),
-       config.squad, config.hotpot), {})
+    (
+      run.tokenizer.fingerprint,
+      hashlib.sha256("\0".join(haystack).encode()).hexdigest(),
+      config.squad,
+      config.hotpot,
+    ),
+    {},
+  )
   for L in r_lengths:
     for task in tasks:
       try:
         res = ruler.evaluate_settings(
-            fns, run.tokenizer, tasks=[task], lengths=[L],
-            samples_per_task=suite["ruler_samples"], seed=config.seed, haystack_texts=haystack,
-            squad_path=config.squad, hotpot_path=config.hotpot, progress=config.progress,
-            sample_cache=cache)
+          fns,
+          run.tokenizer,
+          tasks=[task],
+          lengths=[L],
+          samples_per_task=suite["ruler_samples"],
+          seed=config.seed,
+          haystack_texts=haystack,
+          squad_path=config.squad,
+          hotpot_path=config.hotpot,
+          progress=config.progress,
+          sample_cache=cache,
+        )
       except ValueError as e:  # e.g. a length below the task's fixed parts
         out["skipped"][f"{task}@{L}"] = str(e)
         continue
@@ -148,9 +198,16 @@ def _icl(run, scorer, config: EvalConfig, suite, lengths) -> dict:
   for task in icl.synthetic_tasks():
     fit = prompting.ContextFit(fn, train_len)
     try:
-      res = icl.run_synthetic(fit, run.tokenizer, tasks=[task], shots=suite["icl_shots"],
-                              lengths=icl_lengths, samples=suite["icl_samples"],
-                              seed=config.seed, progress=progress)
+      res = icl.run_synthetic(
+        fit,
+        run.tokenizer,
+        tasks=[task],
+        shots=suite["icl_shots"],
+        lengths=icl_lengths,
+        samples=suite["icl_samples"],
+        seed=config.seed,
+        progress=progress,
+      )
     except ValueError as e:  # e.g. a passkey context shorter than its fixed text
       synthetic["skipped"][task] = str(e)
       continue
@@ -170,17 +227,26 @@ def _icl(run, scorer, config: EvalConfig, suite, lengths) -> dict:
     for spec in specs:  # one at a time: a count of cut prompts per task
       fit = prompting.ContextFit(fn, train_len)
       try:
-        row = icl.run_task_files(fit, run.tokenizer, [spec], seed=config.seed,
-                                 progress=progress)["tasks"][spec.name]
+        row = icl.run_task_files(fit, run.tokenizer, [spec], seed=config.seed, progress=progress)[
+          "tasks"
+        ][spec.name]
       except ValueError as e:  # e.g. an answer longer than the training context
         raise ValueError(f"ICL task {spec.name!r} ({spec.path}): {e}") from None
       tasks[spec.name] = {**row, "prompts": fit.prompts, "truncated": fit.truncated}
-    files = {"tasks": tasks, "core": icl.core_score(tasks),
-             "prompts": sum(t["prompts"] for t in tasks.values()),
-             "truncated": sum(t["truncated"] for t in tasks.values())}
-  protocol = {"context": train_len, "lengths": list(icl_lengths),
-              "samples": suite["icl_samples"], "shots": list(suite["icl_shots"]),
-              "seed": config.seed, "rule": ICL_CONTEXT_RULE.format(T=train_len)}
+    files = {
+      "tasks": tasks,
+      "core": icl.core_score(tasks),
+      "prompts": sum(t["prompts"] for t in tasks.values()),
+      "truncated": sum(t["truncated"] for t in tasks.values()),
+    }
+  protocol = {
+    "context": train_len,
+    "lengths": list(icl_lengths),
+    "samples": suite["icl_samples"],
+    "shots": list(suite["icl_shots"]),
+    "seed": config.seed,
+    "rule": ICL_CONTEXT_RULE.format(T=train_len),
+  }
   return {"protocol": protocol, "synthetic": synthetic, "files": files}
 
 
@@ -192,7 +258,7 @@ def ruler_tasks(suite: dict) -> tuple:
 def _haystack_texts(run, max_chars: int = 400_000):
   """Essay-style haystack text: documents of the run's held-out split."""
   tokens = run.val_tokens()
-  text = run.tokenizer.decode(tokens[: max_chars])
+  text = run.tokenizer.decode(tokens[:max_chars])
   eot = run.tokenizer.decode([run.tokenizer.eot_id])
   return [t for t in text.split(eot) if t.strip()] or [text]
 
@@ -205,8 +271,16 @@ def _recall(run, scorer, config: EvalConfig, suite, lengths) -> dict:
   r_lengths = list(config.recall_lengths or lengths)
   n = suite["recall_samples"] if config.recall_samples is None else config.recall_samples
   samples = recall.test_set(spec, r_lengths, n, eot_id=run.tokenizer.eot_id, seed=config.seed)
-  records = recall.evaluate(scorer, samples, settings=RECALL_SETTINGS[config.yarn],
-                            fixed_factor=config.yarn_fixed_factor)
-  return {"protocol": {"task": spec.to_string(), "samples": n, "seed": config.seed,
-                       "lengths": [int(L) for L in r_lengths], "train_len": run.train_len},
-          "records": records}
+  records = recall.evaluate(
+    scorer, samples, settings=RECALL_SETTINGS[config.yarn], fixed_factor=config.yarn_fixed_factor
+  )
+  return {
+    "protocol": {
+      "task": spec.to_string(),
+      "samples": n,
+      "seed": config.seed,
+      "lengths": [int(L) for L in r_lengths],
+      "train_len": run.train_len,
+    },
+    "records": records,
+  }

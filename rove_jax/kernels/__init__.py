@@ -20,16 +20,29 @@ them in the rotations.
 from rove_jax.kernels import chunked, platform, reference, xla
 from rove_jax.kernels.call import Kernel, KernelCall
 from rove_jax.kernels.dispatch import (
-                                       AUTO_CHUNKED_MIN_KV,
-                                       CUDNN_DTYPES,
-                                       IMPLEMENTATIONS,
-                                       ROTARY,
-                                       choose,
-                                       select,
+  AUTO_CHUNKED_MIN_KV,
+  CUDNN_DTYPES,
+  IMPLEMENTATIONS,
+  ROTARY,
+  choose,
+  select,
 )
 from rove_jax.kernels.mask import Mask
 from rove_jax.kernels.platform import target_platform
 
-__all__ = ["Mask", "Kernel", "KernelCall", "select", "choose", "target_platform",
-           "IMPLEMENTATIONS", "ROTARY", "AUTO_CHUNKED_MIN_KV", "CUDNN_DTYPES", "chunked",
-           "platform", "reference", "xla"]
+__all__ = [
+  "Mask",
+  "Kernel",
+  "KernelCall",
+  "select",
+  "choose",
+  "target_platform",
+  "IMPLEMENTATIONS",
+  "ROTARY",
+  "AUTO_CHUNKED_MIN_KV",
+  "CUDNN_DTYPES",
+  "chunked",
+  "platform",
+  "reference",
+  "xla",
+]

@@ -36,6 +36,7 @@ class KernelCall(NamedTuple):
     kind: for a kernel that rotates inside, one of KINDS: "rope" (q and k), "rove" (v by R_j
       and the output by R_i^-1 too) or "rove_rotated" (v, the output left as R_i y_i).
   """
+
   q_BTHD: jax.Array
   k_BSKD: jax.Array
   v_BSKD: jax.Array
@@ -55,6 +56,7 @@ class Kernel:
   rotates: it takes unrotated q, k, v and `call.rope`, and applies the rotations `call.kind`
   names itself; otherwise it takes them rotated and ignores rope and kind.
   """
+
   name: str
   attend: Callable[[KernelCall], jax.Array]
   rotates: bool = False
@@ -65,6 +67,8 @@ class Kernel:
     if isinstance(kernel, cls):
       return kernel
     if not callable(kernel):
-      raise ValueError(f"kernel must be a name, a kernels.Kernel or a function of a "
-                       f"kernels.KernelCall, got {type(kernel).__name__}: {kernel!r}")
+      raise ValueError(
+        f"kernel must be a name, a kernels.Kernel or a function of a "
+        f"kernels.KernelCall, got {type(kernel).__name__}: {kernel!r}"
+      )
     return cls(getattr(kernel, "__name__", "custom"), kernel)

@@ -59,8 +59,14 @@ def kernel(chunk_size: int = DEFAULT_CHUNK) -> Kernel:
     def to_blocks(x, n, c):  # [B, n*c, ...] -> [n, B, c, ...]
       return jnp.moveaxis(x.reshape((B, n, c) + x.shape[2:]), 1, 0)
 
-    kb = (to_blocks(k_p, nk, ck), to_blocks(v_p, nk, ck), to_blocks(kv_pos_p, nk, ck),
-          to_blocks(kv_seg_p, nk, ck), to_blocks(kv_valid_p, nk, ck), jnp.arange(nk))
+    kb = (
+      to_blocks(k_p, nk, ck),
+      to_blocks(v_p, nk, ck),
+      to_blocks(kv_pos_p, nk, ck),
+      to_blocks(kv_seg_p, nk, ck),
+      to_blocks(kv_valid_p, nk, ck),
+      jnp.arange(nk),
+    )
     compute = jnp.promote_types(q_BTHD.dtype, jnp.float32)
 
     def one_query_block(args):
@@ -84,8 +90,9 @@ def kernel(chunk_size: int = DEFAULT_CHUNK) -> Kernel:
           p = jnp.exp(s - m_safe[..., None])
           correction = jnp.exp(m - m_safe)
           l_new = l * correction + jnp.sum(p, axis=-1)
-          acc_new = acc * correction[..., None] + jnp.einsum("bkgcs,bskd->bkgcd", p,
-                                                             v_b.astype(compute))
+          acc_new = acc * correction[..., None] + jnp.einsum(
+            "bkgcs,bskd->bkgcd", p, v_b.astype(compute)
+          )
           return m_new, l_new, acc_new
 
         # Skip blocks no query of the chunk sees (under a causal mask, those whose every key is
@@ -98,14 +105,21 @@ def kernel(chunk_size: int = DEFAULT_CHUNK) -> Kernel:
           return compute_block(None), None
         return jax.lax.cond(visible_block, compute_block, lambda _: (m, l, acc), None), None
 
-      init = (jnp.full((B, K, G, cq), -jnp.inf, compute), jnp.zeros((B, K, G, cq), compute),
-              jnp.zeros((B, K, G, cq, D), compute))
+      init = (
+        jnp.full((B, K, G, cq), -jnp.inf, compute),
+        jnp.zeros((B, K, G, cq), compute),
+        jnp.zeros((B, K, G, cq, D), compute),
+      )
       (m, l, acc), _ = jax.lax.scan(step, init, kb)
       out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # rows that saw nothing stay 0
       return jnp.moveaxis(out, 3, 1).reshape(B, cq, H, D)  # [B,K,G,c,D] -> [B,c,K,G,D]
 
-    qb = (to_blocks(q_p, nq, cq), to_blocks(q_pos_p, nq, cq), to_blocks(q_seg_p, nq, cq),
-          jnp.arange(nq))
+    qb = (
+      to_blocks(q_p, nq, cq),
+      to_blocks(q_pos_p, nq, cq),
+      to_blocks(q_seg_p, nq, cq),
+      jnp.arange(nq),
+    )
     out_nBcHD = jax.lax.map(one_query_block, qb)
     out = jnp.moveaxis(out_nBcHD, 0, 1).reshape(B, nq * cq, H, D)[:, :T]
     return out.astype(q_BTHD.dtype)

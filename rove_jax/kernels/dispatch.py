@@ -49,8 +49,17 @@ AUTO_CHUNKED_MIN_KV = 8192
 CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # cuDNN flash runs in these
 
 
-def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional[str] = None,
-           rope=None, fallback: bool = False) -> str:
+def choose(
+  name: str,
+  *,
+  q,
+  k,
+  mask,
+  bias: bool = False,
+  platform_name: Optional[str] = None,
+  rope=None,
+  fallback: bool = False,
+) -> str:
   """The kernel `name` stands for in one call: itself, or for "auto" the platform's choice
   (module docstring). Raises ValueError when it cannot run the call.
 
@@ -66,17 +75,23 @@ def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional
       docstring).
   """
   if name not in IMPLEMENTATIONS:
-    raise ValueError(f"unknown attention implementation {name!r}; expected one of "
-                     f"{IMPLEMENTATIONS}")
+    raise ValueError(
+      f"unknown attention implementation {name!r}; expected one of {IMPLEMENTATIONS}"
+    )
   if fallback and name in _BY_INDEX and not mask.ordered:
     return "xla"
   where = platform.target_platform() if platform_name is None else platform_name
   if name == "fused":
-    reason = "it adds no logit bias" if bias else _fused(where).problem(q.shape, k.shape, mask,
-                                                                        rope, q.dtype)
+    reason = (
+      "it adds no logit bias"
+      if bias
+      else _fused(where).problem(q.shape, k.shape, mask, rope, q.dtype)
+    )
     if reason is not None:
-      raise ValueError(f"kernel='fused' cannot run this call: {reason}; use 'auto' or "
-                       f"{'cudnn' if where == 'gpu' else 'splash'!r}")
+      raise ValueError(
+        f"kernel='fused' cannot run this call: {reason}; use 'auto' or "
+        f"{'cudnn' if where == 'gpu' else 'splash'!r}"
+      )
     return name
   if name not in ("auto", "cudnn", "splash"):
     return name
@@ -89,25 +104,41 @@ def choose(name: str, *, q, k, mask, bias: bool = False, platform_name: Optional
   if name == "auto":
     return "chunked" if k.shape[1] >= AUTO_CHUNKED_MIN_KV else "xla"
   if name == "cudnn" and where != "gpu":
-    raise ValueError(f"kernel='cudnn' needs a CUDA GPU but the target platform here is "
-                     f"{where!r}; use 'auto', 'xla' or 'chunked'")
+    raise ValueError(
+      f"kernel='cudnn' needs a CUDA GPU but the target platform here is "
+      f"{where!r}; use 'auto', 'xla' or 'chunked'"
+    )
   if name == "cudnn" and not half:
-    raise ValueError(f"kernel='cudnn' runs in bfloat16/float16, got q.dtype={q.dtype}; cast q, "
-                     f"k, v (e.g. the model's dtype='bfloat16')")
+    raise ValueError(
+      f"kernel='cudnn' runs in bfloat16/float16, got q.dtype={q.dtype}; cast q, "
+      f"k, v (e.g. the model's dtype='bfloat16')"
+    )
   reason = None if name == "cudnn" else _splash().problem(q.shape, k.shape, mask, bias)
   if reason is not None:
-    raise ValueError(f"kernel='splash' cannot run this call: {reason}; use 'auto' (falls back "
-                     f"to 'xla') or 'chunked'")
+    raise ValueError(
+      f"kernel='splash' cannot run this call: {reason}; use 'auto' (falls back "
+      f"to 'xla') or 'chunked'"
+    )
   return name
 
 
-def select(name: str, *, q, k, mask, chunk_size: int = chunked.DEFAULT_CHUNK,
-           bias: bool = False, rope=None, fallback: bool = False) -> Kernel:
+def select(
+  name: str,
+  *,
+  q,
+  k,
+  mask,
+  chunk_size: int = chunked.DEFAULT_CHUNK,
+  bias: bool = False,
+  rope=None,
+  fallback: bool = False,
+) -> Kernel:
   """The kernel for one call: `choose`'s kernel (arguments as there), the chunked one with
   blocks of chunk_size."""
   where = platform.target_platform()
-  name = choose(name, q=q, k=k, mask=mask, bias=bias, rope=rope, platform_name=where,
-                fallback=fallback)
+  name = choose(
+    name, q=q, k=k, mask=mask, bias=bias, rope=rope, platform_name=where, fallback=fallback
+  )
   if name == "fused":
     return Kernel(name, _fused(where).attend, rotates=True)
   if name == "chunked":
@@ -123,6 +154,7 @@ def _splash():
   TPU runs and explicit "splash" calls need it. (splash imports only kernels.platform, so this
   is no import cycle.)"""
   from rove_jax.kernels import splash
+
   return splash
 
 
@@ -134,9 +166,12 @@ def _fused(where: str):
   on Mosaic TPU; interpret mode on CPU) otherwise."""
   if where == "gpu" and platform.gpu_is_hopper():
     from rove_jax.kernels import fused_hopper
+
     return fused_hopper
   if where == "gpu":
     from rove_jax.kernels import fused_gpu
+
     return fused_gpu
   from rove_jax.kernels import fused
+
   return fused

@@ -102,8 +102,10 @@ def rotary_problem(mask, rope) -> Optional[str]:
   if rope.multi_axis:
     return "it takes one position axis, not multi-axis (image/video) frequency tables"
   if not mask.ordered:
-    return ("it masks by index: it needs a Mask with ordered=True (positions that grow with "
-            "the index, T == S)")
+    return (
+      "it masks by index: it needs a Mask with ordered=True (positions that grow with "
+      "the index, T == S)"
+    )
   if mask.kv_valid is not None or mask.window is not None:
     return "it takes no kv_valid or window"
   return None
@@ -121,8 +123,11 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None) ->
   The kinds: "rope" (q and k rotated), "rove" (v by R_j and the output by R_i^-1 too) or
   "rove_rotated" (v rotated, the output left as rove_attention_rotated's R_i y_i).
   """
-  if isinstance(block_size, bool) or not isinstance(block_size, int) or (
-      block_size < LANES or block_size % LANES):
+  if (
+    isinstance(block_size, bool)
+    or not isinstance(block_size, int)
+    or (block_size < LANES or block_size % LANES)
+  ):
     raise ValueError(f"block_size must be a positive multiple of {LANES}, got {block_size!r}")
 
   def attend(call: KernelCall) -> jax.Array:
@@ -132,20 +137,25 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None) ->
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     reason = problem(q_BTHD.shape, k_BSKD.shape, mask, rope)
     if reason is not None:
-      raise ValueError(f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape}: "
-                       f"{reason}")
+      raise ValueError(f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape}: {reason}")
     run_interpreted = platform.target_platform() != "tpu" if interpret is None else interpret
     q_seg, kv_seg = mask.segments()
-    plan = Plan(causal=mask.causal, segmented=q_seg is not None,
-                pair_offset=1 if rope.layout == "interleaved" else rope.n_rotated // 2,
-                rotate_values=kind != "rope", rotate_output=kind == "rove",
-                bq=_fit_block(T, S, H, K, D, q_BTHD.dtype, block_size),
-                bk=_fit_block(S, T, H, K, D, q_BTHD.dtype, block_size),
-                interpret=bool(run_interpreted))
+    plan = Plan(
+      causal=mask.causal,
+      segmented=q_seg is not None,
+      pair_offset=1 if rope.layout == "interleaved" else rope.n_rotated // 2,
+      rotate_values=kind != "rope",
+      rotate_output=kind == "rove",
+      bq=_fit_block(T, S, H, K, D, q_BTHD.dtype, block_size),
+      bk=_fit_block(S, T, H, K, D, q_BTHD.dtype, block_size),
+      interpret=bool(run_interpreted),
+    )
     consts = constants(rope, D, call.scale)
     rows = lambda x, n: jnp.broadcast_to(x, (B, n)).reshape(B, 1, n)
-    args = [rows(jnp.asarray(call.q_pos_BT, jnp.float32), T),
-            rows(jnp.asarray(call.kv_pos_BS, jnp.float32), S)]
+    args = [
+      rows(jnp.asarray(call.q_pos_BT, jnp.float32), T),
+      rows(jnp.asarray(call.kv_pos_BS, jnp.float32), S),
+    ]
     if plan.segmented:
       args += [rows(q_seg.astype(jnp.int32), T), rows(kv_seg.astype(jnp.int32), S)]
     args += [q_BTHD, k_BSKD, v_BSKD]
@@ -169,8 +179,10 @@ def checked_inputs(call: KernelCall):
     raise ValueError(f"kind must be one of {KINDS}, got {call.kind!r}")
   q_BTHD, k_BSKD, v_BSKD = (jnp.asarray(x) for x in (call.q_BTHD, call.k_BSKD, call.v_BSKD))
   if q_BTHD.ndim != 4 or k_BSKD.ndim != 4 or k_BSKD.shape != v_BSKD.shape:
-    raise ValueError(f"fused attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
-                     f"shape; got {q_BTHD.shape}, {k_BSKD.shape}, {v_BSKD.shape}")
+    raise ValueError(
+      f"fused attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
+      f"shape; got {q_BTHD.shape}, {k_BSKD.shape}, {v_BSKD.shape}"
+    )
   return q_BTHD, k_BSKD, v_BSKD
 
 
@@ -189,8 +201,12 @@ def constants(rope, D: int, scale) -> jax.Array:
   c2 = jnp.asarray(rope.attention_factor, jnp.float32) ** 2
   q_scale = jnp.where(rotated, c2, 1.0) * jnp.float32(scale)
   one = jnp.float32(1.0)
-  rows = [freq, jnp.where(rotated & first, -one, 0.0), jnp.where(rotated & ~first, one, 0.0),
-          q_scale]
+  rows = [
+    freq,
+    jnp.where(rotated & first, -one, 0.0),
+    jnp.where(rotated & ~first, one, 0.0),
+    q_scale,
+  ]
   rows += [jnp.zeros((D,), jnp.float32)] * (fused_tiles.CONST_ROWS - len(rows))
   return jnp.stack(rows).astype(jnp.float32)
 
@@ -223,12 +239,27 @@ def vmem_bytes(H: int, K: int, D: int, dtype, bq: int, bk: int) -> int:
   lanes = -(-D // LANES) * LANES
   s = jnp.dtype(dtype).itemsize
   row = lanes * s
-  forward = (2 * (2 * H * bq + 2 * K * bk) * row + H * bq * row
-             + 2 * bq * LANES * 4 + H * bq * lanes * 4 + 4 * bq * bk * 4)
-  dq = (2 * (3 * H * bq + 2 * K * bk) * row + 2 * H * bq * row
-        + 2 * bq * LANES * 4 + H * bq * lanes * 4 + 5 * bq * bk * 4)
-  dkv = (2 * (2 * H * bq + 4 * K * bk) * row + 2 * K * bk * row
-         + 2 * K * bk * lanes * 4 + 2 * 2 * H * 8 * bq * 4 + 5 * bq * bk * 4)
+  forward = (
+    2 * (2 * H * bq + 2 * K * bk) * row
+    + H * bq * row
+    + 2 * bq * LANES * 4
+    + H * bq * lanes * 4
+    + 4 * bq * bk * 4
+  )
+  dq = (
+    2 * (3 * H * bq + 2 * K * bk) * row
+    + 2 * H * bq * row
+    + 2 * bq * LANES * 4
+    + H * bq * lanes * 4
+    + 5 * bq * bk * 4
+  )
+  dkv = (
+    2 * (2 * H * bq + 4 * K * bk) * row
+    + 2 * K * bk * row
+    + 2 * K * bk * lanes * 4
+    + 2 * 2 * H * 8 * bq * 4
+    + 5 * bq * bk * 4
+  )
   return max(forward, dq, dkv)
 
 
@@ -266,11 +297,11 @@ def _fused_fwd(plan, small, q_BTHD, k_BSKD, v_BSKD):
 def _fused_bwd(plan, residuals, do_BTHD):
   small, q_BHTD, k_BKSD, v_BKSD, o_BTHD, lse_BHT = residuals
   # rowsum(dO . O) is the same before and after the output rotation (R is orthogonal).
-  delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32),
-                         do_BTHD.astype(jnp.float32))
+  delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32), do_BTHD.astype(jnp.float32))
   do_BHTD = jnp.swapaxes(do_BTHD, 1, 2)
   dq_BHTD, dk_BKSD, dv_BKSD = fused_backward.gradients(
-      plan, small, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT)
+    plan, small, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT
+  )
   grads = tuple(jnp.swapaxes(g, 1, 2) for g in (dq_BHTD, dk_BKSD, dv_BKSD))
   consts = small[0]
   return ((jnp.zeros_like(consts), None, None, None, None),) + grads
@@ -295,27 +326,41 @@ def _forward(plan: Plan, small, q_BHTD, k_BKSD, v_BKSD):
   q_spec = pl.BlockSpec((None, H, bq, D), lambda b, i, j: (b, 0, i, 0))
   kv_spec = pl.BlockSpec((None, K, bk, D), lambda b, i, j: (b, 0, kv_at(i, j), 0))
   seg_specs = [q_row, kv_row] if plan.segmented else [None, None]
-  in_specs = [pl.BlockSpec((fused_tiles.CONST_ROWS, D), lambda b, i, j: (0, 0)), q_row, kv_row,
-              *seg_specs, q_spec, kv_spec, kv_spec]
-  out_shape = [jax.ShapeDtypeStruct(q_BHTD.shape, q_BHTD.dtype),
-               jax.ShapeDtypeStruct((B, H, T), jnp.float32)]
+  in_specs = [
+    pl.BlockSpec((fused_tiles.CONST_ROWS, D), lambda b, i, j: (0, 0)),
+    q_row,
+    kv_row,
+    *seg_specs,
+    q_spec,
+    kv_spec,
+    kv_spec,
+  ]
+  out_shape = [
+    jax.ShapeDtypeStruct(q_BHTD.shape, q_BHTD.dtype),
+    jax.ShapeDtypeStruct((B, H, T), jnp.float32),
+  ]
   out_specs = [q_spec, pl.BlockSpec((None, H, bq), lambda b, i, j: (b, 0, i))]
-  scratch = [pltpu.VMEM((H, bq, D), q_BHTD.dtype),  # rotated, scaled q
-             pltpu.VMEM((bq, LANES), jnp.float32),  # running max, head h in lane h
-             pltpu.VMEM((bq, LANES), jnp.float32),  # running sum, head h in lane h
-             pltpu.VMEM((H, bq, D), jnp.float32)]  # output accumulator
+  scratch = [
+    pltpu.VMEM((H, bq, D), q_BHTD.dtype),  # rotated, scaled q
+    pltpu.VMEM((bq, LANES), jnp.float32),  # running max, head h in lane h
+    pltpu.VMEM((bq, LANES), jnp.float32),  # running sum, head h in lane h
+    pltpu.VMEM((H, bq, D), jnp.float32),
+  ]  # output accumulator
   args = (consts, q_pos, kv_pos, q_seg, kv_seg, q_BHTD, k_BKSD, v_BKSD)
   return pl.pallas_call(
-      functools.partial(_forward_kernel, plan, nk),
-      grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=0, grid=(B, nq, nk),
-                                             in_specs=in_specs, out_specs=out_specs,
-                                             scratch_shapes=scratch),
-      out_shape=out_shape,
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel", "arbitrary")),
-      cost_estimate=fused_tiles.cost(plan, "forward", q_BHTD.shape, S, K, args, out_shape),
-      interpret=plan.interpret,
-      name="fused_rotary_attention_fwd",
+    functools.partial(_forward_kernel, plan, nk),
+    grid_spec=pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=0,
+      grid=(B, nq, nk),
+      in_specs=in_specs,
+      out_specs=out_specs,
+      scratch_shapes=scratch,
+    ),
+    out_shape=out_shape,
+    compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+    cost_estimate=fused_tiles.cost(plan, "forward", q_BHTD.shape, S, K, args, out_shape),
+    interpret=plan.interpret,
+    name="fused_rotary_attention_fwd",
   )(*args)
 
 
@@ -323,8 +368,22 @@ def _forward_kernel(plan: Plan, nk: int, *refs):
   """refs: the inputs (constants, position rows, segment rows (None refs without segment
   ids), q, k, v), the outputs (o, lse) and the scratch (rotated q, running max and sum,
   accumulator), in pallas_call's order."""
-  (consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref, o_ref,
-   lse_ref, qr_ref, m_ref, l_ref, acc_ref) = refs
+  (
+    consts_ref,
+    q_pos_ref,
+    kv_pos_ref,
+    q_seg_ref,
+    kv_seg_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    qr_ref,
+    m_ref,
+    l_ref,
+    acc_ref,
+  ) = refs
   qi, ki = pl.program_id(1), pl.program_id(2)
   H, K = q_ref.shape[0], k_ref.shape[0]
   G = H // K
@@ -357,25 +416,26 @@ def _forward_kernel(plan: Plan, nk: int, *refs):
         s = fused_tiles.dot_nt(qr_ref[h], k_r, precision)  # [bq, bk]
         if mask is not None:
           s = jnp.where(mask, s, -jnp.inf)
-        m_prev = m_ref[:, h:h + 1]
+        m_prev = m_ref[:, h : h + 1]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)  # a row with nothing visible yet
         p = jnp.exp(s - m_safe)
         alpha = jnp.exp(m_prev - m_safe)
-        l_ref[:, h:h + 1] = alpha * l_ref[:, h:h + 1] + jnp.sum(p, axis=1, keepdims=True)
+        l_ref[:, h : h + 1] = alpha * l_ref[:, h : h + 1] + jnp.sum(p, axis=1, keepdims=True)
         acc_ref[h] = alpha * acc_ref[h] + fused_tiles.dot_nn(p.astype(v_r.dtype), v_r, precision)
-        m_ref[:, h:h + 1] = m_next
+        m_ref[:, h : h + 1] = m_next
 
   @pl.when(ki == nk - 1)
   def _finish():
-    tabs = fused_tiles.tables(fused_tiles.column(q_pos_ref), consts_ref) \
-        if plan.rotate_output else None
+    tabs = (
+      fused_tiles.tables(fused_tiles.column(q_pos_ref), consts_ref) if plan.rotate_output else None
+    )
     for h in range(H):
-      l = l_ref[:, h:h + 1]
+      l = l_ref[:, h : h + 1]
       seen = l > 0.0
       o = acc_ref[h] / jnp.where(seen, l, 1.0)
       if plan.rotate_output:
         o = fused_tiles.rotate(o, tabs, off, inverse=True)
       o_ref[h] = o.astype(o_ref.dtype)
-      lse = jnp.where(seen, m_ref[:, h:h + 1] + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)
-      lse_ref[h:h + 1, :] = fused_tiles.to_row(lse)
+      lse = jnp.where(seen, m_ref[:, h : h + 1] + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)
+      lse_ref[h : h + 1, :] = fused_tiles.to_row(lse)

@@ -49,36 +49,66 @@ def _dq(plan: Plan, small, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT):
   kv_spec = pl.BlockSpec((None, K, bk, D), lambda b, i, j: (b, 0, kv_at(i, j), 0))
   stat_spec = pl.BlockSpec((None, H, bq), lambda b, i, j: (b, 0, i))
   seg_specs = [q_row, kv_row] if plan.segmented else [None, None]
-  in_specs = [pl.BlockSpec((fused_tiles.CONST_ROWS, D), lambda b, i, j: (0, 0)), q_row, kv_row,
-              *seg_specs, q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec]
+  in_specs = [
+    pl.BlockSpec((fused_tiles.CONST_ROWS, D), lambda b, i, j: (0, 0)),
+    q_row,
+    kv_row,
+    *seg_specs,
+    q_spec,
+    kv_spec,
+    kv_spec,
+    q_spec,
+    stat_spec,
+    stat_spec,
+  ]
   out_shape = jax.ShapeDtypeStruct(q_BHTD.shape, q_BHTD.dtype)
-  scratch = [pltpu.VMEM((H, bq, D), q_BHTD.dtype),  # rotated, scaled q
-             pltpu.VMEM((H, bq, D), do_BHTD.dtype),  # dO_r (RoVE; unused for RoPE)
-             pltpu.VMEM((bq, LANES), jnp.float32),  # lse as columns, head h in lane h
-             pltpu.VMEM((bq, LANES), jnp.float32),  # delta as columns, head h in lane h
-             pltpu.VMEM((H, bq, D), jnp.float32)]  # dq_r accumulator
-  args = (consts, q_pos, kv_pos, q_seg, kv_seg, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT,
-          delta_BHT)
+  scratch = [
+    pltpu.VMEM((H, bq, D), q_BHTD.dtype),  # rotated, scaled q
+    pltpu.VMEM((H, bq, D), do_BHTD.dtype),  # dO_r (RoVE; unused for RoPE)
+    pltpu.VMEM((bq, LANES), jnp.float32),  # lse as columns, head h in lane h
+    pltpu.VMEM((bq, LANES), jnp.float32),  # delta as columns, head h in lane h
+    pltpu.VMEM((H, bq, D), jnp.float32),
+  ]  # dq_r accumulator
+  args = (consts, q_pos, kv_pos, q_seg, kv_seg, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT)
   return pl.pallas_call(
-      functools.partial(_dq_kernel, plan, nk),
-      grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=0, grid=(B, nq, nk),
-                                             in_specs=in_specs, out_specs=q_spec,
-                                             scratch_shapes=scratch),
-      out_shape=out_shape,
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel", "arbitrary")),
-      cost_estimate=fused_tiles.cost(plan, "dq", q_BHTD.shape, S, K, args, out_shape),
-      interpret=plan.interpret,
-      name="fused_rotary_attention_dq",
+    functools.partial(_dq_kernel, plan, nk),
+    grid_spec=pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=0,
+      grid=(B, nq, nk),
+      in_specs=in_specs,
+      out_specs=q_spec,
+      scratch_shapes=scratch,
+    ),
+    out_shape=out_shape,
+    compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+    cost_estimate=fused_tiles.cost(plan, "dq", q_BHTD.shape, S, K, args, out_shape),
+    interpret=plan.interpret,
+    name="fused_rotary_attention_dq",
   )(*args)
 
 
 def _dq_kernel(plan: Plan, nk: int, *refs):
   """refs: the inputs (constants, position rows, segment rows (None refs without segment
   ids), q, k, v, dO, lse, delta), the output dq and the scratch, in pallas_call's order."""
-  (consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref, do_ref,
-   lse_ref, delta_ref, dq_ref, qr_ref, dor_ref, lse_col_ref, delta_col_ref,
-   acc_ref) = refs
+  (
+    consts_ref,
+    q_pos_ref,
+    kv_pos_ref,
+    q_seg_ref,
+    kv_seg_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dq_ref,
+    qr_ref,
+    dor_ref,
+    lse_col_ref,
+    delta_col_ref,
+    acc_ref,
+  ) = refs
   qi, ki = pl.program_id(1), pl.program_id(2)
   H, K = q_ref.shape[0], k_ref.shape[0]
   G = H // K
@@ -90,12 +120,13 @@ def _dq_kernel(plan: Plan, nk: int, *refs):
   def _init():
     tabs = fused_tiles.tables(fused_tiles.column(q_pos_ref), consts_ref)
     for h in range(H):
-      qr_ref[h] = (fused_tiles.rotate(q_ref[h].astype(f32), tabs, off) * scale_1D
-                   ).astype(qr_ref.dtype)
+      qr_ref[h] = (fused_tiles.rotate(q_ref[h].astype(f32), tabs, off) * scale_1D).astype(
+        qr_ref.dtype
+      )
       if plan.rotate_output:
         dor_ref[h] = fused_tiles.rotate(do_ref[h].astype(f32), tabs, off).astype(dor_ref.dtype)
-      lse_col_ref[:, h:h + 1] = fused_tiles.to_column(lse_ref[h:h + 1, :])
-      delta_col_ref[:, h:h + 1] = fused_tiles.to_column(delta_ref[h:h + 1, :])
+      lse_col_ref[:, h : h + 1] = fused_tiles.to_column(lse_ref[h : h + 1, :])
+      delta_col_ref[:, h : h + 1] = fused_tiles.to_column(delta_ref[h : h + 1, :])
     acc_ref[...] = jnp.zeros(acc_ref.shape, f32)
 
   @pl.when(fused_tiles.block_runs(plan, qi, ki))
@@ -114,9 +145,9 @@ def _dq_kernel(plan: Plan, nk: int, *refs):
         s = fused_tiles.dot_nt(qr_ref[h], k_r, precision)  # [bq, bk]
         if mask is not None:
           s = jnp.where(mask, s, -jnp.inf)
-        p = jnp.exp(s - lse_col_ref[:, h:h + 1])
+        p = jnp.exp(s - lse_col_ref[:, h : h + 1])
         dp = fused_tiles.dot_nt(do_r, v_r, precision)
-        ds = p * (dp - delta_col_ref[:, h:h + 1])
+        ds = p * (dp - delta_col_ref[:, h : h + 1])
         acc_ref[h] += fused_tiles.dot_nn(ds.astype(k_r.dtype), k_r, precision)
 
   @pl.when(ki == nk - 1)
@@ -141,36 +172,68 @@ def _dkv(plan: Plan, small, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT)
   kv_spec = pl.BlockSpec((None, K, bk, D), lambda b, j, i: (b, 0, j, 0))
   stat_spec = pl.BlockSpec((None, H, bq), lambda b, j, i: (b, 0, q_at(j, i)))
   seg_specs = [q_row, kv_row] if plan.segmented else [None, None]
-  in_specs = [pl.BlockSpec((fused_tiles.CONST_ROWS, D), lambda b, j, i: (0, 0)), q_row, kv_row,
-              *seg_specs, q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec]
-  out_shape = [jax.ShapeDtypeStruct(k_BKSD.shape, k_BKSD.dtype),
-               jax.ShapeDtypeStruct(v_BKSD.shape, v_BKSD.dtype)]
-  scratch = [pltpu.VMEM((K, bk, D), k_BKSD.dtype),  # k_r
-             pltpu.VMEM((K, bk, D), v_BKSD.dtype),  # v_r (RoVE; v itself for RoPE)
-             pltpu.VMEM((K, bk, D), jnp.float32),  # dk_r accumulator
-             pltpu.VMEM((K, bk, D), jnp.float32)]  # dv_r accumulator
-  args = (consts, q_pos, kv_pos, q_seg, kv_seg, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT,
-          delta_BHT)
+  in_specs = [
+    pl.BlockSpec((fused_tiles.CONST_ROWS, D), lambda b, j, i: (0, 0)),
+    q_row,
+    kv_row,
+    *seg_specs,
+    q_spec,
+    kv_spec,
+    kv_spec,
+    q_spec,
+    stat_spec,
+    stat_spec,
+  ]
+  out_shape = [
+    jax.ShapeDtypeStruct(k_BKSD.shape, k_BKSD.dtype),
+    jax.ShapeDtypeStruct(v_BKSD.shape, v_BKSD.dtype),
+  ]
+  scratch = [
+    pltpu.VMEM((K, bk, D), k_BKSD.dtype),  # k_r
+    pltpu.VMEM((K, bk, D), v_BKSD.dtype),  # v_r (RoVE; v itself for RoPE)
+    pltpu.VMEM((K, bk, D), jnp.float32),  # dk_r accumulator
+    pltpu.VMEM((K, bk, D), jnp.float32),
+  ]  # dv_r accumulator
+  args = (consts, q_pos, kv_pos, q_seg, kv_seg, q_BHTD, k_BKSD, v_BKSD, do_BHTD, lse_BHT, delta_BHT)
   return pl.pallas_call(
-      functools.partial(_dkv_kernel, plan, nq),
-      grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=0, grid=(B, nk, nq),
-                                             in_specs=in_specs, out_specs=[kv_spec, kv_spec],
-                                             scratch_shapes=scratch),
-      out_shape=out_shape,
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel", "arbitrary")),
-      cost_estimate=fused_tiles.cost(plan, "dkv", q_BHTD.shape, S, K, args, out_shape),
-      interpret=plan.interpret,
-      name="fused_rotary_attention_dkv",
+    functools.partial(_dkv_kernel, plan, nq),
+    grid_spec=pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=0,
+      grid=(B, nk, nq),
+      in_specs=in_specs,
+      out_specs=[kv_spec, kv_spec],
+      scratch_shapes=scratch,
+    ),
+    out_shape=out_shape,
+    compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+    cost_estimate=fused_tiles.cost(plan, "dkv", q_BHTD.shape, S, K, args, out_shape),
+    interpret=plan.interpret,
+    name="fused_rotary_attention_dkv",
   )(*args)
 
 
 def _dkv_kernel(plan: Plan, nq: int, *refs):
   """refs: the inputs (as _dq_kernel's), the outputs dk, dv and the scratch, in pallas_call's
   order."""
-  (consts_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref, do_ref,
-   lse_ref, delta_ref, dk_ref, dv_ref, kr_ref, vr_ref, dk_acc_ref,
-   dv_acc_ref) = refs
+  (
+    consts_ref,
+    q_pos_ref,
+    kv_pos_ref,
+    q_seg_ref,
+    kv_seg_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    kr_ref,
+    vr_ref,
+    dk_acc_ref,
+    dv_acc_ref,
+  ) = refs
   ki, qi = pl.program_id(1), pl.program_id(2)
   H, K = q_ref.shape[0], k_ref.shape[0]
   G = H // K
@@ -207,9 +270,9 @@ def _dkv_kernel(plan: Plan, nq: int, *refs):
         s_t = fused_tiles.dot_nt(k_r, q_r, precision)  # [bk, bq]
         if mask is not None:
           s_t = jnp.where(mask, s_t, -jnp.inf)
-        p_t = jnp.exp(s_t - lse_ref[h:h + 1, :])
+        p_t = jnp.exp(s_t - lse_ref[h : h + 1, :])
         dp_t = fused_tiles.dot_nt(v_r, do_r, precision)
-        ds_t = p_t * (dp_t - delta_ref[h:h + 1, :])
+        ds_t = p_t * (dp_t - delta_ref[h : h + 1, :])
         dv = fused_tiles.dot_nn(p_t.astype(do_r.dtype), do_r, precision)
         dk = fused_tiles.dot_nn(ds_t.astype(q_r.dtype), q_r, precision)
         dv_r = dv if dv_r is None else dv_r + dv
@@ -221,8 +284,7 @@ def _dkv_kernel(plan: Plan, nq: int, *refs):
   def _finish():
     tabs = fused_tiles.tables(fused_tiles.column(kv_pos_ref), consts_ref)
     for kh in range(K):
-      dk_ref[kh] = fused_tiles.rotate(dk_acc_ref[kh], tabs, off, inverse=True
-                                      ).astype(dk_ref.dtype)
+      dk_ref[kh] = fused_tiles.rotate(dk_acc_ref[kh], tabs, off, inverse=True).astype(dk_ref.dtype)
       dv = dv_acc_ref[kh]
       if plan.rotate_values:
         dv = fused_tiles.rotate(dv, tabs, off, inverse=True)

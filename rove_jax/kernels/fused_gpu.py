@@ -73,16 +73,21 @@ def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
   if H % K:
     return f"query heads H={H} are not a multiple of kv heads K={K}"
   if D & (D - 1) or not MIN_BLOCK <= D <= MAX_HEAD_DIM:
-    return (f"on GPU the head dim D={D} must be a power of two from {MIN_BLOCK} to "
-            f"{MAX_HEAD_DIM} (Triton tiles)")
+    return (
+      f"on GPU the head dim D={D} must be a power of two from {MIN_BLOCK} to "
+      f"{MAX_HEAD_DIM} (Triton tiles)"
+    )
   for name, n in (("query length T", T), ("kv length S", S)):
     if n % MIN_BLOCK:
       return f"{name}={n} is not a multiple of {MIN_BLOCK} (its smallest block on GPU); pad it"
   return None
 
 
-def kernel(block_size: int = DEFAULT_BLOCK, backward_block_size: int = DEFAULT_BACKWARD_BLOCK,
-           interpret: Optional[bool] = None) -> Kernel:
+def kernel(
+  block_size: int = DEFAULT_BLOCK,
+  backward_block_size: int = DEFAULT_BACKWARD_BLOCK,
+  interpret: Optional[bool] = None,
+) -> Kernel:
   """The GPU fused kernel, one that rotates inside (kernels.call): the contract of
   rove_jax.kernels.fused.kernel.
 
@@ -104,17 +109,25 @@ def kernel(block_size: int = DEFAULT_BLOCK, backward_block_size: int = DEFAULT_B
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     reason = problem(q_BTHD.shape, k_BSKD.shape, mask, rope)
     if reason is not None:
-      raise ValueError(f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape} on "
-                       f"GPU: {reason}")
+      raise ValueError(
+        f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape} on GPU: {reason}"
+      )
     run_interpreted = platform.target_platform() != "gpu" if interpret is None else interpret
     q_seg, kv_seg = mask.segments()
-    plan = Plan(causal=mask.causal, segmented=q_seg is not None,
-                pair_offset=1 if rope.layout == "interleaved" else rope.n_rotated // 2,
-                rotate_values=kind != "rope", rotate_output=kind == "rove",
-                bq=_block(T, block_size), bk=_block(S, block_size),
-                interpret=bool(run_interpreted))
-    plans = (plan, plan._replace(bq=_block(T, backward_block_size),
-                                 bk=_block(S, backward_block_size)))
+    plan = Plan(
+      causal=mask.causal,
+      segmented=q_seg is not None,
+      pair_offset=1 if rope.layout == "interleaved" else rope.n_rotated // 2,
+      rotate_values=kind != "rope",
+      rotate_output=kind == "rove",
+      bq=_block(T, block_size),
+      bk=_block(S, block_size),
+      interpret=bool(run_interpreted),
+    )
+    plans = (
+      plan,
+      plan._replace(bq=_block(T, backward_block_size), bk=_block(S, backward_block_size)),
+    )
     consts = fused.constants(rope, D, call.scale)
     swap = jnp.asarray(swap_matrix(D, plan.pair_offset, rope.n_rotated), jnp.bfloat16)
     args = row_operands(q_BTHD, k_BSKD, v_BSKD, q_pos_BT, kv_pos_BS, q_seg, kv_seg)
@@ -161,10 +174,10 @@ def _fused_fwd(plans, small, q_BTHD, k_BSKD, v_BSKD):
 def _fused_bwd(plans, residuals, do_BTHD):
   small, q_BTHD, k_BSKD, v_BSKD, o_BTHD, lse_BHT = residuals
   # rowsum(dO . O) is the same before and after the output rotation (R is orthogonal).
-  delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32),
-                         do_BTHD.astype(jnp.float32))
-  grads = fused_gpu_backward.gradients(plans[1], small, q_BTHD, k_BSKD, v_BSKD, do_BTHD,
-                                       lse_BHT, delta_BHT)
+  delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32), do_BTHD.astype(jnp.float32))
+  grads = fused_gpu_backward.gradients(
+    plans[1], small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT
+  )
   consts, swap = small[:2]
   return ((jnp.zeros_like(consts), jnp.zeros_like(swap), None, None, None, None),) + grads
 
@@ -186,28 +199,47 @@ def _forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   kv_spec = pl.BlockSpec((None, S, None, D), lambda i, b, h: (b, 0, jax.lax.div(h, G), 0))
   seg_specs = [q_row, kv_row] if plan.segmented else [None, None]
   in_specs = [whole(consts), whole(swap), q_row, kv_row, *seg_specs, q_spec, kv_spec, kv_spec]
-  out_shape = [jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
-               jax.ShapeDtypeStruct((B, H, T), jnp.float32)]
+  out_shape = [
+    jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
+    jax.ShapeDtypeStruct((B, H, T), jnp.float32),
+  ]
   out_specs = [q_spec, pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))]
   return pl.pallas_call(
-      functools.partial(_forward_kernel, plan),
-      grid=(T // bq, B, H), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-      compiler_params=compiler_params(), interpret=plan.interpret,
-      name=kernel_name(plan, "fwd"),
+    functools.partial(_forward_kernel, plan),
+    grid=(T // bq, B, H),
+    in_specs=in_specs,
+    out_specs=out_specs,
+    out_shape=out_shape,
+    compiler_params=compiler_params(),
+    interpret=plan.interpret,
+    name=kernel_name(plan, "fwd"),
   )(consts, swap, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD)
 
 
 def _forward_kernel(plan: Plan, *refs):
   """One query block of one head: q [bq, D] and the whole k, v [S, D] of its kv head.
   refs: the inputs and outputs in pallas_call's order, unpacked below."""
-  (consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref, o_ref,
-   lse_ref) = refs
+  (
+    consts_ref,
+    swap_ref,
+    q_pos_ref,
+    kv_pos_ref,
+    q_seg_ref,
+    kv_seg_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+  ) = refs
   qi = pl.program_id(0)
   bq, bk, f32 = plan.bq, plan.bk, jnp.float32
   nk = k_ref.shape[0] // bk
   precision = fused_tiles.precision_for(q_ref.dtype)
-  q_r = (rotate(q_ref[...], tables(q_pos_ref, consts_ref), swap_ref)
-         * fused_tiles.query_scale(consts_ref)).astype(q_ref.dtype)
+  q_r = (
+    rotate(q_ref[...], tables(q_pos_ref, consts_ref), swap_ref)
+    * fused_tiles.query_scale(consts_ref)
+  ).astype(q_ref.dtype)
   q_seg = q_seg_ref[...][:, None] if plan.segmented else None
 
   def step(ki, carry):

@@ -45,23 +45,49 @@ def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   kv_spec = pl.BlockSpec((None, S, None, D), lambda i, b, h: (b, 0, jax.lax.div(h, G), 0))
   stat_spec = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
   seg_specs = [q_row, kv_row] if plan.segmented else [None, None]
-  in_specs = [whole(consts), whole(swap), q_row, kv_row, *seg_specs, q_spec, kv_spec, kv_spec,
-              q_spec, stat_spec, stat_spec]
+  in_specs = [
+    whole(consts),
+    whole(swap),
+    q_row,
+    kv_row,
+    *seg_specs,
+    q_spec,
+    kv_spec,
+    kv_spec,
+    q_spec,
+    stat_spec,
+    stat_spec,
+  ]
   return pl.pallas_call(
-      functools.partial(_dq_kernel, plan),
-      grid=(T // bq, B, H), in_specs=in_specs, out_specs=q_spec,
-      out_shape=jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
-      compiler_params=compiler_params(backward=True), interpret=plan.interpret,
-      name=kernel_name(plan, "dq"),
-  )(consts, swap, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT,
-    delta_BHT)
+    functools.partial(_dq_kernel, plan),
+    grid=(T // bq, B, H),
+    in_specs=in_specs,
+    out_specs=q_spec,
+    out_shape=jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
+    compiler_params=compiler_params(backward=True),
+    interpret=plan.interpret,
+    name=kernel_name(plan, "dq"),
+  )(consts, swap, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
 
 
 def _dq_kernel(plan: Plan, *refs):
   """One query block of one head: q, dO [bq, D], the whole k, v [S, D] of its kv head.
   refs: the inputs and outputs in pallas_call's order, unpacked below."""
-  (consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref,
-   do_ref, lse_ref, delta_ref, dq_ref) = refs
+  (
+    consts_ref,
+    swap_ref,
+    q_pos_ref,
+    kv_pos_ref,
+    q_seg_ref,
+    kv_seg_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dq_ref,
+  ) = refs
   qi = pl.program_id(0)
   bk = plan.bk
   nk = k_ref.shape[0] // bk
@@ -111,25 +137,55 @@ def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   kv_spec = pl.BlockSpec((None, bk, None, D), lambda j, b, kh: (b, j, kh, 0))
   stat_spec = pl.BlockSpec((None, G, T), lambda j, b, kh: (b, kh, 0))
   seg_specs = [q_row, kv_row] if plan.segmented else [None, None]
-  in_specs = [whole(consts), whole(swap), q_row, kv_row, *seg_specs, q_spec, kv_spec, kv_spec,
-              q_spec, stat_spec, stat_spec]
-  out_shape = [jax.ShapeDtypeStruct(k_BSKD.shape, k_BSKD.dtype),
-               jax.ShapeDtypeStruct(v_BSKD.shape, v_BSKD.dtype)]
+  in_specs = [
+    whole(consts),
+    whole(swap),
+    q_row,
+    kv_row,
+    *seg_specs,
+    q_spec,
+    kv_spec,
+    kv_spec,
+    q_spec,
+    stat_spec,
+    stat_spec,
+  ]
+  out_shape = [
+    jax.ShapeDtypeStruct(k_BSKD.shape, k_BSKD.dtype),
+    jax.ShapeDtypeStruct(v_BSKD.shape, v_BSKD.dtype),
+  ]
   return pl.pallas_call(
-      functools.partial(_dkv_kernel, plan),
-      grid=(S // bk, B, K), in_specs=in_specs, out_specs=[kv_spec, kv_spec],
-      out_shape=out_shape, compiler_params=compiler_params(backward=True), interpret=plan.interpret,
-      name=kernel_name(plan, "dkv"),
-  )(consts, swap, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT,
-    delta_BHT)
+    functools.partial(_dkv_kernel, plan),
+    grid=(S // bk, B, K),
+    in_specs=in_specs,
+    out_specs=[kv_spec, kv_spec],
+    out_shape=out_shape,
+    compiler_params=compiler_params(backward=True),
+    interpret=plan.interpret,
+    name=kernel_name(plan, "dkv"),
+  )(consts, swap, q_pos, kv_pos, q_seg, kv_seg, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
 
 
 def _dkv_kernel(plan: Plan, *refs):
   """One key block of one kv head: k, v [bk, D], the whole q, dO [T, G, D] of its G query
   heads and their lse, delta [G, T].
   refs: the inputs and outputs in pallas_call's order, unpacked below."""
-  (consts_ref, swap_ref, q_pos_ref, kv_pos_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref,
-   do_ref, lse_ref, delta_ref, dk_ref, dv_ref) = refs
+  (
+    consts_ref,
+    swap_ref,
+    q_pos_ref,
+    kv_pos_ref,
+    q_seg_ref,
+    kv_seg_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+  ) = refs
   ki = pl.program_id(0)
   bq, f32 = plan.bq, jnp.float32
   T, G = q_ref.shape[0], q_ref.shape[1]

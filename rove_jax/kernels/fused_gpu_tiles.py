@@ -43,8 +43,7 @@ def row_operands(q_BTHD, k_BSKD, v_BSKD, q_pos_BT, kv_pos_BS, q_seg, kv_seg) -> 
   B, T = q_BTHD.shape[:2]
   S = k_BSKD.shape[1]
   rows = lambda x, n: jnp.broadcast_to(x, (B, n)).reshape(B, 1, n)
-  args = [rows(jnp.asarray(q_pos_BT, jnp.float32), T),
-          rows(jnp.asarray(kv_pos_BS, jnp.float32), S)]
+  args = [rows(jnp.asarray(q_pos_BT, jnp.float32), T), rows(jnp.asarray(kv_pos_BS, jnp.float32), S)]
   if q_seg is not None:
     args += [rows(q_seg.astype(jnp.int32), T), rows(kv_seg.astype(jnp.int32), S)]
   return args + [q_BTHD, k_BSKD, v_BSKD]
@@ -95,9 +94,11 @@ def tables(pos_ref, consts_ref, rows=None):
   None): C = cos(pos * f) and S = SA + SB of fused_tiles.tables (-sin on first members, +sin
   on second ones, 0 on pass-through dims)."""
   pos_n1 = (pos_ref[...] if rows is None else pos_ref[rows])[:, None]
-  angle_nD = pos_n1 * consts_ref[fused_tiles.FREQ:fused_tiles.FREQ + 1, :]
-  sign_1D = (consts_ref[fused_tiles.NEG_FIRST:fused_tiles.NEG_FIRST + 1, :]
-             + consts_ref[fused_tiles.SECOND:fused_tiles.SECOND + 1, :])
+  angle_nD = pos_n1 * consts_ref[fused_tiles.FREQ : fused_tiles.FREQ + 1, :]
+  sign_1D = (
+    consts_ref[fused_tiles.NEG_FIRST : fused_tiles.NEG_FIRST + 1, :]
+    + consts_ref[fused_tiles.SECOND : fused_tiles.SECOND + 1, :]
+  )
   sin_nD, cos_nD = sincos(angle_nD)
   return cos_nD, sin_nD * sign_1D
 
@@ -135,8 +136,9 @@ def sincos(a):
 
 
 def compiler_params(backward: bool = False):
-  return plgpu.CompilerParams(num_warps=BACKWARD_WARPS if backward else FORWARD_WARPS,
-                              num_stages=NUM_STAGES)
+  return plgpu.CompilerParams(
+    num_warps=BACKWARD_WARPS if backward else FORWARD_WARPS, num_stages=NUM_STAGES
+  )
 
 
 def kernel_name(plan: Plan, part: str) -> str:

@@ -85,8 +85,10 @@ def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
   if H % K:
     return f"query heads H={H} are not a multiple of kv heads K={K}"
   if dtype is not None and jnp.dtype(dtype) not in DTYPES:
-    return (f"on Hopper it runs in bfloat16 (wgmma), got {jnp.dtype(dtype).name}; cast q, k, "
-            f"v (e.g. the model's dtype='bfloat16')")
+    return (
+      f"on Hopper it runs in bfloat16 (wgmma), got {jnp.dtype(dtype).name}; cast q, k, "
+      f"v (e.g. the model's dtype='bfloat16')"
+    )
   if D not in HEAD_DIMS:
     return f"on Hopper the head dim D={D} must be one of {HEAD_DIMS}"
   for name, n in (("query length T", T), ("kv length S", S)):
@@ -117,20 +119,26 @@ def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None) -> Kernel
     if reason is None and not (k_BSKD.dtype == v_BSKD.dtype == q_BTHD.dtype):
       reason = f"q, k, v must share a dtype, got {q_BTHD.dtype}, {k_BSKD.dtype}, {v_BSKD.dtype}"
     if reason is not None:
-      raise ValueError(f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape} on "
-                       f"Hopper: {reason}")
+      raise ValueError(
+        f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape} on Hopper: {reason}"
+      )
     run_interpreted = platform.target_platform() != "gpu" if interpret is None else interpret
     q_seg, kv_seg = mask.segments()
-    plan = Plan(causal=mask.causal, segmented=q_seg is not None,
-                pair_offset=1 if rope.layout == "interleaved" else rope.n_rotated // 2,
-                rotate_values=kind != "rope", rotate_output=kind == "rove",
-                bq=BLOCK_Q, bk=block_kv if S % block_kv == 0 else MIN_BLOCK,
-                interpret=bool(run_interpreted))
+    plan = Plan(
+      causal=mask.causal,
+      segmented=q_seg is not None,
+      pair_offset=1 if rope.layout == "interleaved" else rope.n_rotated // 2,
+      rotate_values=kind != "rope",
+      rotate_output=kind == "rove",
+      bq=BLOCK_Q,
+      bk=block_kv if S % block_kv == 0 else MIN_BLOCK,
+      interpret=bool(run_interpreted),
+    )
     consts = fused.constants(rope, D, call.scale)
-    swap = jnp.asarray(fused_gpu_tiles.swap_matrix(D, plan.pair_offset, rope.n_rotated),
-                       jnp.bfloat16)
-    args = fused_gpu_tiles.row_operands(q_BTHD, k_BSKD, v_BSKD, q_pos_BT, kv_pos_BS, q_seg,
-                                        kv_seg)
+    swap = jnp.asarray(
+      fused_gpu_tiles.swap_matrix(D, plan.pair_offset, rope.n_rotated), jnp.bfloat16
+    )
+    args = fused_gpu_tiles.row_operands(q_BTHD, k_BSKD, v_BSKD, q_pos_BT, kv_pos_BS, q_seg, kv_seg)
     run = lambda *a: _local(plan, (consts, swap), *a)
     return fused._sharded(run, args, B, H, K)
 
@@ -148,8 +156,7 @@ def _local(plan: Plan, fixed, q_pos, kv_pos, *rest):
   [B, n]."""
   q_seg, kv_seg = (rest[0][:, 0], rest[1][:, 0]) if plan.segmented else (None, None)
   q_BTHD, k_BSKD, v_BSKD = rest[-3:]
-  return _fused(plan, fixed + (q_pos[:, 0], kv_pos[:, 0], q_seg, kv_seg), q_BTHD, k_BSKD,
-                v_BSKD)
+  return _fused(plan, fixed + (q_pos[:, 0], kv_pos[:, 0], q_seg, kv_seg), q_BTHD, k_BSKD, v_BSKD)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -167,10 +174,10 @@ def _fused_fwd(plan, small, q_BTHD, k_BSKD, v_BSKD):
 def _fused_bwd(plan, residuals, do_BTHD):
   small, q_BTHD, k_BSKD, v_BSKD, o_BTHD, lse_BHT = residuals
   # rowsum(dO . O) is the same before and after the output rotation (R is orthogonal).
-  delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32),
-                         do_BTHD.astype(jnp.float32))
-  grads = fused_hopper_backward.gradients(plan, small, q_BTHD, k_BSKD, v_BSKD,
-                                          do_BTHD.astype(q_BTHD.dtype), lse_BHT, delta_BHT)
+  delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32), do_BTHD.astype(jnp.float32))
+  grads = fused_hopper_backward.gradients(
+    plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD.astype(q_BTHD.dtype), lse_BHT, delta_BHT
+  )
   consts, swap = small[:2]
   return ((jnp.zeros_like(consts), jnp.zeros_like(swap), None, None, None, None),) + grads
 
@@ -188,14 +195,21 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   smem = lambda shape, dtype=dt: plgpu.SMEM(shape, dtype, transforms=tiles.TRANSFORMS)
   n_seg = 2 if plan.segmented else 0
   scratch = [
-      plgpu.SMEM((CONST_ROWS, D), jnp.float32), smem((D, D)),  # constants, swap matrix
-      smem((bq, D)), plgpu.SMEM((bq,), jnp.float32),  # q (then rotated q, then o), q positions
-      smem((2, bk, D)), smem((2, bk, D)), plgpu.SMEM((2, bk), jnp.float32),  # k, v, positions
-      smem((bk, D)), smem((bk, D)),  # rotated k, v
-      smem((2, bq, D)), plgpu.SMEM((bq,), jnp.float32),  # output staging, lse
-      plgpu.SMEM((bq,), jnp.int32), plgpu.SMEM((2, bk), jnp.int32),  # segment ids
-      plgpu.Barrier(num_barriers=4 + n_seg // 2),  # constants, swap, q, q rows (+ segments)
-      plgpu.Barrier(num_barriers=2 * (3 + n_seg // 2)),  # k, v, kv rows (+ segments) a slot
+    plgpu.SMEM((CONST_ROWS, D), jnp.float32),
+    smem((D, D)),  # constants, swap matrix
+    smem((bq, D)),
+    plgpu.SMEM((bq,), jnp.float32),  # q (then rotated q, then o), q positions
+    smem((2, bk, D)),
+    smem((2, bk, D)),
+    plgpu.SMEM((2, bk), jnp.float32),  # k, v, positions
+    smem((bk, D)),
+    smem((bk, D)),  # rotated k, v
+    smem((2, bq, D)),
+    plgpu.SMEM((bq,), jnp.float32),  # output staging, lse
+    plgpu.SMEM((bq,), jnp.int32),
+    plgpu.SMEM((2, bk), jnp.int32),  # segment ids
+    plgpu.Barrier(num_barriers=4 + n_seg // 2),  # constants, swap, q, q rows (+ segments)
+    plgpu.Barrier(num_barriers=2 * (3 + n_seg // 2)),  # k, v, kv rows (+ segments) a slot
   ]
   args = [consts, swap, q_pos, kv_pos]
   if plan.segmented:
@@ -203,20 +217,36 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   args += [q_BTHD, k_BSKD, v_BSKD]
   out_type = [jax.ShapeDtypeStruct(q_BTHD.shape, dt), jax.ShapeDtypeStruct((B, H, T), jnp.float32)]
   body = functools.partial(_forward_body, plan, S // bk, H // K)
-  return tiles.run_kernel(plan, body, out_type, scratch, (H, T // bq, B),
-                          ("heads", "q", "batch"), *args)
+  return tiles.run_kernel(
+    plan, body, out_type, scratch, (H, T // bq, B), ("heads", "q", "batch"), *args
+  )
 
 
 def _forward_body(plan: Plan, nk: int, G: int, *refs):
   """One query block of one head. refs: the inputs (constants, swap, position rows, segment
   rows when segmented, q, k, v), the outputs (o, lse) and the scratch of `forward`."""
   n_in = 9 if plan.segmented else 7
-  ins, (o_ref, lse_ref), scr = refs[:n_in], refs[n_in:n_in + 2], refs[n_in + 2:]
+  ins, (o_ref, lse_ref), scr = refs[:n_in], refs[n_in : n_in + 2], refs[n_in + 2 :]
   consts_ref, swap_ref, q_pos_ref, kv_pos_ref = ins[:4]
   q_seg_ref, kv_seg_ref = ins[4:6] if plan.segmented else (None, None)
   q_ref, k_ref, v_ref = ins[-3:]
-  (consts_s, swap_s, q_s, qpos_s, k_s, v_s, kvpos_s, kr_s, vr_s, stage_s, lse_s, qseg_s,
-   kvseg_s, fixed_bar, kv_bar) = scr
+  (
+    consts_s,
+    swap_s,
+    q_s,
+    qpos_s,
+    k_s,
+    v_s,
+    kvpos_s,
+    kr_s,
+    vr_s,
+    stage_s,
+    lse_s,
+    qseg_s,
+    kvseg_s,
+    fixed_bar,
+    kv_bar,
+  ) = scr
   ops = tiles.Ops(plan.interpret)
   bq, bk, f32 = plan.bq, plan.bk, jnp.float32
   b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
@@ -225,8 +255,12 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
   rows = pl.ds(q_start, bq)
   n_kv_bar = 3 + (1 if plan.segmented else 0)
 
-  copies = [(consts_ref, consts_s), (swap_ref, swap_s), (q_ref.at[b, rows, h], q_s),
-            (q_pos_ref.at[b, rows], qpos_s)]
+  copies = [
+    (consts_ref, consts_s),
+    (swap_ref, swap_s),
+    (q_ref.at[b, rows, h], q_s),
+    (q_pos_ref.at[b, rows], qpos_s),
+  ]
   if plan.segmented:
     copies.append((q_seg_ref.at[b, rows], qseg_s))
   for n, (src, dst) in enumerate(copies):
@@ -234,8 +268,11 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
 
   def fetch(j, slot):
     keys = pl.ds(j * bk, bk)
-    pairs = [(k_ref.at[b, keys, kh], k_s.at[slot]), (v_ref.at[b, keys, kh], v_s.at[slot]),
-             (kv_pos_ref.at[b, keys], kvpos_s.at[slot])]
+    pairs = [
+      (k_ref.at[b, keys, kh], k_s.at[slot]),
+      (v_ref.at[b, keys, kh], v_s.at[slot]),
+      (kv_pos_ref.at[b, keys], kvpos_s.at[slot]),
+    ]
     if plan.segmented:
       pairs.append((kv_seg_ref.at[b, keys], kvseg_s.at[slot]))
     for n, (src, dst) in enumerate(pairs):
@@ -269,8 +306,7 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
     s = ops.mma(q_s, kr_s, transpose_b=True)  # [bq, bk]
-    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape,
-                         keys_in_rows=False)
+    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
     if mask is not None:
       s = jnp.where(mask, s, -jnp.inf)
     m_next = jnp.maximum(m_prev, s.max(axis=1))
@@ -283,16 +319,18 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     return acc, m_next, l_next
 
   D = q_s.shape[1]
-  init = (ops.wgmma_layout(jnp.zeros((bq, D), f32)),
-          ops.rows_layout(jnp.full((bq,), -jnp.inf, f32)), ops.rows_layout(jnp.zeros((bq,), f32)))
+  init = (
+    ops.wgmma_layout(jnp.zeros((bq, D), f32)),
+    ops.rows_layout(jnp.full((bq,), -jnp.inf, f32)),
+    ops.rows_layout(jnp.zeros((bq,), f32)),
+  )
   acc, m, l = lax.fori_loop(0, n_blocks, step, init)
   seen = l > 0.0
   safe_l = jnp.where(seen, l, 1.0)
   o = acc / tiles.across(safe_l, acc.shape, 1)
   if plan.rotate_output:
     # The query tables again, not held across the loop.
-    o = tiles.rotate_f32(ops, o, tiles.tables(ops, qpos_s, consts_s), swap_s, stage_s,
-                         inverse=True)
+    o = tiles.rotate_f32(ops, o, tiles.tables(ops, qpos_s, consts_s), swap_s, stage_s, inverse=True)
   q_s[...] = o.astype(q_s.dtype)
   lse_s[...] = jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
   plgpu.commit_smem()

@@ -49,13 +49,20 @@ def _scratch(D, dt, n_self, n_other, n_loop_bars):
   buffers are allocated unsegmented too (a few hundred bytes), which keeps one unpacking."""
   b = BLOCK
   smem = lambda shape: plgpu.SMEM(shape, dt, transforms=tiles.TRANSFORMS)
-  return [plgpu.SMEM((CONST_ROWS, D), jnp.float32), smem((D, D)),
-          smem((n_self, b, D)), plgpu.SMEM((3, b), jnp.float32), plgpu.SMEM((b,), jnp.int32),
-          smem((2, n_other, b, D)), plgpu.SMEM((2, 3, b), jnp.float32),
-          plgpu.SMEM((2, b), jnp.int32),
-          smem((2, b, D)), smem((2, b, D)),  # rotated tiles, float32 staging
-          plgpu.Barrier(num_barriers=8),
-          plgpu.Barrier(num_barriers=2 * n_loop_bars)]
+  return [
+    plgpu.SMEM((CONST_ROWS, D), jnp.float32),
+    smem((D, D)),
+    smem((n_self, b, D)),
+    plgpu.SMEM((3, b), jnp.float32),
+    plgpu.SMEM((b,), jnp.int32),
+    smem((2, n_other, b, D)),
+    plgpu.SMEM((2, 3, b), jnp.float32),
+    plgpu.SMEM((2, b), jnp.int32),
+    smem((2, b, D)),
+    smem((2, b, D)),  # rotated tiles, float32 staging
+    plgpu.Barrier(num_barriers=8),
+    plgpu.Barrier(num_barriers=2 * n_loop_bars),
+  ]
 
 
 def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
@@ -67,16 +74,22 @@ def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   n_loop = 3 + (1 if plan.segmented else 0)
   scratch = _scratch(D, q_BTHD.dtype, 2, 2, n_loop)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
-  return tiles.run_kernel(plan, body, jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
-                          scratch, (H, T // BLOCK, B), ("heads", "q", "batch"), *args)
+  return tiles.run_kernel(
+    plan,
+    body,
+    jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
+    scratch,
+    (H, T // BLOCK, B),
+    ("heads", "q", "batch"),
+    *args,
+  )
 
 
 def _unpack(plan: Plan, refs, n_out: int):
   """(inputs dict, outputs, scratch) of either kernel's refs."""
   n_in = 12 if plan.segmented else 10
-  ins, outs, scr = refs[:n_in], refs[n_in:n_in + n_out], refs[n_in + n_out:]
-  names = ["consts", "swap", "q_pos", "kv_pos"] + (["q_seg", "kv_seg"] if plan.segmented
-                                                   else [])
+  ins, outs, scr = refs[:n_in], refs[n_in : n_in + n_out], refs[n_in + n_out :]
+  names = ["consts", "swap", "q_pos", "kv_pos"] + (["q_seg", "kv_seg"] if plan.segmented else [])
   names += ["q", "k", "v", "do", "lse", "delta"]
   return dict(zip(names, ins)), outs, scr
 
@@ -90,18 +103,35 @@ def _rotate_to(ops, dst_ref, src_ref, tabs, swap_s, scale=None):
 def _dq_body(plan: Plan, nk: int, G: int, *refs):
   """One query block of one head: q, dO [bq, D] and its lse, delta rows; k, v blocks looped."""
   r, (dq_ref,), scr = _unpack(plan, refs, 1)
-  (consts_s, swap_s, own_s, own_rows, own_seg, loop_s, loop_rows, loop_seg, rot_s, stage_s,
-   fixed_bar, loop_bar) = scr
+  (
+    consts_s,
+    swap_s,
+    own_s,
+    own_rows,
+    own_seg,
+    loop_s,
+    loop_rows,
+    loop_seg,
+    rot_s,
+    stage_s,
+    fixed_bar,
+    loop_bar,
+  ) = scr
   ops = tiles.Ops(plan.interpret)
   bq, bk, dt = plan.bq, plan.bk, own_s.dtype
   b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
   kh = lax.div(h, jnp.int32(G))
   q_start = qb * bq
   rows = pl.ds(q_start, bq)
-  copies = [(r["consts"], consts_s), (r["swap"], swap_s), (r["q"].at[b, rows, h], own_s.at[0]),
-            (r["do"].at[b, rows, h], own_s.at[1]), (r["q_pos"].at[b, rows], own_rows.at[0]),
-            (r["lse"].at[b, h, rows], own_rows.at[1]),
-            (r["delta"].at[b, h, rows], own_rows.at[2])]
+  copies = [
+    (r["consts"], consts_s),
+    (r["swap"], swap_s),
+    (r["q"].at[b, rows, h], own_s.at[0]),
+    (r["do"].at[b, rows, h], own_s.at[1]),
+    (r["q_pos"].at[b, rows], own_rows.at[0]),
+    (r["lse"].at[b, h, rows], own_rows.at[1]),
+    (r["delta"].at[b, h, rows], own_rows.at[2]),
+  ]
   if plan.segmented:
     copies.append((r["q_seg"].at[b, rows], own_seg))
   for n, (src, dst) in enumerate(copies):
@@ -110,9 +140,11 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
 
   def fetch(j, slot):
     keys = pl.ds(j * bk, bk)
-    pairs = [(r["k"].at[b, keys, kh], loop_s.at[slot, 0]),
-             (r["v"].at[b, keys, kh], loop_s.at[slot, 1]),
-             (r["kv_pos"].at[b, keys], loop_rows.at[slot, 0])]
+    pairs = [
+      (r["k"].at[b, keys, kh], loop_s.at[slot, 0]),
+      (r["v"].at[b, keys, kh], loop_s.at[slot, 1]),
+      (r["kv_pos"].at[b, keys], loop_rows.at[slot, 0]),
+    ]
     if plan.segmented:
       pairs.append((r["kv_seg"].at[b, keys], loop_seg.at[slot]))
     for n, (src, dst) in enumerate(pairs):
@@ -149,8 +181,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
     s = ops.mma(q_r_s, rot_s.at[0], transpose_b=True)  # [bq, bk]
-    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape,
-                         keys_in_rows=False)
+    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
     if mask is not None:
       s = jnp.where(mask, s, -jnp.inf)
     p = jnp.exp(s - tiles.across(lse, s.shape, 1))
@@ -177,26 +208,46 @@ def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   args += [q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT]
   n_loop = 5 + (1 if plan.segmented else 0)
   scratch = _scratch(D, q_BTHD.dtype, 2, 2, n_loop)
-  out_type = [jax.ShapeDtypeStruct(k_BSKD.shape, k_BSKD.dtype),
-              jax.ShapeDtypeStruct(v_BSKD.shape, v_BSKD.dtype)]
+  out_type = [
+    jax.ShapeDtypeStruct(k_BSKD.shape, k_BSKD.dtype),
+    jax.ShapeDtypeStruct(v_BSKD.shape, v_BSKD.dtype),
+  ]
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
-  return tiles.run_kernel(plan, body, out_type, scratch, (K, S // BLOCK, B),
-                          ("kv_heads", "kv", "batch"), *args)
+  return tiles.run_kernel(
+    plan, body, out_type, scratch, (K, S // BLOCK, B), ("kv_heads", "kv", "batch"), *args
+  )
 
 
 def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   """One key block of one kv head: k, v [bk, D]; the query blocks of its G query heads
   looped (q, dO and their position, lse, delta rows)."""
   r, (dk_ref, dv_ref), scr = _unpack(plan, refs, 2)
-  (consts_s, swap_s, own_s, own_rows, own_seg, loop_s, loop_rows, loop_seg, rot_s, stage_s,
-   fixed_bar, loop_bar) = scr
+  (
+    consts_s,
+    swap_s,
+    own_s,
+    own_rows,
+    own_seg,
+    loop_s,
+    loop_rows,
+    loop_seg,
+    rot_s,
+    stage_s,
+    fixed_bar,
+    loop_bar,
+  ) = scr
   ops = tiles.Ops(plan.interpret)
   bq, bk, dt = plan.bq, plan.bk, own_s.dtype
   b, kh, kb = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("kv")
   k_start = kb * bk
   keys = pl.ds(k_start, bk)
-  copies = [(r["consts"], consts_s), (r["swap"], swap_s), (r["k"].at[b, keys, kh], own_s.at[0]),
-            (r["v"].at[b, keys, kh], own_s.at[1]), (r["kv_pos"].at[b, keys], own_rows.at[0])]
+  copies = [
+    (r["consts"], consts_s),
+    (r["swap"], swap_s),
+    (r["k"].at[b, keys, kh], own_s.at[0]),
+    (r["v"].at[b, keys, kh], own_s.at[1]),
+    (r["kv_pos"].at[b, keys], own_rows.at[0]),
+  ]
   if plan.segmented:
     copies.append((r["kv_seg"].at[b, keys], own_seg))
   for n, (src, dst) in enumerate(copies):
@@ -209,11 +260,13 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   def fetch(t, slot):
     h = kh * G + lax.div(t, per_head)
     rows = pl.ds((first + lax.rem(t, per_head)) * bq, bq)
-    pairs = [(r["q"].at[b, rows, h], loop_s.at[slot, 0]),
-             (r["do"].at[b, rows, h], loop_s.at[slot, 1]),
-             (r["q_pos"].at[b, rows], loop_rows.at[slot, 0]),
-             (r["lse"].at[b, h, rows], loop_rows.at[slot, 1]),
-             (r["delta"].at[b, h, rows], loop_rows.at[slot, 2])]
+    pairs = [
+      (r["q"].at[b, rows, h], loop_s.at[slot, 0]),
+      (r["do"].at[b, rows, h], loop_s.at[slot, 1]),
+      (r["q_pos"].at[b, rows], loop_rows.at[slot, 0]),
+      (r["lse"].at[b, h, rows], loop_rows.at[slot, 1]),
+      (r["delta"].at[b, h, rows], loop_rows.at[slot, 2]),
+    ]
     if plan.segmented:
       pairs.append((r["q_seg"].at[b, rows], loop_seg.at[slot]))
     for n, (src, dst) in enumerate(pairs):
@@ -249,8 +302,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     plgpu.commit_smem()
     s_t = ops.mma(k_r_s, rot_s.at[0], transpose_b=True)  # [bk, bq]
     q_start = (first + lax.rem(t, per_head)) * bq
-    mask = tiles.visible(ops, plan, q_start, k_start, q_seg, kv_seg, s_t.shape,
-                         keys_in_rows=True)
+    mask = tiles.visible(ops, plan, q_start, k_start, q_seg, kv_seg, s_t.shape, keys_in_rows=True)
     if mask is not None:
       s_t = jnp.where(mask, s_t, -jnp.inf)
     p_t = jnp.exp(s_t - tiles.across(lse, s_t.shape, 0))

@@ -47,6 +47,7 @@ TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 class Ops(NamedTuple):
   """The kernel's products and layouts, compiled (wgmma) or interpreted (module docstring)."""
+
   interpret: bool
 
   def mma(self, a, b_ref, *, transpose_b: bool = False, acc=None):
@@ -60,13 +61,16 @@ class Ops(NamedTuple):
       return out if acc is None else acc + out
     b = plgpu.transpose_ref(b_ref, (1, 0)) if transpose_b else b_ref
     if acc is None:
+
       def fresh(acc_ref):
         plgpu.wgmma(acc_ref, a, b)
         return acc_ref[...]
+
       return pl.run_scoped(fresh, plgpu.ACC((a.shape[0], b.shape[1]), F32))
 
     def into(acc_ref):
       plgpu.wgmma(acc_ref, a, b)
+
     return pl.run_state(into)(plgpu.ACC.init(acc))
 
   def wgmma_layout(self, x):
@@ -106,7 +110,8 @@ def tables(ops: Ops, pos_ref, consts_ref):
   pos = ops.load(pos_ref, 1)
   freq = ops.load(consts_ref.at[fused_tiles.FREQ], 0)
   sign = ops.load(consts_ref.at[fused_tiles.NEG_FIRST], 0) + ops.load(
-      consts_ref.at[fused_tiles.SECOND], 0)
+    consts_ref.at[fused_tiles.SECOND], 0
+  )
   shape = (pos.shape[0], freq.shape[0])
   angle = across(pos, shape, 1) * across(freq, shape, 0)
   return jnp.cos(angle), jnp.sin(angle) * across(sign, shape, 0)
@@ -156,15 +161,20 @@ def interpret_params():
   """The `interpret` value that runs a Mosaic GPU kernel on CPU. jax 0.10 exports the class
   only from its private tree."""
   from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
   return InterpretGPUParams()
 
 
 def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args):
   """plgpu.kernel(body) on one warpgroup a program, compiled or interpreted by plan."""
   return plgpu.kernel(
-      body, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
-      interpret=interpret_params() if plan.interpret else None,
-      compiler_params=plgpu.CompilerParams(approx_math=False),
+    body,
+    out_type=out_type,
+    scratch_types=scratch,
+    grid=grid,
+    grid_names=grid_names,
+    interpret=interpret_params() if plan.interpret else None,
+    compiler_params=plgpu.CompilerParams(approx_math=False),
   )(*args)
 
 

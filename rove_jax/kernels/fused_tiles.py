@@ -35,6 +35,7 @@ LANES = 128  # TPU lane width
 
 class Plan(NamedTuple):
   """The static part of one fused call (hashable: a custom_vjp nondiff argument)."""
+
   causal: bool  # index-causal (the Mask's `ordered` promise): key j visible iff j <= i
   segmented: bool  # segment ids given (packed documents)
   pair_offset: int  # distance between the two members of a rotation pair (module docstring)
@@ -66,10 +67,13 @@ def to_row(col_n1) -> jax.Array:
 
 def tables(pos_n1, consts_ref):
   """(C, SA, SB), each [n, D] float32, for positions [n, 1] (module docstring)."""
-  angle_nD = pos_n1 * consts_ref[FREQ:FREQ + 1, :]
+  angle_nD = pos_n1 * consts_ref[FREQ : FREQ + 1, :]
   sin_nD = jnp.sin(angle_nD)
-  return (jnp.cos(angle_nD), sin_nD * consts_ref[NEG_FIRST:NEG_FIRST + 1, :],
-          sin_nD * consts_ref[SECOND:SECOND + 1, :])
+  return (
+    jnp.cos(angle_nD),
+    sin_nD * consts_ref[NEG_FIRST : NEG_FIRST + 1, :],
+    sin_nD * consts_ref[SECOND : SECOND + 1, :],
+  )
 
 
 def rotate(x_nD, tabs, offset: int, *, inverse: bool = False) -> jax.Array:
@@ -83,7 +87,7 @@ def rotate(x_nD, tabs, offset: int, *, inverse: bool = False) -> jax.Array:
 
 def query_scale(consts_ref) -> jax.Array:
   """[1, D]: the softmax scale times the attention factor squared on the rotated dims."""
-  return consts_ref[Q_SCALE:Q_SCALE + 1, :]
+  return consts_ref[Q_SCALE : Q_SCALE + 1, :]
 
 
 def block_runs(plan: Plan, qi, ki):
@@ -130,14 +134,16 @@ def first_query_block(plan: Plan, ki):
 
 def dot_nt(a, b, precision) -> jax.Array:
   """a [m, D] . b [n, D]^T -> [m, n] float32."""
-  return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=precision,
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    a, b, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+  )
 
 
 def dot_nn(a, b, precision) -> jax.Array:
   """a [m, k] . b [k, n] -> [m, n] float32."""
-  return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    a, b, (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+  )
 
 
 def precision_for(dtype):
@@ -161,8 +167,12 @@ def cost(plan: Plan, kind: str, q_shape, S: int, K: int, args, out_shape) -> pl.
   """
   B, H, T, D = q_shape
   nq, nk = T // plan.bq, S // plan.bk
-  pairs = sum(1 for i in range(nq) for j in range(nk)
-              if not plan.causal or j * plan.bk <= i * plan.bq + plan.bq - 1)
+  pairs = sum(
+    1
+    for i in range(nq)
+    for j in range(nk)
+    if not plan.causal or j * plan.bk <= i * plan.bq + plan.bq - 1
+  )
   scores = B * H * pairs * plan.bq * plan.bk
   matmuls, exps = _SCORE_WORK[kind]
   kv_per_step = K * plan.bk * (2 if plan.rotate_values else 1)
@@ -179,6 +189,7 @@ def cost(plan: Plan, kind: str, q_shape, S: int, K: int, args, out_shape) -> pl.
   size = lambda a: math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
   arrays = [a for a in jax.tree.leaves(args) + jax.tree.leaves(out_shape) if a is not None]
   return pl.CostEstimate(
-      flops=int(matmuls * 2 * D * scores + 6 * D * rotated + 3 * D * table_rows),
-      transcendentals=int(exps * scores + 2 * D * table_rows),
-      bytes_accessed=int(sum(size(a) for a in arrays)))
+    flops=int(matmuls * 2 * D * scores + 6 * D * rotated + 3 * D * table_rows),
+    transcendentals=int(exps * scores + 2 * D * table_rows),
+    bytes_accessed=int(sum(size(a) for a in arrays)),
+  )

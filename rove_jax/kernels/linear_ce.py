@@ -54,6 +54,7 @@ MIN_BLOCK = 16  # Triton's smallest matmul side
 class Plan(NamedTuple):
   """Blocks of the three kernels (each the largest power of two dividing its dimension, at most
   the value here) and whether they run interpreted."""
+
   bn: int = 32  # forward: tokens a program
   bv: int = 64  # vocabulary block of the forward and dx loops
   be: int = 128  # E chunk of every product
@@ -70,11 +71,14 @@ def problem(N: int, E: int, V: int) -> Optional[str]:
   """None when the kernel runs N tokens of width E over V classes; else the reason."""
   for name, n in (("tokens (batch x length)", N), ("model width", E), ("vocabulary", V)):
     if n < MIN_BLOCK or n % MIN_BLOCK:
-      return (f"the fused loss kernel needs {name} a multiple of {MIN_BLOCK} (its smallest "
-              f"block), got {n}")
+      return (
+        f"the fused loss kernel needs {name} a multiple of {MIN_BLOCK} (its smallest "
+        f"block), got {n}"
+      )
   if platform.target_platform() == "tpu":
-    return ("the fused loss kernel is written for GPUs (Pallas Triton); on TPU use "
-            "optim.loss_impl=xla")
+    return (
+      "the fused loss kernel is written for GPUs (Pallas Triton); on TPU use optim.loss_impl=xla"
+    )
   return None
 
 
@@ -85,8 +89,9 @@ def _block(n: int, most: int) -> int:
   return b
 
 
-def token_nll(x_BTE, w_VE, targets_BT, *, plan: Optional[Plan] = None,
-              interpret: Optional[bool] = None):
+def token_nll(
+  x_BTE, w_VE, targets_BT, *, plan: Optional[Plan] = None, interpret: Optional[bool] = None
+):
   """-log softmax(x W^T)[target] per token, float32 [B, T], differentiable in x and W.
 
   Args:
@@ -122,8 +127,9 @@ def _nll(plan, batch, x_BTE, w_VE, targets_BT):
 
 def _nll_fwd(plan, batch, x_BTE, w_VE, targets_BT):
   run = lambda x, w, t: _forward(plan, x, w, t)
-  nll_BT, lse_BT = _on_shards(run, batch, (x_BTE, w_VE, targets_BT), ("rows", "whole", "rows"),
-                              ("rows", "rows"))
+  nll_BT, lse_BT = _on_shards(
+    run, batch, (x_BTE, w_VE, targets_BT), ("rows", "whole", "rows"), ("rows", "rows")
+  )
   return nll_BT, (x_BTE, w_VE, targets_BT, lse_BT)
 
 
@@ -161,8 +167,9 @@ def _on_shards(run, batch, args, kinds, out_kinds):
 
 
 def _params(plan: Plan, backward: bool):
-  return plgpu.CompilerParams(num_warps=plan.backward_warps if backward else plan.warps,
-                              num_stages=plan.stages)
+  return plgpu.CompilerParams(
+    num_warps=plan.backward_warps if backward else plan.warps, num_stages=plan.stages
+  )
 
 
 def _whole(a):
@@ -177,12 +184,14 @@ def _forward(plan: Plan, x_BTE, w_VE, targets_BT):
   x_NE, t_N = x_BTE.reshape(N, E), targets_BT.reshape(N)
   rows = pl.BlockSpec((bn,), lambda i: (i,))
   nll_N, lse_N = pl.pallas_call(
-      functools.partial(_forward_kernel, bv, be),
-      grid=(N // bn,), in_specs=[pl.BlockSpec((bn, E), lambda i: (i, 0)), _whole(w_VE), rows],
-      out_specs=[rows, rows],
-      out_shape=[jax.ShapeDtypeStruct((N,), jnp.float32)] * 2,
-      compiler_params=_params(plan, False), interpret=plan.interpret,
-      name="linear_cross_entropy_fwd",
+    functools.partial(_forward_kernel, bv, be),
+    grid=(N // bn,),
+    in_specs=[pl.BlockSpec((bn, E), lambda i: (i, 0)), _whole(w_VE), rows],
+    out_specs=[rows, rows],
+    out_shape=[jax.ShapeDtypeStruct((N,), jnp.float32)] * 2,
+    compiler_params=_params(plan, False),
+    interpret=plan.interpret,
+    name="linear_cross_entropy_fwd",
   )(x_NE, w_VE, t_N)
   return nll_N.reshape(B, T), lse_N.reshape(B, T)
 
@@ -232,11 +241,14 @@ def _dx(plan: Plan, x_BTE, w_VE, targets_BT, lse_BT, g_BT):
   rows = pl.BlockSpec((bn,), lambda i: (i,))
   block = pl.BlockSpec((bn, E), lambda i: (i, 0))
   dx_NE = pl.pallas_call(
-      functools.partial(_dx_kernel, bv, be),
-      grid=(N // bn,), in_specs=[block, _whole(w_VE), rows, rows, rows], out_specs=block,
-      out_shape=jax.ShapeDtypeStruct((N, E), jnp.float32),
-      compiler_params=_params(plan, True), interpret=plan.interpret,
-      name="linear_cross_entropy_dx",
+    functools.partial(_dx_kernel, bv, be),
+    grid=(N // bn,),
+    in_specs=[block, _whole(w_VE), rows, rows, rows],
+    out_specs=block,
+    out_shape=jax.ShapeDtypeStruct((N, E), jnp.float32),
+    compiler_params=_params(plan, True),
+    interpret=plan.interpret,
+    name="linear_cross_entropy_dx",
   )(x_BTE.reshape(N, E), w_VE, targets_BT.reshape(N), lse_BT.reshape(N), g_BT.reshape(N))
   return dx_NE.reshape(B, T, E)
 
@@ -254,8 +266,9 @@ def _dx_kernel(bv, be, x_ref, w_ref, t_ref, lse_ref, g_ref, dx_ref):
     cls = j * bv + jax.lax.broadcasted_iota(jnp.int32, (bn, bv), 1)
     d = (jnp.exp(z - lse[:, None]) - (cls == target[:, None]).astype(jnp.float32)) * g[:, None]
     d = d.astype(x_ref.dtype)
-    return tuple(a + dot_nn(d, w_ref[cols, pl.ds(k * be, be)], precision)
-                 for k, a in enumerate(acc))
+    return tuple(
+      a + dot_nn(d, w_ref[cols, pl.ds(k * be, be)], precision) for k, a in enumerate(acc)
+    )
 
   init = tuple(jnp.zeros((bn, be), jnp.float32) for _ in range(E // be))
   acc = jax.lax.fori_loop(0, V // bv, step, init)
@@ -272,11 +285,14 @@ def _dw(plan: Plan, x_BTE, w_VE, targets_BT, lse_BT, g_BT):
   block = pl.BlockSpec((bv, E), lambda j: (j, 0))
   args = (x_BTE.reshape(N, E), w_VE, targets_BT.reshape(N), lse_BT.reshape(N), g_BT.reshape(N))
   return pl.pallas_call(
-      functools.partial(_dw_kernel, bn, be),
-      grid=(V // bv,), in_specs=[_whole(args[0]), block] + [_whole(a) for a in args[2:]],
-      out_specs=block, out_shape=jax.ShapeDtypeStruct((V, E), jnp.float32),
-      compiler_params=_params(plan, True), interpret=plan.interpret,
-      name="linear_cross_entropy_dw",
+    functools.partial(_dw_kernel, bn, be),
+    grid=(V // bv,),
+    in_specs=[_whole(args[0]), block] + [_whole(a) for a in args[2:]],
+    out_specs=block,
+    out_shape=jax.ShapeDtypeStruct((V, E), jnp.float32),
+    compiler_params=_params(plan, True),
+    interpret=plan.interpret,
+    name="linear_cross_entropy_dw",
   )(*args)
 
 
@@ -294,8 +310,9 @@ def _dw_kernel(bn, be, x_ref, w_ref, t_ref, lse_ref, g_ref, dw_ref):
     hit = (cls == t_ref[rows][None, :]).astype(jnp.float32)
     d_t = (jnp.exp(z_t - lse_ref[rows][None, :]) - hit) * g_ref[rows][None, :]
     d_t = d_t.astype(x_ref.dtype)
-    return tuple(a + dot_nn(d_t, x_ref[rows, pl.ds(k * be, be)], precision)
-                 for k, a in enumerate(acc))
+    return tuple(
+      a + dot_nn(d_t, x_ref[rows, pl.ds(k * be, be)], precision) for k, a in enumerate(acc)
+    )
 
   init = tuple(jnp.zeros((bv, be), jnp.float32) for _ in range(E // be))
   acc = jax.lax.fori_loop(0, N // bn, step, init)

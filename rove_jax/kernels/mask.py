@@ -36,6 +36,7 @@ class Mask:
     ordered: the promise of the module docstring (lets flash kernels mask by index).
     window: a sliding window: key j visible only if q_pos[i] - kv_pos[j] < window; None: none.
   """
+
   causal: bool = dataclasses.field(default=True, metadata=dict(static=True))
   segment_ids: Optional[jax.Array] = None
   kv_segment_ids: Optional[jax.Array] = None
@@ -63,19 +64,25 @@ class Mask:
   def check(self, B: int, T: int, S: int) -> None:
     """ValueError when the arrays do not fit queries [B, T] and keys [B, S]."""
     if self.kv_segment_ids is not None and self.segment_ids is None:
-      raise ValueError("kv_segment_ids without segment_ids: pass both (or segment_ids alone "
-                       "for self-attention)")
+      raise ValueError(
+        "kv_segment_ids without segment_ids: pass both (or segment_ids alone for self-attention)"
+      )
     q_seg, kv_seg = self.segments()
     if q_seg is not None and (q_seg.shape != (B, T) or kv_seg.shape != (B, S)):
-      raise ValueError(f"segment_ids must be [B, T] = {(B, T)} (self-attention) or, with "
-                       f"kv_segment_ids, ([B, T], [B, S]) = ({(B, T)}, {(B, S)}); got "
-                       f"{q_seg.shape}, {kv_seg.shape}")
+      raise ValueError(
+        f"segment_ids must be [B, T] = {(B, T)} (self-attention) or, with "
+        f"kv_segment_ids, ([B, T], [B, S]) = ({(B, T)}, {(B, S)}); got "
+        f"{q_seg.shape}, {kv_seg.shape}"
+      )
     if self.kv_valid is not None and jnp.shape(self.kv_valid) != (B, S):
-      raise ValueError(f"kv_valid (the kv mask) must be [B, S] = {(B, S)}, got "
-                       f"{jnp.shape(self.kv_valid)}")
+      raise ValueError(
+        f"kv_valid (the kv mask) must be [B, S] = {(B, S)}, got {jnp.shape(self.kv_valid)}"
+      )
     if self.ordered and T != S:
-      raise ValueError(f"Mask(ordered=True) promises self-attention over positions that grow "
-                       f"with the index (T == S); got T={T}, S={S}. Leave it False here.")
+      raise ValueError(
+        f"Mask(ordered=True) promises self-attention over positions that grow "
+        f"with the index (T == S); got T={T}, S={S}. Leave it False here."
+      )
 
   def dense(self, q_pos_BT, kv_pos_BS) -> jax.Array:
     """The bool mask [B, T, S] for 1-D positions: True where query i may read key j."""
@@ -83,8 +90,9 @@ class Mask:
     return visible(q_pos_BT, kv_pos_BS, q_seg, kv_seg, self.kv_valid, self.causal, self.window)
 
 
-def visible(q_pos_BT, kv_pos_BS, q_seg_BT, kv_seg_BS, kv_valid_BS, causal: bool,
-            window: Optional[int]) -> jax.Array:
+def visible(
+  q_pos_BT, kv_pos_BS, q_seg_BT, kv_seg_BS, kv_valid_BS, causal: bool, window: Optional[int]
+) -> jax.Array:
   """bool [B, T, S] from the mask's parts (any of the arrays None); the chunked kernel calls it
   on blocks of queries and keys."""
   B, T = q_pos_BT.shape[:2]

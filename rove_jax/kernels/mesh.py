@@ -16,6 +16,7 @@ HEAD_AXIS = "tensor"  # the mesh axis the heads are split over
 
 class Shards(NamedTuple):
   """The free mesh axes and the per-device specs of a kernel call's operands."""
+
   free: tuple  # the mesh axes not already manual (the shard_map's axis_names)
   batch: Optional[tuple]  # the axes the batch dim is split over (None: not split)
   q: P  # [B, T, H, D]
@@ -46,5 +47,6 @@ def shards(B: int, H: int, K: int) -> Optional[Shards]:
 
 def run_sharded(run, args, specs, out_spec, free):
   """run(*args) per device shard (`specs` for args, `out_spec` for the result)."""
-  return jax.shard_map(run, in_specs=specs, out_specs=out_spec, axis_names=frozenset(free),
-                       check_vma=False)(*args)
+  return jax.shard_map(
+    run, in_specs=specs, out_specs=out_spec, axis_names=frozenset(free), check_vma=False
+  )(*args)

@@ -23,9 +23,7 @@ def attend(call: KernelCall) -> jax.Array:
   bias_BHTS = None
   if call.bias_fn is not None:
     bias_BHTS = call.bias_fn(call.q_pos_BT, call.kv_pos_BS).astype(jnp.float32)
-  return softmax_attention(call.q_BTHD, call.k_BSKD, call.v_BSKD, mask_BTS, call.scale,
-                           bias_BHTS)
-
+  return softmax_attention(call.q_BTHD, call.k_BSKD, call.v_BSKD, mask_BTS, call.scale, bias_BHTS)
 
 
 def softmax_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, bias_BHTS=None) -> jax.Array:

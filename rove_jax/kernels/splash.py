@@ -55,8 +55,9 @@ def unsupported_reason(T: int, S: int, H: int, K: int, D: int, *, causal: bool) 
   if H % K:
     return f"query heads H={H} are not a multiple of kv heads K={K}"
   if causal and T != S:
-    return (f"causal splash attention is index-causal and needs T == S (self-attention), got "
-            f"T={T}, S={S}")
+    return (
+      f"causal splash attention is index-causal and needs T == S (self-attention), got T={T}, S={S}"
+    )
   for name, n in (("query length T", T), ("kv length S", S)):
     if n % LANES:
       return f"{name}={n} is not a multiple of {LANES} (splash's smallest block); pad it"
@@ -67,8 +68,10 @@ def problem(q_shape, k_shape, mask, bias: bool) -> str | None:
   """None when splash can run a call (q [B, T, H, D], k [B, S, K, D], a kernels.Mask, with or
   without a logit bias); otherwise the reason, for an error message or a fallback."""
   if not mask.ordered:
-    return ("splash masks by index: it needs a Mask with ordered=True (positions that grow "
-            "with the index, T == S)")
+    return (
+      "splash masks by index: it needs a Mask with ordered=True (positions that grow "
+      "with the index, T == S)"
+    )
   if mask.kv_valid is not None or mask.window is not None or bias:
     return "splash takes no kv_valid, window or bias"
   (_, T, H, D), (_, S, K, _) = q_shape, k_shape
@@ -85,31 +88,40 @@ def kernel(block_size: int = DEFAULT_BLOCK, interpret: Optional[bool] = None) ->
     interpret: Pallas interpret mode; None: on unless compiling for TPU (the mesh's platform
       under jax.set_mesh, else JAX's default backend; see platform.target_platform).
   """
-  if isinstance(block_size, bool) or not isinstance(block_size, int) or (
-      block_size < LANES or block_size % LANES):
+  if (
+    isinstance(block_size, bool)
+    or not isinstance(block_size, int)
+    or (block_size < LANES or block_size % LANES)
+  ):
     raise ValueError(f"block_size must be a positive multiple of {LANES}, got {block_size!r}")
 
   def attend(call: KernelCall) -> jax.Array:
     mask, scale, bias_fn = call.mask, call.scale, call.bias_fn
     q_BTHD, k_BSKD, v_BSKD = (jnp.asarray(x) for x in (call.q_BTHD, call.k_BSKD, call.v_BSKD))
     if q_BTHD.ndim != 4 or k_BSKD.ndim != 4 or k_BSKD.shape != v_BSKD.shape:
-      raise ValueError(f"splash attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
-                       f"shape; got {q_BTHD.shape}, {k_BSKD.shape}, {v_BSKD.shape}")
+      raise ValueError(
+        f"splash attention needs q [B, T, H, D] and k, v [B, S, K, D] of one "
+        f"shape; got {q_BTHD.shape}, {k_BSKD.shape}, {v_BSKD.shape}"
+      )
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     if k_BSKD.shape[0] != B or k_BSKD.shape[3] != D:
-      raise ValueError(f"k {k_BSKD.shape} must share batch B={B} and head dim D={D} with q "
-                       f"{q_BTHD.shape}")
+      raise ValueError(
+        f"k {k_BSKD.shape} must share batch B={B} and head dim D={D} with q {q_BTHD.shape}"
+      )
     reason = problem(q_BTHD.shape, k_BSKD.shape, mask, bias_fn is not None)
     if reason is not None:
-      raise ValueError(f"splash attention cannot run q {q_BTHD.shape}, k {k_BSKD.shape}: "
-                       f"{reason} (or use another kernel, e.g. 'xla')")
+      raise ValueError(
+        f"splash attention cannot run q {q_BTHD.shape}, k {k_BSKD.shape}: "
+        f"{reason} (or use another kernel, e.g. 'xla')"
+      )
     run_interpreted = platform.target_platform() != "tpu" if interpret is None else interpret
     q_seg, kv_seg, zero_empty = _segments(mask, B, T, S)
     # Splash has no logit scale: scale q in float32, then back to q.dtype.
     q_BTHD = (q_BTHD.astype(jnp.float32) * scale).astype(q_BTHD.dtype)
-    plan = _Plan(mask.causal, _block(T, block_size), _block(S, block_size),
-                 bool(run_interpreted), zero_empty)
+    plan = _Plan(
+      mask.causal, _block(T, block_size), _block(S, block_size), bool(run_interpreted), zero_empty
+    )
     run = functools.partial(_local_attention, plan)
     args = (q_BTHD, k_BSKD, v_BSKD) + (() if q_seg is None else (q_seg, kv_seg))
 
@@ -131,6 +143,7 @@ attend = kernel().attend
 
 class _Plan(NamedTuple):
   """What the per-device kernel needs besides the arrays."""
+
   causal: bool
   bq: int  # query block
   bkv: int  # key/value block
@@ -155,8 +168,10 @@ def _segments(mask, B, T, S):
   same = mask.self_segments
   kv_seg = q_seg if same else jnp.asarray(mask.kv_segment_ids).astype(jnp.int32)
   if q_seg.shape != (B, T) or kv_seg.shape != (B, S):
-    raise ValueError(f"segment ids must be [B, T] = {(B, T)} and [B, S] = {(B, S)}, got "
-                     f"{q_seg.shape} and {kv_seg.shape} (segment_ids alone needs T == S)")
+    raise ValueError(
+      f"segment ids must be [B, T] = {(B, T)} and [B, S] = {(B, S)}, got "
+      f"{q_seg.shape} and {kv_seg.shape} (segment_ids alone needs T == S)"
+    )
   return q_seg, kv_seg, not same
 
 
@@ -166,11 +181,19 @@ def _kernel(H: int, T: int, S: int, plan: _Plan):
   values of that trace (splash caches the host-side mask processing itself)."""
   one = sm.CausalMask((T, S)) if plan.causal else sm.FullMask((T, S))
   bq, bkv = plan.bq, plan.bkv
-  sizes = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
-                        block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
-                        block_q_dq=bq, block_kv_dq=bkv)
-  return sk.make_splash_mha_single_device(sm.MultiHeadMask((one,) * H), block_sizes=sizes,
-                                          interpret=plan.interpret)
+  sizes = sk.BlockSizes(
+    block_q=bq,
+    block_kv=bkv,
+    block_kv_compute=bkv,
+    block_q_dkv=bq,
+    block_kv_dkv=bkv,
+    block_kv_dkv_compute=bkv,
+    block_q_dq=bq,
+    block_kv_dq=bkv,
+  )
+  return sk.make_splash_mha_single_device(
+    sm.MultiHeadMask((one,) * H), block_sizes=sizes, interpret=plan.interpret
+  )
 
 
 def _local_attention(plan: _Plan, q_BTHD, k_BSKD, v_BSKD, q_seg_BT=None, kv_seg_BS=None):

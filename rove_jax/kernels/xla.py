@@ -43,10 +43,19 @@ def kernel(implementation: str) -> Kernel:
 
   def attend(call: KernelCall) -> jax.Array:
     q_BTHD, k_BSKD, v_BSKD, mask, q_pos_BT, kv_pos_BS, scale, bias_fn = call[:8]
-    packed = (implementation == "cudnn" and mask.segment_ids is not None and mask.self_segments
-              and bias_fn is None and cudnn_packs())
-    by_index = (mask.ordered and mask.kv_valid is None and mask.window is None
-                and (mask.segment_ids is None or packed))
+    packed = (
+      implementation == "cudnn"
+      and mask.segment_ids is not None
+      and mask.self_segments
+      and bias_fn is None
+      and cudnn_packs()
+    )
+    by_index = (
+      mask.ordered
+      and mask.kv_valid is None
+      and mask.window is None
+      and (mask.segment_ids is None or packed)
+    )
     mask_BTS = None if by_index else mask.dense(q_pos_BT, kv_pos_BS)
     bias_BHTS = None
     if bias_fn is not None:
@@ -56,17 +65,37 @@ def kernel(implementation: str) -> Kernel:
       offsets, lengths, count = segment_runs(seg_BT, cudnn_max_segments(seg_BT.shape[1]))
       mask_type = cudnn_fa.MaskType.PADDING_CAUSAL if mask.causal else cudnn_fa.MaskType.PADDING
       out = cudnn_fa.dot_product_attention(
-          q_BTHD, k_BSKD, v_BSKD, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
-          kv_offsets=offsets, scale=scale, mask_type=mask_type)
+        q_BTHD,
+        k_BSKD,
+        v_BSKD,
+        q_seqlen=lengths,
+        kv_seqlen=lengths,
+        q_offsets=offsets,
+        kv_offsets=offsets,
+        scale=scale,
+        mask_type=mask_type,
+      )
       fits_B = count <= offsets.shape[1] - 1
       return jnp.where(fits_B[:, None, None, None], out, jnp.full((), jnp.nan, out.dtype))
     if by_index:  # every row sees at least itself, so none is empty
-      return jax.nn.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, bias=bias_BHTS, scale=scale,
-                                          is_causal=bool(mask.causal),
-                                          implementation=implementation)
-    out = jax.nn.dot_product_attention(q_BTHD, k_BSKD, v_BSKD, bias=bias_BHTS,
-                                       mask=mask_BTS[:, None], scale=scale,
-                                       implementation=implementation)
+      return jax.nn.dot_product_attention(
+        q_BTHD,
+        k_BSKD,
+        v_BSKD,
+        bias=bias_BHTS,
+        scale=scale,
+        is_causal=bool(mask.causal),
+        implementation=implementation,
+      )
+    out = jax.nn.dot_product_attention(
+      q_BTHD,
+      k_BSKD,
+      v_BSKD,
+      bias=bias_BHTS,
+      mask=mask_BTS[:, None],
+      scale=scale,
+      implementation=implementation,
+    )
     return zero_empty_rows(out, mask_BTS)
 
   return Kernel(implementation, attend)
@@ -108,7 +137,8 @@ def segment_runs(seg_BT, max_segments: int):
   is_start = jnp.concatenate([jnp.ones((B, 1), bool), seg_BT[:, 1:] != seg_BT[:, :-1]], axis=1)
   count = jnp.sum(is_start, axis=1, dtype=jnp.int32)
   starts = jax.vmap(lambda row: jnp.nonzero(row, size=max_segments + 1, fill_value=T)[0])(
-      is_start).astype(jnp.int32)  # [B, M + 1]: the run starts, then T
+    is_start
+  ).astype(jnp.int32)  # [B, M + 1]: the run starts, then T
   slot = jnp.arange(max_segments + 1, dtype=jnp.int32)[None]
   # Starts only, at most M: a cut-off row must not hand the next rows' segments an extra start.
   offsets = jnp.where(slot < jnp.minimum(count, max_segments)[:, None], starts, -1)

@@ -3,4 +3,4 @@ files (transformers GPT-2 checkpoints, exports for inference)."""
 
 from rove_jax import extras
 
-extras.require('nn', 'rove_jax.nn')
+extras.require("nn", "rove_jax.nn")

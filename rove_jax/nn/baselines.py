@@ -55,14 +55,16 @@ def t5_buckets(distance, num_buckets: int, max_distance: int) -> jax.Array:
   """
   n = jnp.maximum(distance, 0)
   exact = num_buckets // 2
-  log_ratio = (jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact)
-               / math.log(max_distance / exact))
+  log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / exact) / math.log(
+    max_distance / exact
+  )
   large = exact + (log_ratio * (num_buckets - exact)).astype(jnp.int32)
   return jnp.where(n < exact, n, jnp.minimum(large, num_buckets - 1))
 
 
-def t5_bias(table_UH, q_positions_BT, kv_positions_BS, *, num_buckets: int,
-            max_distance: int) -> jax.Array:
+def t5_bias(
+  table_UH, q_positions_BT, kv_positions_BS, *, num_buckets: int, max_distance: int
+) -> jax.Array:
   """The T5 logit bias of every (query, key) pair: table[bucket(q_pos - kv_pos)].
 
   Args:
@@ -83,11 +85,14 @@ def check_learned_positions(max_len: int, length: int, positions_BT=None) -> Non
   """Raises ValueError when a learned table of `max_len` rows cannot embed the input: a
   sequence longer than the table, or (when known before tracing) a position past it."""
   if length > max_len:
-    raise ValueError(f"learned position embeddings cover {max_len} positions; got a sequence "
-                     f"of {length} tokens. Use a rotary, sinusoidal, t5_bias or nope model for "
-                     f"longer inputs.")
+    raise ValueError(
+      f"learned position embeddings cover {max_len} positions; got a sequence "
+      f"of {length} tokens. Use a rotary, sinusoidal, t5_bias or nope model for "
+      f"longer inputs."
+    )
   if positions_BT is not None and not isinstance(positions_BT, jax.core.Tracer):
     top = int(np.max(np.asarray(positions_BT)))
     if top >= max_len:
-      raise ValueError(f"learned position embeddings cover positions 0..{max_len - 1}; got "
-                       f"position {top}")
+      raise ValueError(
+        f"learned position embeddings cover positions 0..{max_len - 1}; got position {top}"
+      )

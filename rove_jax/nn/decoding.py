@@ -17,8 +17,9 @@ from flax import nnx
 from rove_jax import scaling
 
 
-def sample_logits(logits_BV, key, *, temperature: float, top_k: Optional[int],
-                  valid_vocab: Optional[int] = None):
+def sample_logits(
+  logits_BV, key, *, temperature: float, top_k: Optional[int], valid_vocab: Optional[int] = None
+):
   """Greedy when temperature == 0, else softmax(logits / temperature) restricted to top_k.
   Ids >= valid_vocab (padding of the embedding table) are never chosen."""
   if valid_vocab is not None and valid_vocab < logits_BV.shape[-1]:
@@ -42,8 +43,9 @@ def _generate_fn(graphdef, max_new_tokens, temperature, top_k, valid_vocab, rope
     model = nnx.merge(graphdef, state)
     logits, cache = model(prompt_BT, cache=cache, rope_scaling=rope_scaling)
     keys = jax.random.split(rng, max_new_tokens)
-    sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k,
-                               valid_vocab=valid_vocab)
+    sample = functools.partial(
+      sample_logits, temperature=temperature, top_k=top_k, valid_vocab=valid_vocab
+    )
     first = sample(logits[:, -1], keys[0])
 
     def step(carry, key):
@@ -61,8 +63,9 @@ def _generate_fn(graphdef, max_new_tokens, temperature, top_k, valid_vocab, rope
 _WARNED_PAST: set = set()  # training lengths already warned about in this process
 
 
-def warn_past_training_length(cfg, prompt_len: int, max_new_tokens: int,
-                              rope_scaling: Optional[scaling.RopeScaling]) -> bool:
+def warn_past_training_length(
+  cfg, prompt_len: int, max_new_tokens: int, rope_scaling: Optional[scaling.RopeScaling]
+) -> bool:
   """Warns once per training length (a UserWarning) when prompt and new tokens reach past
   cfg.max_len under no context extension (rope_scaling None or "default", the call's or else
   the config's): the model never saw those positions. Returns whether it warned."""
@@ -73,19 +76,34 @@ def warn_past_training_length(cfg, prompt_len: int, max_new_tokens: int,
   if cfg.max_len in _WARNED_PAST:
     return False
   _WARNED_PAST.add(cfg.max_len)
-  hint = (f"; YaRN may help: rope_scaling=RopeScaling(rope_type='yarn', "
-          f"factor={-(-end // cfg.max_len)}.0, original_max_position_embeddings={cfg.max_len})"
-          if cfg.pos_encoding in ("rove", "rope") else "")
-  warnings.warn(f"generate: a prompt of {prompt_len} tokens and max_new_tokens={max_new_tokens} "
-                f"reach position {end}, past the training length max_len={cfg.max_len}; the "
-                f"model never saw those positions and its text there is usually worse{hint} "
-                f"(said once)", UserWarning, stacklevel=3)
+  hint = (
+    f"; YaRN may help: rope_scaling=RopeScaling(rope_type='yarn', "
+    f"factor={-(-end // cfg.max_len)}.0, original_max_position_embeddings={cfg.max_len})"
+    if cfg.pos_encoding in ("rove", "rope")
+    else ""
+  )
+  warnings.warn(
+    f"generate: a prompt of {prompt_len} tokens and max_new_tokens={max_new_tokens} "
+    f"reach position {end}, past the training length max_len={cfg.max_len}; the "
+    f"model never saw those positions and its text there is usually worse{hint} "
+    f"(said once)",
+    UserWarning,
+    stacklevel=3,
+  )
   return True
 
 
-def generate(model, prompt, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: Optional[int] = None, rng=None, valid_vocab: Optional[int] = None,
-             rope_scaling: Optional[scaling.RopeScaling] = None):
+def generate(
+  model,
+  prompt,
+  max_new_tokens: int,
+  *,
+  temperature: float = 1.0,
+  top_k: Optional[int] = None,
+  rng=None,
+  valid_vocab: Optional[int] = None,
+  rope_scaling: Optional[scaling.RopeScaling] = None,
+):
   """Prompt [B, T] -> [B, T + max_new_tokens]: a jitted prefill, then a lax.scan of one-token
   decoding steps against the KV cache.
 
@@ -109,7 +127,6 @@ def generate(model, prompt, max_new_tokens: int, *, temperature: float = 1.0,
   warn_past_training_length(model.config, T, max_new_tokens, rope_scaling)
   cache = model.init_cache(B, T + max_new_tokens)
   graphdef, state = nnx.split(model)
-  fn = _generate_fn(graphdef, max_new_tokens, float(temperature), top_k, valid_vocab,
-                    rope_scaling)
+  fn = _generate_fn(graphdef, max_new_tokens, float(temperature), top_k, valid_vocab, rope_scaling)
   rng = jax.random.key(0) if rng is None else rng
   return jnp.concatenate([prompt, fn(state, prompt, cache, rng)], axis=1)

@@ -62,15 +62,43 @@ MODEL_TYPE = "gpt2"
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 PREFIX = "transformer."
 # GPT2Config's defaults, for keys a config.json leaves out (transformers fills them the same).
-DEFAULTS = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
-                n_inner=None, activation_function="gelu_new", layer_norm_epsilon=1e-5,
-                scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
-                add_cross_attention=False, tie_word_embeddings=True, initializer_range=0.02)
-ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
-           "n_head": "num_attention_heads", "n_positions": "max_position_embeddings"}
+DEFAULTS = dict(
+  vocab_size=50257,
+  n_positions=1024,
+  n_embd=768,
+  n_layer=12,
+  n_head=12,
+  n_inner=None,
+  activation_function="gelu_new",
+  layer_norm_epsilon=1e-5,
+  scale_attn_weights=True,
+  scale_attn_by_inverse_layer_idx=False,
+  add_cross_attention=False,
+  tie_word_embeddings=True,
+  initializer_range=0.02,
+)
+ALIASES = {
+  "n_embd": "hidden_size",
+  "n_layer": "num_hidden_layers",
+  "n_head": "num_attention_heads",
+  "n_positions": "max_position_embeddings",
+}
 # The GPTConfig fields a GPT-2 config.json determines.
-ARCHITECTURE = ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_len",
-                "pos_encoding", "norm", "mlp", "use_bias", "tie_embeddings", "norm_eps")
+ARCHITECTURE = (
+  "vocab_size",
+  "n_layer",
+  "n_head",
+  "n_kv_head",
+  "d_model",
+  "d_ff",
+  "max_len",
+  "pos_encoding",
+  "norm",
+  "mlp",
+  "use_bias",
+  "tie_embeddings",
+  "norm_eps",
+)
 _MASK_BUFFER = re.compile(r"h\.\d+\.attn\.(masked_)?bias")
 
 
@@ -82,8 +110,9 @@ def _get(hf: Mapping, key: str):
   return DEFAULTS[key]
 
 
-def config_from_gpt2(hf: Mapping, *, param_dtype: str = "float32",
-                     where: str = "config.json") -> GPTConfig:
+def config_from_gpt2(
+  hf: Mapping, *, param_dtype: str = "float32", where: str = "config.json"
+) -> GPTConfig:
   """The GPTConfig of a transformers GPT-2 config (the parsed config.json).
 
   A "rove_jax" section (written by `save_gpt2`) is returned as the config after checking
@@ -93,14 +122,17 @@ def config_from_gpt2(hf: Mapping, *, param_dtype: str = "float32",
     ValueError: not a GPT-2 config, or a setting the GPT cannot compute (named).
   """
   if hf.get("model_type") != MODEL_TYPE:
-    raise ValueError(f"{where} has model_type {hf.get('model_type')!r}; load_gpt2 reads GPT-2 "
-                     f"checkpoints (model_type 'gpt2'); rove_jax.nn.pretrained.load reads "
-                     f"rove-jax exports")
+    raise ValueError(
+      f"{where} has model_type {hf.get('model_type')!r}; load_gpt2 reads GPT-2 "
+      f"checkpoints (model_type 'gpt2'); rove_jax.nn.pretrained.load reads "
+      f"rove-jax exports"
+    )
   problems = []
   act = _get(hf, "activation_function")
   if act not in TANH_GELUS:
-    problems.append(f"activation_function={act!r} (the GPT's MLP computes the tanh GELU, "
-                    f"one of {TANH_GELUS})")
+    problems.append(
+      f"activation_function={act!r} (the GPT's MLP computes the tanh GELU, one of {TANH_GELUS})"
+    )
   if not _get(hf, "scale_attn_weights"):
     problems.append("scale_attn_weights=false (the GPT scales logits by 1/sqrt(head_dim))")
   if _get(hf, "scale_attn_by_inverse_layer_idx"):
@@ -110,13 +142,22 @@ def config_from_gpt2(hf: Mapping, *, param_dtype: str = "float32",
   if problems:
     raise ValueError(f"{where}: GPT-2 settings the GPT cannot compute: {'; '.join(problems)}")
   d_model, n_inner = _get(hf, "n_embd"), _get(hf, "n_inner")
-  fields = dict(vocab_size=_get(hf, "vocab_size"), n_layer=_get(hf, "n_layer"),
-                n_head=_get(hf, "n_head"), d_model=d_model,
-                d_ff=4 * d_model if n_inner is None else n_inner,
-                max_len=_get(hf, "n_positions"), pos_encoding="learned", norm="layernorm",
-                mlp="gelu", use_bias=True, tie_embeddings=bool(_get(hf, "tie_word_embeddings")),
-                norm_eps=float(_get(hf, "layer_norm_epsilon")),
-                init_std=float(_get(hf, "initializer_range")), param_dtype=param_dtype)
+  fields = dict(
+    vocab_size=_get(hf, "vocab_size"),
+    n_layer=_get(hf, "n_layer"),
+    n_head=_get(hf, "n_head"),
+    d_model=d_model,
+    d_ff=4 * d_model if n_inner is None else n_inner,
+    max_len=_get(hf, "n_positions"),
+    pos_encoding="learned",
+    norm="layernorm",
+    mlp="gelu",
+    use_bias=True,
+    tie_embeddings=bool(_get(hf, "tie_word_embeddings")),
+    norm_eps=float(_get(hf, "layer_norm_epsilon")),
+    init_std=float(_get(hf, "initializer_range")),
+    param_dtype=param_dtype,
+  )
   return param_files.model_config(hf, fields, ARCHITECTURE, where=where, keys="GPT-2")
 
 
@@ -147,18 +188,35 @@ def gpt2_config(config: GPTConfig) -> dict:
   """
   bad = gpt2_incompatibilities(config)
   if bad:
-    raise ValueError(f"GPT-2's format cannot hold this model: {'; '.join(bad)}. Export it in "
-                     f"rove-jax's format instead (rove_jax.nn.pretrained.save, format='rove_jax')")
-  return {"architectures": ["GPT2LMHeadModel"], "model_type": MODEL_TYPE,
-          "vocab_size": config.vocab_size, "n_positions": config.max_len,
-          "n_embd": config.d_model, "n_layer": config.n_layer, "n_head": config.n_head,
-          "n_inner": config.d_ff, "activation_function": "gelu_new",
-          "layer_norm_epsilon": config.norm_eps, "scale_attn_weights": True,
-          "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-          "add_cross_attention": False, "tie_word_embeddings": config.tie_embeddings,
-          "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-          "initializer_range": config.init_std, "bos_token_id": None, "eos_token_id": None,
-          "dtype": config.param_dtype, "rove_jax": config.to_dict()}
+    raise ValueError(
+      f"GPT-2's format cannot hold this model: {'; '.join(bad)}. Export it in "
+      f"rove-jax's format instead (rove_jax.nn.pretrained.save, format='rove_jax')"
+    )
+  return {
+    "architectures": ["GPT2LMHeadModel"],
+    "model_type": MODEL_TYPE,
+    "vocab_size": config.vocab_size,
+    "n_positions": config.max_len,
+    "n_embd": config.d_model,
+    "n_layer": config.n_layer,
+    "n_head": config.n_head,
+    "n_inner": config.d_ff,
+    "activation_function": "gelu_new",
+    "layer_norm_epsilon": config.norm_eps,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+    "add_cross_attention": False,
+    "tie_word_embeddings": config.tie_embeddings,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+    "initializer_range": config.init_std,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "dtype": config.param_dtype,
+    "rove_jax": config.to_dict(),
+  }
 
 
 def _table(config: GPTConfig):
@@ -166,23 +224,28 @@ def _table(config: GPTConfig):
   one entry whose layouts differ by a transpose rather than a reshape."""
   V, E, F, P = config.vocab_size, config.d_model, config.d_ff, config.max_len
   H, D = config.n_head, config.head_dim
-  rows = [("wte.weight", (V, E), "embed", (V, E)),
-          ("wpe.weight", (P, E), "pos_embed", (P, E))]
+  rows = [("wte.weight", (V, E), "embed", (V, E)), ("wpe.weight", (P, E), "pos_embed", (P, E))]
   for i in range(config.n_layer):
     h, b = f"h.{i}.", f"blocks.{i}."
     for ln, norm in (("ln_1", "norm1"), ("ln_2", "norm2")):
-      rows += [(h + ln + ".weight", (E,), b + norm + ".scale", (E,)),
-               (h + ln + ".bias", (E,), b + norm + ".bias", (E,))]
-    rows += [(h + "attn.c_attn.weight", (E, 3 * E), b + "attn.wqkv", (E, 3, H, D)),
-             (h + "attn.c_attn.bias", (3 * E,), b + "attn.bqkv", (3, H, D)),
-             (h + "attn.c_proj.weight", (E, E), b + "attn.wo", (H, D, E)),
-             (h + "attn.c_proj.bias", (E,), b + "attn.bo", (E,)),
-             (h + "mlp.c_fc.weight", (E, F), b + "mlp.w_in", (E, F)),
-             (h + "mlp.c_fc.bias", (F,), b + "mlp.b_in", (F,)),
-             (h + "mlp.c_proj.weight", (F, E), b + "mlp.w_out", (F, E)),
-             (h + "mlp.c_proj.bias", (E,), b + "mlp.b_out", (E,))]
-  rows += [("ln_f.weight", (E,), "final_norm.scale", (E,)),
-           ("ln_f.bias", (E,), "final_norm.bias", (E,))]
+      rows += [
+        (h + ln + ".weight", (E,), b + norm + ".scale", (E,)),
+        (h + ln + ".bias", (E,), b + norm + ".bias", (E,)),
+      ]
+    rows += [
+      (h + "attn.c_attn.weight", (E, 3 * E), b + "attn.wqkv", (E, 3, H, D)),
+      (h + "attn.c_attn.bias", (3 * E,), b + "attn.bqkv", (3, H, D)),
+      (h + "attn.c_proj.weight", (E, E), b + "attn.wo", (H, D, E)),
+      (h + "attn.c_proj.bias", (E,), b + "attn.bo", (E,)),
+      (h + "mlp.c_fc.weight", (E, F), b + "mlp.w_in", (E, F)),
+      (h + "mlp.c_fc.bias", (F,), b + "mlp.b_in", (F,)),
+      (h + "mlp.c_proj.weight", (F, E), b + "mlp.w_out", (F, E)),
+      (h + "mlp.c_proj.bias", (E,), b + "mlp.b_out", (E,)),
+    ]
+  rows += [
+    ("ln_f.weight", (E,), "final_norm.scale", (E,)),
+    ("ln_f.bias", (E,), "final_norm.bias", (E,)),
+  ]
   if not config.tie_embeddings:
     rows.append(("lm_head.weight", (V, E), "lm_head", (E, V)))
   return rows
@@ -193,15 +256,16 @@ def header_shapes(shapes: Mapping[str, tuple], config: GPTConfig) -> tuple[dict,
   headers, `shapes`: {name: shape}) before reading it: found without transformers' prefix, the
   attention-mask buffers and a tied checkpoint's lm_head.weight (loading compares its values
   with wte's), wanted the {name: shape} `config` needs."""
-  found = {(n[len(PREFIX):] if n.startswith(PREFIX) else n): tuple(s) for n, s in shapes.items()}
+  found = {(n[len(PREFIX) :] if n.startswith(PREFIX) else n): tuple(s) for n, s in shapes.items()}
   found = {n: s for n, s in found.items() if not _MASK_BUFFER.fullmatch(n)}
   if config.tie_embeddings:
     found.pop("lm_head.weight", None)
   return found, {r[0]: r[1] for r in _table(config)}
 
 
-def params_from_gpt2(tensors: Mapping[str, np.ndarray], config: GPTConfig, *,
-                     where: str = "the checkpoint"):
+def params_from_gpt2(
+  tensors: Mapping[str, np.ndarray], config: GPTConfig, *, where: str = "the checkpoint"
+):
   """The GPT's parameters (nnx.State) from GPT-2 tensors {transformers name: array}, cast to
   config.param_dtype.
 
@@ -211,7 +275,7 @@ def params_from_gpt2(tensors: Mapping[str, np.ndarray], config: GPTConfig, *,
   """
   by_name = {}
   for name, array in tensors.items():
-    short = name[len(PREFIX):] if name.startswith(PREFIX) else name
+    short = name[len(PREFIX) :] if name.startswith(PREFIX) else name
     if short in by_name:
       raise ValueError(f"{where} holds {short} twice (with and without {PREFIX!r})")
     by_name[short] = array
@@ -219,24 +283,29 @@ def params_from_gpt2(tensors: Mapping[str, np.ndarray], config: GPTConfig, *,
   if config.tie_embeddings and "lm_head.weight" in by_name:
     lm_head, wte = by_name.pop("lm_head.weight"), by_name.get("wte.weight")
     if wte is None or lm_head.shape != wte.shape or not np.array_equal(lm_head, wte):
-      raise ValueError(f"{where}: config.json ties lm_head to wte (tie_word_embeddings), but "
-                       f"the file's lm_head.weight differs from wte.weight; set "
-                       f"tie_word_embeddings to false in config.json to load it untied")
+      raise ValueError(
+        f"{where}: config.json ties lm_head to wte (tie_word_embeddings), but "
+        f"the file's lm_head.weight differs from wte.weight; set "
+        f"tie_word_embeddings to false in config.json to load it untied"
+      )
   table = _table(config)
   missing = sorted({r[0] for r in table} - set(by_name))
   unknown = sorted(set(by_name) - {r[0] for r in table})
   if missing or unknown:
-    raise ValueError(f"{where} does not hold the tensors of its config.json's GPT-2 "
-                     f"(n_layer={config.n_layer}, tie_word_embeddings={config.tie_embeddings}): "
-                     f"missing {missing[:6]}{' ...' if len(missing) > 6 else ''}, unexpected "
-                     f"{unknown[:6]}{' ...' if len(unknown) > 6 else ''}")
+    raise ValueError(
+      f"{where} does not hold the tensors of its config.json's GPT-2 "
+      f"(n_layer={config.n_layer}, tie_word_embeddings={config.tie_embeddings}): "
+      f"missing {missing[:6]}{' ...' if len(missing) > 6 else ''}, unexpected "
+      f"{unknown[:6]}{' ...' if len(unknown) > 6 else ''}"
+    )
   dtype = DTYPES[config.param_dtype]
   native = {}
   for hf_name, hf_shape, name, shape in table:
     array = by_name[hf_name]
     if tuple(array.shape) != hf_shape:
-      raise ValueError(f"{where}: {hf_name} has shape {tuple(array.shape)}; its config.json "
-                       f"says {hf_shape}")
+      raise ValueError(
+        f"{where}: {hf_name} has shape {tuple(array.shape)}; its config.json says {hf_shape}"
+      )
     array = array.T if name == "lm_head" else array.reshape(shape)
     native[name] = np.asarray(array).astype(dtype)
   return param_files.from_named(native, config, where=where)
@@ -255,7 +324,8 @@ def gpt2_tensors(params, config: GPTConfig, *, prefix: str = PREFIX) -> dict:
   for hf_name, hf_shape, name, _ in _table(config):
     array = named[name]
     out[("" if name == "lm_head" else prefix) + hf_name] = (
-        array.T if name == "lm_head" else array.reshape(hf_shape))
+      array.T if name == "lm_head" else array.reshape(hf_shape)
+    )
   return out
 
 
@@ -275,8 +345,11 @@ def load_gpt2(path, config: Union[str, Mapping, None] = None):
   """
   given = isinstance(config, Mapping)
   files, config_path = param_files.locate(path, None if given else config, need_config=not given)
-  hf, where = ((dict(config), "the config given") if given else
-               (param_files.read_config(config_path), config_path))
+  hf, where = (
+    (dict(config), "the config given")
+    if given
+    else (param_files.read_config(config_path), config_path)
+  )
   cfg = config_from_gpt2(hf, where=where)  # before the tensors are read
   tensors = param_files.read_tensors(files)
   if hf.get("rove_jax") is None:
@@ -287,8 +360,9 @@ def load_gpt2(path, config: Union[str, Mapping, None] = None):
   return cfg, params_from_gpt2(tensors, cfg, where=", ".join(files))
 
 
-def save_gpt2(out_dir: str, config: GPTConfig, params, *,
-              extra_config: Optional[Mapping] = None) -> dict:
+def save_gpt2(
+  out_dir: str, config: GPTConfig, params, *, extra_config: Optional[Mapping] = None
+) -> dict:
   """Writes a transformers GPT-2 checkpoint (config.json, model.safetensors) of the GPT to
   out_dir (local or gs://); returns {"config": path, "weights": path}. `extra_config`: more
   config.json keys
@@ -298,8 +372,9 @@ def save_gpt2(out_dir: str, config: GPTConfig, params, *,
     ValueError: GPT-2 cannot express the config (the reasons listed).
   """
   hf = {**gpt2_config(config), **(extra_config or {})}
-  return param_files.write_checkpoint(out_dir, gpt2_tensors(params, config), hf,
-                                      metadata={"format": "pt"})
+  return param_files.write_checkpoint(
+    out_dir, gpt2_tensors(params, config), hf, metadata={"format": "pt"}
+  )
 
 
 def is_gpt2_config(hf: Optional[Mapping]) -> bool:

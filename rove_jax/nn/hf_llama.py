@@ -58,16 +58,42 @@ from rove_jax.nn import param_files
 from rove_jax.nn.model_config import DTYPES, GPTConfig
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "mistral": "MistralForCausalLM"}
+ARCHITECTURES = {
+  "llama": "LlamaForCausalLM",
+  "qwen2": "Qwen2ForCausalLM",
+  "mistral": "MistralForCausalLM",
+}
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "max_position_embeddings")
+REQUIRED = (
+  "vocab_size",
+  "hidden_size",
+  "intermediate_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "max_position_embeddings",
+)
 # The GPTConfig fields a config.json determines (a "rove_jax" section must agree on them).
-ARCHITECTURE = ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_len",
-                "pos_encoding", "rope_base", "rotary_fraction", "rope_layout", "rope_scaling",
-                "norm", "mlp", "use_bias", "qkv_bias", "tie_embeddings", "norm_eps",
-                "sliding_window")
+ARCHITECTURE = (
+  "vocab_size",
+  "n_layer",
+  "n_head",
+  "n_kv_head",
+  "d_model",
+  "d_ff",
+  "max_len",
+  "pos_encoding",
+  "rope_base",
+  "rotary_fraction",
+  "rope_layout",
+  "rope_scaling",
+  "norm",
+  "mlp",
+  "use_bias",
+  "qkv_bias",
+  "tie_embeddings",
+  "norm_eps",
+  "sliding_window",
+)
 _INV_FREQ_BUFFER = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
 
@@ -87,14 +113,18 @@ def _window(hf: Mapping, model_type: str, problems: list) -> int:
   if kinds is None:  # Qwen2Config: windows from layer max_window_layers on, if switched on
     on = bool(hf.get("use_sliding_window", False)) and window is not None
     first = hf.get("max_window_layers", 28)
-    kinds = ["sliding_attention" if on and i >= first else "full_attention"
-             for i in range(hf["num_hidden_layers"])]
+    kinds = [
+      "sliding_attention" if on and i >= first else "full_attention"
+      for i in range(hf["num_hidden_layers"])
+    ]
   unknown = sorted(set(kinds) - {"full_attention", "sliding_attention"})
   if unknown:
     problems.append(f"layer_types {unknown} (known: full_attention, sliding_attention)")
   elif len(set(kinds)) > 1:
-    problems.append("layer_types mixing full and sliding attention (the GPT gives every layer "
-                    "one mask; sliding_window, use_sliding_window, max_window_layers)")
+    problems.append(
+      "layer_types mixing full and sliding attention (the GPT gives every layer "
+      "one mask; sliding_window, use_sliding_window, max_window_layers)"
+    )
   elif kinds and kinds[0] == "sliding_attention":
     if not window:
       problems.append("layer_types says sliding_attention but sliding_window is unset")
@@ -111,18 +141,19 @@ def _rope(hf: Mapping, problems: list):
     return None, None
   spec = rope.rope_scaling
   if spec.rope_type not in ROPE_TYPES:
-    problems.append(f"rope_type={spec.rope_type!r} (rove-jax loads {ROPE_TYPES} from these "
-                    f"models)")
+    problems.append(f"rope_type={spec.rope_type!r} (rove-jax loads {ROPE_TYPES} from these models)")
   if spec.partial_rotary_factor not in (None, 1.0) or rope.rot_dim != rope.head_dim:
-    problems.append(f"partial_rotary_factor={spec.partial_rotary_factor} (these models rotate "
-                    f"the whole head)")
+    problems.append(
+      f"partial_rotary_factor={spec.partial_rotary_factor} (these models rotate the whole head)"
+    )
   theta = spec.rope_theta
   rest = dataclasses.replace(spec, rope_theta=None, partial_rotary_factor=None)
   return theta, None if rest.to_dict() == {"rope_type": "default"} else rest
 
 
-def config_from_llama(hf: Mapping, *, param_dtype: str = "float32",
-                      where: str = "config.json") -> GPTConfig:
+def config_from_llama(
+  hf: Mapping, *, param_dtype: str = "float32", where: str = "config.json"
+) -> GPTConfig:
   """The GPTConfig of a transformers llama, qwen2 or mistral config (the parsed config.json).
 
   Raises:
@@ -140,8 +171,10 @@ def config_from_llama(hf: Mapping, *, param_dtype: str = "float32",
   if hf.get("hidden_act", "silu") != "silu":
     problems.append(f"hidden_act={hf['hidden_act']!r} (the GPT's SwiGLU uses silu)")
   if hf.get("head_dim") not in (None, E // H) or E % H:
-    problems.append(f"head_dim={hf.get('head_dim')} with hidden_size={E}, "
-                    f"num_attention_heads={H} (the GPT's head_dim is hidden_size / heads)")
+    problems.append(
+      f"head_dim={hf.get('head_dim')} with hidden_size={E}, "
+      f"num_attention_heads={H} (the GPT's head_dim is hidden_size / heads)"
+    )
   if hf.get("mlp_bias"):
     problems.append("mlp_bias=true (the GPT's SwiGLU has no biases)")
   for key in ("attn_logit_softcapping", "final_logit_softcapping", "use_qk_norm"):
@@ -150,19 +183,32 @@ def config_from_llama(hf: Mapping, *, param_dtype: str = "float32",
   window = _window(hf, model_type, problems)
   theta, rope_scaling = _rope(hf, problems)
   if problems:
-    raise ValueError(f"{where}: {model_type} settings the GPT cannot compute: "
-                     f"{'; '.join(problems)}")
+    raise ValueError(
+      f"{where}: {model_type} settings the GPT cannot compute: {'; '.join(problems)}"
+    )
   kv = hf.get("num_key_value_heads") or H
-  fields = dict(vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"], n_head=H,
-                n_kv_head=kv, d_model=E, d_ff=hf["intermediate_size"],
-                max_len=hf["max_position_embeddings"], pos_encoding="rope",
-                rope_base=float(theta), rope_layout="half", rope_scaling=rope_scaling,
-                norm="rmsnorm", mlp="swiglu",
-                use_bias=model_type == "llama" and bool(hf.get("attention_bias", False)),
-                qkv_bias=model_type == "qwen2",
-                tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                norm_eps=float(hf.get("rms_norm_eps", 1e-6)), sliding_window=window,
-                init_std=float(hf.get("initializer_range", 0.02)), param_dtype=param_dtype)
+  fields = dict(
+    vocab_size=hf["vocab_size"],
+    n_layer=hf["num_hidden_layers"],
+    n_head=H,
+    n_kv_head=kv,
+    d_model=E,
+    d_ff=hf["intermediate_size"],
+    max_len=hf["max_position_embeddings"],
+    pos_encoding="rope",
+    rope_base=float(theta),
+    rope_layout="half",
+    rope_scaling=rope_scaling,
+    norm="rmsnorm",
+    mlp="swiglu",
+    use_bias=model_type == "llama" and bool(hf.get("attention_bias", False)),
+    qkv_bias=model_type == "qwen2",
+    tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+    sliding_window=window,
+    init_std=float(hf.get("initializer_range", 0.02)),
+    param_dtype=param_dtype,
+  )
   return param_files.model_config(hf, fields, ARCHITECTURE, where=where, keys=model_type)
 
 
@@ -170,8 +216,10 @@ def llama_incompatibilities(config: GPTConfig, model_type: str) -> list:
   """Why a transformers model of `model_type` cannot hold a GPTConfig (empty: it can)."""
   out = []
   if config.pos_encoding != "rope":
-    out.append(f"pos_encoding={config.pos_encoding!r} ({model_type} uses RoPE; no transformers "
-               f"model rotates values as RoVE does)")
+    out.append(
+      f"pos_encoding={config.pos_encoding!r} ({model_type} uses RoPE; no transformers "
+      f"model rotates values as RoVE does)"
+    )
   if config.rope_layout != "half":
     out.append(f"rope_layout={config.rope_layout!r} ({model_type} pairs dims (m, m + P))")
   if config.rotary_fraction != 1.0:
@@ -209,22 +257,41 @@ def llama_config(config: GPTConfig, model_type: str) -> dict:
   bad = llama_incompatibilities(config, model_type)
   if bad:
     raise ValueError(f"{model_type}'s format cannot hold this model: {'; '.join(bad)}")
-  rope = {"rope_type": "default", **(config.rope_scaling.to_dict() if config.rope_scaling
-                                     else {}), "rope_theta": config.rope_base}
-  out = {"architectures": [ARCHITECTURES[model_type]], "model_type": model_type,
-         "vocab_size": config.vocab_size, "hidden_size": config.d_model,
-         "intermediate_size": config.d_ff, "num_hidden_layers": config.n_layer,
-         "num_attention_heads": config.n_head, "num_key_value_heads": config.n_kv_head,
-         "head_dim": config.head_dim, "hidden_act": "silu",
-         "max_position_embeddings": config.max_len, "rms_norm_eps": config.norm_eps,
-         "rope_parameters": rope, "tie_word_embeddings": config.tie_embeddings,
-         "attention_dropout": 0.0, "initializer_range": config.init_std,
-         "bos_token_id": None, "eos_token_id": None, "dtype": config.param_dtype}
+  rope = {
+    "rope_type": "default",
+    **(config.rope_scaling.to_dict() if config.rope_scaling else {}),
+    "rope_theta": config.rope_base,
+  }
+  out = {
+    "architectures": [ARCHITECTURES[model_type]],
+    "model_type": model_type,
+    "vocab_size": config.vocab_size,
+    "hidden_size": config.d_model,
+    "intermediate_size": config.d_ff,
+    "num_hidden_layers": config.n_layer,
+    "num_attention_heads": config.n_head,
+    "num_key_value_heads": config.n_kv_head,
+    "head_dim": config.head_dim,
+    "hidden_act": "silu",
+    "max_position_embeddings": config.max_len,
+    "rms_norm_eps": config.norm_eps,
+    "rope_parameters": rope,
+    "tie_word_embeddings": config.tie_embeddings,
+    "attention_dropout": 0.0,
+    "initializer_range": config.init_std,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "dtype": config.param_dtype,
+  }
   if model_type == "llama":
     out.update(attention_bias=config.use_bias, mlp_bias=False)
   elif model_type == "qwen2":
-    out.update(use_sliding_window=False, sliding_window=None,
-               max_window_layers=config.n_layer, layer_types=["full_attention"] * config.n_layer)
+    out.update(
+      use_sliding_window=False,
+      sliding_window=None,
+      max_window_layers=config.n_layer,
+      layer_types=["full_attention"] * config.n_layer,
+    )
   else:
     out.update(sliding_window=config.sliding_window or None)
   out["rove_jax"] = config.to_dict()
@@ -233,21 +300,35 @@ def llama_config(config: GPTConfig, model_type: str) -> dict:
 
 def _rows(config: GPTConfig):
   """[(transformers name, shape)] of every tensor a checkpoint of `config` holds."""
-  V, E, F, H, K, D = (config.vocab_size, config.d_model, config.d_ff, config.n_head,
-                      config.n_kv_head, config.head_dim)
+  V, E, F, H, K, D = (
+    config.vocab_size,
+    config.d_model,
+    config.d_ff,
+    config.n_head,
+    config.n_kv_head,
+    config.head_dim,
+  )
   qkv_bias = config.use_bias or config.qkv_bias
   rows = [("model.embed_tokens.weight", (V, E))]
   for i in range(config.n_layer):
     a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-    rows += [(f"model.layers.{i}.input_layernorm.weight", (E,)),
-             (f"model.layers.{i}.post_attention_layernorm.weight", (E,)),
-             (a + "q_proj.weight", (H * D, E)), (a + "k_proj.weight", (K * D, E)),
-             (a + "v_proj.weight", (K * D, E)), (a + "o_proj.weight", (E, H * D)),
-             (m + "gate_proj.weight", (F, E)), (m + "up_proj.weight", (F, E)),
-             (m + "down_proj.weight", (E, F))]
+    rows += [
+      (f"model.layers.{i}.input_layernorm.weight", (E,)),
+      (f"model.layers.{i}.post_attention_layernorm.weight", (E,)),
+      (a + "q_proj.weight", (H * D, E)),
+      (a + "k_proj.weight", (K * D, E)),
+      (a + "v_proj.weight", (K * D, E)),
+      (a + "o_proj.weight", (E, H * D)),
+      (m + "gate_proj.weight", (F, E)),
+      (m + "up_proj.weight", (F, E)),
+      (m + "down_proj.weight", (E, F)),
+    ]
     if qkv_bias:
-      rows += [(a + "q_proj.bias", (H * D,)), (a + "k_proj.bias", (K * D,)),
-               (a + "v_proj.bias", (K * D,))]
+      rows += [
+        (a + "q_proj.bias", (H * D,)),
+        (a + "k_proj.bias", (K * D,)),
+        (a + "v_proj.bias", (K * D,)),
+      ]
     if config.use_bias:
       rows.append((a + "o_proj.bias", (E,)))
   rows.append(("model.norm.weight", (E,)))
@@ -267,8 +348,9 @@ def header_shapes(shapes: Mapping[str, tuple], config: GPTConfig) -> tuple[dict,
   return found, dict(_rows(config))
 
 
-def params_from_llama(tensors: Mapping[str, np.ndarray], config: GPTConfig, *,
-                      where: str = "the checkpoint"):
+def params_from_llama(
+  tensors: Mapping[str, np.ndarray], config: GPTConfig, *, where: str = "the checkpoint"
+):
   """The GPT's parameters (nnx.State) from transformers tensors {name: array}, cast to
   config.param_dtype.
 
@@ -280,22 +362,27 @@ def params_from_llama(tensors: Mapping[str, np.ndarray], config: GPTConfig, *,
   if config.tie_embeddings and "lm_head.weight" in t:
     head, embed = t.pop("lm_head.weight"), t.get("model.embed_tokens.weight")
     if embed is None or head.shape != embed.shape or not np.array_equal(head, embed):
-      raise ValueError(f"{where}: config.json ties lm_head to the embeddings "
-                       f"(tie_word_embeddings), but lm_head.weight differs from "
-                       f"model.embed_tokens.weight; set tie_word_embeddings to false to load "
-                       f"it untied")
+      raise ValueError(
+        f"{where}: config.json ties lm_head to the embeddings "
+        f"(tie_word_embeddings), but lm_head.weight differs from "
+        f"model.embed_tokens.weight; set tie_word_embeddings to false to load "
+        f"it untied"
+      )
   rows = _rows(config)
   missing, unknown = sorted({n for n, _ in rows} - set(t)), sorted(set(t) - {n for n, _ in rows})
   if missing or unknown:
-    raise ValueError(f"{where} does not hold the tensors of its config.json "
-                     f"(n_layer={config.n_layer}, tied={config.tie_embeddings}, "
-                     f"q/k/v biases={config.use_bias or config.qkv_bias}, o bias="
-                     f"{config.use_bias}): missing {missing[:6]}{' ...' * (len(missing) > 6)}, "
-                     f"unexpected {unknown[:6]}{' ...' * (len(unknown) > 6)}")
+    raise ValueError(
+      f"{where} does not hold the tensors of its config.json "
+      f"(n_layer={config.n_layer}, tied={config.tie_embeddings}, "
+      f"q/k/v biases={config.use_bias or config.qkv_bias}, o bias="
+      f"{config.use_bias}): missing {missing[:6]}{' ...' * (len(missing) > 6)}, "
+      f"unexpected {unknown[:6]}{' ...' * (len(unknown) > 6)}"
+    )
   for name, shape in rows:
     if tuple(t[name].shape) != shape:
-      raise ValueError(f"{where}: {name} has shape {tuple(t[name].shape)}; its config.json "
-                       f"says {shape}")
+      raise ValueError(
+        f"{where}: {name} has shape {tuple(t[name].shape)}; its config.json says {shape}"
+      )
   H, K, D, E = config.n_head, config.n_kv_head, config.head_dim, config.d_model
   dtype = DTYPES[config.param_dtype]
   native = {"embed": t["model.embed_tokens.weight"], "final_norm.scale": t["model.norm.weight"]}
@@ -334,8 +421,10 @@ def llama_tensors(params, config: GPTConfig) -> dict:
   named = param_files.named(params)
   param_files.check_named(named, config, where="the parameters to export")
   H, K, D, E = config.n_head, config.n_kv_head, config.head_dim, config.d_model
-  out = {"model.embed_tokens.weight": named["embed"], "model.norm.weight":
-         named["final_norm.scale"]}
+  out = {
+    "model.embed_tokens.weight": named["embed"],
+    "model.norm.weight": named["final_norm.scale"],
+  }
   if not config.tie_embeddings:
     out["lm_head.weight"] = named["lm_head"].T
   for i in range(config.n_layer):
@@ -348,8 +437,11 @@ def llama_tensors(params, config: GPTConfig) -> dict:
       bias = None if bias is None else dict(zip("qkv", bias))
     else:
       w = dict(q=named[b + "attn.wq"], **dict(zip("kv", np.moveaxis(named[b + "attn.wkv"], 1, 0))))
-      bias = None if b + "attn.bq" not in named else dict(
-          q=named[b + "attn.bq"], **dict(zip("kv", named[b + "attn.bkv"])))
+      bias = (
+        None
+        if b + "attn.bq" not in named
+        else dict(q=named[b + "attn.bq"], **dict(zip("kv", named[b + "attn.bkv"])))
+      )
     for p in "qkv":
       out[a + p + "_proj.weight"] = w[p].reshape(E, -1).T
       if bias is not None:
@@ -379,8 +471,11 @@ def load_llama(path, config: Union[str, Mapping, None] = None):
   """
   given = isinstance(config, Mapping)
   files, config_path = param_files.locate(path, None if given else config, need_config=not given)
-  hf, where = ((dict(config), "the config given") if given else
-               (param_files.read_config(config_path), config_path))
+  hf, where = (
+    (dict(config), "the config given")
+    if given
+    else (param_files.read_config(config_path), config_path)
+  )
   cfg = config_from_llama(hf, where=where)  # before the tensors are read
   tensors = param_files.read_tensors(files)
   if hf.get("rove_jax") is None:  # keep the checkpoint's dtype where the GPT has it
@@ -391,8 +486,14 @@ def load_llama(path, config: Union[str, Mapping, None] = None):
   return cfg, params_from_llama(tensors, cfg, where=", ".join(files))
 
 
-def save_llama(out_dir: str, config: GPTConfig, params, *, model_type: Optional[str] = None,
-               extra_config: Optional[Mapping] = None) -> dict:
+def save_llama(
+  out_dir: str,
+  config: GPTConfig,
+  params,
+  *,
+  model_type: Optional[str] = None,
+  extra_config: Optional[Mapping] = None,
+) -> dict:
   """Writes a transformers checkpoint (config.json, model.safetensors) of the GPT to out_dir
   (local or gs://) as `model_type` (None: the first of MODEL_TYPES that fits); returns
   {"config": path, "weights": path, "model_type": the type written}.
@@ -403,12 +504,14 @@ def save_llama(out_dir: str, config: GPTConfig, params, *, model_type: Optional[
   if model_type is None:
     model_type = fitting_type(config)
     if model_type is None:
-      reasons = "; ".join(f"{t}: {', '.join(llama_incompatibilities(config, t))}"
-                          for t in MODEL_TYPES)
+      reasons = "; ".join(
+        f"{t}: {', '.join(llama_incompatibilities(config, t))}" for t in MODEL_TYPES
+      )
       raise ValueError(f"no Llama-family format holds this model ({reasons})")
   if model_type not in MODEL_TYPES:
     raise ValueError(f"unknown model_type {model_type!r}; expected one of {MODEL_TYPES}")
   hf = {**llama_config(config, model_type), **(extra_config or {})}
-  paths = param_files.write_checkpoint(out_dir, llama_tensors(params, config), hf,
-                                       metadata={"format": "pt"})
+  paths = param_files.write_checkpoint(
+    out_dir, llama_tensors(params, config), hf, metadata={"format": "pt"}
+  )
   return {**paths, "model_type": model_type}

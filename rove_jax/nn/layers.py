@@ -37,8 +37,9 @@ def _lead(v, ndim):
 def _heads_split() -> bool:
   """Whether the active mesh (jax.set_mesh) splits the heads: a tensor axis of size > 1."""
   mesh = jax.sharding.get_abstract_mesh()
-  return not mesh.empty and dict(zip(mesh.axis_names, mesh.axis_sizes)).get(
-      kernel_mesh.HEAD_AXIS, 1) > 1
+  return (
+    not mesh.empty and dict(zip(mesh.axis_names, mesh.axis_sizes)).get(kernel_mesh.HEAD_AXIS, 1) > 1
+  )
 
 
 def _dense(x_BTE, w, b):
@@ -77,8 +78,9 @@ class Norm(nnx.Module):
     pd = DTYPES[cfg.param_dtype]
     self.kind, self.eps = cfg.norm, cfg.norm_eps
     self.scale = _const((dim,), 1.0, ("embed",), pd)
-    self.bias = _const((dim,), 0.0, ("embed",), pd) if (
-        cfg.norm == "layernorm" and cfg.use_bias) else None
+    self.bias = (
+      _const((dim,), 0.0, ("embed",), pd) if (cfg.norm == "layernorm" and cfg.use_bias) else None
+    )
 
   def __call__(self, x):
     x32 = x.astype(jnp.float32)
@@ -138,7 +140,6 @@ bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
 
 
 class MLP(nnx.Module):
-
   def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
     E, F = cfg.d_model, cfg.d_ff
     pd = DTYPES[cfg.param_dtype]

@@ -35,6 +35,7 @@ class RotarySelfAttention(nn.Module):
     use_bias: biases on the projections.
     dtype: compute dtype; parameters stay in param_dtype.
   """
+
   num_heads: int
   num_kv_heads: Optional[int] = None
   head_dim: Optional[int] = None
@@ -55,34 +56,55 @@ class RotarySelfAttention(nn.Module):
     """x [B, T, E] -> [B, T, E]; positions [B, T] default to 0..T-1 (then the flash kernels
     mask by index; explicit positions are taken as general, see rove_jax.kernels.mask)."""
     if self.pos_encoding not in ("rove", "rope"):
-      raise ValueError(f"RotarySelfAttention: pos_encoding must be 'rove' or 'rope', got "
-                       f"{self.pos_encoding!r}")
+      raise ValueError(
+        f"RotarySelfAttention: pos_encoding must be 'rove' or 'rope', got {self.pos_encoding!r}"
+      )
     B, T, E = x_BTE.shape
     H = self.num_heads
     K = self.num_kv_heads or H
     D = self.head_dim or E // H
     if self.head_dim is None and E % H:
-      raise ValueError(f"RotarySelfAttention: features {E} not divisible by num_heads {H}; "
-                       f"set head_dim")
+      raise ValueError(
+        f"RotarySelfAttention: features {E} not divisible by num_heads {H}; set head_dim"
+      )
     rot_dim = int(round(D * self.rotary_fraction))
-    inv_freq, factor = scaling.from_config(self.rope_scaling, rot_dim, base=self.rope_base,
-                                           seq_len=T)
+    inv_freq, factor = scaling.from_config(
+      self.rope_scaling, rot_dim, base=self.rope_base, seq_len=T
+    )
     ordered = positions is None
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
 
     def dense(name, heads):
-      return nn.DenseGeneral((heads, D), use_bias=self.use_bias, dtype=self.dtype,
-                             param_dtype=self.param_dtype, kernel_init=self.kernel_init, name=name)
+      return nn.DenseGeneral(
+        (heads, D),
+        use_bias=self.use_bias,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        kernel_init=self.kernel_init,
+        name=name,
+      )
 
     q = dense("query", H)(x_BTE)
     k = dense("key", K)(x_BTE)
     v = dense("value", K)(x_BTE)
     fn = attention.rove_attention if self.pos_encoding == "rove" else attention.rope_attention
-    out_BTHD = fn(q, k, v, q_positions=positions, kv_positions=positions,
-                  rope=rotary.Rope(inv_freq, factor, self.layout),
-                  mask=Mask(causal=self.causal, segment_ids=segment_ids, ordered=ordered),
-                  kernel=self.implementation)
-    return nn.DenseGeneral(E, axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
-                           param_dtype=self.param_dtype, kernel_init=self.kernel_init,
-                           name="out")(out_BTHD)
+    out_BTHD = fn(
+      q,
+      k,
+      v,
+      q_positions=positions,
+      kv_positions=positions,
+      rope=rotary.Rope(inv_freq, factor, self.layout),
+      mask=Mask(causal=self.causal, segment_ids=segment_ids, ordered=ordered),
+      kernel=self.implementation,
+    )
+    return nn.DenseGeneral(
+      E,
+      axis=(-2, -1),
+      use_bias=self.use_bias,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=self.kernel_init,
+      name="out",
+    )(out_BTHD)

@@ -48,6 +48,7 @@ class KVCache:
   """Decoding state, passed in and returned. k, v: one [B, L, K, D] per layer (rotary encodings
   store R_p k and, for RoVE, R_p v); positions [B, L] the global position of each slot; length
   the number of filled slots (shared by the batch)."""
+
   k: tuple
   v: tuple
   positions: jax.Array
@@ -58,6 +59,7 @@ class KVCache:
 class Context:
   """What every layer's attention reads from one model call (built once, shared by layers).
   The rotary fields hold the frequencies after any rope_scaling (None, 1.0 if not rotary)."""
+
   positions: jax.Array  # [B, T] global positions of this call's tokens
   segment_ids: Optional[jax.Array] = None  # [B, T] documents of packed sequences
   inv_freq: Optional[jax.Array] = None  # [P] rotary frequencies
@@ -86,21 +88,28 @@ class Attention(nnx.Module):
     pd = DTYPES[cfg.param_dtype]
     std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layer)
     self.cfg = cfg
-    self.rotary = ("rove" if cfg.is_rove_layer(layer) else
-                   "rope" if cfg.pos_encoding in ROTARY_ENCODINGS else None)
+    self.rotary = (
+      "rove"
+      if cfg.is_rove_layer(layer)
+      else "rope"
+      if cfg.pos_encoding in ROTARY_ENCODINGS
+      else None
+    )
     has_qkv_bias = cfg.use_bias or cfg.qkv_bias
     bias = lambda shape, axes: _const(shape, 0.0, axes, pd) if has_qkv_bias else None
     q_EHD, k_EKD, v_EKD = (_normal(rngs, (E, n, D), std, pd) for n in (H, K, K))
     if K == H:
-      self.wqkv = nnx.Param(jnp.stack([q_EHD, k_EKD, v_EKD], axis=1),
-                            logical_axes=("embed", None, "heads", "head_dim"))
+      self.wqkv = nnx.Param(
+        jnp.stack([q_EHD, k_EKD, v_EKD], axis=1), logical_axes=("embed", None, "heads", "head_dim")
+      )
       self.bqkv = bias((3, H, D), (None, "heads", "head_dim"))
       self.wq = self.bq = self.wkv = self.bkv = None
     else:
       self.wqkv = self.bqkv = None
       self.wq = nnx.Param(q_EHD, logical_axes=("embed", "heads", "head_dim"))
-      self.wkv = nnx.Param(jnp.stack([k_EKD, v_EKD], axis=1),
-                           logical_axes=("embed", None, "kv_heads", "head_dim"))
+      self.wkv = nnx.Param(
+        jnp.stack([k_EKD, v_EKD], axis=1), logical_axes=("embed", None, "kv_heads", "head_dim")
+      )
       self.bq = bias((H, D), ("heads", "head_dim"))
       self.bkv = bias((2, K, D), (None, "kv_heads", "head_dim"))
     self.wo = _param(rngs, (H, D, E), out_std, ("heads", "head_dim", "embed"), pd)
@@ -112,8 +121,9 @@ class Attention(nnx.Module):
     if cache_kv is not None:
       return self.decode(q_BTHD, k_BTKD, v_BTKD, ctx, cache_kv)
     rope, bias_fn = self.rope(ctx), self.bias_fn(ctx)
-    mask = kernels.Mask(segment_ids=ctx.segment_ids, ordered=ctx.positions_ordered,
-                        window=self.window)
+    mask = kernels.Mask(
+      segment_ids=ctx.segment_ids, ordered=ctx.positions_ordered, window=self.window
+    )
     kernel = self.kernel(q_BTHD, k_BTKD, mask, rope, bias_fn is not None)
     kw = dict(q_positions=ctx.positions, kv_positions=ctx.positions, mask=mask, kernel=kernel)
     if rope is None:
@@ -123,8 +133,14 @@ class Attention(nnx.Module):
       # gradient (one [B, T, H, D] residual more than RoPE); recomputing it in the backward pass
       # under a checkpoint cost a second pass over o and a rerun of the projection.
       o_BTHD = attention.rove_attention_rotated(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
-      y = _rotated_out(o_BTHD, ctx.positions, ctx.inv_freq, self.wo[...],
-                       None if self.bo is None else self.bo[...], layout=self.cfg.rope_layout)
+      y = _rotated_out(
+        o_BTHD,
+        ctx.positions,
+        ctx.inv_freq,
+        self.wo[...],
+        None if self.bo is None else self.bo[...],
+        layout=self.cfg.rope_layout,
+      )
       return y, None
     else:  # RoPE, or RoVE on a kernel that applies every rotation inside
       attend = attention.rove_attention if self.rotary == "rove" else attention.rope_attention
@@ -138,18 +154,25 @@ class Attention(nnx.Module):
     if rope is not None:
       k_BTKD = rope.rotate(k_BTKD, ctx.positions)
       v_BTKD = rope.rotate(v_BTKD, ctx.positions) if self.rotary == "rove" else v_BTKD
-    cache_kv = tuple(jax.lax.dynamic_update_slice(c, new.astype(c.dtype),
-                                                  (0, ctx.cache_start, 0, 0))
-                     for c, new in zip(cache_kv, (k_BTKD, v_BTKD)))
+    cache_kv = tuple(
+      jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (0, ctx.cache_start, 0, 0))
+      for c, new in zip(cache_kv, (k_BTKD, v_BTKD))
+    )
     k_BLKD, v_BLKD = (c.astype(q_BTHD.dtype) for c in cache_kv)
     if rope is not None:
       q_BTHD, q_tables = attention.rotate_queries(q_BTHD, ctx.positions, rope)
     bias_fn = self.bias_fn(ctx)
     mask = kernels.Mask(kv_valid=ctx.kv_mask, window=self.window)
     out_BTHD = attention.masked_attention(
-        q_BTHD, k_BLKD, v_BLKD, q_positions=ctx.positions, kv_positions=ctx.kv_positions,
-        mask=mask, kernel=self.kernel(q_BTHD, k_BLKD, mask, None, bias_fn is not None),
-        bias_fn=bias_fn)
+      q_BTHD,
+      k_BLKD,
+      v_BLKD,
+      q_positions=ctx.positions,
+      kv_positions=ctx.kv_positions,
+      mask=mask,
+      kernel=self.kernel(q_BTHD, k_BLKD, mask, None, bias_fn is not None),
+      bias_fn=bias_fn,
+    )
     if self.rotary == "rove":
       out_BTHD = rope.apply(out_BTHD, q_tables, inverse=True)
     return _dense_out(out_BTHD, self.wo, self.bo), cache_kv
@@ -179,16 +202,27 @@ class Attention(nnx.Module):
     dispatch's fallback for calls a by-index kernel cannot take (rove_jax.kernels.dispatch).
     rope is the call's Rope, None where the call rotates nothing (decoding's masked_attention
     on rotated queries and cache)."""
-    return kernels.select(self.cfg.attention_impl, q=q_BTHD, k=k_BSKD, mask=mask,
-                          chunk_size=self.cfg.attention_chunk, bias=bias, rope=rope,
-                          fallback=True)
+    return kernels.select(
+      self.cfg.attention_impl,
+      q=q_BTHD,
+      k=k_BSKD,
+      mask=mask,
+      chunk_size=self.cfg.attention_chunk,
+      bias=bias,
+      rope=rope,
+      fallback=True,
+    )
 
   def bias_fn(self, ctx: Context):
     """The T5 logit bias f(q_pos, kv_pos) -> [B, H, t, s], or None without a T5 table."""
     if ctx.t5_table is None:
       return None
-    return functools.partial(baselines.t5_bias, ctx.t5_table, num_buckets=self.cfg.t5_num_buckets,
-                             max_distance=self.cfg.t5_max_distance)
+    return functools.partial(
+      baselines.t5_bias,
+      ctx.t5_table,
+      num_buckets=self.cfg.t5_num_buckets,
+      max_distance=self.cfg.t5_max_distance,
+    )
 
   # ----------------------------------------------------- for analysis (Figure 1), not training
   def weights(self, x_BTE, ctx: Context):
@@ -208,7 +242,8 @@ class Attention(nnx.Module):
     if bias_fn is not None:
       logits_BHTS = logits_BHTS + bias_fn(ctx.positions, ctx.positions).astype(jnp.float32)
     mask_BTS = kernels.Mask(segment_ids=ctx.segment_ids, window=self.window).dense(
-        ctx.positions, ctx.positions)
+      ctx.positions, ctx.positions
+    )
     return jax.nn.softmax(jnp.where(mask_BTS[:, None], logits_BHTS, -jnp.inf), axis=-1)
 
   def value_projection(self):
@@ -229,7 +264,6 @@ def _dense_out(x_BTHD, w_HDE, b_E):
 
 
 class Block(nnx.Module):
-
   def __init__(self, cfg: GPTConfig, layer: int, *, rngs: nnx.Rngs):
     self.norm1 = Norm(cfg.d_model, cfg)
     self.attn = Attention(cfg, layer, rngs=rngs)
@@ -253,14 +287,23 @@ class GPT(nnx.Module):
     cfg = self.config = config
     pd = DTYPES[cfg.param_dtype]
     self.embed = _param(rngs, (cfg.vocab_size, cfg.d_model), cfg.init_std, ("vocab", "embed"), pd)
-    self.pos_embed = _param(rngs, (cfg.max_len, cfg.d_model), cfg.init_std, (None, "embed"), pd) \
-        if cfg.pos_encoding == "learned" else None
-    self.t5_table = _param(rngs, (cfg.t5_num_buckets, cfg.n_head), cfg.init_std, (None, "heads"),
-                           pd) if cfg.pos_encoding == "t5_bias" else None
+    self.pos_embed = (
+      _param(rngs, (cfg.max_len, cfg.d_model), cfg.init_std, (None, "embed"), pd)
+      if cfg.pos_encoding == "learned"
+      else None
+    )
+    self.t5_table = (
+      _param(rngs, (cfg.t5_num_buckets, cfg.n_head), cfg.init_std, (None, "heads"), pd)
+      if cfg.pos_encoding == "t5_bias"
+      else None
+    )
     self.blocks = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.n_layer)])
     self.final_norm = Norm(cfg.d_model, cfg)
-    self.lm_head = None if cfg.tie_embeddings else _param(
-        rngs, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"), pd)
+    self.lm_head = (
+      None
+      if cfg.tie_embeddings
+      else _param(rngs, (cfg.d_model, cfg.vocab_size), cfg.init_std, ("embed", "vocab"), pd)
+    )
 
   # -------------------------------------------------------------------------- helpers
   def rotary_frequencies(self, seq_len: int, rope_scaling: Optional[scaling.RopeScaling] = None):
@@ -272,32 +315,52 @@ class GPT(nnx.Module):
         raise ValueError(f"rope_scaling applies to rotary encodings, not {cfg.pos_encoding!r}")
       return None, 1.0
     spec = scaling.RopeScaling.coerce(rope_scaling) or cfg.rope_scaling or scaling.RopeScaling()
-    return spec.frequencies(cfg.rot_dim, base=cfg.rope_base, max_len=cfg.max_len,
-                            seq_len=seq_len, head_dim=cfg.head_dim)
+    return spec.frequencies(
+      cfg.rot_dim, base=cfg.rope_base, max_len=cfg.max_len, seq_len=seq_len, head_dim=cfg.head_dim
+    )
 
-  def context(self, positions_BT, segment_ids=None, *, seq_len: Optional[int] = None,
-              rope_scaling: Optional[scaling.RopeScaling] = None,
-              positions_ordered: bool = False) -> Context:
+  def context(
+    self,
+    positions_BT,
+    segment_ids=None,
+    *,
+    seq_len: Optional[int] = None,
+    rope_scaling: Optional[scaling.RopeScaling] = None,
+    positions_ordered: bool = False,
+  ) -> Context:
     """The attention Context of a call (positions and segment ids [B, T]); rope scaling sees
     `seq_len` (default T; a cached call passes the cache length) and `rope_scaling` (as in
     `__call__`)."""
     seq_len = positions_BT.shape[1] if seq_len is None else seq_len
     inv_freq, factor = self.rotary_frequencies(seq_len, rope_scaling)
     t5_table = None if self.t5_table is None else self.t5_table[...].astype(jnp.float32)
-    return Context(positions=positions_BT, segment_ids=segment_ids, inv_freq=inv_freq,
-                   attention_factor=factor, t5_table=t5_table,
-                   positions_ordered=positions_ordered)
+    return Context(
+      positions=positions_BT,
+      segment_ids=segment_ids,
+      inv_freq=inv_freq,
+      attention_factor=factor,
+      t5_table=t5_table,
+      positions_ordered=positions_ordered,
+    )
 
   def init_cache(self, batch: int, max_len: int) -> KVCache:
     """An empty cache of `max_len` slots per sequence."""
     cfg = self.config
     if cfg.pos_encoding == "learned" and max_len > cfg.max_len:
-      raise ValueError(f"learned position embeddings cover {cfg.max_len} positions; a cache of "
-                       f"{max_len} would decode past them. Use at most {cfg.max_len}.")
-    zeros = lambda: tuple(jnp.zeros((batch, max_len, cfg.n_kv_head, cfg.head_dim),
-                                    DTYPES[cfg.dtype]) for _ in range(cfg.n_layer))
-    return KVCache(k=zeros(), v=zeros(), positions=jnp.zeros((batch, max_len), jnp.int32),
-                   length=jnp.zeros((), jnp.int32))
+      raise ValueError(
+        f"learned position embeddings cover {cfg.max_len} positions; a cache of "
+        f"{max_len} would decode past them. Use at most {cfg.max_len}."
+      )
+    zeros = lambda: tuple(
+      jnp.zeros((batch, max_len, cfg.n_kv_head, cfg.head_dim), DTYPES[cfg.dtype])
+      for _ in range(cfg.n_layer)
+    )
+    return KVCache(
+      k=zeros(),
+      v=zeros(),
+      positions=jnp.zeros((batch, max_len), jnp.int32),
+      length=jnp.zeros((), jnp.int32),
+    )
 
   def embed_tokens(self, tokens_BT, positions_BT):
     """Token embeddings plus, for absolute encodings, the position embeddings: [B, T, E]."""
@@ -317,10 +380,18 @@ class GPT(nnx.Module):
     return w.astype(dtype)
 
   # ---------------------------------------------------------------------------- call
-  def __call__(self, tokens_BT, positions=None, segment_ids=None, *, cache: KVCache | None = None,
-               rope_scaling: Optional[scaling.RopeScaling] = None,
-               positions_ordered: Optional[bool] = None, logits_dtype: Any = jnp.float32,
-               head: bool = True):
+  def __call__(
+    self,
+    tokens_BT,
+    positions=None,
+    segment_ids=None,
+    *,
+    cache: KVCache | None = None,
+    rope_scaling: Optional[scaling.RopeScaling] = None,
+    positions_ordered: Optional[bool] = None,
+    logits_dtype: Any = jnp.float32,
+    head: bool = True,
+  ):
     """Logits [B, T, V] in float32, or (logits, cache) when a cache is given.
 
     Args:
@@ -360,22 +431,38 @@ class GPT(nnx.Module):
     if positions.shape != (B, T):
       raise ValueError(f"positions must be [B, T] = {(B, T)}, got {positions.shape}")
     x = self.embed_tokens(tokens_BT, positions)
-    return self.forward_embeddings(x, positions, segment_ids, cache=cache,
-                                   rope_scaling=rope_scaling, positions_ordered=positions_ordered,
-                                   logits_dtype=logits_dtype, head=head)
+    return self.forward_embeddings(
+      x,
+      positions,
+      segment_ids,
+      cache=cache,
+      rope_scaling=rope_scaling,
+      positions_ordered=positions_ordered,
+      logits_dtype=logits_dtype,
+      head=head,
+    )
 
-  def forward_embeddings(self, x_BTE, positions_BT, segment_ids=None, *, cache=None,
-                         rope_scaling: Optional[scaling.RopeScaling] = None,
-                         positions_ordered: bool = False, logits_dtype: Any = jnp.float32,
-                         head: bool = True):
+  def forward_embeddings(
+    self,
+    x_BTE,
+    positions_BT,
+    segment_ids=None,
+    *,
+    cache=None,
+    rope_scaling: Optional[scaling.RopeScaling] = None,
+    positions_ordered: bool = False,
+    logits_dtype: Any = jnp.float32,
+    head: bool = True,
+  ):
     """The transformer from input embeddings (after `embed_tokens`) to logits; with head=False
     (no cache) to the final norm's output [B, T, E] instead, which the fused training loss
     (rove_jax.kernels.linear_ce) projects itself with `head_VE`."""
     cfg = self.config
     B, T, _ = x_BTE.shape
     if cache is None:
-      ctx = self.context(positions_BT, segment_ids, rope_scaling=rope_scaling,
-                         positions_ordered=positions_ordered)
+      ctx = self.context(
+        positions_BT, segment_ids, rope_scaling=rope_scaling, positions_ordered=positions_ordered
+      )
     else:
       if segment_ids is not None:
         raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
@@ -383,19 +470,23 @@ class GPT(nnx.Module):
       if T > L:
         raise ValueError(f"{T} new tokens do not fit a cache of {L} slots")
       if not isinstance(cache.length, jax.core.Tracer) and int(cache.length) + T > L:
-        raise ValueError(f"the cache holds {int(cache.length)} of {L} slots; {T} more do not "
-                         f"fit. Create it with init_cache(batch, max_len >= total length).")
+        raise ValueError(
+          f"the cache holds {int(cache.length)} of {L} slots; {T} more do not "
+          f"fit. Create it with init_cache(batch, max_len >= total length)."
+        )
       start = cache.length
       ctx = self.context(positions_BT, seq_len=L, rope_scaling=rope_scaling).replace(
-          cache_start=start,
-          kv_positions=jax.lax.dynamic_update_slice(cache.positions, positions_BT, (0, start)),
-          kv_mask=jnp.broadcast_to(jnp.arange(L)[None] < start + T, (B, L)))
+        cache_start=start,
+        kv_positions=jax.lax.dynamic_update_slice(cache.positions, positions_BT, (0, start)),
+        kv_mask=jnp.broadcast_to(jnp.arange(L)[None] < start + T, (B, L)),
+      )
 
     call = Block.__call__  # called with the block first: no wrapper frame between the layers
     if cfg.remat != "none" and cache is None:  # remat saves training memory; decoding has no
       # backward pass, and nnx.remat inside generate's lax.scan fails on the closed-over model
-      policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots"
-                else None)
+      policy = (
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots" else None
+      )
       call = nnx.remat(Block.__call__, policy=policy)
     x, new_kv = x_BTE, []
     for i, block in enumerate(self.blocks):
@@ -404,12 +495,20 @@ class GPT(nnx.Module):
     x = self.final_norm(x)
     if not head and cache is None:
       return x
-    logits = jnp.einsum("bte,ve->btv", x, self.head_VE(x.dtype),
-                        preferred_element_type=x.dtype if logits_dtype is None else logits_dtype)
+    logits = jnp.einsum(
+      "bte,ve->btv",
+      x,
+      self.head_VE(x.dtype),
+      preferred_element_type=x.dtype if logits_dtype is None else logits_dtype,
+    )
     if cache is None:
       return logits
-    return logits, KVCache(k=tuple(k for k, _ in new_kv), v=tuple(v for _, v in new_kv),
-                           positions=ctx.kv_positions, length=start + T)
+    return logits, KVCache(
+      k=tuple(k for k, _ in new_kv),
+      v=tuple(v for _, v in new_kv),
+      positions=ctx.kv_positions,
+      length=start + T,
+    )
 
 
 # ------------------------------------------------------------------ shapes, no arrays

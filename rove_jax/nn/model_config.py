@@ -50,25 +50,28 @@ class GPTConfig:
   output projection and the MLP then have none), as Qwen2 does; `sliding_window` w > 0 lets
   query i see key j only if pos_i - pos_j < w (Mistral's window), 0 is no window.
   """
-  vocab_size: int = _f(320, "embedding rows: at least the tokenizer's ids, a multiple of "
-                        f"{VOCAB_MULTIPLE}")
+
+  vocab_size: int = _f(
+    320, f"embedding rows: at least the tokenizer's ids, a multiple of {VOCAB_MULTIPLE}"
+  )
   n_layer: int = _f(6, "transformer blocks")
   n_head: int = _f(6, "query heads")
-  n_kv_head: Optional[int] = _f(None, "key/value heads; unset: n_head (multi-head), fewer for "
-                                "GQA, 1 for MQA")
+  n_kv_head: Optional[int] = _f(
+    None, "key/value heads; unset: n_head (multi-head), fewer for GQA, 1 for MQA"
+  )
   d_model: int = _f(384, "residual width (a multiple of n_head)")
   d_ff: Optional[int] = _f(None, "MLP hidden width; unset: 4 * d_model")
   max_len: int = _f(256, "the training context in tokens (data.seq_len's default)")
   pos_encoding: str = _f("rove", " | ".join(POS_ENCODINGS))
   rope_base: float = _f(10000.0, "RoPE base: theta_m = base^(-2m/rot_dim)")
   rotary_fraction: float = _f(1.0, "share of each head's dims that rotate (partial rotary)")
-  rope_layout: str = _f("interleaved", "rotary pairs: interleaved (x[2m], x[2m+1]) | half "
-                        "(x[m], x[m+P], Llama's)")
+  rope_layout: str = _f(
+    "interleaved", "rotary pairs: interleaved (x[2m], x[2m+1]) | half (x[m], x[m+P], Llama's)"
+  )
   rope_scaling: Optional[scaling.RopeScaling] = _f(
-      None, "transformers-style dict, e.g. {'rope_type': 'yarn', 'factor': 4.0}; unset: plain "
-      "RoPE")
-  rove_layers: Optional[tuple] = _f(None, "layer indices that use RoVE (the rest RoPE); unset: "
-                                    "all")
+    None, "transformers-style dict, e.g. {'rope_type': 'yarn', 'factor': 4.0}; unset: plain RoPE"
+  )
+  rove_layers: Optional[tuple] = _f(None, "layer indices that use RoVE (the rest RoPE); unset: all")
   norm: str = _f("layernorm", " | ".join(NORMS))
   mlp: str = _f("gelu", " | ".join(MLPS))
   use_bias: bool = _f(True, "biases on the projections and the MLP")
@@ -76,17 +79,21 @@ class GPTConfig:
   tie_embeddings: bool = _f(True, "the output projection is the embedding's transpose")
   dtype: str = _f("float32", "compute dtype: " + " | ".join(DTYPES))
   param_dtype: str = _f("float32", "parameter dtype: " + " | ".join(DTYPES))
-  attention_impl: str = _f("auto", "attention kernel; auto: splash (TPU), cudnn (GPU), "
-                           "xla/chunked (CPU), per call")
+  attention_impl: str = _f(
+    "auto", "attention kernel; auto: splash (TPU), cudnn (GPU), xla/chunked (CPU), per call"
+  )
   attention_chunk: int = _f(512, "block length of the chunked kernel")
-  remat: str = _f("none", "none | full (recompute each block in the backward pass) | dots "
-                  "(save matmul outputs only)")
+  remat: str = _f(
+    "none",
+    "none | full (recompute each block in the backward pass) | dots (save matmul outputs only)",
+  )
   t5_num_buckets: int = _f(32, "t5_bias: relative-position buckets")
   t5_max_distance: int = _f(128, "t5_bias: distance of the last bucket")
   init_std: float = _f(0.02, "standard deviation of the weights' normal init")
   norm_eps: float = _f(1e-5, "epsilon of the norms")
-  sliding_window: int = _f(0, "w > 0: each query sees the keys at most w - 1 positions back "
-                           "(Mistral); 0: no window")
+  sliding_window: int = _f(
+    0, "w > 0: each query sees the keys at most w - 1 positions back (Mistral); 0: no window"
+  )
 
   def __post_init__(self):
     set_ = functools.partial(object.__setattr__, self)
@@ -96,10 +103,12 @@ class GPTConfig:
       set_("d_ff", 4 * self.d_model)
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, scaling.RopeScaling):
       if not isinstance(self.rope_scaling, Mapping):
-        raise ValueError(f"GPTConfig: rope_scaling must be a scaling.RopeScaling, a "
-                         f"transformers-style dict (e.g. {{'rope_type': 'yarn', 'factor': 4.0}}) "
-                         f"or None, got {type(self.rope_scaling).__name__}: "
-                         f"{self.rope_scaling!r}")
+        raise ValueError(
+          f"GPTConfig: rope_scaling must be a scaling.RopeScaling, a "
+          f"transformers-style dict (e.g. {{'rope_type': 'yarn', 'factor': 4.0}}) "
+          f"or None, got {type(self.rope_scaling).__name__}: "
+          f"{self.rope_scaling!r}"
+        )
       try:
         set_("rope_scaling", scaling.RopeScaling.from_dict(self.rope_scaling))
       except ValueError as e:
@@ -113,20 +122,23 @@ class GPTConfig:
   def tiny(cls, **overrides) -> "GPTConfig":
     """6 layers, d_model 384, 6 heads, context 256, byte vocabulary (256 + EOT, padded to 320):
     10.7M parameters, trains on 2 CPU cores in minutes."""
-    return cls(**{**dict(vocab_size=320, n_layer=6, n_head=6, d_model=384,
-                         max_len=256), **overrides})
+    return cls(
+      **{**dict(vocab_size=320, n_layer=6, n_head=6, d_model=384, max_len=256), **overrides}
+    )
 
   @classmethod
   def gpt2_124m(cls, **overrides) -> "GPTConfig":
     """GPT-2 small: 12 layers, d_model 768, 12 heads, context 1024, vocab 50304, tied."""
-    return cls(**{**dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768,
-                         max_len=1024), **overrides})
+    return cls(
+      **{**dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, max_len=1024), **overrides}
+    )
 
   @classmethod
   def gpt2_354m(cls, **overrides) -> "GPTConfig":
     """GPT-2 medium: 24 layers, d_model 1024, 16 heads, context 1024, vocab 50304, tied."""
-    return cls(**{**dict(vocab_size=50304, n_layer=24, n_head=16, d_model=1024,
-                         max_len=1024), **overrides})
+    return cls(
+      **{**dict(vocab_size=50304, n_layer=24, n_head=16, d_model=1024, max_len=1024), **overrides}
+    )
 
   # ------------------------------------------------------------------------- derived
   @property
@@ -174,13 +186,18 @@ class GPTConfig:
       value = getattr(self, name)
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         fail(f"{name} must be a positive int, got {value!r}")
-    if not isinstance(self.sliding_window, (int, np.integer)) or isinstance(
-        self.sliding_window, bool) or self.sliding_window < 0:
+    if (
+      not isinstance(self.sliding_window, (int, np.integer))
+      or isinstance(self.sliding_window, bool)
+      or self.sliding_window < 0
+    ):
       fail(f"sliding_window must be an int >= 0 (0: no window), got {self.sliding_window!r}")
     if self.sliding_window and self.attention_impl in WINDOWLESS_KERNELS:
-      fail(f"attention_impl={self.attention_impl!r} masks no sliding window (sliding_window="
-           f"{self.sliding_window}); use one of "
-           f"{tuple(k for k in kernels.IMPLEMENTATIONS if k not in WINDOWLESS_KERNELS)}")
+      fail(
+        f"attention_impl={self.attention_impl!r} masks no sliding window (sliding_window="
+        f"{self.sliding_window}); use one of "
+        f"{tuple(k for k in kernels.IMPLEMENTATIONS if k not in WINDOWLESS_KERNELS)}"
+      )
     if not isinstance(self.qkv_bias, (bool, np.bool_)):
       fail(f"qkv_bias must be true or false, got {self.qkv_bias!r}")
     if self.pos_encoding not in POS_ENCODINGS:
@@ -199,11 +216,14 @@ class GPTConfig:
       if getattr(self, name) not in DTYPES:
         fail(f"unknown {name} {getattr(self, name)!r}; expected one of {tuple(DTYPES)}")
     if self.attention_impl not in kernels.IMPLEMENTATIONS:
-      fail(f"unknown attention_impl {self.attention_impl!r}; expected one of "
-           f"{kernels.IMPLEMENTATIONS}")
+      fail(
+        f"unknown attention_impl {self.attention_impl!r}; expected one of {kernels.IMPLEMENTATIONS}"
+      )
     if self.attention_impl in kernels.ROTARY and self.pos_encoding not in ROTARY_ENCODINGS:
-      fail(f"attention_impl={self.attention_impl!r} rotates inside the kernel and needs a rotary "
-           f"pos_encoding {ROTARY_ENCODINGS}, not {self.pos_encoding!r}")
+      fail(
+        f"attention_impl={self.attention_impl!r} rotates inside the kernel and needs a rotary "
+        f"pos_encoding {ROTARY_ENCODINGS}, not {self.pos_encoding!r}"
+      )
     if self.rope_layout not in rotary.LAYOUTS:
       fail(f"unknown rope_layout {self.rope_layout!r}; expected one of {rotary.LAYOUTS}")
     if self.pos_encoding in ROTARY_ENCODINGS:
@@ -211,19 +231,24 @@ class GPTConfig:
         fail(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
       exact = self.head_dim * self.rotary_fraction
       if abs(exact - round(exact)) > 1e-6 or round(exact) % 2 or round(exact) == 0:
-        fail(f"rotary_fraction={self.rotary_fraction} of head_dim={self.head_dim} gives "
-             f"{exact:g} rotary dims; it must be a positive even integer")
+        fail(
+          f"rotary_fraction={self.rotary_fraction} of head_dim={self.head_dim} gives "
+          f"{exact:g} rotary dims; it must be a positive even integer"
+        )
       if not self.rope_base > 1:
         fail(f"rope_base must be > 1, got {self.rope_base}")
       try:  # what needs the model's shape (rot_dim, lengths), in numpy: no JAX backend
         (self.rope_scaling or scaling.RopeScaling()).frequencies(
-            self.rot_dim, base=self.rope_base, max_len=self.max_len, seq_len=self.max_len,
-            head_dim=self.head_dim)
+          self.rot_dim,
+          base=self.rope_base,
+          max_len=self.max_len,
+          seq_len=self.max_len,
+          head_dim=self.head_dim,
+        )
       except ValueError as e:
         fail(f"rope_scaling: {e}")
     elif self.rope_scaling is not None:
-      fail(f"rope_scaling applies to rotary encodings only, not pos_encoding="
-           f"{self.pos_encoding!r}")
+      fail(f"rope_scaling applies to rotary encodings only, not pos_encoding={self.pos_encoding!r}")
     if self.rove_layers is not None:
       if self.pos_encoding != "rove":
         fail("rove_layers selects RoVE layers and needs pos_encoding='rove'")

@@ -47,8 +47,10 @@ def _safetensors_numpy():
     from safetensors import numpy as st_numpy
   except ModuleNotFoundError as e:
     raise ModuleNotFoundError(
-        "reading and writing safetensors files needs the safetensors package: "
-        "pip install 'rove_jax[interop]' (or pip install safetensors)", name="safetensors") from e
+      "reading and writing safetensors files needs the safetensors package: "
+      "pip install 'rove_jax[interop]' (or pip install safetensors)",
+      name="safetensors",
+    ) from e
   return st_numpy
 
 
@@ -63,7 +65,7 @@ def _key_name(key) -> str:
 
 
 def _path_name(path) -> str:
-  """"blocks.0.attn.wqkv" for the path of a Param's value (the trailing `.value` dropped)."""
+  """ "blocks.0.attn.wqkv" for the path of a Param's value (the trailing `.value` dropped)."""
   parts = [_key_name(k) for k in path]
   if parts and parts[-1] == "value":
     parts = parts[:-1]
@@ -102,17 +104,21 @@ def check_named(tensors: Mapping[str, Any], config, *, where: str = "the tensors
   missing, unknown = set(want) - set(tensors), set(tensors) - set(want)
   if missing or unknown:
     raise ValueError(
-        f"{where} do not match the model of this config: missing [{_show(missing)}], "
-        f"unexpected [{_show(unknown)}]. Was the file written for another config or by another "
-        f"version of rove-jax?")
+      f"{where} do not match the model of this config: missing [{_show(missing)}], "
+      f"unexpected [{_show(unknown)}]. Was the file written for another config or by another "
+      f"version of rove-jax?"
+    )
   for name, leaf in want.items():
     t = tensors[name]
     if tuple(t.shape) != tuple(leaf.shape):
-      raise ValueError(f"{where}: {name} has shape {tuple(t.shape)}, the model needs "
-                       f"{tuple(leaf.shape)}")
+      raise ValueError(
+        f"{where}: {name} has shape {tuple(t.shape)}, the model needs {tuple(leaf.shape)}"
+      )
     if np.dtype(t.dtype) != np.dtype(leaf.dtype):
-      raise ValueError(f"{where}: {name} is {np.dtype(t.dtype).name}, the config's param_dtype "
-                       f"is {np.dtype(leaf.dtype).name}")
+      raise ValueError(
+        f"{where}: {name} is {np.dtype(t.dtype).name}, the config's param_dtype "
+        f"is {np.dtype(leaf.dtype).name}"
+      )
   return abstract
 
 
@@ -125,7 +131,8 @@ def from_named(tensors: Mapping[str, Any], config, *, where: str = "the tensors"
   """
   abstract = check_named(tensors, config, where=where)
   return jax.tree_util.tree_map_with_path(
-      lambda p, leaf: jax.numpy.asarray(tensors[_path_name(p)]), abstract)
+    lambda p, leaf: jax.numpy.asarray(tensors[_path_name(p)]), abstract
+  )
 
 
 # ------------------------------------------------------------------------------ files
@@ -137,8 +144,9 @@ def read_config(path: str) -> dict:
   if paths.isdir(path):
     path = paths.join(path, CONFIG)
   if not paths.isfile(path):
-    raise FileNotFoundError(f"no {CONFIG} at {path}: a checkpoint directory holds {CONFIG} "
-                            f"beside {WEIGHTS}")
+    raise FileNotFoundError(
+      f"no {CONFIG} at {path}: a checkpoint directory holds {CONFIG} beside {WEIGHTS}"
+    )
   try:
     config = json.loads(paths.read_text(path))
   except json.JSONDecodeError as e:
@@ -148,8 +156,7 @@ def read_config(path: str) -> dict:
   return config
 
 
-def model_config(hf: Mapping, fields: dict, architecture, *, where: str,
-                 keys: str) -> GPTConfig:
+def model_config(hf: Mapping, fields: dict, architecture, *, where: str, keys: str) -> GPTConfig:
   """The GPTConfig of a transformers config.json whose keys translate to `fields`: built from
   them, or the full GPTConfig in its "rove_jax" section (what rove-jax's exports add), which
   must agree with them on the `architecture` fields.
@@ -165,17 +172,23 @@ def model_config(hf: Mapping, fields: dict, architecture, *, where: str,
     raise ValueError(f"{where}: {e}") from None
   if stored is None:
     return derived
-  differ = [f"{f} ({getattr(stored, f)!r} vs {getattr(derived, f)!r})" for f in architecture
-            if getattr(stored, f) != getattr(derived, f)]
+  differ = [
+    f"{f} ({getattr(stored, f)!r} vs {getattr(derived, f)!r})"
+    for f in architecture
+    if getattr(stored, f) != getattr(derived, f)
+  ]
   if differ:
-    raise ValueError(f"{where}: its rove_jax section and its {keys} keys describe different "
-                     f"models: {', '.join(differ)}. Was it edited by hand? Delete the rove_jax "
-                     f"section to load it as the {keys} keys say.")
+    raise ValueError(
+      f"{where}: its rove_jax section and its {keys} keys describe different "
+      f"models: {', '.join(differ)}. Was it edited by hand? Delete the rove_jax "
+      f"section to load it as the {keys} keys say."
+    )
   return stored
 
 
-def locate(path: str, config: Optional[str] = None, *,
-           need_config: bool = True) -> tuple[list, Optional[str]]:
+def locate(
+  path: str, config: Optional[str] = None, *, need_config: bool = True
+) -> tuple[list, Optional[str]]:
   """(safetensors files, config.json path) of a checkpoint: a directory (model.safetensors or
   a sharded index, config.json), or a .safetensors file whose config is `config` (default:
   the config.json beside it). need_config=False: a config the caller has (then None). Paths
@@ -198,25 +211,32 @@ def locate(path: str, config: Optional[str] = None, *,
     else:
       torch_only = paths.isfile(paths.join(path, "pytorch_model.bin"))
       raise FileNotFoundError(
-          f"{path} holds no {WEIGHTS} (nor {WEIGHTS_INDEX})" + (
-              "; its pytorch_model.bin is a torch pickle, which is not read here: convert it "
-              "with transformers (model.save_pretrained(dir, safe_serialization=True))"
-              if torch_only else ""))
+        f"{path} holds no {WEIGHTS} (nor {WEIGHTS_INDEX})"
+        + (
+          "; its pytorch_model.bin is a torch pickle, which is not read here: convert it "
+          "with transformers (model.save_pretrained(dir, safe_serialization=True))"
+          if torch_only
+          else ""
+        )
+      )
     config_path = config or paths.join(path, CONFIG)
   elif paths.isfile(path):
     files = [path]
     config_path = config or paths.join(paths.dirname(path), CONFIG)
   else:
-    raise FileNotFoundError(f"no checkpoint at {path}: give a directory holding {CONFIG} and "
-                            f"{WEIGHTS}, or a .safetensors file")
+    raise FileNotFoundError(
+      f"no checkpoint at {path}: give a directory holding {CONFIG} and "
+      f"{WEIGHTS}, or a .safetensors file"
+    )
   if not need_config:
     return files, None
   config_path = paths.resolve(config_path, what="config")
   if paths.isdir(config_path):
     config_path = paths.join(config_path, CONFIG)
   if not paths.isfile(config_path):
-    raise FileNotFoundError(f"no config for {path}: {config_path} does not exist (pass the "
-                            f"config.json path as config=)")
+    raise FileNotFoundError(
+      f"no config for {path}: {config_path} does not exist (pass the config.json path as config=)"
+    )
   return files, config_path
 
 
@@ -235,17 +255,36 @@ def read_index(index: str) -> dict:
     raise ValueError(f"{index} is not valid JSON: {e}") from None
   weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
   if not isinstance(weight_map, dict) or not all(isinstance(k, str) for k in weight_map):
-    raise ValueError(f"{index} must hold a JSON object whose \"weight_map\" maps each tensor "
-                     f"name to its shard file, got "
-                     f"{type(parsed if not isinstance(parsed, dict) else weight_map).__name__}")
+    raise ValueError(
+      f'{index} must hold a JSON object whose "weight_map" maps each tensor '
+      f"name to its shard file, got "
+      f"{type(parsed if not isinstance(parsed, dict) else weight_map).__name__}"
+    )
   directory = paths.dirname(index)
-  return {name: paths.inside(directory, shard, what=f"{index}: weight_map[{name!r}]")
-          for name, shard in weight_map.items()}
+  return {
+    name: paths.inside(directory, shard, what=f"{index}: weight_map[{name!r}]")
+    for name, shard in weight_map.items()
+  }
 
 
 # safetensors' element types, by the size of one element in bytes
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2,
-               "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
+DTYPE_BYTES = {
+  "BOOL": 1,
+  "U8": 1,
+  "I8": 1,
+  "F8_E4M3": 1,
+  "F8_E5M2": 1,
+  "U16": 2,
+  "I16": 2,
+  "F16": 2,
+  "BF16": 2,
+  "U32": 4,
+  "I32": 4,
+  "F32": 4,
+  "U64": 8,
+  "I64": 8,
+  "F64": 8,
+}
 NUMPY_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 
@@ -260,8 +299,10 @@ def read_header(path: str) -> dict:
   Raises:
     ValueError: one line naming the file and what is wrong.
   """
+
   def bad(why: str) -> ValueError:
     return ValueError(f"{path} is not a valid safetensors file: {why}")
+
   size = paths.size(path)
   with paths.open_read(path) as f:
     head = f.read(8)
@@ -288,21 +329,30 @@ def read_header(path: str) -> dict:
       raise bad(f"tensor {name!r} has dtype {dtype!r}, not one of {', '.join(DTYPE_BYTES)}")
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
       raise bad(f"tensor {name!r} has shape {shape!r}, not a list of sizes")
-    if not (isinstance(span, list) and len(span) == 2 and all(type(o) is int for o in span)
-            and 0 <= span[0] <= span[1]):
-      raise bad(f"tensor {name!r} has data_offsets {span!r}, not [begin, end] with "
-                f"0 <= begin <= end")
+    if not (
+      isinstance(span, list)
+      and len(span) == 2
+      and all(type(o) is int for o in span)
+      and 0 <= span[0] <= span[1]
+    ):
+      raise bad(
+        f"tensor {name!r} has data_offsets {span!r}, not [begin, end] with 0 <= begin <= end"
+      )
     need = math.prod(shape) * DTYPE_BYTES[dtype]
     if span[1] - span[0] != need:
-      raise bad(f"tensor {name!r} spans {span[1] - span[0]} bytes, but shape {tuple(shape)} of "
-                f"{dtype} needs {need}")
+      raise bad(
+        f"tensor {name!r} spans {span[1] - span[0]} bytes, but shape {tuple(shape)} of "
+        f"{dtype} needs {need}"
+      )
     spans.append((span[0], span[1], name))
     out[name] = (dtype, tuple(shape))
   end, after = 0, "the start of the data"
   for begin, stop, name in sorted(spans):
     if begin != end:
-      raise bad(f"tensor {name!r} begins at byte {begin} of the data, but {after} ends at {end} "
-                f"({'overlapping' if begin < end else 'a gap'})")
+      raise bad(
+        f"tensor {name!r} begins at byte {begin} of the data, but {after} ends at {end} "
+        f"({'overlapping' if begin < end else 'a gap'})"
+      )
     end, after = stop, f"tensor {name!r}"
   if end != size - 8 - n:
     raise bad(f"its tensors end at byte {end} of a data region of {size - 8 - n} bytes")
@@ -386,8 +436,9 @@ def _replace_atomically(path: str, write) -> None:
       os.remove(tmp)
 
 
-def write_checkpoint(out_dir: str, tensors: Mapping[str, np.ndarray], config: dict, *,
-                     metadata: Optional[dict] = None) -> dict:
+def write_checkpoint(
+  out_dir: str, tensors: Mapping[str, np.ndarray], config: dict, *, metadata: Optional[dict] = None
+) -> dict:
   """Writes out_dir/model.safetensors (the tensors, contiguous) and out_dir/config.json;
   returns {"config": path, "weights": path}. The weights are written first, so a directory
   whose config.json exists holds its complete weights.

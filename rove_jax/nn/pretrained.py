@@ -67,24 +67,37 @@ FORMATS = ("auto", "gpt2", *hf_llama.MODEL_TYPES, "rove_jax")
 
 def rove_jax_config(config: GPTConfig) -> dict:
   """The config.json of a rove-jax export of `config` (keys in the module docstring)."""
-  out = {"architectures": ["RoveJaxGPT"], "model_type": MODEL_TYPE,
-         "rove_jax_format": FORMAT_VERSION, "vocab_size": config.vocab_size,
-         "hidden_size": config.d_model, "num_hidden_layers": config.n_layer,
-         "num_attention_heads": config.n_head, "num_key_value_heads": config.n_kv_head,
-         "head_dim": config.head_dim, "intermediate_size": config.d_ff,
-         "max_position_embeddings": config.max_len,
-         "hidden_act": "silu" if config.mlp == "swiglu" else "gelu_pytorch_tanh",
-         "norm": config.norm,
-         ("rms_norm_eps" if config.norm == "rmsnorm" else "layer_norm_eps"): config.norm_eps,
-         "attention_bias": config.use_bias, "qkv_bias": config.qkv_bias,
-         "sliding_window": config.sliding_window or None,
-         "tie_word_embeddings": config.tie_embeddings,
-         "dtype": config.param_dtype, "position_embedding_type": config.pos_encoding}
+  out = {
+    "architectures": ["RoveJaxGPT"],
+    "model_type": MODEL_TYPE,
+    "rove_jax_format": FORMAT_VERSION,
+    "vocab_size": config.vocab_size,
+    "hidden_size": config.d_model,
+    "num_hidden_layers": config.n_layer,
+    "num_attention_heads": config.n_head,
+    "num_key_value_heads": config.n_kv_head,
+    "head_dim": config.head_dim,
+    "intermediate_size": config.d_ff,
+    "max_position_embeddings": config.max_len,
+    "hidden_act": "silu" if config.mlp == "swiglu" else "gelu_pytorch_tanh",
+    "norm": config.norm,
+    ("rms_norm_eps" if config.norm == "rmsnorm" else "layer_norm_eps"): config.norm_eps,
+    "attention_bias": config.use_bias,
+    "qkv_bias": config.qkv_bias,
+    "sliding_window": config.sliding_window or None,
+    "tie_word_embeddings": config.tie_embeddings,
+    "dtype": config.param_dtype,
+    "position_embedding_type": config.pos_encoding,
+  }
   if config.pos_encoding in ROTARY_ENCODINGS:
-    out.update(rope_theta=config.rope_base, partial_rotary_factor=config.rotary_fraction,
-               rope_scaling=None if config.rope_scaling is None else config.rope_scaling.to_dict(),
-               rope_layout=config.rope_layout, rove=config.pos_encoding == "rove",
-               rove_layers=None if config.rove_layers is None else list(config.rove_layers))
+    out.update(
+      rope_theta=config.rope_base,
+      partial_rotary_factor=config.rotary_fraction,
+      rope_scaling=None if config.rope_scaling is None else config.rope_scaling.to_dict(),
+      rope_layout=config.rope_layout,
+      rove=config.pos_encoding == "rove",
+      rove_layers=None if config.rove_layers is None else list(config.rove_layers),
+    )
   if config.pos_encoding == "t5_bias":
     out.update(t5_num_buckets=config.t5_num_buckets, t5_max_distance=config.t5_max_distance)
   out["rove_jax"] = config.to_dict()
@@ -94,11 +107,14 @@ def rove_jax_config(config: GPTConfig) -> dict:
 def _config_from_rove_jax(hf: Mapping, where: str) -> GPTConfig:
   version = hf.get("rove_jax_format")
   if version != FORMAT_VERSION:
-    raise ValueError(f"{where}: rove_jax_format {version!r} is not {FORMAT_VERSION}, the one "
-                     f"this version of rove-jax reads")
+    raise ValueError(
+      f"{where}: rove_jax_format {version!r} is not {FORMAT_VERSION}, the one "
+      f"this version of rove-jax reads"
+    )
   if not isinstance(hf.get("rove_jax"), Mapping):
-    raise ValueError(f"{where}: a rove-jax export keeps its GPTConfig under 'rove_jax'; it is "
-                     f"missing")
+    raise ValueError(
+      f"{where}: a rove-jax export keeps its GPTConfig under 'rove_jax'; it is missing"
+    )
   try:
     config = GPTConfig.from_dict(hf["rove_jax"])
   except (TypeError, ValueError) as e:
@@ -106,8 +122,10 @@ def _config_from_rove_jax(hf: Mapping, where: str) -> GPTConfig:
   described = rove_jax_config(config)
   differ = [k for k, v in hf.items() if k != "rove_jax" and k in described and described[k] != v]
   if differ:
-    raise ValueError(f"{where}: its keys {differ} disagree with its rove_jax section (edited by "
-                     f"hand?); the rove_jax section is what rove-jax builds: fix one of them")
+    raise ValueError(
+      f"{where}: its keys {differ} disagree with its rove_jax section (edited by "
+      f"hand?); the rove_jax section is what rove-jax builds: fix one of them"
+    )
   return config
 
 
@@ -124,18 +142,30 @@ def resolve_format(config: GPTConfig, format: str = "auto") -> str:
     if not hf_gpt2.gpt2_incompatibilities(config):
       return "gpt2"
     return hf_llama.fitting_type(config) or "rove_jax"
-  bad = (hf_gpt2.gpt2_incompatibilities(config) if format == "gpt2" else
-         hf_llama.llama_incompatibilities(config, format) if format in hf_llama.MODEL_TYPES
-         else [])
+  bad = (
+    hf_gpt2.gpt2_incompatibilities(config)
+    if format == "gpt2"
+    else hf_llama.llama_incompatibilities(config, format)
+    if format in hf_llama.MODEL_TYPES
+    else []
+  )
   if bad:
     name = "GPT-2" if format == "gpt2" else format
-    raise ValueError(f"{name}'s format cannot hold this model: {'; '.join(bad)}. Export it in "
-                     f"rove-jax's format (format='rove_jax' or 'auto')")
+    raise ValueError(
+      f"{name}'s format cannot hold this model: {'; '.join(bad)}. Export it in "
+      f"rove-jax's format (format='rove_jax' or 'auto')"
+    )
   return format
 
 
-def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
-         extra_config: Optional[Mapping] = None) -> dict:
+def save(
+  out_dir: str,
+  config: GPTConfig,
+  params,
+  *,
+  format: str = "auto",
+  extra_config: Optional[Mapping] = None,
+) -> dict:
   """Exports the GPT's parameters to out_dir (config.json, model.safetensors), a local
   directory or gs://bucket/path.
 
@@ -158,15 +188,19 @@ def save(out_dir: str, config: GPTConfig, params, *, format: str = "auto",
   if format == "gpt2":  # checks the parameters as below
     paths = hf_gpt2.save_gpt2(out_dir, config, params, extra_config=extra_config)
   elif format in hf_llama.MODEL_TYPES:
-    paths = hf_llama.save_llama(out_dir, config, params, model_type=format,
-                                extra_config=extra_config)
+    paths = hf_llama.save_llama(
+      out_dir, config, params, model_type=format, extra_config=extra_config
+    )
     paths.pop("model_type")
   else:
     tensors = param_files.named(params)
     param_files.check_named(tensors, config, where="the parameters to export")
-    paths = param_files.write_checkpoint(out_dir, tensors,
-                                         {**rove_jax_config(config), **(extra_config or {})},
-                                         metadata={"format": "rove_jax"})
+    paths = param_files.write_checkpoint(
+      out_dir,
+      tensors,
+      {**rove_jax_config(config), **(extra_config or {})},
+      metadata={"format": "rove_jax"},
+    )
   return {"format": format, **paths}
 
 
@@ -186,9 +220,11 @@ def read_config(path: str) -> tuple[GPTConfig, dict]:
   if hf_llama.is_llama_config(hf):
     return hf_llama.config_from_llama(hf, where=config_path), hf
   if hf.get("model_type") != MODEL_TYPE:
-    raise ValueError(f"{config_path} has model_type {hf.get('model_type')!r}; rove-jax loads "
-                     f"transformers' {(hf_gpt2.MODEL_TYPE, *hf_llama.MODEL_TYPES)} and "
-                     f"'{MODEL_TYPE}' (its own exports)")
+    raise ValueError(
+      f"{config_path} has model_type {hf.get('model_type')!r}; rove-jax loads "
+      f"transformers' {(hf_gpt2.MODEL_TYPE, *hf_llama.MODEL_TYPES)} and "
+      f"'{MODEL_TYPE}' (its own exports)"
+    )
   return _config_from_rove_jax(hf, config_path), hf
 
 
@@ -214,21 +250,27 @@ def check_files(path: str) -> tuple[GPTConfig, dict]:
     found, wanted = hf_llama.header_shapes(shapes, config)
   else:
     found = shapes
-    wanted = {name: tuple(leaf.shape) for name, leaf in
-              param_files.named_leaves(model_lib.abstract_params(config)).items()}
+    wanted = {
+      name: tuple(leaf.shape)
+      for name, leaf in param_files.named_leaves(model_lib.abstract_params(config)).items()
+    }
     for name, (dtype, _) in headers.items():
       if param_files.NUMPY_NAMES.get(dtype) != config.param_dtype:
-        raise ValueError(f"{where}: {name} is {dtype}, its config.json's param_dtype is "
-                         f"{config.param_dtype}")
+        raise ValueError(
+          f"{where}: {name} is {dtype}, its config.json's param_dtype is {config.param_dtype}"
+        )
   missing, unknown = sorted(set(wanted) - set(found)), sorted(set(found) - set(wanted))
   if missing or unknown:
-    raise ValueError(f"{where} does not hold the tensors of its config.json's model: missing "
-                     f"{missing[:6]}{' ...' * (len(missing) > 6)}, unexpected "
-                     f"{unknown[:6]}{' ...' * (len(unknown) > 6)}")
+    raise ValueError(
+      f"{where} does not hold the tensors of its config.json's model: missing "
+      f"{missing[:6]}{' ...' * (len(missing) > 6)}, unexpected "
+      f"{unknown[:6]}{' ...' * (len(unknown) > 6)}"
+    )
   for name, shape in wanted.items():
     if found[name] != tuple(shape):
-      raise ValueError(f"{where}: {name} has shape {found[name]}; its config.json says "
-                       f"{tuple(shape)}")
+      raise ValueError(
+        f"{where}: {name} has shape {found[name]}; its config.json says {tuple(shape)}"
+      )
   return config, hf
 
 
@@ -246,16 +288,21 @@ def load(path, config=None):
   """
   given = isinstance(config, Mapping)
   files, config_path = param_files.locate(path, None if given else config, need_config=not given)
-  hf, where = ((dict(config), "the config given") if given else
-               (param_files.read_config(config_path), config_path))
+  hf, where = (
+    (dict(config), "the config given")
+    if given
+    else (param_files.read_config(config_path), config_path)
+  )
   if hf_gpt2.is_gpt2_config(hf):
     return hf_gpt2.load_gpt2(path, config)
   if hf_llama.is_llama_config(hf):
     return hf_llama.load_llama(path, config)
   if hf.get("model_type") != MODEL_TYPE:
-    raise ValueError(f"{where} has model_type {hf.get('model_type')!r}; rove-jax loads "
-                     f"transformers' {(hf_gpt2.MODEL_TYPE, *hf_llama.MODEL_TYPES)} and "
-                     f"'{MODEL_TYPE}' (its own exports)")
+    raise ValueError(
+      f"{where} has model_type {hf.get('model_type')!r}; rove-jax loads "
+      f"transformers' {(hf_gpt2.MODEL_TYPE, *hf_llama.MODEL_TYPES)} and "
+      f"'{MODEL_TYPE}' (its own exports)"
+    )
   cfg = _config_from_rove_jax(hf, where)
   tensors = param_files.read_tensors(files)
   return cfg, param_files.from_named(tensors, cfg, where=", ".join(files))

@@ -108,13 +108,15 @@ def call(fn: Callable[[], T], *, what: str, path: str) -> T:
     if stopped_at is not None and now - stopped_at >= STOP_GRACE_S:
       _gone.set()
       raise StorageInterrupted(
-          f"{what} {path}: a stop signal arrived while storage had not answered for "
-          f"{now - start:.0f} s; stopping without it (what was saved before is intact)")
+        f"{what} {path}: a stop signal arrived while storage had not answered for "
+        f"{now - start:.0f} s; stopping without it (what was saved before is intact)"
+      )
     if now - start >= limit:
       _gone.set()
       raise StorageTimeout(
-          f"{what} {path}: storage did not answer within {limit:g} s (the storage deadline: "
-          f"--config.storage_timeout or {ENV_VAR}); stopping (what was saved before is intact)")
+        f"{what} {path}: storage did not answer within {limit:g} s (the storage deadline: "
+        f"--config.storage_timeout or {ENV_VAR}); stopping (what was saved before is intact)"
+      )
   if "error" in box:
     raise box["error"]
   return box.get("value")

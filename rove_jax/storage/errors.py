@@ -11,9 +11,18 @@ import errno
 _CLIENT_PACKAGES = ("gcsfs", "google", "aiohttp", "requests", "fsspec")
 
 # errnos of storage that failed rather than refused: retrying later may succeed.
-_UNAVAILABLE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.ETIMEDOUT,
-                       errno.EAGAIN, errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH,
-                       errno.ENETUNREACH}
+_UNAVAILABLE_ERRNOS = {
+  errno.ENOSPC,
+  errno.EDQUOT,
+  errno.EIO,
+  errno.ENOMEM,
+  errno.ETIMEDOUT,
+  errno.EAGAIN,
+  errno.ECONNREFUSED,
+  errno.ECONNRESET,
+  errno.EHOSTUNREACH,
+  errno.ENETUNREACH,
+}
 
 
 def is_storage_error(e: BaseException) -> bool:

@@ -24,6 +24,7 @@ from rove_jax.storage import deadline, errors
 @functools.lru_cache(maxsize=None)
 def _fs(emulator: str):
   import gcsfs  # the [gcs] extra; rove_jax.storage.paths.resolve checked it is installed
+
   # gcsfs logs each request that runs out of retries with its traceback (dozens of lines); the
   # failure reaches the caller as an exception, reported in one line. ROVE_JAX_TRACEBACK=1
   # keeps gcsfs's log.
@@ -34,6 +35,7 @@ def _fs(emulator: str):
     # GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false) first probes the server over gRPC, which an
     # emulator never answers.
     from gcsfs.core import GCSFileSystem
+
     return GCSFileSystem(use_listings_cache=False, token="anon", skip_instance_cache=True)
   return gcsfs.GCSFileSystem(use_listings_cache=False, skip_instance_cache=True)
 
@@ -43,7 +45,7 @@ def fs():
 
 
 def _key(path: str) -> str:
-  return str(path)[len("gs://"):].rstrip("/")
+  return str(path)[len("gs://") :].rstrip("/")
 
 
 def exists(path: str) -> bool:
@@ -73,8 +75,11 @@ def file_sizes(path: str) -> dict[str, int]:
     entries = _call(lambda: fs().ls(_key(path), detail=True), "listing", path)
   except FileNotFoundError:
     return {}
-  return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
-          for e in entries if e.get("type") == "file"}
+  return {
+    e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+    for e in entries
+    if e.get("type") == "file"
+  }
 
 
 def remove(path: str) -> None:
@@ -132,7 +137,7 @@ def create_exclusive(path: str, data: bytes) -> bool:
 def walk_files(root: str) -> list[str]:
   key = _key(root)
   found = _call(lambda: fs().find(key), "listing", root)
-  return sorted(p[len(key) + 1:] for p in found if p.startswith(key + "/"))
+  return sorted(p[len(key) + 1 :] for p in found if p.startswith(key + "/"))
 
 
 def forget_listings() -> None:
@@ -140,8 +145,12 @@ def forget_listings() -> None:
   etils.epath (created as GCSFileSystem(finalize_on_close=True), which fsspec keeps as one
   instance): after this module moved or deleted objects, orbax must list them afresh."""
   import gcsfs
-  _call(lambda: gcsfs.GCSFileSystem(finalize_on_close=True).invalidate_cache(),
-        "reaching", "gs:// (orbax's client)")
+
+  _call(
+    lambda: gcsfs.GCSFileSystem(finalize_on_close=True).invalidate_cache(),
+    "reaching",
+    "gs:// (orbax's client)",
+  )
 
 
 class StorageError(OSError):
@@ -167,8 +176,9 @@ def _call(fn, what: str, path: str):
       text = text.partition("\n")[2] or "Forbidden"
     detail = " ".join(text.split()) or type(e).__name__
     detail = detail.removesuffix(f", {code}")  # gcsfs appends the status to the message
-    raise StorageError(f"{what} {path} failed ({f'HTTP {code}: ' if code else ''}{detail})",
-                       code) from e
+    raise StorageError(
+      f"{what} {path} failed ({f'HTTP {code}: ' if code else ''}{detail})", code
+    ) from e
 
 
 class _DeadlinedReader(io.RawIOBase):
@@ -189,7 +199,7 @@ class _DeadlinedReader(io.RawIOBase):
 
   def readinto(self, b) -> int:
     data = self.read(len(b))
-    b[:len(data)] = data
+    b[: len(data)] = data
     return len(data)
 
   def seek(self, offset: int, whence: int = 0) -> int:

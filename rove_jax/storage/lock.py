@@ -96,8 +96,14 @@ class WriterLock:
     heartbeat_s: how often the holder renews it.
   """
 
-  def __init__(self, directory: str, *, what: str = "workdir",
-               stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S):
+  def __init__(
+    self,
+    directory: str,
+    *,
+    what: str = "workdir",
+    stale_after_s: float = STALE_AFTER_S,
+    heartbeat_s: float = HEARTBEAT_S,
+  ):
     self.directory = directory
     self.what = what
     self.stale_after_s = stale_after_s
@@ -107,11 +113,16 @@ class WriterLock:
     self._number = 0
     self._stop = threading.Event()
     self._thread = None
-    self.record = {"host": socket.gethostname(), "pid": os.getpid(),
-                   "pid_start": _start_time(os.getpid()),
-                   "pid_namespace": _pid_namespace(), "id": uuid.uuid4().hex,
-                   "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv[:8],
-                   "beat": 0}
+    self.record = {
+      "host": socket.gethostname(),
+      "pid": os.getpid(),
+      "pid_start": _start_time(os.getpid()),
+      "pid_namespace": _pid_namespace(),
+      "id": uuid.uuid4().hex,
+      "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+      "argv": sys.argv[:8],
+      "beat": 0,
+    }
 
   # ---------------------------------------------------------------------------- reading
   def _numbers(self) -> list[int]:
@@ -153,8 +164,9 @@ class WriterLock:
     """Whether the holder's pid names a process of this one's pid namespace (module doc)."""
     pid = holder.get("pid")
     ours = self.record["pid_namespace"]
-    return (ours is not None and holder.get("pid_namespace") == ours
-            and isinstance(pid, int) and pid > 0)
+    return (
+      ours is not None and holder.get("pid_namespace") == ours and isinstance(pid, int) and pid > 0
+    )
 
   # ------------------------------------------------------------------------ acquiring
   def acquire(self, *, log=print) -> None:
@@ -169,33 +181,40 @@ class WriterLock:
         if not self._free(newest, holder):
           raise self._held_error(holder, newest)
         if not holder.get("released"):
-          why = ("that is no longer running" if self._same_pid_namespace(holder) else
-                 f"whose lease was not renewed for over {self.stale_after_s:g} s")
-          log(f"taking over the writer lock of {self.directory} from a process {why} "
-              f"({_who(holder)})")
+          why = (
+            "that is no longer running"
+            if self._same_pid_namespace(holder)
+            else f"whose lease was not renewed for over {self.stale_after_s:g} s"
+          )
+          log(
+            f"taking over the writer lock of {self.directory} from a process {why} ({_who(holder)})"
+          )
       if paths.create_exclusive(self._file(newest + 1), json.dumps(self.record)):
         self._number = newest + 1
         self.path = self._file(self._number)
         for n in numbers:  # the older generations are history now
           paths.remove(self._file(n))
-        self._thread = threading.Thread(target=self._beat, name="rove-jax-writer-lock",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._beat, name="rove-jax-writer-lock", daemon=True)
         self._thread.start()
         return
-    raise LockError(f"could not take the writer lock of {self.directory}: other processes "
-                    f"keep taking it")
+    raise LockError(
+      f"could not take the writer lock of {self.directory}: other processes keep taking it"
+    )
 
   def _held_error(self, holder: dict, number: int) -> LockError:
     where = ""
     if holder.get("host") == self.record["host"] and not self._same_pid_namespace(holder):
-      where = (" (this host's name, but another pid namespace or machine: a container, or a "
-               "record without one, so only its lease tells whether it lives)")
+      where = (
+        " (this host's name, but another pid namespace or machine: a container, or a "
+        "record without one, so only its lease tells whether it lives)"
+      )
     return LockError(
-        f"{self.what} {self.directory} is being written by {_who(holder)}{where}: two writers "
-        f"would overwrite each other's files. Stop that process or choose another {self.what}. "
-        f"If it is gone (its machine or container was lost), its lock goes stale "
-        f"{self.stale_after_s:.0f} s after its last heartbeat; or delete {self._file(number)} by "
-        f"hand.")
+      f"{self.what} {self.directory} is being written by {_who(holder)}{where}: two writers "
+      f"would overwrite each other's files. Stop that process or choose another {self.what}. "
+      f"If it is gone (its machine or container was lost), its lock goes stale "
+      f"{self.stale_after_s:.0f} s after its last heartbeat; or delete {self._file(number)} by "
+      f"hand."
+    )
 
   # ------------------------------------------------------------------------- holding
   def _beat(self):
@@ -208,9 +227,11 @@ class WriterLock:
       numbers = self._numbers()
       if numbers[-1:] != [self._number]:
         holder = self._read(numbers[-1]) if numbers else None
-        self.lost = (f"the writer lock of {self.directory} was taken over by another process "
-                     f"({_who(holder or {})}) after this one missed its heartbeats for "
-                     f"{self.stale_after_s:.0f} s")
+        self.lost = (
+          f"the writer lock of {self.directory} was taken over by another process "
+          f"({_who(holder or {})}) after this one missed its heartbeats for "
+          f"{self.stale_after_s:.0f} s"
+        )
         return False
       self.record["beat"] += 1
       paths.write_atomic(self.path, json.dumps(self.record))
@@ -249,8 +270,7 @@ class WriterLock:
 def _who(holder: dict) -> str:
   if not holder:
     return "a process whose lock record is unreadable"
-  return (f"pid {holder.get('pid')} on host {holder.get('host')} (started "
-          f"{holder.get('started')})")
+  return f"pid {holder.get('pid')} on host {holder.get('host')} (started {holder.get('started')})"
 
 
 def holder(directory: str) -> Optional[dict]:

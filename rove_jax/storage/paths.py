@@ -49,7 +49,7 @@ class MissingExtra(ImportError):
 def describe_failure(e: BaseException, path: str) -> str:
   """Why reading or writing under `path` failed, in a few words on one line."""
   if is_remote(path) and isinstance(e, FileNotFoundError):  # gcsfs's 404 names only a URL
-    bucket = path[len("gs://"):].split("/", 1)[0]
+    bucket = path[len("gs://") :].split("/", 1)[0]
     return f"the bucket gs://{bucket} does not exist or these credentials cannot reach it"
   if isinstance(e, OSError) and e.strerror:
     return e.strerror
@@ -74,12 +74,15 @@ def resolve(path, *, what: str = "path") -> str:
   if scheme is None:
     return os.path.abspath(os.path.expanduser(path))
   if scheme != "gs":
-    raise ValueError(f"{what} {path}: the {scheme}:// scheme is not supported; use a local "
-                     f"path or gs://bucket/path")
+    raise ValueError(
+      f"{what} {path}: the {scheme}:// scheme is not supported; use a local "
+      f"path or gs://bucket/path"
+    )
   if importlib.util.find_spec("gcsfs") is None:
-    raise MissingExtra(f"{what} {path} is on Google Cloud Storage, which needs gcsfs: "
-                       f"{GCS_EXTRA}", name="gcsfs")
-  bucket, _, key = path[len("gs://"):].partition("/")
+    raise MissingExtra(
+      f"{what} {path} is on Google Cloud Storage, which needs gcsfs: {GCS_EXTRA}", name="gcsfs"
+    )
+  bucket, _, key = path[len("gs://") :].partition("/")
   if not bucket:
     raise ValueError(f"{what} {path}: no bucket name; give gs://BUCKET/path")
   key = posixpath.normpath(key).lstrip("/") if key.strip("/") else ""
@@ -115,8 +118,10 @@ def inside(directory: str, name, *, what: str) -> str:
   elif "\0" in name:
     bad = "holds a NUL character"
   if bad:
-    raise ValueError(f"{what} {name!r} {bad}: a file named inside {directory} must be a "
-                     f"relative path inside that directory")
+    raise ValueError(
+      f"{what} {name!r} {bad}: a file named inside {directory} must be a "
+      f"relative path inside that directory"
+    )
   return join(directory, name)
 
 
@@ -142,15 +147,19 @@ def check_orbax_path(path: str, *, what: str = "--workdir") -> None:
   rest of the checkpoint)."""
   cut = url_chars(path)
   if cut:
-    raise ValueError(f"{what} {path} contains {', '.join(repr(c) for c in cut)}: orbax reads a "
-                     f"gs:// path as a URL, which ends the path at '#' or '?' and drops "
-                     f"control characters, so the arrays would be written outside the workdir; "
-                     f"choose a name without them (e.g. run-1 for run#1)")
+    raise ValueError(
+      f"{what} {path} contains {', '.join(repr(c) for c in cut)}: orbax reads a "
+      f"gs:// path as a URL, which ends the path at '#' or '?' and drops "
+      f"control characters, so the arrays would be written outside the workdir; "
+      f"choose a name without them (e.g. run-1 for run#1)"
+    )
   chars = glob_chars(path)
   if chars and is_remote(path):
-    raise ValueError(f"{what} {path} contains {' '.join(repr(c) for c in chars)}: orbax finds "
-                     f"the files of a checkpoint on GCS by glob patterns, which such a name "
-                     f"breaks; choose a name without [ ] * ? (e.g. lr3e-4 for lr[3e-4])")
+    raise ValueError(
+      f"{what} {path} contains {' '.join(repr(c) for c in chars)}: orbax finds "
+      f"the files of a checkpoint on GCS by glob patterns, which such a name "
+      f"breaks; choose a name without [ ] * ? (e.g. lr3e-4 for lr[3e-4])"
+    )
 
 
 def orbax_dir(path: str) -> str:
@@ -189,15 +198,20 @@ def link_root() -> str:
   fix = f"remove it (rm -r '{root}') or set TMPDIR to a directory only you can write"
   if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
     kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
-    raise PermissionError(f"the checkpoint link directory {root} is {kind}, not a directory of "
-                          f"this user's; {fix}")
+    raise PermissionError(
+      f"the checkpoint link directory {root} is {kind}, not a directory of this user's; {fix}"
+    )
   if st.st_uid != os.getuid():
-    raise PermissionError(f"the checkpoint link directory {root} belongs to uid {st.st_uid}, not "
-                          f"this user (uid {os.getuid()}), who could redirect checkpoints; {fix}")
+    raise PermissionError(
+      f"the checkpoint link directory {root} belongs to uid {st.st_uid}, not "
+      f"this user (uid {os.getuid()}), who could redirect checkpoints; {fix}"
+    )
   if st.st_mode & 0o022:
-    raise PermissionError(f"the checkpoint link directory {root} is writable by other users "
-                          f"(mode {stat.S_IMODE(st.st_mode):04o}), who could redirect "
-                          f"checkpoints; {fix}")
+    raise PermissionError(
+      f"the checkpoint link directory {root} is writable by other users "
+      f"(mode {stat.S_IMODE(st.st_mode):04o}), who could redirect "
+      f"checkpoints; {fix}"
+    )
   if st.st_mode & 0o077:
     os.chmod(root, 0o700)
   return root
@@ -208,6 +222,7 @@ def link_root() -> str:
 
 def _gcs():
   from rove_jax.storage import gcs
+
   return gcs
 
 
@@ -300,6 +315,7 @@ def write_atomic(path: str, data: Union[bytes, str, Writer]) -> int:
   if is_remote(path):
     if callable(data):
       import io
+
       buf = io.BytesIO()
       data(buf)
       data = buf.getvalue()
@@ -406,18 +422,19 @@ def walk_files(root: str) -> list[str]:
   return sorted(out)
 
 
-def local_copy(path: str, *, cache: Optional[str] = None, expect_size: Optional[int] = None,
-               log=None) -> str:
+def local_copy(
+  path: str, *, cache: Optional[str] = None, expect_size: Optional[int] = None, log=None
+) -> str:
   """A local file holding the contents of `path`: `path` itself when local; for a remote file a
   copy in `cache` (default: the user's cache directory), reused while its size and the
   remote file's modification time are unchanged."""
   if not is_remote(path):
     return path
-  cache = cache or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
-                                "rove_jax", "remote")
+  cache = cache or os.path.join(
+    os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rove_jax", "remote"
+  )
   stamp = f"{path}@{mtime(path)}"
-  local = os.path.join(cache, hashlib.sha256(stamp.encode()).hexdigest()[:24],
-                       basename(path))
+  local = os.path.join(cache, hashlib.sha256(stamp.encode()).hexdigest()[:24], basename(path))
   want = expect_size if expect_size is not None else size(path)
   if os.path.isfile(local) and os.path.getsize(local) == want:
     return local

@@ -96,6 +96,7 @@ class RecallSpec:
       marker, keys = the offsets 1..keys, values = the context alphabet): see
       rove_jax.tasks.recall_tasks.
   """
+
   seq_len: int = 32
   pairs: int = 6
   queries: int = 8
@@ -116,8 +117,17 @@ class RecallSpec:
         continue
       if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"recall spec: {f.name} must be an int, got {value!r}")
-    low = {"pairs": 1, "queries": 1, "keys": 1, "values": 2, "train_docs": 1, "val_docs": 1,
-           "seed": 0, "seq_len": 1, "answer_loss": 0}
+    low = {
+      "pairs": 1,
+      "queries": 1,
+      "keys": 1,
+      "values": 2,
+      "train_docs": 1,
+      "val_docs": 1,
+      "seed": 0,
+      "seq_len": 1,
+      "answer_loss": 0,
+    }
     for name, minimum in low.items():
       if getattr(self, name) < minimum:
         raise ValueError(f"recall spec: {name} must be >= {minimum}, got {getattr(self, name)}")
@@ -125,16 +135,21 @@ class RecallSpec:
       raise ValueError(f"recall spec: answer_loss must be 0 or 1, got {self.answer_loss}")
     records = self.values if self.task == "offset" else self.keys * self.values
     if self.keys > len(KEY_CHARS) or records > len(RECORD_CHARS):
-      raise ValueError(f"recall spec: keys must be <= {len(KEY_CHARS)} and keys * values "
-                       f"(task=offset: values) <= {len(RECORD_CHARS)} (the record alphabet), got "
-                       f"keys={self.keys}, values={self.values}")
+      raise ValueError(
+        f"recall spec: keys must be <= {len(KEY_CHARS)} and keys * values "
+        f"(task=offset: values) <= {len(RECORD_CHARS)} (the record alphabet), got "
+        f"keys={self.keys}, values={self.values}"
+      )
     if self.task == "mqar" and self.pairs > self.keys:
-      raise ValueError(f"recall spec: pairs={self.pairs} needs as many distinct keys, but "
-                       f"keys={self.keys}")
+      raise ValueError(
+        f"recall spec: pairs={self.pairs} needs as many distinct keys, but keys={self.keys}"
+      )
     if self.context_len < self.pairs:
-      raise ValueError(f"recall spec: seq_len={self.seq_len} leaves a context of "
-                       f"{self.context_len} tokens, too short for {self.pairs} records; need "
-                       f"seq_len >= {self.pairs + 2 * self.queries + 1}")
+      raise ValueError(
+        f"recall spec: seq_len={self.seq_len} leaves a context of "
+        f"{self.context_len} tokens, too short for {self.pairs} records; need "
+        f"seq_len >= {self.pairs + 2 * self.queries + 1}"
+      )
     if self.task != "mqar":
       recall_tasks.check(self)
 
@@ -142,6 +157,7 @@ class RecallSpec:
   def context_len(self) -> int:
     """C: context tokens of a training document."""
     return self.seq_len - 1 - 2 * self.queries
+
   @classmethod
   def parse(cls, text: Optional[str]) -> "RecallSpec":
     """A spec from "name=value,..." (None or "": the defaults); unknown names are errors."""
@@ -153,16 +169,18 @@ class RecallSpec:
       name, eq, value = part.partition("=")
       name = name.strip()
       if not eq or name not in fields:
-        raise ValueError(f"recall corpus path {text!r}: {part!r} is not NAME=INT with NAME one "
-                         f"of {sorted(fields)}")
+        raise ValueError(
+          f"recall corpus path {text!r}: {part!r} is not NAME=INT with NAME one of {sorted(fields)}"
+        )
       if name == "task":
         kw[name] = value.strip()
         continue
       try:
         kw[name] = int(value)
       except ValueError:
-        raise ValueError(f"recall corpus path {text!r}: {name} must be an int, got "
-                         f"{value!r}") from None
+        raise ValueError(
+          f"recall corpus path {text!r}: {name} must be an int, got {value!r}"
+        ) from None
     return cls(**kw)
 
   def to_string(self) -> str:
@@ -174,8 +192,14 @@ def _rng(*words: int) -> np.random.Generator:
   return np.random.default_rng(np.random.SeedSequence([int(w) for w in words]))
 
 
-def _contexts(rng: np.random.Generator, spec: RecallSpec, n_docs: int, context_len: int,
-              n_records: int, extra_keys: int = 0):
+def _contexts(
+  rng: np.random.Generator,
+  spec: RecallSpec,
+  n_docs: int,
+  context_len: int,
+  n_records: int,
+  extra_keys: int = 0,
+):
   """Contexts [D, C] of uniform filler holding n_records records each at random positions.
 
   Returns:
@@ -185,22 +209,24 @@ def _contexts(rng: np.random.Generator, spec: RecallSpec, n_docs: int, context_l
   """
   tokens = char_ids(FILLER_CHARS)[rng.integers(0, len(FILLER_CHARS), (n_docs, context_len))]
   pos = np.argsort(rng.random((n_docs, context_len)), axis=1)[:, :n_records]
-  keys = np.argsort(rng.random((n_docs, spec.keys)), axis=1)[:, :n_records + extra_keys]
+  keys = np.argsort(rng.random((n_docs, spec.keys)), axis=1)[:, : n_records + extra_keys]
   records = record_ids(spec)[keys, rng.integers(0, spec.values, keys.shape)]
   np.put_along_axis(tokens, pos, records[:, :n_records], axis=1)
   return tokens, keys, records, pos
 
 
-def _with_queries(rng: np.random.Generator, spec: RecallSpec, ctx, keys, records,
-                  first: Optional[int] = None) -> np.ndarray:
+def _with_queries(
+  rng: np.random.Generator, spec: RecallSpec, ctx, keys, records, first: Optional[int] = None
+) -> np.ndarray:
   """Context [D, C] + Q queries (key token, record) of records drawn uniformly and
   independently among the columns of keys / records; with `first`, the first query is that
   column."""
   q = rng.integers(0, keys.shape[1], (ctx.shape[0], spec.queries))
   if first is not None:
     q[:, 0] = first
-  qa = np.stack([key_ids(spec)[np.take_along_axis(keys, q, 1)],
-                 np.take_along_axis(records, q, 1)], axis=2)
+  qa = np.stack(
+    [key_ids(spec)[np.take_along_axis(keys, q, 1)], np.take_along_axis(records, q, 1)], axis=2
+  )
   return np.concatenate([ctx, qa.reshape(ctx.shape[0], -1)], axis=1)
 
 
@@ -210,12 +236,13 @@ def loss_mask(spec: RecallSpec) -> Optional[np.ndarray]:
   if not spec.answer_loss:
     return None
   mask = np.zeros(spec.seq_len, np.int32)
-  mask[spec.context_len + 1:spec.context_len + 2 * spec.queries:2] = 1
+  mask[spec.context_len + 1 : spec.context_len + 2 * spec.queries : 2] = 1
   return mask
 
 
-def training_tokens(spec: RecallSpec, split: str, n_docs: Optional[int] = None,
-                    start: int = 0) -> np.ndarray:
+def training_tokens(
+  spec: RecallSpec, split: str, n_docs: Optional[int] = None, start: int = 0
+) -> np.ndarray:
   """Documents start .. start + n_docs - 1 of a split as token ids [D, T - 1].
 
   Documents are generated in blocks of 1000 from the stream (seed, split, block), so a
@@ -233,7 +260,9 @@ def training_tokens(spec: RecallSpec, split: str, n_docs: Optional[int] = None,
     out.append(_with_queries(rng, spec, ctx, keys, records))
   docs = np.concatenate(out)
   offset = start - (start // 1000) * 1000
-  return docs[offset:offset + n_docs]
+  return docs[offset : offset + n_docs]
+
+
 def documents(spec: RecallSpec, split: str) -> Iterator[str]:
   """The documents of a split as text (ASCII, one character a token; see the module
   docstring). The first document of each split has one extra leading filler token."""
@@ -258,6 +287,7 @@ class Samples(NamedTuple):
     distance: [N] the first query's key position minus the target record's position.
     depth: [N] the target pair's nominal depth in the context, (i + 0.5) / N.
   """
+
   tokens: np.ndarray
   answer_index: int
   distance: np.ndarray
@@ -279,9 +309,11 @@ def test_samples(spec: RecallSpec, length: int, n: int, *, eot_id: int, seed: in
   """
   context_len = length - 1 - 2 * spec.queries
   if context_len < spec.pairs or n < 1:
-    raise ValueError(f"a recall test sample of {spec.pairs} records and {spec.queries} queries "
-                     f"needs length >= {spec.pairs + 2 * spec.queries + 1} and n >= 1, got "
-                     f"length={length}, n={n}")
+    raise ValueError(
+      f"a recall test sample of {spec.pairs} records and {spec.queries} queries "
+      f"needs length >= {spec.pairs + 2 * spec.queries + 1} and n >= 1, got "
+      f"length={length}, n={n}"
+    )
   tokens = np.empty((n, length), np.int32)
   distance = np.empty(n, np.int64)
   depth = (np.arange(n) + 0.5) / n
@@ -294,8 +326,7 @@ def test_samples(spec: RecallSpec, length: int, n: int, *, eot_id: int, seed: in
       continue
     # The distractors: P - 1 records in a context one token short; then the target record,
     # whose key (the extra one) is not among theirs, goes in at its depth.
-    ctx, keys, records, _ = _contexts(rng, spec, 1, context_len - 1, spec.pairs - 1,
-                                      extra_keys=1)
+    ctx, keys, records, _ = _contexts(rng, spec, 1, context_len - 1, spec.pairs - 1, extra_keys=1)
     at = int(round(depth[i] * (context_len - 1)))
     ctx = np.insert(ctx, at, records[:, -1], axis=1)
     doc = _with_queries(rng, spec, ctx, keys, records, first=spec.pairs - 1)

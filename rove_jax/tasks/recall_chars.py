@@ -31,9 +31,9 @@ def filler_ids() -> np.ndarray:
 
 def key_ids(spec) -> np.ndarray:
   """The key token ids [spec.keys]."""
-  return char_ids(KEY_CHARS[:spec.keys])
+  return char_ids(KEY_CHARS[: spec.keys])
 
 
 def record_ids(spec) -> np.ndarray:
   """The record token ids [keys, values]: record (k, v) holds key k and value v."""
-  return char_ids(RECORD_CHARS[:spec.keys * spec.values]).reshape(spec.keys, spec.values)
+  return char_ids(RECORD_CHARS[: spec.keys * spec.values]).reshape(spec.keys, spec.values)

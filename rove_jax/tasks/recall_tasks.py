@@ -45,20 +45,27 @@ def check(spec) -> None:
   """Errors (ValueError) for specs a task cannot generate from."""
   if spec.task == "lastwrite":
     if spec.pairs < 2 or spec.keys < 2:
-      raise ValueError(f"recall spec: task=lastwrite needs pairs >= 2 writes (a key written "
-                       f"twice) and keys >= 2 (other keys beside it), got pairs={spec.pairs}, "
-                       f"keys={spec.keys}")
+      raise ValueError(
+        f"recall spec: task=lastwrite needs pairs >= 2 writes (a key written "
+        f"twice) and keys >= 2 (other keys beside it), got pairs={spec.pairs}, "
+        f"keys={spec.keys}"
+      )
   elif spec.task == "offset":
     if spec.pairs != 1:
-      raise ValueError(f"recall spec: task=offset has one marker a context: set pairs=1, got "
-                       f"pairs={spec.pairs}")
+      raise ValueError(
+        f"recall spec: task=offset has one marker a context: set pairs=1, got pairs={spec.pairs}"
+      )
     if spec.keys > 9:
-      raise ValueError(f"recall spec: task=offset takes offsets 1..keys as one digit each: keys "
-                       f"must be <= 9, got {spec.keys}")
+      raise ValueError(
+        f"recall spec: task=offset takes offsets 1..keys as one digit each: keys "
+        f"must be <= 9, got {spec.keys}"
+      )
     if spec.context_len < spec.keys + 1:
-      raise ValueError(f"recall spec: seq_len={spec.seq_len} leaves a context of "
-                       f"{spec.context_len} tokens, too short for a marker and {spec.keys} "
-                       f"tokens after it; need seq_len >= {spec.keys + 2 * spec.queries + 2}")
+      raise ValueError(
+        f"recall spec: seq_len={spec.seq_len} leaves a context of "
+        f"{spec.context_len} tokens, too short for a marker and {spec.keys} "
+        f"tokens after it; need seq_len >= {spec.keys + 2 * spec.queries + 2}"
+      )
 
 
 def _filler(rng, context_len: int) -> np.ndarray:
@@ -80,7 +87,7 @@ def _lastwrite_doc(rng, spec, context_len: int, n_writes: int, target=None):
   else:
     old = int(rng.integers(0, target))
     rest = np.setdiff1d(np.arange(context_len), [old, target])
-    pos = np.sort(np.concatenate([rng.permutation(rest)[:n_writes - 2], [old, target]]))
+    pos = np.sort(np.concatenate([rng.permutation(rest)[: n_writes - 2], [old, target]]))
     t_key = int(rng.integers(0, spec.keys))
     others = np.setdiff1d(np.arange(spec.keys), [t_key])
     keys = others[rng.integers(0, len(others), n_writes)]
@@ -97,15 +104,14 @@ def _lastwrite_doc(rng, spec, context_len: int, n_writes: int, target=None):
   q_keys = [written[i] for i in rng.integers(0, len(written), spec.queries)]
   if target is not None:
     q_keys[0] = t_key
-  queries = np.array([[chars.key_ids(spec)[k], records[k, last[k][1]]] for k in q_keys],
-                     np.int32)
+  queries = np.array([[chars.key_ids(spec)[k], records[k, last[k][1]]] for k in q_keys], np.int32)
   return ctx, queries, (last[t_key][0] if target is not None else None)
 
 
 def _offset_doc(rng, spec, context_len: int, marker=None):
   """One offset document's context and queries; with `marker` (test samples) the marker's
   position is given and the first query's answer position is returned too."""
-  alphabet = chars.char_ids(chars.RECORD_CHARS[:spec.values])
+  alphabet = chars.char_ids(chars.RECORD_CHARS[: spec.values])
   ctx = alphabet[rng.integers(0, spec.values, context_len)]
   m = int(rng.integers(0, context_len - spec.keys)) if marker is None else marker
   ctx[m] = ord(MARKER)

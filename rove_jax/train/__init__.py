@@ -4,4 +4,4 @@ that drives it is rove_jax.cli.train."""
 
 from rove_jax import extras
 
-extras.require('train', 'rove_jax.train')
+extras.require("train", "rove_jax.train")

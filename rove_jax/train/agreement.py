@@ -38,7 +38,7 @@ def config_digest(c) -> str:
 
 def _words(hex_digest: str, n: int = 4) -> list[int]:
   """The first n 31-bit words of a hex digest (int32 travels through collectives without x64)."""
-  return [int(hex_digest[8 * i:8 * i + 8], 16) & 0x7FFFFFFF for i in range(n)]
+  return [int(hex_digest[8 * i : 8 * i + 8], 16) & 0x7FFFFFFF for i in range(n)]
 
 
 def confirm(workdir: str, c, *, timeout_s: float | None = None) -> None:
@@ -51,6 +51,7 @@ def confirm(workdir: str, c, *, timeout_s: float | None = None) -> None:
   if timeout_s is None:
     timeout_s = float(os.environ.get("ROVE_JAX_SHARED_CHECK_S", TIMEOUT_S))
   from jax.experimental import multihost_utils
+
   digest = config_digest(c)
   path = paths.join(workdir, CHECK_FILE)
   nonce = secrets.token_hex(16)
@@ -73,19 +74,22 @@ def confirm(workdir: str, c, *, timeout_s: float | None = None) -> None:
   table = np.asarray(multihost_utils.process_allgather(mine)).reshape(nproc, -1)
   blind = [i for i in range(nproc) if table[i, 0] != _OK]
   if blind:
-    what = ("missing" if all(table[i, 0] == _MISSING for i in blind) else
-            "one written by another run")
+    what = (
+      "missing" if all(table[i, 0] == _MISSING for i in blind) else "one written by another run"
+    )
     raise ValueError(
-        f"processes {blind} of {nproc} do not see the workdir process 0 writes ({workdir}: "
-        f"the file {CHECK_FILE} there is {what} after {timeout_s:.0f} s). Every process must "
-        f"be given the same --workdir, on storage they share (gs://bucket/path, or a shared "
-        f"file system); nothing was trained.")
+      f"processes {blind} of {nproc} do not see the workdir process 0 writes ({workdir}: "
+      f"the file {CHECK_FILE} there is {what} after {timeout_s:.0f} s). Every process must "
+      f"be given the same --workdir, on storage they share (gs://bucket/path, or a shared "
+      f"file system); nothing was trained."
+    )
   differ = [i for i in range(nproc) if list(table[i, 1:]) != list(table[0, 1:])]
   if differ:
     raise ValueError(
-        f"processes {differ} of {nproc} were given another config than process 0 (config "
-        f"digests differ): give every process the same --config file and --config.* "
-        f"overrides; nothing was trained.")
+      f"processes {differ} of {nproc} were given another config than process 0 (config "
+      f"digests differ): give every process the same --config file and --config.* "
+      f"overrides; nothing was trained."
+    )
 
 
 def gather_json(obj) -> list:
@@ -95,10 +99,11 @@ def gather_json(obj) -> list:
   if nproc == 1:
     return [obj]
   from jax.experimental import multihost_utils
+
   blob = np.frombuffer(json.dumps(obj, sort_keys=True, default=str).encode(), np.uint8)
   sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int32)))
   sizes = sizes.reshape(nproc)
   padded = np.zeros(int(sizes.max()), np.int32)  # int32: what collectives carry without x64
-  padded[:blob.size] = blob
+  padded[: blob.size] = blob
   table = np.asarray(multihost_utils.process_allgather(padded)).reshape(nproc, -1)
-  return [json.loads(table[i, :sizes[i]].astype(np.uint8).tobytes()) for i in range(nproc)]
+  return [json.loads(table[i, : sizes[i]].astype(np.uint8).tobytes()) for i in range(nproc)]

@@ -77,25 +77,45 @@ class SaveError(OSError):
   checkpoints finished before it are intact."""
 
 
-_ENV_ERRNOS = {errno.ENOMEM, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EMFILE,
-               errno.ENFILE, errno.ETIMEDOUT, errno.EAGAIN, errno.EINTR}
-_ENV_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "PERMISSION_DENIED",
-                "DEADLINE_EXCEEDED", "UNAVAILABLE", "Cannot allocate memory")
+_ENV_ERRNOS = {
+  errno.ENOMEM,
+  errno.EACCES,
+  errno.EPERM,
+  errno.EROFS,
+  errno.ENOSPC,
+  errno.EMFILE,
+  errno.ENFILE,
+  errno.ETIMEDOUT,
+  errno.EAGAIN,
+  errno.EINTR,
+}
+_ENV_MARKERS = (
+  "RESOURCE_EXHAUSTED",
+  "out of memory",
+  "Out of memory",
+  "PERMISSION_DENIED",
+  "DEADLINE_EXCEEDED",
+  "UNAVAILABLE",
+  "Cannot allocate memory",
+)
 
 
 # What the storage deadline's message calls each CheckpointManager call on a gs:// directory.
 _REMOTE_OPERATIONS = {
-    "save": "saving a checkpoint in", "wait_until_finished": "waiting for a checkpoint write in",
-    "restore": "reading a checkpoint in", "all_steps": "listing the checkpoints in",
-    "item_metadata": "reading checkpoint metadata in", "close": "closing the checkpoints in",
-    "check_for_errors": "checking the checkpoint writes in"}
+  "save": "saving a checkpoint in",
+  "wait_until_finished": "waiting for a checkpoint write in",
+  "restore": "reading a checkpoint in",
+  "all_steps": "listing the checkpoints in",
+  "item_metadata": "reading checkpoint metadata in",
+  "close": "closing the checkpoints in",
+  "check_for_errors": "checking the checkpoint writes in",
+}
 
 
 def _not_the_checkpoints_fault(e: BaseException) -> bool:
   """Failures of the machine rather than of the files: retrying later may well succeed, so
   they must never get a checkpoint moved aside."""
-  if isinstance(e, (MemoryError, PermissionError, TimeoutError, ConnectionError,
-                    InterruptedError)):
+  if isinstance(e, (MemoryError, PermissionError, TimeoutError, ConnectionError, InterruptedError)):
     return True
   if isinstance(e, OSError) and e.errno in _ENV_ERRNOS:
     return True
@@ -111,6 +131,7 @@ def checkpoint_dir(workdir: str) -> str:
 def _without_read_only_notice(active: bool):
   """Drops orbax's "Given directory is read only" warning (absl), which a reader opening the
   directory read-only on purpose gets on every open; every other message passes."""
+
   def keep(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Given directory is read only")
 
@@ -134,8 +155,9 @@ class Checkpointer:
     read_only: for readers: nothing is created, cleaned up, moved or deleted.
   """
 
-  def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True,
-               read_only: bool = False):
+  def __init__(
+    self, directory: str, *, keep: int = 3, async_save: bool = True, read_only: bool = False
+  ):
     if not (isinstance(keep, int) and keep >= 1):
       raise ValueError(f"keep_checkpoints must be an int >= 1, got {keep!r}")
     self.directory = paths.resolve(directory)
@@ -148,26 +170,39 @@ class Checkpointer:
     # Read-only: the saving and cleanup options orbax would otherwise reset, with a warning
     # each, are given as it wants them.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=None if self.read_only else self.keep,
-        save_interval_steps=0 if self.read_only else 1, create=not self.read_only,
-        cleanup_tmp_directories=not self.read_only, read_only=self.read_only,
-        enable_async_checkpointing=self.async_save and not self.read_only)
+      max_to_keep=None if self.read_only else self.keep,
+      save_interval_steps=0 if self.read_only else 1,
+      create=not self.read_only,
+      cleanup_tmp_directories=not self.read_only,
+      read_only=self.read_only,
+      enable_async_checkpointing=self.async_save and not self.read_only,
+    )
     # Handlers named up front: metadata and single items read back without orbax warnings.
-    handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
-                "meta": ocp.JsonCheckpointHandler()}
+    handlers = {
+      "state": ocp.StandardCheckpointHandler(),
+      "data": ocp.JsonCheckpointHandler(),
+      "meta": ocp.JsonCheckpointHandler(),
+    }
     self._entries = {}  # step -> stored_entries; a finished step's metadata does not change
     self._pending = None  # the step of the newest save started
     paths.forget_listings(self.directory)
     # orbax globs under the directory: a local name with [ ] * ? reaches it through a link
-    where = self.directory if self.read_only and not paths.glob_chars(self.directory) else (
-        paths.orbax_dir(self.directory))
+    where = (
+      self.directory
+      if self.read_only and not paths.glob_chars(self.directory)
+      else (paths.orbax_dir(self.directory))
+    )
     with _without_read_only_notice(self.read_only):
       if paths.is_remote(self.directory):  # storage that stops answering ends with an error
         self.manager = deadline.Bounded(
-            deadline.call(lambda: ocp.CheckpointManager(where, options=options,
-                                                        item_handlers=handlers),
-                          what="opening the checkpoints in", path=self.directory),
-            self.directory, _REMOTE_OPERATIONS)
+          deadline.call(
+            lambda: ocp.CheckpointManager(where, options=options, item_handlers=handlers),
+            what="opening the checkpoints in",
+            path=self.directory,
+          ),
+          self.directory,
+          _REMOTE_OPERATIONS,
+        )
       else:
         self.manager = ocp.CheckpointManager(where, options=options, item_handlers=handlers)
 
@@ -216,19 +251,32 @@ class Checkpointer:
       raise RuntimeError(f"{self.directory} was opened read-only")
     bad = non_finite_leaves(state)
     if bad:
-      raise FloatingPointError(f"refusing to checkpoint a non-finite train state at step {step} "
-                               f"(first bad leaves: {bad[:3]})")
-    meta = {**meta, "integrity": {"algorithm": checksums.ALGORITHM,
-                                  "state": checksums.array_checksums(state),
-                                  "data": checksums.json_checksum(data_state),
-                                  "meta": checksums.json_checksum(meta)}}
+      raise FloatingPointError(
+        f"refusing to checkpoint a non-finite train state at step {step} "
+        f"(first bad leaves: {bad[:3]})"
+      )
+    meta = {
+      **meta,
+      "integrity": {
+        "algorithm": checksums.ALGORITHM,
+        "state": checksums.array_checksums(state),
+        "data": checksums.json_checksum(data_state),
+        "meta": checksums.json_checksum(meta),
+      },
+    }
     self._entries.pop(step, None)
     self.wait()  # orbax would wait for the previous save anyway: its failure is named as its own
     self._pending = step
     with self._saving(f"saving the checkpoint at step {step}"):
-      self.manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
-          meta=ocp.args.JsonSave(meta)), force=True)
+      self.manager.save(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          data=ocp.args.JsonSave(data_state),
+          meta=ocp.args.JsonSave(meta),
+        ),
+        force=True,
+      )
 
   @contextlib.contextmanager
   def _saving(self, what: str):
@@ -243,9 +291,14 @@ class Checkpointer:
       text = " ".join(str(cause).split())
       if len(text) > 240:  # orbax's messages: the path first, what went wrong at the end
         text = f"{text[:110]} ... {text[-120:]}"
-      raise SaveError(f"{what} in {self.directory} failed ({type(cause).__name__}: {text}); "
-                      + (f"the checkpoint at step {latest} is intact" if latest is not None
-                         else "no earlier checkpoint exists")) from e
+      raise SaveError(
+        f"{what} in {self.directory} failed ({type(cause).__name__}: {text}); "
+        + (
+          f"the checkpoint at step {latest} is intact"
+          if latest is not None
+          else "no earlier checkpoint exists"
+        )
+      ) from e
 
   def latest_step_quietly(self, *, finished_only: bool = False) -> Optional[int]:
     """The newest step, or None when the listing fails; with finished_only, never the step of
@@ -285,8 +338,9 @@ class Checkpointer:
       log(f"while stopping: {describe(e)}")
 
   # ---------------------------------------------------------------------------- restore
-  def newest_readable(self, restore_step: Callable[[int], Any], *,
-                      on_unreadable: Callable[[int, Exception], None]):
+  def newest_readable(
+    self, restore_step: Callable[[int], Any], *, on_unreadable: Callable[[int, Exception], None]
+  ):
     """(step, restore_step(step)) for the newest step that restores, or None if there are no
     checkpoints. The one fallback loop: a step whose restore raises is passed to
     `on_unreadable` and the next older one is tried; a LayoutError (a readable checkpoint of
@@ -305,14 +359,17 @@ class Checkpointer:
       except Exception as e:  # noqa: BLE001 - any failure to read means: try the older one
         if _not_the_checkpoints_fault(e):
           raise RestoreEnvironmentError(
-              f"restoring the checkpoint at step {step} in {self.directory} failed for a reason "
-              f"that is not the checkpoint's own ({describe(e)}); nothing was moved or deleted: "
-              f"fix the cause and rerun") from e
+            f"restoring the checkpoint at step {step} in {self.directory} failed for a reason "
+            f"that is not the checkpoint's own ({describe(e)}); nothing was moved or deleted: "
+            f"fix the cause and rerun"
+          ) from e
         on_unreadable(step, e)
         last = e
     if steps:
-      raise RuntimeError(f"none of the checkpoints {steps} in {self.directory} could be "
-                         f"restored (the oldest failed with {describe(last)})") from last
+      raise RuntimeError(
+        f"none of the checkpoints {steps} in {self.directory} could be "
+        f"restored (the oldest failed with {describe(last)})"
+      ) from last
     return None
 
   def check_layout(self, step: int, expected_names) -> None:
@@ -320,8 +377,9 @@ class Checkpointer:
     (nothing is checked when its metadata is unreadable: then the restore fails)."""
     stored = self.stored_entries(step)
     if stored is not None:
-      check_layout(set(stored), set(expected_names), where=f"checkpoint at step {step} in "
-                                                            f"{self.directory}")
+      check_layout(
+        set(stored), set(expected_names), where=f"checkpoint at step {step} in {self.directory}"
+      )
 
   def restore_latest(self, abstract_state: Any, *, report=print):
     """(step, state, data_state, meta) of the newest readable checkpoint, or None if none
@@ -337,11 +395,17 @@ class Checkpointer:
         is moved).
       RuntimeError: every checkpoint was unreadable (each was moved aside).
     """
+
     def restore_step(step):
       self.check_layout(step, abstract_state)
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
-          meta=ocp.args.JsonRestore()))
+      restored = self.manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state),
+          data=ocp.args.JsonRestore(),
+          meta=ocp.args.JsonRestore(),
+        ),
+      )
       state, data_state, meta = restored["state"], dict(restored["data"]), dict(restored["meta"])
       verify(state, meta, data_state)
       check_step(step, meta, state)
@@ -351,8 +415,10 @@ class Checkpointer:
       return state, data_state, meta
 
     def unreadable(step, e):
-      report(f"checkpoint at step {step} cannot be restored ({describe(e)}); falling back "
-             f"to the previous checkpoint")
+      report(
+        f"checkpoint at step {step} cannot be restored ({describe(e)}); falling back "
+        f"to the previous checkpoint"
+      )
       self._quarantine(step, reason=describe(e))
 
     try:
@@ -383,7 +449,7 @@ class Checkpointer:
     dst = paths.join(self.quarantine_dir(), f"{step}-{int(time.time() * 1000)}")
     self.manager.wait_until_finished()
     paths.move_tree(src, dst)
-    when = time.strftime('%Y-%m-%d %H:%M:%S %Z')
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     paths.write_atomic(paths.join(dst, REASON_FILE), f"step {step} moved here {when}: {reason}\n")
     self.manager.close()
     self._open()
@@ -416,22 +482,26 @@ def check_step(step: int, meta: dict, state: Optional[dict] = None) -> None:
   differ = {k: v for k, v in recorded.items() if v is not None and v != step}
   if differ:
     raise CorruptCheckpoint(
-        f"its directory says step {step} but its " + " and ".join(
-            f"{k} records step {v}" for k, v in differ.items()) +
-        " (a checkpoint directory copied or renamed under another step number)")
+      f"its directory says step {step} but its "
+      + " and ".join(f"{k} records step {v}" for k, v in differ.items())
+      + " (a checkpoint directory copied or renamed under another step number)"
+    )
 
 
 def check_layout(stored: set, expected: set, *, where: str) -> None:
   """Raises LayoutError naming the entries `expected` lacks and those it does not know."""
   if stored == expected:
     return
+
   def show(names):
     # parameter entries first: they say which layout wrote the checkpoint
     names = sorted(names, key=lambda n: (not n.startswith(PARAMS), n))
     return ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+
   missing, unexpected = sorted(expected - stored), sorted(stored - expected)
   raise LayoutError(
-      f"{where} was written by an older (or another) parameter layout of the model: it lacks "
-      f"{len(missing)} entries the model needs [{show(missing)}] and has {len(unexpected)} the "
-      f"model does not know [{show(unexpected)}]. Restore it with the rove-jax version that "
-      f"wrote it, or train into a fresh --workdir.")
+    f"{where} was written by an older (or another) parameter layout of the model: it lacks "
+    f"{len(missing)} entries the model needs [{show(missing)}] and has {len(unexpected)} the "
+    f"model does not know [{show(unexpected)}]. Restore it with the rove-jax version that "
+    f"wrote it, or train into a fresh --workdir."
+  )

@@ -42,8 +42,7 @@ def _bits_N(x) -> jax.Array:
 
 def _sum(x) -> jax.Array:
   bits_N = _bits_N(x)
-  weights_N = (jnp.arange(bits_N.shape[0], dtype=jnp.uint32) * jnp.uint32(2654435761)
-               | jnp.uint32(1))
+  weights_N = jnp.arange(bits_N.shape[0], dtype=jnp.uint32) * jnp.uint32(2654435761) | jnp.uint32(1)
   return jnp.sum(bits_N * weights_N, dtype=jnp.uint32)
 
 
@@ -82,8 +81,7 @@ def array_checksums(flat: dict) -> dict:
     sums = {name: _host_sum(np.asarray(x)) for name, x in flat.items()}
   else:
     # Each sum is replicated: any local copy holds it (also on one host of many).
-    sums = {name: int(np.asarray(v.addressable_shards[0].data))
-            for name, v in _sums(flat).items()}
+    sums = {name: int(np.asarray(v.addressable_shards[0].data)) for name, v in _sums(flat).items()}
   return {name: f"{v:08x}" for name, v in sums.items()}
 
 
@@ -114,15 +112,19 @@ def verify(state: dict, meta: dict, data_state: Optional[dict] = None) -> bool:
   """
   integrity = meta.get("integrity")
   if integrity is None:
-    raise CorruptCheckpoint("its metadata carries no checksums (every checkpoint is saved "
-                            "with them: the metadata was damaged or replaced)")
+    raise CorruptCheckpoint(
+      "its metadata carries no checksums (every checkpoint is saved "
+      "with them: the metadata was damaged or replaced)"
+    )
   if integrity.get("algorithm") != ALGORITHM:
     raise CorruptCheckpoint(f"unknown checksum algorithm {integrity.get('algorithm')!r}")
   verify_meta(meta)
   bad = mismatches(integrity["state"], array_checksums(state))
   if bad:
-    raise CorruptCheckpoint(f"{len(bad)} arrays fail their checksums: "
-                            f"{', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}")
+    raise CorruptCheckpoint(
+      f"{len(bad)} arrays fail their checksums: "
+      f"{', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}"
+    )
   if data_state is not None and json_checksum(data_state) != integrity["data"]:
     raise CorruptCheckpoint("the data iterator state fails its checksum")
   return True
@@ -146,5 +148,4 @@ def verify_meta(meta: dict) -> None:
     return
   got = json_checksum({k: v for k, v in meta.items() if k != "integrity"})
   if got != want:
-    raise CorruptCheckpoint("the metadata (run config, model config, tokenizer) fails its "
-                            "checksum")
+    raise CorruptCheckpoint("the metadata (run config, model config, tokenizer) fails its checksum")

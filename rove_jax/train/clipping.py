@@ -36,6 +36,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
   """optax.clip_by_global_norm with `global_norm` (the same state, optax.EmptyState, so
   checkpoints of either restore into the other): updates scaled by max_norm / norm when the
   norm exceeds max_norm."""
+
   def init(params):
     del params
     return optax.EmptyState()
@@ -44,7 +45,8 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     del params
     norm = global_norm(updates)
     keep = norm < max_norm
-    return jax.tree.map(lambda t: jnp.where(keep, t, (t / norm.astype(t.dtype)) * max_norm),
-                        updates), state
+    return jax.tree.map(
+      lambda t: jnp.where(keep, t, (t / norm.astype(t.dtype)) * max_norm), updates
+    ), state
 
   return optax.GradientTransformation(init, update)

@@ -47,6 +47,7 @@ from rove_jax.train import run_reader
 
 TOKENIZER_FILE = "tokenizer.json"
 
+
 def _missing_parents(path: str) -> list:
   """The directories `os.makedirs(path)` would create, deepest first."""
   out = []
@@ -68,8 +69,9 @@ def check_out_dir(out_dir: str) -> list:
       which and what to do).
   """
   if paths.isfile(out_dir):
-    raise NotADirectoryError(f"--out {out_dir} is an existing file, not a directory; give a "
-                             f"directory for the export")
+    raise NotADirectoryError(
+      f"--out {out_dir} is an existing file, not a directory; give a directory for the export"
+    )
   created = [] if paths.is_remote(out_dir) else _missing_parents(out_dir)
   probe = paths.join(out_dir, f".rove-export-write-test-{uuid.uuid4().hex[:12]}")
   try:
@@ -80,8 +82,10 @@ def check_out_dir(out_dir: str) -> list:
     if not (isinstance(e, OSError) or paths.is_storage_error(e)):
       raise
     _remove_empty(created)
-    raise OSError(f"cannot create or write the export directory {out_dir} "
-                  f"({_cause(e, out_dir)}); {_fix(e, 'give a writable --out')}") from None
+    raise OSError(
+      f"cannot create or write the export directory {out_dir} "
+      f"({_cause(e, out_dir)}); {_fix(e, 'give a writable --out')}"
+    ) from None
   return created
 
 
@@ -94,8 +98,9 @@ def _remove_empty(directories) -> None:
       return
 
 
-def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: bool = False,
-               report=print) -> dict:
+def export_run(
+  workdir: str, out_dir: str, *, format: str = "auto", overwrite: bool = False, report=print
+) -> dict:
   """Writes the newest verified checkpoint of `workdir` to `out_dir` (each local or gs://).
 
   Returns:
@@ -115,14 +120,18 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
   workdir = paths.resolve(workdir, what="--workdir")
   out_dir = paths.resolve(out_dir, what="--out")
   if not paths.isdir(workdir):
-    raise ValueError(f"--workdir {workdir} "
-                     f"{'is not a directory' if paths.exists(workdir) else 'does not exist'}; "
-                     f"give the --workdir of a training run")
-  existing = [f for f in (param_files.CONFIG, param_files.WEIGHTS)
-              if paths.exists(paths.join(out_dir, f))]
+    raise ValueError(
+      f"--workdir {workdir} "
+      f"{'is not a directory' if paths.exists(workdir) else 'does not exist'}; "
+      f"give the --workdir of a training run"
+    )
+  existing = [
+    f for f in (param_files.CONFIG, param_files.WEIGHTS) if paths.exists(paths.join(out_dir, f))
+  ]
   if existing and not overwrite:
-    raise ValueError(f"{out_dir} already holds {', '.join(existing)}; choose another --out or "
-                     f"pass --overwrite")
+    raise ValueError(
+      f"{out_dir} already holds {', '.join(existing)}; choose another --out or pass --overwrite"
+    )
   created = check_out_dir(out_dir)  # before the checkpoint read, which can take minutes
   try:
     restored = run_reader.load_for_inference(workdir, report=report)
@@ -139,9 +148,11 @@ def export_run(workdir: str, out_dir: str, *, format: str = "auto", overwrite: b
     extra = {"rove_jax_run": run}
     if tokenizer.get("eot_id") is not None and format != "rove_jax":  # transformers' formats
       extra["bos_token_id"] = extra["eos_token_id"] = int(tokenizer["eot_id"])
-    written = _write(out_dir, tokenizer_json,
-                     lambda: pretrained.save(out_dir, config, params, format=format,
-                                             extra_config=extra))
+    written = _write(
+      out_dir,
+      tokenizer_json,
+      lambda: pretrained.save(out_dir, config, params, format=format, extra_config=extra),
+    )
   except BaseException:
     _remove_empty(created)  # only directories this call made, and only while still empty
     raise
@@ -198,9 +209,11 @@ def _fix(e: BaseException, otherwise: str) -> str:
 def _write_failure(e: BaseException, out_dir: str, started: bool) -> OSError:
   """The one-line OSError for a failed write into out_dir (keeping e's errno)."""
   left = "holds no export (the files written were removed)" if started else "is as it was"
-  out = OSError(f"writing the export to {out_dir} failed: {_cause(e, out_dir)}; {out_dir} "
-                f"{left}: {_fix(e, 'fix that or choose another --out')}, then run rove-export "
-                f"again")
+  out = OSError(
+    f"writing the export to {out_dir} failed: {_cause(e, out_dir)}; {out_dir} "
+    f"{left}: {_fix(e, 'fix that or choose another --out')}, then run rove-export "
+    f"again"
+  )
   out.errno = getattr(e, "errno", None)
   return out
 
@@ -209,6 +222,7 @@ def _write_failure(e: BaseException, out_dir: str, started: bool) -> OSError:
 class Exported:
   """An export read back: the model's config and parameters and the tokenizer it was trained
   with."""
+
   config: GPTConfig
   params: Any
   tokenizer: tokenization.Tokenizer
@@ -223,14 +237,28 @@ class Exported:
   def decode(self, ids) -> str:
     return self.tokenizer.decode(np.asarray(ids))
 
-  def generate(self, prompt: str, max_new_tokens: int, *, temperature: float = 0.0,
-               top_k: Optional[int] = None, seed: int = 0) -> str:
+  def generate(
+    self,
+    prompt: str,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: Optional[int] = None,
+    seed: int = 0,
+  ) -> str:
     """The text after `prompt`: encoded, `max_new_tokens` generated (greedy at temperature
     0), decoded."""
     ids = self.encode(prompt)[None]
-    out = generate(self.model(), ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                   rng=jax.random.key(seed), valid_vocab=self.tokenizer.vocab_size)
-    return self.decode(np.asarray(out[0])[ids.shape[1]:])
+    out = generate(
+      self.model(),
+      ids,
+      max_new_tokens,
+      temperature=temperature,
+      top_k=top_k,
+      rng=jax.random.key(seed),
+      valid_vocab=self.tokenizer.vocab_size,
+    )
+    return self.decode(np.asarray(out[0])[ids.shape[1] :])
 
 
 def load(path: str) -> Exported:
@@ -246,18 +274,23 @@ def load(path: str) -> Exported:
   config, params = pretrained.load(path)
   run = json.loads(paths.read_text(paths.join(path, param_files.CONFIG))).get("rove_jax_run")
   if run is None:
-    raise ValueError(f"{path} is not a rove-export of a training run: its config.json has no "
-                     f"\"rove_jax_run\" (the tokenizer is unknown); load the weights with "
-                     f"rove_jax.nn.pretrained.load and give the tokenizer yourself")
+    raise ValueError(
+      f"{path} is not a rove-export of a training run: its config.json has no "
+      f'"rove_jax_run" (the tokenizer is unknown); load the weights with '
+      f"rove_jax.nn.pretrained.load and give the tokenizer yourself"
+    )
   want = run["tokenizer"]
   if want.get("file"):
     file = paths.inside(path, want["file"], what=f"{path}: rove_jax_run.tokenizer.file")
-    tok = tokenization.HFTokenizer.from_json(paths.read_text(file),
-                                             name=want.get("name", want["file"]))
+    tok = tokenization.HFTokenizer.from_json(
+      paths.read_text(file), name=want.get("name", want["file"])
+    )
   else:
     tok = tokenization.get_tokenizer(want["spec"])
   if want.get("fingerprint") and tok.fingerprint != want["fingerprint"]:
-    raise ValueError(f"the tokenizer of {path} ({tok.name}) is not the one the model was "
-                     f"trained with (fingerprint {tok.fingerprint[:19]}, recorded "
-                     f"{want['fingerprint'][:19]}); export the run again")
+    raise ValueError(
+      f"the tokenizer of {path} ({tok.name}) is not the one the model was "
+      f"trained with (fingerprint {tok.fingerprint[:19]}, recorded "
+      f"{want['fingerprint'][:19]}); export the run again"
+    )
   return Exported(config=config, params=params, tokenizer=tok, run=run)

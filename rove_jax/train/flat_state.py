@@ -30,8 +30,9 @@ def from_flat(flat: dict, like):
   paths, treedef = jax.tree_util.tree_flatten_with_path(like)
   missing = [_leaf_name(p) for p, _ in paths if _leaf_name(p) not in flat]
   if missing:
-    raise ValueError(f"checkpoint lacks {len(missing)} entries of the train state, e.g. "
-                     f"{missing[:3]}")
+    raise ValueError(
+      f"checkpoint lacks {len(missing)} entries of the train state, e.g. {missing[:3]}"
+    )
   return jax.tree_util.tree_unflatten(treedef, [flat[_leaf_name(p)] for p, _ in paths])
 
 

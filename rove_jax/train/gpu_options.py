@@ -19,8 +19,8 @@ import os
 from typing import Iterable
 
 RECOMMENDED = {
-    "xla_gpu_enable_triton_gemm": False,
-    "xla_gpu_enable_latency_hiding_scheduler": True,
+  "xla_gpu_enable_triton_gemm": False,
+  "xla_gpu_enable_latency_hiding_scheduler": True,
 }
 OFF_VAR = "ROVE_JAX_GPU_OPTIONS"
 
@@ -35,5 +35,6 @@ def compiler_options(devices: Iterable) -> dict:
   if os.environ.get(OFF_VAR, "").strip().lower() in ("off", "0", "false", "none"):
     return {}
   flags = os.environ.get("XLA_FLAGS", "")
-  return {k: v for k, v in RECOMMENDED.items() if f"--{k}=" not in flags and f"--{k} " not in
-          f"{flags} "}
+  return {
+    k: v for k, v in RECOMMENDED.items() if f"--{k}=" not in flags and f"--{k} " not in f"{flags} "
+  }

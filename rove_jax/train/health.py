@@ -39,8 +39,14 @@ class NonFiniteError(RuntimeError):
 class Health:
   """Recent losses and the last good state's parameter norm; `verdict` judges a state."""
 
-  def __init__(self, *, max_loss_jump: float, max_param_growth: float, good_step: Optional[int],
-               good_norm: float):
+  def __init__(
+    self,
+    *,
+    max_loss_jump: float,
+    max_param_growth: float,
+    good_step: Optional[int],
+    good_norm: float,
+  ):
     self.max_loss_jump, self.max_param_growth = max_loss_jump, max_param_growth
     self.good_step, self.good_norm = good_step, good_norm
     self.losses: collections.deque = collections.deque(maxlen=WINDOW)
@@ -64,16 +70,23 @@ class Health:
     if self.max_loss_jump and len(history) >= MIN_HISTORY and self.last_loss is not None:
       median = statistics.median(history)
       if self.last_loss > self.max_loss_jump * median:
-        return (f"step {self.last_step}'s loss {self.last_loss:.4g} is more than "
-                f"optim.max_loss_jump={self.max_loss_jump:g} x the median {median:.4g} of the "
-                f"{len(history)} steps before it")
+        return (
+          f"step {self.last_step}'s loss {self.last_loss:.4g} is more than "
+          f"optim.max_loss_jump={self.max_loss_jump:g} x the median {median:.4g} of the "
+          f"{len(history)} steps before it"
+        )
     if not math.isfinite(param_norm):
       return "the parameters' norm is not finite"
-    if self.max_param_growth and self.good_norm > 0 and (
-        param_norm > self.max_param_growth * self.good_norm):
+    if (
+      self.max_param_growth
+      and self.good_norm > 0
+      and (param_norm > self.max_param_growth * self.good_norm)
+    ):
       since = "the start" if self.good_step is None else f"step {self.good_step}"
-      return (f"the parameters' norm {param_norm:.4g} is more than optim.max_param_growth="
-              f"{self.max_param_growth:g} x its {self.good_norm:.4g} at {since}")
+      return (
+        f"the parameters' norm {param_norm:.4g} is more than optim.max_param_growth="
+        f"{self.max_param_growth:g} x its {self.good_norm:.4g} at {since}"
+      )
     return None
 
   def accept(self, step: int, param_norm: float) -> None:

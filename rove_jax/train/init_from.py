@@ -44,8 +44,17 @@ from rove_jax import scaling
 from rove_jax.nn.model_config import DTYPES, ROTARY_ENCODINGS, GPTConfig
 from rove_jax.storage import paths
 
-FREE = ("rope_scaling", "max_len", "dtype", "param_dtype", "attention_impl", "attention_chunk",
-        "remat", "init_std", "rove_layers")
+FREE = (
+  "rope_scaling",
+  "max_len",
+  "dtype",
+  "param_dtype",
+  "attention_impl",
+  "attention_chunk",
+  "remat",
+  "init_std",
+  "rove_layers",
+)
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -54,6 +63,7 @@ def _read(path: str, *, check_files: bool = False):
   check_files: its index and safetensors headers checked too, against the config
   (`pretrained.check_files`), so a damaged file is refused before any work."""
   from rove_jax.nn import pretrained  # safetensors: only runs that start from a checkpoint
+
   try:
     cfg, hf = (pretrained.check_files if check_files else pretrained.read_config)(path)
   except (OSError, ValueError) as e:
@@ -68,8 +78,9 @@ def checkpoint_model(path: str) -> GPTConfig:
   return _read(path, check_files=True)[0]
 
 
-def resolve_model(path: str, config: GPTConfig, given: Optional[Iterable[str]], *,
-                  log=None) -> GPTConfig:
+def resolve_model(
+  path: str, config: GPTConfig, given: Optional[Iterable[str]], *, log=None
+) -> GPTConfig:
   """The model of a run from the checkpoint at `path`: its architecture, with the fields of
   `config` named in `given` (the model field names the user set; None: every field `config`
   holds a value for) where FREE allows them.
@@ -82,9 +93,14 @@ def resolve_model(path: str, config: GPTConfig, given: Optional[Iterable[str]], 
   ckpt, _, _ = _read(path, check_files=True)
   out = ckpt.to_dict()
   model = {k: v for k, v in config.to_dict().items() if v is not None}
-  hint = "" if given is not None else (
+  hint = (
+    ""
+    if given is not None
+    else (
       "; from Python, rove_jax.train.resolve.resolve(c, model_given=[...]) names the model "
-      "fields you set")
+      "fields you set"
+    )
+  )
   given = set(model) if given is None else {g for g in given if g in model}
   for name in sorted(given):
     value, have = model[name], out[name]
@@ -92,19 +108,22 @@ def resolve_model(path: str, config: GPTConfig, given: Optional[Iterable[str]], 
       value = scaling.RopeScaling.from_dict(value).to_dict()  # the form `out` holds
     if value == have:
       continue
-    switch = (name == "pos_encoding" and have in ROTARY_ENCODINGS and value in ROTARY_ENCODINGS)
+    switch = name == "pos_encoding" and have in ROTARY_ENCODINGS and value in ROTARY_ENCODINGS
     free = name in FREE and not (name == "max_len" and ckpt.pos_encoding == "learned")
     if not (switch or free):
       raise ValueError(
-          f"model.{name}={value!r} disagrees with init_from={path}, whose {name} is {have!r}: "
-          f"the model is the checkpoint's; leave model.{name} unset (a run may change "
-          f"pos_encoding between rope and rove and {', '.join(FREE)}){hint}")
+        f"model.{name}={value!r} disagrees with init_from={path}, whose {name} is {have!r}: "
+        f"the model is the checkpoint's; leave model.{name} unset (a run may change "
+        f"pos_encoding between rope and rove and {', '.join(FREE)}){hint}"
+      )
     out[name] = model[name]
   if out["pos_encoding"] != "rove" and "rove_layers" not in given:
     out["rove_layers"] = None  # an export of a partly-RoVE run, switched to rope
-  (log or _log)(f"init_from={path}: {ckpt.n_layer} layers x {ckpt.d_model}, {ckpt.n_head} "
-                f"heads ({ckpt.n_kv_head} kv), vocabulary {ckpt.vocab_size}; pos_encoding "
-                f"{ckpt.pos_encoding} -> {out['pos_encoding']}")
+  (log or _log)(
+    f"init_from={path}: {ckpt.n_layer} layers x {ckpt.d_model}, {ckpt.n_head} "
+    f"heads ({ckpt.n_kv_head} kv), vocabulary {ckpt.vocab_size}; pos_encoding "
+    f"{ckpt.pos_encoding} -> {out['pos_encoding']}"
+  )
   try:
     return GPTConfig.from_dict(out)
   except ValueError as e:
@@ -119,10 +138,14 @@ def checkpoint_tokenizer(path: str) -> Optional[str]:
   run = hf.get("rove_jax_run")
   recorded = (run.get("tokenizer") if isinstance(run, dict) else None) or {}
   if not isinstance(recorded, dict):
-    raise ValueError(f"init_from={path}: rove_jax_run.tokenizer in its config.json is not an "
-                     f"object")
-  file = paths.inside(directory, recorded.get("file") or TOKENIZER_FILE,
-                      what=f"init_from={path}: rove_jax_run.tokenizer.file")
+    raise ValueError(
+      f"init_from={path}: rove_jax_run.tokenizer in its config.json is not an object"
+    )
+  file = paths.inside(
+    directory,
+    recorded.get("file") or TOKENIZER_FILE,
+    what=f"init_from={path}: rove_jax_run.tokenizer.file",
+  )
   if paths.isfile(file):
     return file
   if recorded.get("spec") and not recorded.get("file"):
@@ -139,23 +162,31 @@ def resolve_tokenizer(path: str, given: Optional[str], vocab_size: int) -> str:
       ids than vocab_size (all one line, before any data work).
   """
   from rove_jax.data import tokenization  # the data layer: loaded by training runs only
+
   want = checkpoint_tokenizer(path)
   if want is None and given is None:
-    raise ValueError(f"init_from={path} holds no {TOKENIZER_FILE} and records no tokenizer; "
-                     f"set --config.data.tokenizer to the model's tokenizer.json")
+    raise ValueError(
+      f"init_from={path} holds no {TOKENIZER_FILE} and records no tokenizer; "
+      f"set --config.data.tokenizer to the model's tokenizer.json"
+    )
   if given is not None and want is not None and given != want:
     trainable = any(s == "bpe" or s.startswith("bpe:") for s in (given, want))
-    same = not trainable and (tokenization.get_tokenizer(given).fingerprint ==
-                              tokenization.get_tokenizer(want).fingerprint)
+    same = not trainable and (
+      tokenization.get_tokenizer(given).fingerprint == tokenization.get_tokenizer(want).fingerprint
+    )
     if not same:
-      raise ValueError(f"data.tokenizer={given!r} is not the tokenizer of init_from={path} "
-                       f"({want!r}); leave data.tokenizer unset (the checkpoint supplies it)")
+      raise ValueError(
+        f"data.tokenizer={given!r} is not the tokenizer of init_from={path} "
+        f"({want!r}); leave data.tokenizer unset (the checkpoint supplies it)"
+      )
   spec = given if given is not None else want
   if not (spec == "bpe" or spec.startswith("bpe:")):
     n = tokenization.get_tokenizer(spec).vocab_size
     if n > vocab_size:
-      raise ValueError(f"tokenizer {spec!r} has {n} ids but init_from={path} has a vocabulary "
-                       f"of {vocab_size}; give the model's own tokenizer")
+      raise ValueError(
+        f"tokenizer {spec!r} has {n} ids but init_from={path} has a vocabulary "
+        f"of {vocab_size}; give the model's own tokenizer"
+      )
   return spec
 
 
@@ -170,6 +201,7 @@ def load_params(c, shardings, *, log=print):
   import numpy as np
 
   from rove_jax.nn import param_files, pretrained
+
   try:
     _, params = pretrained.load(c.init_from)
   except (OSError, ValueError) as e:

@@ -89,8 +89,9 @@ class LayerStack:
     n = len(per_block[0]) if per_block else 0
     uniform = all(sorted(v) == list(range(n)) and len(set(v.values())) == 1 for v in per_block)
     self.n_layers = n if uniform and n > 1 else 0  # 0: nothing is stacked
-    self._stacked_def = (jax.tree.structure(jax.eval_shape(self.stack, params))
-                         if self.active else self._treedef)
+    self._stacked_def = (
+      jax.tree.structure(jax.eval_shape(self.stack, params)) if self.active else self._treedef
+    )
 
   @property
   def active(self) -> bool:
@@ -108,16 +109,23 @@ class LayerStack:
       parts.setdefault(key, {})[layer] = leaf
     out = {}
     for key, by_layer in parts.items():
-      _put(out, key, by_layer[None] if None in by_layer else
-           jnp.stack([by_layer[i] for i in range(self.n_layers)]))
+      _put(
+        out,
+        key,
+        by_layer[None]
+        if None in by_layer
+        else jnp.stack([by_layer[i] for i in range(self.n_layers)]),
+      )
     return out
 
   def unstack(self, stacked) -> Any:
     """The stacked tree -> the parameters' own structure (what nnx.merge takes)."""
     if not self.active:
       return stacked
-    leaves = [_get(stacked, key) if layer is None else _get(stacked, key)[layer]
-              for key, layer in self._source]
+    leaves = [
+      _get(stacked, key) if layer is None else _get(stacked, key)[layer]
+      for key, layer in self._source
+    ]
     return self._treedef.unflatten(leaves)
 
   # ------------------------------------------------------------------------ train states
@@ -149,7 +157,8 @@ class LayerStack:
 
 def _map_subtrees(tree, structure, fn: Any) -> Any:
   """`tree` with every subtree of the given structure replaced by fn(subtree)."""
+
   def matches(x) -> bool:
     return jax.tree.structure(x) == structure
-  return jax.tree.map(lambda x: fn(x) if matches(x) else x, tree, is_leaf=matches)
 
+  return jax.tree.map(lambda x: fn(x) if matches(x) else x, tree, is_leaf=matches)

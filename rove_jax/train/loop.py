@@ -70,15 +70,21 @@ class TrainState:
 def lr_schedule(o: OptimConfig, steps: int):
   """Linear warmup to optim.lr, then cosine decay to lr * min_lr_ratio at `steps`."""
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
-      decay_steps=max(steps, o.warmup_steps + 1), end_value=o.lr * o.min_lr_ratio)
+    init_value=0.0,
+    peak_value=o.lr,
+    warmup_steps=o.warmup_steps,
+    decay_steps=max(steps, o.warmup_steps + 1),
+    end_value=o.lr * o.min_lr_ratio,
+  )
 
 
 def decay_mask(params) -> Any:
   """True for the projection matrices that get weight decay; False for the rest."""
+
   def keep(path, leaf):
     names = [getattr(k, "key", None) for k in path]
     return any(n in _DECAY_NAMES for n in names)
+
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
@@ -87,8 +93,16 @@ def make_optimizer(o: OptimConfig, steps: int) -> optax.GradientTransformation:
   parts = []
   if o.clip_norm and o.clip_norm > 0:
     parts.append(clipping.clip_by_global_norm(o.clip_norm))
-  parts.append(optax.adamw(lr_schedule(o, steps), b1=o.b1, b2=o.b2, eps=o.eps,
-                           weight_decay=o.weight_decay, mask=decay_mask))
+  parts.append(
+    optax.adamw(
+      lr_schedule(o, steps),
+      b1=o.b1,
+      b2=o.b2,
+      eps=o.eps,
+      weight_decay=o.weight_decay,
+      mask=decay_mask,
+    )
+  )
   return optax.chain(*parts)
 
 
@@ -97,12 +111,18 @@ def _batch_loss(graphdef, params, batch, loss_impl: str = "xla"):
   output projection inside the loss kernel ("fused", rove_jax.kernels.linear_ce)."""
   model = nnx.merge(graphdef, params)
   # The pipeline's positions restart at each packed document and grow inside it.
-  out = model(batch["inputs"], positions=batch.get("positions"),
-              segment_ids=batch.get("segment_ids"), positions_ordered=True, logits_dtype=None,
-              head=loss_impl != "fused")
+  out = model(
+    batch["inputs"],
+    positions=batch.get("positions"),
+    segment_ids=batch.get("segment_ids"),
+    positions_ordered=True,
+    logits_dtype=None,
+    head=loss_impl != "fused",
+  )
   if loss_impl == "fused":
-    return fused_cross_entropy(out, model.head_VE(out.dtype), batch["targets"],
-                               batch.get("loss_mask"))[0]
+    return fused_cross_entropy(
+      out, model.head_VE(out.dtype), batch["targets"], batch.get("loss_mask")
+    )[0]
   return cross_entropy(out, batch["targets"], batch.get("loss_mask"))[0]
 
 
@@ -114,9 +134,18 @@ def new_state(tx: optax.GradientTransformation, params, layers=None) -> TrainSta
   return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
-                    schedule=None, *, layers=None, state_shardings=None, batch_sharding=None,
-                    compiler_options=None, loss_impl: str = "xla"):
+def make_train_step(
+  graphdef,
+  tx: optax.GradientTransformation,
+  grad_accum: int,
+  schedule=None,
+  *,
+  layers=None,
+  state_shardings=None,
+  batch_sharding=None,
+  compiler_options=None,
+  loss_impl: str = "xla",
+):
   """A jitted (state, batch) -> (state, metrics) with the state donated, compiled with
   `compiler_options` (rove_jax.train.gpu_options on GPUs), its loss by `loss_impl`
   (OptimConfig.loss_impl: `_batch_loss`). With `layers` (a
@@ -127,6 +156,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
   gradients are averaged (a lax.scan), then one optimizer update is applied. A non-finite loss
   or gradient norm leaves params and optimizer state unchanged (metrics["finite"] = False).
   """
+
   def step(state: TrainState, batch):
     params = state.params if layers is None else layers.unstack(state.params)
     loss_fn = functools.partial(_batch_loss, graphdef, loss_impl=loss_impl)
@@ -156,12 +186,17 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
     # and old state fuses into each other parameter's update instead of waiting on a norm of all
     # of them (a pass over every parameter and a kernel each).
     probe = min(jax.tree.leaves(new_params), key=lambda x: x.size)
-    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-              & jnp.isfinite(jnp.sum(jnp.square(probe.astype(jnp.float32)))))
+    finite = (
+      jnp.isfinite(loss)
+      & jnp.isfinite(grad_norm)
+      & jnp.isfinite(jnp.sum(jnp.square(probe.astype(jnp.float32))))
+    )
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-    new_state = TrainState(params=keep(new_params, state.params),
-                           opt_state=keep(new_opt, state.opt_state),
-                           step=state.step + 1)
+    new_state = TrainState(
+      params=keep(new_params, state.params),
+      opt_state=keep(new_opt, state.opt_state),
+      step=state.step + 1,
+    )
     metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite}
     if schedule is not None:
       metrics["lr"] = schedule(state.step)
@@ -170,8 +205,13 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, grad_accum: int,
   options = compiler_options or None
   if state_shardings is None:
     return jax.jit(step, donate_argnums=0, compiler_options=options)
-  return jax.jit(step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
-                 out_shardings=(state_shardings, None), compiler_options=options)
+  return jax.jit(
+    step,
+    donate_argnums=0,
+    in_shardings=(state_shardings, batch_sharding),
+    out_shardings=(state_shardings, None),
+    compiler_options=options,
+  )
 
 
 def _micro_batches(M: int, batch_sharding, x):
@@ -188,10 +228,13 @@ def _micro_batches(M: int, batch_sharding, x):
 
 def make_eval_step(graphdef, compiler_options=None, layers=None, loss_impl: str = "xla"):
   """A jitted (params, batch) -> mean loss; params stacked by `layers` when given."""
+
   @functools.partial(jax.jit, compiler_options=compiler_options or None)
   def eval_step(params, batch):
-    return _batch_loss(graphdef, params if layers is None else layers.unstack(params), batch,
-                       loss_impl)
+    return _batch_loss(
+      graphdef, params if layers is None else layers.unstack(params), batch, loss_impl
+    )
+
   return eval_step
 
 
@@ -220,8 +263,9 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
   try:
     # every process writes where process 0 locked, with the same config, or all stop now
     agreement.confirm(workdir, c)
-    ckpt = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints,
-                                 async_save=c.async_checkpoints)
+    ckpt = ckpt_lib.Checkpointer(
+      ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints, async_save=c.async_checkpoints
+    )
     with jax.set_mesh(mesh):  # kernels that shard themselves (TPU splash) see the mesh
       result = step_loop.run(_run_state(c, workdir, mesh, ckpt, lock, log))
     ckpt, closing = None, ckpt
@@ -253,8 +297,10 @@ def _mesh(c: RunConfig, devices) -> Mesh:
   mesh = sharding_lib.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
   dp, nproc = sharding_lib.data_parallel_size(mesh), jax.process_count()
   if c.data.batch_size % dp or c.data.batch_size % nproc:
-    raise ValueError(f"data.batch_size={c.data.batch_size} is not divisible by the data-parallel "
-                     f"size mesh.data * mesh.fsdp = {dp} (and the {nproc} processes)")
+    raise ValueError(
+      f"data.batch_size={c.data.batch_size} is not divisible by the data-parallel "
+      f"size mesh.data * mesh.fsdp = {dp} (and the {nproc} processes)"
+    )
   return mesh
 
 
@@ -290,35 +336,67 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
   # Parameters and optimizer state are created already sharded: no full copy on one device.
   state = jax.jit(init_state, out_shardings=state_sh)()
   pidx, nproc = jax.process_index(), jax.process_count()
-  iterator = data.train_iterator(seq_len=c.data.seq_len, global_batch_size=c.data.batch_size,
-                                 seed=c.seed, packing=c.data.packing, process_index=pidx,
-                                 process_count=nproc)
+  iterator = data.train_iterator(
+    seq_len=c.data.seq_len,
+    global_batch_size=c.data.batch_size,
+    seed=c.seed,
+    packing=c.data.packing,
+    process_index=pidx,
+    process_count=nproc,
+  )
   tok = data.tokenizer
-  meta["tokenizer"].update(name=tok.name, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
-                           fingerprint=tok.fingerprint)
+  meta["tokenizer"].update(
+    name=tok.name, vocab_size=tok.vocab_size, eot_id=tok.eot_id, fingerprint=tok.fingerprint
+  )
   meta["data_identity"] = data.identity
   state, start, restored = _restore(c, workdir, ckpt, data, iterator, state, saved, log)
   sinks = tracking.parse_tracking(c.tracking)
   metrics_log = MetricsLog(
-      workdir, resume_step=start, enabled=pidx == 0, report=log,
-      tensorboard="tensorboard" in sinks,
-      sinks=[tracking.Wandb(workdir, c)]
-      if "wandb" in sinks and pidx == 0 else [])
-  profiler = tracking.Profiler(workdir, tracking.parse_profile_steps(c.profile_steps, c.steps),
-                               enabled=pidx == 0, log=log)
+    workdir,
+    resume_step=start,
+    enabled=pidx == 0,
+    report=log,
+    tensorboard="tensorboard" in sinks,
+    sinks=[tracking.Wandb(workdir, c)] if "wandb" in sinks and pidx == 0 else [],
+  )
+  profiler = tracking.Profiler(
+    workdir, tracking.parse_profile_steps(c.profile_steps, c.steps), enabled=pidx == 0, log=log
+  )
   options = gpu_options.compiler_options(mesh.devices.flat)
   if options:
     log(f"XLA options for this GPU: {options} (rove_jax/train/gpu_options.py)")
-  train_step = make_train_step(graphdef, tx, c.optim.grad_accum, lr_schedule(c.optim, c.steps),
-                               layers=layers, state_shardings=state_sh,
-                               batch_sharding=sharding_lib.batch_sharding(mesh),
-                               compiler_options=options, loss_impl=c.optim.loss_impl)
-  return step_loop.Run(c=c, workdir=workdir, mesh=mesh, ckpt=ckpt, lock=lock, log=log,
-                       data=data, iterator=iterator, state=state, start=start,
-                       restored=restored, meta=meta, graphdef=graphdef, layers=layers,
-                       to_checkpoint=saved.to_layers, train_step=train_step,
-                       eval_step=make_eval_step(graphdef, options, layers, c.optim.loss_impl),
-                       metrics_log=metrics_log, profiler=profiler)
+  train_step = make_train_step(
+    graphdef,
+    tx,
+    c.optim.grad_accum,
+    lr_schedule(c.optim, c.steps),
+    layers=layers,
+    state_shardings=state_sh,
+    batch_sharding=sharding_lib.batch_sharding(mesh),
+    compiler_options=options,
+    loss_impl=c.optim.loss_impl,
+  )
+  return step_loop.Run(
+    c=c,
+    workdir=workdir,
+    mesh=mesh,
+    ckpt=ckpt,
+    lock=lock,
+    log=log,
+    data=data,
+    iterator=iterator,
+    state=state,
+    start=start,
+    restored=restored,
+    meta=meta,
+    graphdef=graphdef,
+    layers=layers,
+    to_checkpoint=saved.to_layers,
+    train_step=train_step,
+    eval_step=make_eval_step(graphdef, options, layers, c.optim.loss_impl),
+    metrics_log=metrics_log,
+    profiler=profiler,
+  )
 
 
 def _model(c: RunConfig, tx: optax.GradientTransformation):
@@ -329,8 +407,12 @@ def _model(c: RunConfig, tx: optax.GradientTransformation):
   graphdef, abstract_params = nnx.split(abstract_model(c.model), nnx.Param)
   layers = layer_stack.LayerStack(abstract_params)
   abstract_state = jax.eval_shape(lambda p: new_state(tx, p, layers), abstract_params)
-  return graphdef, layers, abstract_state, lambda: new_state(
-      tx, nnx.state(new_model(), nnx.Param), layers)
+  return (
+    graphdef,
+    layers,
+    abstract_state,
+    lambda: new_state(tx, nnx.state(new_model(), nnx.Param), layers),
+  )
 
 
 class _Saved:
@@ -342,8 +424,9 @@ class _Saved:
     self.state = jax.eval_shape(layers.to_layers, abstract_state)
     path_specs = sharding_lib.param_path_specs(self.state.params, mesh)
     self.shardings = sharding_lib.tree_shardings(self.state, path_specs, mesh)
-    self.state_shardings = sharding_lib.tree_shardings(abstract_state,
-                                                       layers.path_specs(path_specs), mesh)
+    self.state_shardings = sharding_lib.tree_shardings(
+      abstract_state, layers.path_specs(path_specs), mesh
+    )
     # to_layers copies the state once on the devices while a save starts (orbax then copies
     # it to the host); from_layers stacks a restored one. Nothing stacked: nothing to do.
     on_mesh = lambda f, sh: jax.jit(f, out_shardings=sh) if layers.active else f
@@ -353,21 +436,22 @@ class _Saved:
 
   def target(self):
     """What a checkpoint restores into: shapes with this run's shardings."""
-    return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                        self.state, self.shardings)
+    return jax.tree.map(
+      lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), self.state, self.shardings
+    )
 
 
 def _check_resumable(c: RunConfig, ckpt, meta: dict, abstract_state, workdir, log) -> None:
   """Before data work and before any restore: a config that cannot continue the saved run is an
   error that leaves every checkpoint where it is."""
-  resume.check_resumable(ckpt, meta, ckpt_lib.to_flat(abstract_state), workdir=workdir,
-                         log=log)
+  resume.check_resumable(ckpt, meta, ckpt_lib.to_flat(abstract_state), workdir=workdir, log=log)
   if ckpt.latest_step() is None and ckpt.quarantined() and not c.fresh_start:
     raise ValueError(
-        f"{ckpt.directory} holds no checkpoint, but {len(ckpt.quarantined())} earlier ones of "
-        f"this run were found unreadable and moved to {ckpt.quarantine_dir()}. Starting again "
-        f"from step 0 would overwrite its metrics: move a checkpoint back if you can repair it, "
-        f"or pass --config.fresh_start=True to start from step 0 (the moved ones stay).")
+      f"{ckpt.directory} holds no checkpoint, but {len(ckpt.quarantined())} earlier ones of "
+      f"this run were found unreadable and moved to {ckpt.quarantine_dir()}. Starting again "
+      f"from step 0 would overwrite its metrics: move a checkpoint back if you can repair it, "
+      f"or pass --config.fresh_start=True to start from step 0 (the moved ones stay)."
+    )
 
 
 def _open_data(c: RunConfig, workdir, ckpt, log):
@@ -377,18 +461,23 @@ def _open_data(c: RunConfig, workdir, ckpt, log):
   for split, toks in (("training", data.train_tokens), ("validation", data.val_tokens)):
     windows = (len(toks) - 1) // c.data.seq_len
     if windows < c.data.batch_size:  # found now, not when the first evaluation comes round
-      raise ValueError(f"the {split} split has {len(toks)} tokens: {windows} windows of "
-                       f"data.seq_len={c.data.seq_len}, fewer than one batch of "
-                       f"data.batch_size={c.data.batch_size}; use more data (data.max_files, "
-                       f"data.val_fraction, data.val_path) or a smaller seq_len / batch_size")
+      raise ValueError(
+        f"the {split} split has {len(toks)} tokens: {windows} windows of "
+        f"data.seq_len={c.data.seq_len}, fewer than one batch of "
+        f"data.batch_size={c.data.batch_size}; use more data (data.max_files, "
+        f"data.val_fraction, data.val_path) or a smaller seq_len / batch_size"
+      )
   if c.data.packing:  # rows the attention kernel cannot take stop the run here, not as NaN
-    packing.check(c.model, c.data.seq_len, (data.train_tokens, data.val_tokens),
-                  data.tokenizer.eot_id, log=log)
+    packing.check(
+      c.model, c.data.seq_len, (data.train_tokens, data.val_tokens), data.tokenizer.eot_id, log=log
+    )
   if data.tokenizer.vocab_size > c.model.vocab_size:
     need = padded_vocab_size(data.tokenizer.vocab_size)
-    raise ValueError(f"tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} ids but "
-                     f"model.vocab_size is {c.model.vocab_size}; set "
-                     f"--config.model.vocab_size={need}")
+    raise ValueError(
+      f"tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} ids but "
+      f"model.vocab_size is {c.model.vocab_size}; set "
+      f"--config.model.vocab_size={need}"
+    )
   return data
 
 
@@ -399,17 +488,21 @@ def _restore(c: RunConfig, workdir, ckpt, data, iterator, state, saved: _Saved, 
   restored = ckpt.restore_latest(ckpt_lib.to_flat(target), report=log)
   if restored is None:
     if c.init_from is not None:  # a new run from a pretrained model (train/init_from.py)
-      state = state.replace(params=saved.stack_params(
-          init_from.load_params(c, saved.shardings.params, log=log)))
+      state = state.replace(
+        params=saved.stack_params(init_from.load_params(c, saved.shardings.params, log=log))
+      )
     return state, 0, False
   start, flat, data_state, saved_meta = restored
   # A tokenizer file in the workdir that changed since the save would feed the run other ids.
   resume.check_tokenizer(saved_meta, data.tokenizer, workdir=workdir)
   # So would a dataset re-prepared, or files edited, since the run began.
-  resume.check_data(saved_meta, data.identity, allow_changed=c.data.allow_changed,
-                    workdir=workdir, log=log)
+  resume.check_data(
+    saved_meta, data.identity, allow_changed=c.data.allow_changed, workdir=workdir, log=log
+  )
   state = saved.from_layers(ckpt_lib.from_flat(flat, target))
   iterator.set_state(data_state)
-  log(f"resumed from step {start} in {ckpt.directory}" + (
-      f"; init_from={c.init_from} is ignored" if c.init_from else ""))
+  log(
+    f"resumed from step {start} in {ckpt.directory}"
+    + (f"; init_from={c.init_from} is ignored" if c.init_from else "")
+  )
   return state, start, True

@@ -36,6 +36,7 @@ def fused_cross_entropy(x_BTE, w_VE, targets_BT, mask_BT=None):
   compute dtype; the logits are float32 inside the kernel, so the loss is that of unrounded
   logits."""
   from rove_jax.kernels import linear_ce  # Pallas: imported when the fused loss is chosen
+
   return masked_mean(linear_ce.token_nll(x_BTE, w_VE, targets_BT), mask_BT)
 
 
@@ -69,14 +70,19 @@ def logsumexp_one_pass(x):
   """log sum exp over the last axis in one reduction: each partial result is (running max m,
   sum of exp(x - m)), and two combine as (max, s_a exp(m_a - max) + s_b exp(m_b - max)), the
   online softmax's rule; the logits are read once instead of twice (max, then the sum)."""
+
   def combine(a, b):
     (ma, sa), (mb, sb) = a, b
     m = jnp.maximum(ma, mb)
     return m, sa * jnp.exp(ma - m) + sb * jnp.exp(mb - m)
+
   lowest = jnp.finfo(x.dtype).min  # not -inf: two empty partials must combine to (lowest, 0)
-  m, s = jax.lax.reduce((x, jnp.ones_like(x)), (jnp.asarray(lowest, x.dtype),
-                                                jnp.zeros((), x.dtype)),
-                        combine, (x.ndim - 1,))
+  m, s = jax.lax.reduce(
+    (x, jnp.ones_like(x)),
+    (jnp.asarray(lowest, x.dtype), jnp.zeros((), x.dtype)),
+    combine,
+    (x.ndim - 1,),
+  )
   return m + jnp.log(s)
 
 
@@ -95,4 +101,3 @@ def _token_nll_bwd(res, g_BT):
 
 
 token_nll.defvjp(_token_nll_fwd, _token_nll_bwd)
-

@@ -34,8 +34,11 @@ UNREADABLE = FILE + ".unreadable"  # where the lines that do not read are moved
 
 def scalars(record: dict) -> dict:
   """The numbers of a record other than its step: what the plotting sinks take."""
-  return {k: v for k, v in record.items()
-          if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+  return {
+    k: v
+    for k, v in record.items()
+    if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+  }
 
 
 def _parse(lines) -> tuple[list[dict], list[int]]:
@@ -58,8 +61,9 @@ def _parse(lines) -> tuple[list[dict], list[int]]:
 
 def _describe_bad(path: str, bad: list[int]) -> str:
   shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-  return (f"{path}: {len(bad)} unreadable line(s) (line {shown}; a line cut by a kill or "
-          f"edited by hand)")
+  return (
+    f"{path}: {len(bad)} unreadable line(s) (line {shown}; a line cut by a kill or edited by hand)"
+  )
 
 
 def read_metrics(workdir: str, *, report=print) -> list[dict]:
@@ -89,8 +93,16 @@ class MetricsLog:
       (rove_jax.train.tracking.Wandb).
   """
 
-  def __init__(self, workdir: str, *, resume_step: int, enabled: bool = True, report=print,
-               tensorboard: bool = True, sinks=()):
+  def __init__(
+    self,
+    workdir: str,
+    *,
+    resume_step: int,
+    enabled: bool = True,
+    report=print,
+    tensorboard: bool = True,
+    sinks=(),
+  ):
     self.workdir = workdir
     self.path = paths.join(workdir, FILE)
     self.remote = paths.is_remote(workdir)
@@ -110,8 +122,7 @@ class MetricsLog:
       if bad:
         aside = paths.join(workdir, UNREADABLE)
         old = paths.read_bytes(aside) if paths.exists(aside) else b""
-        paths.write_atomic(aside, old + b"".join(lines[i - 1].rstrip(b"\n") + b"\n"
-                                                 for i in bad))
+        paths.write_atomic(aside, old + b"".join(lines[i - 1].rstrip(b"\n") + b"\n" for i in bad))
         report(_describe_bad(self.path, bad) + f": moved to {aside}")
       self._lines = [json.dumps(r) + "\n" for r in records if r["step"] <= resume_step]
       paths.write_atomic(self.path, "".join(self._lines))
@@ -125,11 +136,13 @@ class MetricsLog:
     if self.remote:
       self._staging = tempfile.mkdtemp(prefix="rove-jax-tensorboard-")
       for rel in paths.walk_files(logdir):  # the earlier events, so purge_step can hide some
-        paths.write_atomic(os.path.join(self._staging, rel), paths.read_bytes(
-            paths.join(logdir, rel)))
+        paths.write_atomic(
+          os.path.join(self._staging, rel), paths.read_bytes(paths.join(logdir, rel))
+        )
     # purge_step: TensorBoard hides the earlier events at steps past the checkpoint.
-    self.tb = SummaryWriter(self._staging or logdir,
-                            purge_step=resume_step + 1 if resume_step > 0 else None)
+    self.tb = SummaryWriter(
+      self._staging or logdir, purge_step=resume_step + 1 if resume_step > 0 else None
+    )
 
   def write(self, record: dict) -> None:
     if not self.enabled:
@@ -158,8 +171,10 @@ class MetricsLog:
       if self.tb is not None:
         self.tb.flush()
       for rel in paths.walk_files(self._staging):
-        paths.write_atomic(paths.join(self.workdir, "tensorboard", rel),
-                           paths.read_bytes(os.path.join(self._staging, rel)))
+        paths.write_atomic(
+          paths.join(self.workdir, "tensorboard", rel),
+          paths.read_bytes(os.path.join(self._staging, rel)),
+        )
 
   def close(self):
     if self.tb is not None:

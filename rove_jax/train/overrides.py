@@ -33,15 +33,22 @@ from rove_jax.train.run_config import SECTIONS, RunConfig
 HELP = "rove-train --help-config lists every field"
 EXAMPLE = "configs/tiny.py"
 # model.rope_scaling's keys by what their values are; the rest are numbers
-_SCALING_TYPES = {"rope_type": str, "truncate": bool, "original_max_position_embeddings": int,
-                  "short_factor": tuple, "long_factor": tuple}
+_SCALING_TYPES = {
+  "rope_type": str,
+  "truncate": bool,
+  "original_max_position_embeddings": int,
+  "short_factor": tuple,
+  "long_factor": tuple,
+}
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 MISSING = type("MissingValue", (), {"__repr__": lambda self: "MISSING"})()  # --config.KEY, no =
 
 # (follower, followed, how): the follower takes how(followed) unless set
-_FOLLOWERS = ((("model", "n_kv_head"), ("model", "n_head"), lambda v: v),
-              (("model", "d_ff"), ("model", "d_model"), lambda v: 4 * v),
-              (("model", "max_len"), ("data", "seq_len"), lambda v: v))
+_FOLLOWERS = (
+  (("model", "n_kv_head"), ("model", "n_head"), lambda v: v),
+  (("model", "d_ff"), ("model", "d_model"), lambda v: 4 * v),
+  (("model", "max_len"), ("data", "seq_len"), lambda v: v),
+)
 
 
 # ------------------------------------------------------------------------- the file
@@ -57,16 +64,20 @@ def load_file(spec: str) -> RunConfig:
   path, sep, arg = spec.partition(":")
   path = os.path.abspath(path)
   if not os.path.isfile(path):
-    raise ValueError(f"--config {path}: no such file; give a config file (e.g. {EXAMPLE}) or a "
-                     f"packaged config's name")
+    raise ValueError(
+      f"--config {path}: no such file; give a config file (e.g. {EXAMPLE}) or a "
+      f"packaged config's name"
+    )
   try:
     module_spec = importlib.util.spec_from_file_location("_rove_jax_config_file", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):
-      raise ValueError(f"--config {path} defines no get_config(); a config file defines "
-                       f"get_config() returning the run's RunConfig (see {EXAMPLE})")
+      raise ValueError(
+        f"--config {path} defines no get_config(); a config file defines "
+        f"get_config() returning the run's RunConfig (see {EXAMPLE})"
+      )
     c = get_config(arg) if sep else get_config()
   except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the file raises is named
     message = _failure(e, path)
@@ -75,34 +86,43 @@ def load_file(spec: str) -> RunConfig:
     raise ValueError(message) from None
   if not isinstance(c, RunConfig):
     kind = type(c).__name__
-    hint = (" (config files no longer return an ml_collections ConfigDict: build the "
-            "RunConfig as configs/tiny.py does)" if kind in ("ConfigDict", "FrozenConfigDict")
-            else "")
-    raise ValueError(f"--config {path}: get_config() returned a {kind}, not a RunConfig"
-                     f"{hint}; see {EXAMPLE}")
+    hint = (
+      " (config files no longer return an ml_collections ConfigDict: build the "
+      "RunConfig as configs/tiny.py does)"
+      if kind in ("ConfigDict", "FrozenConfigDict")
+      else ""
+    )
+    raise ValueError(
+      f"--config {path}: get_config() returned a {kind}, not a RunConfig{hint}; see {EXAMPLE}"
+    )
   return c
 
 
 def _failure(e: BaseException, path: str) -> Optional[str]:
-  """"--config FILE, line N (CODE): what happened; ..." for an exception raised in the file (its
+  """ "--config FILE, line N (CODE): what happened; ..." for an exception raised in the file (its
   innermost line there), or None when the file is not in the traceback."""
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))
     if isinstance(e, ValueError) and str(e).startswith(f"--config {path}"):
       return str(e)
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if os.path.abspath(f.filename) == path]
+    frames = [
+      f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == path
+    ]
     if frames:
       line = frames[-1].lineno
       code = linecache.getline(frames[-1].filename, line).strip()
       if isinstance(e, SystemExit):
-        what = (f"the config file exited (SystemExit: {e.code!r}) instead of returning a config; "
-                f"nothing was trained")
+        what = (
+          f"the config file exited (SystemExit: {e.code!r}) instead of returning a config; "
+          f"nothing was trained"
+        )
       else:
         what = f"{type(e).__name__}: {' '.join(str(e).split())}"
-      return (f"--config {path}, line {line} ({code}): {what}; a config file defines "
-              f"get_config() returning the run's RunConfig (see {EXAMPLE})")
+      return (
+        f"--config {path}, line {line} ({code}): {what}; a config file defines "
+        f"get_config() returning the run's RunConfig (see {EXAMPLE})"
+      )
     e = e.__cause__ or e.__context__
   return None
 
@@ -116,7 +136,7 @@ def split(args: Iterable[str]) -> list[tuple[str, Any]]:
   out = []
   for arg in args:
     if arg.startswith("--config."):
-      key, eq, value = arg[len("--config."):].partition("=")
+      key, eq, value = arg[len("--config.") :].partition("=")
       out.append((key, value if eq else MISSING))
   return out
 
@@ -146,7 +166,7 @@ def apply(c: RunConfig, overrides) -> RunConfig:
     raise ValueError("; ".join(problems))
   given = {tuple(key.split(".")) for key, _ in overrides}  # a section given: all its fields
   for follower, followed, how in following:
-    if not any(follower[:len(g)] == g for g in given) and _get(tree, followed) is not None:
+    if not any(follower[: len(g)] == g for g in given) and _get(tree, followed) is not None:
       tree[follower[0]][follower[1]] = how(_get(tree, followed))
   if tree["model"]["rope_scaling"] == {}:
     tree["model"]["rope_scaling"] = None
@@ -188,13 +208,15 @@ def _set(tree: dict, key: str, value: Any) -> Optional[str]:
     if cls is scaling.RopeScaling:
       return _set_scaling(node, parts[i:], value)
     if cls is None:
-      return (f"{here} is a field, not a section: it has no {part!r}; set "
-              f"--config.{here}=VALUE")
+      return f"{here} is a field, not a section: it has no {part!r}; set --config.{here}=VALUE"
     names = [f.name for f in dataclasses.fields(cls)]
     if part not in names:
       close = difflib.get_close_matches(part, names, n=1, cutoff=0.5)
-      hint = (f"did you mean --config.{'.'.join(parts[:i] + close + parts[i + 1:])}?" if close
-              else f"{here} has: {', '.join(sorted(names))}")
+      hint = (
+        f"did you mean --config.{'.'.join(parts[:i] + close + parts[i + 1 :])}?"
+        if close
+        else f"{here} has: {', '.join(sorted(names))}"
+      )
       return f"{here} has no field {part!r}; {hint} ({HELP})"
     kind = typing.get_type_hints(cls)[part]
     inner = [t for t in typing.get_args(kind) if t is not type(None)]
@@ -208,10 +230,13 @@ def _set(tree: dict, key: str, value: Any) -> Optional[str]:
     if value is MISSING:
       return f"no value: give --config.{key}=VALUE"
     if _section(kind) is not None:
-      example = {"model.rope_scaling": " (e.g. --config.model.rope_scaling.rope_type=yarn "
-                                       "--config.model.rope_scaling.factor=4)"}.get(key, "")
-      if kind is scaling.RopeScaling and (value is None or str(value).strip() in
-                                          ("None", "none", "{}")):
+      example = {
+        "model.rope_scaling": " (e.g. --config.model.rope_scaling.rope_type=yarn "
+        "--config.model.rope_scaling.factor=4)"
+      }.get(key, "")
+      if kind is scaling.RopeScaling and (
+        value is None or str(value).strip() in ("None", "none", "{}")
+      ):
         node[part] = None
         return None
       if isinstance(value, _section(kind)):  # a whole section, from Python
@@ -220,8 +245,10 @@ def _set(tree: dict, key: str, value: Any) -> Optional[str]:
       if kind is scaling.RopeScaling and isinstance(value, dict):
         node[part] = dict(value)
         return None
-      return (f"{key} is a section, not a field; set its fields one by one, "
-              f"--config.{key}.FIELD=VALUE{example}")
+      return (
+        f"{key} is a section, not a field; set its fields one by one, "
+        f"--config.{key}.FIELD=VALUE{example}"
+      )
     try:
       node[part] = parse(value, kind, optional) if isinstance(value, str) else value
     except ValueError as e:
@@ -243,13 +270,13 @@ def _set_scaling(rope: dict, parts: list[str], value: Any) -> Optional[str]:
   if name not in scaling.KEYS:
     close = difflib.get_close_matches(name, scaling.KEYS, n=1, cutoff=0.5)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return (f"model.rope_scaling has no key {name!r}; {hint}its keys are "
-            f"{', '.join(scaling.KEYS)}")
+    return f"model.rope_scaling has no key {name!r}; {hint}its keys are {', '.join(scaling.KEYS)}"
   if value is MISSING:
     return f"no value: give --config.model.rope_scaling.{name}=VALUE"
   try:
-    parsed = parse(value, _SCALING_TYPES.get(name, float), True) if isinstance(value, str) \
-        else value
+    parsed = (
+      parse(value, _SCALING_TYPES.get(name, float), True) if isinstance(value, str) else value
+    )
   except ValueError as e:
     return str(e)
   if parsed is None:
@@ -285,8 +312,9 @@ def parse(text: str, kind, optional: bool = False):
     try:
       value = ast.literal_eval(body if body[:1] in "[(" else f"[{body}]")
     except (ValueError, SyntaxError):
-      raise ValueError(f"{text!r} is not a list: give numbers separated by commas, e.g. 0,2"
-                       f"{unset}") from None
+      raise ValueError(
+        f"{text!r} is not a list: give numbers separated by commas, e.g. 0,2{unset}"
+      ) from None
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
   text = text.strip()
   if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":

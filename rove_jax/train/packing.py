@@ -23,8 +23,11 @@ from rove_jax.nn.model_config import DTYPES, GPTConfig
 def cudnn_capacity(model: GPTConfig, seq_len: int) -> Optional[int]:
   """The documents a row cuDNN's packed layout takes in this run's attention, or None when the
   run's attention does not take that path (another kernel, platform or dtype)."""
-  if (model.pos_encoding == "t5_bias" or kernels.platform.target_platform() != "gpu"
-      or not kernels.xla.cudnn_packs()):
+  if (
+    model.pos_encoding == "t5_bias"
+    or kernels.platform.target_platform() != "gpu"
+    or not kernels.xla.cudnn_packs()
+  ):
     return None
   q = jax.ShapeDtypeStruct((1, seq_len, model.n_head, model.head_dim), DTYPES[model.dtype])
   k = jax.ShapeDtypeStruct((1, seq_len, model.n_kv_head, model.head_dim), DTYPES[model.dtype])
@@ -48,13 +51,15 @@ def check(model: GPTConfig, seq_len: int, token_arrays, eot_id: int, log=print) 
   most = max(pipeline.max_documents(t, seq_len, eot_id) for t in token_arrays)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
+
     most = int(np.max(multihost_utils.process_allgather(np.array(most, np.int32))))
   if most > capacity:
     raise ValueError(
-        f"packed documents: a window of {seq_len} tokens in this run's data holds {most} "
-        f"documents, more than the {capacity} cuDNN's packed attention is compiled for "
-        f"(seq_len / {kernels.xla.CUDNN_TOKENS_PER_SEGMENT}); its rows would come out NaN. Set "
-        f"--config.model.attention_impl=xla (exact for any packing, slower), or "
-        f"--config.data.packing=False, or filter out documents shorter than "
-        f"{kernels.xla.CUDNN_TOKENS_PER_SEGMENT} tokens")
+      f"packed documents: a window of {seq_len} tokens in this run's data holds {most} "
+      f"documents, more than the {capacity} cuDNN's packed attention is compiled for "
+      f"(seq_len / {kernels.xla.CUDNN_TOKENS_PER_SEGMENT}); its rows would come out NaN. Set "
+      f"--config.model.attention_impl=xla (exact for any packing, slower), or "
+      f"--config.data.packing=False, or filter out documents shorter than "
+      f"{kernels.xla.CUDNN_TOKENS_PER_SEGMENT} tokens"
+    )
   log(f"packed documents: at most {most} a window, within cuDNN's {capacity}")

@@ -28,6 +28,7 @@ def command_line(c: RunConfig, given: list, *, log=None) -> RunConfig:
       path = overrides.parse(value, str, optional=True) if isinstance(value, str) else value
   if path is not None:
     from rove_jax.train import init_from  # safetensors: runs that start from a checkpoint
+
     given = [("model", init_from.checkpoint_model(path))] + list(given)
   return resolve(overrides.apply(c, given), model_given=overrides.model_given(given), log=log)
 
@@ -47,15 +48,19 @@ def resolve(c: RunConfig, *, log=None, model_given: Optional[Iterable[str]] = No
     ValueError: one line naming the field or the file, before any work.
   """
   if not isinstance(c, RunConfig):
-    raise TypeError(f"a run config is a rove_jax.train.RunConfig, got {type(c).__name__}: "
-                    f"build one in Python or load a config file with "
-                    f"rove_jax.train.overrides.load_file")
+    raise TypeError(
+      f"a run config is a rove_jax.train.RunConfig, got {type(c).__name__}: "
+      f"build one in Python or load a config file with "
+      f"rove_jax.train.overrides.load_file"
+    )
   model, data = c.model, c.data
   if c.init_from is not None:
     from rove_jax.train import init_from  # safetensors: runs that start from a checkpoint
+
     model = init_from.resolve_model(c.init_from, model, model_given, log=log)
-    data = dataclasses.replace(data, tokenizer=init_from.resolve_tokenizer(
-        c.init_from, data.tokenizer, model.vocab_size))
+    data = dataclasses.replace(
+      data, tokenizer=init_from.resolve_tokenizer(c.init_from, data.tokenizer, model.vocab_size)
+    )
   if data.source == "prepared" and data.path:
     tokenizer, vocab_size = _prepared(data, model.vocab_size, dry_run=c.dry_run, log=log)
     data = dataclasses.replace(data, tokenizer=tokenizer)
@@ -72,6 +77,7 @@ def _prepared(data: DataConfig, vocab_size: int, *, dry_run: bool, log) -> tuple
   data.tokenizer is unset, and with it a vocabulary large enough for its ids (rounded up to a
   multiple of 64); a tokenizer given that is not the dataset's is an error."""
   from rove_jax.data import prepared  # the data package loads grain
+
   try:
     manifest = prepared.read_manifest(data.path)
   except (ValueError, OSError) as e:
@@ -80,18 +86,23 @@ def _prepared(data: DataConfig, vocab_size: int, *, dry_run: bool, log) -> tuple
     raise ValueError(f"data.path={data.path}: {e}") from None
   want, given = manifest["tokenizer"], data.tokenizer
   if given is not None and given != want["spec"]:
-    raise ValueError(f"data.tokenizer={given!r} but the prepared dataset {data.path} was "
-                     f"tokenized with {want['spec']!r}; leave data.tokenizer unset (the dataset "
-                     f"supplies it) or prepare the corpus again with {given!r}")
+    raise ValueError(
+      f"data.tokenizer={given!r} but the prepared dataset {data.path} was "
+      f"tokenized with {want['spec']!r}; leave data.tokenizer unset (the dataset "
+      f"supplies it) or prepare the corpus again with {given!r}"
+    )
   ids = int(want["vocab_size"])
   need = padded_vocab_size(ids)
   if vocab_size < ids:
     if given is not None:
-      raise ValueError(f"model.vocab_size={vocab_size} is smaller than the {ids} ids of the "
-                       f"prepared dataset's tokenizer {want['spec']!r}; set "
-                       f"--config.model.vocab_size={need} or leave data.tokenizer unset")
-    (log or _log)(f"model.vocab_size={need}: the prepared dataset's tokenizer "
-                  f"{want['spec']!r} has {ids} ids")
+      raise ValueError(
+        f"model.vocab_size={vocab_size} is smaller than the {ids} ids of the "
+        f"prepared dataset's tokenizer {want['spec']!r}; set "
+        f"--config.model.vocab_size={need} or leave data.tokenizer unset"
+      )
+    (log or _log)(
+      f"model.vocab_size={need}: the prepared dataset's tokenizer {want['spec']!r} has {ids} ids"
+    )
     vocab_size = need
   return want["spec"], vocab_size
 

@@ -33,6 +33,7 @@ class TrainResult:
     tokenizer, model_config, params, graphdef, mesh: the trained model, ready for
       `nnx.merge(graphdef, params)` and `generate`.
   """
+
   workdir: str
   start_step: int
   step: int
@@ -56,8 +57,10 @@ def finished_already(result: TrainResult) -> bool:
 
 def next_step(result: TrainResult) -> str:
   """The closing line: the command that evaluates this run."""
-  return (f"next: rove-eval --workdir {result.workdir} --tasks ppl (perplexity from 0.5x to "
-          f"16x the training length, with and without YaRN; docs/evaluation.md)")
+  return (
+    f"next: rove-eval --workdir {result.workdir} --tasks ppl (perplexity from 0.5x to "
+    f"16x the training length, with and without YaRN; docs/evaluation.md)"
+  )
 
 
 def report(result: TrainResult, c, *, out=print) -> None:
@@ -65,26 +68,44 @@ def report(result: TrainResult, c, *, out=print) -> None:
   A run that was finished already says that nothing was trained."""
   last = result.last or {}
   if finished_already(result):
-    out(f"already finished at step {result.step} in {result.workdir}; nothing trained "
-        f"(--config.steps={c.steps}: raise it to train further, or give a new --workdir)")
+    out(
+      f"already finished at step {result.step} in {result.workdir}; nothing trained "
+      f"(--config.steps={c.steps}: raise it to train further, or give a new --workdir)"
+    )
     out(next_step(result))
     return
-  out(f"done: step {result.step} in {result.workdir}"
-      + (f", train loss {last['loss']:.4f}" if "loss" in last else "")
-      + (f", val loss {result.val_loss:.4f} nats/token" if result.val_loss is not None else "")
-      + (f" (a unigram model of the validation tokens: {result.val_unigram_entropy:.4f})"
-         if result.val_loss is not None and result.val_unigram_entropy is not None else "")
-      + (f", {last['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in last else "")
-      + (f"; {result.nonfinite_steps} of the {result.steps_run} steps run were skipped as "
-         f"non-finite (their updates not applied)" if result.nonfinite_steps else ""))
+  out(
+    f"done: step {result.step} in {result.workdir}"
+    + (f", train loss {last['loss']:.4f}" if "loss" in last else "")
+    + (f", val loss {result.val_loss:.4f} nats/token" if result.val_loss is not None else "")
+    + (
+      f" (a unigram model of the validation tokens: {result.val_unigram_entropy:.4f})"
+      if result.val_loss is not None and result.val_unigram_entropy is not None
+      else ""
+    )
+    + (f", {last['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in last else "")
+    + (
+      f"; {result.nonfinite_steps} of the {result.steps_run} steps run were skipped as "
+      f"non-finite (their updates not applied)"
+      if result.nonfinite_steps
+      else ""
+    )
+  )
   if c.sample_tokens and result.params is not None and jax.process_count() == 1:
     tok = result.tokenizer
     model = nnx.merge(result.graphdef, result.params)
     prompt = tok.encode("def ")[None]
     with warnings.catch_warnings():  # a smoke check of the model, not a long-context use
       warnings.filterwarnings("ignore", message="generate: a prompt of", category=UserWarning)
-      out_ids = generate(model, prompt, c.sample_tokens, temperature=0.8, top_k=40,
-                         rng=jax.random.key(c.seed), valid_vocab=tok.vocab_size)
+      out_ids = generate(
+        model,
+        prompt,
+        c.sample_tokens,
+        temperature=0.8,
+        top_k=40,
+        rng=jax.random.key(c.seed),
+        valid_vocab=tok.vocab_size,
+      )
     out("sample:\n" + tok.decode(np.asarray(out_ids[0])))
   if jax.process_index() == 0:
     out(next_step(result))

@@ -18,9 +18,22 @@ from rove_jax.storage.lock import LockError, WriterLock  # noqa: F401 - the loop
 from rove_jax.train import checkpoint as ckpt_lib
 
 # The fields that fix the parameter shapes: a workdir's checkpoints must agree on them.
-SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "max_len",
-                "pos_encoding", "norm", "mlp", "use_bias", "qkv_bias", "tie_embeddings",
-                "t5_num_buckets")
+SHAPE_FIELDS = (
+  "vocab_size",
+  "n_layer",
+  "n_head",
+  "n_kv_head",
+  "d_model",
+  "d_ff",
+  "max_len",
+  "pos_encoding",
+  "norm",
+  "mlp",
+  "use_bias",
+  "qkv_bias",
+  "tie_embeddings",
+  "t5_num_buckets",
+)
 
 
 class IncompatibleRun(ValueError):
@@ -39,21 +52,25 @@ def check_tokenizer(saved_meta: dict, tokenizer, *, workdir: str) -> None:
   if saved == tokenizer.fingerprint:
     return
   if saved is None:
-    raise IncompatibleRun(f"the checkpoint at step {saved_meta.get('step')} in {workdir} records "
-                          f"no tokenizer fingerprint, so the ids it was trained on are unknown; "
-                          f"it was not written by rove-train")
+    raise IncompatibleRun(
+      f"the checkpoint at step {saved_meta.get('step')} in {workdir} records "
+      f"no tokenizer fingerprint, so the ids it was trained on are unknown; "
+      f"it was not written by rove-train"
+    )
   where = getattr(tokenizer, "name", "the tokenizer")
   files = [f for f in paths.listdir(workdir) if f.startswith("tokenizer-")]
   raise IncompatibleRun(
-      f"the tokenizer {where} loaded for {workdir} is not the one its checkpoint at step "
-      f"{saved_meta.get('step')} was trained with (fingerprint {tokenizer.fingerprint[:19]}, "
-      f"saved {saved[:19]}){': its file ' + ', '.join(files) + ' changed' if files else ''}. "
-      f"Restore the tokenizer file the run was trained with, or train into a new --workdir; "
-      f"nothing was moved or deleted.")
+    f"the tokenizer {where} loaded for {workdir} is not the one its checkpoint at step "
+    f"{saved_meta.get('step')} was trained with (fingerprint {tokenizer.fingerprint[:19]}, "
+    f"saved {saved[:19]}){': its file ' + ', '.join(files) + ' changed' if files else ''}. "
+    f"Restore the tokenizer file the run was trained with, or train into a new --workdir; "
+    f"nothing was moved or deleted."
+  )
 
 
-def check_data(saved_meta: dict, identity: dict, *, allow_changed: bool, workdir: str,
-               log=print) -> None:
+def check_data(
+  saved_meta: dict, identity: dict, *, allow_changed: bool, workdir: str, log=print
+) -> None:
   """Raises IncompatibleRun when the data a run resumes on is not the data its checkpoint was
   trained on (`Data.identity`: the prepared dataset's manifest digest, or the token streams'
   digests), unless `allow_changed`, which logs the change instead."""
@@ -61,15 +78,17 @@ def check_data(saved_meta: dict, identity: dict, *, allow_changed: bool, workdir
   if saved is None or saved == identity:
     return
   from rove_jax.data import pipeline
+
   change = pipeline.describe_identity_change(saved, identity)
   if allow_changed:
     log(f"WARNING: {change}; continuing on the new data (data.allow_changed=True)")
     return
   raise IncompatibleRun(
-      f"the training data changed since the checkpoint at step {saved_meta.get('step')} in "
-      f"{workdir}: {change}. Resuming would train on other batches than the run began with. "
-      f"Restore the data, train into a new --workdir, or pass --config.data.allow_changed=True "
-      f"to continue on the new data; nothing was moved or deleted.")
+    f"the training data changed since the checkpoint at step {saved_meta.get('step')} in "
+    f"{workdir}: {change}. Resuming would train on other batches than the run began with. "
+    f"Restore the data, train into a new --workdir, or pass --config.data.allow_changed=True "
+    f"to continue on the new data; nothing was moved or deleted."
+  )
 
 
 def model_diffs(saved: dict, mine: dict) -> dict:
@@ -79,8 +98,11 @@ def model_diffs(saved: dict, mine: dict) -> dict:
 
 def _section_diffs(saved: dict, mine: dict, prefix: str) -> list[str]:
   keys = sorted(set(saved) | set(mine))
-  return [f"{prefix}.{k}: saved {saved.get(k)!r}, now {mine.get(k)!r}" for k in keys
-          if saved.get(k) != mine.get(k)]
+  return [
+    f"{prefix}.{k}: saved {saved.get(k)!r}, now {mine.get(k)!r}"
+    for k in keys
+    if saved.get(k) != mine.get(k)
+  ]
 
 
 # The settings that decide what a resumed run computes: the model, the data, the optimizer
@@ -102,17 +124,20 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 
 def config_changes(saved: dict, meta: dict) -> list[str]:
-  """"field: saved X, now Y" for each COMPARED run setting in which `meta` differs from the
+  """ "field: saved X, now Y" for each COMPARED run setting in which `meta` differs from the
   checkpoint metadata `saved`."""
   before = {**_flat(saved.get("model", {}), "model."), **_flat(saved.get("config", {}))}
   after = {**_flat(meta.get("model", {}), "model."), **_flat(meta.get("config", {}))}
-  return [f"{k}: saved {before.get(k)!r}, now {after.get(k)!r}"
-          for k in sorted(set(before) | set(after))
-          if before.get(k) != after.get(k) and k.startswith(COMPARED) and k not in NOT_COMPARED]
+  return [
+    f"{k}: saved {before.get(k)!r}, now {after.get(k)!r}"
+    for k in sorted(set(before) | set(after))
+    if before.get(k) != after.get(k) and k.startswith(COMPARED) and k not in NOT_COMPARED
+  ]
 
 
-def check_resumable(ckpt: ckpt_lib.Checkpointer, meta: dict, abstract_flat: dict, *,
-                    workdir: str, log=print) -> None:
+def check_resumable(
+  ckpt: ckpt_lib.Checkpointer, meta: dict, abstract_flat: dict, *, workdir: str, log=print
+) -> None:
   """Raises IncompatibleRun (or LayoutError) when the newest readable checkpoint of `ckpt`
   cannot be continued by a run whose metadata would be `meta` and whose flat train state is
   `abstract_flat`. Nothing is restored, moved or deleted. A config that can continue the run
@@ -124,29 +149,37 @@ def check_resumable(ckpt: ckpt_lib.Checkpointer, meta: dict, abstract_flat: dict
     return
   step, saved = found
   _warn_changes(saved, meta, step, workdir, log)
-  fix = (f"Rerun with the settings the run was started with (its config is in the checkpoint "
-         f"metadata and metrics), or train into a new --workdir than {workdir}.")
+  fix = (
+    f"Rerun with the settings the run was started with (its config is in the checkpoint "
+    f"metadata and metrics), or train into a new --workdir than {workdir}."
+  )
   diffs = model_diffs(saved.get("model", {}), meta["model"])
   if diffs:
-    raise IncompatibleRun(f"workdir {workdir} holds checkpoints of a different model (field: "
-                          f"saved, now): {diffs}. {fix}")
+    raise IncompatibleRun(
+      f"workdir {workdir} holds checkpoints of a different model (field: "
+      f"saved, now): {diffs}. {fix}"
+    )
   saved_tok = saved.get("tokenizer", {}).get("spec")
   if saved_tok is not None and saved_tok != meta["tokenizer"]["spec"]:
-    raise IncompatibleRun(f"the checkpoint at step {step} was trained with tokenizer "
-                          f"{saved_tok!r}, the config now says {meta['tokenizer']['spec']!r} "
-                          f"(data.tokenizer). {fix}")
+    raise IncompatibleRun(
+      f"the checkpoint at step {step} was trained with tokenizer "
+      f"{saved_tok!r}, the config now says {meta['tokenizer']['spec']!r} "
+      f"(data.tokenizer). {fix}"
+    )
   stored = ckpt.stored_entries(step)
   if stored is None:
     return  # unreadable: the restore reports it and falls back
   want = set(abstract_flat)
   differ = set(stored) ^ want
   if differ and not any(n.startswith(ckpt_lib.PARAMS) for n in differ):
-    changed = _section_diffs(saved.get("config", {}).get("optim", {}),
-                             meta["config"].get("optim", {}), "optim")
+    changed = _section_diffs(
+      saved.get("config", {}).get("optim", {}), meta["config"].get("optim", {}), "optim"
+    )
     raise IncompatibleRun(
-        f"the optimizer state saved at step {step} has another structure than this config's "
-        f"({len(want - set(stored))} entries missing, {len(set(stored) - want)} unexpected); "
-        f"changed optimizer settings: {'; '.join(changed) or 'none found in the config'}. {fix}")
+      f"the optimizer state saved at step {step} has another structure than this config's "
+      f"({len(want - set(stored))} entries missing, {len(set(stored) - want)} unexpected); "
+      f"changed optimizer settings: {'; '.join(changed) or 'none found in the config'}. {fix}"
+    )
   ckpt.check_layout(step, want)  # parameters named differently: LayoutError
 
 
@@ -154,11 +187,16 @@ def _warn_changes(saved: dict, meta: dict, step: int, workdir: str, log) -> None
   changes = config_changes(saved, meta)
   if not (changes and "config" in saved):
     return
-  what = ("the run is finished, so nothing is trained" if step >= meta["config"].get("steps", 0)
-          else "the run continues under the new values. Rerun with the saved ones, or train into "
-               "a new --workdir, to keep the run as it began")
-  log(f"WARNING: this config differs from the one the run in {workdir} was saved with at step "
-      f"{step} ({'; '.join(changes)}); {what}.")
+  what = (
+    "the run is finished, so nothing is trained"
+    if step >= meta["config"].get("steps", 0)
+    else "the run continues under the new values. Rerun with the saved ones, or train into "
+    "a new --workdir, to keep the run as it began"
+  )
+  log(
+    f"WARNING: this config differs from the one the run in {workdir} was saved with at step "
+    f"{step} ({'; '.join(changes)}); {what}."
+  )
 
 
 def check_workdir(workdir: str) -> str:
@@ -174,8 +212,10 @@ def check_workdir(workdir: str) -> str:
   workdir = paths.resolve(workdir, what="--workdir")
   paths.check_orbax_path(workdir)
   if paths.isfile(workdir):
-    raise ValueError(f"--workdir {workdir} is a file, not a directory: a run keeps its "
-                     f"checkpoints, metrics and data cache in a directory; choose another path")
+    raise ValueError(
+      f"--workdir {workdir} is a file, not a directory: a run keeps its "
+      f"checkpoints, metrics and data cache in a directory; choose another path"
+    )
   try:
     paths.makedirs(workdir)
     probe = paths.join(workdir, f".write_test_{uuid.uuid4().hex[:12]}")
@@ -187,9 +227,13 @@ def check_workdir(workdir: str) -> str:
     # Storage that failed (unreachable, full, erroring) is I/O, exit 1; anything else (a
     # refusal, a missing bucket, a file in the way) is this workdir's fault.
     if paths.is_unavailable(e):
-      raise OSError(f"checking that workdir {workdir} is writable failed "
-                    f"({paths.describe_failure(e, workdir)}); nothing was trained: rerun when "
-                    f"the storage works again, or choose another --workdir") from None
-    raise ValueError(f"workdir {workdir} is not writable ({paths.describe_failure(e, workdir)})"
-                     f"; choose another --workdir") from None
+      raise OSError(
+        f"checking that workdir {workdir} is writable failed "
+        f"({paths.describe_failure(e, workdir)}); nothing was trained: rerun when "
+        f"the storage works again, or choose another --workdir"
+      ) from None
+    raise ValueError(
+      f"workdir {workdir} is not writable ({paths.describe_failure(e, workdir)})"
+      f"; choose another --workdir"
+    ) from None
   return workdir

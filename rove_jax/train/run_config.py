@@ -34,10 +34,14 @@ def _f(default, help: str, **kw):
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """Where the tokens come from and how they are batched (`rove_jax.data`)."""
-  source: str = _f("stdlib", "stdlib | text | parquet | hf | recall (synthetic) | prepared "
-                   "(rove-prepare's directory)")
-  path: Optional[str] = _f(None, "files, directory or glob; hf dataset; recall sizes; "
-                           "prepared directory")
+
+  source: str = _f(
+    "stdlib",
+    "stdlib | text | parquet | hf | recall (synthetic) | prepared (rove-prepare's directory)",
+  )
+  path: Optional[str] = _f(
+    None, "files, directory or glob; hf dataset; recall sizes; prepared directory"
+  )
   val_path: Optional[str] = _f(None, "explicit validation files (or hf split)")
   text_field: str = _f("text", "jsonl key / parquet or hf column holding the text")
   val_fraction: float = _f(0.02, "share held out for validation without val_path")
@@ -45,25 +49,37 @@ class DataConfig:
   max_train_tokens: Optional[int] = _f(None, "cap on the training tokens")
   max_val_tokens: Optional[int] = _f(None, "cap on the validation tokens")
   hf_config: Optional[str] = _f(None, "hf dataset configuration")
-  tokenizer: Optional[str] = _f(None, "bytes | bpe | bpe:VOCAB | path/to/tokenizer.json | "
-                                "tiktoken:gpt2; unset: a prepared dataset's own, else bytes")
+  tokenizer: Optional[str] = _f(
+    None,
+    "bytes | bpe | bpe:VOCAB | path/to/tokenizer.json | "
+    "tiktoken:gpt2; unset: a prepared dataset's own, else bytes",
+  )
   seq_len: Optional[int] = _f(None, "training window in tokens; unset: model.max_len")
   batch_size: int = _f(16, "sequences per step, global (all processes)")
   packing: bool = _f(False, "pack documents into windows with segment ids")
-  allow_changed: bool = _f(False, "resume on data other than the checkpoint's (a re-prepared "
-                           "dataset, edited files)")
+  allow_changed: bool = _f(
+    False, "resume on data other than the checkpoint's (a re-prepared dataset, edited files)"
+  )
 
   def corpus(self):
     """The `rove_jax.data.Corpus` this section reads."""
     from rove_jax import data as data_lib  # the package loads grain: only callers that read data
-    return data_lib.Corpus(source=self.source, path=self.path, val_path=self.val_path,
-                           text_field=self.text_field, val_fraction=self.val_fraction,
-                           max_files=self.max_files, hf_config=self.hf_config)
+
+    return data_lib.Corpus(
+      source=self.source,
+      path=self.path,
+      val_path=self.val_path,
+      text_field=self.text_field,
+      val_fraction=self.val_fraction,
+      max_files=self.max_files,
+      hf_config=self.hf_config,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
   """AdamW with linear warmup and cosine decay (`loop.make_optimizer`)."""
+
   lr: float = _f(1e-3, "peak learning rate")
   min_lr_ratio: float = _f(0.1, "final learning rate / peak")
   warmup_steps: int = _f(100, "linear warmup steps (at most `steps`)")
@@ -73,19 +89,29 @@ class OptimConfig:
   eps: float = _f(1e-8, "Adam's epsilon")
   clip_norm: float = _f(1.0, "global gradient-norm clip (0: off)")
   grad_accum: int = _f(1, "micro-steps a step's batch is split into")
-  loss_impl: str = _f("xla", "the output projection and loss: xla (the logits written in the "
-                      "compute dtype) | fused (one Pallas kernel for GPUs that never writes "
-                      "them, rove_jax/kernels/linear_ce.py; interpreted, slowly, on CPU)")
+  loss_impl: str = _f(
+    "xla",
+    "the output projection and loss: xla (the logits written in the "
+    "compute dtype) | fused (one Pallas kernel for GPUs that never writes "
+    "them, rove_jax/kernels/linear_ce.py; interpreted, slowly, on CPU)",
+  )
   max_nonfinite: int = _f(10, "consecutive skipped (non-finite) updates before the run stops")
-  max_loss_jump: float = _f(2.0, "a state whose step's loss exceeds this x the median of the "
-                            "recent losses is not checkpointed (0: no check; train/health.py)")
-  max_param_growth: float = _f(4.0, "a state whose parameter norm exceeds this x that of the "
-                               "last good checkpoint is not checkpointed (0: no check)")
+  max_loss_jump: float = _f(
+    2.0,
+    "a state whose step's loss exceeds this x the median of the "
+    "recent losses is not checkpointed (0: no check; train/health.py)",
+  )
+  max_param_growth: float = _f(
+    4.0,
+    "a state whose parameter norm exceeds this x that of the "
+    "last good checkpoint is not checkpointed (0: no check)",
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
   """The device mesh's axes; -1: the devices left over by the other axes."""
+
   data: int = _f(-1, "data-parallel axis")
   fsdp: int = _f(1, "fully sharded data-parallel axis (parameters and optimizer sharded)")
   tensor: int = _f(1, "tensor-parallel axis")
@@ -94,12 +120,14 @@ class MeshConfig:
 @dataclasses.dataclass(frozen=True)
 class WandbConfig:
   """The Weights & Biases run, for tracking=wandb."""
+
   project: str = _f("rove-jax", "W&B project")
   entity: Optional[str] = _f(None, "W&B entity (team or user)")
   name: Optional[str] = _f(None, "run name; unset: the workdir's name")
   group: Optional[str] = _f(None, "run group")
-  mode: str = _f("online", "online | offline (written under workdir/wandb for `wandb sync`) | "
-                 "disabled")
+  mode: str = _f(
+    "online", "online | offline (written under workdir/wandb for `wandb sync`) | disabled"
+  )
 
 
 SECTIONS = {"data": DataConfig, "optim": OptimConfig, "mesh": MeshConfig, "wandb": WandbConfig}
@@ -110,40 +138,55 @@ class RunConfig:
   """Everything a training run reads. Constructed only with valid values (ValueError names the
   field); unset data.seq_len takes model.max_len. An unset data.tokenizer is rove_jax.train.
   resolve's to fill: a prepared dataset's own, init_from's, else bytes."""
-  model: GPTConfig = dataclasses.field(default_factory=GPTConfig.tiny,
-                                       metadata={"help": "the model (GPTConfig)"})
+
+  model: GPTConfig = dataclasses.field(
+    default_factory=GPTConfig.tiny, metadata={"help": "the model (GPTConfig)"}
+  )
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
-  init_from: Optional[str] = _f(None, "a transformers checkpoint directory or a rove-export "
-                                "(local or gs://) a new run starts from: its model (only "
-                                "pos_encoding rope|rove and non-shape settings may be set) and "
-                                "tokenizer; a resumed run ignores it")
+  init_from: Optional[str] = _f(
+    None,
+    "a transformers checkpoint directory or a rove-export "
+    "(local or gs://) a new run starts from: its model (only "
+    "pos_encoding rope|rove and non-shape settings may be set) and "
+    "tokenizer; a resumed run ignores it",
+  )
   steps: int = _f(1000, "training steps of the whole run")
-  run_steps: Optional[int] = _f(None, "stop this invocation after this many steps (saved; "
-                                "rerun to continue)")
+  run_steps: Optional[int] = _f(
+    None, "stop this invocation after this many steps (saved; rerun to continue)"
+  )
   log_every: int = _f(10, "steps between logged metrics")
   eval_every: int = _f(200, "steps between validation losses")
   eval_batches: int = _f(16, "batches per validation loss")
   checkpoint_every: int = _f(200, "steps between checkpoints")
   keep_checkpoints: int = _f(3, "checkpoints kept")
   async_checkpoints: bool = _f(True, "write checkpoints while training continues")
-  storage_timeout: Optional[float] = _f(None, "seconds a gs:// read, write or wait may take "
-                                        "before the run stops with exit 1; unset: "
-                                        "ROVE_JAX_STORAGE_TIMEOUT or 180 (storage/deadline.py)")
-  fresh_start: bool = _f(False, "start from step 0 although earlier checkpoints were found "
-                         "unreadable")
+  storage_timeout: Optional[float] = _f(
+    None,
+    "seconds a gs:// read, write or wait may take "
+    "before the run stops with exit 1; unset: "
+    "ROVE_JAX_STORAGE_TIMEOUT or 180 (storage/deadline.py)",
+  )
+  fresh_start: bool = _f(
+    False, "start from step 0 although earlier checkpoints were found unreadable"
+  )
   seed: int = _f(0, "initialization and data order")
   progress: bool = _f(True, "a progress bar")
-  tracking: str = _f("tensorboard", "metrics sinks beside metrics.jsonl: tensorboard, wandb "
-                     "(comma-separated) or none")
+  tracking: str = _f(
+    "tensorboard",
+    "metrics sinks beside metrics.jsonl: tensorboard, wandb (comma-separated) or none",
+  )
   wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
-  profile_steps: Optional[str] = _f(None, "START:END: a jax.profiler trace of those steps into "
-                                    "workdir/profile")
+  profile_steps: Optional[str] = _f(
+    None, "START:END: a jax.profiler trace of those steps into workdir/profile"
+  )
   sample_tokens: int = _f(200, "tokens of a sample generated at the end (0: none)")
   dry_run: bool = _f(False, "compile the train step, print memory, FLOPs and collectives, exit")
-  dry_run_topology: Optional[str] = _f(None, "compile ahead of time for a slice (v5e-256, "
-                                       "v4-32, h100-8) instead of this machine's devices")
+  dry_run_topology: Optional[str] = _f(
+    None,
+    "compile ahead of time for a slice (v5e-256, v4-32, h100-8) instead of this machine's devices",
+  )
 
   def __post_init__(self):
     unset = {}
@@ -197,29 +240,46 @@ def paper_config(preset: str, *, lr: float) -> RunConfig:
   warmup steps, weight decay 0.1, AdamW's betas, bf16 compute with float32 master weights.
   """
   return RunConfig(
-      model=getattr(GPTConfig, preset)(pos_encoding="rove", dtype="bfloat16"),
-      data=DataConfig(source="parquet", path="fineweb-edu/*.parquet", tokenizer="tiktoken:gpt2",
-                      seq_len=1024, batch_size=512),  # assumed: 512 x 1024 = 0.5M tokens a step
-      optim=OptimConfig(lr=lr, warmup_steps=700, weight_decay=0.1),  # assumed
-      steps=19073,  # assumed: one pass over ~10B tokens
-      log_every=10, eval_every=500, eval_batches=40, checkpoint_every=1000, keep_checkpoints=3,
-      sample_tokens=0)
+    model=getattr(GPTConfig, preset)(pos_encoding="rove", dtype="bfloat16"),
+    data=DataConfig(
+      source="parquet",
+      path="fineweb-edu/*.parquet",
+      tokenizer="tiktoken:gpt2",
+      seq_len=1024,
+      batch_size=512,
+    ),  # assumed: 512 x 1024 = 0.5M tokens a step
+    optim=OptimConfig(lr=lr, warmup_steps=700, weight_decay=0.1),  # assumed
+    steps=19073,  # assumed: one pass over ~10B tokens
+    log_every=10,
+    eval_every=500,
+    eval_batches=40,
+    checkpoint_every=1000,
+    keep_checkpoints=3,
+    sample_tokens=0,
+  )
 
 
 def _check_known(fields: Mapping, cls, prefix: str) -> None:
   known = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(fields) - known)
   if unknown:
-    raise ValueError(f"unknown config fields {[prefix + k for k in unknown]}; "
-                     f"{prefix.rstrip('.') or 'the config'} has: {', '.join(sorted(known))}")
+    raise ValueError(
+      f"unknown config fields {[prefix + k for k in unknown]}; "
+      f"{prefix.rstrip('.') or 'the config'} has: {', '.join(sorted(known))}"
+    )
 
 
 _DECAY_HINT = " (Adam's moment decay: 1 never forgets, the updates turn NaN)"
 # name: (low, high, low included, high included)
-_RANGES = {"lr": (0, math.inf, False, False), "weight_decay": (0, math.inf, True, False),
-           "min_lr_ratio": (0, 1, True, True), "b1": (0, 1, True, False),
-           "b2": (0, 1, True, False), "eps": (0, math.inf, False, False),
-           "clip_norm": (0, math.inf, True, False)}
+_RANGES = {
+  "lr": (0, math.inf, False, False),
+  "weight_decay": (0, math.inf, True, False),
+  "min_lr_ratio": (0, 1, True, True),
+  "b1": (0, 1, True, False),
+  "b2": (0, 1, True, False),
+  "eps": (0, math.inf, False, False),
+  "clip_norm": (0, math.inf, True, False),
+}
 
 
 def _is_int(value) -> bool:
@@ -238,11 +298,16 @@ def _check_loss_impl(c: RunConfig) -> None:
   if o.loss_impl != "fused":
     return
   tokens = c.data.batch_size // o.grad_accum * c.data.seq_len
-  for name, n in (("the micro-batch's tokens (batch_size / grad_accum x seq_len)", tokens),
-                  ("model.d_model", m.d_model), ("model.vocab_size", m.vocab_size)):
+  for name, n in (
+    ("the micro-batch's tokens (batch_size / grad_accum x seq_len)", tokens),
+    ("model.d_model", m.d_model),
+    ("model.vocab_size", m.vocab_size),
+  ):
     if n % 16:
-      raise ValueError(f"optim.loss_impl=fused needs {name} a multiple of 16, got {n}; change "
-                       f"it or use optim.loss_impl=xla")
+      raise ValueError(
+        f"optim.loss_impl=fused needs {name} a multiple of 16, got {n}; change "
+        f"it or use optim.loss_impl=xla"
+      )
 
 
 def _validate(c: RunConfig) -> None:
@@ -251,66 +316,101 @@ def _validate(c: RunConfig) -> None:
     raise ValueError(f"model must be a GPTConfig, got {type(c.model).__name__}")
   d = c.data
   if d.source == "prepared" and not d.path:
-    raise ValueError("data.source=prepared needs data.path: the directory rove-prepare wrote; "
-                     "run rove-prepare --out DIR first and set --config.data.path=DIR")
+    raise ValueError(
+      "data.source=prepared needs data.path: the directory rove-prepare wrote; "
+      "run rove-prepare --out DIR first and set --config.data.path=DIR"
+    )
   if not (_is_int(d.seq_len) and d.seq_len >= 1):
     raise ValueError(f"data.seq_len must be a positive int, got {d.seq_len!r}")
   if d.seq_len > c.model.max_len:
-    raise ValueError(f"data.seq_len={d.seq_len} exceeds model.max_len={c.model.max_len}, the "
-                     f"training context the positional encoding is set up for; set "
-                     f"--config.model.max_len={d.seq_len}")
+    raise ValueError(
+      f"data.seq_len={d.seq_len} exceeds model.max_len={c.model.max_len}, the "
+      f"training context the positional encoding is set up for; set "
+      f"--config.model.max_len={d.seq_len}"
+    )
   if c.init_from is not None and not (isinstance(c.init_from, str) and c.init_from):
     raise ValueError(f"init_from must be a checkpoint path or unset, got {c.init_from!r}")
   if not (_is_int(d.batch_size) and d.batch_size >= 1):
     raise ValueError(f"data.batch_size must be a positive int, got {d.batch_size!r}")
   if d.source == "recall":
     from rove_jax.tasks import recall  # numpy only: loaded by recall runs alone
+
     spec = recall.RecallSpec.parse(d.path)
     if spec.seq_len != d.seq_len:
-      raise ValueError(f"data.path={d.path!r}: the recall documents are made for seq_len="
-                       f"{spec.seq_len} but data.seq_len={d.seq_len}; set seq_len={d.seq_len} "
-                       f"in data.path (each document must fill one training window)")
+      raise ValueError(
+        f"data.path={d.path!r}: the recall documents are made for seq_len="
+        f"{spec.seq_len} but data.seq_len={d.seq_len}; set seq_len={d.seq_len} "
+        f"in data.path (each document must fill one training window)"
+      )
     if d.packing:
-      raise ValueError("data.packing: a recall window is [eot] + one document, the layout its "
-                       "test samples use; train the recall source with packing=False")
-  for name in ("steps", "log_every", "eval_every", "checkpoint_every", "eval_batches",
-               "keep_checkpoints", "optim.grad_accum", "optim.max_nonfinite"):
+      raise ValueError(
+        "data.packing: a recall window is [eot] + one document, the layout its "
+        "test samples use; train the recall source with packing=False"
+      )
+  for name in (
+    "steps",
+    "log_every",
+    "eval_every",
+    "checkpoint_every",
+    "eval_batches",
+    "keep_checkpoints",
+    "optim.grad_accum",
+    "optim.max_nonfinite",
+  ):
     section, _, field = name.rpartition(".")
     value = getattr(getattr(c, section) if section else c, field)
     if not (_is_int(value) and value >= 1):
       raise ValueError(f"{name} must be an int >= 1, got {value!r}")
   if c.run_steps is not None and not (_is_int(c.run_steps) and c.run_steps >= 1):
-    raise ValueError(f"run_steps must be an int >= 1 (the steps this invocation runs before it "
-                     f"saves and exits) or unset, got {c.run_steps!r}")
+    raise ValueError(
+      f"run_steps must be an int >= 1 (the steps this invocation runs before it "
+      f"saves and exits) or unset, got {c.run_steps!r}"
+    )
   t = c.storage_timeout
-  if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool)
-                            and math.isfinite(t) and t > 0):
+  if t is not None and not (
+    isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
+  ):
     raise ValueError(f"storage_timeout must be a number of seconds > 0 (or unset), got {t!r}")
   if not (_is_int(c.sample_tokens) and c.sample_tokens >= 0):
-    raise ValueError(f"sample_tokens must be an int >= 0 (0: no sample), got "
-                     f"{c.sample_tokens!r}")
+    raise ValueError(f"sample_tokens must be an int >= 0 (0: no sample), got {c.sample_tokens!r}")
   o = c.optim
   for name, (lo, hi, lo_ok, hi_ok) in _RANGES.items():
     value = getattr(o, name)
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-          and (lo <= value if lo_ok else lo < value) and (value <= hi if hi_ok else value < hi))
+    ok = (
+      isinstance(value, (int, float))
+      and not isinstance(value, bool)
+      and math.isfinite(value)
+      and (lo <= value if lo_ok else lo < value)
+      and (value <= hi if hi_ok else value < hi)
+    )
     if not ok:
       interval = f"{'[' if lo_ok else '('}{lo}, {hi}{']' if hi_ok else ')'}"
-      hint = {"clip_norm": " (clip_norm=0 turns clipping off)",
-              "b1": _DECAY_HINT, "b2": _DECAY_HINT}.get(name, "")
+      hint = {
+        "clip_norm": " (clip_norm=0 turns clipping off)",
+        "b1": _DECAY_HINT,
+        "b2": _DECAY_HINT,
+      }.get(name, "")
       raise ValueError(f"optim.{name} must be a finite number in {interval}, got {value!r}{hint}")
   for name in ("max_loss_jump", "max_param_growth"):
     value = getattr(o, name)
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and (value == 0 or value > 1)):
-      raise ValueError(f"optim.{name} must be a finite number > 1, or 0 to turn the check off, "
-                       f"got {value!r}")
+    if not (
+      isinstance(value, (int, float))
+      and not isinstance(value, bool)
+      and math.isfinite(value)
+      and (value == 0 or value > 1)
+    ):
+      raise ValueError(
+        f"optim.{name} must be a finite number > 1, or 0 to turn the check off, got {value!r}"
+      )
   if not (_is_int(o.warmup_steps) and 0 <= o.warmup_steps <= c.steps):
-    raise ValueError(f"optim.warmup_steps={o.warmup_steps} must be in [0, steps={c.steps}]; "
-                     f"set --config.optim.warmup_steps (e.g. {c.steps // 10}) with a short run")
+    raise ValueError(
+      f"optim.warmup_steps={o.warmup_steps} must be in [0, steps={c.steps}]; "
+      f"set --config.optim.warmup_steps (e.g. {c.steps // 10}) with a short run"
+    )
   if d.batch_size % o.grad_accum:
-    raise ValueError(f"data.batch_size={d.batch_size} is not divisible by "
-                     f"optim.grad_accum={o.grad_accum}")
+    raise ValueError(
+      f"data.batch_size={d.batch_size} is not divisible by optim.grad_accum={o.grad_accum}"
+    )
   _check_loss_impl(c)
   tracking.parse_tracking(c.tracking)
   if c.wandb.mode not in tracking.WANDB_MODES:
@@ -325,8 +425,10 @@ def _validate(c: RunConfig) -> None:
 def check_environment(c: RunConfig) -> None:
   """What the run needs installed, before any work: the wandb package for tracking=wandb."""
   if "wandb" in tracking.parse_tracking(c.tracking) and importlib.util.find_spec("wandb") is None:
-    raise ValueError("tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
-                     "(or pip install wandb), or leave wandb out of --config.tracking")
+    raise ValueError(
+      "tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
+      "(or pip install wandb), or leave wandb out of --config.tracking"
+    )
 
 
 def describe(c: Optional[RunConfig] = None) -> list[str]:

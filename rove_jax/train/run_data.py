@@ -36,37 +36,45 @@ def open_data(c: RunConfig, workdir: str, *, resuming: bool) -> data_lib.Data:
   nproc, pidx = jax.process_count(), jax.process_index()
   failure, data = None, None
   try:
-    data = data_lib.prepare(c.data.corpus(), c.data.tokenizer, workdir=workdir,
-                            max_train_tokens=c.data.max_train_tokens,
-                            max_val_tokens=c.data.max_val_tokens, verify=True,
-                            allow_changed=c.data.allow_changed and resuming,
-                            process_index=pidx, process_count=nproc)
+    data = data_lib.prepare(
+      c.data.corpus(),
+      c.data.tokenizer,
+      workdir=workdir,
+      max_train_tokens=c.data.max_train_tokens,
+      max_val_tokens=c.data.max_val_tokens,
+      verify=True,
+      allow_changed=c.data.allow_changed and resuming,
+      process_index=pidx,
+      process_count=nproc,
+    )
   except Exception as e:  # noqa: BLE001 - raised below, once every process knows
     if nproc == 1:
       raise
     failure = e
-  status = (_OK if failure is None else
-            _BAD_INPUT if isinstance(failure, ValueError) else _OTHER)
+  status = _OK if failure is None else _BAD_INPUT if isinstance(failure, ValueError) else _OTHER
   contents = None if data is None else {k: v for k, v in data.identity.items() if k != "path"}
   table = agreement.gather_json({"status": status, "identity": contents})
   if failure is not None:
     raise failure
   failed = [i for i, t in enumerate(table) if t["status"] != _OK]
   if failed:
-    kind = (ValueError if all(table[i]["status"] == _BAD_INPUT for i in failed)
-            else RuntimeError)
-    raise kind(f"processes {failed} of {nproc} could not open the data "
-               f"({c.data.source} at {c.data.path}): see their log; nothing was trained")
+    kind = ValueError if all(table[i]["status"] == _BAD_INPUT for i in failed) else RuntimeError
+    raise kind(
+      f"processes {failed} of {nproc} could not open the data "
+      f"({c.data.source} at {c.data.path}): see their log; nothing was trained"
+    )
   differ = [i for i, t in enumerate(table) if t["identity"] != table[0]["identity"]]
   if differ:
     first, mine = table[0]["identity"], table[differ[0]]["identity"]
     keys = sorted(k for k in set(first) | set(mine) if first.get(k) != mine.get(k))
-    what = ", ".join(f"{k} {_short(mine.get(k))} where process 0 has {_short(first.get(k))}"
-                     for k in keys)
+    what = ", ".join(
+      f"{k} {_short(mine.get(k))} where process 0 has {_short(first.get(k))}" for k in keys
+    )
     raise ValueError(
-        f"processes {differ} of {nproc} read other data than process 0 ({c.data.source} at "
-        f"{c.data.path}; process {differ[0]}: {what}): training would mix them. Give every "
-        f"process the same data (shared storage or identical copies); nothing was trained.")
+      f"processes {differ} of {nproc} read other data than process 0 ({c.data.source} at "
+      f"{c.data.path}; process {differ[0]}: {what}): training would mix them. Give every "
+      f"process the same data (shared storage or identical copies); nothing was trained."
+    )
   return data
 
 

@@ -59,35 +59,50 @@ def read_run(workdir: str, abstract_params: Callable[[dict], Any], *, report=pri
   if not paths.isdir(workdir):
     raise ValueError(f"workdir {workdir} does not exist; give the --workdir of a training run")
   if not paths.isdir(ckdir):
-    raise ValueError(f"{workdir} holds no {CHECKPOINTS}/ directory: train it first "
-                     f"(rove-train --config ... --workdir {workdir})")
+    raise ValueError(
+      f"{workdir} holds no {CHECKPOINTS}/ directory: train it first "
+      f"(rove-train --config ... --workdir {workdir})"
+    )
   ck = Checkpointer(ckdir, read_only=True)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
   def restore_step(step):
     stored = ck.stored_entries(step)
     # Every entry onto one device, whatever mesh wrote it (orbax restores a whole item).
-    target = None if stored is None else {
+    target = (
+      None
+      if stored is None
+      else {
         name: jax.ShapeDtypeStruct(md.shape, md.dtype, sharding=device)
-        for name, md in stored.items()}
-    restored = ck.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        for name, md in stored.items()
+      }
+    )
+    restored = ck.manager.restore(
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()),
+    )
     meta, state = dict(restored["meta"]), restored["state"]
     verify(state, meta)
     check_step(step, meta, state)
     try:
       abstract = abstract_params(meta)
     except ValueError as e:  # readable, but not a model this code builds: no fallback
-      raise LayoutError(f"checkpoint at step {step} in {ckdir} describes a model this version "
-                        f"cannot build: {e}") from e
+      raise LayoutError(
+        f"checkpoint at step {step} in {ckdir} describes a model this version cannot build: {e}"
+      ) from e
     want = {PARAMS + name for name in to_flat(abstract)}
-    check_layout({n for n in state if n.startswith(PARAMS)}, want,
-                 where=f"checkpoint at step {step} in {ckdir}")
-    return from_flat({name[len(PARAMS):]: state[name] for name in want}, abstract), meta
+    check_layout(
+      {n for n in state if n.startswith(PARAMS)},
+      want,
+      where=f"checkpoint at step {step} in {ckdir}",
+    )
+    return from_flat({name[len(PARAMS) :]: state[name] for name in want}, abstract), meta
 
   def unreadable(step, e):
-    report(f"checkpoint at step {step} of {workdir} cannot be restored ({describe(e)}); "
-           f"trying the previous one")
+    report(
+      f"checkpoint at step {step} of {workdir} cannot be restored ({describe(e)}); "
+      f"trying the previous one"
+    )
 
   try:
     found = ck.newest_readable(restore_step, on_unreadable=unreadable)
@@ -111,6 +126,7 @@ def restore_params(workdir: str, abstract_params: Any, *, report=print):
 @dataclasses.dataclass(frozen=True)
 class Restored:
   """A finished run restored for inference (`load_for_inference`)."""
+
   workdir: str  # resolved: absolute, or gs://bucket/path
   step: int
   params: Any  # the GPT's nnx.State of parameters, on one device
@@ -138,9 +154,15 @@ def load_for_inference(workdir: str, *, report=print) -> Restored:
   """
   workdir = paths.resolve(workdir, what="workdir")  # absolute, or gs://bucket/path
   step, params, meta = read_run(
-      workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])), report=report)
+    workdir, lambda meta: abstract_params(GPTConfig.from_dict(meta["model"])), report=report
+  )
   tokenizer = tokenization.get_tokenizer(meta["tokenizer"]["spec"], workdir=workdir)
   resume.check_tokenizer(meta, tokenizer, workdir=workdir)  # the ids the model was trained on
-  return Restored(workdir=workdir, step=int(step), params=params,
-                  model_config=GPTConfig.from_dict(meta["model"]), tokenizer=tokenizer,
-                  meta=meta)
+  return Restored(
+    workdir=workdir,
+    step=int(step),
+    params=params,
+    model_config=GPTConfig.from_dict(meta["model"]),
+    tokenizer=tokenizer,
+    meta=meta,
+  )

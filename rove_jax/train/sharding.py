@@ -26,14 +26,14 @@ BATCH_AXES = ("data", "fsdp")
 
 # logical axis -> mesh axis (or None: replicated)
 RULES: Mapping[Optional[str], Any] = {
-    "batch": BATCH_AXES,
-    "embed": "fsdp",
-    "vocab": "tensor",
-    "heads": "tensor",
-    "kv_heads": "tensor",
-    "mlp": "tensor",
-    "head_dim": None,
-    None: None,
+  "batch": BATCH_AXES,
+  "embed": "fsdp",
+  "vocab": "tensor",
+  "heads": "tensor",
+  "kv_heads": "tensor",
+  "mlp": "tensor",
+  "head_dim": None,
+  None: None,
 }
 
 
@@ -45,38 +45,46 @@ def mesh_shape(data: int, fsdp: int, tensor: int, n_devices: int) -> tuple[int, 
       raise ValueError(f"mesh.{name} must be a positive int or -1, got {value!r}")
   fill = [i for i, v in enumerate(sizes) if v == -1]
   if len(fill) > 1:
-    raise ValueError(f"at most one mesh axis may be -1, got mesh (data, fsdp, tensor) = "
-                     f"{tuple(sizes)}")
+    raise ValueError(
+      f"at most one mesh axis may be -1, got mesh (data, fsdp, tensor) = {tuple(sizes)}"
+    )
   known = int(np.prod([v for v in sizes if v != -1]))
   if fill:
     if n_devices % known:
-      raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(sizes)}: {n_devices} devices are not "
-                       f"divisible by {known}")
+      raise ValueError(
+        f"mesh (data, fsdp, tensor) = {tuple(sizes)}: {n_devices} devices are not "
+        f"divisible by {known}"
+      )
     sizes[fill[0]] = n_devices // known
   elif known != n_devices:
-    raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(sizes)} needs {known} devices but "
-                     f"{n_devices} are available; make the product equal the device count or "
-                     f"set one axis to -1")
+    raise ValueError(
+      f"mesh (data, fsdp, tensor) = {tuple(sizes)} needs {known} devices but "
+      f"{n_devices} are available; make the product equal the device count or "
+      f"set one axis to -1"
+    )
   return tuple(int(s) for s in sizes)
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
-              devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+def make_mesh(
+  data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Optional[Sequence[jax.Device]] = None
+) -> Mesh:
   """A (data, fsdp, tensor) mesh over all devices (of all processes) or the given ones."""
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(data, fsdp, tensor, len(devices))
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
-def logical_to_spec(logical_axes: Sequence[Optional[str]], shape: Sequence[int], mesh: Mesh,
-                    rules: Mapping = RULES) -> P:
+def logical_to_spec(
+  logical_axes: Sequence[Optional[str]], shape: Sequence[int], mesh: Mesh, rules: Mapping = RULES
+) -> P:
   """PartitionSpec for an array with these logical axes; indivisible dims stay replicated."""
   spec = []
   used = set()
   for name, dim in zip(logical_axes, shape):
     if name not in rules:
-      raise ValueError(f"no sharding rule for logical axis {name!r}; known: "
-                       f"{sorted(k for k in rules if k)}")
+      raise ValueError(
+        f"no sharding rule for logical axis {name!r}; known: {sorted(k for k in rules if k)}"
+      )
     target = rules[name]
     axes = (target,) if isinstance(target, str) else tuple(target or ())
     axes = tuple(a for a in axes if a not in used and mesh.shape[a] > 1)
@@ -96,8 +104,9 @@ def param_specs(abstract_params, mesh: Mesh, rules: Mapping = RULES):
   def spec(var):
     axes = var.get_metadata().get("logical_axes")
     if axes is None:
-      raise ValueError("a parameter has no logical_axes metadata; every model parameter must "
-                       "name its axes")
+      raise ValueError(
+        "a parameter has no logical_axes metadata; every model parameter must name its axes"
+      )
     return logical_to_spec(axes, var.shape, mesh, rules)
 
   return jax.tree.map(spec, abstract_params, is_leaf=lambda x: isinstance(x, nnx.Variable))
@@ -107,19 +116,22 @@ def tree_shardings(tree, param_paths_to_spec: dict, mesh: Mesh):
   """NamedShardings for any tree holding parameter-shaped leaves (params, Adam moments):
   a leaf whose path ends with a parameter's path and has its shape gets that parameter's
   spec; everything else (step counters, scalars) is replicated."""
+
   def pick(path, leaf):
     key = jax.tree_util.keystr(path)
     for ppath, (shape, spec) in param_paths_to_spec.items():
       if key.endswith(ppath) and tuple(leaf.shape) == shape:
         return NamedSharding(mesh, spec)
     return NamedSharding(mesh, P())
+
   return jax.tree_util.tree_map_with_path(pick, tree)
 
 
 def param_path_specs(abstract_params, mesh: Mesh, rules: Mapping = RULES) -> dict:
   """{path string: (shape, spec)} of the parameters, longest paths first."""
-  specs = jax.tree.leaves(param_specs(abstract_params, mesh, rules),
-                          is_leaf=lambda x: isinstance(x, P))
+  specs = jax.tree.leaves(
+    param_specs(abstract_params, mesh, rules), is_leaf=lambda x: isinstance(x, P)
+  )
   leaves = jax.tree_util.tree_flatten_with_path(abstract_params)[0]  # full paths (.value)
   if len(specs) != len(leaves):
     raise ValueError("parameter tree and its specs do not line up")
@@ -156,20 +168,25 @@ def describe(specs_by_path: dict, mesh: Mesh) -> str:
   return "\n".join(lines)
 
 
-def initialize_distributed(coordinator_address: Optional[str] = None,
-                           num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None) -> None:
+def initialize_distributed(
+  coordinator_address: Optional[str] = None,
+  num_processes: Optional[int] = None,
+  process_id: Optional[int] = None,
+) -> None:
   """Starts multi-process JAX: explicit flags, or auto-detection (TPU pods, SLURM) when none
   are given and the environment looks like a cluster. CPU processes use gloo collectives."""
   explicit = [coordinator_address, num_processes, process_id]
   if any(v is not None for v in explicit):
     if any(v is None for v in explicit):
-      raise ValueError("multi-process training needs all of --coordinator_address, "
-                       "--num_processes and --process_id (or none of them, to auto-detect)")
+      raise ValueError(
+        "multi-process training needs all of --coordinator_address, "
+        "--num_processes and --process_id (or none of them, to auto-detect)"
+      )
     if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
+    jax.distributed.initialize(
+      coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+    )
     return
   if auto_detect_cluster():
     jax.distributed.initialize()
@@ -185,5 +202,7 @@ def auto_detect_cluster() -> bool:
     return True
   if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
     return True
-  return any(k in env for k in ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS",
-                                "TPU_ACCELERATOR_TYPE"))
+  return any(
+    k in env
+    for k in ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "TPU_ACCELERATOR_TYPE")
+  )

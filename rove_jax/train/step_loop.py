@@ -42,6 +42,7 @@ from rove_jax.train.tracking import Profiler
 @dataclasses.dataclass
 class Run:
   """A run ready to step; `state` is replaced by each step."""
+
   c: RunConfig
   workdir: str
   mesh: Mesh
@@ -67,13 +68,17 @@ class Run:
     return sharding_lib.place_batch(batch, mesh=self.mesh)
 
 
-def throughput(step_time_s: float, tokens_per_step: int, step_flops: float, n_devices: int,
-               peak: Optional[float]) -> dict:
+def throughput(
+  step_time_s: float, tokens_per_step: int, step_flops: float, n_devices: int, peak: Optional[float]
+) -> dict:
   """The logged speed of a step: its time, tokens/s, model TFLOP/s per device and, where the
   devices' peak is known (rove_jax.hardware), MFU = achieved model FLOP/s / peak."""
   per_device = step_flops / step_time_s / n_devices
-  out = {"step_time_s": step_time_s, "tokens_per_s": tokens_per_step / step_time_s,
-         "model_tflops_per_device": per_device / 1e12}
+  out = {
+    "step_time_s": step_time_s,
+    "tokens_per_s": tokens_per_step / step_time_s,
+    "model_tflops_per_device": per_device / 1e12,
+  }
   if peak:
     out["mfu"] = per_device / peak
   return out
@@ -125,8 +130,9 @@ def run(r: Run) -> TrainResult:
   r.metrics_log.close()
   nonfinite.judge(step)
   if final_problem is not None:
-    raise save.divergence(f"the state at step {step}, where the run ended, is not good "
-                          f"({final_problem})")
+    raise save.divergence(
+      f"the state at step {step}, where the run ended, is not good ({final_problem})"
+    )
   return _result(r, step, logger.last, nonfinite.total)
 
 
@@ -135,11 +141,20 @@ def _result(r: Run, step: int, last: dict, nonfinite_steps: int) -> TrainResult:
     counts = np.bincount(np.asarray(r.data.val_tokens, np.int64), minlength=1).astype(np.float64)
     probs = counts[counts > 0] / counts.sum()
     r.summary["val_unigram_entropy"] = float(-(probs * np.log(probs)).sum())
-  return TrainResult(**r.summary, workdir=r.workdir, start_step=r.start, step=step, last=last,
-                     nonfinite_steps=nonfinite_steps, steps_run=step - r.start,
-                     tokenizer=r.data.tokenizer, model_config=r.c.model,
-                     params=r.layers.unstack(r.state.params),
-                     graphdef=r.graphdef, mesh=r.mesh)
+  return TrainResult(
+    **r.summary,
+    workdir=r.workdir,
+    start_step=r.start,
+    step=step,
+    last=last,
+    nonfinite_steps=nonfinite_steps,
+    steps_run=step - r.start,
+    tokenizer=r.data.tokenizer,
+    model_config=r.c.model,
+    params=r.layers.unstack(r.state.params),
+    graphdef=r.graphdef,
+    mesh=r.mesh,
+  )
 
 
 # ----------------------------------------------------------------------- the callbacks
@@ -163,20 +178,23 @@ class NonFinite:
       return
     self.in_a_row += 1
     self.total += 1
-    self.r.log(f"step {step}: non-finite loss or gradient, update skipped "
-               f"({self.in_a_row} in a row)")
+    self.r.log(
+      f"step {step}: non-finite loss or gradient, update skipped ({self.in_a_row} in a row)"
+    )
     if self.in_a_row >= self.r.c.optim.max_nonfinite:
-      raise self.save.divergence(f"{self.in_a_row} consecutive non-finite steps (last at step "
-                                 f"{step}); stopping")
+      raise self.save.divergence(
+        f"{self.in_a_row} consecutive non-finite steps (last at step {step}); stopping"
+      )
 
   def judge(self, step: int) -> None:
     """At the end: a run whose every step (or every learning one) was skipped is an error."""
     ran = step - self.r.start
     if ran > 0 and (self.total == ran or self.learning_skipped == self.learning > 0):
       raise NonFiniteError(
-          f"{self.total} of the {ran} steps run were skipped as non-finite, every one with a "
-          f"nonzero learning rate: nothing was learned; lower optim.lr or check the data",
-          last_good=self.save.health.good_step)
+        f"{self.total} of the {ran} steps run were skipped as non-finite, every one with a "
+        f"nonzero learning rate: nothing was learned; lower optim.lr or check the data",
+        last_good=self.save.health.good_step,
+      )
 
 
 class LogMetrics:
@@ -188,8 +206,9 @@ class LogMetrics:
     c = r.c
     self.tokens_per_step = c.data.batch_size * c.data.seq_len
     # Model FLOPs of a step (PaLM's count) against the devices' peak, for the logged MFU.
-    self.step_flops = self.tokens_per_step * flops.model_flops_per_token(
-        c.model, "train", c.data.seq_len)[0]
+    self.step_flops = (
+      self.tokens_per_step * flops.model_flops_per_token(c.model, "train", c.data.seq_len)[0]
+    )
     self.peak = hardware.peak_flops(r.mesh.devices.flat[0].device_kind)
     self.t_last, self.step_last = time.perf_counter(), r.start
     self.last = {}
@@ -201,16 +220,30 @@ class LogMetrics:
     if step % c.log_every and step != c.steps:
       return
     now = time.perf_counter()
-    last = {"step": step, "loss": float(m["loss"]), "lr": float(m["lr"]),
-            "grad_norm": float(m["grad_norm"]), "nonfinite_steps": self.nonfinite.total}
+    last = {
+      "step": step,
+      "loss": float(m["loss"]),
+      "lr": float(m["lr"]),
+      "grad_norm": float(m["grad_norm"]),
+      "nonfinite_steps": self.nonfinite.total,
+    }
     if step > self.step_last:  # the first step's time is compilation: no throughput for it
-      last.update(throughput((now - self.t_last) / (step - self.step_last), self.tokens_per_step,
-                             self.step_flops, self.r.mesh.devices.size, self.peak))
+      last.update(
+        throughput(
+          (now - self.t_last) / (step - self.step_last),
+          self.tokens_per_step,
+          self.step_flops,
+          self.r.mesh.devices.size,
+          self.peak,
+        )
+      )
     self.t_last, self.step_last, self.last = now, step, last
     self.r.metrics_log.write(last)
     if self.bar is not None:
-      self.bar.set_postfix(loss=f"{last['loss']:.3f}",
-                           tok_s=f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "-")
+      self.bar.set_postfix(
+        loss=f"{last['loss']:.3f}",
+        tok_s=f"{last['tokens_per_s']:.0f}" if "tokens_per_s" in last else "-",
+      )
 
 
 class Evaluate:
@@ -219,9 +252,14 @@ class Evaluate:
   def __init__(self, r: Run):
     self.r = r
     d = r.c.data
-    self.batches = dict(seq_len=d.seq_len, batch_size=d.batch_size,
-                        max_batches=r.c.eval_batches, packing=d.packing,
-                        process_index=jax.process_index(), process_count=jax.process_count())
+    self.batches = dict(
+      seq_len=d.seq_len,
+      batch_size=d.batch_size,
+      max_batches=r.c.eval_batches,
+      packing=d.packing,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
 
   def __call__(self, step: int, m: dict) -> None:
     r = self.r
@@ -244,9 +282,11 @@ class Checkpoint:
     self.param_norm = jax.jit(clipping.global_norm)
     o = r.c.optim
     self.health = health_lib.Health(
-        max_loss_jump=o.max_loss_jump, max_param_growth=o.max_param_growth,
-        good_step=r.start if r.restored else None,
-        good_norm=float(self.param_norm(r.state.params)))
+      max_loss_jump=o.max_loss_jump,
+      max_param_growth=o.max_param_growth,
+      good_step=r.start if r.restored else None,
+      good_norm=float(self.param_norm(r.state.params)),
+    )
 
   def __call__(self, step: int, m: dict) -> None:
     self.health.observe(step, float(m["loss"]), bool(m["finite"]))  # every step, saved or not
@@ -262,8 +302,12 @@ class Checkpoint:
     if problem is not None:
       r.log(f"step {step}: not saved: {problem}; {self.health.last_good()}")
       return problem
-    r.ckpt.save(step, ckpt_lib.to_flat(r.to_checkpoint(r.state)), r.iterator.get_state(),
-                {**r.meta, "step": step})
+    r.ckpt.save(
+      step,
+      ckpt_lib.to_flat(r.to_checkpoint(r.state)),
+      r.iterator.get_state(),
+      {**r.meta, "step": step},
+    )
     r.metrics_log.flush()  # the metrics of every step a resume keeps are stored with it
     self.health.accept(step, norm)
     return None
@@ -272,9 +316,12 @@ class Checkpoint:
     """The error that ends a diverged run, once the saves in flight are done (a failed one is
     reported instead)."""
     self.r.ckpt.wait()
-    return NonFiniteError(f"{what}; {self.health.last_good()} (no later state was saved): rerun "
-                          f"with a lower optim.lr (this run's: {self.r.c.optim.lr:g}) or check "
-                          f"the data", last_good=self.health.good_step)
+    return NonFiniteError(
+      f"{what}; {self.health.last_good()} (no later state was saved): rerun "
+      f"with a lower optim.lr (this run's: {self.r.c.optim.lr:g}) or check "
+      f"the data",
+      last_good=self.health.good_step,
+    )
 
 
 class Stop:
@@ -294,13 +341,16 @@ class Stop:
     failure = run_control.failure(self.r.ckpt, self.r.lock)
     said = run_control.gather_flags(stopping, failure is not None)
     if failure is None and said[:, 1].any():
-      failure = ckpt_lib.SaveError(f"processes {np.flatnonzero(said[:, 1]).tolist()} stopped "
-                                   f"at step {step}: see their log")
+      failure = ckpt_lib.SaveError(
+        f"processes {np.flatnonzero(said[:, 1]).tolist()} stopped at step {step}: see their log"
+      )
     if failure is not None:
       raise failure
     if not said[:, 0].any():
       return False
-    self.r.log(f"{self.signal.received or 'a stop signal on another process'} received: saving "
-               f"a checkpoint at step {step} and exiting")
+    self.r.log(
+      f"{self.signal.received or 'a stop signal on another process'} received: saving "
+      f"a checkpoint at step {step} and exiting"
+    )
     self.r.summary["stopped_by"] = self.signal.received or "peer"
     return True

@@ -44,15 +44,19 @@ PROFILE_DIR = "profile"
 def parse_tracking(value) -> tuple[str, ...]:
   """The sinks of config.tracking ("tensorboard,wandb" -> ("tensorboard", "wandb"))."""
   if not isinstance(value, str):
-    raise ValueError(f"tracking must be a string such as 'tensorboard', 'wandb', "
-                     f"'tensorboard,wandb' or 'none', got {value!r}")
+    raise ValueError(
+      f"tracking must be a string such as 'tensorboard', 'wandb', "
+      f"'tensorboard,wandb' or 'none', got {value!r}"
+    )
   names = tuple(n.strip() for n in value.split(",") if n.strip())
   if names == ("none",):
     return ()
   unknown = [n for n in names if n not in SINKS]
   if unknown or not names or len(set(names)) != len(names):
-    raise ValueError(f"tracking={value!r}: give sinks out of {SINKS} separated by commas, or "
-                     f"'none' (metrics.jsonl is always written)")
+    raise ValueError(
+      f"tracking={value!r}: give sinks out of {SINKS} separated by commas, or "
+      f"'none' (metrics.jsonl is always written)"
+    )
   return names
 
 
@@ -66,10 +70,13 @@ def check_wandb_ready(settings) -> None:
   if settings.mode != "online":
     return
   import wandb
+
   if not wandb.login(prompt=False, verify=False):  # reads the key only: no prompt, no request
-    raise ValueError("tracking=wandb with wandb.mode=online needs a W&B API key: run `wandb "
-                     "login` (or set WANDB_API_KEY), or log offline with "
-                     "--config.wandb.mode=offline and upload later with `wandb sync`")
+    raise ValueError(
+      "tracking=wandb with wandb.mode=online needs a W&B API key: run `wandb "
+      "login` (or set WANDB_API_KEY), or log offline with "
+      "--config.wandb.mode=offline and upload later with `wandb sync`"
+    )
 
 
 def parse_profile_steps(value, steps: int) -> Optional[tuple[int, int]]:
@@ -81,9 +88,11 @@ def parse_profile_steps(value, steps: int) -> Optional[tuple[int, int]]:
   except ValueError:
     start = end = None
   if start is None or not 1 <= start <= end <= steps:
-    raise ValueError(f"profile_steps={value!r}: give START:END with 1 <= START <= END <= "
-                     f"steps={steps} (training steps, 1-based, both traced; START > 1 leaves "
-                     f"the first step's compilation out of the trace)")
+    raise ValueError(
+      f"profile_steps={value!r}: give START:END with 1 <= START <= END <= "
+      f"steps={steps} (training steps, 1-based, both traced; START > 1 leaves "
+      f"the first step's compilation out of the trace)"
+    )
   return start, end
 
 
@@ -96,21 +105,33 @@ class Wandb:
     try:
       import wandb
     except ImportError:
-      raise ImportError("tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
-                        "(or pip install wandb)") from None
+      raise ImportError(
+        "tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
+        "(or pip install wandb)"
+      ) from None
     id_path = paths.join(workdir, WANDB_ID_FILE)
     try:
       run_id = paths.read_text(id_path).strip()
     except FileNotFoundError:
       run_id = uuid.uuid4().hex[:16]
       paths.write_atomic(id_path, run_id + "\n")
-    local = workdir if not paths.is_remote(workdir) else os.path.join(
-        os.path.expanduser("~/.cache/rove_jax/wandb"), run_id)
+    local = (
+      workdir
+      if not paths.is_remote(workdir)
+      else os.path.join(os.path.expanduser("~/.cache/rove_jax/wandb"), run_id)
+    )
     os.makedirs(local, exist_ok=True)
     self.run = wandb.init(
-        project=settings.project, entity=settings.entity, group=settings.group,
-        name=settings.name or paths.basename(workdir), id=run_id,
-        resume="allow", mode=settings.mode, dir=local, config=c.to_dict())
+      project=settings.project,
+      entity=settings.entity,
+      group=settings.group,
+      name=settings.name or paths.basename(workdir),
+      id=run_id,
+      resume="allow",
+      mode=settings.mode,
+      dir=local,
+      config=c.to_dict(),
+    )
     self.run.define_metric("train/step")
     self.run.define_metric("*", step_metric="train/step")
 
@@ -124,8 +145,9 @@ class Wandb:
 class Profiler:
   """Starts a jax.profiler trace before step START and stops it after step END."""
 
-  def __init__(self, workdir: str, window: Optional[tuple[int, int]], *, enabled: bool = True,
-               log=print):
+  def __init__(
+    self, workdir: str, window: Optional[tuple[int, int]], *, enabled: bool = True, log=print
+  ):
     self.window = window if enabled else None
     self.directory = paths.join(workdir, PROFILE_DIR)
     self._local = self.directory if not paths.is_remote(workdir) else None
@@ -144,8 +166,10 @@ class Profiler:
     """Called after step `step` ran; `outputs` are waited for before the trace stops."""
     if self.active and step == self.window[1]:
       self.stop(outputs)
-      self.log(f"profile of steps {self.window[0]}-{self.window[1]} written to "
-               f"{self.directory} (tensorboard --logdir {self.directory})")
+      self.log(
+        f"profile of steps {self.window[0]}-{self.window[1]} written to "
+        f"{self.directory} (tensorboard --logdir {self.directory})"
+      )
 
   def stop(self, outputs=None) -> None:
     if self.active:

@@ -16,7 +16,12 @@ from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 
 def get_config() -> RunConfig:
   return RunConfig(
-      model=GPTConfig.tiny(n_layer=4, d_model=128, n_head=2, max_len=128, pos_encoding="rove"),
-      data=DataConfig(source="stdlib", tokenizer="bytes", seq_len=128, batch_size=16),
-      optim=OptimConfig(lr=2e-3, warmup_steps=50),
-      steps=300, log_every=20, eval_every=100, eval_batches=16, checkpoint_every=100)
+    model=GPTConfig.tiny(n_layer=4, d_model=128, n_head=2, max_len=128, pos_encoding="rove"),
+    data=DataConfig(source="stdlib", tokenizer="bytes", seq_len=128, batch_size=16),
+    optim=OptimConfig(lr=2e-3, warmup_steps=50),
+    steps=300,
+    log_every=20,
+    eval_every=100,
+    eval_batches=16,
+    checkpoint_every=100,
+  )

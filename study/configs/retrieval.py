@@ -19,25 +19,33 @@ from rove_jax.train.configs import recall_offset
 from rove_jax.train.run_config import RunConfig
 
 SEQ_LEN = 32
-DATA = (f"seq_len={SEQ_LEN},pairs=6,queries=8,keys=6,values=8,train_docs=60000,val_docs=1000,"
-        f"seed=0,answer_loss=1")
+DATA = (
+  f"seq_len={SEQ_LEN},pairs=6,queries=8,keys=6,values=8,train_docs=60000,val_docs=1000,"
+  f"seed=0,answer_loss=1"
+)
 # The tasks `python -m study.retrieval --task NAME` runs: the generator spec (data.path) and the
 # training steps (and other config fields, "config"). mqar is this config's own; the
 # position-dependent tasks (answer by order or
 # by distance, rove_jax.tasks.recall_tasks) train for fewer steps, which leaves headroom at the
 # training length (their sizing is in bench/RESULTS.md).
 TASKS = {
-    "mqar": {"data": DATA, "steps": 1000},
-    "lastwrite": {"data": f"seq_len={SEQ_LEN},pairs=8,queries=8,keys=4,values=8,train_docs="
-                          f"60000,val_docs=1000,seed=0,answer_loss=1,task=lastwrite",
-                  "steps": 150, "config": {"optim.warmup_steps": 30}},
-    "offset": {"data": f"seq_len={SEQ_LEN},pairs=1,queries=8,keys=6,values=16,train_docs=60000,"
-                       f"val_docs=1000,seed=0,answer_loss=1,task=offset",
-               "steps": 400},
+  "mqar": {"data": DATA, "steps": 1000},
+  "lastwrite": {
+    "data": f"seq_len={SEQ_LEN},pairs=8,queries=8,keys=4,values=8,train_docs="
+    f"60000,val_docs=1000,seed=0,answer_loss=1,task=lastwrite",
+    "steps": 150,
+    "config": {"optim.warmup_steps": 30},
+  },
+  "offset": {
+    "data": f"seq_len={SEQ_LEN},pairs=1,queries=8,keys=6,values=16,train_docs=60000,"
+    f"val_docs=1000,seed=0,answer_loss=1,task=offset",
+    "steps": 400,
+  },
 }
 
 
 def get_config() -> RunConfig:
   c = recall_offset.get_config()  # the packaged model, optimizer and loop settings
-  return dataclasses.replace(c, data=dataclasses.replace(c.data, path=DATA), steps=1000,
-                             progress=False)
+  return dataclasses.replace(
+    c, data=dataclasses.replace(c.data, path=DATA), steps=1000, progress=False
+  )

@@ -82,8 +82,11 @@ def test_topology_names():
   assert aot.parse_topology("v6e-16").grid == (4, 4)
   assert aot.parse_topology("v4:2x2x4").accelerator_type == "v4-32"
   assert aot.parse_topology("cpu:4").chip is None
-  with pytest.raises(ValueError, match=r"unknown topology 'v7-8'; known: v4-\{8,16,32.*v5e-\{1,"
-                                       r"4,8,16.*cpu:N"):
+  with pytest.raises(
+    ValueError,
+    match=r"unknown topology 'v7-8'; known: v4-\{8,16,32.*v5e-\{1,"
+    r"4,8,16.*cpu:N",
+  ):
     aot.parse_topology("v7-8")
   with pytest.raises(ValueError, match=r"no v4 slice of that size.*v4:2x2x4"):
     aot.parse_topology("v4-12")
@@ -94,13 +97,13 @@ def test_topology_names():
 def test_collectives_parser_counts_executions_and_result_bytes():
   out = hlo.parse_collectives(HLO)
   assert out == {
-      # tuple: 320*384*2 + 768*4; -start: 1024*4; in the loop body: 3 x 256*4
-      "all-reduce": {"count": 5, "bytes": 245760 + 3072 + 4096 + 3 * 1024},
-      # -start: the output bf16[64,128] only; the fused one: f32[2,8]
-      "all-gather": {"count": 2, "bytes": 64 * 128 * 2 + 2 * 8 * 4},
-      "reduce-scatter": {"count": 1, "bytes": 16 * 32 * 4},
-      "all-to-all": {"count": 1 + 2, "bytes": 3 * 4 * 8 * 4},
-      "collective-permute": {"count": 1, "bytes": 8 * 256 * 4},  # not the u32[] contexts
+    # tuple: 320*384*2 + 768*4; -start: 1024*4; in the loop body: 3 x 256*4
+    "all-reduce": {"count": 5, "bytes": 245760 + 3072 + 4096 + 3 * 1024},
+    # -start: the output bf16[64,128] only; the fused one: f32[2,8]
+    "all-gather": {"count": 2, "bytes": 64 * 128 * 2 + 2 * 8 * 4},
+    "reduce-scatter": {"count": 1, "bytes": 16 * 32 * 4},
+    "all-to-all": {"count": 1 + 2, "bytes": 3 * 4 * 8 * 4},
+    "collective-permute": {"count": 1, "bytes": 8 * 256 * 4},  # not the u32[] contexts
   }
   assert hlo.while_loops(HLO) == [(3, 0), (2, 0)]
   assert hlo.custom_calls(HLO) == {"tpu_custom_call": 1}
@@ -111,14 +114,21 @@ def test_kernels_with_a_cost_estimate_are_not_counted_twice():
   """Pallas kernels that carry a cost estimate (the fused kernel) are in cost_analysis's FLOPs
   already; those without one (splash, cuDNN) get the analytic attention FLOPs added. The
   backend config as libtpu prints it, checked against a real fused and splash compile."""
-  line = ('%%c.%d = bf16[1,4,256,64]{3,2,1,0} custom-call(%%a), custom_call_target="%s", '
-          'backend_config={"custom_call_config": {"body": "TUxJUu==", %s}}')
+  line = (
+    '%%c.%d = bf16[1,4,256,64]{3,2,1,0} custom-call(%%a), custom_call_target="%s", '
+    'backend_config={"custom_call_config": {"body": "TUxJUu==", %s}}'
+  )
   costed = '"cost_estimate":{"flops":"68829184","transcendentals":"360448"}'
   zero = '"cost_estimate":{"flops":"0","transcendentals":"0"}'
-  text = "\n".join([line % (1, "tpu_custom_call", costed), line % (2, "tpu_custom_call", zero),
-                    line % (3, "tpu_custom_call", '"name": "splash_mha_fwd"'),
-                    line % (4, "__cudnn$fmhaSoftmax", '"x": 1'),
-                    line % (5, "Sharding", '"x": 1')])
+  text = "\n".join(
+    [
+      line % (1, "tpu_custom_call", costed),
+      line % (2, "tpu_custom_call", zero),
+      line % (3, "tpu_custom_call", '"name": "splash_mha_fwd"'),
+      line % (4, "__cudnn$fmhaSoftmax", '"x": 1'),
+      line % (5, "Sharding", '"x": 1'),
+    ]
+  )
   assert hlo.uncosted_kernels(text) == {"tpu_custom_call": 2, "__cudnn$fmhaSoftmax": 1}
   assert hlo.uncosted_kernels(line % (1, "tpu_custom_call", costed)) == {}
 
@@ -127,8 +137,9 @@ def test_roofline_arithmetic():
   v5e = aot.CHIPS["v5e"]
   r = hlo.roofline(197e12 * 0.010, 819e9 * 0.004, v5e, model_flops=0.5 * 197e12 * 0.010)
   assert r.pop("bound_by") == "compute"
-  assert r == pytest.approx({"compute_s": 0.010, "memory_s": 0.004, "step_time_bound_s": 0.010,
-                             "mfu_bound": 0.5})
+  assert r == pytest.approx(
+    {"compute_s": 0.010, "memory_s": 0.004, "step_time_bound_s": 0.010, "mfu_bound": 0.5}
+  )
   assert hlo.roofline(1e9, 819e9, v5e)["bound_by"] == "memory"
 
 
@@ -148,8 +159,9 @@ class _Compiled:
 
 def test_analyze_scales_the_accumulation_loop_and_adds_kernel_attention():
   chip = dataclasses.replace(aot.CHIPS["v5e"], hbm_bytes=150)
-  r = hlo.analyze(_Compiled(), chip, n_devices=4, tokens=400, model_flops=2e7,
-                  attention_flops=1e6, accumulation=3)
+  r = hlo.analyze(
+    _Compiled(), chip, n_devices=4, tokens=400, model_flops=2e7, attention_flops=1e6, accumulation=3
+  )
   assert r["memory"]["total"] == 100 + 60 - 50 + 40
   assert (r["fits"], r["headroom_bytes"]) == (True, 0)
   # the accumulation loop (3 trips) times 3, plus the analytic attention the kernel (and the
@@ -168,8 +180,9 @@ def test_recommend_mesh_and_accumulation():
   # 64 rows a device; per token 12 (34 x 768 + 5 x 12 x 1024) + 8 x 50304 bytes: 8 rows fit
   assert r["grad_accum"] == 8 and r["fits"]
   assert r["activation_bytes_per_device"] == 8 * 1024 * (12 * (34 * 768 + 60 * 1024) + 8 * 50304)
-  small = aot.Topology("v5e:2x4", dataclasses.replace(aot.CHIPS["v5e"], hbm_bytes=2 * aot.GiB),
-                       (2, 4))
+  small = aot.Topology(
+    "v5e:2x4", dataclasses.replace(aot.CHIPS["v5e"], hbm_bytes=2 * aot.GiB), (2, 4)
+  )
   r = aot.recommend(c, small)
   assert r["mesh"] == {"data": 4, "fsdp": 2, "tensor": 1}  # 2.0 GB of state > 1 GiB
   assert (r["grad_accum"], r["fits"]) == (64, False)  # not even one row's activations fit
@@ -179,8 +192,9 @@ def test_recommend_mesh_and_accumulation():
 
 def _tiny(**over):
   c = run_config.RunConfig(
-      model=GPTConfig.tiny(n_layer=1, d_model=64, n_head=2, d_ff=256, max_len=64),
-      data=run_config.DataConfig(seq_len=64, batch_size=8))
+    model=GPTConfig.tiny(n_layer=1, d_model=64, n_head=2, d_ff=256, max_len=64),
+    data=run_config.DataConfig(seq_len=64, batch_size=8),
+  )
   return overrides.apply(c, over)
 
 
@@ -218,6 +232,7 @@ def test_train_step_compiled_for_cpu_devices_matches_independent_counts():
 
 def param_count(c):
   from rove_jax.nn.model import param_count as count
+
   return count(c.model)
 
 
@@ -225,21 +240,52 @@ def test_command_line_on_cpu_devices(tmp_path, capsys):
   import json
 
   from bench import aot as cli
-  small = ["--config.model.n_layer=1", "--config.model.d_model=64", "--config.model.n_head=2",
-           "--config.model.d_ff=256", "--config.model.max_len=64", "--config.data.seq_len=64",
-           "--config.data.batch_size=8", "--config.mesh.data=2", "--config.mesh.fsdp=2"]
-  out, tiny = tmp_path / "aot.json", os.path.join(os.path.dirname(__file__), "..", "..", "configs",
-                                                   "tiny.py")
-  assert cli.main(["--config", tiny, *small, "--topology", "cpu:4", "--jobs",
-                   "eval,decode", "--eval-len", "128", "--markdown", "--json", str(out)]) == 0
+
+  small = [
+    "--config.model.n_layer=1",
+    "--config.model.d_model=64",
+    "--config.model.n_head=2",
+    "--config.model.d_ff=256",
+    "--config.model.max_len=64",
+    "--config.data.seq_len=64",
+    "--config.data.batch_size=8",
+    "--config.mesh.data=2",
+    "--config.mesh.fsdp=2",
+  ]
+  out, tiny = (
+    tmp_path / "aot.json",
+    os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny.py"),
+  )
+  assert (
+    cli.main(
+      [
+        "--config",
+        tiny,
+        *small,
+        "--topology",
+        "cpu:4",
+        "--jobs",
+        "eval,decode",
+        "--eval-len",
+        "128",
+        "--markdown",
+        "--json",
+        str(out),
+      ]
+    )
+    == 0
+  )
   printed = capsys.readouterr().out
   assert "decode on cpu:4 (cpu:4), mesh data=2 fsdp=2 tensor=1" in printed
   assert "| tiny rove | cpu:4 | (2, 2, 1) | - | eval | 4 x 128 |" in printed
   ev, dec = json.loads(out.read_text())["reports"]
   # one window a data shard, YaRN for 128 tokens of a model trained on 64
   assert (ev["batch"], ev["length"], ev["tokens"]) == (4, 128, 4 * 128)
-  assert ev["rope_scaling"] == {"rope_type": "yarn", "factor": 2.0,
-                                "original_max_position_embeddings": 64}
+  assert ev["rope_scaling"] == {
+    "rope_type": "yarn",
+    "factor": 2.0,
+    "original_max_position_embeddings": 64,
+  }
   assert (dec["batch"], dec["length"], dec["tokens"]) == (4, 128, 4)
   assert cli.main(["--config", tiny, "--topology", "cpu:3", *small]) == 2
   assert "topology cpu:3 has 3 devices" in capsys.readouterr().err
@@ -260,9 +306,14 @@ def test_gradient_accumulation_keeps_micro_batches_split_over_the_devices():
 
 def test_gpu_topologies_and_their_target_description():
   from rove_jax.aot import gpu as aot_gpu
+
   t = aot.parse_topology("h200-16")
   assert (t.name, t.n_devices, t.chip.hbm_bytes, t.chip.peak_flops) == (
-      "h200-16", 16, 143771 * 2**20, 989e12)
+    "h200-16",
+    16,
+    143771 * 2**20,
+    989e12,
+  )
   assert aot_gpu.gpu_grid(8) == (1, 1, 8) and aot_gpu.gpu_grid(16) == (1, 2, 8)
   with pytest.raises(ValueError, match="multiple of 8"):
     aot.parse_topology("h100-12")

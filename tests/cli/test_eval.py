@@ -35,8 +35,20 @@ PPL_TOKENS = cli.SUITES["quick"]["ppl_tokens"]  # targets scored per length
 
 def perplexity_report(workdir, out, *options) -> dict:
   """cli.main on the perplexity task alone; returns the run's "perplexity" entry."""
-  argv = ["--workdir", str(workdir), "--out", str(out), "--tasks", "ppl", "--suite", "quick",
-          "--lengths", ",".join(map(str, LENGTHS)), "--no-progress", *options]
+  argv = [
+    "--workdir",
+    str(workdir),
+    "--out",
+    str(out),
+    "--tasks",
+    "ppl",
+    "--suite",
+    "quick",
+    "--lengths",
+    ",".join(map(str, LENGTHS)),
+    "--no-progress",
+    *options,
+  ]
   assert cli.main(argv) == 0
   return json.loads((out / "report.json").read_text())["runs"][0]["perplexity"]
 
@@ -46,8 +58,10 @@ def by_yarn(trained_run, tmp_path_factory):
   out = tmp_path_factory.mktemp("eval-yarn")
   # "both" (none and yarn) is "all" without yarn_fixed (tests/evaluation/test_perplexity.py runs
   # it).
-  return {yarn: perplexity_report(trained_run, out / yarn, "--yarn", yarn)
-          for yarn in ("off", "on", "all")}
+  return {
+    yarn: perplexity_report(trained_run, out / yarn, "--yarn", yarn)
+    for yarn in ("off", "on", "all")
+  }
 
 
 def test_yarn_off_on_all_select_the_settings(by_yarn):
@@ -79,15 +93,16 @@ def test_yarn_fixed_scores_every_length_with_one_factor(by_yarn, trained_run):
   assert abs(fixed[at_1x]["loss"] / got["none"][at_1x]["loss"] - 1) > 2e-5
   run = scoring.load_run(str(trained_run))
   scorer = scoring.Scorer(run)
-  window = run.val_tokens()[None, :TRAIN_LEN + 1]  # the first window at 1x
+  window = run.val_tokens()[None, : TRAIN_LEN + 1]  # the first window at 1x
   nll, _ = scorer.token_nll(window, scorer.fixed_yarn_scaling(2.0))
   np.testing.assert_allclose(fixed[at_1x]["window_nll"][0], nll.sum(), rtol=1e-5)
   assert fixed[at_1x]["window_tokens"][0] == TRAIN_LEN
   for rows in (fixed, got["none"]):  # per-window records add up to the aggregate
     for row in rows.values():
       assert len(row["window_nll"]) == len(row["window_tokens"]) == row["windows"]
-      np.testing.assert_allclose(sum(row["window_nll"]) / sum(row["window_tokens"]),
-                                 row["loss"], rtol=1e-6)
+      np.testing.assert_allclose(
+        sum(row["window_nll"]) / sum(row["window_tokens"]), row["loss"], rtol=1e-6
+      )
 
 
 @pytest.mark.parametrize("stride", [None, 0.5])
@@ -109,8 +124,9 @@ def test_data_path_and_stride_score_the_given_text_file(trained_run, tmp_path, s
   for L in LENGTHS:
     for setting, yarn_train_len in (("none", None), ("yarn", TRAIN_LEN)):
       kw = dict(max_tokens=PPL_TOKENS, yarn_train_len=yarn_train_len)
-      want = reference_ppl(model, tokens, L, stride=None if stride is None else int(L * stride),
-                           **kw)
+      want = reference_ppl(
+        model, tokens, L, stride=None if stride is None else int(L * stride), **kw
+      )
       assert_row_matches(got[setting][str(L)], want, (setting, L, stride))
       if stride is not None:  # sliding windows give the targets other contexts
         other = reference_ppl(model, tokens, L, **kw)
@@ -118,15 +134,31 @@ def test_data_path_and_stride_score_the_given_text_file(trained_run, tmp_path, s
 
 
 def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plots(
-    trained_run, tmp_path, monkeypatch, capsys):
+  trained_run, tmp_path, monkeypatch, capsys
+):
   out = tmp_path / "eval"
   out.mkdir()
-  before = {name: f"an earlier report's {name}".encode() for name in (
-      "report.json", "report.md", *report_files.PLOT_FILES.values(), "mine.png")}
+  before = {
+    name: f"an earlier report's {name}".encode()
+    for name in ("report.json", "report.md", *report_files.PLOT_FILES.values(), "mine.png")
+  }
   for name, data in before.items():
     (out / name).write_bytes(data)
-  argv = ["--workdir", str(trained_run), "--out", str(out), "--tasks", "ppl", "--lengths",
-          str(TRAIN_LEN), "--yarn", "off", "--ppl-tokens", "256", "--no-progress"]
+  argv = [
+    "--workdir",
+    str(trained_run),
+    "--out",
+    str(out),
+    "--tasks",
+    "ppl",
+    "--lengths",
+    str(TRAIN_LEN),
+    "--yarn",
+    "off",
+    "--ppl-tokens",
+    "256",
+    "--no-progress",
+  ]
   original = report_files._write_data
 
   def disk_full_at_json(f, data, path):
@@ -147,7 +179,12 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
   assert md.strip() in capsys.readouterr().out  # printed as written
   assert md.strip().splitlines()[-1] == "Plots: perplexity_vs_length.png, figure1_mixer.png"
   assert sorted(p.name for p in out.iterdir()) == [  # the earlier ruler and icl plots are gone
-      "figure1_mixer.png", "mine.png", "perplexity_vs_length.png", "report.json", "report.md"]
+    "figure1_mixer.png",
+    "mine.png",
+    "perplexity_vs_length.png",
+    "report.json",
+    "report.md",
+  ]
   for name in ("figure1_mixer.png", "perplexity_vs_length.png"):
     assert (out / name).read_bytes()[:4] == b"\x89PNG", name
   ppl = json.loads((out / "report.json").read_text())["runs"][0]["perplexity"]
@@ -155,18 +192,34 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
   assert ppl["none"][str(TRAIN_LEN)]["tokens"] == 256
 
 
-def test_a_report_to_gcs_holds_the_numbers_of_the_local_report(trained_run, tmp_path,
-                                                                gcs_bucket, capsys):
+def test_a_report_to_gcs_holds_the_numbers_of_the_local_report(
+  trained_run, tmp_path, gcs_bucket, capsys
+):
   out = paths.join(gcs_bucket, "eval")
-  argv = ["--workdir", str(trained_run), "--tasks", "ppl", "--lengths", str(TRAIN_LEN),
-          "--yarn", "off", "--ppl-tokens", "256", "--no-progress"]
+  argv = [
+    "--workdir",
+    str(trained_run),
+    "--tasks",
+    "ppl",
+    "--lengths",
+    str(TRAIN_LEN),
+    "--yarn",
+    "off",
+    "--ppl-tokens",
+    "256",
+    "--no-progress",
+  ]
   assert cli.main(argv + ["--out", out]) == 0
   assert capsys.readouterr().err.strip().splitlines()[-1] == (
-      f"wrote {out}/figure1_mixer.png, {out}/perplexity_vs_length.png, {out}/report.json, "
-      f"{out}/report.md")
+    f"wrote {out}/figure1_mixer.png, {out}/perplexity_vs_length.png, {out}/report.json, "
+    f"{out}/report.md"
+  )
   assert gcs_server.objects(gcs_bucket) == [  # no write probe left behind
-      "eval/figure1_mixer.png", "eval/perplexity_vs_length.png", "eval/report.json",
-      "eval/report.md"]
+    "eval/figure1_mixer.png",
+    "eval/perplexity_vs_length.png",
+    "eval/report.json",
+    "eval/report.md",
+  ]
   assert cli.main(argv + ["--out", str(tmp_path / "eval")]) == 0
   remote = json.loads(paths.read_text(paths.join(out, "report.json")))["runs"][0]
   local = json.loads((tmp_path / "eval" / "report.json").read_text())["runs"][0]
@@ -176,14 +229,27 @@ def test_a_report_to_gcs_holds_the_numbers_of_the_local_report(trained_run, tmp_
     assert paths.read_bytes(paths.join(out, name))[:4] == b"\x89PNG", name
 
 
-def test_ruler_scores_qa_1_with_and_without_yarn_and_reports_qa_2_skipped(trained_run,
-                                                                          tmp_path):
+def test_ruler_scores_qa_1_with_and_without_yarn_and_reports_qa_2_skipped(trained_run, tmp_path):
   squad = tmp_path / "squad.json"
   squad.write_text(json.dumps(SQUAD))
-  args = cli.parse_args(["--workdir", str(trained_run), "--out", str(tmp_path / "eval"),
-                         "--tasks", "ruler", "--yarn", "both", "--squad", str(squad),
-                         "--ruler-lengths", str(8 * TRAIN_LEN), "--no-progress"],
-                        check_files=True)  # --ruler-lengths, not the suite's (4, 16) multiples
+  args = cli.parse_args(
+    [
+      "--workdir",
+      str(trained_run),
+      "--out",
+      str(tmp_path / "eval"),
+      "--tasks",
+      "ruler",
+      "--yarn",
+      "both",
+      "--squad",
+      str(squad),
+      "--ruler-lengths",
+      str(8 * TRAIN_LEN),
+      "--no-progress",
+    ],
+    check_files=True,
+  )  # --ruler-lengths, not the suite's (4, 16) multiples
   suite = {**cli.SUITES["quick"], "ruler_tasks": ("qa_1", "qa_2"), "ruler_samples": 2}
   run = scoring.load_run(str(trained_run))
   result = eval_tasks.evaluate_run(run, args.config, suite)
@@ -198,10 +264,17 @@ def test_ruler_scores_qa_1_with_and_without_yarn_and_reports_qa_2_skipped(traine
   assert "- qa_2: skipped (needs --hotpot FILE" in md
   assert "### No YaRN" in md and "### +YaRN" in md
   # The same samples scored directly without YaRN: "none" holds qa_1's real answer NLLs.
-  want = ruler.evaluate(scoring.Scorer(run).score_fn(), run.tokenizer, tasks=["qa_1"],
-                        lengths=[length], samples_per_task=2, seed=0,
-                        haystack_texts=eval_tasks._haystack_texts(run), squad_path=squad,
-                        progress=False)["tasks"]["qa_1"][str(length)]
+  want = ruler.evaluate(
+    scoring.Scorer(run).score_fn(),
+    run.tokenizer,
+    tasks=["qa_1"],
+    lengths=[length],
+    samples_per_task=2,
+    seed=0,
+    haystack_texts=eval_tasks._haystack_texts(run),
+    squad_path=squad,
+    progress=False,
+  )["tasks"]["qa_1"][str(length)]
   rows = {s: got["settings"][s]["tasks"]["qa_1"][str(length)] for s in ("none", "yarn")}
   assert all(list(got["settings"][s]["tasks"]) == ["qa_1"] for s in rows)
   row = rows["none"]

@@ -58,31 +58,71 @@ def argument_error(capsys, argv) -> str:
 
 
 def _report(ruler=True, icl=True):
-  row = lambda loss: {"loss": loss, "ppl": math.exp(loss), "tokens": 10, "windows": 1,
-                      "window_nll": [10 * loss], "window_tokens": [10]}
-  vt = {"64": {"nll": 2.0, "exact_match": 0.5, "n": 2, "correct": 1, "sample_nll": [1.5, 2.5],
-               "sample_correct": [0, 1]}}
-  return {"schema_version": report.SCHEMA_VERSION, "suite": "quick", "runs": [{
-      "name": "a", "workdir": "/x", "step": 3,
-      "model": {"pos_encoding": "rove", "params": 10, "n_layer": 1, "d_model": 8, "n_head": 2,
-                "max_len": 16},
-      "perplexity": {"protocol": {"mode": "non-overlapping", "max_tokens": 10, "train_len": 16},
-                     "none": {"16": row(1.0), "32": row(2.0)}},
-      "ruler": {"settings": {"none": {"tasks": {"vt": vt}}}, "skipped": {}} if ruler else None,
-      "icl": {"synthetic": {"tasks": {"x": {"accuracy": 0.5}}, "accuracy": 0.5},
-              "files": None} if icl else None,
-      "seconds": {}}]}
+  row = lambda loss: {
+    "loss": loss,
+    "ppl": math.exp(loss),
+    "tokens": 10,
+    "windows": 1,
+    "window_nll": [10 * loss],
+    "window_tokens": [10],
+  }
+  vt = {
+    "64": {
+      "nll": 2.0,
+      "exact_match": 0.5,
+      "n": 2,
+      "correct": 1,
+      "sample_nll": [1.5, 2.5],
+      "sample_correct": [0, 1],
+    }
+  }
+  return {
+    "schema_version": report.SCHEMA_VERSION,
+    "suite": "quick",
+    "runs": [
+      {
+        "name": "a",
+        "workdir": "/x",
+        "step": 3,
+        "model": {
+          "pos_encoding": "rove",
+          "params": 10,
+          "n_layer": 1,
+          "d_model": 8,
+          "n_head": 2,
+          "max_len": 16,
+        },
+        "perplexity": {
+          "protocol": {"mode": "non-overlapping", "max_tokens": 10, "train_len": 16},
+          "none": {"16": row(1.0), "32": row(2.0)},
+        },
+        "ruler": {"settings": {"none": {"tasks": {"vt": vt}}}, "skipped": {}} if ruler else None,
+        "icl": {"synthetic": {"tasks": {"x": {"accuracy": 0.5}}, "accuracy": 0.5}, "files": None}
+        if icl
+        else None,
+        "seconds": {},
+      }
+    ],
+  }
 
 
 # ------------------------------------------------------------------------ argument errors
 
 
-@pytest.mark.parametrize("tasks, says", [
-    (",", "names no task"), ("", "names no task"), (" , ", "names no task"),
-    ("ppl,,icl", "has an empty entry"), ("ppl,foo", "unknown task 'foo'"),
-    ("PPL", "unknown task 'PPL'")])
-def test_bad_tasks_exit_2_before_any_restore(capsys, tmp_path, empty_workdir, no_restore,
-                                             tasks, says):
+@pytest.mark.parametrize(
+  "tasks, says",
+  [
+    (",", "names no task"),
+    ("", "names no task"),
+    (" , ", "names no task"),
+    ("ppl,,icl", "has an empty entry"),
+    ("ppl,foo", "unknown task 'foo'"),
+    ("PPL", "unknown task 'PPL'"),
+  ],
+)
+def test_bad_tasks_exit_2_before_any_restore(
+  capsys, tmp_path, empty_workdir, no_restore, tasks, says
+):
   out = tmp_path / "eval"
   out.mkdir()
   (out / "report.json").write_text('{"previous": true}')
@@ -120,31 +160,43 @@ def test_gcs_workdirs_and_out_pass_the_checks_and_the_probe_leaves_nothing(gcs_b
   before = gcs_server.objects(gcs_bucket)
   args = cli.parse_args(["--workdir", workdir + "/"], check_files=True)
   assert args.out_dir == f"{gcs_bucket}/runs/a/eval" and not args.created_out  # WORKDIR/eval
-  args = cli.parse_args(["--workdir", workdir, "--compare", workdir, "--out",
-                         paths.join(gcs_bucket, "reports", "x")], check_files=True)
+  args = cli.parse_args(
+    ["--workdir", workdir, "--compare", workdir, "--out", paths.join(gcs_bucket, "reports", "x")],
+    check_files=True,
+  )
   assert args.out_dir == f"{gcs_bucket}/reports/x" and not args.created_out
   assert gcs_server.objects(gcs_bucket) == before  # the write probes were removed
 
 
-def test_bad_gcs_paths_exit_2_before_any_restore(capsys, tmp_path, gcs_bucket, empty_workdir,
-                                                 no_restore):
+def test_bad_gcs_paths_exit_2_before_any_restore(
+  capsys, tmp_path, gcs_bucket, empty_workdir, no_restore
+):
   missing = paths.join(gcs_bucket, "runs", "nope")
   for flag in ("--workdir", "--compare"):
-    argv = (["--workdir", missing] if flag == "--workdir" else
-            ["--workdir", empty_workdir, "--compare", missing])
+    argv = (
+      ["--workdir", missing]
+      if flag == "--workdir"
+      else ["--workdir", empty_workdir, "--compare", missing]
+    )
     line = argument_error(capsys, argv + ["--out", tmp_path / "eval"])
-    assert line == (f"rove-eval: error: {flag} {missing} does not exist; give the workdir of a "
-                    f"training run or a model directory")
+    assert line == (
+      f"rove-eval: error: {flag} {missing} does not exist; give the workdir of a "
+      f"training run or a model directory"
+    )
   taken = paths.join(gcs_bucket, "taken")
   paths.write_atomic(taken, b"an object")
   line = argument_error(capsys, ["--workdir", empty_workdir, "--out", taken])
-  assert line == (f"rove-eval: error: --out {taken}: {taken} is an existing file, not a "
-                  f"directory; give a directory for the report")
+  assert line == (
+    f"rove-eval: error: --out {taken}: {taken} is an existing file, not a "
+    f"directory; give a directory for the report"
+  )
   no_bucket = gcs_bucket + "-missing/eval"  # a bucket that does not exist
   line = argument_error(capsys, ["--workdir", empty_workdir, "--out", no_bucket])
-  assert line == (f"rove-eval: error: --out {no_bucket}: cannot create or write the report "
-                  f"directory {no_bucket} (the bucket {gcs_bucket}-missing does not exist or "
-                  f"these credentials cannot reach it); give a writable --out")
+  assert line == (
+    f"rove-eval: error: --out {no_bucket}: cannot create or write the report "
+    f"directory {no_bucket} (the bucket {gcs_bucket}-missing does not exist or "
+    f"these credentials cannot reach it); give a writable --out"
+  )
   line = argument_error(capsys, ["--workdir", "s3://b/run"])
   assert "the s3:// scheme is not supported" in line
   assert no_restore == [] and paths.read_bytes(taken) == b"an object"
@@ -157,52 +209,74 @@ def write_icl_task(tmp_path, lines, name="t"):
   return path
 
 
-def test_icl_task_files_are_read_and_validated_up_front(capsys, tmp_path, empty_workdir,
-                                                        no_restore):
+def test_icl_task_files_are_read_and_validated_up_front(
+  capsys, tmp_path, empty_workdir, no_restore
+):
   good = [{"context": "2 + 2 =", "continuation": "4"}, {"context": "1 + 1 =", "continuation": "2"}]
   write_icl_task(tmp_path, good, "good")
   write_icl_task(tmp_path, [good[0], '{"context": "x"'], "broken")
-  specs = {"ok.json": [{"name": "sums", "path": "good.jsonl", "kind": "language_modeling",
-                        "num_fewshot": 1}],
-           "empty.json": [], "invalid.json": '[{"name": "x"',
-           "no_file.json": [{"name": "gone", "path": "gone.jsonl", "kind": "schema"}],
-           "bad_line.json": [{"name": "b", "path": "broken.jsonl", "kind": "language_modeling"}],
-           "bad_kind.json": [{"name": "k", "path": "good.jsonl", "kind": "essay"}]}
+  specs = {
+    "ok.json": [
+      {"name": "sums", "path": "good.jsonl", "kind": "language_modeling", "num_fewshot": 1}
+    ],
+    "empty.json": [],
+    "invalid.json": '[{"name": "x"',
+    "no_file.json": [{"name": "gone", "path": "gone.jsonl", "kind": "schema"}],
+    "bad_line.json": [{"name": "b", "path": "broken.jsonl", "kind": "language_modeling"}],
+    "bad_kind.json": [{"name": "k", "path": "good.jsonl", "kind": "essay"}],
+  }
   for name, content in specs.items():
     (tmp_path / name).write_text(content if isinstance(content, str) else json.dumps(content))
   base = ["--workdir", empty_workdir, "--out", tmp_path / "eval", "--icl-tasks"]
   args = cli.parse_args([str(a) for a in base + [tmp_path / "ok.json"]], check_files=True)
   assert [(s.name, s.num_fewshot) for s in args.config.icl_specs] == [("sums", 1)]
-  for name, says in [("missing.json", "does not exist"), ("empty.json", "lists no tasks"),
-                     ("invalid.json", "invalid JSON"), ("no_file.json", "no file at"),
-                     ("bad_line.json", "broken.jsonl, line 2: invalid JSON"),
-                     ("bad_kind.json", "kind='essay' is not one of")]:
+  for name, says in [
+    ("missing.json", "does not exist"),
+    ("empty.json", "lists no tasks"),
+    ("invalid.json", "invalid JSON"),
+    ("no_file.json", "no file at"),
+    ("bad_line.json", "broken.jsonl, line 2: invalid JSON"),
+    ("bad_kind.json", "kind='essay' is not one of"),
+  ]:
     line = argument_error(capsys, base + [tmp_path / name])
     assert f"--icl-tasks {tmp_path / name}" in line and says in line, (name, line)
   assert no_restore == []
 
 
 @pytest.mark.parametrize("flag", ["--squad", "--hotpot", "--data-path", "--compare"])
-def test_missing_input_files_exit_2_naming_them(capsys, tmp_path, empty_workdir, no_restore,
-                                                flag):
+def test_missing_input_files_exit_2_naming_them(capsys, tmp_path, empty_workdir, no_restore, flag):
   missing = tmp_path / "nowhere" / "dev.json"
-  line = argument_error(capsys, ["--workdir", empty_workdir, "--out", tmp_path / "eval",
-                                 flag, missing])
+  line = argument_error(
+    capsys, ["--workdir", empty_workdir, "--out", tmp_path / "eval", flag, missing]
+  )
   assert str(missing) in line and "does not exist" in line and flag in line
   assert no_restore == [] and not (tmp_path / "eval").exists()  # checked before --out
 
 
-@pytest.mark.parametrize("option, value, says", [
-    ("--stride", "0", "got 0"), ("--stride", "-0.5", "got -0.5"), ("--stride", "2", "got 2"),
-    ("--stride", "nan", "got nan"), ("--chunk", "0", "got 0"), ("--chunk", "-8", "got -8"),
-    ("--seed", "-1", "got -1"), ("--yarn-fixed-factor", "1", "got 1"),
-    ("--yarn-fixed-factor", "0.5", "got 0.5"), ("--yarn-fixed-factor", "nan", "got nan"),
-    ("--ruler-lengths", "4k", "got '4k'"), ("--lengths", "64,x", "got '64,x'"),
-    ("--ppl-tokens", "0", "got 0")])
-def test_out_of_range_numbers_exit_2_before_any_restore(capsys, tmp_path, empty_workdir,
-                                                        no_restore, option, value, says):
-  line = argument_error(capsys, ["--workdir", empty_workdir, "--out", tmp_path / "eval",
-                                 option, value])
+@pytest.mark.parametrize(
+  "option, value, says",
+  [
+    ("--stride", "0", "got 0"),
+    ("--stride", "-0.5", "got -0.5"),
+    ("--stride", "2", "got 2"),
+    ("--stride", "nan", "got nan"),
+    ("--chunk", "0", "got 0"),
+    ("--chunk", "-8", "got -8"),
+    ("--seed", "-1", "got -1"),
+    ("--yarn-fixed-factor", "1", "got 1"),
+    ("--yarn-fixed-factor", "0.5", "got 0.5"),
+    ("--yarn-fixed-factor", "nan", "got nan"),
+    ("--ruler-lengths", "4k", "got '4k'"),
+    ("--lengths", "64,x", "got '64,x'"),
+    ("--ppl-tokens", "0", "got 0"),
+  ],
+)
+def test_out_of_range_numbers_exit_2_before_any_restore(
+  capsys, tmp_path, empty_workdir, no_restore, option, value, says
+):
+  line = argument_error(
+    capsys, ["--workdir", empty_workdir, "--out", tmp_path / "eval", option, value]
+  )
   assert line.startswith(f"rove-eval: error: {option} must be") and says in line
   assert f"e.g. {option} " in line  # an example of a valid value
   assert no_restore == [] and not (tmp_path / "eval").exists()
@@ -226,7 +300,13 @@ def test_a_fixed_yarn_factor_needs_yarn_all(capsys):
 
 def test_suite_lengths_include_half_the_training_length():
   assert eval_tasks.suite_lengths(cli.SUITES["full"]["multiples"], 1024) == [
-      512, 1024, 2048, 4096, 8192, 16384]
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+  ]
   assert eval_tasks.suite_lengths((0.5, 1, 1.0, 4), 33) == [16, 33, 132]  # int(m T), no repeats
   assert cli.SUITES["full"]["ruler_samples"] >= 25
   assert all(s["icl_length_multiples"] == (1,) for s in cli.SUITES.values())
@@ -240,54 +320,103 @@ def test_both_suites_include_the_qa_tasks():
   assert len(eval_tasks.ruler_tasks(cli.SUITES["full"])) == 13
 
 
-@pytest.mark.parametrize("flag, content, says", [
+@pytest.mark.parametrize(
+  "flag, content, says",
+  [
     ("--squad", '{"data": [', "invalid JSON"),
     ("--squad", "{}", "the top level has no 'data'"),
     ("--squad", "[]", "the top level is a list, not an object"),
-    ("--squad", '{"data": [{"paragraphs": [{"context": "c"}]}]}',
-     "data[0].paragraphs[0] has no 'qas'"),
-    ("--squad", json.dumps({"data": [{"paragraphs": [{"context": "c", "qas": [
-        {"question": "q", "answers": [{"text": 7}]}]}]}]}),
-     "data[0].paragraphs[0].qas[0].answers[0].text is a number, not a string"),
+    (
+      "--squad",
+      '{"data": [{"paragraphs": [{"context": "c"}]}]}',
+      "data[0].paragraphs[0] has no 'qas'",
+    ),
+    (
+      "--squad",
+      json.dumps(
+        {
+          "data": [
+            {"paragraphs": [{"context": "c", "qas": [{"question": "q", "answers": [{"text": 7}]}]}]}
+          ]
+        }
+      ),
+      "data[0].paragraphs[0].qas[0].answers[0].text is a number, not a string",
+    ),
     ("--squad", '{"data": []}', "holds no answerable questions"),
-    ("--squad", json.dumps({"data": [{"paragraphs": [{"context": "one text", "qas": [
-        {"question": "q", "answers": [{"text": "one"}]}]}]}]}),
-     "holds no document besides its questions' own (1 in all)"),
-    ("--hotpot", '[{"question": "q", "answer": "a", "context": [["t", ["s."]], ["u", ["v."]]]}]',
-     "holds no document besides its questions' own (2 in all)"),
+    (
+      "--squad",
+      json.dumps(
+        {
+          "data": [
+            {
+              "paragraphs": [
+                {"context": "one text", "qas": [{"question": "q", "answers": [{"text": "one"}]}]}
+              ]
+            }
+          ]
+        }
+      ),
+      "holds no document besides its questions' own (1 in all)",
+    ),
+    (
+      "--hotpot",
+      '[{"question": "q", "answer": "a", "context": [["t", ["s."]], ["u", ["v."]]]}]',
+      "holds no document besides its questions' own (2 in all)",
+    ),
     ("--hotpot", "[{", "invalid JSON"),
     ("--hotpot", "{}", "the top level is an object, not a list"),
     ("--hotpot", '[{"question": "q", "context": []}]', "[0] has no 'answer'"),
-    ("--hotpot", '[{"question": "q", "answer": "a", "context": "text"}]',
-     "[0].context is a string, not a list"),
-    ("--hotpot", '[{"question": "q", "answer": "a", "context": [["t", "s"]]}]',
-     "[0].context[0] is not a [title, [sentence, ...]] pair"),
+    (
+      "--hotpot",
+      '[{"question": "q", "answer": "a", "context": "text"}]',
+      "[0].context is a string, not a list",
+    ),
+    (
+      "--hotpot",
+      '[{"question": "q", "answer": "a", "context": [["t", "s"]]}]',
+      "[0].context[0] is not a [title, [sentence, ...]] pair",
+    ),
     ("--squad", json.dumps(HOTPOT), "the top level is a list"),
-    ("--hotpot", json.dumps(SQUAD), "the top level is an object")])
-def test_malformed_qa_files_exit_2_before_any_restore(capsys, tmp_path, empty_workdir,
-                                                      no_restore, flag, content, says):
+    ("--hotpot", json.dumps(SQUAD), "the top level is an object"),
+  ],
+)
+def test_malformed_qa_files_exit_2_before_any_restore(
+  capsys, tmp_path, empty_workdir, no_restore, flag, content, says
+):
   path = tmp_path / "dev.json"
   path.write_text(content)
-  line = argument_error(capsys, ["--workdir", empty_workdir, "--out", tmp_path / "eval",
-                                 flag, path])
+  line = argument_error(
+    capsys, ["--workdir", empty_workdir, "--out", tmp_path / "eval", flag, path]
+  )
   assert line.startswith(f"rove-eval: error: {flag} {path}: "), line
   assert says in line, line
   if not any(x in says for x in ("invalid JSON", "no answerable", "no document besides")):
-    assert ("not a SQuAD file; expected" if flag == "--squad" else
-            "not a HotpotQA file; expected") in line
+    assert (
+      "not a SQuAD file; expected" if flag == "--squad" else "not a HotpotQA file; expected"
+    ) in line
   assert no_restore == [] and not (tmp_path / "eval").exists()
 
 
 def test_qa_loaders_raise_value_errors_only(tmp_path):
   """Every wrong structure is a ValueError naming the file, never a KeyError or TypeError."""
-  shapes = [{}, [], "text", 3, None, {"data": {}}, {"data": [[]]}, {"data": [{"paragraphs": 1}]},
-            {"data": [{"paragraphs": [{"context": ["c"], "qas": []}]}]},
-            {"data": [{"paragraphs": [{"context": "c", "qas": ["q"]}]}]},
-            {"data": [{"paragraphs": [{"context": "c", "qas": [{"question": "q",
-                                                                 "answers": "a"}]}]}]},
-            [1], [{}], [{"question": "q", "answer": "a", "context": [["t"]]}],
-            [{"question": "q", "answer": 1, "context": []}],
-            [{"question": "q", "answer": "a", "context": [["t", [1]]]}]]
+  shapes = [
+    {},
+    [],
+    "text",
+    3,
+    None,
+    {"data": {}},
+    {"data": [[]]},
+    {"data": [{"paragraphs": 1}]},
+    {"data": [{"paragraphs": [{"context": ["c"], "qas": []}]}]},
+    {"data": [{"paragraphs": [{"context": "c", "qas": ["q"]}]}]},
+    {"data": [{"paragraphs": [{"context": "c", "qas": [{"question": "q", "answers": "a"}]}]}]},
+    [1],
+    [{}],
+    [{"question": "q", "answer": "a", "context": [["t"]]}],
+    [{"question": "q", "answer": 1, "context": []}],
+    [{"question": "q", "answer": "a", "context": [["t", [1]]]}],
+  ]
   for i, shape in enumerate(shapes):
     path = tmp_path / f"{i}.json"
     path.write_text(json.dumps(shape))
@@ -303,19 +432,30 @@ def test_qa_loaders_raise_value_errors_only(tmp_path):
 def test_valid_qa_files_pass_the_checks(tmp_path, empty_workdir):
   (tmp_path / "squad.json").write_text(json.dumps(SQUAD))
   (tmp_path / "hotpot.json").write_text(json.dumps(HOTPOT))
-  args = cli.parse_args(["--workdir", str(empty_workdir), "--out", str(tmp_path / "eval"),
-                         "--squad", str(tmp_path / "squad.json"),
-                         "--hotpot", str(tmp_path / "hotpot.json")], check_files=True)
-  assert (args.squad, args.hotpot) == (str(tmp_path / "squad.json"),
-                                       str(tmp_path / "hotpot.json"))
+  args = cli.parse_args(
+    [
+      "--workdir",
+      str(empty_workdir),
+      "--out",
+      str(tmp_path / "eval"),
+      "--squad",
+      str(tmp_path / "squad.json"),
+      "--hotpot",
+      str(tmp_path / "hotpot.json"),
+    ],
+    check_files=True,
+  )
+  assert (args.squad, args.hotpot) == (str(tmp_path / "squad.json"), str(tmp_path / "hotpot.json"))
 
 
 # ------------------------------------------------------------------ the training workdir
 
 
 def _listing(directory) -> dict:
-  return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
-          for p in sorted(directory.iterdir())}
+  return {
+    p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+    for p in sorted(directory.iterdir())
+  }
 
 
 def test_eval_reads_the_runs_capped_val_cache_and_writes_nothing(tmp_path, capsys):
@@ -324,14 +464,24 @@ def test_eval_reads_the_runs_capped_val_cache_and_writes_nothing(tmp_path, capsy
   c = small_config(tmp_path, **{"data.max_val_tokens": 300})
   workdir = tmp_path / "run"
   prepared = data_lib.prepare(  # what training.train does before its first step
-      c.data.corpus(), "bytes", workdir=str(workdir),
-      max_train_tokens=c.data.max_train_tokens, max_val_tokens=c.data.max_val_tokens)
+    c.data.corpus(),
+    "bytes",
+    workdir=str(workdir),
+    max_train_tokens=c.data.max_train_tokens,
+    max_val_tokens=c.data.max_val_tokens,
+  )
   assert prepared.val_tokens.size == 300
   data_dir = workdir / "data"
 
   def val_tokens():
-    run = scoring.Run(workdir=str(workdir), name="run", step=8, config=resolve.resolve(c),
-                      params=None, tokenizer=prepared.tokenizer)
+    run = scoring.Run(
+      workdir=str(workdir),
+      name="run",
+      step=8,
+      config=resolve.resolve(c),
+      params=None,
+      tokenizer=prepared.tokenizer,
+    )
     capsys.readouterr()
     tokens = np.array(run.val_tokens())
     return tokens, capsys.readouterr().err
@@ -352,8 +502,7 @@ def test_eval_reads_the_runs_capped_val_cache_and_writes_nothing(tmp_path, capsy
 # ------------------------------------------------------------------ failures after parsing
 
 
-def test_checkpoint_errors_exit_1_with_one_line_and_no_empty_out(capsys, tmp_path,
-                                                                 empty_workdir):
+def test_checkpoint_errors_exit_1_with_one_line_and_no_empty_out(capsys, tmp_path, empty_workdir):
   out = tmp_path / "eval"
   assert cli.main(["--workdir", str(empty_workdir), "--out", str(out), "--no-progress"]) == 1
   err = capsys.readouterr().err
@@ -362,11 +511,17 @@ def test_checkpoint_errors_exit_1_with_one_line_and_no_empty_out(capsys, tmp_pat
   assert not out.exists()  # created by the up-front check, removed as it stayed empty
 
 
-@pytest.mark.parametrize("error", [OSError("[Errno 5] I/O error:\n  disk gone"),
-                                   ImportError("No module named 'matplotlib'"),
-                                   ValueError("layout\n\nmismatch")])
-def test_expected_failures_exit_1_as_one_paragraph(capsys, monkeypatch, tmp_path,
-                                                   empty_workdir, error):
+@pytest.mark.parametrize(
+  "error",
+  [
+    OSError("[Errno 5] I/O error:\n  disk gone"),
+    ImportError("No module named 'matplotlib'"),
+    ValueError("layout\n\nmismatch"),
+  ],
+)
+def test_expected_failures_exit_1_as_one_paragraph(
+  capsys, monkeypatch, tmp_path, empty_workdir, error
+):
   def load_run(workdir):
     raise error
 
@@ -389,14 +544,17 @@ def test_unexpected_exceptions_keep_their_traceback(monkeypatch, tmp_path, empty
 
 
 def plots_listed(md_text: str) -> set:
-  line, = [l for l in md_text.splitlines() if l.startswith("Plots: ")]
-  return set(line[len("Plots: "):].split(", "))
+  (line,) = [l for l in md_text.splitlines() if l.startswith("Plots: ")]
+  return set(line[len("Plots: ") :].split(", "))
 
 
 def test_stale_plots_are_removed_and_the_list_matches_the_directory(tmp_path):
   first = report_files.write(_report(), str(tmp_path))
-  assert report_files.drawn_plots(first) == ["perplexity_vs_length.png", "ruler_nll.png",
-                                       "icl_accuracy.png"]
+  assert report_files.drawn_plots(first) == [
+    "perplexity_vs_length.png",
+    "ruler_nll.png",
+    "icl_accuracy.png",
+  ]
   (tmp_path / "figure1_mixer.png").write_bytes(b"an older report's figure")
   (tmp_path / "notes.png").write_bytes(b"not ours")
   paths = report_files.write(_report(ruler=False, icl=False), str(tmp_path))
@@ -405,8 +563,9 @@ def test_stale_plots_are_removed_and_the_list_matches_the_directory(tmp_path):
   assert pngs == {"perplexity_vs_length.png", "notes.png"}  # only known names are removed
   assert plots_listed((tmp_path / "report.md").read_text()) == {"perplexity_vs_length.png"}
   assert (tmp_path / "perplexity_vs_length.png").read_bytes()[:4] == b"\x89PNG"
-  no_plots = dict(_report(), runs=[dict(_report()["runs"][0], perplexity=None, ruler=None,
-                                        icl=None)])
+  no_plots = dict(
+    _report(), runs=[dict(_report()["runs"][0], perplexity=None, ruler=None, icl=None)]
+  )
   report_files.write(no_plots, str(tmp_path))
   assert sorted(os.listdir(tmp_path)) == ["notes.png", "report.json", "report.md"]
   assert "Plots: none" in (tmp_path / "report.md").read_text()
@@ -453,14 +612,20 @@ def test_a_failed_json_dump_leaves_no_file(monkeypatch, tmp_path):
 def test_plots_with_nothing_labelled_draw_no_empty_legend():
   """matplotlib warns "No artists with labels found to put in legend" on an empty legend."""
   rep = _report(ruler=False, icl=False)
-  rep["runs"][0]["perplexity"] = {"protocol": {"train_len": 16},
-                                  "yarn": {"not_applicable": "a learned-position run"}}
+  rep["runs"][0]["perplexity"] = {
+    "protocol": {"train_len": 16},
+    "yarn": {"not_applicable": "a learned-position run"},
+  }
   curves = {"/w": [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]}  # no held-out loss yet
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     assert plots.perplexity(rep)[:4] == b"\x89PNG"
-    assert study_plots.loss_curves(curves, [{"workdir": "/w", "encoding": "rove", "seed": 0}],
-                             {"rove": "RoVE"})[:4] == b"\x89PNG"
+    assert (
+      study_plots.loss_curves(
+        curves, [{"workdir": "/w", "encoding": "rove", "seed": 0}], {"rove": "RoVE"}
+      )[:4]
+      == b"\x89PNG"
+    )
   assert [str(w.message) for w in caught if "legend" in str(w.message)] == []
 
 

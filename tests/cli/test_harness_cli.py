@@ -18,8 +18,10 @@ def test_automatic_batch_size_is_refused_in_one_line(value, capsys):
     harness_cli.parse_args([*BASE, "--batch_size", value])
   assert e.value.code == 2
   last = capsys.readouterr().err.strip().splitlines()[-1]
-  assert last == (f"rove-lm-eval: error: --batch_size {value}: the rove_jax model takes a fixed "
-                  f"batch size; give a number, e.g. --batch_size 8")
+  assert last == (
+    f"rove-lm-eval: error: --batch_size {value}: the rove_jax model takes a fixed "
+    f"batch size; give a number, e.g. --batch_size 8"
+  )
 
 
 def test_a_number_and_other_models_pass():
@@ -30,9 +32,21 @@ def test_a_number_and_other_models_pass():
 
 def test_the_command_ends_without_a_traceback(tmp_path):
   # the export does not exist: the refusal comes first, from the installed command's module
-  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.harness", *BASE, "--batch_size",
-                      "auto", "--output_path", str(tmp_path / "out")],
-                     capture_output=True, text=True, timeout=300)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "rove_jax.cli.harness",
+      *BASE,
+      "--batch_size",
+      "auto",
+      "--output_path",
+      str(tmp_path / "out"),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert r.returncode == 2, r.stderr
   assert "Traceback" not in r.stderr
   assert r.stderr.strip().splitlines()[-1].endswith("give a number, e.g. --batch_size 8")

@@ -15,8 +15,9 @@ def installed(monkeypatch):
   have = set()
   names = ("libtpu",) + platforms.CUDA_PLUGINS
   real = platforms._installed
-  monkeypatch.setattr(platforms, "_installed",
-                      lambda name: name in have if name in names else real(name))
+  monkeypatch.setattr(
+    platforms, "_installed", lambda name: name in have if name in names else real(name)
+  )
   return have
 
 

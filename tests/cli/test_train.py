@@ -30,8 +30,13 @@ def _leaves(c, prefix=""):
 
 
 def test_help_config_lists_every_field_with_its_default():
-  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.train", "--help-config"],
-                     capture_output=True, text=True, timeout=120, env=subprocess_env())
+  r = subprocess.run(
+    [sys.executable, "-m", "rove_jax.cli.train", "--help-config"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=subprocess_env(),
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   listed = dict(re.findall(r"^  (\S+) = (.*?)(?:  # .*)?$", r.stdout, re.M))
   schema = set(_leaves(RunConfig().to_dict()))
@@ -46,23 +51,51 @@ def test_help_config_lists_every_field_with_its_default():
 
 
 def test_help_config_lists_the_chosen_configs_values_with_overrides():
-  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.train", "--config", "demo",
-                      "--config.model.pos_encoding=rope", "--help-config"],
-                     capture_output=True, text=True, timeout=120, env=subprocess_env())
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "rove_jax.cli.train",
+      "--config",
+      "demo",
+      "--config.model.pos_encoding=rope",
+      "--help-config",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=subprocess_env(),
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.splitlines()[0] == (
-      "Every config field with its value under --config demo and "
-      "--config.model.pos_encoding=rope; set one with --config.FIELD=VALUE:")
+    "Every config field with its value under --config demo and "
+    "--config.model.pos_encoding=rope; set one with --config.FIELD=VALUE:"
+  )
   listed = dict(re.findall(r"^  (\S+) = (.*?)(?:  # .*)?$", r.stdout, re.M))
   # configs/demo.py's values, not the tiny preset's (n_layer 6, d_model 384, max_len 256)
   assert (listed["model.n_layer"], listed["model.d_model"], listed["model.max_len"]) == (
-      "3", "128", "64")
+    "3",
+    "128",
+    "64",
+  )
   assert listed["data.seq_len"] == "64" and listed["steps"] == "400"
   assert listed["model.pos_encoding"] == "'rope'"
   assert "  model.n_layer = 3  # transformer blocks" in r.stdout.splitlines()
-  bad = subprocess.run([sys.executable, "-m", "rove_jax.cli.train", "--config", "demo",
-                        "--config.model.nope=1", "--help-config"],
-                       capture_output=True, text=True, timeout=120, env=subprocess_env())
+  bad = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "rove_jax.cli.train",
+      "--config",
+      "demo",
+      "--config.model.nope=1",
+      "--help-config",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=subprocess_env(),
+  )
   assert bad.returncode == 2 and "model has no field 'nope'" in bad.stderr, bad.stderr
 
 
@@ -79,36 +112,58 @@ def test_the_dry_run_prints_elapsed_time_while_it_compiles():
 def test_the_dry_run_gives_a_verdict_against_this_hosts_memory():
   report = {"memory": {"total": 3 * 2**30}, "devices": 2}
   assert dry_run.verdict(report, 8 * 2**30, "this host's memory", True) == (
-      True, "verdict: fits this host's memory: it needs 3.00 GiB a device x 2 devices = 6.00 GiB "
-            "of 8.00 GiB")
+    True,
+    "verdict: fits this host's memory: it needs 3.00 GiB a device x 2 devices = 6.00 GiB "
+    "of 8.00 GiB",
+  )
   assert dry_run.verdict(report, 5 * 2**30, "this host's memory", True) == (
-      False, "the train step does not fit this host's memory: it needs 3.00 GiB a device x 2 "
-             "devices = 6.00 GiB of 5.00 GiB")
+    False,
+    "the train step does not fit this host's memory: it needs 3.00 GiB a device x 2 "
+    "devices = 6.00 GiB of 5.00 GiB",
+  )
   assert dry_run.verdict(report, 5 * 2**30, "a GPU's memory", False)[0]  # one device's own
   assert dry_run.host_memory_bytes() > 2**30
 
 
 def test_a_dry_run_that_does_not_fit_this_host_exits_1_with_the_figures(tmp_path):
-  base = [sys.executable, "-m", "rove_jax.cli.train", "--config", "smoke", "--workdir",
-          str(tmp_path / "w"), "--config.dry_run=True"]
+  base = [
+    sys.executable,
+    "-m",
+    "rove_jax.cli.train",
+    "--config",
+    "smoke",
+    "--workdir",
+    str(tmp_path / "w"),
+    "--config.dry_run=True",
+  ]
   ok = subprocess.run(base, capture_output=True, text=True, timeout=600, env=subprocess_env())
   assert ok.returncode == 0, ok.stderr[-2000:]
-  assert re.search(r"^verdict: fits this host's memory: it needs [\d.]+ GiB of [\d.]+ GiB$",
-                   ok.stdout, re.M), ok.stdout
+  assert re.search(
+    r"^verdict: fits this host's memory: it needs [\d.]+ GiB of [\d.]+ GiB$", ok.stdout, re.M
+  ), ok.stdout
   # 1 TiB of host memory is not enough for a batch of 2**22 windows
-  big = subprocess.run([*base, "--config.data.batch_size=4194304"], capture_output=True,
-                       text=True, timeout=600, env=subprocess_env())
+  big = subprocess.run(
+    [*base, "--config.data.batch_size=4194304"],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=subprocess_env(),
+  )
   assert big.returncode == 1, big.stderr[-2000:]
   last = big.stderr.strip().splitlines()[-1]
-  assert re.match(r"error: the train step does not fit this host's memory: it needs [\d.]+ GiB "
-                  r"of [\d.]+ GiB; training would run out of memory \(a smaller "
-                  r"data.batch_size", last), last
+  assert re.match(
+    r"error: the train step does not fit this host's memory: it needs [\d.]+ GiB "
+    r"of [\d.]+ GiB; training would run out of memory \(a smaller "
+    r"data.batch_size",
+    last,
+  ), last
   assert not (tmp_path / "w").exists()  # nothing written
 
 
 def _config_failure(path):
   """What rove-train says of the config file at `path` (its ValueError's message)."""
   from rove_jax.train import overrides
+
   with pytest.raises(ValueError) as e:
     overrides.load_file(str(path))
   return str(e.value)
@@ -116,16 +171,36 @@ def _config_failure(path):
 
 def test_a_config_file_that_exits_or_raises_is_an_error_naming_its_line(tmp_path):
   cases = {
-      "exit0.py": ("import sys\n\ndef get_config():\n  sys.exit(0)\n", 4, "sys.exit(0)",
-                   "the config file exited (SystemExit: 0)"),
-      "exit_at_import.py": ("import sys\nsys.exit('bye')\n", 2, "sys.exit('bye')",
-                            "the config file exited (SystemExit: 'bye')"),
-      "runtime.py": ("def get_config():\n  raise RuntimeError('boom')\n", 2,
-                     "raise RuntimeError('boom')", "RuntimeError: boom"),
-      "value.py": ("def get_config():\n  return int('x')\n", 2, "return int('x')",
-                   "ValueError: invalid literal for int() with base 10: 'x'"),
-      "oserror.py": ("def get_config():\n  return open('/nonexistent/config')\n", 2,
-                     "return open('/nonexistent/config')", "FileNotFoundError: [Errno 2]"),
+    "exit0.py": (
+      "import sys\n\ndef get_config():\n  sys.exit(0)\n",
+      4,
+      "sys.exit(0)",
+      "the config file exited (SystemExit: 0)",
+    ),
+    "exit_at_import.py": (
+      "import sys\nsys.exit('bye')\n",
+      2,
+      "sys.exit('bye')",
+      "the config file exited (SystemExit: 'bye')",
+    ),
+    "runtime.py": (
+      "def get_config():\n  raise RuntimeError('boom')\n",
+      2,
+      "raise RuntimeError('boom')",
+      "RuntimeError: boom",
+    ),
+    "value.py": (
+      "def get_config():\n  return int('x')\n",
+      2,
+      "return int('x')",
+      "ValueError: invalid literal for int() with base 10: 'x'",
+    ),
+    "oserror.py": (
+      "def get_config():\n  return open('/nonexistent/config')\n",
+      2,
+      "return open('/nonexistent/config')",
+      "FileNotFoundError: [Errno 2]",
+    ),
   }
   for name, (text, line, code, what) in cases.items():
     path = tmp_path / name
@@ -137,9 +212,9 @@ def test_a_config_file_that_exits_or_raises_is_an_error_naming_its_line(tmp_path
 def test_errors_outside_the_config_file_are_not_blamed_on_it(tmp_path):
   from rove_jax.cli import train
   from rove_jax.train import overrides
+
   try:
     raise SystemExit(1)  # absl's --help exits like this: it must pass through
   except SystemExit as e:
     assert overrides._failure(e, str(tmp_path / "c.py")) is None
-  assert train.config_path(["rove-train", "--config=c.py:arg", "--workdir", "w"]).endswith(
-      "/c.py")
+  assert train.config_path(["rove-train", "--config=c.py:arg", "--workdir", "w"]).endswith("/c.py")

@@ -25,7 +25,6 @@ def _head_weights(q, k, q_pos, kv_pos, inv):
 
 
 class Analysis(chex.TestCase):
-
   def setUp(self):
     super().setUp()
     self.rng = np.random.default_rng(0)
@@ -63,8 +62,14 @@ class Analysis(chex.TestCase):
     chex.assert_shape(m, (T * D, T * E))
     y_mixer = (m @ x.reshape(-1)).reshape(T, D)
     attn = rj.rove_attention if rove else rj.rope_attention
-    y_attn = attn(q[None, :, None], k[None, :, None], (x @ w_v.T)[None, :, None],
-                  q_positions=pos[None], kv_positions=pos[None], rope=rj.Rope(inv))
+    y_attn = attn(
+      q[None, :, None],
+      k[None, :, None],
+      (x @ w_v.T)[None, :, None],
+      q_positions=pos[None],
+      kv_positions=pos[None],
+      rope=rj.Rope(inv),
+    )
     chex.assert_trees_all_close(y_mixer, np.asarray(y_attn)[0, :, 0], atol=1e-4, rtol=1e-7)
     if not rove:
       chex.assert_trees_all_close(m, np.kron(a, w_v), atol=1e-6, rtol=1e-7)
@@ -76,13 +81,15 @@ class Analysis(chex.TestCase):
     w_v = self.rng.standard_normal((D, E)).astype(np.float32)
     ones = np.ones((T, T), np.float32)
     pos = np.arange(T)
-    mixer = {rove: self.variant(lambda *args, rove=rove: analysis.mixer_matrix(*args, rove=rove))
-             for rove in (False, True)}
+    mixer = {
+      rove: self.variant(lambda *args, rove=rove: analysis.mixer_matrix(*args, rove=rove))
+      for rove in (False, True)
+    }
     m = np.asarray(mixer[True](ones, w_v, pos, pos, inv))
-    block = lambda i, j: m[i * D:(i + 1) * D, j * E:(j + 1) * E]
+    block = lambda i, j: m[i * D : (i + 1) * D, j * E : (j + 1) * E]
     for i in range(T - 1):
       for j in range(T - 1):
         chex.assert_trees_all_close(block(i + 1, j + 1), block(i, j), atol=1e-5, rtol=1e-7)
     assert np.abs(block(0, 1) - block(0, 2)).max() > 1e-2  # not the trivial Kronecker structure
     rope = np.asarray(mixer[False](ones, w_v, pos, pos, inv))
-    chex.assert_trees_all_close(rope[:D, E:2 * E], w_v, atol=1e-6, rtol=1e-7)
+    chex.assert_trees_all_close(rope[:D, E : 2 * E], w_v, atol=1e-6, rtol=1e-7)

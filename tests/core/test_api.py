@@ -14,15 +14,27 @@ B, T, H, K, D = 2, 12, 4, 2, 16
 
 def _inputs(seed=0):
   kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, T, H, D)), jax.random.normal(kk, (B, T, K, D)),
-          jax.random.normal(kv, (B, T, K, D)))
+  return (
+    jax.random.normal(kq, (B, T, H, D)),
+    jax.random.normal(kk, (B, T, K, D)),
+    jax.random.normal(kv, (B, T, K, D)),
+  )
 
 
 def test_every_public_name_resolves():
   missing = [name for name in rj.__all__ if not hasattr(rj, name)]
   assert not missing, missing
-  for name in ("linear", "ntk", "dynamic_ntk", "yarn", "dynamic_yarn", "llama3", "longrope",
-               "from_config", "RopeScaling"):
+  for name in (
+    "linear",
+    "ntk",
+    "dynamic_ntk",
+    "yarn",
+    "dynamic_yarn",
+    "llama3",
+    "longrope",
+    "from_config",
+    "RopeScaling",
+  ):
     assert callable(getattr(rj.scaling, name)), name
 
 
@@ -60,7 +72,8 @@ def test_rope_without_rotation_is_masked_attention():
 def test_scaling_function_and_rope_scaling_value_agree():
   inv, factor = rj.scaling.yarn(D, factor=4.0, original_max_len=64)
   setting = rj.scaling.RopeScaling.from_dict(
-      {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+  )
   inv2, factor2 = setting.frequencies(D, base=10000.0, max_len=64, seq_len=256)
   np.testing.assert_array_equal(np.asarray(inv), np.asarray(inv2))
   assert float(factor) == float(factor2) > 1.0

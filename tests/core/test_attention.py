@@ -38,12 +38,12 @@ def make_qkv(rng, B=2, T=6, S=6, H=4, K=2, D=8, scale=1.0):
 
 
 CASES = {
-    # name: (B, T, S, H, K, D, rot_dim, causal, query offset, attention factor)
-    "mha_causal": (2, 6, 6, 2, 2, 8, 8, True, 0, 1.0),
-    "gqa_partial": (1, 7, 7, 4, 2, 12, 8, True, 0, 1.0),
-    "mqa_noncausal": (2, 5, 5, 3, 1, 8, 8, False, 0, 1.0),
-    "cache_like": (2, 3, 9, 4, 2, 8, 8, True, 6, 1.0),  # queries at 6..8 over keys 0..8
-    "yarn_factor": (1, 6, 6, 2, 1, 8, 8, True, 0, 1.3),
+  # name: (B, T, S, H, K, D, rot_dim, causal, query offset, attention factor)
+  "mha_causal": (2, 6, 6, 2, 2, 8, 8, True, 0, 1.0),
+  "gqa_partial": (1, 7, 7, 4, 2, 12, 8, True, 0, 1.0),
+  "mqa_noncausal": (2, 5, 5, 3, 1, 8, 8, False, 0, 1.0),
+  "cache_like": (2, 3, 9, 4, 2, 8, 8, True, 6, 1.0),  # queries at 6..8 over keys 0..8
+  "yarn_factor": (1, 6, 6, 2, 1, 8, 8, True, 0, 1.3),
 }
 
 
@@ -53,10 +53,11 @@ def loop_case(case, kind, layout):
   B, T, S, H, K, D, rot, causal, offset, factor = CASES[case]
   q, k, v = make_qkv(np.random.default_rng(0), B, T, S, H, K, D)
   kv_pos = np.tile(np.arange(S) * 3 + 5, (B, 1))  # spacing 3 makes offsets matter more
-  q_pos = kv_pos[:, offset:offset + T]
+  q_pos = kv_pos[:, offset : offset + T]
   inv = np.asarray(rj.rope_frequencies(rot, base=100.0))
-  want = naive_attention(q, k, v, q_pos, kv_pos, inv, rove=kind == "rove", causal=causal,
-                         factor=factor, layout=layout)
+  want = naive_attention(
+    q, k, v, q_pos, kv_pos, inv, rove=kind == "rove", causal=causal, factor=factor, layout=layout
+  )
   return (q, k, v, q_pos, kv_pos, inv), want
 
 
@@ -78,8 +79,17 @@ class AttentionEquivalences(chex.TestCase):
     B, T, S, H, K, D, rot, causal, offset, factor = CASES[case]
     (q, k, v, q_pos, kv_pos, inv), want = loop_case(case, kind, layout)
     f = self.attend(kind, kernel=kernel(impl))
-    out = f(q, k, v, dict(q_positions=q_pos, kv_positions=kv_pos, rope=rj.Rope(inv, factor, layout),
-                          mask=rj.Mask(causal=causal)))
+    out = f(
+      q,
+      k,
+      v,
+      dict(
+        q_positions=q_pos,
+        kv_positions=kv_pos,
+        rope=rj.Rope(inv, factor, layout),
+        mask=rj.Mask(causal=causal),
+      ),
+    )
     chex.assert_shape(out, (B, T, H, D))
     chex.assert_trees_all_close(out, want, atol=2e-5, rtol=2e-5)
 
@@ -88,8 +98,9 @@ class AttentionEquivalences(chex.TestCase):
   def test_zero_frequencies_reduce_to_plain_softmax_attention(self, kind):
     q, k, v = make_qkv(self.rng, T=5, S=5, H=2, K=2)
     pos = np.tile(np.arange(5) * 11, (2, 1))
-    out = self.attend(kind)(q, k, v, dict(q_positions=pos, kv_positions=pos,
-                                          rope=rj.Rope(jnp.zeros(4))))
+    out = self.attend(kind)(
+      q, k, v, dict(q_positions=pos, kv_positions=pos, rope=rj.Rope(jnp.zeros(4)))
+    )
     # Plain causal softmax attention written directly (psi_delta == W_V: the identity kernel).
     logits = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(8)
     logits = np.where(np.tril(np.ones((5, 5), bool)), logits, -np.inf)
@@ -120,15 +131,17 @@ class AttentionEquivalences(chex.TestCase):
     grid = np.stack(np.meshgrid(np.arange(4), np.arange(4), indexing="ij"), -1).reshape(N, 2)
     q, k, v = make_qkv(self.rng, B=1, T=N, S=N, H=2, K=2, D=D)
     attend = self.attend("rove", mask=rj.Mask(causal=False))
-    f = lambda q, k, v, qp, kp: attend(q, k, v, dict(q_positions=qp, kv_positions=kp,
-                                                     rope=rj.Rope(tables)))
+    f = lambda q, k, v, qp, kp: attend(
+      q, k, v, dict(q_positions=qp, kv_positions=kp, rope=rj.Rope(tables))
+    )
     out = f(q, k, v, grid[None], grid[None])
     perm = self.rng.permutation(N)
     moved = grid[perm] + np.array([5, -3])
     out2 = f(q[:, perm], k[:, perm], v[:, perm], moved[None], moved[None])
     chex.assert_trees_all_close(out2, np.asarray(out)[:, perm], atol=3e-5, rtol=1e-7)
-    want = naive_attention(q, k, v, grid[None], grid[None], [np.asarray(t) for t in tables],
-                           rove=True, causal=False)
+    want = naive_attention(
+      q, k, v, grid[None], grid[None], [np.asarray(t) for t in tables], rove=True, causal=False
+    )
     chex.assert_trees_all_close(out, want, atol=3e-5, rtol=1e-7)
     # Transposing the grid (swapping the axes) changes the answer: axes are not interchangeable.
     out_t = f(q, k, v, grid[None, :, ::-1], grid[None])
@@ -142,11 +155,13 @@ class AttentionEquivalences(chex.TestCase):
     seg = np.array([[0] * 4 + [1] * 5])
     pos = np.array([[0, 1, 2, 3, 0, 1, 2, 3, 4]])  # positions restart per document
     f = self.attend(kind, kernel=kernel(impl))
-    packed = f(q, k, v, dict(q_positions=pos, kv_positions=pos, rope=rope,
-                             mask=rj.Mask(segment_ids=seg)))
-    a, b = (f(q[:, s], k[:, s], v[:, s], dict(q_positions=pos[:, s], kv_positions=pos[:, s],
-                                              rope=rope))
-            for s in (slice(0, 4), slice(4, None)))
+    packed = f(
+      q, k, v, dict(q_positions=pos, kv_positions=pos, rope=rope, mask=rj.Mask(segment_ids=seg))
+    )
+    a, b = (
+      f(q[:, s], k[:, s], v[:, s], dict(q_positions=pos[:, s], kv_positions=pos[:, s], rope=rope))
+      for s in (slice(0, 4), slice(4, None))
+    )
     chex.assert_trees_all_close(packed, np.concatenate([a, b], axis=1), atol=2e-6, rtol=1e-7)
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -158,14 +173,15 @@ class AttentionEquivalences(chex.TestCase):
     q_pos = np.array([[4, 5]])
     keep = np.array([[True, False, True, True, False, True]])
     f = self.attend("rove", kernel=kernel(impl))
-    masked = f(q, k, v, dict(q_positions=q_pos, kv_positions=kv_pos, rope=rope,
-                             mask=rj.Mask(kv_valid=keep)))
+    masked = f(
+      q, k, v, dict(q_positions=q_pos, kv_positions=kv_pos, rope=rope, mask=rj.Mask(kv_valid=keep))
+    )
     idx = np.flatnonzero(keep[0])
-    dropped = f(q, k[:, idx], v[:, idx], dict(q_positions=q_pos, kv_positions=kv_pos[:, idx],
-                                              rope=rope))
+    dropped = f(
+      q, k[:, idx], v[:, idx], dict(q_positions=q_pos, kv_positions=kv_pos[:, idx], rope=rope)
+    )
     chex.assert_trees_all_close(masked, dropped, atol=2e-6, rtol=1e-7)
-    none_visible = f(q, k, v, dict(q_positions=np.array([[-5, 4]]), kv_positions=kv_pos,
-                                   rope=rope))
+    none_visible = f(q, k, v, dict(q_positions=np.array([[-5, 4]]), kv_positions=kv_pos, rope=rope))
     chex.assert_trees_all_equal(np.asarray(none_visible)[0, 0], np.zeros((2, 8), np.float32))
     assert np.abs(np.asarray(none_visible)[0, 1]).max() > 0
 
@@ -175,8 +191,12 @@ class AttentionEquivalences(chex.TestCase):
     B, T, S = 2, 37, 45  # not multiples of the chunk
     q, k, v = make_qkv(self.rng, B=B, T=T, S=S, H=4, K=2, D=16)
     kv_pos = np.tile(np.arange(S), (B, 1))
-    arrays = dict(q_positions=kv_pos[:, S - T:], kv_positions=kv_pos,
-                  rope=rj.Rope(rj.rope_frequencies(12)), mask=rj.Mask(causal=causal))
+    arrays = dict(
+      q_positions=kv_pos[:, S - T :],
+      kv_positions=kv_pos,
+      rope=rj.Rope(rj.rope_frequencies(12)),
+      mask=rj.Mask(causal=causal),
+    )
     outs = [self.attend(kind, kernel=kernel(impl, 8))(q, k, v, arrays) for impl in IMPLS]
     chex.assert_shape(outs, (B, T, 4, 16))
     chex.assert_trees_all_close(outs[1], outs[0], atol=3e-6, rtol=1e-7)
@@ -190,14 +210,21 @@ class AttentionEquivalences(chex.TestCase):
     inv, factor = rj.scaling.yarn(8, factor=8.0, original_max_len=16)
     assert factor > 1.2
     f = self.attend("rove", kernel=kernel(impl, 512))
-    out = f(q, k, v, dict(q_positions=np.array([[40]]), kv_positions=np.array([[3]]),
-                          rope=rj.Rope(inv, factor)))
-    chex.assert_trees_all_close(np.linalg.norm(out, axis=-1), np.linalg.norm(v, axis=-1),
-                                rtol=1e-5)
+    out = f(
+      q,
+      k,
+      v,
+      dict(q_positions=np.array([[40]]), kv_positions=np.array([[3]]), rope=rj.Rope(inv, factor)),
+    )
+    chex.assert_trees_all_close(np.linalg.norm(out, axis=-1), np.linalg.norm(v, axis=-1), rtol=1e-5)
     # and the factor does reach the logits: two keys, weights change with it.
     q2, k2, v2 = make_qkv(self.rng, B=1, T=1, S=2, H=1, K=1, D=8, scale=2.0)
-    g = lambda a: f(q2, k2, v2, dict(q_positions=np.array([[5]]),
-                                     kv_positions=np.array([[0, 5]]), rope=rj.Rope(inv, a)))
+    g = lambda a: f(
+      q2,
+      k2,
+      v2,
+      dict(q_positions=np.array([[5]]), kv_positions=np.array([[0, 5]]), rope=rj.Rope(inv, a)),
+    )
     assert np.abs(g(factor) - g(1.0)).max() > 1e-3
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -275,11 +302,17 @@ def test_bf16_inputs(rng):
   q, k, v = make_qkv(rng, T=16, S=16)
   pos = np.tile(np.arange(16) + 500, (2, 1))
   inv = rj.rope_frequencies(8)
-  want = rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(inv),
-                           kernel="reference")
+  want = rj.rove_attention(
+    q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(inv), kernel="reference"
+  )
   for impl in IMPLS:
-    got = rj.rove_attention(*(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)), q_positions=pos,
-                            kv_positions=pos, rope=rj.Rope(inv), kernel=kernel(impl, 8))
+    got = rj.rove_attention(
+      *(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)),
+      q_positions=pos,
+      kv_positions=pos,
+      rope=rj.Rope(inv),
+      kernel=kernel(impl, 8),
+    )
     chex.assert_type(got, jnp.bfloat16)
     chex.assert_trees_all_close(got.astype(jnp.float32), want, atol=6e-2, rtol=1e-7)
 
@@ -298,8 +331,9 @@ def test_gradients_match_finite_differences(kind, impl, rng):
     w = jnp.asarray(rng.standard_normal((1, 5, 2, 8)))
 
     def loss(q, k, v):
-      out = FNS[kind](q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(inv, 1.2),
-                      kernel=kernel(impl, 2))
+      out = FNS[kind](
+        q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(inv, 1.2), kernel=kernel(impl, 2)
+      )
       return jnp.sum(out * w)
 
     jax.test_util.check_grads(loss, args, order=1, modes=("rev",), atol=tol, rtol=tol)
@@ -313,9 +347,11 @@ def test_gradients_agree_across_implementations(kind, rng):
 
   def grads(impl):
     def loss(q, k, v):
-      out = FNS[kind](q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(inv),
-                      kernel=kernel(impl, 5))
+      out = FNS[kind](
+        q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(inv), kernel=kernel(impl, 5)
+      )
       return jnp.sum(jnp.sin(out))
+
     return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
   ref = grads("reference")
@@ -349,13 +385,27 @@ def test_sliding_window_matches_float64_loops(kind, impl, ordered, causal, rng):
   window = 3 if ordered else 5
   inv = rj.rope_frequencies(8, base=100.0)
   rope = {} if kind == "masked" else dict(rope=rj.Rope(inv, 1.2))
-  f = jax.jit(lambda q, k, v, mask: FNS[kind](q, k, v, q_positions=pos, kv_positions=pos,
-                                              mask=mask, kernel=kernel(impl), **rope))
+  f = jax.jit(
+    lambda q, k, v, mask: FNS[kind](
+      q, k, v, q_positions=pos, kv_positions=pos, mask=mask, kernel=kernel(impl), **rope
+    )
+  )
   mask = rj.Mask(causal=causal, segment_ids=seg, ordered=ordered, window=window)
   out = f(q, k, v, mask)
-  want = naive_attention(q, k, v, pos, pos, None if kind == "masked" else inv,
-                         rove=kind == "rove", causal=causal, factor=1.2, q_seg=seg, kv_seg=seg,
-                         window=window)
+  want = naive_attention(
+    q,
+    k,
+    v,
+    pos,
+    pos,
+    None if kind == "masked" else inv,
+    rove=kind == "rove",
+    causal=causal,
+    factor=1.2,
+    q_seg=seg,
+    kv_seg=seg,
+    window=window,
+  )
   chex.assert_trees_all_close(out, want, atol=2e-5, rtol=2e-5)
   unwindowed = f(q, k, v, rj.Mask(causal=causal, segment_ids=seg, ordered=ordered))
   assert np.abs(np.asarray(unwindowed) - want).max() > 1e-2  # the window matters here
@@ -375,15 +425,22 @@ def test_bad_input_raises_clear_errors(rng):
   with pytest.raises(ValueError, match="kv_positions must have shape"):
     rj.rope_attention(q, k, v, q_positions=pos, kv_positions=pos[None], rope=rope)
   with pytest.raises(ValueError, match="head dimension D is 8"):
-    rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos,
-                      rope=rj.Rope(rj.rope_frequencies(10)))
+    rj.rove_attention(
+      q, k, v, q_positions=pos, kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(10))
+    )
   with pytest.raises(ValueError, match="unknown attention implementation 'flash'"):
     rj.rove_attention(q, k, v, kernel="flash", **kw)
   with pytest.raises(ValueError, match="unknown rotary layout 'sideways'"):
     rj.Rope(inv, layout="sideways")
   with pytest.raises(ValueError, match="causal=False"):
-    rj.rove_attention(q, k, v, q_positions=np.zeros((2, 6, 2)), kv_positions=np.zeros((2, 6, 2)),
-                      rope=rj.Rope(rj.axial_frequencies(8, 2)))
+    rj.rove_attention(
+      q,
+      k,
+      v,
+      q_positions=np.zeros((2, 6, 2)),
+      kv_positions=np.zeros((2, 6, 2)),
+      rope=rj.Rope(rj.axial_frequencies(8, 2)),
+    )
   with pytest.raises(ValueError, match="segment_ids"):
     rj.rove_attention(q, k, v, mask=rj.Mask(segment_ids=np.zeros((2, 5), np.int32)), **kw)
   with pytest.raises(ValueError, match="kv_segment_ids without segment_ids"):
@@ -403,8 +460,15 @@ def test_cudnn_on_cpu_is_a_clear_error(rng):
   q, k, v = make_qkv(rng)
   pos = np.tile(np.arange(6), (2, 1))
   with pytest.raises(ValueError, match="needs a CUDA GPU"):
-    rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos,
-                      rope=rj.Rope(rj.rope_frequencies(8)), kernel="cudnn")
+    rj.rove_attention(
+      q,
+      k,
+      v,
+      q_positions=pos,
+      kv_positions=pos,
+      rope=rj.Rope(rj.rope_frequencies(8)),
+      kernel="cudnn",
+    )
 
 
 @pytest.mark.gpu
@@ -413,10 +477,12 @@ def test_cudnn_equals_xla_in_bf16(kind, rng):
   q, k, v = make_qkv(rng, B=2, T=256, S=256, H=8, K=4, D=64)
   pos = np.tile(np.arange(256), (2, 1))
   args = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
-  f = functools.partial(FNS[kind], *args, q_positions=pos, kv_positions=pos,
-                        rope=rj.Rope(rj.rope_frequencies(64)))
-  np.testing.assert_allclose(np.asarray(f(kernel="cudnn"), np.float32),
-                             np.asarray(f(kernel="xla"), np.float32), atol=2e-2)
+  f = functools.partial(
+    FNS[kind], *args, q_positions=pos, kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(64))
+  )
+  np.testing.assert_allclose(
+    np.asarray(f(kernel="cudnn"), np.float32), np.asarray(f(kernel="xla"), np.float32), atol=2e-2
+  )
 
 
 @pytest.mark.gpu
@@ -429,20 +495,30 @@ def test_cudnn_causal_fast_path_equals_xla_in_bf16(kind, rng):
   args = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
 
   def loss(impl, ordered, q, k, v):
-    out = FNS[kind](q, k, v, q_positions=pos, kv_positions=pos,
-                    rope=rj.Rope(rj.rope_frequencies(64)), mask=rj.Mask(ordered=ordered),
-                    kernel=impl)
+    out = FNS[kind](
+      q,
+      k,
+      v,
+      q_positions=pos,
+      kv_positions=pos,
+      rope=rj.Rope(rj.rope_frequencies(64)),
+      mask=rj.Mask(ordered=ordered),
+      kernel=impl,
+    )
     return jnp.sum(out.astype(jnp.float32) ** 2), out
 
-  grad = lambda impl, ordered: jax.grad(functools.partial(loss, impl, ordered), argnums=(0, 1, 2),
-                                        has_aux=True)(*args)
+  grad = lambda impl, ordered: jax.grad(
+    functools.partial(loss, impl, ordered), argnums=(0, 1, 2), has_aux=True
+  )(*args)
   (g_fast, out_fast), (g_ref, out_ref) = grad("cudnn", True), grad("xla", False)
-  np.testing.assert_allclose(np.asarray(out_fast, np.float32), np.asarray(out_ref, np.float32),
-                             atol=2e-2)
+  np.testing.assert_allclose(
+    np.asarray(out_fast, np.float32), np.asarray(out_ref, np.float32), atol=2e-2
+  )
   for a, b in zip(g_fast, g_ref):
     scale = float(jnp.max(jnp.abs(b.astype(jnp.float32))))
-    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
-                               atol=3e-2 * scale)
+    np.testing.assert_allclose(
+      np.asarray(a, np.float32), np.asarray(b, np.float32), atol=3e-2 * scale
+    )
   hlo = jax.jit(lambda *a: loss("cudnn", True, *a)[0]).lower(*args).as_text()
   assert "pred[2,512,512]" not in hlo and "pred[2,1,512,512]" not in hlo  # no dense mask
 
@@ -457,27 +533,44 @@ def test_cudnn_packed_documents_equal_xla_in_bf16(kind, rng):
   q, k, v = make_qkv(rng, B=B, T=T, S=T, H=8, K=4, D=64)
   args = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
   docs = [3, 1, kernels.xla.cudnn_max_segments(T) + 4]
-  seg = np.stack([np.searchsorted(np.sort(rng.choice(np.arange(1, T), n - 1, replace=False)),
-                                  np.arange(T), side="right") for n in docs]).astype(np.int32)
-  first = np.maximum.accumulate(np.where(np.diff(seg, prepend=-1, axis=1) != 0, np.arange(T), 0),
-                                axis=1)
+  seg = np.stack(
+    [
+      np.searchsorted(
+        np.sort(rng.choice(np.arange(1, T), n - 1, replace=False)), np.arange(T), side="right"
+      )
+      for n in docs
+    ]
+  ).astype(np.int32)
+  first = np.maximum.accumulate(
+    np.where(np.diff(seg, prepend=-1, axis=1) != 0, np.arange(T), 0), axis=1
+  )
   pos = np.arange(T) - first
 
   def loss(impl, ordered, q, k, v):
-    out = FNS[kind](q, k, v, q_positions=pos, kv_positions=pos,
-                    rope=rj.Rope(rj.rope_frequencies(64)),
-                    mask=rj.Mask(segment_ids=seg, ordered=ordered), kernel=impl)
+    out = FNS[kind](
+      q,
+      k,
+      v,
+      q_positions=pos,
+      kv_positions=pos,
+      rope=rj.Rope(rj.rope_frequencies(64)),
+      mask=rj.Mask(segment_ids=seg, ordered=ordered),
+      kernel=impl,
+    )
     return jnp.sum(out[:2].astype(jnp.float32) ** 2), out
 
-  grad = lambda impl, ordered: jax.grad(functools.partial(loss, impl, ordered), argnums=(0, 1, 2),
-                                        has_aux=True)(*args)
+  grad = lambda impl, ordered: jax.grad(
+    functools.partial(loss, impl, ordered), argnums=(0, 1, 2), has_aux=True
+  )(*args)
   (g_fast, out_fast), (g_ref, out_ref) = grad("cudnn", True), grad("xla", False)
-  np.testing.assert_allclose(np.asarray(out_fast[:2], np.float32),
-                             np.asarray(out_ref[:2], np.float32), atol=2e-2)
+  np.testing.assert_allclose(
+    np.asarray(out_fast[:2], np.float32), np.asarray(out_ref[:2], np.float32), atol=2e-2
+  )
   assert np.isnan(np.asarray(out_fast[2], np.float32)).all()
   for a, b in zip(g_fast, g_ref):
     scale = float(jnp.max(jnp.abs(b.astype(jnp.float32))))
-    np.testing.assert_allclose(np.asarray(a[:2], np.float32), np.asarray(b[:2], np.float32),
-                               atol=3e-2 * scale)
+    np.testing.assert_allclose(
+      np.asarray(a[:2], np.float32), np.asarray(b[:2], np.float32), atol=3e-2 * scale
+    )
   hlo = jax.jit(lambda *a: loss("cudnn", True, *a)[0]).lower(*args).as_text()
   assert f"pred[{B},{T},{T}]" not in hlo and f"pred[{B},1,{T},{T}]" not in hlo  # no dense mask

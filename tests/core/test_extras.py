@@ -29,31 +29,51 @@ _BLOCKED = textwrap.dedent("""
 
 
 def _run(blocked, code):
-  r = subprocess.run([sys.executable, "-c", _BLOCKED, ",".join(blocked), code],
-                     capture_output=True, text=True, timeout=120)
+  r = subprocess.run(
+    [sys.executable, "-c", _BLOCKED, ",".join(blocked), code],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   return r.stdout
 
 
 def test_core_imports_and_computes_without_any_extra():
-  heavy = ["flax", "optax", "orbax", "grain", "ml_collections", "absl", "matplotlib", "chex",
-           "tqdm", "tensorboardX"]
-  out = _run(heavy, textwrap.dedent("""
+  heavy = [
+    "flax",
+    "optax",
+    "orbax",
+    "grain",
+    "ml_collections",
+    "absl",
+    "matplotlib",
+    "chex",
+    "tqdm",
+    "tensorboardX",
+  ]
+  out = _run(
+    heavy,
+    textwrap.dedent("""
       import jax.numpy as jnp, rove_jax as rj
       q = jnp.ones((1, 4, 2, 8)); pos = jnp.arange(4)[None]
       inv = rj.rope_frequencies(8)
       print("shape", rj.rotate(q, pos, inv).shape)
       print("loaded", sorted({m.split('.')[0] for m in sys.modules} & BLOCKED))
-      """))
+      """),
+  )
   assert "shape (1, 4, 2, 8)" in out and "loaded []" in out, out
 
 
-@pytest.mark.parametrize("layer, extra, blocked", [
+@pytest.mark.parametrize(
+  "layer, extra, blocked",
+  [
     ("rove_jax.nn", "nn", ["flax"]),
     ("rove_jax.train", "train", ["optax", "grain"]),
     ("rove_jax.data", "train", ["grain"]),
     ("rove_jax.aot", "train", ["orbax"]),
-])
+  ],
+)
 def test_a_layer_without_its_extra_names_the_pip_command(layer, extra, blocked):
   out = _run(blocked, f"import {layer}")
   assert f"{layer} needs the {extra!r} extra" in out, out
@@ -72,6 +92,7 @@ def test_extras_match_pyproject():
   """Every module a layer checks for is brought by that extra in pyproject.toml (or by one of
   the extras it includes)."""
   import pathlib
+
   tomllib = pytest.importorskip("tomllib")  # Python 3.11+
   meta = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())
   optional = meta["project"]["optional-dependencies"]
@@ -80,14 +101,13 @@ def test_extras_match_pyproject():
     out = set()
     for req in optional[extra]:
       if req.startswith("rove_jax["):
-        for inner in req[len("rove_jax["):-1].split(","):
+        for inner in req[len("rove_jax[") : -1].split(","):
           out |= packages(inner)
       else:
         out.add(req.split(">")[0].split("=")[0].split("[")[0].strip().lower())
     return out
 
-  dist = {"orbax.checkpoint": "orbax-checkpoint",
-          "absl": "absl-py", "tensorboardX": "tensorboardx"}
+  dist = {"orbax.checkpoint": "orbax-checkpoint", "absl": "absl-py", "tensorboardX": "tensorboardx"}
   for extra, modules in extras.EXTRAS.items():
     have = packages(extra)
     for module in modules:

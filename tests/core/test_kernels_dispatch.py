@@ -14,8 +14,19 @@ from rove_jax.kernels import mask as mask_lib
 from rove_jax.nn.model import GPT, GPTConfig
 
 
-def choose(name="auto", *, dtype=jnp.float32, T=256, S=256, H=4, K=2, D=64, platform="cpu",
-           bias=False, **mask):
+def choose(
+  name="auto",
+  *,
+  dtype=jnp.float32,
+  T=256,
+  S=256,
+  H=4,
+  K=2,
+  D=64,
+  platform="cpu",
+  bias=False,
+  **mask,
+):
   """kernels.choose for a call of these shapes (no arrays: shape-dtype structs), with
   Mask(**mask) (kv_valid=True: a [B, S] array of it)."""
   mask["kv_valid"] = jnp.ones((1, S), bool) if mask.get("kv_valid") else None
@@ -24,7 +35,9 @@ def choose(name="auto", *, dtype=jnp.float32, T=256, S=256, H=4, K=2, D=64, plat
   return kernels.choose(name, q=q, k=k, mask=rj.Mask(**mask), bias=bias, platform_name=platform)
 
 
-@pytest.mark.parametrize("platform, dtype, ordered, kv_mask, S, want", [
+@pytest.mark.parametrize(
+  "platform, dtype, ordered, kv_mask, S, want",
+  [
     ("tpu", jnp.bfloat16, True, False, 256, "splash"),
     ("tpu", jnp.float32, True, False, 256, "splash"),
     ("tpu", jnp.bfloat16, False, False, 256, "xla"),  # general positions (decoding)
@@ -35,7 +48,8 @@ def choose(name="auto", *, dtype=jnp.float32, T=256, S=256, H=4, K=2, D=64, plat
     ("gpu", jnp.bfloat16, False, False, 256, "xla"),
     ("cpu", jnp.float32, True, False, 256, "xla"),
     ("cpu", jnp.float32, False, False, kernels.AUTO_CHUNKED_MIN_KV, "chunked"),
-])
+  ],
+)
 def test_auto_picks_the_platforms_kernel(platform, dtype, ordered, kv_mask, S, want):
   got = choose(dtype=dtype, T=S, S=S, platform=platform, ordered=ordered, kv_valid=kv_mask)
   assert got == want
@@ -80,8 +94,7 @@ def test_fallback_hands_by_index_kernels_a_general_mask_to_xla():
       assert (chosen.name, chosen.rotates) == ("xla", False)
       with pytest.raises(ValueError, match="ordered=True"):
         kernels.select(name, q=q, k=k, mask=mask, rope=rope)
-  ordered = kernels.select("fused", q=q, k=k, mask=rj.Mask(ordered=True), rope=rope,
-                           fallback=True)
+  ordered = kernels.select("fused", q=q, k=k, mask=rj.Mask(ordered=True), rope=rope, fallback=True)
   assert (ordered.name, ordered.rotates) == ("fused", True)
 
 
@@ -95,8 +108,9 @@ def test_target_platform_follows_the_mesh_being_compiled_for():
     seen.append(kernels.target_platform())
     return x
 
-  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("data",),
-                                                                abstract_device=tpu)):
+  with jax.sharding.use_abstract_mesh(
+    jax.sharding.AbstractMesh((1,), ("data",), abstract_device=tpu)
+  ):
     jax.make_jaxpr(f)(jnp.zeros(2))
   assert seen == ["tpu"]
 
@@ -149,13 +163,28 @@ def test_ordered_positions_and_splash_errors(rng):
   pos = jnp.arange(q.shape[1])
   rope = rj.Rope(rj.rope_frequencies(8))
   with pytest.raises(ValueError, match="T == S"):
-    rj.rope_attention(q, k[:, :20], v[:, :20], q_positions=pos, kv_positions=pos[:20],
-                      rope=rope, mask=rj.Mask(ordered=True))
+    rj.rope_attention(
+      q,
+      k[:, :20],
+      v[:, :20],
+      q_positions=pos,
+      kv_positions=pos[:20],
+      rope=rope,
+      mask=rj.Mask(ordered=True),
+    )
   with pytest.raises(ValueError, match="ordered=True"):
     rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, rope=rope, kernel="splash")
   with pytest.raises(ValueError, match="splash' cannot run"):
-    rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, rope=rope, kernel="splash",
-                      mask=rj.Mask(ordered=True))  # T = 24 is no multiple of a splash block
+    rj.rove_attention(
+      q,
+      k,
+      v,
+      q_positions=pos,
+      kv_positions=pos,
+      rope=rope,
+      kernel="splash",
+      mask=rj.Mask(ordered=True),
+    )  # T = 24 is no multiple of a splash block
 
 
 def test_chunked_kernel_skips_blocks_by_index_for_ordered_positions(rng):
@@ -166,14 +195,22 @@ def test_chunked_kernel_skips_blocks_by_index_for_ordered_positions(rng):
   pos = jnp.broadcast_to(jnp.arange(64)[None], (4, 64))
   segs = jnp.broadcast_to((jnp.arange(64) >= 40)[None].astype(jnp.int32), (4, 64))
   pos = jnp.where(segs == 1, pos - 40, pos)
-  kw = dict(q_positions=pos, kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(8)),
-            kernel=chunked.kernel(16))
+  kw = dict(
+    q_positions=pos,
+    kv_positions=pos,
+    rope=rj.Rope(rj.rope_frequencies(8)),
+    kernel=chunked.kernel(16),
+  )
   mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
   shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
   args = [jax.device_put(a, shard) for a in (q, k, v)]
   mask = lambda ordered: rj.Mask(segment_ids=segs, ordered=ordered)
-  hlo = lambda ordered: jax.jit(lambda *a: rj.rove_attention(
-      *a, mask=mask(ordered), **kw)).lower(*args).compile().as_text()
+  hlo = lambda ordered: (
+    jax.jit(lambda *a: rj.rove_attention(*a, mask=mask(ordered), **kw))
+    .lower(*args)
+    .compile()
+    .as_text()
+  )
   assert "all-reduce" in hlo(False) and "all-reduce" not in hlo(True)
   fast = rj.rove_attention(*args, mask=mask(True), **kw)
   ref = rj.rove_attention(q, k, v, mask=mask(False), **dict(kw, kernel="reference"))

@@ -27,8 +27,7 @@ D = 64
 F32, BF16 = jnp.float32, jnp.bfloat16
 # Tolerances relative to the largest reference value: tests/core/test_kernels_splash.py's.
 TOL = {F32: 1e-5, BF16: 2e-2}
-FNS = {"rope": rj.rope_attention, "rove": rj.rove_attention,
-       "rotated": rj.rove_attention_rotated}
+FNS = {"rope": rj.rope_attention, "rove": rj.rove_attention, "rotated": rj.rove_attention_rotated}
 
 
 def yarn_rope(rot_dim, layout):
@@ -38,18 +37,46 @@ def yarn_rope(rot_dim, layout):
 
 
 CASES = {
-    # name: (function, dtype, layout, B, H, K, causal, document lengths, rotary dims, yarn)
-    "rope_causal_interleaved_mha_f32": ("rope", F32, "interleaved", 1, 2, 2, True, None, 64,
-                                        False),
-    "rove_causal_interleaved_gqa_f32": ("rove", F32, "interleaved", 1, 4, 2, True, None, 64,
-                                        False),
-    "rove_packed_half_mqa_partial_yarn_f32": ("rove", F32, "half", 2, 2, 1, True, (100, 60, 96),
-                                              32, True),
-    "rope_packed_bidirectional_half_gqa_partial_f32": ("rope", F32, "half", 1, 4, 2, False,
-                                                       (31, 150, 75), 48, False),
-    "rove_packed_interleaved_partial_yarn_bf16": ("rove", BF16, "interleaved", 1, 4, 2, True,
-                                                  (90, 166), 48, True),
-    "rope_causal_half_mqa_bf16": ("rope", BF16, "half", 1, 2, 1, True, None, 64, False),
+  # name: (function, dtype, layout, B, H, K, causal, document lengths, rotary dims, yarn)
+  "rope_causal_interleaved_mha_f32": ("rope", F32, "interleaved", 1, 2, 2, True, None, 64, False),
+  "rove_causal_interleaved_gqa_f32": ("rove", F32, "interleaved", 1, 4, 2, True, None, 64, False),
+  "rove_packed_half_mqa_partial_yarn_f32": (
+    "rove",
+    F32,
+    "half",
+    2,
+    2,
+    1,
+    True,
+    (100, 60, 96),
+    32,
+    True,
+  ),
+  "rope_packed_bidirectional_half_gqa_partial_f32": (
+    "rope",
+    F32,
+    "half",
+    1,
+    4,
+    2,
+    False,
+    (31, 150, 75),
+    48,
+    False,
+  ),
+  "rove_packed_interleaved_partial_yarn_bf16": (
+    "rove",
+    BF16,
+    "interleaved",
+    1,
+    4,
+    2,
+    True,
+    (90, 166),
+    48,
+    True,
+  ),
+  "rope_causal_half_mqa_bf16": ("rope", BF16, "half", 1, 2, 1, True, None, 64, False),
 }
 
 
@@ -106,8 +133,9 @@ def reference(kind, q, k, v, pos_BT, rope, *, causal, seg_q=None, seg_kv=None):
 
 def direct(kernel, q, k, v, mask, pos, rope, kind):
   """A rotating kernel called at the kernel boundary: one KernelCall, the scale 1 / sqrt(D)."""
-  return kernel.attend(kernels.KernelCall(q, k, v, mask, pos, pos, 1.0 / math.sqrt(q.shape[-1]),
-                                          rope=rope, kind=kind))
+  return kernel.attend(
+    kernels.KernelCall(q, k, v, mask, pos, pos, 1.0 / math.sqrt(q.shape[-1]), rope=rope, kind=kind)
+  )
 
 
 def inputs(B, H, K, dtype, seed):
@@ -120,13 +148,16 @@ def inputs(B, H, K, dtype, seed):
 
 def fused_and_grads(kind, q, k, v, ct, pos, rope, mask):
   """(out, (dq, dk, dv)) of the fused kernel, one jitted program, cotangent ct."""
+
   def f(q, k, v):
-    return FNS[kind](q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask,
-                     kernel="fused")
+    return FNS[kind](
+      q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask, kernel="fused"
+    )
 
   def run(q, k, v):
     out, vjp = jax.vjp(f, q, k, v)
     return out, vjp(jnp.asarray(ct, out.dtype))
+
   return jax.jit(run)(q, k, v)
 
 
@@ -150,18 +181,17 @@ def check_case(case, run):
   the output and the gradients of q, k and v, in the inputs' dtype."""
   kind, dtype, layout, B, H, K, causal, lengths, rot_dim, yarn = CASES[case]
   q, k, v, ct = inputs(B, H, K, dtype, seed=len(case))
-  rope = (yarn_rope(rot_dim, layout) if yarn
-          else rj.Rope(rj.rope_frequencies(rot_dim), 1.0, layout))
+  rope = yarn_rope(rot_dim, layout) if yarn else rj.Rope(rj.rope_frequencies(rot_dim), 1.0, layout)
   if lengths is None:
     seg, pos = None, np.broadcast_to(7 + np.arange(T), (B, T))  # positions are not indices
   else:
     seg, pos = documents(B, lengths)
-  mask = rj.Mask(causal=causal, segment_ids=None if seg is None else jnp.asarray(seg),
-                 ordered=True)
+  mask = rj.Mask(causal=causal, segment_ids=None if seg is None else jnp.asarray(seg), ordered=True)
   out, grads = run(kind, q, k, v, ct, jnp.asarray(pos), rope, mask)
   assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
-  want, want_grads = reference_and_grads(kind, q, k, v, ct, pos, rope, causal=causal,
-                                         seg_q=seg, seg_kv=seg)
+  want, want_grads = reference_and_grads(
+    kind, q, k, v, ct, pos, rope, causal=causal, seg_q=seg, seg_kv=seg
+  )
   check("out", out, want, TOL[dtype])
   for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
     check(name, g, w, TOL[dtype])
@@ -181,13 +211,15 @@ def test_rotated_output_and_rows_without_keys():
   kv_seg = np.repeat([0, 1, 0], [50, 106, 100])[None].astype(np.int32)
   pos = np.arange(T)[None]
   rope = rj.Rope(rj.rope_frequencies(D), 1.0, "interleaved")
-  mask = rj.Mask(causal=True, segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg),
-                 ordered=True)
+  mask = rj.Mask(
+    causal=True, segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg), ordered=True
+  )
   out, grads = fused_and_grads("rotated", q, k, v, ct, jnp.asarray(pos), rope, mask)
   assert np.all(np.asarray(out)[0, 200:] == 0)
   assert np.all(np.asarray(grads[0])[0, 200:] == 0)
-  want, want_grads = reference_and_grads("rotated", q, k, v, ct, pos, rope, causal=True,
-                                         seg_q=q_seg, seg_kv=kv_seg)
+  want, want_grads = reference_and_grads(
+    "rotated", q, k, v, ct, pos, rope, causal=True, seg_q=q_seg, seg_kv=kv_seg
+  )
   check("out", out, want, TOL[F32])
   for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
     check(name, g, w, TOL[F32])
@@ -196,15 +228,16 @@ def test_rotated_output_and_rows_without_keys():
 def test_dispatch_checks_the_limits_once():
   rope = rj.Rope(rj.rope_frequencies(D))
   q = k = jax.ShapeDtypeStruct((1, T, 2, D), F32)
-  choose = lambda mask, rope=rope, **kw: kernels.choose("fused", q=kw.get("q", q), k=k,
-                                                        mask=mask, rope=rope,
-                                                        bias=kw.get("bias", False))
+  choose = lambda mask, rope=rope, **kw: kernels.choose(
+    "fused", q=kw.get("q", q), k=k, mask=mask, rope=rope, bias=kw.get("bias", False)
+  )
   assert choose(rj.Mask(ordered=True)) == "fused"
   for mask, rope_, reason in (
-      (rj.Mask(), rope, "ordered=True"),
-      (rj.Mask(ordered=True, window=8), rope, "window"),
-      (rj.Mask(ordered=True), None, "needs a Rope"),
-      (rj.Mask(causal=False, ordered=True), rj.Rope(rj.axial_frequencies(D, 2)), "multi-axis")):
+    (rj.Mask(), rope, "ordered=True"),
+    (rj.Mask(ordered=True, window=8), rope, "window"),
+    (rj.Mask(ordered=True), None, "needs a Rope"),
+    (rj.Mask(causal=False, ordered=True), rj.Rope(rj.axial_frequencies(D, 2)), "multi-axis"),
+  ):
     with pytest.raises(ValueError, match=f"fused' cannot run.*{reason}"):
       choose(mask, rope_)
   with pytest.raises(ValueError, match="multiple of 128"):
@@ -213,8 +246,10 @@ def test_dispatch_checks_the_limits_once():
     choose(rj.Mask(ordered=True), bias=True)
   # "auto" never picks it, on any platform.
   for where in ("tpu", "gpu", "cpu"):
-    assert kernels.choose("auto", q=q, k=k, mask=rj.Mask(ordered=True), rope=rope,
-                          platform_name=where) != "fused"
+    assert (
+      kernels.choose("auto", q=q, k=k, mask=rj.Mask(ordered=True), rope=rope, platform_name=where)
+      != "fused"
+    )
   # Attention without rotation cannot take it; the rotary functions name the problem.
   x = jnp.zeros((1, T, 2, D), F32)
   pos = jnp.arange(T)[None]
@@ -232,8 +267,10 @@ def test_gpt_attention_impl_fused():
   non-rotary encoding refuses it."""
   cfg = gpt_config(max_len=128, rove_layers=(0,), n_layer=2)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, 128)))
-  models = {impl: GPT(dataclasses.replace(cfg, attention_impl=impl), rngs=nnx.Rngs(0))
-            for impl in ("fused", "xla")}
+  models = {
+    impl: GPT(dataclasses.replace(cfg, attention_impl=impl), rngs=nnx.Rngs(0))
+    for impl in ("fused", "xla")
+  }
   got, want = (np.asarray(jax.jit(lambda t, m=m: m(t))(tokens)) for m in models.values())
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   m = models["fused"]
@@ -248,14 +285,16 @@ def test_sharded_matches_unsharded_with_gradients():
   shard_map (batch over data, query and kv heads over tensor) and gives the unsharded RoVE
   output and gradients of q, k and v, packed documents and GQA included."""
   from rove_jax.train import sharding
+
   q, k, v, ct = inputs(2, 4, 2, F32, seed=5)
   seg, pos = documents(2, (100, 60, 96))
   rope = rj.Rope(rj.rope_frequencies(D), 1.0, "interleaved")
   mask = rj.Mask(causal=True, segment_ids=jnp.asarray(seg), ordered=True)
   want_out, want_grads = fused_and_grads("rove", q, k, v, ct, jnp.asarray(pos), rope, mask)
   with jax.set_mesh(sharding.make_mesh(2, 1, 2, devices=jax.devices()[:4])):
-    f = lambda q: rj.rove_attention(q, k, v, q_positions=pos, kv_positions=pos, rope=rope,
-                                    mask=mask, kernel="fused")
+    f = lambda q: rj.rove_attention(
+      q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask, kernel="fused"
+    )
     assert "shard_map" in str(jax.make_jaxpr(f)(q))
     out, grads = fused_and_grads("rove", q, k, v, ct, jnp.asarray(pos), rope, mask)
   # a shard holds half the heads, so the CPU's batched matmuls may sum in another order:
@@ -287,9 +326,10 @@ def test_cost_estimate_follows_the_documented_formula():
   pos = jnp.arange(T)[None]
   rope = rj.Rope(rj.rope_frequencies(D), 1.0, "interleaved")
   attend = fused.kernel(128)
-  f = lambda q, k, v: direct(attend, q, k, v, rj.Mask(causal=True, ordered=True), pos, rope,
-                             "rove").sum()
-  (forward, forward_bytes), = _pallas_costs(jax.make_jaxpr(f)(q, k, v).jaxpr)
+  f = lambda q, k, v: direct(
+    attend, q, k, v, rj.Mask(causal=True, ordered=True), pos, rope, "rove"
+  ).sum()
+  ((forward, forward_bytes),) = _pallas_costs(jax.make_jaxpr(f)(q, k, v).jaxpr)
   scores = B * H * 3 * 128 * 128  # block pairs that run x block size
   rotated = 3 * K * 128 * 2 + B * T * H * 2  # k and v each step; q in and the output back
   table_rows = 3 * 128 + B * T * 2  # a kv block's each step; the q block's, twice

@@ -33,12 +33,16 @@ from tests.core.test_kernels_fused import (
 
 INTERPRET = os.environ.get("FUSED_GPU_COMPILED") != "1"
 # test_kernels_fused's cases but its MHA one (test_mha_matches_reference_and_runs_sharded).
-GPU_CASES = {name: CASES[name] for name in (
+GPU_CASES = {
+  name: CASES[name]
+  for name in (
     "rove_causal_interleaved_gqa_f32",
     "rove_packed_half_mqa_partial_yarn_f32",
     "rope_packed_bidirectional_half_gqa_partial_f32",
     "rove_packed_interleaved_partial_yarn_bf16",
-    "rope_causal_half_mqa_bf16")}
+    "rope_causal_half_mqa_bf16",
+  )
+}
 KIND = {"rope": "rope", "rove": "rove", "rotated": "rove_rotated"}
 
 
@@ -51,6 +55,7 @@ def fused_gpu_and_grads(kind, q, k, v, ct, pos, rope, mask):
     f = lambda q, k, v: direct(attend, q, k, v, mask, pos, rope, KIND[kind])
     out, vjp = jax.vjp(f, q, k, v)
     return out, vjp(jnp.asarray(ct, out.dtype))
+
   return jax.jit(run)(q, k, v)
 
 
@@ -67,13 +72,15 @@ def test_rotated_output_and_rows_without_keys():
   kv_seg = np.repeat([0, 1, 0], [50, 106, 100])[None].astype(np.int32)
   pos = np.arange(T)[None]
   rope = rj.Rope(rj.rope_frequencies(D), 1.0, "interleaved")
-  mask = rj.Mask(causal=True, segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg),
-                 ordered=True)
+  mask = rj.Mask(
+    causal=True, segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg), ordered=True
+  )
   out, grads = fused_gpu_and_grads("rotated", q, k, v, ct, jnp.asarray(pos), rope, mask)
   assert np.all(np.asarray(out)[0, 200:] == 0)
   assert np.all(np.asarray(grads[0])[0, 200:] == 0)
-  want, want_grads = reference_and_grads("rotated", q, k, v, ct, pos, rope, causal=True,
-                                         seg_q=q_seg, seg_kv=kv_seg)
+  want, want_grads = reference_and_grads(
+    "rotated", q, k, v, ct, pos, rope, causal=True, seg_q=q_seg, seg_kv=kv_seg
+  )
   check("out", out, want, TOL[F32])
   for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
     check(name, g, w, TOL[F32])
@@ -86,8 +93,9 @@ def test_pair_swap_is_exact(layout, rot_dim):
   P = rot_dim // 2
   offset = 1 if layout == "interleaved" else P
   swap = jnp.asarray(fused_gpu_tiles.swap_matrix(D, offset, rot_dim), jnp.bfloat16)
-  partner = [d ^ 1 if layout == "interleaved" else (d + P if d < P else d - P)
-             for d in range(rot_dim)] + list(range(rot_dim, D))
+  partner = [
+    d ^ 1 if layout == "interleaved" else (d + P if d < P else d - P) for d in range(rot_dim)
+  ] + list(range(rot_dim, D))
   x = np.random.default_rng(0).standard_normal((16, D)).astype(np.float32) * 1e3
   for dtype in (F32, BF16):
     xs = jnp.asarray(x, dtype)
@@ -99,7 +107,8 @@ def test_dispatch_checks_the_gpu_limits():
   rope = rj.Rope(rj.rope_frequencies(D))
   shape = lambda T_, D_=D: jax.ShapeDtypeStruct((1, T_, 2, D_), BF16)
   choose = lambda q, where="gpu", mask=rj.Mask(ordered=True), rope=rope: kernels.choose(
-      "fused", q=q, k=q, mask=mask, rope=rope, platform_name=where)
+    "fused", q=q, k=q, mask=mask, rope=rope, platform_name=where
+  )
   # Lengths that are multiples of 16 but not of 128: the GPU kernel takes them, the TPU one not.
   assert choose(shape(144)) == "fused"
   with pytest.raises(ValueError, match="multiple of 128"):
@@ -108,13 +117,24 @@ def test_dispatch_checks_the_gpu_limits():
     choose(shape(100))
   with pytest.raises(ValueError, match="power of two"):
     choose(shape(128, 48), rope=rj.Rope(rj.rope_frequencies(48)))
-  for mask, rope_, reason in ((rj.Mask(), rope, "ordered=True"),
-                              (rj.Mask(ordered=True, window=8), rope, "window"),
-                              (rj.Mask(ordered=True), None, "needs a Rope")):
+  for mask, rope_, reason in (
+    (rj.Mask(), rope, "ordered=True"),
+    (rj.Mask(ordered=True, window=8), rope, "window"),
+    (rj.Mask(ordered=True), None, "needs a Rope"),
+  ):
     with pytest.raises(ValueError, match=f"fused' cannot run.*{reason}"):
       choose(shape(128), mask=mask, rope=rope_)
-  assert kernels.choose("auto", q=shape(1024), k=shape(1024), mask=rj.Mask(ordered=True),
-                        rope=rope, platform_name="gpu") == "cudnn"
+  assert (
+    kernels.choose(
+      "auto",
+      q=shape(1024),
+      k=shape(1024),
+      mask=rj.Mask(ordered=True),
+      rope=rope,
+      platform_name="gpu",
+    )
+    == "cudnn"
+  )
   assert [fused_gpu._block(n, 64) for n in (1024, 144, 96, 16)] == [64, 16, 32, 16]
   for bad in (100, 8, True):
     with pytest.raises(ValueError, match="block_size"):
@@ -136,14 +156,19 @@ def test_mha_matches_reference_and_runs_sharded():
   mask = rj.Mask(causal=True, segment_ids=jnp.asarray(seg), ordered=True)
   run = lambda: fused_gpu_and_grads("rove", q, k, v, ct, jnp.asarray(pos), rope, mask)
   want = run()
-  ref, ref_grads = reference_and_grads("rove", q, k, v, ct, pos, rope, causal=True, seg_q=seg,
-                                       seg_kv=seg)
+  ref, ref_grads = reference_and_grads(
+    "rove", q, k, v, ct, pos, rope, causal=True, seg_q=seg, seg_kv=seg
+  )
   for name, g, w in zip(("out", "dq", "dk", "dv"), jax.tree.leaves(want), (ref,) + ref_grads):
     check(name, g, w, TOL[F32])
   if len(jax.devices()) < 4:
     return
-  mesh = jax.make_mesh((2, 1, 2), ("data", "fsdp", "tensor"), devices=jax.devices()[:4],
-                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  mesh = jax.make_mesh(
+    (2, 1, 2),
+    ("data", "fsdp", "tensor"),
+    devices=jax.devices()[:4],
+    axis_types=(jax.sharding.AxisType.Auto,) * 3,
+  )
   with jax.set_mesh(mesh):
     got = run()
   assert got[0].sharding.spec == jax.sharding.PartitionSpec("data", None, "tensor")
@@ -155,8 +180,9 @@ def test_sincos_is_accurate_to_1e6_radians():
   """The kernel's shared sin/cos reduction: within 2e-7 of float64 sin and cos of the same
   float32 angles, negative ones and exact multiples of pi / 4 included, up to 1.6e6 radians."""
   rng = np.random.default_rng(0)
-  a = np.concatenate([rng.uniform(-hi, hi, 20000) for hi in (4.0, 1e3, 1.6e6)]
-                     + [np.arange(-64, 64) * np.pi / 4]).astype(np.float32)
+  a = np.concatenate(
+    [rng.uniform(-hi, hi, 20000) for hi in (4.0, 1e3, 1.6e6)] + [np.arange(-64, 64) * np.pi / 4]
+  ).astype(np.float32)
   sin, cos = (np.asarray(x, np.float64) for x in fused_gpu_tiles.sincos(jnp.asarray(a)))
   a64 = a.astype(np.float64)
   assert np.abs(sin - np.sin(a64)).max() < 2e-7

@@ -19,19 +19,28 @@ D = 64  # GPT-2's head dim
 SCALE = 1 / np.sqrt(D)
 
 
-def splash_attention(q, k, v, *, scale, causal, q_segment_ids=None, kv_segment_ids=None,
-                     block_size=splash.DEFAULT_BLOCK):
+def splash_attention(
+  q,
+  k,
+  v,
+  *,
+  scale,
+  causal,
+  q_segment_ids=None,
+  kv_segment_ids=None,
+  block_size=splash.DEFAULT_BLOCK,
+):
   """The splash kernel on index-ordered positions (which it does not read)."""
-  mask = Mask(causal=causal, segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-              ordered=True)
+  mask = Mask(causal=causal, segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, ordered=True)
   return splash.kernel(block_size).attend(KernelCall(q, k, v, mask, None, None, scale))
 
 
 @functools.lru_cache(maxsize=None)
 def attend(causal, block_size=128):
   """One jitted splash per mask kind, shared by the cases (segments are traced arguments)."""
-  return jax.jit(functools.partial(splash_attention, scale=SCALE, causal=causal,
-                                   block_size=block_size))
+  return jax.jit(
+    functools.partial(splash_attention, scale=SCALE, causal=causal, block_size=block_size)
+  )
 
 
 def inputs(B, H, K, dtype=np.float32, seed=0):
@@ -79,11 +88,11 @@ def check(out, want, tol):
 
 
 CASES = {
-    # name: (B, H, K, causal, document lengths or None)
-    "causal_gqa": (2, 4, 2, True, None),
-    "bidirectional_mha": (1, 2, 2, False, None),
-    "packed_causal_mqa": (2, 4, 1, True, (100, 60, 96)),
-    "packed_bidirectional_gqa": (1, 4, 2, False, (31, 150, 75)),
+  # name: (B, H, K, causal, document lengths or None)
+  "causal_gqa": (2, 4, 2, True, None),
+  "bidirectional_mha": (1, 2, 2, False, None),
+  "packed_causal_mqa": (2, 4, 1, True, (100, 60, 96)),
+  "packed_bidirectional_gqa": (1, 4, 2, False, (31, 150, 75)),
 }
 
 
@@ -139,8 +148,11 @@ def test_gradients_match_reference():
   def grads(f):
     return jax.jit(jax.grad(lambda *a: jnp.sum(f(*a) * cotangent), argnums=(0, 1, 2)))
 
-  splash_grads = grads(lambda q, k, v: splash_attention(q, k, v, scale=SCALE, causal=True,
-                                                         q_segment_ids=seg, block_size=128))
+  splash_grads = grads(
+    lambda q, k, v: splash_attention(
+      q, k, v, scale=SCALE, causal=True, q_segment_ids=seg, block_size=128
+    )
+  )
   got, want = splash_grads(q, k, v), grads(reference)(q, k, v)
   with jax.set_mesh(sharding.make_mesh(2, 1, 2, devices=jax.devices()[:4])):
     sharded = splash_grads(q, k, v)
@@ -161,8 +173,11 @@ def test_unsupported_reason():
     splash_attention(q[:, :100], k[:, :100], v[:, :100], scale=1.0, causal=True)
   with pytest.raises(ValueError, match="block_size"):
     splash_attention(q, k, v, scale=1.0, causal=True, block_size=100)
-  for mask, reason in ((Mask(), "ordered=True"), (Mask(ordered=True, window=8), "window"),
-                       (Mask(ordered=True, kv_valid=np.ones((1, T), bool)), "kv_valid")):
+  for mask, reason in (
+    (Mask(), "ordered=True"),
+    (Mask(ordered=True, window=8), "window"),
+    (Mask(ordered=True, kv_valid=np.ones((1, T), bool)), "kv_valid"),
+  ):
     with pytest.raises(ValueError, match=reason):
       splash.attend(KernelCall(q, k, v, mask, None, None, 1.0))
 

@@ -62,29 +62,44 @@ def ragged_attention_f64(q, k, v, q_seqlen, kv_seqlen, q_offsets, kv_offsets, sc
   K = k.shape[2]
   stride = H * D
   qf, kf, vf = (np.asarray(x, np.float64).reshape(B * T, -1, D) for x in (q, k, v))
-  q_seqlen, kv_seqlen, q_offsets, kv_offsets = (np.ravel(x) for x in (
-      q_seqlen, kv_seqlen, q_offsets, kv_offsets))  # jax keeps the [B, M] shapes, flat order
+  q_seqlen, kv_seqlen, q_offsets, kv_offsets = (
+    np.ravel(x) for x in (q_seqlen, kv_seqlen, q_offsets, kv_offsets)
+  )  # jax keeps the [B, M] shapes, flat order
   out, writes = np.zeros((B * T, H, D)), np.zeros(B * T, np.int64)
   for s in range(len(q_seqlen)):
     n, m = int(q_seqlen[s]), int(kv_seqlen[s])
     if n <= 0:
       continue
     a, c = int(q_offsets[s]) // stride, int(kv_offsets[s]) // stride
-    kk = np.repeat(kf[c:c + m], H // K, axis=1)
-    vv = np.repeat(vf[c:c + m], H // K, axis=1)
-    logits = np.einsum("thd,shd->hts", qf[a:a + n], kk) * scale
+    kk = np.repeat(kf[c : c + m], H // K, axis=1)
+    vv = np.repeat(vf[c : c + m], H // K, axis=1)
+    logits = np.einsum("thd,shd->hts", qf[a : a + n], kk) * scale
     if causal:
       logits = np.where(np.arange(m)[None, None] <= np.arange(n)[None, :, None], logits, -np.inf)
     p = np.exp(logits - logits.max(-1, keepdims=True))
-    out[a:a + n] = np.einsum("hts,shd->thd", p / p.sum(-1, keepdims=True), vv)
-    writes[a:a + n] += 1
+    out[a : a + n] = np.einsum("hts,shd->thd", p / p.sum(-1, keepdims=True), vv)
+    writes[a : a + n] += 1
   return out.reshape(B, T, H, D), writes.reshape(B, T)
 
 
 def packed_stand_in(calls, writes=None):
   """jax's cuDNN attention on the CPU: jax's descriptor conversion, then the flat segments."""
-  def fake(q, k, v, bias=None, mask=None, q_seqlen=None, kv_seqlen=None, q_offsets=None,
-           kv_offsets=None, *, scale, mask_type, **_):
+
+  def fake(
+    q,
+    k,
+    v,
+    bias=None,
+    mask=None,
+    q_seqlen=None,
+    kv_seqlen=None,
+    q_offsets=None,
+    kv_offsets=None,
+    *,
+    scale,
+    mask_type,
+    **_,
+  ):
     calls.append(mask_type)
     assert bias is None and mask is None and q_offsets is not None
     flat = cudnn_fa._fix_seqlen_offsets(q_seqlen, kv_seqlen, q_offsets, kv_offsets, q, k)
@@ -98,6 +113,7 @@ def packed_stand_in(calls, writes=None):
 
     out = jax.pure_callback(run, jax.ShapeDtypeStruct(q.shape, jnp.float32), q, k, v, *flat)
     return out.astype(q.dtype)
+
   return fake
 
 
@@ -114,8 +130,9 @@ def hopper(monkeypatch):
 
 def packed_positions(seg):
   T = seg.shape[1]
-  starts = np.maximum.accumulate(np.where(np.diff(seg, prepend=-1, axis=1) != 0,
-                                          np.arange(T), 0), axis=1)
+  starts = np.maximum.accumulate(
+    np.where(np.diff(seg, prepend=-1, axis=1) != 0, np.arange(T), 0), axis=1
+  )
   return np.arange(T) - starts  # positions restart in every document, as the pipeline's do
 
 
@@ -134,8 +151,14 @@ def test_packed_documents_reach_cudnn_as_starts_and_lengths(fn, docs, hopper, rn
   assert f"pred[{B},{T},{T}]" not in hlo and f"pred[{B},1,{T},{T}]" not in hlo  # no dense mask
   calls, writes = hopper
   assert calls and set(calls) == {cudnn_fa.MaskType.PADDING_CAUSAL}
-  want = np.asarray(fn(*(x.astype(jnp.float32) for x in (q, k, v)), kernel="reference",
-                       mask=rj.Mask(segment_ids=seg), **kw))
+  want = np.asarray(
+    fn(
+      *(x.astype(jnp.float32) for x in (q, k, v)),
+      kernel="reference",
+      mask=rj.Mask(segment_ids=seg),
+      **kw,
+    )
+  )
   got = np.asarray(f(q, k, v), np.float32)
   fits = docs <= xla.cudnn_max_segments(T)
   assert writes[-1].max() == 1  # no token in two segments
@@ -161,11 +184,22 @@ def test_each_row_keeps_its_own_tokens_in_cudnns_flat_layout(docs, hopper, rng):
   seg = np.concatenate([random_segments(rng, 1, T, n) for n in docs])
   pos = packed_positions(seg)
   kw = dict(q_positions=pos, kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(D)))
-  got = np.asarray(jax.jit(lambda q, k, v: rj.rove_attention(
-      q, k, v, kernel="cudnn", mask=rj.Mask(segment_ids=seg, ordered=True), **kw))(q, k, v),
-      np.float64)
-  want = np.asarray(rj.rove_attention(*(x.astype(jnp.float32) for x in (q, k, v)),
-                                      kernel="reference", mask=rj.Mask(segment_ids=seg), **kw))
+  got = np.asarray(
+    jax.jit(
+      lambda q, k, v: rj.rove_attention(
+        q, k, v, kernel="cudnn", mask=rj.Mask(segment_ids=seg, ordered=True), **kw
+      )
+    )(q, k, v),
+    np.float64,
+  )
+  want = np.asarray(
+    rj.rove_attention(
+      *(x.astype(jnp.float32) for x in (q, k, v)),
+      kernel="reference",
+      mask=rj.Mask(segment_ids=seg),
+      **kw,
+    )
+  )
   _, writes = hopper
   for b, n in enumerate(docs):
     if n <= M:
@@ -186,8 +220,9 @@ def test_an_end_entry_in_the_offsets_would_overlap_the_next_row(rng):
   with_end = offsets.copy()
   with_end[np.arange(B), count] = T
   for offs, overlaps in ((offsets, False), (with_end, True)):
-    flat = cudnn_fa._fix_seqlen_offsets(*(jnp.asarray(x) for x in (lengths, lengths, offs, offs)),
-                                        q, q)
+    flat = cudnn_fa._fix_seqlen_offsets(
+      *(jnp.asarray(x) for x in (lengths, lengths, offs, offs)), q, q
+    )
     _, writes = ragged_attention_f64(q, q, q, *(np.asarray(x) for x in flat), 1.0, True)
     assert (writes.max() > 1) == overlaps
 
@@ -197,19 +232,29 @@ def test_packed_path_needs_hopper_and_one_set_of_segments(monkeypatch, rng):
   monkeypatch.setattr(platform, "target_platform", lambda: "gpu")
   monkeypatch.setattr(cudnn_fa, "dot_product_attention", packed_stand_in([]))
   seen = []
-  monkeypatch.setattr(jax.nn, "dot_product_attention", lambda q, k, v, mask=None, **kw:
-                      seen.append(mask) or jnp.zeros_like(q))
+  monkeypatch.setattr(
+    jax.nn,
+    "dot_product_attention",
+    lambda q, k, v, mask=None, **kw: seen.append(mask) or jnp.zeros_like(q),
+  )
   q = jnp.zeros((1, 16, 2, 8), jnp.bfloat16)
   seg = np.repeat([[0, 1]], 8, axis=1)
   pos = np.arange(16)[None]
-  kw = dict(q_positions=pos, kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(8)),
-            kernel="cudnn")
+  kw = dict(q_positions=pos, kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(8)), kernel="cudnn")
   monkeypatch.setattr(xla, "cudnn_packs", lambda: False)
   rj.rope_attention(q, q, q, mask=rj.Mask(segment_ids=seg, ordered=True), **kw)
   monkeypatch.setattr(xla, "cudnn_packs", lambda: True)
-  rj.rope_attention(q, q, q, mask=rj.Mask(segment_ids=seg, kv_segment_ids=seg.copy(),
-                                          ordered=True), **kw)
-  rj.masked_attention(q, q, q, q_positions=pos, kv_positions=pos, kernel="cudnn",
-                      mask=rj.Mask(segment_ids=seg, ordered=True),
-                      bias_fn=lambda q_pos, kv_pos: jnp.zeros((1, 2, 16, 16)))
+  rj.rope_attention(
+    q, q, q, mask=rj.Mask(segment_ids=seg, kv_segment_ids=seg.copy(), ordered=True), **kw
+  )
+  rj.masked_attention(
+    q,
+    q,
+    q,
+    q_positions=pos,
+    kv_positions=pos,
+    kernel="cudnn",
+    mask=rj.Mask(segment_ids=seg, ordered=True),
+    bias_fn=lambda q_pos, kv_pos: jnp.zeros((1, 2, 16, 16)),
+  )
   assert len(seen) == 3 and all(m is not None and m.shape == (1, 1, 16, 16) for m in seen)

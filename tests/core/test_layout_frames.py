@@ -57,8 +57,9 @@ def test_gpt_reaches_the_kernel_in_few_frames(pos_encoding, remat, monkeypatch):
 
 
 def _modules():
-  names = ["rove_jax.attention"] + [f"rove_jax.kernels.{m.name}"
-                                     for m in pkgutil.iter_modules(kernels.__path__)]
+  names = ["rove_jax.attention"] + [
+    f"rove_jax.kernels.{m.name}" for m in pkgutil.iter_modules(kernels.__path__)
+  ]
   return [importlib.import_module(n) for n in names + ["rove_jax.kernels"]]
 
 
@@ -81,6 +82,10 @@ def test_no_function_takes_more_than_eight_parameters():
       if n > MAX_PARAMETERS:
         wide.append(f"{module.__name__}.{fn.__qualname__}: {n}")
   assert seen > 20 and not wide, wide
-  for kernel in (kernels.chunked.kernel(), kernels.xla.kernel("xla"), kernels.fused.kernel(),
-                 kernels.splash.kernel()):  # the uniform signature: one KernelCall
+  for kernel in (
+    kernels.chunked.kernel(),
+    kernels.xla.kernel("xla"),
+    kernels.fused.kernel(),
+    kernels.splash.kernel(),
+  ):  # the uniform signature: one KernelCall
     assert list(inspect.signature(kernel.attend).parameters) == ["call"]

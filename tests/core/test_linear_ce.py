@@ -37,8 +37,11 @@ def kernel_and_grads(x, w, t, g, dtype=jnp.float32, plan=None):
   return nll, dx, dw
 
 
-@pytest.mark.parametrize("shape", [(2, 32, 48, 80), (1, 64, 128, 256), (3, 16, 16, 16)],
-                         ids=["odd-blocks", "several-blocks", "one-block"])
+@pytest.mark.parametrize(
+  "shape",
+  [(2, 32, 48, 80), (1, 64, 128, 256), (3, 16, 16, 16)],
+  ids=["odd-blocks", "several-blocks", "one-block"],
+)
 def test_float32_matches_float64(shape):
   """Widths and vocabularies that are not powers of two (blocks of 16), several blocks on every
   side (a smaller plan), one block on every side."""
@@ -57,8 +60,9 @@ def test_bfloat16_inputs_give_the_loss_of_the_rounded_inputs():
   loss is that of the rounded x and W to float32 accuracy (the unfused step also rounds the
   logits to bfloat16); the gradients are within bfloat16's rounding of d and of their own."""
   x, w, t, g = inputs(2, 64, 64, 128, seed=3)
-  xb, wb = (np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64)
-            for a in (x, w))
+  xb, wb = (
+    np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64) for a in (x, w)
+  )
   nll, dx, dw = kernel_and_grads(x, w, t, g, jnp.bfloat16)
   want_nll, want_dx, want_dw = float64_parts(xb, wb, t, g)
   assert dx.dtype == dw.dtype == jnp.bfloat16
@@ -76,8 +80,9 @@ def test_sharded_equals_unsharded():
     pytest.skip("needs 8 devices (tests/conftest.py gives 8 CPU devices)")
   x, w, t, g = inputs(4, 32, 32, 64, seed=5)
   want = kernel_and_grads(x, w, t, g)
-  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  mesh = jax.make_mesh(
+    (2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3
+  )
   with jax.set_mesh(mesh):
     got = jax.jit(kernel_and_grads)(x, w, t, g)
   assert got[1].sharding.spec[0] == ("data", "fsdp")
@@ -110,4 +115,3 @@ def test_refusals_name_the_problem(monkeypatch):
   monkeypatch.setattr(linear_ce.platform, "target_platform", lambda: "tpu")
   with pytest.raises(ValueError, match="optim.loss_impl=xla"):
     linear_ce.token_nll(jnp.zeros((1, 32, 32)), jnp.zeros((64, 32)), jnp.zeros((1, 32), jnp.int32))
-

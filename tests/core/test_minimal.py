@@ -14,12 +14,12 @@ import rove_jax as rj
 from rove_jax import minimal, rotary
 
 CASES = {
-    # name: (B, T, S, H, K, D, positions)
-    "mha_arange": (2, 8, 8, 4, 4, 16, "arange"),
-    "gqa_gaps": (2, 9, 9, 6, 2, 8, "gaps"),
-    "mqa_documents": (1, 10, 10, 4, 1, 32, "documents"),
-    "gqa_after_cache": (2, 3, 11, 4, 2, 16, "after_cache"),
-    "nothing_visible": (1, 4, 6, 2, 2, 8, "nothing_visible"),
+  # name: (B, T, S, H, K, D, positions)
+  "mha_arange": (2, 8, 8, 4, 4, 16, "arange"),
+  "gqa_gaps": (2, 9, 9, 6, 2, 8, "gaps"),
+  "mqa_documents": (1, 10, 10, 4, 1, 32, "documents"),
+  "gqa_after_cache": (2, 3, 11, 4, 2, 16, "after_cache"),
+  "nothing_visible": (1, 4, 6, 2, 2, 8, "nothing_visible"),
 }
 
 
@@ -36,7 +36,7 @@ def positions(kind, B, T, S, rng):
     return pos, pos
   kv = np.tile(np.arange(S) * 2 + 3, (B, 1))
   if kind == "after_cache":  # the last T slots' positions: what a decoding step sees
-    return kv[:, S - T:], kv
+    return kv[:, S - T :], kv
   q = kv[:, :T].copy()
   q[:, 0] = -1  # earlier than every key: this query sees none
   return q, kv
@@ -46,9 +46,12 @@ def naive(q, k, v, q_pos, kv_pos, inv, rove):
   """Float64 einsums with dense R_t from rotary.rotation_matrix, GQA by repeating kv heads."""
   D, G = q.shape[-1], q.shape[2] // k.shape[2]
   with jax.enable_x64(True):
-    dense = lambda pos: np.stack([[np.asarray(rotary.rotation_matrix(float(p), inv, D,
-                                                                     dtype=jnp.float64))
-                                   for p in row] for row in pos])
+    dense = lambda pos: np.stack(
+      [
+        [np.asarray(rotary.rotation_matrix(float(p), inv, D, dtype=jnp.float64)) for p in row]
+        for row in pos
+      ]
+    )
     r_q, r_kv = dense(q_pos), dense(kv_pos)  # [B, T, D, D], [B, S, D, D]
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   q_r = np.einsum("btde,bthe->bthd", r_q, q)
@@ -69,8 +72,9 @@ def naive(q, k, v, q_pos, kv_pos, inv, rove):
 def test_minimal_matches_the_library_and_float64(case, kind):
   B, T, S, H, K, D, pos_kind = CASES[case]
   rng = np.random.default_rng(0)
-  q, k, v = (rng.standard_normal((B, n, h, D)).astype(np.float32)
-             for n, h in ((T, H), (S, K), (S, K)))
+  q, k, v = (
+    rng.standard_normal((B, n, h, D)).astype(np.float32) for n, h in ((T, H), (S, K), (S, K))
+  )
   q_pos, kv_pos = positions(pos_kind, B, T, S, rng)
   kv_pos = np.broadcast_to(kv_pos, (B, S))
   q_pos = np.broadcast_to(q_pos, (B, T))
@@ -83,17 +87,25 @@ def test_minimal_matches_the_library_and_float64(case, kind):
   want = lib(q, k, v, rope=rj.Rope(inv), **kw)
   assert got.shape == (B, T, H, D) and got.dtype == jnp.float32
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
-  np.testing.assert_allclose(got, naive(q, k, v, q_pos, kv_pos, inv, kind == "rove"), atol=3e-5,
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    got, naive(q, k, v, q_pos, kv_pos, inv, kind == "rove"), atol=3e-5, rtol=1e-5
+  )
   if pos_kind == "nothing_visible":
     assert np.all(np.asarray(got)[:, 0] == 0)
 
 
 def test_minimal_imports_only_jax_and_math():
   tree = ast.parse(inspect.getsource(minimal))
-  imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-              if isinstance(node, ast.Import) for alias in node.names}
-  imported |= {(node.module or ".").split(".")[0] for node in ast.walk(tree)
-               if isinstance(node, ast.ImportFrom)}
+  imported = {
+    alias.name.split(".")[0]
+    for node in ast.walk(tree)
+    if isinstance(node, ast.Import)
+    for alias in node.names
+  }
+  imported |= {
+    (node.module or ".").split(".")[0]
+    for node in ast.walk(tree)
+    if isinstance(node, ast.ImportFrom)
+  }
   assert imported <= {"jax", "math"}, imported
   assert len(inspect.getsource(minimal).splitlines()) <= 150

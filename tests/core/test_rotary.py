@@ -15,10 +15,10 @@ LAYOUTS = ("interleaved", "half")
 
 
 def test_rope_frequencies_hand_values():
-  chex.assert_trees_all_close(rj.rope_frequencies(8), np.array([1.0, 0.1, 0.01, 0.001]),
-                              rtol=1e-7)
-  chex.assert_trees_all_close(rj.rope_frequencies(6, base=1000.0), np.array([1.0, 0.1, 0.01]),
-                              rtol=1e-7)
+  chex.assert_trees_all_close(rj.rope_frequencies(8), np.array([1.0, 0.1, 0.01, 0.001]), rtol=1e-7)
+  chex.assert_trees_all_close(
+    rj.rope_frequencies(6, base=1000.0), np.array([1.0, 0.1, 0.01]), rtol=1e-7
+  )
   chex.assert_type(rj.rope_frequencies(8), jnp.float32)
 
 
@@ -27,14 +27,13 @@ def test_axial_frequencies_split_dims():
   assert len(tables) == 2
   for t in tables:
     chex.assert_shape(t, (4,))
-    chex.assert_trees_all_close(t, np.array([1.0, 100 ** -0.25, 0.1, 100 ** -0.75]), rtol=1e-6)
+    chex.assert_trees_all_close(t, np.array([1.0, 100**-0.25, 0.1, 100**-0.75]), rtol=1e-6)
 
 
 def test_rotation_matrix_single_pair_by_hand():
   r = rj.rotation_matrix(2.0, jnp.array([0.5]), 3)
   c, s = np.cos(1.0), np.sin(1.0)
-  chex.assert_trees_all_close(r, np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]]), atol=1e-7,
-                              rtol=1e-7)
+  chex.assert_trees_all_close(r, np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]]), atol=1e-7, rtol=1e-7)
 
 
 class RotaryEquivalences(chex.TestCase):
@@ -51,8 +50,9 @@ class RotaryEquivalences(chex.TestCase):
     matrix = self.variant(lambda p: rj.rotation_matrix(p, inv, 8, layout=layout))
     r = np.asarray(matrix(7.0), np.float64)
     chex.assert_shape(r, (8, 8))
-    chex.assert_trees_all_close(r, dense_rotation(angles_for(7.0, inv), 8, layout), atol=1e-6,
-                                rtol=1e-7)
+    chex.assert_trees_all_close(
+      r, dense_rotation(angles_for(7.0, inv), 8, layout), atol=1e-6, rtol=1e-7
+    )
     chex.assert_trees_all_close(r @ r.T, np.eye(8), atol=1e-6, rtol=1e-7)
     chex.assert_trees_all_close(np.linalg.det(r), 1.0, atol=1e-6, rtol=1e-7)
 
@@ -83,8 +83,7 @@ class RotaryEquivalences(chex.TestCase):
     back = self.variant(lambda x, p: rj.rotate(x, p, inv, inverse=True, layout=layout))
     y = fwd(x, pos)
     chex.assert_trees_all_close(back(y, pos), x, atol=1e-5, rtol=1e-7)
-    chex.assert_trees_all_close(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1),
-                                rtol=1e-5)
+    chex.assert_trees_all_close(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
     assert np.abs(np.asarray(y) - x).max() > 0.1  # it did rotate
     chex.assert_trees_all_equal(fwd(x, np.zeros((3, 7), np.int32)), x)
 
@@ -106,8 +105,10 @@ class RotaryEquivalences(chex.TestCase):
     # pos * inv_freq[m]; the tail passes through.
     angle = pos[..., None, None].astype(np.float64) * np.asarray(inv, np.float64)  # [B,T,1,F]
     a, b = x[..., :F].astype(np.float64), x[..., F:rot].astype(np.float64)
-    want = np.concatenate([a * np.cos(angle) - b * np.sin(angle),
-                           a * np.sin(angle) + b * np.cos(angle), x[..., rot:]], axis=-1)
+    want = np.concatenate(
+      [a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle), x[..., rot:]],
+      axis=-1,
+    )
     chex.assert_trees_all_close(np.asarray(half(x, pos)), want, atol=1e-4)
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -180,8 +181,9 @@ class RotaryEquivalences(chex.TestCase):
     for b in range(2):
       for t in range(4):
         r = np.asarray(matrix(pos[b, t]), np.float64)
-        chex.assert_trees_all_close(r, dense_rotation(angles_for(pos[b, t], tables), 12),
-                                    atol=1e-6, rtol=1e-7)
+        chex.assert_trees_all_close(
+          r, dense_rotation(angles_for(pos[b, t], tables), 12), atol=1e-6, rtol=1e-7
+        )
         chex.assert_trees_all_close(y[b, t], x[b, t] @ r.T, atol=2e-5, rtol=1e-7)
 
 
@@ -220,6 +222,7 @@ def test_the_tpu_pair_swap_equals_the_cpu_one_bitwise(monkeypatch, inverse):
   import jax
 
   from rove_jax import rotary
+
   rng = np.random.default_rng(3)
   x = jnp.asarray(rng.normal(size=(2, 16, 3, 10)), jnp.float32)  # 4 pairs + a 2-wide tail
   inv_freq = rj.rotary.rope_frequencies(8)

@@ -24,7 +24,6 @@ PLAIN8_BASE100 = 100.0 ** -(np.arange(4) / 4)  # rope_frequencies(8, base=100)
 
 
 class ScalingByHand(chex.TestCase):
-
   def assert_factor(self, att, want, rtol=1e-12):
     """Attention factors are Python floats (float64) eagerly; jit returns them as float32."""
     if self.variant.type == chex.ChexVariantType.WITH_JIT:
@@ -34,13 +33,15 @@ class ScalingByHand(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_default_and_factor_one_return_the_plain_table(self):
     plain = np.asarray(rj.rope_frequencies(64))
-    for fn in (lambda: scaling.default(64),
-               lambda: scaling.linear(64, factor=1.0),
-               lambda: scaling.ntk(64, factor=1.0),
-               lambda: scaling.yarn(64, factor=1.0, original_max_len=1024),
-               lambda: scaling.dynamic_yarn(64, original_max_len=1024, seq_len=512),
-               lambda: scaling.dynamic_ntk(64, factor=4.0, original_max_len=1024, seq_len=1024),
-               lambda: scaling.llama3(64, base=10000.0, factor=1.0, original_max_len=1024)):
+    for fn in (
+      lambda: scaling.default(64),
+      lambda: scaling.linear(64, factor=1.0),
+      lambda: scaling.ntk(64, factor=1.0),
+      lambda: scaling.yarn(64, factor=1.0, original_max_len=1024),
+      lambda: scaling.dynamic_yarn(64, original_max_len=1024, seq_len=512),
+      lambda: scaling.dynamic_ntk(64, factor=4.0, original_max_len=1024, seq_len=1024),
+      lambda: scaling.llama3(64, base=10000.0, factor=1.0, original_max_len=1024),
+    ):
       inv, att = self.variant(fn)()
       chex.assert_shape(inv, (32,))
       chex.assert_trees_all_close(inv, plain, rtol=1e-6)
@@ -58,14 +59,12 @@ class ScalingByHand(chex.TestCase):
     inv, _ = self.variant(lambda: scaling.ntk(8, factor=4.0))()
     new_base = 1e4 * 4 ** (8 / 6)
     chex.assert_trees_all_close(inv, new_base ** -(np.arange(4) * 2 / 8), rtol=1e-6)
-    chex.assert_trees_all_close(np.array([inv[0], inv[3]]), np.array([1.0, 1e-3 / 4]),
-                                rtol=1e-6)
+    chex.assert_trees_all_close(np.array([inv[0], inv[3]]), np.array([1.0, 1e-3 / 4]), rtol=1e-6)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_dynamic_ntk_by_hand(self):
     # L = 2 * L0 with factor 2: base' = base * (2 * 2 - 1)^(d/(d-2)) = base * 3^(8/6).
-    fn = self.variant(lambda n: scaling.dynamic_ntk(8, factor=2.0, original_max_len=100,
-                                                    seq_len=n))
+    fn = self.variant(lambda n: scaling.dynamic_ntk(8, factor=2.0, original_max_len=100, seq_len=n))
     inv, _ = fn(200)
     chex.assert_trees_all_close(inv[3], 1e-3 / 3, rtol=1e-6)
     chex.assert_trees_all_close(inv, (1e4 * 3 ** (8 / 6)) ** -(np.arange(4) / 4), rtol=1e-6)
@@ -76,8 +75,9 @@ class ScalingByHand(chex.TestCase):
   def test_yarn_by_hand_truncated(self):
     # d=8, base=1e4, L0=1024: correction dims 8 ln(1024/(2 pi r)) / (2 ln 1e4) are 0.707 (r=32)
     # and 2.212 (r=1); floor/ceil give the ramp [0, 3]: weights of extrapolation 1, 2/3, 1/3, 0.
-    low, high = scaling.yarn_correction_range(8, base=1e4, original_max_len=1024, beta_fast=32,
-                                              beta_slow=1)
+    low, high = scaling.yarn_correction_range(
+      8, base=1e4, original_max_len=1024, beta_fast=32, beta_slow=1
+    )
     assert (low, high) == (0, 3)
     inv, att = self.variant(lambda s: scaling.yarn(8, factor=s, original_max_len=1024))(4.0)
     expected = np.array([1.0, 0.1 * 2 / 3 + 0.025 / 3, 0.01 / 3 + 0.0025 * 2 / 3, 0.00025])
@@ -88,10 +88,12 @@ class ScalingByHand(chex.TestCase):
   def test_yarn_by_hand_untruncated(self):
     low = 8 * math.log(1024 / (2 * math.pi * 32)) / (2 * math.log(1e4))
     high = 8 * math.log(1024 / (2 * math.pi)) / (2 * math.log(1e4))
-    chex.assert_trees_all_close(np.array([low, high]), np.array([0.70700, 2.21214]), atol=1e-4,
-                                rtol=1e-7)
-    inv, _ = self.variant(lambda: scaling.yarn(8, factor=2.0, original_max_len=1024,
-                                               truncate=False))()
+    chex.assert_trees_all_close(
+      np.array([low, high]), np.array([0.70700, 2.21214]), atol=1e-4, rtol=1e-7
+    )
+    inv, _ = self.variant(
+      lambda: scaling.yarn(8, factor=2.0, original_max_len=1024, truncate=False)
+    )()
     for m in range(4):
       ramp = min(max((m - low) / (high - low), 0.0), 1.0)
       want = PLAIN8[m] * (1 - ramp) + PLAIN8[m] / 2 * ramp
@@ -118,14 +120,17 @@ class ScalingByHand(chex.TestCase):
   def test_yarn_traced_factor_matches_static_and_deepseek_mscale(self):
     static, att = scaling.yarn(32, factor=8.0, original_max_len=512)
     traced, att_t = self.variant(lambda s: scaling.yarn(32, factor=s, original_max_len=512))(
-        jnp.float32(8.0))
+      jnp.float32(8.0)
+    )
     chex.assert_trees_all_close(traced, static, rtol=1e-6)
     chex.assert_trees_all_close(att_t, att, rtol=1e-6)
-    _, att_ds = self.variant(lambda: scaling.yarn(32, factor=40.0, original_max_len=4096,
-                                                  mscale=1.0, mscale_all_dim=0.707))()
+    _, att_ds = self.variant(
+      lambda: scaling.yarn(32, factor=40.0, original_max_len=4096, mscale=1.0, mscale_all_dim=0.707)
+    )()
     self.assert_factor(att_ds, (0.1 * math.log(40) + 1) / (0.1 * 0.707 * math.log(40) + 1))
-    _, att_fixed = self.variant(lambda: scaling.yarn(32, factor=4.0, original_max_len=512,
-                                                     attention_factor=1.5))()
+    _, att_fixed = self.variant(
+      lambda: scaling.yarn(32, factor=4.0, original_max_len=512, attention_factor=1.5)
+    )()
     self.assertEqual(float(att_fixed), 1.5)
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -150,8 +155,7 @@ class ScalingByHand(chex.TestCase):
     # d=8, base 1e4, L0=100: wavelengths 2 pi / inv = 6.28, 62.8, 628, 6283; bands at 100/4 = 25
     # and 100/1 = 100. Pair 0 kept, pairs 2-3 divided by 8, pair 1 blended with
     # smooth = (100 / 62.83 - 1) / (4 - 1).
-    inv, att = self.variant(lambda: scaling.llama3(8, base=1e4, factor=8.0,
-                                                   original_max_len=100))()
+    inv, att = self.variant(lambda: scaling.llama3(8, base=1e4, factor=8.0, original_max_len=100))()
     smooth = (100 / (2 * math.pi / 0.1) - 1) / 3
     expected = np.array([1.0, (1 - smooth) * 0.1 / 8 + smooth * 0.1, 0.01 / 8, 0.001 / 8])
     chex.assert_trees_all_close(inv, expected, rtol=1e-6)
@@ -176,8 +180,12 @@ class ScalingByHand(chex.TestCase):
     """A Phi-3-style dict through from_config: short factors up to L0 = 1024 tokens inclusive,
     long factors beyond; extension factor max_len / L0 = 4 and its attention factor."""
     short, long = [1.0, 1.5, 2.0, 3.0], [1.0, 2.0, 4.0, 8.0]
-    cfg = {"rope_type": "longrope", "short_factor": short, "long_factor": long,
-           "original_max_position_embeddings": 1024}
+    cfg = {
+      "rope_type": "longrope",
+      "short_factor": short,
+      "long_factor": long,
+      "original_max_position_embeddings": 1024,
+    }
     fn = self.variant(lambda n: scaling.from_config(cfg, 8, base=1e4, max_len=4096, seq_len=n))
     as_len = jnp.int32 if array_len else int
     want_att = math.sqrt(1 + math.log(4096 / 1024) / math.log(1024))  # sqrt(1 + 0.2) = 1.0954
@@ -189,8 +197,13 @@ class ScalingByHand(chex.TestCase):
     np.testing.assert_allclose(want_att, math.sqrt(1.2), rtol=1e-12)
     # No original_max_position_embeddings: L0 is the model's max_len and "factor" sets the
     # attention factor; rope_theta replaces the base.
-    cfg2 = {"rope_type": "longrope", "short_factor": short, "long_factor": long,
-            "factor": 2.0, "rope_theta": 100.0}
+    cfg2 = {
+      "rope_type": "longrope",
+      "short_factor": short,
+      "long_factor": long,
+      "factor": 2.0,
+      "rope_theta": 100.0,
+    }
     fn2 = self.variant(lambda n: scaling.from_config(cfg2, 8, max_len=128, seq_len=n))
     inv, att = fn2(as_len(128))
     chex.assert_trees_all_close(inv, PLAIN8_BASE100 / np.array(short), rtol=1e-6)
@@ -202,23 +215,42 @@ class ScalingByHand(chex.TestCase):
   def test_hf_dict_dispatch_matches_direct_calls(self):
     d = 16
     cases = [
-        ({"rope_type": "linear", "factor": 2.0}, scaling.linear(d, factor=2.0)),
-        ({"type": "linear", "factor": 3.0}, scaling.linear(d, factor=3.0)),  # legacy key
-        ({"rope_type": "ntk", "factor": 2.0}, scaling.ntk(d, factor=2.0)),
-        ({"rope_type": "dynamic", "factor": 2.0}, scaling.dynamic_ntk(
-            d, factor=2.0, original_max_len=128, seq_len=512)),
-        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
-          "beta_fast": 16}, scaling.yarn(d, factor=4.0, original_max_len=256, beta_fast=16)),
-        ({"rope_type": "dynamic_yarn"}, scaling.yarn(d, factor=4.0, original_max_len=128)),
-        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 64},
-         scaling.llama3(d, base=1e4, factor=8.0, original_max_len=64)),
-        ({"rope_type": "yarn", "factor": 2.0, "rope_theta": 500.0},
-         scaling.yarn(d, base=500.0, factor=2.0, original_max_len=128)),
+      ({"rope_type": "linear", "factor": 2.0}, scaling.linear(d, factor=2.0)),
+      ({"type": "linear", "factor": 3.0}, scaling.linear(d, factor=3.0)),  # legacy key
+      ({"rope_type": "ntk", "factor": 2.0}, scaling.ntk(d, factor=2.0)),
+      (
+        {"rope_type": "dynamic", "factor": 2.0},
+        scaling.dynamic_ntk(d, factor=2.0, original_max_len=128, seq_len=512),
+      ),
+      (
+        {
+          "rope_type": "yarn",
+          "factor": 4.0,
+          "original_max_position_embeddings": 256,
+          "beta_fast": 16,
+        },
+        scaling.yarn(d, factor=4.0, original_max_len=256, beta_fast=16),
+      ),
+      ({"rope_type": "dynamic_yarn"}, scaling.yarn(d, factor=4.0, original_max_len=128)),
+      (
+        {
+          "rope_type": "llama3",
+          "factor": 8.0,
+          "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64,
+        },
+        scaling.llama3(d, base=1e4, factor=8.0, original_max_len=64),
+      ),
+      (
+        {"rope_type": "yarn", "factor": 2.0, "rope_theta": 500.0},
+        scaling.yarn(d, base=500.0, factor=2.0, original_max_len=128),
+      ),
     ]
     for cfg, (want_inv, want_att) in cases:
       inv, att = self.variant(
-          lambda: scaling.from_config(cfg, d, base=1e4, max_len=128, seq_len=512))()
+        lambda: scaling.from_config(cfg, d, base=1e4, max_len=128, seq_len=512)
+      )()
       chex.assert_trees_all_close(inv, want_inv, rtol=1e-7, custom_message=str(cfg))
       self.assert_factor(att, want_att, rtol=0)
     inv, att = self.variant(lambda: scaling.from_config(None, d))()
@@ -227,10 +259,13 @@ class ScalingByHand(chex.TestCase):
 
 def test_hf_dict_dispatch_is_exact_eagerly():
   """Eagerly the dispatcher returns what the direct call returns, to the bit."""
-  for cfg, want in (({"rope_type": "yarn", "factor": 4.0, "beta_fast": 16},
-                     scaling.yarn(16, factor=4.0, original_max_len=128, beta_fast=16)),
-                    ({"rope_type": "dynamic_yarn"},
-                     scaling.yarn(16, factor=4.0, original_max_len=128))):
+  for cfg, want in (
+    (
+      {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16},
+      scaling.yarn(16, factor=4.0, original_max_len=128, beta_fast=16),
+    ),
+    ({"rope_type": "dynamic_yarn"}, scaling.yarn(16, factor=4.0, original_max_len=128)),
+  ):
     inv, att = scaling.from_config(cfg, 16, max_len=128, seq_len=512)
     chex.assert_trees_all_equal(inv, want[0])
     assert att == want[1], cfg
@@ -238,8 +273,7 @@ def test_hf_dict_dispatch_is_exact_eagerly():
 
 def test_longrope_wrong_length_is_a_clear_error():
   with pytest.raises(ValueError, match="4 entries"):
-    scaling.longrope(8, short_factor=[1.0], long_factor=[1.0, 2.0, 4.0, 8.0],
-                     original_max_len=1024)
+    scaling.longrope(8, short_factor=[1.0], long_factor=[1.0, 2.0, 4.0, 8.0], original_max_len=1024)
 
 
 def test_hf_dict_errors_name_the_problem():
@@ -266,17 +300,23 @@ def test_v5_dicts_keep_partial_rotary_factor_and_rope_theta():
   """Every type takes transformers v5's rope_parameters as a model config holds them; the
   partial factor is checked against rot_dim when head_dim is given."""
   common = {"rope_theta": 100.0, "partial_rotary_factor": 0.5}
-  for cfg in ({"rope_type": "default"}, {"rope_type": "linear", "factor": 2.0},
-              {"rope_type": "dynamic", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0},
-              {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0},
-              {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}):
+  for cfg in (
+    {"rope_type": "default"},
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "dynamic", "factor": 2.0},
+    {"rope_type": "yarn", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4},
+  ):
     inv, _ = scaling.from_config({**cfg, **common}, 8, max_len=128, seq_len=64, head_dim=16)
     assert inv.shape == (4,), cfg
   inv, _ = scaling.from_config({"rope_type": "default", **common}, 8, head_dim=16)
   chex.assert_trees_all_close(inv, PLAIN8_BASE100, rtol=1e-7)
-  with pytest.raises(ValueError, match=r"partial_rotary_factor=0.5 of head_dim=16 turns .* 8 "
-                                       r"dims, but rot_dim=16; pass rot_dim=8"):
+  with pytest.raises(
+    ValueError,
+    match=r"partial_rotary_factor=0.5 of head_dim=16 turns .* 8 "
+    r"dims, but rot_dim=16; pass rot_dim=8",
+  ):
     scaling.from_config({"rope_type": "default", **common}, 16, head_dim=16)
   with pytest.raises(ValueError, match=r"partial_rotary_factor must be a number in \(0, 1\]"):
     scaling.from_config({"partial_rotary_factor": 1.5}, 16)
@@ -324,8 +364,9 @@ def test_dynamic_starts_at_max_len_like_transformers():
   want, _ = scaling.dynamic_ntk(64, factor=4.0, original_max_len=4096, seq_len=8192)
   chex.assert_trees_all_equal(inv, want)
   inv, _ = scaling.from_config(cfg, 8, seq_len=2048)  # no max_len: the dict's length
-  chex.assert_trees_all_equal(inv, scaling.dynamic_ntk(8, factor=4.0, original_max_len=1024,
-                                                       seq_len=2048)[0])
+  chex.assert_trees_all_equal(
+    inv, scaling.dynamic_ntk(8, factor=4.0, original_max_len=1024, seq_len=2048)[0]
+  )
 
 
 def test_yarn_without_factor_takes_max_len_over_original():
@@ -341,13 +382,13 @@ def test_yarn_without_factor_takes_max_len_over_original():
 def test_proportional_and_axial_by_hand():
   # proportional: the whole head (D=8) at base^(-2m/8) for the first int(0.5 * 8 // 2) = 2
   # pairs, zero (no turn) for the other 2; then / factor.
-  inv, att = scaling.from_config({"rope_type": "proportional", "partial_rotary_factor": 0.5,
-                                  "factor": 2.0}, 8, head_dim=8)
+  inv, att = scaling.from_config(
+    {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0}, 8, head_dim=8
+  )
   chex.assert_trees_all_close(inv, np.array([1.0, 0.1, 0.0, 0.0]) / 2, rtol=1e-7)
   assert att == 1.0
   with pytest.raises(ValueError, match="rotates the whole head"):
-    scaling.from_config({"rope_type": "proportional", "partial_rotary_factor": 0.5}, 4,
-                        head_dim=8)
+    scaling.from_config({"rope_type": "proportional", "partial_rotary_factor": 0.5}, 4, head_dim=8)
   # axial: two copies of the plain table of D/2 dims, one per image axis.
   (h, w), att = scaling.from_config({"rope_type": "axial", "rope_theta": 100.0}, 16)
   chex.assert_trees_all_close(h, PLAIN8_BASE100, rtol=1e-7)
@@ -360,14 +401,19 @@ def test_proportional_and_axial_by_hand():
 def test_rope_from_hf_config_errors_name_the_problem(tmp_path):
   with pytest.raises(ValueError, match="no head dimension"):
     rj.rope_from_hf_config({"rope_theta": 1e4})
-  nested = {"head_dim": 16, "rope_parameters": {
+  nested = {
+    "head_dim": 16,
+    "rope_parameters": {
       "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-      "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+      "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    },
+  }
   with pytest.raises(ValueError, match=r"nested by layer type .*pass layer_type="):
     rj.rope_from_hf_config(nested)
   rope = rj.rope_from_hf_config(nested, layer_type="full_attention")
-  chex.assert_trees_all_close(rope.inv_freq, np.asarray(rj.rope_frequencies(16, base=1e6)) / 8,
-                              rtol=1e-6)
+  chex.assert_trees_all_close(
+    rope.inv_freq, np.asarray(rj.rope_frequencies(16, base=1e6)) / 8, rtol=1e-6
+  )
   with pytest.raises(ValueError, match="odd"):
     rj.rope_from_hf_config({"head_dim": 10, "partial_rotary_factor": 0.5})
   with pytest.raises(ValueError, match="cannot read the transformers config"):
@@ -376,15 +422,23 @@ def test_rope_from_hf_config_errors_name_the_problem(tmp_path):
   with pytest.raises(ValueError, match="not a config object"):
     rj.rope_from_hf_config(tmp_path)
   with pytest.raises(ValueError, match="unknown keys"):
-    rj.rope_from_hf_config({"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 2,
-                                                            "facter": 2}}, strict=True)
+    rj.rope_from_hf_config(
+      {"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 2, "facter": 2}}, strict=True
+    )
 
 
 def test_rope_from_hf_config_reads_a_multimodal_text_config():
   with pytest.warns(UserWarning, match=r"ignoring keys \['mrope_section'\]"):
-    rope = rj.rope_from_hf_config({"text_config": {
-        "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 100.0,
-        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}})
+    rope = rj.rope_from_hf_config(
+      {
+        "text_config": {
+          "hidden_size": 64,
+          "num_attention_heads": 4,
+          "rope_theta": 100.0,
+          "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        }
+      }
+    )
   assert (rope.rot_dim, rope.rope_type, rope.attention_factor) == (16, "default", 1.0)
   chex.assert_trees_all_close(rope.inv_freq, 100.0 ** -(np.arange(8) / 8), rtol=1e-6)
 
@@ -393,28 +447,48 @@ def test_rope_from_hf_config_reads_a_multimodal_text_config():
 
 # One setting of every rope_type (and the v4 aliases), as a transformers-style dict.
 EVERY_TYPE = [
-    {"rope_type": "default"},
-    {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5},
-    {"rope_type": "linear", "factor": 2.0},
-    {"type": "linear", "factor": 3},  # v4 spelling, an int factor
-    {"rope_type": "ntk", "factor": 2.0},
-    {"rope_type": "dynamic", "factor": 2.0},
-    {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 128},
-    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-     "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False},
-    {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707},
-    {"rope_type": "yarn", "factor": 2.0, "attention_factor": 1.5},
-    {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 64},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 64},
-    {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0],
-     "long_factor": [1.0, 2.0, 4.0, 8.0], "original_max_position_embeddings": 64},
-    {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
-     "factor": 4.0, "attention_factor": 1.2},
-    {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0},
-    {"rope_type": "axial", "rope_theta": 100.0},
-    {"rope_type": "pi", "factor": 2.0},  # aliases: stored by their transformers-5 names
-    {"type": "mrope"},
+  {"rope_type": "default"},
+  {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5},
+  {"rope_type": "linear", "factor": 2.0},
+  {"type": "linear", "factor": 3},  # v4 spelling, an int factor
+  {"rope_type": "ntk", "factor": 2.0},
+  {"rope_type": "dynamic", "factor": 2.0},
+  {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 128},
+  {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "beta_fast": 16.0,
+    "beta_slow": 2.0,
+    "truncate": False,
+  },
+  {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707},
+  {"rope_type": "yarn", "factor": 2.0, "attention_factor": 1.5},
+  {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 64},
+  {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+  },
+  {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 1.5, 2.0, 3.0],
+    "long_factor": [1.0, 2.0, 4.0, 8.0],
+    "original_max_position_embeddings": 64,
+  },
+  {
+    "rope_type": "longrope",
+    "short_factor": [1.0] * 4,
+    "long_factor": [2.0] * 4,
+    "factor": 4.0,
+    "attention_factor": 1.2,
+  },
+  {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0},
+  {"rope_type": "axial", "rope_theta": 100.0},
+  {"rope_type": "pi", "factor": 2.0},  # aliases: stored by their transformers-5 names
+  {"type": "mrope"},
 ]
 
 
@@ -463,8 +537,10 @@ def test_rope_scaling_frequencies_are_from_config_s_to_the_bit(cfg):
   kw = dict(base=1e4, max_len=256, head_dim=head_dim)
   for seq_len in (128, 512, jnp.int32(512)):
     want = scaling.from_config(cfg, rot_dim, seq_len=seq_len, **kw)
-    for got in (spec.frequencies(rot_dim, seq_len=seq_len, **kw),
-                scaling.from_config(spec, rot_dim, seq_len=seq_len, **kw)):
+    for got in (
+      spec.frequencies(rot_dim, seq_len=seq_len, **kw),
+      scaling.from_config(spec, rot_dim, seq_len=seq_len, **kw),
+    ):
       chex.assert_trees_all_equal(got, want)
 
 
@@ -473,10 +549,14 @@ def test_rope_scaling_equality_and_hash_follow_the_setting():
   b = scaling.RopeScaling(rope_type="yarn", beta_fast=32.0, factor=4.0)
   assert a == b and hash(a) == hash(b) and len({a, b}) == 1
   assert a != scaling.RopeScaling(rope_type="yarn", factor=4.0)  # beta_fast set vs unset
-  assert scaling.RopeScaling.from_dict({"rope_type": "pi", "factor": 2.0}) == \
-      scaling.RopeScaling(rope_type="linear", factor=2.0)
-  assert scaling.RopeScaling() == scaling.RopeScaling.from_dict({}) == \
-      scaling.RopeScaling(rope_type="default")
+  assert scaling.RopeScaling.from_dict({"rope_type": "pi", "factor": 2.0}) == scaling.RopeScaling(
+    rope_type="linear", factor=2.0
+  )
+  assert (
+    scaling.RopeScaling()
+    == scaling.RopeScaling.from_dict({})
+    == scaling.RopeScaling(rope_type="default")
+  )
   lr = scaling.RopeScaling(rope_type="longrope", short_factor=np.ones(4), long_factor=[2, 2, 2, 2])
   assert lr.short_factor == (1.0,) * 4 and lr.long_factor == (2.0,) * 4  # tuples: hashable
   hash(lr)
@@ -507,30 +587,38 @@ def test_rope_scaling_is_a_static_jit_argument():
 def test_rope_scaling_construction_errors_name_the_problem():
   R = scaling.RopeScaling
   for kwargs, message in [
-      (dict(rope_type="su"), "unknown rope_type 'su'"),
-      (dict(rope_type=3), "rope_type must be a string"),
-      (dict(rope_type="linear"), "type 'linear' needs the key 'factor'"),
-      (dict(rope_type="longrope", short_factor=[1.0]), "needs the key 'long_factor'"),
-      (dict(rope_type="linear", factor=2.0, beta_fast=4.0),
-       r"type 'linear' got unknown keys \['beta_fast'\].*strict=False"),
-      (dict(rope_type="linear", factor=0.5), "linear: factor must be a number >= 1"),
-      (dict(rope_type="dynamic", factor=0.5), "dynamic_ntk: factor must be a number >= 1"),
-      (dict(rope_type="yarn", factor="4"), r"rope_scaling\['factor'\] must be a number, got str"),
-      (dict(rope_type="yarn", factor=True), r"rope_scaling\['factor'\] must be a number"),
-      (dict(rope_type="yarn", factor=float("nan")), "must be a finite number"),
-      (dict(rope_type="yarn", beta_fast=1.0, beta_slow=2.0), "need beta_fast > beta_slow > 0"),
-      (dict(rope_type="yarn", truncate="no"), r"\['truncate'\] must be true or false"),
-      (dict(rope_type="yarn", original_max_position_embeddings=100.5), "must be a positive int"),
-      (dict(rope_type="yarn", original_max_position_embeddings=0), "must be a positive int"),
-      (dict(rope_type="llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0),
-       "need high_freq_factor > low_freq_factor > 0"),
-      (dict(rope_type="longrope", short_factor=[1.0, -1.0], long_factor=[1.0, 1.0]),
-       "short_factor entries must be positive"),
-      (dict(rope_type="longrope", short_factor="1, 2", long_factor=[1.0]),
-       r"\['short_factor'\] must be a list of numbers"),
-      (dict(rope_type="proportional", factor=0.0), "proportional: factor must be > 0"),
-      (dict(partial_rotary_factor=1.5), r"partial_rotary_factor must be a number in \(0, 1\]"),
-      (dict(rope_theta=1.0), "rope_theta .* must be > 1"),
+    (dict(rope_type="su"), "unknown rope_type 'su'"),
+    (dict(rope_type=3), "rope_type must be a string"),
+    (dict(rope_type="linear"), "type 'linear' needs the key 'factor'"),
+    (dict(rope_type="longrope", short_factor=[1.0]), "needs the key 'long_factor'"),
+    (
+      dict(rope_type="linear", factor=2.0, beta_fast=4.0),
+      r"type 'linear' got unknown keys \['beta_fast'\].*strict=False",
+    ),
+    (dict(rope_type="linear", factor=0.5), "linear: factor must be a number >= 1"),
+    (dict(rope_type="dynamic", factor=0.5), "dynamic_ntk: factor must be a number >= 1"),
+    (dict(rope_type="yarn", factor="4"), r"rope_scaling\['factor'\] must be a number, got str"),
+    (dict(rope_type="yarn", factor=True), r"rope_scaling\['factor'\] must be a number"),
+    (dict(rope_type="yarn", factor=float("nan")), "must be a finite number"),
+    (dict(rope_type="yarn", beta_fast=1.0, beta_slow=2.0), "need beta_fast > beta_slow > 0"),
+    (dict(rope_type="yarn", truncate="no"), r"\['truncate'\] must be true or false"),
+    (dict(rope_type="yarn", original_max_position_embeddings=100.5), "must be a positive int"),
+    (dict(rope_type="yarn", original_max_position_embeddings=0), "must be a positive int"),
+    (
+      dict(rope_type="llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0),
+      "need high_freq_factor > low_freq_factor > 0",
+    ),
+    (
+      dict(rope_type="longrope", short_factor=[1.0, -1.0], long_factor=[1.0, 1.0]),
+      "short_factor entries must be positive",
+    ),
+    (
+      dict(rope_type="longrope", short_factor="1, 2", long_factor=[1.0]),
+      r"\['short_factor'\] must be a list of numbers",
+    ),
+    (dict(rope_type="proportional", factor=0.0), "proportional: factor must be > 0"),
+    (dict(partial_rotary_factor=1.5), r"partial_rotary_factor must be a number in \(0, 1\]"),
+    (dict(rope_theta=1.0), "rope_theta .* must be > 1"),
   ]:
     with pytest.raises(ValueError, match=message):
       R(**kwargs)
@@ -553,6 +641,6 @@ def test_from_dict_ignores_unread_keys_with_a_warning_unless_strict():
     spec = scaling.RopeScaling.from_dict(cfg, strict=False)
   assert spec == scaling.RopeScaling(rope_type="linear", factor=2.0)
   # None is unset, and "rope_type" wins over "type"
-  assert scaling.RopeScaling.from_dict({"rope_type": "ntk", "type": "linear", "factor": 2.0,
-                                        "rope_theta": None}) == \
-      scaling.RopeScaling(rope_type="ntk", factor=2.0)
+  assert scaling.RopeScaling.from_dict(
+    {"rope_type": "ntk", "type": "linear", "factor": 2.0, "rope_theta": None}
+  ) == scaling.RopeScaling(rope_type="ntk", factor=2.0)

@@ -49,7 +49,9 @@ def test_truncated_cache_is_rebuilt_with_identical_tokens(tmp_path, capsys):
   assert npy.read_bytes() == original  # same name, same bytes
 
 
-@pytest.mark.parametrize("damage, reason", [
+@pytest.mark.parametrize(
+  "damage, reason",
+  [
     ("missing", "is missing"),
     ("garbled", "is unreadable"),
     ("other key", "has key="),
@@ -57,7 +59,8 @@ def test_truncated_cache_is_rebuilt_with_identical_tokens(tmp_path, capsys):
     ("header", ".npy header"),
     ("flipped tokens", "fail the sha256"),
     ("record from before digests", "has format=1"),
-])
+  ],
+)
 def test_cache_whose_record_is_missing_or_disagrees_is_rebuilt(tmp_path, capsys, damage, reason):
   corpus, tokens, npy, record = _cached(tmp_path, capsys)
   rec = json.loads(record.read_text())
@@ -74,8 +77,7 @@ def test_cache_whose_record_is_missing_or_disagrees_is_rebuilt(tmp_path, capsys,
     data[len(data) // 2] ^= 0x01
     npy.write_bytes(bytes(data))
   elif damage == "record from before digests":
-    record.write_text(json.dumps({k: v for k, v in {**rec, "format": 1}.items()
-                                  if k != "sha256"}))
+    record.write_text(json.dumps({k: v for k, v in {**rec, "format": 1}.items() if k != "sha256"}))
   else:  # same size, but not an .npy header
     npy.write_bytes(b"\0" * rec["bytes"])
   again, err = _reload(corpus, tmp_path, capsys)
@@ -92,7 +94,7 @@ def test_failed_rebuild_leaves_no_cache_that_validates(tmp_path, capsys, monkeyp
   real_save = np.save
 
   def save_half_then_die(f, array):
-    real_save(f, array[:array.size // 2])
+    real_save(f, array[: array.size // 2])
     raise KeyboardInterrupt  # a kill while the data is written
 
   monkeypatch.setattr(np, "save", save_half_then_die)
@@ -151,8 +153,9 @@ def test_binary_txt_named_explicitly_is_refused(tmp_path):
 
 def test_binary_file_matched_by_a_directory_is_skipped_with_a_warning(tmp_path):
   root = write_corpus(tmp_path / "c", n_files=3, chars=400)
-  texts = [d for split in data.SPLITS for d in data.iter_documents(data.Corpus("text", root),
-                                                                     split)]
+  texts = [
+    d for split in data.SPLITS for d in data.iter_documents(data.Corpus("text", root), split)
+  ]
   (tmp_path / "c" / "doc1.5.txt").write_bytes(b"PK\x03\x04\x00\x00binary zip")
   corpus = data.Corpus("text", root)
   with pytest.warns(UserWarning, match=r"skipping .*doc1.5.txt, .*a NUL byte at byte 4"):
@@ -160,8 +163,10 @@ def test_binary_file_matched_by_a_directory_is_skipped_with_a_warning(tmp_path):
   assert sorted(got) == sorted(texts) and len(got) == 3
   (tmp_path / "b").mkdir()
   (tmp_path / "b" / "x.txt").write_bytes(b"\xff\xfe\x00h\x00i")
-  with pytest.warns(UserWarning), pytest.raises(
-      ValueError, match=r"none of the 1 files .*b/\*' matched is UTF-8 text.*x.txt"):
+  with (
+    pytest.warns(UserWarning),
+    pytest.raises(ValueError, match=r"none of the 1 files .*b/\*' matched is UTF-8 text.*x.txt"),
+  ):
     data.iter_documents(data.Corpus("text", str(tmp_path / "b" / "*")))
 
 
@@ -182,8 +187,11 @@ def test_corrupt_parquet_errors_name_the_file(tmp_path):
   pa = pytest.importorskip("pyarrow", reason="the parquet source needs pyarrow")
   pq = pytest.importorskip("pyarrow.parquet", reason="the parquet source needs pyarrow")
   good = tmp_path / "good.parquet"
-  pq.write_table(pa.table({"text": [f"row {i} " * 40 for i in range(100)],
-                           "n": list(range(100))}), good, row_group_size=10)
+  pq.write_table(
+    pa.table({"text": [f"row {i} " * 40 for i in range(100)], "n": list(range(100))}),
+    good,
+    row_group_size=10,
+  )
   (tmp_path / "junk").mkdir()
   junk = tmp_path / "junk" / "part-0.parquet"
   junk.write_bytes(good.read_bytes()[:-300])  # a truncated download
@@ -193,8 +201,9 @@ def test_corrupt_parquet_errors_name_the_file(tmp_path):
   raw = bytearray(good.read_bytes())
   raw[1500:1900] = b"\xff" * 400  # a damaged data page, magic bytes intact
   damaged.write_bytes(bytes(raw))
-  with pytest.raises(ValueError,
-                     match=rf"(?s)parquet file {damaged}: reading column 'text'.*re-download"):
+  with pytest.raises(
+    ValueError, match=rf"(?s)parquet file {damaged}: reading column 'text'.*re-download"
+  ):
     list(data.iter_documents(data.Corpus("parquet", str(damaged)), "train"))
   with pytest.raises(ValueError, match=rf"{good}: column text_field='n' holds int64, not text"):
     list(data.iter_documents(data.Corpus("parquet", str(good), text_field="n"), "train"))
@@ -209,8 +218,11 @@ def test_hf_stream_errors_name_the_dataset():
 
   texts = hf._texts(stream(), corpus, "hf dataset 'parquet' split 'train'")
   assert next(texts) == "first"
-  with pytest.raises(ValueError, match=r"split 'train': reading failed after 1 rows \(OSError: "
-                     r"Parquet magic.*shard-7.parquet"):
+  with pytest.raises(
+    ValueError,
+    match=r"split 'train': reading failed after 1 rows \(OSError: "
+    r"Parquet magic.*shard-7.parquet",
+  ):
     next(texts)
 
 

@@ -24,8 +24,9 @@ from tests.train.test_loop import ROOT, losses
 
 def _reference(corpus, split, tok):
   """The split as [ids of doc, eot] for every document: built here, not by rove_jax."""
-  return np.concatenate([np.append(tok.encode(d), tok.eot_id)
-                         for d in data.iter_documents(corpus, split)])
+  return np.concatenate(
+    [np.append(tok.encode(d), tok.eot_id) for d in data.iter_documents(corpus, split)]
+  )
 
 
 @pytest.fixture
@@ -52,8 +53,9 @@ def test_shards_are_the_tokenized_corpus(tmp_path, small_chunks):
   assert on_disk == manifest and manifest["dtype"] == "uint16"
   assert manifest["tokenizer"]["fingerprint"] == tok.fingerprint
   assert sorted(os.listdir(out)) == sorted(
-      [".writer-lock.1", "manifest.json"] + [s["file"] for sp in ("train", "val")
-                                             for s in manifest["splits"][sp]["shards"]])
+    [".writer-lock.1", "manifest.json"]
+    + [s["file"] for sp in ("train", "val") for s in manifest["splits"][sp]["shards"]]
+  )
   assert json.loads((out / ".writer-lock.1").read_text())["released"] is True  # rove-prepare's
   for split in ("train", "val"):
     want = _reference(corpus, split, tok)
@@ -67,7 +69,8 @@ def test_shards_are_the_tokenized_corpus(tmp_path, small_chunks):
     assert info["tokens"] == want.size
     assert info["documents"] == len(list(data.iter_documents(corpus, split)))
     assert [s["documents"] for s in shards] == [
-        int(np.sum(np.frombuffer(b, "<u2") == tok.eot_id)) for b in raw]
+      int(np.sum(np.frombuffer(b, "<u2") == tok.eot_id)) for b in raw
+    ]
     # The reader gives the same stream, and so does the token cache of the raw corpus.
     read = data.load_tokens(data.Corpus("prepared", str(out)), split, tok)
     np.testing.assert_array_equal(np.asarray(read), want)
@@ -85,6 +88,7 @@ def test_shards_are_the_tokenized_corpus(tmp_path, small_chunks):
 
 class _Offset(tokenization.ByteTokenizer):
   """Bytes shifted past 65536: ids that do not fit in uint16."""
+
   name, vocab_size, eot_id = "offset-bytes", 70_257, 70_256
 
   def encode(self, text):
@@ -98,8 +102,7 @@ class _Offset(tokenization.ByteTokenizer):
 def test_large_vocabulary_gets_uint32_shards(tmp_path):
   corpus = data.Corpus("text", write_corpus(tmp_path / "corpus", n_files=3, chars=800))
   tok = _Offset()
-  manifest = data.prepare_dataset(corpus, tok, tmp_path / "p", tokens_per_shard=500,
-                                  progress=False)
+  manifest = data.prepare_dataset(corpus, tok, tmp_path / "p", tokens_per_shard=500, progress=False)
   assert manifest["dtype"] == "uint32"
   got = data.load_tokens(data.Corpus("prepared", str(tmp_path / "p")), "train", tok)
   assert got.dtype == np.dtype("<u4")
@@ -140,22 +143,29 @@ def test_two_processes_read_disjoint_rows_that_make_the_global_batch(tmp_path):
   corpus = data.Corpus("text", _counting_corpus(tmp_path / "corpus"))
   tok = tokenization.get_tokenizer("bytes")
   T, batch, n_windows = 16, 4, 40  # 10 global batches: one epoch
-  data.prepare_dataset(corpus, "bytes", tmp_path / "p", tokens_per_shard=150,
-                       max_train_tokens=n_windows * T + 1, progress=False)
+  data.prepare_dataset(
+    corpus,
+    "bytes",
+    tmp_path / "p",
+    tokens_per_shard=150,
+    max_train_tokens=n_windows * T + 1,
+    progress=False,
+  )
   tokens = data.load_tokens(data.Corpus("prepared", str(tmp_path / "p")), "train", tok)
   assert isinstance(tokens, prepared.ShardedTokens) and tokens.size == n_windows * T + 1
   kw = dict(seq_len=T, global_batch_size=batch, seed=3, num_threads=0)  # no read-ahead
   single = data.train_iterator(tokens, **kw)
   procs = [_Recording(tokens) for _ in range(2)]
-  iters = [data.train_iterator(t, process_index=p, process_count=2, **kw)
-           for p, t in enumerate(procs)]
+  iters = [
+    data.train_iterator(t, process_index=p, process_count=2, **kw) for p, t in enumerate(procs)
+  ]
   for step in range(n_windows // batch):
     whole = next(single)
     parts = [next(it) for it in iters]
     for key in whole:
       np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
     for p, part in zip(procs, parts):  # each process read exactly its own two rows
-      rows = [np.asarray(tokens[s:s + T + 1]) for s in p.reads[-2:]]
+      rows = [np.asarray(tokens[s : s + T + 1]) for s in p.reads[-2:]]
       assert len(p.reads) == 2 * (step + 1)
       np.testing.assert_array_equal(np.stack(rows)[:, :-1], part["inputs"])
   reads = [set(p.reads) for p in procs]
@@ -166,8 +176,9 @@ def test_two_processes_read_disjoint_rows_that_make_the_global_batch(tmp_path):
 def test_iterator_resumes_bitwise_across_process_counts(tmp_path):
   corpus = data.Corpus("text", write_corpus(tmp_path / "corpus", n_files=6, chars=2000))
   data.prepare_dataset(corpus, "bytes", tmp_path / "p", tokens_per_shard=900, progress=False)
-  run = data.prepare(data.Corpus("prepared", str(tmp_path / "p")), "bytes",
-                     workdir=str(tmp_path / "w"))
+  run = data.prepare(
+    data.Corpus("prepared", str(tmp_path / "p")), "bytes", workdir=str(tmp_path / "w")
+  )
   kw = dict(seq_len=32, global_batch_size=4, seed=7, packing=True)
   it = run.train_iterator(**kw)
   for _ in range(5):
@@ -187,14 +198,16 @@ def test_iterator_resumes_bitwise_across_process_counts(tmp_path):
       np.testing.assert_array_equal(np.concatenate([s[key] for s in split]), want[key])
   # The same batches as the raw corpus would give: the prepared tokens are its tokens.
   raw = data.prepare(corpus, "bytes", workdir=str(tmp_path / "raw"))
-  np.testing.assert_array_equal(next(raw.train_iterator(**kw))["inputs"],
-                                next(run.train_iterator(**kw))["inputs"])
+  np.testing.assert_array_equal(
+    next(raw.train_iterator(**kw))["inputs"], next(run.train_iterator(**kw))["inputs"]
+  )
 
 
 def test_interrupted_prepare_resumes_to_the_same_bytes(tmp_path, small_chunks, monkeypatch):
   corpus = data.Corpus("text", write_corpus(tmp_path / "corpus", n_files=16, chars=1500))
-  clean = data.prepare_dataset(corpus, "bytes", tmp_path / "clean", tokens_per_shard=800,
-                               progress=False)
+  clean = data.prepare_dataset(
+    corpus, "bytes", tmp_path / "clean", tokens_per_shard=800, progress=False
+  )
   read = []
 
   def dies_after_9(corpus, split):
@@ -215,8 +228,9 @@ def test_interrupted_prepare_resumes_to_the_same_bytes(tmp_path, small_chunks, m
   assert journal["shards"] and journal["skip"] > 0  # stopped inside a document
   monkeypatch.undo()
   lines = []
-  resumed = data.prepare_dataset(corpus, "bytes", out, tokens_per_shard=800, progress=False,
-                                 log=lines.append)
+  resumed = data.prepare_dataset(
+    corpus, "bytes", out, tokens_per_shard=800, progress=False, log=lines.append
+  )
   assert any("resuming" in line for line in lines), lines
   assert resumed["splits"] == clean["splits"]  # every shard's sha256 and counts
   assert not (out / "progress.json").exists()
@@ -257,10 +271,14 @@ def test_damage_is_found_and_named(tmp_path):
 def test_bad_input_fails_before_work(tmp_path, capsys):
   corpus_dir = write_corpus(tmp_path / "corpus", n_files=3, chars=800)
   out = tmp_path / "p"
-  cases = [(["--source", "text", "--path", str(tmp_path / "missing")], "does not exist"),
-           (["--source", "text", "--path", corpus_dir, "--tokenizer", "bpe:12"], "> 257"),
-           (["--source", "text", "--path", corpus_dir, "--tokens-per-shard", "0"],
-            "tokens_per_shard must be a positive int")]
+  cases = [
+    (["--source", "text", "--path", str(tmp_path / "missing")], "does not exist"),
+    (["--source", "text", "--path", corpus_dir, "--tokenizer", "bpe:12"], "> 257"),
+    (
+      ["--source", "text", "--path", corpus_dir, "--tokens-per-shard", "0"],
+      "tokens_per_shard must be a positive int",
+    ),
+  ]
   for args, message in cases:
     assert prepare_cli.main(args + ["--out", str(out), "--no-progress"]) == 2
     assert message in capsys.readouterr().err
@@ -284,32 +302,40 @@ def test_prepared_data_supplies_the_tokenizer_and_vocabulary_size(tmp_path):
   names the tokenizer, and a vocabulary too small for its ids grows to fit (rounded up to 64);
   settings given must agree with the dataset."""
   import jax
+
   corpus = data.Corpus("text", write_corpus(tmp_path / "corpus", n_files=4, chars=1200))
   out = tmp_path / "p"
   manifest = data.prepare_dataset(corpus, "bpe", out, vocab_size=400, progress=False)
   ids = manifest["tokenizer"]["vocab_size"]  # what BPE learned from this corpus, up to 400
   need = -(-ids // 64) * 64
-  c = small_config(tmp_path, steps=2, **{"data.source": "prepared", "data.path": str(out),
-                                         "model.vocab_size": 256})
+  c = small_config(
+    tmp_path, steps=2, **{"data.source": "prepared", "data.path": str(out), "model.vocab_size": 256}
+  )
   assert c.data.tokenizer is None and 256 < ids  # no tokenizer named; a vocabulary too small
   said = []
   built = resolve.resolve(c, log=said.append)
   assert built.data.tokenizer == "bpe:400" and built.model.vocab_size == need
-  assert said == [f"model.vocab_size={need}: the prepared dataset's tokenizer 'bpe:400' has "
-                  f"{ids} ids"]
-  result = training.train(c, str(tmp_path / "run"), devices=jax.devices()[:1],
-                          log=lambda *a: None)
+  assert said == [
+    f"model.vocab_size={need}: the prepared dataset's tokenizer 'bpe:400' has {ids} ids"
+  ]
+  result = training.train(c, str(tmp_path / "run"), devices=jax.devices()[:1], log=lambda *a: None)
   assert result.step == 2 and result.tokenizer.vocab_size == ids
   assert result.model_config.vocab_size == need
   c = overrides.apply(c, {"data.tokenizer": "bpe:400", "model.vocab_size": 512})  # agreeing
   assert resolve.resolve(c).model.vocab_size == 512
   c = overrides.apply(c, {"model.vocab_size": 256})
-  with pytest.raises(ValueError, match=rf"model.vocab_size=256 is smaller than the {ids} ids.*"
-                                       rf"--config.model.vocab_size={need}"):
+  with pytest.raises(
+    ValueError,
+    match=rf"model.vocab_size=256 is smaller than the {ids} ids.*"
+    rf"--config.model.vocab_size={need}",
+  ):
     resolve.resolve(c)
   c = overrides.apply(c, {"data.tokenizer": "bytes"})
-  with pytest.raises(ValueError, match=r"data.tokenizer='bytes' but the prepared dataset .* was "
-                                       r"tokenized with 'bpe:400'; leave data.tokenizer unset"):
+  with pytest.raises(
+    ValueError,
+    match=r"data.tokenizer='bytes' but the prepared dataset .* was "
+    r"tokenized with 'bpe:400'; leave data.tokenizer unset",
+  ):
     resolve.resolve(c)
 
 
@@ -319,6 +345,7 @@ def test_a_run_trains_on_prepared_data_and_resumes_bitwise(tmp_path):
   import jax
 
   from rove_jax.evaluation import scoring
+
   c = small_config(tmp_path, steps=4)
   raw = c.data.corpus()
   data.prepare_dataset(raw, "bytes", tmp_path / "p", tokens_per_shard=3000, progress=False)
@@ -326,16 +353,16 @@ def test_a_run_trains_on_prepared_data_and_resumes_bitwise(tmp_path):
   training.train(c, str(tmp_path / "raw"), devices=one, log=lambda *a: None)
   c = overrides.apply(c, {"data.source": "prepared", "data.path": str(tmp_path / "p")})
   out, resumed = [], tmp_path / "resumed"
-  training.train(overrides.apply(c, {"run_steps": 2}), str(resumed), devices=one,
-                 log=out.append)
+  training.train(overrides.apply(c, {"run_steps": 2}), str(resumed), devices=one, log=out.append)
   training.train(c, str(resumed), devices=one, log=out.append)
   assert any("resumed from step 2" in line for line in out), out
   want = losses(tmp_path / "raw")
   assert sorted(want) == [1, 2, 3, 4] and losses(resumed) == want
   # Evaluation reads the run's validation split from the prepared shards.
   val = scoring.load_run(str(resumed)).val_tokens()
-  np.testing.assert_array_equal(np.asarray(val),
-                                _reference(raw, "val", tokenization.get_tokenizer("bytes")))
+  np.testing.assert_array_equal(
+    np.asarray(val), _reference(raw, "val", tokenization.get_tokenizer("bytes"))
+  )
 
 
 @pytest.mark.slow
@@ -344,25 +371,54 @@ def test_two_process_run_on_prepared_data_resumes_on_one(tmp_path):
   of every global batch; one process resumes steps 3-4 from their checkpoint. The losses are
   those of one process training on the raw corpus."""
   import jax
+
   c = small_config(tmp_path, steps=4, **{"data.batch_size": 8, "mesh.data": 2})
-  data.prepare_dataset(c.data.corpus(), "bytes", tmp_path / "p",
-                       tokens_per_shard=3000, progress=False)
+  data.prepare_dataset(
+    c.data.corpus(), "bytes", tmp_path / "p", tokens_per_shard=3000, progress=False
+  )
   two = jax.devices()[:2]
   training.train(c, str(tmp_path / "raw"), devices=two, log=lambda *a: None)
-  args = ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=2",
-          "--config.model.d_ff=64", "--config.model.max_len=32",
-          "--config.data.source=prepared", f"--config.data.path={tmp_path / 'p'}",
-          "--config.data.seq_len=32", "--config.data.batch_size=8", "--config.steps=4",
-          "--config.run_steps=2", "--config.optim.warmup_steps=2", "--config.optim.lr=0.001",
-          "--config.log_every=1",
-          "--config.eval_every=4", "--config.eval_batches=2", "--config.checkpoint_every=4",
-          "--config.progress=False", "--config.sample_tokens=0", "--config.mesh.data=2"]
+  args = [
+    "--config.model.n_layer=1",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.model.d_ff=64",
+    "--config.model.max_len=32",
+    "--config.data.source=prepared",
+    f"--config.data.path={tmp_path / 'p'}",
+    "--config.data.seq_len=32",
+    "--config.data.batch_size=8",
+    "--config.steps=4",
+    "--config.run_steps=2",
+    "--config.optim.warmup_steps=2",
+    "--config.optim.lr=0.001",
+    "--config.log_every=1",
+    "--config.eval_every=4",
+    "--config.eval_batches=2",
+    "--config.checkpoint_every=4",
+    "--config.progress=False",
+    "--config.sample_tokens=0",
+    "--config.mesh.data=2",
+  ]
   port = free_port()
   outs = run_together(
-      [[sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-        "--workdir", str(tmp_path / "run"), *args, f"--coordinator_address=localhost:{port}",
-        "--num_processes=2", f"--process_id={i}"] for i in range(2)],
-      subprocess_env(devices=1, JAX_PLATFORMS="cpu"))
+    [
+      [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--config",
+        str(ROOT / "configs" / "tiny.py"),
+        "--workdir",
+        str(tmp_path / "run"),
+        *args,
+        f"--coordinator_address=localhost:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ]
+      for i in range(2)
+    ],
+    subprocess_env(devices=1, JAX_PLATFORMS="cpu"),
+  )
   assert all("verifying" in o for o in outs)  # each process hashed its share of the shards
   c = overrides.apply(c, {"data.source": "prepared", "data.path": str(tmp_path / "p")})
   log = []

@@ -25,8 +25,9 @@ def local_cache(tmp_path, monkeypatch) -> pathlib.Path:
 
 def make(tmp_path, out) -> tuple[str, dict]:
   corpus = data.Corpus("text", write_corpus(tmp_path / "corpus", n_files=4, chars=1200))
-  manifest = data.prepare_dataset(corpus, "bytes", str(out), tokens_per_shard=600,
-                                  progress=False, log=lambda *a: None)
+  manifest = data.prepare_dataset(
+    corpus, "bytes", str(out), tokens_per_shard=600, progress=False, log=lambda *a: None
+  )
   return paths.resolve(str(out)), manifest
 
 
@@ -93,8 +94,9 @@ def test_a_shard_that_fails_is_hashed_again_by_every_process_of_the_machine(tmp_
   assert check(path, process_index=1, process_count=2)[0] == (1, [])
 
 
-def test_local_copies_of_gs_shards_are_checked_at_every_start(tmp_path, gcs_bucket,
-                                                              local_cache, capsys):
+def test_local_copies_of_gs_shards_are_checked_at_every_start(
+  tmp_path, gcs_bucket, local_cache, capsys
+):
   out = f"{gcs_bucket}/ds"
   path, manifest = make(tmp_path, out)
   first = manifest["splits"]["train"]["shards"][0]["file"]
@@ -114,7 +116,9 @@ def test_local_copies_of_gs_shards_are_checked_at_every_start(tmp_path, gcs_buck
   good = paths.read_bytes(victim)
   time.sleep(0.01)  # another modification time: the old object's copy is not reused
   paths.write_atomic(victim, bytes([good[0] ^ 1]) + good[1:])
-  with pytest.raises(prepared.DamagedDataset,
-                     match=rf"shard {re.escape(victim)} \(a fresh local copy of it too\) does "
-                           rf"not match its sha256"):
+  with pytest.raises(
+    prepared.DamagedDataset,
+    match=rf"shard {re.escape(victim)} \(a fresh local copy of it too\) does "
+    rf"not match its sha256",
+  ):
     check_for_run(path, capsys)

@@ -12,10 +12,10 @@ from rove_jax.data.tokenization import EOT_TEXT
 TEXT = "héllo wörld — naïve café, 日本語 🎉\n\tdef f(x):\n    return x ** 2  # ok\n"
 
 CORPUS = [
-    "the quick brown fox jumps over the lazy dog. " * 3,
-    "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n",
-    "Grüße aus Köln! Ça va? 東京は大きい。",
-    "the lazy dog sleeps; the quick fox runs away from the dog.\n",
+  "the quick brown fox jumps over the lazy dog. " * 3,
+  "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n",
+  "Grüße aus Köln! Ça va? 東京は大きい。",
+  "the lazy dog sleeps; the quick fox runs away from the dog.\n",
 ] * 5
 
 
@@ -78,8 +78,9 @@ def test_bpe_trains_round_trips_and_is_cached(tmp_path):
   def must_not_train():
     raise AssertionError("a cached tokenizer must not be retrained")
 
-  again = tokenization.get_tokenizer("bpe", workdir=tmp_path, vocab_size=300,
-                                     train_texts=must_not_train)
+  again = tokenization.get_tokenizer(
+    "bpe", workdir=tmp_path, vocab_size=300, train_texts=must_not_train
+  )
   assert again.fingerprint == tok.fingerprint
   np.testing.assert_array_equal(again.encode(TEXT), tok.encode(TEXT))
   batch = again.encode_batch(CORPUS[:3])
@@ -89,10 +90,12 @@ def test_bpe_trains_round_trips_and_is_cached(tmp_path):
 
 def test_bpe_training_is_deterministic(tmp_path):
   a = tokenization.get_tokenizer("bpe:320", workdir=tmp_path / "a", train_texts=CORPUS)
-  b = tokenization.get_tokenizer("bpe:320", workdir=tmp_path / "b",
-                                 train_texts=lambda: iter(CORPUS))
+  b = tokenization.get_tokenizer(
+    "bpe:320", workdir=tmp_path / "b", train_texts=lambda: iter(CORPUS)
+  )
   assert (tmp_path / "a" / "tokenizer-bpe-320.json").read_bytes() == (
-      tmp_path / "b" / "tokenizer-bpe-320.json").read_bytes()
+    tmp_path / "b" / "tokenizer-bpe-320.json"
+  ).read_bytes()
   assert a.fingerprint == b.fingerprint
 
 
@@ -115,12 +118,19 @@ def test_bpe_errors(tmp_path):
 def _write_tokenizer_json(path, special):
   """A byte-level BPE built directly with the tokenizers API (not through rove_jax)."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(CORPUS, trainer=trainers.BpeTrainer(
-      vocab_size=280, special_tokens=special, show_progress=False,
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.train_from_iterator(
+    CORPUS,
+    trainer=trainers.BpeTrainer(
+      vocab_size=280,
+      special_tokens=special,
+      show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    ),
+  )
   tok.save(str(path))
   return tok
 
@@ -153,8 +163,11 @@ def test_tokenizer_json_errors(tmp_path):
 
 
 def test_unknown_spec_lists_the_accepted_forms():
-  with pytest.raises(ValueError, match=r"unknown tokenizer spec 'wordpiece'.*bytes.*bpe.*"
-                                       r"tokenizer\.json.*tiktoken:NAME"):
+  with pytest.raises(
+    ValueError,
+    match=r"unknown tokenizer spec 'wordpiece'.*bytes.*bpe.*"
+    r"tokenizer\.json.*tiktoken:NAME",
+  ):
     tokenization.get_tokenizer("wordpiece")
   with pytest.raises(ValueError, match="non-empty string"):
     tokenization.get_tokenizer("")
@@ -168,8 +181,9 @@ def _tiny_tiktoken_encoding():
   ranks = {bytes([i]): i for i in range(256)}
   ranks[b"th"], ranks[b"he"], ranks[b"the"] = 256, 257, 258
   pattern = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-  return tiktoken.Encoding(name="tiny", pat_str=pattern, mergeable_ranks=ranks,
-                           special_tokens={EOT_TEXT: 259})
+  return tiktoken.Encoding(
+    name="tiny", pat_str=pattern, mergeable_ranks=ranks, special_tokens={EOT_TEXT: 259}
+  )
 
 
 def test_tiktoken_wrapper_round_trips_a_local_encoding():
@@ -182,8 +196,10 @@ def test_tiktoken_wrapper_round_trips_a_local_encoding():
   assert tok.decode(list("€".encode())[:2]) == "\ufffd"
 
 
-@pytest.mark.skipif(not os.environ.get("ROVE_JAX_NETWORK_TESTS"),
-                    reason="tiktoken:gpt2 downloads its files; set ROVE_JAX_NETWORK_TESTS=1")
+@pytest.mark.skipif(
+  not os.environ.get("ROVE_JAX_NETWORK_TESTS"),
+  reason="tiktoken:gpt2 downloads its files; set ROVE_JAX_NETWORK_TESTS=1",
+)
 def test_tiktoken_gpt2():
   pytest.importorskip("tiktoken")
   tok = tokenization.get_tokenizer("tiktoken:gpt2")
@@ -199,8 +215,9 @@ def test_tiktoken_errors_are_clear(monkeypatch):
     raise ConnectionError("no route to host")
 
   monkeypatch.setattr(tiktoken, "get_encoding", offline)
-  with pytest.raises(RuntimeError, match="could not load the files of encoding 'gpt2'.*"
-                                         "TIKTOKEN_CACHE_DIR"):
+  with pytest.raises(
+    RuntimeError, match="could not load the files of encoding 'gpt2'.*TIKTOKEN_CACHE_DIR"
+  ):
     tokenization.get_tokenizer("tiktoken:gpt2")
   with pytest.raises(ValueError, match="lacks an encoding name"):
     tokenization.get_tokenizer("tiktoken:")

@@ -28,9 +28,14 @@ ENV1 = subprocess_env(devices=1)
 def make_run(cfg, params=None, seed=0):
   model = GPT(cfg, rngs=nnx.Rngs(seed))
   state = nnx.state(model, nnx.Param) if params is None else params
-  return scoring.Run(workdir="/nonexistent", name="t", step=0, config=RunConfig(model=cfg),
-                     params=state,
-                     tokenizer=tokenization.get_tokenizer("bytes"))
+  return scoring.Run(
+    workdir="/nonexistent",
+    name="t",
+    step=0,
+    config=RunConfig(model=cfg),
+    params=state,
+    tokenizer=tokenization.get_tokenizer("bytes"),
+  )
 
 
 def test_uniform_logits_give_perplexity_equal_to_vocab_size():
@@ -38,8 +43,7 @@ def test_uniform_logits_give_perplexity_equal_to_vocab_size():
   zeros = jax.tree.map(jnp.zeros_like, nnx.state(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param))
   scorer = scoring.Scorer(make_run(cfg, zeros), chunk_size=16)
   tokens = np.random.default_rng(0).integers(0, 257, 2000)
-  out = perplexity.evaluate(scorer, tokens, [32, 128], yarn="both", max_tokens=500,
-                            progress=False)
+  out = perplexity.evaluate(scorer, tokens, [32, 128], yarn="both", max_tokens=500, progress=False)
   for setting in ("none", "yarn"):
     for L in ("32", "128"):
       np.testing.assert_allclose(out[setting][L]["ppl"], 320, rtol=1e-5)
@@ -78,7 +82,7 @@ def test_scores_match_a_direct_forward_and_yarn_at_1x_is_identity():
   np.testing.assert_allclose(scorer.token_nll(toks, yarn1)[0], nll, atol=1e-6)
   # the (nll, exact match) scorer on a hand-built prompt/answer pair
   prompt, answer = toks[0, :20], toks[0, 20:25]
-  (got_nll, got_em), = scorer.score([prompt], [answer])
+  ((got_nll, got_em),) = scorer.score([prompt], [answer])
   np.testing.assert_allclose(got_nll, want[0, 19:24].mean(), atol=1e-5)
   assert got_em == bool(np.all(np.asarray(jnp.argmax(logp, -1))[0, 19:24] == answer))
 
@@ -87,12 +91,13 @@ def test_learned_positions_cannot_be_scored_past_their_table():
   scorer = scoring.Scorer(make_run(gpt_config(pos_encoding="learned")))
   with pytest.raises(ValueError, match="learned position embeddings for 32 positions"):
     perplexity.evaluate(scorer, np.arange(500) % 250, [32, 64], progress=False)
-  out = perplexity.evaluate(scorer, np.arange(500) % 250, [32], yarn="all", max_tokens=64,
-                            progress=False)
+  out = perplexity.evaluate(
+    scorer, np.arange(500) % 250, [32], yarn="all", max_tokens=64, progress=False
+  )
   assert out["none"]["32"]["windows"] == 2
   for setting in ("yarn", "yarn_fixed"):  # nothing rotary to rescale
     assert "no rotary frequencies" in out[setting]["not_applicable"]
-  (nll, _), = scorer.score([np.arange(20)], [np.arange(20, 25)])  # padded within the table
+  ((nll, _),) = scorer.score([np.arange(20)], [np.arange(20, 25)])  # padded within the table
   assert np.isfinite(nll)
 
 
@@ -101,7 +106,10 @@ def test_the_fixed_yarn_factor():
   assert perplexity.fixed_factor([16, 32], 32, 8) == 8.0  # given
   assert perplexity.fixed_factor([16, 32], 32) is None  # nothing past the training length
   assert scoring.fixed_yarn_scaling(16, 32).to_dict() == {
-      "rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 32}
+    "rope_type": "yarn",
+    "factor": 16.0,
+    "original_max_position_embeddings": 32,
+  }
   for bad in (1, 0.5, float("inf"), True):
     with pytest.raises(ValueError, match="finite number > 1"):
       scoring.fixed_yarn_scaling(bad, 32)
@@ -128,56 +136,127 @@ def test_exact_match_needs_every_answer_token_to_be_greedy(trained_run):
     second_after_miss, m3 = greedy_next(np.append(prompt, not_first))
     if min(m1, m2, m3) > 1e-3:
       break
-  answers = {"both greedy": ([first, second], True),
-             "first only": ([first, (second + 1) % 256], False),
-             "second only": ([not_first, second_after_miss], False)}
+  answers = {
+    "both greedy": ([first, second], True),
+    "first only": ([first, (second + 1) % 256], False),
+    "second only": ([not_first, second_after_miss], False),
+  }
   got = scorer.score([prompt] * 3, [np.array(a) for a, _ in answers.values()])
-  assert {k: em for k, (_, em) in zip(answers, got)} == {k: want for k, (_, want)
-                                                       in answers.items()}
+  assert {k: em for k, (_, em) in zip(answers, got)} == {
+    k: want for k, (_, want) in answers.items()
+  }
 
 
 def ppl_row(loss, tokens=10, windows=2):
   """A perplexity row with its per-window records (report schema v2)."""
   share = [tokens // windows + (i < tokens % windows) for i in range(windows)]
-  return {"loss": loss, "ppl": math.exp(loss), "tokens": tokens, "windows": windows,
-          "window_nll": [loss * n for n in share], "window_tokens": share}
+  return {
+    "loss": loss,
+    "ppl": math.exp(loss),
+    "tokens": tokens,
+    "windows": windows,
+    "window_nll": [loss * n for n in share],
+    "window_tokens": share,
+  }
 
 
 def ruler_row(sample_nll, sample_correct):
-  return {"nll": float(np.mean(sample_nll)), "exact_match": float(np.mean(sample_correct)),
-          "n": len(sample_nll), "correct": sum(sample_correct), "sample_nll": sample_nll,
-          "sample_correct": sample_correct}
+  return {
+    "nll": float(np.mean(sample_nll)),
+    "exact_match": float(np.mean(sample_correct)),
+    "n": len(sample_nll),
+    "correct": sum(sample_correct),
+    "sample_nll": sample_nll,
+    "sample_correct": sample_correct,
+  }
 
 
 def _valid_report():
-  return {"schema_version": report.SCHEMA_VERSION, "suite": "quick", "runs": [{
-      "name": "a", "workdir": "/x", "step": 3,
-      "model": {"pos_encoding": "rove", "params": 10, "n_layer": 1, "d_model": 8, "n_head": 2,
-                "max_len": 16, "train_len": 16},
-      "perplexity": {"protocol": {"mode": "non-overlapping", "max_tokens": 10, "train_len": 16,
-                                  "yarn_fixed_factor": 4.0},
-                     "none": {"8": ppl_row(1.5), "16": ppl_row(1.0)},
-                     "yarn": {"8": ppl_row(1.5), "16": ppl_row(1.0)},
-                     "yarn_fixed": {"8": ppl_row(1.7), "16": ppl_row(1.2)}},
-      "ruler": {"protocol": {"samples": 2, "seed": 0, "lengths": [32, 64], "train_len": 16},
-                "settings": {
-                    "none": {"tasks": {"vt": {"32": ruler_row([2.0, 3.0], [1, 0]),
-                                              "64": ruler_row([2.0, 2.0], [1, 0])},
-                                       "cwe": {"64": ruler_row([4.0, 5.0], [0, 0])}}},
-                    "yarn": {"tasks": {"vt": {"32": ruler_row([1.0, 2.0], [1, 1]),
-                                              "64": ruler_row([1.0, 1.0], [0, 1])},
-                                       "cwe": {"64": ruler_row([3.0, 5.0], [0, 1])}}}},
-                "skipped": {"cwe@32": "length=32 is too short for task 'cwe'"}},
-      "icl": {"protocol": {"context": 16, "lengths": [16], "samples": 2, "shots": [0, 2],
-                           "seed": 0, "rule": "cut from the left"},
-              "synthetic": {"tasks": {"x": {"by_length": {"16": 0.5}, "accuracy": 0.5, "n": 2,
-                                            "correct": 1, "prompts": 2, "truncated": 0},
-                                      "y": {"by_shots": {"0": 0.0, "2": 0.5},
-                                            "accuracy": 0.25, "n": 4, "correct": 1,
-                                            "prompts": 4, "truncated": 3}},
-                            "skipped": {}, "accuracy": 0.375, "prompts": 6, "truncated": 3},
-              "files": None},
-      "seconds": {}}]}
+  return {
+    "schema_version": report.SCHEMA_VERSION,
+    "suite": "quick",
+    "runs": [
+      {
+        "name": "a",
+        "workdir": "/x",
+        "step": 3,
+        "model": {
+          "pos_encoding": "rove",
+          "params": 10,
+          "n_layer": 1,
+          "d_model": 8,
+          "n_head": 2,
+          "max_len": 16,
+          "train_len": 16,
+        },
+        "perplexity": {
+          "protocol": {
+            "mode": "non-overlapping",
+            "max_tokens": 10,
+            "train_len": 16,
+            "yarn_fixed_factor": 4.0,
+          },
+          "none": {"8": ppl_row(1.5), "16": ppl_row(1.0)},
+          "yarn": {"8": ppl_row(1.5), "16": ppl_row(1.0)},
+          "yarn_fixed": {"8": ppl_row(1.7), "16": ppl_row(1.2)},
+        },
+        "ruler": {
+          "protocol": {"samples": 2, "seed": 0, "lengths": [32, 64], "train_len": 16},
+          "settings": {
+            "none": {
+              "tasks": {
+                "vt": {"32": ruler_row([2.0, 3.0], [1, 0]), "64": ruler_row([2.0, 2.0], [1, 0])},
+                "cwe": {"64": ruler_row([4.0, 5.0], [0, 0])},
+              }
+            },
+            "yarn": {
+              "tasks": {
+                "vt": {"32": ruler_row([1.0, 2.0], [1, 1]), "64": ruler_row([1.0, 1.0], [0, 1])},
+                "cwe": {"64": ruler_row([3.0, 5.0], [0, 1])},
+              }
+            },
+          },
+          "skipped": {"cwe@32": "length=32 is too short for task 'cwe'"},
+        },
+        "icl": {
+          "protocol": {
+            "context": 16,
+            "lengths": [16],
+            "samples": 2,
+            "shots": [0, 2],
+            "seed": 0,
+            "rule": "cut from the left",
+          },
+          "synthetic": {
+            "tasks": {
+              "x": {
+                "by_length": {"16": 0.5},
+                "accuracy": 0.5,
+                "n": 2,
+                "correct": 1,
+                "prompts": 2,
+                "truncated": 0,
+              },
+              "y": {
+                "by_shots": {"0": 0.0, "2": 0.5},
+                "accuracy": 0.25,
+                "n": 4,
+                "correct": 1,
+                "prompts": 4,
+                "truncated": 3,
+              },
+            },
+            "skipped": {},
+            "accuracy": 0.375,
+            "prompts": 6,
+            "truncated": 3,
+          },
+          "files": None,
+        },
+        "seconds": {},
+      }
+    ],
+  }
 
 
 def test_report_schema_validation(tmp_path):
@@ -188,16 +267,16 @@ def test_report_schema_validation(tmp_path):
   assert "| a | - | 4.48 | 2.72 |" in open(paths["md"]).read()
   ruler_none = ("runs", 0, "ruler", "settings", "none", "tasks", "vt", "32")
   for bad_path, value, msg in [
-      (("runs", 0, "perplexity", "none", "16", "ppl"), float("nan"), "finite"),
-      (("runs", 0, "perplexity", "yarn_fixed", "16", "window_tokens"), [5, 4], "sum to tokens"),
-      (("runs", 0, "perplexity", "none", "16", "window_nll"), [5.0, 6.0], "is not the loss"),
-      (("runs", 0, "perplexity", "yarn", "8", "window_nll"), [15.0], "one entry a window"),
-      (ruler_none + ("exact_match",), 1.5, r"\[0, 1\]"),
-      (ruler_none + ("sample_nll",), [2.0], "need n=2 entries"),
-      (ruler_none + ("sample_correct",), [1, 2], "sample_correct of 0 or 1"),
-      (ruler_none + ("correct",), 2, r"sum\(sample_correct\)"),
-      (("runs", 0, "ruler", "settings", "yarn_fixed"), {"tasks": {}}, "settings are"),
-      (("runs", 0, "model", "params"), "10", "must be"),
+    (("runs", 0, "perplexity", "none", "16", "ppl"), float("nan"), "finite"),
+    (("runs", 0, "perplexity", "yarn_fixed", "16", "window_tokens"), [5, 4], "sum to tokens"),
+    (("runs", 0, "perplexity", "none", "16", "window_nll"), [5.0, 6.0], "is not the loss"),
+    (("runs", 0, "perplexity", "yarn", "8", "window_nll"), [15.0], "one entry a window"),
+    (ruler_none + ("exact_match",), 1.5, r"\[0, 1\]"),
+    (ruler_none + ("sample_nll",), [2.0], "need n=2 entries"),
+    (ruler_none + ("sample_correct",), [1, 2], "sample_correct of 0 or 1"),
+    (ruler_none + ("correct",), 2, r"sum\(sample_correct\)"),
+    (("runs", 0, "ruler", "settings", "yarn_fixed"), {"tasks": {}}, "settings are"),
+    (("runs", 0, "model", "params"), "10", "must be"),
   ]:
     broken = json.loads(json.dumps(good))
     node = broken
@@ -210,12 +289,23 @@ def test_report_schema_validation(tmp_path):
 
 def test_version_1_reports_are_refused_by_validate_and_still_rendered():
   assert report.SCHEMA_VERSION == 2
-  old = {"schema_version": 1, "suite": "quick", "runs": [{
-      **_valid_report()["runs"][0],
-      "ruler": {"tasks": {"vt": {"64": {"nll": 2.0, "exact_match": 0.5, "n": 2}}},
-                "skipped": {}, "yarn": True}}]}
-  with pytest.raises(ValueError, match="schema_version 1 is the layout before per-window.*"
-                                       "rerun rove-eval"):
+  old = {
+    "schema_version": 1,
+    "suite": "quick",
+    "runs": [
+      {
+        **_valid_report()["runs"][0],
+        "ruler": {
+          "tasks": {"vt": {"64": {"nll": 2.0, "exact_match": 0.5, "n": 2}}},
+          "skipped": {},
+          "yarn": True,
+        },
+      }
+    ],
+  }
+  with pytest.raises(
+    ValueError, match="schema_version 1 is the layout before per-window.*rerun rove-eval"
+  ):
     report.validate(old)
   with pytest.raises(ValueError, match="schema_version must be 2, got 3"):
     report.validate({**old, "schema_version": 3})
@@ -234,8 +324,10 @@ def test_markdown_shows_every_setting_and_counts_with_exact_captions():
   assert "| a | - | 2.50, 1/2 | 2.50 | 1/2 |" in md  # no YaRN at 32: cwe was skipped
   assert "| a | 4.50, 0/2 | 2.00, 1/2 | 3.25 | 1/4 |" in md  # no YaRN at 64
   # Per task over lengths: the caption names the task scored at fewer lengths.
-  assert ("averaged over the lengths it was scored at: 32, 64 tokens for every task except "
-          "cwe (64 only), skipped at the other lengths") in md
+  assert (
+    "averaged over the lengths it was scored at: 32, 64 tokens for every task except "
+    "cwe (64 only), skipped at the other lengths"
+  ) in md
   assert "| a | 4.50, 0/2 | 2.25, 2/4 | 3.38 |" in md
   assert "- cwe@32: skipped (length=32 is too short" in md
   # ICL: counts, pooled over the tasks, and the prompts cut to the context.
@@ -250,25 +342,55 @@ def test_missing_workdir_or_checkpoint_is_a_clear_error(tmp_path):
   (tmp_path / "empty").mkdir()
   with pytest.raises(ValueError, match="no checkpoints"):
     scoring.load_run(str(tmp_path / "empty"))
-  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.eval", "--workdir",
-                      str(tmp_path / "nope")], cwd=ROOT, capture_output=True, text=True,
-                     timeout=120, env=ENV1)
+  r = subprocess.run(
+    [sys.executable, "-m", "rove_jax.cli.eval", "--workdir", str(tmp_path / "nope")],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=ENV1,
+  )
   assert r.returncode == 2 and "does not exist" in r.stderr
 
 
 @pytest.mark.slow
 def test_rove_eval_end_to_end_on_a_trained_checkpoint(tmp_path, trained_run):
-  c = small_config(tmp_path, **{"data.source": "stdlib", "data.path": None,
-                                "data.max_files": 120, "model.max_len": 64,
-                                "data.seq_len": 64, "steps": 6})
+  c = small_config(
+    tmp_path,
+    **{
+      "data.source": "stdlib",
+      "data.path": None,
+      "data.max_files": 120,
+      "model.max_len": 64,
+      "data.seq_len": 64,
+      "steps": 6,
+    },
+  )
   shutil.copytree(trained_run, tmp_path / "run")  # this config, trained once per session
-  run_train(overrides.apply(c, {"model.pos_encoding": "rope"}), tmp_path / "rope",
-            log=lambda *a: None)
-  r = subprocess.run([sys.executable, "-m", "rove_jax.cli.eval", "--workdir", str(tmp_path / "run"),
-                      "--compare", str(tmp_path / "rope"),
-                      "--suite", "quick", "--lengths", "64,128", "--no-progress"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=600,
-                     env=ENV1)
+  run_train(
+    overrides.apply(c, {"model.pos_encoding": "rope"}), tmp_path / "rope", log=lambda *a: None
+  )
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "rove_jax.cli.eval",
+      "--workdir",
+      str(tmp_path / "run"),
+      "--compare",
+      str(tmp_path / "rope"),
+      "--suite",
+      "quick",
+      "--lengths",
+      "64,128",
+      "--no-progress",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=ENV1,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   out = tmp_path / "run" / "eval"
   rep = json.loads((out / "report.json").read_text())
@@ -280,8 +402,13 @@ def test_rove_eval_end_to_end_on_a_trained_checkpoint(tmp_path, trained_run):
   assert set(run["ruler"]["settings"]) == {"none", "yarn"}  # --yarn both: RULER under both
   assert run["ruler"]["settings"]["none"]["tasks"] and run["icl"]["synthetic"]["tasks"]
   assert run["icl"]["protocol"]["lengths"] == [64]  # ICL inside the training context
-  for name in ("report.md", "perplexity_vs_length.png", "ruler_nll.png", "icl_accuracy.png",
-               "figure1_mixer.png"):
+  for name in (
+    "report.md",
+    "perplexity_vs_length.png",
+    "ruler_nll.png",
+    "icl_accuracy.png",
+    "figure1_mixer.png",
+  ):
     assert (out / name).stat().st_size > 0, name
   md = (out / "report.md").read_text()
   assert "| run | YaRN | 64 | 128 |" in md

@@ -32,8 +32,9 @@ from flax import nnx
 try:
   import lm_eval  # noqa: F401
 except ImportError as e:  # in the [test] extra: make test must fail here, not skip
-  raise ImportError("lm_eval is not installed: pip install -e '.[test]' (or the [harness] "
-                    "extra)") from e
+  raise ImportError(
+    "lm_eval is not installed: pip install -e '.[test]' (or the [harness] extra)"
+  ) from e
 
 from rove_jax.data import tokenization
 from rove_jax.evaluation import harness
@@ -50,16 +51,16 @@ RTOL = 1e-4
 EOT = tokenization.ByteTokenizer.eot_id
 
 MC_DOCS = [
-    {"question": "def f(x):", "choices": ["return x", "import os", "class A:"], "answer": 0},
-    {"question": "for i in", "choices": ["range(10):", "else", "print(y)"], "answer": 0},
-    {"question": "x = ", "choices": ["1 + 1", "self.value", "(y)"], "answer": 1},
-    # a context longer than max_length: lm_eval keeps the last max_length + 1 tokens
-    {"question": "import os\n" * 20 + "print", "choices": ["(x)", " y"], "answer": 0},
+  {"question": "def f(x):", "choices": ["return x", "import os", "class A:"], "answer": 0},
+  {"question": "for i in", "choices": ["range(10):", "else", "print(y)"], "answer": 0},
+  {"question": "x = ", "choices": ["1 + 1", "self.value", "(y)"], "answer": 1},
+  # a context longer than max_length: lm_eval keeps the last max_length + 1 tokens
+  {"question": "import os\n" * 20 + "print", "choices": ["(x)", " y"], "answer": 0},
 ]
 ROLLING_DOCS = [
-    {"text": "the quick brown fox jumps over the lazy dog"},
-    {"text": "def value(self):\n    return self.x + self.y\n" * 7},  # 3 windows, the last partial
-    {"text": "x" * MAX_LENGTH * 2},  # whole windows only
+  {"text": "the quick brown fox jumps over the lazy dog"},
+  {"text": "def value(self):\n    return self.x + self.y\n" * 7},  # 3 windows, the last partial
+  {"text": "x" * MAX_LENGTH * 2},  # whole windows only
 ]
 
 
@@ -74,11 +75,18 @@ def export_dir(tmp_path_factory) -> str:
   head = params["lm_head"]
   head[...] = head[...].at[:, 128:].set(0.0)
   tok = tokenization.ByteTokenizer()
-  run = {"step": 0, "workdir": "random", "train_len": 64,
-         "tokenizer": {"spec": "bytes", "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
-                       "fingerprint": tok.fingerprint}}
-  pretrained.save(str(out), config, params, format="rove_jax",
-                  extra_config={"rove_jax_run": run})
+  run = {
+    "step": 0,
+    "workdir": "random",
+    "train_len": 64,
+    "tokenizer": {
+      "spec": "bytes",
+      "vocab_size": tok.vocab_size,
+      "eot_id": tok.eot_id,
+      "fingerprint": tok.fingerprint,
+    },
+  }
+  pretrained.save(str(out), config, params, format="rove_jax", extra_config={"rove_jax_run": run})
   return str(out)
 
 
@@ -116,7 +124,7 @@ class Reference:
   def window(self, window):
     """(log p [T] float64, greedy [T]) of tokens window[1:] given window[:-1]."""
     padded = np.full((1, MAX_LENGTH + 1), EOT, np.int32)
-    padded[0, :len(window)] = window
+    padded[0, : len(window)] = window
     nll, greedy = self.scores(padded)
     T = len(window) - 1
     return -np.asarray(nll, np.float64)[0, :T], np.asarray(greedy)[0, :T]
@@ -125,9 +133,9 @@ class Reference:
     """lm_eval's (sum log p, is_greedy): trailing spaces of the context belong to the
     continuation; the joined tokens keep their last MAX_LENGTH + 1."""
     kept = context.rstrip()
-    ctx, cont = self.encode(kept), self.encode(context[len(kept):] + continuation)
-    logp, greedy = self.window(np.concatenate([ctx, cont])[-(MAX_LENGTH + 1):])
-    return float(logp[-cont.size:].sum()), bool(greedy[-cont.size:].all())
+    ctx, cont = self.encode(kept), self.encode(context[len(kept) :] + continuation)
+    logp, greedy = self.window(np.concatenate([ctx, cont])[-(MAX_LENGTH + 1) :])
+    return float(logp[-cont.size :].sum()), bool(greedy[-cont.size :].all())
 
   def rolling(self, text: str) -> float:
     """Every token scored once: chunks of MAX_LENGTH predicted tokens, the first after the
@@ -138,7 +146,7 @@ class Reference:
     for start in range(0, n, MAX_LENGTH):
       end = min(start + MAX_LENGTH, n)
       first = start if (start == 0 or end - start == MAX_LENGTH) else end - MAX_LENGTH
-      total += float(self.window(seq[first:end + 1])[0][-(end - start):].sum())
+      total += float(self.window(seq[first : end + 1])[0][-(end - start) :].sum())
     return total
 
 
@@ -168,14 +176,18 @@ def test_loglikelihood_equals_the_projects_scoring(lm, ref):
 
 def test_is_greedy_is_true_for_the_greedy_continuation(lm, loaded, ref):
   context = loaded.encode("def f(x):")
-  out = np.asarray(generate(loaded.model(), context[None], 6, temperature=0.0,
-                            valid_vocab=loaded.tokenizer.vocab_size))[0, context.size:]
+  out = np.asarray(
+    generate(
+      loaded.model(), context[None], 6, temperature=0.0, valid_vocab=loaded.tokenizer.vocab_size
+    )
+  )[0, context.size :]
   other = out.copy()
   other[-1] = (other[-1] + 1) % loaded.tokenizer.vocab_size
-  got = lm._loglikelihood_tokens([(None, context.tolist(), out.tolist()),
-                                  (None, context.tolist(), other.tolist())])
+  got = lm._loglikelihood_tokens(
+    [(None, context.tolist(), out.tolist()), (None, context.tolist(), other.tolist())]
+  )
   assert [g[1] for g in got] == [True, False]
-  want = ref.window(np.concatenate([context, out]))[0][-out.size:].sum()
+  want = ref.window(np.concatenate([context, out]))[0][-out.size :].sum()
   np.testing.assert_allclose(got[0][0], want, rtol=RTOL)
 
 
@@ -195,12 +207,16 @@ def test_generate_until_is_exports_greedy_text_cut_at_a_stop_string(lm, loaded, 
   settings = {"until": [], "max_gen_toks": 12}
   assert lm.generate_until([Request(p, dict(settings)) for p in prompts]) == full  # one batch
   stop = full[0][6:8]  # a stop string from inside the first text: the text before it
-  cut = full[0][:full[0].index(stop)]
+  cut = full[0][: full[0].index(stop)]
   assert cut and len(cut) < len(full[0])
   steps, next_ids = [], lm._next_ids
   monkeypatch.setattr(lm, "_next_ids", lambda *a: steps.append(1) or next_ids(*a))
-  got = lm.generate_until([Request(prompts[0], {"until": ["@@", stop], "max_gen_toks": 12}),
-                           Request(prompts[1], dict(settings, max_gen_toks=5))])
+  got = lm.generate_until(
+    [
+      Request(prompts[0], {"until": ["@@", stop], "max_gen_toks": 12}),
+      Request(prompts[1], dict(settings, max_gen_toks=5)),
+    ]
+  )
   assert got == [cut, lm.tok_decode(loaded.encode(full[1])[:5])]
   assert len(steps) == len(cut) + len(stop) + 5  # the first row ends once its stop is out
 
@@ -215,11 +231,14 @@ def test_a_transformers_style_directory_takes_a_tokenizer(lm, export_dir, tmp_pa
   assert got[1] == want[1] and got[0] == pytest.approx(want[0], rel=RTOL)
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
     ({"batch_size": "auto"}, "no automatic batch size"),
     ({"batch_size": 0}, "batch_size must be a positive integer"),
     ({"dtype": "float64"}, "dtype must be one of"),
-])
+  ],
+)
 def test_bad_model_args_are_refused(export_dir, kwargs, match):
   with pytest.raises(ValueError, match=match):
     harness.RoveJaxLM(path=export_dir, **kwargs)
@@ -239,23 +258,29 @@ def write_tasks(directory: Path) -> None:
   directory.mkdir()
   for name, docs in (("mc", MC_DOCS), ("ppl", ROLLING_DOCS)):
     (directory / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-  common = ("dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
-            "test_split: test\n")
+  common = (
+    "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+  )
   (directory / "rove_mc.yaml").write_text(
-      "task: rove_mc\n" + common.format(data=directory / "mc.jsonl")
-      + 'output_type: multiple_choice\ndoc_to_text: "{{question}}"\n'
-        'doc_to_choice: "{{choices}}"\ndoc_to_target: "{{answer}}"\n'
-        "metric_list:\n  - metric: acc\n")
+    "task: rove_mc\n"
+    + common.format(data=directory / "mc.jsonl")
+    + 'output_type: multiple_choice\ndoc_to_text: "{{question}}"\n'
+    'doc_to_choice: "{{choices}}"\ndoc_to_target: "{{answer}}"\n'
+    "metric_list:\n  - metric: acc\n"
+  )
   (directory / "rove_ppl.yaml").write_text(
-      "task: rove_ppl\n" + common.format(data=directory / "ppl.jsonl")
-      + 'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
-        "metric_list:\n  - metric: word_perplexity\n")
+    "task: rove_ppl\n"
+    + common.format(data=directory / "ppl.jsonl")
+    + 'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+    "metric_list:\n  - metric: word_perplexity\n"
+  )
 
 
 def read_samples(out: Path, task: str) -> list:
   (path,) = glob.glob(str(out / "*" / f"samples_{task}_*.jsonl"))
-  return sorted((json.loads(line) for line in Path(path).read_text().splitlines()),
-                key=lambda s: s["doc_id"])
+  return sorted(
+    (json.loads(line) for line in Path(path).read_text().splitlines()), key=lambda s: s["doc_id"]
+  )
 
 
 @pytest.mark.slow
@@ -263,15 +288,32 @@ def test_the_command_runs_local_tasks_to_the_projects_scores(export_dir, ref, tm
   """rove-lm-eval (python -m rove_jax.cli.harness) end to end, offline: per-sample scores, the
   accuracy and the word perplexity equal the reference's."""
   write_tasks(tmp_path / "tasks")
-  env = subprocess_env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
-                       PYTHONPATH=str(ROOT))
-  cmd = [sys.executable, "-m", "rove_jax.cli.harness", "--model", "rove_jax",
-         "--model_args", f"path={export_dir},max_length={MAX_LENGTH}",
-         "--tasks", "rove_mc", "rove_ppl", "--include_path", str(tmp_path / "tasks"),
-         "--only_include_path",  # lm_eval's own task files are not indexed: a faster start
-         "--batch_size", "4", "--log_samples", "--output_path", str(tmp_path / "out")]
-  run = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+  env = subprocess_env(
+    HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT)
+  )
+  cmd = [
+    sys.executable,
+    "-m",
+    "rove_jax.cli.harness",
+    "--model",
+    "rove_jax",
+    "--model_args",
+    f"path={export_dir},max_length={MAX_LENGTH}",
+    "--tasks",
+    "rove_mc",
+    "rove_ppl",
+    "--include_path",
+    str(tmp_path / "tasks"),
+    "--only_include_path",  # lm_eval's own task files are not indexed: a faster start
+    "--batch_size",
+    "4",
+    "--log_samples",
+    "--output_path",
+    str(tmp_path / "out"),
+  ]
+  run = subprocess.Popen(
+    cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
   try:  # the references meanwhile: the strings lm_eval builds from the task's templates
     pairs = [[(d["question"], " " + c) for c in d["choices"]] for d in MC_DOCS]
     want_mc = [[ref.loglikelihood(*p) for p in doc_pairs] for doc_pairs in pairs]
@@ -290,17 +332,18 @@ def test_the_command_runs_local_tasks_to_the_projects_scores(export_dir, ref, tm
     assert [g[1] for g in got] == [w[1] for w in want]
   rolling = read_samples(tmp_path / "out", "rove_ppl")
   assert [s["doc"] for s in rolling] == ROLLING_DOCS
-  np.testing.assert_allclose([float(s["resps"][0][0]) for s in rolling], want_rolling,
-                             rtol=RTOL)
+  np.testing.assert_allclose([float(s["resps"][0][0]) for s in rolling], want_rolling, rtol=RTOL)
 
   (results,) = glob.glob(str(tmp_path / "out" / "*" / "results_*.json"))
   scores = json.loads(Path(results).read_text())["results"]
-  correct = [int(np.argmax([w[0] for w in want])) == d["answer"]
-             for want, d in zip(want_mc, MC_DOCS)]
+  correct = [
+    int(np.argmax([w[0] for w in want])) == d["answer"] for want, d in zip(want_mc, MC_DOCS)
+  ]
   assert scores["rove_mc"]["acc,none"] == pytest.approx(np.mean(correct))
   words = sum(len(re.split(r"\s+", d["text"])) for d in ROLLING_DOCS)  # lm_eval's word count
   assert scores["rove_ppl"]["word_perplexity,none"] == pytest.approx(
-      np.exp(-sum(want_rolling) / words), rel=RTOL)
+    np.exp(-sum(want_rolling) / words), rel=RTOL
+  )
 
 
 # ------------------------------------------------------------------------ dependencies
@@ -310,6 +353,7 @@ def _requirements(requirements, extras, seen):
   """The distribution names `requirements` pull in (with `extras` active), recursively through
   the installed distributions' metadata; rove_jax's own extras are followed in pyproject.toml."""
   from packaging.requirements import Requirement
+
   out = set()
   for text in requirements:
     req = Requirement(text)
@@ -349,10 +393,12 @@ def test_neither_torch_nor_transformers_is_a_test_dependency():
 
 def test_only_include_path_needs_an_include_path(capsys):
   from rove_jax.cli import harness as harness_cli
+
   with pytest.raises(SystemExit) as e:
     harness_cli.parse_args(["--model", "rove_jax", "--tasks", "rove_mc", "--only_include_path"])
   assert e.value.code == 2
   assert "--only_include_path needs --include_path DIR" in capsys.readouterr().err
-  args = harness_cli.parse_args(["--model", "rove_jax", "--tasks", "rove_mc",
-                                 "--include_path", "tasks", "--only_include_path"])
+  args = harness_cli.parse_args(
+    ["--model", "rove_jax", "--tasks", "rove_mc", "--include_path", "tasks", "--only_include_path"]
+  )
   assert args.only_include_path and args.include_path == "tasks"

@@ -50,8 +50,11 @@ def test_the_defaults_fit_the_models_length(export_dir, short):
   assert (short.max_length, short.max_gen_toks) == (64, 32)  # half the input: the context's
   long = harness.RoveJaxLM(path=export_dir, max_length=1024)  # rotary: past its training length
   assert long.max_gen_toks == harness.DEFAULT_MAX_GEN_TOKS == 256  # lm_eval's HF model's
-  with pytest.raises(harness.InputError, match="max_gen_toks 64 leaves no room for a context "
-                                               "in max_length 64; give max_gen_toks below 64"):
+  with pytest.raises(
+    harness.InputError,
+    match="max_gen_toks 64 leaves no room for a context "
+    "in max_length 64; give max_gen_toks below 64",
+  ):
     harness.RoveJaxLM(path=export_dir, max_gen_toks=64)
 
 
@@ -61,52 +64,59 @@ def test_a_long_context_is_cut_from_the_left_keeping_the_whole_continuation(shor
   for (context, continuation), (logp, greedy) in zip(pairs, got):
     ctx, cont = loaded.encode(context), loaded.encode(continuation)
     assert ctx.size + cont.size > short.max_length + 1
-    want_logp, want_greedy = ref.window(np.concatenate([ctx, cont])[-(short.max_length + 1):])
-    np.testing.assert_allclose(logp, want_logp[-cont.size:].sum(), rtol=RTOL)
-    assert greedy == bool(want_greedy[-cont.size:].all())
+    want_logp, want_greedy = ref.window(np.concatenate([ctx, cont])[-(short.max_length + 1) :])
+    np.testing.assert_allclose(logp, want_logp[-cont.size :].sum(), rtol=RTOL)
+    assert greedy == bool(want_greedy[-cont.size :].all())
 
 
-def test_a_continuation_longer_than_max_length_is_refused_before_the_model_runs(short,
-                                                                               monkeypatch):
+def test_a_continuation_longer_than_max_length_is_refused_before_the_model_runs(short, monkeypatch):
   calls = counting(monkeypatch, short, "_score")
-  requests = [instance("loglikelihood", ("x = ", "1"), "rove_ok", 0),
-              instance("loglikelihood", ("def f(x):", (CODE * 2)[:65]), "rove_long", 3)]
+  requests = [
+    instance("loglikelihood", ("x = ", "1"), "rove_ok", 0),
+    instance("loglikelihood", ("def f(x):", (CODE * 2)[:65]), "rove_long", 3),
+  ]
   with pytest.raises(harness.InputError) as e:
     short.loglikelihood(requests)
   assert str(e.value) == (
-      "task rove_long (document 3): a continuation of 65 tokens (after 9 of context) is longer "
-      "than max_length 64: only the context is cut to fit, as in lm_eval's HF model, which "
-      "refuses it too; give model_args max_length=65 or more")
+    "task rove_long (document 3): a continuation of 65 tokens (after 9 of context) is longer "
+    "than max_length 64: only the context is cut to fit, as in lm_eval's HF model, which "
+    "refuses it too; give model_args max_length=65 or more"
+  )
   assert not calls
 
 
 def test_generate_until_keeps_the_last_tokens_that_leave_room_to_generate(short, loaded):
   prompt = CONTEXT + CODE  # 144 tokens
-  got = short.generate_until([Request(prompt, {"until": []}),
-                              Request(prompt, {"until": [], "max_gen_toks": 63})])
+  got = short.generate_until(
+    [Request(prompt, {"until": []}), Request(prompt, {"until": [], "max_gen_toks": 63})]
+  )
   # the default 32 new tokens after the last 32 of the prompt; 63 after the last one
   assert got == [loaded.generate(prompt[-32:], 32), loaded.generate(prompt[-1:], 63)]
   assert [len(t) for t in got] == [32, 63]  # ASCII: one character a token, no end-of-text
 
 
-def test_a_task_asking_max_length_new_tokens_is_refused_before_the_model_runs(short,
-                                                                             monkeypatch):
+def test_a_task_asking_max_length_new_tokens_is_refused_before_the_model_runs(short, monkeypatch):
   calls = counting(monkeypatch, short, "_next_ids")
-  requests = [instance("generate_until", ("x = ", {"until": ["\n"]}), "rove_ok", 0),
-              instance("generate_until", ("x = ", {"until": ["\n"], "max_gen_toks": 256}),
-                       "rove_gen", 1)]
+  requests = [
+    instance("generate_until", ("x = ", {"until": ["\n"]}), "rove_ok", 0),
+    instance("generate_until", ("x = ", {"until": ["\n"], "max_gen_toks": 256}), "rove_gen", 1),
+  ]
   with pytest.raises(harness.InputError) as e:
     short.generate_until(requests)
   assert str(e.value) == (
-      "task rove_gen (document 1): max_gen_toks 256 leaves no room for a context in max_length "
-      "64; give --gen_kwargs max_gen_toks=N with N below 64 (the context keeps its last 64 - N "
-      "tokens)")
+    "task rove_gen (document 1): max_gen_toks 256 leaves no room for a context in max_length "
+    "64; give --gen_kwargs max_gen_toks=N with N below 64 (the context keeps its last 64 - N "
+    "tokens)"
+  )
   assert not calls
 
 
 def test_sampling_is_refused_naming_the_task(short):
-  with pytest.raises(harness.InputError, match=r"task rove_gen \(document 0\): rove_jax's "
-                                               r"generate_until is greedy only"):
+  with pytest.raises(
+    harness.InputError,
+    match=r"task rove_gen \(document 0\): rove_jax's "
+    r"generate_until is greedy only",
+  ):
     short.generate_until([instance("generate_until", ("x", {"do_sample": True}), "rove_gen", 0)])
 
 
@@ -117,35 +127,64 @@ def write_task(directory: Path, name: str, docs: list, body: str) -> None:
   directory.mkdir(exist_ok=True)
   (directory / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
   (directory / f"{name}.yaml").write_text(
-      f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
-      f"    test: {directory / name}.jsonl\ntest_split: test\n{body}")
+    f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+    f"    test: {directory / name}.jsonl\ntest_split: test\n{body}"
+  )
 
 
 def run_command(tmp_path, export_dir, task: str) -> subprocess.CompletedProcess:
-  env = subprocess_env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
-                       PYTHONPATH=str(ROOT))
+  env = subprocess_env(
+    HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT)
+  )
   return subprocess.run(
-      [sys.executable, "-m", "rove_jax.cli.harness", "--model", "rove_jax", "--model_args",
-       f"path={export_dir}", "--tasks", task, "--include_path", str(tmp_path / "tasks"),
-       "--only_include_path", "--log_samples", "--output_path", str(tmp_path / "out")],
-      env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "rove_jax.cli.harness",
+      "--model",
+      "rove_jax",
+      "--model_args",
+      f"path={export_dir}",
+      "--tasks",
+      task,
+      "--include_path",
+      str(tmp_path / "tasks"),
+      "--only_include_path",
+      "--log_samples",
+      "--output_path",
+      str(tmp_path / "out"),
+    ],
+    env=env,
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 @pytest.mark.slow
-def test_the_command_generates_on_a_64_token_model_and_refuses_in_one_line(export_dir, loaded,
-                                                                          tmp_path):
+def test_the_command_generates_on_a_64_token_model_and_refuses_in_one_line(
+  export_dir, loaded, tmp_path
+):
   """rove-lm-eval at the export's own length: a generate_until task that sets no max_gen_toks
   runs (exit 0) to the export's greedy text; a multiple-choice task with a choice longer than
   max_length ends in one line naming the task, exit 2."""
-  write_task(tmp_path / "tasks", "rove_gen", [{"question": CONTEXT + "def f(x):", "answer": "x"}],
-             'output_type: generate_until\ndoc_to_text: "{{question}}"\n'
-             'doc_to_target: "{{answer}}"\ngeneration_kwargs:\n  until: ["@@"]\n'
-             "metric_list:\n  - metric: exact_match\n")
-  write_task(tmp_path / "tasks", "rove_long",
-             [{"question": "def f(x):", "choices": [" y", (CODE * 2)[:70]], "answer": 0}],
-             'output_type: multiple_choice\ndoc_to_text: "{{question}}"\n'
-             'doc_to_choice: "{{choices}}"\ndoc_to_target: "{{answer}}"\n'
-             "metric_list:\n  - metric: acc\n")
+  write_task(
+    tmp_path / "tasks",
+    "rove_gen",
+    [{"question": CONTEXT + "def f(x):", "answer": "x"}],
+    'output_type: generate_until\ndoc_to_text: "{{question}}"\n'
+    'doc_to_target: "{{answer}}"\ngeneration_kwargs:\n  until: ["@@"]\n'
+    "metric_list:\n  - metric: exact_match\n",
+  )
+  write_task(
+    tmp_path / "tasks",
+    "rove_long",
+    [{"question": "def f(x):", "choices": [" y", (CODE * 2)[:70]], "answer": 0}],
+    'output_type: multiple_choice\ndoc_to_text: "{{question}}"\n'
+    'doc_to_choice: "{{choices}}"\ndoc_to_target: "{{answer}}"\n'
+    "metric_list:\n  - metric: acc\n",
+  )
   done = run_command(tmp_path, export_dir, "rove_gen")
   assert done.returncode == 0, done.stderr[-5000:]
   (samples,) = (tmp_path / "out").glob("*/samples_rove_gen_*.jsonl")
@@ -157,6 +196,7 @@ def test_the_command_generates_on_a_64_token_model_and_refuses_in_one_line(expor
   assert done.returncode == 2, done.stderr[-5000:]
   assert "Traceback" not in done.stderr
   assert done.stderr.strip().splitlines()[-1] == (
-      "rove-lm-eval: error: task rove_long (document 0): a continuation of 71 tokens (after 9 "
-      "of context) is longer than max_length 64: only the context is cut to fit, as in "
-      "lm_eval's HF model, which refuses it too; give model_args max_length=71 or more")
+    "rove-lm-eval: error: task rove_long (document 0): a continuation of 71 tokens (after 9 "
+    "of context) is longer than max_length 64: only the context is cut to fit, as in "
+    "lm_eval's HF model, which refuses it too; give model_args max_length=71 or more"
+  )

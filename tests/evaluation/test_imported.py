@@ -19,14 +19,15 @@ from rove_jax.evaluation import imported
 from rove_jax.nn import pretrained
 from tests.train.test_init_from import checkpoint  # noqa: F401 - the tiny Llama + tokenizer
 
-TEXT = ("def scale(values, factor):\n    return [v * factor for v in values]\n\n"
-        "for name in sorted(os.listdir(path)):\n    print(name, len(name))\n") * 12
+TEXT = (
+  "def scale(values, factor):\n    return [v * factor for v in values]\n\n"
+  "for name in sorted(os.listdir(path)):\n    print(name, len(name))\n"
+) * 12
 
 
 def _nll_float64(cfg, params, window):
   """Summed NLL of window[1:] given window[:-1]: the model's logits, a float64 log-softmax."""
-  logits = np.asarray(pretrained.build(cfg, params)(jnp.asarray(window[None, :-1])),
-                      np.float64)[0]
+  logits = np.asarray(pretrained.build(cfg, params)(jnp.asarray(window[None, :-1])), np.float64)[0]
   logp = logits - logits.max(-1, keepdims=True)
   logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
   return -logp[np.arange(len(window) - 1), window[1:]].sum()
@@ -36,9 +37,27 @@ def test_rove_eval_scores_a_transformers_llama_directory(checkpoint, tmp_path, c
   text = tmp_path / "held_out.txt"
   text.write_text(TEXT)
   out = tmp_path / "report"
-  code = eval_cli.main(["--workdir", checkpoint, "--data-path", str(text), "--tasks", "ppl",
-                        "--lengths", "16,32", "--train-len", "16", "--yarn", "both",
-                        "--ppl-tokens", "64", "--out", str(out), "--no-progress"])
+  code = eval_cli.main(
+    [
+      "--workdir",
+      checkpoint,
+      "--data-path",
+      str(text),
+      "--tasks",
+      "ppl",
+      "--lengths",
+      "16,32",
+      "--train-len",
+      "16",
+      "--yarn",
+      "both",
+      "--ppl-tokens",
+      "64",
+      "--out",
+      str(out),
+      "--no-progress",
+    ]
+  )
   assert code == 0, capsys.readouterr().err
   rep = json.loads((out / "report.json").read_text())
   (run,) = rep["runs"]
@@ -50,7 +69,7 @@ def test_rove_eval_scores_a_transformers_llama_directory(checkpoint, tmp_path, c
   tokens = np.asarray(data_lib.load_tokens(corpus, "train", tok))
   cfg, params = pretrained.load(checkpoint)
   for L in (16, 32):
-    want = _nll_float64(cfg, params, tokens[:L + 1])
+    want = _nll_float64(cfg, params, tokens[: L + 1])
     got = ppl["none"][str(L)]["window_nll"][0]
     np.testing.assert_allclose(got, want, rtol=2e-5, err_msg=str(L))
   # YaRN: the identity at the training length, a different model above it
@@ -59,11 +78,17 @@ def test_rove_eval_scores_a_transformers_llama_directory(checkpoint, tmp_path, c
 
 
 def test_an_export_supplies_its_training_length_and_text_defaults_to_the_stdlib(
-    checkpoint, tmp_path):  # noqa: F811
+  checkpoint, tmp_path
+):  # noqa: F811
   cfg, params = pretrained.load(checkpoint)
   export = tmp_path / "export"
-  pretrained.save(str(export), cfg, params, format="rove_jax",
-                  extra_config={"rove_jax_run": {"step": 7, "train_len": 24, "tokenizer": {}}})
+  pretrained.save(
+    str(export),
+    cfg,
+    params,
+    format="rove_jax",
+    extra_config={"rove_jax_run": {"step": 7, "train_len": 24, "tokenizer": {}}},
+  )
   shutil.copy(pathlib.Path(checkpoint) / "tokenizer.json", export / "tokenizer.json")
   run = imported.load_model(str(export))
   assert (run.train_len, run.step, run.name) == (24, 7, "export")
@@ -71,22 +96,48 @@ def test_an_export_supplies_its_training_length_and_text_defaults_to_the_stdlib(
   assert imported.load_model(str(export), train_len=40).train_len == 40
   # a transformers directory: rope_scaling's original length, else max_position_embeddings
   assert imported.recorded_train_len({"max_position_embeddings": 64}) == 64
-  assert imported.recorded_train_len({"max_position_embeddings": 64, "rope_scaling": {
-      "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}}) == 16
+  assert (
+    imported.recorded_train_len(
+      {
+        "max_position_embeddings": 64,
+        "rope_scaling": {
+          "rope_type": "yarn",
+          "factor": 4.0,
+          "original_max_position_embeddings": 16,
+        },
+      }
+    )
+    == 16
+  )
   with pytest.raises(ValueError, match="--train-len"):
     imported.recorded_train_len({})
 
 
 def test_a_model_directory_without_a_tokenizer_exits_2_naming_the_flag(
-    checkpoint, tmp_path, capsys):  # noqa: F811
+  checkpoint, tmp_path, capsys
+):  # noqa: F811
   bare = tmp_path / "bare"
   bare.mkdir()
   for name in ("config.json", "model.safetensors"):
     shutil.copy(pathlib.Path(checkpoint) / name, bare / name)
   assert imported.is_model_dir(str(bare))
-  argv = ["--workdir", str(bare), "--tasks", "ppl", "--lengths", "16", "--train-len", "16",
-          "--ppl-tokens", "32", "--yarn", "off", "--out", str(tmp_path / "report"),
-          "--no-progress"]
+  argv = [
+    "--workdir",
+    str(bare),
+    "--tasks",
+    "ppl",
+    "--lengths",
+    "16",
+    "--train-len",
+    "16",
+    "--ppl-tokens",
+    "32",
+    "--yarn",
+    "off",
+    "--out",
+    str(tmp_path / "report"),
+    "--no-progress",
+  ]
   with pytest.raises(SystemExit) as exit_:  # an argument error, before the model loads
     eval_cli.main(argv)
   err = capsys.readouterr().err
@@ -137,6 +188,7 @@ def test_a_default_report_inside_a_python_package_is_refused(tmp_path, capsys):
     eval_cli.main(["--workdir", str(run)])
   assert info.value.code == 2 and "give --out DIR" in capsys.readouterr().err
   assert not (run / "eval").exists()
-  args = eval_cli.parse_args(["--workdir", str(run), "--out", str(tmp_path / "report")],
-                             check_files=True)
+  args = eval_cli.parse_args(
+    ["--workdir", str(run), "--out", str(tmp_path / "report")], check_files=True
+  )
   assert args.out_dir == str(tmp_path / "report")

@@ -34,12 +34,22 @@ def reference_model(run):
 
   def call(inputs_BL, yarn=None):
     return logits(run.params, inputs_BL, yarn=yarn)
+
   call.vocab_size = run.model_config.vocab_size
   return call
 
 
-def reference_ppl(model, tokens, length, *, max_tokens, stride=None, yarn_train_len=None,
-                  yarn_factor=None, n_buckets=8):
+def reference_ppl(
+  model,
+  tokens,
+  length,
+  *,
+  max_tokens,
+  stride=None,
+  yarn_train_len=None,
+  yarn_factor=None,
+  n_buckets=8,
+):
   """Token-weighted mean NLL of `length`-token windows, computed window by window.
 
   Window starts advance by `stride` (default: `length`, non-overlapping windows sharing one
@@ -64,9 +74,12 @@ def reference_ppl(model, tokens, length, *, max_tokens, stride=None, yarn_train_
     start += stride
   yarn = None
   if yarn_train_len is not None and (yarn_factor or length > yarn_train_len):
-    yarn = RopeScaling(rope_type="yarn", factor=yarn_factor or length / yarn_train_len,
-                       original_max_position_embeddings=yarn_train_len)
-  inputs = np.stack([tokens[s:s + length] for s in starts]).astype(np.int32)
+    yarn = RopeScaling(
+      rope_type="yarn",
+      factor=yarn_factor or length / yarn_train_len,
+      original_max_position_embeddings=yarn_train_len,
+    )
+  inputs = np.stack([tokens[s : s + length] for s in starts]).astype(np.int32)
   logits = np.asarray(model(jnp.asarray(inputs), yarn), np.float64)
   chex.assert_shape(logits, (len(starts), length, model.vocab_size))
   top = logits.max(-1, keepdims=True)
@@ -85,9 +98,14 @@ def reference_ppl(model, tokens, length, *, max_tokens, stride=None, yarn_train_
       b = min(p * n_buckets // length, n_buckets - 1)
       bucket_sum[b] += nll
       bucket_cnt[b] += 1
-  return {"loss": total / count, "tokens": count, "windows": len(starts),
-          "by_position": [s / c if c else None for s, c in zip(bucket_sum, bucket_cnt)],
-          "window_nll": window_nll, "window_tokens": window_tokens}
+  return {
+    "loss": total / count,
+    "tokens": count,
+    "windows": len(starts),
+    "by_position": [s / c if c else None for s, c in zip(bucket_sum, bucket_cnt)],
+    "window_nll": window_nll,
+    "window_tokens": window_tokens,
+  }
 
 
 def assert_row_matches(got, want, where):
@@ -97,13 +115,17 @@ def assert_row_matches(got, want, where):
   assert got["windows"] == want["windows"], where
   assert got["window_tokens"] == want["window_tokens"], where
   np.testing.assert_allclose(got["window_nll"], want["window_nll"], rtol=5e-6, err_msg=str(where))
-  np.testing.assert_allclose(sum(got["window_nll"]) / sum(got["window_tokens"]), got["loss"],
-                             rtol=1e-6, err_msg=str(where))
+  np.testing.assert_allclose(
+    sum(got["window_nll"]) / sum(got["window_tokens"]), got["loss"], rtol=1e-6, err_msg=str(where)
+  )
   np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-6, err_msg=str(where))
   np.testing.assert_allclose(got["ppl"], np.exp(want["loss"]), rtol=1e-6, err_msg=str(where))
   assert [b is None for b in got["by_position"]] == [b is None for b in want["by_position"]]
-  chex.assert_trees_all_close([b for b in got["by_position"] if b is not None],
-                              [b for b in want["by_position"] if b is not None], rtol=1e-6)
+  chex.assert_trees_all_close(
+    [b for b in got["by_position"] if b is not None],
+    [b for b in want["by_position"] if b is not None],
+    rtol=1e-6,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -121,23 +143,32 @@ def text_tokens():
 
 
 @pytest.mark.parametrize("stride_fraction", [None, 0.25])
-def test_perplexity_matches_a_numpy_reference_with_and_without_yarn(run, text_tokens,
-                                                                   stride_fraction):
+def test_perplexity_matches_a_numpy_reference_with_and_without_yarn(
+  run, text_tokens, stride_fraction
+):
   assert scoring.Scorer(run).yarn_scaling(TRAIN_LEN) is None  # the run is what we think it is
   # Small batches: several per length and a padded last one, whose rows must not count.
   scorer = scoring.Scorer(run, chunk_size=16, max_tokens_per_batch=200)
   lengths, max_tokens = [TRAIN_LEN, 2 * TRAIN_LEN], 300
   yarn = "all" if stride_fraction is None else "both"  # yarn_fixed once: it costs compiles
-  out = perplexity.evaluate(scorer, text_tokens, lengths, yarn=yarn, max_tokens=max_tokens,
-                            stride_fraction=stride_fraction, progress=False)
+  out = perplexity.evaluate(
+    scorer,
+    text_tokens,
+    lengths,
+    yarn=yarn,
+    max_tokens=max_tokens,
+    stride_fraction=stride_fraction,
+    progress=False,
+  )
   assert out["protocol"]["mode"] == ("sliding" if stride_fraction else "non-overlapping")
   assert set(out) == {"protocol", *perplexity.YARN_SETTINGS[yarn]}
   model = reference_model(run)
   for L in lengths:
     stride = None if stride_fraction is None else int(L * stride_fraction)
     plain = reference_ppl(model, text_tokens, L, max_tokens=max_tokens, stride=stride)
-    yarn = reference_ppl(model, text_tokens, L, max_tokens=max_tokens, stride=stride,
-                         yarn_train_len=TRAIN_LEN)
+    yarn = reference_ppl(
+      model, text_tokens, L, max_tokens=max_tokens, stride=stride, yarn_train_len=TRAIN_LEN
+    )
     assert_row_matches(out["none"][str(L)], plain, ("none", L))
     assert_row_matches(out["yarn"][str(L)], yarn, ("yarn", L))
     if L <= TRAIN_LEN:  # YaRN is the identity up to the training length
@@ -146,8 +177,14 @@ def test_perplexity_matches_a_numpy_reference_with_and_without_yarn(run, text_to
       assert abs(yarn["loss"] / plain["loss"] - 1) > 2e-5, (yarn, plain)
   if yarn == "all":  # one factor, max(lengths) / TRAIN_LEN = 2, at both lengths
     assert out["protocol"]["yarn_fixed_factor"] == 2.0
-    fixed_1x = reference_ppl(model, text_tokens, TRAIN_LEN, max_tokens=max_tokens,
-                             yarn_train_len=TRAIN_LEN, yarn_factor=2.0)
+    fixed_1x = reference_ppl(
+      model,
+      text_tokens,
+      TRAIN_LEN,
+      max_tokens=max_tokens,
+      yarn_train_len=TRAIN_LEN,
+      yarn_factor=2.0,
+    )
     assert_row_matches(out["yarn_fixed"][str(TRAIN_LEN)], fixed_1x, ("yarn_fixed", TRAIN_LEN))
     assert abs(fixed_1x["loss"] / out["none"][str(TRAIN_LEN)]["loss"] - 1) > 2e-5  # not none
     assert out["yarn_fixed"][str(2 * TRAIN_LEN)] == out["yarn"][str(2 * TRAIN_LEN)]
@@ -163,7 +200,7 @@ def test_sliding_windows_score_each_token_once_with_the_most_context(text_tokens
   chex.assert_shape(wins, (first.size, L + 1))
   targets, context = [], []
   for i, (w, f) in enumerate(zip(wins, first)):
-    np.testing.assert_array_equal(w, text_tokens[i * stride:i * stride + L + 1])
+    np.testing.assert_array_equal(w, text_tokens[i * stride : i * stride + L + 1])
     targets += [i * stride + 1 + p for p in range(f, L)]
     context += list(range(f + 1, L + 1))
   assert targets == list(range(1, len(targets) + 1))

@@ -25,14 +25,19 @@ def ppl_run(encoding, seed, settings=("none", "yarn", "yarn_fixed"), windows=Fal
       rows[str(L)] = {"loss": loss, "ppl": math.exp(loss), "tokens": 40, "windows": 4}
       if windows:
         tokens = [10, 10, 5, 15]
-        rows[str(L)].update(window_tokens=tokens,
-                            window_nll=[loss * t * (1 + 0.1 * (i - 1.5)) for i, t in
-                                        enumerate(tokens)])
+        rows[str(L)].update(
+          window_tokens=tokens,
+          window_nll=[loss * t * (1 + 0.1 * (i - 1.5)) for i, t in enumerate(tokens)],
+        )
     ppl[setting] = rows
   if "yarn" not in settings:
     ppl["yarn"] = {"not_applicable": "no rotary frequencies"}
-  return {"name": f"{encoding}-{seed}", "perplexity": ppl, "ruler": None,
-          "model": {"pos_encoding": encoding, "max_len": 128, "train_len": 128}}
+  return {
+    "name": f"{encoding}-{seed}",
+    "perplexity": ppl,
+    "ruler": None,
+    "model": {"pos_encoding": encoding, "max_len": 128, "train_len": 128},
+  }
 
 
 def curves(ax) -> dict:
@@ -46,8 +51,11 @@ def bands(ax) -> dict:
   for coll in ax.collections:
     xy = coll.get_paths()[0].vertices
     xs = np.unique(xy[:, 0])
-    out[coll.get_gid()] = (xs, np.array([xy[xy[:, 0] == x, 1].min() for x in xs]),
-                           np.array([xy[xy[:, 0] == x, 1].max() for x in xs]))
+    out[coll.get_gid()] = (
+      xs,
+      np.array([xy[xy[:, 0] == x, 1].min() for x in xs]),
+      np.array([xy[xy[:, 0] == x, 1].max() for x in xs]),
+    )
   return out
 
 
@@ -61,10 +69,11 @@ def test_perplexity_colours_by_encoding_styles_by_setting_and_means_over_seeds(c
   runs = [ppl_run(e, s) for e in ("rove", "rope") for s in (0, 1)]
   runs.append(ppl_run("nope", 0, settings=("none",)))
   fig = plots.perplexity_figure({"runs": runs})
-  ax, = fig.axes
+  (ax,) = fig.axes
   lines = curves(ax)
   assert set(lines) == {f"{e}/{s}" for e in ("rove", "rope") for s in plots.SETTING_STYLES} | {
-      "nope/none"}
+    "nope/none"
+  }
   for gid, line in lines.items():
     encoding, setting = gid.split("/")
     assert to_rgba(line.get_color()) == to_rgba(plots.ENCODING_COLORS[encoding])
@@ -81,13 +90,21 @@ def test_perplexity_colours_by_encoding_styles_by_setting_and_means_over_seeds(c
   np.testing.assert_allclose(lower, [math.exp(2.1 + 0.01 * L / 64) for L in LENGTHS])
   np.testing.assert_allclose(upper, [math.exp(2.15 + 0.01 * L / 64) for L in LENGTHS])
   assert to_rgba(ax.collections[0].get_facecolor()[0], alpha=1) == to_rgba(
-      plots.ENCODING_COLORS[ax.collections[0].get_gid().split("/")[0]])
+    plots.ENCODING_COLORS[ax.collections[0].get_gid().split("/")[0]]
+  )
   # Axis and legend: log2 lengths labelled, each encoding and setting named once.
   assert ax.get_xscale() == "log"
   assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "128", "256"]
   assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-      "RoVE", "RoPE", "NoPE", "no YaRN", "YaRN, factor L / T", "YaRN, one fixed factor",
-      "band: min-max over seeds", "training length"]
+    "RoVE",
+    "RoPE",
+    "NoPE",
+    "no YaRN",
+    "YaRN, factor L / T",
+    "YaRN, one fixed factor",
+    "band: min-max over seeds",
+    "training length",
+  ]
   assert [l.get_xdata()[0] for l in ax.get_lines() if l.get_gid() == "train_len"] == [128]
 
 
@@ -96,12 +113,15 @@ def test_perplexity_ticks_above_ten_are_labelled(close_figures):
   runs = [ppl_run("rove", 0, settings=("none",))]
   for L, ppl in zip(LENGTHS, (5.5, 9.0, 16.0)):
     runs[0]["perplexity"]["none"][str(L)]["loss"] = math.log(ppl)
-  ax, = plots.perplexity_figure({"runs": runs}).axes
+  (ax,) = plots.perplexity_figure({"runs": runs}).axes
   fig = ax.figure
   fig.canvas.draw()
   low, high = ax.get_ylim()
-  shown = [(t.get_loc(), t.label1.get_text()) for t in ax.yaxis.get_major_ticks()
-           if low <= t.get_loc() <= high and t.label1.get_visible()]
+  shown = [
+    (t.get_loc(), t.label1.get_text())
+    for t in ax.yaxis.get_major_ticks()
+    if low <= t.get_loc() <= high and t.label1.get_visible()
+  ]
   labels = [text for _, text in shown]
   assert all(text for text in labels)
   assert [text for loc, text in shown if loc > 10] == ["12", "15"]
@@ -121,7 +141,7 @@ def test_perplexity_band_is_the_seed_range_even_with_window_records(close_figure
   """Per-window records do not turn the band into an interval over windows (whose difficulty
   every run shares): it stays the min-max over seeds, around the mean over seeds."""
   runs = [ppl_run("rove", s, settings=("none",), windows=True) for s in range(3)]
-  ax, = plots.perplexity_figure({"runs": runs}).axes
+  (ax,) = plots.perplexity_figure({"runs": runs}).axes
   xs, lower, upper = bands(ax)["rove/none"]
   row = lambda r, L: r["perplexity"]["none"][str(L)]
   for i, L in enumerate(int(x) for x in xs):
@@ -132,10 +152,20 @@ def test_perplexity_band_is_the_seed_range_even_with_window_records(close_figure
 
 
 def records(encodings=("rove", "rope"), settings=("none", "yarn"), seeds=(0, 1, 2)):
-  return [{"encoding": e, "seed": s, "setting": st, "length": L,
-           "accuracy": 0.9 - 0.1 * j - 0.05 * s - (0.2 if e == "rope" else 0),
-           "nll": 0.5 + 0.1 * j + 0.05 * s}
-          for e in encodings for st in settings for s in seeds for j, L in enumerate(LENGTHS)]
+  return [
+    {
+      "encoding": e,
+      "seed": s,
+      "setting": st,
+      "length": L,
+      "accuracy": 0.9 - 0.1 * j - 0.05 * s - (0.2 if e == "rope" else 0),
+      "nll": 0.5 + 0.1 * j + 0.05 * s,
+    }
+    for e in encodings
+    for st in settings
+    for s in seeds
+    for j, L in enumerate(LENGTHS)
+  ]
 
 
 def test_retrieval_study_draws_two_panels_with_the_same_conventions(close_figures):
@@ -150,8 +180,12 @@ def test_retrieval_study_draws_two_panels_with_the_same_conventions(close_figure
     # Unknown encodings and settings get colours and styles no known one has.
     assert lines["alibi/ntk"].get_color() not in plots.ENCODING_COLORS.values()
     assert lines["alibi/ntk"].get_linestyle() not in plots.SETTING_STYLES.values()
-    mean = [np.mean([r[key] for r in recs if (r["encoding"], r["setting"], r["length"])
-                     == ("rope", "yarn", L)]) for L in LENGTHS]
+    mean = [
+      np.mean(
+        [r[key] for r in recs if (r["encoding"], r["setting"], r["length"]) == ("rope", "yarn", L)]
+      )
+      for L in LENGTHS
+    ]
     np.testing.assert_allclose(lines["rope/yarn"].get_ydata(), mean)
     assert set(bands(ax)) == {"rove/none", "rove/yarn", "rope/none", "rope/yarn"}
   _, lower, upper = bands(acc)["rope/none"]
@@ -175,21 +209,39 @@ def test_retrieval_records_are_checked(close_figures):
 
 
 def ruler_run(encoding, seed, *, settings=True, skip=False):
-  rows = lambda base: {str(L): {"nll": base + seed, "exact_match": 0.5, "n": 2,
-                                "sample_nll": [base + seed] * 2, "sample_correct": [0, 1]}
-                       for L in LENGTHS}
+  rows = lambda base: {
+    str(L): {
+      "nll": base + seed,
+      "exact_match": 0.5,
+      "n": 2,
+      "sample_nll": [base + seed] * 2,
+      "sample_correct": [0, 1],
+    }
+    for L in LENGTHS
+  }
   tasks = {"a": rows(1.0), "b": rows(3.0)}
   if skip:
     tasks.pop("b")
-  ruler = ({"settings": {"none": {"tasks": tasks}, "yarn": {"tasks": tasks}}} if settings
-           else {"tasks": tasks})
-  return {"name": f"{encoding}-{seed}", "perplexity": None, "ruler": ruler,
-          "model": {"pos_encoding": encoding, "max_len": 128, "train_len": 128}}
+  ruler = (
+    {"settings": {"none": {"tasks": tasks}, "yarn": {"tasks": tasks}}}
+    if settings
+    else {"tasks": tasks}
+  )
+  return {
+    "name": f"{encoding}-{seed}",
+    "perplexity": None,
+    "ruler": ruler,
+    "model": {"pos_encoding": encoding, "max_len": 128, "train_len": 128},
+  }
 
 
 def test_ruler_draws_each_setting_over_the_tasks_every_run_scored(close_figures):
-  runs = [ruler_run("rove", 0), ruler_run("rove", 1), ruler_run("rope", 0),
-          ruler_run("nope", 0, settings=False, skip=True)]  # version 1 ("none"), no task b
+  runs = [
+    ruler_run("rove", 0),
+    ruler_run("rove", 1),
+    ruler_run("rope", 0),
+    ruler_run("nope", 0, settings=False, skip=True),
+  ]  # version 1 ("none"), no task b
   acc, nll = plots.ruler_figure({"runs": runs}).axes[:2]
   lines = curves(nll)
   assert set(lines) == {"rove/none", "rove/yarn", "rope/none", "rope/yarn", "nope/none"}

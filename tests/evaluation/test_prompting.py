@@ -88,7 +88,7 @@ def test_fitting_filler_text_to_a_length(tok):
     fit = prompting.fit_length(size, target, lo=0)
     assert fit.n == largest_fitting(size, target, 0, fit.n + 40)
     assert prompting.within_tolerance(fit.tokens, target, tolerance), (target, fit)
-    assert fit.tokens == 1 + len(tok.encode(" ".join(words[:fit.n]))) + len(tok.encode(" 42"))
+    assert fit.tokens == 1 + len(tok.encode(" ".join(words[: fit.n]))) + len(tok.encode(" 42"))
 
 
 # ------------------------------------------------------------------------------- tolerance
@@ -100,7 +100,8 @@ def test_within_tolerance_window_edges():
   assert not prompting.within_tolerance(979, 1000, 0.02)
   assert not prompting.within_tolerance(1001, 1000, 0.02)  # never past the target
   assert prompting.within_tolerance(244, 256, 0.05) and not prompting.within_tolerance(
-      243, 256, 0.05)
+    243, 256, 0.05
+  )
 
 
 def test_within_tolerance_matches_the_fraction_of_the_target():
@@ -110,8 +111,7 @@ def test_within_tolerance_matches_the_fraction_of_the_target():
     floor = np.floor((1 - tolerance) * targets).astype(int)
     for tokens in (floor - 1, floor, floor + 1, targets, targets + 1):
       expected = (tokens >= (1 - tolerance) * targets) & (tokens <= targets)
-      got = [prompting.within_tolerance(int(n), int(t), tolerance)
-             for n, t in zip(tokens, targets)]
+      got = [prompting.within_tolerance(int(n), int(t), tolerance) for n, t in zip(tokens, targets)]
       chex.assert_trees_all_equal(np.array(got), expected)
 
 
@@ -197,14 +197,18 @@ def test_context_fit_cuts_prompts_from_the_left_and_counts_them():
 
   fit = prompting.ContextFit(score_fn, 6)
   answers = [np.array([9, 9], np.int32)] * 3
-  prompts = [np.arange(4, dtype=np.int32), np.arange(5, dtype=np.int32),
-             np.arange(10, dtype=np.int32)]
+  prompts = [
+    np.arange(4, dtype=np.int32),
+    np.arange(5, dtype=np.int32),
+    np.arange(10, dtype=np.int32),
+  ]
   assert fit(prompts, answers) == [(4.0, True), (4.0, True), (4.0, True)]
   # The one that fit is untouched; the others keep their last tokens (the question).
   assert seen == [[[0, 1, 2, 3], [1, 2, 3, 4], [6, 7, 8, 9]]]
   assert (fit.prompts, fit.truncated) == (3, 2)
   fit(prompts[:1], answers[:1])
   assert (fit.prompts, fit.truncated) == (4, 2)  # counts add up over calls
-  with pytest.raises(ValueError, match="an answer of 6 tokens leaves no room for a prompt in a "
-                                       "context of 6 tokens"):
+  with pytest.raises(
+    ValueError, match="an answer of 6 tokens leaves no room for a prompt in a context of 6 tokens"
+  ):
     fit(prompts[:1], [np.arange(6, dtype=np.int32)])

@@ -15,18 +15,18 @@ from rove_jax.evaluation.ruler import suite as ruler
 from tests.reference import ByteTok, WordTok
 
 ESSAYS = [
-    "When I was young I thought the best way to learn a craft was to read about it. Later I "
-    "found that reading only helps once you have tried and failed a few times. The failures "
-    "give the words something to attach to. Without them, advice slides off like rain from a "
-    "window. So the order matters: first make something bad, then read, then make it again.",
-    "Cities grow along rivers for a simple reason. Water moves goods more cheaply than any road "
-    "could before railways. A town at a crossing point collects traders, and traders attract "
-    "craftsmen. Over centuries the crossing becomes a bridge, and the bridge becomes the centre "
-    "of a city that no longer remembers why it is there.",
-    "Good tools disappear while you use them. You notice a hammer only when its head is loose. "
-    "The same holds for programming languages, which is why arguments about them are so heated. "
-    "People defend the tool that has become invisible to them. Is that irrational? Not entirely, "
-    "since learning a new tool costs real time!",
+  "When I was young I thought the best way to learn a craft was to read about it. Later I "
+  "found that reading only helps once you have tried and failed a few times. The failures "
+  "give the words something to attach to. Without them, advice slides off like rain from a "
+  "window. So the order matters: first make something bad, then read, then make it again.",
+  "Cities grow along rivers for a simple reason. Water moves goods more cheaply than any road "
+  "could before railways. A town at a crossing point collects traders, and traders attract "
+  "craftsmen. Over centuries the crossing becomes a bridge, and the bridge becomes the centre "
+  "of a city that no longer remembers why it is there.",
+  "Good tools disappear while you use them. You notice a hammer only when its head is loose. "
+  "The same holds for programming languages, which is why arguments about them are so heated. "
+  "People defend the tool that has become invisible to them. Is that irrational? Not entirely, "
+  "since learning a new tool costs real time!",
 ]
 NOISE = " ".join(prompting.NOISE_SENTENCES)
 # Tasks whose fixed parts need more than 512 bytes; they are checked from 1024 bytes.
@@ -36,8 +36,7 @@ NEEDLE = re.compile(r"One of the special magic (?:number|uuid)s for (\S+) is: (\
 
 
 def gen(task, length, tok, seed=7, **kw):
-  return ruler.generate(task, length=length, tokenizer=tok, seed=seed, haystack_texts=ESSAYS,
-                        **kw)
+  return ruler.generate(task, length=length, tokenizer=tok, seed=seed, haystack_texts=ESSAYS, **kw)
 
 
 def split_prompt(text, first_line_end="\n"):
@@ -54,8 +53,10 @@ def split_prompt(text, first_line_end="\n"):
 def check_niah(task, text, s):
   kind = KIND[task]
   head, context, question, prefix = split_prompt(text)
-  assert head == (f"Some special magic {kind}s are hidden within the following text. Make sure "
-                  f"to memorize it. I will quiz you about the {kind}s afterwards.")
+  assert head == (
+    f"Some special magic {kind}s are hidden within the following text. Make sure "
+    f"to memorize it. I will quiz you about the {kind}s afterwards."
+  )
   keys, needles = s.meta["keys"], s.meta["needles"]
   for k, v in needles:
     assert context.count(f"One of the special magic {kind}s for {k} is: {v}.") == 1
@@ -72,8 +73,9 @@ def check_niah(task, text, s):
     assert prefix.endswith("are")
   else:
     assert len(keys) == 1 and s.answers == gold[keys[0]] and prefix.endswith("is")
-    assert question == (f"What is the special magic {kind} for {keys[0]} mentioned in the "
-                        f"provided text?")
+    assert question == (
+      f"What is the special magic {kind} for {keys[0]} mentioned in the provided text?"
+    )
   for a in s.answers:
     assert a in context
   if task == "niah_multikey_1":
@@ -89,8 +91,9 @@ def check_niah(task, text, s):
     if not found[-1]:
       assert lines[-1] and "One of the special magic".startswith(lines[-1][:24])
     if kind == "uuid":
-      assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}",
-                          keys[0])
+      assert re.fullmatch(
+        r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", keys[0]
+      )
   else:
     plain = " ".join(NEEDLE.sub(" ", context).split())
     if task == "niah_single_1":
@@ -98,17 +101,18 @@ def check_niah(task, text, s):
     else:
       stream = " ".join(" ".join(e.split()) for e in ESSAYS)
       assert plain in (stream + " ") * (len(plain) // len(stream) + 3)
-  assert all(re.fullmatch(r"\d{7}" if kind == "number" else r"[0-9a-f-]{36}", a)
-             for a in s.answers)
+  assert all(re.fullmatch(r"\d{7}" if kind == "number" else r"[0-9a-f-]{36}", a) for a in s.answers)
 
 
 def check_vt(text, s):
-  assert text.startswith("Memorize and track the chain(s) of variable assignment hidden in the "
-                         "following text.\n\n")
+  assert text.startswith(
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
+  )
   _, context, question, prefix = split_prompt(text, "\n\n")
   value = s.meta["value"]
-  assert question == ("Question: Find all variables that are assigned the value "
-                      f"{value} in the text above.")
+  assert question == (
+    f"Question: Find all variables that are assigned the value {value} in the text above."
+  )
   assert prefix.endswith(f"5 variables are assigned the value {value}, they are:")
   holds = {}  # variable -> value, resolved in reading order
   lines = context.split("\n")
@@ -172,11 +176,11 @@ def test_task_size_determinism_and_content(task, tok_name):
     chex.assert_rank([s.prompt_ids, s.answer_ids], 1)
     assert s.prompt_ids[0] == tok.eot_id and tok.eot_id not in s.prompt_ids[1:]
     again = gen(task, length, tok)
-    chex.assert_trees_all_equal((again.prompt_ids, again.answer_ids),
-                                (s.prompt_ids, s.answer_ids))
+    chex.assert_trees_all_equal((again.prompt_ids, again.answer_ids), (s.prompt_ids, s.answer_ids))
     other = gen(task, length, tok, seed=8)
-    assert (other.prompt_ids.shape != s.prompt_ids.shape
-            or not np.array_equal(other.prompt_ids, s.prompt_ids))
+    assert other.prompt_ids.shape != s.prompt_ids.shape or not np.array_equal(
+      other.prompt_ids, s.prompt_ids
+    )
     assert other.answers != s.answers
     # The answer decodes to the gold text, which starts with the space after the prefix.
     answer = tok.decode(s.answer_ids)
@@ -229,30 +233,46 @@ def test_evaluate_aggregates_hand_checkable_numbers():
     batches.append((prompts, answers))
     # NLL = answer length + index in batch; a match where the answer text is in the prompt,
     # except for the second sample of each batch.
-    return [(float(a.size + i), tok.decode(a) in tok.decode(p) and i != 1)
-            for i, (p, a) in enumerate(zip(prompts, answers))]
+    return [
+      (float(a.size + i), tok.decode(a) in tok.decode(p) and i != 1)
+      for i, (p, a) in enumerate(zip(prompts, answers))
+    ]
 
-  res = ruler.evaluate(score, tok, tasks=["niah_single_1", "niah_single_3", "niah_multivalue",
-                                          "qa_1"],
-                       lengths=[1024, 2048], samples_per_task=3, seed=0, haystack_texts=ESSAYS,
-                       progress=False)
+  res = ruler.evaluate(
+    score,
+    tok,
+    tasks=["niah_single_1", "niah_single_3", "niah_multivalue", "qa_1"],
+    lengths=[1024, 2048],
+    samples_per_task=3,
+    seed=0,
+    haystack_texts=ESSAYS,
+    progress=False,
+  )
   # " 1234567" is 8 bytes and appears in its needle; " <uuid>" 37; " a, b, c, d" 35 bytes and
   # never appears as one string. + 1 is the mean batch index (0 + 1 + 2) / 3.
-  expected = {"niah_single_1": (8 + 1, 2 / 3), "niah_single_3": (37 + 1, 2 / 3),
-              "niah_multivalue": (35 + 1, 0.0)}
+  expected = {
+    "niah_single_1": (8 + 1, 2 / 3),
+    "niah_single_3": (37 + 1, 2 / 3),
+    "niah_multivalue": (35 + 1, 0.0),
+  }
   assert set(res) == {"tasks", "skipped"}
   assert set(res["tasks"]) == set(expected)
   for task, (nll, em) in expected.items():
     for length in ("1024", "2048"):
       correct = [1, 0, 1] if em else [0, 0, 0]  # per sample, in sample order
       assert res["tasks"][task][length] == {
-          "nll": pytest.approx(nll), "exact_match": pytest.approx(em), "n": 3,
-          "correct": sum(correct), "sample_nll": [nll - 1, nll, nll + 1],
-          "sample_correct": correct}
+        "nll": pytest.approx(nll),
+        "exact_match": pytest.approx(em),
+        "n": 3,
+        "correct": sum(correct),
+        "sample_nll": [nll - 1, nll, nll + 1],
+        "sample_correct": correct,
+      }
   assert list(res["skipped"]) == ["qa_1"] and "squad_path" in res["skipped"]["qa_1"]
   assert [len(p) for p, _ in batches] == [3] * 6
   for prompts, answers in batches:
     assert len({p.tobytes() for p in prompts}) == 3  # three different samples
+
   def values(batch):
     return [sorted(tok.decode(a).replace(",", "").split()) for a in batch[1]]
 
@@ -263,11 +283,30 @@ def test_evaluate_aggregates_hand_checkable_numbers():
 
 
 def test_evaluate_progress_bar(capsys):
-  res = ruler.evaluate(lambda p, a: [(1.5, True)] * len(p), ByteTok(), tasks=["vt"],
-                       lengths=[1024], samples_per_task=2, seed=1, progress=True)
-  assert res == {"tasks": {"vt": {"1024": {"nll": 1.5, "exact_match": 1.0, "n": 2, "correct": 2,
-                                          "sample_nll": [1.5, 1.5], "sample_correct": [1, 1]}}},
-                 "skipped": {}}
+  res = ruler.evaluate(
+    lambda p, a: [(1.5, True)] * len(p),
+    ByteTok(),
+    tasks=["vt"],
+    lengths=[1024],
+    samples_per_task=2,
+    seed=1,
+    progress=True,
+  )
+  assert res == {
+    "tasks": {
+      "vt": {
+        "1024": {
+          "nll": 1.5,
+          "exact_match": 1.0,
+          "n": 2,
+          "correct": 2,
+          "sample_nll": [1.5, 1.5],
+          "sample_correct": [1, 1],
+        }
+      }
+    },
+    "skipped": {},
+  }
   assert "RULER" in capsys.readouterr().err
 
 
@@ -281,12 +320,20 @@ def test_evaluate_settings_scores_the_same_samples_under_each_setting():
       def score(prompts, answers):
         calls.append((offset, length, [p.tobytes() for p in prompts]))
         return [(offset + 0.25 * i + 1 / 3, i % 2 == 0) for i in range(len(prompts))]
+
       return score
+
     return at_length
 
-  res = ruler.evaluate_settings({"none": setting(1.0), "yarn": setting(2.0)}, tok,
-                                tasks=["vt"], lengths=[1024], samples_per_task=3, seed=2,
-                                progress=False)
+  res = ruler.evaluate_settings(
+    {"none": setting(1.0), "yarn": setting(2.0)},
+    tok,
+    tasks=["vt"],
+    lengths=[1024],
+    samples_per_task=3,
+    seed=2,
+    progress=False,
+  )
   assert set(res) == {"settings", "skipped"} and list(res["settings"]) == ["none", "yarn"]
   assert [(offset, length) for offset, length, _ in calls] == [(1.0, 1024), (2.0, 1024)]
   assert calls[0][2] == calls[1][2]  # the same three samples
@@ -297,8 +344,15 @@ def test_evaluate_settings_scores_the_same_samples_under_each_setting():
     assert row["sample_nll"] == [round(offset + 0.25 * i + 1 / 3, 5) for i in range(3)]
     assert np.mean(row["sample_nll"]) == pytest.approx(row["nll"], rel=1e-5)  # 6 digits
     assert np.mean(row["sample_correct"]) == row["exact_match"]
-  alone = ruler.evaluate(setting(1.0)(1024), tok, tasks=["vt"], lengths=[1024],
-                         samples_per_task=3, seed=2, progress=False)
+  alone = ruler.evaluate(
+    setting(1.0)(1024),
+    tok,
+    tasks=["vt"],
+    lengths=[1024],
+    samples_per_task=3,
+    seed=2,
+    progress=False,
+  )
   assert alone["tasks"] == res["settings"]["none"]["tasks"]
 
 
@@ -315,8 +369,15 @@ def test_evaluate_errors_before_any_scoring():
   with pytest.raises(ValueError, match="list of task names"):
     ruler.evaluate(score, ByteTok(), tasks="vt", **kw)
   with pytest.raises(ValueError, match=r"too short for task 'cwe'.*length >= \d+"):
-    ruler.evaluate(score, ByteTok(), tasks=["vt", "cwe"], lengths=[1024, 480],
-                   samples_per_task=2, seed=0, progress=False)
+    ruler.evaluate(
+      score,
+      ByteTok(),
+      tasks=["vt", "cwe"],
+      lengths=[1024, 480],
+      samples_per_task=2,
+      seed=0,
+      progress=False,
+    )
   assert calls == []
   with pytest.raises(ValueError, match="returned 0 results for 1 pairs of task .vt. at length"):
     ruler.evaluate(lambda p, a: [], ByteTok(), tasks=["vt"], **kw)
@@ -335,8 +396,7 @@ def test_generate_errors():
   with pytest.raises(ValueError, match="needs haystack_texts"):
     ruler.generate("niah_single_2", length=1024, tokenizer=tok, seed=0)
   with pytest.raises(ValueError, match="single string"):
-    ruler.generate("niah_single_2", length=1024, tokenizer=tok, seed=0,
-                   haystack_texts=ESSAYS[0])
+    ruler.generate("niah_single_2", length=1024, tokenizer=tok, seed=0, haystack_texts=ESSAYS[0])
   with pytest.raises(ValueError, match="seed must be an int >= 0"):
     ruler.generate("vt", length=1024, tokenizer=tok, seed=-1)
   with pytest.raises(ValueError, match="length must be an int >= 1"):
@@ -347,45 +407,114 @@ def test_generate_errors():
 
 # ------------------------------------------------------------------------------- QA files
 
-SQUAD = {"version": "v2.0", "data": [
-    {"title": "Nile", "paragraphs": [
-        {"context": "The Nile is a major north-flowing river in northeastern Africa. It flows "
-                    "into the Mediterranean Sea after passing through Egypt.",
-         "qas": [{"id": "a", "question": "Into which sea does the Nile flow?",
-                  "answers": [{"text": "the Mediterranean Sea", "answer_start": 89},
-                              {"text": "Mediterranean Sea", "answer_start": 93},
-                              {"text": "Mediterranean Sea", "answer_start": 93}],
-                  "is_impossible": False},
-                 {"id": "b", "question": "Which river is the longest in Antarctica?",
-                  "answers": [], "is_impossible": True}]},
-        {"context": "Aswan lies on the east bank of the Nile. Its dam was finished in 1970.",
-         "qas": [{"id": "c", "question": "When was the dam at Aswan finished?",
-                  "answers": [{"text": "1970", "answer_start": 66}]}]}]},
-    {"title": "Tea", "paragraphs": [
-        {"context": "Tea is an aromatic beverage prepared by pouring hot water over cured "
-                    "leaves of Camellia sinensis, an evergreen shrub native to East Asia.",
-         "qas": [{"id": "d", "question": "Which plant are tea leaves taken from?",
-                  "answers": [{"text": "Camellia sinensis", "answer_start": 79}]}]},
-        {"context": "Green tea is not oxidized, while black tea is fully oxidized.",
-         "qas": [{"id": "e", "question": "Which tea is fully oxidized?",
-                  "answers": [{"text": "black tea", "answer_start": 41}]}]}]}]}
+SQUAD = {
+  "version": "v2.0",
+  "data": [
+    {
+      "title": "Nile",
+      "paragraphs": [
+        {
+          "context": "The Nile is a major north-flowing river in northeastern Africa. It flows "
+          "into the Mediterranean Sea after passing through Egypt.",
+          "qas": [
+            {
+              "id": "a",
+              "question": "Into which sea does the Nile flow?",
+              "answers": [
+                {"text": "the Mediterranean Sea", "answer_start": 89},
+                {"text": "Mediterranean Sea", "answer_start": 93},
+                {"text": "Mediterranean Sea", "answer_start": 93},
+              ],
+              "is_impossible": False,
+            },
+            {
+              "id": "b",
+              "question": "Which river is the longest in Antarctica?",
+              "answers": [],
+              "is_impossible": True,
+            },
+          ],
+        },
+        {
+          "context": "Aswan lies on the east bank of the Nile. Its dam was finished in 1970.",
+          "qas": [
+            {
+              "id": "c",
+              "question": "When was the dam at Aswan finished?",
+              "answers": [{"text": "1970", "answer_start": 66}],
+            }
+          ],
+        },
+      ],
+    },
+    {
+      "title": "Tea",
+      "paragraphs": [
+        {
+          "context": "Tea is an aromatic beverage prepared by pouring hot water over cured "
+          "leaves of Camellia sinensis, an evergreen shrub native to East Asia.",
+          "qas": [
+            {
+              "id": "d",
+              "question": "Which plant are tea leaves taken from?",
+              "answers": [{"text": "Camellia sinensis", "answer_start": 79}],
+            }
+          ],
+        },
+        {
+          "context": "Green tea is not oxidized, while black tea is fully oxidized.",
+          "qas": [
+            {
+              "id": "e",
+              "question": "Which tea is fully oxidized?",
+              "answers": [{"text": "black tea", "answer_start": 41}],
+            }
+          ],
+        },
+      ],
+    },
+  ],
+}
 
 HOTPOT = [
-    {"_id": "h1", "question": "Which city is the birthplace of the author of The Red Lamp?",
-     "answer": "Lyon", "type": "bridge", "level": "easy",
-     "supporting_facts": [["The Red Lamp", 0], ["Marie Duval", 0]],
-     "context": [["The Red Lamp", ["The Red Lamp is a novel by Marie Duval.",
-                                   " It was published in 1921."]],
-                 ["Marie Duval", ["Marie Duval was born in Lyon.", " She wrote six novels."]]]},
-    {"_id": "h2", "question": "Are the Arno and the Tiber both in Italy?", "answer": "yes",
-     "type": "comparison", "level": "medium", "supporting_facts": [["Arno", 0], ["Tiber", 0]],
-     "context": [["Arno", ["The Arno is a river in Tuscany, Italy."]],
-                 ["Tiber", ["The Tiber flows through Rome, Italy."]],
-                 ["Po", ["The Po is the longest river in Italy.", " It ends in the Adriatic."]]]},
-    {"_id": "h3", "question": "Who designed the Blue Bridge?", "answer": "Anna Berg",
-     "type": "bridge", "level": "hard", "supporting_facts": [["Blue Bridge", 0]],
-     "context": [["Blue Bridge", ["The Blue Bridge was designed by Anna Berg in 1960."]],
-                 ["Anna Berg", ["Anna Berg was a Swedish engineer."]]]}]
+  {
+    "_id": "h1",
+    "question": "Which city is the birthplace of the author of The Red Lamp?",
+    "answer": "Lyon",
+    "type": "bridge",
+    "level": "easy",
+    "supporting_facts": [["The Red Lamp", 0], ["Marie Duval", 0]],
+    "context": [
+      ["The Red Lamp", ["The Red Lamp is a novel by Marie Duval.", " It was published in 1921."]],
+      ["Marie Duval", ["Marie Duval was born in Lyon.", " She wrote six novels."]],
+    ],
+  },
+  {
+    "_id": "h2",
+    "question": "Are the Arno and the Tiber both in Italy?",
+    "answer": "yes",
+    "type": "comparison",
+    "level": "medium",
+    "supporting_facts": [["Arno", 0], ["Tiber", 0]],
+    "context": [
+      ["Arno", ["The Arno is a river in Tuscany, Italy."]],
+      ["Tiber", ["The Tiber flows through Rome, Italy."]],
+      ["Po", ["The Po is the longest river in Italy.", " It ends in the Adriatic."]],
+    ],
+  },
+  {
+    "_id": "h3",
+    "question": "Who designed the Blue Bridge?",
+    "answer": "Anna Berg",
+    "type": "bridge",
+    "level": "hard",
+    "supporting_facts": [["Blue Bridge", 0]],
+    "context": [
+      ["Blue Bridge", ["The Blue Bridge was designed by Anna Berg in 1960."]],
+      ["Anna Berg", ["Anna Berg was a Swedish engineer."]],
+    ],
+  },
+]
 
 
 @pytest.fixture
@@ -402,15 +531,22 @@ def test_qa_loaders(qa_files):
   assert len(data.docs) == 4
   # The unanswerable question is dropped; repeated answers are merged.
   assert [q.question for q in data.questions] == [
-      "Into which sea does the Nile flow?", "When was the dam at Aswan finished?",
-      "Which plant are tea leaves taken from?", "Which tea is fully oxidized?"]
+    "Into which sea does the Nile flow?",
+    "When was the dam at Aswan finished?",
+    "Which plant are tea leaves taken from?",
+    "Which tea is fully oxidized?",
+  ]
   assert data.questions[0].answers == ("the Mediterranean Sea", "Mediterranean Sea")
   assert data.docs[data.questions[1].gold[0]].startswith("Aswan lies")
   hp = ruler.load_hotpotqa(hotpot)
-  assert len(hp.docs) == 7 and [q.answers for q in hp.questions] == [("Lyon",), ("yes",),
-                                                                       ("Anna Berg",)]
-  assert hp.docs[hp.questions[0].gold[1]] == ("Marie Duval\nMarie Duval was born in Lyon. "
-                                              "She wrote six novels.")
+  assert len(hp.docs) == 7 and [q.answers for q in hp.questions] == [
+    ("Lyon",),
+    ("yes",),
+    ("Anna Berg",),
+  ]
+  assert hp.docs[hp.questions[0].gold[1]] == (
+    "Marie Duval\nMarie Duval was born in Lyon. She wrote six novels."
+  )
 
 
 @pytest.mark.parametrize("task", ruler.QA_TASKS)
@@ -436,8 +572,10 @@ def test_qa_samples(task, qa_files):
         assert f"Document {number}:\n{data.docs[gi]}\n\n" in text
       numbers = [int(n) for n in re.findall(r"^Document (\d+):$", text, flags=re.M)]
       assert numbers == list(range(1, s.meta["documents"] + 1))
-  seeds = {ruler.generate(task, length=1024, tokenizer=ByteTok(), seed=k,
-                          **paths).meta["question_index"] for k in range(12)}
+  seeds = {
+    ruler.generate(task, length=1024, tokenizer=ByteTok(), seed=k, **paths).meta["question_index"]
+    for k in range(12)
+  }
   assert len(seeds) > 1  # the seed picks the question
 
 
@@ -450,12 +588,16 @@ def test_qa_file_errors(tmp_path):
     ruler.generate("qa_2", length=2048, tokenizer=ByteTok(), seed=0, hotpot_path=bad)
   lonely = tmp_path / "one.json"  # a single paragraph: nothing to pad the haystack with
   lonely.write_text(json.dumps({"data": [{"paragraphs": SQUAD["data"][1]["paragraphs"][:1]}]}))
-  with pytest.raises(ValueError, match=r"holds no document besides its questions' own "
-                                       r"\(1 in all\).*distractors"):
+  with pytest.raises(
+    ValueError,
+    match=r"holds no document besides its questions' own "
+    r"\(1 in all\).*distractors",
+  ):
     ruler.generate("qa_1", length=2048, tokenizer=ByteTok(), seed=0, squad_path=lonely)
   with pytest.raises(ValueError, match="does not exist"):
-    ruler.generate("qa_1", length=2048, tokenizer=ByteTok(), seed=0,
-                   squad_path=tmp_path / "missing.json")
+    ruler.generate(
+      "qa_1", length=2048, tokenizer=ByteTok(), seed=0, squad_path=tmp_path / "missing.json"
+    )
 
 
 def test_a_sample_cache_builds_each_sample_once_for_every_model(monkeypatch):
@@ -474,8 +616,14 @@ def test_a_sample_cache_builds_each_sample_once_for_every_model(monkeypatch):
 
   monkeypatch.setattr(ruler, "generate", counting)
   cache = {}
-  kw = dict(tasks=["vt", "niah_single_1"], lengths=[1024], samples_per_task=2, seed=3,
-            progress=False, sample_cache=cache)
+  kw = dict(
+    tasks=["vt", "niah_single_1"],
+    lengths=[1024],
+    samples_per_task=2,
+    seed=3,
+    progress=False,
+    sample_cache=cache,
+  )
   ruler.evaluate_settings({"none": lambda L: score}, tok, **kw)
   assert len(built) == 4 and len(cache) == 4
   ruler.evaluate_settings({"none": lambda L: score}, tok, **kw)

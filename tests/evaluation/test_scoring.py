@@ -24,9 +24,15 @@ def short_run():
   cfg = gpt_config(max_len=MAX_LEN)
   params = nnx.state(GPT(cfg, rngs=nnx.Rngs(1)), nnx.Param)
   tokens = np.random.default_rng(0).integers(0, 257, 3000).astype(np.int32)
-  return scoring.Run(workdir="/nonexistent", name="short", step=0,
-                     config=RunConfig(model=cfg, data=DataConfig(seq_len=SEQ_LEN)), params=params,
-                     tokenizer=tokenization.get_tokenizer("bytes"), _val_tokens=tokens)
+  return scoring.Run(
+    workdir="/nonexistent",
+    name="short",
+    step=0,
+    config=RunConfig(model=cfg, data=DataConfig(seq_len=SEQ_LEN)),
+    params=params,
+    tokenizer=tokenization.get_tokenizer("bytes"),
+    _val_tokens=tokens,
+  )
 
 
 def test_yarn_factor_is_the_length_over_the_trained_length(short_run):
@@ -36,8 +42,10 @@ def test_yarn_factor_is_the_length_over_the_trained_length(short_run):
   assert scorer.yarn_scaling(SEQ_LEN) is None
   for length in (2 * SEQ_LEN, 4 * SEQ_LEN):  # 2x is past training even though max_len = 2x
     assert scorer.yarn_scaling(length).to_dict() == {
-        "rope_type": "yarn", "factor": length / SEQ_LEN,
-        "original_max_position_embeddings": SEQ_LEN}
+      "rope_type": "yarn",
+      "factor": length / SEQ_LEN,
+      "original_max_position_embeddings": SEQ_LEN,
+    }
 
 
 def test_eval_lengths_yarn_and_labels_all_use_the_trained_length(short_run):
@@ -59,11 +67,15 @@ def test_eval_lengths_yarn_and_labels_all_use_the_trained_length(short_run):
   want = float((nll * mask).sum() / mask.sum())
   np.testing.assert_allclose(ppl["yarn"][str(L)]["loss"], want, rtol=1e-6)
   assert abs(ppl["yarn"][str(L)]["loss"] - ppl["none"][str(L)]["loss"]) > 1e-4
-  np.testing.assert_allclose(ppl["yarn"][str(SEQ_LEN)]["loss"],
-                             ppl["none"][str(SEQ_LEN)]["loss"], rtol=1e-6)
+  np.testing.assert_allclose(
+    ppl["yarn"][str(SEQ_LEN)]["loss"], ppl["none"][str(SEQ_LEN)]["loss"], rtol=1e-6
+  )
   # the report labels the run with the trained length
-  rep = {"schema_version": report.SCHEMA_VERSION, "suite": "quick", "runs": [
-      {**result, "ruler": None, "icl": None}]}
+  rep = {
+    "schema_version": report.SCHEMA_VERSION,
+    "suite": "quick",
+    "runs": [{**result, "ruler": None, "icl": None}],
+  }
   report.validate(rep)
   md = report_md.markdown(rep)
   assert f"| short | rove | {result['model']['params'] / 1e6:.1f}M | 0 | {SEQ_LEN} |" in md

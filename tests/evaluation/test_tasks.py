@@ -14,23 +14,38 @@ from rove_jax.nn.model import GPT, GPTConfig
 from rove_jax.tasks import recall as gen
 from rove_jax.train.run_config import DataConfig, RunConfig
 
-SPEC = gen.RecallSpec(seq_len=32, pairs=1, queries=8, keys=4, values=16, train_docs=300,
-                      val_docs=50, task="offset")
+SPEC = gen.RecallSpec(
+  seq_len=32, pairs=1, queries=8, keys=4, values=16, train_docs=300, val_docs=50, task="offset"
+)
 
 
 def _run(name, pos_encoding, source="recall"):
-  cfg = GPTConfig(vocab_size=320, n_layer=1, n_head=2, d_model=32, max_len=32,
-                  pos_encoding=pos_encoding)
-  data = DataConfig(source=source, path=SPEC.to_string() if source == "recall" else None,
-                    seq_len=32)
-  return scoring.Run(workdir="/nonexistent", name=name, step=3,
-                     params=nnx.state(GPT(cfg, rngs=nnx.Rngs(1)), nnx.Param),
-                     tokenizer=ByteTokenizer(), config=RunConfig(model=cfg, data=data, seed=4))
+  cfg = GPTConfig(
+    vocab_size=320, n_layer=1, n_head=2, d_model=32, max_len=32, pos_encoding=pos_encoding
+  )
+  data = DataConfig(
+    source=source, path=SPEC.to_string() if source == "recall" else None, seq_len=32
+  )
+  return scoring.Run(
+    workdir="/nonexistent",
+    name=name,
+    step=3,
+    params=nnx.state(GPT(cfg, rngs=nnx.Rngs(1)), nnx.Param),
+    tokenizer=ByteTokenizer(),
+    config=RunConfig(model=cfg, data=data, seed=4),
+  )
 
 
 def _config(**kw):
-  base = dict(tasks=("recall",), lengths=(32, 64), yarn="both", seed=2, chunk=16,
-              recall_samples=6, progress=False)
+  base = dict(
+    tasks=("recall",),
+    lengths=(32, 64),
+    yarn="both",
+    seed=2,
+    chunk=16,
+    recall_samples=6,
+    progress=False,
+  )
   return EvalConfig(**{**base, **kw})
 
 
@@ -39,11 +54,18 @@ def test_recall_entry_is_the_runs_own_task_scored_on_shared_samples():
   entry = tasks.evaluate_run(run, _config(), tasks.SUITES["quick"])
   rec = entry["recall"]
   assert entry["perplexity"] is None and entry["ruler"] is None and entry["icl"] is None
-  assert rec["protocol"] == {"task": SPEC.to_string(), "samples": 6, "seed": 2,
-                             "lengths": [32, 64], "train_len": 32}
-  want = recall.evaluate(scoring.Scorer(run, implementation="chunked", chunk_size=16),
-                         recall.test_set(SPEC, [32, 64], 6, eot_id=ByteTokenizer().eot_id,
-                                         seed=2), settings=("none", "yarn"))
+  assert rec["protocol"] == {
+    "task": SPEC.to_string(),
+    "samples": 6,
+    "seed": 2,
+    "lengths": [32, 64],
+    "train_len": 32,
+  }
+  want = recall.evaluate(
+    scoring.Scorer(run, implementation="chunked", chunk_size=16),
+    recall.test_set(SPEC, [32, 64], 6, eot_id=ByteTokenizer().eot_id, seed=2),
+    settings=("none", "yarn"),
+  )
   assert rec["records"] == want and len(want) == 4  # none and yarn, at 1x and 2x
   full = {"schema_version": report.SCHEMA_VERSION, "suite": "quick", "runs": [entry]}
   report.validate(full)
@@ -54,8 +76,9 @@ def test_recall_entry_is_the_runs_own_task_scored_on_shared_samples():
 
 
 def test_recall_lengths_and_yarn_settings_follow_the_config():
-  entry = tasks.evaluate_run(_run("b", "rope"), _config(recall_lengths=(32,), yarn="off"),
-                             tasks.SUITES["quick"])
+  entry = tasks.evaluate_run(
+    _run("b", "rope"), _config(recall_lengths=(32,), yarn="off"), tasks.SUITES["quick"]
+  )
   assert [(r["setting"], r["length"]) for r in entry["recall"]["records"]] == [("none", 32)]
   nope = tasks.evaluate_run(_run("c", "nope"), _config(yarn="all"), tasks.SUITES["quick"])
   assert {r["setting"] for r in nope["recall"]["records"]} == {"none"}  # nothing to rescale
@@ -66,8 +89,9 @@ def test_the_suite_is_the_configs_unless_given():
   config = _config(recall_samples=None, suite="full", recall_lengths=(32,), yarn="off")
   entry = tasks.evaluate_run(_run("e", "rove"), config)
   assert entry["recall"]["protocol"]["samples"] == tasks.SUITES["full"]["recall_samples"]
-  assert entry["recall"] == tasks.evaluate_run(_run("e", "rove"), config,
-                                               tasks.SUITES["full"])["recall"]
+  assert (
+    entry["recall"] == tasks.evaluate_run(_run("e", "rove"), config, tasks.SUITES["full"])["recall"]
+  )
 
 
 def test_a_run_trained_on_other_data_is_refused():

@@ -35,10 +35,11 @@ def test_a_prompt_past_the_training_length_warns_once_naming_it_and_yarn():
   m = model()
   (message,) = run(m, 40, 4)
   assert message == (
-      "generate: a prompt of 40 tokens and max_new_tokens=4 reach position 44, past the "
-      "training length max_len=16; the model never saw those positions and its text there is "
-      "usually worse; YaRN may help: rope_scaling=RopeScaling(rope_type='yarn', factor=3.0, "
-      "original_max_position_embeddings=16) (said once)")
+    "generate: a prompt of 40 tokens and max_new_tokens=4 reach position 44, past the "
+    "training length max_len=16; the model never saw those positions and its text there is "
+    "usually worse; YaRN may help: rope_scaling=RopeScaling(rope_type='yarn', factor=3.0, "
+    "original_max_position_embeddings=16) (said once)"
+  )
   assert run(m, 40, 4) == []  # once
 
 

@@ -70,13 +70,20 @@ def assert_same_params(a, b):
 def random_params(config, seed=0):
   """Every parameter drawn at random (biases and norm gains too), in the config's dtype."""
   rng = np.random.default_rng(seed)
-  return jax.tree.map(lambda leaf: jnp.asarray(rng.normal(0.0, 0.3, leaf.shape), leaf.dtype),
-                      abstract_params(config))
+  return jax.tree.map(
+    lambda leaf: jnp.asarray(rng.normal(0.0, 0.3, leaf.shape), leaf.dtype), abstract_params(config)
+  )
 
 
 def learned(**overrides):
-  return GPTConfig(**{**dict(vocab_size=48, n_layer=2, n_head=2, d_model=16, d_ff=40,
-                             max_len=16, pos_encoding="learned"), **overrides})
+  return GPTConfig(
+    **{
+      **dict(
+        vocab_size=48, n_layer=2, n_head=2, d_model=16, d_ff=40, max_len=16, pos_encoding="learned"
+      ),
+      **overrides,
+    }
+  )
 
 
 # ------------------------------------------------------------------- transformers' checkpoint
@@ -85,10 +92,21 @@ def learned(**overrides):
 def test_transformers_gpt2_checkpoint_reproduces_its_logits():
   config, params = hf_gpt2.load_gpt2(DATA)
   assert (config.pos_encoding, config.norm, config.mlp, config.use_bias) == (
-      "learned", "layernorm", "gelu", True)
-  assert (config.vocab_size, config.n_layer, config.n_head, config.d_model, config.d_ff,
-          config.max_len, config.tie_embeddings, config.norm_eps) == (
-              64, 2, 2, 16, 64, 16, True, 1e-5)
+    "learned",
+    "layernorm",
+    "gelu",
+    True,
+  )
+  assert (
+    config.vocab_size,
+    config.n_layer,
+    config.n_head,
+    config.d_model,
+    config.d_ff,
+    config.max_len,
+    config.tie_embeddings,
+    config.norm_eps,
+  ) == (64, 2, 2, 16, 64, 16, True, 1e-5)
   tokens, want = reference()
   assert_logits_close(logits_of(config, params, tokens), want)
 
@@ -96,7 +114,7 @@ def test_transformers_gpt2_checkpoint_reproduces_its_logits():
 def test_prefix_buffers_tied_head_file_path_and_shards_read_the_same(tmp_path):
   _, want = hf_gpt2.load_gpt2(DATA)
   tensors = load_file(DATA / "model.safetensors")
-  bare = {k[len("transformer."):]: v for k, v in tensors.items()}
+  bare = {k[len("transformer.") :]: v for k, v in tensors.items()}
   bare["h.0.attn.bias"] = np.tril(np.ones((1, 1, 16, 16), np.float32))  # old mask buffers
   bare["h.1.attn.masked_bias"] = np.asarray(-1e4, np.float32)
   bare["lm_head.weight"] = bare["wte.weight"].copy()  # a tied head stored anyway
@@ -109,12 +127,15 @@ def test_prefix_buffers_tied_head_file_path_and_shards_read_the_same(tmp_path):
   shard = tmp_path / "sharded"
   shard.mkdir()
   names = sorted(tensors)
-  halves = {"model-00001-of-00002.safetensors": names[::2],
-            "model-00002-of-00002.safetensors": names[1::2]}
+  halves = {
+    "model-00001-of-00002.safetensors": names[::2],
+    "model-00002-of-00002.safetensors": names[1::2],
+  }
   for file, keys in halves.items():
     save_file({k: tensors[k] for k in keys}, shard / file)
-  (shard / "model.safetensors.index.json").write_text(json.dumps(
-      {"weight_map": {k: f for f, keys in halves.items() for k in keys}}))
+  (shard / "model.safetensors.index.json").write_text(
+    json.dumps({"weight_map": {k: f for f, keys in halves.items() for k in keys}})
+  )
   (shard / "config.json").write_text(json.dumps(config))
   assert_same_params(pretrained.load(shard)[1], want)
 
@@ -127,10 +148,20 @@ def test_gpt2_export_writes_transformers_own_tensors_and_loads_back(tmp_path):
   assert sorted(ours) == sorted(theirs)
   for name in theirs:
     np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
-  hf, ref = (json.loads(pathlib.Path(p).read_text()) for p in (written["config"],
-                                                                DATA / "config.json"))
-  for key in ("model_type", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head",
-              "layer_norm_epsilon", "tie_word_embeddings", "scale_attn_weights"):
+  hf, ref = (
+    json.loads(pathlib.Path(p).read_text()) for p in (written["config"], DATA / "config.json")
+  )
+  for key in (
+    "model_type",
+    "vocab_size",
+    "n_positions",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "layer_norm_epsilon",
+    "tie_word_embeddings",
+    "scale_attn_weights",
+  ):
     assert hf[key] == ref[key], key
   assert hf["n_inner"] in (None, 4 * ref["n_embd"]) and hf["activation_function"] == "gelu_new"
   config2, params2 = pretrained.load(tmp_path)
@@ -142,8 +173,9 @@ def test_gpt2_export_writes_transformers_own_tensors_and_loads_back(tmp_path):
 
 
 def test_untied_bfloat16_learned_gpt_round_trips_in_gpt2_format(tmp_path):
-  config = learned(tie_embeddings=False, param_dtype="bfloat16", norm_eps=1e-6,
-                   attention_impl="chunked")
+  config = learned(
+    tie_embeddings=False, param_dtype="bfloat16", norm_eps=1e-6, attention_impl="chunked"
+  )
   params = random_params(config)
   written = pretrained.save(tmp_path, config, params)
   assert written["format"] == "gpt2"
@@ -153,7 +185,11 @@ def test_untied_bfloat16_learned_gpt_round_trips_in_gpt2_format(tmp_path):
   assert tensors["lm_head.weight"].dtype == head.dtype  # bfloat16 stays bfloat16
   hf = json.loads(pathlib.Path(written["config"]).read_text())
   assert (hf["n_inner"], hf["layer_norm_epsilon"], hf["tie_word_embeddings"], hf["dtype"]) == (
-      40, 1e-6, False, "bfloat16")
+    40,
+    1e-6,
+    False,
+    "bfloat16",
+  )
   config2, params2 = pretrained.load(tmp_path)
   assert config2 == config  # dtype, kernel and the rest come back from the rove_jax section
   assert_same_params(params2, params)  # the same config and parameters: the same model
@@ -164,18 +200,33 @@ def test_untied_bfloat16_learned_gpt_round_trips_in_gpt2_format(tmp_path):
 
 
 def test_rove_export_round_trips_and_describes_its_rotary_setup(tmp_path):
-  config = GPTConfig(vocab_size=40, n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=48,
-                     max_len=32, pos_encoding="rove", rove_layers=(1,), rope_layout="half",
-                     rotary_fraction=0.5, rope_base=500.0,
-                     rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                                   "original_max_position_embeddings": 32})
+  config = GPTConfig(
+    vocab_size=40,
+    n_layer=2,
+    n_head=4,
+    n_kv_head=2,
+    d_model=32,
+    d_ff=48,
+    max_len=32,
+    pos_encoding="rove",
+    rove_layers=(1,),
+    rope_layout="half",
+    rotary_fraction=0.5,
+    rope_base=500.0,
+    rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+  )
   params = random_params(config, seed=1)
   written = pretrained.save(tmp_path, config, params)
   assert written["format"] == "rove_jax"
   hf = json.loads(pathlib.Path(written["config"]).read_text())
-  assert (hf["model_type"], hf["position_embedding_type"], hf["rove"], hf["rove_layers"],
-          hf["rope_layout"], hf["num_key_value_heads"]) == (
-              "rove_jax_gpt", "rove", True, [1], "half", 2)
+  assert (
+    hf["model_type"],
+    hf["position_embedding_type"],
+    hf["rove"],
+    hf["rove_layers"],
+    hf["rope_layout"],
+    hf["num_key_value_heads"],
+  ) == ("rove_jax_gpt", "rove", True, [1], "half", 2)
   # a tool that reads transformers' rope keys gets the model's own frequencies
   model = pretrained.build(config, params)
   inv_freq, factor = model.rotary_frequencies(config.max_len)
@@ -194,15 +245,25 @@ def test_rove_export_round_trips_and_describes_its_rotary_setup(tmp_path):
   assert out[0, -1] == full[0, -1].argmax()
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(norm="rmsnorm", mlp="swiglu", use_bias=False, tie_embeddings=False,
-         pos_encoding="rope", rope_layout="interleaved"),
+@pytest.mark.parametrize(
+  "overrides",
+  [
+    dict(
+      norm="rmsnorm",
+      mlp="swiglu",
+      use_bias=False,
+      tie_embeddings=False,
+      pos_encoding="rope",
+      rope_layout="interleaved",
+    ),
     dict(pos_encoding="t5_bias", t5_num_buckets=8, t5_max_distance=20, param_dtype="float16"),
     dict(pos_encoding="learned", use_bias=False),  # not GPT-2 (no biases): rove-jax's format
-])
+  ],
+)
 def test_other_models_round_trip_in_rove_jax_format(tmp_path, overrides):
-  config = GPTConfig(**{**dict(vocab_size=40, n_layer=1, n_head=2, d_model=16, d_ff=24,
-                               max_len=16), **overrides})
+  config = GPTConfig(
+    **{**dict(vocab_size=40, n_layer=1, n_head=2, d_model=16, d_ff=24, max_len=16), **overrides}
+  )
   params = random_params(config, seed=2)
   assert pretrained.save(tmp_path, config, params)["format"] == "rove_jax"
   hf = json.loads((tmp_path / "config.json").read_text())
@@ -227,8 +288,13 @@ def write_run(workdir, config, steps_params, tokenizer):
 def test_export_of_a_workdir_takes_its_newest_verified_checkpoint(tmp_path, capsys):
   config = learned()
   old, new = random_params(config, 3), random_params(config, 4)
-  tokenizer = {"spec": "bytes", "name": "bytes", "vocab_size": 257, "eot_id": 47,
-               "fingerprint": "bytes-v1"}
+  tokenizer = {
+    "spec": "bytes",
+    "name": "bytes",
+    "vocab_size": 257,
+    "eot_id": 47,
+    "fingerprint": "bytes-v1",
+  }
   workdir = tmp_path / "run"
   write_run(workdir, config, [(2, old), (4, new)], tokenizer)
   # step 4's metadata edited after saving: it fails its checksum and step 2 is exported
@@ -247,8 +313,12 @@ def test_export_of_a_workdir_takes_its_newest_verified_checkpoint(tmp_path, caps
   # an existing export is not overwritten unless asked
   assert export_cli.main(["--workdir", str(workdir), "--out", str(out)]) == 2
   assert "--overwrite" in capsys.readouterr().err
-  assert export_cli.main(["--workdir", str(workdir), "--out", str(out), "--overwrite",
-                      "--format", "rove_jax"]) == 0
+  assert (
+    export_cli.main(
+      ["--workdir", str(workdir), "--out", str(out), "--overwrite", "--format", "rove_jax"]
+    )
+    == 0
+  )
   assert pretrained.load(out)[0] == config
   assert json.loads((out / "config.json").read_text())["model_type"] == "rove_jax_gpt"
   assert export_cli.main(["--workdir", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
@@ -281,21 +351,37 @@ def _set(key, value):
   return lambda c: c.__setitem__(key, value)
 
 
-@pytest.mark.parametrize("config_edit, tensors_edit, match", [
+@pytest.mark.parametrize(
+  "config_edit, tensors_edit, match",
+  [
     (_set("model_type", "llama"), None, "model_type 'llama'"),
     (_set("activation_function", "gelu"), None, "activation_function='gelu'"),
     (_set("scale_attn_by_inverse_layer_idx", True), None, "scale_attn_by_inverse_layer_idx"),
     (None, _drop("transformer.ln_f.bias"), r"missing \['ln_f.bias'\]"),
-    (None, lambda t: t.__setitem__("transformer.h.0.attn.q_proj.weight", np.zeros(2, np.float32)),
-     r"unexpected \['h.0.attn.q_proj.weight'\]"),
-    (_set("n_positions", 20), None, r"wpe.weight has shape \(16, 16\); its config.json says "
-     r"\(20, 16\)"),
+    (
+      None,
+      lambda t: t.__setitem__("transformer.h.0.attn.q_proj.weight", np.zeros(2, np.float32)),
+      r"unexpected \['h.0.attn.q_proj.weight'\]",
+    ),
+    (
+      _set("n_positions", 20),
+      None,
+      r"wpe.weight has shape \(16, 16\); its config.json says "
+      r"\(20, 16\)",
+    ),
     (_set("n_layer", 3), None, r"missing \['h.2."),
-    (None, lambda t: t.__setitem__("lm_head.weight", t["transformer.wte.weight"] + 1),
-     "tie_word_embeddings"),
-    (_set("rove_jax", learned(vocab_size=64, d_ff=64, n_layer=1).to_dict()), None,
-     r"describe different models: n_layer \(1 vs 2\)"),
-])
+    (
+      None,
+      lambda t: t.__setitem__("lm_head.weight", t["transformer.wte.weight"] + 1),
+      "tie_word_embeddings",
+    ),
+    (
+      _set("rove_jax", learned(vocab_size=64, d_ff=64, n_layer=1).to_dict()),
+      None,
+      r"describe different models: n_layer \(1 vs 2\)",
+    ),
+  ],
+)
 def test_bad_gpt2_checkpoints_are_clear_errors(tmp_path, config_edit, tensors_edit, match):
   d = gpt2_dir(tmp_path, config_edit=config_edit, tensors_edit=tensors_edit)
   with pytest.raises(ValueError, match=match):
@@ -351,12 +437,13 @@ def write_exports(root) -> list:
   root = pathlib.Path(root)
   tokens = (np.arange(2 * 16, dtype=np.int32).reshape(2, 16) * 7) % 48
   out = []
-  for name, config in (("tied", learned()),
-                       ("untied", learned(tie_embeddings=False, d_ff=24, norm_eps=1e-6))):
+  for name, config in (
+    ("tied", learned()),
+    ("untied", learned(tie_embeddings=False, d_ff=24, norm_eps=1e-6)),
+  ):
     params = random_params(config, seed=len(out))
     pretrained.save(root / name, config, params, format="gpt2")
-    np.savez(root / name / "expected.npz", tokens=tokens,
-             logits=logits_of(config, params, tokens))
+    np.savez(root / name / "expected.npz", tokens=tokens, logits=logits_of(config, params, tokens))
     out.append(root / name)
   return out
 

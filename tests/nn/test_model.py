@@ -21,8 +21,9 @@ ALL = M.POS_ENCODINGS
 
 
 def small(pos_encoding="rove", **kw):
-  return gpt_config(**{**dict(vocab_size=64, n_layer=2, n_head=4, pos_encoding=pos_encoding,
-                              rope_base=100.0), **kw})
+  return gpt_config(
+    **{**dict(vocab_size=64, n_layer=2, n_head=4, pos_encoding=pos_encoding, rope_base=100.0), **kw}
+  )
 
 
 def make(cfg, seed=0):
@@ -93,13 +94,16 @@ def test_causality_by_gradient(pe):
   T = 8
   pos = jnp.broadcast_to(jnp.arange(T)[None], (2, T))
   x = m.embed_tokens(tokens(2, T), pos)
-  grad = jax.jit(jax.grad(  # one compile for every t: eager gradients are slow
-      lambda x, t: jnp.sum(jnp.take(m.forward_embeddings(x, pos), t, axis=1) ** 2)))
+  grad = jax.jit(
+    jax.grad(  # one compile for every t: eager gradients are slow
+      lambda x, t: jnp.sum(jnp.take(m.forward_embeddings(x, pos), t, axis=1) ** 2)
+    )
+  )
   for t in (0, 3, 7):
     g = grad(x, t)
     per_pos = np.abs(np.asarray(g)).sum(axis=(0, 2))
-    assert np.all(per_pos[t + 1:] == 0), (t, per_pos)
-    assert np.all(per_pos[:t + 1] > 0), (t, per_pos)
+    assert np.all(per_pos[t + 1 :] == 0), (t, per_pos)
+    assert np.all(per_pos[: t + 1] > 0), (t, per_pos)
 
 
 @pytest.mark.parametrize("pe", ALL)
@@ -113,7 +117,7 @@ def test_cached_decoding_equals_full_forward(pe):
   logits, cache = step(toks[:, :8], cache)  # a prompt, then 16 one-token steps
   outs = [logits]
   for t in range(8, 24):
-    logits, cache = step(toks[:, t:t + 1], cache)
+    logits, cache = step(toks[:, t : t + 1], cache)
     outs.append(logits)
   np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=2e-5)
   assert int(cache.length) == 24
@@ -126,7 +130,7 @@ def _cached_logits(m, toks, prompt=4, **kw):
   logits, cache = step(toks[:, :prompt], cache)
   outs = [logits]
   for t in range(prompt, toks.shape[1]):
-    logits, cache = step(toks[:, t:t + 1], cache)
+    logits, cache = step(toks[:, t : t + 1], cache)
     outs.append(logits)
   return jnp.concatenate(outs, axis=1)
 
@@ -204,8 +208,9 @@ def test_yarn_at_inference(pe):
   # and its dict are the same setting
   np.testing.assert_array_equal(configured(long, rope_scaling=None), configured(long))
   np.testing.assert_array_equal(configured(long, rope_scaling=scaling.RopeScaling()), m(long))
-  np.testing.assert_array_equal(m(long, rope_scaling=scaling.RopeScaling.from_dict(yarn3)),
-                                m(long, rope_scaling=yarn3))
+  np.testing.assert_array_equal(
+    m(long, rope_scaling=scaling.RopeScaling.from_dict(yarn3)), m(long, rope_scaling=yarn3)
+  )
   with pytest.raises(ValueError, match=r"unknown keys \['facter'\]"):
     m(long, rope_scaling={"rope_type": "yarn", "facter": 3.0})
 
@@ -247,8 +252,11 @@ def test_remat_and_chunked_give_the_same_loss_and_grads():
 
   grad = nnx.jit(nnx.value_and_grad(loss))  # one program a variant, not op by op
   ref_l, ref_g = grad(m)
-  for variant in (dict(remat="full"), dict(remat="dots"),
-                  dict(attention_impl="chunked", attention_chunk=4)):
+  for variant in (
+    dict(remat="full"),
+    dict(remat="dots"),
+    dict(attention_impl="chunked", attention_chunk=4),
+  ):
     other = transplant(m, dataclasses.replace(cfg, **variant))
     l, g = grad(other)
     np.testing.assert_allclose(l, ref_l, rtol=1e-6)
@@ -256,7 +264,9 @@ def test_remat_and_chunked_give_the_same_loss_and_grads():
       np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-@pytest.mark.parametrize("kw, msg", [
+@pytest.mark.parametrize(
+  "kw, msg",
+  [
     (dict(d_model=30, n_head=4), "divisible by n_head"),
     (dict(n_head=4, n_kv_head=3), "multiple of n_kv_head"),
     (dict(rotary_fraction=0.3), "positive even integer"),
@@ -265,7 +275,8 @@ def test_remat_and_chunked_give_the_same_loss_and_grads():
     (dict(rope_scaling={"rope_type": "yarn", "facter": 2}), "unknown keys"),
     (dict(pos_encoding="rope", rove_layers=(0,)), "needs pos_encoding='rove'"),
     (dict(rove_layers=(5,)), "out of range"),
-])
+  ],
+)
 def test_invalid_configs_raise_before_tracing(kw, msg):
   with pytest.raises(ValueError, match=msg):
     small(**kw)
@@ -326,7 +337,8 @@ def test_weight_decay_reaches_every_attention_matrix(kv_heads):
   m = make(small("rove", n_kv_head=kv_heads))
   mask = nnx.to_pure_dict(training.decay_mask(nnx.state(m, nnx.Param)))["blocks"][0]["attn"]
   assert {name for name, decayed in mask.items() if decayed} == (
-      {"wqkv", "wo"} if kv_heads == 4 else {"wq", "wkv", "wo"})
+    {"wqkv", "wo"} if kv_heads == 4 else {"wq", "wkv", "wo"}
+  )
 
 
 # ------------------------------------------------------------ against a float64 reference
@@ -340,29 +352,42 @@ def randomized(cfg, seed=0, scale=0.3):
   m = make(cfg, seed)
   leaves, treedef = jax.tree.flatten(nnx.state(m, nnx.Param))
   keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
-  nnx.update(m, jax.tree.unflatten(treedef, [
-      x + scale * jax.random.normal(key, x.shape, x.dtype) for x, key in zip(leaves, keys)]))
+  nnx.update(
+    m,
+    jax.tree.unflatten(
+      treedef,
+      [x + scale * jax.random.normal(key, x.shape, x.dtype) for x, key in zip(leaves, keys)],
+    ),
+  )
   return m
 
 
 def reference_logits(m, toks, **kw):
   """The float64 reference on the model's parameters; frequencies base^(-2m/rot_dim) by hand."""
   cfg = m.config
-  inv = (float(cfg.rope_base) ** -(np.arange(0, cfg.rot_dim, 2) / cfg.rot_dim)
-         if cfg.rot_dim else None)
+  inv = (
+    float(cfg.rope_base) ** -(np.arange(0, cfg.rot_dim, 2) / cfg.rot_dim) if cfg.rot_dim else None
+  )
   kw = {"inv_freq": inv, **kw}
   return ref.naive_gpt(nnx.to_pure_dict(nnx.state(m, nnx.Param)), cfg, np.asarray(toks), **kw)
 
 
 CASES = {
-    "rove": dict(), "rope": dict(pos_encoding="rope"), "half": dict(rope_layout="half"),
-    "swiglu": dict(mlp="swiglu"), "rmsnorm": dict(norm="rmsnorm"), "no_bias": dict(use_bias=False),
-    "partial_interleaved": dict(rotary_fraction=0.5),
-    "partial_half": dict(rotary_fraction=0.5, rope_layout="half"),
-    "gqa": dict(n_kv_head=2), "rove_layers": dict(rove_layers=(1,)),
-    "untied": dict(tie_embeddings=False), "nope": dict(pos_encoding="nope"),
-    "t5_bias": dict(pos_encoding="t5_bias", t5_num_buckets=8, t5_max_distance=16),
-    "sinusoidal": dict(pos_encoding="sinusoidal"), "learned": dict(pos_encoding="learned"),
+  "rove": dict(),
+  "rope": dict(pos_encoding="rope"),
+  "half": dict(rope_layout="half"),
+  "swiglu": dict(mlp="swiglu"),
+  "rmsnorm": dict(norm="rmsnorm"),
+  "no_bias": dict(use_bias=False),
+  "partial_interleaved": dict(rotary_fraction=0.5),
+  "partial_half": dict(rotary_fraction=0.5, rope_layout="half"),
+  "gqa": dict(n_kv_head=2),
+  "rove_layers": dict(rove_layers=(1,)),
+  "untied": dict(tie_embeddings=False),
+  "nope": dict(pos_encoding="nope"),
+  "t5_bias": dict(pos_encoding="t5_bias", t5_num_buckets=8, t5_max_distance=16),
+  "sinusoidal": dict(pos_encoding="sinusoidal"),
+  "learned": dict(pos_encoding="learned"),
 }
 TOL = dict(atol=2e-4, rtol=2e-4)
 
@@ -405,8 +430,9 @@ def test_cached_decoding_under_yarn_equals_full_forward(pe):
   full = jax.jit(lambda t: m(t))(toks)
   chex.assert_trees_all_close(_cached_logits(m, toks), full, atol=1e-4, rtol=1e-5)
   plain = transplant(m, small(pe, max_len=8))
-  chex.assert_trees_all_close(_cached_logits(plain, toks, rope_scaling=YARN), full, atol=1e-4,
-                              rtol=1e-5)
+  chex.assert_trees_all_close(
+    _cached_logits(plain, toks, rope_scaling=YARN), full, atol=1e-4, rtol=1e-5
+  )
   assert float(np.abs(_cached_logits(plain, toks) - full).max()) > 1e-2  # scaling matters
 
 
@@ -420,34 +446,43 @@ def test_generate_with_rope_scaling_follows_the_scaled_forward():
   plain = M.generate(m, prompt, 14, temperature=0.0)
   assert np.any(np.asarray(plain) != np.asarray(out))  # the override changed the continuation
   hits = decoding._generate_fn.cache_info().hits
-  typed = M.generate(m, prompt, 14, temperature=0.0,
-                     rope_scaling=scaling.RopeScaling.from_dict(YARN))
+  typed = M.generate(
+    m, prompt, 14, temperature=0.0, rope_scaling=scaling.RopeScaling.from_dict(YARN)
+  )
   np.testing.assert_array_equal(typed, out)
   assert decoding._generate_fn.cache_info().hits == hits + 1  # the dict's program, reused
   with pytest.raises(ValueError, match="rope_scaling must be a dict"):
     M.generate(m, prompt, 2, temperature=0.0, rope_scaling=[("rope_type", "yarn")])
   with pytest.raises(ValueError, match=r"rope_scaling\['factor'\] must be a number"):
-    M.generate(m, prompt, 2, temperature=0.0,
-               rope_scaling={"rope_type": "yarn", "factor": {"x": 2}})
+    M.generate(
+      m, prompt, 2, temperature=0.0, rope_scaling={"rope_type": "yarn", "factor": {"x": 2}}
+    )
 
 
 def test_generate_with_remat_config():
   m = make(small("rove"))
   prompt = tokens(1, 4)
   remat = transplant(m, small("rove", remat="full"))
-  chex.assert_trees_all_equal(M.generate(remat, prompt, 5, temperature=0.0),
-                              M.generate(m, prompt, 5, temperature=0.0))
+  chex.assert_trees_all_equal(
+    M.generate(remat, prompt, 5, temperature=0.0), M.generate(m, prompt, 5, temperature=0.0)
+  )
 
 
 # ----------------------------------------------------------------------------- Figure 1
 
 
-@pytest.mark.parametrize("pe, kw", [
-    ("rove", {}), ("rope", {}), ("rove", dict(rope_layout="half")),
+@pytest.mark.parametrize(
+  "pe, kw",
+  [
+    ("rove", {}),
+    ("rope", {}),
+    ("rove", dict(rope_layout="half")),
     ("rove", dict(rope_layout="half", rotary_fraction=0.5)),
-    ("rove", dict(max_len=8, rope_scaling=YARN)), ("rope", dict(max_len=8, rope_scaling=YARN)),
+    ("rove", dict(max_len=8, rope_scaling=YARN)),
+    ("rope", dict(max_len=8, rope_scaling=YARN)),
     ("rove", dict(max_len=8, rope_scaling=YARN, rotary_fraction=0.5)),  # factor on rotated dims
-])
+  ],
+)
 def test_figure1_mixer_reproduces_the_layer_output(pe, kw):
   """Figure 1's mixers, applied to the layer's input and projected out, give the attention
   layer's real output (the one matching the encoding; the other does not)."""
@@ -485,6 +520,7 @@ def test_layernorm_in_one_pass_matches_the_two_pass_formula(offset, atol):
   for rows of standard deviation 0.5 to 2 whose mean is up to 10: the cancellation costs about
   (mean / std)^2 ulp of the variance, below 1e-4 of a unit output at a mean of 20 std."""
   from rove_jax.nn.layers import Norm
+
   norm = Norm(256, gpt_config(d_model=256))
   x = offset + jax.random.normal(jax.random.key(0), (8, 256)) * jnp.linspace(0.5, 2, 8)[:, None]
   x64 = np.asarray(x, np.float64)

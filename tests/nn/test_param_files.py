@@ -27,31 +27,47 @@ def safetensors_bytes(header: dict, data: bytes, *, length=None) -> bytes:
 def two_tensors(**changes) -> dict:
   """The header of a: F32 [2, 3] (24 bytes) and b: F32 [4] (16 bytes), with `changes` applied
   to b's entry."""
-  return {"a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
-          "b": {"dtype": "F32", "shape": [4], "data_offsets": [24, 40], **changes}}
+  return {
+    "a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+    "b": {"dtype": "F32", "shape": [4], "data_offsets": [24, 40], **changes},
+  }
 
 
 DAMAGED = {  # file name: (its bytes, what the message says)
-    "huge_header.safetensors": (safetensors_bytes(two_tensors(), bytes(40), length=2 ** 60),
-                                "header length 1152921504606846976 does not fit a file"),
-    "overlap.safetensors": (safetensors_bytes(two_tensors(data_offsets=[16, 32]), bytes(40)),
-                            "tensor 'b' begins at byte 16 of the data, but tensor 'a' ends at "
-                            "24 (overlapping)"),
-    "shape_lie.safetensors": (safetensors_bytes(two_tensors(shape=[4, 4]), bytes(40)),
-                              "tensor 'b' spans 16 bytes, but shape (4, 4) of F32 needs 64"),
-    "dtype_lie.safetensors": (safetensors_bytes(two_tensors(dtype="F64"), bytes(40)),
-                              "tensor 'b' spans 16 bytes, but shape (4,) of F64 needs 32"),
-    "unknown_dtype.safetensors": (safetensors_bytes(two_tensors(dtype="F128"), bytes(40)),
-                                  "tensor 'b' has dtype 'F128', not one of"),
-    "truncated.safetensors": (safetensors_bytes(two_tensors(), bytes(30)),
-                              "its tensors end at byte 40 of a data region of 30 bytes"),
-    "gap.safetensors": (safetensors_bytes(two_tensors(data_offsets=[28, 44]), bytes(44)),
-                        "tensor 'b' begins at byte 28 of the data, but tensor 'a' ends at 24 "
-                        "(a gap)"),
-    "not_json.safetensors": (b"\x05\0\0\0\0\0\0\0{abc}", "its header is not JSON"),
-    "list_header.safetensors": (safetensors_bytes([1, 2], b""),  # type: ignore[arg-type]
-                                "its header is a JSON list, not an object"),
-    "short.safetensors": (b"\x01\0", "it has 2 bytes, fewer than the 8 of its header length"),
+  "huge_header.safetensors": (
+    safetensors_bytes(two_tensors(), bytes(40), length=2**60),
+    "header length 1152921504606846976 does not fit a file",
+  ),
+  "overlap.safetensors": (
+    safetensors_bytes(two_tensors(data_offsets=[16, 32]), bytes(40)),
+    "tensor 'b' begins at byte 16 of the data, but tensor 'a' ends at 24 (overlapping)",
+  ),
+  "shape_lie.safetensors": (
+    safetensors_bytes(two_tensors(shape=[4, 4]), bytes(40)),
+    "tensor 'b' spans 16 bytes, but shape (4, 4) of F32 needs 64",
+  ),
+  "dtype_lie.safetensors": (
+    safetensors_bytes(two_tensors(dtype="F64"), bytes(40)),
+    "tensor 'b' spans 16 bytes, but shape (4,) of F64 needs 32",
+  ),
+  "unknown_dtype.safetensors": (
+    safetensors_bytes(two_tensors(dtype="F128"), bytes(40)),
+    "tensor 'b' has dtype 'F128', not one of",
+  ),
+  "truncated.safetensors": (
+    safetensors_bytes(two_tensors(), bytes(30)),
+    "its tensors end at byte 40 of a data region of 30 bytes",
+  ),
+  "gap.safetensors": (
+    safetensors_bytes(two_tensors(data_offsets=[28, 44]), bytes(44)),
+    "tensor 'b' begins at byte 28 of the data, but tensor 'a' ends at 24 (a gap)",
+  ),
+  "not_json.safetensors": (b"\x05\0\0\0\0\0\0\0{abc}", "its header is not JSON"),
+  "list_header.safetensors": (
+    safetensors_bytes([1, 2], b""),  # type: ignore[arg-type]
+    "its header is a JSON list, not an object",
+  ),
+  "short.safetensors": (b"\x01\0", "it has 2 bytes, fewer than the 8 of its header length"),
 }
 
 
@@ -92,17 +108,23 @@ def shard(directory: pathlib.Path, index: dict) -> None:
   (directory / param_files.WEIGHTS_INDEX).write_text(json.dumps(index))
 
 
-@pytest.mark.parametrize("index,says", [
-    ([1, 2], "must hold a JSON object whose \"weight_map\""),
+@pytest.mark.parametrize(
+  "index,says",
+  [
+    ([1, 2], 'must hold a JSON object whose "weight_map"'),
     ({"weight_map": ["model-00001-of-00001.safetensors"]}, "must hold a JSON object"),
-    ({"weight_map": {"lm_head.weight": "../elsewhere.safetensors"}},
-     "weight_map['lm_head.weight'] '../elsewhere.safetensors' leads outside it"),
-    ({"weight_map": {"lm_head.weight": "/tmp/elsewhere.safetensors"}},
-     "weight_map['lm_head.weight'] '/tmp/elsewhere.safetensors' is an absolute path"),
+    (
+      {"weight_map": {"lm_head.weight": "../elsewhere.safetensors"}},
+      "weight_map['lm_head.weight'] '../elsewhere.safetensors' leads outside it",
+    ),
+    (
+      {"weight_map": {"lm_head.weight": "/tmp/elsewhere.safetensors"}},
+      "weight_map['lm_head.weight'] '/tmp/elsewhere.safetensors' is an absolute path",
+    ),
     ({"weight_map": {"lm_head.weight": "gs://b/elsewhere.safetensors"}}, "is an absolute path"),
-])
-def test_an_index_that_is_not_a_weight_map_inside_its_directory_is_refused(tmp_path, index,
-                                                                            says):
+  ],
+)
+def test_an_index_that_is_not_a_weight_map_inside_its_directory_is_refused(tmp_path, index, says):
   model = llama_copy(tmp_path)
   shard(model, index)
   # the file it points at exists: it must be refused for where it is, not for being absent
@@ -131,8 +153,11 @@ def test_tensors_that_are_not_the_configs_model_are_refused_from_the_headers(tmp
   model = llama_copy(tmp_path)
   hf = json.loads((model / "config.json").read_text())
   (model / "config.json").write_text(json.dumps({**hf, "intermediate_size": 64}))
-  with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.(gate|up|down)_proj\.weight has "
-                                       r"shape \(\d+, \d+\); its config\.json says"):
+  with pytest.raises(
+    ValueError,
+    match=r"model\.layers\.0\.mlp\.(gate|up|down)_proj\.weight has "
+    r"shape \(\d+, \d+\); its config\.json says",
+  ):
     pretrained.check_files(str(model))
   (model / "config.json").write_text(json.dumps({**hf, "num_hidden_layers": 3}))
   with pytest.raises(ValueError, match=r"missing \['model\.layers\.2\."):
@@ -147,6 +172,9 @@ def test_a_rove_jax_export_whose_dtype_is_not_its_param_dtype_is_refused(tmp_pat
   hf = json.loads((tmp_path / "export" / "config.json").read_text())
   hf["dtype"], hf["rove_jax"]["param_dtype"] = "bfloat16", "bfloat16"
   (tmp_path / "export" / "config.json").write_text(json.dumps(hf))
-  with pytest.raises(ValueError, match=r"model\.safetensors: \S+ is F32, its config\.json's "
-                                       r"param_dtype is bfloat16"):
+  with pytest.raises(
+    ValueError,
+    match=r"model\.safetensors: \S+ is F32, its config\.json's "
+    r"param_dtype is bfloat16",
+  ):
     pretrained.check_files(str(tmp_path / "export"))

@@ -19,8 +19,10 @@ from rove_jax.storage import lock as lock_lib
 from rove_jax.storage import paths
 
 OURS = lock_lib._pid_namespace()
-needs_proc = pytest.mark.skipif(OURS is None, reason="no /proc of this pid namespace: the lock "
-                                "judges every holder by its lease here")
+needs_proc = pytest.mark.skipif(
+  OURS is None,
+  reason="no /proc of this pid namespace: the lock judges every holder by its lease here",
+)
 
 
 def _dead_pid() -> int:
@@ -34,8 +36,16 @@ def _dead_pid() -> int:
 
 def _holder(root, pid, **fields) -> dict:
   """Writes lock 1 of `root` as a holder on this host with `pid` would, fresh (beat just now)."""
-  record = {"host": socket.gethostname(), "pid": pid, "pid_start": "12345", "id": "x" * 32,
-            "started": "earlier", "argv": ["train.py"], "beat": 7, **fields}
+  record = {
+    "host": socket.gethostname(),
+    "pid": pid,
+    "pid_start": "12345",
+    "id": "x" * 32,
+    "started": "earlier",
+    "argv": ["train.py"],
+    "beat": 7,
+    **fields,
+  }
   paths.write_atomic(os.path.join(root, f"{lock_lib.PREFIX}1"), json.dumps(record))
   return record
 
@@ -62,8 +72,9 @@ def test_a_live_holder_of_this_pid_namespace_holds_past_its_lease(tmp_path):
   """A frozen holder (SIGSTOP, a debugger) whose process still exists keeps the lock."""
   sleeper = subprocess.Popen(["sleep", "60"])
   try:
-    _holder(str(tmp_path), sleeper.pid, pid_namespace=OURS,
-            pid_start=lock_lib._start_time(sleeper.pid))
+    _holder(
+      str(tmp_path), sleeper.pid, pid_namespace=OURS, pid_start=lock_lib._start_time(sleeper.pid)
+    )
     time.sleep(1.1)
     with pytest.raises(lock_lib.LockError, match=f"pid {sleeper.pid} on host"):
       lock_lib.WriterLock(str(tmp_path), stale_after_s=0.5).acquire(log=_quiet)
@@ -117,22 +128,32 @@ time.sleep(300)
 def _unshare_works() -> bool:
   if os.geteuid() != 0 or shutil.which("unshare") is None or OURS is None:
     return False
-  probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
-                         capture_output=True)
+  probe = subprocess.run(
+    ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True
+  )
   return probe.returncode == 0
 
 
-@pytest.mark.skipif(not _unshare_works(), reason="needs root and unshare(1) to start a process "
-                    "in a new pid namespace (the container case); the records above simulate it")
+@pytest.mark.skipif(
+  not _unshare_works(),
+  reason="needs root and unshare(1) to start a process "
+  "in a new pid namespace (the container case); the records above simulate it",
+)
 def test_a_holder_in_another_pid_namespace_is_not_taken_over_while_it_renews(tmp_path):
   pid = _dead_pid()
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   # In the new namespace the holder is made to get the pid that is dead here (ns_last_pid is
   # the pid given last), as a container's process can; `; true` keeps sh from exec'ing it.
-  script = (f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "
-            f"{shlex.join([sys.executable, '-c', HOLD, str(tmp_path)])}; true")
-  proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-                           "sh", "-c", script], cwd=repo, stdout=subprocess.PIPE, text=True)
+  script = (
+    f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "
+    f"{shlex.join([sys.executable, '-c', HOLD, str(tmp_path)])}; true"
+  )
+  proc = subprocess.Popen(
+    ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", script],
+    cwd=repo,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   try:
     line = proc.stdout.readline()
     assert line.strip() == str(pid), (line, pid)  # its pid there; none has it here

@@ -39,14 +39,18 @@ def test_resolve_names_local_and_gs_paths(tmp_path, monkeypatch):
 
 
 def test_a_gs_path_without_gcsfs_is_one_line_naming_the_extra(tmp_path):
-  code = ("import sys; sys.modules['gcsfs'] = None\n"
-          "import importlib.util as u; u.find_spec = lambda name, *a: None\n"
-          "from rove_jax.storage import paths\n"
-          "try:\n  paths.resolve('gs://b/run', what='--workdir')\n"
-          "except paths.MissingExtra as e:\n  print(e)\n")
+  code = (
+    "import sys; sys.modules['gcsfs'] = None\n"
+    "import importlib.util as u; u.find_spec = lambda name, *a: None\n"
+    "from rove_jax.storage import paths\n"
+    "try:\n  paths.resolve('gs://b/run', what='--workdir')\n"
+    "except paths.MissingExtra as e:\n  print(e)\n"
+  )
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-  assert out.stdout.strip() == ("--workdir gs://b/run is on Google Cloud Storage, which needs "
-                                "gcsfs: pip install 'rove_jax[gcs]'")
+  assert out.stdout.strip() == (
+    "--workdir gs://b/run is on Google Cloud Storage, which needs "
+    "gcsfs: pip install 'rove_jax[gcs]'"
+  )
 
 
 def test_file_operations_agree_on_both_backends(root):
@@ -159,7 +163,8 @@ def test_a_link_directory_another_user_could_write_is_refused(tmp_path, private_
   assert stat.S_ISLNK(os.lstat(private_tmp).st_mode) == (case == "symlink")  # left as it was
   if case != "symlink":
     assert stat.S_IMODE(os.lstat(private_tmp).st_mode) == (
-        0o700 if case == "another uid" else int(case.split()[1], 8))
+      0o700 if case == "another uid" else int(case.split()[1], 8)
+    )
 
 
 def test_a_gs_directory_with_glob_characters_is_refused_for_orbax():
@@ -167,8 +172,9 @@ def test_a_gs_directory_with_glob_characters_is_refused_for_orbax():
     paths.check_orbax_path("gs://b/runs/lr[3e-4]")
 
 
-@pytest.mark.parametrize("name,shown", [("run#1", "'#'"), ("a?b", "'?'"), ("a\nb", "'\\n'"),
-                                        ("a\tb", "'\\t'")])
+@pytest.mark.parametrize(
+  "name,shown", [("run#1", "'#'"), ("a?b", "'?'"), ("a\nb", "'\\n'"), ("a\tb", "'\\t'")]
+)
 def test_a_gs_directory_that_orbax_parses_as_a_url_is_refused(name, shown):
   """orbax reads a gs:// checkpoint path as a URL: '#' and '?' end it, tabs and line breaks
   vanish, so tensorstore would write the arrays under another name than gcsfs the rest."""
@@ -184,6 +190,7 @@ def test_gs_names_that_orbax_keeps_as_written_pass():
 
 def test_a_workdir_with_a_hash_is_refused_before_the_run_touches_storage(tmp_path, gcs_bucket):
   from rove_jax.train import resume, run_reader
+
   with pytest.raises(ValueError, match="'#'.*run-1 for run#1"):
     resume.check_workdir(f"{gcs_bucket}/run#1")
   with pytest.raises(ValueError, match="'#'"):
@@ -248,6 +255,7 @@ def test_threads_racing_over_a_stale_lock_never_both_win(tmp_path, backend, tria
   """The issue's reproducer (two starters over a stale lock both won 19 of 60 times), with
   four threads a trial, each calling acquire as train() does."""
   import threading
+
   base = str(tmp_path) if backend == "local" else gcs_server.new_bucket()
   for trial in range(trials):
     sub = paths.join(base, str(trial))

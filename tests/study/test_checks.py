@@ -18,9 +18,13 @@ def _run(enc, seed, kind="main", **kw):
 
 def _report_run(run, inside, longer, yarn_longer):
   cells = lambda xs: {str(L): {"loss": x} for L, x in xs}  # noqa: E731
-  return {"workdir": run["workdir"], "perplexity": {
+  return {
+    "workdir": run["workdir"],
+    "perplexity": {
       "none": cells([(128, inside), (256, longer[0]), (512, longer[1])]),
-      "yarn": cells([(128, inside), (256, yarn_longer[0]), (512, yarn_longer[1])])}}
+      "yarn": cells([(128, inside), (256, yarn_longer[0]), (512, yarn_longer[1])]),
+    },
+  }
 
 
 def test_checks_section_reports_the_gaps_per_pair_and_learning_rate():
@@ -30,14 +34,29 @@ def test_checks_section_reports_the_gaps_per_pair_and_learning_rate():
   final = {}
   for i, r in enumerate(runs):  # distinct, known final held-out losses
     final[r["workdir"]] = 2.0 - 0.01 * i
-  curves = {w: [{"step": 100, "val_loss": 3.0}, {"step": 300, "val_loss": v}, {"step": 300,
-                                                                               "loss": 9.0}]
-            for w, v in final.items()}
-  main_rep = {"runs": [_report_run(r, 1.8 - 0.1 * (r["encoding"] == "rove"), (1.9, 2.0),
-                                   (1.85, 1.9)) for r in runs if r["kind"] == "main"]}
-  ppl_rep = {"runs": [_report_run(r, 1.5 - 0.05 * (r["encoding"] == "rove"), (1.6, 1.8),
-                                  (1.55, 1.6 + 0.1 * (r["encoding"] == "rove")))
-                      for r in runs if r["kind"] == "long"]}
+  curves = {
+    w: [{"step": 100, "val_loss": 3.0}, {"step": 300, "val_loss": v}, {"step": 300, "loss": 9.0}]
+    for w, v in final.items()
+  }
+  main_rep = {
+    "runs": [
+      _report_run(r, 1.8 - 0.1 * (r["encoding"] == "rove"), (1.9, 2.0), (1.85, 1.9))
+      for r in runs
+      if r["kind"] == "main"
+    ]
+  }
+  ppl_rep = {
+    "runs": [
+      _report_run(
+        r,
+        1.5 - 0.05 * (r["encoding"] == "rove"),
+        (1.6, 1.8),
+        (1.55, 1.6 + 0.1 * (r["encoding"] == "rove")),
+      )
+      for r in runs
+      if r["kind"] == "long"
+    ]
+  }
   meta = {"train": {"steps": 300, "lr": 2e-3}}
   lines, summary = checks.section(runs, curves, [main_rep, ppl_rep], meta, 128)
   text = "\n".join(lines)
@@ -56,8 +75,11 @@ def test_checks_section_reports_the_gaps_per_pair_and_learning_rate():
   # the learning-rate rows: the main rate and the two others, lowest loss named
   lr_rows = [r for r in rows if "e-" in r or "0.00" in r]
   assert any("0.002 (main)" in r for r in lr_rows) and len(summary["lr"]) == 3
-  best_rove = min((final[r["workdir"]], r.get("lr", 2e-3)) for r in runs
-                  if r["encoding"] == "rove" and r["seed"] == 0 and r["kind"] != "long")[1]
+  best_rove = min(
+    (final[r["workdir"]], r.get("lr", 2e-3))
+    for r in runs
+    if r["encoding"] == "rove" and r["seed"] == 0 and r["kind"] != "long"
+  )[1]
   assert f"RoVE {best_rove:g}" in text
   assert checks.section(runs[:4], curves, [main_rep], meta, 128) == ([], {})
 
@@ -73,13 +95,25 @@ def _position_data():
       for setting in ("none", "yarn"):
         for L in lengths:
           correct = (rng.random(n) < p).astype(int).tolist()
-          records.append({"encoding": enc, "seed": seed, "setting": setting, "length": L,
-                          "multiple": L / T, "sample_correct": correct,
-                          "sample_nll": [0.5 + 0.1 * (1 - c) for c in correct],
-                          "accuracy": float(np.mean(correct)),
-                          "nll": 0.5 + 0.1 * (1 - float(np.mean(correct)))})
-  return {"train_len": T, "sample_distance": {str(L): d.tolist() for L, d in dist.items()},
-          "records": records, "spec": "pairs=1,values=16,task=offset"}
+          records.append(
+            {
+              "encoding": enc,
+              "seed": seed,
+              "setting": setting,
+              "length": L,
+              "multiple": L / T,
+              "sample_correct": correct,
+              "sample_nll": [0.5 + 0.1 * (1 - c) for c in correct],
+              "accuracy": float(np.mean(correct)),
+              "nll": 0.5 + 0.1 * (1 - float(np.mean(correct))),
+            }
+          )
+  return {
+    "train_len": T,
+    "sample_distance": {str(L): d.tolist() for L, d in dist.items()},
+    "records": records,
+    "spec": "pairs=1,values=16,task=offset",
+  }
 
 
 def test_distance_units_select_the_bucket_samples_of_every_length_by_seed():
@@ -103,8 +137,10 @@ def test_distance_units_select_the_bucket_samples_of_every_length_by_seed():
   assert [i for i in units.strata] == strata
   last = position_tasks.distance_units(data, "rove", "none", 8, 16)
   assert last is not None and all(u.size for u in last.scores)
-  assert sum(int(np.sum(np.asarray(d) >= 8 * T)) for d in data["sample_distance"].values()) == \
-      last.scores[0].size
+  assert (
+    sum(int(np.sum(np.asarray(d) >= 8 * T)) for d in data["sample_distance"].values())
+    == last.scores[0].size
+  )
 
 
 def test_by_distance_rows_are_seed_paired_bootstrap_comparisons():
@@ -114,8 +150,14 @@ def test_by_distance_rows_are_seed_paired_bootstrap_comparisons():
   b = summary["buckets"].index([2, 4])
   a_u = position_tasks.distance_units(data, "rove", "none", 2, 4)
   b_u = position_tasks.distance_units(data, "rope", "none", 2, 4)
-  c = stats.paired_difference(list(a_u.scores), list(b_u.scores), n_boot=400, seed=boot.seed,
-                              pair_seeds=True, strata=a_u.strata)
+  c = stats.paired_difference(
+    list(a_u.scores),
+    list(b_u.scores),
+    n_boot=400,
+    seed=boot.seed,
+    pair_seeds=True,
+    strata=a_u.strata,
+  )
   assert summary["accuracy"]["rove-rope"]["none"][b] == [c.estimate, c.lower, c.upper]
   assert c.seeds_paired
   assert any(line.startswith("| RoVE - RoPE | no YaRN |") for line in lines)
@@ -126,9 +168,19 @@ def test_by_distance_rows_are_seed_paired_bootstrap_comparisons():
 
 def test_pair_table_prints_each_seed_pairs_accuracy_difference():
   from rove_jax.evaluation import recall as retrieval_scoring
-  recs = [{"encoding": e, "seed": s, "setting": "none", "length": L,
-           "accuracy": {"rove": 0.9, "rope": 0.6}[e] - 0.1 * s + 0.01 * L}
-          for e in ("rove", "rope") for s in (0, 1) for L in (32, 128)]
+
+  recs = [
+    {
+      "encoding": e,
+      "seed": s,
+      "setting": "none",
+      "length": L,
+      "accuracy": {"rove": 0.9, "rope": 0.6}[e] - 0.1 * s + 0.01 * L,
+    }
+    for e in ("rove", "rope")
+    for s in (0, 1)
+    for L in (32, 128)
+  ]
   recs.append({"encoding": "rove", "seed": 2, "setting": "none", "length": 32, "accuracy": 1.0})
   lines = retrieval_scoring.pair_table(recs).splitlines()
   assert lines[0].startswith("rove - rope, accuracy (points) per seed pair")
@@ -142,6 +194,7 @@ def test_position_task_rows_join_the_exploratory_family_with_seed_level_p_values
   paired t over the seed-pair differences of the runs' mean past T, and Holm adjusts them with
   the other exploratory rows."""
   from study import claims, multiplicity, primary
+
   data = _position_data()
   boot = rs.Boot(n_boot=400)
   rows = position_tasks.claim_rows({"offset": data}, boot)
@@ -149,10 +202,18 @@ def test_position_task_rows_join_the_exploratory_family_with_seed_level_p_values
   assert [r["recall"] for r in acc] == ["none", "yarn"]
   assert all(r["test"].startswith("position task offset (not in the paper)") for r in rows)
   for r in acc:  # the seed-level test, from the records by hand
+
     def run_mean(enc, seed):  # every sample past T of one run (the lengths hold equal counts)
-      return np.mean([c for rec in data["records"]
-                      if (rec["encoding"], rec["seed"], rec["setting"]) == (enc, seed, r["recall"])
-                      and rec["length"] > data["train_len"] for c in rec["sample_correct"]])
+      return np.mean(
+        [
+          c
+          for rec in data["records"]
+          if (rec["encoding"], rec["seed"], rec["setting"]) == (enc, seed, r["recall"])
+          and rec["length"] > data["train_len"]
+          for c in rec["sample_correct"]
+        ]
+      )
+
     diffs = np.array([run_mean("rove", s) - run_mean("rope", s) for s in range(3)])
     t = multiplicity.paired_t(list(diffs))
     assert r["p"] == pytest.approx(t["p"]) and r["t"]["mean"] == pytest.approx(diffs.mean())
@@ -163,10 +224,14 @@ def test_position_task_rows_join_the_exploratory_family_with_seed_level_p_values
 
 def test_gap_lines_give_the_mean_gap_and_its_change_over_the_pairs():
   from scipy import stats as sp
+
   main = {0: -0.040, 1: -0.033, 2: -0.050}  # RoVE - RoPE held-out gap at 300 steps
   long = {0: -0.015, 1: -0.012, 2: -0.020}  # at 900
-  longs = [{"seed": s, "steps": k, "val": (2.0 + g[s], 2.0)}
-           for s in (0, 1, 2) for k, g in (("main", main), (900, long))]
+  longs = [
+    {"seed": s, "steps": k, "val": (2.0 + g[s], 2.0)}
+    for s in (0, 1, 2)
+    for k, g in (("main", main), (900, long))
+  ]
   [line] = checks.gap_lines(longs, 300)
 
   def cell(d):  # mean, t-interval and two-sided p, by scipy
@@ -174,6 +239,7 @@ def test_gap_lines_give_the_mean_gap_and_its_change_over_the_pairs():
     half = sp.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
     p = sp.ttest_1samp(d, 0.0).pvalue
     return f"{d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}] (t p = {p:.3g})"
+
   change = [long[s] - main[s] for s in (0, 1, 2)]
   assert f"is {cell(list(main.values()))} nats at 300 steps" in line
   assert f"and {cell(list(long.values()))} at 900" in line

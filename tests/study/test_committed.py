@@ -27,13 +27,16 @@ def committed():
   import reproduce
   from study import claims, writeup
   from study import numbers as rs
+
   report, ppl = _load("eval", "report.json"), _load("eval_ppl", "report.json")
-  main = [{"workdir": r["workdir"], "kind": "main"} for r in ppl["runs"]
-          if re.fullmatch(r"[a-z]+-s\d+(-lr[0-9.e+-]+)?", r["name"])]  # not the -steps runs
+  main = [
+    {"workdir": r["workdir"], "kind": "main"}
+    for r in ppl["runs"]
+    if re.fullmatch(r"[a-z]+-s\d+(-lr[0-9.e+-]+)?", r["name"])
+  ]  # not the -steps runs
   report = reproduce.with_ppl_runs(report, ppl, main)
   recall = _load("recall", "recall.json")
-  st = rs.Study(report, recall["records"], rs.Boot(N_BOOT),
-                reproduce.recall_chance(RESULTS))
+  st = rs.Study(report, recall["records"], rs.Boot(N_BOOT), reproduce.recall_chance(RESULTS))
   return report, claims.rows(st, writeup._train_len(report)), st
 
 
@@ -50,6 +53,7 @@ def _seed_losses(report, enc, length):
 
 def test_primary_family_p_values_are_the_seed_pairs_t_tests(committed):
   from study import multiplicity, primary
+
   report, rows, _ = committed
   fam = [r for r in rows if r["family"] == "primary"]
   assert [r["id"] for r in fam] == ["b", "c", "c"]  # ICL and RULER left the family
@@ -71,6 +75,7 @@ def test_primary_family_p_values_are_the_seed_pairs_t_tests(committed):
 
 def test_no_verdict_where_every_answer_is_wrong(committed):
   from study import verdicts
+
   report, rows, _ = committed
   ruler = {}  # (encoding, setting): [correct, answers] over every task, length and seed
   for r in report["runs"]:
@@ -95,6 +100,7 @@ def test_no_verdict_where_every_answer_is_wrong(committed):
 
 def test_the_exploratory_family_states_its_size(committed):
   from study import claims_table, primary
+
   _, rows, st = committed
   text = "\n".join(claims_table.table(rows, primary.left_note(st)))
   for fam in ("primary", "exploratory"):
@@ -105,6 +111,7 @@ def test_the_exploratory_family_states_its_size(committed):
 
 def test_the_docs_state_the_computed_family_size(committed):
   from study import primary
+
   _, rows, _ = committed
   m = primary.family_size([r for r in rows if r["family"] == "primary"])
   with open(os.path.join(ROOT, "docs", "results.md")) as f:

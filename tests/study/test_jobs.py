@@ -18,8 +18,9 @@ sys.exit(int(sys.argv[2]))
 
 
 def _job(tmp_path, name, sleep=0.3, rc=0):
-  return jobs.Job(name, [sys.executable, "-c", SCRIPT, str(sleep), str(rc)],
-                  str(tmp_path / name / "log.txt"))
+  return jobs.Job(
+    name, [sys.executable, "-c", SCRIPT, str(sleep), str(rc)], str(tmp_path / name / "log.txt")
+  )
 
 
 def test_jobs_run_side_by_side_on_their_own_cores(tmp_path):
@@ -53,7 +54,11 @@ def test_job_count_is_clamped(tmp_path, n):
 
 def test_on_done_hears_each_job_as_it_ends(tmp_path):
   heard = []
-  out = jobs.run([_job(tmp_path, "slow", 1.5), _job(tmp_path, "fast", 0.0, rc=3)], 2,
-                 log=lambda line: None, on_done=lambda i, rc, s: heard.append((i, rc)))
+  out = jobs.run(
+    [_job(tmp_path, "slow", 1.5), _job(tmp_path, "fast", 0.0, rc=3)],
+    2,
+    log=lambda line: None,
+    on_done=lambda i, rc, s: heard.append((i, rc)),
+  )
   assert heard == [(1, 3), (0, 0)]  # the fast one first, while the slow one still ran
   assert [rc for rc, _ in out] == [0, 3]

@@ -32,8 +32,9 @@ def test_paired_t_matches_scipy():
   assert got["n"] == 5 and got["df"] == 4
   assert got["t"] == pytest.approx(-3.6591295430987922, rel=1e-12)
   assert got["p"] == pytest.approx(0.021596867268333667, rel=1e-9)
-  assert (got["lower"], got["upper"]) == pytest.approx((-0.17869123696375233,
-                                                         -0.02450876303624766), rel=1e-9)
+  assert (got["lower"], got["upper"]) == pytest.approx(
+    (-0.17869123696375233, -0.02450876303624766), rel=1e-9
+  )
   assert m.paired_t([0.1]) is None
   same = m.paired_t([0.5, 0.5, 0.5])  # exact in binary: no spread at all
   assert same["p"] == 0.0 and same["t"] == float("inf")
@@ -59,6 +60,7 @@ def test_sign_flip_counts_the_sign_vectors_by_hand():
 
 def test_tost_matches_scipy_one_sided_t_tests_and_hand_values():
   from scipy import stats as sps
+
   d = [-0.004, 0.003, -0.001, 0.002, 0.0005, -0.002]
   r = m.tost(d, 0.01)
   assert r["p_low"] == pytest.approx(sps.ttest_1samp(d, -0.01, alternative="greater").pvalue)

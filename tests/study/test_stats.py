@@ -10,15 +10,16 @@ import pytest
 from study import stats
 
 
-def simulate(rng, *, n_seeds=3, n_units=40, delta=0.3, unit_sd=2.0, seed_sd=0.22,
-             noise_sd=1.0):
+def simulate(rng, *, n_seeds=3, n_units=40, delta=0.3, unit_sd=2.0, seed_sd=0.22, noise_sd=1.0):
   """Scores of A and B runs: a per-unit difficulty shared by every run, a per-run (seed)
   offset and per-(run, unit) noise; the true difference of the encodings' means is delta."""
   difficulty = unit_sd * rng.normal(size=n_units)
 
   def runs(shift):
-    return [shift + difficulty + seed_sd * rng.normal() + noise_sd * rng.normal(size=n_units)
-            for _ in range(n_seeds)]
+    return [
+      shift + difficulty + seed_sd * rng.normal() + noise_sd * rng.normal(size=n_units)
+      for _ in range(n_seeds)
+    ]
 
   return runs(delta), runs(0.0)
 
@@ -50,8 +51,7 @@ def test_the_mean_interval_covers_the_true_mean_at_about_95_percent():
 
 
 def test_pairing_removes_the_shared_unit_difficulty_from_the_interval():
-  a, b = simulate(np.random.default_rng(0), n_units=200, unit_sd=5.0, seed_sd=0.02,
-                  noise_sd=0.5)
+  a, b = simulate(np.random.default_rng(0), n_units=200, unit_sd=5.0, seed_sd=0.02, noise_sd=0.5)
   paired = stats.paired_difference(a, b, n_boot=500)
   unpaired = stats.paired_difference(a, b, n_boot=500, paired=False)
   assert paired.estimate == unpaired.estimate
@@ -77,10 +77,10 @@ def test_weighted_runs_use_the_ratio_estimator_and_exp_gives_the_perplexity_rati
   assert res.estimate == pytest.approx(math.exp(np.mean(loss_a) - loss_b) - 1)
   assert not res.seed_spread_included  # B has one seed
   assert (res.n_seeds_a, res.n_seeds_b, res.n_units, res.n_boot) == (2, 1, 4, 200)
-  per_run = stats.paired_difference(nll_a, nll_b, weights=([tokens, tokens], [tokens]),
-                                    contrast="exp", n_boot=200)
-  assert (per_run.estimate, per_run.lower, per_run.upper) == (res.estimate, res.lower,
-                                                              res.upper)
+  per_run = stats.paired_difference(
+    nll_a, nll_b, weights=([tokens, tokens], [tokens]), contrast="exp", n_boot=200
+  )
+  assert (per_run.estimate, per_run.lower, per_run.upper) == (res.estimate, res.lower, res.upper)
   rel = stats.paired_difference(nll_a, nll_b, weights=tokens, contrast="relative", n_boot=50)
   assert rel.estimate == pytest.approx(np.mean(loss_a) / loss_b - 1)
 
@@ -95,17 +95,38 @@ def test_results_are_reproducible_for_a_seed():
 
 def test_directions_and_verdicts():
   def result(lower, upper):
-    return stats.Comparison(estimate=(lower + upper) / 2, lower=lower, upper=upper, a=0.0,
-                            b=0.0, contrast="difference", ci=0.95, n_seeds_a=3, n_seeds_b=3,
-                            n_units=10, n_boot=100, paired=True, seed_spread_included=True)
+    return stats.Comparison(
+      estimate=(lower + upper) / 2,
+      lower=lower,
+      upper=upper,
+      a=0.0,
+      b=0.0,
+      contrast="difference",
+      ci=0.95,
+      n_seeds_a=3,
+      n_seeds_b=3,
+      n_units=10,
+      n_boot=100,
+      paired=True,
+      seed_spread_included=True,
+    )
 
   lower, higher, straddles = result(-0.3, -0.1), result(0.1, 0.3), result(-0.1, 0.2)
-  assert [r.direction for r in (lower, higher, straddles)] == ["A lower", "A higher",
-                                                               "inconclusive"]
+  assert [r.direction for r in (lower, higher, straddles)] == [
+    "A lower",
+    "A higher",
+    "inconclusive",
+  ]
   assert [stats.verdict(r) for r in (lower, higher, straddles)] == [
-      "supports", "contradicts", "inconclusive"]
+    "supports",
+    "contradicts",
+    "inconclusive",
+  ]
   assert [stats.verdict(r, claim="higher") for r in (lower, higher, straddles)] == [
-      "contradicts", "supports", "inconclusive"]
+    "contradicts",
+    "supports",
+    "inconclusive",
+  ]
   with pytest.raises(ValueError, match="claim must be one of"):
     stats.verdict(lower, claim="better")
   # End to end: A's accuracy (0/1 per sample) clearly above B's on the same samples.
@@ -120,9 +141,13 @@ def test_one_unit_and_one_run_give_a_point_interval_flagged_as_lacking_seed_spre
   assert not res.seed_spread_included and res.direction == "A higher"
 
 
-@pytest.mark.parametrize("call, says", [
-    (lambda: stats.paired_difference([np.ones(3), np.ones(4)], [np.ones(3)]),
-     "run 1 has 4 units, run 0 has 3"),
+@pytest.mark.parametrize(
+  "call, says",
+  [
+    (
+      lambda: stats.paired_difference([np.ones(3), np.ones(4)], [np.ones(3)]),
+      "run 1 has 4 units, run 0 has 3",
+    ),
     (lambda: stats.paired_difference([np.ones(3)], [np.ones(4)]), "a_runs have 3 units, b_runs 4"),
     (lambda: stats.paired_difference([], [np.ones(3)]), "a_runs: no runs"),
     (lambda: stats.mean_interval([np.ones(0)]), r"runs\[0\]: no units"),
@@ -135,11 +160,16 @@ def test_one_unit_and_one_run_give_a_point_interval_flagged_as_lacking_seed_spre
     (lambda: stats.mean_interval([np.ones(3)], n_boot=0), "n_boot must be a positive"),
     (lambda: stats.mean_interval([np.ones(3)], weights=np.ones(2)), r"weights must have shape"),
     (lambda: stats.mean_interval([np.ones(3)], weights=-np.ones(3)), "non-negative"),
-    (lambda: stats.mean_interval([np.ones(3)] * 2, weights=[[1, 1, 1], [1, 1]]),
-     "rows of different lengths"),
-    (lambda: stats.paired_difference([np.ones(3)], [np.ones(3)], contrast="ratio"),
-     "contrast must be one of"),
-])
+    (
+      lambda: stats.mean_interval([np.ones(3)] * 2, weights=[[1, 1, 1], [1, 1]]),
+      "rows of different lengths",
+    ),
+    (
+      lambda: stats.paired_difference([np.ones(3)], [np.ones(3)], contrast="ratio"),
+      "contrast must be one of",
+    ),
+  ],
+)
 def test_bad_inputs_raise_a_clear_value_error(call, says):
   with pytest.raises(ValueError, match=says):
     call()
@@ -154,8 +184,10 @@ def simulate_pairs(rng, *, n_seeds=8, n_units=40, delta=0.3, shared_sd=0.5, inte
   difficulty, shared = 2.0 * rng.normal(size=n_units), shared_sd * rng.normal(size=n_seeds)
 
   def runs(shift):
-    return [shift + difficulty + shared[i] + inter_sd * rng.normal() + rng.normal(size=n_units)
-            for i in range(n_seeds)]
+    return [
+      shift + difficulty + shared[i] + inter_sd * rng.normal() + rng.normal(size=n_units)
+      for i in range(n_seeds)
+    ]
 
   return runs(delta), runs(0.0)
 
@@ -193,8 +225,9 @@ def test_strata_keep_every_cell_in_every_replicate():
   across = stats.mean_interval(scores, n_boot=500)
   assert across.upper - across.lower > 2.0 and across.n_strata == 1
   # the same in a comparison, where A and B share the unit draws
-  res = stats.paired_difference(scores, [np.r_[np.ones(20), np.full(5, 6.0)]], strata=strata,
-                                n_boot=500)
+  res = stats.paired_difference(
+    scores, [np.r_[np.ones(20), np.full(5, 6.0)]], strata=strata, n_boot=500
+  )
   assert (res.lower, res.upper) == pytest.approx((2.0 - 2.0, 2.0 - 2.0))
   with pytest.raises(ValueError, match="strata must give one label per unit"):
     stats.mean_interval(scores, strata=[0, 1])
@@ -216,10 +249,23 @@ def test_p_value_agrees_with_the_interval_and_mc_error_falls_with_replicates():
 
 def test_an_endpoint_within_two_monte_carlo_errors_of_zero_is_flagged():
   def result(lower, upper, se):
-    return stats.Comparison(estimate=(lower + upper) / 2, lower=lower, upper=upper, a=0.0,
-                            b=0.0, contrast="difference", ci=0.95, n_seeds_a=8, n_seeds_b=8,
-                            n_units=10, n_boot=10000, paired=True, seed_spread_included=True,
-                            mc_se=None if se is None else (se, se))
+    return stats.Comparison(
+      estimate=(lower + upper) / 2,
+      lower=lower,
+      upper=upper,
+      a=0.0,
+      b=0.0,
+      contrast="difference",
+      ci=0.95,
+      n_seeds_a=8,
+      n_seeds_b=8,
+      n_units=10,
+      n_boot=10000,
+      paired=True,
+      seed_spread_included=True,
+      mc_se=None if se is None else (se, se),
+    )
+
   assert result(0.01, 0.5, 0.004).mc_stable
   assert not result(0.007, 0.5, 0.004).mc_stable  # "supports" by less than 2 errors
   assert not result(-0.5, 0.005, 0.004).mc_stable  # "inconclusive" by less than 2 errors

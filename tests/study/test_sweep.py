@@ -15,8 +15,10 @@ GRID = (5e-4, 1e-3, 2e-3, 4e-3)
 def _losses(best, grid=GRID, seeds=3):
   """{lr: per-seed losses}: lowest mean at `best`, rising with the log-distance from it."""
   import math
-  return {lr: [2.0 + 0.1 * abs(math.log2(lr / best)) + 0.01 * s for s in range(seeds)]
-          for lr in grid}
+
+  return {
+    lr: [2.0 + 0.1 * abs(math.log2(lr / best)) + 0.01 * s for s in range(seeds)] for lr in grid
+  }
 
 
 def test_the_rule_picks_the_interior_best_and_refuses_an_edge():
@@ -44,9 +46,13 @@ def test_grids_need_four_rates_and_three_seeds():
   with pytest.raises(ValueError, match="distinct learning rates"):
     sweep.check_grid(GRID[:3] + (GRID[0],), [1, 2, 3])
   assert sweep.parse_rates("4e-3,1e-3,2e-3,5e-4", ["rove", "rope"]) == {
-      "rove": sorted(GRID), "rope": sorted(GRID)}
+    "rove": sorted(GRID),
+    "rope": sorted(GRID),
+  }
   assert sweep.parse_rates("rove=1e-3,2e-3;rope=3e-3", ["rove", "rope"]) == {
-      "rove": [1e-3, 2e-3], "rope": [3e-3]}
+    "rove": [1e-3, 2e-3],
+    "rope": [3e-3],
+  }
   with pytest.raises(ValueError, match="'nope' is not one of"):
     sweep.parse_rates("nope=1e-3", ["rove", "rope"])
   with pytest.raises(ValueError, match="also comparison --seeds"):
@@ -54,9 +60,22 @@ def test_grids_need_four_rates_and_three_seeds():
 
 
 def test_the_plan_tunes_the_rotary_encodings_and_keeps_the_comparison_seeds_fresh():
-  args = reproduce.parse_args(["--sweep-lrs", "5e-4,1e-3,2e-3,4e-3", "--seeds", "0,1,2,3",
-                               "--long-seeds", "3", "--long-multiple", "3", "--steps", "10",
-                               "--runs-dir", "r"])
+  args = reproduce.parse_args(
+    [
+      "--sweep-lrs",
+      "5e-4,1e-3,2e-3,4e-3",
+      "--seeds",
+      "0,1,2,3",
+      "--long-seeds",
+      "3",
+      "--long-multiple",
+      "3",
+      "--steps",
+      "10",
+      "--runs-dir",
+      "r",
+    ]
+  )
   assert args.sweep_grids == {"rove": sorted(GRID), "rope": sorted(GRID)}
   assert args.lr_list == []  # the sweep replaces the --lrs check
   runs = sweep.plan(args.sweep_grids, args.sweep_seed_list, args.runs_dir)
@@ -82,6 +101,7 @@ def test_the_plan_tunes_the_rotary_encodings_and_keeps_the_comparison_seeds_fres
 def _fake_training(best, calls, out):
   """train_all's stand-in: sweep runs get metrics whose best rate is `best[encoding]`; any
   other run records whether lr_sweep.md existed when it was asked to train, then stops."""
+
   def train_all(args, runs):
     if all(r["kind"] == "sweep" for r in runs):
       for r in runs:
@@ -91,9 +111,15 @@ def _fake_training(best, calls, out):
           f.write(json.dumps({"step": 10, "val_loss": loss}) + "\n")
       calls.append(("sweep", len(runs)))
       return
-    calls.append(("comparison", os.path.exists(out / sweep.MD), sorted({
-        (r["encoding"], r.get("lr")) for r in runs})))
+    calls.append(
+      (
+        "comparison",
+        os.path.exists(out / sweep.MD),
+        sorted({(r["encoding"], r.get("lr")) for r in runs}),
+      )
+    )
     raise KeyboardInterrupt  # the test stops before the evaluation
+
   return train_all
 
 
@@ -102,14 +128,27 @@ def _faked_command(tmp_path, monkeypatch, best, seeds="0"):
   command line of a 4-rate sweep over `seeds`, RoVE and RoPE, 10 steps, under tmp_path."""
   out, calls = tmp_path / "out", []
   monkeypatch.setattr(reproduce, "train_all", _fake_training(best, calls, out))
-  argv = ["--sweep-lrs", "5e-4,1e-3,2e-3,4e-3", "--seeds", seeds, "--encodings", "rove,rope",
-          "--steps", "10", "--out", str(out), "--runs-dir", str(tmp_path / "runs")]
+  argv = [
+    "--sweep-lrs",
+    "5e-4,1e-3,2e-3,4e-3",
+    "--seeds",
+    seeds,
+    "--encodings",
+    "rove,rope",
+    "--steps",
+    "10",
+    "--out",
+    str(out),
+    "--runs-dir",
+    str(tmp_path / "runs"),
+  ]
   return out, calls, argv
 
 
 def test_the_sweep_table_is_written_before_the_comparison_trains(tmp_path, monkeypatch):
-  out, calls, argv = _faked_command(tmp_path, monkeypatch, {"rove": 2e-3, "rope": 1e-3},
-                                    seeds="0,1")
+  out, calls, argv = _faked_command(
+    tmp_path, monkeypatch, {"rove": 2e-3, "rope": 1e-3}, seeds="0,1"
+  )
   with pytest.raises(KeyboardInterrupt):
     reproduce.main(argv)
   assert calls[0] == ("sweep", 2 * 4 * 3)
@@ -121,7 +160,8 @@ def test_the_sweep_table_is_written_before_the_comparison_trains(tmp_path, monke
   # --write-only plans the same runs from the choice the sweep recorded
   args = reproduce.parse_args(argv + ["--write-only"])
   assert reproduce.plan(args, reproduce._sweep_choice(args)) == reproduce.plan(
-      args, {"rove": 2e-3, "rope": 1e-3})
+    args, {"rove": 2e-3, "rope": 1e-3}
+  )
 
 
 def test_an_edge_best_stops_the_command_before_the_comparison(tmp_path, monkeypatch):
@@ -156,12 +196,14 @@ def test_a_recorded_sweep_is_not_trained_again(tmp_path, monkeypatch):
   assert sweep.recorded(str(out), grids, [100, 101, 102], 10) == {"rove": 2e-3, "rope": 1e-3}
   assert sweep.recorded(str(out), grids, [100, 101, 102], 20) is None
   assert sweep.recorded(str(out), grids, [100, 101], 10) is None
-  assert sweep.recorded(str(out), {**grids, "rope": list(GRID) + [8e-3]},
-                        [100, 101, 102], 10) is None
+  assert (
+    sweep.recorded(str(out), {**grids, "rope": list(GRID) + [8e-3]}, [100, 101, 102], 10) is None
+  )
 
 
 def test_the_write_up_shows_the_sweep_and_names_the_preregistration(tmp_path, monkeypatch):
   from study import run_info
+
   out, _, argv = _faked_command(tmp_path, monkeypatch, {"rove": 2e-3, "rope": 1e-3})
   argv.append("--sweep-only")
   assert reproduce.main(argv) == 0
@@ -171,19 +213,41 @@ def test_the_write_up_shows_the_sweep_and_names_the_preregistration(tmp_path, mo
   assert "| rope | 0.0005 | 2.1100 |" in md and "- rope: 0.001, strictly inside its grid" in md
   assert sweep.section(None) == []
   monkeypatch.setattr(run_info, "preregistration", lambda: ("abc", "2026-12-04T13:40:00+00:00"))
-  lines = lambda started: [l for l in run_info.header(_Study(), {  # noqa: E731
-      "command": "c", "commit": "x", "machine": "m", "started": started, "wall_seconds": 60,
-      "lr_sweep": {"chosen": {"rove": 2e-3}, "file": sweep.MD}}) if "Pre-registration" in l]
-  assert "in abc at 2026-12-04T13:40:00+00:00, before this run" in lines(
-      "2026-12-04T14:00:00+00:00")[0]
+  lines = lambda started: [
+    l
+    for l in run_info.header(
+      _Study(),
+      {  # noqa: E731
+        "command": "c",
+        "commit": "x",
+        "machine": "m",
+        "started": started,
+        "wall_seconds": 60,
+        "lr_sweep": {"chosen": {"rove": 2e-3}, "file": sweep.MD},
+      },
+    )
+    if "Pre-registration" in l
+  ]
+  assert (
+    "in abc at 2026-12-04T13:40:00+00:00, before this run" in lines("2026-12-04T14:00:00+00:00")[0]
+  )
   assert "**after** this run" in lines("2026-12-04T13:00:00+00:00")[0]
 
 
 class _Study:
   """The little of numbers.Study that run_info.header reads."""
+
   order, groups = ["rove"], {"rove": [0]}
-  report = {"suite": "full", "runs": [{"step": 10, "workdir": "w", "model": {
-      "n_layer": 1, "d_model": 8, "n_head": 1, "params": 10, "max_len": 16}}]}
+  report = {
+    "suite": "full",
+    "runs": [
+      {
+        "step": 10,
+        "workdir": "w",
+        "model": {"n_layer": 1, "d_model": 8, "n_head": 1, "params": 10, "max_len": 16},
+      }
+    ],
+  }
 
 
 def test_tuned_run_names_still_pair_their_seeds():
@@ -191,9 +255,11 @@ def test_tuned_run_names_still_pair_their_seeds():
   long runs): the seed is still read from the name, so every comparison is seed-paired."""
   from study import numbers as rs
   from tests.study.test_reproduce import _hand_made
-  assert [rs.run_seed({"name": n}) for n in (
-      "rove-s3-lr0.004", "rope-s12-steps900-lr0.016", "nope-s2", "rove-steps900")] == [
-          3, 12, 2, "rove-steps900"]
+
+  assert [
+    rs.run_seed({"name": n})
+    for n in ("rove-s3-lr0.004", "rope-s12-steps900-lr0.016", "nope-s2", "rove-steps900")
+  ] == [3, 12, 2, "rove-steps900"]
   report = _hand_made()[0]
   for run in report["runs"]:
     if run["model"]["pos_encoding"] != "nope":
@@ -209,6 +275,7 @@ def test_encodings_with_fewer_seeds_pair_on_the_seeds_both_have():
   import numpy as np
 
   from study import numbers as rs
+
   rng = np.random.default_rng(0)
   runs = lambda n: tuple(rng.normal(2, 0.1, 6) for _ in range(n))  # noqa: E731
   w8, w3 = tuple(np.full(6, 2.0) for _ in range(8)), tuple(np.full(6, 2.0) for _ in range(3))

@@ -26,8 +26,9 @@ def model_params(meta):
 
 def raw_entries(workdir, step) -> dict:
   """{entry: numpy array} of a checkpoint's state, read with orbax directly: the reference."""
-  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
-                                  item_names=("state", "data", "meta"))
+  manager = ocp.CheckpointManager(
+    os.path.join(workdir, "checkpoints"), item_names=("state", "data", "meta")
+  )
   state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   manager.close()
   return {k: np.asarray(v) for k, v in state["state"].items()}
@@ -124,8 +125,7 @@ def renamed_layout(meta):
   from the other side."""
   flat = ckpt_lib.to_flat(model_params(meta))
   old = next(k for k in sorted(flat) if ".attn." in k)
-  renamed = {(k.replace(".attn.", ".attn.renamed_") if k == old else k): v
-             for k, v in flat.items()}
+  renamed = {(k.replace(".attn.", ".attn.renamed_") if k == old else k): v for k, v in flat.items()}
   return renamed
 
 
@@ -145,14 +145,23 @@ def test_a_checkpoint_of_another_layout_is_an_error_naming_the_entries(run_copy)
 
 def test_training_resume_with_another_layout_raises_and_quarantines_nothing(tmp_path):
   ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
-  old = {"params.attn.wq": jnp.ones((2, 2)), "params.attn.wk": jnp.ones((2, 2)),
-         "params.attn.wv": jnp.ones((2, 2)), "step": jnp.asarray(3, jnp.int32)}
+  old = {
+    "params.attn.wq": jnp.ones((2, 2)),
+    "params.attn.wk": jnp.ones((2, 2)),
+    "params.attn.wv": jnp.ones((2, 2)),
+    "step": jnp.asarray(3, jnp.int32),
+  }
   ck.save(3, old, {}, {"step": 3})  # a state's step is its checkpoint's (check_step)
-  new = {"params.attn.wqkv": jax.ShapeDtypeStruct((2, 6), jnp.float32),
-         "step": jax.ShapeDtypeStruct((), jnp.int32)}
+  new = {
+    "params.attn.wqkv": jax.ShapeDtypeStruct((2, 6), jnp.float32),
+    "step": jax.ShapeDtypeStruct((), jnp.int32),
+  }
   names = r"\[params.attn.wk, params.attn.wq, params.attn.wv\]"
-  with pytest.raises(ckpt_lib.LayoutError, match=r"lacks 1 entries the model needs "
-                     r"\[params.attn.wqkv\] and has 3 the model does not know " + names):
+  with pytest.raises(
+    ckpt_lib.LayoutError,
+    match=r"lacks 1 entries the model needs "
+    r"\[params.attn.wqkv\] and has 3 the model does not know " + names,
+  ):
     ck.restore_latest(new, report=pytest.fail)
   assert ck.steps() == [3] and not (tmp_path / "checkpoints_unreadable").exists()
   # the same names restore (the check does not reject a good checkpoint)

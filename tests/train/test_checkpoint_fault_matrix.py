@@ -59,16 +59,16 @@ def _flip(path: pathlib.Path, where: str) -> None:
   data = bytearray(path.read_bytes())
   n = min(16, len(data))
   start = {"start": 0, "middle": (len(data) - n) // 2, "end": len(data) - n}[where]
-  data[start:start + n] = bytes(b ^ 0xA5 for b in data[start:start + n])
+  data[start : start + n] = bytes(b ^ 0xA5 for b in data[start : start + n])
   path.write_bytes(bytes(data))
 
 
 DAMAGES = {
-    "flip-start": lambda p: _flip(p, "start"),
-    "flip-middle": lambda p: _flip(p, "middle"),
-    "flip-end": lambda p: _flip(p, "end"),
-    "truncate": lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]),
-    "delete": lambda p: p.unlink(),
+  "flip-start": lambda p: _flip(p, "start"),
+  "flip-middle": lambda p: _flip(p, "middle"),
+  "flip-end": lambda p: _flip(p, "end"),
+  "truncate": lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),
+  "delete": lambda p: p.unlink(),
 }
 
 
@@ -86,8 +86,10 @@ def _open_as_the_loop_does(ref, workdir):
   c = config(ref)
   meta = resolve.resolve(c).metadata()
   device = jax.sharding.SingleDeviceSharding(ONE[0])
-  target = {name: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device)
-            for name, a in ref.states[STEPS].items()}
+  target = {
+    name: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device)
+    for name, a in ref.states[STEPS].items()
+  }
   ck = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(str(workdir)), keep=len(SAVED) + 2)
   try:
     resume.check_resumable(ck, meta, target, workdir=str(workdir), log=lambda *a: None)
@@ -103,9 +105,11 @@ def _evaluation_reads(ref, workdir, relative: str, damage: str) -> str:
   deletes nothing."""
   before = tree_digest(workdir / "checkpoints")
   out = []
-  abstract = lambda meta: {name[len(ckpt_lib.PARAMS):]: jax.ShapeDtypeStruct(a.shape, a.dtype)
-                           for name, a in ref.states[STEPS].items()
-                           if name.startswith(ckpt_lib.PARAMS)}
+  abstract = lambda meta: {
+    name[len(ckpt_lib.PARAMS) :]: jax.ShapeDtypeStruct(a.shape, a.dtype)
+    for name, a in ref.states[STEPS].items()
+    if name.startswith(ckpt_lib.PARAMS)
+  }
   try:
     step, params, meta = run_reader.read_run(str(workdir), abstract, report=out.append)
   except CLEAR_ERRORS:
@@ -113,8 +117,11 @@ def _evaluation_reads(ref, workdir, relative: str, damage: str) -> str:
   else:
     assert step in (STEPS, PREVIOUS) and meta["step"] == step, (relative, damage, step)
     for name, value in params.items():
-      np.testing.assert_array_equal(np.asarray(value), ref.states[step][ckpt_lib.PARAMS + name],
-                                    err_msg=f"evaluation, {relative} {damage}: {name}")
+      np.testing.assert_array_equal(
+        np.asarray(value),
+        ref.states[step][ckpt_lib.PARAMS + name],
+        err_msg=f"evaluation, {relative} {damage}: {name}",
+      )
     said = any(f"checkpoint at step {STEPS} " in line for line in out)
     assert said == (step == PREVIOUS), (relative, damage, out)  # a fallback is reported
     result = "read" if step == STEPS else "read the previous"
@@ -173,8 +180,9 @@ def test_every_file_of_the_newest_checkpoint_damaged(reference, tmp_path, kind, 
   assert outcomes["fell back"] >= 4, rows
 
 
-def test_a_deleted_array_file_costs_one_checkpoint_and_the_run_continues_bitwise(reference,
-                                                                                 tmp_path):
+def test_a_deleted_array_file_costs_one_checkpoint_and_the_run_continues_bitwise(
+  reference, tmp_path
+):
   workdir = copy_run(reference, tmp_path)
   state = step_dir(workdir, STEPS) / "state"
   largest = max((p for p in state.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
@@ -195,18 +203,26 @@ def test_a_deleted_array_file_costs_one_checkpoint_and_the_run_continues_bitwise
 @pytest.mark.slow  # flip-end is left out: like flip-middle it hits the data, not a header
 @pytest.mark.parametrize("damage", ["flip-start", "flip-middle", "truncate", "delete"])
 def test_every_other_file_of_the_workdir_damaged_then_the_run_continues_bitwise(
-    reference, tmp_path, damage, capfd):
+  reference, tmp_path, damage, capfd
+):
   """The token caches (tokens-*.npy and their records), metrics.jsonl and the TensorBoard
   events, all damaged at once in a run stopped after step 6: the caches are found unusable and
   rebuilt, unreadable metrics lines are moved aside with a report, and steps 7-8 are trained on
   the uninterrupted run's tokens: the same losses and the same checkpoint, bitwise."""
   workdir = copy_run(reference, tmp_path, keep=SAVED[:-1])
   # the writer lock (released) stays out: an unreadable lock counts as held until it goes stale
-  files = sorted(p for p in workdir.rglob("*")
-                 if p.is_file() and ckpt_lib.CHECKPOINTS not in p.relative_to(workdir).parts
-                 and not p.name.startswith(lock_lib.PREFIX))
+  files = sorted(
+    p
+    for p in workdir.rglob("*")
+    if p.is_file()
+    and ckpt_lib.CHECKPOINTS not in p.relative_to(workdir).parts
+    and not p.name.startswith(lock_lib.PREFIX)
+  )
   assert {p.relative_to(workdir).parts[0] for p in files} == {
-      "data", "metrics.jsonl", "tensorboard"}, files
+    "data",
+    "metrics.jsonl",
+    "tensorboard",
+  }, files
   for path in files:
     DAMAGES[damage](path)
   capfd.readouterr()
@@ -238,8 +254,13 @@ def test_every_other_file_of_the_workdir_damaged_then_the_run_continues_bitwise(
 def bpe_run(tmp_path_factory):
   """A 4-step run with a BPE tokenizer, which lives as a file in the workdir."""
   root = tmp_path_factory.mktemp("bpe")
-  c = small_config(root, steps=4, checkpoint_every=2, eval_every=4,
-                   **{"data.tokenizer": "bpe:300", "model.vocab_size": 320})
+  c = small_config(
+    root,
+    steps=4,
+    checkpoint_every=2,
+    eval_every=4,
+    **{"data.tokenizer": "bpe:300", "model.vocab_size": 320},
+  )
   workdir = root / "run"
   train(c, workdir)
   (tok_file,) = workdir.glob("tokenizer-bpe-*.json")
@@ -250,18 +271,24 @@ def _changed_but_valid(path: pathlib.Path) -> None:
   """Swaps two vocabulary ids: the file still loads, but maps text to other ids."""
   spec = json.loads(path.read_text())
   vocab = spec["model"]["vocab"]
-  a, b = sorted(vocab, key=vocab.get)[300 - 2:300]
+  a, b = sorted(vocab, key=vocab.get)[300 - 2 : 300]
   vocab[a], vocab[b] = vocab[b], vocab[a]
   path.write_text(json.dumps(spec))
 
 
-@pytest.mark.parametrize("damage, message", [
+@pytest.mark.parametrize(
+  "damage, message",
+  [
     (_changed_but_valid, r"tokenizer-bpe-300\.json changed"),
-    (lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]),
-     r"could not read the tokenizer file .*tokenizer-bpe-300\.json"),
-])
-def test_a_damaged_tokenizer_file_is_refused_by_training_and_evaluation(bpe_run, tmp_path,
-                                                                        damage, message):
+    (
+      lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),
+      r"could not read the tokenizer file .*tokenizer-bpe-300\.json",
+    ),
+  ],
+)
+def test_a_damaged_tokenizer_file_is_refused_by_training_and_evaluation(
+  bpe_run, tmp_path, damage, message
+):
   c, original, _ = bpe_run
   workdir = tmp_path / "run"
   shutil.copytree(original, workdir)

@@ -12,19 +12,23 @@ from rove_jax.train import checksums, sharding
 
 
 def _arrays(rng):
-  return {"f32": rng.standard_normal((6, 8)).astype(np.float32),
-          "bf16": jnp.asarray(rng.standard_normal((5, 3)), jnp.bfloat16),
-          "i32": rng.integers(-9, 9, (7,)).astype(np.int32),
-          "u8": rng.integers(0, 255, (4, 4)).astype(np.uint8),
-          "bool": rng.random((3, 5)) > 0.5,
-          "scalar": np.int32(42)}
+  return {
+    "f32": rng.standard_normal((6, 8)).astype(np.float32),
+    "bf16": jnp.asarray(rng.standard_normal((5, 3)), jnp.bfloat16),
+    "i32": rng.integers(-9, 9, (7,)).astype(np.int32),
+    "u8": rng.integers(0, 255, (4, 4)).astype(np.uint8),
+    "bool": rng.random((3, 5)) > 0.5,
+    "scalar": np.int32(42),
+  }
 
 
 def test_host_and_device_paths_agree(rng):
   flat = _arrays(rng)
   host = checksums.array_checksums(flat)
-  device = {name: f"{int(v):08x}" for name, v in checksums._sums(
-      {k: jnp.asarray(v) for k, v in flat.items()}).items()}
+  device = {
+    name: f"{int(v):08x}"
+    for name, v in checksums._sums({k: jnp.asarray(v) for k, v in flat.items()}).items()
+  }
   assert host == device
   assert len(set(host.values())) == len(host)  # different arrays, different sums
 

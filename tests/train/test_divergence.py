@@ -17,8 +17,9 @@ from tests.train.test_loop import ENV1, ROOT, final_params, run_train
 
 
 def judge(losses, norm, *, jump=2.0, growth=4.0, good_norm=10.0, finite=True):
-  h = health_lib.Health(max_loss_jump=jump, max_param_growth=growth, good_step=4,
-                        good_norm=good_norm)
+  h = health_lib.Health(
+    max_loss_jump=jump, max_param_growth=growth, good_step=4, good_norm=good_norm
+  )
   for i, loss in enumerate(losses):
     h.observe(i + 5, loss, True)
   if not finite:
@@ -48,8 +49,9 @@ def test_too_little_history_judges_no_jump():
   assert judge([1.0] * 7 + [100.0], 10.0) is None
 
 
-@pytest.mark.parametrize("norm, bad", [(39.0, False), (41.0, True), (float("inf"), True),
-                                       (float("nan"), True)])
+@pytest.mark.parametrize(
+  "norm, bad", [(39.0, False), (41.0, True), (float("inf"), True), (float("nan"), True)]
+)
 def test_parameter_norm_growth_over_the_last_good_state(norm, bad):
   problem = judge([3.0] * 9, norm)
   assert (problem is not None) == bad, problem
@@ -76,8 +78,13 @@ def test_a_finite_but_exploded_update_keeps_the_last_good_checkpoint(tmp_path):
   state is saved, step 6 survives retention, the error names it, and a rerun at a sane rate
   resumes from it and finishes."""
   work = tmp_path / "run"
-  base = {"steps": 30, "checkpoint_every": 2, "keep_checkpoints": 3, "eval_every": 100,
-          "optim.warmup_steps": 0}
+  base = {
+    "steps": 30,
+    "checkpoint_every": 2,
+    "keep_checkpoints": 3,
+    "eval_every": 100,
+    "optim.warmup_steps": 0,
+  }
   run_train(small_config(tmp_path, run_steps=6, **base), work, log=lambda *a: None)
   _, good_params = final_params(work)
   out = []
@@ -104,17 +111,36 @@ def test_a_finite_but_exploded_update_keeps_the_last_good_checkpoint(tmp_path):
 def test_the_command_line_says_how_to_resume(tmp_path):
   """exit 3, one line: the last good step and this command again at a tenth of the rate."""
   work = tmp_path / "run"
-  small = {"data.source": "text", "data.path": write_corpus(tmp_path / "corpus"),
-           "model.n_layer": 1, "model.d_model": 32, "model.n_head": 2, "model.d_ff": 64,
-           "model.max_len": 32, "data.seq_len": 32, "data.batch_size": 4, "steps": 12,
-           "checkpoint_every": 2, "optim.warmup_steps": 0, "progress": False,
-           "sample_tokens": 0, "eval_every": 100}
-  cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-         f"--workdir={work}"] + [f"--config.{k}={v}" for k, v in small.items()]
-  subprocess.run(cmd + ["--config.run_steps=4"], env=ENV1, check=True, capture_output=True,
-                 cwd=ROOT, timeout=300)
-  p = subprocess.run(cmd + ["--config.optim.lr=1e9"], env=ENV1, capture_output=True,
-                     text=True, cwd=ROOT, timeout=300)
+  small = {
+    "data.source": "text",
+    "data.path": write_corpus(tmp_path / "corpus"),
+    "model.n_layer": 1,
+    "model.d_model": 32,
+    "model.n_head": 2,
+    "model.d_ff": 64,
+    "model.max_len": 32,
+    "data.seq_len": 32,
+    "data.batch_size": 4,
+    "steps": 12,
+    "checkpoint_every": 2,
+    "optim.warmup_steps": 0,
+    "progress": False,
+    "sample_tokens": 0,
+    "eval_every": 100,
+  }
+  cmd = [
+    sys.executable,
+    str(ROOT / "train.py"),
+    "--config",
+    str(ROOT / "configs" / "tiny.py"),
+    f"--workdir={work}",
+  ] + [f"--config.{k}={v}" for k, v in small.items()]
+  subprocess.run(
+    cmd + ["--config.run_steps=4"], env=ENV1, check=True, capture_output=True, cwd=ROOT, timeout=300
+  )
+  p = subprocess.run(
+    cmd + ["--config.optim.lr=1e9"], env=ENV1, capture_output=True, text=True, cwd=ROOT, timeout=300
+  )
   assert p.returncode == 3, p.stderr[-2000:]
   last = p.stderr.strip().splitlines()[-1]
   assert last.startswith("error: ") and "the last good checkpoint is step 4" in last, last

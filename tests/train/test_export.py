@@ -47,9 +47,14 @@ def test_a_bpe_export_carries_its_tokenizer_and_generates_text(bpe_run, tmp_path
   assert loaded.decode(ids) == PROMPT
   # Greedy text equals decoding the checkpoint's own generate by hand.
   _, params, _ = run_reader.read_run(str(workdir), lambda meta: result.params)
-  by_hand = generate(pretrained.build(result.model_config, params), ids[None], 12,
-                     temperature=0.0, valid_vocab=result.tokenizer.vocab_size)
-  want = result.tokenizer.decode(np.asarray(by_hand[0, len(ids):]))
+  by_hand = generate(
+    pretrained.build(result.model_config, params),
+    ids[None],
+    12,
+    temperature=0.0,
+    valid_vocab=result.tokenizer.vocab_size,
+  )
+  want = result.tokenizer.decode(np.asarray(by_hand[0, len(ids) :]))
   assert loaded.generate(PROMPT, 12) == want and len(want) > 0
 
 
@@ -76,10 +81,12 @@ def test_a_swapped_tokenizer_file_is_refused(bpe_run, tmp_path):
   workdir, _ = bpe_run
   export.export_run(str(workdir), str(tmp_path / "out"), report=lambda *a: None)
   other = tokenization.HFTokenizer.from_json(
-      (tmp_path / "out" / export.TOKENIZER_FILE).read_text(), name="t")
+    (tmp_path / "out" / export.TOKENIZER_FILE).read_text(), name="t"
+  )
   text = json.loads(other.to_json())
-  text["model"]["vocab"] = {k: (v + 1) % len(text["model"]["vocab"])
-                            for k, v in text["model"]["vocab"].items()}
+  text["model"]["vocab"] = {
+    k: (v + 1) % len(text["model"]["vocab"]) for k, v in text["model"]["vocab"].items()
+  }
   (tmp_path / "out" / export.TOKENIZER_FILE).write_text(json.dumps(text))
   with pytest.raises(ValueError, match="not the one the model was trained with"):
     export.load(str(tmp_path / "out"))
@@ -101,12 +108,18 @@ def test_a_tokenizer_file_named_outside_the_export_is_refused(tmp_path):
   from rove_jax.nn import pretrained
   from rove_jax.nn.model import GPT
   from rove_jax.nn.model_config import GPTConfig
+
   config = GPTConfig.tiny(vocab_size=64, n_layer=1, n_head=2, d_model=16, max_len=16)
   params = nnx.state(GPT(config, rngs=nnx.Rngs(0)), nnx.Param)
   for file, says in (("/etc/passwd", "is an absolute path"), ("../x.json", "leads outside it")):
     out = tmp_path / file.replace("/", "_")
-    pretrained.save(str(out), config, params, extra_config={
-        "rove_jax_run": {"step": 1, "tokenizer": {"file": file}}})
-    with pytest.raises(ValueError, match=r"rove_jax_run\.tokenizer\.file '" +
-                       file.replace(".", r"\.") + "' " + says):
+    pretrained.save(
+      str(out),
+      config,
+      params,
+      extra_config={"rove_jax_run": {"step": 1, "tokenizer": {"file": file}}},
+    )
+    with pytest.raises(
+      ValueError, match=r"rove_jax_run\.tokenizer\.file '" + file.replace(".", r"\.") + "' " + says
+    ):
       export.load(str(out))

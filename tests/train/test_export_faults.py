@@ -20,8 +20,9 @@ def mount_tmpfs(mnt, options: str):
   """Mounts a tmpfs at mnt (skipping the test where that is not permitted); returns a function
   that unmounts it."""
   mnt.mkdir()
-  done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
-                        capture_output=True, text=True)
+  done = subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True, text=True
+  )
   if done.returncode != 0:
     pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip()}): needs root")
   return lambda: subprocess.run(["umount", "-l", str(mnt)], check=False)
@@ -64,8 +65,9 @@ def export_fails_in_one_line(trained_run, out, capsys, *extra) -> str:
   assert "Traceback" not in err
   lines = err.strip().splitlines()
   assert len(lines) == 1, err
-  assert lines[0].startswith(f"rove-export: error: writing the export to {out} failed: "
-                             f"No space left on device (ENOSPC)"), lines[0]
+  assert lines[0].startswith(
+    f"rove-export: error: writing the export to {out} failed: No space left on device (ENOSPC)"
+  ), lines[0]
   return lines[0]
 
 
@@ -77,8 +79,7 @@ def assert_no_export(out) -> None:
   assert not left & {param_files.CONFIG, param_files.WEIGHTS, export.TOKENIZER_FILE}, left
 
 
-def test_weights_that_do_not_fit_are_one_line_exit_1(trained_run, small_disk, weights_size,
-                                                     capsys):
+def test_weights_that_do_not_fit_are_one_line_exit_1(trained_run, small_disk, weights_size, capsys):
   out = small_disk / "out"
   fill(small_disk, pages(weights_size // 2))
   line = export_fails_in_one_line(trained_run, out, capsys)
@@ -90,8 +91,9 @@ def test_weights_that_do_not_fit_are_one_line_exit_1(trained_run, small_disk, we
   assert export.load(str(out)).run["step"] == 6
 
 
-def test_weights_that_fit_without_their_config_leave_no_export(trained_run, small_disk,
-                                                               weights_size, capsys):
+def test_weights_that_fit_without_their_config_leave_no_export(
+  trained_run, small_disk, weights_size, capsys
+):
   out = small_disk / "out"
   fill(small_disk, pages(weights_size))  # the weights fit whole; config.json then does not
   export_fails_in_one_line(trained_run, out, capsys)
@@ -99,7 +101,8 @@ def test_weights_that_fit_without_their_config_leave_no_export(trained_run, smal
 
 
 def test_an_overwrite_that_does_not_fit_leaves_no_old_config_beside_new_weights(
-    trained_run, small_disk, capsys):
+  trained_run, small_disk, capsys
+):
   out = small_disk / "out"
   assert export_cli.main(["--workdir", str(trained_run), "--out", str(out)]) == 0
   capsys.readouterr()
@@ -109,8 +112,7 @@ def test_an_overwrite_that_does_not_fit_leaves_no_old_config_beside_new_weights(
   assert_no_export(out)
 
 
-def test_a_disk_without_room_for_the_directory_is_one_line_exit_1(trained_run, tmp_path,
-                                                                   capsys):
+def test_a_disk_without_room_for_the_directory_is_one_line_exit_1(trained_run, tmp_path, capsys):
   disk = tmp_path / "mnt"
   unmount = mount_tmpfs(disk, "size=2m,nr_inodes=2")  # the root and one file
   try:
@@ -120,6 +122,8 @@ def test_a_disk_without_room_for_the_directory_is_one_line_exit_1(trained_run, t
   finally:
     unmount()
   assert code == 1, err
-  assert err.strip() == (f"rove-export: error: cannot create or write the export directory "
-                         f"{disk / 'out'} (No space left on device (ENOSPC)); free space there "
-                         f"or choose another --out")
+  assert err.strip() == (
+    f"rove-export: error: cannot create or write the export directory "
+    f"{disk / 'out'} (No space left on device (ENOSPC)); free space there "
+    f"or choose another --out"
+  )

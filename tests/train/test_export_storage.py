@@ -35,8 +35,13 @@ from tests.nn.test_hf_gpt2 import (
   write_run,
 )
 
-TOKENIZER = {"spec": "bytes", "name": "bytes", "vocab_size": 257, "eot_id": 47,
-             "fingerprint": "bytes-v1"}
+TOKENIZER = {
+  "spec": "bytes",
+  "name": "bytes",
+  "vocab_size": 257,
+  "eot_id": 47,
+  "fingerprint": "bytes-v1",
+}
 PROMPT = np.array([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8]], np.int32)
 
 
@@ -46,8 +51,9 @@ def rove_config() -> GPTConfig:
 
 def files_under(root: str) -> dict:
   """{relative path: bytes} of every file under a local or gs:// directory."""
-  return {rel: paths.read_bytes(paths.join(root, *rel.split("/")))
-          for rel in paths.walk_files(root)}
+  return {
+    rel: paths.read_bytes(paths.join(root, *rel.split("/"))) for rel in paths.walk_files(root)
+  }
 
 
 def assert_same_tensors(got: dict, want: dict):
@@ -73,23 +79,27 @@ def test_parameter_files_round_trip_through_gcs_bit_for_bit(gcs_bucket, tmp_path
   assert param_files.read_config(out) == hf
   assert_same_tensors(param_files.read_tensors(files), tensors)
   # the same bytes as the local writer's file (one serialisation, two backends)
-  local = param_files.write_checkpoint(str(tmp_path), tensors, hf,
-                                       metadata={"format": "rove_jax"})
+  local = param_files.write_checkpoint(str(tmp_path), tensors, hf, metadata={"format": "rove_jax"})
   assert files_under(out) == files_under(str(tmp_path))
   assert local["weights"] == str(tmp_path / "model.safetensors")
 
 
 def test_a_sharded_checkpoint_on_gcs_reads_like_its_single_file(gcs_bucket):
   from safetensors.numpy import save
+
   tensors = param_files.named(random_params(rove_config(), seed=6))
   names = sorted(tensors)
-  shards = {"model-00001-of-00002.safetensors": names[::2],
-            "model-00002-of-00002.safetensors": names[1::2]}
+  shards = {
+    "model-00001-of-00002.safetensors": names[::2],
+    "model-00002-of-00002.safetensors": names[1::2],
+  }
   root = paths.join(gcs_bucket, "sharded")
   for shard, members in shards.items():
     paths.write_atomic(paths.join(root, shard), save({n: tensors[n] for n in members}))
-  paths.write_atomic(paths.join(root, param_files.WEIGHTS_INDEX), json.dumps(
-      {"weight_map": {n: shard for shard, members in shards.items() for n in members}}))
+  paths.write_atomic(
+    paths.join(root, param_files.WEIGHTS_INDEX),
+    json.dumps({"weight_map": {n: shard for shard, members in shards.items() for n in members}}),
+  )
   files, _ = param_files.locate(root, need_config=False)
   assert files == [paths.join(root, s) for s in sorted(shards)]
   assert_same_tensors(param_files.read_tensors(files), tensors)
@@ -110,8 +120,10 @@ def test_an_export_loaded_from_gcs_gives_the_local_exports_logits(gcs_bucket, tm
   want_config, want_params = pretrained.load(tmp_path)
   assert got_config == want_config == config
   assert_same_params(got_params, want_params)
-  np.testing.assert_array_equal(logits_of(got_config, got_params, PROMPT[:, :8]),
-                                logits_of(want_config, want_params, PROMPT[:, :8]))
+  np.testing.assert_array_equal(
+    logits_of(got_config, got_params, PROMPT[:, :8]),
+    logits_of(want_config, want_params, PROMPT[:, :8]),
+  )
   # a .safetensors file on gs:// with the config.json beside it
   assert pretrained.load(paths.join(remote, "model.safetensors"))[0] == config
 
@@ -143,12 +155,19 @@ def test_a_report_on_gcs_holds_what_the_local_write_holds(gcs_bucket, tmp_path):
   local = report_files.write(_report(), str(tmp_path))
   assert remote == {key: paths.join(out, os.path.basename(p)) for key, p in local.items()}
   got, want = files_under(out), files_under(str(tmp_path))
-  assert sorted(got) == ["icl_accuracy.png", "notes.png", "perplexity_vs_length.png",
-                         "report.json", "report.md", "ruler_nll.png"]
+  assert sorted(got) == [
+    "icl_accuracy.png",
+    "notes.png",
+    "perplexity_vs_length.png",
+    "report.json",
+    "report.md",
+    "ruler_nll.png",
+  ]
   assert got == want  # every object holds the local file's bytes
   assert json.loads(got["report.json"]) == _report()
   assert got["report.md"].decode().strip().splitlines()[-1] == (
-      "Plots: perplexity_vs_length.png, ruler_nll.png, icl_accuracy.png")
+    "Plots: perplexity_vs_length.png, ruler_nll.png, icl_accuracy.png"
+  )
 
 
 def test_a_failed_upload_leaves_the_previous_report_json_whole(gcs_bucket, monkeypatch):
@@ -192,14 +211,20 @@ def test_rove_export_writes_to_gcs(gcs_bucket, tmp_path, capsys):
   out = paths.join(gcs_bucket, "exports", "run")
   assert export_cli.main(["--workdir", str(workdir), "--out", out]) == 0
   assert capsys.readouterr().out.strip() == (
-      f"exported step 3 of {workdir} in rove_jax format to {out}")
-  assert gcs_server.objects(gcs_bucket) == ["exports/run/config.json",
-                                            "exports/run/model.safetensors"]  # no probe left
+    f"exported step 3 of {workdir} in rove_jax format to {out}"
+  )
+  assert gcs_server.objects(gcs_bucket) == [
+    "exports/run/config.json",
+    "exports/run/model.safetensors",
+  ]  # no probe left
   got_config, got_params = pretrained.load(out)
   assert got_config == config
   assert_same_params(got_params, params)
   assert json.loads(paths.read_text(paths.join(out, "config.json")))["rove_jax_run"] == {
-      "step": 3, "workdir": "run", "tokenizer": TOKENIZER}
+    "step": 3,
+    "workdir": "run",
+    "tokenizer": TOKENIZER,
+  }
   assert export_cli.main(["--workdir", str(workdir), "--out", out]) == 2  # no silent overwrite
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and err.startswith("rove-export: error: ")
@@ -219,12 +244,15 @@ def test_rove_export_to_an_existing_file_exits_1_in_one_line_before_reading(tmp_
   a_file.write_text("not a directory")
   assert export_cli.main(["--workdir", str(workdir), "--out", str(a_file)]) == 1
   err = capsys.readouterr().err
-  assert err == (f"rove-export: error: --out {a_file} is an existing file, not a directory; "
-                 f"give a directory for the export\n")
+  assert err == (
+    f"rove-export: error: --out {a_file} is an existing file, not a directory; "
+    f"give a directory for the export\n"
+  )
   assert export_cli.main(["--workdir", str(workdir), "--out", str(a_file / "sub")]) == 1
   line = one_error_line(capsys)
-  assert line.startswith(f"rove-export: error: cannot create or write the export directory "
-                         f"{a_file / 'sub'} (")
+  assert line.startswith(
+    f"rove-export: error: cannot create or write the export directory {a_file / 'sub'} ("
+  )
   assert line.endswith("); give a writable --out")
   assert a_file.read_text() == "not a directory"
 
@@ -232,11 +260,15 @@ def test_rove_export_to_an_existing_file_exits_1_in_one_line_before_reading(tmp_
 def test_rove_export_to_an_existing_gcs_object_exits_1(gcs_bucket, tmp_path, capsys):
   (tmp_path / "run").mkdir()
   paths.write_atomic(paths.join(gcs_bucket, "taken"), b"an object")
-  assert export_cli.main(["--workdir", str(tmp_path / "run"), "--out",
-                      paths.join(gcs_bucket, "taken")]) == 1
-  assert one_error_line(capsys) == (f"rove-export: error: --out {gcs_bucket}/taken is an "
-                                    f"existing file, not a directory; give a directory for the "
-                                    f"export")
+  assert (
+    export_cli.main(["--workdir", str(tmp_path / "run"), "--out", paths.join(gcs_bucket, "taken")])
+    == 1
+  )
+  assert one_error_line(capsys) == (
+    f"rove-export: error: --out {gcs_bucket}/taken is an "
+    f"existing file, not a directory; give a directory for the "
+    f"export"
+  )
 
 
 def test_rove_export_to_a_missing_bucket_exits_1_before_reading(gcs_bucket, tmp_path, capsys):
@@ -244,9 +276,10 @@ def test_rove_export_to_a_missing_bucket_exits_1_before_reading(gcs_bucket, tmp_
   out = gcs_bucket + "-missing/exports/run"
   assert export_cli.main(["--workdir", str(tmp_path / "run"), "--out", out]) == 1
   assert one_error_line(capsys) == (
-      f"rove-export: error: cannot create or write the export directory {out} (the bucket "
-      f"{gcs_bucket}-missing does not exist or these credentials cannot reach it); give a "
-      f"writable --out")
+    f"rove-export: error: cannot create or write the export directory {out} (the bucket "
+    f"{gcs_bucket}-missing does not exist or these credentials cannot reach it); give a "
+    f"writable --out"
+  )
 
 
 def test_rove_export_to_a_read_only_directory_exits_1_in_one_line(tmp_path, capsys):
@@ -261,14 +294,18 @@ def test_rove_export_to_a_read_only_directory_exits_1_in_one_line(tmp_path, caps
     except PermissionError:
       pass
     else:
-      pytest.skip("running as root (with CAP_DAC_OVERRIDE): a 0o555 directory is still "
-                  "writable, so there is no read-only directory to test against; as root, run "
-                  "it without that capability: setpriv --inh-caps=-dac_override "
-                  "--bounding-set=-dac_override python -m pytest ...")
+      pytest.skip(
+        "running as root (with CAP_DAC_OVERRIDE): a 0o555 directory is still "
+        "writable, so there is no read-only directory to test against; as root, run "
+        "it without that capability: setpriv --inh-caps=-dac_override "
+        "--bounding-set=-dac_override python -m pytest ..."
+      )
     assert export_cli.main(["--workdir", str(workdir), "--out", str(out)]) == 1
     line = one_error_line(capsys)
-    assert line == (f"rove-export: error: cannot create or write the export directory {out} "
-                    f"(Permission denied); give a writable --out")
+    assert line == (
+      f"rove-export: error: cannot create or write the export directory {out} "
+      f"(Permission denied); give a writable --out"
+    )
     assert os.listdir(out) == []
     # a directory the command creates inside it fails the same way, and nothing is left
     assert export_cli.main(["--workdir", str(workdir), "--out", str(out / "a" / "b")]) == 1
@@ -289,14 +326,30 @@ def test_a_failed_export_removes_the_directory_it_created(tmp_path, capsys):
 
 def test_rove_export_without_gcsfs_exits_1_naming_the_extra(tmp_path):
   (tmp_path / "run").mkdir()
-  code = ("import sys; sys.modules['gcsfs'] = None\n"
-          "import importlib.util as u; find = u.find_spec\n"
-          "u.find_spec = lambda name, *a: None if name == 'gcsfs' else find(name, *a)\n"
-          "from rove_jax.cli import export as export_cli\n"
-          "sys.exit(export_cli.main(sys.argv[1:]))\n")
-  done = subprocess.run([sys.executable, "-c", code, "--workdir", str(tmp_path / "run"),
-                         "--out", "gs://bucket/exports/run"], capture_output=True, text=True,
-                        env=subprocess_env(), timeout=120)
+  code = (
+    "import sys; sys.modules['gcsfs'] = None\n"
+    "import importlib.util as u; find = u.find_spec\n"
+    "u.find_spec = lambda name, *a: None if name == 'gcsfs' else find(name, *a)\n"
+    "from rove_jax.cli import export as export_cli\n"
+    "sys.exit(export_cli.main(sys.argv[1:]))\n"
+  )
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      code,
+      "--workdir",
+      str(tmp_path / "run"),
+      "--out",
+      "gs://bucket/exports/run",
+    ],
+    capture_output=True,
+    text=True,
+    env=subprocess_env(),
+    timeout=120,
+  )
   assert done.returncode == 1, done.stderr
-  assert done.stderr == ("rove-export: error: --out gs://bucket/exports/run is on Google Cloud "
-                         "Storage, which needs gcsfs: pip install 'rove_jax[gcs]'\n")
+  assert done.stderr == (
+    "rove-export: error: --out gs://bucket/exports/run is on Google Cloud "
+    "Storage, which needs gcsfs: pip install 'rove_jax[gcs]'\n"
+  )

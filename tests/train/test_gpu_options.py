@@ -16,13 +16,16 @@ def test_only_on_gpus(monkeypatch):
   assert gpu_options.compiler_options(jax.devices("cpu")) == {}
   assert gpu_options.compiler_options([]) == {}
   assert gpu_options.compiler_options(GPU) == gpu_options.RECOMMENDED
-  assert gpu_options.compiler_options([types.SimpleNamespace(platform="cuda")]) == \
-      gpu_options.RECOMMENDED
+  assert (
+    gpu_options.compiler_options([types.SimpleNamespace(platform="cuda")])
+    == gpu_options.RECOMMENDED
+  )
 
 
 def test_xla_flags_win_and_off_drops_all(monkeypatch):
-  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                                  "--xla_gpu_enable_triton_gemm=true")
+  monkeypatch.setenv(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_gpu_enable_triton_gemm=true"
+  )
   got = gpu_options.compiler_options(GPU)
   assert "xla_gpu_enable_triton_gemm" not in got
   assert got["xla_gpu_enable_latency_hiding_scheduler"] is True

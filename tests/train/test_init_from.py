@@ -28,14 +28,18 @@ def checkpoint(tmp_path_factory) -> str:
   """The tiny Llama's directory with a tokenizer.json of 64 ids (a BPE over 40 characters plus
   end-of-text and unknown), as a transformers model directory holds one."""
   from tokenizers import Tokenizer, models, trainers
+
   out = tmp_path_factory.mktemp("llama")
   for name in ("config.json", "model.safetensors"):
     shutil.copy(LLAMA / name, out / name)
   tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-  trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=["<|endoftext|>", "[UNK]"],
-                                limit_alphabet=40, show_progress=False)
-  texts = ["def main(self, value):\n    return self.value + 1  # the value\n" * 20,
-           "import os\nfor name in os.listdir(path):\n    print(name, len(name))\n" * 20]
+  trainer = trainers.BpeTrainer(
+    vocab_size=64, special_tokens=["<|endoftext|>", "[UNK]"], limit_alphabet=40, show_progress=False
+  )
+  texts = [
+    "def main(self, value):\n    return self.value + 1  # the value\n" * 20,
+    "import os\nfor name in os.listdir(path):\n    print(name, len(name))\n" * 20,
+  ]
   tok.train_from_iterator(texts, trainer=trainer)
   assert tok.get_vocab_size() == 64
   tok.save(str(out / "tokenizer.json"))
@@ -46,14 +50,23 @@ def _config(path, rove=True, **over):
   """The RunConfig of a short stdlib run from the checkpoint at `path`, as rove-train builds it
   from a config file with `over` (and --config.model.pos_encoding=rove when `rove`) given."""
   c = RunConfig(
-      model=GPTConfig.tiny(pos_encoding="rove"), init_from=path,
-      data=DataConfig(source="stdlib", max_files=8, val_fraction=0.25, seq_len=32, batch_size=4),
-      optim=OptimConfig(lr=1e-2, warmup_steps=1),  # step 1 runs at lr 0: it changes nothing
-      steps=STEPS, log_every=1, eval_every=STEPS, eval_batches=1, checkpoint_every=3,
-      progress=False, sample_tokens=0, tracking="none")
+    model=GPTConfig.tiny(pos_encoding="rove"),
+    init_from=path,
+    data=DataConfig(source="stdlib", max_files=8, val_fraction=0.25, seq_len=32, batch_size=4),
+    optim=OptimConfig(lr=1e-2, warmup_steps=1),  # step 1 runs at lr 0: it changes nothing
+    steps=STEPS,
+    log_every=1,
+    eval_every=STEPS,
+    eval_batches=1,
+    checkpoint_every=3,
+    progress=False,
+    sample_tokens=0,
+    tracking="none",
+  )
   given = [("model.pos_encoding", "rove")] if rove else []
-  return resolve.command_line(c, given + [(k, str(v)) for k, v in over.items()],
-                              log=lambda *a: None)
+  return resolve.command_line(
+    c, given + [(k, str(v)) for k, v in over.items()], log=lambda *a: None
+  )
 
 
 def _losses(workdir) -> list:
@@ -76,16 +89,29 @@ def _assert_bitwise(a: dict, b: dict):
 def straight(checkpoint, tmp_path_factory):
   """An uninterrupted RoVE run of STEPS steps from the Llama: (workdir, TrainResult)."""
   workdir = tmp_path_factory.mktemp("straight")
-  return workdir, training.train(_config(checkpoint), str(workdir), devices=ONE,
-                                 log=lambda *a: None)
+  return workdir, training.train(
+    _config(checkpoint), str(workdir), devices=ONE, log=lambda *a: None
+  )
 
 
 def test_the_run_is_the_checkpoints_model_with_rove_and_its_tokenizer(checkpoint, straight):
   _, result = straight
   ckpt_cfg, _ = pretrained.load(checkpoint)
   assert result.model_config.pos_encoding == "rove" and ckpt_cfg.pos_encoding == "rope"
-  for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "rope_base",
-               "rope_layout", "norm", "mlp", "tie_embeddings", "norm_eps"):
+  for name in (
+    "vocab_size",
+    "n_layer",
+    "n_head",
+    "n_kv_head",
+    "d_model",
+    "d_ff",
+    "rope_base",
+    "rope_layout",
+    "norm",
+    "mlp",
+    "tie_embeddings",
+    "norm_eps",
+  ):
     assert getattr(result.model_config, name) == getattr(ckpt_cfg, name), name
   want = tokenization.get_tokenizer(str(pathlib.Path(checkpoint) / "tokenizer.json"))
   assert result.tokenizer.fingerprint == want.fingerprint
@@ -100,19 +126,20 @@ def test_rove_from_llama_loss_falls(straight):
   assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.4, losses
 
 
-def test_starts_from_the_checkpoint_bitwise_and_resumes_bitwise(checkpoint, straight,
-                                                                tmp_path):
+def test_starts_from_the_checkpoint_bitwise_and_resumes_bitwise(checkpoint, straight, tmp_path):
   workdir_a, result_a = straight
   _, loaded = pretrained.load(checkpoint)
-  first = training.train(_config(checkpoint, run_steps=1), str(tmp_path), devices=ONE,
-                         log=lambda *a: None)
+  first = training.train(
+    _config(checkpoint, run_steps=1), str(tmp_path), devices=ONE, log=lambda *a: None
+  )
   assert first.step == 1
   # step 1 runs at learning rate 0: its parameters are the ones the run started from
   _assert_bitwise(_named(first.params), _named(loaded))
   out = []
   second = training.train(_config(checkpoint), str(tmp_path), devices=ONE, log=out.append)
-  assert any("resumed from step 1" in line and "init_from" in line and "ignored" in line
-             for line in out), out
+  assert any(
+    "resumed from step 1" in line and "init_from" in line and "ignored" in line for line in out
+  ), out
   assert second.step == STEPS
   _assert_bitwise(_named(second.params), _named(result_a.params))
   assert _losses(tmp_path) == _losses(workdir_a)  # the same batches, the same losses
@@ -121,13 +148,17 @@ def test_starts_from_the_checkpoint_bitwise_and_resumes_bitwise(checkpoint, stra
 
 def test_rope_first_loss_is_the_loaded_models_loss(checkpoint, straight, tmp_path):
   from rove_jax import data as data_lib
+
   c = _config(checkpoint, run_steps=1, **{"model.pos_encoding": "rope"})
   result = training.train(c, str(tmp_path), devices=ONE, log=lambda *a: None)
   loss = _losses(tmp_path)[0]
   # the same first batch, from the same pipeline, scored by the loaded model in float64
   data = data_lib.prepare(c.data.corpus(), c.data.tokenizer, workdir=str(tmp_path))
-  batch = next(data.train_iterator(seq_len=32, global_batch_size=4, seed=c.seed, packing=False,
-                                   process_index=0, process_count=1))
+  batch = next(
+    data.train_iterator(
+      seq_len=32, global_batch_size=4, seed=c.seed, packing=False, process_index=0, process_count=1
+    )
+  )
   cfg, params = pretrained.load(checkpoint)
   logits = np.asarray(pretrained.build(cfg, params)(batch["inputs"]), np.float64)
   logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
@@ -139,22 +170,35 @@ def test_rope_first_loss_is_the_loaded_models_loss(checkpoint, straight, tmp_pat
 
 
 def test_a_shape_override_is_refused_naming_the_field(checkpoint):
-  with pytest.raises(ValueError, match=r"^model\.n_kv_head=4 disagrees with init_from=.*whose "
-                                       r"n_kv_head is 2") as e:
+  with pytest.raises(
+    ValueError,
+    match=r"^model\.n_kv_head=4 disagrees with init_from=.*whose "
+    r"n_kv_head is 2",
+  ) as e:
     _config(checkpoint, **{"model.n_kv_head": 4})
   assert "\n" not in str(e.value)
   with pytest.raises(ValueError, match=r"model\.pos_encoding='nope' disagrees"):
     _config(checkpoint, **{"model.pos_encoding": "nope"})
   # non-shape settings may differ
-  c = _config(checkpoint, **{"model.remat": "full", "model.max_len": 128,
-                 "model.rope_scaling.rope_type": "yarn", "model.rope_scaling.factor": 2.0})
+  c = _config(
+    checkpoint,
+    **{
+      "model.remat": "full",
+      "model.max_len": 128,
+      "model.rope_scaling.rope_type": "yarn",
+      "model.rope_scaling.factor": 2.0,
+    },
+  )
   assert (c.model.remat, c.model.max_len, c.model.rope_scaling.rope_type) == ("full", 128, "yarn")
   assert (c.model.n_layer, c.model.d_model, c.model.vocab_size) == (2, 32, 64)
 
 
 def test_a_tokenizer_that_is_not_the_checkpoints_is_refused(checkpoint, tmp_path):
-  with pytest.raises(ValueError, match=r"data\.tokenizer='bytes' is not the tokenizer of "
-                                       r"init_from="):
+  with pytest.raises(
+    ValueError,
+    match=r"data\.tokenizer='bytes' is not the tokenizer of "
+    r"init_from=",
+  ):
     _config(checkpoint, **{"data.tokenizer": "bytes"})
   # the same tokenizer by another path is the same tokenizer
   copy = tmp_path / "same.json"
@@ -168,8 +212,11 @@ def test_a_checkpoint_without_tokenizer_needs_one_given(tmp_path):
   with pytest.raises(ValueError, match=r"holds no tokenizer\.json.*data\.tokenizer"):
     _config(str(tmp_path))
   # one given is taken, and must fit the vocabulary of 64
-  with pytest.raises(ValueError, match=r"tokenizer 'bytes' has 257 ids but init_from=.* has "
-                                       r"a vocabulary of 64"):
+  with pytest.raises(
+    ValueError,
+    match=r"tokenizer 'bytes' has 257 ids but init_from=.* has "
+    r"a vocabulary of 64",
+  ):
     _config(str(tmp_path), **{"data.tokenizer": "bytes"})
 
 
@@ -188,39 +235,66 @@ def test_without_model_given_every_model_field_held_is_compared(checkpoint):
   assert built.model.pos_encoding == "rove" and built.model.n_layer == 2
 
 
-def test_an_export_of_the_rove_run_starts_a_run_with_its_model_and_tokenizer(straight,
-                                                                              tmp_path):
+def test_an_export_of_the_rove_run_starts_a_run_with_its_model_and_tokenizer(straight, tmp_path):
   from rove_jax.train import export
+
   workdir, result = straight
   export.export_run(str(workdir), str(tmp_path / "export"), report=lambda *a: None)
   c = _config(str(tmp_path / "export"), rove=False)
   assert c.model.pos_encoding == "rove"  # the export's own, now
   assert c.data.tokenizer == str(tmp_path / "export" / "tokenizer.json")
-  first = training.train(_config(str(tmp_path / "export"), rove=False, run_steps=1),
-                         str(tmp_path / "run"), devices=ONE, log=lambda *a: None)
+  first = training.train(
+    _config(str(tmp_path / "export"), rove=False, run_steps=1),
+    str(tmp_path / "run"),
+    devices=ONE,
+    log=lambda *a: None,
+  )
   _assert_bitwise(_named(first.params), _named(result.params))
 
 
-def test_rove_train_replaces_the_config_files_model_and_refuses_a_shape_flag(checkpoint,
-                                                                             tmp_path):
+def test_rove_train_replaces_the_config_files_model_and_refuses_a_shape_flag(checkpoint, tmp_path):
   import subprocess
   import sys
 
   from tests.conftest import subprocess_env
-  cmd = [sys.executable, str(ROOT / "train.py"), "--config", "smoke",
-         f"--config.init_from={checkpoint}", "--config.model.pos_encoding=rove",
-         "--config.data.max_files=8", "--config.data.val_fraction=0.25",
-         "--config.data.batch_size=4", "--config.data.seq_len=32", "--config.steps=2",
-         "--config.optim.warmup_steps=1", "--config.log_every=1",
-         "--config.eval_every=2", "--config.eval_batches=1", "--config.sample_tokens=0",
-         "--config.progress=False", "--config.tracking=none"]
-  bad = subprocess.run(cmd + ["--workdir", str(tmp_path / "bad"), "--config.model.d_model=64"],
-                       capture_output=True, text=True, timeout=300, env=subprocess_env(1))
+
+  cmd = [
+    sys.executable,
+    str(ROOT / "train.py"),
+    "--config",
+    "smoke",
+    f"--config.init_from={checkpoint}",
+    "--config.model.pos_encoding=rove",
+    "--config.data.max_files=8",
+    "--config.data.val_fraction=0.25",
+    "--config.data.batch_size=4",
+    "--config.data.seq_len=32",
+    "--config.steps=2",
+    "--config.optim.warmup_steps=1",
+    "--config.log_every=1",
+    "--config.eval_every=2",
+    "--config.eval_batches=1",
+    "--config.sample_tokens=0",
+    "--config.progress=False",
+    "--config.tracking=none",
+  ]
+  bad = subprocess.run(
+    cmd + ["--workdir", str(tmp_path / "bad"), "--config.model.d_model=64"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=subprocess_env(1),
+  )
   assert bad.returncode == 2, bad.stderr
   assert "model.d_model=64 disagrees with init_from=" in bad.stderr.strip().splitlines()[-1]
   assert not (tmp_path / "bad").exists()
-  ok = subprocess.run(cmd + ["--workdir", str(tmp_path / "ok")], capture_output=True,
-                      text=True, timeout=300, env=subprocess_env(1))
+  ok = subprocess.run(
+    cmd + ["--workdir", str(tmp_path / "ok")],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=subprocess_env(1),
+  )
   assert ok.returncode == 0, ok.stderr[-3000:]
   assert "pos_encoding rope -> rove" in ok.stderr
   losses = _losses(tmp_path / "ok")
@@ -230,6 +304,7 @@ def test_rove_train_replaces_the_config_files_model_and_refuses_a_shape_flag(che
 def test_init_from_a_bucket_reads_the_model_and_its_tokenizer(checkpoint, gcs_bucket):
   from rove_jax.storage import paths
   from rove_jax.train import init_from
+
   remote = paths.join(gcs_bucket, "llama")
   for name in ("config.json", "model.safetensors", "tokenizer.json"):
     paths.write_atomic(paths.join(remote, name), (pathlib.Path(checkpoint) / name).read_bytes())
@@ -243,6 +318,7 @@ def test_init_from_a_bucket_reads_the_model_and_its_tokenizer(checkpoint, gcs_bu
 
 def test_a_run_config_built_elsewhere_must_hold_the_checkpoints_model(checkpoint):
   import dataclasses
+
   c = _config(checkpoint)
   assert resolve.resolve(c) is c
   wider = dataclasses.replace(c, model=dataclasses.replace(c.model, d_ff=64))
@@ -259,7 +335,7 @@ def _llama_copy(directory: pathlib.Path, checkpoint: str) -> pathlib.Path:
 
 def _damage_header_length(path: pathlib.Path) -> None:
   data = bytearray(path.read_bytes())
-  data[:8] = (2 ** 60).to_bytes(8, "little")
+  data[:8] = (2**60).to_bytes(8, "little")
   path.write_bytes(bytes(data))
 
 
@@ -267,8 +343,11 @@ def test_a_damaged_safetensors_file_is_refused_when_the_config_is_built(checkpoi
   """Before the data is prepared and before any random init: at resolve.resolve."""
   model = _llama_copy(tmp_path / "model", checkpoint)
   _damage_header_length(model / "model.safetensors")
-  with pytest.raises(ValueError, match=r"^init_from=\S+: \S+model\.safetensors is not a valid "
-                                       r"safetensors file: its header length 1152921504606846976"):
+  with pytest.raises(
+    ValueError,
+    match=r"^init_from=\S+: \S+model\.safetensors is not a valid "
+    r"safetensors file: its header length 1152921504606846976",
+  ):
     _config(str(model))
   (model / "model.safetensors").write_bytes((LLAMA / "model.safetensors").read_bytes())
   (model / "model.safetensors.index.json").write_text("[]")  # the single file wins: ignored
@@ -278,12 +357,19 @@ def test_a_damaged_safetensors_file_is_refused_when_the_config_is_built(checkpoi
 def test_a_tokenizer_file_outside_the_checkpoint_is_refused(checkpoint, tmp_path):
   model = _llama_copy(tmp_path / "model", checkpoint)
   hf = json.loads((model / "config.json").read_text())
-  for file, says in (("/etc/passwd", "is an absolute path"),
-                     ("../tokenizer.json", "leads outside it")):
+  for file, says in (
+    ("/etc/passwd", "is an absolute path"),
+    ("../tokenizer.json", "leads outside it"),
+  ):
     hf["rove_jax_run"] = {"tokenizer": {"file": file}}
     (model / "config.json").write_text(json.dumps(hf))
-    with pytest.raises(ValueError, match=r"^init_from=\S+: rove_jax_run\.tokenizer\.file "
-                                         + repr(file).replace(".", r"\.") + " " + says):
+    with pytest.raises(
+      ValueError,
+      match=r"^init_from=\S+: rove_jax_run\.tokenizer\.file "
+      + repr(file).replace(".", r"\.")
+      + " "
+      + says,
+    ):
       _config(str(model))
 
 
@@ -292,13 +378,30 @@ def test_rove_train_refuses_a_damaged_init_from_with_one_line_and_exit_2(checkpo
   import sys
 
   from tests.conftest import subprocess_env
+
   model = _llama_copy(tmp_path / "model", checkpoint)
   _damage_header_length(model / "model.safetensors")
-  r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", "smoke",
-                      f"--config.init_from={model}", "--workdir", str(tmp_path / "run")],
-                     capture_output=True, text=True, timeout=300, env=subprocess_env(1))
+  r = subprocess.run(
+    [
+      sys.executable,
+      str(ROOT / "train.py"),
+      "--config",
+      "smoke",
+      f"--config.init_from={model}",
+      "--workdir",
+      str(tmp_path / "run"),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=subprocess_env(1),
+  )
   assert r.returncode == 2, r.stderr[-3000:]
-  assert r.stderr.strip().splitlines()[-1].startswith(
-      f"error: init_from={model}: {model / 'model.safetensors'} is not a valid safetensors "
-      f"file"), r.stderr[-3000:]
+  assert (
+    r.stderr.strip()
+    .splitlines()[-1]
+    .startswith(
+      f"error: init_from={model}: {model / 'model.safetensors'} is not a valid safetensors file"
+    )
+  ), r.stderr[-3000:]
   assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()

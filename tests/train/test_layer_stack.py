@@ -31,11 +31,11 @@ def test_stack_and_unstack_are_inverse(tiny):
   layers = LayerStack(jax.eval_shape(lambda: params))
   assert layers.active and layers.n_layers == 3
   stacked = layers.stack(params)
-  assert stacked["blocks"]["attn"]["wqkv"].shape == (3,) + params["blocks"][0]["attn"][
-      "wqkv"].shape
+  assert stacked["blocks"]["attn"]["wqkv"].shape == (3,) + params["blocks"][0]["attn"]["wqkv"].shape
   assert stacked["embed"].shape == params["embed"].shape  # not a block's: as it is
-  np.testing.assert_array_equal(stacked["blocks"]["mlp"]["w_in"][2],
-                                params["blocks"][2]["mlp"]["w_in"][...])
+  np.testing.assert_array_equal(
+    stacked["blocks"]["mlp"]["w_in"][2], params["blocks"][2]["mlp"]["w_in"][...]
+  )
   back = layers.unstack(stacked)
   assert jax.tree.structure(back) == jax.tree.structure(params)
   chex.assert_trees_all_equal(back, params)
@@ -55,7 +55,8 @@ def test_checkpoints_keep_the_models_layout(tiny):
   state = state.replace(opt_state=jax.tree.map(lambda x: x + 1, state.opt_state))
   saved = layers.to_layers(state)
   assert {k: v.shape for k, v in to_flat(saved).items()} == {
-      k: v.shape for k, v in to_flat(old).items()}
+    k: v.shape for k, v in to_flat(old).items()
+  }
   assert "opt_state.1.0.mu.blocks.2.attn.wqkv.value" in to_flat(saved)
   assert "params.blocks.attn.wqkv" in to_flat(state)
   chex.assert_trees_all_equal(layers.from_layers(saved), state)
@@ -72,8 +73,10 @@ def test_stacked_arrays_keep_their_layers_sharding(tiny):
   _, params = tiny
   layers = LayerStack(params)
   mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-  specs = {k: (shape, P(*(f"ax{i}" for i in range(len(shape)))))
-           for k, (shape, _) in sharding.param_path_specs(params, mesh).items()}
+  specs = {
+    k: (shape, P(*(f"ax{i}" for i in range(len(shape)))))
+    for k, (shape, _) in sharding.param_path_specs(params, mesh).items()
+  }
   stacked = layers.path_specs(specs)
   shape, spec = stacked["['blocks']['mlp']['w_in']"]
   assert shape == (3, 32, 64) and spec == P(None, "ax0", "ax1")
@@ -95,8 +98,9 @@ def test_stacked_adamw_updates_equal_optax_per_layer():
   layers = LayerStack(params)
   assert layers.active
   schedule = optax.linear_schedule(1e-2, 1e-3, 3)
-  adamw = lambda: optax.adamw(schedule, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1,
-                              mask=training.decay_mask)
+  adamw = lambda: optax.adamw(
+    schedule, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, mask=training.decay_mask
+  )
   want_tx = optax.chain(optax.clip_by_global_norm(1.0), adamw())
   got_tx = optax.chain(clipping.clip_by_global_norm(1.0), adamw())
   want_p, got_p = params, layers.stack(params)
@@ -134,8 +138,9 @@ def test_stacked_train_step_is_the_per_layer_step(tiny, accum):
     np.testing.assert_allclose(mb["grad_norm"], ma["grad_norm"], rtol=1e-6)
     assert bool(mb["finite"])
   chex.assert_trees_all_close(layers.unstack(b.params), a.params, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(eval_step(b.params, batch),
-                             training.make_eval_step(graphdef)(a.params, batch), rtol=1e-5)
+  np.testing.assert_allclose(
+    eval_step(b.params, batch), training.make_eval_step(graphdef)(a.params, batch), rtol=1e-5
+  )
 
 
 def test_a_run_saves_and_resumes_in_the_models_layout(tmp_path):
@@ -148,8 +153,9 @@ def test_a_run_saves_and_resumes_in_the_models_layout(tmp_path):
   step, flat = final_params(tmp_path / "b")
   c = small_config(tmp_path, **two)
   _, params = nnx.split(nnx.eval_shape(lambda: GPT(c.model, rngs=nnx.Rngs(0))), nnx.Param)
-  per_layer = jax.eval_shape(lambda p: training.new_state(training.make_optimizer(c.optim, 8),
-                                                          p), params)
+  per_layer = jax.eval_shape(
+    lambda p: training.new_state(training.make_optimizer(c.optim, 8), p), params
+  )
   assert step == 4 and set(flat) == set(to_flat(per_layer))
   assert "params.blocks.1.attn.wqkv.value" in flat
   out = []

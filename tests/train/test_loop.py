@@ -45,8 +45,9 @@ def losses(workdir):
 def final_params(workdir):
   ck = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
   step = ck.latest_step()
-  flat = ck.manager.restore(step, args=ckpt_lib.ocp.args.Composite(
-      state=ckpt_lib.ocp.args.StandardRestore()))["state"]
+  flat = ck.manager.restore(
+    step, args=ckpt_lib.ocp.args.Composite(state=ckpt_lib.ocp.args.StandardRestore())
+  )["state"]
   ck.close()
   return step, {k: np.asarray(v) for k, v in flat.items()}
 
@@ -90,30 +91,37 @@ def test_grad_accumulation_equals_the_full_batch(tmp_path):
     return -jnp.mean(jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1))
 
   want_loss, want_grads = jax.value_and_grad(full_batch_loss)(params)
-  want_norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(g, np.float64))))
-                            for g in jax.tree.leaves(want_grads)))
+  want_norm = math.sqrt(
+    sum(float(np.sum(np.square(np.asarray(g, np.float64)))) for g in jax.tree.leaves(want_grads))
+  )
   # AdamW moves every parameter by ~lr; where a gradient is near its eps the float32 rounding
   # of the two sums shows up, hence atol 1e-3 lr. SGD's update is the gradient.
-  for tx, atol in ((training.make_optimizer(c.optim, 10), 1e-3 * c.optim.lr),
-                   (optax.sgd(1.0), 1e-6)):
+  for tx, atol in (
+    (training.make_optimizer(c.optim, 10), 1e-3 * c.optim.lr),
+    (optax.sgd(1.0), 1e-6),
+  ):
     outs = []
     for accum in (1, 4):
-      state = training.TrainState(jax.tree.map(jnp.copy, params), tx.init(params),
-                                  jnp.zeros((), jnp.int32))
+      state = training.TrainState(
+        jax.tree.map(jnp.copy, params), tx.init(params), jnp.zeros((), jnp.int32)
+      )
       outs.append(training.make_train_step(graphdef, tx, accum)(state, batch))
     for _, m in outs:
       np.testing.assert_allclose(m["loss"], want_loss, rtol=1e-6)
       np.testing.assert_allclose(m["grad_norm"], want_norm, rtol=1e-5)
     np.testing.assert_allclose(outs[0][1]["loss"], outs[1][1]["loss"], rtol=1e-6)
     chex.assert_trees_all_close(outs[0][0].params, outs[1][0].params, atol=atol, rtol=0)
-    moved = max(float(np.max(np.abs(a - b))) for a, b in
-                zip(jax.tree.leaves(outs[1][0].params), jax.tree.leaves(params)))
+    moved = max(
+      float(np.max(np.abs(a - b)))
+      for a, b in zip(jax.tree.leaves(outs[1][0].params), jax.tree.leaves(params))
+    )
     assert moved > 1e-3, moved  # the update was not a no-op (lr 0 would make this vacuous)
 
 
 def test_decay_mask_only_on_projection_matrices():
-  model = GPT(GPTConfig.tiny(n_layer=1, d_model=32, n_head=2, pos_encoding="t5_bias"),
-              rngs=nnx.Rngs(0))
+  model = GPT(
+    GPTConfig.tiny(n_layer=1, d_model=32, n_head=2, pos_encoding="t5_bias"), rngs=nnx.Rngs(0)
+  )
   mask = training.decay_mask(nnx.state(model, nnx.Param))
   flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
   decayed = sorted(k.split("'")[-2] for k, v in flat.items() if v)
@@ -122,11 +130,25 @@ def test_decay_mask_only_on_projection_matrices():
 
 
 def test_tiny_run_on_stdlib_lowers_val_loss(tmp_path):
-  c = small_config(tmp_path, **{
-      "data.source": "stdlib", "data.path": None, "data.max_files": 40, "model.n_layer": 2,
-      "model.d_model": 64, "model.n_head": 4, "model.d_ff": 256, "data.batch_size": 8,
-      "steps": 40, "eval_every": 20, "checkpoint_every": 40, "optim.lr": 3e-3,
-      "optim.warmup_steps": 5, "log_every": 5})
+  c = small_config(
+    tmp_path,
+    **{
+      "data.source": "stdlib",
+      "data.path": None,
+      "data.max_files": 40,
+      "model.n_layer": 2,
+      "model.d_model": 64,
+      "model.n_head": 4,
+      "model.d_ff": 256,
+      "data.batch_size": 8,
+      "steps": 40,
+      "eval_every": 20,
+      "checkpoint_every": 40,
+      "optim.lr": 3e-3,
+      "optim.warmup_steps": 5,
+      "log_every": 5,
+    },
+  )
   summary = run_train(c, tmp_path / "run", log=lambda *a: None)
   with open(tmp_path / "run" / "metrics.jsonl") as f:
     vals = [r["val_loss"] for r in map(json.loads, f) if "val_loss" in r]
@@ -168,37 +190,62 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous(tmp_path):
 
 
 def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tmp_path):
-  c = small_config(tmp_path, **{"optim.lr": 1e30, "optim.clip_norm": 0.0,
-                                "optim.max_nonfinite": 3, "optim.warmup_steps": 0})
+  c = small_config(
+    tmp_path,
+    **{"optim.lr": 1e30, "optim.clip_norm": 0.0, "optim.max_nonfinite": 3, "optim.warmup_steps": 0},
+  )
   with pytest.raises(training.NonFiniteError, match="3 consecutive non-finite steps"):
     run_train(c, tmp_path / "nan", log=lambda *a: None)
   with open(tmp_path / "nan" / "metrics.jsonl") as f:
     counts = [r["nonfinite_steps"] for r in map(json.loads, f) if "loss" in r]
   assert counts == [1, 2], counts  # the third stops the run before its log line
   assert not (tmp_path / "nan" / "checkpoints").exists() or not list(
-      (tmp_path / "nan" / "checkpoints").glob("[0-9]*"))
+    (tmp_path / "nan" / "checkpoints").glob("[0-9]*")
+  )
 
 
 def test_a_run_whose_every_learning_step_was_skipped_fails(tmp_path):
   """Warmup's first step (lr 0) comes out finite even at lr 1e30; it must not make a run in
   which every real update was skipped look like a success."""
-  c = small_config(tmp_path, **{"optim.lr": 1e30, "optim.clip_norm": 0.0, "steps": 5,
-                                "optim.max_nonfinite": 100, "optim.warmup_steps": 2})
-  with pytest.raises(training.NonFiniteError,
-                     match="4 of the 5 steps run were skipped as non-finite, every one with a "
-                           "nonzero learning rate"):
+  c = small_config(
+    tmp_path,
+    **{
+      "optim.lr": 1e30,
+      "optim.clip_norm": 0.0,
+      "steps": 5,
+      "optim.max_nonfinite": 100,
+      "optim.warmup_steps": 2,
+    },
+  )
+  with pytest.raises(
+    training.NonFiniteError,
+    match="4 of the 5 steps run were skipped as non-finite, every one with a nonzero learning rate",
+  ):
     run_train(c, tmp_path / "nan", log=lambda *a: None)
 
 
 def test_the_closing_line_counts_skipped_steps():
   lines = []
   summary = result.TrainResult(
-      workdir="w", start_step=0, step=8, steps_run=8, nonfinite_steps=3, last={"loss": 2.0},
-      tokenizer=None, model_config=None, params=None, graphdef=None, mesh=None)
+    workdir="w",
+    start_step=0,
+    step=8,
+    steps_run=8,
+    nonfinite_steps=3,
+    last={"loss": 2.0},
+    tokenizer=None,
+    model_config=None,
+    params=None,
+    graphdef=None,
+    mesh=None,
+  )
   no_sample = RunConfig(sample_tokens=0)
   result.report(summary, no_sample, out=lines.append)
-  assert lines == ["done: step 8 in w, train loss 2.0000; 3 of the 8 steps run were skipped "
-                   "as non-finite (their updates not applied)", result.next_step(summary)]
+  assert lines == [
+    "done: step 8 in w, train loss 2.0000; 3 of the 8 steps run were skipped "
+    "as non-finite (their updates not applied)",
+    result.next_step(summary),
+  ]
   lines.clear()
   result.report(dataclasses.replace(summary, nonfinite_steps=0), no_sample, out=lines.append)
   assert lines == ["done: step 8 in w, train loss 2.0000", result.next_step(summary)]
@@ -212,18 +259,37 @@ def test_checkpointer_refuses_non_finite_state(tmp_path):
 
 
 def _train_cmd(workdir, *extra):
-  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-          "--workdir", str(workdir), *extra]
+  return [
+    sys.executable,
+    str(ROOT / "train.py"),
+    "--config",
+    str(ROOT / "configs" / "tiny.py"),
+    "--workdir",
+    str(workdir),
+    *extra,
+  ]
 
 
 def _cli_overrides(tmp_path, steps, ckpt_every):
   corpus = write_corpus(tmp_path / "corpus")
-  return ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=2",
-          "--config.model.d_ff=64", "--config.model.max_len=32", "--config.data.source=text",
-          f"--config.data.path={corpus}", "--config.data.seq_len=32", "--config.data.batch_size=4",
-          f"--config.steps={steps}", "--config.optim.warmup_steps=2", "--config.log_every=1",
-          "--config.eval_every=1000", f"--config.checkpoint_every={ckpt_every}",
-          "--config.progress=False", "--config.sample_tokens=0"]
+  return [
+    "--config.model.n_layer=1",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.model.d_ff=64",
+    "--config.model.max_len=32",
+    "--config.data.source=text",
+    f"--config.data.path={corpus}",
+    "--config.data.seq_len=32",
+    "--config.data.batch_size=4",
+    f"--config.steps={steps}",
+    "--config.optim.warmup_steps=2",
+    "--config.log_every=1",
+    "--config.eval_every=1000",
+    f"--config.checkpoint_every={ckpt_every}",
+    "--config.progress=False",
+    "--config.sample_tokens=0",
+  ]
 
 
 def _wait_for(predicate, timeout, proc=None):
@@ -240,11 +306,13 @@ def _wait_for(predicate, timeout, proc=None):
 def test_sigterm_saves_and_exits_zero(tmp_path):
   args = _cli_overrides(tmp_path, steps=100000, ckpt_every=100000)
   work = tmp_path / "run"
-  proc = subprocess.Popen(_train_cmd(work, *args), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env=ENV1)
+  proc = subprocess.Popen(
+    _train_cmd(work, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV1
+  )
   try:
-    assert _wait_for(lambda: len(losses(work)) >= 3 if (work / "metrics.jsonl").exists()
-                     else False, 240, proc), "training did not start"
+    assert _wait_for(
+      lambda: len(losses(work)) >= 3 if (work / "metrics.jsonl").exists() else False, 240, proc
+    ), "training did not start"
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
   finally:
@@ -268,13 +336,15 @@ def _unfinished_saves(ckdir: pathlib.Path) -> set:
 @pytest.mark.slow
 def test_sigkill_during_checkpoint_write_then_resume_is_bitwise_equal(tmp_path):
   args = _cli_overrides(tmp_path, steps=16, ckpt_every=2)
-  straight = subprocess.run(_train_cmd(tmp_path / "straight", *args), capture_output=True,
-                            text=True, timeout=600, env=ENV1)
+  straight = subprocess.run(
+    _train_cmd(tmp_path / "straight", *args), capture_output=True, text=True, timeout=600, env=ENV1
+  )
   assert straight.returncode == 0, straight.stderr[-2000:]
   work = tmp_path / "killed"
   ckdir = work / "checkpoints"
-  proc = subprocess.Popen(_train_cmd(work, *args), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, env=ENV1)
+  proc = subprocess.Popen(
+    _train_cmd(work, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV1
+  )
   killed_during = set()
   try:
     # Saves come every 2 steps. Freeze the process when a write is seen in progress and look
@@ -297,8 +367,9 @@ def test_sigkill_during_checkpoint_write_then_resume_is_bitwise_equal(tmp_path):
   assert _unfinished_saves(ckdir) == killed_during
   finished = sorted(int(p.name) for p in ckdir.iterdir() if p.name.isdigit())
   assert all(s < min(killed_during) for s in finished), (finished, killed_during)
-  resumed = subprocess.run(_train_cmd(work, *args), capture_output=True, text=True, timeout=600,
-                           env=ENV1)
+  resumed = subprocess.run(
+    _train_cmd(work, *args), capture_output=True, text=True, timeout=600, env=ENV1
+  )
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert ("resumed from step" in resumed.stdout) == bool(finished), resumed.stdout[-2000:]
   if finished:
@@ -315,15 +386,23 @@ def test_sigkill_during_checkpoint_write_then_resume_is_bitwise_equal(tmp_path):
 
 
 def test_unknown_config_keys(tmp_path):
-  with pytest.raises(ValueError, match=r"--config.optim.lrr=0.1: optim has no field 'lrr'; "
-                                       r"did you mean --config.optim.lr\?"):
+  with pytest.raises(
+    ValueError,
+    match=r"--config.optim.lrr=0.1: optim has no field 'lrr'; "
+    r"did you mean --config.optim.lr\?",
+  ):
     small_config(tmp_path, **{"optim.lrr": 0.1})
   with pytest.raises(ValueError, match=r"unknown config fields \['optim.lrr'\]; optim has: "):
     RunConfig.from_dict({"optim": {"lrr": 0.1}})
   with pytest.raises(TypeError, match=r"a run config is a rove_jax.train.RunConfig, got dict"):
     run_train({"steps": 3}, tmp_path / "w")
-  r = subprocess.run(_train_cmd(tmp_path / "w2", "--config.model.n_layers=2"),
-                     capture_output=True, text=True, timeout=120, env=ENV1)
+  r = subprocess.run(
+    _train_cmd(tmp_path / "w2", "--config.model.n_layers=2"),
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=ENV1,
+  )
   assert r.returncode != 0 and "n_layers" in r.stderr
 
 
@@ -339,8 +418,9 @@ def test_missing_or_empty_data_path(tmp_path, path_kind):
 
 def test_workdir_with_a_different_model(tmp_path, trained_run):
   shutil.copytree(trained_run, tmp_path / "w")  # d_model 32, max_len 64
-  other = small_config(tmp_path, steps=4, **{"model.d_model": 64, "model.max_len": 64,
-                                            "data.seq_len": 64})
+  other = small_config(
+    tmp_path, steps=4, **{"model.d_model": 64, "model.max_len": 64, "data.seq_len": 64}
+  )
   with pytest.raises(ValueError, match="different model.*d_model"):
     run_train(other, tmp_path / "w")
 
@@ -368,8 +448,10 @@ def test_unwritable_workdir(tmp_path):
 
 
 def test_validation_split_too_small_is_an_error_before_training(tmp_path):
-  c = small_config(tmp_path, **{"data.source": "stdlib", "data.path": None,
-                                "data.max_files": 20, "data.seq_len": 32})
+  c = small_config(
+    tmp_path,
+    **{"data.source": "stdlib", "data.path": None, "data.max_files": 20, "data.seq_len": 32},
+  )
   with pytest.raises(ValueError, match="validation split has .* fewer than one batch"):
     run_train(c, tmp_path / "w")
   assert not (tmp_path / "w" / "metrics.jsonl").exists()
@@ -390,8 +472,13 @@ def test_dry_run_compiles_the_job_and_trains_nothing(tmp_path):
   devices, data=2) and its figures printed; no step runs and the workdir stays empty."""
   work = tmp_path / "work"
   args = _cli_overrides(tmp_path, steps=5, ckpt_every=5)
-  proc = subprocess.run(_train_cmd(work, *args, "--config.dry_run=True"), capture_output=True,
-                        text=True, timeout=300, env=subprocess_env(devices=2))
+  proc = subprocess.run(
+    _train_cmd(work, *args, "--config.dry_run=True"),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=subprocess_env(devices=2),
+  )
   assert proc.returncode == 0, proc.stderr
   assert "train on local (local), mesh data=2 fsdp=1 tensor=1" in proc.stdout
   assert "memory/device" in proc.stdout and "FLOPs/device" in proc.stdout
@@ -411,11 +498,13 @@ def test_cross_entropy_matches_a_float64_reference_and_its_gradient():
   loss, count = training.cross_entropy(jnp.asarray(logits, jnp.float32), jnp.asarray(targets))
   np.testing.assert_allclose(float(loss), nll.mean(), rtol=1e-6)
   assert count == 10
-  loss_m, count_m = training.cross_entropy(jnp.asarray(logits, jnp.float32),
-                                           jnp.asarray(targets), jnp.asarray(mask))
+  loss_m, count_m = training.cross_entropy(
+    jnp.asarray(logits, jnp.float32), jnp.asarray(targets), jnp.asarray(mask)
+  )
   np.testing.assert_allclose(float(loss_m), (nll * mask).sum() / mask.sum(), rtol=1e-6)
   assert float(count_m) == mask.sum()
   grad = jax.grad(lambda x: training.cross_entropy(x, jnp.asarray(targets))[0])(
-      jnp.asarray(logits, jnp.float32))
+    jnp.asarray(logits, jnp.float32)
+  )
   expected = (np.exp(logp) - np.eye(11)[targets]) / targets.size
   np.testing.assert_allclose(np.asarray(grad), expected, atol=1e-6)

@@ -57,8 +57,9 @@ def read_state(workdir, step) -> dict:
   """{entry: numpy array} of the whole train state saved at `step`, read without writing."""
   ck = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), read_only=True)
   try:
-    flat = ck.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore()))["state"]
+    flat = ck.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))[
+      "state"
+    ]
   finally:
     ck.close()
   return {k: np.asarray(v) for k, v in flat.items()}
@@ -81,8 +82,7 @@ def quarantined(workdir) -> list[str]:
 
 
 def losses(workdir, report=print) -> dict:
-  return {r["step"]: r["loss"] for r in read_metrics(str(workdir), report=report)
-          if "loss" in r}
+  return {r["step"]: r["loss"] for r in read_metrics(str(workdir), report=report) if "loss" in r}
 
 
 def assert_same_state(got: dict, want: dict, what: str):
@@ -105,8 +105,11 @@ def assert_ends_as_the_reference(workdir, ref):
 def tree_digest(directory) -> dict:
   """{relative path: sha256} of every file under `directory`: to prove nothing changed."""
   root = pathlib.Path(directory)
-  return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(root.rglob("*")) if p.is_file()}
+  return {
+    str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted(root.rglob("*"))
+    if p.is_file()
+  }
 
 
 def flip_bytes_in_largest_array_file(workdir, step) -> pathlib.Path:
@@ -115,7 +118,7 @@ def flip_bytes_in_largest_array_file(workdir, step) -> pathlib.Path:
   target = max((p for p in state.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
   data = bytearray(target.read_bytes())
   mid = len(data) // 2
-  data[mid:mid + 16] = bytes(b ^ 0xA5 for b in data[mid:mid + 16])
+  data[mid : mid + 16] = bytes(b ^ 0xA5 for b in data[mid : mid + 16])
   target.write_bytes(bytes(data))
   return target
 
@@ -154,9 +157,14 @@ def reference(tmp_path_factory):
   root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
   workdir, corpus = root / "faults-reference", root / "faults-reference-corpus"
   # the corpus is written once: the workers' runs read it
-  c = small_config(tmp_path_factory.mktemp("faults-config"), steps=STEPS,
-                   checkpoint_every=EVERY, keep_checkpoints=len(SAVED) + 2,
-                   eval_every=STEPS, **{"data.path": str(corpus)})  # evaluated at the end
+  c = small_config(
+    tmp_path_factory.mktemp("faults-config"),
+    steps=STEPS,
+    checkpoint_every=EVERY,
+    keep_checkpoints=len(SAVED) + 2,
+    eval_every=STEPS,
+    **{"data.path": str(corpus)},
+  )  # evaluated at the end
   assert c.async_checkpoints  # the faults below happen around background saves
   with open(root / "faults-reference.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -169,11 +177,15 @@ def reference(tmp_path_factory):
       (workdir / "TRAINED").write_text("the run is complete\n")
   assert steps_in(workdir) == SAVED
   states = {s: read_state(workdir, s) for s in SAVED}
-  assert any(not np.array_equal(states[6][k], states[8][k])  # the steps differ
-             for k in states[8] if k.startswith(ckpt_lib.PARAMS))
+  assert any(
+    not np.array_equal(states[6][k], states[8][k])  # the steps differ
+    for k in states[8]
+    if k.startswith(ckpt_lib.PARAMS)
+  )
   files = {s: tree_digest(step_dir(workdir, s)) for s in SAVED}
-  return types.SimpleNamespace(config=c, workdir=workdir, states=states, files=files,
-                               losses=losses(workdir))
+  return types.SimpleNamespace(
+    config=c, workdir=workdir, states=states, files=files, losses=losses(workdir)
+  )
 
 
 def config(ref, **overrides):
@@ -192,16 +204,22 @@ def copy_run(ref, tmp_path, *, keep=tuple(SAVED)) -> pathlib.Path:
 
 
 def train(c, workdir, out=None):
-  return training.train(c, str(workdir), devices=ONE,
-                        log=(lambda *a: None) if out is None else out.append)
+  return training.train(
+    c, str(workdir), devices=ONE, log=(lambda *a: None) if out is None else out.append
+  )
 
 
-@pytest.mark.parametrize("damage, cause", [
+@pytest.mark.parametrize(
+  "damage, cause",
+  [
     (flip_bytes_in_largest_array_file, "CorruptCheckpoint: 1 arrays fail their checksums"),
-    (truncate_meta, "JSONDecodeError")], ids=["bit-flip-in-largest-array-file",
-                                              "truncated-meta-json"])
-def test_damaged_newest_checkpoint_is_moved_aside_and_the_previous_resumes(reference, tmp_path,
-                                                                          damage, cause):
+    (truncate_meta, "JSONDecodeError"),
+  ],
+  ids=["bit-flip-in-largest-array-file", "truncated-meta-json"],
+)
+def test_damaged_newest_checkpoint_is_moved_aside_and_the_previous_resumes(
+  reference, tmp_path, damage, cause
+):
   workdir = copy_run(reference, tmp_path)
   damaged = damage(workdir, STEPS)
   bad_bytes = damaged.read_bytes()
@@ -215,8 +233,9 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_the_previous_resumes(refer
   # only the damaged checkpoint was moved aside, as it was; the older ones stayed
   moved = quarantined(workdir)
   assert len(moved) == 1 and moved[0].startswith(f"{STEPS}-"), moved
-  kept = workdir / "checkpoints_unreadable" / moved[0] / damaged.relative_to(
-      step_dir(workdir, STEPS))
+  kept = (
+    workdir / "checkpoints_unreadable" / moved[0] / damaged.relative_to(step_dir(workdir, STEPS))
+  )
   assert kept.read_bytes() == bad_bytes
   reason = (workdir / "checkpoints_unreadable" / moved[0] / ckpt_lib.REASON_FILE).read_text()
   assert reason.startswith(f"step {STEPS} moved here ") and cause in reason, reason
@@ -226,12 +245,13 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_the_previous_resumes(refer
   assert_ends_as_the_reference(workdir, reference)
 
 
-def test_incompatible_config_moves_nothing_and_the_original_config_continues(reference,
-                                                                             tmp_path):
+def test_incompatible_config_moves_nothing_and_the_original_config_continues(reference, tmp_path):
   workdir = copy_run(reference, tmp_path, keep=(2, 4))
   before = tree_digest(workdir / ckpt_lib.CHECKPOINTS)
-  for override, field in (({"optim.clip_norm": 0.0}, "optim.clip_norm"),
-                          ({"data.tokenizer": "bpe"}, "data.tokenizer")):
+  for override, field in (
+    ({"optim.clip_norm": 0.0}, "optim.clip_norm"),
+    ({"data.tokenizer": "bpe"}, "data.tokenizer"),
+  ):
     with pytest.raises(resume.IncompatibleRun, match=field) as info:
       train(config(reference, **override), workdir, out=[])
     assert "step 4" in str(info.value) and str(workdir) in str(info.value)
@@ -245,7 +265,8 @@ def test_incompatible_config_moves_nothing_and_the_original_config_continues(ref
 
 
 def test_a_live_lock_holder_stops_a_second_trainer_and_a_dead_ones_lock_is_taken_over(
-    reference, tmp_path):
+  reference, tmp_path
+):
   workdir = copy_run(reference, tmp_path, keep=(2, 4))
   # The holder, a live process on this host, is in the middle of writing checkpoint 6.
   in_flight = workdir / ckpt_lib.CHECKPOINTS / f"6{TMP}"
@@ -254,14 +275,19 @@ def test_a_live_lock_holder_stops_a_second_trainer_and_a_dead_ones_lock_is_taken
   holder = subprocess.Popen(["sleep", "120"])
   try:
     lock = workdir / f"{lock_lib.PREFIX}1"
-    record = {"host": socket.gethostname(), "pid": holder.pid,
-              "pid_start": lock_lib._start_time(holder.pid),
-              "pid_namespace": lock_lib._pid_namespace(), "started": "earlier",
-              "argv": ["train.py"]}
+    record = {
+      "host": socket.gethostname(),
+      "pid": holder.pid,
+      "pid_start": lock_lib._start_time(holder.pid),
+      "pid_namespace": lock_lib._pid_namespace(),
+      "started": "earlier",
+      "argv": ["train.py"],
+    }
     lock.write_text(json.dumps(record))
     before = tree_digest(workdir)
-    with pytest.raises(resume.LockError,
-                       match=re.escape(f"pid {holder.pid} on host {socket.gethostname()}")):
+    with pytest.raises(
+      resume.LockError, match=re.escape(f"pid {holder.pid} on host {socket.gethostname()}")
+    ):
       train(config(reference), workdir, out=[])
     assert tree_digest(workdir) == before  # its save in progress and its lock untouched
   finally:
@@ -276,8 +302,7 @@ def test_a_live_lock_holder_stops_a_second_trainer_and_a_dead_ones_lock_is_taken
   assert_ends_as_the_reference(workdir, reference)
 
 
-def test_reader_during_async_saves_leaves_every_checkpoint_intact(reference, tmp_path,
-                                                                  monkeypatch):
+def test_reader_during_async_saves_leaves_every_checkpoint_intact(reference, tmp_path, monkeypatch):
   """read_run in a thread opens the checkpoints while each save is in flight (its temporary
   directory exists and is not renamed yet): a reader that cleaned up temporary directories
   would delete the trainer's and fail its save."""
@@ -360,10 +385,12 @@ def test_out_of_memory_during_restore_moves_nothing(reference, tmp_path, monkeyp
 
 def test_every_checkpoint_unreadable_then_only_fresh_start_restarts(reference, tmp_path):
   workdir = copy_run(reference, tmp_path)
-  damages = {8: (flip_bytes_in_largest_array_file, "1 arrays fail their checksums"),
-             6: (skip_a_batch_in_iterator_state, "data iterator state fails its checksum"),
-             4: (truncate_meta, "JSONDecodeError"),
-             2: (flip_bytes_in_largest_array_file, "1 arrays fail their checksums")}
+  damages = {
+    8: (flip_bytes_in_largest_array_file, "1 arrays fail their checksums"),
+    6: (skip_a_batch_in_iterator_state, "data iterator state fails its checksum"),
+    4: (truncate_meta, "JSONDecodeError"),
+    2: (flip_bytes_in_largest_array_file, "1 arrays fail their checksums"),
+  }
   for s, (damage, _) in damages.items():
     damage(workdir, s)
   out = []
@@ -417,10 +444,18 @@ def test_sigkill_at_random_moments_then_resume_is_bitwise_equal(reference, tmp_p
   resumed in-process and must end as the uninterrupted one."""
   workdir = tmp_path / "run"
   metrics = workdir / "metrics.jsonl"
-  cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-         "--workdir", str(workdir), *cli_overrides(reference.config)]
-  env = subprocess_env(devices=1, JAX_DEFAULT_MATMUL_PRECISION="highest",
-                       JAX_NUMPY_RANK_PROMOTION="raise")  # as here: the same programs
+  cmd = [
+    sys.executable,
+    str(ROOT / "train.py"),
+    "--config",
+    str(ROOT / "configs" / "tiny.py"),
+    "--workdir",
+    str(workdir),
+    *cli_overrides(reference.config),
+  ]
+  env = subprocess_env(
+    devices=1, JAX_DEFAULT_MATMUL_PRECISION="highest", JAX_NUMPY_RANK_PROMOTION="raise"
+  )  # as here: the same programs
   rng = np.random.default_rng(21)
   kills = []
   for _ in range(2):

@@ -37,8 +37,9 @@ ENV = dict(JAX_DEFAULT_MATMUL_PRECISION="highest", JAX_NUMPY_RANK_PROMOTION="rai
 
 
 def losses(workdir) -> dict:
-  return {r["step"]: r["loss"] for r in read_metrics(workdir, report=lambda *a: None)
-          if "loss" in r}
+  return {
+    r["step"]: r["loss"] for r in read_metrics(workdir, report=lambda *a: None) if "loss" in r
+  }
 
 
 def finished_steps(workdir) -> list[int]:
@@ -53,17 +54,31 @@ def finished_steps(workdir) -> list[int]:
 def test_a_gs_run_stopped_killed_and_resumed_equals_the_local_run(reference, tmp_path):
   bucket = gcs_server.new_bucket()
   workdir = f"{bucket}/runs/tiny é 1"
-  cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-         "--workdir", workdir, *cli_overrides(reference.config)]
+  cmd = [
+    sys.executable,
+    str(ROOT / "train.py"),
+    "--config",
+    str(ROOT / "configs" / "tiny.py"),
+    "--workdir",
+    workdir,
+    *cli_overrides(reference.config),
+  ]
   env = subprocess_env(devices=1, **ENV)
-  first = subprocess.run(cmd + ["--config.run_steps=3"], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+  first = subprocess.run(
+    cmd + ["--config.run_steps=3"],
+    env=env,
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert first.returncode == 0, first.stderr[-3000:]
   assert finished_steps(workdir) == [2, 3]
   assert sorted(losses(workdir)) == [1, 2, 3]
   # resumed in a subprocess, SIGKILLed once checkpoint 6 is final
-  proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+    cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
   try:
     deadline = time.time() + 300
     while 6 not in finished_steps(workdir):
@@ -84,18 +99,51 @@ def test_a_gs_run_stopped_killed_and_resumed_equals_the_local_run(reference, tmp
   assert not (tmp_path / "gs:").exists() and not (ROOT / "gs:").exists()
 
   # rove-eval and rove-export read the bucket (and write into it)
-  ev = subprocess.run([sys.executable, "-m", "rove_jax.cli.eval", "--workdir", workdir, "--out",
-                       f"{workdir}/eval", "--tasks", "ppl", "--suite", "quick", "--lengths",
-                       "32", "--no-progress"], env=env, cwd=ROOT, capture_output=True,
-                      text=True, timeout=300)
+  ev = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "rove_jax.cli.eval",
+      "--workdir",
+      workdir,
+      "--out",
+      f"{workdir}/eval",
+      "--tasks",
+      "ppl",
+      "--suite",
+      "quick",
+      "--lengths",
+      "32",
+      "--no-progress",
+    ],
+    env=env,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert ev.returncode == 0, ev.stderr[-3000:]
   report = json.loads(paths.read_bytes(f"{workdir}/eval/report.json"))
   assert report["runs"][0]["step"] == STEPS
-  ex = subprocess.run([sys.executable, "-m", "rove_jax.cli.export", "--workdir", workdir,
-                       "--out", f"{workdir}/export"], env=env, cwd=tmp_path,
-                      capture_output=True, text=True, timeout=300)
+  ex = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "rove_jax.cli.export",
+      "--workdir",
+      workdir,
+      "--out",
+      f"{workdir}/export",
+    ],
+    env=env,
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert ex.returncode == 0, ex.stderr[-3000:]
   from rove_jax.nn import pretrained
+
   _, exported = pretrained.load(f"{workdir}/export")
   params = {ckpt_lib.PARAMS + k: np.asarray(v) for k, v in ckpt_lib.to_flat(exported).items()}
   want = {k: v for k, v in reference.states[STEPS].items() if k.startswith(ckpt_lib.PARAMS)}
@@ -123,7 +171,8 @@ def test_a_damaged_object_in_the_bucket_costs_one_checkpoint(reference, damage):
   moved = paths.listdir(f"{workdir}/checkpoints_unreadable")
   assert len(moved) == 1 and moved[0].startswith("4-")
   assert "step 4 moved here" in paths.read_text(
-      f"{workdir}/checkpoints_unreadable/{moved[0]}/{ckpt_lib.REASON_FILE}")
+    f"{workdir}/checkpoints_unreadable/{moved[0]}/{ckpt_lib.REASON_FILE}"
+  )
   assert losses(workdir) == reference.losses
   for s in SAVED:
     assert_same_state(read_state(workdir, s), reference.states[s], f"checkpoint {s}")
@@ -131,17 +180,42 @@ def test_a_damaged_object_in_the_bucket_costs_one_checkpoint(reference, damage):
 
 @pytest.mark.slow
 def test_two_processes_with_unshared_workdirs_stop_at_once(tmp_path):
-  args = ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=2",
-          "--config.model.d_ff=64", "--config.model.max_len=32", "--config.data.seq_len=32",
-          "--config.data.batch_size=4", "--config.steps=2", "--config.progress=False",
-          "--config.sample_tokens=0", "--config.optim.warmup_steps=1"]
+  args = [
+    "--config.model.n_layer=1",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.model.d_ff=64",
+    "--config.model.max_len=32",
+    "--config.data.seq_len=32",
+    "--config.data.batch_size=4",
+    "--config.steps=2",
+    "--config.progress=False",
+    "--config.sample_tokens=0",
+    "--config.optim.warmup_steps=1",
+  ]
   port = free_port()
   env = subprocess_env(devices=1, JAX_PLATFORMS="cpu", ROVE_JAX_SHARED_CHECK_S="5")
-  procs = [subprocess.Popen(
-      [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-       "--workdir", str(tmp_path / f"w{i}"), *args, f"--coordinator_address=localhost:{port}",
-       "--num_processes=2", f"--process_id={i}"], env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--config",
+        str(ROOT / "configs" / "tiny.py"),
+        "--workdir",
+        str(tmp_path / f"w{i}"),
+        *args,
+        f"--coordinator_address=localhost:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
   t = time.monotonic()
   outs = [p.communicate(timeout=240)[0] for p in procs]
   elapsed = time.monotonic() - t
@@ -161,9 +235,26 @@ def test_a_sweep_name_with_glob_characters_trains_resumes_and_evaluates(referenc
   assert losses(str(workdir)) == reference.losses
   assert_same_state(read_state(str(workdir), STEPS), reference.states[STEPS], "final")
   from rove_jax.cli import eval as cli
+
   out = tmp_path / "eval [x]"
-  assert cli.main(["--workdir", str(workdir), "--out", str(out), "--tasks", "ppl", "--suite",
-                   "quick", "--lengths", "32", "--no-progress"]) == 0
+  assert (
+    cli.main(
+      [
+        "--workdir",
+        str(workdir),
+        "--out",
+        str(out),
+        "--tasks",
+        "ppl",
+        "--suite",
+        "quick",
+        "--lengths",
+        "32",
+        "--no-progress",
+      ]
+    )
+    == 0
+  )
   assert json.loads((out / "report.json").read_text())["runs"][0]["step"] == STEPS
 
 
@@ -173,26 +264,59 @@ def test_two_processes_sharing_a_gs_workdir_train_and_resume(tmp_path):
   after 2 steps, and a one-process resume continues it to the same losses as one process run
   straight through locally."""
   from tests.conftest import write_corpus
+
   corpus = write_corpus(tmp_path / "corpus")
   from tests.train.test_sharding import two_process_args
+
   args = two_process_args(corpus, steps=4, checkpoint_every=2)
   workdir = f"{gcs_server.new_bucket()}/shared"
 
   def cmd(wd, *extra):
-    return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-            "--workdir", wd, *args, *extra]
+    return [
+      sys.executable,
+      str(ROOT / "train.py"),
+      "--config",
+      str(ROOT / "configs" / "tiny.py"),
+      "--workdir",
+      wd,
+      *args,
+      *extra,
+    ]
 
-  single = subprocess.run(cmd(str(tmp_path / "one")), env=subprocess_env(devices=4),
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  single = subprocess.run(
+    cmd(str(tmp_path / "one")),
+    env=subprocess_env(devices=4),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=tmp_path,
+  )
   assert single.returncode == 0, single.stderr[-3000:]
   port = free_port()
   from tests.conftest import run_together
-  run_together([cmd(workdir, "--config.run_steps=2", f"--coordinator_address=localhost:{port}",
-                    "--num_processes=2", f"--process_id={i}") for i in range(2)],
-               subprocess_env(devices=2))
+
+  run_together(
+    [
+      cmd(
+        workdir,
+        "--config.run_steps=2",
+        f"--coordinator_address=localhost:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      )
+      for i in range(2)
+    ],
+    subprocess_env(devices=2),
+  )
   assert finished_steps(workdir) == [2]
-  again = subprocess.run(cmd(workdir), env=subprocess_env(devices=4), capture_output=True,
-                         text=True, timeout=300, cwd=tmp_path)
+  again = subprocess.run(
+    cmd(workdir),
+    env=subprocess_env(devices=4),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=tmp_path,
+  )
   assert again.returncode == 0, again.stderr[-3000:]
   one, shared = losses(str(tmp_path / "one")), losses(workdir)
   assert sorted(one) == sorted(shared) == [1, 2, 3, 4]
@@ -203,8 +327,12 @@ def test_two_processes_sharing_a_gs_workdir_train_and_resume(tmp_path):
 
 def test_a_workdir_in_a_missing_bucket_is_one_clear_error_before_any_work():
   from rove_jax.train import resume
-  with pytest.raises(ValueError, match=r"workdir gs://no-such-bucket-x1/run is not writable "
-                                       r"\(the bucket gs://no-such-bucket-x1 does not exist"):
+
+  with pytest.raises(
+    ValueError,
+    match=r"workdir gs://no-such-bucket-x1/run is not writable "
+    r"\(the bucket gs://no-such-bucket-x1 does not exist",
+  ):
     resume.check_workdir("gs://no-such-bucket-x1/run")
   with pytest.raises(ValueError, match=r"contains '\[' '\]'"):
     resume.check_workdir(f"{gcs_server.new_bucket()}/lr[3e-4]")

@@ -57,8 +57,9 @@ def test_masked_loss_and_count(batch, rng):
   logits, targets = batch
   mask = rng.random(targets.shape) < 0.5
   nll, _ = float64_nll(logits, targets)
-  loss, count = loss_lib.cross_entropy(jnp.asarray(logits, jnp.float32), jnp.asarray(targets),
-                                       jnp.asarray(mask))
+  loss, count = loss_lib.cross_entropy(
+    jnp.asarray(logits, jnp.float32), jnp.asarray(targets), jnp.asarray(mask)
+  )
   np.testing.assert_allclose(float(loss), (nll * mask).sum() / mask.sum(), rtol=1e-6)
   assert float(count) == mask.sum()
 
@@ -80,5 +81,6 @@ def test_bias_gelu_matches_autodiff_of_the_tanh_gelu(dtype, atol, rng):
   for a, w in zip(vjp(g), vjp_ref(g)):
     assert a.dtype == w.dtype
     scale = float(jnp.max(jnp.abs(w.astype(jnp.float32))))
-    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(w, np.float32),
-                               atol=atol * scale)
+    np.testing.assert_allclose(
+      np.asarray(a, np.float32), np.asarray(w, np.float32), atol=atol * scale
+    )

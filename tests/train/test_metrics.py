@@ -15,9 +15,9 @@ def _events(directory):
   for path in sorted(directory.rglob("events.out.tfevents.*")):
     data, pos = path.read_bytes(), 0
     while pos + 12 <= len(data):
-      (n,) = struct.unpack("<Q", data[pos:pos + 8])
+      (n,) = struct.unpack("<Q", data[pos : pos + 8])
       event = event_pb2.Event()
-      event.ParseFromString(data[pos + 12:pos + 12 + n])
+      event.ParseFromString(data[pos + 12 : pos + 12 + n])
       out.append(event)
       pos += 12 + n + 4
   return out
@@ -49,6 +49,9 @@ def test_a_resumed_run_asks_tensorboard_to_hide_the_abandoned_steps(tmp_path):
   resumed.write({"step": 5, "loss": 9.0})
   resumed.close()
   # TensorBoard drops earlier events at steps >= a START session log's step
-  starts = [e.step for e in _events(tmp_path / "tensorboard")
-            if e.HasField("session_log") and e.session_log.status == e.session_log.START]
+  starts = [
+    e.step
+    for e in _events(tmp_path / "tensorboard")
+    if e.HasField("session_log") and e.session_log.status == e.session_log.START
+  ]
   assert starts == [5], starts

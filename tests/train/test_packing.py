@@ -41,15 +41,16 @@ def hopper(monkeypatch):
 
 
 def model(**kw):
-  return GPTConfig(**{**dict(n_layer=1, n_head=2, d_model=128, d_ff=64, max_len=64,
-                             dtype="bfloat16"), **kw})
+  return GPTConfig(
+    **{**dict(n_layer=1, n_head=2, d_model=128, d_ff=64, max_len=64, dtype="bfloat16"), **kw}
+  )
 
 
 def test_rows_over_cudnns_capacity_stop_before_the_first_step(hopper):
   T = 64
   capacity = xla.cudnn_max_segments(T)
   tokens = np.zeros(4 * T + 1, np.int32)
-  tokens[T:T + capacity] = EOT  # window 1: capacity + 1 documents
+  tokens[T : T + capacity] = EOT  # window 1: capacity + 1 documents
   with pytest.raises(ValueError, match=rf"holds {capacity + 1} documents.*attention_impl=xla"):
     packing.check(model(), T, [tokens], EOT, log=lambda *a: None)
   tokens[T] = 0
@@ -58,8 +59,9 @@ def test_rows_over_cudnns_capacity_stop_before_the_first_step(hopper):
   assert seen and f"at most {capacity} a window" in seen[0]
 
 
-@pytest.mark.parametrize("kw", [dict(attention_impl="xla"), dict(dtype="float32"),
-                                dict(attention_impl="chunked")])
+@pytest.mark.parametrize(
+  "kw", [dict(attention_impl="xla"), dict(dtype="float32"), dict(attention_impl="chunked")]
+)
 def test_other_kernels_take_any_packing(hopper, kw):
   assert packing.cudnn_capacity(model(**kw), 64) is None
   tokens = np.full(4 * 64 + 1, EOT, np.int32)  # every token its own document

@@ -29,9 +29,11 @@ def test_rerunning_a_finished_run_says_nothing_was_trained_and_names_overrides(t
   report = []
   result.report(done, small_config(tmp_path), out=report.append)
   assert report[0].startswith(f"done: step 8 in {done.workdir}")
-  assert report[-1] == (f"next: rove-eval --workdir {done.workdir} --tasks ppl (perplexity from "
-                        f"0.5x to 16x the training length, with and without YaRN; "
-                        f"docs/evaluation.md)")
+  assert report[-1] == (
+    f"next: rove-eval --workdir {done.workdir} --tasks ppl (perplexity from "
+    f"0.5x to 16x the training length, with and without YaRN; "
+    f"docs/evaluation.md)"
+  )
 
   # The same command again: finished, nothing trained, no warning.
   again = []
@@ -41,8 +43,10 @@ def test_rerunning_a_finished_run_says_nothing_was_trained_and_names_overrides(t
   report.clear()
   result.report(rerun, small_config(tmp_path), out=report.append)
   assert report == [
-      f"already finished at step 8 in {rerun.workdir}; nothing trained (--config.steps=8: raise "
-      f"it to train further, or give a new --workdir)", result.next_step(rerun)]
+    f"already finished at step 8 in {rerun.workdir}; nothing trained (--config.steps=8: raise "
+    f"it to train further, or give a new --workdir)",
+    result.next_step(rerun),
+  ]
 
   # With an override that the saved run does not have: a warning names it.
   changed = []
@@ -61,21 +65,49 @@ def test_rerunning_a_finished_run_says_nothing_was_trained_and_names_overrides(t
 
 
 def test_config_changes_compare_what_the_run_computes():
-  saved = {"model": {"n_layer": 2, "rope_scaling": None},
-           "config": {"steps": 8, "seed": 0, "log_every": 1, "run_steps": 4,
-                      "optim": {"lr": 1e-3}, "data": {"allow_changed": False, "seq_len": 32}}}
-  now = {"model": {"n_layer": 2, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}},
-         "config": {"steps": 8, "seed": 1, "log_every": 5, "run_steps": None,
-                    "optim": {"lr": 1e-3}, "data": {"allow_changed": True, "seq_len": 32}}}
+  saved = {
+    "model": {"n_layer": 2, "rope_scaling": None},
+    "config": {
+      "steps": 8,
+      "seed": 0,
+      "log_every": 1,
+      "run_steps": 4,
+      "optim": {"lr": 1e-3},
+      "data": {"allow_changed": False, "seq_len": 32},
+    },
+  }
+  now = {
+    "model": {"n_layer": 2, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}},
+    "config": {
+      "steps": 8,
+      "seed": 1,
+      "log_every": 5,
+      "run_steps": None,
+      "optim": {"lr": 1e-3},
+      "data": {"allow_changed": True, "seq_len": 32},
+    },
+  }
   assert resume.config_changes(saved, now) == [
-      "model.rope_scaling: saved None, now {'rope_type': 'yarn', 'factor': 2.0}",
-      "seed: saved 0, now 1"]
+    "model.rope_scaling: saved None, now {'rope_type': 'yarn', 'factor': 2.0}",
+    "seed: saved 0, now 1",
+  ]
   assert resume.config_changes(saved, saved) == []
 
 
 def test_a_run_stopped_by_a_signal_is_not_called_finished():
-  r = result.TrainResult(workdir="w", start_step=4, step=4, steps_run=0, nonfinite_steps=0,
-                         last={}, tokenizer=None, model_config=None, params=None, graphdef=None,
-                         mesh=None, stopped_by="SIGTERM")
+  r = result.TrainResult(
+    workdir="w",
+    start_step=4,
+    step=4,
+    steps_run=0,
+    nonfinite_steps=0,
+    last={},
+    tokenizer=None,
+    model_config=None,
+    params=None,
+    graphdef=None,
+    mesh=None,
+    stopped_by="SIGTERM",
+  )
   assert not result.finished_already(r)
   assert result.finished_already(dataclasses.replace(r, stopped_by=None))

@@ -31,8 +31,9 @@ def swap_x_and_y(directory: pathlib.Path) -> None:
 
 
 def run(c, workdir, out=None):
-  return training.train(c, str(workdir), devices=ONE,
-                        log=(lambda *a: None) if out is None else out.append)
+  return training.train(
+    c, str(workdir), devices=ONE, log=(lambda *a: None) if out is None else out.append
+  )
 
 
 @pytest.mark.slow
@@ -40,18 +41,15 @@ def test_a_re_prepared_dataset_stops_the_resume_unless_allowed(tmp_path):
   c = small_config(tmp_path, steps=4)
   corpus = pathlib.Path(c.data.path)
   prepared = tmp_path / "prepared"
-  data.prepare_dataset(c.data.corpus(), "bytes", prepared,
-                       tokens_per_shard=3000, progress=False)
+  data.prepare_dataset(c.data.corpus(), "bytes", prepared, tokens_per_shard=3000, progress=False)
   c = overrides.apply(c, {"data.source": "prepared", "data.path": str(prepared), "run_steps": 2})
   run(c, tmp_path / "run")
-  first = data.prepare(c.data.corpus(), "bytes",
-                       workdir=str(tmp_path / "probe")).identity
+  first = data.prepare(c.data.corpus(), "bytes", workdir=str(tmp_path / "probe")).identity
   swap_x_and_y(corpus)
   shutil.rmtree(prepared)
   raw = small_config(tmp_path / "raw", **{"data.path": str(corpus)}).data.corpus()
   data.prepare_dataset(raw, "bytes", prepared, tokens_per_shard=3000, progress=False)
-  second = data.prepare(c.data.corpus(), "bytes",
-                        workdir=str(tmp_path / "probe")).identity
+  second = data.prepare(c.data.corpus(), "bytes", workdir=str(tmp_path / "probe")).identity
   assert first["manifest_sha256"] != second["manifest_sha256"]
   c = overrides.apply(c, {"run_steps": None})
   with pytest.raises(resume.IncompatibleRun) as info:
@@ -71,8 +69,9 @@ def test_an_edited_text_corpus_stops_the_resume(tmp_path):
   run(c, tmp_path / "run")
   swap_x_and_y(pathlib.Path(c.data.path))
   c = overrides.apply(c, {"run_steps": None})
-  with pytest.raises(resume.IncompatibleRun, match="training data changed since the "
-                                                   "checkpoint at step 2"):
+  with pytest.raises(
+    resume.IncompatibleRun, match="training data changed since the checkpoint at step 2"
+  ):
     run(c, tmp_path / "run")
 
 
@@ -95,8 +94,7 @@ def test_a_shard_edited_in_place_stops_the_resume_until_prepared_again(tmp_path,
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
   c = small_config(tmp_path, steps=4)
   prepared, corpus = tmp_path / "prepared", c.data.corpus()
-  manifest = data.prepare_dataset(corpus, "bytes", prepared, tokens_per_shard=3000,
-                                  progress=False)
+  manifest = data.prepare_dataset(corpus, "bytes", prepared, tokens_per_shard=3000, progress=False)
   c = overrides.apply(c, {"data.source": "prepared", "data.path": str(prepared), "run_steps": 2})
   run(c, tmp_path / "run")
   shard = prepared / manifest["splits"]["train"]["shards"][1]["file"]
@@ -117,13 +115,15 @@ def test_a_shard_edited_in_place_stops_the_resume_until_prepared_again(tmp_path,
 
 
 @pytest.mark.slow
-def test_an_edited_local_copy_of_a_gs_shard_is_fetched_again_on_resume(tmp_path, gcs_bucket,
-                                                                      monkeypatch, capsys):
+def test_an_edited_local_copy_of_a_gs_shard_is_fetched_again_on_resume(
+  tmp_path, gcs_bucket, monkeypatch, capsys
+):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
   c = small_config(tmp_path, steps=4)
   out = f"{gcs_bucket}/ds"
-  manifest = data.prepare_dataset(c.data.corpus(), "bytes", out,
-                                  tokens_per_shard=3000, progress=False)
+  manifest = data.prepare_dataset(
+    c.data.corpus(), "bytes", out, tokens_per_shard=3000, progress=False
+  )
   c = overrides.apply(c, {"data.source": "prepared", "data.path": out, "run_steps": 2})
   run(c, tmp_path / "run")
   name = manifest["splits"]["train"]["shards"][0]["file"]
@@ -146,20 +146,52 @@ def test_two_processes_reading_other_data_at_one_path_stop_before_step_1(tmp_pat
     if i:
       swap_x_and_y(corpus)
     (tmp_path / f"host{i}").mkdir()
-    data.prepare_dataset(data.Corpus("text", str(corpus)), "bytes", tmp_path / f"host{i}" / "ds",
-                         tokens_per_shard=3000, progress=False)
-  args = ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=2",
-          "--config.model.d_ff=64", "--config.model.max_len=32", "--config.data.source=prepared",
-          "--config.data.path=ds", "--config.data.seq_len=32", "--config.data.batch_size=4",
-          "--config.steps=2", "--config.progress=False", "--config.sample_tokens=0",
-          "--config.optim.warmup_steps=1"]
+    data.prepare_dataset(
+      data.Corpus("text", str(corpus)),
+      "bytes",
+      tmp_path / f"host{i}" / "ds",
+      tokens_per_shard=3000,
+      progress=False,
+    )
+  args = [
+    "--config.model.n_layer=1",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.model.d_ff=64",
+    "--config.model.max_len=32",
+    "--config.data.source=prepared",
+    "--config.data.path=ds",
+    "--config.data.seq_len=32",
+    "--config.data.batch_size=4",
+    "--config.steps=2",
+    "--config.progress=False",
+    "--config.sample_tokens=0",
+    "--config.optim.warmup_steps=1",
+  ]
   port = free_port()
   env = subprocess_env(devices=1, JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(tmp_path / "cache"))
-  procs = [subprocess.Popen(
-      [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-       "--workdir", str(tmp_path / "run"), *args, f"--coordinator_address=localhost:{port}",
-       "--num_processes=2", f"--process_id={i}"], env=env, cwd=tmp_path / f"host{i}",
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--config",
+        str(ROOT / "configs" / "tiny.py"),
+        "--workdir",
+        str(tmp_path / "run"),
+        *args,
+        f"--coordinator_address=localhost:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      env=env,
+      cwd=tmp_path / f"host{i}",
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
   outs = [p.communicate(timeout=240)[0] for p in procs]
   for p, o in zip(procs, outs):
     assert p.returncode == 2, o[-3000:]

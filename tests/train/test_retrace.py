@@ -44,8 +44,7 @@ def test_train_step_traces_once():
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
   o = OptimConfig()
   tx = guarded(training.make_optimizer(o, 10), n=1)
-  step = training.make_train_step(graphdef, tx, grad_accum=2,
-                                  schedule=training.lr_schedule(o, 10))
+  step = training.make_train_step(graphdef, tx, grad_accum=2, schedule=training.lr_schedule(o, 10))
   state = training.TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
   for i in range(4):  # new data every step, same shapes: one trace
     state, metrics = step(state, batch_of(jax.random.key(i)))

@@ -29,11 +29,24 @@ MESHES = [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2)]
 
 
 def mesh_config(tmp_path, mesh, **over):
-  return small_config(tmp_path, **{
-      "model.n_layer": 1, "model.d_model": 64, "model.n_head": 8, "model.d_ff": 128,
-      "model.max_len": 32, "data.batch_size": 8, "steps": 5, "checkpoint_every": 100,
-      "eval_every": 100, "mesh.data": mesh[0], "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2],
-      **over})
+  return small_config(
+    tmp_path,
+    **{
+      "model.n_layer": 1,
+      "model.d_model": 64,
+      "model.n_head": 8,
+      "model.d_ff": 128,
+      "model.max_len": 32,
+      "data.batch_size": 8,
+      "steps": 5,
+      "checkpoint_every": 100,
+      "eval_every": 100,
+      "mesh.data": mesh[0],
+      "mesh.fsdp": mesh[1],
+      "mesh.tensor": mesh[2],
+      **over,
+    },
+  )
 
 
 def run(c, workdir, n_devices):
@@ -71,8 +84,9 @@ def test_five_steps_have_the_same_losses_on_every_mesh(tmp_path):
 
 
 def test_parameter_specs_follow_the_rules():
-  cfg = GPTConfig.tiny(n_layer=1, d_model=64, n_head=8, d_ff=128, pos_encoding="t5_bias",
-                       tie_embeddings=False)
+  cfg = GPTConfig.tiny(
+    n_layer=1, d_model=64, n_head=8, d_ff=128, pos_encoding="t5_bias", tie_embeddings=False
+  )
   mesh = sharding.make_mesh(1, 4, 2)
   paths = sharding.param_path_specs(abstract_params(cfg), mesh)
   specs = {k: spec for k, (_, spec) in paths.items()}
@@ -80,12 +94,15 @@ def test_parameter_specs_follow_the_rules():
   assert get("['attn']['wo'].value") == P("tensor", None, "fsdp")  # heads over tensor
   assert get("['attn']['wqkv'].value") == P("fsdp", None, "tensor", None)  # [E, 3, H, D]
   gqa = GPTConfig.tiny(n_layer=1, d_model=64, n_head=8, n_kv_head=2, d_ff=128)
-  gqa_specs = {k: spec for k, (_, spec) in
-               sharding.param_path_specs(abstract_params(gqa), mesh).items()}
+  gqa_specs = {
+    k: spec for k, (_, spec) in sharding.param_path_specs(abstract_params(gqa), mesh).items()
+  }
   assert next(v for k, v in gqa_specs.items() if k.endswith("['attn']['wq'].value")) == P(
-      "fsdp", "tensor", None)
+    "fsdp", "tensor", None
+  )
   assert next(v for k, v in gqa_specs.items() if k.endswith("['attn']['wkv'].value")) == P(
-      "fsdp", None, "tensor", None)
+    "fsdp", None, "tensor", None
+  )
   assert get("['mlp']['w_in'].value") == P("fsdp", "tensor")
   assert get("['mlp']['w_out'].value") == P("tensor", "fsdp")
   assert get("['embed'].value") == P("tensor", "fsdp")
@@ -98,9 +115,12 @@ def test_parameter_specs_follow_the_rules():
   mesh = sharding.make_mesh(1, 8, 1)
   params = abstract_params(cfg)
   flat = sharding.param_path_specs(params, mesh)
-  axes = {jax.tree_util.keystr(p) + ".value": v.get_metadata()["logical_axes"]
-          for p, v in jax.tree_util.tree_flatten_with_path(
-              params, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]}
+  axes = {
+    jax.tree_util.keystr(p) + ".value": v.get_metadata()["logical_axes"]
+    for p, v in jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )[0]
+  }
   replicated = sorted(k for k, (_, spec) in flat.items() if all(a is None for a in spec))
   assert replicated == sorted(k for k, a in axes.items() if "embed" not in a), replicated
   assert all("embed" not in axes[k] for k in replicated)
@@ -148,13 +168,26 @@ def test_mesh_errors(tmp_path):
 def two_process_args(corpus, *, steps: int, checkpoint_every: int) -> list[str]:
   """train.py flags over configs/tiny.py for the two-process tests: a 1-layer model on the
   text corpus, a global batch of 8 over a (data 2, fsdp 2) mesh, every step logged."""
-  return ["--config.model.n_layer=1", "--config.model.d_model=32", "--config.model.n_head=4",
-          "--config.model.d_ff=64", "--config.model.max_len=32", "--config.data.source=text",
-          f"--config.data.path={corpus}", "--config.data.seq_len=32",
-          "--config.data.batch_size=8", f"--config.steps={steps}",
-          "--config.optim.warmup_steps=2", "--config.log_every=1", "--config.eval_every=1000",
-          f"--config.checkpoint_every={checkpoint_every}", "--config.progress=False",
-          "--config.sample_tokens=0", "--config.mesh.data=2", "--config.mesh.fsdp=2"]
+  return [
+    "--config.model.n_layer=1",
+    "--config.model.d_model=32",
+    "--config.model.n_head=4",
+    "--config.model.d_ff=64",
+    "--config.model.max_len=32",
+    "--config.data.source=text",
+    f"--config.data.path={corpus}",
+    "--config.data.seq_len=32",
+    "--config.data.batch_size=8",
+    f"--config.steps={steps}",
+    "--config.optim.warmup_steps=2",
+    "--config.log_every=1",
+    "--config.eval_every=1000",
+    f"--config.checkpoint_every={checkpoint_every}",
+    "--config.progress=False",
+    "--config.sample_tokens=0",
+    "--config.mesh.data=2",
+    "--config.mesh.fsdp=2",
+  ]
 
 
 @pytest.mark.slow
@@ -163,25 +196,44 @@ def test_two_processes_equal_one_process(tmp_path):
   args = two_process_args(corpus, steps=5, checkpoint_every=1000)
 
   def cmd(workdir, *extra):
-    return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-            "--workdir", str(workdir), *args, *extra]
+    return [
+      sys.executable,
+      str(ROOT / "train.py"),
+      "--config",
+      str(ROOT / "configs" / "tiny.py"),
+      "--workdir",
+      str(workdir),
+      *args,
+      *extra,
+    ]
 
   def env(n):
     return subprocess_env(devices=n, JAX_PLATFORMS="cpu")
 
-  single = subprocess.run(cmd(tmp_path / "one"), env=env(4), capture_output=True, text=True,
-                          timeout=300)
+  single = subprocess.run(
+    cmd(tmp_path / "one"), env=env(4), capture_output=True, text=True, timeout=300
+  )
   assert single.returncode == 0, single.stderr[-3000:]
   port = free_port()
-  run_together([cmd(tmp_path / "two", f"--coordinator_address=localhost:{port}",
-                    "--num_processes=2", f"--process_id={i}") for i in range(2)], env(2))
+  run_together(
+    [
+      cmd(
+        tmp_path / "two",
+        f"--coordinator_address=localhost:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      )
+      for i in range(2)
+    ],
+    env(2),
+  )
   one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
   assert sorted(one) == sorted(two) == [1, 2, 3, 4, 5]
   for step in one:
     assert abs(one[step] - two[step]) <= 1e-5 * one[step], (step, one, two)
-  chex.assert_trees_all_close(grad_norms(tmp_path / "two"), grad_norms(tmp_path / "one"),
-                              rtol=1e-5)
+  chex.assert_trees_all_close(grad_norms(tmp_path / "two"), grad_norms(tmp_path / "one"), rtol=1e-5)
   # The evaluation restore reads a checkpoint two processes wrote onto this one process.
   from rove_jax.evaluation import scoring
+
   p_one, p_two = (scoring.load_run(tmp_path / w).params for w in ("one", "two"))
   chex.assert_trees_all_close(p_two, p_one, rtol=1e-5, atol=1e-6)

@@ -25,11 +25,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def small_flags(tmp_path, **extra) -> list[str]:
-  small = {"data.source": "text", "data.path": write_corpus(tmp_path / "corpus"),
-           "model.n_layer": 1, "model.d_model": 32, "model.n_head": 2, "model.d_ff": 64,
-           "model.max_len": 32, "data.seq_len": 32, "data.batch_size": 4, "steps": 100000,
-           "checkpoint_every": 2, "optim.warmup_steps": 0, "progress": False,
-           "sample_tokens": 0, "eval_every": 100000, **extra}
+  small = {
+    "data.source": "text",
+    "data.path": write_corpus(tmp_path / "corpus"),
+    "model.n_layer": 1,
+    "model.d_model": 32,
+    "model.n_head": 2,
+    "model.d_ff": 64,
+    "model.max_len": 32,
+    "data.seq_len": 32,
+    "data.batch_size": 4,
+    "steps": 100000,
+    "checkpoint_every": 2,
+    "optim.warmup_steps": 0,
+    "progress": False,
+    "sample_tokens": 0,
+    "eval_every": 100000,
+    **extra,
+  }
   return [f"--config.{k}={v}" for k, v in small.items()]
 
 
@@ -37,8 +50,10 @@ def small_flags(tmp_path, **extra) -> list[str]:
 def silent_storage(gcs_bucket):
   """(workdir on the bucket, the proxy, the environment that reaches the bucket through it)."""
   proxy = StallProxy(os.environ[gcs_server.URL_VAR])
-  env = subprocess_env(devices=1, **{k: v for k, v in gcs_server.environment(proxy.url).items()
-                                     if k != gcs_server.URL_VAR})
+  env = subprocess_env(
+    devices=1,
+    **{k: v for k, v in gcs_server.environment(proxy.url).items() if k != gcs_server.URL_VAR},
+  )
   try:
     yield f"{gcs_bucket}/run", proxy, env
   finally:
@@ -48,11 +63,18 @@ def silent_storage(gcs_bucket):
 def start_and_stall(tmp_path, workdir, proxy, env, **extra):
   """train.py on the bucket, through the proxy; the proxy stalls once checkpoint 2 is final.
   Returns (the process, the checkpoints final before the stall)."""
-  cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--config",
-         os.path.join(ROOT, "configs", "tiny.py"), "--workdir", workdir,
-         *small_flags(tmp_path, **extra)]
-  proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+  cmd = [
+    sys.executable,
+    os.path.join(ROOT, "train.py"),
+    "--config",
+    os.path.join(ROOT, "configs", "tiny.py"),
+    "--workdir",
+    workdir,
+    *small_flags(tmp_path, **extra),
+  ]
+  proc = subprocess.Popen(
+    cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+  )
   deadline_at = time.time() + 240
   while not finished_steps(workdir):  # read through the server's own address
     assert proc.poll() is None, proc.stderr.read()[-3000:]
@@ -122,9 +144,22 @@ def test_export_ends_on_silent_storage(tmp_path, silent_storage):
   proc, _ = start_and_stall(tmp_path, workdir, proxy, env, storage_timeout=600)
   proc.send_signal(signal.SIGKILL)
   proc.wait(timeout=60)
-  export = subprocess.run([sys.executable, "-m", "rove_jax.cli.export", "--workdir", workdir,
-                           "--out", f"{workdir}/export"], env={**env, deadline.ENV_VAR: "6"},
-                          cwd=tmp_path, capture_output=True, text=True, timeout=150)
+  export = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "rove_jax.cli.export",
+      "--workdir",
+      workdir,
+      "--out",
+      f"{workdir}/export",
+    ],
+    env={**env, deadline.ENV_VAR: "6"},
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=150,
+  )
   assert export.returncode == 1, export.stderr[-3000:]
   line = last_line(export.stderr)
   assert line.startswith("rove-export: error: ") and "did not answer within 6 s" in line, line
@@ -138,10 +173,21 @@ def test_an_emulator_is_never_probed_over_grpc(tmp_path, gcs_bucket):
   env.pop("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", None)
   env[deadline.ENV_VAR] = "60"
   done = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "train.py"), "--config",
-       os.path.join(ROOT, "configs", "tiny.py"), "--workdir", f"{gcs_bucket}/grpc",
-       *small_flags(tmp_path, steps=2)], env=env, cwd=tmp_path, capture_output=True, text=True,
-      timeout=240)
+    [
+      sys.executable,
+      os.path.join(ROOT, "train.py"),
+      "--config",
+      os.path.join(ROOT, "configs", "tiny.py"),
+      "--workdir",
+      f"{gcs_bucket}/grpc",
+      *small_flags(tmp_path, steps=2),
+    ],
+    env=env,
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=240,
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   assert finished_steps(f"{gcs_bucket}/grpc") == [2]
 
@@ -165,8 +211,11 @@ def fresh_deadline():
 def test_a_blocked_call_times_out_naming_the_operation(monkeypatch, fresh_deadline):
   monkeypatch.setenv(deadline.ENV_VAR, "0.5")
   t0 = time.monotonic()
-  with pytest.raises(deadline.StorageTimeout, match=r"^writing gs://b/x: storage did not answer "
-                                                    r"within 0.5 s"):
+  with pytest.raises(
+    deadline.StorageTimeout,
+    match=r"^writing gs://b/x: storage did not answer "
+    r"within 0.5 s",
+  ):
     deadline.call(lambda: time.sleep(30), what="writing", path="gs://b/x")
   assert time.monotonic() - t0 < 3
   # storage is now taken as gone: the cleanup's calls wait GONE_S at most

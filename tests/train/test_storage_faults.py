@@ -37,8 +37,9 @@ from tests.train.test_loop_faults import (  # noqa: F401
 def small_disk(tmp_path):
   mnt = tmp_path / "mnt"
   mnt.mkdir()
-  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)],
-                        capture_output=True, text=True)
+  done = subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True, text=True
+  )
   if done.returncode != 0:
     pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip()}): needs root")
   try:
@@ -59,9 +60,12 @@ def assert_readable_and_verified(workdir, steps):
   ck = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(str(workdir)), read_only=True)
   try:
     for s in steps:
-      got = ck.manager.restore(s, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(), data=ocp.args.JsonRestore(),
-          meta=ocp.args.JsonRestore()))
+      got = ck.manager.restore(
+        s,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
+        ),
+      )
       assert ckpt_lib.verify(got["state"], dict(got["meta"]), dict(got["data"])), s
   finally:
     ck.close()
@@ -71,12 +75,20 @@ def run_until_fault(reference, workdir, fault, **overrides):
   """train.py on a long schedule; `fault()` once checkpoint 2 is final; returns (the process's
   exit code, its stderr, the checkpoints finished before the fault)."""
   c = config(reference, steps=2000, checkpoint_every=2, eval_every=100000, **overrides)
-  cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
-         "--workdir", str(workdir), *cli_overrides(c)]
+  cmd = [
+    sys.executable,
+    str(ROOT / "train.py"),
+    "--config",
+    str(ROOT / "configs" / "tiny.py"),
+    "--workdir",
+    str(workdir),
+    *cli_overrides(c),
+  ]
   # a trainer that does not exit is made to print every thread's stack (SIGABRT) for the failure
   env = {**subprocess_env(devices=1), "PYTHONFAULTHANDLER": "1"}
-  proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True)
+  proc = subprocess.Popen(
+    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+  )
   try:
     deadline = time.time() + 240
     while not finished(workdir):
@@ -89,8 +101,10 @@ def run_until_fault(reference, workdir, fault, **overrides):
       err = proc.communicate(timeout=120)[1]
     except subprocess.TimeoutExpired:
       proc.send_signal(signal.SIGABRT)
-      pytest.fail("the trainer did not exit after the fault; its threads:\n"
-                  + proc.communicate(timeout=30)[1][-8000:])
+      pytest.fail(
+        "the trainer did not exit after the fault; its threads:\n"
+        + proc.communicate(timeout=30)[1][-8000:]
+      )
   finally:
     proc.kill()
   return proc.returncode, err, before
@@ -133,8 +147,10 @@ def test_storage_turning_read_only_is_one_line_about_the_write_exit_1(reference,
 
   def read_only():  # refused while a write is in flight there: retried until it takes
     deadline = time.time() + 60
-    while subprocess.run(["mount", "-o", "remount,ro", str(small_disk)],
-                         capture_output=True).returncode != 0:
+    while (
+      subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], capture_output=True).returncode
+      != 0
+    ):
       assert time.time() < deadline, "the tmpfs could not be remounted read-only"
       time.sleep(0.002)
 
@@ -170,8 +186,9 @@ def test_a_failed_final_save_still_releases_the_lock(reference, tmp_path, monkey
 
   monkeypatch.setattr(ocp.CheckpointManager, "save", save)
   monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", wait)
-  with pytest.raises(ckpt_lib.SaveError, match="step 8 .*No space left on device.*step 6 is "
-                                               "intact"):
+  with pytest.raises(
+    ckpt_lib.SaveError, match="step 8 .*No space left on device.*step 6 is intact"
+  ):
     train(config(reference), workdir)
   monkeypatch.undo()
   assert lock_lib.holder(str(workdir)) is None

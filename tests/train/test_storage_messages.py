@@ -25,19 +25,32 @@ from tests.train.test_storage_deadline import (  # noqa: F401
 
 
 def train_cmd(tmp_path, workdir, **extra):
-  return [sys.executable, os.path.join(ROOT, "train.py"), "--config",
-          os.path.join(ROOT, "configs", "tiny.py"), "--workdir", workdir,
-          *small_flags(tmp_path, **extra)]
+  return [
+    sys.executable,
+    os.path.join(ROOT, "train.py"),
+    "--config",
+    os.path.join(ROOT, "configs", "tiny.py"),
+    "--workdir",
+    workdir,
+    *small_flags(tmp_path, **extra),
+  ]
 
 
 @pytest.mark.slow
 def test_unreachable_storage_at_the_start_is_an_io_failure_in_one_line(tmp_path):
   dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-  env = subprocess_env(devices=1, **{k: v for k, v in gcs_server.environment(dead).items()
-                                     if k != gcs_server.URL_VAR})
+  env = subprocess_env(
+    devices=1, **{k: v for k, v in gcs_server.environment(dead).items() if k != gcs_server.URL_VAR}
+  )
   env["ROVE_JAX_STORAGE_TIMEOUT"] = "5"
-  done = subprocess.run(train_cmd(tmp_path, "gs://no-such-server/run", steps=2), env=env,
-                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+  done = subprocess.run(
+    train_cmd(tmp_path, "gs://no-such-server/run", steps=2),
+    env=env,
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 1, done.stderr[-3000:]
   lines = done.stderr.strip().splitlines()
   assert len(lines) == 1, lines[:20]
@@ -50,8 +63,9 @@ def test_unreachable_storage_at_the_start_is_an_io_failure_in_one_line(tmp_path)
 def test_a_save_refused_with_403_does_not_call_its_own_step_intact(tmp_path, silent_storage):
   workdir, proxy, env = silent_storage
   cmd = train_cmd(tmp_path, workdir)
-  proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+  )
   try:
     deadline_at = time.time() + 240
     while not finished_steps(workdir):
@@ -78,9 +92,14 @@ def test_export_names_the_refused_write(tmp_path, silent_storage, trained_run):
   workdir, proxy, env = silent_storage
   proxy.fail_writes(403)
   out = workdir + "/export"
-  done = subprocess.run([sys.executable, "-m", "rove_jax.cli.export", "--workdir",
-                         str(trained_run), "--out", out], env=env, cwd=tmp_path,
-                        capture_output=True, text=True, timeout=300)
+  done = subprocess.run(
+    [sys.executable, "-m", "rove_jax.cli.export", "--workdir", str(trained_run), "--out", out],
+    env=env,
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert done.returncode == 1, done.stderr[-3000:]
   line = last_line(done.stderr)
   assert line.startswith("rove-export: error: ") and out in line and "HTTP 403" in line, line
@@ -88,12 +107,15 @@ def test_export_names_the_refused_write(tmp_path, silent_storage, trained_run):
 
 def test_a_server_error_after_the_clients_retries_names_the_operation():
   from gcsfs.retry import HttpError
+
   def refused():
     raise HttpError({"code": 503, "message": "backend unavailable"})
+
   with pytest.raises(gcs.StorageError) as e:
     gcs._call(refused, "writing", "gs://b/out/model.safetensors")
-  assert str(e.value) == ("writing gs://b/out/model.safetensors failed (HTTP 503: backend "
-                          "unavailable)")
+  assert str(e.value) == (
+    "writing gs://b/out/model.safetensors failed (HTTP 503: backend unavailable)"
+  )
   assert e.value.code == 503 and isinstance(e.value, OSError)
 
 
@@ -102,12 +124,16 @@ def test_a_workdir_that_refuses_writes_is_a_bad_workdir(gcs_bucket, monkeypatch)
   failure; the probe object was never created."""
   from rove_jax.storage import paths
   from rove_jax.train import resume
+
   proxy = StallProxy(os.environ[gcs_server.URL_VAR])
   try:
     proxy.fail_writes(403)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-    with pytest.raises(ValueError, match=r"workdir gs://.*/ro is not writable \(.*HTTP 403.*\); "
-                                         r"choose another --workdir"):
+    with pytest.raises(
+      ValueError,
+      match=r"workdir gs://.*/ro is not writable \(.*HTTP 403.*\); "
+      r"choose another --workdir",
+    ):
       resume.check_workdir(f"{gcs_bucket}/ro")
   finally:
     proxy.close()

@@ -24,32 +24,41 @@ def _wandb_history(path) -> list[dict]:
   blocks of records: crc32c, length, type (1 full, 2 first, 3 middle, 4 last), payload) whose
   payloads are wandb's Record protobufs."""
   from wandb.proto import wandb_internal_pb2 as pb
+
   data, rows = open(path, "rb").read(), []
   assert data[:4] == b":W&B", data[:8]
   pos, block, pending = 7, 1 << 15, b""
   while pos + 7 <= len(data):
     left = block - pos % block
-    _, n, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+    _, n, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
     if left < 7 or (kind == 0 and n == 0):  # block trailer / padding
       pos += left
       continue
-    pending += data[pos + 7:pos + 7 + n]
+    pending += data[pos + 7 : pos + 7 + n]
     pos += 7 + n
     if kind in (1, 4):
       record = pb.Record()
       record.ParseFromString(pending)
       pending = b""
       if record.WhichOneof("record_type") == "history":
-        rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                     for i in record.history.item})
+        rows.append(
+          {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+        )
   return rows
 
 
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory):
   root = tmp_path_factory.mktemp("tracked")
-  c = small_config(root, steps=4, checkpoint_every=2, eval_every=4, tracking="tensorboard,wandb",
-                   profile_steps="2:3", **{"wandb.mode": "offline"})
+  c = small_config(
+    root,
+    steps=4,
+    checkpoint_every=2,
+    eval_every=4,
+    tracking="tensorboard,wandb",
+    profile_steps="2:3",
+    **{"wandb.mode": "offline"},
+  )
   workdir = root / "run"
   out = []
   training.train(c, str(workdir), log=out.append, devices=jax.devices()[:1])
@@ -67,7 +76,8 @@ def test_every_training_record_carries_step_time_throughput_and_model_flops(trac
     assert r["step_time_s"] > 0
     assert r["tokens_per_s"] == pytest.approx(tokens / r["step_time_s"], rel=1e-12)
     assert r["model_tflops_per_device"] == pytest.approx(
-        r["tokens_per_s"] * per_token / 1e12, rel=1e-12)  # one CPU device
+      r["tokens_per_s"] * per_token / 1e12, rel=1e-12
+    )  # one CPU device
     assert "mfu" not in r  # a CPU has no known peak
   assert "step_time_s" not in rows[0]
 
@@ -103,12 +113,15 @@ def test_profile_window_writes_a_trace_tensorboard_opens(tracked_run):
   assert any("profile of steps 2-3 written to" in line for line in out), out
 
 
-@pytest.mark.parametrize("overrides, message", [
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
     ({"tracking": "tensorbord"}, "give sinks out of"),
     ({"tracking": "wandb", "wandb.mode": "cloud"}, "wandb.mode must be one of"),
     ({"profile_steps": "5:2"}, "1 <= START <= END <= steps=8"),
     ({"profile_steps": "3"}, "give START:END"),
-])
+  ],
+)
 def test_bad_tracking_settings_are_refused_before_training(tmp_path, overrides, message):
   with pytest.raises(ValueError, match=message):
     small_config(tmp_path, **overrides)
@@ -116,8 +129,11 @@ def test_bad_tracking_settings_are_refused_before_training(tmp_path, overrides, 
 
 def test_wandb_missing_is_named_with_the_install_command(tmp_path, monkeypatch):
   real = run_config.importlib.util.find_spec
-  monkeypatch.setattr(run_config.importlib.util, "find_spec",
-                      lambda name, *a: None if name == "wandb" else real(name, *a))
+  monkeypatch.setattr(
+    run_config.importlib.util,
+    "find_spec",
+    lambda name, *a: None if name == "wandb" else real(name, *a),
+  )
   with pytest.raises(ValueError, match=r"pip install 'rove-jax\[wandb\]'"):
     run_config.check_environment(small_config(tmp_path, tracking="wandb"))
 
@@ -130,14 +146,27 @@ def test_wandb_online_without_a_key_is_one_line_before_any_work(tmp_path):
   import sys
 
   from tests.conftest import subprocess_env
+
   root = pathlib.Path(__file__).resolve().parents[2]
   env = subprocess_env(devices=1, HOME=str(tmp_path / "home"))
   env.pop("WANDB_API_KEY", None)
   workdir = tmp_path / "run"
-  done = subprocess.run([sys.executable, str(root / "train.py"), "--config", "tiny",
-                         "--workdir", str(workdir), "--config.tracking=tensorboard,wandb",
-                         "--config.wandb.project=rove-jax"], env=env, capture_output=True,
-                        text=True, timeout=120)
+  done = subprocess.run(
+    [
+      sys.executable,
+      str(root / "train.py"),
+      "--config",
+      "tiny",
+      "--workdir",
+      str(workdir),
+      "--config.tracking=tensorboard,wandb",
+      "--config.wandb.project=rove-jax",
+    ],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 2, done.stderr[-2000:]
   lines = done.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr

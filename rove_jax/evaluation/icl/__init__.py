@@ -21,25 +21,43 @@ This module gathers the public names of:
 """
 
 from rove_jax.evaluation.icl.files import (
-                                           build_prompts,
-                                           centered_accuracy,
-                                           core_score,
-                                           fewshot_indices,
-                                           read_task_file,
-                                           run_task_files,
+  build_prompts,
+  centered_accuracy,
+  core_score,
+  fewshot_indices,
+  read_task_file,
+  run_task_files,
 )
 from rove_jax.evaluation.icl.specs import KINDS, SCORINGS, TaskSpec, load_specs, load_task_specs
 from rove_jax.evaluation.icl.synthetic import (
-                                           FEWSHOT_TASKS,
-                                           LENGTH_TASKS,
-                                           LENGTH_TOLERANCE,
-                                           run_synthetic,
-                                           synthetic_examples,
-                                           synthetic_tasks,
+  FEWSHOT_TASKS,
+  LENGTH_TASKS,
+  LENGTH_TOLERANCE,
+  run_synthetic,
+  synthetic_examples,
+  synthetic_tasks,
 )
 from rove_jax.evaluation.prompting import ScoreFn, Tokenizer, encode_prompt
 
-__all__ = ["KINDS", "SCORINGS", "TaskSpec", "load_task_specs", "load_specs", "read_task_file",
-           "fewshot_indices", "build_prompts", "run_task_files", "centered_accuracy",
-           "core_score", "LENGTH_TASKS", "FEWSHOT_TASKS", "LENGTH_TOLERANCE", "synthetic_tasks",
-           "synthetic_examples", "run_synthetic", "ScoreFn", "Tokenizer", "encode_prompt"]
+__all__ = [
+  "KINDS",
+  "SCORINGS",
+  "TaskSpec",
+  "load_task_specs",
+  "load_specs",
+  "read_task_file",
+  "fewshot_indices",
+  "build_prompts",
+  "run_task_files",
+  "centered_accuracy",
+  "core_score",
+  "LENGTH_TASKS",
+  "FEWSHOT_TASKS",
+  "LENGTH_TOLERANCE",
+  "synthetic_tasks",
+  "synthetic_examples",
+  "run_synthetic",
+  "ScoreFn",
+  "Tokenizer",
+  "encode_prompt",
+]

@@ -41,9 +41,9 @@ from rove_jax.evaluation.prompting import ScoreFn, Tokenizer
 # Pairs handed to score_fn per call: enough to fill a batch, few enough for a lively progress bar.
 _PAIRS_PER_CALL = 64
 _FIELDS = {
-    "multiple_choice": ("query", "choices", "gold"),
-    "language_modeling": ("context", "continuation"),
-    "schema": ("context_options", "continuation", "gold"),
+  "multiple_choice": ("query", "choices", "gold"),
+  "language_modeling": ("context", "continuation"),
+  "schema": ("context_options", "continuation", "gold"),
 }
 SHOTS_STREAM, SUBSET_STREAM, SYNTHETIC_STREAM = 0, 1, 2
 
@@ -63,8 +63,9 @@ def centered_accuracy(acc: float, baseline: float) -> float:
   """
   if not 0.0 <= baseline < 1.0:
     raise ValueError(
-        f"baseline={baseline!r} must be a fraction in [0, 1); percentages (as in DCLM's "
-        f"eval_meta_data.csv, e.g. 25.0) must be divided by 100")
+      f"baseline={baseline!r} must be a fraction in [0, 1); percentages (as in DCLM's "
+      f"eval_meta_data.csv, e.g. 25.0) must be divided by 100"
+    )
   if not 0.0 <= acc <= 1.0:
     raise ValueError(f"acc={acc!r} must be an accuracy in [0, 1]")
   return (acc - baseline) / (1.0 - baseline)
@@ -80,8 +81,9 @@ def core_score(results: Mapping[str, Any]) -> Optional[float]:
   Returns:
     The mean centered accuracy, or None when there are no tasks.
   """
-  tasks = results["tasks"] if "tasks" in results and isinstance(results["tasks"], Mapping) \
-      else results
+  tasks = (
+    results["tasks"] if "tasks" in results and isinstance(results["tasks"], Mapping) else results
+  )
   values = []
   for name, task in tasks.items():
     if "centered" in task:
@@ -134,35 +136,39 @@ def read_task_file(spec: TaskSpec) -> list[dict]:
     raise ValueError(f"{spec.path}: no examples (task {spec.name!r})")
   if spec.num_fewshot >= len(examples):
     raise ValueError(
-        f"task {spec.name!r}: num_fewshot={spec.num_fewshot} needs at least "
-        f"{spec.num_fewshot + 1} examples in {spec.path} (shots exclude the example itself), "
-        f"it has {len(examples)}")
+      f"task {spec.name!r}: num_fewshot={spec.num_fewshot} needs at least "
+      f"{spec.num_fewshot + 1} examples in {spec.path} (shots exclude the example itself), "
+      f"it has {len(examples)}"
+    )
   return examples
 
 
 def _check_example(example: dict, kind: str, where: str) -> None:
   for field in _FIELDS[kind]:
     if field not in example:
-      raise ValueError(f"{where}: missing field {field!r} (a {kind} example needs "
-                       f"{', '.join(_FIELDS[kind])})")
+      raise ValueError(
+        f"{where}: missing field {field!r} (a {kind} example needs {', '.join(_FIELDS[kind])})"
+      )
   for field in ("query", "context", "continuation"):
     if field in _FIELDS[kind] and not isinstance(example[field], str):
-      raise ValueError(f"{where}: field {field!r} must be a string, got "
-                       f"{type(example[field]).__name__}")
+      raise ValueError(
+        f"{where}: field {field!r} must be a string, got {type(example[field]).__name__}"
+      )
   if kind == "language_modeling":
     if not example["continuation"]:
       raise ValueError(f"{where}: field 'continuation' is empty")
     return
   options = "choices" if kind == "multiple_choice" else "context_options"
   values, gold = example[options], example["gold"]
-  if not isinstance(values, list) or not all(isinstance(v, str) for v in values) \
-      or len(values) < 2:
+  if not isinstance(values, list) or not all(isinstance(v, str) for v in values) or len(values) < 2:
     raise ValueError(f"{where}: field {options!r} must be a list of at least 2 strings")
   if isinstance(gold, bool) or not isinstance(gold, int):
     raise ValueError(f"{where}: field 'gold' must be an int, got {gold!r}")
   if not 0 <= gold < len(values):
-    raise ValueError(f"{where}: gold={gold} is out of range for {len(values)} {options} "
-                     f"(must be 0..{len(values) - 1})")
+    raise ValueError(
+      f"{where}: gold={gold} is out of range for {len(values)} {options} "
+      f"(must be 0..{len(values) - 1})"
+    )
 
 
 def _baseline(spec: TaskSpec, examples: Sequence[dict]) -> float:
@@ -202,8 +208,9 @@ def _answer_text(spec: TaskSpec, example: dict) -> tuple[str, str]:
   return example["context_options"][example["gold"]], example["continuation"]
 
 
-def build_prompts(spec: TaskSpec, examples: Sequence[dict], index: int,
-                  seed: int) -> list[tuple[str, str]]:
+def build_prompts(
+  spec: TaskSpec, examples: Sequence[dict], index: int, seed: int
+) -> list[tuple[str, str]]:
   """The (prompt, continuation) texts scored for one example: one per choice or context option.
 
   Args:
@@ -218,7 +225,7 @@ def build_prompts(spec: TaskSpec, examples: Sequence[dict], index: int,
   """
   delim = spec.continuation_delimiter
   stripped = delim.rstrip()
-  head, tail = stripped, delim[len(stripped):]
+  head, tail = stripped, delim[len(stripped) :]
   pieces = [spec.prompt_string] if spec.prompt_string else []
   for j in fewshot_indices(len(examples), index, spec.num_fewshot, seed):
     context, answer = _answer_text(spec, examples[j])
@@ -247,9 +254,16 @@ def _is_correct(spec: TaskSpec, example: dict, results, continuations) -> bool:
   return int(np.argmin(nll)) == example["gold"]
 
 
-def run_task_files(score_fn: ScoreFn, tokenizer: Tokenizer, specs, *, seed: int = 0,
-                   max_examples: Optional[int] = None, progress: bool = True,
-                   max_tokens: Optional[int] = None) -> dict:
+def run_task_files(
+  score_fn: ScoreFn,
+  tokenizer: Tokenizer,
+  specs,
+  *,
+  seed: int = 0,
+  max_examples: Optional[int] = None,
+  progress: bool = True,
+  max_tokens: Optional[int] = None,
+) -> dict:
   """Evaluates LLM-Foundry / DCLM task files and their Core aggregate.
 
   Every file is read and validated before anything is scored, so a bad file fails fast.
@@ -271,8 +285,9 @@ def run_task_files(score_fn: ScoreFn, tokenizer: Tokenizer, specs, *, seed: int 
   """
   specs = as_specs(specs)
   prompting.check_int("seed", seed, 0)
-  if max_examples is not None and (isinstance(max_examples, bool) or
-                                   not isinstance(max_examples, int) or max_examples < 1):
+  if max_examples is not None and (
+    isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1
+  ):
     raise ValueError(f"max_examples={max_examples!r} must be an int >= 1 or None")
   if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
     raise ValueError(f"max_tokens={max_tokens!r} must be an int >= 2 or None")
@@ -281,8 +296,9 @@ def run_task_files(score_fn: ScoreFn, tokenizer: Tokenizer, specs, *, seed: int 
   for spec, examples in files:
     order = np.arange(len(examples))
     if max_examples is not None and max_examples < len(examples):
-      order = np.sort(seeded_stream(seed, SUBSET_STREAM).choice(
-          len(examples), size=max_examples, replace=False))
+      order = np.sort(
+        seeded_stream(seed, SUBSET_STREAM).choice(len(examples), size=max_examples, replace=False)
+      )
     correct = 0
     bar = tqdm(total=len(order), desc=f"icl {spec.name}", disable=not progress, leave=False)
     start = 0
@@ -299,15 +315,21 @@ def run_task_files(score_fn: ScoreFn, tokenizer: Tokenizer, specs, *, seed: int 
         start += 1
       results = prompting.score_pairs(score_fn, prompts, conts)
       for index, first, count in batch:
-        correct += _is_correct(spec, examples[index], results[first:first + count],
-                               conts[first:first + count])
+        correct += _is_correct(
+          spec, examples[index], results[first : first + count], conts[first : first + count]
+        )
       bar.update(len(batch))
     bar.close()
     accuracy = correct / len(order)
     baseline = _baseline(spec, examples)
-    tasks[spec.name] = {"accuracy": accuracy, "centered": centered_accuracy(accuracy, baseline),
-                        "baseline": baseline, "n": int(len(order)), "kind": spec.kind,
-                        "num_fewshot": spec.num_fewshot}
+    tasks[spec.name] = {
+      "accuracy": accuracy,
+      "centered": centered_accuracy(accuracy, baseline),
+      "baseline": baseline,
+      "n": int(len(order)),
+      "kind": spec.kind,
+      "num_fewshot": spec.num_fewshot,
+    }
   return {"tasks": tasks, "core": core_score(tasks)}
 
 
@@ -319,10 +341,10 @@ def _encode_pair(tokenizer, spec, example, prompt, cont, max_tokens):
     raise ValueError(f"{where}: continuation {cont!r} encodes to zero tokens")
   if max_tokens is not None:
     if cont_ids.size >= max_tokens:
-      raise ValueError(f"{where}: the continuation has {cont_ids.size} tokens, no room for a "
-                       f"prompt within max_tokens={max_tokens}")
+      raise ValueError(
+        f"{where}: the continuation has {cont_ids.size} tokens, no room for a "
+        f"prompt within max_tokens={max_tokens}"
+      )
     # Left truncation keeps the query and the nearest shots, as LLM-Foundry does.
-    prompt_ids = prompt_ids[-(max_tokens - cont_ids.size):]
+    prompt_ids = prompt_ids[-(max_tokens - cont_ids.size) :]
   return prompt_ids, cont_ids
-
-

@@ -22,8 +22,12 @@ from rove_jax.evaluation import prompting
 
 KINDS = ("multiple_choice", "language_modeling", "schema")
 SCORINGS = ("mean", "sum")
-_ALIASES = {"label": "name", "dataset_uri": "path", "icl_task_type": "kind",
-            "random_baseline": "baseline"}
+_ALIASES = {
+  "label": "name",
+  "dataset_uri": "path",
+  "icl_task_type": "kind",
+  "random_baseline": "baseline",
+}
 
 
 # -------------------------------------------------------------------------------- task specs
@@ -63,15 +67,22 @@ class TaskSpec:
       raise ValueError(f"{where}: path={self.path!r} must be the path of a JSONL file")
     if self.kind not in KINDS:
       raise ValueError(f"{where}: kind={self.kind!r} is not one of {', '.join(KINDS)}")
-    if isinstance(self.num_fewshot, bool) or not isinstance(self.num_fewshot, int) \
-        or self.num_fewshot < 0:
+    if (
+      isinstance(self.num_fewshot, bool)
+      or not isinstance(self.num_fewshot, int)
+      or self.num_fewshot < 0
+    ):
       raise ValueError(f"{where}: num_fewshot={self.num_fewshot!r} must be an int >= 0")
     if self.baseline is not None:
-      if isinstance(self.baseline, bool) or not isinstance(self.baseline, (int, float)) \
-          or not 0.0 <= self.baseline < 1.0:
+      if (
+        isinstance(self.baseline, bool)
+        or not isinstance(self.baseline, (int, float))
+        or not 0.0 <= self.baseline < 1.0
+      ):
         raise ValueError(
-            f"{where}: baseline={self.baseline!r} must be a fraction in [0, 1) (divide a "
-            f"percentage by 100) or null to derive it from the file")
+          f"{where}: baseline={self.baseline!r} must be a fraction in [0, 1) (divide a "
+          f"percentage by 100) or null to derive it from the file"
+        )
     for field in ("example_delimiter", "continuation_delimiter", "prompt_string"):
       if not isinstance(getattr(self, field), str):
         raise ValueError(f"{where}: {field}={getattr(self, field)!r} must be a string")
@@ -79,8 +90,9 @@ class TaskSpec:
       raise ValueError(f"{where}: scoring={self.scoring!r} is not one of {', '.join(SCORINGS)}")
 
   @classmethod
-  def from_dict(cls, entry: Mapping[str, Any], *, base_dir: Optional[str] = None,
-                where: str = "task spec") -> "TaskSpec":
+  def from_dict(
+    cls, entry: Mapping[str, Any], *, base_dir: Optional[str] = None, where: str = "task spec"
+  ) -> "TaskSpec":
     """Builds a spec from its JSON object, accepting LLM-Foundry's field names.
 
     Args:
@@ -98,8 +110,9 @@ class TaskSpec:
     for key, value in entry.items():
       field = _ALIASES.get(key, key)
       if field not in fields:
-        raise ValueError(f"{where}: unknown field {key!r}; allowed: "
-                         f"{', '.join(sorted(fields | set(_ALIASES)))}")
+        raise ValueError(
+          f"{where}: unknown field {key!r}; allowed: {', '.join(sorted(fields | set(_ALIASES)))}"
+        )
       if field in kwargs:
         raise ValueError(f"{where}: field {field!r} is given twice (once as {key!r})")
       kwargs[field] = value
@@ -110,11 +123,14 @@ class TaskSpec:
     if isinstance(shots, list):
       # LLM-Foundry lists shot counts; one run here evaluates one count.
       if len(shots) != 1:
-        raise ValueError(f"{where}: num_fewshot={shots!r}: give one count per spec (copy the "
-                         f"spec with another name for each count)")
+        raise ValueError(
+          f"{where}: num_fewshot={shots!r}: give one count per spec (copy the "
+          f"spec with another name for each count)"
+        )
       kwargs["num_fewshot"] = shots[0]
-    if base_dir is not None and isinstance(kwargs["path"], str) \
-        and not os.path.isabs(kwargs["path"]):
+    if (
+      base_dir is not None and isinstance(kwargs["path"], str) and not os.path.isabs(kwargs["path"])
+    ):
       kwargs["path"] = os.path.join(base_dir, kwargs["path"])
     try:
       return cls(**kwargs)
@@ -136,10 +152,12 @@ def load_task_specs(path: str) -> list[TaskSpec]:
   if isinstance(data, Mapping) and "icl_tasks" in data:
     data = data["icl_tasks"]
   if not isinstance(data, list):
-    raise ValueError(f"{path}: expected a JSON list of task specs (or {{\"icl_tasks\": [...]}})")
+    raise ValueError(f'{path}: expected a JSON list of task specs (or {{"icl_tasks": [...]}})')
   base_dir = os.path.dirname(os.path.abspath(path))
-  specs = [TaskSpec.from_dict(entry, base_dir=base_dir, where=f"{path}, task spec {i}")
-           for i, entry in enumerate(data)]
+  specs = [
+    TaskSpec.from_dict(entry, base_dir=base_dir, where=f"{path}, task spec {i}")
+    for i, entry in enumerate(data)
+  ]
   _check_unique(specs)
   return specs
 
@@ -160,7 +178,9 @@ def as_specs(specs) -> list[TaskSpec]:
     return load_task_specs(os.fspath(specs))
   if isinstance(specs, (TaskSpec, Mapping)):
     specs = [specs]
-  out = [spec if isinstance(spec, TaskSpec) else TaskSpec.from_dict(spec, where=f"task spec {i}")
-         for i, spec in enumerate(specs)]
+  out = [
+    spec if isinstance(spec, TaskSpec) else TaskSpec.from_dict(spec, where=f"task spec {i}")
+    for i, spec in enumerate(specs)
+  ]
   _check_unique(out)
   return out

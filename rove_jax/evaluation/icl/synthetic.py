@@ -39,8 +39,13 @@ _SYLLABLES = [c + v for c in _CONSONANTS for v in _VOWELS]
 _FILLER = " ".join(prompting.NOISE_SENTENCES).split()
 _BRACKETS = ("()", "[]", "{}", "<>")
 _MAX_DYCK_DEPTH = 8
-_OPERATORS = {"sum": lambda a, b: a + b, "difference": lambda a, b: a - b,
-              "product": lambda a, b: a * b, "max": max, "min": min}
+_OPERATORS = {
+  "sum": lambda a, b: a + b,
+  "difference": lambda a, b: a - b,
+  "product": lambda a, b: a * b,
+  "max": max,
+  "min": min,
+}
 _RECALL_QUERIES = 4
 _INDUCTION_ANSWER_WORDS = 4
 # Flip-flop language FFL(0.8) of Liu et al. (2023): 80% ignores, writes and reads 10% each.
@@ -108,8 +113,10 @@ def _passkey(rng, n):
   depth = min(ends, key=lambda i: abs(i - aim))
   needle = f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n"
   text = " ".join(filler[:depth]) + needle + " ".join(filler[depth:])
-  return (f"A pass key is hidden in the text below. Remember it.\n{text}\n"
-          f"What is the pass key? The pass key is"), f" {key}"
+  return (
+    f"A pass key is hidden in the text below. Remember it.\n{text}\n"
+    f"What is the pass key? The pass key is"
+  ), f" {key}"
 
 
 def _induction(rng, n):
@@ -117,9 +124,10 @@ def _induction(rng, n):
   # second copy breaks off about halfway through the first.
   shown = max(1, n // 3)
   words = _distinct_words(rng, max(n - shown, shown + 1))
-  answer = words[shown:shown + _INDUCTION_ANSWER_WORDS]
-  return (f"Random words, then the same words again.\n{' '.join(words)}\n"
-          f"{' '.join(words[:shown])}"), " " + " ".join(answer)
+  answer = words[shown : shown + _INDUCTION_ANSWER_WORDS]
+  return (
+    f"Random words, then the same words again.\n{' '.join(words)}\n{' '.join(words[:shown])}"
+  ), " " + " ".join(answer)
 
 
 def _flip_flop(rng, n):
@@ -151,8 +159,13 @@ def _dyck(rng, n):
   return "Close the brackets: " + " ".join(symbols), " " + " ".join(reversed(stack))
 
 
-_LENGTH_BUILDERS = {"associative_recall": _associative_recall, "passkey": _passkey,
-                    "induction": _induction, "flip_flop": _flip_flop, "dyck": _dyck}
+_LENGTH_BUILDERS = {
+  "associative_recall": _associative_recall,
+  "passkey": _passkey,
+  "induction": _induction,
+  "flip_flop": _flip_flop,
+  "dyck": _dyck,
+}
 
 
 def _fit_length(build, tokenizer: Tokenizer, target: int, what: str):
@@ -164,6 +177,7 @@ def _fit_length(build, tokenizer: Tokenizer, target: int, what: str):
   """
   closest = 0
   for attempt in range(_FIT_ATTEMPTS):
+
     def size(n, attempt=attempt):
       return prompting.count_tokens(tokenizer, *build(n, attempt))
 
@@ -174,8 +188,10 @@ def _fit_length(build, tokenizer: Tokenizer, target: int, what: str):
     if prompting.within_tolerance(fit.tokens, target, LENGTH_TOLERANCE):
       return build(fit.n, attempt)
     closest = max(closest, fit.tokens)
-  raise ValueError(f"{what}: the closest example has {closest} tokens, more than 5% below the "
-                   f"target length {target}; pick another length")
+  raise ValueError(
+    f"{what}: the closest example has {closest} tokens, more than 5% below the "
+    f"target length {target}; pick another length"
+  )
 
 
 # Few-shot builders: (rng, max_shots) -> (shot lines, query prompt, answer); the query is drawn
@@ -206,12 +222,15 @@ def _word_mapping(transform):
         words.append(word)
     shots = [f"{w} -> {transform(w)}" for w in words[1:]]
     return shots, f"{words[0]} ->", f" {transform(words[0])}"
+
   return build
 
 
-_FEWSHOT_BUILDERS = {"fewshot_operator": _fewshot_operator,
-                     "fewshot_reverse": _word_mapping(lambda w: w[::-1]),
-                     "fewshot_uppercase": _word_mapping(str.upper)}
+_FEWSHOT_BUILDERS = {
+  "fewshot_operator": _fewshot_operator,
+  "fewshot_reverse": _word_mapping(lambda w: w[::-1]),
+  "fewshot_uppercase": _word_mapping(str.upper),
+}
 
 
 def _check_tasks(tasks) -> tuple[str, ...]:
@@ -222,22 +241,31 @@ def _check_tasks(tasks) -> tuple[str, ...]:
     tasks = (tasks,)
   unknown = [t for t in tasks if t not in valid]
   if unknown:
-    raise ValueError(f"unknown synthetic task(s) {', '.join(map(repr, unknown))}; valid names: "
-                     f"{', '.join(valid)}")
+    raise ValueError(
+      f"unknown synthetic task(s) {', '.join(map(repr, unknown))}; valid names: {', '.join(valid)}"
+    )
   return tuple(tasks)
 
 
 def _check_counts(name: str, values, minimum: int) -> tuple[int, ...]:
   values = tuple(values)
-  if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum
-                       for v in values):
+  if not values or any(
+    isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum for v in values
+  ):
     raise ValueError(f"{name}={values!r} must be a non-empty sequence of ints >= {minimum}")
   return tuple(int(v) for v in values)
 
 
-def synthetic_examples(task: str, tokenizer: Tokenizer, *, shots: Optional[int] = None,
-                       length: Optional[int] = None, samples: int = 16, seed: int = 0,
-                       max_shots: Optional[int] = None) -> list[tuple[str, str]]:
+def synthetic_examples(
+  task: str,
+  tokenizer: Tokenizer,
+  *,
+  shots: Optional[int] = None,
+  length: Optional[int] = None,
+  samples: int = 16,
+  seed: int = 0,
+  max_shots: Optional[int] = None,
+) -> list[tuple[str, str]]:
   """Generates (prompt_text, answer_text) pairs of one synthetic task, deterministically.
 
   Args:
@@ -265,7 +293,8 @@ def synthetic_examples(task: str, tokenizer: Tokenizer, *, shots: Optional[int] 
     pairs = []
     for i in range(samples):
       lines, query, answer = _FEWSHOT_BUILDERS[task](
-          seeded_stream(seed, SYNTHETIC_STREAM, task_id, i), max_shots)
+        seeded_stream(seed, SYNTHETIC_STREAM, task_id, i), max_shots
+      )
       pairs.append(("\n".join(lines[:shots] + [query]), answer))
     return pairs
   if length is None or shots is not None:
@@ -281,10 +310,17 @@ def synthetic_examples(task: str, tokenizer: Tokenizer, *, shots: Optional[int] 
   return pairs
 
 
-def run_synthetic(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks=None,
-                  shots: Sequence[int] = (0, 1, 2, 4, 8),
-                  lengths: Sequence[int] = (256, 512, 1024), samples: int = 16, seed: int = 0,
-                  progress: bool = True) -> dict:
+def run_synthetic(
+  score_fn: ScoreFn,
+  tokenizer: Tokenizer,
+  *,
+  tasks=None,
+  shots: Sequence[int] = (0, 1, 2, 4, 8),
+  lengths: Sequence[int] = (256, 512, 1024),
+  samples: int = 16,
+  seed: int = 0,
+  progress: bool = True,
+) -> dict:
   """Greedy exact-match accuracy on the synthetic tasks, by shots or by length.
 
   Args:
@@ -314,20 +350,30 @@ def run_synthetic(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks=None,
   shots = _check_counts("shots", shots, 0)
   lengths = _check_counts("lengths", lengths, 1)
   prompting.check_int("samples", samples, 1)
-  cells = [(name, "shots" if name in _FEWSHOT_BUILDERS else "length", value)
-           for name in names
-           for value in (shots if name in _FEWSHOT_BUILDERS else lengths)]
+  cells = [
+    (name, "shots" if name in _FEWSHOT_BUILDERS else "length", value)
+    for name in names
+    for value in (shots if name in _FEWSHOT_BUILDERS else lengths)
+  ]
   bar = tqdm(total=len(cells) * samples, desc="synthetic icl", disable=not progress, leave=False)
   out = {}
   for name, axis, value in cells:
     extra = {"max_shots": max(shots)} if axis == "shots" else {}
-    pairs = synthetic_examples(name, tokenizer, **{axis: value}, samples=samples, seed=seed,
-                               **extra)
+    pairs = synthetic_examples(
+      name, tokenizer, **{axis: value}, samples=samples, seed=seed, **extra
+    )
     prompts = [prompting.encode_prompt(tokenizer, prompt) for prompt, _ in pairs]
     answers = [prompting.encode(tokenizer, answer) for _, answer in pairs]
     results = prompting.score_pairs(score_fn, prompts, answers)
-    task = out.setdefault(name, {f"by_{axis}": {}, f"nll_by_{axis}": {},
-                                 f"sample_nll_by_{axis}": {}, f"sample_correct_by_{axis}": {}})
+    task = out.setdefault(
+      name,
+      {
+        f"by_{axis}": {},
+        f"nll_by_{axis}": {},
+        f"sample_nll_by_{axis}": {},
+        f"sample_correct_by_{axis}": {},
+      },
+    )
     nll, accuracy = prompting.mean_scores(results)
     records = prompting.sample_records(results)
     task[f"by_{axis}"][str(value)] = accuracy
@@ -342,5 +388,7 @@ def run_synthetic(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks=None,
     correct = task[f"sample_correct_by_{axis}"].values()
     task["n"] = sum(len(c) for c in correct)
     task["correct"] = sum(sum(c) for c in correct)
-  return {"tasks": out,
-          "accuracy": float(np.mean([t["accuracy"] for t in out.values()])) if out else None}
+  return {
+    "tasks": out,
+    "accuracy": float(np.mean([t["accuracy"] for t in out.values()])) if out else None,
+  }

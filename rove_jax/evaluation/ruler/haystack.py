@@ -24,7 +24,8 @@ from rove_jax.evaluation import prompting
 # The prompt + answer may fall short of `length` by at most this fraction, never exceed it.
 TOLERANCE = 0.02
 
-ADJECTIVES = tuple("""
+ADJECTIVES = tuple(
+  """
 able active agile amber ancient angry autumn brave bright brisk broad calm careful cheerful
 clever cloudy cold cosmic crimson crisp curious dark eager early earnest electric elegant empty
 fair faithful famous fancy fast fierce fine fluffy fond fragile free fresh friendly gentle giant
@@ -34,9 +35,11 @@ modern narrow neat nervous noble odd old orange pale patient plain polite proud 
 quiet rapid rare ready red rich rough round royal rusty sacred scarlet secret sharp shiny short
 silent silver simple sleepy slow small smooth soft solar solid spare steady stormy strange strong
 sudden sunny sweet swift tall tame tender thick tidy tiny tough tranquil true velvet vivid warm
-wary wild windy wise witty wooden young zealous""".split())
+wary wild windy wise witty wooden young zealous""".split()
+)
 
-NOUNS = tuple("""
+NOUNS = tuple(
+  """
 acorn anchor apple arrow badge bakery balloon banana basket beacon bear bell bicycle blanket boat
 bottle bracelet bridge bucket butterfly cabin cactus camera candle canyon carpet castle cat
 cathedral cello chair cherry chimney circus cliff clock cloud comet compass cookie coral cottage
@@ -49,9 +52,11 @@ parrot pebble pencil penguin piano pillow pine planet pocket pond puzzle quilt r
 radio rainbow raven ribbon river robot rocket saddle sailboat salmon satellite scarf shell ship
 shovel spider squirrel stable star statue stone sunflower swan sword table teapot telescope
 temple tiger tomato tower tractor train trumpet tulip tunnel turtle umbrella valley vase violin
-volcano wagon walrus waterfall whale whistle window wizard wolf zebra""".split())
+volcano wagon walrus waterfall whale whistle window wizard wolf zebra""".split()
+)
 
-_VERBS = tuple("""
+_VERBS = tuple(
+  """
 accept admire arrive bake balance borrow breathe build carry catch celebrate change climb collect
 cook count cover dance decide deliver design dig discover dream drift explore fetch fix float fold
 follow gather glide grow guard help hide hike hop hunt imagine invent jump juggle kick knit laugh
@@ -59,7 +64,8 @@ lead learn lift listen march mend mix move navigate observe open paint pass plan
 pull push question race reach read remember repair rescue ride roll row run sail scatter search
 sew shine sing sketch skip sleep slide smile sort speak spin stack steer stretch swim swing talk
 teach throw travel trust turn visit walk wander wash watch weave whisper win wink write yawn
-""".split())
+""".split()
+)
 
 # cwe draws single words first; only very long lists also use adjective-noun pairs.
 SINGLE_WORDS = tuple(dict.fromkeys(ADJECTIVES + NOUNS + _VERBS))
@@ -126,8 +132,7 @@ def fit_problem(problem: Problem, length: int, tokenizer, task: str) -> tuple[Bu
   if short and next_word is not None:
     # One word is coarser than the tolerance (a uuid in bytes at a short length): cut inside
     # the next word (all of it overshoots, as the whole word does).
-    best = (lo, prompting.fit_length(lambda c: size(lo, c), length, lo=0,
-                                     hi=len(next_word)).n)
+    best = (lo, prompting.fit_length(lambda c: size(lo, c), length, lo=0, hi=len(next_word)).n)
   elif short:
     # One more unit overshoots (a long cwe word at a short length): try other units instead.
     for c in range(1, problem.alternatives + 1):
@@ -136,12 +141,16 @@ def fit_problem(problem: Problem, length: int, tokenizer, task: str) -> tuple[Bu
         break
   total, built = cache[best]
   if not prompting.within_tolerance(total, length, TOLERANCE):
-    why = ("its haystack material ran out (distinct keys, words or documents); use a shorter "
-           "length" if math.isinf(fit.next_tokens) else
-           "the next haystack unit (a word, list entry or document header) overshoots and is "
-           "coarser than the tolerance at this length; use a longer length")
-    raise ValueError(f"task {task!r} cannot fill length={length} to within {TOLERANCE:.0%}: "
-                     f"it reached {total} tokens; {why}")
+    why = (
+      "its haystack material ran out (distinct keys, words or documents); use a shorter length"
+      if math.isinf(fit.next_tokens)
+      else "the next haystack unit (a word, list entry or document header) overshoots and is "
+      "coarser than the tolerance at this length; use a longer length"
+    )
+    raise ValueError(
+      f"task {task!r} cannot fill length={length} to within {TOLERANCE:.0%}: "
+      f"it reached {total} tokens; {why}"
+    )
   return built, int(total)
 
 
@@ -215,11 +224,12 @@ def _sentences(texts: tuple) -> tuple[str, ...]:
 
 def essay_sentences(haystack_texts, task: str) -> tuple[str, ...]:
   if haystack_texts is None:
-    raise ValueError(f"task {task!r} needs haystack_texts: a list of essay-style documents "
-                     f"for the haystack (e.g. Paul Graham essays or validation documents)")
+    raise ValueError(
+      f"task {task!r} needs haystack_texts: a list of essay-style documents "
+      f"for the haystack (e.g. Paul Graham essays or validation documents)"
+    )
   if isinstance(haystack_texts, str):
-    raise ValueError("haystack_texts must be a list of documents, got a single string; "
-                     "pass [text]")
+    raise ValueError("haystack_texts must be a list of documents, got a single string; pass [text]")
   texts = tuple(haystack_texts)
   for i, t in enumerate(texts):
     if not isinstance(t, str):
@@ -257,7 +267,7 @@ class Draw:
         self._next += 1
         s = f"{ADJECTIVES[j // len(NOUNS)]}-{NOUNS[j % len(NOUNS)]}"
       elif self.kind == "number":
-        s = str(int(self.rng.integers(10 ** 6, 10 ** 7)))
+        s = str(int(self.rng.integers(10**6, 10**7)))
       else:
         s = _uuid(self.rng)
       if s not in self.seen:
@@ -267,4 +277,3 @@ class Draw:
 
 def join_and(items: list[str]) -> str:
   return items[0] if len(items) == 1 else ", ".join(items[:-1]) + ", and " + items[-1]
-

@@ -10,8 +10,10 @@ import os
 from rove_jax.evaluation import prompting
 from rove_jax.evaluation.ruler.haystack import Built, Exhausted, Problem, Stream, place, task_rng
 
-_QA_INSTRUCTION = ("Answer the question based on the given documents. Only give me the answer "
-                   "and do not output any other words.")
+_QA_INSTRUCTION = (
+  "Answer the question based on the given documents. Only give me the answer "
+  "and do not output any other words."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +65,10 @@ def load_hotpotqa(path) -> QAData:
 def qa_candidates(task: str, seed: int, path) -> list:
   name = "squad_path" if task == "qa_1" else "hotpot_path"
   if path is None:
-    raise ValueError(f"task {task!r} needs {name}: a local "
-                     f"{'SQuAD' if task == 'qa_1' else 'HotpotQA'} dev JSON file")
+    raise ValueError(
+      f"task {task!r} needs {name}: a local "
+      f"{'SQuAD' if task == 'qa_1' else 'HotpotQA'} dev JSON file"
+    )
   data = load_squad(path) if task == "qa_1" else load_hotpotqa(path)
   rng = task_rng(task, seed, 0)
   # Questions in seeded order; generate() takes the first whose gold documents fit, so a long
@@ -99,8 +103,13 @@ def _qa_problem(task: str, seed: int, data: QAData, qi: int) -> Problem:
     prompt = f"{_QA_INSTRUCTION}\n\nThe following are given documents.\n\n{docs}{tail}"
     # 1-based numbers of the gold documents (distractors never repeat a gold text).
     where = [pieces.index(d) + 1 for d in gold_docs]
-    meta = {"question": q.question, "question_index": qi, "gold_documents": where,
-            "documents": len(pieces), "depths": depths}
+    meta = {
+      "question": q.question,
+      "question_index": qi,
+      "gold_documents": where,
+      "documents": len(pieces),
+      "depths": depths,
+    }
     return Built(prompt, " " + q.answers[0], list(q.answers), meta)
 
   return Problem(build, 0, stream.word)
@@ -118,9 +127,12 @@ def _file_key(path):
 
 
 _FORMS = {
-    "squad": ('{"data": [{"paragraphs": [{"context": str, "qas": [{"question": str, "answers": '
-              '[{"text": str}]}]}]}]}'),
-    "hotpot": '[{"question": str, "answer": str, "context": [[title, [sentence, ...]], ...]}]'}
+  "squad": (
+    '{"data": [{"paragraphs": [{"context": str, "qas": [{"question": str, "answers": '
+    '[{"text": str}]}]}]}]}'
+  ),
+  "hotpot": '[{"question": str, "answer": str, "context": [[title, [sentence, ...]], ...]}]',
+}
 _NAMES = {"squad": "SQuAD", "hotpot": "HotpotQA"}
 
 
@@ -139,16 +151,21 @@ def _load_qa(kind: str, path: str, mtime_ns: int, size: int) -> QAData:
   try:
     questions = (_squad if kind == "squad" else _hotpot)(obj, docs)
   except _Malformed as e:
-    raise ValueError(f"{path} is not a {_NAMES[kind]} file; expected {_FORMS[kind]}, but {e}"
-                     ) from None
+    raise ValueError(
+      f"{path} is not a {_NAMES[kind]} file; expected {_FORMS[kind]}, but {e}"
+    ) from None
   if not questions:
-    raise ValueError(f"{path} holds no answerable questions; give a {_NAMES[kind]} dev file with "
-                     f"at least one answered question")
+    raise ValueError(
+      f"{path} holds no answerable questions; give a {_NAMES[kind]} dev file with "
+      f"at least one answered question"
+    )
   if all(len(q.gold) >= len(docs) for q in questions):
-    raise ValueError(f"{path} holds no document besides its questions' own ({len(docs)} in all): "
-                     f"the QA tasks surround a question's documents with the file's other "
-                     f"documents as distractors; give a fuller {_NAMES[kind]} dev file (the "
-                     f"official one)")
+    raise ValueError(
+      f"{path} holds no document besides its questions' own ({len(docs)} in all): "
+      f"the QA tasks surround a question's documents with the file's other "
+      f"documents as distractors; give a fuller {_NAMES[kind]} dev file (the "
+      f"official one)"
+    )
   return QAData(tuple(docs), tuple(questions))
 
 
@@ -180,8 +197,13 @@ def _hotpot(obj, docs: dict) -> list:
     gold = []
     for j, pair in enumerate(_field(ex, "context", list, where)):
       at = f"{where}.context[{j}]"
-      if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
-              and isinstance(pair[1], list) and all(isinstance(x, str) for x in pair[1])):
+      if not (
+        isinstance(pair, list)
+        and len(pair) == 2
+        and isinstance(pair[0], str)
+        and isinstance(pair[1], list)
+        and all(isinstance(x, str) for x in pair[1])
+      ):
         raise _Malformed(f"{at} is not a [title, [sentence, ...]] pair of strings")
       gold.append(docs.setdefault(f"{pair[0]}\n{''.join(pair[1])}", len(docs)))
     if answer:
@@ -211,6 +233,12 @@ def _kind(value) -> str:
   """A JSON value's kind, with its article: "an object", "a list", "a string", "null"..."""
   if value is None:
     return "null"
-  names = {bool: "a boolean", dict: "an object", list: "a list", str: "a string",
-           int: "a number", float: "a number"}
+  names = {
+    bool: "a boolean",
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+  }
   return names.get(type(value), type(value).__name__)

@@ -62,13 +62,36 @@ from rove_jax.evaluation.ruler.haystack import TOLERANCE, fit_problem
 from rove_jax.evaluation.ruler.qa import QAData, QAQuestion, load_hotpotqa, load_squad
 from rove_jax.evaluation.ruler.tasks import NIAH
 
-__all__ = ["TASKS", "QA_TASKS", "TOLERANCE", "Sample", "generate", "evaluate",
-           "evaluate_settings", "sample_row", "QAData",
-           "QAQuestion", "load_squad", "load_hotpotqa", "ScoreFn", "Tokenizer"]
+__all__ = [
+  "TASKS",
+  "QA_TASKS",
+  "TOLERANCE",
+  "Sample",
+  "generate",
+  "evaluate",
+  "evaluate_settings",
+  "sample_row",
+  "QAData",
+  "QAQuestion",
+  "load_squad",
+  "load_hotpotqa",
+  "ScoreFn",
+  "Tokenizer",
+]
 
-TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1",
-         "niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery",
-         "vt", "cwe", "fwe")
+TASKS = (
+  "niah_single_1",
+  "niah_single_2",
+  "niah_single_3",
+  "niah_multikey_1",
+  "niah_multikey_2",
+  "niah_multikey_3",
+  "niah_multivalue",
+  "niah_multiquery",
+  "vt",
+  "cwe",
+  "fwe",
+)
 QA_TASKS = ("qa_1", "qa_2")
 
 
@@ -97,9 +120,16 @@ class Sample:
 # ------------------------------------------------------------------------------- public API
 
 
-def generate(task: str, *, length: int, tokenizer: Tokenizer, seed: int,
-             haystack_texts: Optional[Sequence[str]] = None, squad_path=None,
-             hotpot_path=None) -> Sample:
+def generate(
+  task: str,
+  *,
+  length: int,
+  tokenizer: Tokenizer,
+  seed: int,
+  haystack_texts: Optional[Sequence[str]] = None,
+  squad_path=None,
+  hotpot_path=None,
+) -> Sample:
   """Builds one RULER sample whose prompt + answer fill `length` tokens of `tokenizer`.
 
   Args:
@@ -125,8 +155,9 @@ def generate(task: str, *, length: int, tokenizer: Tokenizer, seed: int,
   prompting.check_int("seed", seed, 0)
   prompting.check_tokenizer(tokenizer)
   problem, smallest = None, math.inf
-  for make, room in ruler_tasks.candidates(task, seed, length, haystack_texts, squad_path,
-                                          hotpot_path):
+  for make, room in ruler_tasks.candidates(
+    task, seed, length, haystack_texts, squad_path, hotpot_path
+  ):
     p = make()
     smallest_built = p.build(p.n_min, 0)
     p_min = prompting.count_tokens(tokenizer, smallest_built.prompt, smallest_built.answer)
@@ -136,23 +167,39 @@ def generate(task: str, *, length: int, tokenizer: Tokenizer, seed: int,
       break
   if problem is None:
     raise ValueError(
-        f"length={length} is too short for task {task!r}: its fixed parts (instruction, "
-        f"needles, gold documents or repeated words, question and answer) take {smallest} "
-        f"tokens with this tokenizer; use length >= {smallest}")
+      f"length={length} is too short for task {task!r}: its fixed parts (instruction, "
+      f"needles, gold documents or repeated words, question and answer) take {smallest} "
+      f"tokens with this tokenizer; use length >= {smallest}"
+    )
   built, total = fit_problem(problem, length, tokenizer, task)
   prompt_ids = prompting.encode_prompt(tokenizer, built.prompt)
   answer_ids = prompting.encode(tokenizer, built.answer)
   if answer_ids.size == 0:
     raise ValueError(f"tokenizer encoded the answer {built.answer!r} of task {task!r} to no ids")
   meta = dict(built.meta, answer_text=built.answer, seed=seed, tokens=total)
-  return Sample(task=task, length=length, prompt_ids=prompt_ids, answer_ids=answer_ids,
-                answers=list(built.answers), meta=meta)
+  return Sample(
+    task=task,
+    length=length,
+    prompt_ids=prompt_ids,
+    answer_ids=answer_ids,
+    answers=list(built.answers),
+    meta=meta,
+  )
 
 
-def evaluate(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks: Sequence[str],
-             lengths: Sequence[int], samples_per_task: int, seed: int,
-             haystack_texts: Optional[Sequence[str]] = None, squad_path=None, hotpot_path=None,
-             progress: bool = True) -> dict:
+def evaluate(
+  score_fn: ScoreFn,
+  tokenizer: Tokenizer,
+  *,
+  tasks: Sequence[str],
+  lengths: Sequence[int],
+  samples_per_task: int,
+  seed: int,
+  haystack_texts: Optional[Sequence[str]] = None,
+  squad_path=None,
+  hotpot_path=None,
+  progress: bool = True,
+) -> dict:
   """Scores a model on RULER tasks at several lengths.
 
   Sample i of a task uses the same derived seed at every length (same keys, values and depth
@@ -180,18 +227,35 @@ def evaluate(score_fn: ScoreFn, tokenizer: Tokenizer, *, tasks: Sequence[str],
     ValueError: unknown task names (the message lists the valid ones), a length too short for
       a task (raised before any score_fn call), or a score_fn returning the wrong count.
   """
-  res = evaluate_settings({"_": lambda length: score_fn}, tokenizer, tasks=tasks,
-                          lengths=lengths, samples_per_task=samples_per_task, seed=seed,
-                          haystack_texts=haystack_texts, squad_path=squad_path,
-                          hotpot_path=hotpot_path, progress=progress)
+  res = evaluate_settings(
+    {"_": lambda length: score_fn},
+    tokenizer,
+    tasks=tasks,
+    lengths=lengths,
+    samples_per_task=samples_per_task,
+    seed=seed,
+    haystack_texts=haystack_texts,
+    squad_path=squad_path,
+    hotpot_path=hotpot_path,
+    progress=progress,
+  )
   return {"tasks": res["settings"]["_"]["tasks"], "skipped": res["skipped"]}
 
 
-def evaluate_settings(score_fns: Mapping[str, Callable[[int], ScoreFn]], tokenizer: Tokenizer,
-                      *, tasks: Sequence[str], lengths: Sequence[int], samples_per_task: int,
-                      seed: int, haystack_texts: Optional[Sequence[str]] = None,
-                      squad_path=None, hotpot_path=None, progress: bool = True,
-                      sample_cache: Optional[dict] = None) -> dict:
+def evaluate_settings(
+  score_fns: Mapping[str, Callable[[int], ScoreFn]],
+  tokenizer: Tokenizer,
+  *,
+  tasks: Sequence[str],
+  lengths: Sequence[int],
+  samples_per_task: int,
+  seed: int,
+  haystack_texts: Optional[Sequence[str]] = None,
+  squad_path=None,
+  hotpot_path=None,
+  progress: bool = True,
+  sample_cache: Optional[dict] = None,
+) -> dict:
   """`evaluate` under several model settings (e.g. with and without YaRN) on the same samples.
 
   Each (task, length) cell's samples are generated once and scored under every setting.
@@ -214,8 +278,9 @@ def evaluate_settings(score_fns: Mapping[str, Callable[[int], ScoreFn]], tokeniz
     ValueError: as `evaluate`.
   """
   if isinstance(tasks, str):
-    raise ValueError(f"tasks must be a list of task names, got the string {tasks!r}; "
-                     f"write tasks=[{tasks!r}]")
+    raise ValueError(
+      f"tasks must be a list of task names, got the string {tasks!r}; write tasks=[{tasks!r}]"
+    )
   tasks = list(dict.fromkeys(tasks))
   unknown = [t for t in tasks if t not in TASKS + QA_TASKS]
   if unknown:
@@ -234,6 +299,7 @@ def evaluate_settings(score_fns: Mapping[str, Callable[[int], ScoreFn]], tokeniz
     if (t, n, s) not in cache:
       cache[(t, n, s)] = generate(t, length=n, tokenizer=tokenizer, seed=s, **inputs)
     return cache[(t, n, s)]
+
   skipped = {t: r for t in tasks if (r := _skip_reason(t, **inputs))}
   run = [t for t in tasks if t not in skipped]
   seeds = [_sample_seed(seed, i) for i in range(samples_per_task)]
@@ -243,27 +309,41 @@ def evaluate_settings(score_fns: Mapping[str, Callable[[int], ScoreFn]], tokeniz
   from tqdm.auto import tqdm  # imported here: generate() alone needs nothing beyond numpy
 
   results = {setting: {} for setting in score_fns}
-  with tqdm(total=len(first) * samples_per_task * len(score_fns), desc="RULER", unit="sample",
-            disable=not progress) as bar:
+  with tqdm(
+    total=len(first) * samples_per_task * len(score_fns),
+    desc="RULER",
+    unit="sample",
+    disable=not progress,
+  ) as bar:
     for t in run:
       for n in lengths:
         samples = [first.pop((t, n))] + [sample(t, n, s) for s in seeds[1:]]
         for setting, make_fn in score_fns.items():
           bar.set_postfix_str(f"{t} @ {n}" + ("" if setting == "_" else f", {setting}"))
-          scores = prompting.score_pairs(make_fn(n), [s.prompt_ids for s in samples],
-                                         [s.answer_ids for s in samples],
-                                         f" of task {t!r} at length {n}")
+          scores = prompting.score_pairs(
+            make_fn(n),
+            [s.prompt_ids for s in samples],
+            [s.answer_ids for s in samples],
+            f" of task {t!r} at length {n}",
+          )
           results[setting].setdefault(t, {})[str(n)] = sample_row(scores)
           bar.update(len(samples))
-  return {"settings": {setting: {"tasks": rows} for setting, rows in results.items()},
-          "skipped": skipped}
+  return {
+    "settings": {setting: {"tasks": rows} for setting, rows in results.items()},
+    "skipped": skipped,
+  }
 
 
 def sample_row(scores: Sequence[tuple[float, bool]]) -> dict:
   """A cell's aggregates and per-sample records from `prompting.score_pairs` results."""
   nll, exact_match = prompting.mean_scores(scores)
-  return {"nll": nll, "exact_match": exact_match, "n": len(scores),
-          "correct": int(sum(match for _, match in scores)), **prompting.sample_records(scores)}
+  return {
+    "nll": nll,
+    "exact_match": exact_match,
+    "n": len(scores),
+    "correct": int(sum(match for _, match in scores)),
+    **prompting.sample_records(scores),
+  }
 
 
 def _sample_seed(seed: int, i: int) -> int:
@@ -282,8 +362,10 @@ def _skip_reason(task: str, haystack_texts, squad_path, hotpot_path) -> Optional
   if task == "qa_1" and squad_path is None:
     return "needs squad_path: a local SQuAD JSON file (e.g. dev-v2.0.json); none was given"
   if task == "qa_2" and hotpot_path is None:
-    return ("needs hotpot_path: a local HotpotQA JSON file (e.g. "
-            "hotpot_dev_distractor_v1.json); none was given")
+    return (
+      "needs hotpot_path: a local HotpotQA JSON file (e.g. "
+      "hotpot_dev_distractor_v1.json); none was given"
+    )
   if task in NIAH and NIAH[task].haystack == "essay" and haystack_texts is None:
     return "needs haystack_texts: essay-style documents for the haystack; none were given"
   return None

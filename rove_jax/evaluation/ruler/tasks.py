@@ -28,14 +28,21 @@ from rove_jax.evaluation.ruler.haystack import (
   task_rng,
 )
 
-_NIAH_INSTRUCTION = ("Some special magic {kind}s are hidden within the following text. Make sure "
-                     "to memorize it. I will quiz you about the {kind}s afterwards.\n")
-_VT_INSTRUCTION = ("Memorize and track the chain(s) of variable assignment hidden in the "
-                   "following text.\n\n")
-_CWE_INSTRUCTION = ("Below is a numbered list of words. In these words, some appear more often "
-                    "than others. Memorize the ones that appear most often.\n")
-_FWE_INSTRUCTION = ("Read the following coded text and track the frequency of each coded word. "
-                    "Find the three most frequently appeared coded words. ")
+_NIAH_INSTRUCTION = (
+  "Some special magic {kind}s are hidden within the following text. Make sure "
+  "to memorize it. I will quiz you about the {kind}s afterwards.\n"
+)
+_VT_INSTRUCTION = (
+  "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
+)
+_CWE_INSTRUCTION = (
+  "Below is a numbered list of words. In these words, some appear more often "
+  "than others. Memorize the ones that appear most often.\n"
+)
+_FWE_INSTRUCTION = (
+  "Read the following coded text and track the frequency of each coded word. "
+  "Find the three most frequently appeared coded words. "
+)
 
 _VT_CHAINS, _VT_HOPS = 1, 4
 _CWE_COMMON = 10
@@ -48,7 +55,7 @@ _CWE_ROOM = 0.75
 _FWE_VOCAB, _FWE_WORD_LEN, _FWE_TOP = 2000, 6, 3
 _FWE_NOISE = "...."
 # Zipf(2) frequencies 1 / (zeta(2) k^2); the rank-1 word is the "...." noise, as in RULER.
-_FWE_WEIGHTS = 1.0 / ((math.pi ** 2 / 6) * np.arange(1, _FWE_VOCAB + 1, dtype=np.float64) ** 2)
+_FWE_WEIGHTS = 1.0 / ((math.pi**2 / 6) * np.arange(1, _FWE_VOCAB + 1, dtype=np.float64) ** 2)
 
 
 def _fwe_counts(num_words: int) -> np.ndarray:
@@ -80,14 +87,14 @@ class NiahSpec:
 
 
 NIAH = {
-    "niah_single_1": NiahSpec("noise", "word", "number"),
-    "niah_single_2": NiahSpec("essay", "word", "number"),
-    "niah_single_3": NiahSpec("essay", "word", "uuid"),
-    "niah_multikey_1": NiahSpec("essay", "word", "number", num_keys=4),
-    "niah_multikey_2": NiahSpec("needle", "word", "number"),
-    "niah_multikey_3": NiahSpec("needle", "uuid", "uuid"),
-    "niah_multivalue": NiahSpec("essay", "word", "number", num_values=4),
-    "niah_multiquery": NiahSpec("essay", "word", "number", num_keys=4, num_queries=4),
+  "niah_single_1": NiahSpec("noise", "word", "number"),
+  "niah_single_2": NiahSpec("essay", "word", "number"),
+  "niah_single_3": NiahSpec("essay", "word", "uuid"),
+  "niah_multikey_1": NiahSpec("essay", "word", "number", num_keys=4),
+  "niah_multikey_2": NiahSpec("needle", "word", "number"),
+  "niah_multikey_3": NiahSpec("needle", "uuid", "uuid"),
+  "niah_multivalue": NiahSpec("essay", "word", "number", num_values=4),
+  "niah_multiquery": NiahSpec("essay", "word", "number", num_keys=4, num_queries=4),
 }
 
 
@@ -99,8 +106,9 @@ def _niah_problem(task: str, spec: NiahSpec, seed: int, haystack_texts) -> Probl
   kind = "number" if spec.value == "number" else "uuid"
   needle = "One of the special magic {kind}s for {key} is: {value}."
   key_list = [keys() for _ in range(spec.num_keys)]
-  needles = [(k, values()) for i, k in enumerate(key_list)
-             for _ in range(spec.num_values if i == 0 else 1)]
+  needles = [
+    (k, values()) for i, k in enumerate(key_list) for _ in range(spec.num_values if i == 0 else 1)
+  ]
   items = [needle.format(kind=kind, key=k, value=v) for k, v in needles]
   depths = task_rng(task, seed, 2).random(len(items)).tolist()
   if spec.haystack == "noise":
@@ -114,7 +122,7 @@ def _niah_problem(task: str, spec: NiahSpec, seed: int, haystack_texts) -> Probl
     # queried key or a gold value.
     stream = Stream(lambda i: needle.format(kind=kind, key=keys(), value=values()))
     sep = "\n"
-  queries = key_list[:spec.num_queries]
+  queries = key_list[: spec.num_queries]
   query = join_and(queries)
   if spec.num_values > 1 or spec.num_queries > 1:
     question = f"What are all the special magic {kind}s for {query} mentioned in the provided text?"
@@ -132,8 +140,12 @@ def _niah_problem(task: str, spec: NiahSpec, seed: int, haystack_texts) -> Probl
     else:  # the asked key's values in the order they appear in the context
       answers = [needles[i][1] for i in order if needles[i][0] == queries[0]]
     prompt = f"{head}{sep.join(pieces)}\n{question} Answer: {prefix}"
-    meta = {"keys": queries, "needles": [list(x) for x in needles], "depths": depths,
-            "haystack_segments": len(segs)}
+    meta = {
+      "keys": queries,
+      "needles": [list(x) for x in needles],
+      "depths": depths,
+      "haystack_segments": len(segs),
+    }
     return Built(prompt, " " + ", ".join(answers), answers, meta)
 
   return Problem(build, 0, stream.word)
@@ -150,21 +162,24 @@ def _vt_problem(task: str, seed: int) -> Problem:
   chains, items, depths = [], [], []
   depth_rng = task_rng(task, seed, 1)
   for c in range(_VT_CHAINS):
-    chain = names[c * (_VT_HOPS + 1):(c + 1) * (_VT_HOPS + 1)]
+    chain = names[c * (_VT_HOPS + 1) : (c + 1) * (_VT_HOPS + 1)]
     value = str(int(rng.integers(10000, 100000)))
     while value in [v for _, v in chains]:  # each chain holds its own value
       value = str(int(rng.integers(10000, 100000)))
     chains.append((chain, value))
-    items += [f"VAR {chain[0]} = {value}"] + [f"VAR {chain[j + 1]} = VAR {chain[j]}"
-                                              for j in range(_VT_HOPS)]
+    items += [f"VAR {chain[0]} = {value}"] + [
+      f"VAR {chain[j + 1]} = VAR {chain[j]}" for j in range(_VT_HOPS)
+    ]
     # Sorted within a chain: each assignment comes after the one it copies.
     depths += sorted(depth_rng.random(_VT_HOPS + 1).tolist())
   block = " ".join(NOISE_SENTENCES)
   stream = Stream(lambda i: block)
   chain, value = chains[0]
   question = f"Question: Find all variables that are assigned the value {value} in the text above."
-  prefix = (f"According to the chain(s) of variable assignment in the text above, {len(chain)} "
-            f"variables are assigned the value {value}, they are:")
+  prefix = (
+    f"According to the chain(s) of variable assignment in the text above, {len(chain)} "
+    f"variables are assigned the value {value}, they are:"
+  )
 
   def build(n: int, c: int) -> Built:
     segs, cut = stream.prefix(n, c)
@@ -185,8 +200,10 @@ def _cwe_problem(task: str, seed: int, freq_common: int, freq_rare: int) -> Prob
   def rare(k: int) -> list[str]:
     if k > len(rare_singles) + len(pairs):
       raise Exhausted
-    extra = [f"{ADJECTIVES[j // len(NOUNS)]}-{NOUNS[j % len(NOUNS)]}"
-             for j in pairs[:max(0, k - len(rare_singles))]]
+    extra = [
+      f"{ADJECTIVES[j // len(NOUNS)]}-{NOUNS[j % len(NOUNS)]}"
+      for j in pairs[: max(0, k - len(rare_singles))]
+    ]
     return rare_singles[:k] + extra
 
   question = f"Question: What are the {_CWE_COMMON} most common words in the above list?"
@@ -207,8 +224,12 @@ def _cwe_problem(task: str, seed: int, freq_common: int, freq_rare: int) -> Prob
       first.setdefault(w, len(first))
     answers = sorted(common, key=first.__getitem__)
     prompt = f"{_CWE_INSTRUCTION}{context}\n{question} Answer: {prefix}"
-    meta = {"freq_common": freq_common, "freq_rare": freq_rare, "rare_words": len(rares),
-            "entries": len(listed)}
+    meta = {
+      "freq_common": freq_common,
+      "freq_rare": freq_rare,
+      "rare_words": len(rares),
+      "entries": len(listed),
+    }
     return Built(prompt, " " + ", ".join(answers), answers, meta)
 
   return Problem(build, 0, alternatives=64)
@@ -221,25 +242,31 @@ def _fwe_problem(task: str, seed: int) -> Problem:
   while len(codes) < _FWE_VOCAB - 1:
     for row in alphabet[rng.integers(0, 26, size=(_FWE_VOCAB, _FWE_WORD_LEN))]:
       codes.setdefault("".join(row), None)
-  vocab = np.array([_FWE_NOISE] + list(codes)[:_FWE_VOCAB - 1], dtype=object)
-  answers = [str(w) for w in vocab[1:1 + _FWE_TOP]]
-  question = ("Question: Do not provide any explanation. Please ignore the dots '....'. What are "
-              "the three most frequently appeared words in the above coded text?")
+  vocab = np.array([_FWE_NOISE] + list(codes)[: _FWE_VOCAB - 1], dtype=object)
+  answers = [str(w) for w in vocab[1 : 1 + _FWE_TOP]]
+  question = (
+    "Question: Do not provide any explanation. Please ignore the dots '....'. What are "
+    "the three most frequently appeared words in the above coded text?"
+  )
   prefix = "According to the coded text above, the three most frequently appeared words are:"
 
   def build(n: int, c: int) -> Built:
     words = np.repeat(vocab, _fwe_counts(n))
     words = words[task_rng(task, seed, 1000 + n).permutation(len(words))]
     prompt = f"{_FWE_INSTRUCTION}{' '.join(words)}\n{question} Answer: {prefix}"
-    meta = {"nominal_words": n, "words": int(len(words)),
-            "answer_counts": [int(x) for x in _fwe_counts(n)[1:1 + _FWE_TOP]]}
+    meta = {
+      "nominal_words": n,
+      "words": int(len(words)),
+      "answer_counts": [int(x) for x in _fwe_counts(n)[1 : 1 + _FWE_TOP]],
+    }
     return Built(prompt, " " + ", ".join(answers), list(answers), meta)
 
   return Problem(build, _FWE_MIN_WORDS)
 
 
-def candidates(task: str, seed: int, length: int, haystack_texts, squad_path,
-               hotpot_path) -> list[tuple[Callable[[], Problem], float]]:
+def candidates(
+  task: str, seed: int, length: int, haystack_texts, squad_path, hotpot_path
+) -> list[tuple[Callable[[], Problem], float]]:
   """The ways to build a sample of `task`, in order of preference.
 
   Args:
@@ -265,5 +292,7 @@ def candidates(task: str, seed: int, length: int, haystack_texts, squad_path,
   else:
     makes = ruler_qa.qa_candidates(task, seed, squad_path if task == "qa_1" else hotpot_path)
   last = len(makes) - 1
-  return [(make, _CWE_ROOM * length if task == "cwe" and i < last else length)
-          for i, make in enumerate(makes)]
+  return [
+    (make, _CWE_ROOM * length if task == "cwe" and i < last else length)
+    for i, make in enumerate(makes)
+  ]

@@ -15,8 +15,13 @@ from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 
 def get_config() -> RunConfig:
   return RunConfig(
-      model=GPTConfig.tiny(n_layer=3, d_model=128, n_head=4, max_len=64, pos_encoding="rove"),
-      data=DataConfig(source="stdlib", seq_len=64, batch_size=32),
-      optim=OptimConfig(lr=3e-3, warmup_steps=30),
-      steps=400, log_every=20, eval_every=200, eval_batches=8, checkpoint_every=200,
-      sample_tokens=0)
+    model=GPTConfig.tiny(n_layer=3, d_model=128, n_head=4, max_len=64, pos_encoding="rove"),
+    data=DataConfig(source="stdlib", seq_len=64, batch_size=32),
+    optim=OptimConfig(lr=3e-3, warmup_steps=30),
+    steps=400,
+    log_every=20,
+    eval_every=200,
+    eval_batches=8,
+    checkpoint_every=200,
+    sample_tokens=0,
+  )

@@ -13,13 +13,23 @@ from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 
 SEQ_LEN = 32
 
+
 def get_config() -> RunConfig:
   return RunConfig(
-      model=GPTConfig.tiny(n_layer=2, d_model=64, d_ff=256, n_head=4, max_len=SEQ_LEN,
-                           pos_encoding="rove"),
-      data=DataConfig(source="recall", seq_len=SEQ_LEN, batch_size=32,
-                      path="task=offset,pairs=1,queries=8,keys=4,values=16,train_docs=20000"),
-      optim=OptimConfig(lr=1e-3, warmup_steps=100),
-      steps=300, log_every=100,
-      eval_every=500,  # once, at the end
-      eval_batches=8, checkpoint_every=500, sample_tokens=0)
+    model=GPTConfig.tiny(
+      n_layer=2, d_model=64, d_ff=256, n_head=4, max_len=SEQ_LEN, pos_encoding="rove"
+    ),
+    data=DataConfig(
+      source="recall",
+      seq_len=SEQ_LEN,
+      batch_size=32,
+      path="task=offset,pairs=1,queries=8,keys=4,values=16,train_docs=20000",
+    ),
+    optim=OptimConfig(lr=1e-3, warmup_steps=100),
+    steps=300,
+    log_every=100,
+    eval_every=500,  # once, at the end
+    eval_batches=8,
+    checkpoint_every=500,
+    sample_tokens=0,
+  )

@@ -15,5 +15,12 @@ from rove_jax.train.run_config import RunConfig
 def get_config() -> RunConfig:
   c = demo.get_config()
   return dataclasses.replace(
-      c, optim=dataclasses.replace(c.optim, warmup_steps=10), steps=100, log_every=10,
-      eval_every=50, eval_batches=4, checkpoint_every=50, sample_tokens=100)
+    c,
+    optim=dataclasses.replace(c.optim, warmup_steps=10),
+    steps=100,
+    log_every=10,
+    eval_every=50,
+    eval_batches=4,
+    checkpoint_every=50,
+    sample_tokens=100,
+  )

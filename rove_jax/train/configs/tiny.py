@@ -10,7 +10,12 @@ from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 
 def get_config() -> RunConfig:
   return RunConfig(
-      model=GPTConfig.tiny(pos_encoding="rove"),
-      data=DataConfig(source="stdlib", seq_len=256, batch_size=16),
-      optim=OptimConfig(lr=2e-3, warmup_steps=50),
-      steps=600, log_every=10, eval_every=100, eval_batches=8, checkpoint_every=100)
+    model=GPTConfig.tiny(pos_encoding="rove"),
+    data=DataConfig(source="stdlib", seq_len=256, batch_size=16),
+    optim=OptimConfig(lr=2e-3, warmup_steps=50),
+    steps=600,
+    log_every=10,
+    eval_every=100,
+    eval_batches=8,
+    checkpoint_every=100,
+  )
