@@ -96,7 +96,9 @@ def token_nll(
 
   Args:
     x_BTE: the final hidden states (the output projection's input), any float dtype.
-    w_VE: the projection's weight, one row per class, in x's dtype.
+    w_VE: the projection's weight, one row per class, any float dtype (a float32 master
+      weight: the kernels read it cast to x's dtype, and its gradient comes back float32, not
+      rounded to x's dtype first).
     targets_BT: int class ids in [0, V).
     plan: blocks and warps (Plan's defaults when None).
     interpret: Pallas interpret mode; None: on unless compiling for a GPU.
@@ -116,8 +118,7 @@ def token_nll(
   plan = plan._replace(interpret=bool(run_interpreted))
   shards = kernel_mesh.shards(B, 1, 1)
   batch = None if shards is None else shards.batch
-  nll_BT = _nll(plan, batch, x_BTE, w_VE.astype(x_BTE.dtype), targets_BT.astype(jnp.int32))
-  return nll_BT
+  return _nll(plan, batch, x_BTE, w_VE, targets_BT.astype(jnp.int32))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -127,14 +128,16 @@ def _nll(plan, batch, x_BTE, w_VE, targets_BT):
 
 def _nll_fwd(plan, batch, x_BTE, w_VE, targets_BT):
   run = lambda x, w, t: _forward(plan, x, w, t)
+  w_cast = w_VE.astype(x_BTE.dtype)
   nll_BT, lse_BT = _on_shards(
-    run, batch, (x_BTE, w_VE, targets_BT), ("rows", "whole", "rows"), ("rows", "rows")
+    run, batch, (x_BTE, w_cast, targets_BT), ("rows", "whole", "rows"), ("rows", "rows")
   )
-  return nll_BT, (x_BTE, w_VE, targets_BT, lse_BT)
+  w_dtype = jnp.zeros((0,), w_VE.dtype)  # an empty array carries W's dtype to the backward
+  return nll_BT, (x_BTE, w_cast, targets_BT, lse_BT, w_dtype)
 
 
 def _nll_bwd(plan, batch, residuals, g_BT):
-  x_BTE, w_VE, targets_BT, lse_BT = residuals
+  x_BTE, w_VE, targets_BT, lse_BT, w_dtype = residuals
   args = (x_BTE, w_VE, targets_BT, lse_BT, g_BT.astype(jnp.float32))
   kinds = ("rows", "whole", "rows", "rows", "rows")
   dx_BTE = _on_shards(lambda *a: _dx(plan, *a), batch, args, kinds, "rows")
@@ -144,7 +147,7 @@ def _nll_bwd(plan, batch, residuals, g_BT):
     return dw if batch is None else jax.lax.psum(dw, batch)
 
   dw_VE = _on_shards(dw_summed, batch, args, kinds, "whole")
-  return dx_BTE.astype(x_BTE.dtype), dw_VE.astype(w_VE.dtype), None
+  return dx_BTE.astype(x_BTE.dtype), dw_VE.astype(w_dtype.dtype), None
 
 
 _nll.defvjp(_nll_fwd, _nll_bwd)

@@ -373,11 +373,11 @@ class GPT(nnx.Module):
       x = x + baselines.sinusoidal_embedding(positions_BT, cfg.d_model).astype(dt)
     return x
 
-  def head_VE(self, dtype):
-    """The output projection's weight, one row per class, [V, E] in `dtype`: the tied
-    embedding, or the untied head transposed."""
+  def head_VE(self, dtype=None):
+    """The output projection's weight, one row per class, [V, E] in `dtype` (None: the
+    parameter's own): the tied embedding, or the untied head transposed."""
     w = self.embed[...] if self.lm_head is None else self.lm_head[...].T
-    return w.astype(dtype)
+    return w if dtype is None else w.astype(dtype)
 
   # ---------------------------------------------------------------------------- call
   def __call__(

@@ -120,9 +120,7 @@ def _batch_loss(graphdef, params, batch, loss_impl: str = "xla"):
     head=loss_impl != "fused",
   )
   if loss_impl == "fused":
-    return fused_cross_entropy(
-      out, model.head_VE(out.dtype), batch["targets"], batch.get("loss_mask")
-    )[0]
+    return fused_cross_entropy(out, model.head_VE(), batch["targets"], batch.get("loss_mask"))[0]
   return cross_entropy(out, batch["targets"], batch.get("loss_mask"))[0]
 
 

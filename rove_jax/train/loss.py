@@ -32,8 +32,9 @@ def cross_entropy(logits_BTV, targets_BT, mask_BT=None):
 def fused_cross_entropy(x_BTE, w_VE, targets_BT, mask_BT=None):
   """`cross_entropy` of the logits x W^T, computed without writing them: the output
   projection and the loss in one kernel (rove_jax.kernels.linear_ce; optim.loss_impl=fused).
-  x [B, T, E] is the final norm's output and W [V, E] the projection's weight, both in the
-  compute dtype; the logits are float32 inside the kernel, so the loss is that of unrounded
+  x [B, T, E] is the final norm's output in the compute dtype and W [V, E] the projection's
+  weight (the float32 master weight: the kernel reads it in x's dtype, and W's gradient comes
+  back in float32); the logits are float32 inside the kernel, so the loss is that of unrounded
   logits."""
   from rove_jax.kernels import linear_ce  # Pallas: imported when the fused loss is chosen
 

@@ -72,6 +72,23 @@ def test_bfloat16_inputs_give_the_loss_of_the_rounded_inputs():
     assert err <= 0.02 * np.abs(want).max(), err
 
 
+def test_a_float32_weight_gets_a_float32_gradient():
+  """The trainer passes the float32 master weight with bfloat16 x: the kernels read W rounded
+  to bfloat16, and dW comes back float32, the sum of the bfloat16 products unrounded."""
+  x, w, t, g = inputs(2, 64, 64, 128, seed=4)
+  xb, wb = (
+    np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64) for a in (x, w)
+  )
+  f = lambda x, w: linear_ce.token_nll(x, w, jnp.asarray(t))
+  nll, vjp = jax.vjp(f, jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.float32))
+  dx, dw = vjp(jnp.asarray(g, jnp.float32))
+  want_nll, _, want_dw = float64_parts(xb, wb, t, g)
+  assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(nll), want_nll, rtol=1e-5, atol=1e-5)
+  # d is rounded to bfloat16 before the product (as in the unfused step), dW is not.
+  assert np.abs(np.asarray(dw) - want_dw).max() <= 0.01 * np.abs(want_dw).max()
+
+
 def test_sharded_equals_unsharded():
   """Under a (data, fsdp, tensor) = (2, 2, 2) mesh the tokens are split over data and fsdp
   (jax.shard_map), W's gradient summed over them: the same losses and gradients, to float32
