@@ -12,7 +12,8 @@ flash SDPA, fused AdamW and torch.compile; rove-jax with its trainer's XLA optio
 Both sides run a full train step (forward, backward, global-norm clipping, AdamW) and read the
 loss on the host after every step, as rove-jax's loop does. The peer is bench/peers/torch_gpt.py
 (learned positions, like nanoGPT); the JAX side is rove_jax.train.loop's jitted train step for
-each of `--encodings` (learned is the like-for-like row). Every side runs in its own
+each of `--encodings` (learned is the like-for-like row; an encoding with "+fused", e.g.
+rope+fused, takes the fused output projection and loss, optim.loss_impl=fused). Every side runs in its own
 subprocess, `--rounds` times, interleaved, each timing `--steps` steps after 3 warm-up steps; a
 side's speed is the median over all its timed steps. Ratios are JAX / torch tokens/s.
 
