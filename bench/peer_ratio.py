@@ -13,9 +13,10 @@ Both sides run a full train step (forward, backward, global-norm clipping, AdamW
 loss on the host after every step, as rove-jax's loop does. The peer is bench/peers/torch_gpt.py
 (learned positions, like nanoGPT); the JAX side is rove_jax.train.loop's jitted train step for
 each of `--encodings` (learned is the like-for-like row; an encoding with "+fused", e.g.
-rope+fused, takes the fused output projection and loss, optim.loss_impl=fused). Every side runs in its own
-subprocess, `--rounds` times, interleaved, each timing `--steps` steps after 3 warm-up steps; a
-side's speed is the median over all its timed steps. Ratios are JAX / torch tokens/s.
+rope+fused, takes the fused output projection and loss, optim.loss_impl=fused). Every side
+runs in its own subprocess, `--rounds` times, interleaved, each timing `--steps` steps after 3
+warm-up steps; a side's speed is the median over all its timed steps. Ratios are JAX / torch
+tokens/s.
 
 MFU, on a GPU: every side by one formula over one peak, tokens/s x model FLOPs per token
 (rove_jax.nn.flops, PaLM's count with attention, of the RoPE model of the shape) / the best bf16
