@@ -166,7 +166,8 @@ def load(spec: str, given: list) -> "run_config.RunConfig":
   filled in (rove_jax.train.resolve). Raises ValueError, one line, before any work."""
   from rove_jax.train import resolve  # reads a prepared dataset's manifest, init_from's config
 
-  return resolve.command_line(overrides.load_file(spec), given)
+  c = overrides.load_file(spec)
+  return resolve.command_line(c, given)
 
 
 def rerun_command(argv: list[str], lr: float) -> str:

@@ -5,9 +5,9 @@ rove-jax export (rove-export, `rove_jax.nn.pretrained.save`), local or gs://. A 
 checkpoint in its workdir yet) starts from its parameters instead of a random init, with a fresh
 optimizer state; a resumed run restores its own checkpoint as always and ignores init_from.
 
-`resolve_model` and `resolve_tokenizer` (called by rove_jax.train.resolve, before any work,
-from config.json alone) make the model section the checkpoint's and find its tokenizer;
-`load_params` (called by the loop for a new run) reads the tensors.
+`read` (called by rove_jax.train.resolve, before any work) reads the checkpoint's config.json
+once and finds its tokenizer, `configure` makes the run's model section the checkpoint's and
+checks its tokenizer; `load_params` (called for a new run) reads the tensors.
 
 The model is the checkpoint's. A run may set only what does not change which tensors there are
 or what they compute before the attention (FREE below, and pos_encoding):
@@ -37,6 +37,7 @@ tokenizer (by fingerprint) is an error; a checkpoint with no tokenizer needs one
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Iterable, Optional
 
@@ -58,10 +59,12 @@ FREE = (
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def _read(path: str, *, check_files: bool = False):
-  """(GPTConfig, config.json, directory) of the checkpoint at path, tensors unread;
-  check_files: its index and safetensors headers checked too, against the config
-  (`pretrained.check_files`), so a damaged file is refused before any work."""
+def _read(path: str, *, check_files: bool = False) -> tuple[GPTConfig, Optional[str]]:
+  """(GPTConfig, tokenizer) of the checkpoint at path, tensors unread: its config.json's model,
+  and its tokenizer.json (the file rove-export names, else tokenizer.json beside the weights),
+  the spec an export of a byte or tiktoken run records, or None. check_files: its index and
+  safetensors headers checked too, against the config (`pretrained.check_files`), so a damaged
+  file is refused before any work."""
   from rove_jax.nn import pretrained  # safetensors: only runs that start from a checkpoint
 
   try:
@@ -69,28 +72,62 @@ def _read(path: str, *, check_files: bool = False):
   except (OSError, ValueError) as e:
     raise ValueError(f"init_from={path}: {e}") from None
   directory = paths.dirname(path) if paths.isfile(path) else path
-  return cfg, hf, directory
+  run = hf.get("rove_jax_run")
+  recorded = (run.get("tokenizer") if isinstance(run, dict) else None) or {}
+  if not isinstance(recorded, dict):
+    raise ValueError(
+      f"init_from={path}: rove_jax_run.tokenizer in its config.json is not an object"
+    )
+  file = paths.inside(
+    directory,
+    recorded.get("file") or TOKENIZER_FILE,
+    what=f"init_from={path}: rove_jax_run.tokenizer.file",
+  )
+  if paths.isfile(file):
+    return cfg, file
+  if recorded.get("spec") and not recorded.get("file"):
+    return cfg, recorded["spec"]
+  return cfg, None
 
 
-def checkpoint_model(path: str) -> GPTConfig:
-  """The GPTConfig of the checkpoint at `path` (its config.json; files checked, tensors
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+  """The checkpoint a run starts from, as `read` found it (its files checked, tensors unread)."""
+
+  path: str
+  model: GPTConfig  # its config.json's
+  tokenizer: Optional[str]  # its tokenizer file or recorded spec, or None (`_read`)
+
+
+def read(path: str) -> Pretrained:
+  """The checkpoint at `path`: its model and tokenizer, read once (its files checked, tensors
   unread). Raises ValueError naming the path."""
-  return _read(path, check_files=True)[0]
+  return Pretrained(path, *_read(path, check_files=True))
 
 
-def resolve_model(
-  path: str, config: GPTConfig, given: Optional[Iterable[str]], *, log=None
-) -> GPTConfig:
-  """The model of a run from the checkpoint at `path`: its architecture, with the fields of
-  `config` named in `given` (the model field names the user set; None: every field `config`
-  holds a value for) where FREE allows them.
+def configure(
+  pretrained: Pretrained,
+  config: GPTConfig,
+  tokenizer: Optional[str],
+  given: Optional[Iterable[str]],
+  *,
+  log=None,
+) -> tuple[GPTConfig, str]:
+  """(model, tokenizer spec) of a run from `pretrained`.
+
+  The tokenizer is its own when `tokenizer` (data.tokenizer) is unset, else `tokenizer`
+  checked against it; its ids must fit the checkpoint's vocabulary. The model is its
+  architecture, with the fields of `config` named in `given` (the model field names the user
+  set; None: every field `config` holds a value for) where FREE allows them.
 
   Raises:
-    ValueError: the checkpoint cannot be read, its files are damaged or not the model of its
-      config.json, or a set field disagrees with it (one line, naming the file or the field),
-      before any tensor is read.
+    ValueError: no tokenizer found or given, a given one that is not the checkpoint's, more
+      ids than its vocabulary, or a set field that disagrees with the checkpoint (one line,
+      naming the file or the field), before any tensor or data is read.
   """
-  ckpt, _, _ = _read(path, check_files=True)
+  path, ckpt = pretrained.path, pretrained.model
+  # vocab_size is not FREE: the run's vocabulary is the checkpoint's
+  tokenizer = _run_tokenizer(pretrained, tokenizer, ckpt.vocab_size)
   out = ckpt.to_dict()
   model = {k: v for k, v in config.to_dict().items() if v is not None}
   hint = (
@@ -125,45 +162,21 @@ def resolve_model(
     f"{ckpt.pos_encoding} -> {out['pos_encoding']}"
   )
   try:
-    return GPTConfig.from_dict(out)
+    return GPTConfig.from_dict(out), tokenizer
   except ValueError as e:
     raise ValueError(f"config.model: {e}") from None
 
 
 def checkpoint_tokenizer(path: str) -> Optional[str]:
-  """The tokenizer spec of the checkpoint at path: its tokenizer.json (the file rove-export
-  names, else tokenizer.json beside the weights), the spec an export of a byte or tiktoken
-  run records, or None."""
-  _, hf, directory = _read(path)
-  run = hf.get("rove_jax_run")
-  recorded = (run.get("tokenizer") if isinstance(run, dict) else None) or {}
-  if not isinstance(recorded, dict):
-    raise ValueError(
-      f"init_from={path}: rove_jax_run.tokenizer in its config.json is not an object"
-    )
-  file = paths.inside(
-    directory,
-    recorded.get("file") or TOKENIZER_FILE,
-    what=f"init_from={path}: rove_jax_run.tokenizer.file",
-  )
-  if paths.isfile(file):
-    return file
-  if recorded.get("spec") and not recorded.get("file"):
-    return recorded["spec"]
-  return None
+  """The tokenizer spec of the checkpoint at path (`_read`), or None."""
+  return _read(path)[1]
 
 
-def resolve_tokenizer(path: str, given: Optional[str], vocab_size: int) -> str:
-  """The run's tokenizer spec: the checkpoint's when `given` (data.tokenizer) is unset, else
-  `given` checked against it; its ids must fit the model's vocabulary.
-
-  Raises:
-    ValueError: no tokenizer found or given, a given one that is not the checkpoint's, or more
-      ids than vocab_size (all one line, before any data work).
-  """
+def _run_tokenizer(pretrained: Pretrained, given: Optional[str], vocab_size: int) -> str:
+  """The checkpoint's tokenizer when `given` is unset, else `given` checked against it."""
   from rove_jax.data import tokenization  # the data layer: loaded by training runs only
 
-  want = checkpoint_tokenizer(path)
+  path, want = pretrained.path, pretrained.tokenizer
   if want is None and given is None:
     raise ValueError(
       f"init_from={path} holds no {TOKENIZER_FILE} and records no tokenizer; "

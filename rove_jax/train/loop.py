@@ -3,8 +3,10 @@
 Shape letters (legend in rove_jax): B batch (per process), T sequence length,
 M gradient-accumulation micro-steps, V vocabulary.
 
-`train` is a short sequence: check the config, lock the workdir, open the checkpoints, build
-the run state (`_run_state`), run it (step_loop.py: the step and its callbacks), close. A run
+`train` is a short sequence, each part built by the module that owns it: resolve the config,
+the mesh (sharding.run_mesh), lock the workdir (run_control.lock), open the checkpoints, build
+the run state (`_run_state`: the optimizer, the model, the data from run_data.open_data), run
+it (step_loop.py: the step and its callbacks), close. A run
 resumes from the newest readable checkpoint in workdir (params, optimizer state,
 step and the data iterator's position), logs to workdir/metrics.jsonl and TensorBoard, and
 on SIGTERM / SIGINT finishes the current step, saves and returns. A step whose loss or
@@ -16,7 +18,7 @@ layer (layer_stack.py: fewer optimizer kernels); checkpoints hold them per layer
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import flax.struct
 import jax
@@ -27,7 +29,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rove_jax.nn.model import GPT, abstract_model
-from rove_jax.nn.model_config import padded_vocab_size
 from rove_jax.storage import deadline
 from rove_jax.train import (
   agreement,
@@ -35,7 +36,6 @@ from rove_jax.train import (
   gpu_options,
   init_from,
   layer_stack,
-  packing,
   resolve,
   resume,
   run_config,
@@ -90,20 +90,12 @@ def decay_mask(params) -> Any:
 
 def make_optimizer(o: OptimConfig, steps: int) -> optax.GradientTransformation:
   """AdamW with warmup + cosine, global-norm clipping, decay on matrices only."""
-  parts = []
-  if o.clip_norm and o.clip_norm > 0:
-    parts.append(clipping.clip_by_global_norm(o.clip_norm))
-  parts.append(
-    optax.adamw(
-      lr_schedule(o, steps),
-      b1=o.b1,
-      b2=o.b2,
-      eps=o.eps,
-      weight_decay=o.weight_decay,
-      mask=decay_mask,
-    )
+  adamw = optax.adamw(
+    lr_schedule(o, steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask
   )
-  return optax.chain(*parts)
+  if not (o.clip_norm and o.clip_norm > 0):
+    return optax.chain(adamw)
+  return optax.chain(clipping.clip_by_global_norm(o.clip_norm), adamw)
 
 
 def _batch_loss(graphdef, params, batch, loss_impl: str = "xla"):
@@ -255,8 +247,8 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
   c = resolve.resolve(c, log=log)
   log = _check(c, log)
   workdir = resume.check_workdir(workdir)
-  mesh = _mesh(c, devices)
-  lock = _lock(workdir, log)
+  mesh = sharding_lib.run_mesh(c.mesh, c.data.batch_size, devices)
+  lock = run_control.lock(workdir, log)
   ckpt = None
   try:
     # every process writes where process 0 locked, with the same config, or all stop now
@@ -291,35 +283,6 @@ def _check(c: RunConfig, log):
   return log
 
 
-def _mesh(c: RunConfig, devices) -> Mesh:
-  mesh = sharding_lib.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=devices)
-  dp, nproc = sharding_lib.data_parallel_size(mesh), jax.process_count()
-  if c.data.batch_size % dp or c.data.batch_size % nproc:
-    raise ValueError(
-      f"data.batch_size={c.data.batch_size} is not divisible by the data-parallel "
-      f"size mesh.data * mesh.fsdp = {dp} (and the {nproc} processes)"
-    )
-  return mesh
-
-
-def _lock(workdir: str, log) -> Optional[resume.WriterLock]:
-  """Process 0's writer lock on the workdir, taken (None on the other processes); if process 0
-  cannot take it, every process stops. The lock comes first: opening the checkpoints for
-  writing cleans up unfinished saves, which must never happen under another trainer's feet."""
-  lock = resume.WriterLock(workdir) if jax.process_index() == 0 else None
-  error = None
-  if lock is not None:
-    try:
-      lock.acquire(log=log)
-    except resume.LockError as e:
-      error = e
-  if run_control.gather_flags(error is not None).any() and error is None:
-    error = resume.LockError(f"process 0 could not lock {workdir}; see its log")
-  if error is not None:
-    raise error
-  return lock
-
-
 def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
   """What the step loop works on, each part checked before the next is built: the model and
   optimizer, a config that can continue the saved run, the data, the sharded state (restored,
@@ -330,7 +293,7 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
   state_sh = saved.state_shardings
   meta = c.metadata()
   _check_resumable(c, ckpt, meta, saved.state, workdir, log)
-  data = _open_data(c, workdir, ckpt, log)
+  data = run_data.open_data(c, workdir, resuming=ckpt.latest_step() is not None, log=log)
   # Parameters and optimizer state are created already sharded: no full copy on one device.
   state = jax.jit(init_state, out_shardings=state_sh)()
   pidx, nproc = jax.process_index(), jax.process_count()
@@ -450,33 +413,6 @@ def _check_resumable(c: RunConfig, ckpt, meta: dict, abstract_state, workdir, lo
       f"from step 0 would overwrite its metrics: move a checkpoint back if you can repair it, "
       f"or pass --config.fresh_start=True to start from step 0 (the moved ones stay)."
     )
-
-
-def _open_data(c: RunConfig, workdir, ckpt, log):
-  """The run's data, the same on every process (prepared shards checked at every start), with
-  enough of each split for a batch and the tokenizer's ids inside the model's vocabulary."""
-  data = run_data.open_data(c, workdir, resuming=ckpt.latest_step() is not None)
-  for split, toks in (("training", data.train_tokens), ("validation", data.val_tokens)):
-    windows = (len(toks) - 1) // c.data.seq_len
-    if windows < c.data.batch_size:  # found now, not when the first evaluation comes round
-      raise ValueError(
-        f"the {split} split has {len(toks)} tokens: {windows} windows of "
-        f"data.seq_len={c.data.seq_len}, fewer than one batch of "
-        f"data.batch_size={c.data.batch_size}; use more data (data.max_files, "
-        f"data.val_fraction, data.val_path) or a smaller seq_len / batch_size"
-      )
-  if c.data.packing:  # rows the attention kernel cannot take stop the run here, not as NaN
-    packing.check(
-      c.model, c.data.seq_len, (data.train_tokens, data.val_tokens), data.tokenizer.eot_id, log=log
-    )
-  if data.tokenizer.vocab_size > c.model.vocab_size:
-    need = padded_vocab_size(data.tokenizer.vocab_size)
-    raise ValueError(
-      f"tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} ids but "
-      f"model.vocab_size is {c.model.vocab_size}; set "
-      f"--config.model.vocab_size={need}"
-    )
-  return data
 
 
 def _restore(c: RunConfig, workdir, ckpt, data, iterator, state, saved: _Saved, log):

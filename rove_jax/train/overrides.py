@@ -8,10 +8,11 @@ model.rope_scaling's keys each by what transformers' rope dicts hold (`rope_type
 `factor=4`). An unknown key is named with the closest known one and the fields of its section;
 a bad value with the type it needs. RunConfig's constructor then checks the whole.
 
-Three fields follow another unless set: model.n_kv_head follows model.n_head (multi-head),
-model.d_ff is 4 * model.d_model, and model.max_len follows data.seq_len. A field follows when
-the config holds the followed value for it, so `--config.model.d_model=256` on the tiny preset
-gives d_ff 1024 and `--config.data.seq_len=512` a context of 512.
+Three fields follow another unless set (run_config.FOLLOWERS): model.n_kv_head follows
+model.n_head (multi-head), model.d_ff is 4 * model.d_model, and model.max_len follows
+data.seq_len. A field follows when the config holds the followed value for it, so
+`--config.model.d_model=256` on the tiny preset gives d_ff 1024 and `--config.data.seq_len=512`
+a context of 512.
 """
 
 from __future__ import annotations
@@ -42,13 +43,6 @@ _SCALING_TYPES = {
 }
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 MISSING = type("MissingValue", (), {"__repr__": lambda self: "MISSING"})()  # --config.KEY, no =
-
-# (follower, followed, how): the follower takes how(followed) unless set
-_FOLLOWERS = (
-  (("model", "n_kv_head"), ("model", "n_head"), lambda v: v),
-  (("model", "d_ff"), ("model", "d_model"), lambda v: 4 * v),
-  (("model", "max_len"), ("data", "seq_len"), lambda v: v),
-)
 
 
 # ------------------------------------------------------------------------- the file
@@ -148,38 +142,27 @@ def _shown(key: str, value) -> str:
 def apply(c: RunConfig, overrides) -> RunConfig:
   """`c` with each (key, value) override set: a list of pairs or a {key: value} dict. A string
   value is parsed by its field's type (as written after `--config.KEY=`); any other value is
-  taken as it is, for RunConfig's constructor to check.
+  taken as it is, for RunConfig's constructor to check. The parsed values are set together,
+  in order, by `RunConfig.updated` (which also moves the fields that follow another).
 
   Raises:
     ValueError: an unknown key, a section given a value, a value its field cannot take, or an
       invalid config (every problem of the keys and values at once, each naming the override).
   """
   overrides = list(overrides.items() if isinstance(overrides, dict) else overrides)
-  tree = c.to_dict()
-  following = [f for f in _FOLLOWERS if _get(tree, f[0]) == f[2](_get(tree, f[1]))]
-  problems = []
+  settings, problems = [], []
   for key, value in overrides:
-    problem = _set(tree, key, value)
-    if problem:
-      problems.append(f"{_shown(key, value)}: {problem}")
+    try:
+      settings.append(_parsed(key, value))
+    except ValueError as e:
+      problems.append(f"{_shown(key, value)}: {e}")
   if problems:
     raise ValueError("; ".join(problems))
-  given = {tuple(key.split(".")) for key, _ in overrides}  # a section given: all its fields
-  for follower, followed, how in following:
-    if not any(follower[: len(g)] == g for g in given) and _get(tree, followed) is not None:
-      tree[follower[0]][follower[1]] = how(_get(tree, followed))
-  if tree["model"]["rope_scaling"] == {}:
-    tree["model"]["rope_scaling"] = None
   try:
-    return RunConfig.from_dict(tree)
+    return c.updated(settings)
   except ValueError as e:
     shown = [_shown(k, v) for k, v in overrides if _section_of(k) is None]
     raise ValueError(f"{e} (with {' '.join(shown)})" if shown else str(e)) from None
-
-
-def model_given(overrides: Iterable[tuple[str, Any]]) -> set[str]:
-  """The model fields the overrides set (init_from compares only those with its checkpoint)."""
-  return {key.split(".")[1] for key, _ in overrides if key.startswith("model.")}
 
 
 def _section_of(key: str) -> Optional[type]:
@@ -190,25 +173,26 @@ def _section_of(key: str) -> Optional[type]:
 def problem(key: str, value: Any = MISSING) -> Optional[str]:
   """Why `--config.KEY=VALUE` cannot be applied to a config, or None (checks the key and the
   value's type, not the whole config)."""
-  tree = RunConfig().to_dict()
-  p = _set(tree, key, value)
-  return None if p is None else f"{_shown(key, value)}: {p}"
+  try:
+    _parsed(key, value)
+  except ValueError as e:
+    return f"{_shown(key, value)}: {e}"
+  return None
 
 
-def _get(tree: dict, path: tuple):
-  return tree[path[0]][path[1]]
-
-
-def _set(tree: dict, key: str, value: Any) -> Optional[str]:
-  """Sets tree[key] (a dotted key) to `value` parsed by the field's type; the problem or None."""
+def _parsed(key: str, value: Any) -> tuple[tuple[str, ...], Any]:
+  """(the field's path, `value` parsed by the field's type, in RunConfig.to_dict's form) of a
+  dotted key. Raises ValueError: what is wrong with the key or the value."""
   parts = key.split(".")
-  cls, node = RunConfig, tree
+  cls = RunConfig
   for i, part in enumerate(parts):
     here = ".".join(parts[:i]) or "the config"
     if cls is scaling.RopeScaling:
-      return _set_scaling(node, parts[i:], value)
+      return tuple(parts), _scaling_value(parts[i:], value)
     if cls is None:
-      return f"{here} is a field, not a section: it has no {part!r}; set --config.{here}=VALUE"
+      raise ValueError(
+        f"{here} is a field, not a section: it has no {part!r}; set --config.{here}=VALUE"
+      )
     names = [f.name for f in dataclasses.fields(cls)]
     if part not in names:
       close = difflib.get_close_matches(part, names, n=1, cutoff=0.5)
@@ -217,44 +201,37 @@ def _set(tree: dict, key: str, value: Any) -> Optional[str]:
         if close
         else f"{here} has: {', '.join(sorted(names))}"
       )
-      return f"{here} has no field {part!r}; {hint} ({HELP})"
+      raise ValueError(f"{here} has no field {part!r}; {hint} ({HELP})")
     kind = typing.get_type_hints(cls)[part]
     inner = [t for t in typing.get_args(kind) if t is not type(None)]
     optional = type(None) in typing.get_args(kind)
     kind = inner[0] if inner else kind
     if i < len(parts) - 1:
-      if kind is scaling.RopeScaling:
-        node[part] = node[part] if node[part] is not None else {}
-      node, cls = node[part], _section(kind)
+      cls = _section(kind)
       continue
     if value is MISSING:
-      return f"no value: give --config.{key}=VALUE"
-    if _section(kind) is not None:
-      example = {
-        "model.rope_scaling": " (e.g. --config.model.rope_scaling.rope_type=yarn "
-        "--config.model.rope_scaling.factor=4)"
-      }.get(key, "")
-      if kind is scaling.RopeScaling and (
-        value is None or str(value).strip() in ("None", "none", "{}")
-      ):
-        node[part] = None
-        return None
-      if isinstance(value, _section(kind)):  # a whole section, from Python
-        node[part] = value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
-        return None
-      if kind is scaling.RopeScaling and isinstance(value, dict):
-        node[part] = dict(value)
-        return None
-      return (
-        f"{key} is a section, not a field; set its fields one by one, "
-        f"--config.{key}.FIELD=VALUE{example}"
+      raise ValueError(f"no value: give --config.{key}=VALUE")
+    if _section(kind) is None:
+      return tuple(parts), parse(value, kind, optional) if isinstance(value, str) else value
+    if kind is scaling.RopeScaling and (
+      value is None or str(value).strip() in ("None", "none", "{}")
+    ):
+      return tuple(parts), None
+    if isinstance(value, _section(kind)):  # a whole section, from Python
+      return tuple(parts), (
+        value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
       )
-    try:
-      node[part] = parse(value, kind, optional) if isinstance(value, str) else value
-    except ValueError as e:
-      return str(e)
-    return None
-  return None  # unreachable: the loop returns at the last part
+    if kind is scaling.RopeScaling and isinstance(value, dict):
+      return tuple(parts), dict(value)
+    example = {
+      "model.rope_scaling": " (e.g. --config.model.rope_scaling.rope_type=yarn "
+      "--config.model.rope_scaling.factor=4)"
+    }.get(key, "")
+    raise ValueError(
+      f"{key} is a section, not a field; set its fields one by one, "
+      f"--config.{key}.FIELD=VALUE{example}"
+    )
+  raise AssertionError("unreachable: the loop returns at the last part")
 
 
 def _section(kind) -> Optional[type]:
@@ -263,27 +240,22 @@ def _section(kind) -> Optional[type]:
   return None
 
 
-def _set_scaling(rope: dict, parts: list[str], value: Any) -> Optional[str]:
+def _scaling_value(parts: list[str], value: Any):
+  """A model.rope_scaling key's value parsed by what transformers' rope dicts hold (None:
+  the key removed)."""
   name = parts[0]
   if len(parts) > 1:
-    return f"model.rope_scaling.{name} is a field, not a section"
+    raise ValueError(f"model.rope_scaling.{name} is a field, not a section")
   if name not in scaling.KEYS:
     close = difflib.get_close_matches(name, scaling.KEYS, n=1, cutoff=0.5)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"model.rope_scaling has no key {name!r}; {hint}its keys are {', '.join(scaling.KEYS)}"
-  if value is MISSING:
-    return f"no value: give --config.model.rope_scaling.{name}=VALUE"
-  try:
-    parsed = (
-      parse(value, _SCALING_TYPES.get(name, float), True) if isinstance(value, str) else value
+    raise ValueError(
+      f"model.rope_scaling has no key {name!r}; {hint}its keys are {', '.join(scaling.KEYS)}"
     )
-  except ValueError as e:
-    return str(e)
-  if parsed is None:
-    rope.pop(name, None)
-  else:
-    rope[name] = list(parsed) if isinstance(parsed, tuple) else parsed
-  return None
+  if value is MISSING:
+    raise ValueError(f"no value: give --config.model.rope_scaling.{name}=VALUE")
+  parsed = parse(value, _SCALING_TYPES.get(name, float), True) if isinstance(value, str) else value
+  return list(parsed) if isinstance(parsed, tuple) else parsed
 
 
 def parse(text: str, kind, optional: bool = False):

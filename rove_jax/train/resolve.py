@@ -20,17 +20,18 @@ def command_line(c: RunConfig, given: list, *, log=None) -> RunConfig:
   file's model section is for a model trained from scratch, and the checkpoint decides its
   shapes (rove_jax.train.init_from, which refuses an override it does not allow). The
   overrides are applied at once, so fields that must agree (data.seq_len and model.max_len)
-  may both change.
+  may both change. One pass: the checkpoint is read once, the overrides applied once.
   """
   path = c.init_from
   for key, value in given:
     if key == "init_from" and value is not overrides.MISSING:
       path = overrides.parse(value, str, optional=True) if isinstance(value, str) else value
-  if path is not None:
-    from rove_jax.train import init_from  # safetensors: runs that start from a checkpoint
-
-    given = [("model", init_from.checkpoint_model(path))] + list(given)
-  return resolve(overrides.apply(c, given), model_given=overrides.model_given(given), log=log)
+  pretrained = _read(path)
+  model_given = {key.split(".")[1] for key, _ in given if key.startswith("model.")}
+  if pretrained is not None:
+    given = [("model", pretrained.model)] + list(given)
+  c = overrides.apply(c, given)
+  return _resolve(c, pretrained, model_given, log)
 
 
 def resolve(c: RunConfig, *, log=None, model_given: Optional[Iterable[str]] = None) -> RunConfig:
@@ -53,14 +54,26 @@ def resolve(c: RunConfig, *, log=None, model_given: Optional[Iterable[str]] = No
       f"build one in Python or load a config file with "
       f"rove_jax.train.overrides.load_file"
     )
-  model, data = c.model, c.data
-  if c.init_from is not None:
-    from rove_jax.train import init_from  # safetensors: runs that start from a checkpoint
+  return _resolve(c, _read(c.init_from), model_given, log)
 
-    model = init_from.resolve_model(c.init_from, model, model_given, log=log)
-    data = dataclasses.replace(
-      data, tokenizer=init_from.resolve_tokenizer(c.init_from, data.tokenizer, model.vocab_size)
-    )
+
+def _read(path: Optional[str]):
+  """init_from's checkpoint (init_from.Pretrained), or None without one."""
+  if path is None:
+    return None
+  from rove_jax.train import init_from  # safetensors: runs that start from a checkpoint
+
+  return init_from.read(path)
+
+
+def _resolve(c: RunConfig, pretrained, model_given: Optional[Iterable[str]], log) -> RunConfig:
+  """`resolve`'s work, with init_from's checkpoint read already."""
+  model, data = c.model, c.data
+  if pretrained is not None:
+    from rove_jax.train import init_from
+
+    model, tokenizer = init_from.configure(pretrained, model, data.tokenizer, model_given, log=log)
+    data = dataclasses.replace(data, tokenizer=tokenizer)
   if data.source == "prepared" and data.path:
     tokenizer, vocab_size = _prepared(data, model.vocab_size, dry_run=c.dry_run, log=log)
     data = dataclasses.replace(data, tokenizer=tokenizer)

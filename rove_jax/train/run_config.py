@@ -131,6 +131,12 @@ class WandbConfig:
 
 
 SECTIONS = {"data": DataConfig, "optim": OptimConfig, "mesh": MeshConfig, "wandb": WandbConfig}
+# (follower, followed, how): the follower takes how(followed) unless set (`RunConfig.updated`)
+FOLLOWERS = (
+  (("model", "n_kv_head"), ("model", "n_head"), lambda v: v),
+  (("model", "d_ff"), ("model", "d_model"), lambda v: 4 * v),
+  (("model", "max_len"), ("data", "seq_len"), lambda v: v),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +223,32 @@ class RunConfig:
         _check_known(fields[name], section, name + ".")
         fields[name] = section(**fields[name])
     return cls(**fields)
+
+  def updated(self, settings) -> "RunConfig":
+    """A copy with each (path, value) of `settings` set, in order, in `to_dict`'s form (the
+    values parsed already: rove_jax.train.overrides). A path names a field, a whole section
+    (its dict), or one key of model.rope_scaling (None removes the key). A field that follows
+    another (FOLLOWERS) and held the followed one's value takes its new value, unless the
+    field or its section is set. Raises ValueError for an invalid result (`from_dict`)."""
+    tree = self.to_dict()
+    get = lambda path: tree[path[0]][path[1]]
+    following = [f for f in FOLLOWERS if get(f[0]) == f[2](get(f[1]))]
+    for path, value in settings:
+      node = tree
+      for part in path[:-1]:
+        node[part] = {} if node[part] is None else node[part]  # an unset model.rope_scaling
+        node = node[part]
+      if value is None and len(path) > 2:  # a key of model.rope_scaling
+        node.pop(path[-1], None)
+      else:
+        node[path[-1]] = value
+    given = {path for path, _ in settings}  # a section given: all its fields
+    for follower, followed, how in following:
+      if not any(follower[: len(g)] == g for g in given) and get(followed) is not None:
+        tree[follower[0]][follower[1]] = how(get(followed))
+    if tree["model"]["rope_scaling"] == {}:
+      tree["model"]["rope_scaling"] = None
+    return RunConfig.from_dict(tree)
 
   def metadata(self) -> dict:
     """Checkpoint metadata's form: the model config once under "model", the rest under

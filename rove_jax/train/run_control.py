@@ -1,7 +1,8 @@
 """What stops or shows a running training loop: SIGTERM / SIGINT (`StopSignal`), the progress
 bar (`progress`), the failures found between steps (`failure`: a background checkpoint save
 that failed, the writer lock taken over by another trainer), what every process says
-(`gather_flags`: all stop together) and the lock's release at the end (`release_lock`).
+(`gather_flags`: all stop together), the writer lock taken at the start (`lock`) and released
+at the end (`release_lock`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,24 @@ def failure(ckpt, lock) -> Optional[Exception]:
   except (ckpt_lib.SaveError, resume.LockError) as e:
     return e
   return None
+
+
+def lock(workdir: str, log) -> Optional[resume.WriterLock]:
+  """Process 0's writer lock on the workdir, taken (None on the other processes); if process 0
+  cannot take it, every process stops. The lock comes first: opening the checkpoints for
+  writing cleans up unfinished saves, which must never happen under another trainer's feet."""
+  held = resume.WriterLock(workdir) if jax.process_index() == 0 else None
+  error = None
+  if held is not None:
+    try:
+      held.acquire(log=log)
+    except resume.LockError as e:
+      error = e
+  if gather_flags(error is not None).any() and error is None:
+    error = resume.LockError(f"process 0 could not lock {workdir}; see its log")
+  if error is not None:
+    raise error
+  return held
 
 
 def release_lock(lock, log) -> None:

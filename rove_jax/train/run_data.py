@@ -6,7 +6,9 @@ manifest at every start, see rove_jax.data.shard_check) and all of them exchange
 collectives whether that worked and what they found (`Data.identity` without its "path": the
 token streams' or the prepared manifest's digests). A process that failed, or one whose data is
 not process 0's (another dataset at the same path, a copy that differs), stops every process at
-the same point with one line naming the processes, instead of a run that trains on a mix.
+the same point with one line naming the processes, instead of a run that trains on a mix. The
+data is then checked against the run: enough of each split for a batch, packed rows the
+attention kernel can take, the tokenizer's ids inside the model's vocabulary.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from __future__ import annotations
 import jax
 
 from rove_jax import data as data_lib
-from rove_jax.train import agreement
+from rove_jax.nn.model_config import padded_vocab_size
+from rove_jax.train import agreement, packing
 from rove_jax.train.run_config import RunConfig
 
 _OK, _BAD_INPUT, _OTHER = "ok", "bad input", "other"
 
 
-def open_data(c: RunConfig, workdir: str, *, resuming: bool) -> data_lib.Data:
-  """The run's `Data`, the same on every process (see the module docstring).
+def open_data(c: RunConfig, workdir: str, *, resuming: bool, log=print) -> data_lib.Data:
+  """The run's `Data`, the same on every process and fit for the run (see the module
+  docstring).
 
   Args:
     c: the run config.
@@ -30,8 +34,9 @@ def open_data(c: RunConfig, workdir: str, *, resuming: bool) -> data_lib.Data:
       shard through with a warning (a new run always refuses one).
 
   Raises:
-    ValueError: the data could not be opened (this process's own error), or processes hold
-      different data; RuntimeError: another process failed otherwise.
+    ValueError: the data could not be opened (this process's own error), processes hold
+      different data, or it does not fit the run; RuntimeError: another process failed
+      otherwise.
   """
   nproc, pidx = jax.process_count(), jax.process_index()
   failure, data = None, None
@@ -74,6 +79,26 @@ def open_data(c: RunConfig, workdir: str, *, resuming: bool) -> data_lib.Data:
       f"processes {differ} of {nproc} read other data than process 0 ({c.data.source} at "
       f"{c.data.path}; process {differ[0]}: {what}): training would mix them. Give every "
       f"process the same data (shared storage or identical copies); nothing was trained."
+    )
+  for split, toks in (("training", data.train_tokens), ("validation", data.val_tokens)):
+    windows = (len(toks) - 1) // c.data.seq_len
+    if windows < c.data.batch_size:  # found now, not when the first evaluation comes round
+      raise ValueError(
+        f"the {split} split has {len(toks)} tokens: {windows} windows of "
+        f"data.seq_len={c.data.seq_len}, fewer than one batch of "
+        f"data.batch_size={c.data.batch_size}; use more data (data.max_files, "
+        f"data.val_fraction, data.val_path) or a smaller seq_len / batch_size"
+      )
+  if c.data.packing:  # rows the attention kernel cannot take stop the run here, not as NaN
+    packing.check(
+      c.model, c.data.seq_len, (data.train_tokens, data.val_tokens), data.tokenizer.eot_id, log=log
+    )
+  if data.tokenizer.vocab_size > c.model.vocab_size:
+    need = padded_vocab_size(data.tokenizer.vocab_size)
+    raise ValueError(
+      f"tokenizer {data.tokenizer.name} has {data.tokenizer.vocab_size} ids but "
+      f"model.vocab_size is {c.model.vocab_size}; set "
+      f"--config.model.vocab_size={need}"
     )
   return data
 

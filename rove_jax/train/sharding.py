@@ -74,6 +74,19 @@ def make_mesh(
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
+def run_mesh(mesh, batch_size: int, devices=None) -> Mesh:
+  """The mesh of a run's MeshConfig `mesh` over `devices` (default: all), checked against its
+  global batch: data.batch_size must split over the data-parallel axes and the processes."""
+  out = make_mesh(mesh.data, mesh.fsdp, mesh.tensor, devices=devices)
+  dp, nproc = data_parallel_size(out), jax.process_count()
+  if batch_size % dp or batch_size % nproc:
+    raise ValueError(
+      f"data.batch_size={batch_size} is not divisible by the data-parallel "
+      f"size mesh.data * mesh.fsdp = {dp} (and the {nproc} processes)"
+    )
+  return out
+
+
 def logical_to_spec(
   logical_axes: Sequence[Optional[str]], shape: Sequence[int], mesh: Mesh, rules: Mapping = RULES
 ) -> P:

@@ -236,12 +236,9 @@ def test_every_field_is_a_valid_override():
   ],
 )
 def test_override_values_are_parsed_by_the_field_type(key, value, want):
-  tree = RunConfig().to_dict()
-  assert overrides._set(tree, key, value) is None
-  node = tree
-  for part in key.split("."):
-    node = node[part]
-  assert node == want and type(node) is type(want)
+  path, got = overrides._parsed(key, value)
+  assert path == tuple(key.split("."))
+  assert got == want and type(got) is type(want)
 
 
 @pytest.mark.parametrize(
