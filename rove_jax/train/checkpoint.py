@@ -44,60 +44,34 @@ clean up, move and delete nothing, so they are safe beside a run that is writing
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import time
 from typing import Any, Callable, Optional
 
-import jax
 import orbax.checkpoint as ocp
 
 from rove_jax.storage import deadline, paths
 from rove_jax.train import checksums
+
+# the errors and checks of a checkpoint (re-exported: callers use ckpt_lib.SaveError etc.)
+from rove_jax.train.checkpoint_checks import (  # noqa: F401
+  PARAMS,
+  LayoutError,
+  RestoreEnvironmentError,
+  SaveError,
+  check_layout,
+  check_step,
+  describe,
+  not_the_checkpoints_fault,
+  root_cause,
+)
 from rove_jax.train.checksums import CorruptCheckpoint, verify, verify_meta  # noqa: F401
 
 # the train state as named entries (re-exported: callers use ckpt_lib.to_flat etc.)
 from rove_jax.train.flat_state import from_flat, non_finite_leaves, to_flat  # noqa: F401
 
 CHECKPOINTS = "checkpoints"  # the directory inside a workdir
-PARAMS = "params."  # the prefix of the parameter entries in the flat state
 REASON_FILE = "UNREADABLE.txt"  # in a checkpoint moved aside: why it was
-
-
-class LayoutError(ValueError):
-  """A readable checkpoint whose entries do not match the tree it is restored into."""
-
-
-class RestoreEnvironmentError(RuntimeError):
-  """A restore that failed for a reason outside the checkpoint (memory, permissions, disk)."""
-
-
-class SaveError(OSError):
-  """Writing a checkpoint failed (a full disk, read-only or unreachable storage); the
-  checkpoints finished before it are intact."""
-
-
-_ENV_ERRNOS = {
-  errno.ENOMEM,
-  errno.EACCES,
-  errno.EPERM,
-  errno.EROFS,
-  errno.ENOSPC,
-  errno.EMFILE,
-  errno.ENFILE,
-  errno.ETIMEDOUT,
-  errno.EAGAIN,
-  errno.EINTR,
-}
-_ENV_MARKERS = (
-  "RESOURCE_EXHAUSTED",
-  "out of memory",
-  "Out of memory",
-  "PERMISSION_DENIED",
-  "DEADLINE_EXCEEDED",
-  "UNAVAILABLE",
-  "Cannot allocate memory",
-)
 
 
 # What the storage deadline's message calls each CheckpointManager call on a gs:// directory.
@@ -110,16 +84,6 @@ _REMOTE_OPERATIONS = {
   "close": "closing the checkpoints in",
   "check_for_errors": "checking the checkpoint writes in",
 }
-
-
-def _not_the_checkpoints_fault(e: BaseException) -> bool:
-  """Failures of the machine rather than of the files: retrying later may well succeed, so
-  they must never get a checkpoint moved aside."""
-  if isinstance(e, (MemoryError, PermissionError, TimeoutError, ConnectionError, InterruptedError)):
-    return True
-  if isinstance(e, OSError) and e.errno in _ENV_ERRNOS:
-    return True
-  return any(m in str(e) for m in _ENV_MARKERS)
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -287,7 +251,7 @@ class Checkpointer:
       raise  # the deadline's own line names the operation and the path
     except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
       latest = self.latest_step_quietly(finished_only=True)
-      cause = _root_cause(e)
+      cause = root_cause(e)
       text = " ".join(str(cause).split())
       if len(text) > 240:  # orbax's messages: the path first, what went wrong at the end
         text = f"{text[:110]} ... {text[-120:]}"
@@ -357,7 +321,7 @@ class Checkpointer:
       except LayoutError:
         raise
       except Exception as e:  # noqa: BLE001 - any failure to read means: try the older one
-        if _not_the_checkpoints_fault(e):
+        if not_the_checkpoints_fault(e):
           raise RestoreEnvironmentError(
             f"restoring the checkpoint at step {step} in {self.directory} failed for a reason "
             f"that is not the checkpoint's own ({describe(e)}); nothing was moved or deleted: "
@@ -453,55 +417,3 @@ class Checkpointer:
     paths.write_atomic(paths.join(dst, REASON_FILE), f"step {step} moved here {when}: {reason}\n")
     self.manager.close()
     self._open()
-
-
-def _root_cause(e: BaseException) -> BaseException:
-  """The innermost exception of a chain (orbax wraps the OSError that says what happened)."""
-  seen = set()
-  while id(e) not in seen and (e.__cause__ or e.__context__) is not None:
-    seen.add(id(e))
-    e = e.__cause__ or e.__context__
-  return e
-
-
-def describe(e: Exception) -> str:
-  text = str(e).splitlines()[0][:200] if str(e) else ""
-  return f"{type(e).__name__}: {text}"
-
-
-def check_step(step: int, meta: dict, state: Optional[dict] = None) -> None:
-  """Raises CorruptCheckpoint when the step a checkpoint records (its metadata's "step" and,
-  given the restored flat state, the state's step) is not the step its directory is named by:
-  a checkpoint directory copied or renamed under another number, whose state, data position
-  and schedule belong to the step it records."""
-  recorded = {"metadata": meta.get("step")}
-  if state is not None and "step" in state:
-    value = state["step"]  # replicated: any local shard holds it, on every host
-    value = value.addressable_data(0) if hasattr(value, "addressable_data") else value
-    recorded["state"] = int(jax.device_get(value))
-  differ = {k: v for k, v in recorded.items() if v is not None and v != step}
-  if differ:
-    raise CorruptCheckpoint(
-      f"its directory says step {step} but its "
-      + " and ".join(f"{k} records step {v}" for k, v in differ.items())
-      + " (a checkpoint directory copied or renamed under another step number)"
-    )
-
-
-def check_layout(stored: set, expected: set, *, where: str) -> None:
-  """Raises LayoutError naming the entries `expected` lacks and those it does not know."""
-  if stored == expected:
-    return
-
-  def show(names):
-    # parameter entries first: they say which layout wrote the checkpoint
-    names = sorted(names, key=lambda n: (not n.startswith(PARAMS), n))
-    return ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
-
-  missing, unexpected = sorted(expected - stored), sorted(stored - expected)
-  raise LayoutError(
-    f"{where} was written by an older (or another) parameter layout of the model: it lacks "
-    f"{len(missing)} entries the model needs [{show(missing)}] and has {len(unexpected)} the "
-    f"model does not know [{show(unexpected)}]. Restore it with the rove-jax version that "
-    f"wrote it, or train into a fresh --workdir."
-  )
