@@ -7,13 +7,16 @@ One concern a module:
   token_cache.py  load_tokens: documents -> flat token array, cached as tokens-*.npy with a
                   tokens-*.json record that is checked on load (a damaged cache is rebuilt)
   pipeline.py     train_iterator (grain), eval_batches, make_batch, prepare -> Data (with its
-                  identity), describe_identity_change
-  prepared.py     the "prepared" source: a corpus tokenized once into memory-mapped shards
-                  with a manifest (the format), read and verified
+                  identity)
+  identity.py     what Data.identity holds; describe_identity_change: what changed, in words
+  prepared.py     the "prepared" source: a corpus tokenized once into memory-mapped shards,
+                  read and verified
+  prepared_format.py  its format: file names, the manifest read and checked, its identity
   shard_check.py  a run's check of those shards at every start: each hashed once per machine,
                   then again only when its file changed (records in the local cache)
   prepare_corpus.py  writes one: prepare_dataset, the rove-prepare command
                   (also `python -m rove_jax.cli.prepare`, prepare.py)
+  shard_writer.py    its work on one split: tokenized into shards, resumable
 
 Storage: what a run writes or reads back goes through rove_jax.storage.paths, so a workdir
 (token cache, bpe tokenizer file) and a prepared dataset may be local or gs://bucket/path; a

@@ -1,5 +1,7 @@
-"""Tokenizes a corpus once into a prepared directory (format: rove_jax.data.prepared); the
-rove-prepare command (rove_jax.cli.prepare) drives `prepare_dataset`.
+"""Tokenizes a corpus once into a prepared directory (format: rove_jax.data.prepared_format);
+the rove-prepare command (rove_jax.cli.prepare) drives `prepare_dataset`. This module decides
+what to do with --out (start, resume, keep, repair or replace) and writes the manifest;
+rove_jax.data.shard_writer tokenizes each split into its shards.
 
 --out may be local or gs://bucket/path (the `[gcs]` extra); the corpus sources stay local.
 Files go through rove_jax.storage.paths: shards are written atomically (`paths.write_atomic`)
@@ -23,19 +25,17 @@ import os
 import re
 import shlex
 import sys
-from collections import deque
-from typing import Iterable, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 
-from rove_jax.data import prepared, tokenization
+from rove_jax.data import prepared, prepared_format, shard_writer, tokenization
 from rove_jax.data.sources import SPLITS, Corpus, iter_documents, list_units, take_chars
 from rove_jax.data.tokenization import Tokenizer
 from rove_jax.storage import lock as lock_lib
 from rove_jax.storage import paths
 
 DEFAULT_TOKENS_PER_SHARD = 100_000_000
-_ENCODE_CHUNK_CHARS = 1 << 20  # texts handed to encode_batch at once
 _NAMES = r"(manifest\.json|progress\.json|(train|val)-\d{5,}\.bin|tokenizer-bpe-\d+\.json)"
 # The dataset's files and the temporary files of their atomic writes: NAME.tmp-* (earlier
 # versions) and .NAME.tmp-* (paths.write_atomic).
@@ -138,7 +138,10 @@ def _prepare_locked(
   log,
 ) -> dict:
   """prepare_dataset's work, with out's writer lock held."""
-  manifest, journal = _read_json(out, prepared.MANIFEST), _read_json(out, prepared.PROGRESS)
+  manifest, journal = (
+    _read_json(out, prepared_format.MANIFEST),
+    _read_json(out, prepared_format.PROGRESS),
+  )
   done = manifest or journal
   same = (
     bool(done)
@@ -186,7 +189,7 @@ def _prepare_locked(
   if journal and journal.get("request") != request:  # the bpe file changed: redo the shards
     _remove_ours(out, keep_tokenizer=True)
     journal = None
-  dtype_name = prepared.shard_dtype(tok.vocab_size)
+  dtype_name = prepared_format.shard_dtype(tok.vocab_size)
   state = journal or {
     "request": request,
     "tokenizer": {"spec": spec},
@@ -202,13 +205,13 @@ def _prepare_locked(
 
   def save_state():
     writer.check()  # a process that lost the lock (stalled past its lease) writes no more
-    _write_json(out, prepared.PROGRESS, state)
+    _write_json(out, prepared_format.PROGRESS, state)
 
   save_state()
   for split in SPLITS:
     st = state["splits"][split]
     if not st["done"]:
-      _write_split(
+      shard_writer.write_split(
         iter_documents(corpus, split),
         tok,
         out,
@@ -217,7 +220,7 @@ def _prepare_locked(
         save_state,
         tokens_per_shard=tokens_per_shard,
         cap=caps[split],
-        dtype=prepared.DTYPES[dtype_name],
+        dtype=prepared_format.DTYPES[dtype_name],
         progress=progress,
         log=log,
       )
@@ -228,8 +231,8 @@ def _prepare_locked(
         f"{corpus.text_field!r}"
       )
   manifest = {
-    "format": prepared.FORMAT,
-    "version": prepared.VERSION,
+    "format": prepared_format.FORMAT,
+    "version": prepared_format.VERSION,
     "request": request,
     "command": command_line(corpus, spec, out, tokens_per_shard, caps),
     "corpus": dataclasses.asdict(corpus),
@@ -254,8 +257,8 @@ def _prepare_locked(
     },
   }
   writer.check()
-  _write_json(out, prepared.MANIFEST, manifest)
-  paths.remove(paths.join(out, prepared.PROGRESS))
+  _write_json(out, prepared_format.MANIFEST, manifest)
+  paths.remove(paths.join(out, prepared_format.PROGRESS))
   log(
     f"prepared {out}: "
     + ", ".join(
@@ -279,103 +282,6 @@ def _check_out(out: str) -> None:
     raise ValueError(
       f"--out {out} {where}; a prepared dataset is a directory: choose another --out"
     )
-
-
-def _write_split(
-  docs: Iterable[str],
-  tok: Tokenizer,
-  out: str,
-  split: str,
-  st: dict,
-  save_state,
-  *,
-  tokens_per_shard: int,
-  cap: Optional[int],
-  dtype: np.dtype,
-  progress: bool,
-  log,
-) -> None:
-  """Tokenizes one split from where st says it stopped, writing shards and updating st."""
-  eot = np.array([tok.eot_id], dtype)
-  resume_doc, resume_skip = st["next_doc"], st["skip"]
-  buf, buf_len = [], 0
-  flushed = st["tokens"]  # tokens in the shards written
-  in_buf = deque()  # (document index, global offset of its first token) in buf
-  bar = _bar(progress, split, cap, flushed)
-
-  def emit(n):
-    nonlocal buf, buf_len, flushed
-    whole = np.concatenate(buf)
-    shard, rest = whole[:n], whole[n:]
-    buf, buf_len = [rest], rest.size
-    entry = _write_shard(out, prepared.shard_name(split, len(st["shards"])), shard, tok.eot_id)
-    flushed += n
-    while len(in_buf) > 1 and in_buf[1][1] <= flushed:
-      in_buf.popleft()
-    if rest.size:  # the first unwritten token is in the last document starting before it
-      while len(in_buf) > 1 and in_buf[1][1] <= flushed:
-        in_buf.popleft()
-      next_doc, skip = in_buf[0][0], flushed - in_buf[0][1]
-    else:
-      next_doc, skip = in_buf[-1][0] + 1, 0
-      in_buf.clear()
-    st["shards"].append(entry)
-    st.update(tokens=flushed, next_doc=next_doc, skip=skip)
-    save_state()
-
-  def encode(pending):
-    nonlocal buf_len
-    for (i, _), ids in zip(pending, tok.encode_batch([d for _, d in pending])):
-      arr = np.concatenate([ids.astype(dtype), eot])
-      start = flushed + buf_len
-      if i == resume_doc and resume_skip:
-        arr, start = arr[resume_skip:], start - resume_skip
-      in_buf.append((i, start))
-      buf.append(arr)
-      buf_len += arr.size
-      if bar is not None:
-        bar.update(arr.size)
-
-  pending, chars, stop = [], 0, False
-  for i, doc in enumerate(docs):
-    if i < resume_doc:
-      continue
-    pending.append((i, doc))
-    chars += len(doc)
-    if chars < _ENCODE_CHUNK_CHARS:
-      continue
-    encode(pending)
-    pending, chars = [], 0
-    stop = cap is not None and flushed + buf_len >= cap
-    if stop:
-      break
-    while buf_len >= tokens_per_shard:
-      emit(tokens_per_shard)
-  if pending and not stop:
-    encode(pending)
-  if cap is not None and flushed + buf_len > cap:  # cut at exactly cap tokens
-    whole = np.concatenate(buf)[: cap - flushed]
-    buf, buf_len = [whole], whole.size
-  while buf_len >= tokens_per_shard:
-    emit(tokens_per_shard)
-  if buf_len:
-    emit(buf_len)
-  if bar is not None:
-    bar.close()
-  st["done"] = True
-  save_state()
-
-
-def _write_shard(out: str, name: str, tokens: np.ndarray, eot_id: int) -> dict:
-  data = np.ascontiguousarray(tokens).tobytes()
-  paths.write_atomic(paths.join(out, name), data)
-  return {
-    "file": name,
-    "tokens": int(tokens.size),
-    "documents": int(np.count_nonzero(tokens == eot_id)),
-    "bytes": len(data),
-    "sha256": hashlib.sha256(data).hexdigest(),
-  }
 
 
 def _write_json(out: str, name: str, obj) -> None:
@@ -413,7 +319,7 @@ def _intact(out: str, log) -> bool:
 
 def _source_digest(corpus: Corpus, tokens_per_shard: int, caps: dict) -> str:
   desc = {
-    "version": prepared.VERSION,
+    "version": prepared_format.VERSION,
     "corpus": dataclasses.asdict(corpus),
     "tokens_per_shard": int(tokens_per_shard),
     "max_tokens": caps,
@@ -471,24 +377,6 @@ def _check_args(corpus, tokens_per_shard, *caps) -> None:
       continue
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
       raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def _bar(enabled: bool, split: str, cap, initial: int):
-  if not enabled:
-    return None
-  try:
-    from tqdm import tqdm
-  except ImportError:
-    return None
-  return tqdm(
-    total=cap,
-    initial=initial,
-    desc=f"tokenizing {split}",
-    unit="tok",
-    unit_scale=True,
-    dynamic_ncols=True,
-    file=sys.stderr,
-  )
 
 
 def command_line(corpus: Corpus, spec: str, out: str, tokens_per_shard: int, caps: dict) -> str:

@@ -241,15 +241,15 @@ def test_identity_is_the_same_for_the_same_data_and_names_a_re_preparation(tmp_p
 _HOLD = """
 import os, sys, time
 from rove_jax.cli import prepare as prepare_cli
-from rove_jax.data import prepare_corpus
-real = prepare_corpus._write_split
+from rove_jax.data import shard_writer
+real = shard_writer.write_split
 def held(*args, **kwargs):  # the lock is held now: say so, wait for the test's go
   open(sys.argv[1], "w").close()
   deadline = time.monotonic() + 120
   while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
     time.sleep(0.05)
   return real(*args, **kwargs)
-prepare_corpus._write_split = held
+shard_writer.write_split = held
 sys.exit(prepare_cli.main(sys.argv[3:]))
 """
 

@@ -15,7 +15,7 @@ import pytest
 
 from rove_jax import data
 from rove_jax.cli import prepare as prepare_cli
-from rove_jax.data import prepare_corpus, prepared, tokenization
+from rove_jax.data import prepare_corpus, prepared, shard_writer, tokenization
 from rove_jax.train import loop as training
 from rove_jax.train import overrides, resolve
 from tests.conftest import free_port, run_together, small_config, subprocess_env, write_corpus
@@ -32,7 +32,7 @@ def _reference(corpus, split, tok):
 @pytest.fixture
 def small_chunks(monkeypatch):
   # Encode a few documents at a time, so shards are written while documents are still read.
-  monkeypatch.setattr(prepare_corpus, "_ENCODE_CHUNK_CHARS", 2000)
+  monkeypatch.setattr(shard_writer, "_ENCODE_CHUNK_CHARS", 2000)
 
 
 def _counting_corpus(directory: pathlib.Path, n_files=4, numbers=400) -> str:
