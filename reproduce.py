@@ -318,7 +318,7 @@ def base_steps(args) -> int:
     return args.steps
   if args.quick:
     return QUICK_STEPS
-  from study.paper_recipe import load_config
+  from study.checkout import load_config
 
   return load_config(CONFIG).steps
 
@@ -390,7 +390,7 @@ def eval_command(args, runs, eval_dir, ppl_only: bool = False) -> list[str]:
   cmd += [r["workdir"] for r in runs[1:]]
   cmd += ["--suite", "quick" if args.quick else args.suite, "--out", eval_dir, "--yarn", "all"]
   if not args.quick and args.suite == "full":
-    from study.paper_recipe import load_config
+    from study.checkout import load_config
 
     train_len = load_config(CONFIG).data.seq_len
     cmd += ["--ppl-tokens", str(PPL_TOKENS)]
@@ -475,7 +475,7 @@ def machine() -> str:
 
 
 def commit() -> str:
-  from study.paper_recipe import git_commit
+  from study.checkout import git_commit
 
   return git_commit()
 
@@ -484,7 +484,7 @@ def train_meta(args) -> dict:
   """The training settings every run shares (for the write-up's limits paragraph): the
   config with this invocation's overrides applied."""
   from rove_jax.train import overrides as overrides_lib
-  from study.paper_recipe import load_config
+  from study.checkout import load_config
 
   given = overrides_lib.split(overrides(args, {"encoding": "rove", "seed": 0}))
   c = overrides_lib.apply(load_config(CONFIG), given)
