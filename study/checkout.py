@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 
-from rove_jax.train import overrides
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config(preset: str):
   """A RunConfig: configs/PRESET.py for a preset's name, or the config file at that path."""
+  from rove_jax.train import overrides  # jax: loaded when a config is, not with this module
+
   path = preset if preset.endswith(".py") else os.path.join(ROOT, "configs", f"{preset}.py")
   return overrides.load_file(path)
 
