@@ -2,7 +2,8 @@
 
 Prints markdown tables (train step RoVE/RoPE/NoPE with MFU, peak memory, long-context forward,
 KV-cache decoding, compile time vs depth) and writes every number as JSON to --out.
-The work is in bench/suite.py; see its docstring for what each part measures.
+The work is in bench/suite.py (with bench/isolated.py and bench/measure.py); see its docstring
+for what each part measures.
 """
 
 from __future__ import annotations

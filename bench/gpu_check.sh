@@ -111,7 +111,7 @@ done'
 section fused-gpu 60 python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
   --out "$OUT/fused_gpu.json"
 
-section forward-16k 40 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m bench.suite \
+section forward-16k 40 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m bench.isolated \
   --worker long_forward \
   '{"model": {"name": "gpt2_124m", "preset": "gpt2_124m", "overrides": [["dtype", "bfloat16"]], "batch": 1, "seq": 0}, "T": 16384, "kernel": "cudnn", "cap_gib": 0}'
 

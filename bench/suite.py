@@ -13,6 +13,10 @@ the same run mean anything:
   decode   KV-cache greedy decoding tokens/s (rove_jax.nn.model.generate), compile excluded;
   compile  lower + compile time of the train step as depth grows.
 
+The in-process measurements and the driver (`run`) are here; memory and longctx, which need a
+fresh process each, are in bench/isolated.py, and what the measurements share (timing, the
+train state and batch, model FLOPs, peak memory) in bench/measure.py.
+
 Shape letters: B batch, T sequence length.
 """
 
@@ -20,33 +24,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import resource
 import statistics
-import subprocess
-import sys
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from bench import peak_rss_gib
+from bench.isolated import long_context, memory_compare
+from bench.measure import (
+  FLOPS_FORMULA,
+  flops_per_step,
+  interleaved,
+  optimizer,
+  paired_ratio,
+  random_batch,
+  time_call,
+  train_state,
+)
 from bench.specs import Model, make_spec
-from rove_jax.nn import model as nn_model
-from rove_jax.nn.model import GPT, GPTConfig, count_params, generate
+from rove_jax.nn.model import GPT, generate
 from rove_jax.train import gpu_options
 from rove_jax.train import loop as training
-from rove_jax.train.run_config import OptimConfig
 
-GIB = 2**30
 ENCODINGS = ("rove", "rope", "nope")
-FLOPS_FORMULA = (
-  "6 * N_nonembed * tokens + 6 * n_layer * T * d_model * tokens "
-  "(Kaplan et al. 2020; N_nonembed excludes the token/position embedding "
-  "tables, so the tied LM-head matmul and rotary arithmetic are not credited)"
-)
 
 
 def check_device(suite: str) -> str:
@@ -67,81 +69,10 @@ def check_device(suite: str) -> str:
   return jax.devices("cpu")[0].device_kind
 
 
-# ---------------------------------------------------------------------------- helpers
-
-
-def _time(fn: Callable[[], object]) -> float:
-  t0 = time.perf_counter()
-  jax.block_until_ready(fn())
-  return time.perf_counter() - t0
-
-
-def _interleaved(fns: dict, repeats: int) -> dict:
-  """Per-name lists of seconds; each repeat calls every fn once, back to back, so all see the
-  same machine noise and the i-th times pair up."""
-  times = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      times[name].append(_time(fn))
-  return times
-
-
-def _paired(a: list, b: list) -> float:
-  """Median of per-repeat ratios: cancels slow drifts that a ratio of medians keeps."""
-  return statistics.median(x / y for x, y in zip(a, b))
-
-
 def _table(header: list, rows: list) -> str:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
   return "\n".join(lines)
-
-
-def _optimizer():
-  """The training loop's AdamW (warmup + cosine, clipping, decay mask) from the default config."""
-  return training.make_optimizer(OptimConfig(), 1000)
-
-
-def _train_state(cfg: GPTConfig, tx, abstract: bool = False):
-  """(graphdef, TrainState); shapes only (nothing allocated) when abstract."""
-
-  def init():
-    _, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-    return training.TrainState(
-      params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32)
-    )
-
-  graphdef = nn_model.graphdef(cfg)
-  return graphdef, (jax.eval_shape(init) if abstract else jax.jit(init)())
-
-
-def _batch(B: int, T: int, vocab: int, abstract: bool = False) -> dict:
-  if abstract:
-    s = jax.ShapeDtypeStruct((B, T), jnp.int32)
-    return {"inputs": s, "targets": s}
-  tok = jax.random.randint(jax.random.key(1), (B, T + 1), 0, min(vocab, 256), jnp.int32)
-  return {"inputs": tok[:, :-1], "targets": tok[:, 1:]}
-
-
-def flops_per_step(cfg: GPTConfig, B: int, T: int) -> float:
-  """Model FLOPs of one train step by FLOPS_FORMULA."""
-  abstract = nn_model.abstract_model(cfg)
-  n_embed = cfg.vocab_size * cfg.d_model + (
-    cfg.max_len * cfg.d_model if cfg.pos_encoding == "learned" else 0
-  )
-  n_nonembed = count_params(abstract) - n_embed
-  tokens = B * T
-  return 6.0 * n_nonembed * tokens + 6.0 * cfg.n_layer * T * cfg.d_model * tokens
-
-
-def _peak_memory() -> dict:
-  """This process's peak host RSS and, on a GPU, the device allocator's peak."""
-  out = {"peak_rss_gib": peak_rss_gib()}
-  dev = jax.devices()[0]
-  if dev.platform == "gpu":
-    stats = dev.memory_stats() or {}
-    out["peak_device_gib"] = stats.get("peak_bytes_in_use", float("nan")) / GIB
-  return out
 
 
 # ------------------------------------------------------------------------ measurements
@@ -155,21 +86,21 @@ def peak_matmul(n: int, dtype: str, repeats: int) -> dict:
   b = jax.random.normal(k2, (n, n), dtype)
   f = jax.jit(jnp.matmul)
   jax.block_until_ready(f(a, b))
-  best = min(_time(lambda: f(a, b)) for _ in range(max(repeats, 3)))
+  best = min(time_call(lambda: f(a, b)) for _ in range(max(repeats, 3)))
   return {"n": n, "dtype": dtype, "best_s": best, "flops_per_s": 2.0 * n**3 / best}
 
 
 def train_compare(model: Model, repeats: int, peak_flops: float) -> dict:
   """Train-step time of RoVE, RoPE and NoPE on one shape, interleaved; paired ratios, MFU."""
-  tx = _optimizer()
+  tx = optimizer()
   steps, states = {}, {}
   for enc in ENCODINGS:
     cfg = model.config(pos_encoding=enc)
-    graphdef, states[enc] = _train_state(cfg, tx)
+    graphdef, states[enc] = train_state(cfg, tx)
     steps[enc] = training.make_train_step(  # with the trainer's XLA options on a GPU
       graphdef, tx, 1, compiler_options=gpu_options.compiler_options(jax.devices())
     )
-  batch = _batch(model.batch, model.seq, cfg.vocab_size)
+  batch = random_batch(model.batch, model.seq, cfg.vocab_size)
 
   def runner(enc):
     def run():  # the state is donated: keep the returned one for the next call
@@ -181,7 +112,7 @@ def train_compare(model: Model, repeats: int, peak_flops: float) -> dict:
   fns = {enc: runner(enc) for enc in ENCODINGS}
   for fn in fns.values():  # compile, then one warm call
     fn(), jax.block_until_ready(fn())
-  times = _interleaved(fns, repeats)
+  times = interleaved(fns, repeats)
   losses = {enc: float(fns[enc]()) for enc in ENCODINGS}
   flops = flops_per_step(model.config(), model.batch, model.seq)
   tokens = model.batch * model.seq
@@ -192,7 +123,7 @@ def train_compare(model: Model, repeats: int, peak_flops: float) -> dict:
       "median_s": med,
       "times_s": times[enc],
       "tokens_per_s": tokens / med,
-      "paired_ratio_vs_rope": _paired(times[enc], times["rope"]),
+      "paired_ratio_vs_rope": paired_ratio(times[enc], times["rope"]),
       "mfu": flops / med / peak_flops,
       "loss": losses[enc],
     }
@@ -208,129 +139,6 @@ def train_compare(model: Model, repeats: int, peak_flops: float) -> dict:
   }
 
 
-def _subprocess(kind: str, payload: dict, cap_gib: float, timeout: float) -> dict:
-  """Run a worker (`python -m bench.suite --worker kind JSON`) in a fresh process, so its peak
-  memory is its own; under RLIMIT_AS when cap_gib > 0 (not on GPUs, whose driver reserves far
-  more address space than it uses). A failure is a row with an error, not a crash."""
-  # The worker sets the cap on itself: a preexec_fn would fork this multithreaded JAX process.
-  cmd = [
-    sys.executable,
-    "-m",
-    "bench.suite",
-    "--worker",
-    kind,
-    json.dumps({**payload, "cap_gib": cap_gib}),
-  ]
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-  except subprocess.TimeoutExpired:
-    return {"error": f"timed out after {timeout:.0f} s"}
-  lines = proc.stdout.strip().splitlines()
-  if proc.returncode != 0 or not lines:
-    tail = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
-    return {"error": f"exit {proc.returncode}: {tail[:300]}"}
-  return json.loads(lines[-1])
-
-
-def _worker_train_memory(p: dict) -> dict:
-  model = Model(**{**p["model"], "overrides": tuple(map(tuple, p["model"]["overrides"]))})
-  cfg = model.config(pos_encoding=p["encoding"])
-  tx = _optimizer()
-  graphdef, state = _train_state(cfg, tx)
-  step = training.make_train_step(graphdef, tx, 1)
-  batch = _batch(model.batch, model.seq, cfg.vocab_size)
-  for _ in range(p["steps"]):
-    state, metrics = step(state, batch)
-  return {"encoding": p["encoding"], "loss": float(metrics["loss"]), **_peak_memory()}
-
-
-def memory_compare(model: Model, steps: int, timeout: float) -> dict:
-  rows = {}
-  for enc in ("rove", "rope"):
-    rows[enc] = _subprocess(
-      "train_memory",
-      {"model": dataclasses.asdict(model), "encoding": enc, "steps": steps},
-      0.0,
-      timeout,
-    )
-  key = "peak_device_gib" if "peak_device_gib" in rows["rope"] else "peak_rss_gib"
-  ratio = (
-    rows["rove"][key] / rows["rope"][key] if all(key in r for r in rows.values()) else float("nan")
-  )
-  return {
-    "model": model.name,
-    "batch": model.batch,
-    "seq": model.seq,
-    "steps": steps,
-    "measure": key,
-    "rows": rows,
-    "ratio_rove_over_rope": ratio,
-  }
-
-
-def _xla_attention_bytes(cfg: GPTConfig, T: int) -> float:
-  """A lower bound on the xla kernel's working set at one layer: the float32 [H, T, T] scores,
-  the probabilities and the mask each materialised once."""
-  return 3.0 * cfg.n_head * T * T * 4
-
-
-def _worker_long_forward(p: dict) -> dict:
-  model = Model(**{**p["model"], "overrides": tuple(map(tuple, p["model"]["overrides"]))})
-  T = p["T"]
-  cfg = model.config(attention_impl=p["kernel"], max_len=max(T, 256))
-  gpt = GPT(cfg, rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(gpt)
-  f = jax.jit(lambda s, tok: nnx.merge(graphdef, s)(tok)[:, -1])
-  tok = jax.random.randint(jax.random.key(3), (1, T), 0, 256, jnp.int32)
-  jax.block_until_ready(f(state, tok))  # compile (excluded)
-  dt = _time(lambda: f(state, tok))
-  out = np.asarray(f(state, tok), np.float32)
-  return {
-    "T": T,
-    "kernel": p["kernel"],
-    "seconds": dt,
-    "tokens_per_s": T / dt,
-    "finite": bool(np.isfinite(out).all()),
-    **_peak_memory(),
-  }
-
-
-def long_context(
-  model: Model, lengths: tuple, kernels: tuple, cap_gib: float, timeout: float
-) -> dict:
-  budget = cap_gib * GIB
-  if cap_gib <= 0:  # GPU: the device's own memory is the cap
-    budget = (jax.devices()[0].memory_stats() or {}).get("bytes_limit", float("inf"))
-  rows = []
-  for T in lengths:
-    for kernel in kernels:
-      need = _xla_attention_bytes(model.config(), T)
-      if kernel == "xla" and need > 0.8 * budget:
-        rows.append(
-          {
-            "T": T,
-            "kernel": kernel,
-            "skipped": f"xla needs >= {need / GIB:.1f} GiB "
-            f"for one layer's [H, T, T] scores; cap {budget / GIB:.1f} GiB",
-          }
-        )
-        continue
-      r = _subprocess(
-        "long_forward",
-        {"model": dataclasses.asdict(model), "T": T, "kernel": kernel},
-        cap_gib,
-        timeout,
-      )
-      rows.append({"T": T, "kernel": kernel, **r})
-  return {
-    "model": model.name,
-    "config": dict(model.overrides, preset=model.preset),
-    "batch": 1,
-    "cap_gib": cap_gib,
-    "rows": rows,
-  }
-
-
 def decode_compare(model: Model, prompt_len: int, new: int, repeats: int) -> dict:
   """Greedy KV-cache decoding tokens/s, RoVE vs RoPE; the first call of each compiles."""
   prompt = jax.random.randint(jax.random.key(4), (model.batch, prompt_len), 0, 256, jnp.int32)
@@ -341,12 +149,12 @@ def decode_compare(model: Model, prompt_len: int, new: int, repeats: int) -> dic
   fns = {enc: (lambda m=m: generate(m, prompt, new, temperature=0.0)) for enc, m in models.items()}
   for fn in fns.values():
     jax.block_until_ready(fn())
-  times = _interleaved(fns, repeats)
+  times = interleaved(fns, repeats)
   rows = {
     enc: {
       "median_s": statistics.median(ts),
       "tokens_per_s": model.batch * new / statistics.median(ts),
-      "paired_ratio_vs_rope": _paired(ts, times["rope"]),
+      "paired_ratio_vs_rope": paired_ratio(ts, times["rope"]),
     }
     for enc, ts in times.items()
   }
@@ -364,14 +172,14 @@ def decode_compare(model: Model, prompt_len: int, new: int, repeats: int) -> dic
 
 def compile_times(model: Model, depths: tuple) -> dict:
   """Lower + compile of the train step (abstract inputs, nothing allocated) per depth."""
-  tx = _optimizer()
+  tx = optimizer()
   rows = []
   for depth in depths:
     cfg = model.config(n_layer=depth)
-    graphdef, state = _train_state(cfg, tx, abstract=True)
+    graphdef, state = train_state(cfg, tx, abstract=True)
     step = training.make_train_step(graphdef, tx, 1)
     t0 = time.perf_counter()
-    lowered = step.lower(state, _batch(model.batch, model.seq, cfg.vocab_size, abstract=True))
+    lowered = step.lower(state, random_batch(model.batch, model.seq, cfg.vocab_size, abstract=True))
     t1 = time.perf_counter()
     lowered.compile()
     t2 = time.perf_counter()
@@ -539,17 +347,5 @@ def run(suite: str, quick: bool, out: Optional[str] = None, log=print, smoke: bo
   return res
 
 
-def _worker_main(argv):
-  kind, payload = argv[0], json.loads(argv[1])
-  if payload.get("cap_gib", 0) > 0:  # before the worker allocates anything sizeable
-    limit = int(payload["cap_gib"] * GIB)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-  fn = {"train_memory": _worker_train_memory, "long_forward": _worker_long_forward}[kind]
-  print(json.dumps(fn(payload)))
-
-
 if __name__ == "__main__":
-  if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-    _worker_main(sys.argv[2:])
-  else:
-    raise SystemExit("bench.suite is driven by `python -m bench --suite cpu|gpu`")
+  raise SystemExit("bench.suite is driven by `python -m bench --suite cpu|gpu`")

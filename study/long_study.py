@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     print(f"wrote {long_writeup.write(args.out, args.runs_dir)}")
     return 0
   os.nice(max(0, 19 - os.nice(0)))  # the lowest priority, for this process and its children
-  from study.paper_recipe import git_commit
+  from study.checkout import git_commit
 
   os.makedirs(args.out, exist_ok=True)
   t0 = time.time()

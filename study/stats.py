@@ -25,6 +25,10 @@ multiplicity control, study/multiplicity.py) and the Monte-Carlo standard error 
 endpoints (from 10 batches of the replicates): a verdict whose deciding endpoint lies within 2
 of those errors of 0 could flip with the bootstrap's seed, and `Comparison.mc_stable` says so.
 
+This module holds the result types and the two entry points (paired_difference, mean_interval);
+their parts (the checks of the inputs, one chunk of resampling, what is read off the replicates)
+are in study/bootstrap.py.
+
 Limits a reader should know: with few seeds the seed level of the bootstrap is coarse (a
 resample of 3 seeds takes at most 10 distinct values, and its variance is (n-1)/n of the
 sample's), so when the seed-to-seed spread dominates the interval is too narrow: with 3 seed
@@ -40,6 +44,21 @@ import dataclasses
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+
+from study.bootstrap import (
+  apply_contrast,
+  as_runs,
+  as_strata,
+  as_weights,
+  check_options,
+  mc_errors,
+  percentiles,
+  run_stats,
+  seed_mean,
+  seed_pick,
+  two_sided_p,
+  unit_counts,
+)
 
 CONTRASTS = ("difference", "relative", "exp")
 CLAIMS = ("lower", "higher")
@@ -168,168 +187,6 @@ def verdict(result: Comparison, claim: str = "lower") -> str:
   return "supports" if direction == f"A {claim}" else "contradicts"
 
 
-# ------------------------------------------------------------------------------ validation
-
-
-def _check_options(n_boot: int, ci: float) -> None:
-  if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
-    raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}")
-  if not isinstance(ci, (int, float)) or not 0 < ci < 1:
-    raise ValueError(f"ci must lie strictly between 0 and 1, got {ci!r}")
-
-
-def _as_runs(runs, name: str) -> np.ndarray:
-  """The runs' per-unit scores as a finite float64 array [n_runs, n_units]."""
-  if isinstance(runs, np.ndarray) and runs.ndim == 1:
-    raise ValueError(
-      f"{name}: expected a list of runs (1-D arrays), got one 1-D array; "
-      f"wrap a single run as [scores]"
-    )
-  runs = [np.asarray(r, dtype=np.float64) for r in runs]
-  if not runs:
-    raise ValueError(f"{name}: no runs")
-  for i, r in enumerate(runs):
-    if r.ndim != 1:
-      raise ValueError(f"{name}[{i}]: per-unit scores must be 1-D, got shape {r.shape}")
-    if r.size == 0:
-      raise ValueError(f"{name}[{i}]: no units")
-    if r.size != runs[0].size:
-      raise ValueError(
-        f"{name}: run {i} has {r.size} units, run 0 has {runs[0].size}; every "
-        f"run must be scored on the same units in the same order"
-      )
-  runs = np.stack(runs)
-  bad = np.flatnonzero(~np.isfinite(runs).all(axis=1))
-  if bad.size:
-    raise ValueError(f"{name}[{bad[0]}]: scores must be finite")
-  return runs
-
-
-def _as_weights(weights, n_runs: int, n_units: int, name: str) -> Optional[np.ndarray]:
-  """None, or positive weights broadcast to [n_runs, n_units]."""
-  if weights is None:
-    return None
-  try:
-    w = np.asarray(weights, dtype=np.float64)
-  except ValueError:  # rows of different lengths
-    raise ValueError(
-      f"{name} must have shape ({n_units},) (shared by every run) or "
-      f"({n_runs}, {n_units}) (one row per run); got rows of different "
-      f"lengths"
-    ) from None
-  if w.shape not in ((n_units,), (n_runs, n_units)):
-    raise ValueError(
-      f"{name} must have shape ({n_units},) (shared by every run) or "
-      f"({n_runs}, {n_units}) (one row per run), got {w.shape}"
-    )
-  if not np.all(np.isfinite(w)) or np.any(w < 0) or np.any(w.sum(axis=-1) <= 0):
-    raise ValueError(f"{name} must be finite, non-negative, with a positive sum")
-  return np.ascontiguousarray(np.broadcast_to(w, (n_runs, n_units)))
-
-
-# ------------------------------------------------------------------------------- bootstrap
-
-
-def _run_stats(
-  scores: np.ndarray, weights: Optional[np.ndarray], counts: Optional[np.ndarray] = None
-) -> np.ndarray:
-  """Per-run statistics, [n_runs] on the full data or [n_boot, n_runs] under unit `counts`
-  ([n_boot, n_units], how often each unit was drawn)."""
-  if counts is None:
-    if weights is None:
-      return scores.mean(axis=1)
-    return scores.sum(axis=1) / weights.sum(axis=1)
-  if weights is None:
-    num, den = counts @ scores.T, counts.sum(axis=1, keepdims=True)
-  else:
-    num, den = np.split(counts @ np.concatenate([scores, weights]).T, 2, axis=1)
-  with np.errstate(divide="ignore", invalid="ignore"):  # a resample of zero-weight units
-    return num / den
-
-
-def _as_strata(strata, n_units: int) -> Optional[list]:
-  """None, or the unit indices of each stratum (labels [n_units], any hashable ints)."""
-  if strata is None:
-    return None
-  labels = np.asarray(strata)
-  if labels.shape != (n_units,):
-    raise ValueError(f"strata must give one label per unit, shape ({n_units},), got {labels.shape}")
-  return [np.flatnonzero(labels == v) for v in np.unique(labels)]
-
-
-def _unit_counts(
-  rng: np.random.Generator, n_rows: int, n_units: int, strata: Optional[list] = None
-) -> np.ndarray:
-  """How often each unit is drawn in n_rows resamples of n_units units: [n_rows, n_units];
-  with `strata` (index arrays) each stratum is resampled within itself."""
-  groups = strata if strata is not None else [None]
-  counts = np.empty((n_rows, n_units))
-  for members in groups:
-    k = n_units if members is None else len(members)
-    idx = rng.integers(0, k, size=(n_rows, k), dtype=np.int32)  # chunks < 2**31
-    idx += np.arange(n_rows, dtype=np.int32)[:, None] * np.int32(k)
-    drawn = np.bincount(idx.ravel(), minlength=n_rows * k).reshape(n_rows, k)
-    if members is None:
-      counts[:] = drawn
-    else:
-      counts[:, members] = drawn
-  return counts
-
-
-def _seed_pick(rng: np.random.Generator, n_rows: int, n_runs: int) -> Optional[np.ndarray]:
-  """Resampled run indices per replicate [n_rows, n_runs]; None for a single run."""
-  return None if n_runs == 1 else rng.integers(0, n_runs, size=(n_rows, n_runs))
-
-
-def _seed_mean(per_run: np.ndarray, pick: Optional[np.ndarray]) -> np.ndarray:
-  """The mean over the picked runs (columns of `per_run`), per replicate (row)."""
-  if pick is None:
-    return per_run[:, 0]
-  return per_run[np.arange(per_run.shape[0])[:, None], pick].mean(axis=1)
-
-
-def _contrast(a, b, contrast: str):
-  if contrast == "difference":
-    return a - b
-  if contrast == "relative":
-    return a / b - 1.0
-  return np.expm1(a - b)
-
-
-def _percentiles(boot: np.ndarray, ci: float, what: str):
-  boot = boot[np.isfinite(boot)]
-  if boot.size == 0:
-    raise ValueError(f"{what}: no bootstrap replicate is finite (zero weights or B == 0?)")
-  lo, hi = np.quantile(boot, [(1 - ci) / 2, (1 + ci) / 2])
-  return float(lo), float(hi)
-
-
-MC_BATCHES = 10
-
-
-def _mc_se(boot: np.ndarray, ci: float) -> tuple:
-  """Monte-Carlo standard errors of the percentile endpoints: the spread of the endpoints of
-  MC_BATCHES disjoint batches of the replicates, / sqrt(MC_BATCHES) (a quantile's variance
-  falls as 1 / replicates). None below 20 replicates a batch."""
-  boot = boot[np.isfinite(boot)]
-  n = boot.size // MC_BATCHES
-  if n < 20:
-    return None
-  ends = np.quantile(
-    boot[: n * MC_BATCHES].reshape(MC_BATCHES, n), [(1 - ci) / 2, (1 + ci) / 2], axis=1
-  )
-  se = ends.std(axis=1, ddof=1) / np.sqrt(MC_BATCHES)
-  return float(se[0]), float(se[1])
-
-
-def _p_value(boot: np.ndarray) -> float:
-  """The percentile bootstrap's two-sided p-value for a contrast of 0: twice the smaller tail
-  beyond 0, with the +1 correction of a Monte-Carlo test (never exactly 0)."""
-  boot = boot[np.isfinite(boot)]
-  below, above = (boot <= 0).sum(), (boot >= 0).sum()
-  return float(min(1.0, 2 * (min(below, above) + 1) / (boot.size + 1)))
-
-
 def paired_difference(
   a_runs: Sequence,
   b_runs: Sequence,
@@ -376,10 +233,10 @@ def paired_difference(
       weights or strata, an unknown contrast, n_boot < 1, ci outside (0, 1), or pair_seeds
       with different numbers of runs.
   """
-  _check_options(n_boot, ci)
+  check_options(n_boot, ci)
   if contrast not in CONTRASTS:
     raise ValueError(f"contrast must be one of {CONTRASTS}, got {contrast!r}")
-  sa, sb = _as_runs(a_runs, "a_runs"), _as_runs(b_runs, "b_runs")
+  sa, sb = as_runs(a_runs, "a_runs"), as_runs(b_runs, "b_runs")
   if sa.shape[1] != sb.shape[1]:
     raise ValueError(
       f"a_runs have {sa.shape[1]} units, b_runs {sb.shape[1]}; A and B must be "
@@ -391,31 +248,31 @@ def paired_difference(
       f"got {len(sa)} and {len(sb)}; pass pair_seeds=False for unpaired seeds"
     )
   n_units = sa.shape[1]
-  groups = _as_strata(strata, n_units)
+  groups = as_strata(strata, n_units)
   if isinstance(weights, tuple) and len(weights) == 2 and np.ndim(weights[0]) >= 1:
-    wa = _as_weights(weights[0], len(sa), n_units, "weights_a")
-    wb = _as_weights(weights[1], len(sb), n_units, "weights_b")
+    wa = as_weights(weights[0], len(sa), n_units, "weights_a")
+    wb = as_weights(weights[1], len(sb), n_units, "weights_b")
   else:
-    wa = _as_weights(weights, len(sa), n_units, "weights")
-    wb = _as_weights(weights, len(sb), n_units, "weights")
-  run_a, run_b = _run_stats(sa, wa), _run_stats(sb, wb)
+    wa = as_weights(weights, len(sa), n_units, "weights")
+    wb = as_weights(weights, len(sb), n_units, "weights")
+  run_a, run_b = run_stats(sa, wa), run_stats(sb, wb)
   a, b = run_a.mean(), run_b.mean()
   rng = np.random.default_rng(seed)
   boot = np.empty(n_boot)
   step = max(1, _CHUNK_ELEMENTS // n_units)
   for start in range(0, n_boot, step):
     rows = min(step, n_boot - start)
-    counts_a = _unit_counts(rng, rows, n_units, groups)
-    counts_b = counts_a if paired else _unit_counts(rng, rows, n_units, groups)
-    pick_a = _seed_pick(rng, rows, len(sa))
-    pick_b = pick_a if pair_seeds else _seed_pick(rng, rows, len(sb))
-    mean_a = _seed_mean(_run_stats(sa, wa, counts_a), pick_a)
-    mean_b = _seed_mean(_run_stats(sb, wb, counts_b), pick_b)
+    counts_a = unit_counts(rng, rows, n_units, groups)
+    counts_b = counts_a if paired else unit_counts(rng, rows, n_units, groups)
+    pick_a = seed_pick(rng, rows, len(sa))
+    pick_b = pick_a if pair_seeds else seed_pick(rng, rows, len(sb))
+    mean_a = seed_mean(run_stats(sa, wa, counts_a), pick_a)
+    mean_b = seed_mean(run_stats(sb, wb, counts_b), pick_b)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-      boot[start : start + rows] = _contrast(mean_a, mean_b, contrast)
-  lower, upper = _percentiles(boot, ci, "paired_difference")
+      boot[start : start + rows] = apply_contrast(mean_a, mean_b, contrast)
+  lower, upper = percentiles(boot, ci, "paired_difference")
   with np.errstate(divide="ignore", invalid="ignore"):
-    estimate = float(_contrast(a, b, contrast))
+    estimate = float(apply_contrast(a, b, contrast))
   return Comparison(
     estimate=estimate,
     lower=lower,
@@ -431,8 +288,8 @@ def paired_difference(
     paired=bool(paired),
     seed_spread_included=len(sa) > 1 and len(sb) > 1,
     seeds_paired=bool(pair_seeds),
-    p_value=_p_value(boot),
-    mc_se=_mc_se(boot, ci),
+    p_value=two_sided_p(boot),
+    mc_se=mc_errors(boot, ci),
     n_strata=1 if groups is None else len(groups),
     seed_diffs=tuple(float(x) for x in run_a - run_b) if pair_seeds else (),
   )
@@ -456,21 +313,21 @@ def mean_interval(
   Raises:
     ValueError: as `paired_difference`.
   """
-  _check_options(n_boot, ci)
-  scores = _as_runs(runs, "runs")
+  check_options(n_boot, ci)
+  scores = as_runs(runs, "runs")
   n_runs, n_units = scores.shape
-  w = _as_weights(weights, n_runs, n_units, "weights")
-  groups = _as_strata(strata, n_units)
+  w = as_weights(weights, n_runs, n_units, "weights")
+  groups = as_strata(strata, n_units)
   rng = np.random.default_rng(seed)
   boot = np.empty(n_boot)
   step = max(1, _CHUNK_ELEMENTS // n_units)
   for start in range(0, n_boot, step):
     rows = min(step, n_boot - start)
-    per_run = _run_stats(scores, w, _unit_counts(rng, rows, n_units, groups))
-    boot[start : start + rows] = _seed_mean(per_run, _seed_pick(rng, rows, n_runs))
-  lower, upper = _percentiles(boot, ci, "mean_interval")
+    per_run = run_stats(scores, w, unit_counts(rng, rows, n_units, groups))
+    boot[start : start + rows] = seed_mean(per_run, seed_pick(rng, rows, n_runs))
+  lower, upper = percentiles(boot, ci, "mean_interval")
   return Interval(
-    estimate=float(_run_stats(scores, w).mean()),
+    estimate=float(run_stats(scores, w).mean()),
     lower=lower,
     upper=upper,
     ci=float(ci),
@@ -478,6 +335,6 @@ def mean_interval(
     n_units=n_units,
     n_boot=int(n_boot),
     seed_spread_included=n_runs > 1,
-    mc_se=_mc_se(boot, ci),
+    mc_se=mc_errors(boot, ci),
     n_strata=1 if groups is None else len(groups),
   )

@@ -554,7 +554,7 @@ def test_reproduce_evaluation_command():
   runs = reproduce.plan(args)
   cmd = reproduce.eval_command(args, runs, "out/eval")
   parsed = cli.parse_args(cmd[3:])  # after python -m rove_jax.cli.eval
-  from study.paper_recipe import load_config
+  from study.checkout import load_config
 
   T = load_config(reproduce.CONFIG).data.seq_len
   assert parsed.suite == "full" and parsed.yarn == "all" and parsed.out == "out/eval"
