@@ -25,7 +25,7 @@ from absl import app, flags, logging
 
 from rove_jax.cli import platforms
 from rove_jax.cli.errors import TRACEBACK_VAR, fail, missing_package
-from rove_jax.train import overrides, run_config, sharding
+from rove_jax.train import overrides, run_checks, run_config, sharding
 
 _CONFIG = flags.DEFINE_string(
   "config",
@@ -131,7 +131,7 @@ def main(argv, given=()):
     # The run config, built and checked once, here. That touches no device, so
     # jax.distributed can still start after it, before the first device is used.
     c = load(_CONFIG.value, list(given))
-    run_config.check_environment(c)
+    run_checks.check_environment(c)
     if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with its plugin
       platforms.skip_absent_accelerators()
     else:

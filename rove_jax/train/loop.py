@@ -38,7 +38,7 @@ from rove_jax.train import (
   layer_stack,
   resolve,
   resume,
-  run_config,
+  run_checks,
   run_control,
   run_data,
   step_loop,
@@ -273,7 +273,7 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
 def _check(c: RunConfig, log):
   """What is checked before the workdir is touched; returns this process's log (the other
   processes than 0 log nothing)."""
-  run_config.check_environment(c)
+  run_checks.check_environment(c)
   deadline.reset()  # a stop or a storage failure of an earlier run in this process is past
   deadline.configure(c.storage_timeout)
   if jax.process_index() != 0:

@@ -62,7 +62,7 @@ def parse_tracking(value) -> tuple[str, ...]:
 
 def check_wandb_ready(settings) -> None:
   """Before any work (nothing is written yet): for mode "online", an API key is configured
-  (WANDB_API_KEY or `wandb login`'s netrc entry); run_config.check_environment checked the package.
+  (WANDB_API_KEY or `wandb login`'s netrc entry); run_checks.check_environment checked the package.
 
   Raises:
     ValueError: online without a key (names `wandb login` and the offline mode).
