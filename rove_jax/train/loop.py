@@ -311,32 +311,8 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
   )
   meta["data_identity"] = data.identity
   state, start, restored = _restore(c, workdir, ckpt, data, iterator, state, saved, log)
-  sinks = tracking.parse_tracking(c.tracking)
-  metrics_log = MetricsLog(
-    workdir,
-    resume_step=start,
-    enabled=pidx == 0,
-    report=log,
-    tensorboard="tensorboard" in sinks,
-    sinks=[tracking.Wandb(workdir, c)] if "wandb" in sinks and pidx == 0 else [],
-  )
-  profiler = tracking.Profiler(
-    workdir, tracking.parse_profile_steps(c.profile_steps, c.steps), enabled=pidx == 0, log=log
-  )
-  options = gpu_options.compiler_options(mesh.devices.flat)
-  if options:
-    log(f"XLA options for this GPU: {options} (rove_jax/train/gpu_options.py)")
-  train_step = make_train_step(
-    graphdef,
-    tx,
-    c.optim.grad_accum,
-    lr_schedule(c.optim, c.steps),
-    layers=layers,
-    state_shardings=state_sh,
-    batch_sharding=sharding_lib.batch_sharding(mesh),
-    compiler_options=options,
-    loss_impl=c.optim.loss_impl,
-  )
+  metrics_log, profiler = _recorders(c, workdir, start, log)
+  train_step, eval_step = _steps(c, graphdef, tx, layers, state_sh, mesh, log)
   return step_loop.Run(
     c=c,
     workdir=workdir,
@@ -354,10 +330,47 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
     layers=layers,
     to_checkpoint=saved.to_layers,
     train_step=train_step,
-    eval_step=make_eval_step(graphdef, options, layers, c.optim.loss_impl),
+    eval_step=eval_step,
     metrics_log=metrics_log,
     profiler=profiler,
   )
+
+
+def _recorders(c: RunConfig, workdir, start: int, log):
+  """(the metrics log, the profiler) of a run resuming at `start`; process 0 records."""
+  pidx = jax.process_index()
+  sinks = tracking.parse_tracking(c.tracking)
+  metrics_log = MetricsLog(
+    workdir,
+    resume_step=start,
+    enabled=pidx == 0,
+    report=log,
+    tensorboard="tensorboard" in sinks,
+    sinks=[tracking.Wandb(workdir, c)] if "wandb" in sinks and pidx == 0 else [],
+  )
+  profiler = tracking.Profiler(
+    workdir, tracking.parse_profile_steps(c.profile_steps, c.steps), enabled=pidx == 0, log=log
+  )
+  return metrics_log, profiler
+
+
+def _steps(c: RunConfig, graphdef, tx, layers, state_sh, mesh, log):
+  """(the jitted train step, the jitted evaluation step), with the XLA options for this GPU."""
+  options = gpu_options.compiler_options(mesh.devices.flat)
+  if options:
+    log(f"XLA options for this GPU: {options} (rove_jax/train/gpu_options.py)")
+  train_step = make_train_step(
+    graphdef,
+    tx,
+    c.optim.grad_accum,
+    lr_schedule(c.optim, c.steps),
+    layers=layers,
+    state_shardings=state_sh,
+    batch_sharding=sharding_lib.batch_sharding(mesh),
+    compiler_options=options,
+    loss_impl=c.optim.loss_impl,
+  )
+  return train_step, make_eval_step(graphdef, options, layers, c.optim.loss_impl)
 
 
 def _model(c: RunConfig, tx: optax.GradientTransformation):
