@@ -2,7 +2,7 @@
 
   python -m bench.gpu_step [--preset gpt2_124m] [--batch 16] [--seq 1024] [--gpu h200]
       [--encodings rove,rope,nope] [--no-gpu-options] [--json OUT] [--markdown] [--dump-hlo DIR]
-      [--breakdown N] [--loss-impl xla|fused]
+      [--breakdown N] [--diff] [--attention IMPL] [--loss-impl xla|fused]
 
 Compiles the trainer's own step (rove_jax.train.loop.make_train_step: loss, gradients, global-
 norm clipping, AdamW, the finiteness check; bfloat16 compute, float32 master weights, attention
@@ -13,6 +13,9 @@ encoding from the optimized HLO (rove_jax.aot.gpu_census): kernels launched, byt
 operand precision with their TFLOP, and the compiler's peak temporary memory; then RoVE / RoPE.
 --breakdown N adds, per encoding, the N largest groups of kernels by phase (forward, backward,
 other: the optimizer and XLA's copies), kind and jax operation (gpu_census.Census.groups).
+--diff adds, per encoding other than RoPE, the kernels it launches beyond RoPE's step, matched
+by operation and shapes (gpu_census.Census.diff): what the encoding itself costs.
+--attention names the attention kernel (model.attention_impl; default "auto").
 The XLA options are the trainer's for GPUs (rove_jax.train.gpu_options) unless --no-gpu-options.
 --loss-impl fused compiles the step with the output projection and the loss in one Pallas kernel
 (optim.loss_impl=fused, rove_jax/kernels/linear_ce.py), which never writes the logits.
@@ -37,8 +40,11 @@ GB = 1e9
 GiB = 2**30
 
 
-def step_config(preset: str, batch: int, seq: int, encoding: str, loss_impl: str = "xla"):
-  """The paper's run config for a preset at one GPU's batch: bf16, no accumulation."""
+def step_config(
+  preset: str, batch: int, seq: int, encoding: str, attention: str = "auto", loss_impl: str = "xla"
+):
+  """The paper's run config for a preset at one GPU's batch: bf16, no accumulation, the
+  attention kernel `attention` (model.attention_impl), the loss `loss_impl` (optim.loss_impl)."""
   from rove_jax.train import overrides, run_config
 
   return overrides.apply(
@@ -48,6 +54,7 @@ def step_config(preset: str, batch: int, seq: int, encoding: str, loss_impl: str
       "data.batch_size": batch,
       "data.seq_len": seq,
       "optim.grad_accum": 1,
+      "model.attention_impl": attention,
       "optim.loss_impl": loss_impl,
     },
   )
@@ -62,6 +69,7 @@ def measure(
   *,
   gpu_options: bool = True,
   hlo_dir=None,
+  attention: str = "auto",
   log=lambda line: None,
   loss_impl: str = "xla",
 ) -> dict:
@@ -69,9 +77,11 @@ def measure(
   from rove_jax.aot import compile as aot
   from rove_jax.aot import gpu_census
 
-  c = step_config(preset, batch, seq, encoding, loss_impl)
+  c = step_config(preset, batch, seq, encoding, attention, loss_impl)
   with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(hlo_dir or tmp, f"{preset}_{encoding}_{gpu}_{loss_impl}.hlo")
+    kernel = "" if attention == "auto" else f"_{attention}"
+    loss = "" if loss_impl == "xla" else f"_{loss_impl}_loss"
+    path = os.path.join(hlo_dir or tmp, f"{preset}_{encoding}_{gpu}{kernel}{loss}.hlo")
     saved = os.environ.get("ROVE_JAX_GPU_OPTIONS")
     if not gpu_options:
       os.environ["ROVE_JAX_GPU_OPTIONS"] = "off"
@@ -101,6 +111,7 @@ def measure(
     "total_bytes": mem["total"],
     "compile_s": report["compile_s"],
     "groups": census.groups(),
+    "census": census,
   }
 
 
@@ -144,6 +155,31 @@ def breakdown(row: dict, n: int) -> str:
   return "\n".join(out)
 
 
+def diff(rows: list[dict], base: str = "rope") -> str:
+  """Markdown rows of the kernels each encoding launches beyond `base`'s step
+  (gpu_census.Census.diff): phase, kind, operation, operands -> outputs, kernels, GB."""
+  by = {r["encoding"]: r for r in rows}
+  out = []
+  for r in rows:
+    if r["encoding"] == base or base not in by:
+      continue
+    changes = r["census"].diff(by[base]["census"])
+    out += [
+      "",
+      f"{r['encoding']} - {base}: {r['kernels'] - by[base]['kernels']:+d} kernels, "
+      f"{(r['bytes'] - by[base]['bytes']) / GB:+.3f} GB",
+      "",
+      "| phase | kind | operation | operands -> outputs | kernels | GB |",
+      "|---|---|---|---|---|---|",
+    ]
+    for (phase, kind, op, ins, outs), n, moved in changes:
+      out.append(
+        f"| {phase} | {kind} | {op or '-'} | {', '.join(ins)} -> {', '.join(outs)} | "
+        f"{n:+d} | {moved / GB:+.3f} |"
+      )
+  return "\n".join(out)
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(
     prog="python -m bench.gpu_step",
@@ -176,6 +212,17 @@ def main(argv=None) -> int:
     choices=["xla", "fused"],
     help="the step's output projection and loss (optim.loss_impl)",
   )
+  p.add_argument(
+    "--attention",
+    default="auto",
+    metavar="IMPL",
+    help="the attention kernel (model.attention_impl), e.g. fused",
+  )
+  p.add_argument(
+    "--diff",
+    action="store_true",
+    help="print the kernels each encoding launches beyond RoPE's step",
+  )
   args = p.parse_args(argv)
   t0 = time.perf_counter()
   log = lambda line: print(
@@ -195,6 +242,7 @@ def main(argv=None) -> int:
           args.gpu,
           gpu_options=not args.no_gpu_options,
           hlo_dir=args.dump_hlo,
+          attention=args.attention,
           log=log,
           loss_impl=args.loss_impl,
         )
@@ -207,14 +255,16 @@ def main(argv=None) -> int:
     options = "none" if args.no_gpu_options else "the trainer's (rove_jax/train/gpu_options.py)"
     print(
       f"{args.preset}, batch {args.batch} x {args.seq}, bf16, one {args.gpu.upper()}, "
-      f"XLA options: {options}, loss: {args.loss_impl}"
+      f"attention {args.attention}, XLA options: {options}, loss: {args.loss_impl}"
     )
   print(table(rows))
   for r in rows if args.breakdown else ():
     print("\n" + breakdown(r, args.breakdown))
+  if args.diff:
+    print(diff(rows))
   if args.json:
     with open(args.json, "w") as f:
-      json.dump(rows, f, indent=1)
+      json.dump([{k: v for k, v in r.items() if k != "census"} for r in rows], f, indent=1)
   return 0
 
 

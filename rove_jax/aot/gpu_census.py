@@ -177,11 +177,7 @@ class Census:
     last name of the jax operation it came from (metadata), "" when it has none."""
     count, moved = collections.Counter(), collections.Counter()
     for k in self.kernels_list:
-      phase = (
-        "backward" if "transpose(" in k.op_name else "forward" if "jvp(" in k.op_name else "other"
-      )
-      kind = (k.kind or "loop") if k.op == "fusion" else (k.kind or k.op)
-      key = (phase, kind, k.op_name.rsplit("/", 1)[-1])
+      key = signature(k)[:3]
       count[key] += k.times
       moved[key] += k.bytes
     return [key + (n, moved[key]) for key, n in sorted(count.items(), key=lambda kv: -kv[1])]
@@ -189,6 +185,37 @@ class Census:
   def top(self, n: int = 20) -> list:
     """The n kernels that move the most bytes."""
     return sorted(self.kernels_list, key=lambda k: -k.bytes)[:n]
+
+  def diff(self, base: "Census") -> list:
+    """The kernels this program launches beyond `base` (another encoding's step, say), matched
+    by `signature`: (signature, kernels here minus in base, bytes here minus in base) for every
+    signature whose count or bytes differ, most bytes first. A kernel both programs launch
+    with the same operands and outputs cancels out, so what is left is what one program adds
+    or drops, e.g. the rotations RoVE adds to the RoPE step."""
+    count, moved = collections.Counter(), collections.Counter()
+    for sign, census in ((1, self), (-1, base)):
+      for k in census.kernels_list:
+        count[signature(k)] += sign * k.times
+        moved[signature(k)] += sign * k.bytes
+    rows = [(key, count[key], moved[key]) for key in count if count[key] or moved[key]]
+    return sorted(rows, key=lambda row: (-abs(row[2]), str(row[0])))
+
+
+def signature(k: Kernel) -> tuple:
+  """What identifies a kernel across two compilations, whose instruction names differ: (phase,
+  kind, op, operand shapes, output shapes), the first three as in `Census.groups`, shapes as
+  text such as "bf16[16,1024,12,64]", the operands sorted (XLA orders a fusion's parameters
+  as it meets them, which differs between programs)."""
+  phase = "backward" if "transpose(" in k.op_name else "forward" if "jvp(" in k.op_name else "other"
+  kind = (k.kind or "loop") if k.op == "fusion" else (k.kind or k.op)
+  shapes = lambda arrs: tuple(f"{a.dtype}[{','.join(map(str, a.dims))}]" for a in arrs)
+  return (
+    phase,
+    kind,
+    k.op_name.rsplit("/", 1)[-1],
+    tuple(sorted(shapes(k.operands))),
+    shapes(k.outputs),
+  )
 
 
 def _computations(hlo: str) -> tuple[dict, Optional[str]]:

@@ -80,3 +80,21 @@ def test_groups_by_phase_kind_and_operation():
   assert by[("other", "copy", "")] == (1, 2 * 8 * 4 * 4)
   assert ("other", "__cublas$lt$matmul", "") in by
   assert rows[0][:3] == ("other", "loop", "neg")  # most kernels first
+
+
+def test_diff_keeps_what_one_program_adds():
+  """A program with one kernel more than HLO (a second convert of the parameter, under a name
+  HLO does not have): the diff is that kernel alone; the kernels both launch cancel."""
+  extra = HLO.replace(
+    "  ROOT %out = f32[8,4]{1,0} copy(%x)",
+    "  %conv.9 = bf16[8,4]{1,0} fusion(%x), kind=kLoop, calls=%fused_convert, "
+    'metadata={op_name="jit(step)/jvp()/convert"}\n  ROOT %out = f32[8,4]{1,0} copy(%x)',
+  )
+  a, b = gpu_census.read(extra), gpu_census.read(HLO)
+  assert a.kernels == b.kernels + 1
+  rows = a.diff(b)
+  assert rows == [
+    (("forward", "loop", "convert", ("f32[8,4]",), ("bf16[8,4]",)), 1, 8 * 4 * 4 + 8 * 4 * 2)
+  ]
+  assert b.diff(a) == [(rows[0][0], -1, -rows[0][2])]
+  assert a.diff(a) == []
