@@ -29,7 +29,7 @@ rove_jax.kernels.fused): it gets the unrotated q, k, v with the Rope, the call w
 stores
 R_j k_j (and, RoVE, R_j v_j): a decoding step rotates its queries with `rotate_queries`, calls
 `masked_attention` on the cache and, for RoVE, rotates the output back
-(rove_jax.nn.model.Attention does this).
+(rove_jax.nn.attention_layer.Attention does this).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def rove_attention_rotated(
   """`rove_attention` before its last step: R_i y_i, the kernel's output. The caller applies
   `rope.rotate(out, q_positions, inverse=True)` itself, e.g. fused with the output projection
   under jax.checkpoint so that training keeps one [B, T, H, D] residual per layer instead of
-  two (the kernel's output and the rotated one; see rove_jax.nn.model.Attention)."""
+  two (the kernel's output and the rotated one; see rove_jax.nn.attention_layer.Attention)."""
   return _attention(
     _prepare(q, k, v, q_positions, kv_positions, rope, mask), kernel, "rove_rotated"
   )
