@@ -110,7 +110,9 @@ def _section_diffs(saved: dict, mine: dict, prefix: str) -> list[str]:
 # cadence, tracking, run_steps, the mesh, init_from, which a resumed run ignores and the loop
 # says so) may change between invocations without a word.
 COMPARED = ("model.", "data.", "optim.", "steps", "seed")
-NOT_COMPARED = ("data.allow_changed",)  # check_data reports what it allows
+# data.allow_changed: check_data reports what it allows. optim.loss_impl: the fused and unfused
+# losses compute the same loss (to float32 rounding), so a run may switch between them.
+NOT_COMPARED = ("data.allow_changed", "optim.loss_impl")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

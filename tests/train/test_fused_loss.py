@@ -49,3 +49,21 @@ def test_a_run_with_the_fused_loss_trains_as_the_unfused_one(tmp_path):
 def test_the_config_refuses_what_the_fused_loss_cannot_run(tmp_path, override, message):
   with pytest.raises(ValueError, match=message):
     small_config(tmp_path, **override)
+
+
+def test_a_run_resumes_with_the_other_loss_without_a_warning(tmp_path):
+  """The two losses compute the same thing, so switching between them is not a config change
+  that resume.py warns about (it warns for other optim.* fields)."""
+  base = {"steps": 4, "eval_every": 100, "checkpoint_every": 2}
+  work = tmp_path / "run"
+  run_train(small_config(tmp_path, run_steps=2, **base), work, log=lambda *a: None)
+  out = []
+  fused = {"optim.loss_impl": "fused"}
+  result = run_train(small_config(tmp_path, **base, **fused), work, log=out.append)
+  assert result.start_step == 2 and result.step == 4
+  assert not [line for line in out if "loss_impl" in line], out
+  out.clear()
+  changed = {"optim.loss_impl": "xla", "optim.b2": 0.99}
+  run_train(small_config(tmp_path, **{**base, "steps": 6}, **changed), work, log=out.append)
+  assert any("optim.b2" in line for line in out), out  # the warning itself still works
+  assert not [line for line in out if "loss_impl" in line], out
