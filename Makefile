@@ -35,9 +35,10 @@ REPRODUCE_ARGS ?=
 LONG_ARGS ?=
 
 # The GPU tests, on a machine with a CUDA GPU: every test marked gpu, then the fused GPU kernel's
-# numerics compiled on the GPU (FUSED_GPU_COMPILED=1), within about 4 minutes on one H200. They
-# run in the Python whose jax has CUDA (GPU_PYTHON; bench/README.md says what it needs), not in
-# .venv, which holds the CPU build.
+# numerics compiled on the GPU (FUSED_GPU_COMPILED=1), then the fused loss's (compiled wherever
+# a GPU is the target), within about 4 minutes on one H200. They run in the Python whose jax
+# has CUDA (GPU_PYTHON; bench/README.md says what it needs), not in .venv, which holds the CPU
+# build.
 GPU_PYTHON ?= python3
 GPU_PYTEST = ROVE_JAX_TEST_GCS=off $(GPU_PYTHON) -m pytest -q -p no:cacheprovider
 GPU_READY = import jax, sys; gpus = [d for d in jax.devices() if d.platform == "gpu"]; \
@@ -77,6 +78,7 @@ test-gpu:
 	@$(GPU_PYTHON) -c '$(GPU_READY)'
 	$(GPU_PYTEST) -m gpu tests/core
 	FUSED_GPU_COMPILED=1 $(GPU_PYTEST) tests/core/test_kernels_fused_gpu.py
+	$(GPU_PYTEST) tests/core/test_linear_ce.py
 
 demo: $(CORE)
 	$(PY) train.py $(DEMO_ARGS) --workdir runs/demo/rove --config.model.pos_encoding=rove

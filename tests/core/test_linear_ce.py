@@ -1,6 +1,7 @@
 """The fused output projection and cross-entropy (rove_jax.kernels.linear_ce), in Pallas interpret
-mode on CPU: per-token losses and the gradients of x and W against float64, bfloat16 inputs
-against the float64 loss of the same rounded inputs, the sharded run against the unsharded one,
+mode on CPU (compiled on a GPU, where `make test-gpu` runs this file): per-token losses and the
+gradients of x and W against float64, bfloat16 inputs against the float64 loss of the same
+rounded inputs, a float32 weight's float32 gradient, the sharded run against the unsharded one,
 the training loss against the unfused one, and the refusals. The trainer's use of it
 (optim.loss_impl=fused): tests/train/test_fused_loss.py."""
 
