@@ -91,9 +91,9 @@ section xla-options 60 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
   --out "$OUT/xla_options_124m.json"
 
 # The fused output projection and loss (optim.loss_impl=fused, rove_jax/kernels/linear_ce.py)
-# against the default: the 124M step's tokens/s, RoPE and RoVE.
+# against the default: the 124M RoPE step's tokens/s, each side compiled in its own process.
 section fused-loss 120 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch \
-  --encodings rope,rope+fused,rove+fused --rounds 1 --steps 10 --out "$OUT/fused_loss_124m.json"
+  --encodings rope,rope+fused --rounds 1 --steps 10 --out "$OUT/fused_loss_124m.json"
 
 # The fused Hopper kernel (Pallas Mosaic GPU, issue 48): its numerics compiled on this GPU
 # (FUSED_HOPPER_COMPILED=1 turns interpret mode off), then against cuDNN at 124M shapes (B=8/16,
