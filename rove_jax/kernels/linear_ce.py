@@ -36,6 +36,7 @@ kernels run in Pallas interpret mode (how the tests check them on CPU); TPUs are
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -69,7 +70,11 @@ class Plan(NamedTuple):
 
 def problem(N: int, E: int, V: int) -> Optional[str]:
   """None when the kernel runs N tokens of width E over V classes; else the reason."""
-  for name, n in (("tokens (batch x length)", N), ("model width", E), ("vocabulary", V)):
+  for name, n in (
+    ("tokens (batch x length, a device's)", N),
+    ("model width", E),
+    ("vocabulary", V),
+  ):
     if n < MIN_BLOCK or n % MIN_BLOCK:
       return (
         f"the fused loss kernel needs {name} a multiple of {MIN_BLOCK} (its smallest "
@@ -110,14 +115,17 @@ def token_nll(
   V = w_VE.shape[0]
   if w_VE.shape != (V, E):
     raise ValueError(f"w must be [V, E] with E = {E} (x's width), got {w_VE.shape}")
-  reason = problem(B * T, E, V)
+  shards = kernel_mesh.shards(B, 1, 1)
+  batch = None if shards is None else shards.batch
+  mesh = jax.sharding.get_abstract_mesh()
+  split = 1 if batch is None else math.prod(mesh.shape[a] for a in batch)
+  reason = problem(B // split * T, E, V)
   if reason is not None:
-    raise ValueError(reason)
+    where = "" if split == 1 else f" ({B} sequences split over {split} devices)"
+    raise ValueError(reason + where)
   plan = plan or Plan()
   run_interpreted = platform.target_platform() != "gpu" if interpret is None else interpret
   plan = plan._replace(interpret=bool(run_interpreted))
-  shards = kernel_mesh.shards(B, 1, 1)
-  batch = None if shards is None else shards.batch
   return _nll(plan, batch, x_BTE, w_VE, targets_BT.astype(jnp.int32))
 
 

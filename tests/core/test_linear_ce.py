@@ -108,6 +108,18 @@ def test_sharded_equals_unsharded():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+def test_each_devices_tokens_must_fill_a_block():
+  """The tokens are split over the data-parallel devices, so each device's share must be a
+  multiple of 16 too: 8 sequences of 24 tokens over 8 devices is refused, not cut short."""
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices (tests/conftest.py gives 8 CPU devices)")
+  mesh = jax.make_mesh(
+    (8, 1, 1), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3
+  )
+  with jax.set_mesh(mesh), pytest.raises(ValueError, match=r"got 24 \(8 sequences split over 8"):
+    linear_ce.token_nll(jnp.zeros((8, 24, 32)), jnp.zeros((64, 32)), jnp.zeros((8, 24), jnp.int32))
+
+
 def test_training_loss_equals_the_unfused_loss_with_a_mask():
   """loss.fused_cross_entropy of (x, W) == loss.cross_entropy of the float32 logits x W^T, with
   a loss mask, value and gradients."""
