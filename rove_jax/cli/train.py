@@ -25,7 +25,7 @@ from absl import app, flags, logging
 
 from rove_jax.cli import platforms
 from rove_jax.cli.errors import TRACEBACK_VAR, fail, missing_package
-from rove_jax.train import overrides, run_checks, run_config, sharding
+from rove_jax.train import config_file, overrides, run_checks, run_config, sharding
 
 _CONFIG = flags.DEFINE_string(
   "config",
@@ -166,7 +166,7 @@ def load(spec: str, given: list) -> "run_config.RunConfig":
   filled in (rove_jax.train.resolve). Raises ValueError, one line, before any work."""
   from rove_jax.train import resolve  # reads a prepared dataset's manifest, init_from's config
 
-  c = overrides.load_file(spec)
+  c = config_file.load_file(spec)
   return resolve.command_line(c, given)
 
 

@@ -1,6 +1,6 @@
 """The run config from a command line: a config file whose `get_config()` returns a RunConfig
-(`load_file`), then `--config.a.b=value` overrides applied to it by each field's type
-(`apply`).
+(rove_jax.train.config_file.load_file, re-exported here), then `--config.a.b=value` overrides
+applied to it by each field's type (`apply`).
 
 A value is parsed by the type its field declares: bools (true/false, 1/0, yes/no), ints,
 floats, strings, None for an optional field, a list for a tuple field (`0,2` or `[0, 2]`), and
@@ -20,19 +20,15 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import importlib.util
-import linecache
-import os
-import traceback
 import typing
 from typing import Any, Iterable, Optional
 
 from rove_jax import scaling
 from rove_jax.nn.model_config import GPTConfig
+from rove_jax.train.config_file import load_file  # noqa: F401 - callers use overrides.load_file
 from rove_jax.train.run_config import SECTIONS, RunConfig
 
 HELP = "rove-train --help-config lists every field"
-EXAMPLE = "configs/tiny.py"
 # model.rope_scaling's keys by what their values are; the rest are numbers
 _SCALING_TYPES = {
   "rope_type": str,
@@ -43,82 +39,6 @@ _SCALING_TYPES = {
 }
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 MISSING = type("MissingValue", (), {"__repr__": lambda self: "MISSING"})()  # --config.KEY, no =
-
-
-# ------------------------------------------------------------------------- the file
-
-
-def load_file(spec: str) -> RunConfig:
-  """The RunConfig of a config file: `PATH` calls its get_config(), `PATH:ARG` get_config(ARG).
-
-  Raises:
-    ValueError: the file is missing, defines no get_config(), raises (the message names the file,
-      the line and the exception, whatever it is) or returns something other than a RunConfig.
-  """
-  path, sep, arg = spec.partition(":")
-  path = os.path.abspath(path)
-  if not os.path.isfile(path):
-    raise ValueError(
-      f"--config {path}: no such file; give a config file (e.g. {EXAMPLE}) or a "
-      f"packaged config's name"
-    )
-  try:
-    module_spec = importlib.util.spec_from_file_location("_rove_jax_config_file", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    get_config = getattr(module, "get_config", None)
-    if not callable(get_config):
-      raise ValueError(
-        f"--config {path} defines no get_config(); a config file defines "
-        f"get_config() returning the run's RunConfig (see {EXAMPLE})"
-      )
-    c = get_config(arg) if sep else get_config()
-  except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the file raises is named
-    message = _failure(e, path)
-    if message is None:
-      raise
-    raise ValueError(message) from None
-  if not isinstance(c, RunConfig):
-    kind = type(c).__name__
-    hint = (
-      " (config files no longer return an ml_collections ConfigDict: build the "
-      "RunConfig as configs/tiny.py does)"
-      if kind in ("ConfigDict", "FrozenConfigDict")
-      else ""
-    )
-    raise ValueError(
-      f"--config {path}: get_config() returned a {kind}, not a RunConfig{hint}; see {EXAMPLE}"
-    )
-  return c
-
-
-def _failure(e: BaseException, path: str) -> Optional[str]:
-  """ "--config FILE, line N (CODE): what happened; ..." for an exception raised in the file (its
-  innermost line there), or None when the file is not in the traceback."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if isinstance(e, ValueError) and str(e).startswith(f"--config {path}"):
-      return str(e)
-    frames = [
-      f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == path
-    ]
-    if frames:
-      line = frames[-1].lineno
-      code = linecache.getline(frames[-1].filename, line).strip()
-      if isinstance(e, SystemExit):
-        what = (
-          f"the config file exited (SystemExit: {e.code!r}) instead of returning a config; "
-          f"nothing was trained"
-        )
-      else:
-        what = f"{type(e).__name__}: {' '.join(str(e).split())}"
-      return (
-        f"--config {path}, line {line} ({code}): {what}; a config file defines "
-        f"get_config() returning the run's RunConfig (see {EXAMPLE})"
-      )
-    e = e.__cause__ or e.__context__
-  return None
 
 
 # ------------------------------------------------------------------------ overrides

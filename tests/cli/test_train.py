@@ -211,10 +211,10 @@ def test_a_config_file_that_exits_or_raises_is_an_error_naming_its_line(tmp_path
 
 def test_errors_outside_the_config_file_are_not_blamed_on_it(tmp_path):
   from rove_jax.cli import train
-  from rove_jax.train import overrides
+  from rove_jax.train import config_file
 
   try:
     raise SystemExit(1)  # absl's --help exits like this: it must pass through
   except SystemExit as e:
-    assert overrides._failure(e, str(tmp_path / "c.py")) is None
+    assert config_file._failure(e, str(tmp_path / "c.py")) is None
   assert train.config_path(["rove-train", "--config=c.py:arg", "--workdir", "w"]).endswith("/c.py")
