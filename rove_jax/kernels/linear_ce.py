@@ -126,55 +126,54 @@ def token_nll(
   plan = plan or Plan()
   run_interpreted = platform.target_platform() != "gpu" if interpret is None else interpret
   plan = plan._replace(interpret=bool(run_interpreted))
-  return _nll(plan, batch, x_BTE, w_VE, targets_BT.astype(jnp.int32))
+  return _nll(plan, shards, x_BTE, w_VE, targets_BT.astype(jnp.int32))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _nll(plan, batch, x_BTE, w_VE, targets_BT):
-  return _nll_fwd(plan, batch, x_BTE, w_VE, targets_BT)[0]
+def _nll(plan, shards, x_BTE, w_VE, targets_BT):
+  return _nll_fwd(plan, shards, x_BTE, w_VE, targets_BT)[0]
 
 
-def _nll_fwd(plan, batch, x_BTE, w_VE, targets_BT):
+def _nll_fwd(plan, shards, x_BTE, w_VE, targets_BT):
   run = lambda x, w, t: _forward(plan, x, w, t)
   w_cast = w_VE.astype(x_BTE.dtype)
   nll_BT, lse_BT = _on_shards(
-    run, batch, (x_BTE, w_cast, targets_BT), ("rows", "whole", "rows"), ("rows", "rows")
+    run, shards, (x_BTE, w_cast, targets_BT), ("rows", "whole", "rows"), ("rows", "rows")
   )
   w_dtype = jnp.zeros((0,), w_VE.dtype)  # an empty array carries W's dtype to the backward
   return nll_BT, (x_BTE, w_cast, targets_BT, lse_BT, w_dtype)
 
 
-def _nll_bwd(plan, batch, residuals, g_BT):
+def _nll_bwd(plan, shards, residuals, g_BT):
   x_BTE, w_VE, targets_BT, lse_BT, w_dtype = residuals
   args = (x_BTE, w_VE, targets_BT, lse_BT, g_BT.astype(jnp.float32))
   kinds = ("rows", "whole", "rows", "rows", "rows")
-  dx_BTE = _on_shards(lambda *a: _dx(plan, *a), batch, args, kinds, "rows")
+  dx_BTE = _on_shards(lambda *a: _dx(plan, *a), shards, args, kinds, "rows")
+  batch = None if shards is None else shards.batch
 
   def dw_summed(*a):
     dw = _dw(plan, *a)
     return dw if batch is None else jax.lax.psum(dw, batch)
 
-  dw_VE = _on_shards(dw_summed, batch, args, kinds, "whole")
+  dw_VE = _on_shards(dw_summed, shards, args, kinds, "whole")
   return dx_BTE.astype(x_BTE.dtype), dw_VE.astype(w_dtype.dtype), None
 
 
 _nll.defvjp(_nll_fwd, _nll_bwd)
 
 
-def _on_shards(run, batch, args, kinds, out_kinds):
-  """run(*args) on each device's tokens when the batch is split over mesh axes: "rows"
-  operands and results are split on their first (batch) dim, "whole" ones are not."""
-  if batch is None:
+def _on_shards(run, shards, args, kinds, out_kinds):
+  """run(*args) on each device under a mesh (`shards`: kernel_mesh.shards; None without one):
+  "rows" operands and results are split on their first dim over the batch axes, "whole" ones
+  are whole on every device."""
+  if shards is None:
     return run(*args)
-  spec = lambda kind, ndim: P(batch, *([None] * (ndim - 1))) if kind == "rows" else P()
-  in_specs = tuple(spec(k, a.ndim) for k, a in zip(kinds, args))
-  if isinstance(out_kinds, str):
-    out_specs = P(batch) if out_kinds == "rows" else P()
-  else:
-    out_specs = tuple(P(batch) if k == "rows" else P() for k in out_kinds)
-  mesh = jax.sharding.get_abstract_mesh()
-  free = tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
-  return kernel_mesh.run_sharded(run, args, in_specs, out_specs, free)
+  row = lambda ndim: P(shards.batch, *([None] * (ndim - 1)))
+  in_specs = tuple(row(a.ndim) if k == "rows" else P() for k, a in zip(kinds, args))
+  outs = (out_kinds,) if isinstance(out_kinds, str) else out_kinds
+  out_specs = tuple(P(shards.batch) if k == "rows" else P() for k in outs)
+  out_specs = out_specs[0] if isinstance(out_kinds, str) else out_specs
+  return kernel_mesh.run_sharded(run, args, in_specs, out_specs, shards.free)
 
 
 def _params(plan: Plan, backward: bool):
