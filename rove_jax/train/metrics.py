@@ -7,9 +7,9 @@ One JSON object a line, each with a "step": training lines {"step", "loss", "lr"
 first drops the lines past it (the log shows one history, also after a fall back to an older
 checkpoint); a line that does not read (cut short by a kill, damaged, edited by hand) is
 reported and moved to metrics.jsonl.unreadable, never dropped without a word. TensorBoard event
-files are written
-beside it when tensorboardX is installed; a resumed run asks TensorBoard to hide the events
-past its checkpoint, so its plots show one history too.
+files (rove_jax.train.tb_events) are written beside it when tensorboardX is installed; a
+resumed run asks TensorBoard to hide the events past its checkpoint, so its plots show one
+history too.
 
 On gs:// (no appends on GCS) the log is kept in memory and the object rewritten whole by
 `flush()`: at every checkpoint save (so the steps a resume keeps are stored with it), at most
@@ -129,8 +129,8 @@ class MetricsLog:
     if not tensorboard:
       return
     try:
-      from tensorboardX import SummaryWriter
-    except ImportError:  # optional: the JSONL log is the record
+      from rove_jax.train.tb_events import EventFile
+    except ImportError:  # tensorboardX is optional: the JSONL log is the record
       return
     logdir = paths.join(workdir, "tensorboard")
     if self.remote:
@@ -140,7 +140,7 @@ class MetricsLog:
           os.path.join(self._staging, rel), paths.read_bytes(paths.join(logdir, rel))
         )
     # purge_step: TensorBoard hides the earlier events at steps past the checkpoint.
-    self.tb = SummaryWriter(
+    self.tb = EventFile(
       self._staging or logdir, purge_step=resume_step + 1 if resume_step > 0 else None
     )
 
@@ -155,9 +155,9 @@ class MetricsLog:
     else:
       with open(self.path, "a") as f:
         f.write(line)
-    if self.tb is not None:
-      for k, v in scalars(record).items():
-        self.tb.add_scalar(k, v, record["step"])
+    values = scalars(record)
+    if self.tb is not None and values:
+      self.tb.scalars(record["step"], values)
     for sink in self.sinks:
       sink.write(record)
 
@@ -179,8 +179,8 @@ class MetricsLog:
   def close(self):
     if self.tb is not None:
       self.tb.close()
-    self.flush()
-    self.tb = None
+      self.tb = None
+    self.flush()  # on gs://, also copies the closed event files
     if self._staging is not None:
       shutil.rmtree(self._staging, ignore_errors=True)
       self._staging = None
