@@ -11,6 +11,7 @@ from tests.conftest import small_config
 from tests.train.test_loop import run_train
 
 
+@pytest.mark.slow
 def test_a_run_resumed_with_the_fused_loss_trains_as_the_unfused_one(tmp_path):
   """optim.loss_impl=fused through the trainer (train step and validation): a float32 tiny run
   trained 2 steps with the unfused loss and resumed with the fused one logs the losses and the
