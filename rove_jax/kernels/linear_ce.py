@@ -27,10 +27,20 @@ bfloat16 d is (rove_jax.train.loss).
 
 Blocks are powers of two (Triton's tiles are): for each of N, V and E the largest power of two
 that divides it, at most the plan's block, at least MIN_BLOCK. Block sizes and warps are set
-for registers (the dx and dW accumulators are E / be tiles), not tuned on a GPU. Under a mesh
-the tokens are split over the data-parallel axes with jax.shard_map (GSPMD cannot partition a
-Pallas call), W is whole on every device, and dW is summed over those axes. Off GPU the
-kernels run in Pallas interpret mode (how the tests check them on CPU); TPUs are refused.
+for registers (the dx and dW accumulators are E / be tiles), not tuned on a GPU.
+
+Under a mesh each device runs the kernels on its part, in jax.shard_map (GSPMD cannot
+partition a Pallas call), laid out as the parameters are (rove_jax.train.sharding.RULES):
+  tokens       split over the data-parallel axes (data, fsdp) that divide the batch;
+  classes      split over the tensor axis when it divides V in blocks (vocabulary-parallel, as
+               W's rows are): each device makes the logits of its classes only. Per token, the
+               devices' log-sum-exps combine as one (max, then a sum of exp), and the target's
+               logit comes from the device that holds its class (a sum of zeros elsewhere); dx
+               is summed over the tensor axis, dW stays split as W is;
+  dW's columns reduce-scattered over fsdp (E is what fsdp splits in W), summed over data: each
+               device receives its own shard, not the whole sum.
+Off GPU the kernels run in Pallas interpret mode (how the tests check them on CPU); TPUs are
+refused.
 """
 
 from __future__ import annotations
@@ -115,65 +125,119 @@ def token_nll(
   V = w_VE.shape[0]
   if w_VE.shape != (V, E):
     raise ValueError(f"w must be [V, E] with E = {E} (x's width), got {w_VE.shape}")
-  shards = kernel_mesh.shards(B, 1, 1)
-  batch = None if shards is None else shards.batch
-  mesh = jax.sharding.get_abstract_mesh()
-  split = 1 if batch is None else math.prod(mesh.shape[a] for a in batch)
-  reason = problem(B // split * T, E, V)
+  layout = _layout(B, E, V)
+  reason = problem(B // layout.token_split * T, E, V // layout.class_split)
   if reason is not None:
-    where = "" if split == 1 else f" ({B} sequences split over {split} devices)"
+    where = (
+      "" if layout.token_split == 1 else f" ({B} sequences split over {layout.token_split} devices)"
+    )
     raise ValueError(reason + where)
   plan = plan or Plan()
   run_interpreted = platform.target_platform() != "gpu" if interpret is None else interpret
   plan = plan._replace(interpret=bool(run_interpreted))
-  return _nll(plan, shards, x_BTE, w_VE, targets_BT.astype(jnp.int32))
+  return _nll(plan, layout, x_BTE, w_VE, targets_BT.astype(jnp.int32))
+
+
+class Layout(NamedTuple):
+  """How the kernels' operands are split under the active mesh (`_layout`)."""
+
+  free: tuple = ()  # the shard_map's mesh axes (none: no mesh, run as is)
+  batch: Optional[tuple] = None  # the axes the tokens (batch rows) are split over
+  classes: Optional[str] = None  # the axis W's rows (the classes) are split over
+  scatter: Optional[str] = None  # the batch axis dW's columns are reduce-scattered over
+  token_split: int = 1  # devices a batch row's tokens are split over
+  class_split: int = 1  # devices the classes are split over
+
+  def spec(self, kind: str) -> P:
+    """rows: [B, ...] token-major operands; w: W [V, E]; dw: W's gradient."""
+    if kind == "rows":
+      return P(self.batch)
+    return P(self.classes, self.scatter if kind == "dw" else None)
+
+
+def _layout(B: int, E: int, V: int) -> Layout:
+  shards = kernel_mesh.shards(B, 1, 1)
+  if shards is None:
+    return Layout()
+  mesh = jax.sharding.get_abstract_mesh()
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  batch = shards.batch or ()
+  t = sizes.get(kernel_mesh.HEAD_AXIS, 1) if kernel_mesh.HEAD_AXIS in shards.free else 1
+  classes = kernel_mesh.HEAD_AXIS if t > 1 and V % (t * MIN_BLOCK) == 0 else None
+  fsdp = "fsdp" if "fsdp" in batch and sizes["fsdp"] > 1 and E % sizes["fsdp"] == 0 else None
+  return Layout(
+    free=shards.free,
+    batch=shards.batch,
+    classes=classes,
+    scatter=fsdp,
+    token_split=math.prod(sizes[a] for a in batch),
+    class_split=t if classes else 1,
+  )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _nll(plan, shards, x_BTE, w_VE, targets_BT):
-  return _nll_fwd(plan, shards, x_BTE, w_VE, targets_BT)[0]
+def _nll(plan, layout, x_BTE, w_VE, targets_BT):
+  return _nll_fwd(plan, layout, x_BTE, w_VE, targets_BT)[0]
 
 
-def _nll_fwd(plan, shards, x_BTE, w_VE, targets_BT):
-  run = lambda x, w, t: _forward(plan, x, w, t)
+def _local(layout: Layout, w_VE, targets_BT):
+  """The targets as this device's class indices: shifted by its first class, so a target held
+  by another device matches none of its columns."""
+  if layout.classes is None:
+    return targets_BT
+  return targets_BT - jax.lax.axis_index(layout.classes) * w_VE.shape[0]
+
+
+def _nll_fwd(plan, layout, x_BTE, w_VE, targets_BT):
+  def run(x, w, t):
+    lse_BT, hit_BT = _forward(plan, x, w, _local(layout, w, t))
+    if layout.classes is not None:  # one log-sum-exp of every device's classes
+      m = jax.lax.pmax(lse_BT, layout.classes)
+      lse_BT = m + jnp.log(jax.lax.psum(jnp.exp(lse_BT - m), layout.classes))
+      hit_BT = jax.lax.psum(hit_BT, layout.classes)
+    return lse_BT - hit_BT, lse_BT
+
   w_cast = w_VE.astype(x_BTE.dtype)
+  rows, w = layout.spec("rows"), layout.spec("w")
   nll_BT, lse_BT = _on_shards(
-    run, shards, (x_BTE, w_cast, targets_BT), ("rows", "whole", "rows"), ("rows", "rows")
+    run, layout, (x_BTE, w_cast, targets_BT), (rows, w, rows), (rows,) * 2
   )
   w_dtype = jnp.zeros((0,), w_VE.dtype)  # an empty array carries W's dtype to the backward
   return nll_BT, (x_BTE, w_cast, targets_BT, lse_BT, w_dtype)
 
 
-def _nll_bwd(plan, shards, residuals, g_BT):
+def _nll_bwd(plan, layout, residuals, g_BT):
   x_BTE, w_VE, targets_BT, lse_BT, w_dtype = residuals
   args = (x_BTE, w_VE, targets_BT, lse_BT, g_BT.astype(jnp.float32))
-  kinds = ("rows", "whole", "rows", "rows", "rows")
-  dx_BTE = _on_shards(lambda *a: _dx(plan, *a), shards, args, kinds, "rows")
-  batch = None if shards is None else shards.batch
+  rows = layout.spec("rows")
+  specs = (rows, layout.spec("w"), rows, rows, rows)
 
-  def dw_summed(*a):
-    dw = _dw(plan, *a)
-    return dw if batch is None else jax.lax.psum(dw, batch)
+  def dx(x, w, t, lse, g):
+    dx = _dx(plan, x, w, _local(layout, w, t), lse, g)
+    return dx if layout.classes is None else jax.lax.psum(dx, layout.classes)
 
-  dw_VE = _on_shards(dw_summed, shards, args, kinds, "whole")
+  def dw(x, w, t, lse, g):
+    dw = _dw(plan, x, w, _local(layout, w, t), lse, g)
+    summed = tuple(a for a in layout.batch or () if a != layout.scatter)
+    if summed:
+      dw = jax.lax.psum(dw, summed)
+    if layout.scatter is not None:
+      dw = jax.lax.psum_scatter(dw, layout.scatter, scatter_dimension=1, tiled=True)
+    return dw
+
+  dx_BTE = _on_shards(dx, layout, args, specs, rows)
+  dw_VE = _on_shards(dw, layout, args, specs, layout.spec("dw"))
   return dx_BTE.astype(x_BTE.dtype), dw_VE.astype(w_dtype.dtype), None
 
 
 _nll.defvjp(_nll_fwd, _nll_bwd)
 
 
-def _on_shards(run, shards, args, kinds, out_kinds):
-  """run(*args) on each device under a mesh (`shards`: kernel_mesh.shards; None without one):
-  "rows" operands and results are split on their first dim over the batch axes, "whole" ones
-  are whole on every device."""
-  if shards is None:
+def _on_shards(run, layout: Layout, args, in_specs, out_specs):
+  """run(*args), on each device's part under a mesh (`layout.free` not empty)."""
+  if not layout.free:
     return run(*args)
-  row = lambda ndim: P(shards.batch, *([None] * (ndim - 1)))
-  in_specs = tuple(row(a.ndim) if k == "rows" else P() for k, a in zip(kinds, args))
-  outs = (out_kinds,) if isinstance(out_kinds, str) else out_kinds
-  out_specs = tuple(P(shards.batch) if k == "rows" else P() for k in outs)
-  out_specs = out_specs[0] if isinstance(out_kinds, str) else out_specs
-  return kernel_mesh.run_sharded(run, args, in_specs, out_specs, shards.free)
+  return kernel_mesh.run_sharded(run, args, in_specs, out_specs, layout.free)
 
 
 def _params(plan: Plan, backward: bool):
@@ -187,13 +251,14 @@ def _whole(a):
 
 
 def _forward(plan: Plan, x_BTE, w_VE, targets_BT):
-  """(nll, lse), float32 [B, T]: one program a block of tokens."""
+  """(log-sum-exp over W's classes, the target's logit: 0 when no class of W is the target),
+  float32 [B, T]: one program a block of tokens."""
   B, T, E = x_BTE.shape
   N, V = B * T, w_VE.shape[0]
   bn, bv, be = _block(N, plan.bn), _block(V, plan.bv), _block(E, plan.be)
   x_NE, t_N = x_BTE.reshape(N, E), targets_BT.reshape(N)
   rows = pl.BlockSpec((bn,), lambda i: (i,))
-  nll_N, lse_N = pl.pallas_call(
+  lse_N, hit_N = pl.pallas_call(
     functools.partial(_forward_kernel, bv, be),
     grid=(N // bn,),
     in_specs=[pl.BlockSpec((bn, E), lambda i: (i, 0)), _whole(w_VE), rows],
@@ -203,7 +268,7 @@ def _forward(plan: Plan, x_BTE, w_VE, targets_BT):
     interpret=plan.interpret,
     name="linear_cross_entropy_fwd",
   )(x_NE, w_VE, t_N)
-  return nll_N.reshape(B, T), lse_N.reshape(B, T)
+  return lse_N.reshape(B, T), hit_N.reshape(B, T)
 
 
 def _logits(x_ref, w_ref, rows, cols, be, precision, transposed=False):
@@ -219,7 +284,7 @@ def _logits(x_ref, w_ref, rows, cols, be, precision, transposed=False):
   return out
 
 
-def _forward_kernel(bv, be, x_ref, w_ref, t_ref, nll_ref, lse_ref):
+def _forward_kernel(bv, be, x_ref, w_ref, t_ref, lse_ref, hit_ref):
   bn = x_ref.shape[0]
   V = w_ref.shape[0]
   precision = precision_for(x_ref.dtype)
@@ -238,9 +303,8 @@ def _forward_kernel(bv, be, x_ref, w_ref, t_ref, nll_ref, lse_ref):
   f32 = jnp.float32
   init = (jnp.full((bn,), -jnp.inf, f32), jnp.zeros((bn,), f32), jnp.zeros((bn,), f32))
   m, s, hit = jax.lax.fori_loop(0, V // bv, step, init)
-  lse = m + jnp.log(s)
-  lse_ref[...] = lse
-  nll_ref[...] = lse - hit
+  lse_ref[...] = m + jnp.log(s)
+  hit_ref[...] = hit
 
 
 def _dx(plan: Plan, x_BTE, w_VE, targets_BT, lse_BT, g_BT):

@@ -90,20 +90,37 @@ def test_a_float32_weight_gets_a_float32_gradient():
   assert np.abs(np.asarray(dw) - want_dw).max() <= 0.01 * np.abs(want_dw).max()
 
 
-def test_sharded_equals_unsharded():
-  """Under a (data, fsdp, tensor) = (2, 2, 2) mesh the tokens are split over data and fsdp
-  (jax.shard_map), W's gradient summed over them: the same losses and gradients, to float32
-  rounding (dW's partial sums add in another order)."""
+def mesh_of(shape):
+  return jax.make_mesh(
+    shape, ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3
+  )
+
+
+@pytest.mark.parametrize(
+  "shape, V",
+  [((2, 2, 2), 128), ((1, 2, 4), 128), ((1, 8, 1), 128), ((4, 1, 2), 128), ((1, 2, 4), 80)],
+  ids=["2x2x2", "1x2x4", "1x8x1", "4x1x2", "1x2x4-classes-whole"],
+)
+def test_sharded_equals_unsharded(shape, V):
+  """Under a (data, fsdp, tensor) mesh the tokens are split over data and fsdp, the classes
+  over tensor (each device makes the logits of its classes; the log-sum-exps combine), dx is
+  summed over tensor and dW reduce-scattered over fsdp: the same losses and gradients as one
+  device, to float32 rounding (partial sums add in another order), and dW arrives split as W
+  is (rows over tensor, columns over fsdp). 80 classes do not split over 4 devices in blocks of
+  16: W is then whole on every device."""
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices (tests/conftest.py gives 8 CPU devices)")
-  x, w, t, g = inputs(4, 32, 32, 64, seed=5)
+  x, w, t, g = inputs(8, 16, 32, V, seed=5)
   want = kernel_and_grads(x, w, t, g)
-  mesh = jax.make_mesh(
-    (2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3
-  )
-  with jax.set_mesh(mesh):
-    got = jax.jit(kernel_and_grads)(x, w, t, g)
-  assert got[1].sharding.spec[0] == ("data", "fsdp")
+  with jax.set_mesh(mesh_of(shape)):
+    step = jax.jit(kernel_and_grads)
+    got = step(x, w, t, g)
+    program = step.lower(x, w, t, g).as_text()
+  data, fsdp, tensor = shape
+  assert got[1].sharding.shard_shape(x.shape) == (8 // (data * fsdp), 16, 32)
+  split = tensor if V % (tensor * 16) == 0 else 1
+  assert got[2].sharding.shard_shape(w.shape) == (V // split, 32 // fsdp)
+  assert ("reduce_scatter" in program) == (fsdp > 1)
   for a, b in zip(got, want):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
@@ -113,10 +130,10 @@ def test_each_devices_tokens_must_fill_a_block():
   multiple of 16 too: 8 sequences of 24 tokens over 8 devices is refused, not cut short."""
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices (tests/conftest.py gives 8 CPU devices)")
-  mesh = jax.make_mesh(
-    (8, 1, 1), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3
-  )
-  with jax.set_mesh(mesh), pytest.raises(ValueError, match=r"got 24 \(8 sequences split over 8"):
+  with (
+    jax.set_mesh(mesh_of((8, 1, 1))),
+    pytest.raises(ValueError, match=r"got 24 \(8 sequences split over 8"),
+  ):
     linear_ce.token_nll(jnp.zeros((8, 24, 32)), jnp.zeros((64, 32)), jnp.zeros((8, 24), jnp.int32))
 
 

@@ -4,11 +4,13 @@ refusals before any work."""
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
 from tests.conftest import small_config
-from tests.train.test_loop import run_train
+from tests.train.test_loop import losses, run_train
+from tests.train.test_sharding import grad_norms, mesh_config, run
 
 
 @pytest.mark.slow
@@ -51,3 +53,22 @@ def test_a_run_resumed_with_the_fused_loss_trains_as_the_unfused_one(tmp_path):
 def test_the_config_refuses_what_the_fused_loss_cannot_run(tmp_path, override, message):
   with pytest.raises(ValueError, match=message):
     small_config(tmp_path, **override)
+
+
+@pytest.mark.slow
+def test_on_a_data_fsdp_tensor_mesh_the_fused_loss_trains_as_the_unfused_one(tmp_path):
+  """On a (data, fsdp, tensor) = (2, 2, 2) mesh of the 8 CPU devices the fused loss splits the
+  tokens over data and fsdp and the classes over tensor, and reduce-scatters the weight's
+  gradient over fsdp: three steps log the unfused run's losses and gradient norms."""
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices (tests/conftest.py gives 8 CPU devices)")
+  logged = {}
+  for impl in ("xla", "fused"):
+    c = mesh_config(tmp_path, (2, 2, 2), **{"steps": 3, "optim.loss_impl": impl})
+    run(c, tmp_path / impl, 8)
+    logged[impl] = (losses(tmp_path / impl), grad_norms(tmp_path / impl))
+  assert sorted(logged["fused"][0]) == [1, 2, 3]
+  for got, want in zip(logged["fused"], logged["xla"]):
+    np.testing.assert_allclose(
+      [got[s] for s in sorted(want)], [want[s] for s in sorted(want)], rtol=2e-5
+    )
