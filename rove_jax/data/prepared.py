@@ -303,6 +303,50 @@ def for_run(
   return tok, train, val, ident
 
 
+def run_vocabulary(
+  path: str, tokenizer: Optional[str], vocab_size: int, *, dry_run: bool = False, log=None
+) -> tuple[str, int]:
+  """(tokenizer, vocabulary size) of a run on the prepared dataset at `path`: its tokenizer when
+  `tokenizer` (data.tokenizer) is unset, and with it a vocabulary large enough for its ids
+  (rounded up to a multiple of 64); a tokenizer given that is not the dataset's is an error.
+  A dry run (which compiles for a slice from a host that need not see the data) keeps its
+  settings when the manifest cannot be read.
+
+  Raises:
+    ValueError: an unreadable manifest, another tokenizer, or a given tokenizer whose ids do not
+      fit vocab_size: one line naming data.path or the field.
+  """
+  from rove_jax.nn.model_config import padded_vocab_size
+
+  try:
+    manifest = read_manifest(path)
+  except (ValueError, OSError) as e:
+    if dry_run:
+      return tokenizer, vocab_size
+    raise ValueError(f"data.path={path}: {e}") from None
+  want = manifest["tokenizer"]
+  if tokenizer is not None and tokenizer != want["spec"]:
+    raise ValueError(
+      f"data.tokenizer={tokenizer!r} but the prepared dataset {path} was "
+      f"tokenized with {want['spec']!r}; leave data.tokenizer unset (the dataset "
+      f"supplies it) or prepare the corpus again with {tokenizer!r}"
+    )
+  ids = int(want["vocab_size"])
+  need = padded_vocab_size(ids)
+  if vocab_size < ids:
+    if tokenizer is not None:
+      raise ValueError(
+        f"model.vocab_size={vocab_size} is smaller than the {ids} ids of the "
+        f"prepared dataset's tokenizer {want['spec']!r}; set "
+        f"--config.model.vocab_size={need} or leave data.tokenizer unset"
+      )
+    (log or _log)(
+      f"model.vocab_size={need}: the prepared dataset's tokenizer {want['spec']!r} has {ids} ids"
+    )
+    vocab_size = need
+  return want["spec"], vocab_size
+
+
 def _bpe_file(spec: str) -> Optional[str]:
   if spec == "bpe":
     size = tokenization.DEFAULT_BPE_VOCAB
