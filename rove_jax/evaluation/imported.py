@@ -20,7 +20,6 @@ from rove_jax.data import tokenization
 from rove_jax.evaluation.scoring import Run
 from rove_jax.nn import param_files, pretrained
 from rove_jax.storage import paths
-from rove_jax.train import init_from
 from rove_jax.train.run_config import DataConfig, RunConfig
 
 
@@ -50,7 +49,7 @@ def recorded_train_len(hf: dict) -> int:
 def has_tokenizer(path: str) -> bool:
   """Whether the model directory at `path` holds or records its tokenizer (ValueError: a
   config.json whose tokenizer record is malformed)."""
-  return init_from.checkpoint_tokenizer(paths.resolve(path, what="model directory")) is not None
+  return pretrained.inspect(paths.resolve(path, what="model directory")).tokenizer is not None
 
 
 def load_model(
@@ -70,7 +69,7 @@ def load_model(
   path = paths.resolve(path, what="model directory")
   config, params = pretrained.load(path)
   hf = json.loads(paths.read_text(paths.join(path, param_files.CONFIG)))
-  spec = init_from.checkpoint_tokenizer(path) or tokenizer
+  spec = pretrained.inspect(path).tokenizer or tokenizer
   if spec is None:
     raise ValueError(
       f"{path} holds no tokenizer.json and records no tokenizer; pass "

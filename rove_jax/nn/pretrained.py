@@ -53,14 +53,17 @@ architecture and is not converted here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Optional
 
 from rove_jax.nn import hf_gpt2, hf_llama, param_files
 from rove_jax.nn import model as model_lib
 from rove_jax.nn.model_config import ROTARY_ENCODINGS, GPTConfig
+from rove_jax.storage import paths as storage_paths
 
 MODEL_TYPE = "rove_jax_gpt"
+TOKENIZER_FILE = "tokenizer.json"  # a transformers directory's tokenizer; rove-export writes one
 FORMAT_VERSION = 1
 FORMATS = ("auto", "gpt2", *hf_llama.MODEL_TYPES, "rove_jax")
 
@@ -272,6 +275,46 @@ def check_files(path: str) -> tuple[GPTConfig, dict]:
         f"{where}: {name} has shape {found[name]}; its config.json says {tuple(shape)}"
       )
   return config, hf
+
+
+@dataclasses.dataclass(frozen=True)
+class Inspected:
+  """A checkpoint directory as `inspect` found it (tensors unread)."""
+
+  path: str
+  model: GPTConfig  # its config.json's
+  tokenizer: Optional[str]  # its tokenizer file, or the spec it records, or None
+
+
+def inspect(path: str, *, where: Optional[str] = None, check: bool = False) -> Inspected:
+  """The model and the tokenizer of the checkpoint at `path`, tensors unread: its config.json's
+  model (`read_config`; `check_files` too when `check`, so that a damaged file is refused before
+  any work), and its tokenizer: the file its "rove_jax_run" record names (rove-export writes it
+  beside the weights), else a tokenizer.json beside the weights (transformers' directories),
+  else the spec an export of a byte or tiktoken run records, else None.
+
+  Raises:
+    ValueError: one line starting with `where` (default: the path) naming what is wrong: no
+      weights or config.json, a damaged file, a malformed tokenizer record.
+  """
+  where = where or path
+  try:
+    model, hf = (check_files if check else read_config)(path)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{where}: {e}") from None
+  directory = storage_paths.dirname(path) if storage_paths.isfile(path) else path
+  run = hf.get("rove_jax_run")
+  recorded = (run.get("tokenizer") if isinstance(run, dict) else None) or {}
+  if not isinstance(recorded, dict):
+    raise ValueError(f"{where}: rove_jax_run.tokenizer in its config.json is not an object")
+  file = storage_paths.inside(
+    directory, recorded.get("file") or TOKENIZER_FILE, what=f"{where}: rove_jax_run.tokenizer.file"
+  )
+  if storage_paths.isfile(file):
+    return Inspected(path, model, file)
+  if recorded.get("spec") and not recorded.get("file"):
+    return Inspected(path, model, recorded["spec"])
+  return Inspected(path, model, None)
 
 
 def load(path, config=None):

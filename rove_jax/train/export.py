@@ -45,7 +45,7 @@ from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
 from rove_jax.train import run_reader
 
-TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_FILE = pretrained.TOKENIZER_FILE
 
 
 def _missing_parents(path: str) -> list:

@@ -5,9 +5,9 @@ rove-jax export (rove-export, `rove_jax.nn.pretrained.save`), local or gs://. A 
 checkpoint in its workdir yet) starts from its parameters instead of a random init, with a fresh
 optimizer state; a resumed run restores its own checkpoint as always and ignores init_from.
 
-`read` (called by rove_jax.train.resolve, before any work) reads the checkpoint's config.json
-once and finds its tokenizer, `configure` makes the run's model section the checkpoint's and
-checks its tokenizer; `load_params` (called for a new run) reads the tensors.
+rove_jax.train.resolve, before any work, reads the checkpoint's config.json once and finds its
+tokenizer (rove_jax.nn.pretrained.inspect); `configure` makes the run's model section the
+checkpoint's and checks its tokenizer; `load_params` (called for a new run) reads the tensors.
 
 The model is the checkpoint's. A run may set only what does not change which tensors there are
 or what they compute before the attention (FREE below, and pos_encoding):
@@ -37,13 +37,12 @@ tokenizer (by fingerprint) is an error; a checkpoint with no tokenizer needs one
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import Iterable, Optional
 
 from rove_jax import scaling
 from rove_jax.nn.model_config import DTYPES, ROTARY_ENCODINGS, GPTConfig
-from rove_jax.storage import paths
+from rove_jax.nn.pretrained import TOKENIZER_FILE, Inspected
 
 FREE = (
   "rope_scaling",
@@ -56,57 +55,10 @@ FREE = (
   "init_std",
   "rove_layers",
 )
-TOKENIZER_FILE = "tokenizer.json"
-
-
-def _read(path: str, *, check_files: bool = False) -> tuple[GPTConfig, Optional[str]]:
-  """(GPTConfig, tokenizer) of the checkpoint at path, tensors unread: its config.json's model,
-  and its tokenizer.json (the file rove-export names, else tokenizer.json beside the weights),
-  the spec an export of a byte or tiktoken run records, or None. check_files: its index and
-  safetensors headers checked too, against the config (`pretrained.check_files`), so a damaged
-  file is refused before any work."""
-  from rove_jax.nn import pretrained  # safetensors: only runs that start from a checkpoint
-
-  try:
-    cfg, hf = (pretrained.check_files if check_files else pretrained.read_config)(path)
-  except (OSError, ValueError) as e:
-    raise ValueError(f"init_from={path}: {e}") from None
-  directory = paths.dirname(path) if paths.isfile(path) else path
-  run = hf.get("rove_jax_run")
-  recorded = (run.get("tokenizer") if isinstance(run, dict) else None) or {}
-  if not isinstance(recorded, dict):
-    raise ValueError(
-      f"init_from={path}: rove_jax_run.tokenizer in its config.json is not an object"
-    )
-  file = paths.inside(
-    directory,
-    recorded.get("file") or TOKENIZER_FILE,
-    what=f"init_from={path}: rove_jax_run.tokenizer.file",
-  )
-  if paths.isfile(file):
-    return cfg, file
-  if recorded.get("spec") and not recorded.get("file"):
-    return cfg, recorded["spec"]
-  return cfg, None
-
-
-@dataclasses.dataclass(frozen=True)
-class Pretrained:
-  """The checkpoint a run starts from, as `read` found it (its files checked, tensors unread)."""
-
-  path: str
-  model: GPTConfig  # its config.json's
-  tokenizer: Optional[str]  # its tokenizer file or recorded spec, or None (`_read`)
-
-
-def read(path: str) -> Pretrained:
-  """The checkpoint at `path`: its model and tokenizer, read once (its files checked, tensors
-  unread). Raises ValueError naming the path."""
-  return Pretrained(path, *_read(path, check_files=True))
 
 
 def configure(
-  pretrained: Pretrained,
+  pretrained: Inspected,
   config: GPTConfig,
   tokenizer: Optional[str],
   given: Optional[Iterable[str]],
@@ -167,12 +119,7 @@ def configure(
     raise ValueError(f"config.model: {e}") from None
 
 
-def checkpoint_tokenizer(path: str) -> Optional[str]:
-  """The tokenizer spec of the checkpoint at path (`_read`), or None."""
-  return _read(path)[1]
-
-
-def _run_tokenizer(pretrained: Pretrained, given: Optional[str], vocab_size: int) -> str:
+def _run_tokenizer(pretrained: Inspected, given: Optional[str], vocab_size: int) -> str:
   """The checkpoint's tokenizer when `given` is unset, else `given` checked against it."""
   from rove_jax.data import tokenization  # the data layer: loaded by training runs only
 

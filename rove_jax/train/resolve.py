@@ -55,9 +55,10 @@ def _resolve(c: RunConfig, given: Optional[list], model_given, log) -> RunConfig
     if key == "init_from" and value is not overrides.MISSING:
       path = overrides.parse(value, str, optional=True) if isinstance(value, str) else value
   if path is not None:
-    from rove_jax.train import init_from  # safetensors: runs that start from a checkpoint
+    from rove_jax.nn import pretrained as pretrained_lib  # only runs that start from one
+    from rove_jax.train import init_from
 
-    pretrained = init_from.read(path)
+    pretrained = pretrained_lib.inspect(path, where=f"init_from={path}", check=True)
   if given is not None:
     c = overrides.apply(c, ([("model", pretrained.model)] if path else []) + given)
   model, data = c.model, c.data
