@@ -11,7 +11,7 @@ jax.experimental.topologies describes a TPU slice as compile-only devices (libtp
 installed, `pip install 'rove_jax[tpu]'`; no TPU is needed), so XLA's TPU compiler lowers and
 compiles on this host the programs a run executes, on the config's (data, fsdp, tensor) mesh and
 under `jax.set_mesh`, so that kernels chosen at trace time see the target platform:
-  train   training.make_train_step with the config's batch, grad_accum, dtype and remat;
+  train   train.program.make_train_step with the config's batch, grad_accum, dtype and remat;
   eval    the long-context evaluation forward (evaluation.scoring's token scores) at a length
           (default 16384) with YaRN past data.seq_len, one window a data-parallel shard;
   decode  one new token a sequence against a KV cache of that length.
@@ -69,21 +69,21 @@ def _sds(tree, shardings):
 
 
 def _train_program(c, model_cfg, mesh):
-  # Here, not at the top: the training loop loads orbax and grain, which parse_topology's users
-  # and the eval and decode programs do not need.
-  from rove_jax.train import loop as training
+  # Here, not at the top: the train step loads optax, which parse_topology's users and the
+  # eval and decode programs do not need.
+  from rove_jax.train import program as train_program
 
-  tx = training.make_optimizer(c.optim, c.steps)
+  tx = train_program.make_optimizer(c.optim, c.steps)
   graphdef, params, _, specs = _abstract(model_cfg, mesh)
   layers = layer_stack.LayerStack(params)  # the trainer's state: the layers' parameters stacked
-  state = jax.eval_shape(lambda p: training.new_state(tx, p, layers), params)
+  state = jax.eval_shape(lambda p: train_program.new_state(tx, p, layers), params)
   state_sh = sharding.tree_shardings(state, layers.path_specs(specs), mesh)
   batch_sh = sharding.batch_sharding(mesh)
-  step = training.make_train_step(
+  step = train_program.make_train_step(
     graphdef,
     tx,
     c.optim.grad_accum,
-    training.lr_schedule(c.optim, c.steps),
+    train_program.lr_schedule(c.optim, c.steps),
     layers=layers,
     state_shardings=state_sh,
     batch_sharding=batch_sh,

@@ -34,6 +34,7 @@ from rove_jax.train import health as health_lib
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train.health import NonFiniteError
 from rove_jax.train.metrics import MetricsLog
+from rove_jax.train.program import Program
 from rove_jax.train.result import TrainResult
 from rove_jax.train.run_config import RunConfig
 from rove_jax.train.tracking import Profiler
@@ -51,15 +52,11 @@ class Run:
   log: Callable[..., None]
   data: data_lib.Data
   iterator: Any  # the training batches, its position saved with each checkpoint
-  state: Any  # loop.TrainState, sharded over the mesh
+  state: Any  # program.TrainState, sharded over the mesh
   start: int  # the step it starts from (a restored checkpoint's, else 0)
   restored: bool
   meta: dict  # stored with every checkpoint
-  graphdef: Any
-  layers: Any  # layer_stack.LayerStack: the state's parameters are stacked by it
-  to_checkpoint: Callable  # the state -> the checkpoints' layout (LayerStack.to_layers)
-  train_step: Callable
-  eval_step: Callable
+  program: Program  # the model, the jitted steps, the state's layouts (stacked, saved)
   metrics_log: MetricsLog
   profiler: Profiler
   summary: dict = dataclasses.field(default_factory=dict)  # TrainResult's optional fields
@@ -113,7 +110,7 @@ def run(r: Run) -> TrainResult:
     while step < end:
       batch = r.place(next(r.iterator))
       r.profiler.before(step + 1)
-      r.state, m = r.train_step(r.state, batch)
+      r.state, m = r.program.train_step(r.state, batch)
       step += 1
       r.profiler.after(step, m)
       for hook in hooks:
@@ -151,8 +148,8 @@ def _result(r: Run, step: int, last: dict, nonfinite_steps: int) -> TrainResult:
     steps_run=step - r.start,
     tokenizer=r.data.tokenizer,
     model_config=r.c.model,
-    params=r.layers.unstack(r.state.params),
-    graphdef=r.graphdef,
+    params=r.program.layers.unstack(r.state.params),
+    graphdef=r.program.graphdef,
     mesh=r.mesh,
   )
 
@@ -266,7 +263,7 @@ class Evaluate:
     if step % r.c.eval_every and step != r.c.steps:
       return
     batches = map(r.place, r.data.eval_batches(**self.batches))
-    val = mean_loss(r.eval_step, r.state.params, batches)
+    val = mean_loss(r.program.eval_step, r.state.params, batches)
     if val is not None:
       r.metrics_log.write({"step": step, "val_loss": val})
       r.summary["val_loss"] = val
@@ -304,7 +301,7 @@ class Checkpoint:
       return problem
     r.ckpt.save(
       step,
-      ckpt_lib.to_flat(r.to_checkpoint(r.state)),
+      ckpt_lib.to_flat(r.program.to_layers(r.state)),
       r.iterator.get_state(),
       {**r.meta, "step": step},
     )
