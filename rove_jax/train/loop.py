@@ -18,7 +18,6 @@ import jax
 from rove_jax.storage import deadline
 from rove_jax.train import (
   agreement,
-  init_from,
   resolve,
   resume,
   run_checks,
@@ -30,7 +29,6 @@ from rove_jax.train import (
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train.health import NonFiniteError  # noqa: F401 - what train() raises
-from rove_jax.train.metrics import MetricsLog
 from rove_jax.train.program import Program
 from rove_jax.train.result import TrainResult
 from rove_jax.train.run_config import RunConfig
@@ -81,9 +79,9 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
 def _check(c: RunConfig, log):
   """What is checked before the workdir is touched; returns this process's log (the other
   processes than 0 log nothing)."""
-  run_checks.check_environment(c)
   deadline.reset()  # a stop or a storage failure of an earlier run in this process is past
   deadline.configure(c.storage_timeout)
+  run_checks.check_environment(c)
   if jax.process_index() != 0:
     return lambda *a, **k: None
   if "wandb" in tracking.parse_tracking(c.tracking):
@@ -97,7 +95,10 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
   (restored, from init_from or new) and the metrics."""
   program = Program(c, mesh)
   meta = c.metadata()
-  _check_resumable(c, ckpt, meta, program.saved, workdir, log)
+  # Before data work and before any restore: a config that cannot continue the saved run is
+  # an error that leaves every checkpoint where it is.
+  resume.check_resumable(ckpt, meta, ckpt_lib.to_flat(program.saved), workdir=workdir, log=log)
+  resume.check_fresh_start(ckpt, c.fresh_start)
   data = run_data.open_data(c, workdir, resuming=ckpt.latest_step() is not None, log=log)
   state = program.init()
   pidx, nproc = jax.process_index(), jax.process_count()
@@ -114,8 +115,10 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
     name=tok.name, vocab_size=tok.vocab_size, eot_id=tok.eot_id, fingerprint=tok.fingerprint
   )
   meta["data_identity"] = data.identity
-  state, start, restored = _restore(c, workdir, ckpt, data, iterator, state, program, log)
-  metrics_log, profiler = _recorders(c, workdir, start, log)
+  state, start, restored = resume.restore(
+    c, ckpt, program, data, iterator, state, workdir=workdir, log=log
+  )
+  metrics_log, profiler = tracking.recorders(c, workdir, start, log)
   if program.options:
     log(f"XLA options for this GPU: {program.options} (rove_jax/train/gpu_options.py)")
   return step_loop.Run(
@@ -135,63 +138,3 @@ def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
     metrics_log=metrics_log,
     profiler=profiler,
   )
-
-
-def _recorders(c: RunConfig, workdir, start: int, log):
-  """(the metrics log, the profiler) of a run resuming at `start`; process 0 records."""
-  pidx = jax.process_index()
-  sinks = tracking.parse_tracking(c.tracking)
-  metrics_log = MetricsLog(
-    workdir,
-    resume_step=start,
-    enabled=pidx == 0,
-    report=log,
-    tensorboard="tensorboard" in sinks,
-    sinks=[tracking.Wandb(workdir, c)] if "wandb" in sinks and pidx == 0 else [],
-  )
-  profiler = tracking.Profiler(
-    workdir, tracking.parse_profile_steps(c.profile_steps, c.steps), enabled=pidx == 0, log=log
-  )
-  return metrics_log, profiler
-
-
-def _check_resumable(c: RunConfig, ckpt, meta: dict, abstract_state, workdir, log) -> None:
-  """Before data work and before any restore: a config that cannot continue the saved run is an
-  error that leaves every checkpoint where it is."""
-  resume.check_resumable(ckpt, meta, ckpt_lib.to_flat(abstract_state), workdir=workdir, log=log)
-  if ckpt.latest_step() is None and ckpt.quarantined() and not c.fresh_start:
-    raise ValueError(
-      f"{ckpt.directory} holds no checkpoint, but {len(ckpt.quarantined())} earlier ones of "
-      f"this run were found unreadable and moved to {ckpt.quarantine_dir()}. Starting again "
-      f"from step 0 would overwrite its metrics: move a checkpoint back if you can repair it, "
-      f"or pass --config.fresh_start=True to start from step 0 (the moved ones stay)."
-    )
-
-
-def _restore(c: RunConfig, workdir, ckpt, data, iterator, state, program: Program, log):
-  """(state, start step, restored?): the newest readable checkpoint's state, with the data
-  iterator set to its position; else, for a new run, init_from's parameters or `state`."""
-  target = program.restore_target  # onto this run's mesh, in the checkpoints' layout
-  restored = ckpt.restore_latest(ckpt_lib.to_flat(target), report=log)
-  if restored is None:
-    if c.init_from is not None:  # a new run from a pretrained model (train/init_from.py)
-      state = state.replace(
-        params=program.stack_params(
-          init_from.load_params(c, program.saved_shardings.params, log=log)
-        )
-      )
-    return state, 0, False
-  start, flat, data_state, saved_meta = restored
-  # A tokenizer file in the workdir that changed since the save would feed the run other ids.
-  resume.check_tokenizer(saved_meta, data.tokenizer, workdir=workdir)
-  # So would a dataset re-prepared, or files edited, since the run began.
-  resume.check_data(
-    saved_meta, data.identity, allow_changed=c.data.allow_changed, workdir=workdir, log=log
-  )
-  state = program.from_layers(ckpt_lib.from_flat(flat, target))
-  iterator.set_state(data_state)
-  log(
-    f"resumed from step {start} in {ckpt.directory}"
-    + (f"; init_from={c.init_from} is ignored" if c.init_from else "")
-  )
-  return state, start, True

@@ -239,9 +239,9 @@ class Program:
     model = lambda: GPT(c.model, rngs=nnx.Rngs(c.seed))
     init = lambda: new_state(tx, nnx.state(model(), nnx.Param), layers)
     self._layouts(layers, abstract_state, mesh)
+    batch_sharding = sharding_lib.batch_sharding(mesh)
     self.init = jax.jit(init, out_shardings=self.state_shardings)
     self.options = gpu_options.compiler_options(mesh.devices.flat)
-    batch_sharding = sharding_lib.batch_sharding(mesh)
     self.eval_step = make_eval_step(self.graphdef, self.options, layers, o.loss_impl)
     self.train_step = make_train_step(
       self.graphdef,
