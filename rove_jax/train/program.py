@@ -218,7 +218,8 @@ class Program:
     saved, saved_shardings: the train state in the checkpoints' layout (the model's per-layer
       parameters and moments, LayerStack.to_layers): its shapes, and their shardings.
     restore_target: what a checkpoint restores into: those shapes with those shardings.
-    state_shardings: the shardings of the train state in memory (stacked).
+    abstract_state, state_shardings: the train state in memory (stacked): its shapes, and
+      their shardings.
     to_layers, from_layers, stack_params: the conversions between the two, jitted onto the
       mesh: to_layers copies the state once on the devices while a save starts (orbax then
       copies it to the host); from_layers stacks a restored one; stack_params stacks
@@ -235,7 +236,9 @@ class Program:
     # The GPT built abstractly once for the graph, the layer stack and the state's shapes.
     self.graphdef, abstract_params = nnx.split(abstract_model(c.model), nnx.Param)
     layers = self.layers = layer_stack.LayerStack(abstract_params)
-    abstract_state = jax.eval_shape(lambda p: new_state(tx, p, layers), abstract_params)
+    abstract_state = self.abstract_state = jax.eval_shape(
+      lambda p: new_state(tx, p, layers), abstract_params
+    )
     model = lambda: GPT(c.model, rngs=nnx.Rngs(c.seed))
     init = lambda: new_state(tx, nnx.state(model(), nnx.Param), layers)
     self._layouts(layers, abstract_state, mesh)
