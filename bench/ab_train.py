@@ -50,7 +50,10 @@ from flax import nnx
 import rove_jax
 assert rove_jax.__file__.startswith(os.getcwd()), rove_jax.__file__  # this side's code
 if os.path.exists("rove_jax/train/loop.py"):  # (an editable install maps missing modules
-  from rove_jax.train import loop as T  # to its own tree: look first)
+  if os.path.exists("rove_jax/train/program.py"):  # to its own tree: look first)
+    from rove_jax.train import program as T  # the step's own module
+  else:
+    from rove_jax.train import loop as T  # where earlier versions kept it
   from rove_jax.train.run_config import OptimConfig
   from rove_jax.nn.model import GPT, GPTConfig
   optim = OptimConfig()

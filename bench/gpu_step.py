@@ -4,7 +4,7 @@
       [--encodings rove,rope,nope] [--no-gpu-options] [--json OUT] [--markdown] [--dump-hlo DIR]
       [--breakdown N] [--diff] [--attention IMPL] [--loss-impl xla|fused]
 
-Compiles the trainer's own step (rove_jax.train.loop.make_train_step: loss, gradients, global-
+Compiles the trainer's own step (rove_jax.train.program.make_train_step: loss, gradients, global-
 norm clipping, AdamW, the finiteness check; bfloat16 compute, float32 master weights, attention
 "auto", which is cuDNN flash attention on the GPU) for one GPU through the deviceless path
 (rove_jax/aot/gpu.py names the wheels it needs), one program per encoding, and prints per

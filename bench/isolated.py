@@ -25,7 +25,7 @@ from flax import nnx
 from bench.measure import GIB, optimizer, peak_memory, random_batch, time_call, train_state
 from bench.specs import Model
 from rove_jax.nn.model import GPT, GPTConfig
-from rove_jax.train import loop as training
+from rove_jax.train import program
 
 
 def _subprocess(kind: str, payload: dict, cap_gib: float, timeout: float) -> dict:
@@ -57,7 +57,7 @@ def _worker_train_memory(p: dict) -> dict:
   cfg = model.config(pos_encoding=p["encoding"])
   tx = optimizer()
   graphdef, state = train_state(cfg, tx)
-  step = training.make_train_step(graphdef, tx, 1)
+  step = program.make_train_step(graphdef, tx, 1)
   batch = random_batch(model.batch, model.seq, cfg.vocab_size)
   for _ in range(p["steps"]):
     state, metrics = step(state, batch)

@@ -17,7 +17,7 @@ from flax import nnx
 from bench import peak_rss_gib
 from rove_jax.nn import model as nn_model
 from rove_jax.nn.model import GPT, GPTConfig, count_params
-from rove_jax.train import loop as training
+from rove_jax.train import program
 from rove_jax.train.run_config import OptimConfig
 
 GIB = 2**30
@@ -51,7 +51,7 @@ def paired_ratio(a: list, b: list) -> float:
 
 def optimizer():
   """The training loop's AdamW (warmup + cosine, clipping, decay mask) from the default config."""
-  return training.make_optimizer(OptimConfig(), 1000)
+  return program.make_optimizer(OptimConfig(), 1000)
 
 
 def train_state(cfg: GPTConfig, tx, abstract: bool = False):
@@ -59,7 +59,7 @@ def train_state(cfg: GPTConfig, tx, abstract: bool = False):
 
   def init():
     _, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-    return training.TrainState(
+    return program.TrainState(
       params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32)
     )
 

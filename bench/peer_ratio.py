@@ -94,7 +94,7 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
   from flax import nnx
 
   from rove_jax.nn.model import GPT
-  from rove_jax.train import gpu_options, loop
+  from rove_jax.train import gpu_options, program
   from rove_jax.train.run_config import OptimConfig
 
   sh = SHAPES[shape]
@@ -102,10 +102,12 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
   if plus and loss != "fused":
     raise ValueError(f"--encodings: {encoding}+{loss}: the only suffix is +fused (the loss)")
   cfg = model_config(shape, encoding)
-  tx = loop.make_optimizer(OptimConfig(lr=1e-3, warmup_steps=0), 1000)
+  tx = program.make_optimizer(OptimConfig(lr=1e-3, warmup_steps=0), 1000)
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-  state = loop.TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
-  step = loop.make_train_step(
+  state = program.TrainState(
+    params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32)
+  )
+  step = program.make_train_step(
     graphdef,
     tx,
     1,

@@ -45,8 +45,7 @@ from bench.measure import (
 )
 from bench.specs import Model, make_spec
 from rove_jax.nn.model import GPT, generate
-from rove_jax.train import gpu_options
-from rove_jax.train import loop as training
+from rove_jax.train import gpu_options, program
 
 ENCODINGS = ("rove", "rope", "nope")
 
@@ -97,7 +96,7 @@ def train_compare(model: Model, repeats: int, peak_flops: float) -> dict:
   for enc in ENCODINGS:
     cfg = model.config(pos_encoding=enc)
     graphdef, states[enc] = train_state(cfg, tx)
-    steps[enc] = training.make_train_step(  # with the trainer's XLA options on a GPU
+    steps[enc] = program.make_train_step(  # with the trainer's XLA options on a GPU
       graphdef, tx, 1, compiler_options=gpu_options.compiler_options(jax.devices())
     )
   batch = random_batch(model.batch, model.seq, cfg.vocab_size)
@@ -177,7 +176,7 @@ def compile_times(model: Model, depths: tuple) -> dict:
   for depth in depths:
     cfg = model.config(n_layer=depth)
     graphdef, state = train_state(cfg, tx, abstract=True)
-    step = training.make_train_step(graphdef, tx, 1)
+    step = program.make_train_step(graphdef, tx, 1)
     t0 = time.perf_counter()
     lowered = step.lower(state, random_batch(model.batch, model.seq, cfg.vocab_size, abstract=True))
     t1 = time.perf_counter()

@@ -1,5 +1,5 @@
 """Peak dense bf16 FLOP/s of the accelerators rove-jax knows, by name, and which name a JAX
-device is: the one table that MFU (training's logs, rove_jax.train.loop) and the ahead-of-time
+device is: the one table that MFU (training's logs, rove_jax.train.step_loop) and the ahead-of-time
 reports (rove_jax.aot) divide by. Figures from the Cloud TPU system-architecture pages and
 NVIDIA's data sheets (dense, without sparsity). No dependencies: any layer may read it.
 """

@@ -11,7 +11,7 @@ jax.experimental.topologies describes a TPU slice as compile-only devices (libtp
 installed, `pip install 'rove_jax[tpu]'`; no TPU is needed), so XLA's TPU compiler lowers and
 compiles on this host the programs a run executes, on the config's (data, fsdp, tensor) mesh and
 under `jax.set_mesh`, so that kernels chosen at trace time see the target platform:
-  train   training.make_train_step with the config's batch, grad_accum, dtype and remat;
+  train   train.program.Program's train step with the config's batch, grad_accum, dtype, remat;
   eval    the long-context evaluation forward (evaluation.scoring's token scores) at a length
           (default 16384) with YaRN past data.seq_len, one window a data-parallel shard;
   decode  one new token a sequence against a KV cache of that length.
@@ -46,7 +46,7 @@ from rove_jax.aot.topology import (  # noqa: F401 (re-exported)
 )
 from rove_jax.nn import flops
 from rove_jax.nn.model import ROTARY_ENCODINGS, abstract_model, param_count
-from rove_jax.train import gpu_options, layer_stack, resolve, sharding
+from rove_jax.train import resolve, sharding
 
 JOBS = flops.JOBS
 
@@ -68,28 +68,14 @@ def _sds(tree, shardings):
   )
 
 
-def _train_program(c, model_cfg, mesh):
-  # Here, not at the top: the training loop loads orbax and grain, which parse_topology's users
-  # and the eval and decode programs do not need.
-  from rove_jax.train import loop as training
+def _train_program(c, mesh):
+  # Here, not at the top: the train step loads optax, which parse_topology's users and the
+  # eval and decode programs do not need.
+  from rove_jax.train.program import Program
 
-  tx = training.make_optimizer(c.optim, c.steps)
-  graphdef, params, _, specs = _abstract(model_cfg, mesh)
-  layers = layer_stack.LayerStack(params)  # the trainer's state: the layers' parameters stacked
-  state = jax.eval_shape(lambda p: training.new_state(tx, p, layers), params)
-  state_sh = sharding.tree_shardings(state, layers.path_specs(specs), mesh)
+  program = Program(c, mesh)  # the trainer's own: its layers' parameters stacked
+  step, state, state_sh = program.train_step, program.abstract_state, program.state_shardings
   batch_sh = sharding.batch_sharding(mesh)
-  step = training.make_train_step(
-    graphdef,
-    tx,
-    c.optim.grad_accum,
-    training.lr_schedule(c.optim, c.steps),
-    layers=layers,
-    state_shardings=state_sh,
-    batch_sharding=batch_sh,
-    compiler_options=gpu_options.compiler_options(mesh.devices.flat),
-    loss_impl=c.optim.loss_impl,
-  )
   B, T = c.data.batch_size, c.data.seq_len
   keys = ("inputs", "targets") + (("positions", "segment_ids") if c.data.packing else ())
   batch = {k: jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=batch_sh) for k in keys}
@@ -223,7 +209,7 @@ def compile_job(
       )
     if (B // M) % dp:
       notes.append(f"a micro-batch of {B // M} rows does not split over {dp} data shards")
-    fn, args, info = _train_program(c, model_cfg, mesh)
+    fn, args, info = _train_program(c, mesh)
   elif (batch or dp) % dp:
     raise ValueError(
       f"{job} batch {batch} does not split over the data-parallel size {dp}; "

@@ -7,7 +7,7 @@ N: the parameters that multiply activations (all but embedding lookups: the toke
 tied to the output head, the learned position and T5 tables; norms and biases, a fraction of a
 percent, are in); H D = n_head * head_dim; T the sequence length; S the KV-cache length.
 
-Used for the MFU that training logs (rove_jax.train.loop) and the ahead-of-time reports
+Used for the MFU that training logs (rove_jax.train.step_loop) and the ahead-of-time reports
 (rove_jax.aot.analysis).
 """
 

@@ -1,7 +1,8 @@
 """What a training run checks before it touches a workdir's checkpoints: that the workdir is a
 writable directory (`check_workdir`), that no other trainer is writing there (the writer lock,
-`rove_jax.storage.lock`, taken by process 0), and that the
-saved run is one this config can continue.
+`rove_jax.storage.lock`, taken by process 0), that the saved run is one this config can
+continue (`check_resumable`, `check_fresh_start`); and how it then starts (`restore`): from the
+newest readable checkpoint, checked against the data it was trained on, else new.
 
 Compatibility: the newest checkpoint whose metadata reads is compared with the new config before
 anything is restored or moved: model shape, tokenizer, and the optimizer state's structure
@@ -16,6 +17,7 @@ import uuid
 from rove_jax.storage import paths
 from rove_jax.storage.lock import LockError, WriterLock  # noqa: F401 - the loop's lock
 from rove_jax.train import checkpoint as ckpt_lib
+from rove_jax.train import init_from
 
 # The fields that fix the parameter shapes: a workdir's checkpoints must agree on them.
 SHAPE_FIELDS = (
@@ -183,6 +185,50 @@ def check_resumable(
       f"changed optimizer settings: {'; '.join(changed) or 'none found in the config'}. {fix}"
     )
   ckpt.check_layout(step, want)  # parameters named differently: LayoutError
+
+
+def check_fresh_start(ckpt: ckpt_lib.Checkpointer, fresh_start: bool) -> None:
+  """Raises ValueError when every checkpoint of the run was found unreadable (moved to the
+  quarantine) and `fresh_start` (config.fresh_start) was not given: starting again from step 0
+  would overwrite its metrics."""
+  if ckpt.latest_step() is None and ckpt.quarantined() and not fresh_start:
+    raise ValueError(
+      f"{ckpt.directory} holds no checkpoint, but {len(ckpt.quarantined())} earlier ones of "
+      f"this run were found unreadable and moved to {ckpt.quarantine_dir()}. Starting again "
+      f"from step 0 would overwrite its metrics: move a checkpoint back if you can repair it, "
+      f"or pass --config.fresh_start=True to start from step 0 (the moved ones stay)."
+    )
+
+
+def restore(c, ckpt: ckpt_lib.Checkpointer, program, data, iterator, state, *, workdir, log):
+  """(state, start step, restored?) of run config `c`: the newest readable checkpoint's state
+  (onto `program`'s mesh, a program.Program), with the data `iterator` set to its position;
+  else, for a new run, init_from's parameters or `state`.
+
+  Raises:
+    IncompatibleRun: the workdir's tokenizer or data changed since the save.
+  """
+  target = program.restore_target  # onto this run's mesh, in the checkpoints' layout
+  restored = ckpt.restore_latest(ckpt_lib.to_flat(target), report=log)
+  if restored is not None:
+    start, flat, data_state, saved_meta = restored
+    # A tokenizer file in the workdir that changed since the save would feed the run other ids.
+    check_tokenizer(saved_meta, data.tokenizer, workdir=workdir)
+    # So would a dataset re-prepared, or files edited, since the run began.
+    check_data(
+      saved_meta, data.identity, allow_changed=c.data.allow_changed, workdir=workdir, log=log
+    )
+    state = program.from_layers(ckpt_lib.from_flat(flat, target))
+    iterator.set_state(data_state)
+    log(
+      f"resumed from step {start} in {ckpt.directory}"
+      + (f"; init_from={c.init_from} is ignored" if c.init_from else "")
+    )
+    return state, start, True
+  if c.init_from is not None:  # a new run from a pretrained model (train/init_from.py)
+    params = init_from.load_params(c, program.saved_shardings.params, log=log)
+    state = state.replace(params=program.stack_params(params))
+  return state, 0, False
 
 
 def _warn_changes(saved: dict, meta: dict, step: int, workdir: str, log) -> None:

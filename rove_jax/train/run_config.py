@@ -76,7 +76,7 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-  """AdamW with linear warmup and cosine decay (`loop.make_optimizer`)."""
+  """AdamW with linear warmup and cosine decay (`program.make_optimizer`)."""
 
   lr: float = _f(1e-3, "peak learning rate")
   min_lr_ratio: float = _f(0.1, "final learning rate / peak")

@@ -3,10 +3,11 @@
 `run` steps a `Run` (what loop.train built: the sharded state, the data iterator, the jitted
 steps, the open checkpoints and metrics) from its start step. The profiler wraps each step;
 after it the callbacks run in this order, each deciding for itself whether the step is its
-turn:
+turn (`run` gives each its settings of the config once, when it builds them):
 
   NonFinite   counts the steps skipped as non-finite; too many in a row stop the run
-  LogMetrics  every log_every steps and at the last: loss, lr, speed to metrics.jsonl
+  LogMetrics  every log_every steps and at the last: loss, lr, speed to metrics.jsonl; the
+              progress bar
   Evaluate    every eval_every steps and at the last: the validation loss
   Checkpoint  every checkpoint_every steps before the last: the state, if it is good
   Stop        a stop signal, a failed background save or the lock taken over, on any process
@@ -34,8 +35,9 @@ from rove_jax.train import health as health_lib
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train.health import NonFiniteError
 from rove_jax.train.metrics import MetricsLog
+from rove_jax.train.program import Program
 from rove_jax.train.result import TrainResult
-from rove_jax.train.run_config import RunConfig
+from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 from rove_jax.train.tracking import Profiler
 
 
@@ -51,21 +53,14 @@ class Run:
   log: Callable[..., None]
   data: data_lib.Data
   iterator: Any  # the training batches, its position saved with each checkpoint
-  state: Any  # loop.TrainState, sharded over the mesh
+  state: Any  # program.TrainState, sharded over the mesh
   start: int  # the step it starts from (a restored checkpoint's, else 0)
   restored: bool
   meta: dict  # stored with every checkpoint
-  graphdef: Any
-  layers: Any  # layer_stack.LayerStack: the state's parameters are stacked by it
-  to_checkpoint: Callable  # the state -> the checkpoints' layout (LayerStack.to_layers)
-  train_step: Callable
-  eval_step: Callable
+  program: Program  # the model, the jitted steps, the state's layouts (stacked, saved)
   metrics_log: MetricsLog
   profiler: Profiler
   summary: dict = dataclasses.field(default_factory=dict)  # TrainResult's optional fields
-
-  def place(self, batch) -> dict:
-    return sharding_lib.place_batch(batch, mesh=self.mesh)
 
 
 def throughput(
@@ -95,6 +90,7 @@ def mean_loss(eval_step, params, batches) -> Optional[float]:
 
 def run(r: Run) -> TrainResult:
   """Steps `r` to c.steps (or c.run_steps more, or a stop) and saves its final state if good.
+  Each callback is given its settings of r.c once, here.
 
   Raises:
     NonFiniteError: too many non-finite steps in a row, every step skipped, or a final state
@@ -102,31 +98,28 @@ def run(r: Run) -> TrainResult:
     SaveError, LockError: a checkpoint save failed or the writer lock was taken over.
   """
   c = r.c
-  save = Checkpoint(r)
-  nonfinite = NonFinite(r, save)
+  save = Checkpoint(r, c.optim, every=c.checkpoint_every, steps=c.steps)
+  nonfinite = NonFinite(r, save, limit=c.optim.max_nonfinite)
+  evaluate = Evaluate(r, c.data, batches=c.eval_batches, every=c.eval_every, steps=c.steps)
+  signals = run_control.StopSignal()
+  stop = Stop(r, signals)
+  logger = LogMetrics(r, nonfinite, c)
+  hooks = (nonfinite, logger, evaluate, save)
   step = r.start
   end = c.steps if c.run_steps is None else min(c.steps, r.start + c.run_steps)
-  bar_on = c.progress and jax.process_index() == 0
-  with run_control.StopSignal() as signals, run_control.progress(c.steps, r.start, bar_on) as bar:
-    logger, stop = LogMetrics(r, nonfinite, bar), Stop(r, signals)
-    hooks = (nonfinite, logger, Evaluate(r), save)
+  with signals, logger:
     while step < end:
-      batch = r.place(next(r.iterator))
+      batch = sharding_lib.place_batch(next(r.iterator), mesh=r.mesh)
       r.profiler.before(step + 1)
-      r.state, m = r.train_step(r.state, batch)
+      r.state, m = r.program.train_step(r.state, batch)
       step += 1
       r.profiler.after(step, m)
       for hook in hooks:
         hook(step, m)
-      if bar is not None:
-        bar.update(1)
       if stop(step):
         break
     r.profiler.stop(r.state)  # a run that ended inside the window
-    # Always end with a checkpoint of the final state, if it is good.
-    final_problem = None
-    if r.ckpt.latest_step() != step and save.health.good_step != step:
-      final_problem = save.save(step)
+    final_problem = save.final(step)
   r.metrics_log.close()
   nonfinite.judge(step)
   if final_problem is not None:
@@ -151,8 +144,8 @@ def _result(r: Run, step: int, last: dict, nonfinite_steps: int) -> TrainResult:
     steps_run=step - r.start,
     tokenizer=r.data.tokenizer,
     model_config=r.c.model,
-    params=r.layers.unstack(r.state.params),
-    graphdef=r.graphdef,
+    params=r.program.layers.unstack(r.state.params),
+    graphdef=r.program.graphdef,
     mesh=r.mesh,
   )
 
@@ -161,10 +154,11 @@ def _result(r: Run, step: int, last: dict, nonfinite_steps: int) -> TrainResult:
 
 
 class NonFinite:
-  """Counts the steps whose update was skipped as non-finite; stops a run that diverged."""
+  """Counts the steps whose update was skipped as non-finite; stops a run that diverged (more
+  than `limit`, optim.max_nonfinite, in a row)."""
 
-  def __init__(self, r: Run, save: Checkpoint):
-    self.r, self.save = r, save
+  def __init__(self, r: Run, save: Checkpoint, *, limit: int):
+    self.r, self.save, self.limit = r, save, limit
     self.in_a_row = self.total = 0
     self.learning = self.learning_skipped = 0  # steps run with a nonzero learning rate; skipped
 
@@ -181,7 +175,7 @@ class NonFinite:
     self.r.log(
       f"step {step}: non-finite loss or gradient, update skipped ({self.in_a_row} in a row)"
     )
-    if self.in_a_row >= self.r.c.optim.max_nonfinite:
+    if self.in_a_row >= self.limit:
       raise self.save.divergence(
         f"{self.in_a_row} consecutive non-finite steps (last at step {step}); stopping"
       )
@@ -199,11 +193,12 @@ class NonFinite:
 
 class LogMetrics:
   """Every log_every steps and at the last: the step's metrics and speed, to metrics.jsonl
-  (and the progress bar's postfix)."""
+  and the progress bar's postfix. As a context it shows the bar (c.progress, on process 0),
+  which counts every step."""
 
-  def __init__(self, r: Run, nonfinite: NonFinite, bar):
-    self.r, self.nonfinite, self.bar = r, nonfinite, bar
-    c = r.c
+  def __init__(self, r: Run, nonfinite: NonFinite, c: RunConfig):
+    self.r, self.nonfinite = r, nonfinite
+    self.every, self.steps = c.log_every, c.steps
     self.tokens_per_step = c.data.batch_size * c.data.seq_len
     # Model FLOPs of a step (PaLM's count) against the devices' peak, for the logged MFU.
     self.step_flops = (
@@ -212,13 +207,27 @@ class LogMetrics:
     self.peak = hardware.peak_flops(r.mesh.devices.flat[0].device_kind)
     self.t_last, self.step_last = time.perf_counter(), r.start
     self.last = {}
+    self.show_bar = c.progress and jax.process_index() == 0
+    self.bar = None
+
+  def __enter__(self) -> LogMetrics:
+    self._bar = run_control.progress(self.steps, self.r.start, self.show_bar)
+    self.bar = self._bar.__enter__()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._bar.__exit__(*exc)
+    self.bar = None
 
   def __call__(self, step: int, m: dict) -> None:
-    c = self.r.c
     if step == self.r.start + 1:  # throughput from here on, compile time excluded
       self.t_last, self.step_last = time.perf_counter(), step
-    if step % c.log_every and step != c.steps:
-      return
+    if step % self.every == 0 or step == self.steps:
+      self._write(step, m)
+    if self.bar is not None:
+      self.bar.update(1)
+
+  def _write(self, step: int, m: dict) -> None:
     now = time.perf_counter()
     last = {
       "step": step,
@@ -247,15 +256,15 @@ class LogMetrics:
 
 
 class Evaluate:
-  """Every eval_every steps and at the last: the validation loss, logged and kept."""
+  """Every eval_every steps and at the last: the validation loss over `batches` batches of
+  the data section `d`'s windows, logged and kept."""
 
-  def __init__(self, r: Run):
-    self.r = r
-    d = r.c.data
+  def __init__(self, r: Run, d: DataConfig, *, batches: int, every: int, steps: int):
+    self.r, self.every, self.steps = r, every, steps
     self.batches = dict(
       seq_len=d.seq_len,
       batch_size=d.batch_size,
-      max_batches=r.c.eval_batches,
+      max_batches=batches,
       packing=d.packing,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
@@ -263,10 +272,12 @@ class Evaluate:
 
   def __call__(self, step: int, m: dict) -> None:
     r = self.r
-    if step % r.c.eval_every and step != r.c.steps:
+    if step % self.every and step != self.steps:
       return
-    batches = map(r.place, r.data.eval_batches(**self.batches))
-    val = mean_loss(r.eval_step, r.state.params, batches)
+    batches = (
+      sharding_lib.place_batch(b, mesh=r.mesh) for b in r.data.eval_batches(**self.batches)
+    )
+    val = mean_loss(r.program.eval_step, r.state.params, batches)
     if val is not None:
       r.metrics_log.write({"step": step, "val_loss": val})
       r.summary["val_loss"] = val
@@ -275,12 +286,12 @@ class Evaluate:
 
 class Checkpoint:
   """Every checkpoint_every steps before the last: a checkpoint of the state, if it is good
-  (health.py judges it from the steps' losses and the parameters' norm)."""
+  (health.py judges it from the steps' losses and the parameters' norm, with the optim
+  section's limits)."""
 
-  def __init__(self, r: Run):
-    self.r = r
+  def __init__(self, r: Run, o: OptimConfig, *, every: int, steps: int):
+    self.r, self.every, self.steps, self.lr = r, every, steps, o.lr
     self.param_norm = jax.jit(clipping.global_norm)
-    o = r.c.optim
     self.health = health_lib.Health(
       max_loss_jump=o.max_loss_jump,
       max_param_growth=o.max_param_growth,
@@ -290,8 +301,15 @@ class Checkpoint:
 
   def __call__(self, step: int, m: dict) -> None:
     self.health.observe(step, float(m["loss"]), bool(m["finite"]))  # every step, saved or not
-    if step % self.r.c.checkpoint_every == 0 and step < self.r.c.steps:
+    if step % self.every == 0 and step < self.steps:
       self.save(step)
+
+  def final(self, step: int) -> Optional[str]:
+    """Where the run ends: a checkpoint of the state unless one is there already, if it is
+    good; else returns why it is not."""
+    if self.r.ckpt.latest_step() != step and self.health.good_step != step:
+      return self.save(step)
+    return None
 
   def save(self, step: int) -> Optional[str]:
     """Checkpoints the state if it is good; else returns why it is not."""
@@ -304,7 +322,7 @@ class Checkpoint:
       return problem
     r.ckpt.save(
       step,
-      ckpt_lib.to_flat(r.to_checkpoint(r.state)),
+      ckpt_lib.to_flat(r.program.to_layers(r.state)),
       r.iterator.get_state(),
       {**r.meta, "step": step},
     )
@@ -318,7 +336,7 @@ class Checkpoint:
     self.r.ckpt.wait()
     return NonFiniteError(
       f"{what}; {self.health.last_good()} (no later state was saved): rerun "
-      f"with a lower optim.lr (this run's: {self.r.c.optim.lr:g}) or check "
+      f"with a lower optim.lr (this run's: {self.lr:g}) or check "
       f"the data",
       last_good=self.health.good_step,
     )

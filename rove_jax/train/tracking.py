@@ -1,6 +1,7 @@
 """Where a training run's metrics go besides metrics.jsonl, and the profiler window.
 
-config.tracking names the sinks, comma-separated: "tensorboard" (tensorboardX event files in
+`recorders` builds a run's metrics log and profiler from its config. config.tracking names the
+sinks, comma-separated: "tensorboard" (tensorboardX event files in
 workdir/tensorboard, the default), "wandb" (Weights & Biases, the `wandb` extra), or "none".
 metrics.jsonl is always written: it is the record the other sinks copy.
 
@@ -94,6 +95,25 @@ def parse_profile_steps(value, steps: int) -> Optional[tuple[int, int]]:
       f"the first step's compilation out of the trace)"
     )
   return start, end
+
+
+def recorders(c, workdir: str, start: int, log) -> tuple[metrics.MetricsLog, "Profiler"]:
+  """(the metrics log, the profiler) of run config `c` resuming at `start`: metrics.jsonl and
+  the sinks of c.tracking, the window of c.profile_steps; process 0 records, the others not."""
+  first = jax.process_index() == 0
+  sinks = parse_tracking(c.tracking)
+  profiler = Profiler(
+    workdir, parse_profile_steps(c.profile_steps, c.steps), enabled=first, log=log
+  )
+  metrics_log = metrics.MetricsLog(
+    workdir,
+    resume_step=start,
+    enabled=first,
+    report=log,
+    tensorboard="tensorboard" in sinks,
+    sinks=[Wandb(workdir, c)] if "wandb" in sinks and first else [],
+  )
+  return metrics_log, profiler
 
 
 class Wandb:

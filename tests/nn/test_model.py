@@ -13,7 +13,7 @@ from rove_jax import analysis, scaling
 from rove_jax.nn import decoding, model_config
 from rove_jax.nn import model as M
 from rove_jax.nn.model import GPT, GPTConfig
-from rove_jax.train import loop as training
+from rove_jax.train import program
 from tests import reference as ref
 from tests.conftest import gpt_config
 
@@ -335,7 +335,7 @@ def test_fused_projections_hold_the_unfused_init_values():
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_weight_decay_reaches_every_attention_matrix(kv_heads):
   m = make(small("rove", n_kv_head=kv_heads))
-  mask = nnx.to_pure_dict(training.decay_mask(nnx.state(m, nnx.Param)))["blocks"][0]["attn"]
+  mask = nnx.to_pure_dict(program.decay_mask(nnx.state(m, nnx.Param)))["blocks"][0]["attn"]
   assert {name for name, decayed in mask.items() if decayed} == (
     {"wqkv", "wo"} if kv_heads == 4 else {"wq", "wkv", "wo"}
   )

@@ -16,8 +16,7 @@ from rove_jax.data.tokenization import ByteTokenizer
 from rove_jax.evaluation import recall, scoring
 from rove_jax.nn.model import GPT, GPTConfig
 from rove_jax.tasks import recall as gen
-from rove_jax.train import loop as training
-from rove_jax.train import overrides
+from rove_jax.train import overrides, program
 from rove_jax.train.run_config import DataConfig, RunConfig
 from study import retrieval as recall_study
 from study.configs import retrieval as recall_config
@@ -242,10 +241,10 @@ def test_masked_training_loss_is_the_mean_nll_of_the_answers():
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
   want = nll[:, mask == 1].mean()  # 4 rows x 8 answers
-  got = float(training._batch_loss(graphdef, params, jax.tree.map(jnp.asarray, batch)))
+  got = float(program._batch_loss(graphdef, params, jax.tree.map(jnp.asarray, batch)))
   assert got == pytest.approx(want, rel=1e-5)
   del batch["loss_mask"]
-  assert float(training._batch_loss(graphdef, params, batch)) == pytest.approx(nll.mean(), rel=1e-5)
+  assert float(program._batch_loss(graphdef, params, batch)) == pytest.approx(nll.mean(), rel=1e-5)
 
 
 def test_evaluator_scores_the_answer_position_of_a_hand_made_model(monkeypatch):

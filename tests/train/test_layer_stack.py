@@ -11,10 +11,10 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from rove_jax.nn.model import GPT, GPTConfig
-from rove_jax.train import clipping, sharding
-from rove_jax.train import loop as training
+from rove_jax.train import clipping, program, sharding
 from rove_jax.train.flat_state import to_flat
 from rove_jax.train.layer_stack import LayerStack
+from rove_jax.train.run_config import OptimConfig
 from tests.conftest import small_config
 from tests.train.test_loop import assert_same_params, final_params, losses, run_train
 
@@ -52,9 +52,9 @@ def test_checkpoints_keep_the_models_layout(tiny):
   it, moments included."""
   _, params = tiny
   layers = LayerStack(params)
-  tx = training.make_optimizer(training.OptimConfig(), 10)
-  old = training.new_state(tx, params)  # the layout checkpoints have always had
-  state = training.new_state(tx, params, layers)
+  tx = program.make_optimizer(OptimConfig(), 10)
+  old = program.new_state(tx, params)  # the layout checkpoints have always had
+  state = program.new_state(tx, params, layers)
   state = state.replace(opt_state=jax.tree.map(lambda x: x + 1, state.opt_state))
   saved = layers.to_layers(state)
   assert {k: v.shape for k, v in to_flat(saved).items()} == {
@@ -102,7 +102,7 @@ def test_stacked_adamw_updates_equal_optax_per_layer():
   assert layers.active
   schedule = optax.linear_schedule(1e-2, 1e-3, 3)
   adamw = lambda: optax.adamw(
-    schedule, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, mask=training.decay_mask
+    schedule, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, mask=program.decay_mask
   )
   want_tx = optax.chain(optax.clip_by_global_norm(1.0), adamw())
   got_tx = optax.chain(clipping.clip_by_global_norm(1.0), adamw())
@@ -118,22 +118,22 @@ def test_stacked_adamw_updates_equal_optax_per_layer():
     chex.assert_trees_all_close(layers.unstack(got_p), want_p, rtol=1e-6, atol=1e-7)
   chex.assert_trees_all_close(layers.to_layers(got_s), want_s, rtol=1e-5, atol=1e-8)
   # weight decay reached the stacked matrices: without it they would have moved less
-  assert training.decay_mask(got_p)["blocks"]["wqkv"]
+  assert program.decay_mask(got_p)["blocks"]["wqkv"]
 
 
 @pytest.mark.parametrize("accum", [1, 2])
 def test_stacked_train_step_is_the_per_layer_step(tiny, accum):
   graphdef, params = tiny
   layers = LayerStack(params)
-  o = training.OptimConfig(lr=1e-2, warmup_steps=0, clip_norm=0.5)
-  tx = training.make_optimizer(o, 10)
+  o = OptimConfig(lr=1e-2, warmup_steps=0, clip_norm=0.5)
+  tx = program.make_optimizer(o, 10)
   toks = jax.random.randint(jax.random.key(1), (4, 17), 0, 64)
   batch = {"inputs": toks[:, :-1], "targets": toks[:, 1:]}
-  plain = training.make_train_step(graphdef, tx, accum)
-  stacked = training.make_train_step(graphdef, tx, accum, layers=layers)
-  eval_step = training.make_eval_step(graphdef, layers=layers)
+  plain = program.make_train_step(graphdef, tx, accum)
+  stacked = program.make_train_step(graphdef, tx, accum, layers=layers)
+  eval_step = program.make_eval_step(graphdef, layers=layers)
   copy = lambda: jax.tree.map(jnp.copy, params)  # each step donates its state
-  a, b = training.new_state(tx, copy()), training.new_state(tx, copy(), layers)
+  a, b = program.new_state(tx, copy()), program.new_state(tx, copy(), layers)
   for _ in range(3):
     a, ma = plain(a, batch)
     b, mb = stacked(b, batch)
@@ -142,7 +142,7 @@ def test_stacked_train_step_is_the_per_layer_step(tiny, accum):
     assert bool(mb["finite"])
   chex.assert_trees_all_close(layers.unstack(b.params), a.params, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(
-    eval_step(b.params, batch), training.make_eval_step(graphdef)(a.params, batch), rtol=1e-5
+    eval_step(b.params, batch), program.make_eval_step(graphdef)(a.params, batch), rtol=1e-5
   )
 
 
@@ -157,7 +157,7 @@ def test_a_run_saves_and_resumes_in_the_models_layout(tmp_path):
   c = small_config(tmp_path, **two)
   _, params = nnx.split(nnx.eval_shape(lambda: GPT(c.model, rngs=nnx.Rngs(0))), nnx.Param)
   per_layer = jax.eval_shape(
-    lambda p: training.new_state(training.make_optimizer(c.optim, 8), p), params
+    lambda p: program.new_state(program.make_optimizer(c.optim, 8), p), params
   )
   assert step == 4 and set(flat) == set(to_flat(per_layer))
   assert "params.blocks.1.attn.wqkv.value" in flat

@@ -23,7 +23,8 @@ from flax import nnx
 from rove_jax.nn.model import GPT, GPTConfig
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import loop as training
-from rove_jax.train import overrides, result
+from rove_jax.train import overrides, program, result
+from rove_jax.train.loss import cross_entropy
 from rove_jax.train.run_config import RunConfig
 from tests.conftest import small_config, subprocess_env, write_corpus
 
@@ -62,9 +63,9 @@ def test_loss_falls_when_overfitting_one_batch(tmp_path):
   c = small_config(tmp_path, **{"optim.lr": 1e-2, "optim.warmup_steps": 0})
   model = GPT(c.model, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
-  tx = training.make_optimizer(c.optim, 100)
-  state = training.TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
-  step = training.make_train_step(graphdef, tx, grad_accum=2)
+  tx = program.make_optimizer(c.optim, 100)
+  state = program.TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+  step = program.make_train_step(graphdef, tx, grad_accum=2)
   toks = jax.random.randint(jax.random.key(0), (4, 33), 0, 64)
   batch = {"inputs": toks[:, :-1], "targets": toks[:, 1:]}
   first = None
@@ -97,15 +98,15 @@ def test_grad_accumulation_equals_the_full_batch(tmp_path):
   # AdamW moves every parameter by ~lr; where a gradient is near its eps the float32 rounding
   # of the two sums shows up, hence atol 1e-3 lr. SGD's update is the gradient.
   for tx, atol in (
-    (training.make_optimizer(c.optim, 10), 1e-3 * c.optim.lr),
+    (program.make_optimizer(c.optim, 10), 1e-3 * c.optim.lr),
     (optax.sgd(1.0), 1e-6),
   ):
     outs = []
     for accum in (1, 4):
-      state = training.TrainState(
+      state = program.TrainState(
         jax.tree.map(jnp.copy, params), tx.init(params), jnp.zeros((), jnp.int32)
       )
-      outs.append(training.make_train_step(graphdef, tx, accum)(state, batch))
+      outs.append(program.make_train_step(graphdef, tx, accum)(state, batch))
     for _, m in outs:
       np.testing.assert_allclose(m["loss"], want_loss, rtol=1e-6)
       np.testing.assert_allclose(m["grad_norm"], want_norm, rtol=1e-5)
@@ -122,7 +123,7 @@ def test_decay_mask_only_on_projection_matrices():
   model = GPT(
     GPTConfig.tiny(n_layer=1, d_model=32, n_head=2, pos_encoding="t5_bias"), rngs=nnx.Rngs(0)
   )
-  mask = training.decay_mask(nnx.state(model, nnx.Param))
+  mask = program.decay_mask(nnx.state(model, nnx.Param))
   flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
   decayed = sorted(k.split("'")[-2] for k, v in flat.items() if v)
   assert decayed == ["w_in", "w_out", "wo", "wqkv"]
@@ -500,15 +501,15 @@ def test_cross_entropy_matches_a_float64_reference_and_its_gradient():
   z = logits - logits.max(-1, keepdims=True)
   logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
-  loss, count = training.cross_entropy(jnp.asarray(logits, jnp.float32), jnp.asarray(targets))
+  loss, count = cross_entropy(jnp.asarray(logits, jnp.float32), jnp.asarray(targets))
   np.testing.assert_allclose(float(loss), nll.mean(), rtol=1e-6)
   assert count == 10
-  loss_m, count_m = training.cross_entropy(
+  loss_m, count_m = cross_entropy(
     jnp.asarray(logits, jnp.float32), jnp.asarray(targets), jnp.asarray(mask)
   )
   np.testing.assert_allclose(float(loss_m), (nll * mask).sum() / mask.sum(), rtol=1e-6)
   assert float(count_m) == mask.sum()
-  grad = jax.grad(lambda x: training.cross_entropy(x, jnp.asarray(targets))[0])(
+  grad = jax.grad(lambda x: cross_entropy(x, jnp.asarray(targets))[0])(
     jnp.asarray(logits, jnp.float32)
   )
   expected = (np.exp(logp) - np.eye(11)[targets]) / targets.size

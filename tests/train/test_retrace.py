@@ -15,6 +15,7 @@ from flax import nnx
 
 from rove_jax.nn.model import GPT, generate
 from rove_jax.train import loop as training
+from rove_jax.train import program
 from rove_jax.train.run_config import OptimConfig
 from tests.conftest import gpt_config, small_config
 
@@ -43,9 +44,9 @@ def test_train_step_traces_once():
   cfg = gpt_config()
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
   o = OptimConfig()
-  tx = guarded(training.make_optimizer(o, 10), n=1)
-  step = training.make_train_step(graphdef, tx, grad_accum=2, schedule=training.lr_schedule(o, 10))
-  state = training.TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+  tx = guarded(program.make_optimizer(o, 10), n=1)
+  step = program.make_train_step(graphdef, tx, grad_accum=2, schedule=program.lr_schedule(o, 10))
+  state = program.TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
   for i in range(4):  # new data every step, same shapes: one trace
     state, metrics = step(state, batch_of(jax.random.key(i)))
   assert int(state.step) == 4 and bool(metrics["finite"])
@@ -57,13 +58,13 @@ def test_train_step_traces_once():
 def test_training_loop_traces_its_step_once(tmp_path, monkeypatch):
   """The real loop (data pipeline, metrics, checkpoint, resume state) feeds its step batches
   and states that never force a second compile."""
-  made, original = [], training.make_optimizer
+  made, original = [], program.make_optimizer
 
   def make_optimizer(o, steps):
     made.append(guarded(original(o, steps), n=1))
     return made[-1]
 
-  monkeypatch.setattr(training, "make_optimizer", make_optimizer)
+  monkeypatch.setattr(program, "make_optimizer", make_optimizer)
   c = small_config(tmp_path, steps=5, eval_every=100, checkpoint_every=100)
   training.train(c, str(tmp_path / "run"), devices=jax.devices()[:1], log=lambda *a: None)
   assert len(made) == 1
