@@ -43,9 +43,11 @@ for q, B * H * (pairs * bk) for k and again for v (RoVE), B * T * H twice for th
 No pl.CostEstimate is attached: XLA sees the Mosaic GPU call as opaque.
 
 Under an active mesh the kernel runs in jax.shard_map (batch over ("data", "fsdp"), heads over
-"tensor"), as the other fused kernels do (not yet tested for this one). Off GPU it runs in
-Pallas Mosaic GPU's interpret mode, products as jnp dots (fused_hopper_tiles), which is how the
-tests check it on CPU.
+"tensor") through the same wrapper as the other fused kernels (fused._sharded, tested with the
+Triton kernel on 4 CPU devices). This kernel itself has not run under a mesh: Mosaic GPU's
+interpreter keeps one simulated shared memory for the process, and programs of several CPU
+devices running at once trip its barrier checks. Off GPU it runs in that interpret mode,
+products as jnp dots (fused_hopper_tiles), which is how the tests check it on CPU.
 """
 
 from __future__ import annotations
