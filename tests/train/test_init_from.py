@@ -17,9 +17,6 @@ from rove_jax.train import loop as training
 from rove_jax.train import resolve
 from rove_jax.train.run_config import DataConfig, OptimConfig, RunConfig
 
-# most tests here compile and train for seconds: they start first (tests/conftest.py)
-pytestmark = pytest.mark.slow
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "tests" / "reference_data" / "llama_family" / "llama_gqa"  # vocabulary 64
 ONE = jax.devices()[:1]

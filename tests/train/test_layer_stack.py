@@ -18,9 +18,6 @@ from rove_jax.train.run_config import OptimConfig
 from tests.conftest import small_config
 from tests.train.test_loop import assert_same_params, final_params, losses, run_train
 
-# most tests here compile and train for seconds: they start first (tests/conftest.py)
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def tiny():

@@ -18,9 +18,6 @@ from rove_jax.train import run_checks, step_loop, tracking
 from rove_jax.train.metrics import read_metrics
 from tests.conftest import small_config
 
-# most tests here compile and train for seconds: they start first (tests/conftest.py)
-pytestmark = pytest.mark.slow
-
 
 def _wandb_history(path) -> list[dict]:
   """The history rows of an offline .wandb file: a ':W&B' header, then a LevelDB log (32 KiB
