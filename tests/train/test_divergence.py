@@ -15,7 +15,7 @@ from rove_jax.train import loop as training
 from tests.conftest import small_config, write_corpus
 from tests.train.test_loop import ENV1, ROOT, final_params, run_train
 
-# most tests here compile and train for seconds: they start first (tests/conftest.py)
+# most tests here compile and train for seconds
 pytestmark = pytest.mark.slow
 
 
