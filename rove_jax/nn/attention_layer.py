@@ -24,6 +24,7 @@ from flax import nnx
 
 from rove_jax import attention, kernels, rotary
 from rove_jax.nn import baselines
+from rove_jax.nn.act_sharding import constrain
 from rove_jax.nn.layers import _const, _dense, _lead, _normal, _param
 from rove_jax.nn.model_config import DTYPES, ROTARY_ENCODINGS, GPTConfig
 
@@ -150,10 +151,10 @@ class Attention(nnx.Module):
   def qkv(self, x_BTE):
     """The projections q [B, T, H, D], k [B, T, K, D], v [B, T, K, D]."""
     if self.wqkv is not None:
-      qkv_BT3HD = _dense(x_BTE, self.wqkv, self.bqkv)
+      qkv_BT3HD = constrain(_dense(x_BTE, self.wqkv, self.bqkv), "batch", None, None, "heads", None)
       return qkv_BT3HD[:, :, 0], qkv_BT3HD[:, :, 1], qkv_BT3HD[:, :, 2]
-    q_BTHD = _dense(x_BTE, self.wq, self.bq)
-    kv_BT2KD = _dense(x_BTE, self.wkv, self.bkv)
+    q_BTHD = constrain(_dense(x_BTE, self.wq, self.bq), "batch", None, "heads", None)
+    kv_BT2KD = constrain(_dense(x_BTE, self.wkv, self.bkv), "batch", None, None, "heads", None)
     return q_BTHD, kv_BT2KD[:, :, 0], kv_BT2KD[:, :, 1]
 
   @property

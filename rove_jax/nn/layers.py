@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rove_jax.kernels import mesh as kernel_mesh
+from rove_jax.nn.act_sharding import constrain
 from rove_jax.nn.model_config import DTYPES, GPTConfig
 
 
@@ -40,6 +41,11 @@ def _heads_split() -> bool:
   return (
     not mesh.empty and dict(zip(mesh.axis_names, mesh.axis_sizes)).get(kernel_mesh.HEAD_AXIS, 1) > 1
   )
+
+
+def _features(h):
+  """An MLP's hidden activations [..., F]: rows split as the batch, features over tensor."""
+  return constrain(h, "batch", *([None] * (h.ndim - 2)), "mlp")
 
 
 def _dense(x_BTE, w, b):
@@ -154,11 +160,11 @@ class MLP(nnx.Module):
 
   def __call__(self, x_BTE):
     dt = x_BTE.dtype
-    h = x_BTE @ self.w_in[...].astype(dt)
+    h = _features(x_BTE @ self.w_in[...].astype(dt))
     if self.kind == "swiglu":
       if self.b_in is not None:
         h = h + _lead(self.b_in[...].astype(dt), h.ndim)
-      h = jax.nn.silu(x_BTE @ self.w_gate[...].astype(dt)) * h
+      h = jax.nn.silu(_features(x_BTE @ self.w_gate[...].astype(dt))) * h
     else:
       h = bias_gelu(h, jnp.zeros((h.shape[-1],), dt) if self.b_in is None else self.b_in[...])
     y = h @ self.w_out[...].astype(dt)

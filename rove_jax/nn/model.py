@@ -22,6 +22,7 @@ from flax import nnx
 
 from rove_jax import scaling
 from rove_jax.nn import baselines
+from rove_jax.nn.act_sharding import constrain
 
 # the attention layer and the per-call context live in rove_jax.nn.attention_layer; re-exported
 from rove_jax.nn.attention_layer import Attention, Context  # noqa: F401
@@ -64,6 +65,7 @@ class Block(nnx.Module):
     self.mlp = MLP(cfg, rngs=rngs)
 
   def __call__(self, x_BTE, ctx: Context, cache_kv=None):
+    x_BTE = constrain(x_BTE, "batch", None, None)  # the residual stream: split by rows only
     a_BTE, cache_kv = self.attn(self.norm1(x_BTE), ctx, cache_kv)
     x_BTE = x_BTE + a_BTE
     return x_BTE + self.mlp(self.norm2(x_BTE)), cache_kv
@@ -285,7 +287,7 @@ class GPT(nnx.Module):
     for i, block in enumerate(self.blocks):
       x, kv = call(block, x, ctx, None if cache is None else (cache.k[i], cache.v[i]))
       new_kv.append(kv)
-    x = self.final_norm(x)
+    x = constrain(self.final_norm(x), "batch", None, None)
     if not head and cache is None:
       return x
     logits = jnp.einsum(
@@ -294,6 +296,7 @@ class GPT(nnx.Module):
       self.head_VE(x.dtype),
       preferred_element_type=x.dtype if logits_dtype is None else logits_dtype,
     )
+    logits = constrain(logits, "batch", None, "vocab")
     if cache is None:
       return logits
     return logits, KVCache(

@@ -230,6 +230,20 @@ def test_train_step_compiled_for_cpu_devices_matches_independent_counts():
   assert r["roofline"] is None and r["fits"] is None  # cpu: no chip figures
 
 
+def test_fsdp_gathers_the_weights_and_never_all_reduces_an_activation():
+  """Under fsdp the batch and the weights' embedding dim are split over one axis. The model pins
+  its activations' batch split (rove_jax.nn.act_sharding), so the step gathers each weight and
+  reduce-scatters (on CPU: all-reduces) its gradient: no all-reduce moves more than the
+  parameters, and the whole step's all-reduced bytes stay within the gradients' (without the
+  constraints GSPMD all-reduced every MLP activation of the global batch, [8, 64, 256] a
+  layer, several times the parameters)."""
+  c = _tiny(**{"mesh.data": 1, "mesh.fsdp": 4})
+  r = aot.compile_job(c, "cpu:4", "train")
+  grads = 4 * param_count(c)  # float32 gradients, each reduced once
+  assert r["collectives"]["all-gather"]["count"] > 0
+  assert r["collectives"]["all-reduce"]["bytes"] <= grads + 1024, r["collectives"]
+
+
 def param_count(c):
   from rove_jax.nn.model import param_count as count
 
