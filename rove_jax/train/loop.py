@@ -1,14 +1,14 @@
 """Training: `train`, the resumable run.
 
 `train` is a short sequence, each part built by the module that owns it: resolve the config,
-the mesh (sharding.run_mesh), lock the workdir (run_control.lock), open the checkpoints, build
-the run state (`_run_state`: the model, optimizer and steps from program.Program, the data from
-run_data.open_data), run it (step_loop.py: the step and its callbacks), close. A run
-resumes from the newest readable checkpoint in workdir (params, optimizer state,
-step and the data iterator's position), logs to workdir/metrics.jsonl and TensorBoard, and
-on SIGTERM / SIGINT finishes the current step, saves and returns. A step whose loss or
-gradient is not finite leaves the state unchanged and is counted; too many in a row stop the
-run with an error.
+check what a run needs before the workdir is touched, the mesh (sharding.run_mesh), lock the
+workdir (run_control.lock), open the checkpoints, build the run state (run_state.build: the
+model, optimizer and steps from program.Program, the data from run_data.open_data), run it
+(step_loop.py: the step and its callbacks), close. A run resumes from the newest readable
+checkpoint in workdir (params, optimizer state, step and the data iterator's position), logs
+to workdir/metrics.jsonl and TensorBoard, and on SIGTERM / SIGINT finishes the current step,
+saves and returns. A step whose loss or gradient is not finite leaves the state unchanged and
+is counted; too many in a row stop the run with an error.
 """
 
 from __future__ import annotations
@@ -22,16 +22,14 @@ from rove_jax.train import (
   resume,
   run_checks,
   run_control,
-  run_data,
+  run_state,
   step_loop,
   tracking,
 )
 from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train.health import NonFiniteError  # noqa: F401 - what train() raises
-from rove_jax.train.program import Program
 from rove_jax.train.result import TrainResult
-from rove_jax.train.run_config import RunConfig
 
 # ------------------------------------------------------------------------------- the run
 
@@ -50,7 +48,12 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
   Runs SPMD over the (data, fsdp, tensor) mesh of `c.mesh`.
   """
   c = resolve.resolve(c, log=log)
-  log = _check(c, log)
+  deadline.reset()  # a stop or a storage failure of an earlier run in this process is past
+  deadline.configure(c.storage_timeout)
+  run_checks.check_environment(c)
+  tracking.check_ready(c)  # before the workdir is created: nothing left behind
+  if jax.process_index() != 0:  # process 0 logs, the others nothing
+    log = lambda *a, **k: None
   workdir = resume.check_workdir(workdir)
   mesh = sharding_lib.run_mesh(c.mesh, c.data.batch_size, devices)
   lock = run_control.lock(workdir, log)
@@ -62,7 +65,7 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
       ckpt_lib.checkpoint_dir(workdir), keep=c.keep_checkpoints, async_save=c.async_checkpoints
     )
     with jax.set_mesh(mesh):  # kernels that shard themselves (TPU splash) see the mesh
-      run = _run_state(c, workdir, mesh, ckpt, lock, log)
+      run = run_state.build(c, workdir, mesh, ckpt, lock, log)
       result = step_loop.run(run)
     ckpt, closing = None, ckpt
     closing.close()  # the last save's failure is this run's error
@@ -74,67 +77,3 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
     finally:
       if lock is not None:
         run_control.release_lock(lock, log)
-
-
-def _check(c: RunConfig, log):
-  """What is checked before the workdir is touched; returns this process's log (the other
-  processes than 0 log nothing)."""
-  deadline.reset()  # a stop or a storage failure of an earlier run in this process is past
-  deadline.configure(c.storage_timeout)
-  run_checks.check_environment(c)
-  if jax.process_index() != 0:
-    return lambda *a, **k: None
-  if "wandb" in tracking.parse_tracking(c.tracking):
-    tracking.check_wandb_ready(c.wandb)  # before the workdir is created: nothing left behind
-  return log
-
-
-def _run_state(c: RunConfig, workdir, mesh, ckpt, lock, log) -> step_loop.Run:
-  """What the step loop works on, each part checked before the next is built: the model,
-  optimizer and steps, a config that can continue the saved run, the data, the sharded state
-  (restored, from init_from or new) and the metrics."""
-  program = Program(c, mesh)
-  meta = c.metadata()
-  # Before data work and before any restore: a config that cannot continue the saved run is
-  # an error that leaves every checkpoint where it is.
-  resume.check_resumable(ckpt, meta, ckpt_lib.to_flat(program.saved), workdir=workdir, log=log)
-  resume.check_fresh_start(ckpt, c.fresh_start)
-  data = run_data.open_data(c, workdir, resuming=ckpt.latest_step() is not None, log=log)
-  state = program.init()
-  pidx, nproc = jax.process_index(), jax.process_count()
-  iterator = data.train_iterator(
-    seq_len=c.data.seq_len,
-    global_batch_size=c.data.batch_size,
-    seed=c.seed,
-    packing=c.data.packing,
-    process_index=pidx,
-    process_count=nproc,
-  )
-  tok = data.tokenizer
-  meta["tokenizer"].update(
-    name=tok.name, vocab_size=tok.vocab_size, eot_id=tok.eot_id, fingerprint=tok.fingerprint
-  )
-  meta["data_identity"] = data.identity
-  state, start, restored = resume.restore(
-    c, ckpt, program, data, iterator, state, workdir=workdir, log=log
-  )
-  metrics_log, profiler = tracking.recorders(c, workdir, start, log)
-  if program.options:
-    log(f"XLA options for this GPU: {program.options} (rove_jax/train/gpu_options.py)")
-  return step_loop.Run(
-    c=c,
-    workdir=workdir,
-    mesh=mesh,
-    ckpt=ckpt,
-    lock=lock,
-    log=log,
-    data=data,
-    iterator=iterator,
-    state=state,
-    start=start,
-    restored=restored,
-    meta=meta,
-    program=program,
-    metrics_log=metrics_log,
-    profiler=profiler,
-  )

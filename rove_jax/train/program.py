@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rove_jax.nn.model import GPT, abstract_model
+from rove_jax.nn.model import GPT
 from rove_jax.train import clipping, gpu_options, layer_stack
 from rove_jax.train import sharding as sharding_lib
 from rove_jax.train.loss import cross_entropy, fused_cross_entropy
@@ -233,13 +233,14 @@ class Program:
     o = c.optim
     schedule = lr_schedule(o, c.steps)
     tx = make_optimizer(o, c.steps)
-    # The GPT built abstractly once for the graph, the layer stack and the state's shapes.
-    self.graphdef, abstract_params = nnx.split(abstract_model(c.model), nnx.Param)
+    # The run's GPT: built abstractly once here (nnx.eval_shape: nothing allocated) for the
+    # graph, the layer stack and the state's shapes, and for real inside `init`.
+    model = lambda: GPT(c.model, rngs=nnx.Rngs(c.seed))
+    self.graphdef, abstract_params = nnx.split(nnx.eval_shape(model), nnx.Param)
     layers = self.layers = layer_stack.LayerStack(abstract_params)
     abstract_state = self.abstract_state = jax.eval_shape(
       lambda p: new_state(tx, p, layers), abstract_params
     )
-    model = lambda: GPT(c.model, rngs=nnx.Rngs(c.seed))
     init = lambda: new_state(tx, nnx.state(model(), nnx.Param), layers)
     self._layouts(layers, abstract_state, mesh)
     batch_sharding = sharding_lib.batch_sharding(mesh)

@@ -1,6 +1,6 @@
 """The step loop of a training run and its callbacks.
 
-`run` steps a `Run` (what loop.train built: the sharded state, the data iterator, the jitted
+`run` steps a `Run` (what run_state.build built: the sharded state, the data iterator, the jitted
 steps, the open checkpoints and metrics) from its start step. The profiler wraps each step;
 after it the callbacks run in this order, each deciding for itself whether the step is its
 turn (`run` gives each its settings of the config once, when it builds them):

@@ -1,9 +1,10 @@
 """Where a training run's metrics go besides metrics.jsonl, and the profiler window.
 
-`recorders` builds a run's metrics log and profiler from its config. config.tracking names the
-sinks, comma-separated: "tensorboard" (tensorboardX event files in
-workdir/tensorboard, the default), "wandb" (Weights & Biases, the `wandb` extra), or "none".
-metrics.jsonl is always written: it is the record the other sinks copy.
+`recorders` builds a run's metrics log and profiler from its config; `check_ready` checks,
+before any work, that its sinks can start. config.tracking names the sinks, comma-separated:
+"tensorboard" (tensorboardX event files in workdir/tensorboard, the default), "wandb" (Weights
+& Biases, the `wandb` extra), or "none". metrics.jsonl is always written: it is the record the
+other sinks copy.
 
 Weights & Biases: config.wandb.{project, entity, name, group, mode}. mode "offline" writes the
 run under workdir/wandb for a later `wandb sync` (pods without internet, tests); "online"
@@ -59,6 +60,13 @@ def parse_tracking(value) -> tuple[str, ...]:
       f"'none' (metrics.jsonl is always written)"
     )
   return names
+
+
+def check_ready(c) -> None:
+  """Before any work, on process 0 (the one that records): the sinks of run config `c` can
+  start (`check_wandb_ready`)."""
+  if jax.process_index() == 0 and "wandb" in parse_tracking(c.tracking):
+    check_wandb_ready(c.wandb)
 
 
 def check_wandb_ready(settings) -> None:
