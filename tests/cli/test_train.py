@@ -125,7 +125,6 @@ def test_the_dry_run_gives_a_verdict_against_this_hosts_memory():
   assert dry_run.host_memory_bytes() > 2**30
 
 
-@pytest.mark.slow
 def test_a_dry_run_that_does_not_fit_this_host_exits_1_with_the_figures(tmp_path):
   base = [
     sys.executable,

@@ -339,7 +339,6 @@ def test_prepared_data_supplies_the_tokenizer_and_vocabulary_size(tmp_path):
     resolve.resolve(c)
 
 
-@pytest.mark.slow
 def test_a_run_trains_on_prepared_data_and_resumes_bitwise(tmp_path):
   """Steps 1-2 on a prepared dataset, then 3-4 resumed: the losses of a straight run on the raw
   corpus, bit for bit (the same tokens, batches and programs)."""

@@ -33,7 +33,6 @@ def _nll_float64(cfg, params, window):
   return -logp[np.arange(len(window) - 1), window[1:]].sum()
 
 
-@pytest.mark.slow
 def test_rove_eval_scores_a_transformers_llama_directory(checkpoint, tmp_path, capsys):  # noqa: F811
   text = tmp_path / "held_out.txt"
   text.write_text(TEXT)

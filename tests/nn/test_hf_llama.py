@@ -420,7 +420,6 @@ def test_sliding_window_sees_exactly_the_last_w_tokens():
       llama_shaped(sliding_window=4, attention_impl=kernel)
 
 
-@pytest.mark.slow
 def test_sliding_window_cached_decoding_equals_the_full_forward():
   config = llama_shaped(sliding_window=3)
   model = pretrained.build(config, random_params(config, seed=4))

@@ -296,7 +296,6 @@ def test_study_rejects_a_bad_spec_before_training(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.slow
 def test_quick_study_end_to_end(tmp_path):
   out, runs = tmp_path / "out", tmp_path / "runs"
   argv = [

@@ -15,9 +15,6 @@ from rove_jax.train import loop as training
 from tests.conftest import small_config, write_corpus
 from tests.train.test_loop import ENV1, ROOT, final_params, run_train
 
-# most tests here compile and train for seconds
-pytestmark = pytest.mark.slow
-
 
 def judge(losses, norm, *, jump=2.0, growth=4.0, good_norm=10.0, finite=True):
   h = health_lib.Health(

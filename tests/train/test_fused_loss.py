@@ -13,7 +13,6 @@ from tests.train.test_loop import losses, run_train
 from tests.train.test_sharding import grad_norms, mesh_config, run
 
 
-@pytest.mark.slow
 def test_a_run_resumed_with_the_fused_loss_trains_as_the_unfused_one(tmp_path):
   """optim.loss_impl=fused through the trainer (train step and validation): a float32 tiny run
   trained 2 steps with the unfused loss and resumed with the fused one logs the losses and the
@@ -55,7 +54,6 @@ def test_the_config_refuses_what_the_fused_loss_cannot_run(tmp_path, override, m
     small_config(tmp_path, **override)
 
 
-@pytest.mark.slow
 def test_on_a_data_fsdp_tensor_mesh_the_fused_loss_trains_as_the_unfused_one(tmp_path):
   """On a (data, fsdp, tensor) = (2, 2, 2) mesh of the 8 CPU devices the fused loss splits the
   tokens over data and fsdp and the classes over tensor, and reduce-scatters the weight's

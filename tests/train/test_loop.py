@@ -130,7 +130,6 @@ def test_decay_mask_only_on_projection_matrices():
   assert not any(v for k, v in flat.items() if "embed" in k or "t5_table" in k or "norm" in k)
 
 
-@pytest.mark.slow
 def test_tiny_run_on_stdlib_lowers_val_loss(tmp_path):
   c = small_config(
     tmp_path,
@@ -159,7 +158,6 @@ def test_tiny_run_on_stdlib_lowers_val_loss(tmp_path):
   assert summary.step == 40
 
 
-@pytest.mark.slow
 def test_resume_equals_straight_run(tmp_path):
   straight = small_config(tmp_path)
   run_train(straight, tmp_path / "a", log=lambda *a: None)
@@ -176,7 +174,6 @@ def test_resume_equals_straight_run(tmp_path):
   assert losses(tmp_path / "a") == losses(tmp_path / "b")  # same batches, same losses
 
 
-@pytest.mark.slow
 def test_corrupted_latest_checkpoint_falls_back_to_the_previous(tmp_path):
   run_train(small_config(tmp_path), tmp_path / "a", log=lambda *a: None)
   _, params_a = final_params(tmp_path / "a")
@@ -307,7 +304,6 @@ def _wait_for(predicate, timeout, proc=None):
   return False
 
 
-@pytest.mark.slow
 def test_sigterm_saves_and_exits_zero(tmp_path):
   args = _cli_overrides(tmp_path, steps=100000, ckpt_every=100000)
   work = tmp_path / "run"
@@ -472,7 +468,6 @@ def test_config_files_validate(name):
     assert c.data.batch_size * c.data.seq_len == 512 * 1024
 
 
-@pytest.mark.slow
 def test_dry_run_compiles_the_job_and_trains_nothing(tmp_path):
   """--config.dry_run=True: the configured train step is compiled for the mesh (here 2 CPU
   devices, data=2) and its figures printed; no step runs and the workdir stays empty."""

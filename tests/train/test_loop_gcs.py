@@ -152,7 +152,6 @@ def test_a_gs_run_stopped_killed_and_resumed_equals_the_local_run(reference, tmp
   assert not (tmp_path / "gs:").exists() and not (ROOT / "gs:").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["deleted", "truncated"])
 def test_a_damaged_object_in_the_bucket_costs_one_checkpoint(reference, damage):
   bucket = gcs_server.new_bucket()

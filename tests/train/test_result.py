@@ -5,7 +5,6 @@ from the saved run's names each changed field, and every report ends with the ne
 import dataclasses
 
 import jax
-import pytest
 
 from rove_jax.train import loop as training
 from rove_jax.train import result, resume
@@ -22,7 +21,6 @@ def warnings_in(lines):
   return [line for line in lines if line.startswith("WARNING: this config differs")]
 
 
-@pytest.mark.slow
 def test_rerunning_a_finished_run_says_nothing_was_trained_and_names_overrides(tmp_path):
   workdir = tmp_path / "run"
   first = []

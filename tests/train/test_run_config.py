@@ -293,7 +293,6 @@ def test_config_files_must_return_a_run_config(tmp_path):
   assert overrides.load_file(f"{with_arg}:7").steps == 700
 
 
-@pytest.mark.slow
 def test_train_command_line_errors_exit_2_with_one_message(tmp_path):
   """rove-train's flag errors: the unknown key is named although the valid one is given too;
   absl's type errors, a config file without get_config() and one that raises or exits exit 2
@@ -458,7 +457,6 @@ def test_config_names_resolve_to_packaged_files(tmp_path):
     train_cli.resolve_config_arg("tinny")
 
 
-@pytest.mark.slow
 def test_rove_train_with_an_unknown_config_name_exits_2(tmp_path):
   r = subprocess.run(
     [

@@ -127,7 +127,6 @@ def test_parameter_specs_follow_the_rules():
   assert len(replicated) < len(flat) / 3
 
 
-@pytest.mark.slow
 def test_state_is_created_sharded(tmp_path):
   c = mesh_config(tmp_path, (2, 2, 2), steps=1, **{"optim.warmup_steps": 0})
   summary = run(c, tmp_path / "w", 8)
