@@ -51,14 +51,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# --no-compile: the modules a command imports are byte-compiled on first import; compiling every
-# installed file up front (the extras' IPython, lm-eval, ...) is a third of the install's time.
+# pip byte-compiles what it installs (no --no-compile): where PYTHONDONTWRITEBYTECODE is set, as
+# on CI machines, nothing else would, and every process would compile jax from source again.
 $(CORE): $(PY) pyproject.toml
-	$(PY) -m pip install -q --no-compile -e '.[all]'
+	$(PY) -m pip install -q -e '.[all]'
 	touch $(CORE)
 
 $(TEST): $(PY) pyproject.toml
-	$(PY) -m pip install -q --no-compile -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]'
 	touch $(TEST) $(CORE)
 
 install: $(TEST)
