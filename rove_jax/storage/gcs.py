@@ -17,7 +17,6 @@ import functools
 import io
 import logging
 import os
-import posixpath
 
 from rove_jax.storage import deadline, errors
 
@@ -139,33 +138,6 @@ def walk_files(root: str) -> list[str]:
   key = _key(root)
   found = _call(lambda: fs().find(key), "listing", root)
   return sorted(p[len(key) + 1 :] for p in found if p.startswith(key + "/"))
-
-
-def copy_tree(src: str, dst: str) -> None:
-  """Copies every file under `src`, a local directory or a gs:// one, to the same relative name
-  under gs:// `dst`: each read whole, then written as one object (an existing one replaced)."""
-  remote = src.startswith("gs://")
-  for rel in walk_files(src) if remote else _local_files(src):
-    parts = rel.split("/")
-    if remote:
-      data = read_bytes(posixpath.join(src, *parts))
-    else:
-      data = _read_local(os.path.join(src, *parts))
-    write(posixpath.join(dst, *parts), data)
-
-
-def _local_files(root: str) -> list[str]:
-  """Every file under the local directory `root`, as '/'-separated relative paths, sorted."""
-  return sorted(
-    os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
-    for dirpath, _, names in os.walk(root)
-    for name in names
-  )
-
-
-def _read_local(path: str) -> bytes:
-  with open(path, "rb") as f:
-    return f.read()
 
 
 def forget_listings() -> None:

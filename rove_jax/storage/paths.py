@@ -393,17 +393,12 @@ def storage_now(directory: str) -> float:
 
 
 def copy_tree(src: str, dst: str) -> None:
-  """Copies a directory tree (either side local or remote): onto GCS the backend walks `src`
-  and writes each object (gcs.copy_tree); down from GCS each file streams into its local
-  replacement, as `local_copy`'s do."""
-  if is_remote(dst):
-    _gcs().copy_tree(src, dst)
-  elif not is_remote(src):
+  """Copies a directory tree (either side local or remote)."""
+  if not is_remote(src) and not is_remote(dst):
     shutil.copytree(src, dst)
-  else:
-    for rel in _gcs().walk_files(src):
-      remote = posixpath.join(src, *rel.split("/"))
-      write_atomic(os.path.join(dst, *rel.split("/")), lambda f: _gcs().download_into(remote, f))
+    return
+  for rel in walk_files(src):
+    write_atomic(join(dst, *rel.split("/")), read_bytes(join(src, *rel.split("/"))))
 
 
 def move_tree(src: str, dst: str) -> None:
