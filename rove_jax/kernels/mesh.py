@@ -31,18 +31,24 @@ def shards(B: int, H: int, K: int) -> Optional[Shards]:
   if not free:
     return None
   sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-  batch, n = [], 1
-  for axis in BATCH_AXES:
-    if axis in free and B % (n * sizes[axis]) == 0:
-      batch.append(axis)
-      n *= sizes[axis]
-  batch = tuple(batch) or None
+  batch = dividing(B, BATCH_AXES, free, sizes) or None
   heads = kv_heads = None
   t = sizes.get(HEAD_AXIS, 1) if HEAD_AXIS in free else 1
   if t > 1 and H % t == 0 and (K % t == 0 or K == 1):
     heads = HEAD_AXIS
     kv_heads = HEAD_AXIS if K % t == 0 else None  # MQA: every shard reads the one kv head
   return Shards(free, batch, P(batch, None, heads, None), P(batch, None, kv_heads, None))
+
+
+def dividing(n: int, axes, free, sizes: dict) -> tuple:
+  """The axes of `axes`, in order, that are free (not manual) and whose sizes multiplied so far
+  divide n: the mesh axes a dim of size n is split over."""
+  out, split = [], 1
+  for axis in axes:
+    if axis in free and n % (split * sizes[axis]) == 0:
+      out.append(axis)
+      split *= sizes[axis]
+  return tuple(out)
 
 
 def run_sharded(run, args, specs, out_spec, free):

@@ -45,10 +45,6 @@ def constrain(x: jax.Array, *names: Optional[str]) -> jax.Array:
   sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
   spec = []
   for name, n in zip(names, x.shape):
-    axes, split = [], 1
-    for a in AXES[name]:
-      if a in free and n % (split * sizes[a]) == 0:
-        axes.append(a)
-        split *= sizes[a]
-    spec.append(tuple(axes) if len(axes) > 1 else (axes[0] if axes else None))
+    axes = kernel_mesh.dividing(n, AXES[name], free, sizes)
+    spec.append(axes if len(axes) > 1 else (axes[0] if axes else None))
   return jax.lax.with_sharding_constraint(x, P(*spec))
