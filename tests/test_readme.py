@@ -85,17 +85,7 @@ SCRIPTS = {
   "rove-lm-eval": "rove_jax.cli.harness:main",
 }
 GENERIC = ("--config.field=value", "--config.x=y")  # the override syntax, not a field
-PIP_OK = (
-  "-e",
-  "--editable",
-  "-U",
-  "--upgrade",
-  "-q",
-  "--quiet",
-  "--no-compile",
-  "git+THIS-REPO",
-  "pip",
-)
+PIP_OK = ("-e", "--editable", "-U", "--upgrade", "-q", "--quiet", "git+THIS-REPO", "pip")
 # A fenced block (lang, body) and an indented one (after a blank line; blank lines inside).
 FENCED = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*([\w+-]*).*\n((?:.*\n)*?) {0,3}\1.*$", re.M)
 INDENTED = re.compile(r"(?:\A|(?<=\n\n)) {4}.*\S.*(?:\n(?: {4}.*|[ \t]*)$)*", re.M)

@@ -60,7 +60,7 @@ def _resolve(c: RunConfig, given: Optional[list], model_given, log) -> RunConfig
 
     pretrained = pretrained_lib.inspect(path, where=f"init_from={path}", check=True)
   if given is not None:
-    c = overrides.apply(c, ([("model", pretrained.model)] if path else []) + given)
+    c = overrides.apply(c, ([("model", pretrained.model)] if path is not None else []) + given)
   model, data = c.model, c.data
   if path is not None:
     model, tokenizer = init_from.configure(pretrained, model, data.tokenizer, model_given, log=log)
