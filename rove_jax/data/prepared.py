@@ -45,6 +45,7 @@ from rove_jax.data.prepared_format import (
 from rove_jax.data.shard_check import file_sha256  # noqa: F401 - also this module's
 from rove_jax.data.sources import SPLITS, check_split
 from rove_jax.data.tokenization import Tokenizer
+from rove_jax.storage import errors as storage_errors
 from rove_jax.storage import paths
 
 
@@ -323,7 +324,7 @@ def run_vocabulary(
   except (ValueError, OSError) as e:
     if dry_run:
       return tokenizer, vocab_size
-    raise ValueError(f"data.path={path}: {e}") from None
+    raise storage_errors.input_error(e, f"data.path={path}: {e}") from None
   want = manifest["tokenizer"]
   if tokenizer is not None and tokenizer != want["spec"]:
     raise ValueError(

@@ -41,6 +41,7 @@ import numpy as np
 
 from rove_jax.data.sources import SPLITS
 from rove_jax.data.tokenization import Tokenizer
+from rove_jax.storage import errors as storage_errors
 from rove_jax.storage import paths
 
 FORMAT = "rove_jax.prepared"
@@ -101,9 +102,11 @@ def read_manifest(path: str) -> dict[str, Any]:
       )
     ) from None
   except (OSError, ValueError) as e:
-    raise DamagedDataset(
+    raise storage_errors.input_error(
+      e,
       f"{mpath} is unreadable ({type(e).__name__}: {e}); prepare the "
-      f"dataset again with rove-prepare --overwrite"
+      f"dataset again with rove-prepare --overwrite",
+      DamagedDataset,
     ) from None
   problem = _manifest_problem(manifest)
   if problem:

@@ -60,6 +60,7 @@ from typing import Optional
 from rove_jax.nn import hf_gpt2, hf_llama, param_files
 from rove_jax.nn import model as model_lib
 from rove_jax.nn.model_config import ROTARY_ENCODINGS, GPTConfig
+from rove_jax.storage import errors as storage_errors
 from rove_jax.storage import paths as storage_paths
 
 MODEL_TYPE = "rove_jax_gpt"
@@ -296,12 +297,14 @@ def inspect(path: str, *, where: Optional[str] = None, check: bool = False) -> I
   Raises:
     ValueError: one line starting with `where` (default: the path) naming what is wrong: no
       weights or config.json, a damaged file, a malformed tokenizer record.
+    OSError: storage that failed (storage_errors.is_unavailable: a deadline passed, a server
+      error), its message starting with `where`.
   """
   where = where or path
   try:
     model, hf = (check_files if check else read_config)(path)
   except (OSError, ValueError) as e:
-    raise ValueError(f"{where}: {e}") from None
+    raise storage_errors.input_error(e, f"{where}: {e}") from None
   directory = storage_paths.dirname(path) if storage_paths.isfile(path) else path
   run = hf.get("rove_jax_run")
   recorded = (run.get("tokenizer") if isinstance(run, dict) else None) or {}

@@ -22,10 +22,12 @@ writer lock's lease, orbax's unfinished-checkpoint markers) already handle.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import threading
 import time
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Iterator, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -48,13 +50,38 @@ class StorageInterrupted(InterruptedError):
   """SIGTERM / SIGINT arrived while a remote operation was blocked (an OSError)."""
 
 
+def checked(seconds) -> Optional[float]:
+  """`seconds` as a deadline (None: unset), or ValueError naming the setting."""
+  if seconds is None:
+    return None
+  if not (
+    isinstance(seconds, (int, float))
+    and not isinstance(seconds, bool)
+    and math.isfinite(seconds)
+    and seconds > 0
+  ):
+    raise ValueError(f"storage_timeout must be a number of seconds > 0 (or unset), got {seconds!r}")
+  return float(seconds)
+
+
 def configure(seconds: Optional[float]) -> None:
   """Sets the deadline of this process's remote operations (None: the environment's or the
   default)."""
   global _configured
-  if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0):
-    raise ValueError(f"storage_timeout must be a number of seconds > 0, got {seconds!r}")
-  _configured = None if seconds is None else float(seconds)
+  _configured = checked(seconds)
+
+
+@contextlib.contextmanager
+def configured(seconds: Optional[float]) -> Iterator[None]:
+  """Within the block, the deadline is `seconds` (None: as it is); restored after."""
+  global _configured
+  before, value = _configured, checked(seconds)
+  if value is not None:
+    _configured = value
+  try:
+    yield
+  finally:
+    _configured = before
 
 
 def timeout() -> float:

@@ -42,3 +42,12 @@ def is_unavailable(e: BaseException) -> bool:
   if isinstance(code, int):
     return code >= 500 or code in (408, 429)
   return is_storage_error(e) and not isinstance(e, FileNotFoundError)
+
+
+def input_error(e: BaseException, message: str, cls: type = ValueError) -> BaseException:
+  """What to raise for `e`, met reading an input: `cls(message)` (the input is wrong or
+  missing), or, where the storage failed (is_unavailable), `e`'s own type with `message`, so
+  that the caller's exit status blames the machine (1), not the input (2)."""
+  if is_unavailable(e) and isinstance(e, OSError):
+    return type(e)(message)
+  return cls(message)

@@ -43,6 +43,7 @@ from typing import Iterable, Optional
 from rove_jax import scaling
 from rove_jax.nn.model_config import DTYPES, ROTARY_ENCODINGS, GPTConfig
 from rove_jax.nn.pretrained import TOKENIZER_FILE, Inspected
+from rove_jax.storage import errors as storage_errors
 
 FREE = (
   "rope_scaling",
@@ -165,7 +166,7 @@ def load_params(c, shardings, *, log=print):
   try:
     _, params = pretrained.load(c.init_from)
   except (OSError, ValueError) as e:
-    raise ValueError(f"init_from={c.init_from}: {e}") from None
+    raise storage_errors.input_error(e, f"init_from={c.init_from}: {e}") from None
   dtype = DTYPES[c.model.param_dtype]
   tensors = {k: np.asarray(v).astype(dtype) for k, v in param_files.named(params).items()}
   params = param_files.from_named(tensors, c.model, where=f"init_from={c.init_from}")

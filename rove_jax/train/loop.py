@@ -47,8 +47,8 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
 
   Runs SPMD over the (data, fsdp, tensor) mesh of `c.mesh`.
   """
-  c = resolve.resolve(c, log=log)
   deadline.reset()  # a stop or a storage failure of an earlier run in this process is past
+  c = resolve.resolve(c, log=log)  # its reads (init_from, a prepared manifest) under c's deadline
   deadline.configure(c.storage_timeout)
   run_checks.check_environment(c)
   tracking.check_ready(c)  # before the workdir is created: nothing left behind

@@ -7,8 +7,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Optional
 
+from rove_jax.storage import deadline
 from rove_jax.train import overrides
 from rove_jax.train.run_config import RunConfig
+
+# The overrides applied before init_from's checkpoint and a prepared manifest are read.
+_FOR_READS = ("init_from", "storage_timeout")
 
 
 def command_line(c: RunConfig, given: list, *, log=None) -> RunConfig:
@@ -50,10 +54,13 @@ def _resolve(c: RunConfig, given: Optional[list], model_given, log) -> RunConfig
   """The one body of `command_line` (`given`: its overrides) and `resolve` (None: `c` as it
   is): init_from's checkpoint read, the overrides applied, then what the checkpoint and a
   prepared dataset decide, in that order, each module called once."""
-  path = c.init_from
-  for key, value in given or ():
-    if key == "init_from" and value is not overrides.MISSING:
-      path = overrides.parse(value, str, optional=True) if isinstance(value, str) else value
+  # what the reads below need comes first: the checkpoint's path and the storage deadline
+  early = overrides.apply(c, [(key, value) for key, value in given or () if key in _FOR_READS])
+  with deadline.configured(early.storage_timeout):
+    return _resolved(c, given, early.init_from, model_given, log)
+
+
+def _resolved(c: RunConfig, given: Optional[list], path, model_given, log) -> RunConfig:
   if path is not None:
     from rove_jax.nn import pretrained as pretrained_lib  # only runs that start from one
     from rove_jax.train import init_from

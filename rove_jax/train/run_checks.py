@@ -9,6 +9,7 @@ import importlib.util
 import math
 
 from rove_jax.nn.model_config import GPTConfig
+from rove_jax.storage import deadline
 from rove_jax.train import tracking
 
 _DECAY_HINT = " (Adam's moment decay: 1 never forgets, the updates turn NaN)"
@@ -108,11 +109,7 @@ def validate(c) -> None:
       f"run_steps must be an int >= 1 (the steps this invocation runs before it "
       f"saves and exits) or unset, got {c.run_steps!r}"
     )
-  t = c.storage_timeout
-  if t is not None and not (
-    isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
-  ):
-    raise ValueError(f"storage_timeout must be a number of seconds > 0 (or unset), got {t!r}")
+  deadline.checked(c.storage_timeout)
   if not (_is_int(c.sample_tokens) and c.sample_tokens >= 0):
     raise ValueError(f"sample_tokens must be an int >= 0 (0: no sample), got {c.sample_tokens!r}")
   o = c.optim

@@ -232,3 +232,50 @@ def test_a_bad_deadline_is_named(monkeypatch, fresh_deadline):
     deadline.timeout()
   with pytest.raises(ValueError, match="storage_timeout must be a number of seconds > 0"):
     deadline.configure(-1)
+
+
+def test_init_from_is_read_under_the_runs_own_deadline(tmp_path, silent_storage):
+  """The checkpoint init_from names is read before the overrides apply to it; the
+  --config.storage_timeout override is its deadline all the same (the environment says 600)."""
+  workdir, proxy, env = silent_storage
+  proxy.stall()
+  t0 = time.time()
+  done = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "train.py"),
+      "--config",
+      os.path.join(ROOT, "configs", "tiny.py"),
+      "--workdir",
+      str(tmp_path / "run"),
+      f"--config.init_from={workdir}",
+      "--config.storage_timeout=3",
+    ],
+    env={**env, deadline.ENV_VAR: "600"},
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert done.returncode == 1, done.stderr[-3000:]
+  line = last_line(done.stderr)
+  assert line.startswith("error: ") and workdir in line, line
+  assert "storage did not answer within 3 s" in line, line
+  assert time.time() - t0 < 60
+  assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_a_deadline_holds_within_its_block_only(fresh_deadline):
+  deadline.configure(50)
+  with deadline.configured(2):
+    assert deadline.timeout() == 2.0
+  assert deadline.timeout() == 50.0
+  with deadline.configured(None):  # unset: the deadline as it is
+    assert deadline.timeout() == 50.0
+  with pytest.raises(KeyError), deadline.configured(3):
+    raise KeyError("the block's own error")
+  assert deadline.timeout() == 50.0
+  for bad in (0, -1, float("inf"), True, "10"):
+    with pytest.raises(ValueError, match=r"storage_timeout must be a number of seconds > 0"):
+      with deadline.configured(bad):
+        pass
