@@ -12,7 +12,7 @@ from rove_jax.train import overrides
 from rove_jax.train.run_config import RunConfig
 
 # The overrides applied before init_from's checkpoint and a prepared manifest are read.
-_FOR_READS = ("init_from", "storage_timeout")
+_FOR_READS = {"init_from": str, "storage_timeout": float}
 
 
 def command_line(c: RunConfig, given: list, *, log=None) -> RunConfig:
@@ -55,9 +55,17 @@ def _resolve(c: RunConfig, given: Optional[list], model_given, log) -> RunConfig
   is): init_from's checkpoint read, the overrides applied, then what the checkpoint and a
   prepared dataset decide, in that order, each module called once."""
   # what the reads below need comes first: the checkpoint's path and the storage deadline
-  early = overrides.apply(c, [(key, value) for key, value in given or () if key in _FOR_READS])
-  with deadline.configured(early.storage_timeout):
-    return _resolved(c, given, early.init_from, model_given, log)
+  early = {key: getattr(c, key) for key in _FOR_READS}
+  for key, value in given or ():
+    if key in early and isinstance(value, str):
+      try:
+        early[key] = overrides.parse(value, _FOR_READS[key], optional=True)
+      except ValueError as e:
+        raise ValueError(f"--config.{key}={value}: {e}") from None
+    elif key in early and value is not overrides.MISSING:
+      early[key] = value
+  with deadline.configured(early["storage_timeout"]):
+    return _resolved(c, given, early["init_from"], model_given, log)
 
 
 def _resolved(c: RunConfig, given: Optional[list], path, model_given, log) -> RunConfig:

@@ -279,3 +279,20 @@ def test_a_deadline_holds_within_its_block_only(fresh_deadline):
     with pytest.raises(ValueError, match=r"storage_timeout must be a number of seconds > 0"):
       with deadline.configured(bad):
         pass
+
+
+@pytest.mark.parametrize(
+  "value, message",
+  [
+    ("soon", r"--config\.storage_timeout=soon: 'soon' is not a number or None"),
+    ("-1", r"storage_timeout must be a number of seconds > 0 \(or unset\), got -1\.0"),
+  ],
+)
+def test_a_bad_deadline_override_is_named_before_any_read(value, message, fresh_deadline):
+  from rove_jax.train import resolve
+  from rove_jax.train.run_config import RunConfig
+
+  given = [("init_from", "gs://nowhere/ckpt"), ("storage_timeout", value)]
+  with pytest.raises(ValueError, match=message):
+    resolve.command_line(RunConfig(), given)
+  assert deadline.timeout() == deadline.DEFAULT_S  # left as it was
