@@ -173,6 +173,44 @@ def test_analyze_scales_the_accumulation_loop_and_adds_kernel_attention():
   assert len(r["analysis_notes"]) == 2
 
 
+def test_collective_matmul_loops_and_missing_flops_are_named():
+  """XLA's collective matmuls (an fsdp all-gather overlapped with the matmul, in a while loop
+  named windowed_dot_general_body_*) are counted once by cost_analysis: the report says so,
+  and compiled FLOPs below the model's count are flagged."""
+  name = "%wide.windowed_dot_general_body_ag.2"
+  text = HLO.replace("body=%body2", f"body={name}").replace("%body2 (", f"{name} (")
+
+  class Windowed(_Compiled):
+    def as_text(self):
+      return text
+
+  r = hlo.analyze(
+    Windowed(),
+    None,
+    n_devices=4,
+    tokens=400,
+    model_flops=3.5e7,
+    attention_flops=1e6,
+    accumulation=3,
+  )
+  notes = " | ".join(r["analysis_notes"])
+  assert "1 of XLA's collective matmuls (windowed_dot_general loops" in notes, notes
+  assert r["model_to_compiled"] == pytest.approx(3.5e7 / 3.1e7)
+  assert "compiled FLOPs are 0.89x the model FLOPs: cost_analysis misses work" in notes, notes
+  plain = hlo.analyze(
+    _Compiled(),
+    None,
+    n_devices=4,
+    tokens=400,
+    model_flops=3.1e7,
+    attention_flops=1e6,
+    accumulation=3,
+  )
+  assert not any(
+    "collective matmuls" in n or "compiled FLOPs" in n for n in plain["analysis_notes"]
+  )
+
+
 def test_recommend_mesh_and_accumulation():
   c = run_config.paper_config("gpt2_124m", lr=6e-4)
   r = aot.recommend(c, "v5e-8")  # state 16 x 124.5M bytes fits half the HBM: data parallel
