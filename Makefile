@@ -73,8 +73,10 @@ format: $(TEST)
 	$(PY) -m ruff check --select I --fix -q .
 	$(PY) -m ruff format .
 
+# Three workers on two cores (the subprocess tests wait on their children); worksteal hands a
+# worker that ran dry tests queued on another, which evens out the minute-long end-to-end tests.
 test: lint
-	$(PY) -m pytest -q -n 3 --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 3 --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 test-gpu:
 	@$(GPU_PYTHON) -c '$(GPU_READY)'
