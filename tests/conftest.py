@@ -8,6 +8,7 @@ import pathlib
 import pkgutil  # noqa: E402
 import socket
 import subprocess
+import sys
 
 
 def _cpu_only() -> bool:
@@ -41,8 +42,25 @@ _OPT_FLAG = "--xla_backend_optimization_level"
 # plugin of jax 0.11 aborts the process on it) never sees it, so it is set only when the session
 # runs on the CPU alone; a GPU session keeps XLA's defaults for its CPU client too.
 _EMITTER_FLAG = "--xla_cpu_use_fusion_emitters"
+# Whether this XLA knows the flag, asked once a session of a child (an unknown flag aborts the
+# process; jax 0.12's XLA has only the new emitters): "1" or "0", inherited by xdist's workers.
+_EMITTER_KNOWN = "ROVE_JAX_TEST_XLA_KNOWS_EMITTER_FLAG"
+
+
+def _xla_knows(flag: str) -> bool:
+  if _EMITTER_KNOWN not in os.environ:
+    probe = subprocess.run(
+      [sys.executable, "-c", "import jax; jax.devices('cpu')"],
+      env={**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"},
+      capture_output=True,
+      timeout=300,
+    )
+    os.environ[_EMITTER_KNOWN] = "1" if probe.returncode == 0 else "0"
+  return os.environ[_EMITTER_KNOWN] == "1"
+
+
 _defaults = [(_DEVICE_FLAG, "8"), (_OPT_FLAG, "0")]
-if _cpu_only():
+if _cpu_only() and _xla_knows(f"{_EMITTER_FLAG}=false"):
   _defaults.append((_EMITTER_FLAG, "false"))
 _flags = os.environ.get("XLA_FLAGS", "")
 for _flag, _default in _defaults:

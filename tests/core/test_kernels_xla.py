@@ -53,14 +53,27 @@ def test_segment_runs_match_a_reference(docs, M, rng):
     np.testing.assert_array_equal(a, b)
 
 
-def ragged_attention_f64(q, k, v, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, causal):
+def token_strides(q, k) -> tuple[int, int]:
+  """(query, key/value) stride of a token in the flat offsets jax's descriptor conversion makes:
+  the query's heads x head dim for q; for k and v the same up to jax 0.11 (GQA's forward agreed
+  with that reading on an H200 with jax 0.11), the kv heads' from jax 0.12 on. Read off jax's
+  own conversion of one row with two one-token segments."""
+  with jax.ensure_compile_time_eval():  # also when called while a jit traces
+    one, two = jnp.array([[1, 1]]), jnp.array([[0, 1, -1]])
+    _, _, q_off, kv_off = cudnn_fa._fix_seqlen_offsets(one, one, two, two, q, k)
+    return int(q_off[0, 1]), int(kv_off[0, 1])
+
+
+def ragged_attention_f64(
+  q, k, v, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, causal, strides=None
+):
   """cuDNN's packed layout on flat descriptors, in float64: segment s holds the tokens from
-  offsets[s] / (stride of a token) on, seqlen[s] of them, of the batch flattened to [B * T].
-  jax scales both offsets by the query's heads x head dim (GQA's forward agrees with this reading
-  on an H200). Returns (out [B, T, H, D] float64, how many segments wrote each token [B, T])."""
+  offsets[s] / (stride of a token: `strides`, default token_strides) on, seqlen[s] of them, of
+  the batch flattened to [B * T]. Returns (out [B, T, H, D] float64, how many segments wrote
+  each token [B, T])."""
   B, T, H, D = q.shape
   K = k.shape[2]
-  stride = H * D
+  q_stride, kv_stride = token_strides(q, k) if strides is None else strides
   qf, kf, vf = (np.asarray(x, np.float64).reshape(B * T, -1, D) for x in (q, k, v))
   q_seqlen, kv_seqlen, q_offsets, kv_offsets = (
     np.ravel(x) for x in (q_seqlen, kv_seqlen, q_offsets, kv_offsets)
@@ -70,7 +83,7 @@ def ragged_attention_f64(q, k, v, q_seqlen, kv_seqlen, q_offsets, kv_offsets, sc
     n, m = int(q_seqlen[s]), int(kv_seqlen[s])
     if n <= 0:
       continue
-    a, c = int(q_offsets[s]) // stride, int(kv_offsets[s]) // stride
+    a, c = int(q_offsets[s]) // q_stride, int(kv_offsets[s]) // kv_stride
     kk = np.repeat(kf[c : c + m], H // K, axis=1)
     vv = np.repeat(vf[c : c + m], H // K, axis=1)
     logits = np.einsum("thd,shd->hts", qf[a : a + n], kk) * scale
@@ -104,9 +117,10 @@ def packed_stand_in(calls, writes=None):
     assert bias is None and mask is None and q_offsets is not None
     flat = cudnn_fa._fix_seqlen_offsets(q_seqlen, kv_seqlen, q_offsets, kv_offsets, q, k)
     causal = mask_type == cudnn_fa.MaskType.PADDING_CAUSAL
+    strides = token_strides(q, k)
 
     def run(q, k, v, *flat):
-      out, count = ragged_attention_f64(q, k, v, *flat, scale, causal)
+      out, count = ragged_attention_f64(q, k, v, *flat, scale, causal, strides)
       if writes is not None:
         writes.append(count)
       return out.astype(np.float32)

@@ -137,7 +137,9 @@ def test_stacked_train_step_is_the_per_layer_step(tiny, accum):
     np.testing.assert_allclose(mb["loss"], ma["loss"], rtol=1e-6)
     np.testing.assert_allclose(mb["grad_norm"], ma["grad_norm"], rtol=1e-6)
     assert bool(mb["finite"])
-  chex.assert_trees_all_close(layers.unstack(b.params), a.params, rtol=1e-5, atol=1e-6)
+  # AdamW moves each parameter by about lr a step whatever its gradient's size, so the norm's
+  # summation order (float32 rounding) shows in a small bias's update: atol a thousandth of lr.
+  chex.assert_trees_all_close(layers.unstack(b.params), a.params, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(
     eval_step(b.params, batch), program.make_eval_step(graphdef)(a.params, batch), rtol=1e-5
   )
