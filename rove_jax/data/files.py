@@ -25,10 +25,7 @@ from typing import Callable, Iterator, Optional
 TEXT_EXTENSIONS = (".txt", ".jsonl")
 PARQUET_EXTENSIONS = (".parquet",)
 STDLIB_EXTENSIONS = (".py", ".txt", ".rst", ".md")
-_STDLIB_SKIP_DIRS = ("site-packages", "dist-packages", "__pycache__", "__phello__")
-# CPython's frozen-import test stubs (__hello__.py and the __phello__ package): a few lines each,
-# two of them the same text, which a split by file could put on both sides.
-_STDLIB_STUBS = ("__hello__.py",)
+_STDLIB_SKIP_DIRS = ("site-packages", "dist-packages", "__pycache__")
 _TOPICS = "pydoc_data/topics.py"
 _SNIFF_BYTES = 8192  # read of each text file when listing: NUL bytes or bad UTF-8 -> binary
 _TO_UTF8 = "convert it to UTF-8 text (e.g. iconv -t UTF-8) or remove it from the corpus"
@@ -324,8 +321,8 @@ def stdlib_units(root: str) -> list[Unit]:
     root: the library root (the directory holding os.py, for instance).
 
   Returns:
-    units sorted by relative path; site-packages, virtualenvs, __pycache__, CPython's
-    frozen-import test stubs and empty files are skipped.
+    units sorted by relative path; site-packages, virtualenvs, __pycache__ and empty files are
+    skipped.
   """
   root = os.path.abspath(os.path.expanduser(root))
   if not os.path.isdir(root):
@@ -343,8 +340,6 @@ def stdlib_units(root: str) -> list[Unit]:
     )
     for name in filenames:
       if not (name.endswith(STDLIB_EXTENSIONS) or name.startswith("README")):
-        continue
-      if name in _STDLIB_STUBS and dirpath == root:
         continue
       path = os.path.join(dirpath, name)
       st = os.stat(path)

@@ -130,7 +130,9 @@ def test_data_path_and_stride_score_the_given_text_file(trained_run, tmp_path, s
       assert_row_matches(got[setting][str(L)], want, (setting, L, stride))
       if stride is not None:  # sliding windows give the targets other contexts
         other = reference_ppl(model, tokens, L, **kw)
-        assert abs(want["loss"] - other["loss"]) > 1e-4 * other["loss"], (want, other)
+        # a millionth is far above a mean's float32 rounding (the fixture's model is barely
+        # trained, so other contexts move its loss by 1e-4 or less: 7.5e-5 with jax 0.12)
+        assert abs(want["loss"] - other["loss"]) > 1e-6 * other["loss"], (want, other)
 
 
 def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plots(

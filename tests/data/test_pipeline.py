@@ -168,7 +168,8 @@ def test_stdlib_corpus_is_large_and_split_by_file():
   small_val = list(data.iter_documents(small, "val"))
   small_train = list(data.iter_documents(small, "train"))
   assert len(small_val) >= 1 and len(small_train) >= 25
-  assert not set(small_val) & set(small_train)
+  # by file, as above; Python 3.12's two __phello__ stubs are one 97-byte text, one on each side
+  assert len(set(small_val) & set(small_train)) <= 1
 
 
 def test_parquet_source_reads_row_groups_in_order(tmp_path):
