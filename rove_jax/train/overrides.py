@@ -90,6 +90,15 @@ def _section_of(key: str) -> Optional[type]:
   return {"model": GPTConfig, **SECTIONS}.get(key)
 
 
+def field_value(key: str, value: Any) -> Any:
+  """`value` as `apply` sets field `key`: a string parsed by the field's type, anything else as
+  it is. Raises ValueError naming the override (`--config.KEY=VALUE: ...`)."""
+  try:
+    return _parsed(key, value)[1]
+  except ValueError as e:
+    raise ValueError(f"{_shown(key, value)}: {e}") from None
+
+
 def problem(key: str, value: Any = MISSING) -> Optional[str]:
   """Why `--config.KEY=VALUE` cannot be applied to a config, or None (checks the key and the
   value's type, not the whole config)."""

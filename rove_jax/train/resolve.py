@@ -12,7 +12,7 @@ from rove_jax.train import overrides
 from rove_jax.train.run_config import RunConfig
 
 # The overrides applied before init_from's checkpoint and a prepared manifest are read.
-_FOR_READS = {"init_from": str, "storage_timeout": float}
+_FOR_READS = ("init_from", "storage_timeout")
 
 
 def command_line(c: RunConfig, given: list, *, log=None) -> RunConfig:
@@ -57,13 +57,8 @@ def _resolve(c: RunConfig, given: Optional[list], model_given, log) -> RunConfig
   # what the reads below need comes first: the checkpoint's path and the storage deadline
   early = {key: getattr(c, key) for key in _FOR_READS}
   for key, value in given or ():
-    if key in early and isinstance(value, str):
-      try:
-        early[key] = overrides.parse(value, _FOR_READS[key], optional=True)
-      except ValueError as e:
-        raise ValueError(f"--config.{key}={value}: {e}") from None
-    elif key in early and value is not overrides.MISSING:
-      early[key] = value
+    if key in early and value is not overrides.MISSING:  # no value: apply names it below
+      early[key] = overrides.field_value(key, value)
   with deadline.configured(early["storage_timeout"]):
     return _resolved(c, given, early["init_from"], model_given, log)
 
