@@ -103,9 +103,9 @@ def problem(key: str, value: Any = MISSING) -> Optional[str]:
   """Why `--config.KEY=VALUE` cannot be applied to a config, or None (checks the key and the
   value's type, not the whole config)."""
   try:
-    _parsed(key, value)
+    field_value(key, value)
   except ValueError as e:
-    return f"{_shown(key, value)}: {e}"
+    return str(e)
   return None
 
 
