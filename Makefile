@@ -1,16 +1,16 @@
 # The README's two commands. Nothing but Python 3.11+ is needed on the machine (jax 0.7 and
 # newer need 3.11). PYTHON: the interpreter that creates .venv; by default python3 when it is
 # 3.11 or newer, else the newest python3.1x on PATH that is.
-NEW_ENOUGH = import sys; sys.exit(sys.version_info < (3, 11))
-ifndef PYTHON
-PYTHON := $(firstword $(foreach p,python3 python3.14 python3.13 python3.12 python3.11,$(if \
-  $(shell $(p) -c '$(NEW_ENOUGH)' 2>/dev/null && echo yes),$(p))) python3)
-endif
-# What the first recipe says where PYTHON is older (exit 1, before anything is installed).
+# TOO_OLD exits 0 on 3.11+; otherwise it says why (the first recipe, before anything is
+# installed) and exits 1.
 TOO_OLD = import sys; sys.exit(None if sys.version_info >= (3, 11) else "error: rove-jax needs \
   Python 3.11 or newer (jax 0.7 and newer do); $(PYTHON) is " + sys.version.split()[0] + ". \
   Install one (e.g. apt install python3.12-venv, pyenv install 3.12, uv python install 3.12) \
   and run make with PYTHON=python3.12")
+ifndef PYTHON
+PYTHON := $(firstword $(foreach p,python3 python3.14 python3.13 python3.12 python3.11,$(if \
+  $(shell $(p) -c '$(TOO_OLD)' 2>/dev/null && echo yes),$(p))) python3)
+endif
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 EVAL    = $(VENV)/bin/rove-eval

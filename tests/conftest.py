@@ -47,11 +47,11 @@ _EMITTER_FLAG = "--xla_cpu_use_fusion_emitters"
 _EMITTER_KNOWN = "ROVE_JAX_TEST_XLA_KNOWS_EMITTER_FLAG"
 
 
-def _xla_knows(flag: str) -> bool:
+def _xla_knows_emitter_flag() -> bool:
   if _EMITTER_KNOWN not in os.environ:
     probe = subprocess.run(
       [sys.executable, "-c", "import jax; jax.devices('cpu')"],
-      env={**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"},
+      env={**os.environ, "XLA_FLAGS": f"{_EMITTER_FLAG}=false", "JAX_PLATFORMS": "cpu"},
       capture_output=True,
       timeout=300,
     )
@@ -60,7 +60,7 @@ def _xla_knows(flag: str) -> bool:
 
 
 _defaults = [(_DEVICE_FLAG, "8"), (_OPT_FLAG, "0")]
-if _cpu_only() and _xla_knows(f"{_EMITTER_FLAG}=false"):
+if _cpu_only() and _xla_knows_emitter_flag():
   _defaults.append((_EMITTER_FLAG, "false"))
 _flags = os.environ.get("XLA_FLAGS", "")
 for _flag, _default in _defaults:
@@ -122,10 +122,10 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-  # Collection order is kept: pytest-xdist (3.x, --dist load) first hands each worker a
-  # contiguous quarter of its share, so moving the tests marked slow to the front gave them all
-  # to one worker; in file order they are spread over the workers and a module's tests (and
-  # its module fixtures) stay together.
+  # Collection order is kept: pytest-xdist (3.x) first hands each worker a contiguous share
+  # (--dist load a quarter of it, worksteal, which make test uses, all of it), so moving the
+  # tests marked slow to the front gave them all to one worker; in file order they are spread
+  # over the workers and a module's tests (and its module fixtures) stay together.
   if has_gpu():
     return
   skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
