@@ -245,7 +245,8 @@ MAX_Y_TICKS = 10
 def perplexity_ticks(low: float, high: float) -> list:
   """Labelled ticks of a log perplexity axis over [low, high]: plain numbers at the densest
   mantissas of Y_TICK_MANTISSAS that give at most MAX_Y_TICKS of them (at least the powers of
-  ten inside the range)."""
+  ten inside the range). A range too narrow for two of those (13.8 to 14.1) gets evenly
+  spaced ticks at a step of 1, 2 or 5 times a power of ten instead."""
   decades = range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1)
   for mantissas in Y_TICK_MANTISSAS:
     ticks = [
@@ -255,8 +256,20 @@ def perplexity_ticks(low: float, high: float) -> list:
       if low <= m * 10.0**e * (1 + 1e-9) and m * 10.0**e <= high * (1 + 1e-9)
     ]
     if len(ticks) <= MAX_Y_TICKS:
-      return ticks
-  return ticks
+      break
+  return ticks if len(ticks) >= 2 else _even_ticks(low, high)
+
+
+def _even_ticks(low: float, high: float) -> list:
+  """Two to MAX_Y_TICKS ticks in [low, high] at the finest step of 1, 2 or 5 x 10^k."""
+  top = int(np.ceil(np.log10(high - low)))
+  for e in range(top - 2, top + 1):
+    for m in (1, 2, 5):
+      step = m * 10.0**e
+      first, last = np.ceil(low / step - 1e-9), np.floor(high / step + 1e-9)
+      if 2 <= last - first + 1 <= MAX_Y_TICKS:
+        return [round(k * step, 12) for k in range(int(first), int(last) + 1)]
+  return [low, high]
 
 
 def _perplexity_ticks(ax) -> None:

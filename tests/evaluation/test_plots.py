@@ -137,6 +137,34 @@ def test_perplexity_ticks_thin_out_over_wide_ranges():
   assert len(wide) <= plots.MAX_Y_TICKS and 1000 in wide
 
 
+@pytest.mark.parametrize("low, high", [(13.75, 14.14), (13, 14.9), (21, 24), (101, 119), (9.5, 11)])
+def test_a_narrow_perplexity_range_still_gets_labelled_ticks(low, high):
+  """No mantissa tick, or one, falls in these ranges: they get evenly spaced ones instead."""
+  ticks = plots.perplexity_ticks(low, high)
+  assert 2 <= len(ticks) <= plots.MAX_Y_TICKS
+  assert all(low <= t <= high for t in ticks)
+  steps = np.diff(ticks)
+  assert np.allclose(steps, steps[0])
+  mantissa = steps[0] / 10 ** np.floor(np.log10(steps[0]))
+  assert min(abs(mantissa - m) for m in (1, 2, 5)) < 1e-9
+  assert plots.perplexity_ticks(13.75, 14.14) == [13.75, 13.8, 13.85, 13.9, 13.95, 14, 14.05, 14.1]
+
+
+def test_a_narrow_range_figure_labels_its_axis(close_figures):
+  runs = [ppl_run("rove", 0, settings=("none",))]
+  for L, ppl in zip(LENGTHS, (13.77, 13.9, 14.12)):
+    runs[0]["perplexity"]["none"][str(L)]["loss"] = math.log(ppl)
+  (ax,) = plots.perplexity_figure({"runs": runs}).axes
+  ax.figure.canvas.draw()
+  low, high = ax.get_ylim()
+  labels = [
+    t.label1.get_text()
+    for t in ax.yaxis.get_major_ticks()
+    if low <= t.get_loc() <= high and t.label1.get_visible()
+  ]
+  assert len(labels) >= 2 and all(labels), labels
+
+
 def test_perplexity_band_is_the_seed_range_even_with_window_records(close_figures):
   """Per-window records do not turn the band into an interval over windows (whose difficulty
   every run shares): it stays the min-max over seeds, around the mean over seeds."""
