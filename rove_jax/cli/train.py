@@ -25,7 +25,7 @@ from absl import app, flags, logging
 
 from rove_jax.cli import platforms
 from rove_jax.cli.errors import TRACEBACK_VAR, fail, missing_package
-from rove_jax.train import config_file, overrides, run_checks, run_config, sharding
+from rove_jax.train import config_file, overrides, run_config, sharding
 
 _CONFIG = flags.DEFINE_string(
   "config",
@@ -131,7 +131,6 @@ def main(argv, given=()):
     # The run config, built and checked once, here. That touches no device, so
     # jax.distributed can still start after it, before the first device is used.
     c = load(_CONFIG.value, list(given))
-    run_checks.check_environment(c)
     if not (c.dry_run and c.dry_run_topology):  # a named slice compiles with its plugin
       platforms.skip_absent_accelerators()
     else:
@@ -141,7 +140,7 @@ def main(argv, given=()):
       from rove_jax.cli import dry_run  # the compiler's machinery: this flag only
 
       return dry_run.run(c)
-    result.report(training.train(c, _WORKDIR.value), c)
+    result.report(training.train(c, _WORKDIR.value, resolved=True), c)
   except (ValueError, NotImplementedError) as e:
     return fail(str(e), 2)
   except training.NonFiniteError as e:

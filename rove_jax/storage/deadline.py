@@ -6,7 +6,7 @@ neither a timeout of theirs nor SIGTERM reaches it. `call` runs such an operatio
 thread and waits for it in short slices, so that
 
   * an operation that has not finished after the deadline (`timeout()` seconds: set by the
-    trainer from its config, by ROVE_JAX_STORAGE_TIMEOUT elsewhere, `DEFAULT_S` otherwise)
+    run's config (`configure`), by ROVE_JAX_STORAGE_TIMEOUT elsewhere, `DEFAULT_S` otherwise)
     raises StorageTimeout, an OSError naming the operation and the path: the command line ends
     it with one line and exit 1;
   * SIGTERM / SIGINT (`interrupt()`, called by the trainer's signal handler) end a wait that
@@ -22,12 +22,11 @@ writer lock's lease, orbax's unfinished-checkpoint markers) already handle.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import threading
 import time
-from typing import Callable, Iterator, Optional, TypeVar
+from typing import Callable, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -65,23 +64,13 @@ def checked(seconds) -> Optional[float]:
 
 
 def configure(seconds: Optional[float]) -> None:
-  """Sets the deadline of this process's remote operations (None: the environment's or the
-  default)."""
+  """Starts this process's storage deadline for a run (rove_jax.train.resolve, before the
+  run's first read): `seconds` (None: the environment's or the default). A stop signal and a
+  storage that was gone, both of an earlier run in this process, are forgotten."""
   global _configured
   _configured = checked(seconds)
-
-
-@contextlib.contextmanager
-def configured(seconds: Optional[float]) -> Iterator[None]:
-  """Within the block, the deadline is `seconds` (None: as it is); restored after."""
-  global _configured
-  before, value = _configured, checked(seconds)
-  if value is not None:
-    _configured = value
-  try:
-    yield
-  finally:
-    _configured = before
+  _stop.clear()
+  _gone.clear()
 
 
 def timeout() -> float:
@@ -102,12 +91,6 @@ def timeout() -> float:
 def interrupt() -> None:
   """A stop signal arrived: blocked remote waits end within STOP_GRACE_S."""
   _stop.set()
-
-
-def reset() -> None:
-  """Forgets a past stop signal and a storage that was gone (a new run in this process)."""
-  _stop.clear()
-  _gone.clear()
 
 
 def call(fn: Callable[[], T], *, what: str, path: str) -> T:

@@ -1,26 +1,24 @@
 """Training: `train`, the resumable run.
 
-`train` is a short sequence, each part built by the module that owns it: resolve the config,
-check what a run needs before the workdir is touched, the mesh (sharding.run_mesh), lock the
-workdir (run_control.lock), open the checkpoints, build the run state (run_state.build: the
-model, optimizer and steps from program.Program, the data from run_data.open_data), run it
-(step_loop.py: the step and its callbacks), close. A run resumes from the newest readable
-checkpoint in workdir (params, optimizer state, step and the data iterator's position), logs
-to workdir/metrics.jsonl and TensorBoard, and on SIGTERM / SIGINT finishes the current step,
-saves and returns. A step whose loss or gradient is not finite leaves the state unchanged and
-is counted; too many in a row stop the run with an error.
+`train` is a short sequence, each part built by the module that owns it: resolve the config, check
+what is ready before the workdir is touched, the mesh (sharding.run_mesh), lock the workdir
+(run_control.lock), open the checkpoints, build the run state (run_state.build: the model, optimizer
+and steps from program.Program, the data from run_data.open_data), run it (step_loop.py: the step
+and its callbacks), close. A run resumes from the newest readable checkpoint in workdir (params,
+optimizer state, step and the data iterator's position), logs to workdir/metrics.jsonl and
+TensorBoard, and on SIGTERM / SIGINT finishes the current step, saves and returns. A step whose loss
+or gradient is not finite leaves the state unchanged and is counted; too many in a row stop the run
+with an error.
 """
 
 from __future__ import annotations
 
 import jax
 
-from rove_jax.storage import deadline
 from rove_jax.train import (
   agreement,
   resolve,
   resume,
-  run_checks,
   run_control,
   run_state,
   step_loop,
@@ -34,7 +32,7 @@ from rove_jax.train.result import TrainResult
 # ------------------------------------------------------------------------------- the run
 
 
-def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
+def train(c, workdir: str, *, log=print, devices=None, resolved: bool = False) -> TrainResult:
   """Trains (or resumes) the run described by config `c` in `workdir`; returns its result.
 
   Args:
@@ -44,13 +42,14 @@ def train(c, workdir: str, *, log=print, devices=None) -> TrainResult:
     workdir: local path or gs://bucket/path.
     log: where process 0's progress lines go (the other processes log nothing).
     devices: the mesh's devices (default: all devices of all processes).
+    resolved: `c` is as rove_jax.train.resolve returned it, which also set its storage
+      deadline (rove-train resolves before jax.distributed starts): its inputs are not read
+      again.
 
   Runs SPMD over the (data, fsdp, tensor) mesh of `c.mesh`.
   """
-  deadline.reset()  # a stop or a storage failure of an earlier run in this process is past
-  c = resolve.resolve(c, log=log)  # its reads (init_from, a prepared manifest) under c's deadline
-  deadline.configure(c.storage_timeout)
-  run_checks.check_environment(c)
+  if not resolved:
+    c = resolve.resolve(c, log=log)  # also sets c's storage deadline, for its reads and the run
   tracking.check_ready(c)  # before the workdir is created: nothing left behind
   if jax.process_index() != 0:  # process 0 logs, the others nothing
     log = lambda *a, **k: None

@@ -11,9 +11,6 @@ from rove_jax.storage import deadline
 from rove_jax.train import overrides
 from rove_jax.train.run_config import RunConfig
 
-# The overrides applied before init_from's checkpoint and a prepared manifest are read.
-_FOR_READS = ("init_from", "storage_timeout")
-
 
 def command_line(c: RunConfig, given: list, *, log=None) -> RunConfig:
   """A config file's RunConfig with a command line's overrides ([(key, value)]:
@@ -38,6 +35,10 @@ def resolve(c: RunConfig, *, log=None, model_given: Optional[Iterable[str]] = No
   the user set (rove-train passes its --config.model.* overrides; None: every model field,
   compared with the checkpoint's). Resolving a resolved config returns an equal one.
 
+  The reads run under c.storage_timeout, which stays this process's storage deadline for the
+  run that follows (rove_jax.storage.deadline.configure: a stop or a storage failure of an
+  earlier run in this process is forgotten).
+
   Raises:
     ValueError: one line naming the field or the file, before any work.
   """
@@ -52,18 +53,18 @@ def resolve(c: RunConfig, *, log=None, model_given: Optional[Iterable[str]] = No
 
 def _resolve(c: RunConfig, given: Optional[list], model_given, log) -> RunConfig:
   """The one body of `command_line` (`given`: its overrides) and `resolve` (None: `c` as it
-  is): init_from's checkpoint read, the overrides applied, then what the checkpoint and a
-  prepared dataset decide, in that order, each module called once."""
+  is): the storage deadline set, init_from's checkpoint read, the overrides applied, then what
+  the checkpoint and a prepared dataset decide, in that order, each module called once."""
   # what the reads below need comes first: the checkpoint's path and the storage deadline
-  early = {key: getattr(c, key) for key in _FOR_READS}
+  path, timeout = c.init_from, c.storage_timeout
   for key, value in given or ():
-    if key in early and value is not overrides.MISSING:  # no value: apply names it below
-      early[key] = overrides.field_value(key, value)
-  with deadline.configured(early["storage_timeout"]):
-    return _resolved(c, given, early["init_from"], model_given, log)
-
-
-def _resolved(c: RunConfig, given: Optional[list], path, model_given, log) -> RunConfig:
+    if value is overrides.MISSING:  # no value: apply names it below
+      continue
+    if key == "init_from":
+      path = overrides.field_value(key, value)
+    elif key == "storage_timeout":
+      timeout = overrides.field_value(key, value)
+  deadline.configure(timeout)  # the run's deadline, from its first read on
   if path is not None:
     from rove_jax.nn import pretrained as pretrained_lib  # only runs that start from one
     from rove_jax.train import init_from

@@ -1,11 +1,10 @@
-"""Every check of a RunConfig's values (`validate`, which RunConfig's constructor runs), each
-naming the field and what it takes, and what a run needs installed (`check_environment`); both
-before any work starts. `c` is a rove_jax.train.RunConfig (not imported: run_config imports
-this module)."""
+"""Every check of a RunConfig's values (`validate`, which RunConfig's constructor runs), each naming
+the field and what it takes, before any work starts (what a run needs installed is checked by the
+module that needs it: tracking.check_ready for wandb). `c` is a rove_jax.train.RunConfig (not
+imported: run_config imports this module)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 from rove_jax.nn.model_config import GPTConfig
@@ -159,12 +158,3 @@ def validate(c) -> None:
     value = getattr(c.mesh, name)
     if not (_is_int(value) and (value >= 1 or value == -1)):
       raise ValueError(f"mesh.{name} must be a positive int or -1, got {value!r}")
-
-
-def check_environment(c) -> None:
-  """What the run needs installed, before any work: the wandb package for tracking=wandb."""
-  if "wandb" in tracking.parse_tracking(c.tracking) and importlib.util.find_spec("wandb") is None:
-    raise ValueError(
-      "tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
-      "(or pip install wandb), or leave wandb out of --config.tracking"
-    )

@@ -26,6 +26,7 @@ when it stops.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -63,15 +64,27 @@ def parse_tracking(value) -> tuple[str, ...]:
 
 
 def check_ready(c) -> None:
-  """Before any work, on process 0 (the one that records): the sinks of run config `c` can
-  start (`check_wandb_ready`)."""
-  if jax.process_index() == 0 and "wandb" in parse_tracking(c.tracking):
+  """Before any work: the sinks of run config `c` can start. tracking=wandb needs the wandb
+  package (on every process, so that all stop together) and, on process 0 (the one that
+  records), what `check_wandb_ready` asks.
+
+  Raises:
+    ValueError: what is missing, and how to install or configure it.
+  """
+  if "wandb" not in parse_tracking(c.tracking):
+    return
+  if importlib.util.find_spec("wandb") is None:
+    raise ValueError(
+      "tracking=wandb needs the wandb package: pip install 'rove-jax[wandb]' "
+      "(or pip install wandb), or leave wandb out of --config.tracking"
+    )
+  if jax.process_index() == 0:
     check_wandb_ready(c.wandb)
 
 
 def check_wandb_ready(settings) -> None:
   """Before any work (nothing is written yet): for mode "online", an API key is configured
-  (WANDB_API_KEY or `wandb login`'s netrc entry); run_checks.check_environment checked the package.
+  (WANDB_API_KEY or `wandb login`'s netrc entry); `check_ready` checked the package.
 
   Raises:
     ValueError: online without a key (names `wandb login` and the offline mode).

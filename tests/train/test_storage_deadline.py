@@ -202,10 +202,8 @@ def test_a_deadline_passes_errors_and_values_through():
 def fresh_deadline():
   """No deadline configured by an in-process run of an earlier test, no stop, storage not gone."""
   deadline.configure(None)
-  deadline.reset()
   yield
   deadline.configure(None)
-  deadline.reset()
 
 
 def test_a_blocked_call_times_out_naming_the_operation(monkeypatch, fresh_deadline):
@@ -265,20 +263,27 @@ def test_init_from_is_read_under_the_runs_own_deadline(tmp_path, silent_storage)
   assert not (tmp_path / "run").exists()  # nothing was started
 
 
-def test_a_deadline_holds_within_its_block_only(fresh_deadline):
-  deadline.configure(50)
-  with deadline.configured(2):
-    assert deadline.timeout() == 2.0
-  assert deadline.timeout() == 50.0
-  with deadline.configured(None):  # unset: the deadline as it is
-    assert deadline.timeout() == 50.0
-  with pytest.raises(KeyError), deadline.configured(3):
-    raise KeyError("the block's own error")
-  assert deadline.timeout() == 50.0
+def test_resolving_a_config_starts_its_run_deadline(monkeypatch, fresh_deadline):
+  """A notebook's second run: the first one's storage went away and a stop arrived; resolving
+  the next config sets its own deadline (the command line's override first) and forgets both."""
+  from rove_jax.train import resolve
+  from rove_jax.train.run_config import RunConfig
+
+  monkeypatch.setenv(deadline.ENV_VAR, "0.2")
+  with pytest.raises(deadline.StorageTimeout):
+    deadline.call(lambda: time.sleep(5), what="reading", path="gs://b/x")
+  deadline.interrupt()
+  assert deadline._gone.is_set() and deadline._stop.is_set()
+  resolve.resolve(RunConfig(storage_timeout=7))
+  assert deadline.timeout() == 7.0
+  assert not deadline._gone.is_set() and not deadline._stop.is_set()
+  resolve.command_line(RunConfig(storage_timeout=7), [("storage_timeout", "9")])
+  assert deadline.timeout() == 9.0
+  resolve.resolve(RunConfig())  # unset: the environment's
+  assert deadline.timeout() == 0.2
   for bad in (0, -1, float("inf"), True, "10"):
     with pytest.raises(ValueError, match=r"storage_timeout must be a number of seconds > 0"):
-      with deadline.configured(bad):
-        pass
+      deadline.configure(bad)
 
 
 @pytest.mark.parametrize(

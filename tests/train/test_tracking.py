@@ -14,7 +14,7 @@ import pytest
 from rove_jax import hardware
 from rove_jax.nn import flops
 from rove_jax.train import loop as training
-from rove_jax.train import run_checks, step_loop, tracking
+from rove_jax.train import step_loop, tracking
 from rove_jax.train.metrics import read_metrics
 from tests.conftest import small_config
 
@@ -128,14 +128,16 @@ def test_bad_tracking_settings_are_refused_before_training(tmp_path, overrides, 
 
 
 def test_wandb_missing_is_named_with_the_install_command(tmp_path, monkeypatch):
-  real = run_checks.importlib.util.find_spec
+  real = tracking.importlib.util.find_spec
   monkeypatch.setattr(
-    run_checks.importlib.util,
+    tracking.importlib.util,
     "find_spec",
     lambda name, *a: None if name == "wandb" else real(name, *a),
   )
+  workdir = tmp_path / "run"
   with pytest.raises(ValueError, match=r"pip install 'rove-jax\[wandb\]'"):
-    run_checks.check_environment(small_config(tmp_path, tracking="wandb"))
+    training.train(small_config(tmp_path, tracking="wandb"), str(workdir), log=lambda *a: None)
+  assert not workdir.exists()  # before any work
 
 
 def test_wandb_online_without_a_key_is_one_line_before_any_work(tmp_path):
