@@ -38,9 +38,9 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from rove_jax import scaling
 from rove_jax.data import tokenization
-from rove_jax.nn import param_files, pretrained
-from rove_jax.nn.decoding import generate
+from rove_jax.nn import decoding, param_files, pretrained
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import paths
 from rove_jax.train import run_reader
@@ -245,11 +245,16 @@ class Exported:
     temperature: float = 0.0,
     top_k: Optional[int] = None,
     seed: int = 0,
+    rope_scaling=None,
   ) -> str:
     """The text after `prompt`: encoded, `max_new_tokens` generated (greedy at temperature
-    0), decoded."""
+    0), decoded. rope_scaling (a RopeScaling or transformers' dict; None: the model's) extends
+    the context past the training length, e.g. YaRN (rove_jax.nn.decoding.generate)."""
     ids = self.encode(prompt)[None]
-    out = generate(
+    rope_scaling = scaling.RopeScaling.coerce(rope_scaling)
+    # said here, so that the warning names the caller's line rather than this one
+    decoding.warn_past_training_length(self.config, ids.shape[1], max_new_tokens, rope_scaling)
+    out = decoding.generate(
       self.model(),
       ids,
       max_new_tokens,
@@ -257,6 +262,7 @@ class Exported:
       top_k=top_k,
       rng=jax.random.key(seed),
       valid_vocab=self.tokenizer.vocab_size,
+      rope_scaling=rope_scaling,
     )
     return self.decode(np.asarray(out[0])[ids.shape[1] :])
 

@@ -5,15 +5,17 @@ it generates."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import chex
 import jax
 import numpy as np
 import pytest
 
+from rove_jax import scaling
 from rove_jax.data import tokenization
 from rove_jax.evaluation import scoring
-from rove_jax.nn import param_files, pretrained
+from rove_jax.nn import decoding, param_files, pretrained
 from rove_jax.nn.model import generate
 from rove_jax.train import export, run_reader
 from rove_jax.train import loop as training
@@ -123,3 +125,40 @@ def test_a_tokenizer_file_named_outside_the_export_is_refused(tmp_path):
       ValueError, match=r"rove_jax_run\.tokenizer\.file '" + file.replace(".", r"\.") + "' " + says
     ):
       export.load(str(out))
+
+
+def test_an_exports_generate_takes_yarn_and_warns_at_the_callers_line(
+  trained_run, tmp_path, monkeypatch
+):
+  """Past the training length (64), the warning names this file, not export.py, and its advice
+  (rope_scaling=YaRN) can be followed on the export itself."""
+  export.export_run(str(trained_run), str(tmp_path / "out"), report=lambda *a: None)
+  loaded = export.load(str(tmp_path / "out"))
+  prompt, new = "def f(x):\n    return x\n" * 4, 8  # 88 bytes
+  yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64}
+
+  def said(**kw):
+    monkeypatch.setattr(decoding, "_WARNED_PAST", set())
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      text = loaded.generate(prompt, new, **kw)
+    return text, [w for w in caught if "past the training length" in str(w.message)]
+
+  _, (warning,) = said()
+  assert warning.filename == __file__ and "YaRN may help" in str(warning.message)
+  real, passed = decoding.generate, []
+  spy = lambda *a, **k: passed.append(k["rope_scaling"]) or real(*a, **k)
+  monkeypatch.setattr(decoding, "generate", spy)
+  text, warned = said(rope_scaling=yarn, temperature=1.0, seed=3)
+  assert warned == [] and passed == [scaling.RopeScaling.coerce(yarn)]
+  ids = loaded.encode(prompt)[None]
+  by_hand = real(
+    loaded.model(),
+    ids,
+    new,
+    temperature=1.0,
+    rng=jax.random.key(3),
+    valid_vocab=loaded.tokenizer.vocab_size,
+    rope_scaling=passed[0],
+  )
+  assert text == loaded.decode(np.asarray(by_hand[0, ids.shape[1] :]))
