@@ -170,11 +170,13 @@ def compile_job(
   batch: Optional[int] = None,
   log: Optional[Callable[[str], None]] = None,
   hlo_path: Optional[str] = None,
+  resolved: bool = False,
 ) -> dict:
   """Lowers and compiles one program of run config `c` for a topology; returns its figures.
 
   Args:
-    c: a RunConfig (a configs/*.py get_config(), run_config.paper_config), resolved here.
+    c: a RunConfig (a configs/*.py get_config(), run_config.paper_config), resolved here
+      unless `resolved`.
     topology: a name for parse_topology ("v5e-8", "v4:2x2x4", "cpu:4") or a Topology.
     job: "train" (the config's batch, grad_accum, dtype, remat), "eval" (the forward and
       token scores of `batch` windows of eval_len tokens, YaRN past data.seq_len) or "decode"
@@ -184,6 +186,8 @@ def compile_job(
     batch: eval / decode sequences (default: the data-parallel size, one per shard).
     log: called with progress lines.
     hlo_path: where to write the compiled HLO text (for a closer look), if given.
+    resolved: `c` is as rove_jax.train.resolve returned it (rove-train's dry run): its inputs
+      are not read again.
 
   Raises:
     ValueError: a mesh that does not fit the topology, a batch that does not split over it,
@@ -191,7 +195,7 @@ def compile_job(
   """
   if job not in JOBS:
     raise ValueError(f"unknown job {job!r}; choose from {JOBS}")
-  c = resolve.resolve(c)
+  c = c if resolved else resolve.resolve(c)
   topology, model_cfg = parse_topology(topology), c.model
   log = log or (lambda line: None)
   devices = topology.devices()

@@ -96,14 +96,15 @@ def verdict(report: dict, capacity: Optional[int], what: str, shared: bool) -> t
 
 
 def run(c) -> int:
-  """--config.dry_run=True: compile the configured train step for this machine's devices (or
-  --config.dry_run_topology) and print its figures and a verdict; exit 0 if it fits the
-  device's memory (for CPU devices, this host's), 1 if not. Nothing is trained or written."""
+  """--config.dry_run=True: compile the train step of `c` (as rove-train resolved it) for this
+  machine's devices (or --config.dry_run_topology) and print its figures and a verdict; exit 0
+  if it fits the device's memory (for CPU devices, this host's), 1 if not. Nothing is trained
+  or written."""
   from rove_jax.aot import compile as aot  # loads the compiler's machinery: this flag only
 
   topology = c.dry_run_topology or "local"
   with Elapsed("compiling"):
-    report = aot.compile_job(c, topology, "train", log=_log)
+    report = aot.compile_job(c, topology, "train", log=_log, resolved=True)  # by rove-train
   print(aot.format_report(report))
   fix = (
     "a smaller data.batch_size or data.seq_len, a larger optim.grad_accum or fsdp axis, "

@@ -406,3 +406,16 @@ def test_rove_train_refuses_a_damaged_init_from_with_one_line_and_exit_2(checkpo
     )
   ), r.stderr[-3000:]
   assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_resolved_config_is_not_read_again(checkpoint, tmp_path, monkeypatch):
+  """rove-train resolves its config (reading init_from's checkpoint) before jax.distributed
+  starts and trains it with resolved=True: the checkpoint's config is read once, not twice."""
+  c = _config(checkpoint, run_steps=1)  # resolved, as rove-train's load does
+  real, reads = pretrained.inspect, []
+  monkeypatch.setattr(pretrained, "inspect", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+  first = training.train(c, str(tmp_path / "a"), devices=ONE, log=lambda *a: None, resolved=True)
+  assert reads == []
+  _assert_bitwise(_named(first.params), _named(pretrained.load(checkpoint)[1]))  # lr 0 at step 1
+  training.train(c, str(tmp_path / "b"), devices=ONE, log=lambda *a: None)
+  assert reads == [checkpoint]
