@@ -11,7 +11,8 @@ report.json, schema_version 2:
          "seconds": {"perplexity": float, "ruler": float, "icl": float, "recall": float}}
   PERPLEXITY = {"protocol": {"mode": "non-overlapping" | "sliding", "stride_fraction",
                              "max_tokens", "train_len", "n_buckets", "yarn_factor": str,
-                             "yarn_fixed_factor": float | null},
+                             "yarn_fixed_factor": float | null,
+                             "text": the --data-path scored | null (the run's held-out split)},
                 SETTING: {LENGTH: PPL_ROW} | {"not_applicable": str}, ...}
     SETTING: "none" (as trained), "yarn" (factor L / train_len for L > train_len),
       "yarn_fixed" (one factor, protocol.yarn_fixed_factor, at every length); the ones

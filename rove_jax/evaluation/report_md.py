@@ -92,7 +92,7 @@ def _perplexity_md(ppl_runs: list) -> list:
     "## Perplexity by evaluation length",
     "",
     f"Protocol: {proto['mode']} windows, up to {proto['max_tokens']} target tokens per "
-    f"length on the held-out split; YaRN factor = L / {T} for longer L. Settings: "
+    f"length on {_scored_text(proto)}; YaRN factor = L / {T} for longer L. Settings: "
     f"{settings}. Rows = runs x settings, columns = lengths (tokens).",
     "",
   ]
@@ -109,6 +109,11 @@ def _perplexity_md(ppl_runs: list) -> list:
       cells = [_fmt(rows.get(str(L), {}).get("ppl")) for L in lengths]
       lines.append(f"| {r['name']} | {labels[setting]} | " + " | ".join(cells) + " |")
   return lines
+
+
+def _scored_text(proto: dict) -> str:
+  """What the perplexity windows were cut from: --data-path's file, or the run's own text."""
+  return f"`{proto['text']}`" if proto.get("text") else "the held-out split"
 
 
 def _ruler_md(ruler_runs: list) -> list:

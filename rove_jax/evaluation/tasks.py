@@ -96,7 +96,7 @@ def _perplexity(run, scorer, config: EvalConfig, suite, lengths) -> dict:
   else:
     tokens = run.val_tokens()
   max_tokens = suite["ppl_tokens"] if config.ppl_tokens is None else config.ppl_tokens
-  return perplexity.evaluate(
+  result = perplexity.evaluate(
     scorer,
     tokens,
     lengths,
@@ -106,6 +106,8 @@ def _perplexity(run, scorer, config: EvalConfig, suite, lengths) -> dict:
     yarn_fixed_factor=config.yarn_fixed_factor,
     progress=config.progress,
   )
+  result["protocol"]["text"] = config.data_path  # None: the run's held-out split
+  return result
 
 
 # RULER samples by (tokenizer fingerprint, haystack digest, --squad, --hotpot): runs that share

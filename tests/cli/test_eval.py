@@ -117,6 +117,9 @@ def test_data_path_and_stride_score_the_given_text_file(trained_run, tmp_path, s
   if stride is not None:
     options += ["--stride", str(stride)]
   got = perplexity_report(trained_run, tmp_path / "eval", *options)
+  assert got["protocol"]["text"] == str(tmp_path / "held_out.txt")
+  md = (tmp_path / "eval" / "report.md").read_text()
+  assert f"target tokens per length on `{tmp_path / 'held_out.txt'}`;" in md
   assert got["protocol"]["mode"] == ("non-overlapping" if stride is None else "sliding")
   assert got["protocol"]["stride_fraction"] == stride
   tokens = np.frombuffer(text.encode(), np.uint8)
@@ -180,6 +183,7 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
   md = (out / "report.md").read_text()
   assert md.strip() in capsys.readouterr().out  # printed as written
   assert md.strip().splitlines()[-1] == "Plots: perplexity_vs_length.png, figure1_mixer.png"
+  assert "target tokens per length on the held-out split;" in md  # no --data-path
   assert sorted(p.name for p in out.iterdir()) == [  # the earlier ruler and icl plots are gone
     "figure1_mixer.png",
     "mine.png",
