@@ -195,7 +195,7 @@ def compile_job(
   """
   if job not in JOBS:
     raise ValueError(f"unknown job {job!r}; choose from {JOBS}")
-  c = c if resolved else resolve.resolve(c)
+  c = resolve.resolved(c, "compile_job") if resolved else resolve.resolve(c)
   topology, model_cfg = parse_topology(topology), c.model
   log = log or (lambda line: None)
   devices = topology.devices()

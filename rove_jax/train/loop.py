@@ -48,7 +48,9 @@ def train(c, workdir: str, *, log=print, devices=None, resolved: bool = False) -
 
   Runs SPMD over the (data, fsdp, tensor) mesh of `c.mesh`.
   """
-  if not resolved:
+  if resolved:
+    c = resolve.resolved(c, "train")
+  else:
     c = resolve.resolve(c, log=log)  # also sets c's storage deadline, for its reads and the run
   tracking.check_ready(c)  # before the workdir is created: nothing left behind
   if jax.process_index() != 0:  # process 0 logs, the others nothing

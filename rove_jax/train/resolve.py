@@ -51,6 +51,17 @@ def resolve(c: RunConfig, *, log=None, model_given: Optional[Iterable[str]] = No
   return _resolve(c, None, model_given, log)
 
 
+def resolved(c: RunConfig, what: str) -> RunConfig:
+  """`c`, given to `what` as one `resolve` returned (its inputs not read again): checked by
+  what resolve always fills in, the tokenizer. Raises ValueError naming the fix."""
+  if not isinstance(c, RunConfig) or c.data.tokenizer is None:
+    raise ValueError(
+      f"{what}(resolved=True) takes a config as rove_jax.train.resolve.resolve returned it; "
+      f"this one has no data.tokenizer: resolve it first, or leave resolved unset"
+    )
+  return c
+
+
 def _resolve(c: RunConfig, given: Optional[list], model_given, log) -> RunConfig:
   """The one body of `command_line` (`given`: its overrides) and `resolve` (None: `c` as it
   is): the storage deadline set, init_from's checkpoint read, the overrides applied, then what

@@ -419,3 +419,16 @@ def test_a_resolved_config_is_not_read_again(checkpoint, tmp_path, monkeypatch):
   _assert_bitwise(_named(first.params), _named(pretrained.load(checkpoint)[1]))  # lr 0 at step 1
   training.train(c, str(tmp_path / "b"), devices=ONE, log=lambda *a: None)
   assert reads == [checkpoint]
+
+
+def test_resolved_true_refuses_a_config_resolve_did_not_return(tmp_path):
+  from rove_jax.aot import compile as aot
+
+  c = RunConfig(tracking="none")  # no tokenizer: resolve gives it "bytes"
+  for fn, name in (
+    (lambda: training.train(c, str(tmp_path), resolved=True), "train"),
+    (lambda: aot.compile_job(c, "cpu:1", resolved=True), "compile_job"),
+  ):
+    with pytest.raises(ValueError, match=rf"^{name}\(resolved=True\) takes a config as "):
+      fn()
+  assert not any(tmp_path.iterdir())  # nothing written
