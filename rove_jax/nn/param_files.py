@@ -209,16 +209,20 @@ def locate(
       if not files or absent:
         raise FileNotFoundError(f"{index} names shards that are not there: {absent or 'none'}")
     else:
-      torch_only = paths.isfile(paths.join(path, "pytorch_model.bin"))
-      raise FileNotFoundError(
-        f"{path} holds no {WEIGHTS} (nor {WEIGHTS_INDEX})"
-        + (
+      if paths.isfile(paths.join(path, "pytorch_model.bin")):
+        hint = (
           "; its pytorch_model.bin is a torch pickle, which is not read here: convert it "
           "with transformers (model.save_pretrained(dir, safe_serialization=True))"
-          if torch_only
-          else ""
         )
-      )
+      elif not paths.isfile(paths.join(path, CONFIG)):  # e.g. a training run's directory
+        hint = (
+          f": it is not a model directory ({CONFIG} and {WEIGHTS}, as transformers' "
+          f"save_pretrained and rove-export write them); a rove-train workdir becomes one "
+          f"with rove-export --workdir {path} --out DIR"
+        )
+      else:
+        hint = ""
+      raise FileNotFoundError(f"{path} holds no {WEIGHTS} (nor {WEIGHTS_INDEX}){hint}")
     config_path = config or paths.join(path, CONFIG)
   elif paths.isfile(path):
     files = [path]

@@ -432,3 +432,13 @@ def test_resolved_true_refuses_a_config_resolve_did_not_return(tmp_path):
     with pytest.raises(ValueError, match=rf"^{name}\(resolved=True\) takes a config as "):
       fn()
   assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_a_training_workdir_as_init_from_points_to_rove_export(trained_run):
+  """A newcomer's first try: init_from names a rove-train workdir, which holds checkpoints,
+  not a model directory. One line says how to make one of it."""
+  with pytest.raises(ValueError) as e:
+    resolve.command_line(RunConfig(tracking="none"), [("init_from", str(trained_run))])
+  message = str(e.value)
+  assert message.startswith(f"init_from={trained_run}: {trained_run} holds no model.safetensors")
+  assert f"rove-export --workdir {trained_run} --out DIR" in message and "\n" not in message
