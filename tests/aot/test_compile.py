@@ -184,28 +184,21 @@ def test_collective_matmul_loops_and_missing_flops_are_named():
     def as_text(self):
       return text
 
-  r = hlo.analyze(
-    Windowed(),
+  analyze = lambda compiled, model_flops: hlo.analyze(
+    compiled,
     None,
     n_devices=4,
     tokens=400,
-    model_flops=3.5e7,
+    model_flops=model_flops,
     attention_flops=1e6,
     accumulation=3,
   )
+  r = analyze(Windowed(), 3.5e7)
   notes = " | ".join(r["analysis_notes"])
   assert "1 of XLA's collective matmuls (windowed_dot_general loops" in notes, notes
   assert r["model_to_compiled"] == pytest.approx(3.5e7 / 3.1e7)
   assert "compiled FLOPs are 0.89x the model FLOPs: cost_analysis misses work" in notes, notes
-  plain = hlo.analyze(
-    _Compiled(),
-    None,
-    n_devices=4,
-    tokens=400,
-    model_flops=3.1e7,
-    attention_flops=1e6,
-    accumulation=3,
-  )
+  plain = analyze(_Compiled(), 3.1e7)
   assert not any(
     "collective matmuls" in n or "compiled FLOPs" in n for n in plain["analysis_notes"]
   )
