@@ -18,6 +18,7 @@ every step was skipped learned nothing and is an error.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Optional
@@ -107,7 +108,7 @@ def run(r: Run) -> TrainResult:
   hooks = (nonfinite, logger, evaluate, save)
   step = r.start
   end = c.steps if c.run_steps is None else min(c.steps, r.start + c.run_steps)
-  with signals, logger:
+  with signals, logger, _closed_on_error(r):
     while step < end:
       batch = sharding_lib.place_batch(next(r.iterator), mesh=r.mesh)
       r.profiler.before(step + 1)
@@ -127,6 +128,24 @@ def run(r: Run) -> TrainResult:
       f"the state at step {step}, where the run ended, is not good ({final_problem})"
     )
   return _result(r, step, logger.last, nonfinite.total)
+
+
+@contextlib.contextmanager
+def _closed_on_error(r: Run):
+  """Stops the profiler and closes the metrics log when the loop fails, so that what they hold
+  is kept: the trace of a window the error cut short (and the next run in this process can
+  trace again); on gs://, metrics.jsonl's lines since its last store (the losses before a
+  divergence); TensorBoard's open event file; the W&B run. A failure to stop is logged, not
+  raised: the loop's error is the one to report."""
+  try:
+    yield
+  except BaseException:
+    for what, stop in (("the profiler", r.profiler.stop), ("the metrics log", r.metrics_log.close)):
+      try:
+        stop()
+      except Exception as e:  # noqa: BLE001 - the first error is the one to report
+        r.log(f"while stopping: {what} did not stop: {ckpt_lib.describe(e)}")
+    raise
 
 
 def _result(r: Run, step: int, last: dict, nonfinite_steps: int) -> TrainResult:

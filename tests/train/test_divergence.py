@@ -7,13 +7,17 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
+from rove_jax.storage import paths
 from rove_jax.train import health as health_lib
 from rove_jax.train import loop as training
+from rove_jax.train.metrics import read_metrics
 from tests.conftest import small_config, write_corpus
 from tests.train.test_loop import ENV1, ROOT, final_params, run_train
+from tests.train.test_metrics import _events
 
 
 def judge(losses, norm, *, jump=2.0, growth=4.0, good_norm=10.0, finite=True):
@@ -147,3 +151,31 @@ def test_the_command_line_says_how_to_resume(tmp_path):
   assert last.endswith("--config.eval_every=100 --config.optim.lr=1e+08"), last
   assert "python train.py --config " in last, last
   assert sorted(os.listdir(work / "checkpoints"))[-1] == "4"
+
+
+def test_a_run_stopped_by_its_error_keeps_what_it_logged(tmp_path, gcs_bucket):
+  """An error ends the loop between two stores of the log, inside the profiler's window. What
+  was recorded before it is kept as a finished run keeps it: on gs://, metrics.jsonl's lines
+  since the last store (the losses leading up to the error); locally, TensorBoard's buffered
+  events; the trace of the steps run. The process can profile again."""
+  c = small_config(
+    tmp_path,
+    profile_steps="2:6",
+    **{"optim.lr": 1e30, "optim.clip_norm": 0.0, "optim.max_nonfinite": 3, "optim.warmup_steps": 0},
+  )
+  local, remote = str(tmp_path / "local"), f"{gcs_bucket}/run"
+  errors = []  # held, as a caller holds the error it reports: its frames keep the run alive
+  for workdir in (local, remote):
+    with pytest.raises(training.NonFiniteError, match="3 consecutive non-finite steps") as e:
+      run_train(c, workdir, log=lambda *a: None)
+    errors.append(e)
+  logged = lambda w: [(r["step"], r["loss"]) for r in read_metrics(w) if "loss" in r]
+  assert [step for step, _ in logged(local)] == [1, 2]  # the third stops the run
+  assert logged(remote) == logged(local)
+  events = _events(tmp_path / "local" / "tensorboard")
+  assert {ev.step for ev in events if ev.HasField("summary")} == {1, 2}, events
+  for workdir in (local, remote):
+    traces = [f for f in paths.walk_files(paths.join(workdir, "profile")) if "trace" in f]
+    assert traces, workdir
+  jax.profiler.start_trace(str(tmp_path / "again"))  # raises while a trace is still running
+  jax.profiler.stop_trace()
