@@ -9,6 +9,8 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from rove_jax import checks
+
 # Every key a spec reads, in the order to_dict and repr write them.
 KEYS = (
   "rope_type",
@@ -58,13 +60,7 @@ def as_floats(name: str, value) -> Optional[tuple]:
 def as_length(name: str, value) -> Optional[int]:
   if value is None:
     return None
-  ok = (
-    isinstance(value, (int, float, np.integer, np.floating))
-    and not isinstance(value, (bool, np.bool_))
-    and math.isfinite(value)
-    and value == int(value)
-    and value > 0
-  )
+  ok = checks.is_finite(value) and value == int(value) and value > 0
   if not ok:
     raise ValueError(
       f"rope_scaling[{name!r}] must be a positive int (the training context), got "

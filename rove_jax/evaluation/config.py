@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import re
 from typing import Optional
 
 import numpy as np
 
+from rove_jax import checks
 from rove_jax.evaluation.icl import TaskSpec
 
 # Lengths are int(multiple * T). ICL's by-length tasks run at T only: the paper's ICL is inside
@@ -181,17 +181,9 @@ class FieldError(ValueError):
     return text if self.got is _NOTHING else f"{text}; got {_show(self.got, flags)}"
 
 
-def _is_int(value) -> bool:
-  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_number(value) -> bool:
-  return (_is_int(value) or isinstance(value, (float, np.floating))) and math.isfinite(value)
-
-
 def _int(c: EvalConfig, name: str, low: int, what: str, example, *, optional: bool = True):
   value = getattr(c, name)
-  if (value is None and optional) or (_is_int(value) and value >= low):
+  if (value is None and optional) or (checks.is_int(value) and value >= low):
     return
   raise FieldError(name, f"<{name}> must be {what}, e.g. <{name}={example}>", value)
 
@@ -199,7 +191,7 @@ def _int(c: EvalConfig, name: str, low: int, what: str, example, *, optional: bo
 def _lengths(c: EvalConfig, name: str) -> None:
   value = getattr(c, name)
   if value is None or (
-    isinstance(value, tuple) and value and all(_is_int(L) and L >= 2 for L in value)
+    isinstance(value, tuple) and value and all(checks.is_int(L) and L >= 2 for L in value)
   ):
     return
   raise FieldError(name, f"<{name}> must be token counts >= 2, e.g. <{name}=(4096, 8192)>", value)
@@ -232,7 +224,7 @@ def _validate(c: EvalConfig) -> None:
     _lengths(c, name)
   factor = c.yarn_fixed_factor
   if factor is not None:
-    if not (_is_number(factor) and factor > 1):
+    if not (checks.is_finite(factor) and factor > 1):
       raise FieldError(
         "yarn_fixed_factor",
         "<yarn_fixed_factor> must be a YaRN factor > 1, "
@@ -245,7 +237,7 @@ def _validate(c: EvalConfig) -> None:
         f"<yarn_fixed_factor> applies to the yarn_fixed "
         f"setting, which only <yarn='all'> evaluates; got <yarn={c.yarn!r}>",
       )
-  if c.stride is not None and not (_is_number(c.stride) and 0 < c.stride <= 1):
+  if c.stride is not None and not (checks.is_finite(c.stride) and 0 < c.stride <= 1):
     raise FieldError(
       "stride",
       "<stride> must be a fraction of the length in (0, 1], e.g. "

@@ -60,6 +60,8 @@ from __future__ import annotations
 
 import math
 
+from rove_jax import checks
+
 SCHEMA_VERSION = 2
 PPL_SETTINGS = ("none", "yarn", "yarn_fixed")
 RULER_SETTINGS = ("none", "yarn")
@@ -124,7 +126,7 @@ def need(obj, key, kind, where):
 
 def finite(x, where) -> None:
   """Raises unless x is a finite int or float (not a bool)."""
-  if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+  if not checks.is_finite(x, numpy=False):
     raise ValueError(f"report: {where} must be a finite number, got {x!r}")
 
 

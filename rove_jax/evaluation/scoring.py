@@ -13,7 +13,6 @@ Long inputs use the chunked attention kernel, so 16x the training context fits a
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Optional, Sequence
 
 import jax
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rove_jax import checks
 from rove_jax import data as data_lib
 from rove_jax.nn import model as nn_model
 from rove_jax.nn.model import ROTARY_ENCODINGS, GPTConfig
@@ -110,12 +110,7 @@ def fixed_yarn_scaling(factor: float, train_len: int) -> RopeScaling:
   Raises:
     ValueError: factor is not a finite number > 1.
   """
-  if not (
-    isinstance(factor, (int, float))
-    and not isinstance(factor, bool)
-    and math.isfinite(factor)
-    and factor > 1
-  ):
+  if not (checks.is_finite(factor) and factor > 1):
     raise ValueError(f"a fixed YaRN factor must be a finite number > 1, got {factor!r}")
   return RopeScaling(
     rope_type="yarn", factor=float(factor), original_max_position_embeddings=train_len

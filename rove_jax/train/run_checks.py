@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from rove_jax import checks
 from rove_jax.nn.model_config import GPTConfig
 from rove_jax.storage import deadline
 from rove_jax.train import tracking
@@ -22,10 +23,6 @@ _RANGES = {
   "eps": (0, math.inf, False, False),
   "clip_norm": (0, math.inf, True, False),
 }
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
 
 
 LOSS_IMPLS = ("xla", "fused")
@@ -62,7 +59,7 @@ def validate(c) -> None:
       "data.source=prepared needs data.path: the directory rove-prepare wrote; "
       "run rove-prepare --out DIR first and set --config.data.path=DIR"
     )
-  if not (_is_int(d.seq_len) and d.seq_len >= 1):
+  if not (checks.is_int(d.seq_len, numpy=False) and d.seq_len >= 1):
     raise ValueError(f"data.seq_len must be a positive int, got {d.seq_len!r}")
   if d.seq_len > c.model.max_len:
     raise ValueError(
@@ -72,7 +69,7 @@ def validate(c) -> None:
     )
   if c.init_from is not None and not (isinstance(c.init_from, str) and c.init_from):
     raise ValueError(f"init_from must be a checkpoint path or unset, got {c.init_from!r}")
-  if not (_is_int(d.batch_size) and d.batch_size >= 1):
+  if not (checks.is_int(d.batch_size, numpy=False) and d.batch_size >= 1):
     raise ValueError(f"data.batch_size must be a positive int, got {d.batch_size!r}")
   if d.source == "recall":
     from rove_jax.tasks import recall  # numpy only: loaded by recall runs alone
@@ -101,23 +98,21 @@ def validate(c) -> None:
   ):
     section, _, field = name.rpartition(".")
     value = getattr(getattr(c, section) if section else c, field)
-    if not (_is_int(value) and value >= 1):
+    if not (checks.is_int(value, numpy=False) and value >= 1):
       raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-  if c.run_steps is not None and not (_is_int(c.run_steps) and c.run_steps >= 1):
+  if c.run_steps is not None and not (checks.is_int(c.run_steps, numpy=False) and c.run_steps >= 1):
     raise ValueError(
       f"run_steps must be an int >= 1 (the steps this invocation runs before it "
       f"saves and exits) or unset, got {c.run_steps!r}"
     )
   deadline.checked(c.storage_timeout)
-  if not (_is_int(c.sample_tokens) and c.sample_tokens >= 0):
+  if not (checks.is_int(c.sample_tokens, numpy=False) and c.sample_tokens >= 0):
     raise ValueError(f"sample_tokens must be an int >= 0 (0: no sample), got {c.sample_tokens!r}")
   o = c.optim
   for name, (lo, hi, lo_ok, hi_ok) in _RANGES.items():
     value = getattr(o, name)
     ok = (
-      isinstance(value, (int, float))
-      and not isinstance(value, bool)
-      and math.isfinite(value)
+      checks.is_finite(value, numpy=False)
       and (lo <= value if lo_ok else lo < value)
       and (value <= hi if hi_ok else value < hi)
     )
@@ -131,16 +126,11 @@ def validate(c) -> None:
       raise ValueError(f"optim.{name} must be a finite number in {interval}, got {value!r}{hint}")
   for name in ("max_loss_jump", "max_param_growth"):
     value = getattr(o, name)
-    if not (
-      isinstance(value, (int, float))
-      and not isinstance(value, bool)
-      and math.isfinite(value)
-      and (value == 0 or value > 1)
-    ):
+    if not (checks.is_finite(value, numpy=False) and (value == 0 or value > 1)):
       raise ValueError(
         f"optim.{name} must be a finite number > 1, or 0 to turn the check off, got {value!r}"
       )
-  if not (_is_int(o.warmup_steps) and 0 <= o.warmup_steps <= c.steps):
+  if not (checks.is_int(o.warmup_steps, numpy=False) and 0 <= o.warmup_steps <= c.steps):
     raise ValueError(
       f"optim.warmup_steps={o.warmup_steps} must be in [0, steps={c.steps}]; "
       f"set --config.optim.warmup_steps (e.g. {c.steps // 10}) with a short run"
@@ -156,5 +146,5 @@ def validate(c) -> None:
   tracking.parse_profile_steps(c.profile_steps, c.steps)
   for name in ("data", "fsdp", "tensor"):
     value = getattr(c.mesh, name)
-    if not (_is_int(value) and (value >= 1 or value == -1)):
+    if not (checks.is_int(value, numpy=False) and (value >= 1 or value == -1)):
       raise ValueError(f"mesh.{name} must be a positive int or -1, got {value!r}")

@@ -31,10 +31,12 @@ from rove_jax.train import checkpoint as ckpt_lib
 from rove_jax.train import resolve, resume, run_reader
 from tests.conftest import small_config
 from tests.train.test_loop_faults import (
+  ABANDONED_READS,
   ONE,
   SAVED,
   STEPS,
   assert_ends_as_the_reference,
+  collect_abandoned_reads,
   config,
   copy_run,
   losses,
@@ -46,9 +48,8 @@ from tests.train.test_loop_faults import (
   tree_digest,
 )
 
-__all__ = ["reference"]  # the module-scoped fixture, shared with test_loop_faults.py
-# orbax leaves the reads of a damaged checkpoint's other arrays running when one fails.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+__all__ = ["reference", "collect_abandoned_reads"]  # fixtures shared with test_loop_faults.py
+pytestmark = ABANDONED_READS
 
 PREVIOUS = SAVED[-2]
 # What the training command prints as a message rather than a traceback (rove_jax.cli.train).

@@ -12,6 +12,7 @@ the copy and train on it in-process; only the SIGKILL test runs train.py in a su
 
 import asyncio
 import fcntl
+import gc
 import hashlib
 import json
 import os
@@ -48,6 +49,20 @@ ONE = jax.devices()[:1]
 STEPS, EVERY = 8, 2
 SAVED = list(range(EVERY, STEPS + 1, EVERY))  # [2, 4, 6, 8]
 TMP = atomicity.TMP_DIR_SUFFIX  # ".orbax-checkpoint-tmp": a save in progress
+# When one array of a damaged checkpoint cannot be read, orbax abandons the reads of the others;
+# their coroutines raise as they are collected. The fixture collects them before the test ends,
+# so the warning they raise meets this filter instead of landing in a later, unrelated test.
+ABANDONED_READS = pytest.mark.filterwarnings(
+  "ignore:Exception ignored in.*_read_array_index_and_device_put"
+  ":pytest.PytestUnraisableExceptionWarning"
+)
+pytestmark = ABANDONED_READS
+
+
+@pytest.fixture(autouse=True)
+def collect_abandoned_reads():
+  yield
+  gc.collect()
 
 
 # ------------------------------------------------------------------------------ helpers
