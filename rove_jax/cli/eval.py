@@ -29,6 +29,10 @@ The report goes to <first workdir>/eval/ (NAME-eval beside a model directory NAM
 is given; a default that would fall inside a Python package is refused. Workdirs and --out may
 be gs://bucket/path (the [gcs] extra; report_files says what a failed write leaves there).
 
+Each result is kept in <out>/partial.json as it is measured; a command cut short and run again
+(the same runs and settings) reads those back and measures only the rest
+(rove_jax.evaluation.partial). The written report replaces the file.
+
 Exit status: 2 for a bad argument or input file (checked before any checkpoint is restored),
 1 for a failure after that (a one-line message on stderr), 0 when the report is written.
 """
@@ -47,10 +51,10 @@ import uuid
 from rove_jax import data as data_lib
 from rove_jax.cli import platforms
 from rove_jax.data import files as data_files
-from rove_jax.evaluation import icl, imported, report, report_files, report_md, scoring
+from rove_jax.evaluation import icl, imported, partial, report, report_files, report_md, scoring
 from rove_jax.evaluation.config import SUITES, TASKS, YARN_CHOICES, EvalConfig, FieldError
 from rove_jax.evaluation.ruler import qa as ruler_qa
-from rove_jax.evaluation.tasks import QA_FLAGS, evaluate_run
+from rove_jax.evaluation.tasks import QA_FLAGS, check_run, evaluate_run
 from rove_jax.nn import model as nn_model
 from rove_jax.storage import paths
 
@@ -409,10 +413,16 @@ def main(argv=None) -> int:
       raise  # a bug: keep its traceback
     message = " ".join(str(e).split()) or type(e).__name__
     print(f"{PROG}: error: {message}", file=sys.stderr)
+    _say(partial.what_was_kept(args.out_dir))
     if args.created_out:
       with contextlib.suppress(OSError):
         os.rmdir(args.out_dir)  # only if still empty: nothing was written
     return 1
+
+
+def _say(line: str) -> None:
+  if line:
+    print(line, file=sys.stderr)
 
 
 def _load(workdir: str, config: EvalConfig) -> scoring.Run:
@@ -429,10 +439,13 @@ def _evaluate(args) -> int:
   config = args.config
   workdirs = [args.workdir, *args.compare]
   runs = [_load(w, config) for w in workdirs]  # every run restorable before any scoring
+  for run in runs:
+    check_run(run, config)  # and scorable by every task
+  kept = partial.Partial(args.out_dir, config, log=_say)
   results = []
   for run in runs:
     print(f"== {run.name}: {run.model_config.pos_encoding}, step {run.step}", file=sys.stderr)
-    results.append(evaluate_run(run, config))
+    results.append(evaluate_run(run, config, partial=kept, log=_say))
   rep = {
     "schema_version": report.SCHEMA_VERSION,
     "suite": config.suite,
@@ -447,6 +460,7 @@ def _evaluate(args) -> int:
     sample = first.val_tokens()[:12]
     figure1 = (model, sample, f"{first.name}: layer 0, head 0, {len(sample)} held-out tokens")
   paths = report_files.write(rep, out_dir, figure1=figure1)
+  kept.remove()  # the report holds every result now
   print(report_md.markdown(rep, plots=report_files.drawn_plots(paths)))
   print(f"\nwrote {', '.join(sorted(paths.values()))}", file=sys.stderr)
   return 0

@@ -127,6 +127,18 @@ def token_scores(model, tokens_BW, rope_scaling: Optional[RopeScaling] = None):
   return nll, jnp.argmax(logits, axis=-1) == targets
 
 
+def check_length(run, length: int) -> None:
+  """Raises ValueError when `run` (a Run) cannot score `length` tokens: learned position
+  embeddings have no row past their table."""
+  cfg = run.model_config
+  if cfg.pos_encoding == "learned" and length > cfg.max_len:
+    raise ValueError(
+      f"run {run.name} uses learned position embeddings for "
+      f"{cfg.max_len} positions and cannot score {length} tokens; drop the "
+      f"longer lengths for this run"
+    )
+
+
 class Scorer:
   """Teacher-forced scoring with a restored model.
 
@@ -170,13 +182,7 @@ class Scorer:
     return fixed_yarn_scaling(factor, self.train_len)
 
   def check_length(self, length: int) -> None:
-    cfg = self.config
-    if cfg.pos_encoding == "learned" and length > cfg.max_len:
-      raise ValueError(
-        f"run {self.run.name} uses learned position embeddings for "
-        f"{cfg.max_len} positions and cannot score {length} tokens; drop the "
-        f"longer lengths for this run"
-      )
+    check_length(self.run, length)
 
   def _fn(self, rope_scaling: Optional[RopeScaling]):
     if rope_scaling not in self._fns:

@@ -3,7 +3,9 @@ schema): perplexity against length, RULER (answer NLL), in-context learning, and
 trained on a synthetic recall task, that task's accuracy and answer NLL against length.
 
 `evaluate_run(run, config)` runs the tasks of an EvalConfig (rove_jax.evaluation.config, which
-rove-eval builds from its command line) with the sizes of its suite.
+rove-eval builds from its command line) with the sizes of its suite, keeping each result in a
+partial-results file as it comes when given one (rove_jax.evaluation.partial); `check_run` is
+what it checks before any work.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Optional
 
 from rove_jax import data as data_lib
 from rove_jax.evaluation import icl, perplexity, prompting, recall, scoring
+from rove_jax.evaluation import partial as partial_lib
 from rove_jax.evaluation.config import SUITES, EvalConfig
 from rove_jax.evaluation.ruler import suite as ruler
 from rove_jax.nn.model import param_count
@@ -31,6 +34,8 @@ ICL_CONTEXT_RULE = (
   "no YaRN"
 )
 
+# Each task's entry in a run's report.
+_REPORT_KEYS = {"ppl": "perplexity", "ruler": "ruler", "icl": "icl", "recall": "recall"}
 RECALL_SETTINGS = {
   "off": ("none",),
   "on": ("yarn",),
@@ -39,7 +44,23 @@ RECALL_SETTINGS = {
 }  # by --yarn
 
 
-def evaluate_run(run, config: EvalConfig, suite: Optional[dict] = None) -> dict:
+def check_run(run, config: EvalConfig, suite: Optional[dict] = None) -> None:
+  """Raises ValueError, naming the run and the fix, when a task of `config` cannot score `run`:
+  a length past a learned-position table, or the recall task on a run not trained on it.
+  rove-eval checks every run before it scores any."""
+  suite = SUITES[config.suite] if suite is None else suite
+  lengths = list(config.lengths or suite_lengths(suite["multiples"], run.train_len))
+  for L in lengths:
+    scoring.check_length(run, L)
+  if "recall" in config.tasks:
+    recall.run_spec(run)
+    for L in config.recall_lengths or lengths:
+      scoring.check_length(run, L - 1)
+
+
+def evaluate_run(
+  run, config: EvalConfig, suite: Optional[dict] = None, partial=None, log=None
+) -> dict:
   """One run's report entry (report.py's RUN) for the tasks of `config`.
 
   Args:
@@ -47,13 +68,22 @@ def evaluate_run(run, config: EvalConfig, suite: Optional[dict] = None) -> dict:
     config: what to evaluate and how.
     suite: the task sizes; None: SUITES[config.suite] (a dict of the same keys with smaller
       sizes serves tests).
+    partial: an evaluation.partial.Partial: each task's result is stored in it as it finishes,
+      and a task it already holds for this run is taken from it, not measured again.
+    log: where the line naming the tasks taken from `partial` goes (None: nowhere).
   """
   suite = SUITES[config.suite] if suite is None else suite
   train_len = run.train_len  # the one training length: lengths, YaRN factors, labels
   lengths = list(config.lengths or suite_lengths(suite["multiples"], train_len))
+  check_run(run, config, suite)  # before any work
+  key = done = None
+  if partial is not None:
+    key = partial_lib.run_key(run)
+    done, seconds = partial.finished(key), partial.seconds(key)
+    reused = [t for t in config.tasks if _REPORT_KEYS[t] in done]
+    if reused and log is not None:
+      log(f"   {', '.join(reused)}: measured before, read back from {partial.path}")
   scorer = scoring.Scorer(run, implementation="chunked", chunk_size=config.chunk)
-  for L in lengths:  # before any work: a learned-position model cannot go past its table
-    scorer.check_length(L)
   cfg = run.model_config
   result = {
     "name": run.name,
@@ -75,11 +105,17 @@ def evaluate_run(run, config: EvalConfig, suite: Optional[dict] = None) -> dict:
     "seconds": {},
   }
   for task, fn in (("ppl", _perplexity), ("ruler", _ruler), ("icl", _icl), ("recall", _recall)):
-    if task in config.tasks:
-      t0 = time.perf_counter()
-      key = "perplexity" if task == "ppl" else task
-      result[key] = fn(run, scorer, config, suite, lengths)
-      result["seconds"][key] = time.perf_counter() - t0
+    if task not in config.tasks:
+      continue
+    entry = _REPORT_KEYS[task]
+    if done and entry in done:
+      result[entry], result["seconds"][entry] = done[entry], seconds.get(entry, 0.0)
+      continue
+    t0 = time.perf_counter()
+    result[entry] = fn(run, scorer, config, suite, lengths)
+    result["seconds"][entry] = time.perf_counter() - t0
+    if partial is not None:
+      partial.record(key, entry, result[entry], result["seconds"][entry])
   return result
 
 

@@ -15,7 +15,7 @@ import pytest
 from absl import logging as absl_logging
 
 from rove_jax.cli import eval as cli
-from rove_jax.evaluation import report, report_files, report_md, scoring
+from rove_jax.evaluation import partial, report, report_files, report_md, scoring
 from rove_jax.evaluation import tasks as eval_tasks
 from rove_jax.evaluation.ruler import suite as ruler
 from rove_jax.storage import paths
@@ -175,13 +175,31 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
   monkeypatch.setattr(report_files, "_write_data", disk_full_at_json)
   assert cli.main(argv) == 1
   err = capsys.readouterr().err
-  assert err.splitlines()[-1] == "rove-eval: error: [Errno 28] No space left on device"
+  kept = out / partial.FILE
+  assert err.splitlines()[-2:] == [
+    "rove-eval: error: [Errno 28] No space left on device",
+    f"the results measured so far are kept in {kept}; the same command run again reads them",
+  ]
   assert "Traceback" not in err
-  assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no change, no temp files
+  measured = json.loads(kept.read_text())
+  # the report is unchanged and no temp file is left; the measured results are kept beside it
+  assert {p.name: p.read_bytes() for p in out.iterdir() if p != kept} == before
   monkeypatch.setattr(report_files, "_write_data", original)
+  scored = []
+  real_perplexity = eval_tasks._perplexity
+  monkeypatch.setattr(
+    eval_tasks, "_perplexity", lambda run, *a: scored.append(run) or real_perplexity(run, *a)
+  )
   assert cli.main(argv) == 0
+  assert scored == []  # read back, not measured again
+  printed = capsys.readouterr()
+  assert f"   ppl: measured before, read back from {kept}" in printed.err
+  assert not kept.exists()  # the report holds it now
+  (entry,) = measured["runs"].values()
+  got = json.loads((out / "report.json").read_text())["runs"][0]
+  assert got["perplexity"] == entry["perplexity"] and got["seconds"] == entry["seconds"]
   md = (out / "report.md").read_text()
-  assert md.strip() in capsys.readouterr().out  # printed as written
+  assert md.strip() in printed.out  # printed as written
   assert md.strip().splitlines()[-1] == "Plots: perplexity_vs_length.png, figure1_mixer.png"
   assert "target tokens per length on the held-out split;" in md  # no --data-path
   assert sorted(p.name for p in out.iterdir()) == [  # the earlier ruler and icl plots are gone
@@ -196,6 +214,19 @@ def test_a_failed_report_write_keeps_the_old_report_and_a_rerun_drops_stale_plot
   ppl = json.loads((out / "report.json").read_text())["runs"][0]["perplexity"]
   assert ppl["protocol"]["max_tokens"] == 256  # --ppl-tokens over the suite's 8192
   assert ppl["none"][str(TRAIN_LEN)]["tokens"] == 256
+
+
+def test_a_task_that_cannot_score_a_run_is_refused_before_any_scoring(
+  trained_run, tmp_path, capsys
+):
+  """--tasks ppl,recall on a run trained on text: refused before perplexity, the first task,
+  is measured (it used to be measured, then lost with the error)."""
+  out = tmp_path / "eval"
+  argv = ["--workdir", str(trained_run), "--out", str(out), "--tasks", "ppl,recall"]
+  assert cli.main(argv + ["--lengths", "64", "--no-progress"]) == 1
+  err = capsys.readouterr().err
+  assert err.splitlines()[-1].startswith("rove-eval: error: run ") and "not 'recall'" in err
+  assert "== " not in err and not (out / partial.FILE).exists()
 
 
 def test_a_report_to_gcs_holds_the_numbers_of_the_local_report(
