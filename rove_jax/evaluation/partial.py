@@ -7,7 +7,8 @@ A result is taken back only when everything that decides its numbers is the same
   settings  the EvalConfig's fields (all but `tasks` and `progress`, which change which tasks
             run and how they show, not what a task measures), and the size and modification
             time of each local file they name (the text scored, SQuAD, HotpotQA, the ICL
-            specs and the files those name, a tokenizer file);
+            specs and the files those name, a tokenizer file; a directory or a gs:// path
+            counts by its name);
   run       its workdir, step and a digest of its run config and parameters (a directory
             exported again or trained further is another run).
 A file made under other settings is set aside by the first result of the new ones (replaced,
@@ -137,8 +138,8 @@ def what_was_kept(out_dir: str) -> str:
 
 
 def _fingerprint(path: str):
-  """(size, modification time in ns) of a local file; None for anything else (gs:// paths,
-  names such as tiktoken:gpt2), which is identified by its name alone."""
+  """(size, modification time in ns) of a local file; None for anything else (a directory, a
+  gs:// path, a name such as tiktoken:gpt2), which is identified by its name alone."""
   if paths.is_remote(path) or not os.path.isfile(path):
     return None
   st = os.stat(path)
