@@ -2,11 +2,13 @@
 rove_jax.kernels.fused_gpu, Pallas Triton) against cuDNN flash attention with the rotations done
 by XLA around it: RoVE and RoPE, bfloat16, forward and forward + backward (dq, dk, dv), at GPT-2
 124M's attention shapes (B=8, T=1024, H=12, D=64 by default; --batch 16, --length 4096 for the
-others; causal, one Mask(ordered=True)). The "hopper" rows need an sm90 GPU (or --aot).
+others; causal, one Mask(ordered=True)). The "hopper" rows need an sm90 GPU (or --aot):
+"hopper" is the default forward, "hopper 2wg..." its multi-warpgroup variants (HOPPER).
 
   python -m bench.fused_gpu [--batch 8 --length 1024 --heads 12 --head-dim 64] [--block 64]
       [--backward-block 32[,64]] [--repeats 20] [--layout half] [--out fused_gpu.json]
   python -m bench.fused_gpu --aot h200 [--ptxas]                # compile only, no GPU
+  python -m bench.fused_gpu --kernels "hopper,hopper 2wg"        # only these rows
   python -m bench.fused_gpu --interpret --tiny                  # CPU smoke run
 
 On a GPU: each program is compiled and run twice (warm-up), then the kernels are timed
@@ -54,16 +56,36 @@ from rove_jax.kernels import fused_gpu, fused_hopper  # noqa: E402
 FNS = {"rove": rj.rove_attention, "rope": rj.rope_attention}
 
 
+# Hopper forward variants by label: fused_hopper.kernel's keyword arguments. "hopper" is the
+# default (one warpgroup a program); "hopper 2wg" two compute warpgroups sharing each rotated
+# key/value block (rove_jax.kernels.fused_hopper_ws), "+tma" with a producer warpgroup,
+# "+slices" swapping rotation pairs by column slices (the half layout only).
+HOPPER = {
+  "hopper": {},
+  "hopper 2wg": dict(compute_wgs=2),
+  "hopper 2wg+tma": dict(compute_wgs=2, producer=True),
+  "hopper 2wg+slices": dict(compute_wgs=2, slice_swap=True),
+  "hopper 2wg+tma+slices": dict(compute_wgs=2, producer=True, slice_swap=True),
+}
+
+
 def variants(args) -> list:
-  """[(label, backward block)] of the fused kernels: "hopper" (rove_jax.kernels.fused_hopper,
-  Pallas Mosaic GPU, what kernel="fused" runs on an H100/H200), then the Triton kernel
-  (rove_jax.kernels.fused_gpu, what it runs on other GPUs): "triton" at the first of
-  --backward-block, "triton bwd<N>" at each other (timed forward + backward only: the forward
-  is the same)."""
+  """[(label, backward block)] of the fused kernels, those named by --kernels if given: the
+  Hopper ones (HOPPER; rove_jax.kernels.fused_hopper, Pallas Mosaic GPU, "hopper" being what
+  kernel="fused" runs on an H100/H200; the multi-warpgroup ones where T is a multiple of 128,
+  those with slices in the half layout), then the Triton kernel (rove_jax.kernels.fused_gpu,
+  what it runs on other GPUs): "triton" at the first of --backward-block, "triton bwd<N>" at
+  each other (timed forward + backward only: the forward is the same)."""
   blocks = [int(b) for b in str(args.backward_block).split(",")]
-  return [("hopper", None)] + [
-    ("triton" if i == 0 else f"triton bwd{b}", b) for i, b in enumerate(blocks)
+  wanted = set(args.kernels.split(",")) if args.kernels else None
+  hopper = [
+    name
+    for name, kw in HOPPER.items()
+    if not kw or (args.length % 128 == 0 and (args.layout == "half" or not kw.get("slice_swap")))
   ]
+  triton = [("triton" if i == 0 else f"triton bwd{b}", b) for i, b in enumerate(blocks)]
+  rows = [(name, None) for name in hopper] + triton
+  return [(name, b) for name, b in rows if wanted is None or name in wanted]
 
 
 def programs(args, baseline: str) -> dict:
@@ -88,6 +110,9 @@ def programs(args, baseline: str) -> dict:
         f = via(baseline)
       elif label == "hopper":
         f = direct(fused_hopper.kernel(interpret=True)) if args.interpret else via("fused")
+      elif label in HOPPER:  # the dispatch picks the default; these are called directly
+        interpret = True if args.interpret else None  # None: compiled on a GPU target
+        f = direct(fused_hopper.kernel(interpret=interpret, **HOPPER[label]))
       else:
         f = direct(fused_gpu.kernel(args.block, backward_block, interpret=args.interpret))
 
@@ -268,6 +293,9 @@ def main(argv=None) -> int:
   )
   p.add_argument(
     "--interpret", action="store_true", help="Pallas interpret mode against the xla kernel (no GPU)"
+  )
+  p.add_argument(
+    "--kernels", help='only these rows, comma-separated labels (e.g. "hopper,hopper 2wg")'
   )
   p.add_argument("--tiny", action="store_true", help="B=1, T=128, H=2, 3 repeats")
   p.add_argument("--out", help="write the figures here as JSON")

@@ -22,10 +22,14 @@ What runs, and why:
     a store to shared memory. q once a program (with the softmax scale and YaRN's attention
     factor squared on its rotated dims), k and (RoVE) v once a block.
   * P = softmax numerator goes to the P.V wgmma from registers, as FA3 does.
-  * Not yet done (each is speed, not numerics; timing on an H200 decides them): a producer
-    warpgroup for the TMA copies and two consumer warpgroups in ping-pong (FA3's warp
-    specialisation), sharing one rotated k/v tile between two query blocks, and asynchronous
-    wgmma overlapping the softmax.
+  * kernel(compute_wgs=2) runs another forward (rove_jax.kernels.fused_hopper_ws): two compute
+    warpgroups a program, 128 query rows, sharing each key/value block's copy and rotation
+    (half the rotation work a query row), optionally with a producer warpgroup for the copies
+    and pair swaps by column slices instead of the swap matrix (half layout). The default
+    stays this one-warpgroup forward until timings on an H200 choose.
+  * Not yet done (each is speed, not numerics; timing on an H200 decides them): ping-pong
+    between compute warpgroups, asynchronous wgmma overlapping the softmax (both also for
+    fused_hopper_ws), and any of it in the backward kernels.
 Masks by index, like the other fused kernels: the Mask must be `ordered` (causal or not, with
 segment ids or not, no kv_valid or window); rows that see no key return 0 (lse +inf).
 bfloat16 only: wgmma's 16-bit inputs; float16 would need its own swap and staging dtype and
@@ -61,7 +65,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from rove_jax.kernels import fused, fused_gpu_tiles, fused_hopper_backward, platform
+from rove_jax.kernels import (
+  fused,
+  fused_gpu_tiles,
+  fused_hopper_backward,
+  fused_hopper_ws,
+  platform,
+)
 from rove_jax.kernels import fused_hopper_tiles as tiles
 from rove_jax.kernels.call import Kernel, KernelCall
 from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
@@ -72,6 +82,7 @@ MIN_BLOCK = 64
 HEAD_DIMS = (64, 128)
 DTYPES = (jnp.dtype(jnp.bfloat16),)
 KINDS = fused.KINDS
+COMPUTE_WGS = (1, 2)  # forward warpgroups a program (kernel's compute_wgs)
 
 
 def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
@@ -99,17 +110,36 @@ def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
   return None
 
 
-def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None) -> Kernel:
+def kernel(
+  block_kv: int = BLOCK_KV,
+  interpret: Optional[bool] = None,
+  compute_wgs: int = 1,
+  producer: bool = False,
+  slice_swap: bool = False,
+) -> Kernel:
   """The Hopper fused kernel, one that rotates inside (kernels.call): the contract of
   rove_jax.kernels.fused.kernel.
 
   Args:
-    block_kv: largest key/value block, 64 or 128.
+    block_kv: largest key/value block, 64 or 128 (with compute_wgs=2: 128).
     interpret: Pallas Mosaic GPU interpret mode; None: on unless compiling for a GPU
       (platform.target_platform).
+    compute_wgs: compute warpgroups a program in the forward pass: 1 (this module's forward)
+      or 2 (rove_jax.kernels.fused_hopper_ws: 128 query rows a program sharing each rotated
+      key/value block; T and S multiples of 128).
+    producer: with compute_wgs=2, a third warpgroup issues the key/value copies.
+    slice_swap: with compute_wgs=2, rotate by exchanging column slices rather than by the
+      swap-matrix wgmma: the half layout with n_rotated / 2 a multiple of 16 (fused_hopper_ws).
   """
   if block_kv not in (64, 128) or isinstance(block_kv, bool):
     raise ValueError(f"block_kv must be 64 or 128, got {block_kv!r}")
+  if compute_wgs not in COMPUTE_WGS or isinstance(compute_wgs, bool):
+    raise ValueError(f"compute_wgs must be one of {COMPUTE_WGS}, got {compute_wgs!r}")
+  if compute_wgs > 1 and block_kv != fused_hopper_ws.BLOCK_KV:
+    raise ValueError(f"compute_wgs={compute_wgs} shares blocks of {fused_hopper_ws.BLOCK_KV} keys")
+  for name, flag in (("producer", producer), ("slice_swap", slice_swap)):
+    if flag and compute_wgs == 1:
+      raise ValueError(f"{name}=True needs compute_wgs=2")
 
   def attend(call: KernelCall) -> jax.Array:
     q_BTHD, k_BSKD, v_BSKD = fused.checked_inputs(call)
@@ -120,6 +150,8 @@ def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None) -> Kernel
     reason = problem(q_BTHD.shape, k_BSKD.shape, mask, rope, q_BTHD.dtype)
     if reason is None and not (k_BSKD.dtype == v_BSKD.dtype == q_BTHD.dtype):
       reason = f"q, k, v must share a dtype, got {q_BTHD.dtype}, {k_BSKD.dtype}, {v_BSKD.dtype}"
+    if reason is None and compute_wgs > 1:
+      reason = fused_hopper_ws.problem(T, S, compute_wgs, BLOCK_Q, slice_swap, rope)
     if reason is not None:
       raise ValueError(
         f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape} on Hopper: {reason}"
@@ -135,6 +167,9 @@ def kernel(block_kv: int = BLOCK_KV, interpret: Optional[bool] = None) -> Kernel
       bq=BLOCK_Q,
       bk=block_kv if S % block_kv == 0 else MIN_BLOCK,
       interpret=bool(run_interpreted),
+      compute_wgs=compute_wgs,
+      producer=bool(producer),
+      slice_swap=bool(slice_swap),
     )
     consts = fused.constants(rope, D, call.scale)
     swap = jnp.asarray(
@@ -190,6 +225,8 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   """(o [B, T, H, D] in q.dtype, logsumexp [B, H, T] float32; +inf for rows that see no
   key)."""
+  if plan.compute_wgs > 1:
+    return fused_hopper_ws.forward(plan, small, q_BTHD, k_BSKD, v_BSKD)
   consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
   B, T, H, D = q_BTHD.shape
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]

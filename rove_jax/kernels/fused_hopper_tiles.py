@@ -165,10 +165,12 @@ def interpret_params():
   return InterpretGPUParams()
 
 
-def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args):
-  """plgpu.kernel(body) on one warpgroup a program, compiled or interpreted by plan."""
+def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args, **threads):
+  """plgpu.kernel(body), compiled or interpreted by plan; one warpgroup a program unless
+  threads gives num_threads and thread_name."""
   return plgpu.kernel(
     body,
+    **threads,
     out_type=out_type,
     scratch_types=scratch,
     grid=grid,

@@ -44,6 +44,9 @@ class Plan(NamedTuple):
   bq: int  # query block
   bk: int  # key/value block
   interpret: bool  # Pallas interpret mode (off TPU)
+  compute_wgs: int = 1  # Hopper forward: compute warpgroups a program (fused_hopper_ws)
+  producer: bool = False  # Hopper forward: a warpgroup that only copies keys and values
+  slice_swap: bool = False  # Hopper forward: pair swaps by column slices, no swap matrix
 
 
 def column(row_ref) -> jax.Array:

@@ -2,7 +2,8 @@
 Mosaic GPU interpret mode on CPU, against the float64 references of test_kernels_fused: outputs
 and the gradients of q, k and v, in bfloat16 (the kernel's dtype), for RoPE, RoVE and RoVE with
 the output left rotated; causal and bidirectional; packed documents; MHA, GQA and MQA; partial
-rotary; YaRN's attention factor; both layouts; rows that see no key; a batch of two. One case
+rotary; YaRN's attention factor; both layouts; rows that see no key; a batch of two; each for the
+default forward and its multi-warpgroup variants (VARIANTS). One case
 runs through rj.rove_attention(kernel="fused") with dispatch seeing a Hopper GPU. Also the limits
 dispatch checks for a Hopper target and how it picks the Hopper kernel. On an H100/H200
 (bench/gpu_check.sh) the same cases run compiled: FUSED_HOPPER_COMPILED=1 turns interpret off."""
@@ -52,9 +53,19 @@ CASES = {
 }
 
 
-def hopper_and_grads(kind, q, k, v, ct, pos, rope, mask, *, through_dispatch=False):
+# The forward variants (fused_hopper.kernel's arguments): the default, two compute warpgroups
+# sharing each rotated key/value block (fused_hopper_ws), and those with a producer warpgroup.
+VARIANTS = {
+  "1wg": {},
+  "2wg": dict(compute_wgs=2),
+  "2wg_tma": dict(compute_wgs=2, producer=True),
+  "2wg_slices": dict(compute_wgs=2, slice_swap=True),  # the half layout, n_rotated % 32 == 0
+}
+
+
+def hopper_and_grads(kind, q, k, v, ct, pos, rope, mask, *, through_dispatch=False, variant="1wg"):
   """(out, (dq, dk, dv)) of the Hopper kernel (in interpret mode on CPU), one jitted program."""
-  attend = fused_hopper.kernel(interpret=INTERPRET)
+  attend = fused_hopper.kernel(interpret=INTERPRET, **VARIANTS[variant])
 
   def f(q, k, v):
     if through_dispatch:
@@ -97,9 +108,17 @@ def run_case(case, **kw):
     check(name, g, w, TOL[BF16])
 
 
-@pytest.mark.parametrize("case", sorted(set(CASES) - {"rove_causal_interleaved_mqa"}))
-def test_matches_float64_reference_with_gradients(case):
-  run_case(case)
+@pytest.mark.parametrize(
+  "case,variant",
+  [(c, "1wg") for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa"})]
+  + [(c, "2wg") for c in sorted(CASES)]
+  + [("rove_packed_causal_half_mha_partial", v) for v in ("2wg_tma", "2wg_slices")],
+)
+def test_matches_float64_reference_with_gradients(case, variant):
+  """Every case for the two-warpgroup forward too (the default's third runs through dispatch
+  below), one for its producer and slice-swap variants (the tests against the XLA kernel below
+  add theirs); the gradients check the logsumexp each leaves for the shared backward pass."""
+  run_case(case, variant=variant)
 
 
 def test_rove_attention_dispatches_to_it_on_hopper(hopper_target):
@@ -117,7 +136,52 @@ def test_rove_attention_dispatches_to_it_on_hopper(hopper_target):
   assert calls == ["rove"]
 
 
-def test_rotated_output_and_rows_without_keys():
+def against_xla(kw, kind, n, heads, head_dim, n_rotated, lengths, factor=1.0):
+  """The Hopper kernel's output (fused_hopper.kernel(**kw)) on bfloat16 q, k, v ([1, n, heads,
+  head_dim], one kv head), half layout, causal over packed documents of these lengths, against
+  the XLA kernel's in float32 on the same values (shapes the float64 reference does not take;
+  the gradients are the shared backward pass's, checked above)."""
+  rng = np.random.default_rng(n + head_dim)
+  q, k, v = (
+    jnp.asarray(rng.standard_normal((1, n, h, head_dim)) * s, BF16)
+    for h, s in ((heads, 2), (1, 1), (1, 1))
+  )
+  seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None], jnp.int32)
+  pos = jnp.asarray(np.concatenate([np.arange(m) for m in lengths])[None])
+  rope = rj.Rope(rj.rope_frequencies(n_rotated), factor, "half")
+  mask = rj.Mask(causal=True, segment_ids=seg, ordered=True)
+  attend = fused_hopper.kernel(interpret=INTERPRET, **kw)
+  hopper = lambda q, k, v: direct(attend, q, k, v, mask, pos, rope, KIND[kind])
+  xla = lambda q, k, v: FNS[kind](
+    q, k, v, q_positions=pos, kv_positions=pos, rope=rope, mask=mask, kernel="xla"
+  )
+  got = jax.jit(hopper)(q, k, v)
+  want = xla(*(x.astype(F32) for x in (q, k, v)))
+  check("out", got, np.asarray(want, np.float64), TOL[BF16])
+
+
+@pytest.mark.parametrize("variant", ["2wg", "2wg_tma"])
+def test_multi_warpgroup_key_pipeline(variant):
+  """T = S = 384, causal, packed documents: programs read one to three shared key blocks, so
+  the double-buffered key/value copies refill a slot (at T = 256 a program reads at most two);
+  the output against the XLA kernel in float32."""
+  against_xla(VARIANTS[variant], "rove", 3 * T // 2, 1, D, D, (150, 130, 104))
+
+
+@pytest.mark.parametrize(
+  "kind,head_dim,n_rotated,producer", [("rove", D, D, False), ("rotated", 2 * D, 2 * D, True)]
+)
+def test_slice_swap(kind, head_dim, n_rotated, producer):
+  """slice_swap (pairs swapped by column slices, no swap matrix) at each swizzle it picks: D = 64
+  fully rotated (64-byte); D = 128 fully rotated (128-byte) with the producer warpgroup and the
+  output left rotated (the float64 test above has 32-byte: D = 64, 32 dims rotated, pass-through
+  dims). Against the XLA kernel in float32, with an attention factor."""
+  kw = dict(compute_wgs=2, producer=producer, slice_swap=True)
+  against_xla(kw, kind, T, 2, head_dim, n_rotated, (100, 156), factor=1.3)
+
+
+@pytest.mark.parametrize("variant", ["1wg", "2wg"])
+def test_rotated_output_and_rows_without_keys(variant):
   """rove_attention_rotated's kind under distinct q/kv segment ids, partial rotary with YaRN,
   interleaved: queries of segment 2 find no key and return 0 with zero gradients into them;
   the rest match the reference."""
@@ -129,7 +193,9 @@ def test_rotated_output_and_rows_without_keys():
   mask = rj.Mask(
     causal=True, segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg), ordered=True
   )
-  out, grads = hopper_and_grads("rotated", q, k, v, ct, jnp.asarray(pos), rope, mask)
+  out, grads = hopper_and_grads(
+    "rotated", q, k, v, ct, jnp.asarray(pos), rope, mask, variant=variant
+  )
   assert np.all(np.asarray(out, np.float32)[0, 200:] == 0)
   assert np.all(np.asarray(grads[0], np.float32)[0, 200:] == 0)
   want, want_grads = reference_and_grads(
@@ -169,3 +235,37 @@ def test_dispatch_checks_the_hopper_limits(monkeypatch):
   for bad in (96, 256, True):
     with pytest.raises(ValueError, match="block_kv"):
       fused_hopper.kernel(bad)
+
+
+def test_multi_warpgroup_limits():
+  """compute_wgs, producer and slice_swap take what fused_hopper_ws runs; its lengths are
+  checked per call (T, S multiples of 128: two 64-row query blocks, one shared 128-key block),
+  and slice_swap's rotary layout (half, n_rotated / 2 a multiple of 16)."""
+  for kw, reason in (
+    (dict(compute_wgs=3), "compute_wgs must be"),
+    (dict(compute_wgs=True), "compute_wgs must be"),
+    (dict(compute_wgs=2, block_kv=64), "shares blocks of 128"),
+    (dict(producer=True), "producer=True needs compute_wgs=2"),
+    (dict(slice_swap=True), "slice_swap=True needs compute_wgs=2"),
+  ):
+    with pytest.raises(ValueError, match=reason):
+      fused_hopper.kernel(**kw)
+  rope = rj.Rope(rj.rope_frequencies(D))
+  attend = fused_hopper.kernel(interpret=True, compute_wgs=2)
+  slices = fused_hopper.kernel(interpret=True, compute_wgs=2, slice_swap=True)
+  interleaved, partial = (
+    rj.Rope(rj.rope_frequencies(D), 1.0, "interleaved"),
+    rj.Rope(rj.rope_frequencies(40), 1.0, "half"),
+  )
+  for T_q, T_kv, kernel_, rope_, reason in (
+    (192, 256, attend, rope, "query length T=192.*128"),
+    (256, 192, attend, rope, "kv length S=192"),
+    (256, 256, slices, interleaved, "slice_swap needs the half layout.*'interleaved'"),
+    (256, 256, slices, partial, "slice_swap needs.*n_rotated=40"),
+  ):
+    q = jnp.zeros((1, T_q, 1, D), BF16)
+    k = jnp.zeros((1, T_kv, 1, D), BF16)
+    pos_q, pos_kv = jnp.arange(T_q)[None], jnp.arange(T_kv)[None]
+    call = kernels.KernelCall(q, k, k, rj.Mask(ordered=True), pos_q, pos_kv, 0.125, rope=rope_)
+    with pytest.raises(ValueError, match=f"fused' cannot run.*{reason}"):
+      kernel_.attend(call)

@@ -1,0 +1,405 @@
+"""The Hopper fused kernel's forward pass with several warpgroups a program (issue 48,
+FlashAttention-3's structure): `fused_hopper.kernel(compute_wgs=2)` runs it; the one-warpgroup
+forward of rove_jax.kernels.fused_hopper stays the default. The backward pass is the same for
+both (rove_jax.kernels.fused_hopper_backward).
+
+Shape letters (legend in rove_jax): B batch, T queries, S keys/values, H query heads,
+K key/value heads, D head dim.
+
+What runs, and why:
+  * One program a (block of 2 x 64 query rows, example, head): two compute warpgroups
+    (plgpu.kernel's threads), each owning 64 of the rows (wgmma's native M) with its own q
+    tile, accumulator and softmax statistics, as FlashAttention-3 does.
+  * The two share each key/value block of bk = 128 keys: it is TMA-copied once a program
+    (double-buffered: the copy of block j + 1 is issued as block j's products start) and
+    rotated once a program, in place in its TMA buffer. Each warpgroup rotates half of the
+    block's rows (its cos/sin tables; k and, RoVE, v), writes them back, and the two meet at a
+    barrier before either reads the whole block. Splitting rows rather than giving k to one
+    warpgroup and v to the other keeps the halves equal for RoPE (where only k turns) as for
+    RoVE, computes each key's cos/sin once rather than twice, and makes each share one
+    native-M [64, D] x [D, D] swap wgmma; hence bk = 128 = 2 x 64 and S a multiple of 128.
+    Rotating in place (no second, rotated copy of the block) is what lets D = 128 fit.
+  * That barrier also tells whoever issues the key/value copies that both warpgroups are done
+    with the block before, whose buffer is then refilled. Without `producer` compute
+    warpgroup 0 issues them. With `producer` a third warpgroup does (warp specialisation): it
+    waits on a per-slot "consumed" barrier both compute warpgroups arrive at after their
+    products, and hands registers to them (plgpu.set_max_registers).
+  * q's rotation (each warpgroup its own), the masks, the online softmax and the output
+    rotation are the one-warpgroup kernel's; the output's float32 pair swap passes its two
+    bfloat16 pieces one after the other through the warpgroup's q tile (no staging buffer).
+  * `slice_swap` (the half layout, n_rotated / 2 a multiple of 16) drops the swap matrix: pair i
+    is dims i and i + r (r = n_rotated / 2), so a tile's pair swap is its column slices
+    [0, r) and [r, 2r) exchanged. q, k, v are rotated from those slices loaded from shared
+    memory and stored back; the output from register slices of the accumulator, in float32
+    (no bfloat16 split), stored slice by slice. Cos/sin are then taken once a pair, not once a
+    dim. A slice of a swizzled tile must start and end on a tile, so the tiles get the widest
+    swizzle whose columns divide r: 128 bytes (64 columns) for D = 128 fully rotated, 64
+    bytes (32 columns) for D = 64, 32 bytes (16 columns) for r = 16 or 48, against the 128
+    bytes of the matrix path. Mosaic GPU has no register concatenation, no strided slices and
+    no bfloat16-pair bitcast, so the interleaved layout (partner d ^ 1, in the same thread's
+    register pair in the WGMMA layout) and other pair offsets keep the swap matrix.
+
+Cost a program (n key blocks read; the causal mask leaves about half of the blocks): it reads
+2 x 64 query rows and 2 x 128 x D x 2 bytes of k and v a block, which the one-warpgroup
+kernel reads once for each 64 query rows: key/value bytes a query row halve. FLOPs a block:
+q.k^T and p.v 4 x 128 x 128 x D (unchanged a query row); the k rotation 2 x 128 x D x D and
+as much again for v (RoVE), a query row half the one-warpgroup kernel's, where they equal q.k^T
+and p.v at D = 64; with slice_swap none (about 6 elementwise FLOPs an element rotated). Once a
+program: q 2 x 128 x D x D, the output (RoVE) twice that, none with slice_swap. Shared memory
+(bfloat16 tiles, 2 bytes an element): the swap matrix D x D (none with slice_swap), q 2 x 64 x D,
+k and v 2 slots x 2 x 128 x D, and a few KiB of constants and rows; at D = 128 that is within
+the 227 KiB a block may use because the block is rotated in place.
+
+Interpret mode (Mosaic GPU's interpreter, jax 0.10) runs each warpgroup as a thread and checks
+every barrier: a warpgroup that waits on a barrier at all waits on every phase of it, which is
+why the producer drains the last two "consumed" phases.
+
+Not yet done (speed, not numerics; timing on an H200 decides): ping-pong scheduling between the
+two compute warpgroups (FA3's schedule barrier: one's softmax under the other's wgmma),
+asynchronous wgmma overlapping the softmax, a deeper key/value pipeline, causal blocks without
+the mask's iota work, 64-key blocks (a 32-row share is below wgmma's M), and the same sharing
+in the backward kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from rove_jax.kernels import fused_hopper_tiles as tiles
+from rove_jax.kernels.fused_tiles import CONST_ROWS, FREQ, Q_SCALE, Plan
+
+BLOCK_KV = 128  # shared key/value block: each of two compute warpgroups rotates 64 rows
+THREAD = "wg"  # plgpu.kernel's thread axis: one warpgroup a thread
+
+
+SLICE_COLS = (64, 32, 16)  # column tiles (128-, 64-, 32-byte swizzles) a slice swap may cut at
+
+
+def problem(T: int, S: int, compute_wgs: int, bq: int, slice_swap: bool, rope) -> str | None:
+  """None when the multi-warpgroup forward runs T queries against S keys with this rotary.Rope
+  (and pair swap); else the reason."""
+  rows = compute_wgs * bq
+  if T % rows:
+    return f"query length T={T} is not a multiple of {rows} (compute_wgs={compute_wgs} x {bq})"
+  if S % BLOCK_KV:
+    return f"kv length S={S} is not a multiple of {BLOCK_KV} (the block compute_wgs shares)"
+  if slice_swap and (rope.layout != "half" or rope.n_rotated // 2 % SLICE_COLS[-1]):
+    return (
+      f"slice_swap needs the half layout with n_rotated / 2 a multiple of {SLICE_COLS[-1]}, "
+      f"got layout={rope.layout!r}, n_rotated={rope.n_rotated}"
+    )
+  return None
+
+
+def transforms(plan: Plan):
+  """The tiling and swizzle of q, k, v tiles in shared memory: tiles.TRANSFORMS, or with
+  plan.slice_swap the widest swizzle whose column tiles the pair offset is a multiple of (a
+  column slice of a swizzled tile must start and end on a tile)."""
+  if not plan.slice_swap:
+    return tiles.TRANSFORMS
+  cols = next(c for c in SLICE_COLS if plan.pair_offset % c == 0)
+  return (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(2 * cols))
+
+
+def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
+  """(o [B, T, H, D] in q.dtype, logsumexp [B, H, T] float32), as fused_hopper.forward."""
+  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
+  B, T, H, D = q_BTHD.shape
+  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  W, bq, bk, dt = plan.compute_wgs, plan.bq, plan.bk, q_BTHD.dtype
+  assert bk == BLOCK_KV == W * bq, (W, bq, bk)
+  smem = lambda shape: plgpu.SMEM(shape, dt, transforms=transforms(plan))
+  scratch = [
+    plgpu.SMEM((CONST_ROWS, D), jnp.float32),
+    # The swap matrix; unused with slice_swap (a placeholder keeps the unpacking).
+    plgpu.SMEM((1,), jnp.float32) if plan.slice_swap else smem((D, D)),
+    smem((W, bq, D)),  # each warpgroup's q (then rotated q, output staging, o)
+    plgpu.SMEM((W, bq), jnp.float32),
+    plgpu.SMEM((W, bq), jnp.int32),
+    plgpu.SMEM((W, bq), jnp.float32),  # q positions, q segment ids, lse
+    smem((2, bk, D)),
+    smem((2, bk, D)),  # k, v a slot (rotated in place)
+    plgpu.SMEM((2, bk), jnp.float32),
+    plgpu.SMEM((2, bk), jnp.int32),  # kv positions, segment ids
+    plgpu.Barrier(num_barriers=2),  # constants, swap
+    plgpu.Barrier(num_barriers=3 * W),  # a warpgroup's q, positions, segments
+    plgpu.Barrier(num_barriers=2 * 4),  # a slot's k, v, positions, segments
+    plgpu.Barrier(num_arrivals=W),  # a block's rotated shares are all in shared memory
+    plgpu.Barrier(num_arrivals=W, num_barriers=2),  # a slot consumed (producer only)
+  ]
+  args = [consts, swap, q_pos, kv_pos]
+  if plan.segmented:
+    args += [q_seg, kv_seg]
+  args += [q_BTHD, k_BSKD, v_BSKD]
+  out_type = [jax.ShapeDtypeStruct(q_BTHD.shape, dt), jax.ShapeDtypeStruct((B, H, T), jnp.float32)]
+  body = functools.partial(_body, plan, S // bk, H // K)
+  threads = W + (1 if plan.producer else 0)
+  return tiles.run_kernel(
+    plan,
+    body,
+    out_type,
+    scratch,
+    (H, T // (W * bq), B),
+    ("heads", "q", "batch"),
+    *args,
+    num_threads=threads,
+    thread_name=THREAD,
+  )
+
+
+def _body(plan: Plan, nk: int, G: int, *refs):
+  """One program: W query blocks of one head, each a compute warpgroup's, and (with
+  plan.producer) the warpgroup that copies keys and values. refs: as fused_hopper's forward
+  body, with this module's scratch."""
+  n_in = 9 if plan.segmented else 7
+  ins, outs, scr = refs[:n_in], refs[n_in : n_in + 2], refs[n_in + 2 :]
+  consts_ref, swap_ref, q_pos_ref, kv_pos_ref = ins[:4]
+  q_seg_ref, kv_seg_ref = ins[4:6] if plan.segmented else (None, None)
+  k_ref, v_ref = ins[-2:]
+  W, bk = plan.compute_wgs, plan.bk
+  b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
+  wg = lax.axis_index(THREAD)
+  kh = lax.div(h, jnp.int32(G))
+  k_s, v_s, kvpos_s, kvseg_s = scr[6:10]
+  kv_bar, consumed_bar = scr[12], scr[14]
+  n_kv_bar = 4 if plan.segmented else 3
+  # Every compute warpgroup's rows lie in one 128-row block, so all read the same key blocks.
+  n_blocks = tiles.last_key_block(plan, qb * (W * plan.bq), nk) + 1
+
+  def fetch(j, slot):
+    keys = pl.ds(j * bk, bk)
+    pairs = [
+      (k_ref.at[b, keys, kh], k_s.at[slot]),
+      (v_ref.at[b, keys, kh], v_s.at[slot]),
+      (kv_pos_ref.at[b, keys], kvpos_s.at[slot]),
+    ]
+    if plan.segmented:
+      pairs.append((kv_seg_ref.at[b, keys], kvseg_s.at[slot]))
+    for n, (src, dst) in enumerate(pairs):
+      plgpu.copy_gmem_to_smem(src, dst, kv_bar.at[slot * n_kv_bar + n])
+
+  def first_fetches():
+    fetch(0, 0)
+    if nk > 1:  # a second block exists (the slice would be out of bounds otherwise)
+      pl.when(n_blocks > 1)(lambda: fetch(1, 1))
+
+  if not plan.producer:
+    # Warpgroup 0 copies; block j + 1 goes into the slot block j - 1 left, once both warpgroups
+    # are past block j's barrier (and so done with block j - 1).
+    pl.when(wg == 0)(first_fetches)
+    refill = lambda j: pl.when((wg == 0) & (j >= 1) & (j + 1 < n_blocks))(
+      lambda: fetch(j + 1, lax.rem(j + 1, 2))
+    )
+    consumed = None
+    _compute(plan, G, ins, outs, scr, wg, n_blocks, refill, consumed)
+    return
+
+  @pl.when(wg == W)
+  def _producer():
+    plgpu.set_max_registers(40, action="decrease")
+    first_fetches()
+
+    def refill(j, _):  # block j into the slot block j - 2 held, once both are done with it
+      slot = lax.rem(j, 2)
+      plgpu.barrier_wait(consumed_bar.at[slot])
+      fetch(j, slot)
+
+    lax.fori_loop(2, n_blocks, refill, None)
+
+    # The last two consumptions: the interpreter wants every phase of a barrier waited on by
+    # each warpgroup that waits on it at all.
+    def drain(j, _):
+      plgpu.barrier_wait(consumed_bar.at[lax.rem(j, 2)])
+
+    lax.fori_loop(jnp.maximum(n_blocks - 2, 0), n_blocks, drain, None)
+
+  @pl.when(wg < W)
+  def _consumers():
+    plgpu.set_max_registers(232, action="increase")
+    consumed = lambda slot: plgpu.barrier_arrive(consumed_bar.at[slot])
+    _compute(plan, G, ins, outs, scr, wg, n_blocks, lambda j: None, consumed)
+
+
+def _compute(plan: Plan, G: int, ins, outs, scr, wg, n_blocks, refill, consumed):
+  """A compute warpgroup's part: its q block against every key block, sharing the rotation
+  of each; refill(j) after block j's barrier, consumed(slot) after its products (or None)."""
+  consts_ref, swap_ref = ins[:2]
+  q_pos_ref, q_seg_ref = ins[2], ins[4] if plan.segmented else None
+  q_ref = ins[-3]
+  o_ref, lse_ref = outs
+  (consts_s, swap_s, q_s, qpos_s, qseg_s, lse_s, k_s, v_s, kvpos_s, kvseg_s) = scr[:10]
+  fixed_bar, own_bar, kv_bar, rotated_bar = scr[10:14]
+  ops = tiles.Ops(plan.interpret)
+  W, bq, bk, f32 = plan.compute_wgs, plan.bq, plan.bk, jnp.float32
+  share = bk // W  # rows of each key block this warpgroup rotates
+  b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
+  q_start = qb * (W * bq) + wg * bq
+  rows = pl.ds(q_start, bq)
+  n_kv_bar = 4 if plan.segmented else 3
+  q_own, qpos_own, lse_own = q_s.at[wg], qpos_s.at[wg], lse_s.at[wg]
+
+  n_fixed = 1 if plan.slice_swap else 2
+
+  @pl.when(wg == 0)
+  def _():
+    plgpu.copy_gmem_to_smem(consts_ref, consts_s, fixed_bar.at[0])
+    if not plan.slice_swap:
+      plgpu.copy_gmem_to_smem(swap_ref, swap_s, fixed_bar.at[1])
+
+  copies = [(q_ref.at[b, rows, h], q_own), (q_pos_ref.at[b, rows], qpos_own)]
+  if plan.segmented:
+    copies.append((q_seg_ref.at[b, rows], qseg_s.at[wg]))
+  for n, (src, dst) in enumerate(copies):
+    plgpu.copy_gmem_to_smem(src, dst, own_bar.at[wg * 3 + n])
+  for n in range(n_fixed):
+    plgpu.barrier_wait(fixed_bar.at[n])
+  for n in range(len(copies)):
+    plgpu.barrier_wait(own_bar.at[wg * 3 + n])
+
+  r = plan.pair_offset
+  if plan.slice_swap:
+    _rotate_slices(ops, q_own, _half_tables(ops, qpos_own, consts_s, r), r, consts_s)
+  else:
+    q_tabs = tiles.tables(ops, qpos_own, consts_s)
+    scale = tiles.query_scale(ops, consts_s, (bq, q_own.shape[1]))
+    q_own[...] = (tiles.rotate(ops, q_own, q_tabs, swap_s) * scale).astype(q_own.dtype)
+  plgpu.commit_smem()
+  q_seg = ops.load(qseg_s.at[wg], 1) if plan.segmented else None
+
+  def rotate_share(slot, i):
+    """Warpgroup i's rows of the key (and value) block in `slot`, rotated in place; static i
+    keeps every slice of a swizzled tile static."""
+    part = pl.ds(i * share, share)
+    turned = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
+    if plan.slice_swap:
+      tabs = _half_tables(ops, kvpos_s.at[slot, part], consts_s, r)
+      for ref in turned:
+        _rotate_slices(ops, ref, tabs, r)
+      return
+    tabs = tiles.tables(ops, kvpos_s.at[slot, part], consts_s)
+    for ref, val in [(x, tiles.rotate(ops, x, tabs, swap_s)) for x in turned]:
+      ref[...] = val.astype(ref.dtype)
+
+  def step(j, carry):
+    acc, m_prev, l_prev = carry
+    slot = lax.rem(j, 2)
+    for n in range(n_kv_bar):
+      plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
+    for i in range(W):
+      pl.when(wg == i)(functools.partial(rotate_share, slot, i))
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(rotated_bar)
+    plgpu.barrier_wait(rotated_bar)
+    refill(j)
+    kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
+    s = ops.mma(q_own, k_s.at[slot], transpose_b=True)  # [bq, bk]
+    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
+    if mask is not None:
+      s = jnp.where(mask, s, -jnp.inf)
+    m_next = jnp.maximum(m_prev, s.max(axis=1))
+    m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)  # a row with nothing visible yet
+    p = jnp.exp(s - tiles.across(m_safe, s.shape, 1))
+    alpha = jnp.exp(m_prev - m_safe)
+    l_next = alpha * l_prev + p.sum(axis=1)
+    acc = ops.mma(p.astype(q_own.dtype), v_s.at[slot], acc=tiles.across(alpha, acc.shape, 1) * acc)
+    if consumed is not None:
+      consumed(slot)
+    return acc, m_next, l_next
+
+  D = q_own.shape[1]
+  init = (
+    ops.wgmma_layout(jnp.zeros((bq, D), f32)),
+    ops.rows_layout(jnp.full((bq,), -jnp.inf, f32)),
+    ops.rows_layout(jnp.zeros((bq,), f32)),
+  )
+  acc, m, l = lax.fori_loop(0, n_blocks, step, init)
+  seen = l > 0.0
+  safe_l = jnp.where(seen, l, 1.0)
+  o = acc / tiles.across(safe_l, acc.shape, 1)
+  if plan.rotate_output and plan.slice_swap:
+    _store_turned(o, _half_tables(ops, qpos_own, consts_s, r), r, q_own, inverse=True)
+  else:
+    if plan.rotate_output:
+      tabs = tiles.tables(ops, qpos_own, consts_s)
+      o = _rotate_f32_staged(ops, o, tabs, swap_s, q_own, inverse=True)
+    q_own[...] = o.astype(q_own.dtype)
+  lse_own[...] = jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(q_own, o_ref.at[b, rows, h])
+  plgpu.copy_smem_to_gmem(lse_own, lse_ref.at[b, h, rows])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def _rotate_f32_staged(ops, y, tabs, swap_ref, stage_ref, *, inverse: bool = False):
+  """tiles.rotate_f32 with one [n, D] staging tile: the bfloat16 pieces hi, then lo, pass
+  through it in turn (each wgmma has read it once its result is taken)."""
+  c, s = tabs
+  hi = y.astype(jnp.bfloat16)
+  lo = (y - hi.astype(jnp.float32)).astype(jnp.bfloat16)
+  stage_ref[...] = hi
+  plgpu.commit_smem()
+  turned = ops.mma(stage_ref, swap_ref)
+  stage_ref[...] = lo
+  plgpu.commit_smem()
+  turned = ops.mma(stage_ref, swap_ref, acc=turned) * s
+  return y * c - turned if inverse else y * c + turned
+
+
+# Pair swaps by column slices (plan.slice_swap): in the half layout pair i is dims i and i + r
+# (r = plan.pair_offset, dims from 2r on pass through), so the swapped tile is the tile's two
+# column slices [0, r) and [r, 2r) exchanged: loaded from shared memory, or sliced out of
+# registers, with no swap matrix, no wgmma and (for the output) no bfloat16 split.
+
+
+def _half_tables(ops, pos_ref, consts_ref, r: int):
+  """(cos, sin) [n, r] float32 at the n positions in pos_ref and the r pair frequencies."""
+  pos = ops.load(pos_ref, 1)
+  freq = ops.load(consts_ref.at[FREQ, pl.ds(0, r)], 0)
+  shape = (pos.shape[0], r)
+  angle = tiles.across(pos, shape, 1) * tiles.across(freq, shape, 0)
+  return jnp.cos(angle), jnp.sin(angle)
+
+
+def _turn(a, b, tabs, inverse: bool):
+  """(R x) on pair members a (first) and b (second): (a c - b s, b c + a s); R^-1 x with -s."""
+  c, s = tabs
+  s = -s if inverse else s
+  return a * c - b * s, b * c + a * s
+
+
+def _rotate_slices(ops, ref, tabs, r: int, consts_ref=None):
+  """R x of a bfloat16 tile [n, D] in shared memory, in place, by column slices; with
+  consts_ref also times the query scale (the softmax scale, YaRN's factor squared on the
+  rotated dims)."""
+  D = ref.shape[1]
+  parts = [ref.at[:, pl.ds(0, r)], ref.at[:, pl.ds(r, r)]]
+  new = _turn(*(ops.load(p).astype(jnp.float32) for p in parts), tabs, inverse=False)
+  if consts_ref is not None:
+    scale = lambda start, n: tiles.across(
+      ops.load(consts_ref.at[Q_SCALE, pl.ds(start, n)], 0), (ref.shape[0], n), 0
+    )
+    new = [x * scale(0, r) for x in new]
+    if 2 * r < D:
+      rest = ref.at[:, pl.ds(2 * r, D - 2 * r)]
+      rest[...] = (ops.load(rest).astype(jnp.float32) * scale(2 * r, D - 2 * r)).astype(rest.dtype)
+  for p, x in zip(parts, new):
+    p[...] = x.astype(p.dtype)
+
+
+def _store_turned(y, tabs, r: int, ref, *, inverse: bool):
+  """R y (R^-1 y) of a float32 register tile [n, D], stored into ref [n, D] (bfloat16) by
+  column slices."""
+  D = y.shape[1]
+  pieces = list(_turn(y[:, :r], y[:, r : 2 * r], tabs, inverse))
+  bounds = [(0, r), (r, r)]
+  if 2 * r < D:
+    pieces.append(y[:, 2 * r :])
+    bounds.append((2 * r, D - 2 * r))
+  for x, (start, n) in zip(pieces, bounds):
+    ref.at[:, pl.ds(start, n)][...] = x.astype(ref.dtype)
