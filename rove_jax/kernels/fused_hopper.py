@@ -121,7 +121,8 @@ def kernel(
   rove_jax.kernels.fused.kernel.
 
   Args:
-    block_kv: largest key/value block, 64 or 128 (with compute_wgs=2: 128).
+    block_kv: largest key/value block, 64 or 128 (with compute_wgs=2: 128); with D = 128 the
+      one-warpgroup forward takes 64 (shared memory).
     interpret: Pallas Mosaic GPU interpret mode; None: on unless compiling for a GPU
       (platform.target_platform).
     compute_wgs: compute warpgroups a program in the forward pass: 1 (this module's forward)
@@ -165,7 +166,7 @@ def kernel(
       rotate_values=kind != "rope",
       rotate_output=kind == "rove",
       bq=BLOCK_Q,
-      bk=block_kv if S % block_kv == 0 else MIN_BLOCK,
+      bk=_key_block(block_kv, S, D, compute_wgs),
       interpret=bool(run_interpreted),
       compute_wgs=compute_wgs,
       producer=bool(producer),
@@ -186,6 +187,16 @@ attend = kernel().attend
 
 
 # ------------------------------------------------------------------------------ internals
+
+
+def _key_block(block_kv: int, S: int, D: int, compute_wgs: int) -> int:
+  """The key/value block: block_kv, or MIN_BLOCK where S is not a multiple of it or where, in
+  the one-warpgroup forward, its buffers would not fit shared memory (D = 128 with 128 keys:
+  two slots of k and v, their rotated copies, the swap matrix and the staging tiles ask for more
+  than an H100/H200's 227 KiB)."""
+  if S % block_kv or (compute_wgs == 1 and D * block_kv > 64 * BLOCK_KV):
+    return MIN_BLOCK
+  return block_kv
 
 
 def _local(plan: Plan, fixed, q_pos, kv_pos, *rest):
