@@ -238,7 +238,6 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   key)."""
   if plan.compute_wgs > 1:
     return fused_hopper_ws.forward(plan, small, q_BTHD, k_BSKD, v_BSKD)
-  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
   B, T, H, D = q_BTHD.shape
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
   bq, bk, dt = plan.bq, plan.bk, q_BTHD.dtype
@@ -261,11 +260,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
     plgpu.Barrier(num_barriers=4 + n_seg // 2),  # constants, swap, q, q rows (+ segments)
     plgpu.Barrier(num_barriers=2 * (3 + n_seg // 2)),  # k, v, kv rows (+ segments) a slot
   ]
-  args = [consts, swap, q_pos, kv_pos]
-  if plan.segmented:
-    args += [q_seg, kv_seg]
-  args += [q_BTHD, k_BSKD, v_BSKD]
-  out_type = [jax.ShapeDtypeStruct(q_BTHD.shape, dt), jax.ShapeDtypeStruct((B, H, T), jnp.float32)]
+  args, out_type = tiles.forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD)
   body = functools.partial(_forward_body, plan, S // bk, H // K)
   return tiles.run_kernel(
     plan, body, out_type, scratch, (H, T // bq, B), ("heads", "q", "batch"), *args
@@ -298,7 +293,7 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     kv_bar,
   ) = scr
   ops = tiles.Ops(plan.interpret)
-  bq, bk, f32 = plan.bq, plan.bk, jnp.float32
+  bq, bk = plan.bq, plan.bk
   b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
   kh = lax.div(h, jnp.int32(G))
   q_start = qb * bq
@@ -317,16 +312,8 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     plgpu.copy_gmem_to_smem(src, dst, fixed_bar.at[n])
 
   def fetch(j, slot):
-    keys = pl.ds(j * bk, bk)
-    pairs = [
-      (k_ref.at[b, keys, kh], k_s.at[slot]),
-      (v_ref.at[b, keys, kh], v_s.at[slot]),
-      (kv_pos_ref.at[b, keys], kvpos_s.at[slot]),
-    ]
-    if plan.segmented:
-      pairs.append((kv_seg_ref.at[b, keys], kvseg_s.at[slot]))
-    for n, (src, dst) in enumerate(pairs):
-      plgpu.copy_gmem_to_smem(src, dst, kv_bar.at[slot * n_kv_bar + n])
+    srcs, bufs = (k_ref, v_ref, kv_pos_ref, kv_seg_ref), (k_s, v_s, kvpos_s, kvseg_s)
+    tiles.fetch_keys(plan, srcs, bufs, kv_bar, b, kh, j, slot)
 
   n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
   fetch(0, 0)
@@ -343,7 +330,6 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
   q_seg = ops.load(qseg_s, 1) if plan.segmented else None
 
   def step(j, carry):
-    acc, m_prev, l_prev = carry
     slot = lax.rem(j, 2)
     for n in range(n_kv_bar):
       plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
@@ -356,33 +342,17 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
     s = ops.mma(q_s, kr_s, transpose_b=True)  # [bq, bk]
-    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
-    if mask is not None:
-      s = jnp.where(mask, s, -jnp.inf)
-    m_next = jnp.maximum(m_prev, s.max(axis=1))
-    m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)  # a row with nothing visible yet
-    p = jnp.exp(s - tiles.across(m_safe, s.shape, 1))
-    alpha = jnp.exp(m_prev - m_safe)
-    l_next = alpha * l_prev + p.sum(axis=1)
-    acc = ops.mma(p.astype(q_s.dtype), values, acc=tiles.across(alpha, acc.shape, 1) * acc)
+    carry = tiles.softmax_step(ops, plan, carry, s, values, q_start, j * bk, q_seg, kv_seg)
     pl.when(j + 2 < n_blocks)(lambda: fetch(j + 2, slot))
-    return acc, m_next, l_next
+    return carry
 
-  D = q_s.shape[1]
-  init = (
-    ops.wgmma_layout(jnp.zeros((bq, D), f32)),
-    ops.rows_layout(jnp.full((bq,), -jnp.inf, f32)),
-    ops.rows_layout(jnp.zeros((bq,), f32)),
-  )
-  acc, m, l = lax.fori_loop(0, n_blocks, step, init)
-  seen = l > 0.0
-  safe_l = jnp.where(seen, l, 1.0)
-  o = acc / tiles.across(safe_l, acc.shape, 1)
+  start = tiles.softmax_start(ops, bq, q_s.shape[1])
+  o, lse = tiles.softmax_end(lax.fori_loop(0, n_blocks, step, start))
   if plan.rotate_output:
     # The query tables again, not held across the loop.
     o = tiles.rotate_f32(ops, o, tiles.tables(ops, qpos_s, consts_s), swap_s, stage_s, inverse=True)
   q_s[...] = o.astype(q_s.dtype)
-  lse_s[...] = jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
+  lse_s[...] = lse
   plgpu.commit_smem()
   plgpu.copy_smem_to_gmem(q_s, o_ref.at[b, rows, h])
   plgpu.copy_smem_to_gmem(lse_s, lse_ref.at[b, h, rows])

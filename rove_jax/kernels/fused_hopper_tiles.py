@@ -157,6 +157,77 @@ def visible(ops: Ops, plan, q_start, k_start, q_seg, kv_seg, shape, *, keys_in_r
   return mask
 
 
+def forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD):
+  """(the forward kernels' inputs in their refs' order: constants, swap matrix, q and kv
+  positions, q and kv segment ids when segmented, q, k, v; the types of their outputs: o like
+  q, lse [B, H, T] float32). small: the kernel's (constants, swap, positions, segments)."""
+  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
+  args = [consts, swap, q_pos, kv_pos]
+  if plan.segmented:
+    args += [q_seg, kv_seg]
+  B, T, H, _ = q_BTHD.shape
+  out_type = [
+    jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
+    jax.ShapeDtypeStruct((B, H, T), F32),
+  ]
+  return args + [q_BTHD, k_BSKD, v_BSKD], out_type
+
+
+def fetch_keys(plan, srcs, bufs, bar, b, kh, j, slot) -> None:
+  """Issues the TMA copies of key block j of example b, kv head kh (k, v, positions and, when
+  segmented, segment ids) into `slot` of their double buffers, each on its own barrier:
+  bar.at[slot * n + i] for the i-th of the n copies. srcs: (k, v, kv positions, kv segment ids
+  or None) in HBM; bufs: their [2, ...] shared-memory buffers in the same order."""
+  keys = pl.ds(j * plan.bk, plan.bk)
+  k_ref, v_ref, pos_ref, seg_ref = srcs
+  k_s, v_s, pos_s, seg_s = bufs
+  pairs = [
+    (k_ref.at[b, keys, kh], k_s.at[slot]),
+    (v_ref.at[b, keys, kh], v_s.at[slot]),
+    (pos_ref.at[b, keys], pos_s.at[slot]),
+  ]
+  if plan.segmented:
+    pairs.append((seg_ref.at[b, keys], seg_s.at[slot]))
+  for i, (src, dst) in enumerate(pairs):
+    plgpu.copy_gmem_to_smem(src, dst, bar.at[slot * len(pairs) + i])
+
+
+def softmax_start(ops: Ops, bq: int, D: int):
+  """The online softmax's carry before the first key block: (accumulator [bq, D], running max
+  [bq], running sum [bq]), float32."""
+  return (
+    ops.wgmma_layout(jnp.zeros((bq, D), F32)),
+    ops.rows_layout(jnp.full((bq,), -jnp.inf, F32)),
+    ops.rows_layout(jnp.zeros((bq,), F32)),
+  )
+
+
+def softmax_step(ops: Ops, plan, carry, s, values_ref, q_start, k_start, q_seg, kv_seg):
+  """One key block of the online softmax: the scores s [bq, bk] masked (`visible`), the carry
+  rescaled to the new running max, and p . values (values_ref [bk, D] in shared memory, p in
+  its dtype) added to the accumulator. A row with nothing visible yet keeps max -inf, sum 0."""
+  acc, m_prev, l_prev = carry
+  mask = visible(ops, plan, q_start, k_start, q_seg, kv_seg, s.shape, keys_in_rows=False)
+  if mask is not None:
+    s = jnp.where(mask, s, -jnp.inf)
+  m_next = jnp.maximum(m_prev, s.max(axis=1))
+  m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)
+  p = jnp.exp(s - across(m_safe, s.shape, 1))
+  alpha = jnp.exp(m_prev - m_safe)
+  l_next = alpha * l_prev + p.sum(axis=1)
+  acc = ops.mma(p.astype(values_ref.dtype), values_ref, acc=across(alpha, acc.shape, 1) * acc)
+  return acc, m_next, l_next
+
+
+def softmax_end(carry):
+  """(o [bq, D] float32, logsumexp [bq]) of the last carry; rows that saw no key: o 0, lse
+  +inf."""
+  acc, m, l = carry
+  seen = l > 0.0
+  safe_l = jnp.where(seen, l, 1.0)
+  return acc / across(safe_l, acc.shape, 1), jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
+
+
 def interpret_params():
   """The `interpret` value that runs a Mosaic GPU kernel on CPU. jax 0.10 exports the class
   only from its private tree."""

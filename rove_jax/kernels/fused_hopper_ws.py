@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -109,7 +108,6 @@ def transforms(plan: Plan):
 
 def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   """(o [B, T, H, D] in q.dtype, logsumexp [B, H, T] float32), as fused_hopper.forward."""
-  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
   B, T, H, D = q_BTHD.shape
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
   W, bq, bk, dt = plan.compute_wgs, plan.bq, plan.bk, q_BTHD.dtype
@@ -133,11 +131,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
     plgpu.Barrier(num_arrivals=W),  # a block's rotated shares are all in shared memory
     plgpu.Barrier(num_arrivals=W, num_barriers=2),  # a slot consumed (producer only)
   ]
-  args = [consts, swap, q_pos, kv_pos]
-  if plan.segmented:
-    args += [q_seg, kv_seg]
-  args += [q_BTHD, k_BSKD, v_BSKD]
-  out_type = [jax.ShapeDtypeStruct(q_BTHD.shape, dt), jax.ShapeDtypeStruct((B, H, T), jnp.float32)]
+  args, out_type = tiles.forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD)
   body = functools.partial(_body, plan, S // bk, H // K)
   threads = W + (1 if plan.producer else 0)
   return tiles.run_kernel(
@@ -162,27 +156,18 @@ def _body(plan: Plan, nk: int, G: int, *refs):
   consts_ref, swap_ref, q_pos_ref, kv_pos_ref = ins[:4]
   q_seg_ref, kv_seg_ref = ins[4:6] if plan.segmented else (None, None)
   k_ref, v_ref = ins[-2:]
-  W, bk = plan.compute_wgs, plan.bk
+  W = plan.compute_wgs
   b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
   wg = lax.axis_index(THREAD)
   kh = lax.div(h, jnp.int32(G))
   k_s, v_s, kvpos_s, kvseg_s = scr[6:10]
   kv_bar, consumed_bar = scr[12], scr[14]
-  n_kv_bar = 4 if plan.segmented else 3
   # Every compute warpgroup's rows lie in one 128-row block, so all read the same key blocks.
   n_blocks = tiles.last_key_block(plan, qb * (W * plan.bq), nk) + 1
 
   def fetch(j, slot):
-    keys = pl.ds(j * bk, bk)
-    pairs = [
-      (k_ref.at[b, keys, kh], k_s.at[slot]),
-      (v_ref.at[b, keys, kh], v_s.at[slot]),
-      (kv_pos_ref.at[b, keys], kvpos_s.at[slot]),
-    ]
-    if plan.segmented:
-      pairs.append((kv_seg_ref.at[b, keys], kvseg_s.at[slot]))
-    for n, (src, dst) in enumerate(pairs):
-      plgpu.copy_gmem_to_smem(src, dst, kv_bar.at[slot * n_kv_bar + n])
+    srcs, bufs = (k_ref, v_ref, kv_pos_ref, kv_seg_ref), (k_s, v_s, kvpos_s, kvseg_s)
+    tiles.fetch_keys(plan, srcs, bufs, kv_bar, b, kh, j, slot)
 
   def first_fetches():
     fetch(0, 0)
@@ -236,7 +221,7 @@ def _compute(plan: Plan, G: int, ins, outs, scr, wg, n_blocks, refill, consumed)
   (consts_s, swap_s, q_s, qpos_s, qseg_s, lse_s, k_s, v_s, kvpos_s, kvseg_s) = scr[:10]
   fixed_bar, own_bar, kv_bar, rotated_bar = scr[10:14]
   ops = tiles.Ops(plan.interpret)
-  W, bq, bk, f32 = plan.compute_wgs, plan.bq, plan.bk, jnp.float32
+  W, bq, bk = plan.compute_wgs, plan.bq, plan.bk
   share = bk // W  # rows of each key block this warpgroup rotates
   b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
   q_start = qb * (W * bq) + wg * bq
@@ -287,7 +272,6 @@ def _compute(plan: Plan, G: int, ins, outs, scr, wg, n_blocks, refill, consumed)
       ref[...] = val.astype(ref.dtype)
 
   def step(j, carry):
-    acc, m_prev, l_prev = carry
     slot = lax.rem(j, 2)
     for n in range(n_kv_bar):
       plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
@@ -299,29 +283,13 @@ def _compute(plan: Plan, G: int, ins, outs, scr, wg, n_blocks, refill, consumed)
     refill(j)
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     s = ops.mma(q_own, k_s.at[slot], transpose_b=True)  # [bq, bk]
-    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
-    if mask is not None:
-      s = jnp.where(mask, s, -jnp.inf)
-    m_next = jnp.maximum(m_prev, s.max(axis=1))
-    m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)  # a row with nothing visible yet
-    p = jnp.exp(s - tiles.across(m_safe, s.shape, 1))
-    alpha = jnp.exp(m_prev - m_safe)
-    l_next = alpha * l_prev + p.sum(axis=1)
-    acc = ops.mma(p.astype(q_own.dtype), v_s.at[slot], acc=tiles.across(alpha, acc.shape, 1) * acc)
+    carry = tiles.softmax_step(ops, plan, carry, s, v_s.at[slot], q_start, j * bk, q_seg, kv_seg)
     if consumed is not None:
       consumed(slot)
-    return acc, m_next, l_next
+    return carry
 
-  D = q_own.shape[1]
-  init = (
-    ops.wgmma_layout(jnp.zeros((bq, D), f32)),
-    ops.rows_layout(jnp.full((bq,), -jnp.inf, f32)),
-    ops.rows_layout(jnp.zeros((bq,), f32)),
-  )
-  acc, m, l = lax.fori_loop(0, n_blocks, step, init)
-  seen = l > 0.0
-  safe_l = jnp.where(seen, l, 1.0)
-  o = acc / tiles.across(safe_l, acc.shape, 1)
+  start = tiles.softmax_start(ops, bq, q_own.shape[1])
+  o, lse = tiles.softmax_end(lax.fori_loop(0, n_blocks, step, start))
   if plan.rotate_output and plan.slice_swap:
     _store_turned(o, _half_tables(ops, qpos_own, consts_s, r), r, q_own, inverse=True)
   else:
@@ -329,7 +297,7 @@ def _compute(plan: Plan, G: int, ins, outs, scr, wg, n_blocks, refill, consumed)
       tabs = tiles.tables(ops, qpos_own, consts_s)
       o = _rotate_f32_staged(ops, o, tabs, swap_s, q_own, inverse=True)
     q_own[...] = o.astype(q_own.dtype)
-  lse_own[...] = jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
+  lse_own[...] = lse
   plgpu.commit_smem()
   plgpu.copy_smem_to_gmem(q_own, o_ref.at[b, rows, h])
   plgpu.copy_smem_to_gmem(lse_own, lse_ref.at[b, h, rows])
