@@ -342,7 +342,8 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
     s = ops.mma(q_s, kr_s, transpose_b=True)  # [bq, bk]
-    carry = tiles.softmax_step(ops, plan, carry, s, values, q_start, j * bk, q_seg, kv_seg)
+    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
+    carry = tiles.softmax_step(ops, carry, s, mask, values)
     pl.when(j + 2 < n_blocks)(lambda: fetch(j + 2, slot))
     return carry
 

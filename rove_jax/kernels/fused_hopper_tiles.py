@@ -202,12 +202,12 @@ def softmax_start(ops: Ops, bq: int, D: int):
   )
 
 
-def softmax_step(ops: Ops, plan, carry, s, values_ref, q_start, k_start, q_seg, kv_seg):
-  """One key block of the online softmax: the scores s [bq, bk] masked (`visible`), the carry
-  rescaled to the new running max, and p . values (values_ref [bk, D] in shared memory, p in
-  its dtype) added to the accumulator. A row with nothing visible yet keeps max -inf, sum 0."""
+def softmax_step(ops: Ops, carry, s, mask, values_ref):
+  """One key block of the online softmax: the scores s [bq, bk] masked (mask: `visible`'s, or
+  None), the carry rescaled to the new running max, and p . values (values_ref [bk, D] in shared
+  memory, p in its dtype) added to the accumulator. A row with nothing visible yet keeps max
+  -inf, sum 0."""
   acc, m_prev, l_prev = carry
-  mask = visible(ops, plan, q_start, k_start, q_seg, kv_seg, s.shape, keys_in_rows=False)
   if mask is not None:
     s = jnp.where(mask, s, -jnp.inf)
   m_next = jnp.maximum(m_prev, s.max(axis=1))

@@ -182,7 +182,7 @@ def _body(plan: Plan, nk: int, G: int, *refs):
       lambda: fetch(j + 1, lax.rem(j + 1, 2))
     )
     consumed = None
-    _compute(plan, G, ins, outs, scr, wg, n_blocks, refill, consumed)
+    _compute(plan, G, ins, outs, scr, n_blocks, refill, consumed)
     return
 
   @pl.when(wg == W)
@@ -208,12 +208,13 @@ def _body(plan: Plan, nk: int, G: int, *refs):
   def _consumers():
     plgpu.set_max_registers(232, action="increase")
     consumed = lambda slot: plgpu.barrier_arrive(consumed_bar.at[slot])
-    _compute(plan, G, ins, outs, scr, wg, n_blocks, lambda j: None, consumed)
+    _compute(plan, G, ins, outs, scr, n_blocks, lambda j: None, consumed)
 
 
-def _compute(plan: Plan, G: int, ins, outs, scr, wg, n_blocks, refill, consumed):
+def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
   """A compute warpgroup's part: its q block against every key block, sharing the rotation
   of each; refill(j) after block j's barrier, consumed(slot) after its products (or None)."""
+  wg = lax.axis_index(THREAD)
   consts_ref, swap_ref = ins[:2]
   q_pos_ref, q_seg_ref = ins[2], ins[4] if plan.segmented else None
   q_ref = ins[-3]
@@ -283,7 +284,8 @@ def _compute(plan: Plan, G: int, ins, outs, scr, wg, n_blocks, refill, consumed)
     refill(j)
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     s = ops.mma(q_own, k_s.at[slot], transpose_b=True)  # [bq, bk]
-    carry = tiles.softmax_step(ops, plan, carry, s, v_s.at[slot], q_start, j * bk, q_seg, kv_seg)
+    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
+    carry = tiles.softmax_step(ops, carry, s, mask, v_s.at[slot])
     if consumed is not None:
       consumed(slot)
     return carry
