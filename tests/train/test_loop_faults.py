@@ -50,15 +50,13 @@ STEPS, EVERY = 8, 2
 SAVED = list(range(EVERY, STEPS + 1, EVERY))  # [2, 4, 6, 8]
 TMP = atomicity.TMP_DIR_SUFFIX  # ".orbax-checkpoint-tmp": a save in progress
 # When one array of a damaged checkpoint cannot be read, orbax abandons the reads of the others:
-# their coroutines raise as they are collected (or were never awaited), and their callbacks find
-# the event loop closed.
+# their coroutines (reads, metadata lookups) raise as they are collected or were never awaited,
+# and their callbacks find the event loop closed.
 # The fixture collects them before the test ends, so what they raise meets this filter instead
 # of landing in a later, unrelated test.
 ABANDONED_READS = [
   pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
-  pytest.mark.filterwarnings(
-    "ignore:coroutine '_read_array_index_and_device_put' was never awaited:RuntimeWarning"
-  ),
+  pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning"),
 ]
 pytestmark = ABANDONED_READS
 
