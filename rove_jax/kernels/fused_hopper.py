@@ -354,7 +354,4 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     o = tiles.rotate_f32(ops, o, tiles.tables(ops, qpos_s, consts_s), swap_s, stage_s, inverse=True)
   q_s[...] = o.astype(q_s.dtype)
   lse_s[...] = lse
-  plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(q_s, o_ref.at[b, rows, h])
-  plgpu.copy_smem_to_gmem(lse_s, lse_ref.at[b, h, rows])
-  plgpu.wait_smem_to_gmem(0)
+  tiles.store((q_s, o_ref.at[b, rows, h]), (lse_s, lse_ref.at[b, h, rows]))

@@ -195,9 +195,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   q_tabs = tiles.tables(ops, own_rows.at[0], consts_s)  # again, not held across the loop
   dq = tiles.rotate_f32(ops, acc * scale, q_tabs, swap_s, stage_s, inverse=True)
   own_s.at[0][...] = dq.astype(dt)
-  plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(own_s.at[0], dq_ref.at[b, rows, h])
-  plgpu.wait_smem_to_gmem(0)
+  tiles.store((own_s.at[0], dq_ref.at[b, rows, h]))
 
 
 def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
@@ -321,7 +319,4 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   if plan.rotate_values:
     dv_acc = tiles.rotate_f32(ops, dv_acc, kv_tabs, swap_s, rot_s, inverse=True)
   own_s.at[1][...] = dv_acc.astype(dt)
-  plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(own_s.at[0], dk_ref.at[b, keys, kh])
-  plgpu.copy_smem_to_gmem(own_s.at[1], dv_ref.at[b, keys, kh])
-  plgpu.wait_smem_to_gmem(0)
+  tiles.store((own_s.at[0], dk_ref.at[b, keys, kh]), (own_s.at[1], dv_ref.at[b, keys, kh]))

@@ -132,15 +132,35 @@ def rotate(ops: Ops, x_ref, tabs, swap_ref, *, inverse: bool = False):
 
 def rotate_f32(ops: Ops, y, tabs, swap_ref, stage_ref, *, inverse: bool = False):
   """R y (R^-1 y) of a float32 register tile [n, D], its pair swap taken as two bfloat16
-  pieces staged in stage_ref [2, n, D] (module docstring)."""
+  pieces (module docstring) staged in stage_ref: [2, n, D] holds both side by side; one [n, D]
+  tile takes them in turn, the second written once the first one's product is taken (less
+  shared memory, one more store and wait)."""
   c, s = tabs
   hi = y.astype(jnp.bfloat16)
   lo = (y - hi.astype(F32)).astype(jnp.bfloat16)
-  stage_ref.at[0][...] = hi
-  stage_ref.at[1][...] = lo
-  plgpu.commit_smem()
-  turned = ops.mma(stage_ref.at[1], swap_ref, acc=ops.mma(stage_ref.at[0], swap_ref)) * s
+  if len(stage_ref.shape) == 3:
+    stage_ref.at[0][...] = hi
+    stage_ref.at[1][...] = lo
+    plgpu.commit_smem()
+    turned = ops.mma(stage_ref.at[1], swap_ref, acc=ops.mma(stage_ref.at[0], swap_ref))
+  else:
+    stage_ref[...] = hi
+    plgpu.commit_smem()
+    turned = ops.mma(stage_ref, swap_ref)
+    stage_ref[...] = lo
+    plgpu.commit_smem()
+    turned = ops.mma(stage_ref, swap_ref, acc=turned)
+  turned = turned * s
   return y * c - turned if inverse else y * c + turned
+
+
+def store(*copies) -> None:
+  """Copies each (shared-memory tile, HBM destination) pair out, after the stores before it
+  are committed, and waits until all are written."""
+  plgpu.commit_smem()
+  for src, dst in copies:
+    plgpu.copy_smem_to_gmem(src, dst)
+  plgpu.wait_smem_to_gmem(0)
 
 
 def visible(ops: Ops, plan, q_start, k_start, q_seg, kv_seg, shape, *, keys_in_rows: bool):

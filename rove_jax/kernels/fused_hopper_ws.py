@@ -1,4 +1,4 @@
-"""The Hopper fused kernel's forward pass with several warpgroups a program (issue 48,
+"""The Hopper fused kernel's forward pass with several warpgroups a program (part of
 FlashAttention-3's structure): `fused_hopper.kernel(compute_wgs=2)` runs it; the one-warpgroup
 forward of rove_jax.kernels.fused_hopper stays the default. The backward pass is the same for
 both (rove_jax.kernels.fused_hopper_backward).
@@ -297,28 +297,10 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
   else:
     if plan.rotate_output:
       tabs = tiles.tables(ops, qpos_own, consts_s)
-      o = _rotate_f32_staged(ops, o, tabs, swap_s, q_own, inverse=True)
+      o = tiles.rotate_f32(ops, o, tabs, swap_s, q_own, inverse=True)  # q's tile as staging
     q_own[...] = o.astype(q_own.dtype)
   lse_own[...] = lse
-  plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(q_own, o_ref.at[b, rows, h])
-  plgpu.copy_smem_to_gmem(lse_own, lse_ref.at[b, h, rows])
-  plgpu.wait_smem_to_gmem(0)
-
-
-def _rotate_f32_staged(ops, y, tabs, swap_ref, stage_ref, *, inverse: bool = False):
-  """tiles.rotate_f32 with one [n, D] staging tile: the bfloat16 pieces hi, then lo, pass
-  through it in turn (each wgmma has read it once its result is taken)."""
-  c, s = tabs
-  hi = y.astype(jnp.bfloat16)
-  lo = (y - hi.astype(jnp.float32)).astype(jnp.bfloat16)
-  stage_ref[...] = hi
-  plgpu.commit_smem()
-  turned = ops.mma(stage_ref, swap_ref)
-  stage_ref[...] = lo
-  plgpu.commit_smem()
-  turned = ops.mma(stage_ref, swap_ref, acc=turned) * s
-  return y * c - turned if inverse else y * c + turned
+  tiles.store((q_own, o_ref.at[b, rows, h]), (lse_own, lse_ref.at[b, h, rows]))
 
 
 # Pair swaps by column slices (plan.slice_swap): in the half layout pair i is dims i and i + r
