@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for rove-jax on one CUDA GPU (written for an H200); ends within BUDGET seconds (470).
 #   bash bench/gpu_check.sh        (from the repository root; $OUT defaults to ./gpu_out)
+#   SECTIONS="fused-hopper-tests fused-hopper-bench" bash bench/gpu_check.sh   (those sections only)
 # Sections, in order of what matters most; each runs under its own cap or what is left of the
 # budget, whichever is less, logs its exit status and never stops the ones after it:
 # 1. devices and versions;
@@ -27,6 +28,24 @@
 # installed into /tmp/site below (no network needed).
 set -uo pipefail
 
+ALL_SECTIONS="devices test-gpu auto-kernel peer suite xla-options fused-loss fused-hopper-tests \
+fused-hopper-bench fused-gpu forward-16k"
+# SECTIONS (names from ALL_SECTIONS, separated by spaces or commas) runs those sections only.
+SECTIONS="${SECTIONS:-$ALL_SECTIONS}"
+SECTIONS="${SECTIONS//,/ }"
+for name in $SECTIONS; do
+  case " $ALL_SECTIONS " in
+    *" $name "*) ;;
+    *) echo "gpu_check.sh: unknown section '$name' in SECTIONS; the sections are: $ALL_SECTIONS" >&2
+       exit 2 ;;
+  esac
+done
+BUDGET="${BUDGET:-470}"
+if ! [[ "$BUDGET" =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu_check.sh: BUDGET must be a whole number of seconds, got '$BUDGET'" >&2
+  exit 2
+fi
+
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
@@ -37,7 +56,6 @@ OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 start=$SECONDS
-BUDGET="${BUDGET:-470}"
 printf 'section\tstatus\tseconds\n' > "$OUT/sections.tsv"
 stamp() { echo "== [$((SECONDS - start)) s] $*"; }
 # cap N: N, or the seconds left of BUDGET if fewer (at least 1).
@@ -48,6 +66,10 @@ section() {
   local name=$1 limit t0=$SECONDS rc
   limit=$(cap "$2")
   shift 2
+  case " $SECTIONS " in
+    *" $name "*) ;;
+    *) printf '%s\tnot-selected\t0\n' "$name" >> "$OUT/sections.tsv"; return 0 ;;
+  esac
   if ((SECONDS - start >= BUDGET)); then
     stamp "$name: SKIPPED (budget of $BUDGET s spent)"
     printf '%s\tskipped\t0\n' "$name" >> "$OUT/sections.tsv"
