@@ -18,10 +18,10 @@ and gradients are from cuDNN's (max |difference| over max |cuDNN|, both bfloat16
 --backward-block values time the backward at each (the first is also the forward's run).
 --aot compiles the same programs for an H100 or H200 with the deviceless GPU path
 (rove_jax/aot/gpu.py: JAX's CUDA plugin, no GPU) and prints compile seconds, XLA's temporary
-bytes and the Triton and Mosaic GPU kernels in the compiled HLO; with --ptxas also each Triton
-kernel's registers and spills by `ptxas -v` on the PTX XLA wrote (ptxas from
-nvidia-cuda-nvcc-cu12, which the deviceless path needs anyway; the Mosaic GPU kernel's PTX is
-not among XLA's dumps). --backward-block sets the Triton kernel's backward blocks.
+bytes and the Triton and Mosaic GPU kernels in the compiled HLO; with --ptxas also each fused
+kernel's registers and spills by `ptxas -v` (rove_jax.aot.ptxas: the Triton kernel's from the
+PTX XLA wrote, the Mosaic GPU kernels' from the reports Mosaic GPU writes as it compiles them).
+--backward-block sets the Triton kernel's backward blocks.
 --interpret runs the GPU kernels in Pallas interpret mode against the "xla" kernel (cuDNN needs
 a GPU); its timings mean nothing, it checks that the script runs.
 """
@@ -38,13 +38,17 @@ import time
 # JAX's CUDA plugin registers without a driver only with this set (--aot); before JAX starts.
 if "--aot" in sys.argv:
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-# --ptxas reads the PTX XLA writes: the dump folder is set before JAX starts.
+# --ptxas reads the PTX XLA writes and the ptxas reports Mosaic GPU writes: both dump folders
+# are set before JAX starts.
 PTX_DIR = None
 if "--ptxas" in sys.argv:
   import tempfile
 
+  from rove_jax.aot import ptxas as ptxas_tool
+
   PTX_DIR = tempfile.mkdtemp(prefix="fused_gpu_ptx_")
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={PTX_DIR}".strip()
+  os.environ.update(ptxas_tool.mosaic_dump_env(os.path.join(PTX_DIR, "mosaic")))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -232,38 +236,23 @@ def compile_only(args) -> dict:
 
 
 def ptxas_report(folder: str) -> dict:
-  """{kernel: ptxas -v's lines on registers and spills} for the fused kernels' PTX in folder
-  (each kernel once: the programs share them)."""
+  """{kernel: registers and spill bytes} of the fused kernels compiled into folder: the Triton
+  kernel's from ptxas -v on the PTX XLA wrote, the Mosaic GPU kernels' from their own reports
+  (each kernel once: the programs share them). The folder is removed afterwards (Mosaic GPU's
+  MLIR pass logs take tens of MB a kernel)."""
   import glob
-  import subprocess
+  import shutil
 
-  import nvidia.cuda_nvcc
-
-  ptxas = os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas")
   report = {}
   for path in sorted(glob.glob(os.path.join(folder, "*.ptx"))):
     with open(path) as f:
-      text = f.read()
-    if "fused_rotary_attention_gpu" not in text:
-      continue
-    arch = next(line.split()[1] for line in text.splitlines() if line.startswith(".target"))
-    out = subprocess.run(
-      [ptxas, "-v", f"-arch={arch}", path, "-o", os.devnull],
-      capture_output=True,
-      text=True,
-      check=True,
-    ).stderr
-    key = None
-    for line in out.splitlines():
-      if "Compiling entry function" in line:
-        key = f"{line.split(chr(39))[1]} ({arch})"
-        key = None if key in report else key  # another program's copy of the same kernel
-        if key:
-          report[key] = []
-      elif key and ("spill" in line or "Used" in line):
-        report[key].append(line.replace("ptxas info    :", "").strip())
-  for name, lines in report.items():
-    print(f"{name}: {'; '.join(lines)}")
+      if "fused_rotary_attention_gpu" not in f.read():
+        continue
+    for key, stats in ptxas_tool.run_on_ptx(path).items():
+      report.setdefault(key, stats)
+  report.update(ptxas_tool.read_mosaic(os.path.join(folder, "mosaic")))
+  shutil.rmtree(folder, ignore_errors=True)
+  print(ptxas_tool.table(report))
   return report
 
 
@@ -289,7 +278,7 @@ def main(argv=None) -> int:
   p.add_argument(
     "--ptxas",
     action="store_true",
-    help="with --aot: registers and spills of the fused kernels (ptxas -v)",
+    help="with --aot: registers and spills of the fused kernels (ptxas -v, no GPU needed)",
   )
   p.add_argument(
     "--interpret", action="store_true", help="Pallas interpret mode against the xla kernel (no GPU)"

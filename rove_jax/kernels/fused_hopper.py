@@ -263,7 +263,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   args, out_type = tiles.forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD)
   body = functools.partial(_forward_body, plan, S // bk, H // K)
   return tiles.run_kernel(
-    plan, body, out_type, scratch, (H, T // bq, B), ("heads", "q", "batch"), *args
+    plan, "fwd", body, out_type, scratch, (H, T // bq, B), ("heads", "q", "batch"), *args
   )
 
 

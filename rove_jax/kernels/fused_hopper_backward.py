@@ -76,6 +76,7 @@ def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
   return tiles.run_kernel(
     plan,
+    "dq",
     body,
     jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
     scratch,
@@ -212,7 +213,7 @@ def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   ]
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
   return tiles.run_kernel(
-    plan, body, out_type, scratch, (K, S // BLOCK, B), ("kv_heads", "kv", "batch"), *args
+    plan, "dkv", body, out_type, scratch, (K, S // BLOCK, B), ("kv_heads", "kv", "batch"), *args
   )
 
 

@@ -256,11 +256,17 @@ def interpret_params():
   return InterpretGPUParams()
 
 
-def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args, **threads):
+def run_kernel(plan: Plan, part: str, body, out_type, scratch, grid, grid_names, *args, **threads):
   """plgpu.kernel(body), compiled or interpreted by plan; one warpgroup a program unless
-  threads gives num_threads and thread_name."""
+  threads gives num_threads and thread_name. The kernel is named rotary_flash_<part>_<rove or
+  rope> (part: fwd, fwd_2wg, dq, dkv), the name profiler traces and Mosaic GPU's dumps show."""
+
+  def named(*refs):
+    return body(*refs)
+
+  named.__name__ = f"rotary_flash_{part}_{'rove' if plan.rotate_values else 'rope'}"
   return plgpu.kernel(
-    body,
+    named,
     **threads,
     out_type=out_type,
     scratch_types=scratch,

@@ -134,8 +134,10 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   args, out_type = tiles.forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD)
   body = functools.partial(_body, plan, S // bk, H // K)
   threads = W + (1 if plan.producer else 0)
+  part = f"fwd_{W}wg" + ("_tma" if plan.producer else "") + ("_slices" if plan.slice_swap else "")
   return tiles.run_kernel(
     plan,
+    part,
     body,
     out_type,
     scratch,
