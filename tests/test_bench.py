@@ -150,9 +150,14 @@ def test_gpu_check_script_parses():
 
 
 def _gpu_check(tmp_path, **env):
-  return subprocess.run(["bash", os.path.join("bench", "gpu_check.sh")], cwd=ROOT,
-                        env={**os.environ, "OUT": str(tmp_path), **env},
-                        capture_output=True, text=True, timeout=120)
+  return subprocess.run(
+    ["bash", os.path.join("bench", "gpu_check.sh")],
+    cwd=ROOT,
+    env={**os.environ, "OUT": str(tmp_path), **env},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
 
 
 def test_gpu_check_runs_the_chosen_sections_past_a_failing_one(tmp_path):
@@ -171,10 +176,13 @@ def test_gpu_check_runs_the_chosen_sections_past_a_failing_one(tmp_path):
   assert (tmp_path / "auto-kernel.log").exists() and not (tmp_path / "peer.log").exists()
 
 
-@pytest.mark.parametrize("env, says", [
+@pytest.mark.parametrize(
+  "env, says",
+  [
     ({"SECTIONS": "devices,tests"}, "unknown section 'tests'"),
     ({"BUDGET": "8m"}, "BUDGET must be a whole number of seconds"),
-])
+  ],
+)
 def test_gpu_check_refuses_bad_settings_before_it_starts(tmp_path, env, says):
   run = _gpu_check(tmp_path / "out", **env)
   assert run.returncode == 2 and says in run.stderr

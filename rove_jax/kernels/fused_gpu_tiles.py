@@ -1,6 +1,6 @@
 """What the GPU fused kernel's forward (rove_jax.kernels.fused_gpu) and backward
 (rove_jax.kernels.fused_gpu_backward) bodies share: the pair swap, the rotation of a tile, its
-tables from positions (with the kernel's own sin and cos), and the Triton compiler parameters.
+tables from positions (sin and cos from rove_jax.kernels.trig), and the Triton compiler parameters.
 Everything but `swap_matrix` runs inside a Pallas Triton kernel (or its interpret mode) on
 [n, D] tiles in float32.
 
@@ -20,14 +20,12 @@ bfloat16 pieces whose sum it is.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import triton as plgpu
 
-from rove_jax.kernels import fused_tiles
+from rove_jax.kernels import fused_tiles, trig
 from rove_jax.kernels.fused_tiles import Plan
 
 # Warps a program: the fewest that leave ptxas few or no register spills at the default blocks
@@ -99,40 +97,8 @@ def tables(pos_ref, consts_ref, rows=None):
     consts_ref[fused_tiles.NEG_FIRST : fused_tiles.NEG_FIRST + 1, :]
     + consts_ref[fused_tiles.SECOND : fused_tiles.SECOND + 1, :]
   )
-  sin_nD, cos_nD = sincos(angle_nD)
+  sin_nD, cos_nD = trig.sincos(angle_nD)
   return cos_nD, sin_nD * sign_1D
-
-
-# pi / 2 in three float32 parts (Cody-Waite; cephes' sinf constants, doubled): the first has 8
-# significant bits and the second 12, so with k split into a multiple of 256 (12 bits up to
-# 2**20) and the rest (8 bits), every product with them is exact.
-_PIO2 = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
-# Minimax polynomials for |r| <= pi / 4 (cephes' sinf and cosf).
-_SIN = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
-_COS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
-
-
-def sincos(a):
-  """(sin a, cos a) of a float32 array, sharing one range reduction: a = k * pi / 2 + r with
-  |r| <= pi / 4, polynomials in r, the quadrant k mod 4 picking and signing them. Within a few
-  float32 ulps of sin and cos for |a| < 2**20 * pi / 2 (about 1.6e6: positions under that at
-  frequencies <= 1), losing precision gradually beyond. jnp.sin and jnp.cos lower to
-  libdevice calls whose slow path makes a Triton program spill most of its registers."""
-  x = jnp.abs(a)  # sin(-x) = -sin(x): k >= 0, so each difference below is exact (Sterbenz)
-  k = jnp.floor(x * (2 / math.pi) + 0.5)
-  k_hi = jnp.floor(k * (1 / 256)) * 256
-  k_lo = k - k_hi
-  r = x - k_hi * _PIO2[0] - k_lo * _PIO2[0] - k_hi * _PIO2[1] - k_lo * _PIO2[1] - k * _PIO2[2]
-  z = r * r
-  sin_r = r + r * z * (_SIN[0] + z * (_SIN[1] + z * _SIN[2]))
-  cos_r = 1.0 - 0.5 * z + z * z * (_COS[0] + z * (_COS[1] + z * _COS[2]))
-  quadrant = jnp.bitwise_and(k.astype(jnp.int32), 3)
-  odd = jnp.bitwise_and(quadrant, 1) == 1
-  sin_a = jnp.where(odd, cos_r, sin_r)
-  cos_a = jnp.where(odd, sin_r, cos_r)
-  sin_a = jnp.where((quadrant >= 2) != (a < 0), -sin_a, sin_a)
-  cos_a = jnp.where((quadrant == 1) | (quadrant == 2), -cos_a, cos_a)
-  return sin_a, cos_a
 
 
 def compiler_params(backward: bool = False):

@@ -20,7 +20,11 @@ What runs, and why:
     times the [D, D] pair-swap matrix on the tensor cores (fused_hopper_tiles), the
     cos/sin tables (from the positions, in registers) in float32, one rounding to bfloat16,
     a store to shared memory. q once a program (with the softmax scale and YaRN's attention
-    factor squared on its rotated dims), k and (RoVE) v once a block.
+    factor squared on its rotated dims), k and (RoVE) v once a block, 64 rows at a time
+    (a 128-row block's tables and products at once did not fit the registers). sin and cos
+    are rove_jax.kernels.trig's: libdevice's, which jnp.sin and jnp.cos lower to, made every
+    kernel spill kilobytes of registers a thread (`python -m bench.fused_gpu --aot h200
+    --ptxas` reports each kernel's registers and spills).
   * P = softmax numerator goes to the P.V wgmma from registers, as FA3 does.
   * kernel(compute_wgs=2) runs another forward (rove_jax.kernels.fused_hopper_ws): two compute
     warpgroups a program, 128 query rows, sharing each key/value block's copy and rotation
@@ -43,7 +47,8 @@ query block of each query head (about half of them under a causal mask): bytes =
 2 * B * T * H * D * 2 + 2 * B * S * K * D * 2 * (T / bq) * G, plus the [D, D] swap matrix and
 position rows per program; FLOPs = 4 * D * N (q.k, p.v) + 2 * D * D * (rows rotated: B * T * H
 for q, B * H * (pairs * bk) for k and again for v (RoVE), B * T * H twice for the output
-(RoVE)) + 6 * D per rotated row; transcendentals = N exp + 2 * D per rotated row (cos, sin).
+(RoVE)) + 6 * D per rotated row; transcendentals = N exp; and one sin and cos a rotated
+element (trig.sincos, about 30 float32 operations for both).
 No pl.CostEstimate is attached: XLA sees the Mosaic GPU call as opaque.
 
 Under an active mesh the kernel runs in jax.shard_map (batch over ("data", "fsdp"), heads over
@@ -263,7 +268,13 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   args, out_type = tiles.forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD)
   body = functools.partial(_forward_body, plan, S // bk, H // K)
   return tiles.run_kernel(
-    plan, "fwd", body, out_type, scratch, (H, T // bq, B), ("heads", "q", "batch"), *args
+    plan,
+    tiles.named(plan, "fwd", body),
+    out_type,
+    scratch,
+    (H, T // bq, B),
+    ("heads", "q", "batch"),
+    *args,
   )
 
 
@@ -333,12 +344,15 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     slot = lax.rem(j, 2)
     for n in range(n_kv_bar):
       plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
-    tabs = tiles.tables(ops, kvpos_s.at[slot], consts_s)
-    kr_s[...] = tiles.rotate(ops, k_s.at[slot], tabs, swap_s).astype(kr_s.dtype)
-    values = v_s.at[slot]
-    if plan.rotate_values:
-      vr_s[...] = tiles.rotate(ops, values, tabs, swap_s).astype(vr_s.dtype)
-      values = vr_s
+    # In 64-row pieces (wgmma's M), which halves the registers a 128-key block's tables and
+    # products take at once.
+    for i in range(bk // BLOCK_Q):
+      part = pl.ds(i * BLOCK_Q, BLOCK_Q)
+      tabs = tiles.tables(ops, kvpos_s.at[slot, part], consts_s)
+      turned = [(k_s, kr_s)] + ([(v_s, vr_s)] if plan.rotate_values else [])
+      for src, dst in turned:
+        dst.at[part][...] = tiles.rotate(ops, src.at[slot, part], tabs, swap_s).astype(dst.dtype)
+    values = vr_s if plan.rotate_values else v_s.at[slot]
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
     s = ops.mma(q_s, kr_s, transpose_b=True)  # [bq, bk]

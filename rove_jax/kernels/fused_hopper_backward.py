@@ -76,8 +76,7 @@ def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
   return tiles.run_kernel(
     plan,
-    "dq",
-    body,
+    tiles.named(plan, "dq", body),
     jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
     scratch,
     (H, T // BLOCK, B),
@@ -213,7 +212,13 @@ def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   ]
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
   return tiles.run_kernel(
-    plan, "dkv", body, out_type, scratch, (K, S // BLOCK, B), ("kv_heads", "kv", "batch"), *args
+    plan,
+    tiles.named(plan, "dkv", body),
+    out_type,
+    scratch,
+    (K, S // BLOCK, B),
+    ("kv_heads", "kv", "batch"),
+    *args,
   )
 
 

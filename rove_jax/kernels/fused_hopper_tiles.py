@@ -36,7 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from rove_jax.kernels import fused_tiles
+from rove_jax.kernels import fused_tiles, trig
 from rove_jax.kernels.fused_tiles import Plan
 
 F32 = jnp.float32
@@ -114,7 +114,8 @@ def tables(ops: Ops, pos_ref, consts_ref):
   )
   shape = (pos.shape[0], freq.shape[0])
   angle = across(pos, shape, 1) * across(freq, shape, 0)
-  return jnp.cos(angle), jnp.sin(angle) * across(sign, shape, 0)
+  sin, cos = trig.sincos(angle)  # not jnp.sin, jnp.cos: rove_jax.kernels.trig
+  return cos, sin * across(sign, shape, 0)
 
 
 def query_scale(ops: Ops, consts_ref, shape):
@@ -256,17 +257,22 @@ def interpret_params():
   return InterpretGPUParams()
 
 
-def run_kernel(plan: Plan, part: str, body, out_type, scratch, grid, grid_names, *args, **threads):
-  """plgpu.kernel(body), compiled or interpreted by plan; one warpgroup a program unless
-  threads gives num_threads and thread_name. The kernel is named rotary_flash_<part>_<rove or
-  rope> (part: fwd, fwd_2wg, dq, dkv), the name profiler traces and Mosaic GPU's dumps show."""
+def named(plan: Plan, part: str, body):
+  """body under the kernel name rotary_flash_<part>_<rove or rope> (part: fwd, fwd_2wg, dq,
+  dkv), the name profiler traces and Mosaic GPU's dumps show (a functools.partial has none)."""
 
-  def named(*refs):
+  def kernel(*refs):
     return body(*refs)
 
-  named.__name__ = f"rotary_flash_{part}_{'rove' if plan.rotate_values else 'rope'}"
+  kernel.__name__ = f"rotary_flash_{part}_{'rove' if plan.rotate_values else 'rope'}"
+  return kernel
+
+
+def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args, **threads):
+  """plgpu.kernel(body), compiled or interpreted by plan; one warpgroup a program unless
+  threads gives num_threads and thread_name."""
   return plgpu.kernel(
-    named,
+    body,
     **threads,
     out_type=out_type,
     scratch_types=scratch,

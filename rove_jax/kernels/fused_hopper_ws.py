@@ -137,8 +137,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   part = f"fwd_{W}wg" + ("_tma" if plan.producer else "") + ("_slices" if plan.slice_swap else "")
   return tiles.run_kernel(
     plan,
-    part,
-    body,
+    tiles.named(plan, part, body),
     out_type,
     scratch,
     (H, T // (W * bq), B),
