@@ -20,8 +20,10 @@ What runs, and why:
     times the [D, D] pair-swap matrix on the tensor cores (fused_hopper_tiles), the
     cos/sin tables (from the positions, in registers) in float32, one rounding to bfloat16,
     a store to shared memory. q once a program (with the softmax scale and YaRN's attention
-    factor squared on its rotated dims), k and (RoVE) v once a block, 64 rows at a time
-    (a 128-row block's tables and products at once did not fit the registers). sin and cos
+    factor squared on its rotated dims), k and (RoVE) v once a block; 64 rows and (D = 128)
+    64 columns at a time (fused_hopper_tiles.pieces): a larger piece's tables and products
+    do not fit a thread's registers. Every rotation writes a tile other than its source (q's
+    into the output's staging tiles, free until the output's rotation). sin and cos
     are rove_jax.kernels.trig's: libdevice's, which jnp.sin and jnp.cos lower to, made every
     kernel spill kilobytes of registers a thread (`python -m bench.fused_gpu --aot h200
     --ptxas` reports each kernel's registers and spills).
@@ -252,14 +254,14 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),
     smem((D, D)),  # constants, swap matrix
     smem((bq, D)),
-    plgpu.SMEM((bq,), jnp.float32),  # q (then rotated q, then o), q positions
+    plgpu.SMEM((bq,), jnp.float32),  # q (then o), q positions
     smem((2, bk, D)),
     smem((2, bk, D)),
     plgpu.SMEM((2, bk), jnp.float32),  # k, v, positions
     smem((bk, D)),
     smem((bk, D)),  # rotated k, v
     smem((2, bq, D)),
-    plgpu.SMEM((bq,), jnp.float32),  # output staging, lse
+    plgpu.SMEM((bq,), jnp.float32),  # rotated q, then the output's staging; lse
     plgpu.SMEM((bq,), jnp.int32),
     plgpu.SMEM((2, bk), jnp.int32),  # segment ids
     plgpu.Barrier(num_barriers=4 + n_seg // 2),  # constants, swap, q, q rows (+ segments)
@@ -333,10 +335,8 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
 
-  q_tabs = tiles.tables(ops, qpos_s, consts_s)
-  scale = tiles.query_scale(ops, consts_s, (bq, q_s.shape[1]))
-  q_r = tiles.rotate(ops, q_s, q_tabs, swap_s) * scale
-  q_s[...] = q_r.astype(q_s.dtype)
+  q_r_s = stage_s.at[0]  # rotated q: the staging tiles are free until the output's rotation
+  tiles.rotate_to(ops, [(q_s, q_r_s)], qpos_s, consts_s, swap_s, scaled=True)
   plgpu.commit_smem()
   q_seg = ops.load(qseg_s, 1) if plan.segmented else None
 
@@ -348,14 +348,13 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     # products take at once.
     for i in range(bk // BLOCK_Q):
       part = pl.ds(i * BLOCK_Q, BLOCK_Q)
-      tabs = tiles.tables(ops, kvpos_s.at[slot, part], consts_s)
       turned = [(k_s, kr_s)] + ([(v_s, vr_s)] if plan.rotate_values else [])
-      for src, dst in turned:
-        dst.at[part][...] = tiles.rotate(ops, src.at[slot, part], tabs, swap_s).astype(dst.dtype)
+      pairs = [(src.at[slot, part], dst.at[part]) for src, dst in turned]
+      tiles.rotate_to(ops, pairs, kvpos_s.at[slot, part], consts_s, swap_s)
     values = vr_s if plan.rotate_values else v_s.at[slot]
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
-    s = ops.mma(q_s, kr_s, transpose_b=True)  # [bq, bk]
+    s = ops.mma(q_r_s, kr_s, transpose_b=True)  # [bq, bk]
     mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
     carry = tiles.softmax_step(ops, carry, s, mask, values)
     pl.when(j + 2 < n_blocks)(lambda: fetch(j + 2, slot))
@@ -363,9 +362,9 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
 
   start = tiles.softmax_start(ops, bq, q_s.shape[1])
   o, lse = tiles.softmax_end(lax.fori_loop(0, n_blocks, step, start))
-  if plan.rotate_output:
-    # The query tables again, not held across the loop.
-    o = tiles.rotate_f32(ops, o, tiles.tables(ops, qpos_s, consts_s), swap_s, stage_s, inverse=True)
-  q_s[...] = o.astype(q_s.dtype)
+  if plan.rotate_output:  # its tables from the positions again, not held across the loop
+    tiles.rotate_f32(ops, o, qpos_s, consts_s, swap_s, stage_s, q_s, inverse=True)
+  else:
+    q_s[...] = o.astype(q_s.dtype)
   lse_s[...] = lse
   tiles.store((q_s, o_ref.at[b, rows, h]), (lse_s, lse_ref.at[b, h, rows]))

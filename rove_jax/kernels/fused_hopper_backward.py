@@ -94,12 +94,6 @@ def _unpack(plan: Plan, refs, n_out: int):
   return dict(zip(names, ins)), outs, scr
 
 
-def _rotate_to(ops, dst_ref, src_ref, tabs, swap_s, scale=None):
-  """dst = R src (times scale) in dst's dtype: a rotated tile for the products."""
-  x = tiles.rotate(ops, src_ref, tabs, swap_s)
-  dst_ref[...] = (x if scale is None else x * scale).astype(dst_ref.dtype)
-
-
 def _dq_body(plan: Plan, nk: int, G: int, *refs):
   """One query block of one head: q, dO [bq, D] and its lse, delta rows; k, v blocks looped."""
   r, (dq_ref,), scr = _unpack(plan, refs, 1)
@@ -157,12 +151,12 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
   D = own_s.shape[-1]
-  scale = tiles.query_scale(ops, consts_s, (bq, D))
-  q_tabs = tiles.tables(ops, own_rows.at[0], consts_s)
-  # q_r into the staging buffer, dO_r (RoVE) in place: own_s[0] keeps q for nothing more.
-  _rotate_to(ops, stage_s.at[0], own_s.at[0], q_tabs, swap_s, scale)
+  # q_r and (RoVE) dO_r into the staging buffers: own_s keeps q and dO for nothing more.
+  tiles.rotate_to(
+    ops, [(own_s.at[0], stage_s.at[0])], own_rows.at[0], consts_s, swap_s, scaled=True
+  )
   if plan.rotate_output:
-    _rotate_to(ops, stage_s.at[1], own_s.at[1], q_tabs, swap_s)
+    tiles.rotate_to(ops, [(own_s.at[1], stage_s.at[1])], own_rows.at[0], consts_s, swap_s)
   plgpu.commit_smem()
   q_r_s, do_r_s = stage_s.at[0], stage_s.at[1] if plan.rotate_output else own_s.at[1]
   lse, delta = ops.load(own_rows.at[1], 1), ops.load(own_rows.at[2], 1)
@@ -172,12 +166,11 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     slot = lax.rem(j, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    tabs = tiles.tables(ops, loop_rows.at[slot, 0], consts_s)
-    _rotate_to(ops, rot_s.at[0], loop_s.at[slot, 0], tabs, swap_s)
-    values = loop_s.at[slot, 1]
+    pairs = [(loop_s.at[slot, 0], rot_s.at[0])]
     if plan.rotate_values:
-      _rotate_to(ops, rot_s.at[1], values, tabs, swap_s)
-      values = rot_s.at[1]
+      pairs.append((loop_s.at[slot, 1], rot_s.at[1]))
+    tiles.rotate_to(ops, pairs, loop_rows.at[slot, 0], consts_s, swap_s)
+    values = rot_s.at[1] if plan.rotate_values else loop_s.at[slot, 1]
     kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
     s = ops.mma(q_r_s, rot_s.at[0], transpose_b=True)  # [bq, bk]
@@ -192,9 +185,9 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     return acc
 
   acc = lax.fori_loop(0, n_blocks, step, ops.wgmma_layout(jnp.zeros((bq, D), jnp.float32)))
-  q_tabs = tiles.tables(ops, own_rows.at[0], consts_s)  # again, not held across the loop
-  dq = tiles.rotate_f32(ops, acc * scale, q_tabs, swap_s, stage_s, inverse=True)
-  own_s.at[0][...] = dq.astype(dt)
+  # The scale and the tables from shared memory again, not held across the loop.
+  dq = acc * tiles.query_scale(ops, consts_s, acc.shape)
+  tiles.rotate_f32(ops, dq, own_rows.at[0], consts_s, swap_s, stage_s, own_s.at[0], inverse=True)
   tiles.store((own_s.at[0], dq_ref.at[b, rows, h]))
 
 
@@ -281,25 +274,25 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
   D = own_s.shape[-1]
-  kv_tabs = tiles.tables(ops, own_rows.at[0], consts_s)
-  _rotate_to(ops, stage_s.at[0], own_s.at[0], kv_tabs, swap_s)
+  pairs = [(own_s.at[0], stage_s.at[0])]
   if plan.rotate_values:
-    _rotate_to(ops, stage_s.at[1], own_s.at[1], kv_tabs, swap_s)
+    pairs.append((own_s.at[1], stage_s.at[1]))
+  tiles.rotate_to(ops, pairs, own_rows.at[0], consts_s, swap_s)
   plgpu.commit_smem()
   k_r_s, v_r_s = stage_s.at[0], stage_s.at[1] if plan.rotate_values else own_s.at[1]
   kv_seg = ops.load(own_seg, 1) if plan.segmented else None
-  scale = tiles.query_scale(ops, consts_s, (bq, D))
 
   def step(t, carry):
     dk_acc, dv_acc = carry
     slot = lax.rem(t, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    tabs = tiles.tables(ops, loop_rows.at[slot, 0], consts_s)
-    _rotate_to(ops, rot_s.at[0], loop_s.at[slot, 0], tabs, swap_s, scale)
+    tiles.rotate_to(
+      ops, [(loop_s.at[slot, 0], rot_s.at[0])], loop_rows.at[slot, 0], consts_s, swap_s, scaled=True
+    )
     do_r = loop_s.at[slot, 1]
     if plan.rotate_output:
-      _rotate_to(ops, rot_s.at[1], do_r, tabs, swap_s)
+      tiles.rotate_to(ops, [(do_r, rot_s.at[1])], loop_rows.at[slot, 0], consts_s, swap_s)
       do_r = rot_s.at[1]
     lse, delta = ops.load(loop_rows.at[slot, 1], 0), ops.load(loop_rows.at[slot, 2], 0)
     q_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
@@ -319,10 +312,11 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
 
   zeros = ops.wgmma_layout(jnp.zeros((bk, D), jnp.float32))
   dk_acc, dv_acc = lax.fori_loop(0, n_steps, step, (zeros, zeros))
-  kv_tabs = tiles.tables(ops, own_rows.at[0], consts_s)  # again, not held across the loop
-  dk = tiles.rotate_f32(ops, dk_acc, kv_tabs, swap_s, rot_s, inverse=True)
-  own_s.at[0][...] = dk.astype(dt)
+  # The tables from the positions again, not held across the loop.
+  kv_pos = own_rows.at[0]
+  tiles.rotate_f32(ops, dk_acc, kv_pos, consts_s, swap_s, rot_s, own_s.at[0], inverse=True)
   if plan.rotate_values:
-    dv_acc = tiles.rotate_f32(ops, dv_acc, kv_tabs, swap_s, rot_s, inverse=True)
-  own_s.at[1][...] = dv_acc.astype(dt)
+    tiles.rotate_f32(ops, dv_acc, kv_pos, consts_s, swap_s, rot_s, own_s.at[1], inverse=True)
+  else:
+    own_s.at[1][...] = dv_acc.astype(dt)
   tiles.store((own_s.at[0], dk_ref.at[b, keys, kh]), (own_s.at[1], dv_ref.at[b, keys, kh]))

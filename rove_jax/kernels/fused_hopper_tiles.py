@@ -104,13 +104,36 @@ def across(v, shape, along: int):
   return lax.broadcast_in_dim(v, shape, [1 - along])
 
 
-def tables(ops: Ops, pos_ref, consts_ref):
-  """(C, S), each [n, D] float32, for the n positions in a shared-memory ref [n] float32:
-  C = cos(pos * f), S = sin(pos * f) signed per dim (module docstring)."""
+# The columns a rotation takes at once: a [64, D] tile's tables, products and result in float32
+# take 4 * D registers a thread; at D = 128 that is all a thread has.
+COLS = 64
+
+
+def pieces(D: int):
+  """The column pieces (start, size) of a rotation of a [n, D] tile; None: the whole tile."""
+  return [None] if D <= COLS else [(c, COLS) for c in range(0, D, COLS)]
+
+
+def _cols(x, piece):
+  """A column piece of a shared-memory ref or a register tile (the whole of it for None)."""
+  if piece is None:
+    return x
+  start, size = piece
+  return x.at[:, pl.ds(start, size)] if _is_ref(x) else x[:, start : start + size]
+
+
+def _row(consts_ref, row: int, piece):
+  return consts_ref.at[row] if piece is None else consts_ref.at[row, pl.ds(*piece)]
+
+
+def tables(ops: Ops, pos_ref, consts_ref, piece=None):
+  """(C, S), each [n, D] float32 (or [n, size] for a column piece), for the n positions in a
+  shared-memory ref [n] float32: C = cos(pos * f), S = sin(pos * f) signed per dim (module
+  docstring)."""
   pos = ops.load(pos_ref, 1)
-  freq = ops.load(consts_ref.at[fused_tiles.FREQ], 0)
-  sign = ops.load(consts_ref.at[fused_tiles.NEG_FIRST], 0) + ops.load(
-    consts_ref.at[fused_tiles.SECOND], 0
+  freq = ops.load(_row(consts_ref, fused_tiles.FREQ, piece), 0)
+  sign = ops.load(_row(consts_ref, fused_tiles.NEG_FIRST, piece), 0) + ops.load(
+    _row(consts_ref, fused_tiles.SECOND, piece), 0
   )
   shape = (pos.shape[0], freq.shape[0])
   angle = across(pos, shape, 1) * across(freq, shape, 0)
@@ -118,41 +141,65 @@ def tables(ops: Ops, pos_ref, consts_ref):
   return cos, sin * across(sign, shape, 0)
 
 
-def query_scale(ops: Ops, consts_ref, shape):
-  """[n, D]: the softmax scale times the attention factor squared on the rotated dims."""
-  return across(ops.load(consts_ref.at[fused_tiles.Q_SCALE], 0), shape, 0)
+def query_scale(ops: Ops, consts_ref, shape, piece=None):
+  """[n, D] (or the piece's columns): the softmax scale times the attention factor squared on
+  the rotated dims."""
+  return across(ops.load(_row(consts_ref, fused_tiles.Q_SCALE, piece), 0), shape, 0)
 
 
-def rotate(ops: Ops, x_ref, tabs, swap_ref, *, inverse: bool = False):
-  """R x (R^-1 x when inverse) in float32 of a bfloat16 tile in shared memory [n, D]."""
+def rotate(ops: Ops, x_ref, tabs, swap_ref, *, inverse: bool = False, piece=None):
+  """R x (R^-1 x when inverse) in float32 of a bfloat16 tile in shared memory [n, D], or of
+  the column piece that tabs were taken for (its products read all of x)."""
   c, s = tabs
-  turned = ops.mma(x_ref, swap_ref) * s
-  x = ops.load(x_ref).astype(F32)
+  turned = ops.mma(x_ref, _cols(swap_ref, piece)) * s
+  x = ops.load(_cols(x_ref, piece)).astype(F32)
   return x * c - turned if inverse else x * c + turned
 
 
-def rotate_f32(ops: Ops, y, tabs, swap_ref, stage_ref, *, inverse: bool = False):
-  """R y (R^-1 y) of a float32 register tile [n, D], its pair swap taken as two bfloat16
-  pieces (module docstring) staged in stage_ref: [2, n, D] holds both side by side; one [n, D]
-  tile takes them in turn, the second written once the first one's product is taken (less
-  shared memory, one more store and wait)."""
-  c, s = tabs
+def rotate_to(ops: Ops, pairs, pos_ref, consts_ref, swap_ref, *, scaled: bool = False):
+  """dst = R src for each (src, dst) pair of bfloat16 shared-memory tiles [n, D] at the
+  positions in pos_ref, a column piece at a time, its tables shared by the pairs; times the
+  query scale when scaled. A dst must not be its src: a piece's product reads all of src."""
+  for piece in pieces(pairs[0][0].shape[1]):
+    tabs = tables(ops, pos_ref, consts_ref, piece)
+    for src, dst in pairs:
+      x = rotate(ops, src, tabs, swap_ref, piece=piece)
+      if scaled:
+        x = x * query_scale(ops, consts_ref, x.shape, piece)
+      _cols(dst, piece)[...] = x.astype(dst.dtype)
+
+
+def rotate_f32(ops: Ops, y, pos_ref, consts_ref, swap_ref, stage_ref, dst_ref, *, inverse=False):
+  """dst = R y (R^-1 y) in dst's dtype, of a float32 register tile [n, D] at the positions in
+  pos_ref, a column piece at a time; the pair swap is taken as two bfloat16 pieces (module
+  docstring) staged in stage_ref: [2, n, D] holds both side by side; one [n, D] tile takes
+  them in turn (less shared memory, one more store and wait), and may then be dst."""
   hi = y.astype(jnp.bfloat16)
   lo = (y - hi.astype(F32)).astype(jnp.bfloat16)
+  parts = pieces(y.shape[1])
+  swap = lambda piece: _cols(swap_ref, piece)
   if len(stage_ref.shape) == 3:
     stage_ref.at[0][...] = hi
     stage_ref.at[1][...] = lo
     plgpu.commit_smem()
-    turned = ops.mma(stage_ref.at[1], swap_ref, acc=ops.mma(stage_ref.at[0], swap_ref))
-  else:
+    turn = lambda i, piece: ops.mma(
+      stage_ref.at[1], swap(piece), acc=ops.mma(stage_ref.at[0], swap(piece))
+    )
+  else:  # every product is taken before dst, which may be the stage, is written
     stage_ref[...] = hi
     plgpu.commit_smem()
-    turned = ops.mma(stage_ref, swap_ref)
+    turned = [ops.mma(stage_ref, swap(piece)) for piece in parts]
     stage_ref[...] = lo
     plgpu.commit_smem()
-    turned = ops.mma(stage_ref, swap_ref, acc=turned)
-  turned = turned * s
-  return y * c - turned if inverse else y * c + turned
+    turned = [ops.mma(stage_ref, swap(piece), acc=t) for piece, t in zip(parts, turned)]
+    turn = lambda i, piece: turned[i]
+  for i, piece in enumerate(parts):
+    c, s = tables(ops, pos_ref, consts_ref, piece)
+    t = turn(i, piece) * s
+    y_piece = _cols(y, piece)
+    _cols(dst_ref, piece)[...] = (y_piece * c - t if inverse else y_piece * c + t).astype(
+      dst_ref.dtype
+    )
 
 
 def store(*copies) -> None:

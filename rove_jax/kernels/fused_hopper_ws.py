@@ -295,10 +295,9 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
   o, lse = tiles.softmax_end(lax.fori_loop(0, n_blocks, step, start))
   if plan.rotate_output and plan.slice_swap:
     _store_turned(o, _half_tables(ops, qpos_own, consts_s, r), r, q_own, inverse=True)
+  elif plan.rotate_output:  # q's tile as the staging and the destination
+    tiles.rotate_f32(ops, o, qpos_own, consts_s, swap_s, q_own, q_own, inverse=True)
   else:
-    if plan.rotate_output:
-      tabs = tiles.tables(ops, qpos_own, consts_s)
-      o = tiles.rotate_f32(ops, o, tabs, swap_s, q_own, inverse=True)  # q's tile as staging
     q_own[...] = o.astype(q_own.dtype)
   lse_own[...] = lse
   tiles.store((q_own, o_ref.at[b, rows, h]), (lse_own, lse_ref.at[b, h, rows]))

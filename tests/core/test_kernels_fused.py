@@ -96,21 +96,21 @@ def documents(B, lengths):
   return seg, out_pos
 
 
-def rotations(pos_BT, rope):
-  """float64 R [B, T, D, D] built pair by pair; the angles are the float32 products
+def rotations(pos_BT, rope, dim=D):
+  """float64 R [B, T, dim, dim] built pair by pair; the angles are the float32 products
   position * inv_freq that define the library's rotations (rotary.rotation_angles), the
   rest is float64."""
   inv = np.asarray(rope.inv_freq, np.float32)
   angles = (np.asarray(pos_BT, np.float32)[..., None] * inv).astype(np.float64)
-  return np.stack([np.stack([dense_rotation(a, D, rope.layout) for a in row]) for row in angles])
+  return np.stack([np.stack([dense_rotation(a, dim, rope.layout) for a in row]) for row in angles])
 
 
 def reference(kind, q, k, v, pos_BT, rope, *, causal, seg_q=None, seg_kv=None):
   """float64 jnp (call under jax.enable_x64) softmax attention on dense rotations; differentiable
   in q, k, v. RoPE: softmax(c R_i q . c R_j k / sqrt(D)) v; RoVE: R_i^T (... R_j v); rotated:
   RoVE without the R_i^T. c: the attention factor on the rotated dims."""
-  R = jnp.asarray(rotations(pos_BT, rope))
-  B, _, H, _ = q.shape
+  B, _, H, D = q.shape  # the head dim of these inputs (the module's D by default)
+  R = jnp.asarray(rotations(pos_BT, rope, D))
   K = k.shape[2]
   c_D = jnp.where(jnp.arange(D) < rope.n_rotated, float(rope.attention_factor), 1.0)
   c_D = c_D.reshape(1, 1, 1, D)

@@ -136,6 +136,33 @@ def test_rove_attention_dispatches_to_it_on_hopper(hopper_target):
   assert calls == ["rove"]
 
 
+@pytest.mark.parametrize(
+  "layout,rot_dim,lengths", [("half", 96, (100, 156)), ("interleaved", 128, None)]
+)
+def test_head_dim_128_rotates_in_column_pieces(layout, rot_dim, lengths):
+  """D = 128: every rotation (q, k, v, the output, dO, dq, dk, dv) runs in two 64-column pieces
+  (fused_hopper_tiles.pieces). RoVE, MQA, causal, against the float64 reference with
+  gradients. Half layout with 96 rotated dims: pairs (i, i + 48) cross the pieces' boundary and
+  dims 96 to 127 pass through; interleaved fully rotated, over packed documents or not."""
+  rng = np.random.default_rng(rot_dim)
+  q = rng.standard_normal((1, T, 2, 2 * D)) * 2
+  k, v = rng.standard_normal((1, T, 1, 2 * D)), rng.standard_normal((1, T, 1, 2 * D))
+  ct = rng.standard_normal(q.shape)
+  q, k, v = (jnp.asarray(a, BF16) for a in (q, k, v))
+  rope = rj.Rope(rj.rope_frequencies(rot_dim), 1.0, layout)
+  if lengths is None:
+    seg, pos = None, np.arange(T)[None] + 5
+  else:
+    seg, pos = documents(1, lengths)
+  mask = rj.Mask(causal=True, segment_ids=None if seg is None else jnp.asarray(seg), ordered=True)
+  out, grads = hopper_and_grads("rove", q, k, v, ct, jnp.asarray(pos), rope, mask)
+  want, want_grads = reference_and_grads(
+    "rove", q, k, v, ct, pos, rope, causal=True, seg_q=seg, seg_kv=seg
+  )
+  for name, g, w in zip(("out", "dq", "dk", "dv"), (out,) + tuple(grads), (want,) + want_grads):
+    check(name, g, w, TOL[BF16])
+
+
 def against_xla(kw, kind, n, heads, head_dim, n_rotated, lengths, factor=1.0):
   """The Hopper kernel's output (fused_hopper.kernel(**kw)) on bfloat16 q, k, v ([1, n, heads,
   head_dim], one kv head), half layout, causal over packed documents of these lengths, against
