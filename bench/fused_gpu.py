@@ -3,7 +3,8 @@ rove_jax.kernels.fused_gpu, Pallas Triton) against cuDNN flash attention with th
 by XLA around it: RoVE and RoPE, bfloat16, forward and forward + backward (dq, dk, dv), at GPT-2
 124M's attention shapes (B=8, T=1024, H=12, D=64 by default; --batch 16, --length 4096 for the
 others; causal, one Mask(ordered=True)). The "hopper" rows need an sm90 GPU (or --aot):
-"hopper" is the default forward, "hopper 2wg..." its multi-warpgroup variants (HOPPER).
+"hopper" is the default, "hopper 2wg..." its multi-warpgroup forwards, "... matrix" those with
+the swap-matrix rotation (HOPPER).
 
   python -m bench.fused_gpu [--batch 8 --length 1024 --heads 12 --head-dim 64] [--block 64]
       [--backward-block 32[,64]] [--repeats 20] [--layout half] [--out fused_gpu.json]
@@ -60,16 +61,17 @@ from rove_jax.kernels import fused_gpu, fused_hopper  # noqa: E402
 FNS = {"rove": rj.rove_attention, "rope": rj.rope_attention}
 
 
-# Hopper forward variants by label: fused_hopper.kernel's keyword arguments. "hopper" is the
-# default (one warpgroup a program); "hopper 2wg" two compute warpgroups sharing each rotated
-# key/value block (rove_jax.kernels.fused_hopper_ws), "+tma" with a producer warpgroup,
-# "+slices" swapping rotation pairs by column slices (the half layout only).
+# Hopper variants by label: fused_hopper.kernel's keyword arguments. "hopper" is the default
+# (one warpgroup a program; pairs swapped by column slices in the half layout, by the swap
+# matrix elsewhere); "hopper 2wg" two compute warpgroups sharing each rotated key/value block
+# (rove_jax.kernels.fused_hopper_ws), "+tma" with a producer warpgroup; "matrix" the swap matrix
+# where slices would run, forward and backward.
 HOPPER = {
   "hopper": {},
+  "hopper matrix": dict(slice_swap=False),
   "hopper 2wg": dict(compute_wgs=2),
   "hopper 2wg+tma": dict(compute_wgs=2, producer=True),
-  "hopper 2wg+slices": dict(compute_wgs=2, slice_swap=True),
-  "hopper 2wg+tma+slices": dict(compute_wgs=2, producer=True, slice_swap=True),
+  "hopper 2wg matrix": dict(compute_wgs=2, slice_swap=False),
 }
 
 
@@ -77,15 +79,17 @@ def variants(args) -> list:
   """[(label, backward block)] of the fused kernels, those named by --kernels if given: the
   Hopper ones (HOPPER; rove_jax.kernels.fused_hopper, Pallas Mosaic GPU, "hopper" being what
   kernel="fused" runs on an H100/H200; the multi-warpgroup ones where T is a multiple of 128,
-  those with slices in the half layout), then the Triton kernel (rove_jax.kernels.fused_gpu,
-  what it runs on other GPUs): "triton" at the first of --backward-block, "triton bwd<N>" at
-  each other (timed forward + backward only: the forward is the same)."""
+  the "matrix" ones in the half layout, where the default slices), then the Triton kernel
+  (rove_jax.kernels.fused_gpu, what it runs on other GPUs): "triton" at the first of
+  --backward-block, "triton bwd<N>" at each other (timed forward + backward only: the forward
+  is the same)."""
   blocks = [int(b) for b in str(args.backward_block).split(",")]
   wanted = set(args.kernels.split(",")) if args.kernels else None
   hopper = [
     name
     for name, kw in HOPPER.items()
-    if not kw or (args.length % 128 == 0 and (args.layout == "half" or not kw.get("slice_swap")))
+    if (args.length % 128 == 0 or not kw.get("compute_wgs"))
+    and (args.layout == "half" or "slice_swap" not in kw)
   ]
   triton = [("triton" if i == 0 else f"triton bwd{b}", b) for i, b in enumerate(blocks)]
   rows = [(name, None) for name in hopper] + triton

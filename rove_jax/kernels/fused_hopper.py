@@ -13,26 +13,26 @@ What runs, and why:
     with bq = 64 query rows: wgmma's native M. Its kv head (h // G: GQA, MQA) is read in
     blocks of bk = 128 keys (64 when S is not a multiple of 128): the [64, 128] score tile and
     the [64, D] accumulator stay in registers, as in FlashAttention-3.
-  * Operands move by TMA into shared memory with a 128-byte swizzle ((8, 64) tiles), the
-    layout wgmma reads. Key/value blocks are double-buffered: the copy of block j + 2 is
-    issued as block j's products finish, so it overlaps block j + 1's work.
-  * A tile is rotated on its way from the TMA buffer to the tile wgmma reads: the raw tile
-    times the [D, D] pair-swap matrix on the tensor cores (fused_hopper_tiles), the
-    cos/sin tables (from the positions, in registers) in float32, one rounding to bfloat16,
-    a store to shared memory. q once a program (with the softmax scale and YaRN's attention
-    factor squared on its rotated dims), k and (RoVE) v once a block; 64 rows and (D = 128)
-    64 columns at a time (fused_hopper_tiles.pieces): a larger piece's tables and products
-    do not fit a thread's registers. Every rotation writes a tile other than its source (q's
-    into the output's staging tiles, free until the output's rotation). sin and cos
-    are rove_jax.kernels.trig's: libdevice's, which jnp.sin and jnp.cos lower to, made every
-    kernel spill kilobytes of registers a thread (`python -m bench.fused_gpu --aot h200
-    --ptxas` reports each kernel's registers and spills).
+  * Operands move by TMA into swizzled shared memory, the layout wgmma reads (a 128-byte
+    swizzle, or the narrower one column slices need). Key/value blocks are double-buffered:
+    the copy of block j + 2 is issued as block j's products finish, so it overlaps block
+    j + 1's work.
+  * A tile is rotated on its way from the TMA buffer to the tile wgmma reads
+    (rove_jax.kernels.fused_hopper_rotation): cos/sin tables from the positions in registers,
+    float32, one rounding to bfloat16, a store to shared memory. q once a program (with the
+    softmax scale and YaRN's attention factor squared on its rotated dims), k and (RoVE) v
+    once a block, 64 rows and a column piece at a time. In the half layout (n_rotated / 2 a
+    multiple of 16: GPT-2's D = 64, Llama's D = 128) pairs are swapped by exchanging column
+    slices, with cos and sin once a pair; elsewhere (interleaved, other partial rotary) by a
+    wgmma with the [D, D] pair-swap matrix, cos and sin once a dim. The slices take no tensor
+    core work and half the tables', and every kernel then compiles without register spills at
+    D = 64 and 128 (`python -m bench.fused_gpu --aot h200 --ptxas` reports registers and
+    spills; kernel(slice_swap=False) keeps the matrix, to compare on a GPU).
   * P = softmax numerator goes to the P.V wgmma from registers, as FA3 does.
   * kernel(compute_wgs=2) runs another forward (rove_jax.kernels.fused_hopper_ws): two compute
     warpgroups a program, 128 query rows, sharing each key/value block's copy and rotation
-    (half the rotation work a query row), optionally with a producer warpgroup for the copies
-    and pair swaps by column slices instead of the swap matrix (half layout). The default
-    stays this one-warpgroup forward until timings on an H200 choose.
+    (half the rotation work a query row), optionally with a producer warpgroup for the
+    copies. The default stays this one-warpgroup forward until timings on an H200 choose.
   * Not yet done (each is speed, not numerics; timing on an H200 decides them): ping-pong
     between compute warpgroups, asynchronous wgmma overlapping the softmax (both also for
     fused_hopper_ws), and any of it in the backward kernels.
@@ -46,11 +46,12 @@ are multiples of 64.
 Cost (what each program moves and computes, summed; N = B * H * bq * bk * block pairs run, the
 causal mask leaving about half): the forward reads q and writes o once, and reads k, v once per
 query block of each query head (about half of them under a causal mask): bytes =
-2 * B * T * H * D * 2 + 2 * B * S * K * D * 2 * (T / bq) * G, plus the [D, D] swap matrix and
-position rows per program; FLOPs = 4 * D * N (q.k, p.v) + 2 * D * D * (rows rotated: B * T * H
-for q, B * H * (pairs * bk) for k and again for v (RoVE), B * T * H twice for the output
-(RoVE)) + 6 * D per rotated row; transcendentals = N exp; and one sin and cos a rotated
-element (trig.sincos, about 30 float32 operations for both).
+2 * B * T * H * D * 2 + 2 * B * S * K * D * 2 * (T / bq) * G, plus the [D, D] swap matrix (not
+with slices) and position rows per program; FLOPs = 4 * D * N (q.k, p.v) + 6 * D per rotated
+row, and with the swap matrix 2 * D * D more per rotated row (rows rotated: B * T * H for q,
+B * H * (pairs * bk) for k and again for v (RoVE), B * T * H twice for the output (RoVE));
+transcendentals = N exp; and one sin and cos (trig.sincos, about 30 float32 operations for
+both) per rotated pair with slices, per rotated dim with the matrix.
 No pl.CostEstimate is attached: XLA sees the Mosaic GPU call as opaque.
 
 Under an active mesh the kernel runs in jax.shard_map (batch over ("data", "fsdp"), heads over
@@ -78,6 +79,9 @@ from rove_jax.kernels import (
   fused_hopper_backward,
   fused_hopper_ws,
   platform,
+)
+from rove_jax.kernels import (
+  fused_hopper_rotation as rotation,
 )
 from rove_jax.kernels import fused_hopper_tiles as tiles
 from rove_jax.kernels.call import Kernel, KernelCall
@@ -122,7 +126,7 @@ def kernel(
   interpret: Optional[bool] = None,
   compute_wgs: int = 1,
   producer: bool = False,
-  slice_swap: bool = False,
+  slice_swap: Optional[bool] = None,
 ) -> Kernel:
   """The Hopper fused kernel, one that rotates inside (kernels.call): the contract of
   rove_jax.kernels.fused.kernel.
@@ -136,8 +140,10 @@ def kernel(
       or 2 (rove_jax.kernels.fused_hopper_ws: 128 query rows a program sharing each rotated
       key/value block; T and S multiples of 128).
     producer: with compute_wgs=2, a third warpgroup issues the key/value copies.
-    slice_swap: with compute_wgs=2, rotate by exchanging column slices rather than by the
-      swap-matrix wgmma: the half layout with n_rotated / 2 a multiple of 16 (fused_hopper_ws).
+    slice_swap: rotate by exchanging column slices rather than by the swap-matrix wgmma, in
+      the forward and backward kernels (rove_jax.kernels.fused_hopper_rotation): True needs
+      the half layout with n_rotated / 2 a multiple of 16; None (the default) slices where
+      the call's rotary allows and takes the matrix elsewhere; False always the matrix.
   """
   if block_kv not in (64, 128) or isinstance(block_kv, bool):
     raise ValueError(f"block_kv must be 64 or 128, got {block_kv!r}")
@@ -145,9 +151,8 @@ def kernel(
     raise ValueError(f"compute_wgs must be one of {COMPUTE_WGS}, got {compute_wgs!r}")
   if compute_wgs > 1 and block_kv != fused_hopper_ws.BLOCK_KV:
     raise ValueError(f"compute_wgs={compute_wgs} shares blocks of {fused_hopper_ws.BLOCK_KV} keys")
-  for name, flag in (("producer", producer), ("slice_swap", slice_swap)):
-    if flag and compute_wgs == 1:
-      raise ValueError(f"{name}=True needs compute_wgs=2")
+  if producer and compute_wgs == 1:
+    raise ValueError("producer=True needs compute_wgs=2")
 
   def attend(call: KernelCall) -> jax.Array:
     q_BTHD, k_BSKD, v_BSKD = fused.checked_inputs(call)
@@ -159,7 +164,10 @@ def kernel(
     if reason is None and not (k_BSKD.dtype == v_BSKD.dtype == q_BTHD.dtype):
       reason = f"q, k, v must share a dtype, got {q_BTHD.dtype}, {k_BSKD.dtype}, {v_BSKD.dtype}"
     if reason is None and compute_wgs > 1:
-      reason = fused_hopper_ws.problem(T, S, compute_wgs, BLOCK_Q, slice_swap, rope)
+      reason = fused_hopper_ws.problem(T, S, compute_wgs, BLOCK_Q)
+    slices = rotation.slice_problem(rope) is None if slice_swap is None else bool(slice_swap)
+    if reason is None and slices:
+      reason = rotation.slice_problem(rope)
     if reason is not None:
       raise ValueError(
         f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape} on Hopper: {reason}"
@@ -177,7 +185,7 @@ def kernel(
       interpret=bool(run_interpreted),
       compute_wgs=compute_wgs,
       producer=bool(producer),
-      slice_swap=bool(slice_swap),
+      slice_swap=slices,
     )
     consts = fused.constants(rope, D, call.scale)
     swap = jnp.asarray(
@@ -248,11 +256,11 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   B, T, H, D = q_BTHD.shape
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
   bq, bk, dt = plan.bq, plan.bk, q_BTHD.dtype
-  smem = lambda shape, dtype=dt: plgpu.SMEM(shape, dtype, transforms=tiles.TRANSFORMS)
+  smem = lambda shape, dtype=dt: plgpu.SMEM(shape, dtype, transforms=rotation.transforms(plan))
   n_seg = 2 if plan.segmented else 0
   scratch = [
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),
-    smem((D, D)),  # constants, swap matrix
+    rotation.swap_scratch(plan, D, smem),  # constants, swap matrix
     smem((bq, D)),
     plgpu.SMEM((bq,), jnp.float32),  # q (then o), q positions
     smem((2, bk, D)),
@@ -313,12 +321,8 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
   rows = pl.ds(q_start, bq)
   n_kv_bar = 3 + (1 if plan.segmented else 0)
 
-  copies = [
-    (consts_ref, consts_s),
-    (swap_ref, swap_s),
-    (q_ref.at[b, rows, h], q_s),
-    (q_pos_ref.at[b, rows], qpos_s),
-  ]
+  copies = [(consts_ref, consts_s)] + ([] if plan.slice_swap else [(swap_ref, swap_s)])
+  copies += [(q_ref.at[b, rows, h], q_s), (q_pos_ref.at[b, rows], qpos_s)]
   if plan.segmented:
     copies.append((q_seg_ref.at[b, rows], qseg_s))
   for n, (src, dst) in enumerate(copies):
@@ -335,8 +339,9 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
 
+  rot = rotation.of(plan, ops, consts_s, swap_s)
   q_r_s = stage_s.at[0]  # rotated q: the staging tiles are free until the output's rotation
-  tiles.rotate_to(ops, [(q_s, q_r_s)], qpos_s, consts_s, swap_s, scaled=True)
+  rot.to([(q_s, q_r_s)], qpos_s, scale_first=True)
   plgpu.commit_smem()
   q_seg = ops.load(qseg_s, 1) if plan.segmented else None
 
@@ -350,7 +355,7 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
       part = pl.ds(i * BLOCK_Q, BLOCK_Q)
       turned = [(k_s, kr_s)] + ([(v_s, vr_s)] if plan.rotate_values else [])
       pairs = [(src.at[slot, part], dst.at[part]) for src, dst in turned]
-      tiles.rotate_to(ops, pairs, kvpos_s.at[slot, part], consts_s, swap_s)
+      rot.to(pairs, kvpos_s.at[slot, part])
     values = vr_s if plan.rotate_values else v_s.at[slot]
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
@@ -363,7 +368,7 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
   start = tiles.softmax_start(ops, bq, q_s.shape[1])
   o, lse = tiles.softmax_end(lax.fori_loop(0, n_blocks, step, start))
   if plan.rotate_output:  # its tables from the positions again, not held across the loop
-    tiles.rotate_f32(ops, o, qpos_s, consts_s, swap_s, stage_s, q_s, inverse=True)
+    rot.f32(o, qpos_s, stage_s, q_s, inverse=True)
   else:
     q_s[...] = o.astype(q_s.dtype)
   lse_s[...] = lse

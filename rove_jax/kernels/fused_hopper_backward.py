@@ -29,6 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from rove_jax.kernels import fused_hopper_rotation as rotation
 from rove_jax.kernels import fused_hopper_tiles as tiles
 from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
 
@@ -42,16 +43,16 @@ def gradients(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta
   return (_dq(plan, small, *args),) + tuple(_dkv(plan, small, *args))
 
 
-def _scratch(D, dt, n_self, n_other, n_loop_bars):
+def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
   """Shared memory of either kernel: constants, swap; the program's own tiles (n_self [b, D]
   tiles, their rows and segment ids); a double-buffered loop of n_other tiles a slot with their
   rows (positions, lse, delta) and segment ids; rotated copies; staging; barriers. The segment
   buffers are allocated unsegmented too (a few hundred bytes), which keeps one unpacking."""
   b = BLOCK
-  smem = lambda shape: plgpu.SMEM(shape, dt, transforms=tiles.TRANSFORMS)
+  smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
   return [
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),
-    smem((D, D)),
+    rotation.swap_scratch(plan, D, smem),
     smem((n_self, b, D)),
     plgpu.SMEM((3, b), jnp.float32),
     plgpu.SMEM((b,), jnp.int32),
@@ -72,7 +73,7 @@ def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
   args += [q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT]
   n_loop = 3 + (1 if plan.segmented else 0)
-  scratch = _scratch(D, q_BTHD.dtype, 2, 2, n_loop)
+  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
   return tiles.run_kernel(
     plan,
@@ -112,14 +113,14 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     loop_bar,
   ) = scr
   ops = tiles.Ops(plan.interpret)
+  rot = rotation.of(plan, ops, consts_s, swap_s)
   bq, bk, dt = plan.bq, plan.bk, own_s.dtype
   b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
   kh = lax.div(h, jnp.int32(G))
   q_start = qb * bq
   rows = pl.ds(q_start, bq)
-  copies = [
-    (r["consts"], consts_s),
-    (r["swap"], swap_s),
+  copies = [(r["consts"], consts_s)] + ([] if plan.slice_swap else [(r["swap"], swap_s)])
+  copies += [
     (r["q"].at[b, rows, h], own_s.at[0]),
     (r["do"].at[b, rows, h], own_s.at[1]),
     (r["q_pos"].at[b, rows], own_rows.at[0]),
@@ -152,11 +153,10 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     plgpu.barrier_wait(fixed_bar.at[n])
   D = own_s.shape[-1]
   # q_r and (RoVE) dO_r into the staging buffers: own_s keeps q and dO for nothing more.
-  tiles.rotate_to(
-    ops, [(own_s.at[0], stage_s.at[0])], own_rows.at[0], consts_s, swap_s, scaled=True
-  )
+  pairs = [(own_s.at[0], stage_s.at[0])]
   if plan.rotate_output:
-    tiles.rotate_to(ops, [(own_s.at[1], stage_s.at[1])], own_rows.at[0], consts_s, swap_s)
+    pairs.append((own_s.at[1], stage_s.at[1]))
+  rot.to(pairs, own_rows.at[0], scale_first=True)
   plgpu.commit_smem()
   q_r_s, do_r_s = stage_s.at[0], stage_s.at[1] if plan.rotate_output else own_s.at[1]
   lse, delta = ops.load(own_rows.at[1], 1), ops.load(own_rows.at[2], 1)
@@ -169,7 +169,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     pairs = [(loop_s.at[slot, 0], rot_s.at[0])]
     if plan.rotate_values:
       pairs.append((loop_s.at[slot, 1], rot_s.at[1]))
-    tiles.rotate_to(ops, pairs, loop_rows.at[slot, 0], consts_s, swap_s)
+    rot.to(pairs, loop_rows.at[slot, 0])
     values = rot_s.at[1] if plan.rotate_values else loop_s.at[slot, 1]
     kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
@@ -186,8 +186,8 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
 
   acc = lax.fori_loop(0, n_blocks, step, ops.wgmma_layout(jnp.zeros((bq, D), jnp.float32)))
   # The scale and the tables from shared memory again, not held across the loop.
-  dq = acc * tiles.query_scale(ops, consts_s, acc.shape)
-  tiles.rotate_f32(ops, dq, own_rows.at[0], consts_s, swap_s, stage_s, own_s.at[0], inverse=True)
+  dq = acc * rotation.query_scale(ops, consts_s, acc.shape)
+  rot.f32(dq, own_rows.at[0], stage_s, own_s.at[0], inverse=True)
   tiles.store((own_s.at[0], dq_ref.at[b, rows, h]))
 
 
@@ -198,7 +198,7 @@ def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
   args += [q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT]
   n_loop = 5 + (1 if plan.segmented else 0)
-  scratch = _scratch(D, q_BTHD.dtype, 2, 2, n_loop)
+  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop)
   out_type = [
     jax.ShapeDtypeStruct(k_BSKD.shape, k_BSKD.dtype),
     jax.ShapeDtypeStruct(v_BSKD.shape, v_BSKD.dtype),
@@ -234,13 +234,13 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     loop_bar,
   ) = scr
   ops = tiles.Ops(plan.interpret)
+  rot = rotation.of(plan, ops, consts_s, swap_s)
   bq, bk, dt = plan.bq, plan.bk, own_s.dtype
   b, kh, kb = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("kv")
   k_start = kb * bk
   keys = pl.ds(k_start, bk)
-  copies = [
-    (r["consts"], consts_s),
-    (r["swap"], swap_s),
+  copies = [(r["consts"], consts_s)] + ([] if plan.slice_swap else [(r["swap"], swap_s)])
+  copies += [
     (r["k"].at[b, keys, kh], own_s.at[0]),
     (r["v"].at[b, keys, kh], own_s.at[1]),
     (r["kv_pos"].at[b, keys], own_rows.at[0]),
@@ -277,7 +277,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   pairs = [(own_s.at[0], stage_s.at[0])]
   if plan.rotate_values:
     pairs.append((own_s.at[1], stage_s.at[1]))
-  tiles.rotate_to(ops, pairs, own_rows.at[0], consts_s, swap_s)
+  rot.to(pairs, own_rows.at[0])
   plgpu.commit_smem()
   k_r_s, v_r_s = stage_s.at[0], stage_s.at[1] if plan.rotate_values else own_s.at[1]
   kv_seg = ops.load(own_seg, 1) if plan.segmented else None
@@ -287,13 +287,11 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     slot = lax.rem(t, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    tiles.rotate_to(
-      ops, [(loop_s.at[slot, 0], rot_s.at[0])], loop_rows.at[slot, 0], consts_s, swap_s, scaled=True
-    )
-    do_r = loop_s.at[slot, 1]
+    pairs = [(loop_s.at[slot, 0], rot_s.at[0])]
     if plan.rotate_output:
-      tiles.rotate_to(ops, [(do_r, rot_s.at[1])], loop_rows.at[slot, 0], consts_s, swap_s)
-      do_r = rot_s.at[1]
+      pairs.append((loop_s.at[slot, 1], rot_s.at[1]))
+    rot.to(pairs, loop_rows.at[slot, 0], scale_first=True)
+    do_r = rot_s.at[1] if plan.rotate_output else loop_s.at[slot, 1]
     lse, delta = ops.load(loop_rows.at[slot, 1], 0), ops.load(loop_rows.at[slot, 2], 0)
     q_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
@@ -314,9 +312,9 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   dk_acc, dv_acc = lax.fori_loop(0, n_steps, step, (zeros, zeros))
   # The tables from the positions again, not held across the loop.
   kv_pos = own_rows.at[0]
-  tiles.rotate_f32(ops, dk_acc, kv_pos, consts_s, swap_s, rot_s, own_s.at[0], inverse=True)
+  rot.f32(dk_acc, kv_pos, rot_s, own_s.at[0], inverse=True)
   if plan.rotate_values:
-    tiles.rotate_f32(ops, dv_acc, kv_pos, consts_s, swap_s, rot_s, own_s.at[1], inverse=True)
+    rot.f32(dv_acc, kv_pos, rot_s, own_s.at[1], inverse=True)
   else:
     own_s.at[1][...] = dv_acc.astype(dt)
   tiles.store((own_s.at[0], dk_ref.at[b, keys, kh]), (own_s.at[1], dv_ref.at[b, keys, kh]))

@@ -1,22 +1,10 @@
 """What the Hopper fused kernel's forward (rove_jax.kernels.fused_hopper) and backward
 (rove_jax.kernels.fused_hopper_backward) bodies share: matrix products on the tensor cores
-(wgmma), the rotation of a tile, its tables from positions, the mask of a block pair, and the
-few places where Pallas Mosaic GPU's interpret mode needs another spelling of the same math.
+(wgmma), the mask of a block pair, the online softmax, the copies in and out, and the few places
+where Pallas Mosaic GPU's interpret mode needs another spelling of the same math. The rotation
+of tiles is rove_jax.kernels.fused_hopper_rotation's.
 
 Shape letters: n rows of a tile (bq queries or bk keys), D head dim.
-
-The rotation of a tile (fused_gpu_tiles' formula): with C = cos(pos * f) and S = -sin(pos * f)
-on the first member of each pair, +sin(pos * f) on the second (0 on pass-through dims),
-
-    R x = x * C + swap(x) * S,   R^-1 x = x * C - swap(x) * S,
-
-where swap(x)[d] = x[partner of d] is x @ W with W the [D, D] 0/1 pair-swap matrix
-(fused_gpu_tiles.swap_matrix), one wgmma with the tile in shared memory as its left operand: a
-warpgroup's registers hold a tile in the WGMMA layout, where a dim's pair partner may sit in
-another thread, and neither layout ("interleaved", "half") nor partial rotary then needs its own
-code. The product is exact for a bfloat16 tile. A float32 tile (an accumulator: the output, dq,
-dk, dv) is swapped as two bfloat16 pieces, hi + lo, 16 of its 24 mantissa bits: its error is
-below the bfloat16 rounding of the result it feeds.
 
 Interpret mode (Pallas Mosaic GPU's interpreter, jax 0.10): it runs wgmma only with both
 operands in shared memory, untransposed, into a fresh accumulator (no register operand, no
@@ -36,7 +24,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from rove_jax.kernels import fused_tiles, trig
 from rove_jax.kernels.fused_tiles import Plan
 
 F32 = jnp.float32
@@ -54,7 +41,7 @@ class Ops(NamedTuple):
     """a @ b (a @ b^T when transpose_b) in float32, added to acc when given. a: a shared-memory
     ref or a register array (bfloat16), b_ref: a shared-memory ref."""
     if self.interpret:
-      a_val = a[...] if _is_ref(a) else a
+      a_val = a[...] if is_ref(a) else a
       b_val = b_ref[...]
       dims = (((1,), (1,)) if transpose_b else ((1,), (0,)), ((), ()))
       out = lax.dot_general(a_val, b_val, dims, preferred_element_type=F32)
@@ -95,111 +82,14 @@ class Ops(NamedTuple):
     return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
 
 
-def _is_ref(x) -> bool:
+def is_ref(x) -> bool:
+  """Whether x is a ref (shared memory) rather than a value (registers)."""
   return hasattr(x, "transforms") or isinstance(jax.typeof(x), jax.ref.AbstractRef)
 
 
 def across(v, shape, along: int):
   """A vector broadcast into a tile: one value per row (along=1) or per column (along=0)."""
   return lax.broadcast_in_dim(v, shape, [1 - along])
-
-
-# The columns a rotation takes at once: a [64, D] tile's tables, products and result in float32
-# take 4 * D registers a thread; at D = 128 that is all a thread has.
-COLS = 64
-
-
-def pieces(D: int):
-  """The column pieces (start, size) of a rotation of a [n, D] tile; None: the whole tile."""
-  return [None] if D <= COLS else [(c, COLS) for c in range(0, D, COLS)]
-
-
-def _cols(x, piece):
-  """A column piece of a shared-memory ref or a register tile (the whole of it for None)."""
-  if piece is None:
-    return x
-  start, size = piece
-  return x.at[:, pl.ds(start, size)] if _is_ref(x) else x[:, start : start + size]
-
-
-def _row(consts_ref, row: int, piece):
-  return consts_ref.at[row] if piece is None else consts_ref.at[row, pl.ds(*piece)]
-
-
-def tables(ops: Ops, pos_ref, consts_ref, piece=None):
-  """(C, S), each [n, D] float32 (or [n, size] for a column piece), for the n positions in a
-  shared-memory ref [n] float32: C = cos(pos * f), S = sin(pos * f) signed per dim (module
-  docstring)."""
-  pos = ops.load(pos_ref, 1)
-  freq = ops.load(_row(consts_ref, fused_tiles.FREQ, piece), 0)
-  sign = ops.load(_row(consts_ref, fused_tiles.NEG_FIRST, piece), 0) + ops.load(
-    _row(consts_ref, fused_tiles.SECOND, piece), 0
-  )
-  shape = (pos.shape[0], freq.shape[0])
-  angle = across(pos, shape, 1) * across(freq, shape, 0)
-  sin, cos = trig.sincos(angle)  # not jnp.sin, jnp.cos: rove_jax.kernels.trig
-  return cos, sin * across(sign, shape, 0)
-
-
-def query_scale(ops: Ops, consts_ref, shape, piece=None):
-  """[n, D] (or the piece's columns): the softmax scale times the attention factor squared on
-  the rotated dims."""
-  return across(ops.load(_row(consts_ref, fused_tiles.Q_SCALE, piece), 0), shape, 0)
-
-
-def rotate(ops: Ops, x_ref, tabs, swap_ref, *, inverse: bool = False, piece=None):
-  """R x (R^-1 x when inverse) in float32 of a bfloat16 tile in shared memory [n, D], or of
-  the column piece that tabs were taken for (its products read all of x)."""
-  c, s = tabs
-  turned = ops.mma(x_ref, _cols(swap_ref, piece)) * s
-  x = ops.load(_cols(x_ref, piece)).astype(F32)
-  return x * c - turned if inverse else x * c + turned
-
-
-def rotate_to(ops: Ops, pairs, pos_ref, consts_ref, swap_ref, *, scaled: bool = False):
-  """dst = R src for each (src, dst) pair of bfloat16 shared-memory tiles [n, D] at the
-  positions in pos_ref, a column piece at a time, its tables shared by the pairs; times the
-  query scale when scaled. A dst must not be its src: a piece's product reads all of src."""
-  for piece in pieces(pairs[0][0].shape[1]):
-    tabs = tables(ops, pos_ref, consts_ref, piece)
-    for src, dst in pairs:
-      x = rotate(ops, src, tabs, swap_ref, piece=piece)
-      if scaled:
-        x = x * query_scale(ops, consts_ref, x.shape, piece)
-      _cols(dst, piece)[...] = x.astype(dst.dtype)
-
-
-def rotate_f32(ops: Ops, y, pos_ref, consts_ref, swap_ref, stage_ref, dst_ref, *, inverse=False):
-  """dst = R y (R^-1 y) in dst's dtype, of a float32 register tile [n, D] at the positions in
-  pos_ref, a column piece at a time; the pair swap is taken as two bfloat16 pieces (module
-  docstring) staged in stage_ref: [2, n, D] holds both side by side; one [n, D] tile takes
-  them in turn (less shared memory, one more store and wait), and may then be dst."""
-  hi = y.astype(jnp.bfloat16)
-  lo = (y - hi.astype(F32)).astype(jnp.bfloat16)
-  parts = pieces(y.shape[1])
-  swap = lambda piece: _cols(swap_ref, piece)
-  if len(stage_ref.shape) == 3:
-    stage_ref.at[0][...] = hi
-    stage_ref.at[1][...] = lo
-    plgpu.commit_smem()
-    turn = lambda i, piece: ops.mma(
-      stage_ref.at[1], swap(piece), acc=ops.mma(stage_ref.at[0], swap(piece))
-    )
-  else:  # every product is taken before dst, which may be the stage, is written
-    stage_ref[...] = hi
-    plgpu.commit_smem()
-    turned = [ops.mma(stage_ref, swap(piece)) for piece in parts]
-    stage_ref[...] = lo
-    plgpu.commit_smem()
-    turned = [ops.mma(stage_ref, swap(piece), acc=t) for piece, t in zip(parts, turned)]
-    turn = lambda i, piece: turned[i]
-  for i, piece in enumerate(parts):
-    c, s = tables(ops, pos_ref, consts_ref, piece)
-    t = turn(i, piece) * s
-    y_piece = _cols(y, piece)
-    _cols(dst_ref, piece)[...] = (y_piece * c - t if inverse else y_piece * c + t).astype(
-      dst_ref.dtype
-    )
 
 
 def store(*copies) -> None:
@@ -305,13 +195,15 @@ def interpret_params():
 
 
 def named(plan: Plan, part: str, body):
-  """body under the kernel name rotary_flash_<part>_<rove or rope> (part: fwd, fwd_2wg, dq,
-  dkv), the name profiler traces and Mosaic GPU's dumps show (a functools.partial has none)."""
+  """body under the kernel name rotary_flash_<part>[_slices]_<rove or rope> (part: fwd,
+  fwd_2wg[_tma], dq, dkv; _slices with plan.slice_swap), the name profiler traces and Mosaic
+  GPU's dumps show (a functools.partial has none)."""
 
   def kernel(*refs):
     return body(*refs)
 
-  kernel.__name__ = f"rotary_flash_{part}_{'rove' if plan.rotate_values else 'rope'}"
+  slices = "_slices" if plan.slice_swap else ""
+  kernel.__name__ = f"rotary_flash_{part}{slices}_{'rove' if plan.rotate_values else 'rope'}"
   return kernel
 
 

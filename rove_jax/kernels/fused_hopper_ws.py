@@ -25,19 +25,11 @@ What runs, and why:
     waits on a per-slot "consumed" barrier both compute warpgroups arrive at after their
     products, and hands registers to them (plgpu.set_max_registers).
   * q's rotation (each warpgroup its own), the masks, the online softmax and the output
-    rotation are the one-warpgroup kernel's; the output's float32 pair swap passes its two
-    bfloat16 pieces one after the other through the warpgroup's q tile (no staging buffer).
-  * `slice_swap` (the half layout, n_rotated / 2 a multiple of 16) drops the swap matrix: pair i
-    is dims i and i + r (r = n_rotated / 2), so a tile's pair swap is its column slices
-    [0, r) and [r, 2r) exchanged. q, k, v are rotated from those slices loaded from shared
-    memory and stored back; the output from register slices of the accumulator, in float32
-    (no bfloat16 split), stored slice by slice. Cos/sin are then taken once a pair, not once a
-    dim. A slice of a swizzled tile must start and end on a tile, so the tiles get the widest
-    swizzle whose columns divide r: 128 bytes (64 columns) for D = 128 fully rotated, 64
-    bytes (32 columns) for D = 64, 32 bytes (16 columns) for r = 16 or 48, against the 128
-    bytes of the matrix path. Mosaic GPU has no register concatenation, no strided slices and
-    no bfloat16-pair bitcast, so the interleaved layout (partner d ^ 1, in the same thread's
-    register pair in the WGMMA layout) and other pair offsets keep the swap matrix.
+    rotation are the one-warpgroup kernel's; the output's float32 pair swap by the swap matrix
+    passes its two bfloat16 pieces one after the other through the warpgroup's q tile (no
+    staging buffer). Pairs are swapped as in the one-warpgroup kernel: by column slices where
+    the rotary allows (slice_swap), by the swap matrix elsewhere
+    (rove_jax.kernels.fused_hopper_rotation); every rotation here is in place.
 
 Cost a program (n key blocks read; the causal mask leaves about half of the blocks): it reads
 2 x 64 query rows and 2 x 128 x D x 2 bytes of k and v a block, which the one-warpgroup
@@ -70,40 +62,22 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from rove_jax.kernels import fused_hopper_rotation as rotation
 from rove_jax.kernels import fused_hopper_tiles as tiles
-from rove_jax.kernels.fused_tiles import CONST_ROWS, FREQ, Q_SCALE, Plan
+from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
 
 BLOCK_KV = 128  # shared key/value block: each of two compute warpgroups rotates 64 rows
 THREAD = "wg"  # plgpu.kernel's thread axis: one warpgroup a thread
 
 
-SLICE_COLS = (64, 32, 16)  # column tiles (128-, 64-, 32-byte swizzles) a slice swap may cut at
-
-
-def problem(T: int, S: int, compute_wgs: int, bq: int, slice_swap: bool, rope) -> str | None:
-  """None when the multi-warpgroup forward runs T queries against S keys with this rotary.Rope
-  (and pair swap); else the reason."""
+def problem(T: int, S: int, compute_wgs: int, bq: int) -> str | None:
+  """None when the multi-warpgroup forward runs T queries against S keys; else the reason."""
   rows = compute_wgs * bq
   if T % rows:
     return f"query length T={T} is not a multiple of {rows} (compute_wgs={compute_wgs} x {bq})"
   if S % BLOCK_KV:
     return f"kv length S={S} is not a multiple of {BLOCK_KV} (the block compute_wgs shares)"
-  if slice_swap and (rope.layout != "half" or rope.n_rotated // 2 % SLICE_COLS[-1]):
-    return (
-      f"slice_swap needs the half layout with n_rotated / 2 a multiple of {SLICE_COLS[-1]}, "
-      f"got layout={rope.layout!r}, n_rotated={rope.n_rotated}"
-    )
   return None
-
-
-def transforms(plan: Plan):
-  """The tiling and swizzle of q, k, v tiles in shared memory: tiles.TRANSFORMS, or with
-  plan.slice_swap the widest swizzle whose column tiles the pair offset is a multiple of (a
-  column slice of a swizzled tile must start and end on a tile)."""
-  if not plan.slice_swap:
-    return tiles.TRANSFORMS
-  cols = next(c for c in SLICE_COLS if plan.pair_offset % c == 0)
-  return (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(2 * cols))
 
 
 def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
@@ -112,11 +86,10 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
   W, bq, bk, dt = plan.compute_wgs, plan.bq, plan.bk, q_BTHD.dtype
   assert bk == BLOCK_KV == W * bq, (W, bq, bk)
-  smem = lambda shape: plgpu.SMEM(shape, dt, transforms=transforms(plan))
+  smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
   scratch = [
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),
-    # The swap matrix; unused with slice_swap (a placeholder keeps the unpacking).
-    plgpu.SMEM((1,), jnp.float32) if plan.slice_swap else smem((D, D)),
+    rotation.swap_scratch(plan, D, smem),
     smem((W, bq, D)),  # each warpgroup's q (then rotated q, output staging, o)
     plgpu.SMEM((W, bq), jnp.float32),
     plgpu.SMEM((W, bq), jnp.int32),
@@ -134,7 +107,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   args, out_type = tiles.forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD)
   body = functools.partial(_body, plan, S // bk, H // K)
   threads = W + (1 if plan.producer else 0)
-  part = f"fwd_{W}wg" + ("_tma" if plan.producer else "") + ("_slices" if plan.slice_swap else "")
+  part = f"fwd_{W}wg" + ("_tma" if plan.producer else "")
   return tiles.run_kernel(
     plan,
     tiles.named(plan, part, body),
@@ -249,13 +222,8 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
   for n in range(len(copies)):
     plgpu.barrier_wait(own_bar.at[wg * 3 + n])
 
-  r = plan.pair_offset
-  if plan.slice_swap:
-    _rotate_slices(ops, q_own, _half_tables(ops, qpos_own, consts_s, r), r, consts_s)
-  else:
-    q_tabs = tiles.tables(ops, qpos_own, consts_s)
-    scale = tiles.query_scale(ops, consts_s, (bq, q_own.shape[1]))
-    q_own[...] = (tiles.rotate(ops, q_own, q_tabs, swap_s) * scale).astype(q_own.dtype)
+  rot = rotation.of(plan, ops, consts_s, swap_s)
+  rot.to([(q_own, q_own)], qpos_own, scale_first=True)  # in place
   plgpu.commit_smem()
   q_seg = ops.load(qseg_s.at[wg], 1) if plan.segmented else None
 
@@ -264,14 +232,7 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
     keeps every slice of a swizzled tile static."""
     part = pl.ds(i * share, share)
     turned = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
-    if plan.slice_swap:
-      tabs = _half_tables(ops, kvpos_s.at[slot, part], consts_s, r)
-      for ref in turned:
-        _rotate_slices(ops, ref, tabs, r)
-      return
-    tabs = tiles.tables(ops, kvpos_s.at[slot, part], consts_s)
-    for ref, val in [(x, tiles.rotate(ops, x, tabs, swap_s)) for x in turned]:
-      ref[...] = val.astype(ref.dtype)
+    rot.to([(x, x) for x in turned], kvpos_s.at[slot, part])
 
   def step(j, carry):
     slot = lax.rem(j, 2)
@@ -293,65 +254,9 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
 
   start = tiles.softmax_start(ops, bq, q_own.shape[1])
   o, lse = tiles.softmax_end(lax.fori_loop(0, n_blocks, step, start))
-  if plan.rotate_output and plan.slice_swap:
-    _store_turned(o, _half_tables(ops, qpos_own, consts_s, r), r, q_own, inverse=True)
-  elif plan.rotate_output:  # q's tile as the staging and the destination
-    tiles.rotate_f32(ops, o, qpos_own, consts_s, swap_s, q_own, q_own, inverse=True)
+  if plan.rotate_output:  # q's tile as the staging and the destination
+    rot.f32(o, qpos_own, q_own, q_own, inverse=True)
   else:
     q_own[...] = o.astype(q_own.dtype)
   lse_own[...] = lse
   tiles.store((q_own, o_ref.at[b, rows, h]), (lse_own, lse_ref.at[b, h, rows]))
-
-
-# Pair swaps by column slices (plan.slice_swap): in the half layout pair i is dims i and i + r
-# (r = plan.pair_offset, dims from 2r on pass through), so the swapped tile is the tile's two
-# column slices [0, r) and [r, 2r) exchanged: loaded from shared memory, or sliced out of
-# registers, with no swap matrix, no wgmma and (for the output) no bfloat16 split.
-
-
-def _half_tables(ops, pos_ref, consts_ref, r: int):
-  """(cos, sin) [n, r] float32 at the n positions in pos_ref and the r pair frequencies."""
-  pos = ops.load(pos_ref, 1)
-  freq = ops.load(consts_ref.at[FREQ, pl.ds(0, r)], 0)
-  shape = (pos.shape[0], r)
-  angle = tiles.across(pos, shape, 1) * tiles.across(freq, shape, 0)
-  return jnp.cos(angle), jnp.sin(angle)
-
-
-def _turn(a, b, tabs, inverse: bool):
-  """(R x) on pair members a (first) and b (second): (a c - b s, b c + a s); R^-1 x with -s."""
-  c, s = tabs
-  s = -s if inverse else s
-  return a * c - b * s, b * c + a * s
-
-
-def _rotate_slices(ops, ref, tabs, r: int, consts_ref=None):
-  """R x of a bfloat16 tile [n, D] in shared memory, in place, by column slices; with
-  consts_ref also times the query scale (the softmax scale, YaRN's factor squared on the
-  rotated dims)."""
-  D = ref.shape[1]
-  parts = [ref.at[:, pl.ds(0, r)], ref.at[:, pl.ds(r, r)]]
-  new = _turn(*(ops.load(p).astype(jnp.float32) for p in parts), tabs, inverse=False)
-  if consts_ref is not None:
-    scale = lambda start, n: tiles.across(
-      ops.load(consts_ref.at[Q_SCALE, pl.ds(start, n)], 0), (ref.shape[0], n), 0
-    )
-    new = [x * scale(0, r) for x in new]
-    if 2 * r < D:
-      rest = ref.at[:, pl.ds(2 * r, D - 2 * r)]
-      rest[...] = (ops.load(rest).astype(jnp.float32) * scale(2 * r, D - 2 * r)).astype(rest.dtype)
-  for p, x in zip(parts, new):
-    p[...] = x.astype(p.dtype)
-
-
-def _store_turned(y, tabs, r: int, ref, *, inverse: bool):
-  """R y (R^-1 y) of a float32 register tile [n, D], stored into ref [n, D] (bfloat16) by
-  column slices."""
-  D = y.shape[1]
-  pieces = list(_turn(y[:, :r], y[:, r : 2 * r], tabs, inverse))
-  bounds = [(0, r), (r, r)]
-  if 2 * r < D:
-    pieces.append(y[:, 2 * r :])
-    bounds.append((2 * r, D - 2 * r))
-  for x, (start, n) in zip(pieces, bounds):
-    ref.at[:, pl.ds(start, n)][...] = x.astype(ref.dtype)

@@ -55,11 +55,14 @@ CASES = {
 
 # The forward variants (fused_hopper.kernel's arguments): the default, two compute warpgroups
 # sharing each rotated key/value block (fused_hopper_ws), and those with a producer warpgroup.
+# Each swaps pairs by column slices where the case's rotary allows (the half layout with
+# n_rotated / 2 a multiple of 16) and by the swap matrix elsewhere; "_matrix" always by the matrix.
 VARIANTS = {
   "1wg": {},
   "2wg": dict(compute_wgs=2),
   "2wg_tma": dict(compute_wgs=2, producer=True),
-  "2wg_slices": dict(compute_wgs=2, slice_swap=True),  # the half layout, n_rotated % 32 == 0
+  "1wg_matrix": dict(slice_swap=False),
+  "2wg_matrix": dict(compute_wgs=2, slice_swap=False),
 }
 
 
@@ -112,12 +115,13 @@ def run_case(case, **kw):
   "case,variant",
   [(c, "1wg") for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa"})]
   + [(c, "2wg") for c in sorted(CASES)]
-  + [("rove_packed_causal_half_mha_partial", v) for v in ("2wg_tma", "2wg_slices")],
+  + [("rove_packed_causal_half_mha_partial", v) for v in ("2wg_tma", "1wg_matrix", "2wg_matrix")],
 )
 def test_matches_float64_reference_with_gradients(case, variant):
   """Every case for the two-warpgroup forward too (the default's third runs through dispatch
-  below), one for its producer and slice-swap variants (the tests against the XLA kernel below
-  add theirs); the gradients check the logsumexp each leaves for the shared backward pass."""
+  below), one for its producer and for both forwards with the swap matrix where slices would
+  run (the tests against the XLA kernel below add theirs); the gradients check the logsumexp
+  each leaves for the backward pass, which swaps pairs as its forward does."""
   run_case(case, variant=variant)
 
 
@@ -137,13 +141,20 @@ def test_rove_attention_dispatches_to_it_on_hopper(hopper_target):
 
 
 @pytest.mark.parametrize(
-  "layout,rot_dim,lengths", [("half", 96, (100, 156)), ("interleaved", 128, None)]
+  "kind,layout,rot_dim,lengths,variant",
+  [
+    ("rove", "half", 96, (100, 156), "1wg_matrix"),
+    ("rove", "interleaved", 128, None, "1wg"),
+    ("rove", "half", 128, (100, 156), "1wg"),
+    ("rope", "half", 96, None, "2wg"),
+  ],
 )
-def test_head_dim_128_rotates_in_column_pieces(layout, rot_dim, lengths):
-  """D = 128: every rotation (q, k, v, the output, dO, dq, dk, dv) runs in two 64-column pieces
-  (fused_hopper_tiles.pieces). RoVE, MQA, causal, against the float64 reference with
-  gradients. Half layout with 96 rotated dims: pairs (i, i + 48) cross the pieces' boundary and
-  dims 96 to 127 pass through; interleaved fully rotated, over packed documents or not."""
+def test_head_dim_128_rotates_in_column_pieces(kind, layout, rot_dim, lengths, variant):
+  """D = 128: every rotation (q, k, v, the output, dO, dq, dk, dv) runs a column piece at a time
+  (fused_hopper_rotation): two of 64 columns by the swap matrix, pairs of 32 (r = 64) or 16
+  (r = 48) by slices. MQA, causal, against the float64 reference with gradients. Half layout
+  with 96 rotated dims: pairs (i, i + 48) cross the matrix pieces' boundary and dims 96 to 127
+  pass through; interleaved fully rotated; over packed documents or not."""
   rng = np.random.default_rng(rot_dim)
   q = rng.standard_normal((1, T, 2, 2 * D)) * 2
   k, v = rng.standard_normal((1, T, 1, 2 * D)), rng.standard_normal((1, T, 1, 2 * D))
@@ -155,9 +166,9 @@ def test_head_dim_128_rotates_in_column_pieces(layout, rot_dim, lengths):
   else:
     seg, pos = documents(1, lengths)
   mask = rj.Mask(causal=True, segment_ids=None if seg is None else jnp.asarray(seg), ordered=True)
-  out, grads = hopper_and_grads("rove", q, k, v, ct, jnp.asarray(pos), rope, mask)
+  out, grads = hopper_and_grads(kind, q, k, v, ct, jnp.asarray(pos), rope, mask, variant=variant)
   want, want_grads = reference_and_grads(
-    "rove", q, k, v, ct, pos, rope, causal=True, seg_q=seg, seg_kv=seg
+    kind, q, k, v, ct, pos, rope, causal=True, seg_q=seg, seg_kv=seg
   )
   for name, g, w in zip(("out", "dq", "dk", "dv"), (out,) + tuple(grads), (want,) + want_grads):
     check(name, g, w, TOL[BF16])
@@ -199,10 +210,10 @@ def test_multi_warpgroup_key_pipeline(variant):
   "kind,head_dim,n_rotated,producer", [("rove", D, D, False), ("rotated", 2 * D, 2 * D, True)]
 )
 def test_slice_swap(kind, head_dim, n_rotated, producer):
-  """slice_swap (pairs swapped by column slices, no swap matrix) at each swizzle it picks: D = 64
-  fully rotated (64-byte); D = 128 fully rotated (128-byte) with the producer warpgroup and the
-  output left rotated (the float64 test above has 32-byte: D = 64, 32 dims rotated, pass-through
-  dims). Against the XLA kernel in float32, with an attention factor."""
+  """slice_swap=True (pairs swapped by column slices, no swap matrix) fully rotated at D = 64 and
+  at D = 128 with the producer warpgroup and the output left rotated (the float64 tests above
+  have 16-column pieces with pass-through dims, D = 64 with 32 dims rotated and D = 128 with
+  96). Against the XLA kernel in float32, with an attention factor."""
   kw = dict(compute_wgs=2, producer=producer, slice_swap=True)
   against_xla(kw, kind, T, 2, head_dim, n_rotated, (100, 156), factor=1.3)
 
@@ -273,13 +284,12 @@ def test_multi_warpgroup_limits():
     (dict(compute_wgs=True), "compute_wgs must be"),
     (dict(compute_wgs=2, block_kv=64), "shares blocks of 128"),
     (dict(producer=True), "producer=True needs compute_wgs=2"),
-    (dict(slice_swap=True), "slice_swap=True needs compute_wgs=2"),
   ):
     with pytest.raises(ValueError, match=reason):
       fused_hopper.kernel(**kw)
   rope = rj.Rope(rj.rope_frequencies(D))
   attend = fused_hopper.kernel(interpret=True, compute_wgs=2)
-  slices = fused_hopper.kernel(interpret=True, compute_wgs=2, slice_swap=True)
+  slices = fused_hopper.kernel(interpret=True, slice_swap=True)
   interleaved, partial = (
     rj.Rope(rj.rope_frequencies(D), 1.0, "interleaved"),
     rj.Rope(rj.rope_frequencies(40), 1.0, "half"),

@@ -1,0 +1,229 @@
+"""The rotation of tiles in the Hopper fused kernels (rove_jax.kernels.fused_hopper, its
+backward pass and fused_hopper_ws): `Rotation` turns bfloat16 tiles in shared memory and float32
+tiles in registers by R or R^-1 at their positions, in one of two ways.
+
+The swap matrix (any layout, any partial rotary). With C = cos(pos * f) and S = -sin(pos * f) on
+the first member of each pair, +sin(pos * f) on the second (0 on pass-through dims),
+
+    R x = x * C + swap(x) * S,   R^-1 x = x * C - swap(x) * S,
+
+where swap(x)[d] = x[partner of d] is x @ W with W the [D, D] 0/1 pair-swap matrix
+(fused_gpu_tiles.swap_matrix), one wgmma with the tile in shared memory as its left operand: a
+warpgroup's registers hold a tile in the WGMMA layout, where a dim's pair partner may sit in
+another thread. The product is exact for a bfloat16 tile. A float32 tile (an accumulator: the
+output, dq, dk, dv) is swapped as two bfloat16 pieces, hi + lo, 16 of its 24 mantissa bits: its
+error is below the bfloat16 rounding of the result it feeds.
+
+Column slices (plan.slice_swap: the half layout, r = n_rotated / 2 a multiple of 16). Pair i is
+dims i and i + r, so the swapped tile is the tile's column slices [0, r) and [r, 2r) exchanged:
+loaded from shared memory or sliced out of registers, with no swap matrix, no wgmma, no bfloat16
+split, and cos and sin taken once a pair instead of once a dim. A column slice of a swizzled
+tile must start and end on a tile, so the kernel's tiles then take the swizzle `transforms`
+picks. Mosaic GPU has no register concatenation, no strided slices and no bfloat16-pair bitcast,
+so the interleaved layout (partner d ^ 1, in the same thread's register pair) keeps the matrix.
+
+Either way a rotation runs a column piece at a time, its tables shared by the tiles it turns:
+a [64, 64] tile's tables, products and result in float32 take most of a thread's registers
+(python -m bench.fused_gpu --aot h200 --ptxas reports each kernel's registers and spills). sin
+and cos are rove_jax.kernels.trig's, not libdevice's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from rove_jax.kernels import fused_hopper_tiles as tiles
+from rove_jax.kernels import fused_tiles, trig
+from rove_jax.kernels.fused_tiles import Plan
+
+F32 = jnp.float32
+COLS = 64  # the columns of a piece rotated by the swap matrix
+SLICE_COLS = (32, 16)  # a slice piece's columns: the swizzle's column tiles (64-, 32-byte)
+
+
+def slice_problem(rope) -> Optional[str]:
+  """None when column slices can rotate this rotary.Rope's pairs; else the reason."""
+  if rope.layout != "half" or rope.n_rotated // 2 % SLICE_COLS[-1]:
+    return (
+      f"slice_swap needs the half layout with n_rotated / 2 a multiple of {SLICE_COLS[-1]}, "
+      f"got layout={rope.layout!r}, n_rotated={rope.n_rotated}"
+    )
+  return None
+
+
+def transforms(plan: Plan):
+  """The tiling and swizzle of the bfloat16 tiles a kernel rotates: tiles.TRANSFORMS, or with
+  plan.slice_swap the one whose column tiles are a slice piece's columns."""
+  if not plan.slice_swap:
+    return tiles.TRANSFORMS
+  cols = _slice_cols(plan.pair_offset)
+  return (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(2 * cols))
+
+
+def swap_scratch(plan: Plan, D: int, smem):
+  """The swap matrix's shared memory: smem((D, D)), or a placeholder with plan.slice_swap (it
+  keeps the kernels' scratch unpacking)."""
+  return plgpu.SMEM((1,), F32) if plan.slice_swap else smem((D, D))
+
+
+def of(plan: Plan, ops, consts_ref, swap_ref) -> "Rotation":
+  """The Rotation of a kernel body under plan (by column slices with plan.slice_swap)."""
+  return Rotation(ops, consts_ref, None if plan.slice_swap else swap_ref, plan.pair_offset)
+
+
+def _slice_cols(r: int) -> int:
+  return next(c for c in SLICE_COLS if r % c == 0)
+
+
+def _cols(x, piece):
+  """Columns (start, size) of a shared-memory ref or a register tile; all of it for None."""
+  if piece is None:
+    return x
+  start, size = piece
+  return x.at[:, pl.ds(start, size)] if tiles.is_ref(x) else x[:, start : start + size]
+
+
+def _row(consts_ref, row: int, piece):
+  return consts_ref.at[row] if piece is None else consts_ref.at[row, pl.ds(*piece)]
+
+
+def _angles(ops, pos_ref, consts_ref, piece):
+  pos = ops.load(pos_ref, 1)
+  freq = ops.load(_row(consts_ref, fused_tiles.FREQ, piece), 0)
+  shape = (pos.shape[0], freq.shape[0])
+  return tiles.across(pos, shape, 1) * tiles.across(freq, shape, 0)
+
+
+def tables(ops, pos_ref, consts_ref, piece=None):
+  """(C, S) float32 [n, D] (or the piece's columns) for the n positions in a shared-memory ref
+  [n] float32: C = cos(pos * f), S = sin(pos * f) signed per dim (module docstring)."""
+  sin, cos = trig.sincos(_angles(ops, pos_ref, consts_ref, piece))
+  sign = ops.load(_row(consts_ref, fused_tiles.NEG_FIRST, piece), 0) + ops.load(
+    _row(consts_ref, fused_tiles.SECOND, piece), 0
+  )
+  return cos, sin * tiles.across(sign, sin.shape, 0)
+
+
+def query_scale(ops, consts_ref, shape, piece=None):
+  """[n, D] (or the piece's columns): the softmax scale times the attention factor squared on
+  the rotated dims."""
+  return tiles.across(ops.load(_row(consts_ref, fused_tiles.Q_SCALE, piece), 0), shape, 0)
+
+
+def _turn(a, b, tabs, inverse: bool):
+  """R on pair members a (first) and b (second): (a c - b s, b c + a s); R^-1 with -s."""
+  c, s = tabs
+  s = -s if inverse else s
+  return a * c - b * s, b * c + a * s
+
+
+class Rotation(NamedTuple):
+  """The rotations of one kernel body: its ops, constants [CONST_ROWS, D] and swap matrix in
+  shared memory (None: by column slices), and the pair offset (plan.pair_offset)."""
+
+  ops: Any
+  consts_ref: Any
+  swap_ref: Any
+  r: int
+
+  def to(self, pairs, pos_ref, *, scale_first: bool = False) -> None:
+    """dst = R src for each (src, dst) pair of bfloat16 tiles [n, D] in shared memory at the
+    positions in pos_ref; the first pair's also times the query scale when scale_first (q's,
+    with dO's beside it in the backward pass). A dst may be its src (in place)."""
+    if self.swap_ref is None:
+      return self._slices(pairs, pos_ref, scale_first)
+    D = pairs[0][0].shape[1]
+    # In place, a piece's product would read columns an earlier piece wrote: one piece.
+    parts = [None] if any(s is d for s, d in pairs) else _pieces(D)
+    for piece in parts:
+      tabs = tables(self.ops, pos_ref, self.consts_ref, piece)
+      for i, (src, dst) in enumerate(pairs):
+        x = self._matrix(src, tabs, piece, inverse=False)
+        if scale_first and i == 0:
+          x = x * query_scale(self.ops, self.consts_ref, x.shape, piece)
+        _cols(dst, piece)[...] = x.astype(dst.dtype)
+
+  def f32(self, y, pos_ref, stage_ref, dst_ref, *, inverse: bool = False) -> None:
+    """dst = R y (R^-1 y when inverse) in dst's dtype, of a float32 register tile [n, D] at the
+    positions in pos_ref. The swap matrix's bfloat16 pieces are staged in stage_ref: [2, n, D]
+    holds both side by side; one [n, D] tile takes them in turn and may be dst."""
+    if self.swap_ref is None:
+      return self._slices_f32(y, pos_ref, dst_ref, inverse)
+    ops, swap = self.ops, lambda piece: _cols(self.swap_ref, piece)
+    hi = y.astype(jnp.bfloat16)
+    lo = (y - hi.astype(F32)).astype(jnp.bfloat16)
+    parts = _pieces(y.shape[1])
+    if len(stage_ref.shape) == 3:
+      stage_ref.at[0][...] = hi
+      stage_ref.at[1][...] = lo
+      plgpu.commit_smem()
+      turn = lambda i, p: ops.mma(stage_ref.at[1], swap(p), acc=ops.mma(stage_ref.at[0], swap(p)))
+    else:  # every product is taken before dst, which may be the stage, is written
+      stage_ref[...] = hi
+      plgpu.commit_smem()
+      turned = [ops.mma(stage_ref, swap(p)) for p in parts]
+      stage_ref[...] = lo
+      plgpu.commit_smem()
+      turned = [ops.mma(stage_ref, swap(p), acc=t) for p, t in zip(parts, turned)]
+      turn = lambda i, p: turned[i]
+    for i, piece in enumerate(parts):
+      c, s = tables(ops, pos_ref, self.consts_ref, piece)
+      t, y_piece = turn(i, piece) * s, _cols(y, piece)
+      out = y_piece * c - t if inverse else y_piece * c + t
+      _cols(dst_ref, piece)[...] = out.astype(dst_ref.dtype)
+
+  def _matrix(self, x_ref, tabs, piece, *, inverse: bool):
+    """R x (R^-1 x) in float32 of a bfloat16 tile in shared memory, or of the column piece
+    tabs were taken for (its product reads all of x)."""
+    c, s = tabs
+    turned = self.ops.mma(x_ref, _cols(self.swap_ref, piece)) * s
+    x = self.ops.load(_cols(x_ref, piece)).astype(F32)
+    return x * c - turned if inverse else x * c + turned
+
+  def _slice_pieces(self):
+    """Pairs a piece at a time: ((start, size) of first members, (start, size) of seconds)."""
+    r, n = self.r, _slice_cols(self.r)
+    return [((i, n), (self.r + i, n)) for i in range(0, r, n)]
+
+  def _half_tables(self, pos_ref, piece):
+    sin, cos = trig.sincos(_angles(self.ops, pos_ref, self.consts_ref, piece))
+    return cos, sin
+
+  def _slices(self, pairs, pos_ref, scale_first: bool) -> None:
+    ops, consts = self.ops, self.consts_ref
+    for first, second in self._slice_pieces():
+      tabs = self._half_tables(pos_ref, first)
+      for i, (src, dst) in enumerate(pairs):
+        a, b = (ops.load(_cols(src, p)).astype(F32) for p in (first, second))
+        new = _turn(a, b, tabs, inverse=False)
+        for p, x in zip((first, second), new):
+          if scale_first and i == 0:
+            x = x * query_scale(ops, consts, x.shape, p)
+          _cols(dst, p)[...] = x.astype(dst.dtype)
+    D = pairs[0][0].shape[1]
+    rest = (2 * self.r, D - 2 * self.r)
+    for i, (src, dst) in enumerate(pairs):
+      scaled = scale_first and i == 0
+      if rest[1] and (scaled or src is not dst):  # pass-through dims: copied (and scaled)
+        x = ops.load(_cols(src, rest)).astype(F32)
+        x = x * query_scale(ops, consts, x.shape, rest) if scaled else x
+        _cols(dst, rest)[...] = x.astype(dst.dtype)
+
+  def _slices_f32(self, y, pos_ref, dst_ref, inverse: bool) -> None:
+    for first, second in self._slice_pieces():
+      tabs = self._half_tables(pos_ref, first)
+      new = _turn(_cols(y, first), _cols(y, second), tabs, inverse)
+      for p, x in zip((first, second), new):
+        _cols(dst_ref, p)[...] = x.astype(dst_ref.dtype)
+    rest = (2 * self.r, y.shape[1] - 2 * self.r)
+    if rest[1]:
+      _cols(dst_ref, rest)[...] = _cols(y, rest).astype(dst_ref.dtype)
+
+
+def _pieces(D: int):
+  """The swap matrix's column pieces (start, size) of a [n, D] tile; [None]: the whole."""
+  return [None] if D <= COLS else [(c, COLS) for c in range(0, D, COLS)]
