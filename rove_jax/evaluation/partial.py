@@ -7,8 +7,8 @@ A result is taken back only when everything that decides its numbers is the same
   settings  the EvalConfig's fields (all but `tasks` and `progress`, which change which tasks
             run and how they show, not what a task measures), and the size and modification
             time of each local file they name (the text scored, SQuAD, HotpotQA, the ICL
-            specs and the files those name, a tokenizer file; a directory or a gs:// path
-            counts by its name);
+            specs and the files those name, a tokenizer file; a local directory by every
+            file under it; a gs:// path counts by its name);
   run       its workdir, step and a digest of its run config and parameters (a directory
             exported again or trained further is another run).
 A file made under other settings is set aside by the first result of the new ones (replaced,
@@ -138,9 +138,21 @@ def what_was_kept(out_dir: str) -> str:
 
 
 def _fingerprint(path: str):
-  """(size, modification time in ns) of a local file; None for anything else (a directory, a
-  gs:// path, a name such as tiktoken:gpt2), which is identified by its name alone."""
-  if paths.is_remote(path) or not os.path.isfile(path):
+  """[size, modification time in ns] of a local file; of a local directory, [relative path,
+  size, modification time] of every file under it (a prepared dataset, a text directory, a
+  tokenizer directory: a file changed, added or removed changes it); None for anything else
+  (a gs:// path, a name such as tiktoken:gpt2), which is identified by its name alone."""
+  if paths.is_remote(path):
     return None
-  st = os.stat(path)
-  return [st.st_size, st.st_mtime_ns]
+  if os.path.isfile(path):
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+  if not os.path.isdir(path):
+    return None
+  found = []
+  for root, dirs, files in os.walk(path):
+    dirs.sort()
+    for name in sorted(files):
+      full = os.path.join(root, name)
+      found.append([os.path.relpath(full, path)] + (_fingerprint(full) or []))
+  return found

@@ -84,6 +84,25 @@ def test_what_decides_the_numbers_decides_the_digest(tmp_path):
   assert partial.settings_digest(base) != digest
 
 
+def test_a_data_directory_counts_by_every_file_under_it(tmp_path):
+  """A --data-path directory (a prepared dataset, a folder of texts): a file changed, added or
+  removed anywhere under it changes the digest; the same directory unchanged keeps it."""
+  data = tmp_path / "texts"
+  (data / "part").mkdir(parents=True)
+  (data / "a.txt").write_text("first text")
+  (data / "part" / "b.txt").write_text("second text")
+  config = _config(data_path=str(data))
+  seen = {partial.settings_digest(config)}
+  assert partial.settings_digest(_config(data_path=str(data))) in seen
+  (data / "part" / "b.txt").write_text("second text, longer now")
+  seen.add(partial.settings_digest(config))
+  (data / "part" / "c.txt").write_text("a third")
+  seen.add(partial.settings_digest(config))
+  (data / "a.txt").unlink()
+  seen.add(partial.settings_digest(config))
+  assert len(seen) == 4
+
+
 def test_a_file_of_other_settings_or_unreadable_is_replaced_with_a_line(tmp_path):
   config, said = _config(), []
   kept = partial.Partial(str(tmp_path), _config(seed=9))
