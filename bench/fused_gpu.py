@@ -64,13 +64,16 @@ FNS = {"rove": rj.rove_attention, "rope": rj.rope_attention}
 # Hopper variants by label: fused_hopper.kernel's keyword arguments. "hopper" is the default
 # (one warpgroup a program; pairs swapped by column slices in the half layout, by the swap
 # matrix elsewhere); "hopper 2wg" two compute warpgroups sharing each rotated key/value block
-# (rove_jax.kernels.fused_hopper_ws), "+tma" with a producer warpgroup; "matrix" the swap matrix
-# where slices would run, forward and backward.
+# (rove_jax.kernels.fused_hopper_ws), "+tma" with a producer warpgroup; "+bwd2wg" the dk, dv
+# kernel with two warpgroups sharing each query block (fused_hopper_backward_ws); "matrix" the
+# swap matrix where slices would run, forward and backward.
 HOPPER = {
   "hopper": {},
   "hopper matrix": dict(slice_swap=False),
+  "hopper+bwd2wg": dict(backward_wgs=2),
   "hopper 2wg": dict(compute_wgs=2),
   "hopper 2wg+tma": dict(compute_wgs=2, producer=True),
+  "hopper 2wg+bwd2wg": dict(compute_wgs=2, backward_wgs=2),
   "hopper 2wg matrix": dict(compute_wgs=2, slice_swap=False),
 }
 
@@ -88,7 +91,7 @@ def variants(args) -> list:
   hopper = [
     name
     for name, kw in HOPPER.items()
-    if (args.length % 128 == 0 or not kw.get("compute_wgs"))
+    if (args.length % 128 == 0 or not (kw.get("compute_wgs") or kw.get("backward_wgs")))
     and (args.layout == "half" or "slice_swap" not in kw)
   ]
   triton = [("triton" if i == 0 else f"triton bwd{b}", b) for i, b in enumerate(blocks)]

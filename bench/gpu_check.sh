@@ -120,16 +120,17 @@ section fused-loss 120 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
 # The fused Hopper kernel (Pallas Mosaic GPU, issue 48): its numerics compiled on this GPU
 # (FUSED_HOPPER_COMPILED=1 turns interpret mode off), then against cuDNN at 124M shapes (B=8/16,
 # T=1024/4096), RoVE and RoPE, forward and forward + backward: the default ("hopper", pairs
-# swapped by column slices), its two-warpgroup forwards (bench/fused_gpu.py HOPPER: "hopper
-# 2wg", "+tma" with a producer warpgroup) and both with the swap matrix ("matrix"), the Triton
-# kernel left to fused-gpu. Needs an sm90 GPU (bench/README.md: SECTIONS runs it on its own).
+# swapped by column slices), with the swap matrix ("matrix"), with the two-warpgroup dk, dv
+# kernel ("+bwd2wg"), and the two-warpgroup forward ("hopper 2wg", with both; bench/fused_gpu.py
+# HOPPER), the Triton kernel left to fused-gpu. Needs an sm90 GPU (bench/README.md: SECTIONS
+# runs it on its own).
 section fused-hopper-tests 90 env FUSED_HOPPER_COMPILED=1 python3 -m pytest -q \
   -p no:cacheprovider tests/core/test_kernels_fused_hopper.py
 
 section fused-hopper-bench 180 bash -c 'for shape in "8 1024" "16 1024" "8 4096" "16 4096"; do
   set -- $shape
   python3 -m bench.fused_gpu --batch "$1" --length "$2" --repeats 10 \
-    --kernels "hopper,hopper matrix,hopper 2wg,hopper 2wg+tma,hopper 2wg matrix" \
+    --kernels "hopper,hopper matrix,hopper+bwd2wg,hopper 2wg,hopper 2wg+bwd2wg" \
     --out "'"$OUT"'/fused_hopper_b$1_t$2.json" || echo "fused Hopper B=$1 T=$2: exit $?"
 done'
 

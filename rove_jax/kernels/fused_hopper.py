@@ -77,12 +77,11 @@ from rove_jax.kernels import (
   fused,
   fused_gpu_tiles,
   fused_hopper_backward,
+  fused_hopper_backward_ws,
   fused_hopper_ws,
   platform,
 )
-from rove_jax.kernels import (
-  fused_hopper_rotation as rotation,
-)
+from rove_jax.kernels import fused_hopper_rotation as rotation
 from rove_jax.kernels import fused_hopper_tiles as tiles
 from rove_jax.kernels.call import Kernel, KernelCall
 from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
@@ -127,6 +126,7 @@ def kernel(
   compute_wgs: int = 1,
   producer: bool = False,
   slice_swap: Optional[bool] = None,
+  backward_wgs: int = 1,
 ) -> Kernel:
   """The Hopper fused kernel, one that rotates inside (kernels.call): the contract of
   rove_jax.kernels.fused.kernel.
@@ -144,6 +144,9 @@ def kernel(
       the forward and backward kernels (rove_jax.kernels.fused_hopper_rotation): True needs
       the half layout with n_rotated / 2 a multiple of 16; None (the default) slices where
       the call's rotary allows and takes the matrix elsewhere; False always the matrix.
+    backward_wgs: compute warpgroups a program of the dk, dv kernel: 1, or 2
+      (rove_jax.kernels.fused_hopper_backward_ws: 128 keys a program sharing each rotated
+      query block; S a multiple of 128).
   """
   if block_kv not in (64, 128) or isinstance(block_kv, bool):
     raise ValueError(f"block_kv must be 64 or 128, got {block_kv!r}")
@@ -153,6 +156,8 @@ def kernel(
     raise ValueError(f"compute_wgs={compute_wgs} shares blocks of {fused_hopper_ws.BLOCK_KV} keys")
   if producer and compute_wgs == 1:
     raise ValueError("producer=True needs compute_wgs=2")
+  if backward_wgs not in (1, 2) or isinstance(backward_wgs, bool):
+    raise ValueError(f"backward_wgs must be 1 or 2, got {backward_wgs!r}")
 
   def attend(call: KernelCall) -> jax.Array:
     q_BTHD, k_BSKD, v_BSKD = fused.checked_inputs(call)
@@ -165,6 +170,8 @@ def kernel(
       reason = f"q, k, v must share a dtype, got {q_BTHD.dtype}, {k_BSKD.dtype}, {v_BSKD.dtype}"
     if reason is None and compute_wgs > 1:
       reason = fused_hopper_ws.problem(T, S, compute_wgs, BLOCK_Q)
+    if reason is None and backward_wgs > 1:
+      reason = fused_hopper_backward_ws.problem(S)
     slices = rotation.slice_problem(rope) is None if slice_swap is None else bool(slice_swap)
     if reason is None and slices:
       reason = rotation.slice_problem(rope)
@@ -186,6 +193,7 @@ def kernel(
       compute_wgs=compute_wgs,
       producer=bool(producer),
       slice_swap=slices,
+      backward_wgs=backward_wgs,
     )
     consts = fused.constants(rope, D, call.scale)
     swap = jnp.asarray(
@@ -238,9 +246,10 @@ def _fused_bwd(plan, residuals, do_BTHD):
   small, q_BTHD, k_BSKD, v_BSKD, o_BTHD, lse_BHT = residuals
   # rowsum(dO . O) is the same before and after the output rotation (R is orthogonal).
   delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32), do_BTHD.astype(jnp.float32))
-  grads = fused_hopper_backward.gradients(
-    plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD.astype(q_BTHD.dtype), lse_BHT, delta_BHT
-  )
+  args = (q_BTHD, k_BSKD, v_BSKD, do_BTHD.astype(q_BTHD.dtype), lse_BHT, delta_BHT)
+  plan = fused_hopper_backward.plan_of(plan)
+  dkv = fused_hopper_backward_ws.dkv if plan.backward_wgs == 2 else fused_hopper_backward.dkv
+  grads = (fused_hopper_backward.dq(plan, small, *args),) + tuple(dkv(plan, small, *args))
   consts, swap = small[:2]
   return ((jnp.zeros_like(consts), jnp.zeros_like(swap), None, None, None, None),) + grads
 

@@ -13,7 +13,9 @@ with q_r = scale * C^2 * R_i q, k_r = R_j k, v_r = R_j v (RoVE; v otherwise), dO
 is a wgmma whose left operand is a tile (in shared memory or registers) and whose right one is
 in shared memory, transposed or not. Blocks are 64 x 64 (a warpgroup holds two [64, D] float32
 accumulators and four [64, 64] score-sized tiles); copies are double-buffered as in the
-forward pass (rove_jax.kernels.fused_hopper).
+forward pass (rove_jax.kernels.fused_hopper). fused_hopper picks this module's dk, dv kernel
+or rove_jax.kernels.fused_hopper_backward_ws's (two warpgroups, kernel(backward_wgs=2)), which
+builds on the query copies (`fetch_queries`) and products (`key_products`) here.
 
 Shape letters (legend in rove_jax): B batch, T queries, S keys/values, H query heads,
 K key/value heads, G = H // K, D head dim.
@@ -36,11 +38,9 @@ from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
 BLOCK = 64
 
 
-def gradients(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
-  """(dq [B, T, H, D], dk [B, S, K, D], dv [B, S, K, D]) in the inputs' dtype."""
-  plan = plan._replace(bq=BLOCK, bk=BLOCK)
-  args = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
-  return (_dq(plan, small, *args),) + tuple(_dkv(plan, small, *args))
+def plan_of(plan: Plan) -> Plan:
+  """The backward kernels' plan: the forward's with BLOCK x BLOCK blocks."""
+  return plan._replace(bq=BLOCK, bk=BLOCK)
 
 
 def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
@@ -66,7 +66,7 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
   ]
 
 
-def _dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
+def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
   B, T, H, D = q_BTHD.shape
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
@@ -191,7 +191,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   tiles.store((own_s.at[0], dq_ref.at[b, rows, h]))
 
 
-def _dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
+def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
   B, T, H, D = q_BTHD.shape
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
@@ -255,19 +255,8 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   n_steps = G * per_head
 
   def fetch(t, slot):
-    h = kh * G + lax.div(t, per_head)
-    rows = pl.ds((first + lax.rem(t, per_head)) * bq, bq)
-    pairs = [
-      (r["q"].at[b, rows, h], loop_s.at[slot, 0]),
-      (r["do"].at[b, rows, h], loop_s.at[slot, 1]),
-      (r["q_pos"].at[b, rows], loop_rows.at[slot, 0]),
-      (r["lse"].at[b, h, rows], loop_rows.at[slot, 1]),
-      (r["delta"].at[b, h, rows], loop_rows.at[slot, 2]),
-    ]
-    if plan.segmented:
-      pairs.append((r["q_seg"].at[b, rows], loop_seg.at[slot]))
-    for n, (src, dst) in enumerate(pairs):
-      plgpu.copy_gmem_to_smem(src, dst, loop_bar.at[slot * n_loop + n])
+    where = (b, kh * G + lax.div(t, per_head), (first + lax.rem(t, per_head)) * bq)
+    fetch_queries(plan, r, (loop_s, loop_rows, loop_seg), loop_bar, where, slot)
 
   fetch(0, 0)  # n_steps >= G >= 1: every key block has a query block at or after it
   pl.when(n_steps > 1)(lambda: fetch(1, 1))
@@ -283,7 +272,6 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   kv_seg = ops.load(own_seg, 1) if plan.segmented else None
 
   def step(t, carry):
-    dk_acc, dv_acc = carry
     slot = lax.rem(t, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
@@ -292,21 +280,19 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
       pairs.append((loop_s.at[slot, 1], rot_s.at[1]))
     rot.to(pairs, loop_rows.at[slot, 0], scale_first=True)
     do_r = rot_s.at[1] if plan.rotate_output else loop_s.at[slot, 1]
-    lse, delta = ops.load(loop_rows.at[slot, 1], 0), ops.load(loop_rows.at[slot, 2], 0)
-    q_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
-    s_t = ops.mma(k_r_s, rot_s.at[0], transpose_b=True)  # [bk, bq]
-    q_start = (first + lax.rem(t, per_head)) * bq
-    mask = tiles.visible(ops, plan, q_start, k_start, q_seg, kv_seg, s_t.shape, keys_in_rows=True)
-    if mask is not None:
-      s_t = jnp.where(mask, s_t, -jnp.inf)
-    p_t = jnp.exp(s_t - tiles.across(lse, s_t.shape, 0))
-    dv_acc = ops.mma(p_t.astype(dt), do_r, acc=dv_acc)
-    dp_t = ops.mma(v_r_s, do_r, transpose_b=True)
-    ds_t = p_t * (dp_t - tiles.across(delta, s_t.shape, 0))
-    dk_acc = ops.mma(ds_t.astype(dt), rot_s.at[0], acc=dk_acc)
+    starts = ((first + lax.rem(t, per_head)) * bq, k_start)
+    carry = key_products(
+      ops,
+      plan,
+      carry,
+      (k_r_s, v_r_s, rot_s.at[0], do_r),
+      starts,
+      kv_seg,
+      (loop_rows.at[slot], loop_seg.at[slot]),
+    )
     pl.when(t + 2 < n_steps)(lambda: fetch(t + 2, slot))
-    return dk_acc, dv_acc
+    return carry
 
   zeros = ops.wgmma_layout(jnp.zeros((bk, D), jnp.float32))
   dk_acc, dv_acc = lax.fori_loop(0, n_steps, step, (zeros, zeros))
@@ -318,3 +304,47 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   else:
     own_s.at[1][...] = dv_acc.astype(dt)
   tiles.store((own_s.at[0], dk_ref.at[b, keys, kh]), (own_s.at[1], dv_ref.at[b, keys, kh]))
+
+
+def fetch_queries(plan: Plan, r, bufs, bar, where, slot) -> None:
+  """Issues the TMA copies of one query block of one head into `slot` of the dk, dv kernels'
+  double buffers: q and dO into tiles [2, 2, bq, D] (slot, then q or dO), positions, lse and
+  delta into rows [2, 3, bq], segment ids (when segmented) into [2, bq]; each copy on its own
+  barrier, bar.at[slot * n + i] for the i-th of n. where: (example, head, first query row)."""
+  tiles_s, rows_s, seg_s = bufs
+  b, h, start = where
+  rows = pl.ds(start, plan.bq)
+  pairs = [
+    (r["q"].at[b, rows, h], tiles_s.at[slot, 0]),
+    (r["do"].at[b, rows, h], tiles_s.at[slot, 1]),
+    (r["q_pos"].at[b, rows], rows_s.at[slot, 0]),
+    (r["lse"].at[b, h, rows], rows_s.at[slot, 1]),
+    (r["delta"].at[b, h, rows], rows_s.at[slot, 2]),
+  ]
+  if plan.segmented:
+    pairs.append((r["q_seg"].at[b, rows], seg_s.at[slot]))
+  for n, (src, dst) in enumerate(pairs):
+    plgpu.copy_gmem_to_smem(src, dst, bar.at[slot * len(pairs) + n])
+
+
+def key_products(ops, plan: Plan, carry, operands, starts, kv_seg, rows):
+  """One query block's contribution to a key block's (dk_r, dv_r) accumulators [bk, D] (carry),
+  on transposed scores [bk, bq]. operands: (k_r, v_r, q_r, dO_r) tiles in shared memory;
+  starts: (first query, first key) index; kv_seg: the keys' segment ids (or None); rows: the
+  query block's [3, bq] rows (positions, lse, delta) and segment ids in shared memory."""
+  dk_acc, dv_acc = carry
+  k_r, v_r, q_r, do_r = operands
+  rows_s, seg_s = rows
+  dt = k_r.dtype
+  lse, delta = ops.load(rows_s.at[1], 0), ops.load(rows_s.at[2], 0)
+  q_seg = ops.load(seg_s, 0) if plan.segmented else None
+  s_t = ops.mma(k_r, q_r, transpose_b=True)  # [bk, bq]
+  mask = tiles.visible(ops, plan, *starts, q_seg, kv_seg, s_t.shape, keys_in_rows=True)
+  if mask is not None:
+    s_t = jnp.where(mask, s_t, -jnp.inf)
+  p_t = jnp.exp(s_t - tiles.across(lse, s_t.shape, 0))
+  dv_acc = ops.mma(p_t.astype(dt), do_r, acc=dv_acc)
+  dp_t = ops.mma(v_r, do_r, transpose_b=True)
+  ds_t = p_t * (dp_t - tiles.across(delta, s_t.shape, 0))
+  dk_acc = ops.mma(ds_t.astype(dt), q_r, acc=dk_acc)
+  return dk_acc, dv_acc

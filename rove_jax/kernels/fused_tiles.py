@@ -46,7 +46,8 @@ class Plan(NamedTuple):
   interpret: bool  # Pallas interpret mode (off TPU)
   compute_wgs: int = 1  # Hopper forward: compute warpgroups a program (fused_hopper_ws)
   producer: bool = False  # Hopper forward: a warpgroup that only copies keys and values
-  slice_swap: bool = False  # Hopper forward: pair swaps by column slices, no swap matrix
+  slice_swap: bool = False  # Hopper: pair swaps by column slices, no swap matrix
+  backward_wgs: int = 1  # Hopper dk, dv kernel: compute warpgroups a program
 
 
 def column(row_ref) -> jax.Array:

@@ -62,7 +62,8 @@ VARIANTS = {
   "2wg": dict(compute_wgs=2),
   "2wg_tma": dict(compute_wgs=2, producer=True),
   "1wg_matrix": dict(slice_swap=False),
-  "2wg_matrix": dict(compute_wgs=2, slice_swap=False),
+  "1wg_bwd2wg": dict(backward_wgs=2),  # dk, dv by two warpgroups sharing each query block
+  "2wg_bwd2wg": dict(compute_wgs=2, backward_wgs=2),
 }
 
 
@@ -115,13 +116,15 @@ def run_case(case, **kw):
   "case,variant",
   [(c, "1wg") for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa"})]
   + [(c, "2wg") for c in sorted(CASES)]
-  + [("rove_packed_causal_half_mha_partial", v) for v in ("2wg_tma", "1wg_matrix", "2wg_matrix")],
+  + [("rove_packed_causal_half_mha_partial", v) for v in ("2wg_tma", "2wg_bwd2wg")]
+  + [("rope_packed_bidirectional_half_gqa_partial_yarn", "1wg_bwd2wg")],
 )
 def test_matches_float64_reference_with_gradients(case, variant):
   """Every case for the two-warpgroup forward too (the default's third runs through dispatch
-  below), one for its producer and for both forwards with the swap matrix where slices would
-  run (the tests against the XLA kernel below add theirs); the gradients check the logsumexp
-  each leaves for the backward pass, which swaps pairs as its forward does."""
+  below), one for its producer, and one each with the two-warpgroup dk, dv kernel (slices; GQA
+  with the swap matrix). The swap matrix where slices would run is the D = 128 test's first
+  case; the tests against the XLA kernel below add theirs. The gradients check the logsumexp
+  each forward leaves for the backward pass, which swaps pairs as its forward does."""
   run_case(case, variant=variant)
 
 
@@ -284,6 +287,7 @@ def test_multi_warpgroup_limits():
     (dict(compute_wgs=True), "compute_wgs must be"),
     (dict(compute_wgs=2, block_kv=64), "shares blocks of 128"),
     (dict(producer=True), "producer=True needs compute_wgs=2"),
+    (dict(backward_wgs=3), "backward_wgs must be 1 or 2"),
   ):
     with pytest.raises(ValueError, match=reason):
       fused_hopper.kernel(**kw)
@@ -297,6 +301,7 @@ def test_multi_warpgroup_limits():
   for T_q, T_kv, kernel_, rope_, reason in (
     (192, 256, attend, rope, "query length T=192.*128"),
     (256, 192, attend, rope, "kv length S=192"),
+    (192, 192, fused_hopper.kernel(interpret=True, backward_wgs=2), rope, "S=192.*backward_wgs"),
     (256, 256, slices, interleaved, "slice_swap needs the half layout.*'interleaved'"),
     (256, 256, slices, partial, "slice_swap needs.*n_rotated=40"),
   ):
