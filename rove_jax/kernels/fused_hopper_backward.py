@@ -43,6 +43,15 @@ def plan_of(plan: Plan) -> Plan:
   return plan._replace(bq=BLOCK, bk=BLOCK)
 
 
+def kernel_args(plan: Plan, small, *arrays) -> list:
+  """The backward kernels' inputs in their refs' order (`_unpack`): constants, swap matrix,
+  q and kv positions, q and kv segment ids when segmented, then arrays (q, k, v, dO, lse,
+  delta). small: the kernel's (constants, swap, positions, segments)."""
+  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
+  args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
+  return args + list(arrays)
+
+
 def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
   """Shared memory of either kernel: constants, swap; the program's own tiles (n_self [b, D]
   tiles, their rows and segment ids); a double-buffered loop of n_other tiles a slot with their
@@ -67,11 +76,9 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
 
 
 def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
-  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
   B, T, H, D = q_BTHD.shape
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
-  args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
-  args += [q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT]
+  args = kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   n_loop = 3 + (1 if plan.segmented else 0)
   scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
@@ -192,17 +199,12 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
 
 
 def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
-  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
   B, T, H, D = q_BTHD.shape
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
-  args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
-  args += [q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT]
+  args = kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   n_loop = 5 + (1 if plan.segmented else 0)
   scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop)
-  out_type = [
-    jax.ShapeDtypeStruct(k_BSKD.shape, k_BSKD.dtype),
-    jax.ShapeDtypeStruct(v_BSKD.shape, v_BSKD.dtype),
-  ]
+  out_type = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k_BSKD, v_BSKD)]
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
   return tiles.run_kernel(
     plan,

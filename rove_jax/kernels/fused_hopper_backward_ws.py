@@ -60,11 +60,9 @@ def problem(S: int) -> str | None:
 
 def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   """(dk [B, S, K, D], dv [B, S, K, D]) in the inputs' dtype, as fused_hopper_backward's."""
-  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
   B, T, H, D = q_BTHD.shape
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
-  args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
-  args += [q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT]
+  args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   n_loop = 5 + (1 if plan.segmented else 0)
   b, dt = BLOCK, q_BTHD.dtype
   smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
@@ -83,10 +81,7 @@ def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
     plgpu.Barrier(num_arrivals=W),  # a query block rotated
     plgpu.Barrier(num_arrivals=W),  # both done with the loop
   ]
-  out_type = [
-    jax.ShapeDtypeStruct(k_BSKD.shape, k_BSKD.dtype),
-    jax.ShapeDtypeStruct(v_BSKD.shape, v_BSKD.dtype),
-  ]
+  out_type = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k_BSKD, v_BSKD)]
   body = functools.partial(_body, plan, T // b, H // K)
   grid = (K, S // (W * b), B)
   return tiles.run_kernel(
