@@ -15,8 +15,8 @@
 # 4. python -m bench --suite gpu: 124M and 354M train steps RoVE/RoPE/NoPE with MFU (its JSON is
 #    written after each model), peak memory, long-context forwards, decoding, compile times;
 # 5. the trainer's XLA options for GPUs against XLA's defaults (RoPE step, same call);
-# 6. the fused output projection and loss (optim.loss_impl=fused) against the default, 124M;
-# 7. the fused Hopper kernel (Mosaic GPU): numerics compiled, timings against cuDNN;
+# 6. the fused Hopper kernel (Mosaic GPU): numerics compiled, timings against cuDNN;
+# 7. the fused output projection and loss (optim.loss_impl=fused) against the default, 124M;
 # 8. the fused GPU kernel against cuDNN (python -m bench.fused_gpu);
 # 9. a 16k-token evaluation forward of the 124M RoVE model through cuDNN.
 # Everything is teed to $OUT/gpu_check.log, each section's output also to $OUT/<section>.log;
@@ -28,8 +28,8 @@
 # installed into /tmp/site below (no network needed).
 set -uo pipefail
 
-ALL_SECTIONS="devices test-gpu auto-kernel peer suite xla-options fused-loss fused-hopper-tests \
-fused-hopper-bench fused-gpu forward-16k"
+ALL_SECTIONS="devices test-gpu auto-kernel peer suite xla-options fused-hopper-tests \
+fused-hopper-bench fused-loss fused-gpu forward-16k"
 # SECTIONS (names from ALL_SECTIONS, separated by spaces or commas) runs those sections only.
 SECTIONS="${SECTIONS:-$ALL_SECTIONS}"
 SECTIONS="${SECTIONS//,/ }"
@@ -112,11 +112,6 @@ section xla-options 60 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
   --xla-flags xla_defaults='--xla_gpu_enable_triton_gemm=true --xla_gpu_enable_latency_hiding_scheduler=false' \
   --out "$OUT/xla_options_124m.json"
 
-# The fused output projection and loss (optim.loss_impl=fused, rove_jax/kernels/linear_ce.py)
-# against the default: the 124M RoPE step's tokens/s, each side compiled in its own process.
-section fused-loss 120 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch \
-  --encodings rope,rope+fused --rounds 1 --steps 10 --out "$OUT/fused_loss_124m.json"
-
 # The fused Hopper kernel (Pallas Mosaic GPU, issue 48): its numerics compiled on this GPU
 # (FUSED_HOPPER_COMPILED=1 turns interpret mode off), then against cuDNN at 124M shapes (B=8/16,
 # T=1024/4096), RoVE and RoPE, forward and forward + backward: the default ("hopper", pairs
@@ -124,7 +119,8 @@ section fused-loss 120 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
 # kernel ("+bwd2wg"), and the two-warpgroup forward ("hopper 2wg", with both; bench/fused_gpu.py
 # HOPPER), the Triton kernel left to fused-gpu. Needs an sm90 GPU (bench/README.md: SECTIONS
 # runs it on its own).
-section fused-hopper-tests 90 env FUSED_HOPPER_COMPILED=1 python3 -m pytest -q \
+# -v: each test's name and outcome is in the log as it ends, should the cap cut the run short.
+section fused-hopper-tests 150 env FUSED_HOPPER_COMPILED=1 python3 -m pytest -v \
   -p no:cacheprovider tests/core/test_kernels_fused_hopper.py
 
 section fused-hopper-bench 180 bash -c 'for shape in "8 1024" "16 1024" "8 4096" "16 4096"; do
@@ -133,6 +129,11 @@ section fused-hopper-bench 180 bash -c 'for shape in "8 1024" "16 1024" "8 4096"
     --kernels "hopper,hopper matrix,hopper+bwd2wg,hopper 2wg,hopper 2wg+bwd2wg" \
     --out "'"$OUT"'/fused_hopper_b$1_t$2.json" || echo "fused Hopper B=$1 T=$2: exit $?"
 done'
+
+# The fused output projection and loss (optim.loss_impl=fused, rove_jax/kernels/linear_ce.py)
+# against the default: the 124M RoPE step's tokens/s, each side compiled in its own process.
+section fused-loss 120 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch \
+  --encodings rope,rope+fused --rounds 1 --steps 10 --out "$OUT/fused_loss_124m.json"
 
 section fused-gpu 60 python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
   --out "$OUT/fused_gpu.json"
