@@ -144,9 +144,10 @@ def kernel(
       the forward and backward kernels (rove_jax.kernels.fused_hopper_rotation): True needs
       the half layout with n_rotated / 2 a multiple of 16; None (the default) slices where
       the call's rotary allows and takes the matrix elsewhere; False always the matrix.
-    backward_wgs: compute warpgroups a program of the dk, dv kernel: 1, or 2
-      (rove_jax.kernels.fused_hopper_backward_ws: 128 keys a program sharing each rotated
-      query block; S a multiple of 128).
+    backward_wgs: compute warpgroups a program of the backward kernels: 1, or 2
+      (rove_jax.kernels.fused_hopper_backward_ws: dq 128 query rows a program sharing each
+      rotated key block, dk, dv 128 keys sharing each rotated query block; T and S multiples
+      of 128).
   """
   if block_kv not in (64, 128) or isinstance(block_kv, bool):
     raise ValueError(f"block_kv must be 64 or 128, got {block_kv!r}")
@@ -171,7 +172,7 @@ def kernel(
     if reason is None and compute_wgs > 1:
       reason = fused_hopper_ws.problem(T, S, compute_wgs, BLOCK_Q)
     if reason is None and backward_wgs > 1:
-      reason = fused_hopper_backward_ws.problem(S)
+      reason = fused_hopper_backward_ws.problem(T, S)
     slices = rotation.slice_problem(rope) is None if slice_swap is None else bool(slice_swap)
     if reason is None and slices:
       reason = rotation.slice_problem(rope)
@@ -248,8 +249,8 @@ def _fused_bwd(plan, residuals, do_BTHD):
   delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32), do_BTHD.astype(jnp.float32))
   args = (q_BTHD, k_BSKD, v_BSKD, do_BTHD.astype(q_BTHD.dtype), lse_BHT, delta_BHT)
   plan = fused_hopper_backward.plan_of(plan)
-  dkv = fused_hopper_backward_ws.dkv if plan.backward_wgs == 2 else fused_hopper_backward.dkv
-  grads = (fused_hopper_backward.dq(plan, small, *args),) + tuple(dkv(plan, small, *args))
+  kernels = fused_hopper_backward_ws if plan.backward_wgs == 2 else fused_hopper_backward
+  grads = (kernels.dq(plan, small, *args),) + tuple(kernels.dkv(plan, small, *args))
   consts, swap = small[:2]
   return ((jnp.zeros_like(consts), jnp.zeros_like(swap), None, None, None, None),) + grads
 

@@ -121,7 +121,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   ) = scr
   ops = tiles.Ops(plan.interpret)
   rot = rotation.of(plan, ops, consts_s, swap_s)
-  bq, bk, dt = plan.bq, plan.bk, own_s.dtype
+  bq, bk = plan.bq, plan.bk
   b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
   kh = lax.div(h, jnp.int32(G))
   q_start = qb * bq
@@ -141,16 +141,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   n_loop = 3 + (1 if plan.segmented else 0)
 
   def fetch(j, slot):
-    keys = pl.ds(j * bk, bk)
-    pairs = [
-      (r["k"].at[b, keys, kh], loop_s.at[slot, 0]),
-      (r["v"].at[b, keys, kh], loop_s.at[slot, 1]),
-      (r["kv_pos"].at[b, keys], loop_rows.at[slot, 0]),
-    ]
-    if plan.segmented:
-      pairs.append((r["kv_seg"].at[b, keys], loop_seg.at[slot]))
-    for n, (src, dst) in enumerate(pairs):
-      plgpu.copy_gmem_to_smem(src, dst, loop_bar.at[slot * n_loop + n])
+    fetch_keys(plan, r, (loop_s, loop_rows, loop_seg), loop_bar, (b, kh, j * bk), slot)
 
   n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
   fetch(0, 0)
@@ -166,7 +157,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   rot.to(pairs, own_rows.at[0], scale_first=True)
   plgpu.commit_smem()
   q_r_s, do_r_s = stage_s.at[0], stage_s.at[1] if plan.rotate_output else own_s.at[1]
-  lse, delta = ops.load(own_rows.at[1], 1), ops.load(own_rows.at[2], 1)
+  stats = (ops.load(own_rows.at[1], 1), ops.load(own_rows.at[2], 1))  # lse, delta
   q_seg = ops.load(own_seg, 1) if plan.segmented else None
 
   def step(j, acc):
@@ -180,14 +171,8 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     values = rot_s.at[1] if plan.rotate_values else loop_s.at[slot, 1]
     kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
-    s = ops.mma(q_r_s, rot_s.at[0], transpose_b=True)  # [bq, bk]
-    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
-    if mask is not None:
-      s = jnp.where(mask, s, -jnp.inf)
-    p = jnp.exp(s - tiles.across(lse, s.shape, 1))
-    dp = ops.mma(do_r_s, values, transpose_b=True)
-    ds = p * (dp - tiles.across(delta, s.shape, 1))
-    acc = ops.mma(ds.astype(dt), rot_s.at[0], acc=acc)
+    operands = (q_r_s, do_r_s, rot_s.at[0], values)
+    acc = query_products(ops, plan, acc, operands, (q_start, j * bk), (q_seg, kv_seg), stats)
     pl.when(j + 2 < n_blocks)(lambda: fetch(j + 2, slot))
     return acc
 
@@ -306,6 +291,41 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   else:
     own_s.at[1][...] = dv_acc.astype(dt)
   tiles.store((own_s.at[0], dk_ref.at[b, keys, kh]), (own_s.at[1], dv_ref.at[b, keys, kh]))
+
+
+def fetch_keys(plan: Plan, r, bufs, bar, where, slot) -> None:
+  """Issues the TMA copies of one key block of one kv head into `slot` of the dq kernels'
+  double buffers: k and v into tiles [2, 2, bk, D] (slot, then k or v), positions into rows
+  [2, 3, bk] (row 0), segment ids (when segmented) into [2, bk]; each copy on its own barrier,
+  bar.at[slot * n + i] for the i-th of n. where: (example, kv head, first key)."""
+  tiles_s, rows_s, seg_s = bufs
+  b, kh, start = where
+  keys = pl.ds(start, plan.bk)
+  pairs = [
+    (r["k"].at[b, keys, kh], tiles_s.at[slot, 0]),
+    (r["v"].at[b, keys, kh], tiles_s.at[slot, 1]),
+    (r["kv_pos"].at[b, keys], rows_s.at[slot, 0]),
+  ]
+  if plan.segmented:
+    pairs.append((r["kv_seg"].at[b, keys], seg_s.at[slot]))
+  for n, (src, dst) in enumerate(pairs):
+    plgpu.copy_gmem_to_smem(src, dst, bar.at[slot * len(pairs) + n])
+
+
+def query_products(ops, plan: Plan, acc, operands, starts, segs, stats):
+  """One key block's contribution to a query block's dq_r accumulator [bq, D] (acc). operands:
+  (q_r, dO_r, k_r, v_r) tiles in shared memory; starts: (first query, first key) index; segs:
+  (the queries', the keys' segment ids) or Nones; stats: the queries' (lse, delta) [bq]."""
+  q_r, do_r, k_r, v_r = operands
+  lse, delta = stats
+  s = ops.mma(q_r, k_r, transpose_b=True)  # [bq, bk]
+  mask = tiles.visible(ops, plan, *starts, *segs, s.shape, keys_in_rows=False)
+  if mask is not None:
+    s = jnp.where(mask, s, -jnp.inf)
+  p = jnp.exp(s - tiles.across(lse, s.shape, 1))
+  dp = ops.mma(do_r, v_r, transpose_b=True)
+  ds = p * (dp - tiles.across(delta, s.shape, 1))
+  return ops.mma(ds.astype(k_r.dtype), k_r, acc=acc)
 
 
 def fetch_queries(plan: Plan, r, bufs, bar, where, slot) -> None:

@@ -1,34 +1,38 @@
-"""The Hopper fused kernel's dk, dv kernel with two warpgroups a program:
-`fused_hopper.kernel(backward_wgs=2)` runs it in place of rove_jax.kernels.fused_hopper_backward's
-one-warpgroup dk, dv kernel (dq is the same either way). The math is that module's.
+"""The Hopper fused kernel's backward kernels with two warpgroups a program:
+`fused_hopper.kernel(backward_wgs=2)` runs them in place of rove_jax.kernels.fused_hopper_backward's
+one-warpgroup dq and dk, dv kernels. The math, the copies (`fetch_queries`, `fetch_keys`) and
+the products (`key_products`, `query_products`) are that module's.
 
 Shape letters (legend in rove_jax): B batch, T queries, S keys/values, H query heads,
 K key/value heads, G = H // K, D head dim.
 
-What runs, and why:
+What runs, and why (dk, dv; dq is the same with queries and keys exchanged):
   * One program a (block of 2 x 64 keys, example, kv head): two compute warpgroups
     (plgpu.kernel's threads), each owning 64 of the keys (wgmma's native M) with its own k and
-    v tiles, rotated once in place, and its own dk, dv accumulators.
-  * The two share each query block they loop over (64 rows of q, dO and their position, lse,
-    delta rows, for each of the G query heads): it is TMA-copied once a program
-    (double-buffered: warpgroup 0 issues the copy of block t + 1 into the slot block t - 1
-    left once both are past block t's barrier) and rotated once a program, in place: q (with
-    the softmax scale) by warpgroup 0 and, RoVE, dO by warpgroup 1, which then meet at a
-    barrier before either multiplies. The one-warpgroup kernel rotates each query block once
-    for every 64 keys; here once for 128: half the rotation work (its sin/cos tables the
-    largest part) and half the q and dO reads a key.
+    v tiles, rotated once in place, and its own dk, dv accumulators. dq: a (block of 2 x 64
+    queries, example, head), each warpgroup owning 64 query rows (q, dO, lse, delta) and its
+    dq accumulator.
+  * The two share each block they loop over (dk, dv: 64 rows of q, dO and their position, lse,
+    delta rows, for each of the G query heads; dq: 64 keys of k, v and their positions): it is
+    TMA-copied once a program (double-buffered: warpgroup 0 issues the copy of block t + 1
+    into the slot block t - 1 left once both are past block t's barrier) and rotated once a
+    program, in place: q with the softmax scale (dq: k) by warpgroup 0 and, RoVE, dO (dq: v)
+    by warpgroup 1, which then meet at a barrier before either multiplies. The one-warpgroup
+    kernels rotate each looped block once for every 64 owned rows; here once for 128: half the
+    rotation work (its sin/cos tables the largest part) and half the looped reads a row.
   * After the loop both meet at a second barrier, and each turns its accumulators back
-    through its own slot of the query buffers (free then) as staging.
-  * S must be a multiple of 128. Under a causal mask a program starts at the query block of
-    its first key, so warpgroup 1 (keys 64 to 127 of the block) multiplies one fully masked
-    block a head.
-Cost a program, per query block: bytes 2 x 64 x D x 2 (q, dO) + 3 x 64 x 4 (rows), once for
-128 keys; FLOPs 2 x (4 x 64 x 64 x D) (the four products of each warpgroup) and the rotation of
-q (and dO) once. Shared memory: each warpgroup's k and v, two slots of q and dO, the swap
-matrix (not with column slices), rows: about 70 KiB at D = 64, 160 KiB at D = 128.
+    through its own slot of the loop buffers (free then) as staging.
+  * T and S must be multiples of 128. Under a causal mask warpgroup 1 of a dk, dv program
+    (keys 64 to 127 of the block) multiplies one fully masked query block a head, and
+    warpgroup 0 of a dq program one fully masked key block.
+Cost a program, per looped block: bytes 2 x 64 x D x 2 (two tiles) + its rows, once for 128
+owned rows; FLOPs 2 x (4 x 64 x 64 x D) (dk, dv: four products each warpgroup; dq: three) and
+the looped block's rotation once. Shared memory: each warpgroup's two tiles, two slots of two
+looped tiles, the swap matrix (not with column slices), rows: about 70 KiB at D = 64, 160 KiB at
+D = 128.
 
-Not yet done (speed; timing on an H200 decides): the same sharing in the dq kernel, a producer
-warpgroup, asynchronous wgmma.
+Not yet done (speed; timing on an H200 decides): a producer warpgroup, asynchronous wgmma,
+ping-pong between the two warpgroups.
 """
 
 from __future__ import annotations
@@ -51,11 +55,80 @@ THREAD = "wg"  # plgpu.kernel's thread axis: one warpgroup a thread
 BLOCK = backward.BLOCK  # rows of each warpgroup's key block and of a query block
 
 
-def problem(S: int) -> str | None:
-  """None when the two-warpgroup dk, dv kernel takes S keys; else the reason."""
-  if S % (W * BLOCK):
-    return f"kv length S={S} is not a multiple of {W * BLOCK} (backward_wgs={W} x {BLOCK} keys)"
+def problem(T: int, S: int) -> str | None:
+  """None when the two-warpgroup kernels take T queries and S keys; else the reason."""
+  for name, n in (("query length T", T), ("kv length S", S)):
+    if n % (W * BLOCK):
+      return f"{name}={n} is not a multiple of {W * BLOCK} (backward_wgs={W} x {BLOCK} rows)"
   return None
+
+
+def _scratch(plan: Plan, D: int, dt, n_loop: int, n_own: int):
+  """Shared memory of either kernel: constants, swap; each warpgroup's two tiles [W, 2, b, D],
+  its rows [W, 3, b] and segment ids; two slots of two looped tiles, their rows and segment
+  ids; barriers (constants and swap; each warpgroup's n_own copies; a slot's n_loop copies; a
+  looped block rotated; both done with the loop)."""
+  b = BLOCK
+  smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
+  return [
+    plgpu.SMEM((CONST_ROWS, D), jnp.float32),
+    rotation.swap_scratch(plan, D, smem),
+    smem((W, 2, b, D)),
+    plgpu.SMEM((W, 3, b), jnp.float32),
+    plgpu.SMEM((W, b), jnp.int32),
+    smem((2, 2, b, D)),  # a slot's looped tiles (rotated in place; after the loop: staging)
+    plgpu.SMEM((2, 3, b), jnp.float32),
+    plgpu.SMEM((2, b), jnp.int32),
+    plgpu.Barrier(num_barriers=2),
+    plgpu.Barrier(num_barriers=n_own * W),
+    plgpu.Barrier(num_barriers=2 * n_loop),
+    plgpu.Barrier(num_arrivals=W),
+    plgpu.Barrier(num_arrivals=W),
+  ]
+
+
+def _run(plan: Plan, part: str, body, out_type, scratch, grid, args):
+  return tiles.run_kernel(
+    plan,
+    tiles.named(plan, f"{part}_{W}wg", body),
+    out_type,
+    scratch,
+    grid[0],
+    grid[1],
+    *args,
+    num_threads=W,
+    thread_name=THREAD,
+  )
+
+
+def _fixed_copies(plan: Plan, r, consts_s, swap_s, fixed_bar, wg) -> int:
+  """Warpgroup 0 copies the constants and the swap matrix; the number of copies to wait on."""
+
+  @pl.when(wg == 0)
+  def _():
+    plgpu.copy_gmem_to_smem(r["consts"], consts_s, fixed_bar.at[0])
+    if not plan.slice_swap:
+      plgpu.copy_gmem_to_smem(r["swap"], swap_s, fixed_bar.at[1])
+
+  return 1 if plan.slice_swap else 2
+
+
+def _meet(bar) -> None:
+  plgpu.barrier_arrive(bar)
+  plgpu.barrier_wait(bar)
+
+
+def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
+  """dq [B, T, H, D] in the inputs' dtype, as fused_hopper_backward's."""
+  B, T, H, D = q_BTHD.shape
+  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
+  n_loop = 3 + (1 if plan.segmented else 0)
+  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 6)
+  body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
+  out_type = jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype)
+  grid = ((H, T // (W * BLOCK), B), ("heads", "q", "batch"))
+  return _run(plan, "dq", body, out_type, scratch, grid, args)
 
 
 def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
@@ -64,43 +137,92 @@ def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   S, K = k_BSKD.shape[1], k_BSKD.shape[2]
   args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   n_loop = 5 + (1 if plan.segmented else 0)
-  b, dt = BLOCK, q_BTHD.dtype
-  smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
-  scratch = [
-    plgpu.SMEM((CONST_ROWS, D), jnp.float32),
-    rotation.swap_scratch(plan, D, smem),
-    smem((W, 2, b, D)),  # each warpgroup's k, v (rotated in place, then dk, dv)
-    plgpu.SMEM((W, b), jnp.float32),
-    plgpu.SMEM((W, b), jnp.int32),  # each warpgroup's key positions, segment ids
-    smem((2, 2, b, D)),  # q, dO a slot (rotated in place; after the loop: staging)
-    plgpu.SMEM((2, 3, b), jnp.float32),
-    plgpu.SMEM((2, b), jnp.int32),  # positions, lse, delta; segment ids a slot
-    plgpu.Barrier(num_barriers=2),  # constants, swap
-    plgpu.Barrier(num_barriers=4 * W),  # a warpgroup's k, v, positions, segments
-    plgpu.Barrier(num_barriers=2 * n_loop),  # a slot's copies
-    plgpu.Barrier(num_arrivals=W),  # a query block rotated
-    plgpu.Barrier(num_arrivals=W),  # both done with the loop
-  ]
+  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 4)
+  body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
   out_type = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k_BSKD, v_BSKD)]
-  body = functools.partial(_body, plan, T // b, H // K)
-  grid = (K, S // (W * b), B)
-  return tiles.run_kernel(
-    plan,
-    tiles.named(plan, f"dkv_{W}wg", body),
-    out_type,
-    scratch,
-    grid,
-    ("kv_heads", "kv", "batch"),
-    *args,
-    num_threads=W,
-    thread_name=THREAD,
-  )
+  grid = ((K, S // (W * BLOCK), B), ("kv_heads", "kv", "batch"))
+  return _run(plan, "dkv", body, out_type, scratch, grid, args)
 
 
-def _body(plan: Plan, nq: int, G: int, *refs):
+def _dq_body(plan: Plan, nk: int, G: int, *refs):
+  """A warpgroup's 64 query rows of the program's 128, against every key block they see."""
+  r, (dq_ref,), scr = backward._unpack(plan, refs, 1)
+  (consts_s, swap_s, own_s, own_rows, own_seg, loop_s, loop_rows, loop_seg) = scr[:8]
+  fixed_bar, own_bar, loop_bar, rotated_bar, done_bar = scr[8:]
+  ops = tiles.Ops(plan.interpret)
+  rot = rotation.of(plan, ops, consts_s, swap_s)
+  wg = lax.axis_index(THREAD)
+  b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
+  kh = lax.div(h, jnp.int32(G))
+  q_start = qb * (W * BLOCK) + wg * BLOCK
+  rows = pl.ds(q_start, BLOCK)
+  n_loop = 3 + (1 if plan.segmented else 0)
+  n_fixed = _fixed_copies(plan, r, consts_s, swap_s, fixed_bar, wg)
+  q_own, do_own, rows_own = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg]
+  copies = [
+    (r["q"].at[b, rows, h], q_own),
+    (r["do"].at[b, rows, h], do_own),
+    (r["q_pos"].at[b, rows], rows_own.at[0]),
+    (r["lse"].at[b, h, rows], rows_own.at[1]),
+    (r["delta"].at[b, h, rows], rows_own.at[2]),
+  ]
+  if plan.segmented:
+    copies.append((r["q_seg"].at[b, rows], own_seg.at[wg]))
+  for n, (src, dst) in enumerate(copies):
+    plgpu.copy_gmem_to_smem(src, dst, own_bar.at[wg * 6 + n])
+
+  # The key blocks the program's last query row sees (all of them without causality).
+  n_blocks = tiles.last_key_block(plan, qb * (W * BLOCK) + BLOCK, nk) + 1
+
+  def fetch(j, slot):
+    bufs = (loop_s, loop_rows, loop_seg)
+    backward.fetch_keys(plan, r, bufs, loop_bar, (b, kh, j * BLOCK), slot)
+
+  @pl.when(wg == 0)
+  def _():
+    fetch(0, 0)
+    if nk > 1:  # a second block exists (the slice would be out of bounds otherwise)
+      pl.when(n_blocks > 1)(lambda: fetch(1, 1))
+
+  for n in range(n_fixed):
+    plgpu.barrier_wait(fixed_bar.at[n])
+  for n in range(len(copies)):
+    plgpu.barrier_wait(own_bar.at[wg * 6 + n])
+  pairs = [(q_own, q_own)] + ([(do_own, do_own)] if plan.rotate_output else [])
+  rot.to(pairs, rows_own.at[0], scale_first=True)  # in place
+  plgpu.commit_smem()
+  stats = (ops.load(rows_own.at[1], 1), ops.load(rows_own.at[2], 1))  # lse, delta
+  q_seg = ops.load(own_seg.at[wg], 1) if plan.segmented else None
+
+  def step(j, acc):
+    slot = lax.rem(j, 2)
+    for n in range(n_loop):
+      plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
+    k_s, v_s, kv_pos = loop_s.at[slot, 0], loop_s.at[slot, 1], loop_rows.at[slot, 0]
+    pl.when(wg == 0)(lambda: rot.to([(k_s, k_s)], kv_pos))
+    if plan.rotate_values:
+      pl.when(wg == 1)(lambda: rot.to([(v_s, v_s)], kv_pos))
+    plgpu.commit_smem()
+    _meet(rotated_bar)
+    # Block j + 1 into the slot block j - 1 left: both are past block j's barrier.
+    pl.when((wg == 0) & (j >= 1) & (j + 1 < n_blocks))(lambda: fetch(j + 1, lax.rem(j + 1, 2)))
+    kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
+    operands = (q_own, do_own, k_s, v_s)
+    starts = (q_start, j * BLOCK)
+    return backward.query_products(ops, plan, acc, operands, starts, (q_seg, kv_seg), stats)
+
+  D = own_s.shape[-1]
+  acc = lax.fori_loop(0, n_blocks, step, ops.wgmma_layout(jnp.zeros((BLOCK, D), jnp.float32)))
+  _meet(done_bar)  # the loop buffers are free: each warpgroup takes its slot as staging
+  dq_r = acc * rotation.query_scale(ops, consts_s, acc.shape)
+  rot.f32(dq_r, rows_own.at[0], loop_s.at[wg], q_own, inverse=True)
+  tiles.store((q_own, dq_ref.at[b, rows, h]))
+
+
+def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   """A warpgroup's 64 keys of the program's 128, against every query block of its G heads."""
   r, (dk_ref, dv_ref), scr = backward._unpack(plan, refs, 2)
-  (consts_s, swap_s, own_s, own_pos, own_seg, loop_s, loop_rows, loop_seg) = scr[:8]
+  (consts_s, swap_s, own_s, own_rows, own_seg, loop_s, loop_rows, loop_seg) = scr[:8]
   fixed_bar, own_bar, loop_bar, rotated_bar, done_bar = scr[8:]
   ops = tiles.Ops(plan.interpret)
   rot = rotation.of(plan, ops, consts_s, swap_s)
@@ -110,17 +232,10 @@ def _body(plan: Plan, nq: int, G: int, *refs):
   k_start = kb * (W * BLOCK) + wg * BLOCK
   keys = pl.ds(k_start, BLOCK)
   n_loop = 5 + (1 if plan.segmented else 0)
-  n_fixed = 1 if plan.slice_swap else 2
-
-  @pl.when(wg == 0)
-  def _():
-    plgpu.copy_gmem_to_smem(r["consts"], consts_s, fixed_bar.at[0])
-    if not plan.slice_swap:
-      plgpu.copy_gmem_to_smem(r["swap"], swap_s, fixed_bar.at[1])
-
-  k_own, v_own = own_s.at[wg, 0], own_s.at[wg, 1]
+  n_fixed = _fixed_copies(plan, r, consts_s, swap_s, fixed_bar, wg)
+  k_own, v_own, kv_pos = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg, 0]
   copies = [(r["k"].at[b, keys, kh], k_own), (r["v"].at[b, keys, kh], v_own)]
-  copies.append((r["kv_pos"].at[b, keys], own_pos.at[wg]))
+  copies.append((r["kv_pos"].at[b, keys], kv_pos))
   if plan.segmented:
     copies.append((r["kv_seg"].at[b, keys], own_seg.at[wg]))
   for n, (src, dst) in enumerate(copies):
@@ -145,7 +260,7 @@ def _body(plan: Plan, nq: int, G: int, *refs):
   for n in range(len(copies)):
     plgpu.barrier_wait(own_bar.at[wg * 4 + n])
   pairs = [(k_own, k_own)] + ([(v_own, v_own)] if plan.rotate_values else [])
-  rot.to(pairs, own_pos.at[wg])  # in place
+  rot.to(pairs, kv_pos)  # in place
   plgpu.commit_smem()
   kv_seg = ops.load(own_seg.at[wg], 1) if plan.segmented else None
 
@@ -158,8 +273,7 @@ def _body(plan: Plan, nq: int, G: int, *refs):
     if plan.rotate_output:
       pl.when(wg == 1)(lambda: rot.to([(do_s, do_s)], q_pos))
     plgpu.commit_smem()
-    plgpu.barrier_arrive(rotated_bar)
-    plgpu.barrier_wait(rotated_bar)
+    _meet(rotated_bar)
     # Block t + 1 into the slot block t - 1 left: both are past block t's barrier.
     pl.when((wg == 0) & (t >= 1) & (t + 1 < n_steps))(lambda: fetch(t + 1, lax.rem(t + 1, 2)))
     starts = ((first + lax.rem(t, per_head)) * bq, k_start)
@@ -170,9 +284,8 @@ def _body(plan: Plan, nq: int, G: int, *refs):
   D = own_s.shape[-1]
   zeros = ops.wgmma_layout(jnp.zeros((BLOCK, D), jnp.float32))
   dk_acc, dv_acc = lax.fori_loop(0, n_steps, step, (zeros, zeros))
-  plgpu.barrier_arrive(done_bar)  # the query buffers are free: each takes its slot as staging
-  plgpu.barrier_wait(done_bar)
-  stage, kv_pos = loop_s.at[wg], own_pos.at[wg]
+  _meet(done_bar)  # the query buffers are free: each warpgroup takes its slot as staging
+  stage = loop_s.at[wg]
   rot.f32(dk_acc, kv_pos, stage, k_own, inverse=True)
   if plan.rotate_values:
     rot.f32(dv_acc, kv_pos, stage, v_own, inverse=True)

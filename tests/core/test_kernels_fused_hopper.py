@@ -62,7 +62,7 @@ VARIANTS = {
   "2wg": dict(compute_wgs=2),
   "2wg_tma": dict(compute_wgs=2, producer=True),
   "1wg_matrix": dict(slice_swap=False),
-  "1wg_bwd2wg": dict(backward_wgs=2),  # dk, dv by two warpgroups sharing each query block
+  "1wg_bwd2wg": dict(backward_wgs=2),  # dq and dk, dv by two warpgroups sharing each block
   "2wg_bwd2wg": dict(compute_wgs=2, backward_wgs=2),
 }
 
@@ -301,7 +301,8 @@ def test_multi_warpgroup_limits():
   for T_q, T_kv, kernel_, rope_, reason in (
     (192, 256, attend, rope, "query length T=192.*128"),
     (256, 192, attend, rope, "kv length S=192"),
-    (192, 192, fused_hopper.kernel(interpret=True, backward_wgs=2), rope, "S=192.*backward_wgs"),
+    (192, 256, fused_hopper.kernel(interpret=True, backward_wgs=2), rope, "T=192.*backward_wgs"),
+    (256, 192, fused_hopper.kernel(interpret=True, backward_wgs=2), rope, "S=192.*backward_wgs"),
     (256, 256, slices, interleaved, "slice_swap needs the half layout.*'interleaved'"),
     (256, 256, slices, partial, "slice_swap needs.*n_rotated=40"),
   ):
