@@ -33,9 +33,12 @@ What runs, and why:
     warpgroups a program, 128 query rows, sharing each key/value block's copy and rotation
     (half the rotation work a query row), optionally with a producer warpgroup for the
     copies. The default stays this one-warpgroup forward until timings on an H200 choose.
+  * kernel(backward_wgs=2) runs the backward kernels with two warpgroups a program
+    (rove_jax.kernels.fused_hopper_backward_ws: 128 owned rows sharing each looped block's
+    copy and rotation); the one-warpgroup ones stay the default until timings choose.
   * Not yet done (each is speed, not numerics; timing on an H200 decides them): ping-pong
-    between compute warpgroups, asynchronous wgmma overlapping the softmax (both also for
-    fused_hopper_ws), and any of it in the backward kernels.
+    between compute warpgroups, asynchronous wgmma overlapping the softmax, a producer
+    warpgroup in the backward kernels.
 Masks by index, like the other fused kernels: the Mask must be `ordered` (causal or not, with
 segment ids or not, no kv_valid or window); rows that see no key return 0 (lse +inf).
 bfloat16 only: wgmma's 16-bit inputs; float16 would need its own swap and staging dtype and
