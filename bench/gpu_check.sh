@@ -123,7 +123,7 @@ section xla-options 60 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
 section fused-hopper-tests 150 env FUSED_HOPPER_COMPILED=1 python3 -m pytest -v \
   -p no:cacheprovider tests/core/test_kernels_fused_hopper.py
 
-section fused-hopper-bench 180 bash -c 'for shape in "8 1024" "16 1024" "8 4096" "16 4096"; do
+section fused-hopper-bench 220 bash -c 'for shape in "8 1024" "16 1024" "8 4096" "16 4096"; do
   set -- $shape
   python3 -m bench.fused_gpu --batch "$1" --length "$2" --repeats 10 \
     --kernels "hopper,hopper matrix,hopper+bwd2wg,hopper 2wg,hopper 2wg+bwd2wg" \
@@ -132,10 +132,10 @@ done'
 
 # The fused output projection and loss (optim.loss_impl=fused, rove_jax/kernels/linear_ce.py)
 # against the default: the 124M RoPE step's tokens/s, each side compiled in its own process.
-section fused-loss 120 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch \
+section fused-loss 100 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch \
   --encodings rope,rope+fused --rounds 1 --steps 10 --out "$OUT/fused_loss_124m.json"
 
-section fused-gpu 60 python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
+section fused-gpu 40 python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
   --out "$OUT/fused_gpu.json"
 
 section forward-16k 40 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m bench.isolated \
