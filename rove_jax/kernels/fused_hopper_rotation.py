@@ -137,8 +137,10 @@ class Rotation(NamedTuple):
     if self.swap_ref is None:
       return self._slices(pairs, pos_ref, scale_first)
     D = pairs[0][0].shape[1]
-    # In place, a piece's product would read columns an earlier piece wrote: one piece.
-    parts = [None] if any(s is d for s, d in pairs) else _pieces(D)
+    # In place, a piece whose product reads other pieces' columns would read what an earlier
+    # piece wrote: then the tile is one piece.
+    in_place = any(s is d for s, d in pairs)
+    parts = [None] if in_place and not self._local() else _pieces(D)
     for piece in parts:
       tabs = tables(self.ops, pos_ref, self.consts_ref, piece)
       for i, (src, dst) in enumerate(pairs):
@@ -153,7 +155,7 @@ class Rotation(NamedTuple):
     holds both side by side; one [n, D] tile takes them in turn and may be dst."""
     if self.swap_ref is None:
       return self._slices_f32(y, pos_ref, dst_ref, inverse)
-    ops, swap = self.ops, lambda piece: _cols(self.swap_ref, piece)
+    ops, swapped = self.ops, self._swapped
     hi = y.astype(jnp.bfloat16)
     lo = (y - hi.astype(F32)).astype(jnp.bfloat16)
     parts = _pieces(y.shape[1])
@@ -161,14 +163,14 @@ class Rotation(NamedTuple):
       stage_ref.at[0][...] = hi
       stage_ref.at[1][...] = lo
       plgpu.commit_smem()
-      turn = lambda i, p: ops.mma(stage_ref.at[1], swap(p), acc=ops.mma(stage_ref.at[0], swap(p)))
+      turn = lambda i, p: swapped(stage_ref.at[1], p, acc=swapped(stage_ref.at[0], p))
     else:  # every product is taken before dst, which may be the stage, is written
       stage_ref[...] = hi
       plgpu.commit_smem()
-      turned = [ops.mma(stage_ref, swap(p)) for p in parts]
+      turned = [swapped(stage_ref, p) for p in parts]
       stage_ref[...] = lo
       plgpu.commit_smem()
-      turned = [ops.mma(stage_ref, swap(p), acc=t) for p, t in zip(parts, turned)]
+      turned = [swapped(stage_ref, p, acc=t) for p, t in zip(parts, turned)]
       turn = lambda i, p: turned[i]
     for i, piece in enumerate(parts):
       c, s = tables(ops, pos_ref, self.consts_ref, piece)
@@ -176,11 +178,27 @@ class Rotation(NamedTuple):
       out = y_piece * c - t if inverse else y_piece * c + t
       _cols(dst_ref, piece)[...] = out.astype(dst_ref.dtype)
 
+  def _local(self) -> bool:
+    """Whether both members of every pair lie in one swap-matrix piece: the interleaved layout
+    (pairs 2i, 2i + 1), or the half layout with all rotated dims in the first piece."""
+    return self.r == 1 or 2 * self.r <= COLS
+
+  def _swapped(self, x_ref, piece, acc=None):
+    """swap(x) of a bfloat16 tile in shared memory [n, D], or its column piece: the piece's
+    columns of x times the piece's block of the swap matrix where pairs stay within pieces
+    (`_local`), all of x times the piece's columns of the matrix otherwise."""
+    if piece is None:
+      return self.ops.mma(x_ref, self.swap_ref, acc=acc)
+    if self._local():
+      block = self.swap_ref.at[pl.ds(*piece), pl.ds(*piece)]
+      return self.ops.mma(_cols(x_ref, piece), block, acc=acc)
+    return self.ops.mma(x_ref, _cols(self.swap_ref, piece), acc=acc)
+
   def _matrix(self, x_ref, tabs, piece, *, inverse: bool):
     """R x (R^-1 x) in float32 of a bfloat16 tile in shared memory, or of the column piece
-    tabs were taken for (its product reads all of x)."""
+    tabs were taken for."""
     c, s = tabs
-    turned = self.ops.mma(x_ref, _cols(self.swap_ref, piece)) * s
+    turned = self._swapped(x_ref, piece) * s
     x = self.ops.load(_cols(x_ref, piece)).astype(F32)
     return x * c - turned if inverse else x * c + turned
 
