@@ -116,15 +116,16 @@ def run_case(case, **kw):
   "case,variant",
   [(c, "1wg") for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa"})]
   + [(c, "2wg") for c in sorted(CASES)]
-  + [("rove_packed_causal_half_mha_partial", v) for v in ("2wg_tma", "2wg_bwd2wg")]
+  + [("rove_packed_causal_half_mha_partial", "2wg_tma")]
   + [("rope_packed_bidirectional_half_gqa_partial_yarn", "1wg_bwd2wg")],
 )
 def test_matches_float64_reference_with_gradients(case, variant):
   """Every case for the two-warpgroup forward too (the default's third runs through dispatch
-  below), one for its producer, and one each with the two-warpgroup dk, dv kernel (slices; GQA
-  with the swap matrix). The swap matrix where slices would run is the D = 128 test's first
-  case; the tests against the XLA kernel below add theirs. The gradients check the logsumexp
-  each forward leaves for the backward pass, which swaps pairs as its forward does."""
+  below), one for its producer, and GQA with the two-warpgroup backward kernels (by the swap
+  matrix; by slices at D = 128 below). The swap matrix where slices would run is the D = 128
+  test's first case; the tests against the XLA kernel below add theirs. The gradients check
+  the logsumexp each forward leaves for the backward pass, which swaps pairs as its forward
+  does."""
   run_case(case, variant=variant)
 
 
@@ -149,15 +150,14 @@ def test_rove_attention_dispatches_to_it_on_hopper(hopper_target):
     ("rove", "half", 96, (100, 156), "1wg_matrix"),
     ("rove", "interleaved", 128, None, "1wg"),
     ("rove", "half", 128, (100, 156), "1wg"),
-    ("rope", "half", 96, None, "2wg_bwd2wg"),
-    ("rove", "half", 128, None, "2wg_bwd2wg"),
+    ("rove", "half", 128, (100, 156), "2wg_bwd2wg"),
     ("rove", "interleaved", 128, (100, 156), "2wg_bwd2wg"),
   ],
 )
 def test_head_dim_128_rotates_in_column_pieces(kind, layout, rot_dim, lengths, variant):
   """D = 128: every rotation (q, k, v, the output, dO, dq, dk, dv) runs a column piece at a time
   (fused_hopper_rotation): two of 64 columns by the swap matrix, pairs of 32 (r = 64) or 16
-  (r = 48) by slices; the last three with the two-warpgroup kernels, forward and backward,
+  (r = 48) by slices; the last two with the two-warpgroup kernels, forward and backward,
   whose rotations are in place. MQA, causal, against the float64 reference with gradients.
   Half layout with 96 rotated dims: pairs (i, i + 48) cross the matrix pieces' boundary (each
   piece's product reads the whole tile) and dims 96 to 127 pass through; interleaved fully
