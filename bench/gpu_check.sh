@@ -112,7 +112,7 @@ section xla-options 60 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
   --xla-flags xla_defaults='--xla_gpu_enable_triton_gemm=true --xla_gpu_enable_latency_hiding_scheduler=false' \
   --out "$OUT/xla_options_124m.json"
 
-# The fused Hopper kernel (Pallas Mosaic GPU, issue 48): its numerics compiled on this GPU
+# The fused Hopper kernel (Pallas Mosaic GPU): its numerics compiled on this GPU
 # (FUSED_HOPPER_COMPILED=1 turns interpret mode off), then against cuDNN at 124M shapes (B=8/16,
 # T=1024/4096), RoVE and RoPE, forward and forward + backward: the default ("hopper", pairs
 # swapped by column slices), with the swap matrix ("matrix"), with the two-warpgroup dk, dv
