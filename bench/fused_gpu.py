@@ -64,9 +64,9 @@ FNS = {"rove": rj.rove_attention, "rope": rj.rope_attention}
 # Hopper variants by label: fused_hopper.kernel's keyword arguments. "hopper" is the default
 # (one warpgroup a program; pairs swapped by column slices in the half layout, by the swap
 # matrix elsewhere); "hopper 2wg" two compute warpgroups sharing each rotated key/value block
-# (rove_jax.kernels.fused_hopper_ws), "+tma" with a producer warpgroup; "+bwd2wg" the dk, dv
-# kernel with two warpgroups sharing each query block (fused_hopper_backward_ws); "matrix" the
-# swap matrix where slices would run, forward and backward.
+# (rove_jax.kernels.fused_hopper_ws), "+tma" with a producer warpgroup; "+bwd2wg" the dq and
+# dk, dv kernels with two warpgroups sharing each looped block (fused_hopper_backward_ws);
+# "matrix" the swap matrix where slices would run, forward and backward.
 HOPPER = {
   "hopper": {},
   "hopper matrix": dict(slice_swap=False),

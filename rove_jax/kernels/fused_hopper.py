@@ -176,9 +176,10 @@ def kernel(
       reason = fused_hopper_ws.problem(T, S, compute_wgs, BLOCK_Q)
     if reason is None and backward_wgs > 1:
       reason = fused_hopper_backward_ws.problem(T, S)
-    slices = rotation.slice_problem(rope) is None if slice_swap is None else bool(slice_swap)
+    slice_reason = rotation.slice_problem(rope)
+    slices = slice_reason is None if slice_swap is None else bool(slice_swap)
     if reason is None and slices:
-      reason = rotation.slice_problem(rope)
+      reason = slice_reason
     if reason is not None:
       raise ValueError(
         f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape} on Hopper: {reason}"
@@ -334,7 +335,7 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
   rows = pl.ds(q_start, bq)
   n_kv_bar = 3 + (1 if plan.segmented else 0)
 
-  copies = [(consts_ref, consts_s)] + ([] if plan.slice_swap else [(swap_ref, swap_s)])
+  copies = rotation.constant_copies(plan, (consts_ref, consts_s), (swap_ref, swap_s))
   copies += [(q_ref.at[b, rows, h], q_s), (q_pos_ref.at[b, rows], qpos_s)]
   if plan.segmented:
     copies.append((q_seg_ref.at[b, rows], qseg_s))
@@ -364,9 +365,9 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
       plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
     # In 64-row pieces (wgmma's M), which halves the registers a 128-key block's tables and
     # products take at once.
+    turned = [(k_s, kr_s)] + ([(v_s, vr_s)] if plan.rotate_values else [])
     for i in range(bk // BLOCK_Q):
       part = pl.ds(i * BLOCK_Q, BLOCK_Q)
-      turned = [(k_s, kr_s)] + ([(v_s, vr_s)] if plan.rotate_values else [])
       pairs = [(src.at[slot, part], dst.at[part]) for src, dst in turned]
       rot.to(pairs, kvpos_s.at[slot, part])
     values = vr_s if plan.rotate_values else v_s.at[slot]

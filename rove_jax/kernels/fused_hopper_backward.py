@@ -126,7 +126,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   kh = lax.div(h, jnp.int32(G))
   q_start = qb * bq
   rows = pl.ds(q_start, bq)
-  copies = [(r["consts"], consts_s)] + ([] if plan.slice_swap else [(r["swap"], swap_s)])
+  copies = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
   copies += [
     (r["q"].at[b, rows, h], own_s.at[0]),
     (r["do"].at[b, rows, h], own_s.at[1]),
@@ -226,7 +226,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   b, kh, kb = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("kv")
   k_start = kb * bk
   keys = pl.ds(k_start, bk)
-  copies = [(r["consts"], consts_s)] + ([] if plan.slice_swap else [(r["swap"], swap_s)])
+  copies = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
   copies += [
     (r["k"].at[b, keys, kh], own_s.at[0]),
     (r["v"].at[b, keys, kh], own_s.at[1]),

@@ -101,18 +101,6 @@ def _run(plan: Plan, part: str, body, out_type, scratch, grid, args):
   )
 
 
-def _fixed_copies(plan: Plan, r, consts_s, swap_s, fixed_bar, wg) -> int:
-  """Warpgroup 0 copies the constants and the swap matrix; the number of copies to wait on."""
-
-  @pl.when(wg == 0)
-  def _():
-    plgpu.copy_gmem_to_smem(r["consts"], consts_s, fixed_bar.at[0])
-    if not plan.slice_swap:
-      plgpu.copy_gmem_to_smem(r["swap"], swap_s, fixed_bar.at[1])
-
-  return 1 if plan.slice_swap else 2
-
-
 def _meet(bar) -> None:
   plgpu.barrier_arrive(bar)
   plgpu.barrier_wait(bar)
@@ -157,7 +145,8 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   q_start = qb * (W * BLOCK) + wg * BLOCK
   rows = pl.ds(q_start, BLOCK)
   n_loop = 3 + (1 if plan.segmented else 0)
-  n_fixed = _fixed_copies(plan, r, consts_s, swap_s, fixed_bar, wg)
+  constants = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
+  n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
   q_own, do_own, rows_own = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg]
   copies = [
     (r["q"].at[b, rows, h], q_own),
@@ -232,7 +221,8 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   k_start = kb * (W * BLOCK) + wg * BLOCK
   keys = pl.ds(k_start, BLOCK)
   n_loop = 5 + (1 if plan.segmented else 0)
-  n_fixed = _fixed_copies(plan, r, consts_s, swap_s, fixed_bar, wg)
+  constants = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
+  n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
   k_own, v_own, kv_pos = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg, 0]
   copies = [(r["k"].at[b, keys, kh], k_own), (r["v"].at[b, keys, kh], v_own)]
   copies.append((r["kv_pos"].at[b, keys], kv_pos))

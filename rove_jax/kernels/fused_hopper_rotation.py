@@ -70,6 +70,12 @@ def swap_scratch(plan: Plan, D: int, smem):
   return plgpu.SMEM((1,), F32) if plan.slice_swap else smem((D, D))
 
 
+def constant_copies(plan: Plan, consts, swap) -> list:
+  """The (source, shared-memory destination) pairs every kernel copies first: the constants
+  and, unless pairs are swapped by column slices, the swap matrix."""
+  return [consts] + ([] if plan.slice_swap else [swap])
+
+
 def of(plan: Plan, ops, consts_ref, swap_ref) -> "Rotation":
   """The Rotation of a kernel body under plan (by column slices with plan.slice_swap)."""
   return Rotation(ops, consts_ref, None if plan.slice_swap else swap_ref, plan.pair_offset)

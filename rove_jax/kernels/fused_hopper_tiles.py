@@ -92,6 +92,19 @@ def across(v, shape, along: int):
   return lax.broadcast_in_dim(v, shape, [1 - along])
 
 
+def copy_from_first(wg, pairs, bar) -> int:
+  """Warpgroup 0 of a multi-warpgroup program issues the TMA copy of each (source, shared-memory
+  destination) pair on its own barrier, bar.at[i]; every warpgroup waits on them. Returns how
+  many there are."""
+
+  @pl.when(wg == 0)
+  def _():
+    for n, (src, dst) in enumerate(pairs):
+      plgpu.copy_gmem_to_smem(src, dst, bar.at[n])
+
+  return len(pairs)
+
+
 def store(*copies) -> None:
   """Copies each (shared-memory tile, HBM destination) pair out, after the stores before it
   are committed, and waits until all are written."""

@@ -204,13 +204,8 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
   n_kv_bar = 4 if plan.segmented else 3
   q_own, qpos_own, lse_own = q_s.at[wg], qpos_s.at[wg], lse_s.at[wg]
 
-  n_fixed = 1 if plan.slice_swap else 2
-
-  @pl.when(wg == 0)
-  def _():
-    plgpu.copy_gmem_to_smem(consts_ref, consts_s, fixed_bar.at[0])
-    if not plan.slice_swap:
-      plgpu.copy_gmem_to_smem(swap_ref, swap_s, fixed_bar.at[1])
+  constants = rotation.constant_copies(plan, (consts_ref, consts_s), (swap_ref, swap_s))
+  n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
 
   copies = [(q_ref.at[b, rows, h], q_own), (q_pos_ref.at[b, rows], qpos_own)]
   if plan.segmented:
