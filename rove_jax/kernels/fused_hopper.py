@@ -53,8 +53,9 @@ query block of each query head (about half of them under a causal mask): bytes =
 with slices) and position rows per program; FLOPs = 4 * D * N (q.k, p.v) + 6 * D per rotated
 row, and with the swap matrix 2 * D * D more per rotated row (rows rotated: B * T * H for q,
 B * H * (pairs * bk) for k and again for v (RoVE), B * T * H twice for the output (RoVE));
-transcendentals = N exp; and one sin and cos (trig.sincos, about 30 float32 operations for
-both) per rotated pair with slices, per rotated dim with the matrix.
+transcendentals = N exp; and one sin and cos (trig.sincos, about 30 float32 and integer
+operations for both, no conversions) per rotated pair with slices, per rotated dim with the
+matrix.
 No pl.CostEstimate is attached: XLA sees the Mosaic GPU call as opaque.
 
 Under an active mesh the kernel runs in jax.shard_map (batch over ("data", "fsdp"), heads over

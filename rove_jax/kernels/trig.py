@@ -1,11 +1,14 @@
 """sin and cos for the GPU fused kernels' rotation tables (rove_jax.kernels.fused_gpu_tiles for
-Pallas Triton, rove_jax.kernels.fused_hopper_tiles for Pallas Mosaic GPU), written with the
-operations both lower: multiplies, adds, float-to-int conversion, integer masks and selects.
+Pallas Triton, rove_jax.kernels.fused_hopper_rotation for Pallas Mosaic GPU), written with the
+operations both lower at full rate: float32 multiplies and adds, bitcasts, integer masks,
+shifts and selects.
 
 jnp.sin and jnp.cos lower to libdevice's sinf and cosf in both backends. Their slow path for
 large arguments (Payne-Hanek reduction with a local-memory array) is compiled into every
 kernel, whatever the arguments: it made a Triton program spill most of its registers, and the
 Hopper kernels spill kilobytes a thread (python -m bench.fused_gpu --aot h200 --ptxas).
+Float-to-int and int-to-float conversions are avoided too: a GPU converts at a quarter of its
+float32 rate or less, and the tables are the largest part of a rotating kernel's work.
 """
 
 from __future__ import annotations
@@ -13,34 +16,52 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+from jax import lax
 
 # pi / 2 in three float32 parts (Cody-Waite; cephes' sinf constants, doubled): the first has 8
-# significant bits and the second 12, so with k split into a multiple of 256 (12 bits up to
-# 2**20) and the rest (8 bits), every product with them is exact.
+# significant bits and the second 12, so with k split into a multiple of 256 (at most 12 bits
+# up to 2**20) and the rest (|k_lo| <= 128, 8 bits), every product with them is exact.
 _PIO2 = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
 # Minimax polynomials for |r| <= pi / 4 (cephes' sinf and cosf).
 _SIN = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
 _COS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
+# 1.5 * 2**23, whose ulp is 1: t + _ROUND is t rounded to the nearest integer k, plus _ROUND, for
+# |t| < 2**22, and its bits are _ROUND_BITS + k (two's complement, the exponent unchanged): k mod
+# 4 (the quadrant) and k rounded to a multiple of 256 come from integer masks, not conversions.
+_ROUND = 1.5 * 2.0**23
+_ROUND_BITS = 0x4B400000
+_EXPONENT_BITS = 0x4B000000  # the exponent field every such sum shares
+_SIGN = -(2**31)  # the float32 sign bit, as an int32
 
 
 def sincos(a):
-  """(sin a, cos a) of a float32 array, sharing one range reduction: a = k * pi / 2 + r with
-  |r| <= pi / 4, polynomials in r, the quadrant k mod 4 picking and signing them. Within a few
-  float32 ulps of sin and cos for |a| < 2**20 * pi / 2 (about 1.6e6: positions under that at
-  frequencies <= 1), losing precision gradually beyond; k must fit an int32 (|a| < 3e9)."""
-  x = jnp.abs(a)  # sin(-x) = -sin(x): k >= 0, so each difference below is exact (Sterbenz)
-  k_int = (x * (2 / math.pi) + 0.5).astype(jnp.int32)  # x >= 0: truncation is the floor
-  k_lo_int = jnp.bitwise_and(k_int, 255)
-  k, k_lo = k_int.astype(jnp.float32), k_lo_int.astype(jnp.float32)
-  k_hi = k - k_lo
-  r = x - k_hi * _PIO2[0] - k_lo * _PIO2[0] - k_hi * _PIO2[1] - k_lo * _PIO2[1] - k * _PIO2[2]
+  """(sin a, cos a) of a float32 array, sharing one range reduction: a = k * pi / 2 + r with k
+  the nearest integer and |r| <= pi / 4, polynomials in r, the quadrant k mod 4 picking and
+  signing them. Within a few float32 ulps of sin and cos for |a| < 2**20 * pi / 2 (about
+  1.6e6: positions under that at frequencies <= 1), losing precision gradually up to 2**22 *
+  pi / 2 (6.5e6), where a float32 angle's own ulp is 0.5 radian; beyond it k wraps."""
+  bits = lax.bitcast_convert_type(a * (2 / math.pi) + _ROUND, jnp.int32)
+  # The or changes no bit; it keeps XLA's simplifier (interpret mode, CPU) from folding
+  # (t + _ROUND) - _ROUND into t, which would drop the rounding.
+  k = _as_float(jnp.bitwise_or(bits, _EXPONENT_BITS)) - _ROUND
+  k_hi = _as_float(jnp.bitwise_and(bits + 128, -256)) - _ROUND  # k to a multiple of 256
+  k_lo = k - k_hi  # |k_lo| <= 128
+  r = a - k_hi * _PIO2[0] - k_lo * _PIO2[0] - k_hi * _PIO2[1] - k_lo * _PIO2[1] - k * _PIO2[2]
   z = r * r
   sin_r = r + r * z * (_SIN[0] + z * (_SIN[1] + z * _SIN[2]))
   cos_r = 1.0 - 0.5 * z + z * z * (_COS[0] + z * (_COS[1] + z * _COS[2]))
-  quadrant = jnp.bitwise_and(k_int, 3)
-  odd = jnp.bitwise_and(quadrant, 1) == 1
+  odd = jnp.bitwise_and(bits, 1) == 1  # _ROUND_BITS is a multiple of 4: bits mod 4 = k mod 4
   sin_a = jnp.where(odd, cos_r, sin_r)
   cos_a = jnp.where(odd, sin_r, cos_r)
-  sin_a = jnp.where((quadrant >= 2) != (a < 0), -sin_a, sin_a)
-  cos_a = jnp.where((quadrant == 1) | (quadrant == 2), -cos_a, cos_a)
-  return sin_a, cos_a
+  # sin is negative in quadrants 2 and 3, cos in 1 and 2: bit 1 of k and of k + 1.
+  return _flip(sin_a, bits), _flip(cos_a, bits + 1)
+
+
+def _as_float(bits):
+  return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _flip(x, bits):
+  """x with its sign flipped where bit 1 of bits is set."""
+  sign = jnp.bitwise_and(lax.shift_left(bits, 30), _SIGN)
+  return _as_float(jnp.bitwise_xor(lax.bitcast_convert_type(x, jnp.int32), sign))

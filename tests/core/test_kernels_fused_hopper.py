@@ -115,17 +115,18 @@ def run_case(case, **kw):
 @pytest.mark.parametrize(
   "case,variant",
   [(c, "1wg") for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa"})]
-  + [(c, "2wg") for c in sorted(CASES)]
+  + [("rove_causal_interleaved_mqa", "2wg")]
   + [("rove_packed_causal_half_mha_partial", "2wg_tma")]
-  + [("rope_packed_bidirectional_half_gqa_partial_yarn", "1wg_bwd2wg")],
+  + [("rope_packed_bidirectional_half_gqa_partial_yarn", "2wg_bwd2wg")],
 )
 def test_matches_float64_reference_with_gradients(case, variant):
-  """Every case for the two-warpgroup forward too (the default's third runs through dispatch
-  below), one for its producer, and GQA with the two-warpgroup backward kernels (by the swap
-  matrix; by slices at D = 128 below). The swap matrix where slices would run is the D = 128
-  test's first case; the tests against the XLA kernel below add theirs. The gradients check
-  the logsumexp each forward leaves for the backward pass, which swaps pairs as its forward
-  does."""
+  """Every case through the one-warpgroup kernels (the third runs through dispatch below) and
+  through the two-warpgroup ones: the forward by the swap matrix (MQA, interleaved), with its
+  producer by slices (packed RoVE), and with the two-warpgroup backward kernels (GQA, by the
+  matrix; by slices at D = 128 below; the two-warpgroup forward without a producer by slices is
+  test_slice_swap's first case). The swap matrix where slices would run is the D = 128 test's
+  first case; the tests against the XLA kernel below add theirs. The gradients check the
+  logsumexp each forward leaves for the backward pass, which swaps pairs as its forward does."""
   run_case(case, variant=variant)
 
 
