@@ -8,7 +8,7 @@ the swap-matrix rotation (HOPPER).
 
   python -m bench.fused_gpu [--batch 8 --length 1024 --heads 12 --head-dim 64] [--block 64]
       [--backward-block 32[,64]] [--repeats 20] [--layout half] [--out fused_gpu.json]
-  python -m bench.fused_gpu --aot h200 [--ptxas]                # compile only, no GPU
+  python -m bench.fused_gpu --aot h200 [--ptxas] [--sass]       # compile only, no GPU
   python -m bench.fused_gpu --kernels "hopper,hopper 2wg"        # only these rows
   python -m bench.fused_gpu --interpret --tiny                  # CPU smoke run
 
@@ -21,7 +21,9 @@ and gradients are from cuDNN's (max |difference| over max |cuDNN|, both bfloat16
 (rove_jax/aot/gpu.py: JAX's CUDA plugin, no GPU) and prints compile seconds, XLA's temporary
 bytes and the Triton and Mosaic GPU kernels in the compiled HLO; with --ptxas also each fused
 kernel's registers and spills by `ptxas -v` (rove_jax.aot.ptxas: the Triton kernel's from the
-PTX XLA wrote, the Mosaic GPU kernels' from the reports Mosaic GPU writes as it compiles them).
+PTX XLA wrote, the Mosaic GPU kernels' from the reports Mosaic GPU writes as it compiles them),
+and with --sass each fused kernel's instructions by class (rove_jax.aot.sass: its PTX assembled
+and listed here; needs cuobjdump and nvdisasm).
 --backward-block sets the Triton kernel's backward blocks.
 --interpret runs the GPU kernels in Pallas interpret mode against the "xla" kernel (cuDNN needs
 a GPU); its timings mean nothing, it checks that the script runs.
@@ -39,10 +41,10 @@ import time
 # JAX's CUDA plugin registers without a driver only with this set (--aot); before JAX starts.
 if "--aot" in sys.argv:
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-# --ptxas reads the PTX XLA writes and the ptxas reports Mosaic GPU writes: both dump folders
-# are set before JAX starts.
+# --ptxas and --sass read the PTX XLA writes and the ptxas reports and PTX Mosaic GPU writes:
+# both dump folders are set before JAX starts.
 PTX_DIR = None
-if "--ptxas" in sys.argv:
+if "--ptxas" in sys.argv or "--sass" in sys.argv:
   import tempfile
 
   from rove_jax.aot import ptxas as ptxas_tool
@@ -238,29 +240,43 @@ def compile_only(args) -> dict:
     )
   result = dict(target=args.aot, device=device.device_kind, rows=rows)
   if PTX_DIR is not None:
-    result["ptxas"] = ptxas_report(PTX_DIR)
+    result.update(ptxas_report(PTX_DIR, args.ptxas, args.sass))
   return result
 
 
-def ptxas_report(folder: str) -> dict:
-  """{kernel: registers and spill bytes} of the fused kernels compiled into folder: the Triton
-  kernel's from ptxas -v on the PTX XLA wrote, the Mosaic GPU kernels' from their own reports
-  (each kernel once: the programs share them). The folder is removed afterwards (Mosaic GPU's
-  MLIR pass logs take tens of MB a kernel)."""
+def ptxas_report(folder: str, registers: bool, sass: bool) -> dict:
+  """{"ptxas": {kernel: registers and spill bytes}} with registers, {"sass": {kernel:
+  instructions by class}} with sass, of the fused kernels compiled into folder: the Triton
+  kernel's from the PTX XLA wrote, the Mosaic GPU kernels' from their own reports and PTX (each
+  kernel once: the programs share them). The folder is removed afterwards (Mosaic GPU's MLIR
+  pass logs take tens of MB a kernel)."""
   import glob
   import shutil
 
-  report = {}
+  from rove_jax.aot import sass as sass_tool
+
+  report, ptx = {}, {}
   for path in sorted(glob.glob(os.path.join(folder, "*.ptx"))):
     with open(path) as f:
       if "fused_rotary_attention_gpu" not in f.read():
         continue
     for key, stats in ptxas_tool.run_on_ptx(path).items():
       report.setdefault(key, stats)
-  report.update(ptxas_tool.read_mosaic(os.path.join(folder, "mosaic")))
-  shutil.rmtree(folder, ignore_errors=True)
-  print(ptxas_tool.table(report))
-  return report
+      ptx.setdefault(key.split(" (")[0], path)
+  mosaic = os.path.join(folder, "mosaic")
+  report.update(ptxas_tool.read_mosaic(mosaic))
+  ptx.update(ptxas_tool.mosaic_files(mosaic, ".ptx"))
+  out = {}
+  try:
+    if registers:
+      print(ptxas_tool.table(report))
+      out["ptxas"] = report
+    if sass:
+      out["sass"] = {name: sass_tool.of_ptx(path) for name, path in ptx.items()}
+      print(sass_tool.table(out["sass"]))
+  finally:
+    shutil.rmtree(folder, ignore_errors=True)
+  return out
 
 
 def main(argv=None) -> int:
@@ -288,6 +304,11 @@ def main(argv=None) -> int:
     help="with --aot: registers and spills of the fused kernels (ptxas -v, no GPU needed)",
   )
   p.add_argument(
+    "--sass",
+    action="store_true",
+    help="with --aot: the fused kernels' instructions by class (ptxas, cuobjdump; no GPU needed)",
+  )
+  p.add_argument(
     "--interpret", action="store_true", help="Pallas interpret mode against the xla kernel (no GPU)"
   )
   p.add_argument(
@@ -296,6 +317,13 @@ def main(argv=None) -> int:
   p.add_argument("--tiny", action="store_true", help="B=1, T=128, H=2, 3 repeats")
   p.add_argument("--out", help="write the figures here as JSON")
   args = p.parse_args(argv)
+  if (args.ptxas or args.sass) and not args.aot:
+    p.error("--ptxas and --sass read the deviceless compile's dumps: add --aot h100 or h200")
+  if args.sass:
+    from rove_jax.aot import sass as sass_tool
+
+    if problem := sass_tool.missing_tools():
+      p.error(problem)
   if args.tiny:
     args.batch, args.length, args.heads, args.repeats = 1, 128, 2, 3
   if not args.aot and not args.interpret and jax.default_backend() != "gpu":

@@ -54,21 +54,27 @@ def mosaic_dump_env(folder: str) -> dict:
   return {"MOSAIC_GPU_DUMP_PTXAS": "1", "MOSAIC_GPU_DUMP_TO": folder}
 
 
-def read_mosaic(folder: str) -> dict:
-  """`parse` of every Mosaic GPU report in folder, each kernel under its name (the file name
-  without Mosaic GPU's trailing counter; a kernel compiled twice is reported once)."""
+def mosaic_files(folder: str, suffix: str) -> dict:
+  """{kernel name: path} of the files Mosaic GPU wrote into folder with this suffix (".ptxas",
+  ".ptx"), each kernel under its file name without Mosaic GPU's trailing counter; a kernel
+  compiled twice gives its first file."""
   out = {}
-  for path in sorted(glob.glob(os.path.join(folder, "*.ptxas")), key=_counter):
-    name = re.sub(r"_\d+$", "", os.path.basename(path)[: -len(".ptxas")])
+  pattern = re.compile(r"_(\d+)" + re.escape(suffix) + "$")
+  counter = lambda path: int(m.group(1)) if (m := pattern.search(path)) else -1
+  for path in sorted(glob.glob(os.path.join(folder, "*" + suffix)), key=counter):
+    out.setdefault(re.sub(r"_\d+$", "", os.path.basename(path)[: -len(suffix)]), path)
+  return out
+
+
+def read_mosaic(folder: str) -> dict:
+  """`parse` of every Mosaic GPU report in folder, each kernel under its name (`mosaic_files`:
+  a kernel compiled twice is reported once)."""
+  out = {}
+  for name, path in mosaic_files(folder, ".ptxas").items():
     with open(path) as f:
       for key, stats in parse(f.read(), name).items():
         out.setdefault(key, stats)
   return out
-
-
-def _counter(path: str) -> int:
-  m = re.search(r"_(\d+)\.ptxas$", path)
-  return int(m.group(1)) if m else -1
 
 
 def run_on_ptx(path: str) -> dict:

@@ -1,0 +1,186 @@
+"""The instruction mix of GPU kernels compiled on this host: their PTX assembled by ptxas into
+machine code (SASS) and listed by cuobjdump, each instruction counted by its opcode's class.
+No GPU is needed; rove_jax.aot.ptxas finds the PTX (the dumps XLA and Mosaic GPU write).
+
+A static count: each instruction of the kernel's code once, however often it runs. The fused
+kernels unroll their tile work (rotations, softmax) per thread, so the count of a class is close
+to what one thread issues of it per pass through the code, and the loop body over key or query
+blocks is most of it. What it tells before a timing: how many issue slots the float32, integer
+and conversion work take beside the tensor-core (HGMMA) instructions, and whether the
+quarter-rate units (MUFU: exp, sin, cos, reciprocals; conversions between ints and floats) are
+busier than they need to be.
+
+Needs a ptxas that reads the PTX's version (Mosaic GPU's PTX under jax 0.10 is version 9.0:
+CUDA 13's ptxas) and cuobjdump with nvdisasm, from a CUDA toolkit on PATH or from the wheels
+(`pip install nvidia-cuda-nvcc nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`: CUDA 13's, which
+rove_jax[gpu-aot] installs).
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from typing import Optional
+
+# Opcode (the first word, without its .modifiers) -> class. Others count in "other".
+CLASSES = {
+  "float32": ("FFMA", "FMUL", "FADD", "FMNMX", "FSETP", "FSEL", "FSET", "FCHK"),
+  "integer": (
+    "LOP3",
+    "SHF",
+    "IADD3",
+    "ISETP",
+    "IMAD",
+    "SEL",
+    "LEA",
+    "PRMT",
+    "IABS",
+    "IMNMX",
+    "SGXT",
+    "BMSK",
+    "FLO",
+    "POPC",
+    "IMUL",
+  ),  # fmt: skip
+  # Between ints and floats (F2I, I2F: the quarter-rate unit; I2FP, F2IP: the ALU's) and between
+  # float widths (F2FP packs two float32 into bfloat16).
+  "conversion": ("F2I", "I2F", "F2F", "FRND", "F2FP", "I2FP", "F2IP"),
+  "mufu": ("MUFU",),
+  "tensor": ("HGMMA", "HMMA", "WARPGROUP"),
+  "shared": ("LDS", "STS", "LDSM", "STSM", "ATOMS"),
+  "local": ("LDL", "STL"),
+}
+_CLASS_OF = {op: name for name, ops in CLASSES.items() for op in ops}
+# An instruction line of cuobjdump -sass: /*0040*/  [@P0 | @!UP1 ]OPCODE[.MODS] operands ;
+_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+_ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?[A-Z]")
+# A conditional branch (a loop's back edge is one; the unconditional jumps back from the
+# out-of-line barrier-wait stubs ptxas puts after EXIT are not loops).
+_BRANCH = re.compile(r"/\*([0-9a-f]{4,})\*/\s+@!?U?P[T0-9]+\s+BRA(?:\.\S+)?\s+0x([0-9a-f]+)")
+_TOOLS_HINT = (
+  "counting SASS needs cuobjdump and nvdisasm on PATH or from the wheels: "
+  "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
+)
+
+
+def opcodes(listing: str) -> collections.Counter:
+  """Opcode -> count of a `cuobjdump -sass` listing (predicates and modifiers dropped)."""
+  return collections.Counter(m.group(1) for m in _INSTRUCTION.finditer(listing))
+
+
+def main_loop(listing: str) -> str:
+  """The instruction lines of the largest loop of a listing: from the target of a conditional
+  backward branch to the branch, the longest such range ("" when there is none). In the fused
+  kernels it is the loop over key (or query) blocks, so its `mix` is what one thread issues a
+  block."""
+  lines = [
+    (int(m.group(1), 16), line) for line in listing.splitlines() if (m := _ADDRESS.search(line))
+  ]
+  best = (0, 0)
+  for m in _BRANCH.finditer(listing):
+    at, target = int(m.group(1), 16), int(m.group(2), 16)
+    if target < at and at - target > best[1] - best[0]:
+      best = (target, at)
+  return "\n".join(line for a, line in lines if best[0] <= a <= best[1]) if best[1] else ""
+
+
+def mix(ops: collections.Counter) -> dict:
+  """{"instructions": total, class: count for each of CLASSES, "other": the rest}."""
+  out = {"instructions": sum(ops.values()), **{name: 0 for name in CLASSES}, "other": 0}
+  for op, n in ops.items():
+    out[_CLASS_OF.get(op, "other")] += n
+  return out
+
+
+def _tool(name: str) -> Optional[str]:
+  """A CUDA tool from PATH or from the nvidia wheels (nvidia/*/bin)."""
+  found = shutil.which(name)
+  if found:
+    return found
+  try:
+    import nvidia
+  except ImportError:
+    return None
+  for root in nvidia.__path__:
+    for path in sorted(glob.glob(os.path.join(root, "*", "bin", name)), reverse=True):
+      if os.access(path, os.X_OK):
+        return path
+  return None
+
+
+def _ptxas_binaries() -> list:
+  """Every ptxas to try: PATH's first (a CUDA toolkit), then the nvidia wheels' (nvidia-cuda-nvcc
+  for CUDA 13 under nvidia/cu13, nvidia-cuda-nvcc-cu12 under nvidia/cuda_nvcc)."""
+  out = [shutil.which("ptxas")]
+  try:
+    import nvidia
+
+    for root in nvidia.__path__:
+      out += sorted(glob.glob(os.path.join(root, "*", "bin", "ptxas")), reverse=True)
+  except ImportError:
+    pass
+  return [p for p in dict.fromkeys(out) if p and os.access(p, os.X_OK)]
+
+
+def assemble(ptx_path: str, cubin_path: str) -> None:
+  """ptxas of ptx_path into cubin_path for the architecture its .target line names, with the
+  first ptxas that reads the file's PTX version."""
+  with open(ptx_path) as f:
+    arch = next(line.split()[1] for line in f if line.startswith(".target"))
+  errors = []
+  for ptxas in _ptxas_binaries():
+    run = subprocess.run(
+      [ptxas, f"-arch={arch}", ptx_path, "-o", cubin_path], capture_output=True, text=True
+    )
+    if run.returncode == 0:
+      return
+    errors.append(
+      f"{ptxas}: {run.stderr.strip().splitlines()[0] if run.stderr else run.returncode}"
+    )
+  raise RuntimeError(
+    f"no ptxas could assemble {ptx_path} (" + "; ".join(errors or ["none found"]) + "): install "
+    "a CUDA toolkit whose ptxas reads this PTX version, or nvidia-cuda-nvcc at it"
+  )
+
+
+def missing_tools() -> Optional[str]:
+  """None when ptxas, cuobjdump and nvdisasm are at hand; else what to install."""
+  if not _ptxas_binaries():
+    return "counting SASS needs ptxas: a CUDA toolkit on PATH, or pip install nvidia-cuda-nvcc"
+  if _tool("cuobjdump") is None or _tool("nvdisasm") is None:
+    return _TOOLS_HINT
+  return None
+
+
+def of_ptx(ptx_path: str) -> dict:
+  """`mix` of the machine code of one PTX file, with the mix of its `main_loop` under
+  "loop"."""
+  problem = missing_tools()
+  if problem:
+    raise RuntimeError(problem)
+  cuobjdump, nvdisasm = _tool("cuobjdump"), _tool("nvdisasm")
+  with tempfile.TemporaryDirectory() as tmp:
+    cubin = os.path.join(tmp, "kernel.cubin")
+    assemble(ptx_path, cubin)
+    env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ["PATH"])
+    run = subprocess.run(
+      [cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True, env=env
+    )
+  return dict(mix(opcodes(run.stdout)), loop=mix(opcodes(main_loop(run.stdout))))
+
+
+def table(report: dict) -> str:
+  """A markdown table of {kernel: of_ptx's dict}: a row for the whole kernel and, where it has
+  one, a row for its main loop (one pass: a key or query block)."""
+  cols = ["instructions", *CLASSES, "other"]
+  lines = ["| kernel | part | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+  for name, m in report.items():
+    parts = [("all", m)] + ([("loop", m["loop"])] if m.get("loop", {}).get("instructions") else [])
+    for part, counts in parts:
+      lines.append(f"| {name} | {part} | " + " | ".join(str(counts[c]) for c in cols) + " |")
+  return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""rove_jax.aot.sass on lines of a `cuobjdump -sass` listing of the Hopper forward kernel
+(copied from a deviceless H200 compile): opcodes without predicates and modifiers, their classes,
+the main loop (a conditional back edge; not the unconditional jump back from a barrier-wait stub
+after EXIT), the table, and what it asks for when its tools are missing."""
+
+import collections
+
+from rove_jax.aot import sass
+
+LISTING = """\
+
+	code for sm_90a
+		Function : rotary_flash_fwd_slices_rove_mosaic_gpu_kernel
+	.headerflags	@"EF_CUDA_ACCELERATORS EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                                              /* 0x00000a00ff017b82 */
+                                                                                                       /* 0x000fe20000000800 */
+        /*01f0*/               @P0 IADD3 R0, P4, R2.reuse, 0x30, RZ ;                                  /* 0x0000003002000810 */
+                                                                                                       /* 0x000fe20007f9e0ff */
+        /*0250*/               @P0 IADD3.X R0, RZ, R3, RZ, P4, !PT ;                                   /* 0x00000003ff000210 */
+                                                                                                       /* 0x000fe200027fe4ff */
+        /*0be0*/              @!P1 BRA 0xf40 ;                                                         /* 0x0000000000d49947 */
+                                                                                                       /* 0x000fea0003800000 */
+        /*1210*/                   LDS.64 R28, [R16] ;                                                 /* 0x00000000101c7984 */
+                                                                                                       /* 0x000e280000000a00 */
+        /*16c0*/                   FFMA R30, R27, R26.reuse, 12582912 ;                                /* 0x4b4000001b1e7423 */
+                                                                                                       /* 0x000fe20000000000 */
+        /*2260*/                   F2FP.BF16.F32.PACK_AB R45, R54, R49 ;                               /* 0x00000031362d723e */
+                                                                                                       /* 0x000fe200000000ff */
+        /*b1d0*/                   WARPGROUP.ARRIVE ;                                                  /* 0x00000000000079c5 */
+                                                                                                       /* 0x000fe20000000000 */
+        /*b1e0*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR12], RZ, !UPT ;               /* 0x01e000000c1879f0 */
+                                                                                                       /* 0x000fe20008000818 */
+        /*c8d0*/                   MUFU.EX2 R61, R24 ;                                                 /* 0x00000018003d7308 */
+                                                                                                       /* 0x000e220000000800 */
+        /*f0c0*/                @P1 BRA 0x1210 ;                                                        /* 0x0000000000007947 */
+                                                                                                       /* 0x000fea000383ffff */
+        /*12430*/                  EXIT ;                                                              /* 0x000000000000794d */
+                                                                                                       /* 0x000fea0003800000 */
+        /*12490*/                  BRA 0xf60 ;                                                         /* 0xffffffe800b07947 */
+                                                                                                       /* 0x000fea000383ffff */
+"""
+
+
+def test_opcodes_drop_predicates_and_modifiers():
+  assert sass.opcodes(LISTING) == collections.Counter(
+    {
+      "LDC": 1,
+      "IADD3": 2,
+      "BRA": 3,
+      "EXIT": 1,
+      "LDS": 1,
+      "FFMA": 1,
+      "F2FP": 1,
+      "WARPGROUP": 1,
+      "HGMMA": 1,
+      "MUFU": 1,
+    }
+  )
+
+
+def test_mix_counts_each_class_and_the_rest():
+  m = sass.mix(sass.opcodes(LISTING))
+  assert m == dict(
+    instructions=13,
+    float32=1,
+    integer=2,
+    conversion=1,
+    mufu=1,
+    tensor=2,
+    shared=1,
+    local=0,
+    other=5,  # LDC, three BRA, EXIT
+  )
+
+
+def test_the_main_loop_runs_from_the_back_edges_target_to_it():
+  loop = sass.mix(sass.opcodes(sass.main_loop(LISTING)))
+  # LDS at 0x1210 through the back edge at 0xf0c0: LDS, FFMA, F2FP, WARPGROUP, HGMMA, MUFU, BRA.
+  assert loop == dict(
+    instructions=7,
+    float32=1,
+    integer=0,
+    conversion=1,
+    mufu=1,
+    tensor=2,
+    shared=1,
+    local=0,
+    other=1,
+  )
+  assert sass.main_loop(LISTING.replace("@P1 BRA", "@P1 NOP")) == ""
+  table = sass.table({"fwd": dict(sass.mix(sass.opcodes(LISTING)), loop=loop)}).splitlines()
+  assert table[0].startswith("| kernel | part | instructions | float32 | integer | conversion |")
+  assert table[2:] == [
+    "| fwd | all | 13 | 1 | 2 | 1 | 1 | 2 | 1 | 0 | 5 |",
+    "| fwd | loop | 7 | 1 | 0 | 1 | 1 | 2 | 1 | 0 | 1 |",
+  ]
+
+
+def test_missing_tools_say_what_to_install(monkeypatch):
+  monkeypatch.setattr(sass.shutil, "which", lambda name: None)
+  monkeypatch.setattr(sass, "_ptxas_binaries", lambda: ["/usr/bin/true"])
+  monkeypatch.setattr(sass, "_tool", lambda name: None)
+  assert "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm" in sass.missing_tools()
+  monkeypatch.setattr(sass, "_ptxas_binaries", lambda: [])
+  assert "needs ptxas" in sass.missing_tools()
