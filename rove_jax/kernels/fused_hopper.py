@@ -28,7 +28,10 @@ What runs, and why:
     core work and half the tables', and every kernel then compiles without register spills at
     D = 64 and 128 (`python -m bench.fused_gpu --aot h200 --ptxas` reports registers and
     spills; kernel(slice_swap=False) keeps the matrix, to compare on a GPU).
-  * P = softmax numerator goes to the P.V wgmma from registers, as FA3 does.
+  * P = softmax numerator goes to the P.V wgmma from registers, as FA3 does. Its exponentials
+    (and the backward pass's) are exp2(s log2(e) - m log2(e)) on the GPU's ex2 instruction
+    under approximate math (fused_hopper_tiles.exp_minus): two instructions an element where
+    an exact exp takes eight (python -m bench.fused_gpu --aot h200 --sass counts them).
   * kernel(compute_wgs=2) runs another forward (rove_jax.kernels.fused_hopper_ws): two compute
     warpgroups a program, 128 query rows, sharing each key/value block's copy and rotation
     (half the rotation work a query row), optionally with a producer warpgroup for the

@@ -322,7 +322,7 @@ def query_products(ops, plan: Plan, acc, operands, starts, segs, stats):
   mask = tiles.visible(ops, plan, *starts, *segs, s.shape, keys_in_rows=False)
   if mask is not None:
     s = jnp.where(mask, s, -jnp.inf)
-  p = jnp.exp(s - tiles.across(lse, s.shape, 1))
+  p = tiles.exp_minus(s, lse, 1)
   dp = ops.mma(do_r, v_r, transpose_b=True)
   ds = p * (dp - tiles.across(delta, s.shape, 1))
   return ops.mma(ds.astype(k_r.dtype), k_r, acc=acc)
@@ -364,7 +364,7 @@ def key_products(ops, plan: Plan, carry, operands, starts, kv_seg, rows):
   mask = tiles.visible(ops, plan, *starts, q_seg, kv_seg, s_t.shape, keys_in_rows=True)
   if mask is not None:
     s_t = jnp.where(mask, s_t, -jnp.inf)
-  p_t = jnp.exp(s_t - tiles.across(lse, s_t.shape, 0))
+  p_t = tiles.exp_minus(s_t, lse, 0)
   dv_acc = ops.mma(p_t.astype(dt), do_r, acc=dv_acc)
   dp_t = ops.mma(v_r, do_r, transpose_b=True)
   ds_t = p_t * (dp_t - tiles.across(delta, s_t.shape, 0))
