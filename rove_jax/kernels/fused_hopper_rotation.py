@@ -107,7 +107,7 @@ def _angles(ops, pos_ref, consts_ref, piece):
 def tables(ops, pos_ref, consts_ref, piece=None):
   """(C, S) float32 [n, D] (or the piece's columns) for the n positions in a shared-memory ref
   [n] float32: C = cos(pos * f), S = sin(pos * f) signed per dim (module docstring)."""
-  sin, cos = trig.sincos(_angles(ops, pos_ref, consts_ref, piece))
+  sin, cos = trig.sincos(_angles(ops, pos_ref, consts_ref, piece), hardware=True)
   sign = ops.load(_row(consts_ref, fused_tiles.NEG_FIRST, piece), 0) + ops.load(
     _row(consts_ref, fused_tiles.SECOND, piece), 0
   )
@@ -214,7 +214,7 @@ class Rotation(NamedTuple):
     return [((i, n), (self.r + i, n)) for i in range(0, r, n)]
 
   def _half_tables(self, pos_ref, piece):
-    sin, cos = trig.sincos(_angles(self.ops, pos_ref, self.consts_ref, piece))
+    sin, cos = trig.sincos(_angles(self.ops, pos_ref, self.consts_ref, piece), hardware=True)
     return cos, sin
 
   def _slices(self, pairs, pos_ref, scale_first: bool) -> None:

@@ -34,19 +34,33 @@ _EXPONENT_BITS = 0x4B000000  # the exponent field every such sum shares
 _SIGN = -(2**31)  # the float32 sign bit, as an int32
 
 
-def sincos(a):
-  """(sin a, cos a) of a float32 array, sharing one range reduction: a = k * pi / 2 + r with k
-  the nearest integer and |r| <= pi / 4, polynomials in r, the quadrant k mod 4 picking and
-  signing them. Within a few float32 ulps of sin and cos for |a| < 2**20 * pi / 2 (about
-  1.6e6: positions under that at frequencies <= 1), losing precision gradually up to 2**22 *
-  pi / 2 (6.5e6), where a float32 angle's own ulp is 0.5 radian; beyond it k wraps."""
-  bits = lax.bitcast_convert_type(a * (2 / math.pi) + _ROUND, jnp.int32)
+def sincos(a, *, hardware: bool = False):
+  """(sin a, cos a) of a float32 array, sharing one range reduction.
+
+  By default a = k * pi / 2 + r with k the nearest integer and |r| <= pi / 4, polynomials in r,
+  the quadrant k mod 4 picking and signing them: within a few float32 ulps of sin and cos for
+  |a| < 2**20 * pi / 2 (about 1.6e6: positions under that at frequencies <= 1), losing precision
+  gradually up to 2**22 * pi / 2 (6.5e6), where a float32 angle's own ulp is 0.5 radian; beyond
+  it k wraps.
+
+  hardware=True reduces the same way by whole turns (a = k * 2 pi + r, |r| <= pi) and takes
+  jnp.sin and jnp.cos of r, for a backend that lowers them to the GPU's sin.approx and
+  cos.approx (Pallas Mosaic GPU under approximate math, rove_jax.kernels.fused_hopper_tiles):
+  two instructions of the quarter-rate unit instead of the polynomials and the quadrant's
+  selects. Those add an absolute error of about 2**-20.9 (their documented bound on [-pi, pi]),
+  below the bfloat16 rounding every rotated tile takes. Elsewhere jnp.sin of r is exact (CPU,
+  interpret mode) or libdevice's (Pallas Triton: do not)."""
+  parts = 4 if hardware else 1  # pi / 2 times 4 is 2 pi, exactly: the same significant bits
+  bits = lax.bitcast_convert_type(a * (2 / math.pi / parts) + _ROUND, jnp.int32)
   # The or changes no bit; it keeps XLA's simplifier (interpret mode, CPU) from folding
   # (t + _ROUND) - _ROUND into t, which would drop the rounding.
   k = _as_float(jnp.bitwise_or(bits, _EXPONENT_BITS)) - _ROUND
   k_hi = _as_float(jnp.bitwise_and(bits + 128, -256)) - _ROUND  # k to a multiple of 256
   k_lo = k - k_hi  # |k_lo| <= 128
-  r = a - k_hi * _PIO2[0] - k_lo * _PIO2[0] - k_hi * _PIO2[1] - k_lo * _PIO2[1] - k * _PIO2[2]
+  c0, c1, c2 = (parts * c for c in _PIO2)
+  r = a - k_hi * c0 - k_lo * c0 - k_hi * c1 - k_lo * c1 - k * c2
+  if hardware:
+    return jnp.sin(r), jnp.cos(r)
   z = r * r
   sin_r = r + r * z * (_SIN[0] + z * (_SIN[1] + z * _SIN[2]))
   cos_r = 1.0 - 0.5 * z + z * z * (_COS[0] + z * (_COS[1] + z * _COS[2]))
