@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from rove_jax.kernels import fused, fused_gpu_backward, fused_tiles, platform
+from rove_jax.kernels import fused, fused_gpu_backward, fused_tiles, platform, trig
 from rove_jax.kernels.call import Kernel, KernelCall
 from rove_jax.kernels.fused_gpu_tiles import (
   compiler_params,
@@ -257,8 +257,8 @@ def _forward_kernel(plan: Plan, *refs):
       s = jnp.where(mask, s, -jnp.inf)
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=1))
     m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)  # a row with nothing visible yet
-    p = jnp.exp(s - m_safe[:, None])
-    alpha = jnp.exp(m_prev - m_safe)
+    p = trig.exp_minus(s, m_safe, lambda v: v[:, None])
+    alpha = jnp.exp2((m_prev - m_safe) * trig.LOG2E)
     l_next = alpha * l_prev + jnp.sum(p, axis=1)
     acc = alpha[:, None] * acc + fused_tiles.dot_nn(p.astype(v_r.dtype), v_r, precision)
     return acc, m_next, l_next

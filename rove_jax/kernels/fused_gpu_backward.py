@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from rove_jax.kernels import fused_tiles
+from rove_jax.kernels import fused_tiles, trig
 from rove_jax.kernels.fused_gpu_tiles import compiler_params, kernel_name, rotate, tables
 from rove_jax.kernels.fused_tiles import Plan
 
@@ -113,7 +113,7 @@ def _dq_kernel(plan: Plan, *refs):
     mask = fused_tiles.visible(plan, qi, ki, q_seg, kv_seg, keys_in_rows=False)
     if mask is not None:
       s = jnp.where(mask, s, -jnp.inf)
-    p = jnp.exp(s - lse)
+    p = trig.exp_minus(s, lse)  # lse: [bq, 1]
     ds = p * (fused_tiles.dot_nt(do_r, v_r, precision) - delta)
     return acc + fused_tiles.dot_nn(ds.astype(k_r.dtype), k_r, precision)
 
@@ -212,7 +212,7 @@ def _dkv_kernel(plan: Plan, *refs):
     mask = fused_tiles.visible(plan, qi, ki, q_seg, kv_seg, keys_in_rows=True)
     if mask is not None:
       s_t = jnp.where(mask, s_t, -jnp.inf)
-    p_t = jnp.exp(s_t - lse_ref[g, rows][None, :])
+    p_t = trig.exp_minus(s_t, lse_ref[g, rows], lambda v: v[None, :])
     ds_t = p_t * (fused_tiles.dot_nt(v_r, do_r, precision) - delta_ref[g, rows][None, :])
     dv_r = dv_r + fused_tiles.dot_nn(p_t.astype(do_r.dtype), do_r, precision)
     dk_r = dk_r + fused_tiles.dot_nn(ds_t.astype(q_r.dtype), q_r, precision)

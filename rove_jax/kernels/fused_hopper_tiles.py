@@ -16,7 +16,6 @@ shared-memory buffers, the loops and masks) runs as compiled.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -25,13 +24,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from rove_jax.kernels import trig
 from rove_jax.kernels.fused_tiles import Plan
 
 F32 = jnp.float32
 # A 128-byte swizzle with (8, 64)-element tiles: the layout wgmma reads bfloat16 operands in when
 # a row is 64 elements or a multiple of them (the head dims taken: 64, 128).
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-LOG2E = math.log2(math.e)
 
 
 class Ops(NamedTuple):
@@ -186,18 +185,17 @@ def softmax_step(ops: Ops, carry, s, mask, values_ref):
   m_next = jnp.maximum(m_prev, s.max(axis=1))
   m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)
   p = exp_minus(s, m_safe, 1)
-  alpha = jnp.exp2((m_prev - m_safe) * LOG2E)
+  alpha = jnp.exp2((m_prev - m_safe) * trig.LOG2E)
   l_next = alpha * l_prev + p.sum(axis=1)
   acc = ops.mma(p.astype(values_ref.dtype), values_ref, acc=across(alpha, acc.shape, 1) * acc)
   return acc, m_next, l_next
 
 
 def exp_minus(s, shift, along: int):
-  """exp(s - shift) of a tile [n, m], shift one value a row (along=1) or a column (along=0), as
-  exp2(s log2(e) - shift log2(e)): a fused multiply-add and the GPU's ex2 an element (approximate
-  math, run_kernel: a relative error near 2**-22, below the bfloat16 rounding p takes next),
-  where an exact exp adds a range reduction of six more instructions."""
-  return jnp.exp2(s * LOG2E - across(shift * LOG2E, s.shape, along))
+  """exp(s - shift) of a tile [n, m], shift one value a row (along=1) or a column (along=0):
+  trig.exp_minus, whose exp2 is the GPU's ex2 instruction under run_kernel's approximate math (a
+  relative error near 2**-22, below the bfloat16 rounding p takes next)."""
+  return trig.exp_minus(s, shift, lambda v: across(v, s.shape, along))
 
 
 def softmax_end(carry):

@@ -1,7 +1,7 @@
-"""sin and cos for the GPU fused kernels' rotation tables (rove_jax.kernels.fused_gpu_tiles for
-Pallas Triton, rove_jax.kernels.fused_hopper_rotation for Pallas Mosaic GPU), written with the
-operations both lower at full rate: float32 multiplies and adds, bitcasts, integer masks,
-shifts and selects.
+"""The transcendental functions of the GPU fused kernels' inner loops (rove_jax.kernels.fused_gpu
+for Pallas Triton, rove_jax.kernels.fused_hopper for Pallas Mosaic GPU): sin and cos for the
+rotation tables, written with the operations both lower at full rate (float32 multiplies and
+adds, bitcasts, integer masks, shifts and selects), and the softmax's exp as exp2.
 
 jnp.sin and jnp.cos lower to libdevice's sinf and cosf in both backends. Their slow path for
 large arguments (Payne-Hanek reduction with a local-memory array) is compiled into every
@@ -32,6 +32,16 @@ _ROUND = 1.5 * 2.0**23
 _ROUND_BITS = 0x4B400000
 _EXPONENT_BITS = 0x4B000000  # the exponent field every such sum shares
 _SIGN = -(2**31)  # the float32 sign bit, as an int32
+LOG2E = math.log2(math.e)
+
+
+def exp_minus(x, shift, expand=lambda v: v):
+  """exp(x - expand(shift)) as exp2(x log2(e) - expand(shift log2(e))): a fused multiply-add and
+  an exp2 an element (the GPU's ex2, or libdevice's exp2f around it), where exp is a range
+  reduction and six instructions more (libdevice's expf). shift holds a value a row or a column
+  of x and expand broadcasts it against x, after the multiply, which then runs once a row.
+  -inf in x gives 0, as exp does; so does +inf in shift (a row that saw no key)."""
+  return jnp.exp2(x * LOG2E - expand(shift * LOG2E))
 
 
 def sincos(a, *, hardware: bool = False):
