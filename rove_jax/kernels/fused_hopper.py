@@ -276,6 +276,11 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   bq, bk, dt = plan.bq, plan.bk, q_BTHD.dtype
   smem = lambda shape, dtype=dt: plgpu.SMEM(shape, dtype, transforms=rotation.transforms(plan))
   n_seg = 2 if plan.segmented else 0
+  # Where the rotation allows (rotation.in_place) q, k and v are rotated in their own buffers
+  # and the output staged in q's: no rotated copies and no staging tiles, 48 KiB less at D = 64
+  # and 64 at D = 128, which lets two programs share an SM (two warps a sub-partition).
+  in_place = rotation.in_place(plan, D)
+  none = plgpu.SMEM((1,), jnp.float32)  # a placeholder: keeps the body's unpacking
   scratch = [
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),
     rotation.swap_scratch(plan, D, smem),  # constants, swap matrix
@@ -284,9 +289,8 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
     smem((2, bk, D)),
     smem((2, bk, D)),
     plgpu.SMEM((2, bk), jnp.float32),  # k, v, positions
-    smem((bk, D)),
-    smem((bk, D)),  # rotated k, v
-    smem((2, bq, D)),
+    *([none] * 2 if in_place else [smem((bk, D))] * 2),  # rotated k, v
+    none if in_place else smem((2, bq, D)),
     plgpu.SMEM((bq,), jnp.float32),  # rotated q, then the output's staging; lse
     plgpu.SMEM((bq,), jnp.int32),
     plgpu.SMEM((2, bk), jnp.int32),  # segment ids
@@ -294,7 +298,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
     plgpu.Barrier(num_barriers=2 * (3 + n_seg // 2)),  # k, v, kv rows (+ segments) a slot
   ]
   args, out_type = tiles.forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD)
-  body = functools.partial(_forward_body, plan, S // bk, H // K)
+  body = functools.partial(_forward_body, plan, S // bk, H // K, in_place)
   return tiles.run_kernel(
     plan,
     tiles.named(plan, "fwd", body),
@@ -306,9 +310,11 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   )
 
 
-def _forward_body(plan: Plan, nk: int, G: int, *refs):
+def _forward_body(plan: Plan, nk: int, G: int, in_place: bool, *refs):
   """One query block of one head. refs: the inputs (constants, swap, position rows, segment
-  rows when segmented, q, k, v), the outputs (o, lse) and the scratch of `forward`."""
+  rows when segmented, q, k, v), the outputs (o, lse) and the scratch of `forward`; with
+  in_place q, k and v are rotated in their own buffers (a k/v slot is refilled only after its
+  block's products) and the output is staged in q's."""
   n_in = 9 if plan.segmented else 7
   ins, (o_ref, lse_ref), scr = refs[:n_in], refs[n_in : n_in + 2], refs[n_in + 2 :]
   consts_ref, swap_ref, q_pos_ref, kv_pos_ref = ins[:4]
@@ -358,7 +364,8 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
     plgpu.barrier_wait(fixed_bar.at[n])
 
   rot = rotation.of(plan, ops, consts_s, swap_s)
-  q_r_s = stage_s.at[0]  # rotated q: the staging tiles are free until the output's rotation
+  # Rotated q: in place, or in the staging tiles, free until the output's rotation.
+  q_r_s = q_s if in_place else stage_s.at[0]
   rot.to([(q_s, q_r_s)], qpos_s, scale_first=True)
   plgpu.commit_smem()
   q_seg = ops.load(qseg_s, 1) if plan.segmented else None
@@ -369,15 +376,19 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
       plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
     # In 64-row pieces (wgmma's M), which halves the registers a 128-key block's tables and
     # products take at once.
-    turned = [(k_s, kr_s)] + ([(v_s, vr_s)] if plan.rotate_values else [])
+    k_r, v_r = (k_s.at[slot], v_s.at[slot]) if in_place else (kr_s, vr_s)
+    srcs = [k_s.at[slot]] + ([v_s.at[slot]] if plan.rotate_values else [])
     for i in range(bk // BLOCK_Q):
       part = pl.ds(i * BLOCK_Q, BLOCK_Q)
-      pairs = [(src.at[slot, part], dst.at[part]) for src, dst in turned]
+      pieces = [x.at[part] for x in srcs]
+      # In place each pair is one ref, which tells the rotation not to copy pass-through dims.
+      dsts = pieces if in_place else [x.at[part] for x in (k_r, v_r)]
+      pairs = list(zip(pieces, dsts))
       rot.to(pairs, kvpos_s.at[slot, part])
-    values = vr_s if plan.rotate_values else v_s.at[slot]
+    values = v_r if plan.rotate_values else v_s.at[slot]
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
-    s = ops.mma(q_r_s, kr_s, transpose_b=True)  # [bq, bk]
+    s = ops.mma(q_r_s, k_r, transpose_b=True)  # [bq, bk]
     mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
     carry = tiles.softmax_step(ops, carry, s, mask, values)
     pl.when(j + 2 < n_blocks)(lambda: fetch(j + 2, slot))
@@ -386,7 +397,7 @@ def _forward_body(plan: Plan, nk: int, G: int, *refs):
   start = tiles.softmax_start(ops, bq, q_s.shape[1])
   o, lse = tiles.softmax_end(lax.fori_loop(0, n_blocks, step, start))
   if plan.rotate_output:  # its tables from the positions again, not held across the loop
-    rot.f32(o, qpos_s, stage_s, q_s, inverse=True)
+    rot.f32(o, qpos_s, q_s if in_place else stage_s, q_s, inverse=True)
   else:
     q_s[...] = o.astype(q_s.dtype)
   lse_s[...] = lse

@@ -64,6 +64,14 @@ def transforms(plan: Plan):
   return (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(2 * cols))
 
 
+def in_place(plan: Plan, D: int) -> bool:
+  """Whether Rotation.to turns a [n, D] tile in place still a column piece at a time: by
+  slices, with one piece (D <= 64), or where every pair lies within a piece (`Rotation._local`).
+  Elsewhere in place takes the whole tile at once (its tables and products in registers)."""
+  r = plan.pair_offset
+  return plan.slice_swap or D <= COLS or r == 1 or 2 * r <= COLS
+
+
 def swap_scratch(plan: Plan, D: int, smem):
   """The swap matrix's shared memory: smem((D, D)), or a placeholder with plan.slice_swap (it
   keeps the kernels' scratch unpacking)."""
@@ -186,7 +194,8 @@ class Rotation(NamedTuple):
 
   def _local(self) -> bool:
     """Whether both members of every pair lie in one swap-matrix piece: the interleaved layout
-    (pairs 2i, 2i + 1), or the half layout with all rotated dims in the first piece."""
+    (pairs 2i, 2i + 1), or the half layout with all rotated dims in the first piece (the same
+    test as `in_place`'s)."""
     return self.r == 1 or 2 * self.r <= COLS
 
   def _swapped(self, x_ref, piece, acc=None):
