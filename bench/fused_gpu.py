@@ -21,8 +21,9 @@ and gradients are from cuDNN's (max |difference| over max |cuDNN|, both bfloat16
 (rove_jax/aot/gpu.py: JAX's CUDA plugin, no GPU) and prints compile seconds, XLA's temporary
 bytes and the Triton and Mosaic GPU kernels in the compiled HLO; with --ptxas also each fused
 kernel's registers and spills by `ptxas -v` (rove_jax.aot.ptxas: the Triton kernel's from the
-PTX XLA wrote, the Mosaic GPU kernels' from the reports Mosaic GPU writes as it compiles them),
-and with --sass each fused kernel's instructions by class (rove_jax.aot.sass: its PTX assembled
+PTX XLA wrote, the Mosaic GPU kernels' from the reports Mosaic GPU writes as it compiles them,
+with their threads, shared memory and the programs an SM holds from the PTX and launch it
+dumps), and with --sass each fused kernel's instructions by class (rove_jax.aot.sass: its PTX assembled
 and listed here; needs cuobjdump and nvdisasm).
 --backward-block sets the Triton kernel's backward blocks.
 --interpret runs the GPU kernels in Pallas interpret mode against the "xla" kernel (cuDNN needs
@@ -301,7 +302,7 @@ def main(argv=None) -> int:
   p.add_argument(
     "--ptxas",
     action="store_true",
-    help="with --aot: registers and spills of the fused kernels (ptxas -v, no GPU needed)",
+    help="with --aot: registers, spills and occupancy of the fused kernels (ptxas -v; no GPU)",
   )
   p.add_argument(
     "--sass",

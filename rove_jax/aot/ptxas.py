@@ -68,13 +68,66 @@ def mosaic_files(folder: str, suffix: str) -> dict:
 
 def read_mosaic(folder: str) -> dict:
   """`parse` of every Mosaic GPU report in folder, each kernel under its name (`mosaic_files`:
-  a kernel compiled twice is reported once)."""
+  a kernel compiled twice is reported once), with what the kernel's launch asks where its PTX
+  and MLIR pass log were dumped beside the report: threads a program (the PTX's .maxntid),
+  dynamic shared memory (the launch's size in the log) and the programs an sm_90 SM then holds
+  (`programs_per_sm`)."""
   out = {}
+  ptx, logs = mosaic_files(folder, ".ptx"), mosaic_files(folder, ".mlir-passes.log")
   for name, path in mosaic_files(folder, ".ptxas").items():
     with open(path) as f:
       for key, stats in parse(f.read(), name).items():
-        out.setdefault(key, stats)
+        if key in out:
+          continue
+        if name in ptx and name in logs:
+          threads, smem = _launch(ptx[name], logs[name])
+          stats.update(threads=threads, smem_bytes=smem)
+          stats["programs_per_sm"] = programs_per_sm(stats["registers"], smem, threads)
+        out[key] = stats
   return out
+
+
+_MAXNTID = re.compile(r"\.maxntid (\d+), (\d+), (\d+)")
+_LAUNCH = re.compile(r"gpu\.launch_func .*dynamic_shared_memory_size (%\w+)")
+
+
+def _launch(ptx_path: str, log_path: str):
+  """(threads a program, dynamic shared memory bytes) of a Mosaic GPU kernel: the PTX's
+  .maxntid, and the constant the last launch in its MLIR pass log (the final IR) passes as
+  dynamic_shared_memory_size. None for what is not found."""
+  with open(ptx_path) as f:
+    m = _MAXNTID.search(f.read())
+  threads = int(m.group(1)) * int(m.group(2)) * int(m.group(3)) if m else None
+  with open(log_path) as f:
+    log = f.read()
+  launches = list(_LAUNCH.finditer(log))
+  if not launches:
+    return threads, None
+  var = re.escape(launches[-1].group(1))
+  values = re.findall(
+    var + r" = (?:llvm\.mlir|arith)\.constant\(?(\d+) : i32", log[: launches[-1].start()]
+  )
+  return threads, int(values[-1]) if values else None
+
+
+# An sm_90 SM (H100, H200): registers, shared memory for its programs, and what each program
+# reserves besides its own (the CUDA occupancy rules: registers go to warps in 256s).
+SM90 = dict(registers=65536, smem_bytes=233472, smem_reserved=1024, warps=64, programs=32)
+
+
+def programs_per_sm(registers, smem_bytes, threads, sm=SM90):
+  """How many programs (CUDA blocks) of a kernel an SM holds at once by its registers a thread,
+  dynamic shared memory and threads a program; None when any is unknown."""
+  if registers is None or smem_bytes is None or not threads:
+    return None
+  warps = -(-threads // 32)
+  per_warp = -(-registers * 32 // 256) * 256
+  return min(
+    sm["programs"],
+    sm["warps"] // warps,
+    sm["registers"] // (per_warp * warps),
+    sm["smem_bytes"] // (smem_bytes + sm["smem_reserved"]),
+  )
 
 
 def run_on_ptx(path: str) -> dict:
@@ -95,14 +148,19 @@ def run_on_ptx(path: str) -> dict:
 
 
 def table(report: dict) -> str:
-  """A markdown table of a report, one row a kernel."""
+  """A markdown table of a report, one row a kernel; the launch's columns are empty where the
+  report has none (Triton kernels)."""
   lines = [
-    "| kernel | registers | spill stores (bytes) | spill loads (bytes) | stack (bytes) |",
-    "|---|---|---|---|---|",
+    "| kernel | registers | spill stores (bytes) | spill loads (bytes) | stack (bytes) | "
+    "threads | shared memory (bytes) | programs an SM |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for key, s in report.items():
+    launch = " | ".join(
+      "" if s.get(k) is None else str(s[k]) for k in ("threads", "smem_bytes", "programs_per_sm")
+    )
     lines.append(
       f"| {key} | {s['registers']} | {s['spill_store_bytes']} | {s['spill_load_bytes']} | "
-      f"{s['stack_bytes']} |"
+      f"{s['stack_bytes']} | {launch} |"
     )
   return "\n".join(lines)
