@@ -56,9 +56,15 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
   """Shared memory of either kernel: constants, swap; the program's own tiles (n_self [b, D]
   tiles, their rows and segment ids); a double-buffered loop of n_other tiles a slot with their
   rows (positions, lse, delta) and segment ids; rotated copies; staging; barriers. The segment
-  buffers are allocated unsegmented too (a few hundred bytes), which keeps one unpacking."""
+  buffers are allocated unsegmented too (a few hundred bytes), which keeps one unpacking.
+  Where the rotation allows (rotation.in_place) every tile is rotated in its own buffer and the
+  outputs are staged in the own tiles: the rotated copies and staging are placeholders, 32 KiB
+  less at D = 64 and 64 at D = 128 (two programs an SM fit there)."""
   b = BLOCK
   smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
+  copies = (
+    [plgpu.SMEM((1,), jnp.float32)] * 2 if rotation.in_place(plan, D) else [smem((2, b, D))] * 2
+  )
   return [
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),
     rotation.swap_scratch(plan, D, smem),
@@ -68,8 +74,7 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
     smem((2, n_other, b, D)),
     plgpu.SMEM((2, 3, b), jnp.float32),
     plgpu.SMEM((2, b), jnp.int32),
-    smem((2, b, D)),
-    smem((2, b, D)),  # rotated tiles, float32 staging
+    *copies,  # rotated tiles, float32 staging
     plgpu.Barrier(num_barriers=8),
     plgpu.Barrier(num_barriers=2 * n_loop_bars),
   ]
@@ -150,13 +155,11 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
   D = own_s.shape[-1]
-  # q_r and (RoVE) dO_r into the staging buffers: own_s keeps q and dO for nothing more.
-  pairs = [(own_s.at[0], stage_s.at[0])]
-  if plan.rotate_output:
-    pairs.append((own_s.at[1], stage_s.at[1]))
-  rot.to(pairs, own_rows.at[0], scale_first=True)
+  in_place = rotation.in_place(plan, D)
+  # q_r and (RoVE) dO_r in place or into the staging buffers (own_s then keeps q and dO for
+  # nothing more).
+  q_r_s, do_r_s = _turn(plan, rot, own_s, stage_s, own_rows.at[0], in_place, True)
   plgpu.commit_smem()
-  q_r_s, do_r_s = stage_s.at[0], stage_s.at[1] if plan.rotate_output else own_s.at[1]
   stats = (ops.load(own_rows.at[1], 1), ops.load(own_rows.at[2], 1))  # lse, delta
   q_seg = ops.load(own_seg, 1) if plan.segmented else None
 
@@ -164,14 +167,10 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     slot = lax.rem(j, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    pairs = [(loop_s.at[slot, 0], rot_s.at[0])]
-    if plan.rotate_values:
-      pairs.append((loop_s.at[slot, 1], rot_s.at[1]))
-    rot.to(pairs, loop_rows.at[slot, 0])
-    values = rot_s.at[1] if plan.rotate_values else loop_s.at[slot, 1]
+    k_r, v_r = _turn(plan, rot, loop_s.at[slot], rot_s, loop_rows.at[slot, 0], in_place, False)
     kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
-    operands = (q_r_s, do_r_s, rot_s.at[0], values)
+    operands = (q_r_s, do_r_s, k_r, v_r)
     acc = query_products(ops, plan, acc, operands, (q_start, j * bk), (q_seg, kv_seg), stats)
     pl.when(j + 2 < n_blocks)(lambda: fetch(j + 2, slot))
     return acc
@@ -179,7 +178,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   acc = lax.fori_loop(0, n_blocks, step, ops.wgmma_layout(jnp.zeros((bq, D), jnp.float32)))
   # The scale and the tables from shared memory again, not held across the loop.
   dq = acc * rotation.query_scale(ops, consts_s, acc.shape)
-  rot.f32(dq, own_rows.at[0], stage_s, own_s.at[0], inverse=True)
+  rot.f32(dq, own_rows.at[0], own_s.at[0] if in_place else stage_s, own_s.at[0], inverse=True)
   tiles.store((own_s.at[0], dq_ref.at[b, rows, h]))
 
 
@@ -250,30 +249,23 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
   D = own_s.shape[-1]
-  pairs = [(own_s.at[0], stage_s.at[0])]
-  if plan.rotate_values:
-    pairs.append((own_s.at[1], stage_s.at[1]))
-  rot.to(pairs, own_rows.at[0])
+  in_place = rotation.in_place(plan, D)
+  k_r_s, v_r_s = _turn(plan, rot, own_s, stage_s, own_rows.at[0], in_place, False)
   plgpu.commit_smem()
-  k_r_s, v_r_s = stage_s.at[0], stage_s.at[1] if plan.rotate_values else own_s.at[1]
   kv_seg = ops.load(own_seg, 1) if plan.segmented else None
 
   def step(t, carry):
     slot = lax.rem(t, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    pairs = [(loop_s.at[slot, 0], rot_s.at[0])]
-    if plan.rotate_output:
-      pairs.append((loop_s.at[slot, 1], rot_s.at[1]))
-    rot.to(pairs, loop_rows.at[slot, 0], scale_first=True)
-    do_r = rot_s.at[1] if plan.rotate_output else loop_s.at[slot, 1]
+    q_r, do_r = _turn(plan, rot, loop_s.at[slot], rot_s, loop_rows.at[slot, 0], in_place, True)
     plgpu.commit_smem()
     starts = ((first + lax.rem(t, per_head)) * bq, k_start)
     carry = key_products(
       ops,
       plan,
       carry,
-      (k_r_s, v_r_s, rot_s.at[0], do_r),
+      (k_r_s, v_r_s, q_r, do_r),
       starts,
       kv_seg,
       (loop_rows.at[slot], loop_seg.at[slot]),
@@ -285,12 +277,23 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   dk_acc, dv_acc = lax.fori_loop(0, n_steps, step, (zeros, zeros))
   # The tables from the positions again, not held across the loop.
   kv_pos = own_rows.at[0]
-  rot.f32(dk_acc, kv_pos, rot_s, own_s.at[0], inverse=True)
+  rot.f32(dk_acc, kv_pos, own_s.at[0] if in_place else rot_s, own_s.at[0], inverse=True)
   if plan.rotate_values:
-    rot.f32(dv_acc, kv_pos, rot_s, own_s.at[1], inverse=True)
+    rot.f32(dv_acc, kv_pos, own_s.at[1] if in_place else rot_s, own_s.at[1], inverse=True)
   else:
     own_s.at[1][...] = dv_acc.astype(dt)
   tiles.store((own_s.at[0], dk_ref.at[b, keys, kh]), (own_s.at[1], dv_ref.at[b, keys, kh]))
+
+
+def _turn(plan: Plan, rot, tiles_s, copies_s, pos_ref, in_place: bool, queries: bool):
+  """Rotates a pair of [b, D] tiles in shared memory (tiles_s.at[0], .at[1]): k and (RoVE) v,
+  or with queries q (times the query scale) and (RoVE) dO; in place, or into copies_s. Returns
+  the two tiles the products read (the second unrotated where it is not turned)."""
+  second = plan.rotate_output if queries else plan.rotate_values
+  src = [tiles_s.at[0]] + ([tiles_s.at[1]] if second else [])
+  dst = src if in_place else [copies_s.at[0], copies_s.at[1]]
+  rot.to(list(zip(src, dst)), pos_ref, scale_first=queries)
+  return dst[0], dst[1] if second else tiles_s.at[1]
 
 
 def fetch_keys(plan: Plan, r, bufs, bar, where, slot) -> None:
