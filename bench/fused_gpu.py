@@ -23,8 +23,8 @@ bytes and the Triton and Mosaic GPU kernels in the compiled HLO; with --ptxas al
 kernel's registers and spills by `ptxas -v` (rove_jax.aot.ptxas: the Triton kernel's from the
 PTX XLA wrote, the Mosaic GPU kernels' from the reports Mosaic GPU writes as it compiles them,
 with their threads, shared memory and the programs an SM holds from the PTX and launch it
-dumps), and with --sass each fused kernel's instructions by class (rove_jax.aot.sass: its PTX assembled
-and listed here; needs cuobjdump and nvdisasm).
+dumps), and with --sass each fused kernel's instructions by class (rove_jax.aot.sass: its PTX
+assembled and listed here; needs cuobjdump and nvdisasm).
 --backward-block sets the Triton kernel's backward blocks.
 --interpret runs the GPU kernels in Pallas interpret mode against the "xla" kernel (cuDNN needs
 a GPU); its timings mean nothing, it checks that the script runs.
