@@ -375,7 +375,7 @@ def _forward_body(plan: Plan, nk: int, G: int, in_place: bool, *refs):
   plgpu.commit_smem()
   q_seg = ops.load(qseg_s, 1) if plan.segmented else None
 
-  def step(j, carry):
+  def step(j, carry, masked=True):
     slot = lax.rem(j, 2)
     for n in range(n_kv_bar):
       plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
@@ -394,13 +394,17 @@ def _forward_body(plan: Plan, nk: int, G: int, in_place: bool, *refs):
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
     s = ops.mma(q_r_s, k_r, transpose_b=True)  # [bq, bk]
-    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
+    mask = (
+      tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
+      if masked
+      else None
+    )
     carry = tiles.softmax_step(ops, carry, s, mask, values)
     pl.when(j + 2 < n_blocks)(lambda: fetch(j + 2, slot))
     return carry
 
   start = tiles.softmax_start(ops, bq, q_s.shape[1])
-  o, lse = tiles.softmax_end(lax.fori_loop(0, n_blocks, step, start))
+  o, lse = tiles.softmax_end(tiles.key_block_loop(plan, q_start, n_blocks, step, start))
   if plan.rotate_output:  # its tables from the positions again, not held across the loop
     rot.f32(o, qpos_s, q_s if in_place else stage_s, q_s, inverse=True)
   else:

@@ -163,7 +163,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   stats = (ops.load(own_rows.at[1], 1), ops.load(own_rows.at[2], 1))  # lse, delta
   q_seg = ops.load(own_seg, 1) if plan.segmented else None
 
-  def step(j, acc):
+  def step(j, acc, masked=True):
     slot = lax.rem(j, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
@@ -171,11 +171,13 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
     operands = (q_r_s, do_r_s, k_r, v_r)
-    acc = query_products(ops, plan, acc, operands, (q_start, j * bk), (q_seg, kv_seg), stats)
+    where = (q_start, j * bk)
+    acc = query_products(ops, plan, acc, operands, where, (q_seg, kv_seg), stats, masked)
     pl.when(j + 2 < n_blocks)(lambda: fetch(j + 2, slot))
     return acc
 
-  acc = lax.fori_loop(0, n_blocks, step, ops.wgmma_layout(jnp.zeros((bq, D), jnp.float32)))
+  zeros = ops.wgmma_layout(jnp.zeros((bq, D), jnp.float32))
+  acc = tiles.key_block_loop(plan, q_start, n_blocks, step, zeros)
   # The scale and the tables from shared memory again, not held across the loop.
   dq = acc * rotation.query_scale(ops, consts_s, acc.shape)
   rot.f32(dq, own_rows.at[0], own_s.at[0] if in_place else stage_s, own_s.at[0], inverse=True)
@@ -315,14 +317,15 @@ def fetch_keys(plan: Plan, r, bufs, bar, where, slot) -> None:
     plgpu.copy_gmem_to_smem(src, dst, bar.at[slot * len(pairs) + n])
 
 
-def query_products(ops, plan: Plan, acc, operands, starts, segs, stats):
+def query_products(ops, plan: Plan, acc, operands, starts, segs, stats, masked: bool = True):
   """One key block's contribution to a query block's dq_r accumulator [bq, D] (acc). operands:
   (q_r, dO_r, k_r, v_r) tiles in shared memory; starts: (first query, first key) index; segs:
-  (the queries', the keys' segment ids) or Nones; stats: the queries' (lse, delta) [bq]."""
+  (the queries', the keys' segment ids) or Nones; stats: the queries' (lse, delta) [bq];
+  masked=False: every key of the block is visible to every query (tiles.key_block_loop)."""
   q_r, do_r, k_r, v_r = operands
   lse, delta = stats
   s = ops.mma(q_r, k_r, transpose_b=True)  # [bq, bk]
-  mask = tiles.visible(ops, plan, *starts, *segs, s.shape, keys_in_rows=False)
+  mask = tiles.visible(ops, plan, *starts, *segs, s.shape, keys_in_rows=False) if masked else None
   if mask is not None:
     s = jnp.where(mask, s, -jnp.inf)
   p = tiles.exp_minus(s, lse, 1)

@@ -245,6 +245,19 @@ def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args, **t
   )(*args)
 
 
+def key_block_loop(plan: Plan, q_start, n_blocks, step, carry):
+  """lax.fori_loop of step(j, carry, masked) over key blocks 0 .. n_blocks - 1 of a program
+  whose first query is q_start. Where causality by index is all the mask (causal, no segment
+  ids), the blocks whose every key is at or before q_start see no mask: they run first, in a
+  loop of their own whose code has none (the mask's compares and selects are about 130
+  instructions a thread a block at D = 64; only the blocks on the diagonal keep them)."""
+  if not plan.causal or plan.segmented:
+    return lax.fori_loop(0, n_blocks, step, carry)
+  n_free = jnp.minimum(lax.div(q_start + 1, plan.bk), n_blocks)
+  carry = lax.fori_loop(0, n_free, lambda j, c: step(j, c, masked=False), carry)
+  return lax.fori_loop(n_free, n_blocks, step, carry)
+
+
 def last_key_block(plan: Plan, q_start, n_kv_blocks: int):
   """The last key block a query block starting at q_start reads (all without causality)."""
   if not plan.causal:
