@@ -97,34 +97,24 @@ def mix(ops: collections.Counter) -> dict:
   return out
 
 
-def _tool(name: str) -> Optional[str]:
-  """A CUDA tool from PATH or from the nvidia wheels (nvidia/*/bin)."""
-  found = shutil.which(name)
-  if found:
-    return found
-  try:
-    import nvidia
-  except ImportError:
-    return None
-  for root in nvidia.__path__:
-    for path in sorted(glob.glob(os.path.join(root, "*", "bin", name)), reverse=True):
-      if os.access(path, os.X_OK):
-        return path
-  return None
-
-
-def _ptxas_binaries() -> list:
-  """Every ptxas to try: PATH's first (a CUDA toolkit), then the nvidia wheels' (nvidia-cuda-nvcc
-  for CUDA 13 under nvidia/cu13, nvidia-cuda-nvcc-cu12 under nvidia/cuda_nvcc)."""
-  out = [shutil.which("ptxas")]
+def _candidates(name: str) -> list:
+  """Every executable CUDA tool of this name: PATH's first (a CUDA toolkit), then the nvidia
+  wheels' (nvidia/*/bin: CUDA 13's under nvidia/cu13, nvidia-cuda-nvcc-cu12's under
+  nvidia/cuda_nvcc)."""
+  out = [shutil.which(name)]
   try:
     import nvidia
 
     for root in nvidia.__path__:
-      out += sorted(glob.glob(os.path.join(root, "*", "bin", "ptxas")), reverse=True)
+      out += sorted(glob.glob(os.path.join(root, "*", "bin", name)), reverse=True)
   except ImportError:
     pass
   return [p for p in dict.fromkeys(out) if p and os.access(p, os.X_OK)]
+
+
+def _tool(name: str) -> Optional[str]:
+  """The first of `_candidates`, or None."""
+  return next(iter(_candidates(name)), None)
 
 
 def assemble(ptx_path: str, cubin_path: str) -> None:
@@ -133,15 +123,14 @@ def assemble(ptx_path: str, cubin_path: str) -> None:
   with open(ptx_path) as f:
     arch = next(line.split()[1] for line in f if line.startswith(".target"))
   errors = []
-  for ptxas in _ptxas_binaries():
+  for ptxas in _candidates("ptxas"):
     run = subprocess.run(
       [ptxas, f"-arch={arch}", ptx_path, "-o", cubin_path], capture_output=True, text=True
     )
     if run.returncode == 0:
       return
-    errors.append(
-      f"{ptxas}: {run.stderr.strip().splitlines()[0] if run.stderr else run.returncode}"
-    )
+    first = run.stderr.strip().splitlines()[0] if run.stderr.strip() else f"exit {run.returncode}"
+    errors.append(f"{ptxas}: {first}")
   raise RuntimeError(
     f"no ptxas could assemble {ptx_path} (" + "; ".join(errors or ["none found"]) + "): install "
     "a CUDA toolkit whose ptxas reads this PTX version, or nvidia-cuda-nvcc at it"
@@ -150,7 +139,7 @@ def assemble(ptx_path: str, cubin_path: str) -> None:
 
 def missing_tools() -> Optional[str]:
   """None when ptxas, cuobjdump and nvdisasm are at hand; else what to install."""
-  if not _ptxas_binaries():
+  if _tool("ptxas") is None:
     return "counting SASS needs ptxas: a CUDA toolkit on PATH, or pip install nvidia-cuda-nvcc"
   if _tool("cuobjdump") is None or _tool("nvdisasm") is None:
     return _TOOLS_HINT

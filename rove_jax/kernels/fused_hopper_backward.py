@@ -62,9 +62,7 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
   less at D = 64 and 64 at D = 128 (two programs an SM fit there)."""
   b = BLOCK
   smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
-  copies = (
-    [plgpu.SMEM((1,), jnp.float32)] * 2 if rotation.in_place(plan, D) else [smem((2, b, D))] * 2
-  )
+  copies = [tiles.placeholder()] * 2 if rotation.in_place(plan, D) else [smem((2, b, D))] * 2
   return [
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),
     rotation.swap_scratch(plan, D, smem),

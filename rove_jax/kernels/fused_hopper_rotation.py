@@ -69,14 +69,13 @@ def in_place(plan: Plan, D: int) -> bool:
   """Whether Rotation.to turns a [n, D] tile in place still a column piece at a time: by
   slices, with one piece (D <= 64), or where every pair lies within a piece (`Rotation._local`).
   Elsewhere in place takes the whole tile at once (its tables and products in registers)."""
-  r = plan.pair_offset
-  return plan.slice_swap or D <= COLS or r == 1 or 2 * r <= COLS
+  return plan.slice_swap or D <= COLS or _pairs_local(plan.pair_offset)
 
 
 def swap_scratch(plan: Plan, D: int, smem):
   """The swap matrix's shared memory: smem((D, D)), or a placeholder with plan.slice_swap (it
   keeps the kernels' scratch unpacking)."""
-  return plgpu.SMEM((1,), F32) if plan.slice_swap else smem((D, D))
+  return tiles.placeholder() if plan.slice_swap else smem((D, D))
 
 
 def constant_copies(plan: Plan, consts, swap) -> list:
@@ -195,9 +194,8 @@ class Rotation(NamedTuple):
 
   def _local(self) -> bool:
     """Whether both members of every pair lie in one swap-matrix piece: the interleaved layout
-    (pairs 2i, 2i + 1), or the half layout with all rotated dims in the first piece (the same
-    test as `in_place`'s)."""
-    return self.r == 1 or 2 * self.r <= COLS
+    (pairs 2i, 2i + 1), or the half layout with all rotated dims in the first piece."""
+    return _pairs_local(self.r)
 
   def _swapped(self, x_ref, piece, acc=None):
     """swap(x) of a bfloat16 tile in shared memory [n, D], or its column piece: the piece's
@@ -256,6 +254,11 @@ class Rotation(NamedTuple):
     rest = (2 * self.r, y.shape[1] - 2 * self.r)
     if rest[1]:
       _cols(dst_ref, rest)[...] = _cols(y, rest).astype(dst_ref.dtype)
+
+
+def _pairs_local(r: int) -> bool:
+  """Whether both members of every pair (pair offset r) lie in one COLS-column piece."""
+  return r == 1 or 2 * r <= COLS
 
 
 def _pieces(D: int):

@@ -83,6 +83,13 @@ class Ops(NamedTuple):
     return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
 
 
+def placeholder():
+  """A one-word shared-memory buffer standing where a kernel variant needs none (the swap
+  matrix under slices, rotated copies under in-place rotation): every variant then unpacks its
+  scratch the same way."""
+  return plgpu.SMEM((1,), F32)
+
+
 def is_ref(x) -> bool:
   """Whether x is a ref (shared memory) rather than a value (registers)."""
   return hasattr(x, "transforms") or isinstance(jax.typeof(x), jax.ref.AbstractRef)
@@ -230,9 +237,9 @@ def named(plan: Plan, part: str, body):
 
 def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args, **threads):
   """plgpu.kernel(body), compiled or interpreted by plan; one warpgroup a program unless
-  threads gives num_threads and thread_name. Approximate math: exp2 and log take the GPU's
-  ex2 and lg2 instructions (the kernels call no other function it changes: their sin and cos
-  are rove_jax.kernels.trig's, their divisions exact)."""
+  threads gives num_threads and thread_name. Approximate math: exp2, log, sin and cos take the
+  GPU's ex2, lg2, sin.approx and cos.approx (sin and cos only of trig.sincos's reduced angle,
+  within [-pi, pi]); the kernels call no other function it changes (their divisions exact)."""
   return plgpu.kernel(
     body,
     **threads,

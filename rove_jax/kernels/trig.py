@@ -26,10 +26,10 @@ _PIO2 = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
 _SIN = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
 _COS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
 # 1.5 * 2**23, whose ulp is 1: t + _ROUND is t rounded to the nearest integer k, plus _ROUND, for
-# |t| < 2**22, and its bits are _ROUND_BITS + k (two's complement, the exponent unchanged): k mod
-# 4 (the quadrant) and k rounded to a multiple of 256 come from integer masks, not conversions.
+# |t| < 2**22, and its bits are _ROUND's (0x4B400000) + k (two's complement, the exponent
+# unchanged): k mod 4 (the quadrant) and k rounded to a multiple of 256 come from integer masks,
+# not conversions.
 _ROUND = 1.5 * 2.0**23
-_ROUND_BITS = 0x4B400000
 _EXPONENT_BITS = 0x4B000000  # the exponent field every such sum shares
 _SIGN = -(2**31)  # the float32 sign bit, as an int32
 LOG2E = math.log2(math.e)
@@ -74,7 +74,7 @@ def sincos(a, *, hardware: bool = False):
   z = r * r
   sin_r = r + r * z * (_SIN[0] + z * (_SIN[1] + z * _SIN[2]))
   cos_r = 1.0 - 0.5 * z + z * z * (_COS[0] + z * (_COS[1] + z * _COS[2]))
-  odd = jnp.bitwise_and(bits, 1) == 1  # _ROUND_BITS is a multiple of 4: bits mod 4 = k mod 4
+  odd = jnp.bitwise_and(bits, 1) == 1  # _ROUND's bits are a multiple of 4: bits mod 4 = k mod 4
   sin_a = jnp.where(odd, cos_r, sin_r)
   cos_a = jnp.where(odd, sin_r, cos_r)
   # sin is negative in quadrants 2 and 3, cos in 1 and 2: bit 1 of k and of k + 1.

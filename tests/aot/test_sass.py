@@ -97,9 +97,9 @@ def test_the_main_loop_runs_from_the_back_edges_target_to_it():
 
 
 def test_missing_tools_say_what_to_install(monkeypatch):
-  monkeypatch.setattr(sass.shutil, "which", lambda name: None)
-  monkeypatch.setattr(sass, "_ptxas_binaries", lambda: ["/usr/bin/true"])
-  monkeypatch.setattr(sass, "_tool", lambda name: None)
+  monkeypatch.setattr(
+    sass, "_candidates", lambda name: ["/usr/bin/true"] if name == "ptxas" else []
+  )
   assert "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm" in sass.missing_tools()
-  monkeypatch.setattr(sass, "_ptxas_binaries", lambda: [])
+  monkeypatch.setattr(sass, "_candidates", lambda name: [])
   assert "needs ptxas" in sass.missing_tools()
