@@ -239,9 +239,11 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   first = lax.div(k_start, jnp.int32(bq)) if plan.causal else jnp.int32(0)
   per_head = nq - first
   n_steps = G * per_head
+  block_of = _query_block_order(plan, G, first, per_head)
 
   def fetch(t, slot):
-    where = (b, kh * G + lax.div(t, per_head), (first + lax.rem(t, per_head)) * bq)
+    g, qb = block_of(t)
+    where = (b, kh * G + g, qb * bq)
     fetch_queries(plan, r, (loop_s, loop_rows, loop_seg), loop_bar, where, slot)
 
   fetch(0, 0)  # n_steps >= G >= 1: every key block has a query block at or after it
@@ -254,13 +256,13 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   plgpu.commit_smem()
   kv_seg = ops.load(own_seg, 1) if plan.segmented else None
 
-  def step(t, carry):
+  def step(t, carry, masked=True):
     slot = lax.rem(t, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
     q_r, do_r = _turn(plan, rot, loop_s.at[slot], rot_s, loop_rows.at[slot, 0], in_place, True)
     plgpu.commit_smem()
-    starts = ((first + lax.rem(t, per_head)) * bq, k_start)
+    starts = (block_of(t)[1] * bq, k_start)
     carry = key_products(
       ops,
       plan,
@@ -269,12 +271,19 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
       starts,
       kv_seg,
       (loop_rows.at[slot], loop_seg.at[slot]),
+      masked,
     )
     pl.when(t + 2 < n_steps)(lambda: fetch(t + 2, slot))
     return carry
 
   zeros = ops.wgmma_layout(jnp.zeros((bk, D), jnp.float32))
-  dk_acc, dv_acc = lax.fori_loop(0, n_steps, step, (zeros, zeros))
+  carry = (zeros, zeros)
+  if _diagonal_first(plan):
+    carry = lax.fori_loop(0, G, step, carry)
+    carry = lax.fori_loop(G, n_steps, lambda t, c: step(t, c, masked=False), carry)
+  else:
+    carry = lax.fori_loop(0, n_steps, step, carry)
+  dk_acc, dv_acc = carry
   # The tables from the positions again, not held across the loop.
   kv_pos = own_rows.at[0]
   rot.f32(dk_acc, kv_pos, own_s.at[0] if in_place else rot_s, own_s.at[0], inverse=True)
@@ -283,6 +292,33 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   else:
     own_s.at[1][...] = dv_acc.astype(dt)
   tiles.store((own_s.at[0], dk_ref.at[b, keys, kh]), (own_s.at[1], dv_ref.at[b, keys, kh]))
+
+
+def _diagonal_first(plan: Plan) -> bool:
+  """Whether the dk, dv loop runs the diagonal query blocks first and the rest without mask
+  code: where causality by index is all the mask (causal, no segment ids), as
+  tiles.key_block_loop does for the forward and dq."""
+  return plan.causal and not plan.segmented
+
+
+def _query_block_order(plan: Plan, G: int, first, per_head):
+  """t -> (head within the kv head's group, query block) of the dk, dv loop's step t, over the
+  G heads' query blocks first .. first + per_head - 1. With _diagonal_first, steps 0 .. G - 1
+  are each head's block `first`, the one on the diagonal (bq == bk: the later blocks' every
+  query is past every key of the program's block), and the rest follow head by head; else
+  head by head from `first`."""
+  if not _diagonal_first(plan):
+    return lambda t: (lax.div(t, per_head), first + lax.rem(t, per_head))
+  assert plan.bq == plan.bk, "one diagonal query block a head needs square blocks"
+  rest = jnp.maximum(per_head - 1, 1)
+
+  def block_of(t):
+    u = jnp.maximum(t - G, 0)
+    on_diagonal = t < G
+    g = jnp.where(on_diagonal, t, lax.div(u, rest))
+    return g, jnp.where(on_diagonal, first, first + 1 + lax.rem(u, rest))
+
+  return block_of
 
 
 def _turn(plan: Plan, rot, tiles_s, copies_s, pos_ref, in_place: bool, queries: bool):
@@ -353,11 +389,12 @@ def fetch_queries(plan: Plan, r, bufs, bar, where, slot) -> None:
     plgpu.copy_gmem_to_smem(src, dst, bar.at[slot * len(pairs) + n])
 
 
-def key_products(ops, plan: Plan, carry, operands, starts, kv_seg, rows):
+def key_products(ops, plan: Plan, carry, operands, starts, kv_seg, rows, masked: bool = True):
   """One query block's contribution to a key block's (dk_r, dv_r) accumulators [bk, D] (carry),
   on transposed scores [bk, bq]. operands: (k_r, v_r, q_r, dO_r) tiles in shared memory;
   starts: (first query, first key) index; kv_seg: the keys' segment ids (or None); rows: the
-  query block's [3, bq] rows (positions, lse, delta) and segment ids in shared memory."""
+  query block's [3, bq] rows (positions, lse, delta) and segment ids in shared memory;
+  masked=False: every key of the block is visible to every query."""
   dk_acc, dv_acc = carry
   k_r, v_r, q_r, do_r = operands
   rows_s, seg_s = rows
@@ -365,7 +402,9 @@ def key_products(ops, plan: Plan, carry, operands, starts, kv_seg, rows):
   lse, delta = ops.load(rows_s.at[1], 0), ops.load(rows_s.at[2], 0)
   q_seg = ops.load(seg_s, 0) if plan.segmented else None
   s_t = ops.mma(k_r, q_r, transpose_b=True)  # [bk, bq]
-  mask = tiles.visible(ops, plan, *starts, q_seg, kv_seg, s_t.shape, keys_in_rows=True)
+  mask = None
+  if masked:
+    mask = tiles.visible(ops, plan, *starts, q_seg, kv_seg, s_t.shape, keys_in_rows=True)
   if mask is not None:
     s_t = jnp.where(mask, s_t, -jnp.inf)
   p_t = tiles.exp_minus(s_t, lse, 0)
