@@ -358,8 +358,9 @@ def _forward_body(plan: Plan, nk: int, G: int, in_place: bool, *refs):
     plgpu.copy_gmem_to_smem(src, dst, fixed_bar.at[n])
 
   def fetch(j, slot):
-    srcs, bufs = (k_ref, v_ref, kv_pos_ref, kv_seg_ref), (k_s, v_s, kvpos_s, kvseg_s)
-    tiles.fetch_keys(plan, srcs, bufs, kv_bar, b, kh, j, slot)
+    srcs = (k_ref, v_ref, kv_pos_ref, kv_seg_ref)
+    dsts = lambda s: (k_s.at[s], v_s.at[s], kvpos_s.at[s], kvseg_s.at[s])
+    tiles.fetch_keys(plan, srcs, dsts, kv_bar, b, kh, j, slot)
 
   n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
   fetch(0, 0)

@@ -144,7 +144,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   n_loop = 3 + (1 if plan.segmented else 0)
 
   def fetch(j, slot):
-    fetch_keys(plan, r, (loop_s, loop_rows, loop_seg), loop_bar, (b, kh, j * bk), slot)
+    fetch_keys(plan, r, (loop_s, loop_rows, loop_seg), loop_bar, (b, kh, j), slot)
 
   n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
   fetch(0, 0)
@@ -333,22 +333,13 @@ def _turn(plan: Plan, rot, tiles_s, copies_s, pos_ref, in_place: bool, queries: 
 
 
 def fetch_keys(plan: Plan, r, bufs, bar, where, slot) -> None:
-  """Issues the TMA copies of one key block of one kv head into `slot` of the dq kernels'
-  double buffers: k and v into tiles [2, 2, bk, D] (slot, then k or v), positions into rows
-  [2, 3, bk] (row 0), segment ids (when segmented) into [2, bk]; each copy on its own barrier,
-  bar.at[slot * n + i] for the i-th of n. where: (example, kv head, first key)."""
+  """tiles.fetch_keys into the dq kernels' double buffers: k and v into tiles [2, 2, bk, D]
+  (slot, then k or v), positions into rows [2, 3, bk] (row 0), segment ids (when segmented)
+  into [2, bk]. where: (example, kv head, key block)."""
   tiles_s, rows_s, seg_s = bufs
-  b, kh, start = where
-  keys = pl.ds(start, plan.bk)
-  pairs = [
-    (r["k"].at[b, keys, kh], tiles_s.at[slot, 0]),
-    (r["v"].at[b, keys, kh], tiles_s.at[slot, 1]),
-    (r["kv_pos"].at[b, keys], rows_s.at[slot, 0]),
-  ]
-  if plan.segmented:
-    pairs.append((r["kv_seg"].at[b, keys], seg_s.at[slot]))
-  for n, (src, dst) in enumerate(pairs):
-    plgpu.copy_gmem_to_smem(src, dst, bar.at[slot * len(pairs) + n])
+  srcs = (r["k"], r["v"], r["kv_pos"], r.get("kv_seg"))
+  dsts = lambda s: (tiles_s.at[s, 0], tiles_s.at[s, 1], rows_s.at[s, 0], seg_s.at[s])
+  tiles.fetch_keys(plan, srcs, dsts, bar, *where, slot)
 
 
 def query_products(ops, plan: Plan, acc, operands, starts, segs, stats, masked: bool = True):

@@ -165,7 +165,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
 
   def fetch(j, slot):
     bufs = (loop_s, loop_rows, loop_seg)
-    backward.fetch_keys(plan, r, bufs, loop_bar, (b, kh, j * BLOCK), slot)
+    backward.fetch_keys(plan, r, bufs, loop_bar, (b, kh, j), slot)
 
   @pl.when(wg == 0)
   def _():

@@ -152,21 +152,17 @@ def forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD):
   return args + [q_BTHD, k_BSKD, v_BSKD], out_type
 
 
-def fetch_keys(plan, srcs, bufs, bar, b, kh, j, slot) -> None:
+def fetch_keys(plan, srcs, dsts, bar, b, kh, j, slot) -> None:
   """Issues the TMA copies of key block j of example b, kv head kh (k, v, positions and, when
   segmented, segment ids) into `slot` of their double buffers, each on its own barrier:
   bar.at[slot * n + i] for the i-th of the n copies. srcs: (k, v, kv positions, kv segment ids
-  or None) in HBM; bufs: their [2, ...] shared-memory buffers in the same order."""
+  or None) in HBM; dsts(slot): their shared-memory destinations in the same order."""
   keys = pl.ds(j * plan.bk, plan.bk)
   k_ref, v_ref, pos_ref, seg_ref = srcs
-  k_s, v_s, pos_s, seg_s = bufs
-  pairs = [
-    (k_ref.at[b, keys, kh], k_s.at[slot]),
-    (v_ref.at[b, keys, kh], v_s.at[slot]),
-    (pos_ref.at[b, keys], pos_s.at[slot]),
-  ]
+  k_s, v_s, pos_s, seg_s = dsts(slot)
+  pairs = [(k_ref.at[b, keys, kh], k_s), (v_ref.at[b, keys, kh], v_s), (pos_ref.at[b, keys], pos_s)]
   if plan.segmented:
-    pairs.append((seg_ref.at[b, keys], seg_s.at[slot]))
+    pairs.append((seg_ref.at[b, keys], seg_s))
   for i, (src, dst) in enumerate(pairs):
     plgpu.copy_gmem_to_smem(src, dst, bar.at[slot * len(pairs) + i])
 

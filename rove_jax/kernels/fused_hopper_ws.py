@@ -140,8 +140,9 @@ def _body(plan: Plan, nk: int, G: int, *refs):
   n_blocks = tiles.last_key_block(plan, qb * (W * plan.bq), nk) + 1
 
   def fetch(j, slot):
-    srcs, bufs = (k_ref, v_ref, kv_pos_ref, kv_seg_ref), (k_s, v_s, kvpos_s, kvseg_s)
-    tiles.fetch_keys(plan, srcs, bufs, kv_bar, b, kh, j, slot)
+    srcs = (k_ref, v_ref, kv_pos_ref, kv_seg_ref)
+    dsts = lambda s: (k_s.at[s], v_s.at[s], kvpos_s.at[s], kvseg_s.at[s])
+    tiles.fetch_keys(plan, srcs, dsts, kv_bar, b, kh, j, slot)
 
   def first_fetches():
     fetch(0, 0)
