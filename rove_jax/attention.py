@@ -117,6 +117,42 @@ def rove_attention_rotated(
   )
 
 
+def packed_attention(
+  qkv,
+  *,
+  kind: str,
+  q_positions,
+  kv_positions,
+  rope: Rope,
+  mask: Optional[Mask] = None,
+  kernel: KernelArg = "xla",
+) -> jax.Array:
+  """`rope_attention` (kind "rope"), `rove_attention` ("rove") or `rove_attention_rotated`
+  ("rove_rotated") of q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]: the same result.
+  A kernel that reads q, k and v in place (KernelCall.qkv_BT3HD: the Hopper fused kernel) gets
+  the buffer itself, so no copies of q, k and v are made for it.
+
+  Args:
+    qkv: [B, T, 3, H, D], q, k and v stacked on axis 2 (multi-head attention, K = H), e.g. one
+      fused projection's output.
+    kind: "rope", "rove" or "rove_rotated".
+    Others: as in `rope_attention`.
+
+  Returns:
+    [B, T, H, D] in qkv.dtype.
+  """
+  qkv = jnp.asarray(qkv)
+  if qkv.ndim != 5 or qkv.shape[2] != 3:
+    raise ValueError(
+      f"qkv must be [B, T, 3, H, D] (q, k, v stacked on axis 2), got shape {qkv.shape}"
+    )
+  if kind not in kernels.KINDS:
+    raise ValueError(f"kind must be one of {kernels.KINDS}, got {kind!r}")
+  q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+  c = _prepare(q, k, v, q_positions, kv_positions, rope, mask)
+  return _attention(c, kernel, kind, qkv=qkv)
+
+
 def masked_attention(
   q,
   k,
@@ -182,11 +218,14 @@ def _prepare(q, k, v, q_positions, kv_positions, rope, mask) -> _Call:
   return _Call(q, k, v, q_pos, kv_pos, mask, rope, same)
 
 
-def _attention(c: _Call, kernel: KernelArg, kind: Optional[str], bias_fn=None) -> jax.Array:
+def _attention(
+  c: _Call, kernel: KernelArg, kind: Optional[str], bias_fn=None, qkv=None
+) -> jax.Array:
   """The one body of the attention functions: kind "rope", "rove" or "rove_rotated" with a
   Rope (kernels.KINDS), None without one. A kernel that rotates inside gets the unrotated call
-  and its Rope; any other gets q, k (and, RoVE, v) rotated here, and for "rove" its output is
-  rotated back by R_i^-1. The scale is 1 / sqrt(D): the attention factor is in q."""
+  and its Rope (and qkv, the buffer q, k, v are slices of, when there is one); any other gets
+  q, k (and, RoVE, v) rotated here, and for "rove" its output is rotated back by R_i^-1. The
+  scale is 1 / sqrt(D): the attention factor is in q."""
   rope = c.rope
   kernel = _kernel(kernel, c, bias_fn is not None)
   q_pos, kv_pos = (
@@ -205,11 +244,13 @@ def _attention(c: _Call, kernel: KernelArg, kind: Optional[str], bias_fn=None) -
     bias_fn,
     rope,
     kind or "rope",
+    qkv if rope is not None else None,
   )
   if rope is None or kernel.rotates:
     return kernel.attend(call)
   q_r, k_r, v_r, q_tables = _rotate(c, values=kind != "rope")
-  out = kernel.attend(call._replace(q_BTHD=q_r, k_BSKD=k_r, v_BSKD=v_r, rope=None))
+  rotated = dict(q_BTHD=q_r, k_BSKD=k_r, v_BSKD=v_r, rope=None, qkv_BT3HD=None)
+  out = kernel.attend(call._replace(**rotated))
   return rope.apply(out, q_tables, inverse=True) if kind == "rove" else out
 
 

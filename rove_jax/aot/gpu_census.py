@@ -15,7 +15,10 @@ the trip count (`known_trip_count`), once otherwise.
 Bytes moved by a kernel: the sizes of its operands plus the sizes of its outputs, as XLA's own
 HLO cost model counts a fusion's memory traffic at the boundary (operands read once, outputs
 written once; what a kernel rereads from cache is not counted; a library call's scratch
-workspace is not counted). This is a model of HBM traffic, not a measurement.
+workspace is not counted). One buffer given to a kernel more than once counts once, as the
+Hopper fused kernel reads q, k and v in place from one qkv array through three references to
+it, each its own third; a GEMM's two operands count twice, as both are read whole. This is a
+model of HBM traffic, not a measurement.
 
 A GEMM is a cuBLAS custom call or a fusion whose backend kind names a GEMM (Triton GEMM
 fusions); its precision is the element types of the dot's two operands inside it, its FLOPs
@@ -282,7 +285,8 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
       if op in FREE:
         continue
       args = rest.split("), ", 1)[0] if "), " in rest else rest.rsplit(")", 1)[0]
-      operands = tuple(a for o in _OPERAND.findall(args) for a in arrays(shapes.get(o, "")))
+      names = _OPERAND.findall(args)
+      operands = tuple(a for o in names for a in arrays(shapes.get(o, "")))
       target, fusion_kind = _TARGET.search(rest), _FUSION_KIND.search(rest)
       kind = target[1] if target else (fusion_kind[1] if fusion_kind else "")
       gemm = None
@@ -297,6 +301,8 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
         callee = re.search(r"calls=%?([\w.\-]+)", rest)
         gemm = _dot(comps, callee[1]) if callee else None
       outputs = tuple(arrays(shape))
+      if gemm is None:  # a buffer given twice to a kernel, not a GEMM, is read once (below)
+        operands = tuple(a for o in dict.fromkeys(names) for a in arrays(shapes.get(o, "")))
       if op == "custom-call":  # a library call's scratch workspace (u8/s8 [n]) is no traffic
         outputs = tuple(a for a in outputs if not (a.dtype in ("u8", "s8") and len(a.dims) == 1))
       op_name = _OP_NAME.search(rest)

@@ -18,7 +18,7 @@ them in the rotations.
 """
 
 from rove_jax.kernels import chunked, platform, reference, xla
-from rove_jax.kernels.call import Kernel, KernelCall
+from rove_jax.kernels.call import KINDS, Kernel, KernelCall
 from rove_jax.kernels.dispatch import (
   AUTO_CHUNKED_MIN_KV,
   CUDNN_DTYPES,
@@ -34,6 +34,7 @@ __all__ = [
   "Mask",
   "Kernel",
   "KernelCall",
+  "KINDS",
   "select",
   "choose",
   "target_platform",

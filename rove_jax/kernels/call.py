@@ -35,6 +35,10 @@ class KernelCall(NamedTuple):
     rope: for a kernel that rotates inside, the rotary.Rope it applies; None otherwise.
     kind: for a kernel that rotates inside, one of KINDS: "rope" (q and k), "rove" (v by R_j
       and the output by R_i^-1 too) or "rove_rotated" (v, the output left as R_i y_i).
+    qkv_BT3HD: for a kernel that rotates inside, the [B, T, 3, H, D] buffer q, k and v are
+      the slices [:, :, 0], [:, :, 1], [:, :, 2] of, when they are (one projection's output:
+      rove_jax.attention.packed_attention): such a kernel may read them there in place rather
+      than from copies (the Hopper fused kernel does). None otherwise.
   """
 
   q_BTHD: jax.Array
@@ -47,6 +51,7 @@ class KernelCall(NamedTuple):
   bias_fn: Optional[Callable] = None
   rope: Any = None
   kind: str = "rope"
+  qkv_BT3HD: Optional[jax.Array] = None
 
 
 @dataclasses.dataclass(frozen=True)

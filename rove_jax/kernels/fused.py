@@ -263,13 +263,16 @@ def vmem_bytes(H: int, K: int, D: int, dtype, bq: int, bk: int) -> int:
   return max(forward, dq, dkv)
 
 
-def _sharded(run, args, B: int, H: int, K: int):
+def _sharded(run, args, B: int, H: int, K: int, packed: bool = False):
   """run(*args) on each device's shard under an active mesh (module docstring), else as is.
-  args: position rows (and segment rows) [B, 1, n], then q, k, v."""
+  args: position rows (and segment rows) [B, 1, n], then q, k, v, or with packed the one
+  [B, T, 3, H, D] buffer they are (K = H)."""
   sh = mesh.shards(B, H, K)
   if sh is None:
     return run(*args)
-  specs = (P(sh.batch, None, None),) * (len(args) - 3) + (sh.q, sh.kv, sh.kv)
+  batch, _, heads, _ = sh.q
+  tail = (P(batch, None, None, heads, None),) if packed else (sh.q, sh.kv, sh.kv)
+  specs = (P(sh.batch, None, None),) * (len(args) - len(tail)) + tail
   return mesh.run_sharded(run, args, specs, sh.q, sh.free)
 
 

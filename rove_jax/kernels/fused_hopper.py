@@ -13,6 +13,10 @@ What runs, and why:
     with bq = 64 query rows: wgmma's native M. Its kv head (h // G: GQA, MQA) is read in
     blocks of bk = 128 keys (64 when S is not a multiple of 128): the [64, 128] score tile and
     the [64, D] accumulator stay in registers, as in FlashAttention-3.
+  * Given the [B, T, 3, H, D] buffer q, k and v were sliced from (KernelCall.qkv_BT3HD:
+    rove_jax.attention.packed_attention, which the GPT's fused q, k, v projection calls), every
+    kernel reads their tiles there in place (TMA copies of strided slices): no copies of q, k,
+    v are made for it. Its gradient is dq, dk, dv stacked.
   * Operands move by TMA into swizzled shared memory, the layout wgmma reads (a 128-byte
     swizzle, or the narrower one column slices need). Key/value blocks are double-buffered:
     the copy of block j + 2 is issued as block j's products finish, so it overlaps block
@@ -208,14 +212,17 @@ def kernel(
       producer=bool(producer),
       slice_swap=slices,
       backward_wgs=backward_wgs,
+      packed=_packed(call),
     )
     consts = fused.constants(rope, D, call.scale)
     swap = jnp.asarray(
       fused_gpu_tiles.swap_matrix(D, plan.pair_offset, rope.n_rotated), jnp.bfloat16
     )
     args = fused_gpu_tiles.row_operands(q_BTHD, k_BSKD, v_BSKD, q_pos_BT, kv_pos_BS, q_seg, kv_seg)
+    if plan.packed:  # q, k, v in place in the buffer they were sliced from: no copies of them
+      args = args[:-3] + [call.qkv_BT3HD]
     run = lambda *a: _local(plan, (consts, swap), *a)
-    return fused._sharded(run, args, B, H, K)
+    return fused._sharded(run, args, B, H, K, packed=plan.packed)
 
   return Kernel("fused", attend, rotates=True)
 
@@ -236,12 +243,30 @@ def _key_block(block_kv: int, S: int, D: int, compute_wgs: int) -> int:
   return block_kv
 
 
+def _packed(call: KernelCall) -> bool:
+  """Whether the kernel reads q, k, v from the call's [B, T, 3, H, D] buffer (KernelCall.qkv_BT3HD):
+  given, and of q's shape and dtype."""
+  qkv = call.qkv_BT3HD
+  if qkv is None:
+    return False
+  B, T, H, D = call.q_BTHD.shape
+  if qkv.shape != (B, T, 3, H, D) or qkv.dtype != call.q_BTHD.dtype:
+    raise ValueError(
+      f"KernelCall.qkv_BT3HD must be the [B, T, 3, H, D] buffer q {call.q_BTHD.shape} was "
+      f"sliced from, in its dtype; got {qkv.shape} {qkv.dtype}"
+    )
+  return True
+
+
 def _local(plan: Plan, fixed, q_pos, kv_pos, *rest):
   """The kernel on the arrays one device holds: position and segment rows [B, 1, n] to
   [B, n]."""
   q_seg, kv_seg = (rest[0][:, 0], rest[1][:, 0]) if plan.segmented else (None, None)
+  small = fixed + (q_pos[:, 0], kv_pos[:, 0], q_seg, kv_seg)
+  if plan.packed:
+    return _fused_packed(plan, small, rest[-1])
   q_BTHD, k_BSKD, v_BSKD = rest[-3:]
-  return _fused(plan, fixed + (q_pos[:, 0], kv_pos[:, 0], q_seg, kv_seg), q_BTHD, k_BSKD, v_BSKD)
+  return _fused(plan, small, q_BTHD, k_BSKD, v_BSKD)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -271,13 +296,31 @@ def _fused_bwd(plan, residuals, do_BTHD):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused_packed(plan, small, qkv_BT3HD):
+  """_fused on q, k, v read in place from one [B, T, 3, H, D] buffer; its gradient is that
+  buffer's, the three stacked."""
+  return _fused_packed_fwd(plan, small, qkv_BT3HD)[0]
+
+
+def _fused_packed_fwd(plan, small, qkv_BT3HD):
+  return _fused_fwd(plan, small, qkv_BT3HD, qkv_BT3HD, qkv_BT3HD)
+
+
+def _fused_packed_bwd(plan, residuals, do_BTHD):
+  small_grad, dq_BTHD, dk_BTHD, dv_BTHD = _fused_bwd(plan, residuals, do_BTHD)
+  return small_grad, jnp.stack([dq_BTHD, dk_BTHD, dv_BTHD], axis=2)
+
+
+_fused_packed.defvjp(_fused_packed_fwd, _fused_packed_bwd)
+
+
 def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   """(o [B, T, H, D] in q.dtype, logsumexp [B, H, T] float32; +inf for rows that see no
   key)."""
   if plan.compute_wgs > 1:
     return fused_hopper_ws.forward(plan, small, q_BTHD, k_BSKD, v_BSKD)
-  B, T, H, D = q_BTHD.shape
-  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   bq, bk, dt = plan.bq, plan.bk, q_BTHD.dtype
   smem = lambda shape, dtype=dt: plgpu.SMEM(shape, dtype, transforms=rotation.transforms(plan))
   n_seg = 2 if plan.segmented else 0
@@ -324,7 +367,7 @@ def _forward_body(plan: Plan, nk: int, G: int, in_place: bool, *refs):
   ins, (o_ref, lse_ref), scr = refs[:n_in], refs[n_in : n_in + 2], refs[n_in + 2 :]
   consts_ref, swap_ref, q_pos_ref, kv_pos_ref = ins[:4]
   q_seg_ref, kv_seg_ref = ins[4:6] if plan.segmented else (None, None)
-  q_ref, k_ref, v_ref = ins[-3:]
+  q_ref, k_ref, v_ref = tiles.unpacked(plan, *ins[-3:])
   (
     consts_s,
     swap_s,

@@ -79,8 +79,7 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
 
 
 def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
-  B, T, H, D = q_BTHD.shape
-  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   args = kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   n_loop = 3 + (1 if plan.segmented else 0)
   scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop)
@@ -88,7 +87,7 @@ def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   return tiles.run_kernel(
     plan,
     tiles.named(plan, "dq", body),
-    jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
+    jax.ShapeDtypeStruct((B, T, H, D), q_BTHD.dtype),
     scratch,
     (H, T // BLOCK, B),
     ("heads", "q", "batch"),
@@ -102,7 +101,9 @@ def _unpack(plan: Plan, refs, n_out: int):
   ins, outs, scr = refs[:n_in], refs[n_in : n_in + n_out], refs[n_in + n_out :]
   names = ["consts", "swap", "q_pos", "kv_pos"] + (["q_seg", "kv_seg"] if plan.segmented else [])
   names += ["q", "k", "v", "do", "lse", "delta"]
-  return dict(zip(names, ins)), outs, scr
+  r = dict(zip(names, ins))
+  r["q"], r["k"], r["v"] = tiles.unpacked(plan, r["q"], r["k"], r["v"])
+  return r, outs, scr
 
 
 def _dq_body(plan: Plan, nk: int, G: int, *refs):
@@ -183,12 +184,11 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
 
 
 def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
-  B, T, H, D = q_BTHD.shape
-  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   args = kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   n_loop = 5 + (1 if plan.segmented else 0)
   scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop)
-  out_type = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k_BSKD, v_BSKD)]
+  out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
   return tiles.run_kernel(
     plan,

@@ -108,26 +108,24 @@ def _meet(bar) -> None:
 
 def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   """dq [B, T, H, D] in the inputs' dtype, as fused_hopper_backward's."""
-  B, T, H, D = q_BTHD.shape
-  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   n_loop = 3 + (1 if plan.segmented else 0)
   scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 6)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
-  out_type = jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype)
+  out_type = jax.ShapeDtypeStruct((B, T, H, D), q_BTHD.dtype)
   grid = ((H, T // (W * BLOCK), B), ("heads", "q", "batch"))
   return _run(plan, "dq", body, out_type, scratch, grid, args)
 
 
 def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   """(dk [B, S, K, D], dv [B, S, K, D]) in the inputs' dtype, as fused_hopper_backward's."""
-  B, T, H, D = q_BTHD.shape
-  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
   n_loop = 5 + (1 if plan.segmented else 0)
   scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 4)
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
-  out_type = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k_BSKD, v_BSKD)]
+  out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
   grid = ((K, S // (W * BLOCK), B), ("kv_heads", "kv", "batch"))
   return _run(plan, "dkv", body, out_type, scratch, grid, args)
 

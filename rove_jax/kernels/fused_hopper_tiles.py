@@ -136,17 +136,37 @@ def visible(ops: Ops, plan, q_start, k_start, q_seg, kv_seg, shape, *, keys_in_r
   return mask
 
 
+def dims(plan, q, k):
+  """(B, T, H, D, S, K) of a kernel's q and k operands: q [B, T, H, D] and k [B, S, K, D], or
+  with plan.packed the one [B, T, 3, H, D] buffer both are (S = T, K = H)."""
+  if plan.packed:
+    B, T, _, H, D = q.shape
+    return B, T, H, D, T, H
+  B, T, H, D = q.shape
+  return B, T, H, D, k.shape[1], k.shape[2]
+
+
+def unpacked(plan, q_ref, k_ref, v_ref):
+  """The q [B, T, H, D], k and v [B, S, K, D] refs a kernel body indexes: as given, or with
+  plan.packed slices 0, 1 and 2 of the [B, T, 3, H, D] buffer each of them is (TMA copies
+  read the heads in place, strided)."""
+  if not plan.packed:
+    return q_ref, k_ref, v_ref
+  return q_ref.at[:, :, 0], k_ref.at[:, :, 1], v_ref.at[:, :, 2]
+
+
 def forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD):
   """(the forward kernels' inputs in their refs' order: constants, swap matrix, q and kv
-  positions, q and kv segment ids when segmented, q, k, v; the types of their outputs: o like
-  q, lse [B, H, T] float32). small: the kernel's (constants, swap, positions, segments)."""
+  positions, q and kv segment ids when segmented, q, k, v; the types of their outputs: o
+  [B, T, H, D] in q's dtype, lse [B, H, T] float32). small: the kernel's (constants, swap,
+  positions, segments); with plan.packed q, k and v are one buffer (`dims`)."""
   consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
   args = [consts, swap, q_pos, kv_pos]
   if plan.segmented:
     args += [q_seg, kv_seg]
-  B, T, H, _ = q_BTHD.shape
+  B, T, H, D, _, _ = dims(plan, q_BTHD, k_BSKD)
   out_type = [
-    jax.ShapeDtypeStruct(q_BTHD.shape, q_BTHD.dtype),
+    jax.ShapeDtypeStruct((B, T, H, D), q_BTHD.dtype),
     jax.ShapeDtypeStruct((B, H, T), F32),
   ]
   return args + [q_BTHD, k_BSKD, v_BSKD], out_type

@@ -82,8 +82,7 @@ def problem(T: int, S: int, compute_wgs: int, bq: int) -> str | None:
 
 def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   """(o [B, T, H, D] in q.dtype, logsumexp [B, H, T] float32), as fused_hopper.forward."""
-  B, T, H, D = q_BTHD.shape
-  S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+  B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   W, bq, bk, dt = plan.compute_wgs, plan.bq, plan.bk, q_BTHD.dtype
   assert bk == BLOCK_KV == W * bq, (W, bq, bk)
   smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
@@ -129,7 +128,7 @@ def _body(plan: Plan, nk: int, G: int, *refs):
   ins, outs, scr = refs[:n_in], refs[n_in : n_in + 2], refs[n_in + 2 :]
   consts_ref, swap_ref, q_pos_ref, kv_pos_ref = ins[:4]
   q_seg_ref, kv_seg_ref = ins[4:6] if plan.segmented else (None, None)
-  k_ref, v_ref = ins[-2:]
+  _, k_ref, v_ref = tiles.unpacked(plan, *ins[-3:])
   W = plan.compute_wgs
   b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
   wg = lax.axis_index(THREAD)
@@ -192,7 +191,7 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
   wg = lax.axis_index(THREAD)
   consts_ref, swap_ref = ins[:2]
   q_pos_ref, q_seg_ref = ins[2], ins[4] if plan.segmented else None
-  q_ref = ins[-3]
+  q_ref = tiles.unpacked(plan, *ins[-3:])[0]
   o_ref, lse_ref = outs
   (consts_s, swap_s, q_s, qpos_s, qseg_s, lse_s, k_s, v_s, kvpos_s, kvseg_s) = scr[:10]
   fixed_bar, own_bar, kv_bar, rotated_bar = scr[10:14]

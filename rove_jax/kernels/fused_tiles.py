@@ -48,6 +48,7 @@ class Plan(NamedTuple):
   producer: bool = False  # Hopper forward: a warpgroup that only copies keys and values
   slice_swap: bool = False  # Hopper: pair swaps by column slices, no swap matrix
   backward_wgs: int = 1  # Hopper dk, dv kernel: compute warpgroups a program
+  packed: bool = False  # Hopper: q, k, v read in place from one [B, T, 3, H, D] buffer
 
 
 def column(row_ref) -> jax.Array:

@@ -88,7 +88,8 @@ class Attention(nnx.Module):
 
   def __call__(self, x_BTE, ctx: Context, cache_kv=None):
     """x [B, T, E] -> (y [B, T, E], the layer's cache (k [B, L, K, D], v) or None)."""
-    q_BTHD, k_BTKD, v_BTKD = self.qkv(x_BTE)
+    qkv_BT3HD = self._qkv_stacked(x_BTE)
+    q_BTHD, k_BTKD, v_BTKD = self.qkv(x_BTE, qkv_BT3HD)
     if cache_kv is not None:
       return self.decode(q_BTHD, k_BTKD, v_BTKD, ctx, cache_kv)
     rope, bias_fn = self.rope(ctx), self.bias_fn(ctx)
@@ -113,6 +114,8 @@ class Attention(nnx.Module):
         layout=self.cfg.rope_layout,
       )
       return y, None
+    elif qkv_BT3HD is not None:  # the same, on the one projection's output as it is
+      out_BTHD = attention.packed_attention(qkv_BT3HD, kind=self.rotary, rope=rope, **kw)
     else:  # RoPE, or RoVE on a kernel that applies every rotation inside
       attend = attention.rove_attention if self.rotary == "rove" else attention.rope_attention
       out_BTHD = attend(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
@@ -148,10 +151,18 @@ class Attention(nnx.Module):
       out_BTHD = rope.apply(out_BTHD, q_tables, inverse=True)
     return _dense_out(out_BTHD, self.wo, self.bo), cache_kv
 
-  def qkv(self, x_BTE):
-    """The projections q [B, T, H, D], k [B, T, K, D], v [B, T, K, D]."""
+  def _qkv_stacked(self, x_BTE):
+    """The fused projection's output [B, T, 3, H, D] (K == H), else None."""
+    if self.wqkv is None:
+      return None
+    return constrain(_dense(x_BTE, self.wqkv, self.bqkv), "batch", None, None, "heads", None)
+
+  def qkv(self, x_BTE, qkv_BT3HD=None):
+    """The projections q [B, T, H, D], k [B, T, K, D], v [B, T, K, D] (the slices of qkv_BT3HD,
+    `_qkv_stacked`'s output, when given)."""
     if self.wqkv is not None:
-      qkv_BT3HD = constrain(_dense(x_BTE, self.wqkv, self.bqkv), "batch", None, None, "heads", None)
+      if qkv_BT3HD is None:
+        qkv_BT3HD = self._qkv_stacked(x_BTE)
       return qkv_BT3HD[:, :, 0], qkv_BT3HD[:, :, 1], qkv_BT3HD[:, :, 2]
     q_BTHD = constrain(_dense(x_BTE, self.wq, self.bq), "batch", None, "heads", None)
     kv_BT2KD = constrain(_dense(x_BTE, self.wkv, self.bkv), "batch", None, None, "heads", None)

@@ -36,6 +36,7 @@ ENTRY %main (x: f32[8,4], w: bf16[4,16]) -> f32[8,4] {
   %bc = bf16[8,4]{1,0} bitcast(%conv)
   %mm = bf16[8,16]{1,0} fusion(%bc, %w), kind=kCustom, calls=%gemm_computation, backend_config={"fusion_backend_config":{"kind":"__triton_nested_gemm_fusion"}}
   %lt = (f32[8,16]{1,0}, s8[4194304]{0}) custom-call(%x, %x), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %pk = bf16[8,4]{1,0} custom-call(%conv, %conv, %conv), custom_call_target="mosaic_gpu_v2"
   %init = (s32[], f32[8,16]{1,0}) tuple(%x, %x)
   %loop = (s32[], f32[8,16]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
   ROOT %out = f32[8,4]{1,0} copy(%x)
@@ -46,14 +47,16 @@ ENTRY %main (x: f32[8,4], w: bf16[4,16]) -> f32[8,4] {
 def test_kernels_bytes_and_trips():
   c = gpu_census.read(HLO, vocab_size=16)
   by_name = {k.name: k for k in c.kernels_list}
-  # conv, mm, lt, the copy, and the loop body's fusion counted 5 times; bitcast, tuple,
+  # conv, mm, lt, pk, the copy, and the loop body's fusion counted 5 times; bitcast, tuple,
   # parameters and the while itself launch nothing.
-  assert set(by_name) == {"conv", "mm", "lt", "out", "neg"}
-  assert c.kernels == 4 + 5
+  assert set(by_name) == {"conv", "mm", "lt", "pk", "out", "neg"}
+  assert c.kernels == 5 + 5
   assert by_name["conv"].bytes == 8 * 4 * 4 + 8 * 4 * 2
   assert by_name["mm"].bytes == 8 * 4 * 2 + 4 * 16 * 2 + 8 * 16 * 2
   # cuBLAS's s8 workspace is no traffic: two f32 [8, 4] operands, one f32 [8, 16] output.
   assert by_name["lt"].bytes == 2 * 8 * 4 * 4 + 8 * 16 * 4
+  # a kernel given one buffer three times (q, k, v read in place) reads it once
+  assert by_name["pk"].bytes == 8 * 4 * 2 + 8 * 4 * 2
   assert by_name["neg"].times == 5 and by_name["neg"].bytes == 5 * (2 * 8 * 16 * 4)
   assert c.bytes == sum(k.bytes for k in c.kernels_list)
 
@@ -74,7 +77,7 @@ def test_vocab_wide_float32_bytes():
 
 def test_groups_by_phase_kind_and_operation():
   rows = gpu_census.read(HLO).groups()
-  assert sum(r[3] for r in rows) == 9
+  assert sum(r[3] for r in rows) == 10
   by = {r[:3]: r[3:] for r in rows}
   assert by[("other", "loop", "neg")][0] == 5  # the loop body's fusion, once a trip
   assert by[("other", "copy", "")] == (1, 2 * 8 * 4 * 4)

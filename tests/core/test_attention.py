@@ -281,6 +281,22 @@ def test_rove_differs_from_rope(rng):
   assert np.abs(rj.rove_attention(q, k, v, **kw) - rj.rope_attention(q, k, v, **kw)).max() > 1e-2
 
 
+@pytest.mark.parametrize("kind", ["rope", "rove", "rove_rotated"])
+def test_packed_attention_is_the_function_of_its_kind_on_the_slices(kind, rng):
+  """packed_attention(qkv) equals the function `kind` names on q, k, v = qkv[:, :, i] (a kernel
+  that does not read the buffer in place gets the slices); bad buffers and kinds are named."""
+  q, k, v = make_qkv(rng, K=4)  # multi-head: q, k, v of one shape
+  pos = np.tile(np.arange(6) + 2, (2, 1))
+  kw = dict(q_positions=pos, kv_positions=pos, rope=rj.Rope(rj.rope_frequencies(8)))
+  fn = {"rope": rj.rope_attention, "rove": rj.rove_attention}.get(kind, rj.rove_attention_rotated)
+  got = attention.packed_attention(jnp.stack([q, k, v], axis=2), kind=kind, **kw)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(fn(q, k, v, **kw)))
+  with pytest.raises(ValueError, match=r"qkv must be \[B, T, 3, H, D\].*got shape \(2, 6, 4, 8\)"):
+    attention.packed_attention(q, kind=kind, **kw)
+  with pytest.raises(ValueError, match="kind must be one of.*got 'nope'"):
+    attention.packed_attention(jnp.stack([q, k, v], axis=2), kind="nope", **kw)
+
+
 def test_rove_attention_rotated_is_the_kernel_output_before_r_inverse(rng):
   """rove_attention_rotated returns R_i y_i: the rotation matrix applied to it gives back y_i,
   and it is what a float64 reference of sum_j A_ij R_j v_j gives."""

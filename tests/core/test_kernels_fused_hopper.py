@@ -64,12 +64,27 @@ VARIANTS = {
   "1wg_matrix": dict(slice_swap=False),
   "1wg_bwd2wg": dict(backward_wgs=2),  # dq and dk, dv by two warpgroups sharing each block
   "2wg_bwd2wg": dict(compute_wgs=2, backward_wgs=2),
+  "2wg_tma_bwd2wg": dict(compute_wgs=2, producer=True, backward_wgs=2),
 }
 
 
-def hopper_and_grads(kind, q, k, v, ct, pos, rope, mask, *, through_dispatch=False, variant="1wg"):
-  """(out, (dq, dk, dv)) of the Hopper kernel (in interpret mode on CPU), one jitted program."""
+def hopper_and_grads(
+  kind, q, k, v, ct, pos, rope, mask, *, through_dispatch=False, variant="1wg", packed=False
+):
+  """(out, (dq, dk, dv)) of the Hopper kernel (in interpret mode on CPU), one jitted program.
+  packed: q, k, v stacked into one [B, T, 3, H, D] buffer that the kernel reads in place
+  (rj.attention.packed_attention; K = H), its gradient split back into dq, dk, dv."""
   attend = fused_hopper.kernel(interpret=INTERPRET, **VARIANTS[variant])
+  if packed:
+    kw = dict(kind=KIND[kind], q_positions=pos, kv_positions=pos, rope=rope, mask=mask)
+    f = lambda qkv: rj.attention.packed_attention(qkv, kernel=attend, **kw)
+
+    def run_packed(qkv):
+      out, vjp = jax.vjp(f, qkv)
+      (d,) = vjp(jnp.asarray(ct, out.dtype))
+      return out, (d[:, :, 0], d[:, :, 1], d[:, :, 2])
+
+    return jax.jit(run_packed)(jnp.stack([q, k, v], axis=2))
 
   def f(q, k, v):
     if through_dispatch:
@@ -112,22 +127,27 @@ def run_case(case, **kw):
     check(name, g, w, TOL[BF16])
 
 
+MHA = "rove_packed_causal_half_mha_partial"
+
+
 @pytest.mark.parametrize(
-  "case,variant",
-  [(c, "1wg") for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa"})]
-  + [("rove_causal_interleaved_mqa", "2wg")]
-  + [("rove_packed_causal_half_mha_partial", "2wg_tma")]
-  + [("rope_packed_bidirectional_half_gqa_partial_yarn", "2wg_bwd2wg")],
+  "case,variant,packed",
+  [(c, "1wg", c == MHA) for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa"})]
+  + [("rove_causal_interleaved_mqa", "2wg", False)]
+  + [(MHA, "2wg_tma_bwd2wg", True)]
+  + [("rope_packed_bidirectional_half_gqa_partial_yarn", "2wg_bwd2wg", False)],
 )
-def test_matches_float64_reference_with_gradients(case, variant):
+def test_matches_float64_reference_with_gradients(case, variant, packed):
   """Every case through the one-warpgroup kernels (the third runs through dispatch below) and
   through the two-warpgroup ones: the forward by the swap matrix (MQA, interleaved), with its
-  producer by slices (packed RoVE), and with the two-warpgroup backward kernels (GQA, by the
-  matrix; by slices at D = 128 below; the two-warpgroup forward without a producer by slices is
-  test_slice_swap's first case). The swap matrix where slices would run is the D = 128 test's
-  first case; the tests against the XLA kernel below add theirs. The gradients check the
-  logsumexp each forward leaves for the backward pass, which swaps pairs as its forward does."""
-  run_case(case, variant=variant)
+  producer by slices (packed RoVE), and with the two-warpgroup backward kernels (packed RoVE
+  by slices; GQA by the matrix; by slices at D = 128 below; the two-warpgroup forward without
+  a producer by slices is test_slice_swap's first case). The swap matrix where slices would
+  run is the D = 128 test's first case; the tests against the XLA kernel below add theirs. The
+  gradients check the logsumexp each forward leaves for the backward pass, which swaps pairs
+  as its forward does. The MHA case reads q, k, v in place from one [B, T, 3, H, D] buffer
+  (every kernel, one- and two-warpgroup), the others from q, k, v of their own."""
+  run_case(case, variant=variant, packed=packed)
 
 
 def test_rove_attention_dispatches_to_it_on_hopper(hopper_target):
@@ -318,3 +338,35 @@ def test_multi_warpgroup_limits():
     call = kernels.KernelCall(q, k, k, rj.Mask(ordered=True), pos_q, pos_kv, 0.125, rope=rope_)
     with pytest.raises(ValueError, match=f"fused' cannot run.*{reason}"):
       kernel_.attend(call)
+
+
+def test_the_packed_buffer_is_split_over_batch_and_heads_under_a_mesh():
+  """fused._sharded with packed=True (the Hopper kernel reading q, k, v in place): each device
+  gets its batch rows' position rows and its heads' [b, T, 3, h, D] block of the buffer, and the
+  result is the unsharded one (8 CPU devices from tests/conftest.py; fewer skip the mesh)."""
+  from rove_jax.kernels import fused
+
+  B, H = 2, 2
+  qkv = jnp.asarray(np.random.default_rng(3).standard_normal((B, T, 3, H, D)), F32)
+  rows = jnp.arange(B * T, dtype=F32).reshape(B, 1, T)
+  shapes = []
+
+  def run(rows, qkv):  # per device: rows [b, 1, T], qkv [b, T, 3, h, D]
+    shapes.append((rows.shape, qkv.shape))
+    return qkv[:, :, 0] * 2 + qkv[:, :, 1] - qkv[:, :, 2] + rows[:, 0, :, None, None]
+
+  want = fused._sharded(run, [rows, qkv], B, H, H, packed=True)
+  assert shapes == [((B, 1, T), (B, T, 3, H, D))]
+  if len(jax.devices()) < 4:
+    return
+  mesh = jax.make_mesh(
+    (2, 1, 2),
+    ("data", "fsdp", "tensor"),
+    devices=jax.devices()[:4],
+    axis_types=(jax.sharding.AxisType.Auto,) * 3,
+  )
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda r, x: fused._sharded(run, [r, x], B, H, H, packed=True))(rows, qkv)
+  assert shapes[-1] == ((1, 1, T), (1, T, 3, 1, D))
+  assert got.sharding.spec == jax.sharding.PartitionSpec("data", None, "tensor")
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -530,3 +530,29 @@ def test_layernorm_in_one_pass_matches_the_two_pass_formula(offset, atol):
   centred = x64 - x64.mean(-1, keepdims=True)
   want = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + norm.eps)
   np.testing.assert_allclose(norm(x), want, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("pe", ["rove", "rope"])
+def test_a_rotating_kernel_reads_q_k_v_from_the_fused_projection(pe, monkeypatch):
+  """With the fused q, k, v projection (K = H) the layer hands a kernel that rotates inside the
+  projection's [B, T, 3, H, D] output (KernelCall.qkv_BT3HD, which the Hopper kernel reads in
+  place) beside its three slices; the logits are the float64 reference's."""
+  from rove_jax import attention, kernels
+
+  seen = []
+
+  def attend(call):  # rotates inside: the call's q, k, v are the unrotated slices
+    seen.append(call.qkv_BT3HD)
+    stacked = jnp.stack([call.q_BTHD, call.k_BSKD, call.v_BSKD], axis=2)
+    assert call.qkv_BT3HD is not None and bool(jnp.all(call.qkv_BT3HD == stacked))
+    fn = {"rope": attention.rope_attention, "rove": attention.rove_attention}[call.kind]
+    pos = dict(q_positions=call.q_pos_BT, kv_positions=call.kv_pos_BS)
+    return fn(*stacked.transpose(2, 0, 1, 3, 4), **pos, rope=call.rope, mask=call.mask, kernel=xla)
+
+  xla = kernels.Kernel("xla", kernels.xla.attend)  # not through select, patched below
+  probe = kernels.Kernel("probe", attend, rotates=True)
+  monkeypatch.setattr(kernels, "select", lambda *a, **kw: probe)
+  m = randomized(small(pe))
+  toks = tokens(2, 12)
+  chex.assert_trees_all_close(m(toks), reference_logits(m, toks), **TOL)
+  assert len(seen) == m.config.n_layer
