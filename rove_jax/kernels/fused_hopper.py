@@ -308,8 +308,13 @@ def _fused_packed_fwd(plan, small, qkv_BT3HD):
 
 
 def _fused_packed_bwd(plan, residuals, do_BTHD):
-  small_grad, dq_BTHD, dk_BTHD, dv_BTHD = _fused_bwd(plan, residuals, do_BTHD)
-  return small_grad, jnp.stack([dq_BTHD, dk_BTHD, dv_BTHD], axis=2)
+  small_grad, *grads = _fused_bwd(plan, residuals, do_BTHD)
+  # The transpose of the three slices (zero pads, summed) rather than a stack: XLA fuses it
+  # with the consumers of the buffer's gradient (the projection bias's partial sums) into one
+  # kernel, as it does when the slices were taken outside; a stack it leaves alone.
+  qkv_BT3HD = residuals[1]
+  _, split_vjp = jax.vjp(lambda x: (x[:, :, 0], x[:, :, 1], x[:, :, 2]), qkv_BT3HD)
+  return small_grad, split_vjp(tuple(grads))[0]
 
 
 _fused_packed.defvjp(_fused_packed_fwd, _fused_packed_bwd)
