@@ -29,7 +29,7 @@
 set -uo pipefail
 
 ALL_SECTIONS="devices test-gpu auto-kernel peer suite xla-options fused-hopper-tests \
-fused-hopper-bench fused-loss fused-gpu forward-16k"
+fused-hopper-bench fused-loss fused-attention-step fused-gpu forward-16k"
 # SECTIONS (names from ALL_SECTIONS, separated by spaces or commas) runs those sections only.
 SECTIONS="${SECTIONS:-$ALL_SECTIONS}"
 SECTIONS="${SECTIONS//,/ }"
@@ -134,6 +134,13 @@ done'
 # against the default: the 124M RoPE step's tokens/s, each side compiled in its own process.
 section fused-loss 100 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch \
   --encodings rope,rope+fused --rounds 1 --steps 10 --out "$OUT/fused_loss_124m.json"
+
+# The 124M train step with the fused attention kernel (model.attention_impl=fused: on Hopper the
+# Mosaic GPU kernel, reading q, k, v in place from the projection's output), RoPE and RoVE,
+# against the default step (cuDNN) with RoPE; the goal: RoVE's fused step no slower.
+section fused-attention-step 150 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch \
+  --encodings rope,rope+fused_attention,rove+fused_attention --rounds 1 --steps 10 \
+  --out "$OUT/fused_attention_124m.json"
 
 section fused-gpu 40 python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
   --out "$OUT/fused_gpu.json"

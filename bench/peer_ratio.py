@@ -13,7 +13,9 @@ Both sides run a full train step (forward, backward, global-norm clipping, AdamW
 loss on the host after every step, as rove-jax's loop does. The peer is bench/peers/torch_gpt.py
 (learned positions, like nanoGPT); the JAX side is rove_jax.train.loop's jitted train step for
 each of `--encodings` (learned is the like-for-like row; an encoding with "+fused", e.g.
-rope+fused, takes the fused output projection and loss, optim.loss_impl=fused). Every side
+rope+fused, takes the fused output projection and loss, optim.loss_impl=fused; one with
+"+fused_attention" the attention kernel "fused", model.attention_impl=fused, on a Hopper GPU
+the Mosaic GPU kernel that rotates inside; both suffixes may be given). Every side
 runs in its own subprocess, `--rounds` times, interleaved, each timing `--steps` steps after 3
 warm-up steps; a side's speed is the median over all its timed steps. Ratios are JAX / torch
 tokens/s.
@@ -49,7 +51,27 @@ GPU_SHAPES = ("gpt2_124m",)  # bfloat16 on a CUDA GPU; the others float32 on the
 SHAPE = SHAPES["tiny"]
 
 
-def model_config(shape: str, encoding: str):
+# An --encodings entry's suffixes: "+NAME" sets (field, value) of the JAX side.
+SUFFIXES = {"fused": ("loss_impl", "fused"), "fused_attention": ("attention_impl", "fused")}
+
+
+def side_options(encoding: str) -> tuple:
+  """(pos_encoding, loss_impl, attention_impl) of an --encodings entry such as "rope",
+  "rove+fused" or "rove+fused_attention" (SUFFIXES)."""
+  name, *suffixes = encoding.split("+")
+  opts = {"loss_impl": "xla", "attention_impl": "auto"}
+  for suffix in suffixes:
+    if suffix not in SUFFIXES:
+      raise ValueError(
+        f"--encodings: {encoding}: unknown suffix +{suffix}; the suffixes are "
+        f"{', '.join('+' + s for s in SUFFIXES)}"
+      )
+    field, value = SUFFIXES[suffix]
+    opts[field] = value
+  return name, opts["loss_impl"], opts["attention_impl"]
+
+
+def model_config(shape: str, encoding: str, attention_impl: str = "auto"):
   from rove_jax.nn.model import GPTConfig
 
   sh = SHAPES[shape]
@@ -61,6 +83,7 @@ def model_config(shape: str, encoding: str):
     max_len=sh["seq"],
     pos_encoding=encoding,
     dtype="bfloat16" if shape in GPU_SHAPES else "float32",
+    attention_impl=attention_impl,
   )
 
 
@@ -85,9 +108,8 @@ def peak_side(n: int = 8192, repeats: int = 10) -> dict:
 
 
 def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") -> dict:
-  """Times rove_jax's train step on random tokens; run in a subprocess (`--side`). An encoding
-  ending in "+fused" (rope+fused) takes the fused output projection and loss
-  (optim.loss_impl=fused)."""
+  """Times rove_jax's train step on random tokens; run in a subprocess (`--side`). encoding:
+  an --encodings entry (`side_options`)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -98,10 +120,8 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
   from rove_jax.train.run_config import OptimConfig
 
   sh = SHAPES[shape]
-  encoding, plus, loss = encoding.partition("+")
-  if plus and loss != "fused":
-    raise ValueError(f"--encodings: {encoding}+{loss}: the only suffix is +fused (the loss)")
-  cfg = model_config(shape, encoding)
+  name, loss_impl, attention_impl = side_options(encoding)
+  cfg = model_config(shape, name, attention_impl)
   tx = program.make_optimizer(OptimConfig(lr=1e-3, warmup_steps=0), 1000)
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
   state = program.TrainState(
@@ -112,7 +132,7 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
     tx,
     1,
     compiler_options=gpu_options.compiler_options(jax.devices()),
-    loss_impl="fused" if plus else "xla",
+    loss_impl=loss_impl,
   )
   tokens = np.random.default_rng(0).integers(0, sh["vocab"], (sh["batch"], sh["seq"] + 1))
   batch = {
@@ -129,7 +149,7 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
     float(m["loss"])  # the loop syncs on the metrics every step, as here
     speeds.append(sh["batch"] * sh["seq"] / (time.perf_counter() - t))
   return {
-    "side": f"jax-{encoding}{plus}{loss}",
+    "side": f"jax-{encoding}",
     "devices": str(jax.devices()[0].device_kind),
     "tokens_per_s": speeds,
   }
@@ -171,6 +191,11 @@ def main(argv=None) -> dict:
       )
     )
     return {}
+  for enc in args.encodings.split(","):
+    try:
+      side_options(enc)
+    except ValueError as e:
+      p.error(str(e))
   gpu = args.shape in GPU_SHAPES
   shape = SHAPES[args.shape]
   variants = {"": ""}
@@ -261,6 +286,11 @@ def main(argv=None) -> dict:
   if "jax-rove" in medians and "jax-rope" in medians:
     result["rove_over_rope_time"] = medians["jax-rope"] / medians["jax-rove"]
     print(f"RoVE / RoPE step time: {result['rove_over_rope_time']:.3f}")
+  for enc in ("rope", "rove"):  # the fused attention kernel's step against the default RoPE's
+    name = f"jax-{enc}+fused_attention"
+    if name in medians and "jax-rope" in medians:
+      result[f"{enc}_fused_attention_over_rope_time"] = medians["jax-rope"] / medians[name]
+      print(f"{name} / jax-rope step time: {medians['jax-rope'] / medians[name]:.3f}")
   if args.out:
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
   return result

@@ -170,7 +170,7 @@ def test_gpu_check_runs_the_chosen_sections_past_a_failing_one(tmp_path):
   assert rows[0] == ["section", "status", "seconds"]
   assert status.pop("auto-kernel") == "1"
   assert status.pop("devices") not in ("0", "not-selected", "skipped")
-  assert set(status.values()) == {"not-selected"} and len(status) == 9
+  assert set(status.values()) == {"not-selected"} and len(status) == 10
   log = (tmp_path / "gpu_check.log").read_text()
   assert "auto-kernel: FAILED (exit 1)" in log and "== [" in log
   assert (tmp_path / "auto-kernel.log").exists() and not (tmp_path / "peer.log").exists()
@@ -187,3 +187,21 @@ def test_gpu_check_refuses_bad_settings_before_it_starts(tmp_path, env, says):
   run = _gpu_check(tmp_path / "out", **env)
   assert run.returncode == 2 and says in run.stderr
   assert not (tmp_path / "out").exists()
+
+
+def test_peer_ratio_sides_by_their_suffixes(capsys):
+  """bench.peer_ratio's --encodings entries: +fused takes the fused loss, +fused_attention the
+  attention kernel "fused"; an unknown suffix exits 2 naming the known ones, before any side
+  runs."""
+  from bench import peer_ratio
+
+  assert peer_ratio.side_options("rope") == ("rope", "xla", "auto")
+  assert peer_ratio.side_options("rove+fused_attention") == ("rove", "xla", "fused")
+  assert peer_ratio.side_options("rove+fused_attention+fused") == ("rove", "fused", "fused")
+  cfg = peer_ratio.model_config("gpt2_124m", "rove", "fused")
+  assert (cfg.attention_impl, cfg.dtype, cfg.pos_encoding) == ("fused", "bfloat16", "rove")
+  with pytest.raises(SystemExit) as exit_:
+    peer_ratio.main(["--no-torch", "--encodings", "rope,rope+fast"])
+  assert exit_.value.code == 2
+  err = capsys.readouterr().err
+  assert "rope+fast: unknown suffix +fast; the suffixes are +fused, +fused_attention" in err
