@@ -345,6 +345,7 @@ def test_the_packed_buffer_is_split_over_batch_and_heads_under_a_mesh():
   gets its batch rows' position rows and its heads' [b, T, 3, h, D] block of the buffer, and the
   result is the unsharded one (8 CPU devices from tests/conftest.py; fewer skip the mesh)."""
   from rove_jax.kernels import fused
+  from rove_jax.train import sharding
 
   B, H = 2, 2
   qkv = jnp.asarray(np.random.default_rng(3).standard_normal((B, T, 3, H, D)), F32)
@@ -359,13 +360,7 @@ def test_the_packed_buffer_is_split_over_batch_and_heads_under_a_mesh():
   assert shapes == [((B, 1, T), (B, T, 3, H, D))]
   if len(jax.devices()) < 4:
     return
-  mesh = jax.make_mesh(
-    (2, 1, 2),
-    ("data", "fsdp", "tensor"),
-    devices=jax.devices()[:4],
-    axis_types=(jax.sharding.AxisType.Auto,) * 3,
-  )
-  with jax.set_mesh(mesh):
+  with jax.set_mesh(sharding.make_mesh(2, 1, 2, devices=jax.devices()[:4])):
     got = jax.jit(lambda r, x: fused._sharded(run, [r, x], B, H, H, packed=True))(rows, qkv)
   assert shapes[-1] == ((1, 1, T), (1, T, 3, 1, D))
   assert got.sharding.spec == jax.sharding.PartitionSpec("data", None, "tensor")
