@@ -45,11 +45,19 @@ def plan_of(plan: Plan) -> Plan:
 
 def kernel_args(plan: Plan, small, *arrays) -> list:
   """The backward kernels' inputs in their refs' order (`_unpack`): constants, swap matrix,
-  q and kv positions, q and kv segment ids when segmented, then arrays (q, k, v, dO, lse,
-  delta). small: the kernel's (constants, swap, positions, segments)."""
-  consts, swap, q_pos, kv_pos, q_seg, kv_seg = small
-  args = [consts, swap, q_pos, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
+  kv positions, q and kv segment ids when segmented, then arrays (q, k, v, dO, q_rows).
+  small: the kernel's (constants, swap, positions, segments); q_rows: `query_rows`."""
+  consts, swap, _, kv_pos, q_seg, kv_seg = small
+  args = [consts, swap, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
   return args + list(arrays)
+
+
+def query_rows(q_pos_BT, lse_BHT, delta_BHT):
+  """[B, H, 3, T] float32: each query's position, logsumexp and delta = rowsum(dO . O), one
+  row each, so that a query block's three rows arrive by one TMA copy (each copy costs its
+  issue and a warpgroup barrier in the loop that fetches them)."""
+  pos_BHT = jnp.broadcast_to(q_pos_BT[:, None].astype(jnp.float32), lse_BHT.shape)
+  return jnp.stack([pos_BHT, lse_BHT, delta_BHT], axis=2)
 
 
 def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
@@ -78,9 +86,9 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
   ]
 
 
-def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
+def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
-  args = kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
+  args = kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
   n_loop = 3 + (1 if plan.segmented else 0)
   scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
@@ -97,10 +105,10 @@ def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
 
 def _unpack(plan: Plan, refs, n_out: int):
   """(inputs dict, outputs, scratch) of either kernel's refs."""
-  n_in = 12 if plan.segmented else 10
+  n_in = 10 if plan.segmented else 8
   ins, outs, scr = refs[:n_in], refs[n_in : n_in + n_out], refs[n_in + n_out :]
-  names = ["consts", "swap", "q_pos", "kv_pos"] + (["q_seg", "kv_seg"] if plan.segmented else [])
-  names += ["q", "k", "v", "do", "lse", "delta"]
+  names = ["consts", "swap", "kv_pos"] + (["q_seg", "kv_seg"] if plan.segmented else [])
+  names += ["q", "k", "v", "do", "q_rows"]
   r = dict(zip(names, ins))
   r["q"], r["k"], r["v"] = tiles.unpacked(plan, r["q"], r["k"], r["v"])
   return r, outs, scr
@@ -134,9 +142,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   copies += [
     (r["q"].at[b, rows, h], own_s.at[0]),
     (r["do"].at[b, rows, h], own_s.at[1]),
-    (r["q_pos"].at[b, rows], own_rows.at[0]),
-    (r["lse"].at[b, h, rows], own_rows.at[1]),
-    (r["delta"].at[b, h, rows], own_rows.at[2]),
+    (r["q_rows"].at[b, h, :, rows], own_rows),  # position, lse, delta
   ]
   if plan.segmented:
     copies.append((r["q_seg"].at[b, rows], own_seg))
@@ -183,10 +189,10 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   tiles.store((own_s.at[0], dq_ref.at[b, rows, h]))
 
 
-def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
+def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
-  args = kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
-  n_loop = 5 + (1 if plan.segmented else 0)
+  args = kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
+  n_loop = 3 + (1 if plan.segmented else 0)
   scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop)
   out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
@@ -235,7 +241,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     copies.append((r["kv_seg"].at[b, keys], own_seg))
   for n, (src, dst) in enumerate(copies):
     plgpu.copy_gmem_to_smem(src, dst, fixed_bar.at[n])
-  n_loop = 5 + (1 if plan.segmented else 0)
+  n_loop = 3 + (1 if plan.segmented else 0)
   first = lax.div(k_start, jnp.int32(bq)) if plan.causal else jnp.int32(0)
   per_head = nq - first
   n_steps = G * per_head
@@ -362,17 +368,16 @@ def query_products(ops, plan: Plan, acc, operands, starts, segs, stats, masked: 
 def fetch_queries(plan: Plan, r, bufs, bar, where, slot) -> None:
   """Issues the TMA copies of one query block of one head into `slot` of the dk, dv kernels'
   double buffers: q and dO into tiles [2, 2, bq, D] (slot, then q or dO), positions, lse and
-  delta into rows [2, 3, bq], segment ids (when segmented) into [2, bq]; each copy on its own
-  barrier, bar.at[slot * n + i] for the i-th of n. where: (example, head, first query row)."""
+  delta into rows [2, 3, bq] (one copy: `query_rows`), segment ids (when segmented) into
+  [2, bq]; each copy on its own barrier, bar.at[slot * n + i] for the i-th of n. where:
+  (example, head, first query row)."""
   tiles_s, rows_s, seg_s = bufs
   b, h, start = where
   rows = pl.ds(start, plan.bq)
   pairs = [
     (r["q"].at[b, rows, h], tiles_s.at[slot, 0]),
     (r["do"].at[b, rows, h], tiles_s.at[slot, 1]),
-    (r["q_pos"].at[b, rows], rows_s.at[slot, 0]),
-    (r["lse"].at[b, h, rows], rows_s.at[slot, 1]),
-    (r["delta"].at[b, h, rows], rows_s.at[slot, 2]),
+    (r["q_rows"].at[b, h, :, rows], rows_s.at[slot]),
   ]
   if plan.segmented:
     pairs.append((r["q_seg"].at[b, rows], seg_s.at[slot]))

@@ -106,10 +106,10 @@ def _meet(bar) -> None:
   plgpu.barrier_wait(bar)
 
 
-def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
+def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   """dq [B, T, H, D] in the inputs' dtype, as fused_hopper_backward's."""
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
-  args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
+  args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
   n_loop = 3 + (1 if plan.segmented else 0)
   scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 6)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
@@ -118,11 +118,11 @@ def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
   return _run(plan, "dq", body, out_type, scratch, grid, args)
 
 
-def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT):
+def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   """(dk [B, S, K, D], dv [B, S, K, D]) in the inputs' dtype, as fused_hopper_backward's."""
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
-  args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, lse_BHT, delta_BHT)
-  n_loop = 5 + (1 if plan.segmented else 0)
+  args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
+  n_loop = 3 + (1 if plan.segmented else 0)
   scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 4)
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
   out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
@@ -149,9 +149,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   copies = [
     (r["q"].at[b, rows, h], q_own),
     (r["do"].at[b, rows, h], do_own),
-    (r["q_pos"].at[b, rows], rows_own.at[0]),
-    (r["lse"].at[b, h, rows], rows_own.at[1]),
-    (r["delta"].at[b, h, rows], rows_own.at[2]),
+    (r["q_rows"].at[b, h, :, rows], rows_own),  # position, lse, delta
   ]
   if plan.segmented:
     copies.append((r["q_seg"].at[b, rows], own_seg.at[wg]))
@@ -218,7 +216,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   b, kh, kb = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("kv")
   k_start = kb * (W * BLOCK) + wg * BLOCK
   keys = pl.ds(k_start, BLOCK)
-  n_loop = 5 + (1 if plan.segmented else 0)
+  n_loop = 3 + (1 if plan.segmented else 0)
   constants = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
   n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
   k_own, v_own, kv_pos = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg, 0]
