@@ -292,31 +292,43 @@ def trained_run(tmp_path_factory) -> pathlib.Path:
   Returns:
     The workdir (a pathlib.Path).
   """
+  from rove_jax.train import loop as training
+
+  def train(workdir):
+    c = small_config(
+      workdir.parent / "shared-trained-run-data",
+      steps=6,
+      **{
+        "data.source": "stdlib",
+        "data.path": None,
+        "data.max_files": 120,
+        "model.max_len": 64,
+        "data.seq_len": 64,
+      },
+    )
+    training.train(c, str(workdir), devices=jax.devices()[:1], log=lambda *a: None)
+
+  return made_once(tmp_path_factory, "shared-trained-run", train)
+
+
+def made_once(tmp_path_factory, name: str, make) -> pathlib.Path:
+  """The directory `name`, made by make(directory) once a test session: under pytest-xdist the
+  first worker to take its file lock makes it, the others wait and reuse it (a module- or
+  session-scoped fixture alone runs once a worker). A directory a worker left unfinished (it
+  died in make) is made again."""
   import fcntl
   import shutil
-
-  from rove_jax.train import loop as training
 
   base = tmp_path_factory.getbasetemp()
   # Under xdist each worker's base is <session dir>/popen-gwN: the parent is this session's
   # alone. Without xdist the parent holds other sessions' directories, so stay in base.
   root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-  workdir = root / "shared-trained-run"
-  with open(root / "shared-trained-run.lock", "w") as lock:
+  made = root / name
+  with open(root / f"{name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-    if not (workdir / "TRAINED").exists():
-      shutil.rmtree(workdir, ignore_errors=True)  # a worker that died mid-training
-      c = small_config(
-        root / "shared-trained-run-data",
-        steps=6,
-        **{
-          "data.source": "stdlib",
-          "data.path": None,
-          "data.max_files": 120,
-          "model.max_len": 64,
-          "data.seq_len": 64,
-        },
-      )
-      training.train(c, str(workdir), devices=jax.devices()[:1], log=lambda *a: None)
-      (workdir / "TRAINED").write_text("the run is complete\n")
-  return workdir
+    if not (made / "DONE").exists():
+      shutil.rmtree(made, ignore_errors=True)
+      made.mkdir(parents=True)
+      make(made)
+      (made / "DONE").write_text("complete\n")
+  return made

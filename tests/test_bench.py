@@ -16,7 +16,7 @@ import pytest
 
 from bench import suite
 from rove_jax.nn.model import GPTConfig
-from tests.conftest import subprocess_env
+from tests.conftest import made_once, subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,18 +29,23 @@ def _clean_env():
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-  out = tmp_path_factory.mktemp("bench") / "quick.json"
-  proc = subprocess.run(
-    [sys.executable, "-m", "bench", "--suite", "cpu", "--smoke", "--out", str(out)],
-    cwd=ROOT,
-    env=_clean_env(),
-    capture_output=True,
-    text=True,
-    timeout=400,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(out) as f:
-    return json.load(f), proc.stdout
+  """(the smoke suite's JSON, what it printed), run once a test session (made_once: the
+  workers that get this module's tests share it)."""
+
+  def run(folder):
+    proc = subprocess.run(
+      [sys.executable, "-m", "bench", "--suite", "cpu", "--smoke", "--out", str(folder / "q.json")],
+      cwd=ROOT,
+      env=_clean_env(),
+      capture_output=True,
+      text=True,
+      timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder / "stdout.txt").write_text(proc.stdout)
+
+  folder = made_once(tmp_path_factory, "bench-smoke-suite", run)
+  return json.loads((folder / "q.json").read_text()), (folder / "stdout.txt").read_text()
 
 
 def _positive(x):
