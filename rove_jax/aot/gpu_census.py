@@ -286,7 +286,8 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
         continue
       args = rest.split("), ", 1)[0] if "), " in rest else rest.rsplit(")", 1)[0]
       names = _OPERAND.findall(args)
-      operands = tuple(a for o in names for a in arrays(shapes.get(o, "")))
+      arrays_of = lambda names: tuple(a for o in names for a in arrays(shapes.get(o, "")))
+      operands = arrays_of(names)
       target, fusion_kind = _TARGET.search(rest), _FUSION_KIND.search(rest)
       kind = target[1] if target else (fusion_kind[1] if fusion_kind else "")
       gemm = None
@@ -301,8 +302,8 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
         callee = re.search(r"calls=%?([\w.\-]+)", rest)
         gemm = _dot(comps, callee[1]) if callee else None
       outputs = tuple(arrays(shape))
-      if gemm is None:  # a buffer given twice to a kernel, not a GEMM, is read once (below)
-        operands = tuple(a for o in dict.fromkeys(names) for a in arrays(shapes.get(o, "")))
+      if gemm is None:  # a buffer given twice to a kernel, not a GEMM, is read once (above)
+        operands = arrays_of(dict.fromkeys(names))
       if op == "custom-call":  # a library call's scratch workspace (u8/s8 [n]) is no traffic
         outputs = tuple(a for a in outputs if not (a.dtype in ("u8", "s8") and len(a.dims) == 1))
       op_name = _OP_NAME.search(rest)

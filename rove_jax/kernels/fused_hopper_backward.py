@@ -284,7 +284,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
 
   zeros = ops.wgmma_layout(jnp.zeros((bk, D), jnp.float32))
   carry = (zeros, zeros)
-  if _diagonal_first(plan):
+  if tiles.mask_on_diagonal_only(plan):
     carry = lax.fori_loop(0, G, step, carry)
     carry = lax.fori_loop(G, n_steps, lambda t, c: step(t, c, masked=False), carry)
   else:
@@ -300,21 +300,19 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   tiles.store((own_s.at[0], dk_ref.at[b, keys, kh]), (own_s.at[1], dv_ref.at[b, keys, kh]))
 
 
-def _diagonal_first(plan: Plan) -> bool:
-  """Whether the dk, dv loop runs the diagonal query blocks first and the rest without mask
-  code: where causality by index is all the mask (causal, no segment ids), as
-  tiles.key_block_loop does for the forward and dq."""
-  return plan.causal and not plan.segmented
+def head_major(first, per_head):
+  """t -> (head within the kv head's group, query block) of a dk, dv loop's step t over its
+  heads' query blocks first .. first + per_head - 1, head by head."""
+  return lambda t: (lax.div(t, per_head), first + lax.rem(t, per_head))
 
 
 def _query_block_order(plan: Plan, G: int, first, per_head):
-  """t -> (head within the kv head's group, query block) of the dk, dv loop's step t, over the
-  G heads' query blocks first .. first + per_head - 1. With _diagonal_first, steps 0 .. G - 1
-  are each head's block `first`, the one on the diagonal (bq == bk: the later blocks' every
-  query is past every key of the program's block), and the rest follow head by head; else
-  head by head from `first`."""
-  if not _diagonal_first(plan):
-    return lambda t: (lax.div(t, per_head), first + lax.rem(t, per_head))
+  """The one-warpgroup dk, dv loop's order (`head_major`'s mapping). Where the mask is on the
+  diagonal only (tiles.mask_on_diagonal_only), steps 0 .. G - 1 are each head's block `first`,
+  the one on the diagonal (bq == bk: the later blocks' every query is past every key of the
+  program's block), and the rest follow head by head."""
+  if not tiles.mask_on_diagonal_only(plan):
+    return head_major(first, per_head)
   assert plan.bq == plan.bk, "one diagonal query block a head needs square blocks"
   rest = jnp.maximum(per_head - 1, 1)
 

@@ -231,9 +231,11 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   first = lax.div(kb * (W * BLOCK), jnp.int32(bq)) if plan.causal else jnp.int32(0)
   per_head = nq - first
   n_steps = G * per_head
+  block_of = backward.head_major(first, per_head)
 
   def fetch(t, slot):
-    where = (b, kh * G + lax.div(t, per_head), (first + lax.rem(t, per_head)) * bq)
+    g, qb = block_of(t)
+    where = (b, kh * G + g, qb * bq)
     backward.fetch_queries(plan, r, (loop_s, loop_rows, loop_seg), loop_bar, where, slot)
 
   @pl.when(wg == 0)
@@ -262,7 +264,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     _meet(rotated_bar)
     # Block t + 1 into the slot block t - 1 left: both are past block t's barrier.
     pl.when((wg == 0) & (t >= 1) & (t + 1 < n_steps))(lambda: fetch(t + 1, lax.rem(t + 1, 2)))
-    starts = ((first + lax.rem(t, per_head)) * bq, k_start)
+    starts = (block_of(t)[1] * bq, k_start)
     operands = (k_own, v_own, q_s, do_s)
     rows = (loop_rows.at[slot], loop_seg.at[slot])
     return backward.key_products(ops, plan, carry, operands, starts, kv_seg, rows)

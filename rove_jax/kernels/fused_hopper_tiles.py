@@ -268,13 +268,20 @@ def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args, **t
   )(*args)
 
 
+def mask_on_diagonal_only(plan: Plan) -> bool:
+  """Whether causality by index is all the mask (causal, no segment ids): then a block pair
+  wholly below the diagonal needs no mask code, which the forward, dq (`key_block_loop`) and
+  dk/dv kernels leave out there."""
+  return plan.causal and not plan.segmented
+
+
 def key_block_loop(plan: Plan, q_start, n_blocks, step, carry):
   """lax.fori_loop of step(j, carry, masked) over key blocks 0 .. n_blocks - 1 of a program
   whose first query is q_start. Where causality by index is all the mask (causal, no segment
   ids), the blocks whose every key is at or before q_start see no mask: they run first, in a
   loop of their own whose code has none (the mask's compares and selects are about 130
   instructions a thread a block at D = 64; only the blocks on the diagonal keep them)."""
-  if not plan.causal or plan.segmented:
+  if not mask_on_diagonal_only(plan):
     return lax.fori_loop(0, n_blocks, step, carry)
   n_free = jnp.minimum(lax.div(q_start + 1, plan.bk), n_blocks)
   carry = lax.fori_loop(0, n_free, lambda j, c: step(j, c, masked=False), carry)
