@@ -23,7 +23,7 @@ What runs, and why:
     j + 1's work.
   * A tile is rotated between its TMA copy and the wgmma that reads it
     (rove_jax.kernels.fused_hopper_rotation): cos/sin tables from the positions in registers
-    (trig.sincos: an exact range reduction, then the GPU's sin.approx and cos.approx),
+    (trig.sincos: a reduction by whole turns in three FFMAs, then sin.approx and cos.approx),
     float32, one rounding to bfloat16, a store to shared memory: in the buffer it arrived in
     where the rotation allows (rotation.in_place: slices, D = 64, pairs within a 64-column
     piece), which with no rotated copies or staging tiles lets two programs share an SM (two
@@ -65,9 +65,9 @@ query block of each query head (about half of them under a causal mask): bytes =
 with slices) and position rows per program; FLOPs = 4 * D * N (q.k, p.v) + 6 * D per rotated
 row, and with the swap matrix 2 * D * D more per rotated row (rows rotated: B * T * H for q,
 B * H * (pairs * bk) for k and again for v (RoVE), B * T * H twice for the output (RoVE));
-transcendentals = N exp; and one sin and cos (trig.sincos, about 30 float32 and integer
-operations for both, no conversions) per rotated pair with slices, per rotated dim with the
-matrix.
+transcendentals = N exp; and one sin and cos (trig.sincos(hardware=True): about ten float32
+and integer operations and two of the quarter-rate unit for both, no conversions) per rotated
+pair with slices, per rotated dim with the matrix.
 No pl.CostEstimate is attached: XLA sees the Mosaic GPU call as opaque.
 
 Under an active mesh the kernel runs in jax.shard_map (batch over ("data", "fsdp"), heads over

@@ -25,8 +25,9 @@ so the interleaved layout (partner d ^ 1, in the same thread's register pair) ke
 Either way a rotation runs a column piece at a time, its tables shared by the tiles it turns:
 a [64, 64] tile's tables, products and result in float32 take most of a thread's registers
 (python -m bench.fused_gpu --aot h200 --ptxas reports each kernel's registers and spills). sin
-and cos are rove_jax.kernels.trig's exact range reduction followed by the GPU's sin.approx and
-cos.approx (sincos(hardware=True), under the kernels' approximate math), not libdevice's.
+and cos are rove_jax.kernels.trig's range reduction by whole turns (trig.turns: three fused
+multiply-adds) followed by the GPU's sin.approx and cos.approx (sincos(hardware=True), under the
+kernels' approximate math), not libdevice's.
 """
 
 from __future__ import annotations

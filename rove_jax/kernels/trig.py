@@ -32,6 +32,11 @@ _COS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
 _ROUND = 1.5 * 2.0**23
 _EXPONENT_BITS = 0x4B000000  # the exponent field every such sum shares
 _SIGN = -(2**31)  # the float32 sign bit, as an int32
+# 2 pi in three float32 parts, the first two of 8 significant bits (truncated), the third the
+# float32 nearest the rest: k times either of the first two is exact for |k| <= 2**16, and a
+# fused multiply-add (the GPU's FFMA, which the kernels' a - k * part compiles to) rounds each
+# step once whatever k (`turns`).
+_TWO_PI = (6.28125, 0.00193023681640625, 5.070363386039389e-06)
 LOG2E = math.log2(math.e)
 
 
@@ -53,24 +58,22 @@ def sincos(a, *, hardware: bool = False):
   gradually up to 2**22 * pi / 2 (6.5e6), where a float32 angle's own ulp is 0.5 radian; beyond
   it k wraps.
 
-  hardware=True reduces the same way by whole turns (a = k * 2 pi + r, |r| <= pi) and takes
-  jnp.sin and jnp.cos of r, for a backend that lowers them to the GPU's sin.approx and
-  cos.approx (Pallas Mosaic GPU under approximate math, rove_jax.kernels.fused_hopper_tiles):
+  hardware=True reduces by whole turns instead (`turns`: a = k * 2 pi + r, |r| <= pi, k not
+  split, which the GPU's fused multiply-add makes unnecessary) and takes jnp.sin and jnp.cos of
+  r, for a backend that lowers them to the GPU's sin.approx and cos.approx (Pallas Mosaic GPU
+  under approximate math, rove_jax.kernels.fused_hopper_tiles):
   two instructions of the quarter-rate unit instead of the polynomials and the quadrant's
   selects. Those add an absolute error of about 2**-20.9 (their documented bound on [-pi, pi]),
   below the bfloat16 rounding every rotated tile takes. Elsewhere jnp.sin of r is exact (CPU,
   interpret mode) or libdevice's (Pallas Triton: do not)."""
-  parts = 4 if hardware else 1  # pi / 2 times 4 is 2 pi, exactly: the same significant bits
-  bits = lax.bitcast_convert_type(a * (2 / math.pi / parts) + _ROUND, jnp.int32)
-  # The or changes no bit; it keeps XLA's simplifier (interpret mode, CPU) from folding
-  # (t + _ROUND) - _ROUND into t, which would drop the rounding.
-  k = _as_float(jnp.bitwise_or(bits, _EXPONENT_BITS)) - _ROUND
+  if hardware:
+    r = turns(a)
+    return jnp.sin(r), jnp.cos(r)
+  bits, k = _nearest(a * (2 / math.pi))
   k_hi = _as_float(jnp.bitwise_and(bits + 128, -256)) - _ROUND  # k to a multiple of 256
   k_lo = k - k_hi  # |k_lo| <= 128
-  c0, c1, c2 = (parts * c for c in _PIO2)
+  c0, c1, c2 = _PIO2
   r = a - k_hi * c0 - k_lo * c0 - k_hi * c1 - k_lo * c1 - k * c2
-  if hardware:
-    return jnp.sin(r), jnp.cos(r)
   z = r * r
   sin_r = r + r * z * (_SIN[0] + z * (_SIN[1] + z * _SIN[2]))
   cos_r = 1.0 - 0.5 * z + z * z * (_COS[0] + z * (_COS[1] + z * _COS[2]))
@@ -79,6 +82,31 @@ def sincos(a, *, hardware: bool = False):
   cos_a = jnp.where(odd, sin_r, cos_r)
   # sin is negative in quadrants 2 and 3, cos in 1 and 2: bit 1 of k and of k + 1.
   return _flip(sin_a, bits), _flip(cos_a, bits + 1)
+
+
+def turns(a, multiply_add=lambda x, y, z: x * y + z):
+  """a - k * 2 pi (float32) with k the integer nearest a / (2 pi): in [-pi, pi] up to the rounding
+  of k, a little past it where a float32 angle's ulp nears 1.
+
+  Three steps a - k * part (`_TWO_PI`), multiply_add(-k, part, r) each; the GPU kernels' compile
+  to an FFMA, which rounds each step once. With FFMA this is within about 2e-7 of the exact
+  a - 2 pi k (in float64) up to |a| = 1.6e6 and within 4e-7 up to 6.5e6 (|k| = 2**20); with a
+  multiply and an add, rounded apart (CPU, interpret mode), only while |k| <= 2**16 (|a| up to
+  about 4e5), where the products are exact. It takes fewer instructions than splitting k as
+  `sincos`'s polynomial path does (for backends that may not fuse a multiply and an add)."""
+  _, k = _nearest(a * (1 / (2 * math.pi)))
+  r = a
+  for part in _TWO_PI:
+    r = multiply_add(-k, part, r)
+  return r
+
+
+def _nearest(t):
+  """(bits, k): k the float32 integer nearest t (|t| < 2**22) and the bits of k + _ROUND."""
+  bits = lax.bitcast_convert_type(t + _ROUND, jnp.int32)
+  # The or changes no bit; it keeps XLA's simplifier (interpret mode, CPU) from folding
+  # (t + _ROUND) - _ROUND into t, which would drop the rounding.
+  return bits, _as_float(jnp.bitwise_or(bits, _EXPONENT_BITS)) - _ROUND
 
 
 def _as_float(bits):
