@@ -73,20 +73,27 @@ def opcodes(listing: str) -> collections.Counter:
   return collections.Counter(m.group(1) for m in _INSTRUCTION.finditer(listing))
 
 
-def main_loop(listing: str) -> str:
-  """The instruction lines of the largest loop of a listing: from the target of a conditional
-  backward branch to the branch, the longest such range ("" when there is none). In the fused
-  kernels it is the loop over key (or query) blocks, so its `mix` is what one thread issues a
-  block."""
+def loops(listing: str) -> list:
+  """The instruction lines of each loop of a listing, from the target of a conditional backward
+  branch to the branch, the longest range first."""
   lines = [
     (int(m.group(1), 16), line) for line in listing.splitlines() if (m := _ADDRESS.search(line))
   ]
-  best = (0, 0)
+  ranges = []
   for m in _BRANCH.finditer(listing):
     at, target = int(m.group(1), 16), int(m.group(2), 16)
-    if target < at and at - target > best[1] - best[0]:
-      best = (target, at)
-  return "\n".join(line for a, line in lines if best[0] <= a <= best[1]) if best[1] else ""
+    if target < at:
+      ranges.append((target, at))
+  ranges.sort(key=lambda r: r[0] - r[1])
+  return ["\n".join(line for a, line in lines if lo <= a <= hi) for lo, hi in ranges]
+
+
+def main_loop(listing: str) -> str:
+  """The largest of `loops` ("" when there is none). In the fused kernels it is the loop over
+  key (or query) blocks, so its `mix` is what one thread issues a block; where a kernel runs the
+  blocks off the diagonal in a loop of their own without the mask code, the one with the mask
+  (the larger) when the compiler keeps both, and `of_ptx` reports the other too."""
+  return next(iter(loops(listing)), "")
 
 
 def mix(ops: collections.Counter) -> dict:
@@ -146,9 +153,13 @@ def missing_tools() -> Optional[str]:
   return None
 
 
+SECOND_LOOP_MIN = 100  # instructions: below it a second loop is a barrier-wait stub's
+
+
 def of_ptx(ptx_path: str) -> dict:
-  """`mix` of the machine code of one PTX file, with the mix of its `main_loop` under
-  "loop"."""
+  """`mix` of the machine code of one PTX file, with the mix of its `main_loop` under "loop"
+  and of the next largest loop, where it has at least SECOND_LOOP_MIN instructions (the
+  unmasked loop beside a masked one), under "loop 2"."""
   problem = missing_tools()
   if problem:
     raise RuntimeError(problem)
@@ -160,16 +171,27 @@ def of_ptx(ptx_path: str) -> dict:
     run = subprocess.run(
       [cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True, env=env
     )
-  return dict(mix(opcodes(run.stdout)), loop=mix(opcodes(main_loop(run.stdout))))
+  return with_loops(run.stdout)
+
+
+def with_loops(listing: str) -> dict:
+  """of_ptx's dict of a listing."""
+  found = [mix(opcodes(body)) for body in loops(listing)]
+  out = dict(mix(opcodes(listing)), loop=found[0] if found else mix(opcodes("")))
+  if len(found) > 1 and found[1]["instructions"] >= SECOND_LOOP_MIN:
+    out["loop 2"] = found[1]
+  return out
 
 
 def table(report: dict) -> str:
   """A markdown table of {kernel: of_ptx's dict}: a row for the whole kernel and, where it has
-  one, a row for its main loop (one pass: a key or query block)."""
+  them, rows for its main loop (one pass: a key or query block) and its second loop."""
   cols = ["instructions", *CLASSES, "other"]
   lines = ["| kernel | part | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
   for name, m in report.items():
-    parts = [("all", m)] + ([("loop", m["loop"])] if m.get("loop", {}).get("instructions") else [])
+    parts = [("all", m)] + [
+      (part, m[part]) for part in ("loop", "loop 2") if m.get(part, {}).get("instructions")
+    ]
     for part, counts in parts:
       lines.append(f"| {name} | {part} | " + " | ".join(str(counts[c]) for c in cols) + " |")
   return "\n".join(lines)

@@ -245,7 +245,8 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   first = lax.div(k_start, jnp.int32(bq)) if plan.causal else jnp.int32(0)
   per_head = nq - first
   n_steps = G * per_head
-  block_of = _query_block_order(plan, G, first, per_head)
+  assert plan.bq == plan.bk, "one diagonal query block a head needs square blocks"
+  block_of, n_masked = query_block_order(plan, G, first, per_head)
 
   def fetch(t, slot):
     g, qb = block_of(t)
@@ -283,13 +284,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     return carry
 
   zeros = ops.wgmma_layout(jnp.zeros((bk, D), jnp.float32))
-  carry = (zeros, zeros)
-  if tiles.mask_on_diagonal_only(plan):
-    carry = lax.fori_loop(0, G, step, carry)
-    carry = lax.fori_loop(G, n_steps, lambda t, c: step(t, c, masked=False), carry)
-  else:
-    carry = lax.fori_loop(0, n_steps, step, carry)
-  dk_acc, dv_acc = carry
+  dk_acc, dv_acc = diagonal_first_loop(n_masked, n_steps, step, (zeros, zeros))
   # The tables from the positions again, not held across the loop.
   kv_pos = own_rows.at[0]
   rot.f32(dk_acc, kv_pos, own_s.at[0] if in_place else rot_s, own_s.at[0], inverse=True)
@@ -306,23 +301,32 @@ def head_major(first, per_head):
   return lambda t: (lax.div(t, per_head), first + lax.rem(t, per_head))
 
 
-def _query_block_order(plan: Plan, G: int, first, per_head):
-  """The one-warpgroup dk, dv loop's order (`head_major`'s mapping). Where the mask is on the
-  diagonal only (tiles.mask_on_diagonal_only), steps 0 .. G - 1 are each head's block `first`,
-  the one on the diagonal (bq == bk: the later blocks' every query is past every key of the
-  program's block), and the rest follow head by head."""
+def query_block_order(plan: Plan, G: int, first, per_head, n_diag: int = 1):
+  """A dk, dv loop's order (`head_major`'s mapping), and how many of its first steps need the
+  mask. Where the mask is on the diagonal only (tiles.mask_on_diagonal_only), steps
+  0 .. n_diag * G - 1 are each head's blocks first .. first + n_diag - 1, those the program's
+  keys reach into (n_diag = its keys / bq: one for the one-warpgroup kernel, bq == bk; two for
+  the two-warpgroup one), head by head; the rest follow head by head, every query of them past
+  every key of the program. Returns (block_of, masked steps)."""
   if not tiles.mask_on_diagonal_only(plan):
-    return head_major(first, per_head)
-  assert plan.bq == plan.bk, "one diagonal query block a head needs square blocks"
-  rest = jnp.maximum(per_head - 1, 1)
+    return head_major(first, per_head), G * per_head
+  rest = jnp.maximum(per_head - n_diag, 1)
 
   def block_of(t):
-    u = jnp.maximum(t - G, 0)
-    on_diagonal = t < G
-    g = jnp.where(on_diagonal, t, lax.div(u, rest))
-    return g, jnp.where(on_diagonal, first, first + 1 + lax.rem(u, rest))
+    u = jnp.maximum(t - n_diag * G, 0)
+    on_diagonal = t < n_diag * G
+    g = jnp.where(on_diagonal, lax.div(t, n_diag), lax.div(u, rest))
+    qb = jnp.where(on_diagonal, first + lax.rem(t, n_diag), first + n_diag + lax.rem(u, rest))
+    return g, qb
 
-  return block_of
+  return block_of, jnp.minimum(n_diag * G, G * per_head)
+
+
+def diagonal_first_loop(n_masked, n_steps, step, carry):
+  """lax.fori_loop of step(t, carry, masked) over steps 0 .. n_steps - 1 in `query_block_order`:
+  the first n_masked with the mask, the rest in a loop whose code has none."""
+  carry = lax.fori_loop(0, n_masked, step, carry)
+  return lax.fori_loop(n_masked, n_steps, lambda t, c: step(t, c, masked=False), carry)
 
 
 def _turn(plan: Plan, rot, tiles_s, copies_s, pos_ref, in_place: bool, queries: bool):

@@ -24,7 +24,10 @@ What runs, and why (dk, dv; dq is the same with queries and keys exchanged):
     through its own slot of the loop buffers (free then) as staging.
   * T and S must be multiples of 128. Under a causal mask warpgroup 1 of a dk, dv program
     (keys 64 to 127 of the block) multiplies one fully masked query block a head, and
-    warpgroup 0 of a dq program one fully masked key block.
+    warpgroup 0 of a dq program one fully masked key block. Where causality by index is all
+    the mask, the blocks wholly past the program's keys (dk, dv: the first two query blocks
+    of each head run first) or before a warpgroup's queries (dq) run in a loop with no mask
+    code, as in the one-warpgroup kernels.
 Cost a program, per looped block: bytes 2 x 64 x D x 2 (two tiles) + its rows, once for 128
 owned rows; FLOPs 2 x (4 x 64 x 64 x D) (dk, dv: four products each warpgroup; dq: three) and
 the looped block's rotation once. Shared memory: each warpgroup's two tiles, two slots of two
@@ -179,7 +182,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   stats = (ops.load(rows_own.at[1], 1), ops.load(rows_own.at[2], 1))  # lse, delta
   q_seg = ops.load(own_seg.at[wg], 1) if plan.segmented else None
 
-  def step(j, acc):
+  def step(j, acc, masked=True):
     slot = lax.rem(j, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
@@ -194,10 +197,14 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     operands = (q_own, do_own, k_s, v_s)
     starts = (q_start, j * BLOCK)
-    return backward.query_products(ops, plan, acc, operands, starts, (q_seg, kv_seg), stats)
+    segs = (q_seg, kv_seg)
+    return backward.query_products(ops, plan, acc, operands, starts, segs, stats, masked)
 
   D = own_s.shape[-1]
-  acc = lax.fori_loop(0, n_blocks, step, ops.wgmma_layout(jnp.zeros((BLOCK, D), jnp.float32)))
+  # Each warpgroup runs its key blocks wholly before its first query without the mask
+  # (tiles.key_block_loop): one more for warpgroup 1, but both run all n_blocks, meeting at each.
+  zeros = ops.wgmma_layout(jnp.zeros((BLOCK, D), jnp.float32))
+  acc = tiles.key_block_loop(plan, q_start, n_blocks, step, zeros)
   _meet(done_bar)  # the loop buffers are free: each warpgroup takes its slot as staging
   dq_r = acc * rotation.query_scale(ops, consts_s, acc.shape)
   rot.f32(dq_r, rows_own.at[0], loop_s.at[wg], q_own, inverse=True)
@@ -231,7 +238,9 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   first = lax.div(kb * (W * BLOCK), jnp.int32(bq)) if plan.causal else jnp.int32(0)
   per_head = nq - first
   n_steps = G * per_head
-  block_of = backward.head_major(first, per_head)
+  # Both warpgroups' keys reach into the first two query blocks of each head (W * BLOCK keys):
+  # those run first with the mask, the rest without.
+  block_of, n_masked = backward.query_block_order(plan, G, first, per_head, n_diag=W)
 
   def fetch(t, slot):
     g, qb = block_of(t)
@@ -252,7 +261,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   plgpu.commit_smem()
   kv_seg = ops.load(own_seg.at[wg], 1) if plan.segmented else None
 
-  def step(t, carry):
+  def step(t, carry, masked=True):
     slot = lax.rem(t, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
@@ -267,11 +276,11 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     starts = (block_of(t)[1] * bq, k_start)
     operands = (k_own, v_own, q_s, do_s)
     rows = (loop_rows.at[slot], loop_seg.at[slot])
-    return backward.key_products(ops, plan, carry, operands, starts, kv_seg, rows)
+    return backward.key_products(ops, plan, carry, operands, starts, kv_seg, rows, masked)
 
   D = own_s.shape[-1]
   zeros = ops.wgmma_layout(jnp.zeros((BLOCK, D), jnp.float32))
-  dk_acc, dv_acc = lax.fori_loop(0, n_steps, step, (zeros, zeros))
+  dk_acc, dv_acc = backward.diagonal_first_loop(n_masked, n_steps, step, (zeros, zeros))
   _meet(done_bar)  # the query buffers are free: each warpgroup takes its slot as staging
   stage = loop_s.at[wg]
   rot.f32(dk_acc, kv_pos, stage, k_own, inverse=True)

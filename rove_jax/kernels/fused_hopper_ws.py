@@ -48,9 +48,9 @@ why the producer drains the last two "consumed" phases.
 
 Not yet done (speed, not numerics; timing on an H200 decides): ping-pong scheduling between the
 two compute warpgroups (FA3's schedule barrier: one's softmax under the other's wgmma),
-asynchronous wgmma overlapping the softmax, a deeper key/value pipeline, causal blocks without
-the mask's iota work, 64-key blocks (a 32-row share is below wgmma's M), and the same sharing
-in the backward kernels.
+asynchronous wgmma overlapping the softmax, a deeper key/value pipeline, 64-key blocks (a
+32-row share is below wgmma's M). (The backward kernels share blocks the same way:
+rove_jax.kernels.fused_hopper_backward_ws.)
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
     turned = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
     rot.to([(x, x) for x in turned], kvpos_s.at[slot, part])
 
-  def step(j, carry):
+  def step(j, carry, masked=True):
     slot = lax.rem(j, 2)
     for n in range(n_kv_bar):
       plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
@@ -241,14 +241,20 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
     refill(j)
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     s = ops.mma(q_own, k_s.at[slot], transpose_b=True)  # [bq, bk]
-    mask = tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
+    mask = (
+      tiles.visible(ops, plan, q_start, j * bk, q_seg, kv_seg, s.shape, keys_in_rows=False)
+      if masked
+      else None
+    )
     carry = tiles.softmax_step(ops, carry, s, mask, v_s.at[slot])
     if consumed is not None:
       consumed(slot)
     return carry
 
   start = tiles.softmax_start(ops, bq, q_own.shape[1])
-  o, lse = tiles.softmax_end(lax.fori_loop(0, n_blocks, step, start))
+  # Both warpgroups' rows lie in one 128-row block (bk = W * bq), so both run the same blocks
+  # without a mask and meet at every block's barrier the same number of times.
+  o, lse = tiles.softmax_end(tiles.key_block_loop(plan, q_start, n_blocks, step, start))
   if plan.rotate_output:  # q's tile as the staging and the destination
     rot.f32(o, qpos_own, q_own, q_own, inverse=True)
   else:

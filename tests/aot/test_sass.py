@@ -96,6 +96,40 @@ def test_the_main_loop_runs_from_the_back_edges_target_to_it():
   ]
 
 
+def line(address: int, text: str) -> str:
+  return f"        /*{address:04x}*/                   {text} ;"
+
+
+def two_loops(n_first: int, n_second: int) -> str:
+  """A listing with a loop of n_first FFMAs, then one of n_second FMULs, then a barrier-wait
+  stub's two-instruction loop."""
+  out = []
+  for start, n, op, p in (
+    (0x100, n_first, "FFMA R1, R2, R3, R4", 0),
+    (0x4000, n_second, "FMUL R1, R2, R3", 1),
+  ):
+    out += [line(start + 16 * i, op) for i in range(n)]
+    out.append(line(start + 16 * n, f"@P{p} BRA 0x{start:x}"))
+  return "\n".join(out + [line(0x8000, "NOP"), line(0x8010, "@P2 BRA 0x8000")])
+
+
+def test_a_second_loop_of_its_own_is_reported_beside_the_main_one():
+  """A kernel that runs the blocks off the diagonal in a loop without the mask, then the rest
+  with it, has two loops: both are counted, the longer as "loop", the other as "loop 2"; a
+  loop under SECOND_LOOP_MIN instructions (a barrier-wait stub's) is not."""
+  got = sass.with_loops(two_loops(120, 150))
+  assert (got["loop"]["float32"], got["loop"]["instructions"]) == (150, 151)
+  assert (got["loop 2"]["float32"], got["loop 2"]["instructions"]) == (120, 121)
+  assert got["instructions"] == 120 + 150 + 2 + 2  # two back edges, the stub
+  assert [r.split(" | ")[1] for r in sass.table({"dq": got}).splitlines()[2:]] == [
+    "all",
+    "loop",
+    "loop 2",
+  ]
+  assert "loop 2" not in sass.with_loops(two_loops(50, 150))
+  assert sass.with_loops(two_loops(50, 150))["loop"]["instructions"] == 151
+
+
 def test_missing_tools_say_what_to_install(monkeypatch):
   monkeypatch.setattr(
     sass, "_candidates", lambda name: ["/usr/bin/true"] if name == "ptxas" else []
