@@ -145,12 +145,15 @@ class Rotation(NamedTuple):
   swap_ref: Any
   r: int
 
-  def to(self, pairs, pos_ref, *, scale_first: bool = False) -> None:
+  def to(self, pairs, pos_ref, *, scale_first: bool = False, tables_ref=None) -> None:
     """dst = R src for each (src, dst) pair of bfloat16 tiles [n, D] in shared memory at the
     positions in pos_ref; the first pair's also times the query scale when scale_first (q's,
-    with dO's beside it in the backward pass). A dst may be its src (in place)."""
+    with dO's beside it in the backward pass). A dst may be its src (in place). With slices,
+    tables_ref [n, 2 r] float32 in shared memory may give the rows' cos and sin (`key_tables`)
+    in place of pos_ref, which is then not read."""
     if self.swap_ref is None:
-      return self._slices(pairs, pos_ref, scale_first)
+      return self._slices(pairs, pos_ref, scale_first, tables_ref)
+    assert tables_ref is None, "tables from memory are for the slice rotation"
     D = pairs[0][0].shape[1]
     # In place, a piece whose product reads other pieces' columns would read what an earlier
     # piece wrote: then the tile is one piece.
@@ -222,14 +225,20 @@ class Rotation(NamedTuple):
     r, n = self.r, _slice_cols(self.r)
     return [((i, n), (self.r + i, n)) for i in range(0, r, n)]
 
-  def _half_tables(self, pos_ref, piece):
+  def _half_tables(self, pos_ref, piece, tables_ref=None):
+    """(cos, sin) [n, piece's columns] of the pairs whose first members are the piece's."""
+    if tables_ref is not None:
+      start, size = piece
+      return tuple(
+        self.ops.load(tables_ref.at[:, pl.ds(at, size)]) for at in (start, self.r + start)
+      )
     sin, cos = trig.sincos(_angles(self.ops, pos_ref, self.consts_ref, piece), hardware=True)
     return cos, sin
 
-  def _slices(self, pairs, pos_ref, scale_first: bool) -> None:
+  def _slices(self, pairs, pos_ref, scale_first: bool, tables_ref=None) -> None:
     ops, consts = self.ops, self.consts_ref
     for first, second in self._slice_pieces():
-      tabs = self._half_tables(pos_ref, first)
+      tabs = self._half_tables(pos_ref, first, tables_ref)
       for i, (src, dst) in enumerate(pairs):
         a, b = (ops.load(_cols(src, p)).astype(F32) for p in (first, second))
         new = _turn(a, b, tabs, inverse=False)
@@ -255,6 +264,28 @@ class Rotation(NamedTuple):
     rest = (2 * self.r, y.shape[1] - 2 * self.r)
     if rest[1]:
       _cols(dst_ref, rest)[...] = _cols(y, rest).astype(dst_ref.dtype)
+
+
+def key_tables(pos_BS, consts, r: int):
+  """[B, S, 2 r] float32: cos then sin of pos * f for each of the r pair frequencies (the
+  constants' FREQ row's first r entries, the half layout's), a row per position: what a kernel
+  copies into shared memory beside a block of keys in place of its positions
+  (`Rotation.to(tables_ref=...)`), computed here by XLA (jnp.cos, jnp.sin) once a call rather
+  than in every program that reads the block."""
+  angle = pos_BS.astype(F32)[:, :, None] * consts[fused_tiles.FREQ, :r][None, None]
+  return jnp.concatenate([jnp.cos(angle), jnp.sin(angle)], axis=-1)
+
+
+def table_rows(plan: Plan, lead, tabled: bool):
+  """The shared memory of a block's position rows (float32 `lead`, e.g. (slots, rows)), or with
+  tabled of their `key_tables` rows, [*lead, 2 r] float32 tiled and swizzled as the slice
+  rotation loads its column pieces (a piece 32 float32 columns, 128 bytes: no bank
+  conflicts)."""
+  if not tabled:
+    return plgpu.SMEM(lead, F32)
+  cols = _slice_cols(plan.pair_offset)
+  swizzle = (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(4 * cols))
+  return plgpu.SMEM(tuple(lead) + (2 * plan.pair_offset,), F32, transforms=swizzle)
 
 
 def _pairs_local(r: int) -> bool:

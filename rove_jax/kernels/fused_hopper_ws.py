@@ -19,6 +19,13 @@ What runs, and why:
     RoVE, computes each key's cos/sin once rather than twice, and makes each share one
     native-M [64, D] x [D, D] swap wgmma; hence bk = 128 = 2 x 64 and S a multiple of 128.
     Rotating in place (no second, rotated copy of the block) is what lets D = 128 fit.
+  * With slices at D = 64 (`tables_copied`) the block's cos and sin come with it: XLA computes
+    them once a call from the key positions ([B, S, 2 r] float32,
+    fused_hopper_rotation.key_tables), and each block's rows are TMA-copied in place of its
+    positions. The rotation then loads them (two shared-memory loads a row's piece) instead of
+    computing a sine and a cosine for every rotated element in every program, which was most
+    of a share's rotation work; the block's reads from L2 double (the tables are as large as k
+    and v at r = 32), and shared memory holds one program an SM, as the registers already did.
   * That barrier also tells whoever issues the key/value copies that both warpgroups are done
     with the block before, whose buffer is then refilled. Without `producer` compute
     warpgroup 0 issues them. With `producer` a third warpgroup does (warp specialisation): it
@@ -40,7 +47,8 @@ and p.v at D = 64; with slice_swap none (about 6 elementwise FLOPs an element ro
 program: q 2 x 128 x D x D, the output (RoVE) twice that, none with slice_swap. Shared memory
 (bfloat16 tiles, 2 bytes an element): the swap matrix D x D (none with slice_swap), q 2 x 64 x D,
 k and v 2 slots x 2 x 128 x D, and a few KiB of constants and rows; at D = 128 that is within
-the 227 KiB a block may use because the block is rotated in place.
+the 227 KiB a block may use because the block is rotated in place. With the tables, 2 slots x
+128 x 2 r x 4 bytes more (64 KiB at D = 64) and as many bytes read a block.
 
 Interpret mode (Mosaic GPU's interpreter, jax 0.10) runs each warpgroup as a thread and checks
 every barrier: a warpgroup that waits on a barrier at all waits on every phase of it, which is
@@ -86,6 +94,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   W, bq, bk, dt = plan.compute_wgs, plan.bq, plan.bk, q_BTHD.dtype
   assert bk == BLOCK_KV == W * bq, (W, bq, bk)
   smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
+  tabled = tables_copied(plan, D)
   scratch = [
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),
     rotation.swap_scratch(plan, D, smem),
@@ -95,8 +104,8 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
     plgpu.SMEM((W, bq), jnp.float32),  # q positions, q segment ids, lse
     smem((2, bk, D)),
     smem((2, bk, D)),  # k, v a slot (rotated in place)
-    plgpu.SMEM((2, bk), jnp.float32),
-    plgpu.SMEM((2, bk), jnp.int32),  # kv positions, segment ids
+    rotation.table_rows(plan, (2, bk), tabled),
+    plgpu.SMEM((2, bk), jnp.int32),  # kv positions (or their tables), segment ids
     plgpu.Barrier(num_barriers=2),  # constants, swap
     plgpu.Barrier(num_barriers=3 * W),  # a warpgroup's q, positions, segments
     plgpu.Barrier(num_barriers=2 * 4),  # a slot's k, v, positions, segments
@@ -104,6 +113,8 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
     plgpu.Barrier(num_arrivals=W, num_barriers=2),  # a slot consumed (producer only)
   ]
   args, out_type = tiles.forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD)
+  if tabled:  # the kv positions' cos and sin rows in their place
+    args[3] = rotation.key_tables(args[3], args[0], plan.pair_offset)
   body = functools.partial(_body, plan, S // bk, H // K)
   threads = W + (1 if plan.producer else 0)
   part = f"fwd_{W}wg" + ("_tma" if plan.producer else "")
@@ -118,6 +129,17 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
     num_threads=threads,
     thread_name=THREAD,
   )
+
+
+def tables_copied(plan: Plan, D: int) -> bool:
+  """Whether the key blocks' cos and sin arrive by TMA (rotation.key_tables, [bk, 2 r] float32
+  a slot, a row of each a key) rather than being computed from their positions by each
+  warpgroup: with slices (the tables the slice rotation reads) at D = 64, where the two slots'
+  64 KiB fit beside the rest of the program's shared memory. The two warpgroups are one
+  program an SM either way (their registers), so the shared memory costs no occupancy, and
+  each rotated key then takes two shared-memory loads where its sin and cos took about ten
+  instructions; the price is those bytes read from L2 with each block, as many as k's and v's."""
+  return plan.slice_swap and D == 64
 
 
 def _body(plan: Plan, nk: int, G: int, *refs):
@@ -227,7 +249,11 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
     keeps every slice of a swizzled tile static."""
     part = pl.ds(i * share, share)
     turned = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
-    rot.to([(x, x) for x in turned], kvpos_s.at[slot, part])
+    rows = kvpos_s.at[slot, part]
+    if len(kvpos_s.shape) == 3:  # tables_copied
+      rot.to([(x, x) for x in turned], None, tables_ref=rows)
+    else:
+      rot.to([(x, x) for x in turned], rows)
 
   def step(j, carry, masked=True):
     slot = lax.rem(j, 2)
