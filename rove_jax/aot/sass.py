@@ -59,9 +59,12 @@ _CLASS_OF = {op: name for name, ops in CLASSES.items() for op in ops}
 # An instruction line of cuobjdump -sass: /*0040*/  [@P0 | @!UP1 ]OPCODE[.MODS] operands ;
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 _ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?[A-Z]")
-# A conditional branch (a loop's back edge is one; the unconditional jumps back from the
-# out-of-line barrier-wait stubs ptxas puts after EXIT are not loops).
-_BRANCH = re.compile(r"/\*([0-9a-f]{4,})\*/\s+@!?U?P[T0-9]+\s+BRA(?:\.\S+)?\s+0x([0-9a-f]+)")
+# A branch, conditional (group 2: its predicate) or not. A loop's back edge is a branch to an
+# earlier address: conditional, or unconditional with the exit test at the loop's top, but not
+# one of the unconditional jumps back from the out-of-line barrier-wait stubs ptxas puts after
+# EXIT.
+_BRANCH = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?BRA(?:\.\S+)?\s+0x([0-9a-f]+)")
+_EXIT = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?EXIT\b")
 _TOOLS_HINT = (
   "counting SASS needs cuobjdump and nvdisasm on PATH or from the wheels: "
   "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
@@ -74,15 +77,18 @@ def opcodes(listing: str) -> collections.Counter:
 
 
 def loops(listing: str) -> list:
-  """The instruction lines of each loop of a listing, from the target of a conditional backward
-  branch to the branch, the longest range first."""
+  """The instruction lines of each loop of a listing, from the target of a backward branch (see
+  _BRANCH) to the branch, the longest range first."""
   lines = [
     (int(m.group(1), 16), line) for line in listing.splitlines() if (m := _ADDRESS.search(line))
   ]
+  exits = [int(m.group(1), 16) for m in _EXIT.finditer(listing)]
+  first_exit = min(exits) if exits else None
   ranges = []
   for m in _BRANCH.finditer(listing):
-    at, target = int(m.group(1), 16), int(m.group(2), 16)
-    if target < at:
+    at, target = int(m.group(1), 16), int(m.group(3), 16)
+    stub = m.group(2) is None and first_exit is not None and at > first_exit
+    if target < at and not stub:
       ranges.append((target, at))
   ranges.sort(key=lambda r: r[0] - r[1])
   return ["\n".join(line for a, line in lines if lo <= a <= hi) for lo, hi in ranges]

@@ -93,6 +93,7 @@ from rove_jax.kernels import (
   fused,
   fused_gpu_tiles,
   fused_hopper_backward,
+  fused_hopper_backward_io,
   fused_hopper_backward_ws,
   fused_hopper_ws,
   platform,
@@ -285,7 +286,7 @@ def _fused_bwd(plan, residuals, do_BTHD):
   small, q_BTHD, k_BSKD, v_BSKD, o_BTHD, lse_BHT = residuals
   # rowsum(dO . O) is the same before and after the output rotation (R is orthogonal).
   delta_BHT = jnp.einsum("bthd,bthd->bht", o_BTHD.astype(jnp.float32), do_BTHD.astype(jnp.float32))
-  rows_BH3T = fused_hopper_backward.query_rows(small[2], lse_BHT, delta_BHT)
+  rows_BH3T = fused_hopper_backward_io.query_rows(small[2], lse_BHT, delta_BHT)
   args = (q_BTHD, k_BSKD, v_BSKD, do_BTHD.astype(q_BTHD.dtype), rows_BH3T)
   plan = fused_hopper_backward.plan_of(plan)
   kernels = fused_hopper_backward_ws if plan.backward_wgs == 2 else fused_hopper_backward

@@ -15,7 +15,9 @@ in shared memory, transposed or not. Blocks are 64 x 64 (a warpgroup holds two [
 accumulators and four [64, 64] score-sized tiles); copies are double-buffered as in the
 forward pass (rove_jax.kernels.fused_hopper). fused_hopper picks this module's dk, dv kernel
 or rove_jax.kernels.fused_hopper_backward_ws's (two warpgroups, kernel(backward_wgs=2)), which
-builds on the query copies (`fetch_queries`) and products (`key_products`) here.
+builds on the products (`key_products`, `query_products`) and loop orders here and on the
+operands and copies of rove_jax.kernels.fused_hopper_backward_io (both kernels' inputs, the
+looped blocks' TMA copies and their cos/sin tables).
 
 Shape letters (legend in rove_jax): B batch, T queries, S keys/values, H query heads,
 K key/value heads, G = H // K, D head dim.
@@ -31,6 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from rove_jax.kernels import fused_hopper_backward_io as io
 from rove_jax.kernels import fused_hopper_rotation as rotation
 from rove_jax.kernels import fused_hopper_tiles as tiles
 from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
@@ -43,24 +46,7 @@ def plan_of(plan: Plan) -> Plan:
   return plan._replace(bq=BLOCK, bk=BLOCK)
 
 
-def kernel_args(plan: Plan, small, *arrays) -> list:
-  """The backward kernels' inputs in their refs' order (`_unpack`): constants, swap matrix,
-  kv positions, q and kv segment ids when segmented, then arrays (q, k, v, dO, q_rows).
-  small: the kernel's (constants, swap, positions, segments); q_rows: `query_rows`."""
-  consts, swap, _, kv_pos, q_seg, kv_seg = small
-  args = [consts, swap, kv_pos] + ([q_seg, kv_seg] if plan.segmented else [])
-  return args + list(arrays)
-
-
-def query_rows(q_pos_BT, lse_BHT, delta_BHT):
-  """[B, H, 3, T] float32: each query's position, logsumexp and delta = rowsum(dO . O), one
-  row each, so that a query block's three rows arrive by one TMA copy (each copy costs its
-  issue and a warpgroup barrier in the loop that fetches them)."""
-  pos_BHT = jnp.broadcast_to(q_pos_BT[:, None].astype(jnp.float32), lse_BHT.shape)
-  return jnp.stack([pos_BHT, lse_BHT, delta_BHT], axis=2)
-
-
-def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
+def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars, tabled: bool):
   """Shared memory of either kernel: constants, swap; the program's own tiles (n_self [b, D]
   tiles, their rows and segment ids); a double-buffered loop of n_other tiles a slot with their
   rows (positions, lse, delta) and segment ids; rotated copies; staging; barriers. The segment
@@ -83,15 +69,17 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars):
     *copies,  # rotated tiles, float32 staging
     plgpu.Barrier(num_barriers=8),
     plgpu.Barrier(num_barriers=2 * n_loop_bars),
+    io.loop_tables(plan, b, tabled),
   ]
 
 
 def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
-  args = kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
-  n_loop = 3 + (1 if plan.segmented else 0)
-  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop)
-  body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
+  arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
+  tabled = io.copies_tables(plan, D, queries_looped=False, wgs=1)
+  args = io.kernel_args(plan, small, *arrays, tables="keys" if tabled else None)
+  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, io.loop_copies(plan, False, tabled), tabled)
+  body = functools.partial(_dq_body, plan, S // BLOCK, H // K, tabled)
   return tiles.run_kernel(
     plan,
     tiles.named(plan, "dq", body),
@@ -103,20 +91,10 @@ def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   )
 
 
-def _unpack(plan: Plan, refs, n_out: int):
-  """(inputs dict, outputs, scratch) of either kernel's refs."""
-  n_in = 10 if plan.segmented else 8
-  ins, outs, scr = refs[:n_in], refs[n_in : n_in + n_out], refs[n_in + n_out :]
-  names = ["consts", "swap", "kv_pos"] + (["q_seg", "kv_seg"] if plan.segmented else [])
-  names += ["q", "k", "v", "do", "q_rows"]
-  r = dict(zip(names, ins))
-  r["q"], r["k"], r["v"] = tiles.unpacked(plan, r["q"], r["k"], r["v"])
-  return r, outs, scr
-
-
-def _dq_body(plan: Plan, nk: int, G: int, *refs):
-  """One query block of one head: q, dO [bq, D] and its lse, delta rows; k, v blocks looped."""
-  r, (dq_ref,), scr = _unpack(plan, refs, 1)
+def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
+  """One query block of one head: q, dO [bq, D] and its lse, delta rows; k, v blocks looped
+  (with tabled, their tables copied beside them)."""
+  r, (dq_ref,), scr = io.unpack(plan, refs, 1, tabled)
   (
     consts_s,
     swap_s,
@@ -130,6 +108,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     stage_s,
     fixed_bar,
     loop_bar,
+    loop_tabs,
   ) = scr
   ops = tiles.Ops(plan.interpret)
   rot = rotation.of(plan, ops, consts_s, swap_s)
@@ -148,10 +127,12 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     copies.append((r["q_seg"].at[b, rows], own_seg))
   for n, (src, dst) in enumerate(copies):
     plgpu.copy_gmem_to_smem(src, dst, fixed_bar.at[n])
-  n_loop = 3 + (1 if plan.segmented else 0)
+  D = own_s.shape[-1]
+  n_loop = io.loop_copies(plan, False, tabled)
+  bufs = (loop_s, loop_rows, loop_seg, loop_tabs)
 
   def fetch(j, slot):
-    fetch_keys(plan, r, (loop_s, loop_rows, loop_seg), loop_bar, (b, kh, j), slot)
+    io.fetch_keys(plan, r, bufs, loop_bar, (b, kh, j), slot)
 
   n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
   fetch(0, 0)
@@ -159,7 +140,6 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     pl.when(n_blocks > 1)(lambda: fetch(1, 1))
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
-  D = own_s.shape[-1]
   in_place = rotation.in_place(plan, D)
   # q_r and (RoVE) dO_r in place or into the staging buffers (own_s then keeps q and dO for
   # nothing more).
@@ -172,7 +152,8 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     slot = lax.rem(j, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    k_r, v_r = _turn(plan, rot, loop_s.at[slot], rot_s, loop_rows.at[slot, 0], in_place, False)
+    turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
+    k_r, v_r = _turn(plan, rot, loop_s.at[slot], rot_s, turned, in_place, False)
     kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
     operands = (q_r_s, do_r_s, k_r, v_r)
@@ -191,11 +172,12 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
 
 def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
-  args = kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
-  n_loop = 3 + (1 if plan.segmented else 0)
-  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop)
+  arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
+  tabled = io.copies_tables(plan, D, queries_looped=True, wgs=1)
+  args = io.kernel_args(plan, small, *arrays, tables="queries" if tabled else None)
+  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, io.loop_copies(plan, True, tabled), tabled)
   out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
-  body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
+  body = functools.partial(_dkv_body, plan, T // BLOCK, H // K, tabled)
   return tiles.run_kernel(
     plan,
     tiles.named(plan, "dkv", body),
@@ -207,10 +189,10 @@ def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   )
 
 
-def _dkv_body(plan: Plan, nq: int, G: int, *refs):
+def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
   """One key block of one kv head: k, v [bk, D]; the query blocks of its G query heads
   looped (q, dO and their position, lse, delta rows)."""
-  r, (dk_ref, dv_ref), scr = _unpack(plan, refs, 2)
+  r, (dk_ref, dv_ref), scr = io.unpack(plan, refs, 2, tabled)
   (
     consts_s,
     swap_s,
@@ -224,6 +206,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     stage_s,
     fixed_bar,
     loop_bar,
+    loop_tabs,
   ) = scr
   ops = tiles.Ops(plan.interpret)
   rot = rotation.of(plan, ops, consts_s, swap_s)
@@ -241,7 +224,8 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     copies.append((r["kv_seg"].at[b, keys], own_seg))
   for n, (src, dst) in enumerate(copies):
     plgpu.copy_gmem_to_smem(src, dst, fixed_bar.at[n])
-  n_loop = 3 + (1 if plan.segmented else 0)
+  D = own_s.shape[-1]
+  n_loop = io.loop_copies(plan, True, tabled)
   first = lax.div(k_start, jnp.int32(bq)) if plan.causal else jnp.int32(0)
   per_head = nq - first
   n_steps = G * per_head
@@ -251,13 +235,12 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   def fetch(t, slot):
     g, qb = block_of(t)
     where = (b, kh * G + g, qb * bq)
-    fetch_queries(plan, r, (loop_s, loop_rows, loop_seg), loop_bar, where, slot)
+    io.fetch_queries(plan, r, (loop_s, loop_rows, loop_seg, loop_tabs), loop_bar, where, slot)
 
   fetch(0, 0)  # n_steps >= G >= 1: every key block has a query block at or after it
   pl.when(n_steps > 1)(lambda: fetch(1, 1))
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
-  D = own_s.shape[-1]
   in_place = rotation.in_place(plan, D)
   k_r_s, v_r_s = _turn(plan, rot, own_s, stage_s, own_rows.at[0], in_place, False)
   plgpu.commit_smem()
@@ -267,7 +250,8 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     slot = lax.rem(t, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    q_r, do_r = _turn(plan, rot, loop_s.at[slot], rot_s, loop_rows.at[slot, 0], in_place, True)
+    turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
+    q_r, do_r = _turn(plan, rot, loop_s.at[slot], rot_s, turned, in_place, True)
     plgpu.commit_smem()
     starts = (block_of(t)[1] * bq, k_start)
     carry = key_products(
@@ -329,25 +313,24 @@ def diagonal_first_loop(n_masked, n_steps, step, carry):
   return lax.fori_loop(n_masked, n_steps, lambda t, c: step(t, c, masked=False), carry)
 
 
-def _turn(plan: Plan, rot, tiles_s, copies_s, pos_ref, in_place: bool, queries: bool):
+def _turn(plan: Plan, rot, tiles_s, copies_s, rows, in_place: bool, queries: bool):
   """Rotates a pair of [b, D] tiles in shared memory (tiles_s.at[0], .at[1]): k and (RoVE) v,
-  or with queries q (times the query scale) and (RoVE) dO; in place, or into copies_s. Returns
-  the two tiles the products read (the second unrotated where it is not turned)."""
+  or with queries q (times the query scale) and (RoVE) dO; in place, or into copies_s, at the
+  positions in a ref, or by the tables of ("tables", ref) (`looped_rows`). Returns the two
+  tiles the products read (the second unrotated where it is not turned)."""
   second = plan.rotate_output if queries else plan.rotate_values
   src = [tiles_s.at[0]] + ([tiles_s.at[1]] if second else [])
   dst = src if in_place else [copies_s.at[0], copies_s.at[1]]
-  rot.to(list(zip(src, dst)), pos_ref, scale_first=queries)
+  turn(rot, list(zip(src, dst)), rows, scale_first=queries)
   return dst[0], dst[1] if second else tiles_s.at[1]
 
 
-def fetch_keys(plan: Plan, r, bufs, bar, where, slot) -> None:
-  """tiles.fetch_keys into the dq kernels' double buffers: k and v into tiles [2, 2, bk, D]
-  (slot, then k or v), positions into rows [2, 3, bk] (row 0), segment ids (when segmented)
-  into [2, bk]. where: (example, kv head, key block)."""
-  tiles_s, rows_s, seg_s = bufs
-  srcs = (r["k"], r["v"], r["kv_pos"], r.get("kv_seg"))
-  dsts = lambda s: (tiles_s.at[s, 0], tiles_s.at[s, 1], rows_s.at[s, 0], seg_s.at[s])
-  tiles.fetch_keys(plan, srcs, dsts, bar, *where, slot)
+def turn(rot, pairs, rows, scale_first: bool = False) -> None:
+  """rot.to(pairs, ...) at the positions in a ref, or by the tables of ("tables", ref)."""
+  if isinstance(rows, tuple):
+    rot.to(pairs, None, scale_first=scale_first, tables_ref=rows[1])
+  else:
+    rot.to(pairs, rows, scale_first=scale_first)
 
 
 def query_products(ops, plan: Plan, acc, operands, starts, segs, stats, masked: bool = True):
@@ -365,26 +348,6 @@ def query_products(ops, plan: Plan, acc, operands, starts, segs, stats, masked: 
   dp = ops.mma(do_r, v_r, transpose_b=True)
   ds = p * (dp - tiles.across(delta, s.shape, 1))
   return ops.mma(ds.astype(k_r.dtype), k_r, acc=acc)
-
-
-def fetch_queries(plan: Plan, r, bufs, bar, where, slot) -> None:
-  """Issues the TMA copies of one query block of one head into `slot` of the dk, dv kernels'
-  double buffers: q and dO into tiles [2, 2, bq, D] (slot, then q or dO), positions, lse and
-  delta into rows [2, 3, bq] (one copy: `query_rows`), segment ids (when segmented) into
-  [2, bq]; each copy on its own barrier, bar.at[slot * n + i] for the i-th of n. where:
-  (example, head, first query row)."""
-  tiles_s, rows_s, seg_s = bufs
-  b, h, start = where
-  rows = pl.ds(start, plan.bq)
-  pairs = [
-    (r["q"].at[b, rows, h], tiles_s.at[slot, 0]),
-    (r["do"].at[b, rows, h], tiles_s.at[slot, 1]),
-    (r["q_rows"].at[b, h, :, rows], rows_s.at[slot]),
-  ]
-  if plan.segmented:
-    pairs.append((r["q_seg"].at[b, rows], seg_s.at[slot]))
-  for n, (src, dst) in enumerate(pairs):
-    plgpu.copy_gmem_to_smem(src, dst, bar.at[slot * len(pairs) + n])
 
 
 def key_products(ops, plan: Plan, carry, operands, starts, kv_seg, rows, masked: bool = True):

@@ -49,6 +49,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from rove_jax.kernels import fused_hopper_backward as backward
+from rove_jax.kernels import fused_hopper_backward_io as io
 from rove_jax.kernels import fused_hopper_rotation as rotation
 from rove_jax.kernels import fused_hopper_tiles as tiles
 from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
@@ -66,7 +67,7 @@ def problem(T: int, S: int) -> str | None:
   return None
 
 
-def _scratch(plan: Plan, D: int, dt, n_loop: int, n_own: int):
+def _scratch(plan: Plan, D: int, dt, n_loop: int, n_own: int, tabled: bool):
   """Shared memory of either kernel: constants, swap; each warpgroup's two tiles [W, 2, b, D],
   its rows [W, 3, b] and segment ids; two slots of two looped tiles, their rows and segment
   ids; barriers (constants and swap; each warpgroup's n_own copies; a slot's n_loop copies; a
@@ -87,6 +88,7 @@ def _scratch(plan: Plan, D: int, dt, n_loop: int, n_own: int):
     plgpu.Barrier(num_barriers=2 * n_loop),
     plgpu.Barrier(num_arrivals=W),
     plgpu.Barrier(num_arrivals=W),
+    io.loop_tables(plan, b, tabled),  # the looped blocks' tables
   ]
 
 
@@ -112,10 +114,12 @@ def _meet(bar) -> None:
 def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   """dq [B, T, H, D] in the inputs' dtype, as fused_hopper_backward's."""
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
-  args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
-  n_loop = 3 + (1 if plan.segmented else 0)
-  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 6)
-  body = functools.partial(_dq_body, plan, S // BLOCK, H // K)
+  arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
+  tabled = io.copies_tables(plan, D, queries_looped=False, wgs=W)
+  args = io.kernel_args(plan, small, *arrays, tables="keys" if tabled else None)
+  n_loop = io.loop_copies(plan, False, tabled)
+  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 6, tabled)
+  body = functools.partial(_dq_body, plan, S // BLOCK, H // K, tabled)
   out_type = jax.ShapeDtypeStruct((B, T, H, D), q_BTHD.dtype)
   grid = ((H, T // (W * BLOCK), B), ("heads", "q", "batch"))
   return _run(plan, "dq", body, out_type, scratch, grid, args)
@@ -124,20 +128,22 @@ def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
 def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   """(dk [B, S, K, D], dv [B, S, K, D]) in the inputs' dtype, as fused_hopper_backward's."""
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
-  args = backward.kernel_args(plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
-  n_loop = 3 + (1 if plan.segmented else 0)
-  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 4)
-  body = functools.partial(_dkv_body, plan, T // BLOCK, H // K)
+  arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
+  tabled = io.copies_tables(plan, D, queries_looped=True, wgs=W)
+  args = io.kernel_args(plan, small, *arrays, tables="queries" if tabled else None)
+  n_loop = io.loop_copies(plan, True, tabled)
+  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 4, tabled)
+  body = functools.partial(_dkv_body, plan, T // BLOCK, H // K, tabled)
   out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
   grid = ((K, S // (W * BLOCK), B), ("kv_heads", "kv", "batch"))
   return _run(plan, "dkv", body, out_type, scratch, grid, args)
 
 
-def _dq_body(plan: Plan, nk: int, G: int, *refs):
+def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
   """A warpgroup's 64 query rows of the program's 128, against every key block they see."""
-  r, (dq_ref,), scr = backward._unpack(plan, refs, 1)
+  r, (dq_ref,), scr = io.unpack(plan, refs, 1, tabled)
   (consts_s, swap_s, own_s, own_rows, own_seg, loop_s, loop_rows, loop_seg) = scr[:8]
-  fixed_bar, own_bar, loop_bar, rotated_bar, done_bar = scr[8:]
+  fixed_bar, own_bar, loop_bar, rotated_bar, done_bar, loop_tabs = scr[8:]
   ops = tiles.Ops(plan.interpret)
   rot = rotation.of(plan, ops, consts_s, swap_s)
   wg = lax.axis_index(THREAD)
@@ -145,7 +151,7 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   kh = lax.div(h, jnp.int32(G))
   q_start = qb * (W * BLOCK) + wg * BLOCK
   rows = pl.ds(q_start, BLOCK)
-  n_loop = 3 + (1 if plan.segmented else 0)
+  n_loop = io.loop_copies(plan, False, tabled)
   constants = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
   n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
   q_own, do_own, rows_own = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg]
@@ -163,8 +169,8 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   n_blocks = tiles.last_key_block(plan, qb * (W * BLOCK) + BLOCK, nk) + 1
 
   def fetch(j, slot):
-    bufs = (loop_s, loop_rows, loop_seg)
-    backward.fetch_keys(plan, r, bufs, loop_bar, (b, kh, j), slot)
+    bufs = (loop_s, loop_rows, loop_seg, loop_tabs)
+    io.fetch_keys(plan, r, bufs, loop_bar, (b, kh, j), slot)
 
   @pl.when(wg == 0)
   def _():
@@ -186,10 +192,11 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
     slot = lax.rem(j, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    k_s, v_s, kv_pos = loop_s.at[slot, 0], loop_s.at[slot, 1], loop_rows.at[slot, 0]
-    pl.when(wg == 0)(lambda: rot.to([(k_s, k_s)], kv_pos))
+    k_s, v_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
+    turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
+    pl.when(wg == 0)(lambda: backward.turn(rot, [(k_s, k_s)], turned))
     if plan.rotate_values:
-      pl.when(wg == 1)(lambda: rot.to([(v_s, v_s)], kv_pos))
+      pl.when(wg == 1)(lambda: backward.turn(rot, [(v_s, v_s)], turned))
     plgpu.commit_smem()
     _meet(rotated_bar)
     # Block j + 1 into the slot block j - 1 left: both are past block j's barrier.
@@ -211,11 +218,11 @@ def _dq_body(plan: Plan, nk: int, G: int, *refs):
   tiles.store((q_own, dq_ref.at[b, rows, h]))
 
 
-def _dkv_body(plan: Plan, nq: int, G: int, *refs):
+def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
   """A warpgroup's 64 keys of the program's 128, against every query block of its G heads."""
-  r, (dk_ref, dv_ref), scr = backward._unpack(plan, refs, 2)
+  r, (dk_ref, dv_ref), scr = io.unpack(plan, refs, 2, tabled)
   (consts_s, swap_s, own_s, own_rows, own_seg, loop_s, loop_rows, loop_seg) = scr[:8]
-  fixed_bar, own_bar, loop_bar, rotated_bar, done_bar = scr[8:]
+  fixed_bar, own_bar, loop_bar, rotated_bar, done_bar, loop_tabs = scr[8:]
   ops = tiles.Ops(plan.interpret)
   rot = rotation.of(plan, ops, consts_s, swap_s)
   bq, dt = BLOCK, own_s.dtype
@@ -223,7 +230,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   b, kh, kb = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("kv")
   k_start = kb * (W * BLOCK) + wg * BLOCK
   keys = pl.ds(k_start, BLOCK)
-  n_loop = 3 + (1 if plan.segmented else 0)
+  n_loop = io.loop_copies(plan, True, tabled)
   constants = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
   n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
   k_own, v_own, kv_pos = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg, 0]
@@ -245,7 +252,8 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
   def fetch(t, slot):
     g, qb = block_of(t)
     where = (b, kh * G + g, qb * bq)
-    backward.fetch_queries(plan, r, (loop_s, loop_rows, loop_seg), loop_bar, where, slot)
+    bufs = (loop_s, loop_rows, loop_seg, loop_tabs)
+    io.fetch_queries(plan, r, bufs, loop_bar, where, slot)
 
   @pl.when(wg == 0)
   def _():
@@ -265,10 +273,11 @@ def _dkv_body(plan: Plan, nq: int, G: int, *refs):
     slot = lax.rem(t, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    q_s, do_s, q_pos = loop_s.at[slot, 0], loop_s.at[slot, 1], loop_rows.at[slot, 0]
-    pl.when(wg == 0)(lambda: rot.to([(q_s, q_s)], q_pos, scale_first=True))
+    q_s, do_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
+    turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
+    pl.when(wg == 0)(lambda: backward.turn(rot, [(q_s, q_s)], turned, scale_first=True))
     if plan.rotate_output:
-      pl.when(wg == 1)(lambda: rot.to([(do_s, do_s)], q_pos))
+      pl.when(wg == 1)(lambda: backward.turn(rot, [(do_s, do_s)], turned))
     plgpu.commit_smem()
     _meet(rotated_bar)
     # Block t + 1 into the slot block t - 1 left: both are past block t's barrier.

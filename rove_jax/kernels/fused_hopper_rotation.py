@@ -266,6 +266,21 @@ class Rotation(NamedTuple):
       _cols(dst_ref, rest)[...] = _cols(y, rest).astype(dst_ref.dtype)
 
 
+def tables_copied(plan: Plan, D: int) -> bool:
+  """Whether a kernel whose looped blocks' cos and sin may arrive by TMA (`key_tables`, [b,
+  2 r] float32 a block, a row of each a position) takes them so, rather than computing them
+  from the positions in every program that reads the block: with slices (the tables the slice
+  rotation reads) at D = 64, where their two slots (64 rows: 32 KiB, 128 rows: 64 KiB) fit
+  beside the rest of the kernel's shared memory. Each rotated row then takes two shared-memory
+  loads a piece where its sines and cosines took about ten instructions each; the price is
+  those bytes read from L2 with each block, as many as k's and v's. The kernels that take
+  them are those where the shared memory costs no programs an SM (their registers bound them):
+  the two-warpgroup forward, dq and dk, dv, and the one-warpgroup dk, dv
+  (fused_hopper_backward_io.copies_tables). Not the one-warpgroup forward and dq, whose programs
+  an SM 64 and 32 KiB more would take from two to one and from three to two."""
+  return plan.slice_swap and D == 64
+
+
 def key_tables(pos_BS, consts, r: int):
   """[B, S, 2 r] float32: cos then sin of pos * f for each of the r pair frequencies (the
   constants' FREQ row's first r entries, the half layout's), a row per position: what a kernel

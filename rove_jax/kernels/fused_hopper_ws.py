@@ -19,8 +19,8 @@ What runs, and why:
     RoVE, computes each key's cos/sin once rather than twice, and makes each share one
     native-M [64, D] x [D, D] swap wgmma; hence bk = 128 = 2 x 64 and S a multiple of 128.
     Rotating in place (no second, rotated copy of the block) is what lets D = 128 fit.
-  * With slices at D = 64 (`tables_copied`) the block's cos and sin come with it: XLA computes
-    them once a call from the key positions ([B, S, 2 r] float32,
+  * With slices at D = 64 (rotation.tables_copied) the block's cos and sin come with it: XLA
+    computes them once a call from the key positions ([B, S, 2 r] float32,
     fused_hopper_rotation.key_tables), and each block's rows are TMA-copied in place of its
     positions. The rotation then loads them (two shared-memory loads a row's piece) instead of
     computing a sine and a cosine for every rotated element in every program, which was most
@@ -94,7 +94,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   W, bq, bk, dt = plan.compute_wgs, plan.bq, plan.bk, q_BTHD.dtype
   assert bk == BLOCK_KV == W * bq, (W, bq, bk)
   smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
-  tabled = tables_copied(plan, D)
+  tabled = rotation.tables_copied(plan, D)
   scratch = [
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),
     rotation.swap_scratch(plan, D, smem),
@@ -129,17 +129,6 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
     num_threads=threads,
     thread_name=THREAD,
   )
-
-
-def tables_copied(plan: Plan, D: int) -> bool:
-  """Whether the key blocks' cos and sin arrive by TMA (rotation.key_tables, [bk, 2 r] float32
-  a slot, a row of each a key) rather than being computed from their positions by each
-  warpgroup: with slices (the tables the slice rotation reads) at D = 64, where the two slots'
-  64 KiB fit beside the rest of the program's shared memory. The two warpgroups are one
-  program an SM either way (their registers), so the shared memory costs no occupancy, and
-  each rotated key then takes two shared-memory loads where its sin and cos took about ten
-  instructions; the price is those bytes read from L2 with each block, as many as k's and v's."""
-  return plan.slice_swap and D == 64
 
 
 def _body(plan: Plan, nk: int, G: int, *refs):
@@ -250,7 +239,7 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
     part = pl.ds(i * share, share)
     turned = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
     rows = kvpos_s.at[slot, part]
-    if len(kvpos_s.shape) == 3:  # tables_copied
+    if len(kvpos_s.shape) == 3:  # rotation.tables_copied
       rot.to([(x, x) for x in turned], None, tables_ref=rows)
     else:
       rot.to([(x, x) for x in turned], rows)

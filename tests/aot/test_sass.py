@@ -1,7 +1,7 @@
 """rove_jax.aot.sass on lines of a `cuobjdump -sass` listing of the Hopper forward kernel
 (copied from a deviceless H200 compile): opcodes without predicates and modifiers, their classes,
-the main loop (a conditional back edge; not the unconditional jump back from a barrier-wait stub
-after EXIT), the table, and what it asks for when its tools are missing."""
+the main loop (a back edge; not the unconditional jump back from a barrier-wait stub after
+EXIT), the table, and what it asks for when its tools are missing."""
 
 import collections
 
@@ -88,6 +88,9 @@ def test_the_main_loop_runs_from_the_back_edges_target_to_it():
     other=1,
   )
   assert sass.main_loop(LISTING.replace("@P1 BRA", "@P1 NOP")) == ""
+  # An unconditional back edge before EXIT (the exit test at the loop's top) is a loop too.
+  unconditional = LISTING.replace("@P1 BRA 0x1210", "BRA 0x1210")
+  assert sass.mix(sass.opcodes(sass.main_loop(unconditional))) == loop
   table = sass.table({"fwd": dict(sass.mix(sass.opcodes(LISTING)), loop=loop)}).splitlines()
   assert table[0].startswith("| kernel | part | instructions | float32 | integer | conversion |")
   assert table[2:] == [
