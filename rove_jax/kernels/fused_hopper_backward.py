@@ -76,9 +76,8 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars, tabled: bool):
 def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
-  tabled = io.copies_tables(plan, D, queries_looped=False, wgs=1)
-  args = io.kernel_args(plan, small, *arrays, tables="keys" if tabled else None)
-  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, io.loop_copies(plan, False, tabled), tabled)
+  args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=False, wgs=1)
+  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop, tabled)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K, tabled)
   return tiles.run_kernel(
     plan,
@@ -173,9 +172,8 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
 def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
-  tabled = io.copies_tables(plan, D, queries_looped=True, wgs=1)
-  args = io.kernel_args(plan, small, *arrays, tables="queries" if tabled else None)
-  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, io.loop_copies(plan, True, tabled), tabled)
+  args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=True, wgs=1)
+  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop, tabled)
   out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K, tabled)
   return tiles.run_kernel(

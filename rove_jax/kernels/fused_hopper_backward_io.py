@@ -42,6 +42,16 @@ def kernel_args(plan: Plan, small, *arrays, tables: str | None = None) -> list:
   return args
 
 
+def operands(plan: Plan, small, arrays, *, queries_looped: bool, wgs: int):
+  """(inputs, tabled, loop copies) of a backward kernel: `kernel_args` (with the looped blocks'
+  tables where `copies_tables`), whether it takes tables, and `loop_copies`. arrays: (q, k, v,
+  dO, q_rows); queries_looped: the dk, dv kernels; wgs: warpgroups a program."""
+  tabled = copies_tables(plan, arrays[0].shape[-1], queries_looped=queries_looped, wgs=wgs)
+  tables = ("queries" if queries_looped else "keys") if tabled else None
+  args = kernel_args(plan, small, *arrays, tables=tables)
+  return args, tabled, loop_copies(plan, queries_looped, tabled)
+
+
 def loop_copies(plan: Plan, queries_looped: bool, tabled: bool) -> int:
   """The TMA copies (each on its own barrier) of a looped block: two tiles, the rows
   (positions, or for queries `query_rows`), segment ids when segmented, and with tabled a

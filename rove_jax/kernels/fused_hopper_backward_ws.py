@@ -115,9 +115,7 @@ def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   """dq [B, T, H, D] in the inputs' dtype, as fused_hopper_backward's."""
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
-  tabled = io.copies_tables(plan, D, queries_looped=False, wgs=W)
-  args = io.kernel_args(plan, small, *arrays, tables="keys" if tabled else None)
-  n_loop = io.loop_copies(plan, False, tabled)
+  args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=False, wgs=W)
   scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 6, tabled)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K, tabled)
   out_type = jax.ShapeDtypeStruct((B, T, H, D), q_BTHD.dtype)
@@ -129,9 +127,7 @@ def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   """(dk [B, S, K, D], dv [B, S, K, D]) in the inputs' dtype, as fused_hopper_backward's."""
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
-  tabled = io.copies_tables(plan, D, queries_looped=True, wgs=W)
-  args = io.kernel_args(plan, small, *arrays, tables="queries" if tabled else None)
-  n_loop = io.loop_copies(plan, True, tabled)
+  args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=True, wgs=W)
   scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 4, tabled)
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K, tabled)
   out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
