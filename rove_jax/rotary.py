@@ -323,6 +323,21 @@ class Rope:
 # ----------------------------------------------------------------------------- validation
 
 
+def half_order(head_dim: int, n_rotated: int) -> np.ndarray:
+  """Indices into a head's dims that put the interleaved layout's pairs (2m, 2m + 1) where the
+  half layout has its pairs (m, m + r), r = n_rotated / 2, and the pass-through dims after them
+  as they are: x[..., half_order(D, n)] rotated in the half layout is x rotated in the
+  interleaved one, its dims renamed. Renaming the dims of q and k alike leaves q.k unchanged,
+  and of v and the output alike leaves RoVE's o = R_i^-1 sum_j p_ij R_j v_j the same vector
+  renamed; a model may so hand a kernel whose half-layout rotation is cheaper its interleaved
+  rotary (kernels.Kernel.half_pairs; rove_jax.nn.attention_layer) by gathering its q, k, v
+  projections' output dims and its output projection's input dims in this order."""
+  if n_rotated % 2 or not 0 < n_rotated <= head_dim:
+    raise ValueError(f"n_rotated must be even and in (0, head_dim={head_dim}], got {n_rotated}")
+  pairs = np.arange(0, n_rotated, 2)
+  return np.concatenate([pairs, pairs + 1, np.arange(n_rotated, head_dim)])
+
+
 def _check_rot_dim(rot_dim) -> int:
   if not isinstance(rot_dim, (int, np.integer)) or isinstance(rot_dim, bool):
     raise ValueError(f"rot_dim must be an int, got {rot_dim!r}")

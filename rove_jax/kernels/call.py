@@ -60,11 +60,16 @@ class Kernel:
 
   rotates: it takes unrotated q, k, v and `call.rope`, and applies the rotations `call.kind`
   names itself; otherwise it takes them rotated and ignores rope and kind.
+  half_pairs: it rotates the half layout's pairs (m, m + r) more cheaply than the interleaved
+  layout's (2m, 2m + 1) (the Hopper fused kernel: column slices against a swap-matrix
+  product), so a caller that can rename its head dims (rotary.half_order) should hand it the
+  half layout.
   """
 
   name: str
   attend: Callable[[KernelCall], jax.Array]
   rotates: bool = False
+  half_pairs: bool = False
 
   @classmethod
   def coerce(cls, kernel) -> "Kernel":

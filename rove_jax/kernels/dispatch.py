@@ -140,7 +140,8 @@ def select(
     name, q=q, k=k, mask=mask, bias=bias, rope=rope, platform_name=where, fallback=fallback
   )
   if name == "fused":
-    return Kernel(name, _fused(where).attend, rotates=True)
+    module = _fused(where)
+    return Kernel(name, module.attend, rotates=True, half_pairs=module.HALF_PAIRS)
   if name == "chunked":
     return chunked.kernel(chunk_size)
   if name == "splash":

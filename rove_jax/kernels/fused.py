@@ -69,6 +69,7 @@ MAX_HEAD_DIM = 256
 # What the blocks may take of VMEM: under the 16 MiB a kernel gets by default on v4 and v5e.
 # `vmem_bytes` is checked against libtpu's own figures in bench/RESULTS.md.
 VMEM_BUDGET = 15.25 * 2**20
+HALF_PAIRS = False  # no layout is known to rotate more cheaply here (kernels.Kernel.half_pairs)
 
 
 def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:

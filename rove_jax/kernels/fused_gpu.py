@@ -57,6 +57,7 @@ DEFAULT_BACKWARD_BLOCK = 32
 MIN_BLOCK = 16  # Triton's smallest matmul side
 MAX_HEAD_DIM = 128  # the [D, D] pair-swap matrix and the tiles stay in registers
 KINDS = fused.KINDS
+HALF_PAIRS = False  # both layouts rotate alike here (kernels.Kernel.half_pairs)
 
 
 def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:

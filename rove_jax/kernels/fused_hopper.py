@@ -110,6 +110,9 @@ HEAD_DIMS = (64, 128)
 DTYPES = (jnp.dtype(jnp.bfloat16),)
 KINDS = fused.KINDS
 COMPUTE_WGS = (1, 2)  # forward warpgroups a program (kernel's compute_wgs)
+# The half layout's pairs rotate by column slices, the interleaved layout's by a swap-matrix
+# wgmma (kernels.Kernel.half_pairs; rove_jax.kernels.fused_hopper_rotation).
+HALF_PAIRS = True
 
 
 def problem(q_shape, k_shape, mask, rope, dtype=None) -> Optional[str]:
@@ -225,7 +228,7 @@ def kernel(
     run = lambda *a: _local(plan, (consts, swap), *a)
     return fused._sharded(run, args, B, H, K, packed=plan.packed)
 
-  return Kernel("fused", attend, rotates=True)
+  return Kernel("fused", attend, rotates=True, half_pairs=HALF_PAIRS)
 
 
 attend = kernel().attend

@@ -13,6 +13,7 @@ RoVE, rotates the output back.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Optional
@@ -98,6 +99,8 @@ class Attention(nnx.Module):
     )
     kernel = self.kernel(q_BTHD, k_BTKD, mask, rope, bias_fn is not None)
     kw = dict(q_positions=ctx.positions, kv_positions=ctx.positions, mask=mask, kernel=kernel)
+    if rope is not None and kernel.rotates and kernel.half_pairs and rope.layout != "half":
+      return self._in_half_layout(x_BTE, rope, kw), None
     if rope is None:
       out_BTHD = attention.masked_attention(q_BTHD, k_BTKD, v_BTKD, bias_fn=bias_fn, **kw)
     elif self.rotary == "rove" and not kernel.rotates:
@@ -120,6 +123,28 @@ class Attention(nnx.Module):
       attend = attention.rove_attention if self.rotary == "rove" else attention.rope_attention
       out_BTHD = attend(q_BTHD, k_BTKD, v_BTKD, rope=rope, **kw)
     return _dense_out(out_BTHD, self.wo, self.bo), None
+
+  def _in_half_layout(self, x_BTE, rope, kw):
+    """The call on a kernel that rotates the half layout's pairs more cheaply (kernels.Kernel.
+    half_pairs: the Hopper fused kernel) with this interleaved rotary: the projections' head
+    dims gathered in rotary.half_order (q, k and v's outputs, the output projection's inputs),
+    the same attention with the dims renamed. The gathers are of the weights ([E, 3, H, D] and
+    [H, D, E], once a call), not of the activations, which the kernel reads in place as the
+    projection writes them."""
+    order = rotary.half_order(self.cfg.head_dim, rope.n_rotated)
+    half = dataclasses.replace(rope, layout="half")
+    pick = lambda p: None if p is None else p[...][..., order]
+    if self.wqkv is not None:
+      qkv_BT3HD = _dense(x_BTE, pick(self.wqkv), pick(self.bqkv))
+      qkv_BT3HD = constrain(qkv_BT3HD, "batch", None, None, "heads", None)
+      out_BTHD = attention.packed_attention(qkv_BT3HD, kind=self.rotary, rope=half, **kw)
+    else:
+      q_BTHD = constrain(_dense(x_BTE, pick(self.wq), pick(self.bq)), "batch", None, "heads", None)
+      kv_BT2KD = _dense(x_BTE, pick(self.wkv), pick(self.bkv))
+      kv_BT2KD = constrain(kv_BT2KD, "batch", None, None, "heads", None)
+      attend = attention.rove_attention if self.rotary == "rove" else attention.rope_attention
+      out_BTHD = attend(q_BTHD, kv_BT2KD[:, :, 0], kv_BT2KD[:, :, 1], rope=half, **kw)
+    return _dense_out(out_BTHD, self.wo[...][:, order], self.bo)
 
   def decode(self, q_BTHD, k_BTKD, v_BTKD, ctx: Context, cache_kv):
     """A call against the KV cache: writes R_j k_j (and, RoVE, R_j v_j) at the global positions

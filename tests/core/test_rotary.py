@@ -239,3 +239,25 @@ def test_the_tpu_pair_swap_equals_the_cpu_one_bitwise(monkeypatch, inverse):
   rot = rot.transpose(0, 2, 1) if inverse else rot  # R^-1 = R^T
   want = np.einsum("tij,bthj->bthi", rot, np.asarray(x, np.float64)[..., :8])
   np.testing.assert_allclose(np.asarray(got["cpu"][0])[..., :8], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim,n_rotated", [(8, 8), (12, 8), (64, 48)])
+def test_half_order_renames_interleaved_pairs_into_the_half_layout(head_dim, n_rotated):
+  """Rotating x's dims gathered in half_order by the half layout is rotating x by the
+  interleaved layout, then gathering: the order renames dims, pairs onto pairs, with their
+  frequencies; pass-through dims stay last as they are. Checked against the dense rotation
+  matrix of the interleaved layout."""
+  from rove_jax import rotary
+
+  order = rotary.half_order(head_dim, n_rotated)
+  assert sorted(order) == list(range(head_dim))
+  rng = np.random.default_rng(head_dim)
+  x = rng.standard_normal((2, 5, 3, head_dim))
+  pos = np.array([[0, 3, 7, 40, 41], [5, 1, 2, 90, 12]])
+  inv = rj.rope_frequencies(n_rotated, base=100.0)
+  half = rj.rotate(jnp.asarray(x[..., order], jnp.float32), pos, inv, layout="half")
+  rot = [[dense_rotation(angles_for(p, inv), head_dim) for p in row] for row in pos]
+  want = np.einsum("btde,bthe->bthd", np.array(rot), x)
+  np.testing.assert_allclose(np.asarray(half), want[..., order], atol=2e-5, rtol=0)
+  with pytest.raises(ValueError, match="n_rotated must be even"):
+    rotary.half_order(8, 10)

@@ -556,3 +556,34 @@ def test_a_rotating_kernel_reads_q_k_v_from_the_fused_projection(pe, monkeypatch
   toks = tokens(2, 12)
   chex.assert_trees_all_close(m(toks), reference_logits(m, toks), **TOL)
   assert len(seen) == m.config.n_layer
+
+
+@pytest.mark.parametrize(
+  "pe,over",
+  [("rove", {}), ("rope", {"n_kv_head": 2, "rotary_fraction": 0.5, "use_bias": True})],
+)
+def test_a_kernel_cheaper_in_the_half_layout_gets_the_model_in_it(pe, over, monkeypatch):
+  """A rotating kernel whose half-layout rotation is cheaper (kernels.Kernel.half_pairs: the
+  Hopper fused kernel) gets the interleaved model's rotary as the half layout, the head dims
+  renamed through the projections' weights (rotary.half_order): the logits are still the
+  float64 reference's of the interleaved model. Fused q, k, v (RoVE; the buffer handed on) and
+  GQA with partial rotary and biases (RoPE; q, k, v apart)."""
+  from rove_jax import attention, kernels
+
+  layouts = []
+
+  def attend(call):
+    layouts.append((call.rope.layout, call.qkv_BT3HD is not None))
+    fn = {"rope": attention.rope_attention, "rove": attention.rove_attention}[call.kind]
+    pos = dict(q_positions=call.q_pos_BT, kv_positions=call.kv_pos_BS)
+    qkv = (call.q_BTHD, call.k_BSKD, call.v_BSKD)
+    return fn(*qkv, **pos, rope=call.rope, mask=call.mask, kernel=xla)
+
+  xla = kernels.Kernel("xla", kernels.xla.attend)  # not through select, patched below
+  probe = kernels.Kernel("probe", attend, rotates=True, half_pairs=True)
+  monkeypatch.setattr(kernels, "select", lambda *a, **kw: probe)
+  m = randomized(small(pe, **over))
+  assert m.config.rope_layout == "interleaved"
+  toks = tokens(2, 12)
+  chex.assert_trees_all_close(m(toks), reference_logits(m, toks), **TOL)
+  assert layouts == [("half", not over)] * m.config.n_layer
