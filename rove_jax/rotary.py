@@ -338,6 +338,16 @@ def half_order(head_dim: int, n_rotated: int) -> np.ndarray:
   return np.concatenate([pairs, pairs + 1, np.arange(n_rotated, head_dim)])
 
 
+def in_half_order(x, n_rotated: int, axis: int = -1) -> jax.Array:
+  """x with its head-dim axis in `half_order`: x.take(half_order(x.shape[axis], n_rotated),
+  axis), written as strided slices and a concatenation, which XLA fuses into the kernel that
+  reads x (and whose transpose in the backward pass is a pad and a sum, not a scatter)."""
+  x = jnp.moveaxis(x, axis, -1)
+  half_order(x.shape[-1], n_rotated)  # checks n_rotated
+  out = jnp.concatenate([x[..., 0:n_rotated:2], x[..., 1:n_rotated:2], x[..., n_rotated:]], -1)
+  return jnp.moveaxis(out, -1, axis)
+
+
 def _check_rot_dim(rot_dim) -> int:
   if not isinstance(rot_dim, (int, np.integer)) or isinstance(rot_dim, bool):
     raise ValueError(f"rot_dim must be an int, got {rot_dim!r}")

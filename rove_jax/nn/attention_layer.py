@@ -127,13 +127,14 @@ class Attention(nnx.Module):
   def _in_half_layout(self, x_BTE, rope, kw):
     """The call on a kernel that rotates the half layout's pairs more cheaply (kernels.Kernel.
     half_pairs: the Hopper fused kernel) with this interleaved rotary: the projections' head
-    dims gathered in rotary.half_order (q, k and v's outputs, the output projection's inputs),
-    the same attention with the dims renamed. The gathers are of the weights ([E, 3, H, D] and
-    [H, D, E], once a call), not of the activations, which the kernel reads in place as the
-    projection writes them."""
-    order = rotary.half_order(self.cfg.head_dim, rope.n_rotated)
+    dims put in rotary.half_order (q, k and v's outputs, the output projection's inputs:
+    rotary.in_half_order), the same attention with the dims renamed. It is the weights that are
+    reordered ([E, 3, H, D] and [H, D, E], in the kernels that cast them for the products), not
+    the activations, which the kernel reads in place as the projection writes them."""
     half = dataclasses.replace(rope, layout="half")
-    pick = lambda p: None if p is None else p[...][..., order]
+    pick = lambda p, axis=-1: (
+      None if p is None else rotary.in_half_order(p[...], half.n_rotated, axis)
+    )
     if self.wqkv is not None:
       qkv_BT3HD = _dense(x_BTE, pick(self.wqkv), pick(self.bqkv))
       qkv_BT3HD = constrain(qkv_BT3HD, "batch", None, None, "heads", None)
@@ -144,7 +145,7 @@ class Attention(nnx.Module):
       kv_BT2KD = constrain(kv_BT2KD, "batch", None, None, "heads", None)
       attend = attention.rove_attention if self.rotary == "rove" else attention.rope_attention
       out_BTHD = attend(q_BTHD, kv_BT2KD[:, :, 0], kv_BT2KD[:, :, 1], rope=half, **kw)
-    return _dense_out(out_BTHD, self.wo[...][:, order], self.bo)
+    return _dense_out(out_BTHD, pick(self.wo, 1), self.bo)
 
   def decode(self, q_BTHD, k_BTKD, v_BTKD, ctx: Context, cache_kv):
     """A call against the KV cache: writes R_j k_j (and, RoVE, R_j v_j) at the global positions

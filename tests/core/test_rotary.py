@@ -251,6 +251,8 @@ def test_half_order_renames_interleaved_pairs_into_the_half_layout(head_dim, n_r
 
   order = rotary.half_order(head_dim, n_rotated)
   assert sorted(order) == list(range(head_dim))
+  w = np.arange(3 * head_dim * 2).reshape(3, head_dim, 2)  # in_half_order: the same, on an axis
+  np.testing.assert_array_equal(rotary.in_half_order(jnp.asarray(w), n_rotated, 1), w[:, order])
   rng = np.random.default_rng(head_dim)
   x = rng.standard_normal((2, 5, 3, head_dim))
   pos = np.array([[0, 3, 7, 40, 41], [5, 1, 2, 90, 12]])
