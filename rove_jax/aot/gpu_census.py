@@ -15,10 +15,11 @@ the trip count (`known_trip_count`), once otherwise.
 Bytes moved by a kernel: the sizes of its operands plus the sizes of its outputs, as XLA's own
 HLO cost model counts a fusion's memory traffic at the boundary (operands read once, outputs
 written once; what a kernel rereads from cache is not counted; a library call's scratch
-workspace is not counted). One buffer given to a kernel more than once counts once, as the
-Hopper fused kernel reads q, k and v in place from one qkv array through three references to
-it, each its own third; a GEMM's two operands count twice, as both are read whole. This is a
-model of HBM traffic, not a measurement.
+workspace is not counted; an operand a fusion uses only through static slices counts as those
+slices, as when it reads one layer's weights out of a stack of all layers'). One buffer given
+to a kernel more than once counts once, as the Hopper fused kernel reads q, k and v in place
+from one qkv array through three references to it, each its own third; a GEMM's two operands
+count twice, as both are read whole. This is a model of HBM traffic, not a measurement.
 
 A GEMM is a cuBLAS custom call or a fusion whose backend kind names a GEMM (Triton GEMM
 fusions); its precision is the element types of the dot's two operands inside it, its FLOPs
@@ -265,6 +266,26 @@ def _dot(comps: dict, comp: str, seen=None) -> Optional[Gemm]:
   return None
 
 
+def _sliced_reads(comps: dict, rest: str) -> dict:
+  """{operand index: the arrays it reads} for the operands of a fusion (its instruction's rest
+  of line) whose every use inside is a static slice: such a kernel reads those slices, not
+  the whole buffer (a layer's weights out of a stack of all layers'), as XLA's own cost model
+  counts them."""
+  callee = re.search(r"calls=%?([\w.\-]+)", rest)
+  body = comps.get(callee[1], ()) if callee else ()
+  params = {name: int(re.match(r"(\d+)", r)[1]) for name, _, op, r in body if op == "parameter"}
+  uses = collections.defaultdict(list)
+  for _, shape, op, r in body:
+    for o in _OPERAND.findall(r.split(")", 1)[0]):
+      if o in params:
+        uses[o].append((op, shape))
+  return {
+    params[p]: [a for _, shape in u for a in arrays(shape)]
+    for p, u in uses.items()
+    if all(op == "slice" for op, _ in u)
+  }
+
+
 def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
   """The census of a compiled module's optimized HLO text (`compiled.as_text()`)."""
   comps, entry = _computations(hlo)
@@ -303,7 +324,13 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
         gemm = _dot(comps, callee[1]) if callee else None
       outputs = tuple(arrays(shape))
       if gemm is None:  # a buffer given twice to a kernel, not a GEMM, is read once (above)
-        operands = arrays_of(dict.fromkeys(names))
+        read = _sliced_reads(comps, rest) if op == "fusion" else {}
+        first = {}
+        for i, o in enumerate(names):
+          first.setdefault(o, i)
+        operands = tuple(
+          a for o, i in first.items() for a in read.get(i, arrays(shapes.get(o, "")))
+        )
       if op == "custom-call":  # a library call's scratch workspace (u8/s8 [n]) is no traffic
         outputs = tuple(a for a in outputs if not (a.dtype in ("u8", "s8") and len(a.dims) == 1))
       op_name = _OP_NAME.search(rest)

@@ -101,3 +101,32 @@ def test_diff_keeps_what_one_program_adds():
   ]
   assert b.diff(a) == [(rows[0][0], -1, -rows[0][2])]
   assert a.diff(a) == []
+
+
+def test_a_fusion_that_slices_an_operand_reads_the_slice():
+  """A fusion whose every use of an operand is a static slice (a layer's weights out of a stack
+  of all layers') reads those slices, not the whole buffer; an operand also used whole is read
+  whole, and one sliced twice is read twice (each slice)."""
+  hlo = """HloModule m, entry_computation_layout={(f32[12,8,4]{2,1,0})->bf16[8,4]{1,0}}
+
+%fused_layer (p: f32[12,8,4], q: f32[8,4]) -> bf16[8,4] {
+  %p = f32[12,8,4]{2,1,0} parameter(0)
+  %q = f32[8,4]{1,0} parameter(1)
+  %s = f32[1,8,4]{2,1,0} slice(%p), slice={[3:4], [0:8], [0:4]}
+  %s2 = f32[1,8,4]{2,1,0} slice(%p), slice={[5:6], [0:8], [0:4]}
+  %b = f32[8,4]{1,0} bitcast(%s)
+  %a = f32[8,4]{1,0} add(%b, %q)
+  ROOT %c = bf16[8,4]{1,0} convert(%a)
+}
+
+ENTRY %main (w: f32[12,8,4], x: f32[8,4]) -> bf16[8,4] {
+  %w = f32[12,8,4]{2,1,0} parameter(0)
+  %x = f32[8,4]{1,0} parameter(1)
+  ROOT %f = bf16[8,4]{1,0} fusion(%w, %x), kind=kLoop, calls=%fused_layer
+}
+"""
+  (k,) = gpu_census.read(hlo).kernels_list
+  assert k.bytes == 2 * 8 * 4 * 4 + 8 * 4 * 4 + 8 * 4 * 2  # two slices of w, x whole, the output
+  whole = hlo.replace("%a = f32[8,4]{1,0} add(%b, %q)", "%a = f32[8,4]{1,0} add(%b, %p)")
+  (k,) = gpu_census.read(whole).kernels_list
+  assert k.bytes == 12 * 8 * 4 * 4 + 8 * 4 * 4 + 8 * 4 * 2
