@@ -23,20 +23,22 @@ What runs, and why:
     j + 1's work.
   * A tile is rotated between its TMA copy and the wgmma that reads it
     (rove_jax.kernels.fused_hopper_rotation): cos/sin tables from the positions in registers
-    (trig.sincos: a reduction by whole turns in three FFMAs, then sin.approx and cos.approx),
-    float32, one rounding to bfloat16, a store to shared memory: in the buffer it arrived in
-    where the rotation allows (rotation.in_place: slices, D = 64, pairs within a 64-column
-    piece), which with no rotated copies or staging tiles lets two programs share an SM (two
-    warps a sub-partition; `--ptxas` reports the programs an SM holds), else into a rotated
-    copy. q once a program (with the softmax scale and YaRN's attention factor squared on
-    its rotated dims), k and (RoVE) v once a block, 64 rows and a column piece at a time.
-    In the half layout (n_rotated / 2 a multiple of 16: GPT-2's D = 64, Llama's D = 128)
-    pairs are swapped by exchanging column slices, with cos and sin once a pair; elsewhere
-    (interleaved, other partial rotary) by a wgmma with the [D, D] pair-swap matrix, cos and
-    sin once a dim. The slices take no tensor core work and half the tables', and every
-    kernel then compiles without register spills at D = 64 and 128 (`python -m
-    bench.fused_gpu --aot h200 --ptxas` reports registers and spills; kernel(slice_swap=False)
-    keeps the matrix, to compare on a GPU).
+    (trig.sincos: a reduction by whole turns in three FFMAs, then sin.approx and cos.approx; for the
+    looped blocks of the kernels rotation.tables_copied names, copied in beside each block instead),
+    float32, one rounding to bfloat16, a store to shared memory: in the buffer it arrived in where
+    the rotation allows (rotation.in_place: slices, D = 64, pairs within a 64-column piece), which
+    with no rotated copies or staging tiles lets two programs share an SM (two warps a
+    sub-partition; `--ptxas` reports the programs an SM holds), else into a rotated copy. q once a
+    program (with the softmax scale and YaRN's attention factor squared on its rotated dims), k and
+    (RoVE) v once a block, 64 rows and a column piece at a time. In the half layout (n_rotated / 2 a
+    multiple of 16: GPT-2's D = 64, Llama's D = 128) pairs are swapped by exchanging column slices,
+    with cos and sin once a pair; elsewhere (interleaved, other partial rotary) by a wgmma with the
+    [D, D] pair-swap matrix, cos and sin once a dim. The slices take no tensor core work and half
+    the tables', and every kernel then compiles without register spills at D = 64 and 128
+    (`python -m bench.fused_gpu --aot h200 --ptxas` reports registers and spills;
+    kernel(slice_swap=False) keeps the matrix, to compare on a GPU). Hence HALF_PAIRS: the GPT's
+    attention layer hands its interleaved rotary to this kernel as the half layout
+    (rove_jax.nn.attention_layer, rotary.half_order).
   * P = softmax numerator goes to the P.V wgmma from registers, as FA3 does. Its exponentials
     (and the backward pass's) are exp2(s log2(e) - m log2(e)) on the GPU's ex2 instruction
     under approximate math (fused_hopper_tiles.exp_minus): two instructions an element where

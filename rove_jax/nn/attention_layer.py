@@ -135,16 +135,12 @@ class Attention(nnx.Module):
     pick = lambda p, axis=-1: (
       None if p is None else rotary.in_half_order(p[...], half.n_rotated, axis)
     )
-    if self.wqkv is not None:
-      qkv_BT3HD = _dense(x_BTE, pick(self.wqkv), pick(self.bqkv))
-      qkv_BT3HD = constrain(qkv_BT3HD, "batch", None, None, "heads", None)
+    qkv_BT3HD = self._qkv_stacked(x_BTE, pick)
+    if qkv_BT3HD is not None:
       out_BTHD = attention.packed_attention(qkv_BT3HD, kind=self.rotary, rope=half, **kw)
     else:
-      q_BTHD = constrain(_dense(x_BTE, pick(self.wq), pick(self.bq)), "batch", None, "heads", None)
-      kv_BT2KD = _dense(x_BTE, pick(self.wkv), pick(self.bkv))
-      kv_BT2KD = constrain(kv_BT2KD, "batch", None, None, "heads", None)
       attend = attention.rove_attention if self.rotary == "rove" else attention.rope_attention
-      out_BTHD = attend(q_BTHD, kv_BT2KD[:, :, 0], kv_BT2KD[:, :, 1], rope=half, **kw)
+      out_BTHD = attend(*self.qkv(x_BTE, pick=pick), rope=half, **kw)
     return _dense_out(out_BTHD, pick(self.wo, 1), self.bo)
 
   def decode(self, q_BTHD, k_BTKD, v_BTKD, ctx: Context, cache_kv):
@@ -177,21 +173,24 @@ class Attention(nnx.Module):
       out_BTHD = rope.apply(out_BTHD, q_tables, inverse=True)
     return _dense_out(out_BTHD, self.wo, self.bo), cache_kv
 
-  def _qkv_stacked(self, x_BTE):
-    """The fused projection's output [B, T, 3, H, D] (K == H), else None."""
+  def _qkv_stacked(self, x_BTE, pick=lambda p: p):
+    """The fused projection's output [B, T, 3, H, D] (K == H), else None; pick(param) gives
+    the weight and bias it multiplies by (the params as they are by default)."""
     if self.wqkv is None:
       return None
-    return constrain(_dense(x_BTE, self.wqkv, self.bqkv), "batch", None, None, "heads", None)
+    y = _dense(x_BTE, pick(self.wqkv), pick(self.bqkv))
+    return constrain(y, "batch", None, None, "heads", None)
 
-  def qkv(self, x_BTE, qkv_BT3HD=None):
+  def qkv(self, x_BTE, qkv_BT3HD=None, pick=lambda p: p):
     """The projections q [B, T, H, D], k [B, T, K, D], v [B, T, K, D] (the slices of qkv_BT3HD,
-    `_qkv_stacked`'s output, when given)."""
+    `_qkv_stacked`'s output, when given), with the weights and biases pick(param) gives."""
     if self.wqkv is not None:
       if qkv_BT3HD is None:
-        qkv_BT3HD = self._qkv_stacked(x_BTE)
+        qkv_BT3HD = self._qkv_stacked(x_BTE, pick)
       return qkv_BT3HD[:, :, 0], qkv_BT3HD[:, :, 1], qkv_BT3HD[:, :, 2]
-    q_BTHD = constrain(_dense(x_BTE, self.wq, self.bq), "batch", None, "heads", None)
-    kv_BT2KD = constrain(_dense(x_BTE, self.wkv, self.bkv), "batch", None, None, "heads", None)
+    q_BTHD = constrain(_dense(x_BTE, pick(self.wq), pick(self.bq)), "batch", None, "heads", None)
+    kv_BT2KD = _dense(x_BTE, pick(self.wkv), pick(self.bkv))
+    kv_BT2KD = constrain(kv_BT2KD, "batch", None, None, "heads", None)
     return q_BTHD, kv_BT2KD[:, :, 0], kv_BT2KD[:, :, 1]
 
   @property
