@@ -307,8 +307,8 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
         continue
       args = rest.split("), ", 1)[0] if "), " in rest else rest.rsplit(")", 1)[0]
       names = _OPERAND.findall(args)
-      arrays_of = lambda names: tuple(a for o in names for a in arrays(shapes.get(o, "")))
-      operands = arrays_of(names)
+      of = lambda o: arrays(shapes.get(o, ""))
+      operands = tuple(a for o in names for a in of(o))
       target, fusion_kind = _TARGET.search(rest), _FUSION_KIND.search(rest)
       kind = target[1] if target else (fusion_kind[1] if fusion_kind else "")
       gemm = None
@@ -328,9 +328,7 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
         first = {}
         for i, o in enumerate(names):
           first.setdefault(o, i)
-        operands = tuple(
-          a for o, i in first.items() for a in read.get(i, arrays(shapes.get(o, "")))
-        )
+        operands = tuple(a for o, i in first.items() for a in read.get(i, of(o)))
       if op == "custom-call":  # a library call's scratch workspace (u8/s8 [n]) is no traffic
         outputs = tuple(a for a in outputs if not (a.dtype in ("u8", "s8") and len(a.dims) == 1))
       op_name = _OP_NAME.search(rest)

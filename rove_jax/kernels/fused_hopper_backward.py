@@ -314,21 +314,13 @@ def diagonal_first_loop(n_masked, n_steps, step, carry):
 def _turn(plan: Plan, rot, tiles_s, copies_s, rows, in_place: bool, queries: bool):
   """Rotates a pair of [b, D] tiles in shared memory (tiles_s.at[0], .at[1]): k and (RoVE) v,
   or with queries q (times the query scale) and (RoVE) dO; in place, or into copies_s, at the
-  positions in a ref, or by the tables of ("tables", ref) (`looped_rows`). Returns the two
+  positions or by the tables in rows (Rotation.to; io.looped_rows). Returns the two
   tiles the products read (the second unrotated where it is not turned)."""
   second = plan.rotate_output if queries else plan.rotate_values
   src = [tiles_s.at[0]] + ([tiles_s.at[1]] if second else [])
   dst = src if in_place else [copies_s.at[0], copies_s.at[1]]
-  turn(rot, list(zip(src, dst)), rows, scale_first=queries)
+  rot.to(list(zip(src, dst)), rows, scale_first=queries)
   return dst[0], dst[1] if second else tiles_s.at[1]
-
-
-def turn(rot, pairs, rows, scale_first: bool = False) -> None:
-  """rot.to(pairs, ...) at the positions in a ref, or by the tables of ("tables", ref)."""
-  if isinstance(rows, tuple):
-    rot.to(pairs, None, scale_first=scale_first, tables_ref=rows[1])
-  else:
-    rot.to(pairs, rows, scale_first=scale_first)
 
 
 def query_products(ops, plan: Plan, acc, operands, starts, segs, stats, masked: bool = True):

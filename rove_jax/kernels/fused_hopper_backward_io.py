@@ -29,7 +29,7 @@ def copies_tables(plan: Plan, D: int, *, queries_looped: bool, wgs: int) -> bool
 
 
 def kernel_args(plan: Plan, small, *arrays, tables: str | None = None) -> list:
-  """The backward kernels' inputs in their refs' order (`_unpack`): constants, swap matrix,
+  """The backward kernels' inputs in their refs' order (`unpack`): constants, swap matrix,
   kv positions, q and kv segment ids when segmented, then arrays (q, k, v, dO, q_rows), and
   with tables ("queries" or "keys") the looped blocks' tables (rotation.key_tables of those
   positions). small: the kernel's (constants, swap, positions, segments); q_rows:
@@ -86,9 +86,9 @@ def unpack(plan: Plan, refs, n_out: int, tabled: bool):
 
 
 def looped_rows(r, pos_ref, tables_ref):
-  """What a looped block is rotated by (`_turn`'s rows): its tables in shared memory where
-  they are copied (r has "tables"), else its positions."""
-  return ("tables", tables_ref) if "tables" in r else pos_ref
+  """What a looped block is rotated by (Rotation.to's pos_ref): its tables in shared memory
+  where they are copied (r has "tables"), else its positions."""
+  return tables_ref if "tables" in r else pos_ref
 
 
 def fetch_keys(plan: Plan, r, bufs, bar, where, slot) -> None:

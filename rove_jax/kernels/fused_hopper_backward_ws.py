@@ -190,9 +190,9 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
     k_s, v_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
     turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
-    pl.when(wg == 0)(lambda: backward.turn(rot, [(k_s, k_s)], turned))
+    pl.when(wg == 0)(lambda: rot.to([(k_s, k_s)], turned))
     if plan.rotate_values:
-      pl.when(wg == 1)(lambda: backward.turn(rot, [(v_s, v_s)], turned))
+      pl.when(wg == 1)(lambda: rot.to([(v_s, v_s)], turned))
     plgpu.commit_smem()
     _meet(rotated_bar)
     # Block j + 1 into the slot block j - 1 left: both are past block j's barrier.
@@ -271,9 +271,9 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
     q_s, do_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
     turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
-    pl.when(wg == 0)(lambda: backward.turn(rot, [(q_s, q_s)], turned, scale_first=True))
+    pl.when(wg == 0)(lambda: rot.to([(q_s, q_s)], turned, scale_first=True))
     if plan.rotate_output:
-      pl.when(wg == 1)(lambda: backward.turn(rot, [(do_s, do_s)], turned))
+      pl.when(wg == 1)(lambda: rot.to([(do_s, do_s)], turned))
     plgpu.commit_smem()
     _meet(rotated_bar)
     # Block t + 1 into the slot block t - 1 left: both are past block t's barrier.

@@ -145,15 +145,16 @@ class Rotation(NamedTuple):
   swap_ref: Any
   r: int
 
-  def to(self, pairs, pos_ref, *, scale_first: bool = False, tables_ref=None) -> None:
+  def to(self, pairs, pos_ref, *, scale_first: bool = False) -> None:
     """dst = R src for each (src, dst) pair of bfloat16 tiles [n, D] in shared memory at the
     positions in pos_ref; the first pair's also times the query scale when scale_first (q's,
-    with dO's beside it in the backward pass). A dst may be its src (in place). With slices,
-    tables_ref [n, 2 r] float32 in shared memory may give the rows' cos and sin (`key_tables`)
-    in place of pos_ref, which is then not read."""
+    with dO's beside it in the backward pass). A dst may be its src (in place). pos_ref is
+    the rows' positions [n] float32 in shared memory or, with slices, their cos and sin
+    [n, 2 r] (`key_tables`, `table_rows`), which the rotation then loads rather than
+    computes."""
     if self.swap_ref is None:
-      return self._slices(pairs, pos_ref, scale_first, tables_ref)
-    assert tables_ref is None, "tables from memory are for the slice rotation"
+      return self._slices(pairs, pos_ref, scale_first)
+    assert len(pos_ref.shape) == 1, "tables from memory are for the slice rotation"
     D = pairs[0][0].shape[1]
     # In place, a piece whose product reads other pieces' columns would read what an earlier
     # piece wrote: then the tile is one piece.
@@ -225,20 +226,19 @@ class Rotation(NamedTuple):
     r, n = self.r, _slice_cols(self.r)
     return [((i, n), (self.r + i, n)) for i in range(0, r, n)]
 
-  def _half_tables(self, pos_ref, piece, tables_ref=None):
-    """(cos, sin) [n, piece's columns] of the pairs whose first members are the piece's."""
-    if tables_ref is not None:
+  def _half_tables(self, pos_ref, piece):
+    """(cos, sin) [n, piece's columns] of the pairs whose first members are the piece's, from
+    the positions [n] or loaded from their tables [n, 2 r] (`to`)."""
+    if len(pos_ref.shape) == 2:
       start, size = piece
-      return tuple(
-        self.ops.load(tables_ref.at[:, pl.ds(at, size)]) for at in (start, self.r + start)
-      )
+      return tuple(self.ops.load(pos_ref.at[:, pl.ds(at, size)]) for at in (start, self.r + start))
     sin, cos = trig.sincos(_angles(self.ops, pos_ref, self.consts_ref, piece), hardware=True)
     return cos, sin
 
-  def _slices(self, pairs, pos_ref, scale_first: bool, tables_ref=None) -> None:
+  def _slices(self, pairs, pos_ref, scale_first: bool) -> None:
     ops, consts = self.ops, self.consts_ref
     for first, second in self._slice_pieces():
-      tabs = self._half_tables(pos_ref, first, tables_ref)
+      tabs = self._half_tables(pos_ref, first)
       for i, (src, dst) in enumerate(pairs):
         a, b = (ops.load(_cols(src, p)).astype(F32) for p in (first, second))
         new = _turn(a, b, tabs, inverse=False)
@@ -285,7 +285,7 @@ def key_tables(pos_BS, consts, r: int):
   """[B, S, 2 r] float32: cos then sin of pos * f for each of the r pair frequencies (the
   constants' FREQ row's first r entries, the half layout's), a row per position: what a kernel
   copies into shared memory beside a block of keys in place of its positions
-  (`Rotation.to(tables_ref=...)`), computed here by XLA (jnp.cos, jnp.sin) once a call rather
+  (`Rotation.to`), computed here by XLA (jnp.cos, jnp.sin) once a call rather
   than in every program that reads the block."""
   angle = pos_BS.astype(F32)[:, :, None] * consts[fused_tiles.FREQ, :r][None, None]
   return jnp.concatenate([jnp.cos(angle), jnp.sin(angle)], axis=-1)

@@ -238,11 +238,7 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
     keeps every slice of a swizzled tile static."""
     part = pl.ds(i * share, share)
     turned = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
-    rows = kvpos_s.at[slot, part]
-    if len(kvpos_s.shape) == 3:  # rotation.tables_copied
-      rot.to([(x, x) for x in turned], None, tables_ref=rows)
-    else:
-      rot.to([(x, x) for x in turned], rows)
+    rot.to([(x, x) for x in turned], kvpos_s.at[slot, part])  # positions or their tables
 
   def step(j, carry, masked=True):
     slot = lax.rem(j, 2)
