@@ -69,7 +69,8 @@ FNS = {"rove": rj.rove_attention, "rope": rj.rope_attention}
 # matrix elsewhere); "hopper 2wg" two compute warpgroups sharing each rotated key/value block
 # (rove_jax.kernels.fused_hopper_ws), "+tma" with a producer warpgroup; "+bwd2wg" the dq and
 # dk, dv kernels with two warpgroups sharing each looped block (fused_hopper_backward_ws);
-# "matrix" the swap matrix where slices would run, forward and backward.
+# "matrix" the swap matrix where slices would run, forward and backward; "bf16" the looped
+# blocks turned in bfloat16 pairs (the half layout's slices only).
 HOPPER = {
   "hopper": {},
   "hopper matrix": dict(slice_swap=False),
@@ -78,6 +79,8 @@ HOPPER = {
   "hopper 2wg+tma": dict(compute_wgs=2, producer=True),
   "hopper 2wg+bwd2wg": dict(compute_wgs=2, backward_wgs=2),
   "hopper 2wg matrix": dict(compute_wgs=2, slice_swap=False),
+  "hopper bf16": dict(bf16_turns=True),
+  "hopper 2wg+bwd2wg bf16": dict(compute_wgs=2, backward_wgs=2, bf16_turns=True),
 }
 
 
@@ -95,7 +98,7 @@ def variants(args) -> list:
     name
     for name, kw in HOPPER.items()
     if (args.length % 128 == 0 or not (kw.get("compute_wgs") or kw.get("backward_wgs")))
-    and (args.layout == "half" or "slice_swap" not in kw)
+    and (args.layout == "half" or not ("slice_swap" in kw or kw.get("bf16_turns")))
   ]
   triton = [("triton" if i == 0 else f"triton bwd{b}", b) for i, b in enumerate(blocks)]
   rows = [(name, None) for name in hopper] + triton

@@ -50,6 +50,8 @@ CLASSES = {
   # Between ints and floats (F2I, I2F: the quarter-rate unit; I2FP, F2IP: the ALU's) and between
   # float widths (F2FP packs two float32 into bfloat16).
   "conversion": ("F2I", "I2F", "F2F", "FRND", "F2FP", "I2FP", "F2IP"),
+  # Two bfloat16 (or float16) values an instruction: packed math on the ALU.
+  "packed16": ("HFMA2", "HMUL2", "HADD2", "HMNMX2", "HSETP2", "HSET2"),
   "mufu": ("MUFU",),
   "tensor": ("HGMMA", "HMMA", "WARPGROUP"),
   "shared": ("LDS", "STS", "LDSM", "STSM", "ATOMS"),

@@ -39,6 +39,9 @@ What runs, and why:
     kernel(slice_swap=False) keeps the matrix, to compare on a GPU). Hence HALF_PAIRS: the GPT's
     attention layer hands its interleaved rotary to this kernel as the half layout
     (rove_jax.nn.attention_layer, rotary.half_order).
+  * kernel(bf16_turns=True) turns q, k, v and dO by slices in bfloat16 pairs, two values an
+    instruction, rather than in float32 (rotation module docstring): fewer instructions a
+    block for about one more bfloat16 rounding an element. Off by default until a GPU times it.
   * P = softmax numerator goes to the P.V wgmma from registers, as FA3 does. Its exponentials
     (and the backward pass's) are exp2(s log2(e) - m log2(e)) on the GPU's ex2 instruction
     under approximate math (fused_hopper_tiles.exp_minus): two instructions an element where
@@ -149,6 +152,7 @@ def kernel(
   producer: bool = False,
   slice_swap: Optional[bool] = None,
   backward_wgs: int = 1,
+  bf16_turns: bool = False,
 ) -> Kernel:
   """The Hopper fused kernel, one that rotates inside (kernels.call): the contract of
   rove_jax.kernels.fused.kernel.
@@ -170,6 +174,8 @@ def kernel(
       (rove_jax.kernels.fused_hopper_backward_ws: dq 128 query rows a program sharing each
       rotated key block, dk, dv 128 keys sharing each rotated query block; T and S multiples
       of 128).
+    bf16_turns: turn the looped blocks (k, v; q, dO in dk, dv) by slices in bfloat16 pairs
+      rather than in float32 (fused_hopper_rotation); needs the slice rotation.
   """
   if block_kv not in (64, 128) or isinstance(block_kv, bool):
     raise ValueError(f"block_kv must be 64 or 128, got {block_kv!r}")
@@ -199,6 +205,9 @@ def kernel(
     slices = slice_reason is None if slice_swap is None else bool(slice_swap)
     if reason is None and slices:
       reason = slice_reason
+    if reason is None and bf16_turns and not slices:
+      why = "slice_swap=False" if slice_swap is not None else slice_reason
+      reason = f"bf16_turns=True turns by slices: {why}"
     if reason is not None:
       raise ValueError(
         f"kernel='fused' cannot run q {q_BTHD.shape}, k {k_BSKD.shape} on Hopper: {reason}"
@@ -219,6 +228,7 @@ def kernel(
       slice_swap=slices,
       backward_wgs=backward_wgs,
       packed=_packed(call),
+      bf16_turns=bool(bf16_turns),
     )
     consts = fused.constants(rope, D, call.scale)
     swap = jnp.asarray(

@@ -22,6 +22,14 @@ tile must start and end on a tile, so the kernel's tiles then take the swizzle `
 picks. Mosaic GPU has no register concatenation, no strided slices and no bfloat16-pair bitcast,
 so the interleaved layout (partner d ^ 1, in the same thread's register pair) keeps the matrix.
 
+With plan.bf16_turns, `to` turns its bfloat16 tiles by slices in bfloat16 pairs: the tiles'
+values as they are, the piece's tables rounded to bfloat16 once and shared by its tiles (q's
+multiplied by its scale first, which a pair's members share), two values an instruction
+(mul.bf16x2, fma.rn.bf16x2), as transformers turns bfloat16 q and k. It skips widening each
+value to float32 and packing it back, and halves the products. The price is about one more
+bfloat16 rounding an element (of b s and of the tables); the float32 accumulators (`f32`)
+stay in float32. bench/RESULTS.md has the instructions and the error against float32 math.
+
 Either way a rotation runs a column piece at a time, its tables shared by the tiles it turns:
 a [64, 64] tile's tables, products and result in float32 take most of a thread's registers
 (python -m bench.fused_gpu --aot h200 --ptxas reports each kernel's registers and spills). sin
@@ -87,7 +95,8 @@ def constant_copies(plan: Plan, consts, swap) -> list:
 
 def of(plan: Plan, ops, consts_ref, swap_ref) -> "Rotation":
   """The Rotation of a kernel body under plan (by column slices with plan.slice_swap)."""
-  return Rotation(ops, consts_ref, None if plan.slice_swap else swap_ref, plan.pair_offset)
+  swap = None if plan.slice_swap else swap_ref
+  return Rotation(ops, consts_ref, swap, plan.pair_offset, plan.slice_swap and plan.bf16_turns)
 
 
 def _slice_cols(r: int) -> int:
@@ -144,6 +153,7 @@ class Rotation(NamedTuple):
   consts_ref: Any
   swap_ref: Any
   r: int
+  bf16: bool = False  # `to` turns unscaled tiles by slices in bfloat16 pairs (module docstring)
 
   def to(self, pairs, pos_ref, *, scale_first: bool = False) -> None:
     """dst = R src for each (src, dst) pair of bfloat16 tiles [n, D] in shared memory at the
@@ -239,11 +249,23 @@ class Rotation(NamedTuple):
     ops, consts = self.ops, self.consts_ref
     for first, second in self._slice_pieces():
       tabs = self._half_tables(pos_ref, first)
+      narrow = None  # the piece's bfloat16 tables, rounded once and shared by its tiles
       for i, (src, dst) in enumerate(pairs):
-        a, b = (ops.load(_cols(src, p)).astype(F32) for p in (first, second))
-        new = _turn(a, b, tabs, inverse=False)
+        scaled = scale_first and i == 0
+        a, b = (ops.load(_cols(src, p)) for p in (first, second))
+        if self.bf16:  # a pair's members share its scale: the scaled tables turn them
+          if scaled:
+            scale = query_scale(ops, consts, tabs[0].shape, first)
+            t = tuple((x * scale).astype(jnp.bfloat16) for x in tabs)
+          else:
+            narrow = narrow or tuple(x.astype(jnp.bfloat16) for x in tabs)
+            t = narrow
+          for p, x in zip((first, second), _turn(a, b, t, inverse=False)):
+            _cols(dst, p)[...] = x.astype(dst.dtype)
+          continue
+        new = _turn(a.astype(F32), b.astype(F32), tabs, inverse=False)
         for p, x in zip((first, second), new):
-          if scale_first and i == 0:
+          if scaled:
             x = x * query_scale(ops, consts, x.shape, p)
           _cols(dst, p)[...] = x.astype(dst.dtype)
     D = pairs[0][0].shape[1]

@@ -240,13 +240,14 @@ def interpret_params():
 
 def named(plan: Plan, part: str, body):
   """body under the kernel name rotary_flash_<part>[_slices]_<rove or rope> (part: fwd,
-  fwd_2wg[_tma], dq, dkv; _slices with plan.slice_swap), the name profiler traces and Mosaic
+  fwd_2wg[_tma], dq, dkv; _slices with plan.slice_swap, _slices_bf16 with plan.bf16_turns too),
+  the name profiler traces and Mosaic
   GPU's dumps show (a functools.partial has none)."""
 
   def kernel(*refs):
     return body(*refs)
 
-  slices = "_slices" if plan.slice_swap else ""
+  slices = ("_slices" if plan.slice_swap else "") + ("_bf16" if plan.bf16_turns else "")
   kernel.__name__ = f"rotary_flash_{part}{slices}_{'rove' if plan.rotate_values else 'rope'}"
   return kernel
 

@@ -49,6 +49,7 @@ class Plan(NamedTuple):
   slice_swap: bool = False  # Hopper: pair swaps by column slices, no swap matrix
   backward_wgs: int = 1  # Hopper dk, dv kernel: compute warpgroups a program
   packed: bool = False  # Hopper: q, k, v read in place from one [B, T, 3, H, D] buffer
+  bf16_turns: bool = False  # Hopper: looped tiles turned in bfloat16 pairs (fused_hopper_rotation)
 
 
 def column(row_ref) -> jax.Array:

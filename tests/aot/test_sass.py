@@ -65,12 +65,18 @@ def test_mix_counts_each_class_and_the_rest():
     float32=1,
     integer=2,
     conversion=1,
+    packed16=0,
     mufu=1,
     tensor=2,
     shared=1,
     local=0,
     other=5,  # LDC, three BRA, EXIT
   )
+  # bfloat16 pairs (HFMA2.BF16_V2, HMUL2.BF16_V2 once their modifiers are dropped) are packed16
+  packed = sass.opcodes(
+    line(0x10, "HFMA2.BF16_V2 R4, R2, R3, -R5") + "\n" + line(0x20, "HMUL2 R1, R2, R3")
+  )
+  assert sass.mix(packed)["packed16"] == 2 and sass.mix(packed)["instructions"] == 2
 
 
 def test_the_main_loop_runs_from_the_back_edges_target_to_it():
@@ -81,6 +87,7 @@ def test_the_main_loop_runs_from_the_back_edges_target_to_it():
     float32=1,
     integer=0,
     conversion=1,
+    packed16=0,
     mufu=1,
     tensor=2,
     shared=1,
@@ -94,8 +101,8 @@ def test_the_main_loop_runs_from_the_back_edges_target_to_it():
   table = sass.table({"fwd": dict(sass.mix(sass.opcodes(LISTING)), loop=loop)}).splitlines()
   assert table[0].startswith("| kernel | part | instructions | float32 | integer | conversion |")
   assert table[2:] == [
-    "| fwd | all | 13 | 1 | 2 | 1 | 1 | 2 | 1 | 0 | 5 |",
-    "| fwd | loop | 7 | 1 | 0 | 1 | 1 | 2 | 1 | 0 | 1 |",
+    "| fwd | all | 13 | 1 | 2 | 1 | 0 | 1 | 2 | 1 | 0 | 5 |",
+    "| fwd | loop | 7 | 1 | 0 | 1 | 0 | 1 | 2 | 1 | 0 | 1 |",
   ]
 
 

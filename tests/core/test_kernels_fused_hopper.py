@@ -50,6 +50,7 @@ CASES = {
     True,
   ),
   "rove_packed_causal_half_mha_partial": ("rove", "half", 2, 1, 1, True, (100, 60, 96), 32, False),
+  "rope_packed_causal_half_gqa_yarn": ("rope", "half", 1, 4, 2, True, (100, 156), 64, True),
 }
 
 
@@ -65,6 +66,9 @@ VARIANTS = {
   "1wg_bwd2wg": dict(backward_wgs=2),  # dq and dk, dv by two warpgroups sharing each block
   "2wg_bwd2wg": dict(compute_wgs=2, backward_wgs=2),
   "2wg_tma_bwd2wg": dict(compute_wgs=2, producer=True, backward_wgs=2),
+  # q, k, v and dO turned in bfloat16 pairs (slices only)
+  "1wg_bf16": dict(bf16_turns=True),
+  "2wg_bwd2wg_bf16": dict(compute_wgs=2, backward_wgs=2, bf16_turns=True),
 }
 
 
@@ -128,14 +132,16 @@ def run_case(case, **kw):
 
 
 MHA = "rove_packed_causal_half_mha_partial"
+YARN_SLICES = "rope_packed_causal_half_gqa_yarn"
 
 
 @pytest.mark.parametrize(
   "case,variant,packed",
-  [(c, "1wg", c == MHA) for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa"})]
+  [(c, "1wg", c == MHA) for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa", YARN_SLICES})]
   + [("rove_causal_interleaved_mqa", "2wg", False)]
   + [(MHA, "2wg_tma_bwd2wg", True)]
-  + [("rope_packed_bidirectional_half_gqa_partial_yarn", "2wg_bwd2wg", False)],
+  + [("rope_packed_bidirectional_half_gqa_partial_yarn", "2wg_bwd2wg", False)]
+  + [(MHA, "1wg_bf16", True), (YARN_SLICES, "2wg_bwd2wg_bf16", False)],
 )
 def test_matches_float64_reference_with_gradients(case, variant, packed):
   """Every case through the one-warpgroup kernels (the third runs through dispatch below) and
@@ -146,7 +152,9 @@ def test_matches_float64_reference_with_gradients(case, variant, packed):
   run is the D = 128 test's first case; the tests against the XLA kernel below add theirs. The
   gradients check the logsumexp each forward leaves for the backward pass, which swaps pairs
   as its forward does. The MHA case reads q, k, v in place from one [B, T, 3, H, D] buffer
-  (every kernel, one- and two-warpgroup), the others from q, k, v of their own."""
+  (every kernel, one- and two-warpgroup), the others from q, k, v of their own. The last two
+  turn q, k, v and dO in bfloat16 pairs (bf16_turns): RoVE with pass-through dims, one
+  warpgroup; RoPE fully rotated with YaRN's factor in q's scaled tables, two warpgroups."""
   run_case(case, variant=variant, packed=packed)
 
 
@@ -308,7 +316,8 @@ def test_dispatch_checks_the_hopper_limits(monkeypatch):
 def test_multi_warpgroup_limits():
   """compute_wgs, producer and slice_swap take what fused_hopper_ws runs; its lengths are
   checked per call (T, S multiples of 128: two 64-row query blocks, one shared 128-key block),
-  and slice_swap's rotary layout (half, n_rotated / 2 a multiple of 16)."""
+  and slice_swap's rotary layout (half, n_rotated / 2 a multiple of 16), which bf16_turns
+  needs too."""
   for kw, reason in (
     (dict(compute_wgs=3), "compute_wgs must be"),
     (dict(compute_wgs=True), "compute_wgs must be"),
@@ -321,6 +330,7 @@ def test_multi_warpgroup_limits():
   rope = rj.Rope(rj.rope_frequencies(D))
   attend = fused_hopper.kernel(interpret=True, compute_wgs=2)
   slices = fused_hopper.kernel(interpret=True, slice_swap=True)
+  bf16 = fused_hopper.kernel(interpret=True, bf16_turns=True)
   interleaved, partial = (
     rj.Rope(rj.rope_frequencies(D), 1.0, "interleaved"),
     rj.Rope(rj.rope_frequencies(40), 1.0, "half"),
@@ -332,6 +342,14 @@ def test_multi_warpgroup_limits():
     (256, 192, fused_hopper.kernel(interpret=True, backward_wgs=2), rope, "S=192.*backward_wgs"),
     (256, 256, slices, interleaved, "slice_swap needs the half layout.*'interleaved'"),
     (256, 256, slices, partial, "slice_swap needs.*n_rotated=40"),
+    (256, 256, bf16, interleaved, "bf16_turns=True turns by slices.*'interleaved'"),
+    (
+      256,
+      256,
+      fused_hopper.kernel(interpret=True, slice_swap=False, bf16_turns=True),
+      rj.Rope(rj.rope_frequencies(D), 1.0, "half"),
+      "bf16_turns=True turns by slices: slice_swap=False",
+    ),
   ):
     q = jnp.zeros((1, T_q, 1, D), BF16)
     k = jnp.zeros((1, T_kv, 1, D), BF16)
