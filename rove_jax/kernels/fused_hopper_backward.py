@@ -46,7 +46,7 @@ def plan_of(plan: Plan) -> Plan:
   return plan._replace(bq=BLOCK, bk=BLOCK)
 
 
-def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars, tabled: bool):
+def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars, tabled: bool, queries_looped: bool):
   """Shared memory of either kernel: constants, swap; the program's own tiles (n_self [b, D]
   tiles, their rows and segment ids); a double-buffered loop of n_other tiles a slot with their
   rows (positions, lse, delta) and segment ids; rotated copies; staging; barriers. The segment
@@ -69,7 +69,7 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars, tabled: bool):
     *copies,  # rotated tiles, float32 staging
     plgpu.Barrier(num_barriers=8),
     plgpu.Barrier(num_barriers=2 * n_loop_bars),
-    io.loop_tables(plan, b, tabled),
+    io.loop_tables(plan, b, tabled, queries_looped),
   ]
 
 
@@ -77,7 +77,7 @@ def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
   args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=False, wgs=1)
-  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop, tabled)
+  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop, tabled, False)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K, tabled)
   return tiles.run_kernel(
     plan,
@@ -173,7 +173,7 @@ def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
   args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=True, wgs=1)
-  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop, tabled)
+  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop, tabled, True)
   out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K, tabled)
   return tiles.run_kernel(

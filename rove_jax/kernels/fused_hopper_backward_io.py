@@ -38,7 +38,7 @@ def kernel_args(plan: Plan, small, *arrays, tables: str | None = None) -> list:
   args = [consts, swap, kv_pos] + ([q_seg, kv_seg] if plan.segmented else []) + list(arrays)
   if tables is not None:
     pos = q_pos if tables == "queries" else kv_pos
-    args.append(rotation.key_tables(pos, consts, plan.pair_offset))
+    args.append(rotation.key_tables(pos, consts, plan, scaled=tables == "queries"))
   return args
 
 
@@ -59,10 +59,12 @@ def loop_copies(plan: Plan, queries_looped: bool, tabled: bool) -> int:
   return 3 + (1 if plan.segmented else 0) + (1 if tabled and queries_looped else 0)
 
 
-def loop_tables(plan: Plan, n: int, tabled: bool):
-  """The shared memory of the looped blocks' tables, [2, n, 2 r] float32 (two slots), with
-  tabled; a placeholder elsewhere."""
-  return rotation.table_rows(plan, (2, n), True) if tabled else tiles.placeholder()
+def loop_tables(plan: Plan, n: int, tabled: bool, queries_looped: bool):
+  """The shared memory of the looped blocks' tables, [2, n, 2 r] (two slots;
+  rotation.table_dtype), with tabled; a placeholder elsewhere."""
+  if not tabled:
+    return tiles.placeholder()
+  return rotation.table_rows(plan, (2, n), True, scaled=queries_looped)
 
 
 def query_rows(q_pos_BT, lse_BHT, delta_BHT):

@@ -67,7 +67,7 @@ def problem(T: int, S: int) -> str | None:
   return None
 
 
-def _scratch(plan: Plan, D: int, dt, n_loop: int, n_own: int, tabled: bool):
+def _scratch(plan: Plan, D: int, dt, n_loop: int, n_own: int, tabled: bool, queries_looped: bool):
   """Shared memory of either kernel: constants, swap; each warpgroup's two tiles [W, 2, b, D],
   its rows [W, 3, b] and segment ids; two slots of two looped tiles, their rows and segment
   ids; barriers (constants and swap; each warpgroup's n_own copies; a slot's n_loop copies; a
@@ -88,7 +88,7 @@ def _scratch(plan: Plan, D: int, dt, n_loop: int, n_own: int, tabled: bool):
     plgpu.Barrier(num_barriers=2 * n_loop),
     plgpu.Barrier(num_arrivals=W),
     plgpu.Barrier(num_arrivals=W),
-    io.loop_tables(plan, b, tabled),  # the looped blocks' tables
+    io.loop_tables(plan, b, tabled, queries_looped),  # the looped blocks' tables
   ]
 
 
@@ -116,7 +116,7 @@ def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
   args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=False, wgs=W)
-  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 6, tabled)
+  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 6, tabled, False)
   body = functools.partial(_dq_body, plan, S // BLOCK, H // K, tabled)
   out_type = jax.ShapeDtypeStruct((B, T, H, D), q_BTHD.dtype)
   grid = ((H, T // (W * BLOCK), B), ("heads", "q", "batch"))
@@ -128,7 +128,7 @@ def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
   args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=True, wgs=W)
-  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 4, tabled)
+  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 4, tabled, True)
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K, tabled)
   out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
   grid = ((K, S // (W * BLOCK), B), ("kv_heads", "kv", "batch"))

@@ -256,13 +256,14 @@ class Rotation(NamedTuple):
         if self.bf16:  # a pair's members share its scale: the scaled tables turn them
           if scaled:
             scale = query_scale(ops, consts, tabs[0].shape, first)
-            t = tuple((x * scale).astype(jnp.bfloat16) for x in tabs)
+            t = tuple((x.astype(F32) * scale).astype(jnp.bfloat16) for x in tabs)
           else:
             narrow = narrow or tuple(x.astype(jnp.bfloat16) for x in tabs)
             t = narrow
           for p, x in zip((first, second), _turn(a, b, t, inverse=False)):
             _cols(dst, p)[...] = x.astype(dst.dtype)
           continue
+        tabs = tuple(t.astype(F32) for t in tabs)
         new = _turn(a.astype(F32), b.astype(F32), tabs, inverse=False)
         for p, x in zip((first, second), new):
           if scaled:
@@ -279,7 +280,7 @@ class Rotation(NamedTuple):
 
   def _slices_f32(self, y, pos_ref, dst_ref, inverse: bool) -> None:
     for first, second in self._slice_pieces():
-      tabs = self._half_tables(pos_ref, first)
+      tabs = tuple(t.astype(F32) for t in self._half_tables(pos_ref, first))
       new = _turn(_cols(y, first), _cols(y, second), tabs, inverse)
       for p, x in zip((first, second), new):
         _cols(dst_ref, p)[...] = x.astype(dst_ref.dtype)
@@ -303,26 +304,39 @@ def tables_copied(plan: Plan, D: int) -> bool:
   return plan.slice_swap and D == 64
 
 
-def key_tables(pos_BS, consts, r: int):
-  """[B, S, 2 r] float32: cos then sin of pos * f for each of the r pair frequencies (the
-  constants' FREQ row's first r entries, the half layout's), a row per position: what a kernel
-  copies into shared memory beside a block of keys in place of its positions
-  (`Rotation.to`), computed here by XLA (jnp.cos, jnp.sin) once a call rather
-  than in every program that reads the block."""
+def table_dtype(plan: Plan, scaled: bool = False):
+  """The dtype of copied tables (`key_tables`): bfloat16 where the rotation turns in bfloat16
+  pairs (plan.bf16_turns: what it would round them to) and no tile they turn is scaled (key
+  blocks); float32 elsewhere, and for the dk, dv kernels' query blocks (scaled), whose q takes
+  its scale times the float32 tables."""
+  return jnp.bfloat16 if plan.bf16_turns and not scaled else F32
+
+
+def key_tables(pos_BS, consts, plan: Plan, scaled: bool = False):
+  """[B, S, 2 r] (`table_dtype`): cos then sin of pos * f for each of the r pair frequencies
+  (the constants' FREQ row's first r entries, the half layout's), a row per position: what a
+  kernel copies into shared memory beside a block of keys in place of its positions
+  (`Rotation.to`), computed here by XLA (jnp.cos, jnp.sin) in float32 once a call rather than
+  in every program that reads the block. scaled: of query blocks, whose q is scaled."""
+  r = plan.pair_offset
   angle = pos_BS.astype(F32)[:, :, None] * consts[fused_tiles.FREQ, :r][None, None]
-  return jnp.concatenate([jnp.cos(angle), jnp.sin(angle)], axis=-1)
+  tabs = jnp.concatenate([jnp.cos(angle), jnp.sin(angle)], axis=-1)
+  return tabs.astype(table_dtype(plan, scaled))
 
 
-def table_rows(plan: Plan, lead, tabled: bool):
+def table_rows(plan: Plan, lead, tabled: bool, scaled: bool = False):
   """The shared memory of a block's position rows (float32 `lead`, e.g. (slots, rows)), or with
-  tabled of their `key_tables` rows, [*lead, 2 r] float32 tiled and swizzled as the slice
-  rotation loads its column pieces (a piece 32 float32 columns, 128 bytes: no bank
-  conflicts)."""
+  tabled of their `key_tables` rows, [*lead, 2 r] tiled and swizzled as the slice rotation
+  loads its column pieces (a piece's row 32 columns: 128 bytes in float32, 64 in bfloat16; no
+  bank conflicts)."""
   if not tabled:
     return plgpu.SMEM(lead, F32)
-  cols = _slice_cols(plan.pair_offset)
-  swizzle = (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(4 * cols))
-  return plgpu.SMEM(tuple(lead) + (2 * plan.pair_offset,), F32, transforms=swizzle)
+  cols, dtype = _slice_cols(plan.pair_offset), table_dtype(plan, scaled)
+  swizzle = (
+    plgpu.TilingTransform((8, cols)),
+    plgpu.SwizzleTransform(jnp.dtype(dtype).itemsize * cols),
+  )
+  return plgpu.SMEM(tuple(lead) + (2 * plan.pair_offset,), dtype, transforms=swizzle)
 
 
 def _pairs_local(r: int) -> bool:

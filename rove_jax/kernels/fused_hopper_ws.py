@@ -20,12 +20,13 @@ What runs, and why:
     native-M [64, D] x [D, D] swap wgmma; hence bk = 128 = 2 x 64 and S a multiple of 128.
     Rotating in place (no second, rotated copy of the block) is what lets D = 128 fit.
   * With slices at D = 64 (rotation.tables_copied) the block's cos and sin come with it: XLA
-    computes them once a call from the key positions ([B, S, 2 r] float32,
-    fused_hopper_rotation.key_tables), and each block's rows are TMA-copied in place of its
-    positions. The rotation then loads them (two shared-memory loads a row's piece) instead of
-    computing a sine and a cosine for every rotated element in every program, which was most
-    of a share's rotation work; the block's reads from L2 double (the tables are as large as k
-    and v at r = 32), and shared memory holds one program an SM, as the registers already did.
+    computes them once a call from the key positions ([B, S, 2 r] float32, bfloat16 with
+    bf16_turns: fused_hopper_rotation.key_tables), and each block's rows are TMA-copied in
+    place of its positions. The rotation then loads them (two shared-memory loads a row's
+    piece) instead of computing a sine and a cosine for every rotated element in every program,
+    which was most of a share's rotation work; the block's reads from L2 double (the tables are
+    as large as k and v at r = 32; half that in bfloat16), and shared memory holds one program
+    an SM, as the registers already did.
   * That barrier also tells whoever issues the key/value copies that both warpgroups are done
     with the block before, whose buffer is then refilled. Without `producer` compute
     warpgroup 0 issues them. With `producer` a third warpgroup does (warp specialisation): it
@@ -114,7 +115,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   ]
   args, out_type = tiles.forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD)
   if tabled:  # the kv positions' cos and sin rows in their place
-    args[3] = rotation.key_tables(args[3], args[0], plan.pair_offset)
+    args[3] = rotation.key_tables(args[3], args[0], plan)
   body = functools.partial(_body, plan, S // bk, H // K)
   threads = W + (1 if plan.producer else 0)
   part = f"fwd_{W}wg" + ("_tma" if plan.producer else "")
