@@ -46,12 +46,13 @@ def plan_of(plan: Plan) -> Plan:
   return plan._replace(bq=BLOCK, bk=BLOCK)
 
 
-def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars, tabled: bool, queries_looped: bool):
-  """Shared memory of either kernel: constants, swap; the program's own tiles (n_self [b, D]
-  tiles, their rows and segment ids); a double-buffered loop of n_other tiles a slot with their
-  rows (positions, lse, delta) and segment ids; rotated copies; staging; barriers. The segment
-  buffers are allocated unsegmented too (a few hundred bytes), which keeps one unpacking.
-  Where the rotation allows (rotation.in_place) every tile is rotated in its own buffer and the
+def _scratch(plan: Plan, D, dt, n_loop_bars, tabled, queries_looped, one_slot):
+  """Shared memory of either kernel: constants, swap; the program's own tiles (two [b, D]
+  tiles, their rows and segment ids); a double-buffered loop of two tiles a slot with their
+  rows (positions, lse, delta) and segment ids; rotated copies; staging; barriers; the looped
+  blocks' tables where tabled (io.loop_tables: two slots, one with one_slot) and the one
+  slot's barrier. The segment buffers are allocated unsegmented too (a few hundred bytes),
+  which keeps one unpacking. Where the rotation allows (rotation.in_place) every tile is rotated in its own buffer and the
   outputs are staged in the own tiles: the rotated copies and staging are placeholders, 32 KiB
   less at D = 64 and 64 at D = 128 (two programs an SM fit there)."""
   b = BLOCK
@@ -60,25 +61,29 @@ def _scratch(plan: Plan, D, dt, n_self, n_other, n_loop_bars, tabled: bool, quer
   return [
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),
     rotation.swap_scratch(plan, D, smem),
-    smem((n_self, b, D)),
+    smem((2, b, D)),
     plgpu.SMEM((3, b), jnp.float32),
     plgpu.SMEM((b,), jnp.int32),
-    smem((2, n_other, b, D)),
+    smem((2, 2, b, D)),
     plgpu.SMEM((2, 3, b), jnp.float32),
     plgpu.SMEM((2, b), jnp.int32),
     *copies,  # rotated tiles, float32 staging
     plgpu.Barrier(num_barriers=8),
     plgpu.Barrier(num_barriers=2 * n_loop_bars),
-    io.loop_tables(plan, b, tabled, queries_looped),
+    io.loop_tables(plan, b, tabled, queries_looped, 1 if one_slot else 2),
+    plgpu.Barrier(num_barriers=1),  # the tables' one slot
   ]
 
 
 def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
-  args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=False, wgs=1)
-  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop, tabled, False)
-  body = functools.partial(_dq_body, plan, S // BLOCK, H // K, tabled)
+  one_slot = rotation.tables_in_one_slot(plan, D)
+  args, tabled, n_loop = io.operands(
+    plan, small, arrays, queries_looped=False, wgs=1, one_slot=one_slot
+  )
+  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, tabled, False, one_slot)
+  body = functools.partial(_dq_body, plan, S // BLOCK, H // K, tabled, one_slot)
   return tiles.run_kernel(
     plan,
     tiles.named(plan, "dq", body),
@@ -90,9 +95,10 @@ def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   )
 
 
-def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
+def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, one_slot: bool, *refs):
   """One query block of one head: q, dO [bq, D] and its lse, delta rows; k, v blocks looped
-  (with tabled, their tables copied beside them)."""
+  (with tabled, their tables copied beside them, or with one_slot into a slot of their own:
+  rotation.tables_in_one_slot)."""
   r, (dq_ref,), scr = io.unpack(plan, refs, 1, tabled)
   (
     consts_s,
@@ -108,6 +114,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
     fixed_bar,
     loop_bar,
     loop_tabs,
+    tab_bar,
   ) = scr
   ops = tiles.Ops(plan.interpret)
   rot = rotation.of(plan, ops, consts_s, swap_s)
@@ -127,14 +134,17 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
   for n, (src, dst) in enumerate(copies):
     plgpu.copy_gmem_to_smem(src, dst, fixed_bar.at[n])
   D = own_s.shape[-1]
-  n_loop = io.loop_copies(plan, False, tabled)
+  n_loop = io.loop_copies(plan, False, tabled, one_slot)
   bufs = (loop_s, loop_rows, loop_seg, loop_tabs)
 
   def fetch(j, slot):
-    io.fetch_keys(plan, r, bufs, loop_bar, (b, kh, j), slot)
+    io.fetch_keys(plan, r, bufs, loop_bar, (b, kh, j), slot, one_slot)
 
+  fetch_tables = lambda j: tiles.fetch_tables(r.get("tables"), loop_tabs, tab_bar.at[0], b, j, bk)
   n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
   fetch(0, 0)
+  if one_slot:
+    fetch_tables(0)
   if nk > 1:  # a second block exists (the slice would be out of bounds otherwise)
     pl.when(n_blocks > 1)(lambda: fetch(1, 1))
   for n in range(len(copies)):
@@ -151,10 +161,15 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
     slot = lax.rem(j, 2)
     for n in range(n_loop):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
+    if one_slot:
+      plgpu.barrier_wait(tab_bar.at[0])
+    tabs = loop_tabs.at[0 if one_slot else slot]
+    turned = io.looped_rows(r, loop_rows.at[slot, 0], tabs)
     k_r, v_r = _turn(plan, rot, loop_s.at[slot], rot_s, turned, in_place, False)
     kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
     plgpu.commit_smem()
+    if one_slot:  # every warp has turned the block: its tables' slot is free
+      pl.when(j + 1 < n_blocks)(lambda: fetch_tables(j + 1))
     operands = (q_r_s, do_r_s, k_r, v_r)
     where = (q_start, j * bk)
     acc = query_products(ops, plan, acc, operands, where, (q_seg, kv_seg), stats, masked)
@@ -173,7 +188,7 @@ def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
   args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=True, wgs=1)
-  scratch = _scratch(plan, D, q_BTHD.dtype, 2, 2, n_loop, tabled, True)
+  scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, tabled, True, False)
   out_type = [jax.ShapeDtypeStruct((B, S, K, D), k_BSKD.dtype)] * 2
   body = functools.partial(_dkv_body, plan, T // BLOCK, H // K, tabled)
   return tiles.run_kernel(
@@ -205,6 +220,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
     fixed_bar,
     loop_bar,
     loop_tabs,
+    tab_bar,
   ) = scr
   ops = tiles.Ops(plan.interpret)
   rot = rotation.of(plan, ops, consts_s, swap_s)

@@ -42,29 +42,34 @@ def kernel_args(plan: Plan, small, *arrays, tables: str | None = None) -> list:
   return args
 
 
-def operands(plan: Plan, small, arrays, *, queries_looped: bool, wgs: int):
+def operands(plan: Plan, small, arrays, *, queries_looped: bool, wgs: int, one_slot=False):
   """(inputs, tabled, loop copies) of a backward kernel: `kernel_args` (with the looped blocks'
-  tables where `copies_tables`), whether it takes tables, and `loop_copies`. arrays: (q, k, v,
-  dO, q_rows); queries_looped: the dk, dv kernels; wgs: warpgroups a program."""
-  tabled = copies_tables(plan, arrays[0].shape[-1], queries_looped=queries_looped, wgs=wgs)
+  tables where `copies_tables` or one_slot), whether it takes tables, and `loop_copies`.
+  arrays: (q, k, v, dO, q_rows); queries_looped: the dk, dv kernels; wgs: warpgroups a
+  program; one_slot: the key blocks' tables copied into one slot of their own
+  (rotation.tables_in_one_slot), not beside each block."""
+  D = arrays[0].shape[-1]
+  tabled = one_slot or copies_tables(plan, D, queries_looped=queries_looped, wgs=wgs)
   tables = ("queries" if queries_looped else "keys") if tabled else None
   args = kernel_args(plan, small, *arrays, tables=tables)
-  return args, tabled, loop_copies(plan, queries_looped, tabled)
+  return args, tabled, loop_copies(plan, queries_looped, tabled, one_slot)
 
 
-def loop_copies(plan: Plan, queries_looped: bool, tabled: bool) -> int:
+def loop_copies(plan: Plan, queries_looped: bool, tabled: bool, one_slot: bool = False) -> int:
   """The TMA copies (each on its own barrier) of a looped block: two tiles, the rows
-  (positions, or for queries `query_rows`), segment ids when segmented, and with tabled a
-  query block's tables (a key block's take its positions' place)."""
-  return 3 + (1 if plan.segmented else 0) + (1 if tabled and queries_looped else 0)
+  (positions, or for queries `query_rows`; none for keys whose tables come in one_slot),
+  segment ids when segmented, and with tabled a query block's tables (a key block's take its
+  positions' place)."""
+  rows = 0 if one_slot else 1
+  return 2 + rows + (1 if plan.segmented else 0) + (1 if tabled and queries_looped else 0)
 
 
-def loop_tables(plan: Plan, n: int, tabled: bool, queries_looped: bool):
-  """The shared memory of the looped blocks' tables, [2, n, 2 r] (two slots;
-  rotation.table_dtype), with tabled; a placeholder elsewhere."""
+def loop_tables(plan: Plan, n: int, tabled: bool, queries_looped: bool, slots: int = 2):
+  """The shared memory of the looped blocks' tables, [slots, n, 2 r] (rotation.table_dtype),
+  with tabled; a placeholder elsewhere."""
   if not tabled:
     return tiles.placeholder()
-  return rotation.table_rows(plan, (2, n), True, scaled=queries_looped)
+  return rotation.table_rows(plan, (slots, n), True, scaled=queries_looped)
 
 
 def query_rows(q_pos_BT, lse_BHT, delta_BHT):
@@ -93,13 +98,17 @@ def looped_rows(r, pos_ref, tables_ref):
   return tables_ref if "tables" in r else pos_ref
 
 
-def fetch_keys(plan: Plan, r, bufs, bar, where, slot) -> None:
+def fetch_keys(plan: Plan, r, bufs, bar, where, slot, one_slot: bool = False) -> None:
   """tiles.fetch_keys into the dq kernels' double buffers: k and v into tiles [2, 2, bk, D]
   (slot, then k or v), positions into rows [2, 3, bk] (row 0) or where they are copied the
-  keys' tables in their place into tables [2, bk, 2 r], segment ids (when segmented) into
-  [2, bk]. where: (example, kv head, key block)."""
+  keys' tables in their place into tables [2, bk, 2 r] (with one_slot neither: the tables
+  come by tiles.fetch_tables), segment ids (when segmented) into [2, bk]. where: (example,
+  kv head, key block)."""
   tiles_s, rows_s, seg_s, tabs_s = bufs
-  if "tables" in r:
+  if one_slot:
+    srcs = (r["k"], r["v"], None, r.get("kv_seg"))
+    dsts = lambda s: (tiles_s.at[s, 0], tiles_s.at[s, 1], None, seg_s.at[s])
+  elif "tables" in r:
     srcs = (r["k"], r["v"], r["tables"], r.get("kv_seg"))
     dsts = lambda s: (tiles_s.at[s, 0], tiles_s.at[s, 1], tabs_s.at[s], seg_s.at[s])
   else:

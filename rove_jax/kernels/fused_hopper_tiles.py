@@ -175,16 +175,25 @@ def forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD):
 def fetch_keys(plan, srcs, dsts, bar, b, kh, j, slot) -> None:
   """Issues the TMA copies of key block j of example b, kv head kh (k, v, positions and, when
   segmented, segment ids) into `slot` of their double buffers, each on its own barrier:
-  bar.at[slot * n + i] for the i-th of the n copies. srcs: (k, v, kv positions, kv segment ids
-  or None) in HBM; dsts(slot): their shared-memory destinations in the same order."""
+  bar.at[slot * n + i] for the i-th of the n copies. srcs: (k, v, kv positions or None (not
+  copied), kv segment ids or None) in HBM; dsts(slot): their shared-memory destinations in the
+  same order."""
   keys = pl.ds(j * plan.bk, plan.bk)
   k_ref, v_ref, pos_ref, seg_ref = srcs
   k_s, v_s, pos_s, seg_s = dsts(slot)
-  pairs = [(k_ref.at[b, keys, kh], k_s), (v_ref.at[b, keys, kh], v_s), (pos_ref.at[b, keys], pos_s)]
+  pairs = [(k_ref.at[b, keys, kh], k_s), (v_ref.at[b, keys, kh], v_s)]
+  if pos_ref is not None:
+    pairs.append((pos_ref.at[b, keys], pos_s))
   if plan.segmented:
     pairs.append((seg_ref.at[b, keys], seg_s))
   for i, (src, dst) in enumerate(pairs):
     plgpu.copy_gmem_to_smem(src, dst, bar.at[slot * len(pairs) + i])
+
+
+def fetch_tables(tables_ref, tabs_s, bar, b, j, n: int) -> None:
+  """Issues the TMA copy of block j's tables (n rows of example b's `key_tables`) into the one
+  slot tabs_s [1, n, 2 r] (rotation.tables_in_one_slot) on barrier `bar`."""
+  plgpu.copy_gmem_to_smem(tables_ref.at[b, pl.ds(j * n, n)], tabs_s.at[0], bar)
 
 
 def softmax_start(ops: Ops, bq: int, D: int):
