@@ -52,9 +52,10 @@ def _scratch(plan: Plan, D, dt, n_loop_bars, tabled, queries_looped, one_slot):
   rows (positions, lse, delta) and segment ids; rotated copies; staging; barriers; the looped
   blocks' tables where tabled (io.loop_tables: two slots, one with one_slot) and the one
   slot's barrier. The segment buffers are allocated unsegmented too (a few hundred bytes),
-  which keeps one unpacking. Where the rotation allows (rotation.in_place) every tile is rotated in its own buffer and the
-  outputs are staged in the own tiles: the rotated copies and staging are placeholders, 32 KiB
-  less at D = 64 and 64 at D = 128 (two programs an SM fit there)."""
+  which keeps one unpacking. Where the rotation allows (rotation.in_place) every tile is
+  rotated in its own buffer and the outputs are staged in the own tiles: the rotated copies and
+  staging are placeholders, 32 KiB less at D = 64 and 64 at D = 128 (two programs an SM fit
+  there)."""
   b = BLOCK
   smem = lambda shape: plgpu.SMEM(shape, dt, transforms=rotation.transforms(plan))
   copies = [tiles.placeholder()] * 2 if rotation.in_place(plan, D) else [smem((2, b, D))] * 2

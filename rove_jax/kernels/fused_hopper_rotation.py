@@ -161,7 +161,8 @@ class Rotation(NamedTuple):
     with dO's beside it in the backward pass). A dst may be its src (in place). pos_ref is
     the rows' positions [n] float32 in shared memory or, with slices, their cos and sin
     [n, 2 r] (`key_tables`, `table_rows`), which the rotation then loads rather than
-    computes."""
+    computes. Query tables in bfloat16 are `key_tables(scaled=True)`: q's scaled, then
+    (RoVE) dO's; any tile not scaled takes a table's last 2 r columns."""
     if self.swap_ref is None:
       return self._slices(pairs, pos_ref, scale_first)
     assert len(pos_ref.shape) == 1, "tables from memory are for the slice rotation"
@@ -236,17 +237,23 @@ class Rotation(NamedTuple):
     r, n = self.r, _slice_cols(self.r)
     return [((i, n), (self.r + i, n)) for i in range(0, r, n)]
 
-  def _half_tables(self, pos_ref, piece):
+  def _half_tables(self, pos_ref, piece, after: int = 0):
     """(cos, sin) [n, piece's columns] of the pairs whose first members are the piece's, from
-    the positions [n] or loaded from their tables [n, 2 r] (`to`)."""
+    the positions [n] or loaded from their tables [n, 2 r] (`to`), those `after` columns in."""
     if len(pos_ref.shape) == 2:
       start, size = piece
-      return tuple(self.ops.load(pos_ref.at[:, pl.ds(at, size)]) for at in (start, self.r + start))
+      at = (after + start, after + self.r + start)
+      return tuple(self.ops.load(pos_ref.at[:, pl.ds(a, size)]) for a in at)
     sin, cos = trig.sincos(_angles(self.ops, pos_ref, self.consts_ref, piece), hardware=True)
     return cos, sin
 
   def _slices(self, pairs, pos_ref, scale_first: bool) -> None:
     ops, consts = self.ops, self.consts_ref
+    # Tables from memory in bfloat16 with scale_first: the first pair's scaled, and the
+    # unscaled ones (if any) in the last 2 r columns, as in every table from memory (`to`).
+    from_memory = len(pos_ref.shape) == 2
+    prescaled = self.bf16 and scale_first and from_memory
+    unscaled_at = pos_ref.shape[1] - 2 * self.r if from_memory else 0
     for first, second in self._slice_pieces():
       tabs = self._half_tables(pos_ref, first)
       narrow = None  # the piece's bfloat16 tables, rounded once and shared by its tiles
@@ -254,11 +261,14 @@ class Rotation(NamedTuple):
         scaled = scale_first and i == 0
         a, b = (ops.load(_cols(src, p)) for p in (first, second))
         if self.bf16:  # a pair's members share its scale: the scaled tables turn them
-          if scaled:
+          if scaled and prescaled:
+            t = tabs
+          elif scaled:
             scale = query_scale(ops, consts, tabs[0].shape, first)
             t = tuple((x.astype(F32) * scale).astype(jnp.bfloat16) for x in tabs)
           else:
-            narrow = narrow or tuple(x.astype(jnp.bfloat16) for x in tabs)
+            own = tabs if unscaled_at == 0 else self._half_tables(pos_ref, first, unscaled_at)
+            narrow = narrow or tuple(x.astype(jnp.bfloat16) for x in own)
             t = narrow
           for p, x in zip((first, second), _turn(a, b, t, inverse=False)):
             _cols(dst, p)[...] = x.astype(dst.dtype)
@@ -314,39 +324,51 @@ def tables_in_one_slot(plan: Plan, D: int) -> bool:
   return plan.bf16_turns and tables_copied(plan, D)
 
 
-def table_dtype(plan: Plan, scaled: bool = False):
+def table_dtype(plan: Plan):
   """The dtype of copied tables (`key_tables`): bfloat16 where the rotation turns in bfloat16
-  pairs (plan.bf16_turns: what it would round them to) and no tile they turn is scaled (key
-  blocks); float32 elsewhere, and for the dk, dv kernels' query blocks (scaled), whose q takes
-  its scale times the float32 tables."""
-  return jnp.bfloat16 if plan.bf16_turns and not scaled else F32
+  pairs (plan.bf16_turns: what it would round them to), float32 elsewhere."""
+  return jnp.bfloat16 if plan.bf16_turns else F32
+
+
+def table_width(plan: Plan, scaled: bool = False) -> int:
+  """The columns of a row of `key_tables`: 2 r, or 4 r for scaled ones in bfloat16 when the
+  output turns too (RoVE's dO beside q)."""
+  both = scaled and plan.bf16_turns and plan.rotate_output
+  return (4 if both else 2) * plan.pair_offset
 
 
 def key_tables(pos_BS, consts, plan: Plan, scaled: bool = False):
-  """[B, S, 2 r] (`table_dtype`): cos then sin of pos * f for each of the r pair frequencies
-  (the constants' FREQ row's first r entries, the half layout's), a row per position: what a
-  kernel copies into shared memory beside a block of keys in place of its positions
-  (`Rotation.to`), computed here by XLA (jnp.cos, jnp.sin) in float32 once a call rather than
-  in every program that reads the block. scaled: of query blocks, whose q is scaled."""
+  """[B, S, `table_width`] (`table_dtype`): cos then sin of pos * f for each of the r pair
+  frequencies (the constants' FREQ row's first r entries, the half layout's), a row per
+  position: what a kernel copies into shared memory beside a block of keys in place of its
+  positions (`Rotation.to`), computed here by XLA (jnp.cos, jnp.sin) in float32 once a call
+  rather than in every program that reads the block. scaled: of query blocks, whose q is
+  scaled; in bfloat16 they are then cos and sin times q's scale (a pair's, its first member's
+  Q_SCALE entry), followed for RoVE by the unscaled ones that turn dO."""
   r = plan.pair_offset
   angle = pos_BS.astype(F32)[:, :, None] * consts[fused_tiles.FREQ, :r][None, None]
-  tabs = jnp.concatenate([jnp.cos(angle), jnp.sin(angle)], axis=-1)
-  return tabs.astype(table_dtype(plan, scaled))
+  tabs = [jnp.cos(angle), jnp.sin(angle)]
+  if scaled and plan.bf16_turns:
+    scale = consts[fused_tiles.Q_SCALE, :r][None, None]
+    tabs = [t * scale for t in tabs] + (tabs if plan.rotate_output else [])
+  out = jnp.concatenate(tabs, axis=-1).astype(table_dtype(plan))
+  assert out.shape[-1] == table_width(plan, scaled), out.shape
+  return out
 
 
 def table_rows(plan: Plan, lead, tabled: bool, scaled: bool = False):
   """The shared memory of a block's position rows (float32 `lead`, e.g. (slots, rows)), or with
-  tabled of their `key_tables` rows, [*lead, 2 r] tiled and swizzled as the slice rotation
-  loads its column pieces (a piece's row 32 columns: 128 bytes in float32, 64 in bfloat16; no
-  bank conflicts)."""
+  tabled of their `key_tables` rows, [*lead, `table_width`] tiled and swizzled as the slice
+  rotation loads its column pieces (a piece's row 32 columns: 128 bytes in float32, 64 in
+  bfloat16; no bank conflicts)."""
   if not tabled:
     return plgpu.SMEM(lead, F32)
-  cols, dtype = _slice_cols(plan.pair_offset), table_dtype(plan, scaled)
+  cols, dtype = _slice_cols(plan.pair_offset), table_dtype(plan)
   swizzle = (
     plgpu.TilingTransform((8, cols)),
     plgpu.SwizzleTransform(jnp.dtype(dtype).itemsize * cols),
   )
-  return plgpu.SMEM(tuple(lead) + (2 * plan.pair_offset,), dtype, transforms=swizzle)
+  return plgpu.SMEM(tuple(lead) + (table_width(plan, scaled),), dtype, transforms=swizzle)
 
 
 def _pairs_local(r: int) -> bool:

@@ -50,7 +50,8 @@ CASES = {
     True,
   ),
   "rove_packed_causal_half_mha_partial": ("rove", "half", 2, 1, 1, True, (100, 60, 96), 32, False),
-  "rope_packed_causal_half_gqa_yarn": ("rope", "half", 1, 4, 2, True, (100, 156), 64, True),
+  "rove_packed_causal_half_gqa_yarn": ("rove", "half", 1, 4, 2, True, (100, 156), 64, True),
+  "rope_causal_half_mqa": ("rope", "half", 1, 2, 1, True, None, 64, False),
 }
 
 
@@ -132,16 +133,20 @@ def run_case(case, **kw):
 
 
 MHA = "rove_packed_causal_half_mha_partial"
-YARN_SLICES = "rope_packed_causal_half_gqa_yarn"
+TURNS_BF16 = ("rove_packed_causal_half_gqa_yarn", "rope_causal_half_mqa")  # bf16_turns only
 
 
 @pytest.mark.parametrize(
   "case,variant,packed",
-  [(c, "1wg", c == MHA) for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa", YARN_SLICES})]
+  [(c, "1wg", c == MHA) for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa", *TURNS_BF16})]
   + [("rove_causal_interleaved_mqa", "2wg", False)]
   + [(MHA, "2wg_tma_bwd2wg", True)]
   + [("rope_packed_bidirectional_half_gqa_partial_yarn", "2wg_bwd2wg", False)]
-  + [(MHA, "1wg_bf16", True), (YARN_SLICES, "2wg_bwd2wg_bf16", False)],
+  + [
+    (MHA, "1wg_bf16", True),
+    (TURNS_BF16[0], "2wg_bwd2wg_bf16", False),
+    (TURNS_BF16[1], "1wg_bf16", False),
+  ],
 )
 def test_matches_float64_reference_with_gradients(case, variant, packed):
   """Every case through the one-warpgroup kernels (the third runs through dispatch below) and
@@ -152,9 +157,11 @@ def test_matches_float64_reference_with_gradients(case, variant, packed):
   run is the D = 128 test's first case; the tests against the XLA kernel below add theirs. The
   gradients check the logsumexp each forward leaves for the backward pass, which swaps pairs
   as its forward does. The MHA case reads q, k, v in place from one [B, T, 3, H, D] buffer
-  (every kernel, one- and two-warpgroup), the others from q, k, v of their own. The last two
-  turn q, k, v and dO in bfloat16 pairs (bf16_turns): RoVE with pass-through dims, one
-  warpgroup; RoPE fully rotated with YaRN's factor in q's scaled tables, two warpgroups."""
+  (every kernel, one- and two-warpgroup), the others from q, k, v of their own. The last three
+  turn q, k, v and dO in bfloat16 pairs (bf16_turns) with the key blocks' tables copied: RoVE
+  with pass-through dims, one warpgroup; RoVE fully rotated with YaRN's factor in q's scaled
+  tables beside dO's, two warpgroups; RoPE without documents (the blocks off the diagonal in
+  their own loop), one warpgroup."""
   run_case(case, variant=variant, packed=packed)
 
 
