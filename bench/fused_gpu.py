@@ -4,7 +4,7 @@ by XLA around it: RoVE and RoPE, bfloat16, forward and forward + backward (dq, d
 124M's attention shapes (B=8, T=1024, H=12, D=64 by default; --batch 16, --length 4096 for the
 others; causal, one Mask(ordered=True)). The "hopper" rows need an sm90 GPU (or --aot):
 "hopper" is the default, "hopper 2wg..." its multi-warpgroup forwards, "... matrix" those with
-the swap-matrix rotation (HOPPER).
+the swap-matrix rotation, "... bf16" those turning tiles in bfloat16 pairs (HOPPER).
 
   python -m bench.fused_gpu [--batch 8 --length 1024 --heads 12 --head-dim 64] [--block 64]
       [--backward-block 32[,64]] [--repeats 20] [--layout half] [--out fused_gpu.json]

@@ -237,13 +237,14 @@ class Rotation(NamedTuple):
     r, n = self.r, _slice_cols(self.r)
     return [((i, n), (self.r + i, n)) for i in range(0, r, n)]
 
-  def _half_tables(self, pos_ref, piece, after: int = 0):
+  def _half_tables(self, pos_ref, piece, after: int = 0, swizzle=None):
     """(cos, sin) [n, piece's columns] of the pairs whose first members are the piece's, from
-    the positions [n] or loaded from their tables [n, 2 r] (`to`), those `after` columns in."""
+    the positions [n] or loaded from their tables [n, 2 r] (`to`), those `after` columns in
+    (in the layout of swizzled copies given the swizzle: Ops.load)."""
     if len(pos_ref.shape) == 2:
       start, size = piece
       at = (after + start, after + self.r + start)
-      return tuple(self.ops.load(pos_ref.at[:, pl.ds(a, size)]) for a in at)
+      return tuple(self.ops.load(pos_ref.at[:, pl.ds(a, size)], swizzle=swizzle) for a in at)
     sin, cos = trig.sincos(_angles(self.ops, pos_ref, self.consts_ref, piece), hardware=True)
     return cos, sin
 
@@ -254,12 +255,15 @@ class Rotation(NamedTuple):
     from_memory = len(pos_ref.shape) == 2
     prescaled = self.bf16 and scale_first and from_memory
     unscaled_at = pos_ref.shape[1] - 2 * self.r if from_memory else 0
+    # bfloat16 tiles and tables all from shared memory, all with one swizzle (a piece's
+    # columns, 2 bytes each): loaded in the layout of swizzled copies (Ops.load).
+    swizzle = 2 * _slice_cols(self.r) if self.bf16 and from_memory else None
     for first, second in self._slice_pieces():
-      tabs = self._half_tables(pos_ref, first)
+      tabs = self._half_tables(pos_ref, first, swizzle=swizzle)
       narrow = None  # the piece's bfloat16 tables, rounded once and shared by its tiles
       for i, (src, dst) in enumerate(pairs):
         scaled = scale_first and i == 0
-        a, b = (ops.load(_cols(src, p)) for p in (first, second))
+        a, b = (ops.load(_cols(src, p), swizzle=swizzle) for p in (first, second))
         if self.bf16:  # a pair's members share its scale: the scaled tables turn them
           if scaled and prescaled:
             t = tabs
@@ -267,7 +271,9 @@ class Rotation(NamedTuple):
             scale = query_scale(ops, consts, tabs[0].shape, first)
             t = tuple((x.astype(F32) * scale).astype(jnp.bfloat16) for x in tabs)
           else:
-            own = tabs if unscaled_at == 0 else self._half_tables(pos_ref, first, unscaled_at)
+            own = tabs
+            if unscaled_at:
+              own = self._half_tables(pos_ref, first, unscaled_at, swizzle)
             narrow = narrow or tuple(x.astype(jnp.bfloat16) for x in own)
             t = narrow
           for p, x in zip((first, second), _turn(a, b, t, inverse=False)):

@@ -16,7 +16,7 @@ shared-memory buffers, the loops and masks) runs as compiled.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -69,12 +69,20 @@ class Ops(NamedTuple):
     """A vector of one value per tile row, laid out for broadcasting along rows."""
     return x if self.interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA.reduce(1))
 
-  def load(self, ref, along: int = 1):
+  def load(self, ref, along: int = 1, swizzle: Optional[int] = None):
     """A shared-memory ref's value: a 1-D ref as a vector to broadcast along dim `along` of a
-    tile (1: one value per row, 0: one per column), a 2-D one as a tile."""
+    tile (1: one value per row, 0: one per column), a 2-D one as a tile: in the WGMMA layout,
+    or given its swizzle (bytes) in the layout of swizzled copies, 16 bytes a thread
+    (plgpu.Layout.SMEM_GMEM_COPY; a quarter of the WGMMA layout's 4-byte loads and stores),
+    for elementwise work with tiles of its shape, dtype and swizzle loaded alike."""
     if self.interpret:
       return ref[...]
-    layout = plgpu.Layout.WGMMA if len(ref.shape) == 2 else plgpu.Layout.WGMMA.reduce(along)
+    if swizzle is not None:
+      layout = plgpu.Layout.SMEM_GMEM_COPY(tuple(ref.shape), ref.dtype, swizzle)
+    elif len(ref.shape) == 2:
+      layout = plgpu.Layout.WGMMA
+    else:
+      layout = plgpu.Layout.WGMMA.reduce(along)
     return plgpu.load(ref, (), layout=layout)
 
   def iota(self, shape, dim: int):
