@@ -15,7 +15,8 @@ loss on the host after every step, as rove-jax's loop does. The peer is bench/pe
 each of `--encodings` (learned is the like-for-like row; an encoding with "+fused", e.g.
 rope+fused, takes the fused output projection and loss, optim.loss_impl=fused; one with
 "+fused_attention" the attention kernel "fused", model.attention_impl=fused, on a Hopper GPU
-the Mosaic GPU kernel that rotates inside; both suffixes may be given). Every side
+the Mosaic GPU kernel that rotates inside, and "+bf16_turns" with it that kernel turning tiles
+in bfloat16 pairs (fused_hopper.kernel(bf16_turns=True)); suffixes combine). Every side
 runs in its own subprocess, `--rounds` times, interleaved, each timing `--steps` steps after 3
 warm-up steps; a side's speed is the median over all its timed steps. Ratios are JAX / torch
 tokens/s.
@@ -52,14 +53,20 @@ SHAPE = SHAPES["tiny"]
 
 
 # An --encodings entry's suffixes: "+NAME" sets (field, value) of the JAX side.
-SUFFIXES = {"fused": ("loss_impl", "fused"), "fused_attention": ("attention_impl", "fused")}
+SUFFIXES = {
+  "fused": ("loss_impl", "fused"),
+  "fused_attention": ("attention_impl", "fused"),
+  "bf16_turns": ("bf16_turns", True),
+}
 
 
 def side_options(encoding: str) -> tuple:
-  """(pos_encoding, loss_impl, attention_impl) of an --encodings entry such as "rope",
-  "rove+fused" or "rove+fused_attention" (SUFFIXES)."""
+  """(pos_encoding, loss_impl, attention_impl, bf16_turns) of an --encodings entry such as
+  "rope", "rove+fused", "rove+fused_attention" or "rove+fused_attention+bf16_turns"
+  (SUFFIXES; +bf16_turns: the Hopper kernel turning tiles in bfloat16 pairs, which needs
+  +fused_attention)."""
   name, *suffixes = encoding.split("+")
-  opts = {"loss_impl": "xla", "attention_impl": "auto"}
+  opts = {"loss_impl": "xla", "attention_impl": "auto", "bf16_turns": False}
   for suffix in suffixes:
     if suffix not in SUFFIXES:
       raise ValueError(
@@ -68,7 +75,11 @@ def side_options(encoding: str) -> tuple:
       )
     field, value = SUFFIXES[suffix]
     opts[field] = value
-  return name, opts["loss_impl"], opts["attention_impl"]
+  if opts["bf16_turns"] and opts["attention_impl"] != "fused":
+    raise ValueError(
+      f"--encodings: {encoding}: +bf16_turns is the fused kernel's; add +fused_attention"
+    )
+  return name, opts["loss_impl"], opts["attention_impl"], opts["bf16_turns"]
 
 
 def model_config(shape: str, encoding: str, attention_impl: str = "auto"):
@@ -120,7 +131,15 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
   from rove_jax.train.run_config import OptimConfig
 
   sh = SHAPES[shape]
-  name, loss_impl, attention_impl = side_options(encoding)
+  name, loss_impl, attention_impl, bf16_turns = side_options(encoding)
+  if bf16_turns:
+    from rove_jax.kernels import fused_hopper, platform
+
+    if not platform.gpu_is_hopper():
+      raise ValueError(f"{encoding}: +bf16_turns is the Hopper kernel's; this is no sm90 GPU")
+    # The trainer has no option for the Hopper kernel's variants: this side's own process
+    # makes the bf16_turns kernel the module's, which dispatch hands the GPT.
+    fused_hopper.attend = fused_hopper.kernel(bf16_turns=True).attend
   cfg = model_config(shape, name, attention_impl)
   tx = program.make_optimizer(OptimConfig(lr=1e-3, warmup_steps=0), 1000)
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
