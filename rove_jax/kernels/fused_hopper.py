@@ -350,7 +350,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
   # and the output staged in q's: no rotated copies and no staging tiles, 48 KiB less at D = 64
   # and 64 at D = 128, which lets two programs share an SM (two warps a sub-partition).
   in_place = rotation.in_place(plan, D)
-  tabled = rotation.tables_in_one_slot(plan, D)
+  tabled = rotation.tables_in_one_slot(plan, D, forward=True)
   none = tiles.placeholder()
   scratch = [
     plgpu.SMEM((CONST_ROWS, D), jnp.float32),

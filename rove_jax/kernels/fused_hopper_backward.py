@@ -79,7 +79,7 @@ def _scratch(plan: Plan, D, dt, n_loop_bars, tabled, queries_looped, one_slot):
 def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
-  one_slot = rotation.tables_in_one_slot(plan, D)
+  one_slot = rotation.tables_in_one_slot(plan, D, forward=False)
   args, tabled, n_loop = io.operands(
     plan, small, arrays, queries_looped=False, wgs=1, one_slot=one_slot
   )

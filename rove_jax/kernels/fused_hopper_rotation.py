@@ -320,14 +320,16 @@ def tables_copied(plan: Plan, D: int) -> bool:
   return plan.slice_swap and D == 64
 
 
-def tables_in_one_slot(plan: Plan, D: int) -> bool:
-  """Whether the one-warpgroup forward and dq, whose programs an SM their shared memory bounds
-  (`tables_copied`), copy their key blocks' tables all the same: in bfloat16 (plan.bf16_turns),
-  into one slot (16 KiB for 128 keys, 8 for 64), which keeps their programs an SM (two slots,
-  or float32 tables, would not). Block j + 1's are copied as soon as block j is turned and
-  committed (plgpu.commit_smem: a warpgroup barrier, so every warp has read block j's), and
-  the copy overlaps the block's products."""
-  return plan.bf16_turns and tables_copied(plan, D)
+def tables_in_one_slot(plan: Plan, D: int, *, forward: bool) -> bool:
+  """Whether the one-warpgroup forward (forward) or dq, whose programs an SM their shared
+  memory bounds, copy their key blocks' tables all the same: in bfloat16 (plan.bf16_turns) by
+  slices, into one slot, which keeps their programs an SM (two slots, or float32 tables, would
+  not): at D = 64 both (16 KiB for the forward's 128 keys, 8 for dq's 64); at D = 128 the
+  forward (16 KiB for 64 keys), not dq, whose second program an SM they would cost. Block
+  j + 1's are copied as soon as block j is turned and committed (plgpu.commit_smem: a
+  warpgroup barrier, so every warp has read block j's), and the copy overlaps the block's
+  products."""
+  return plan.bf16_turns and plan.slice_swap and (D == 64 or (D == 128 and forward))
 
 
 def table_dtype(plan: Plan):

@@ -188,18 +188,20 @@ def test_rove_attention_dispatches_to_it_on_hopper(hopper_target):
     ("rove", "half", 128, (100, 156), "1wg"),
     ("rove", "half", 128, (100, 156), "2wg_bwd2wg"),
     ("rove", "interleaved", 128, None, "2wg_bwd2wg"),
+    ("rove", "half", 128, (100, 156), "1wg_bf16"),
   ],
 )
 def test_head_dim_128_rotates_in_column_pieces(kind, layout, rot_dim, lengths, variant):
   """D = 128: every rotation (q, k, v, the output, dO, dq, dk, dv) runs a column piece at a time
-  (fused_hopper_rotation): two of 64 columns by the swap matrix, pairs of 32 (r = 64) or 16
-  (r = 48) by slices; the last two with the two-warpgroup kernels, forward and backward,
-  whose rotations are in place. MQA, causal, against the float64 reference with gradients.
-  Half layout with 96 rotated dims: pairs (i, i + 48) cross the matrix pieces' boundary (each
-  piece's product reads the whole tile) and dims 96 to 127 pass through; interleaved fully
-  rotated, where each piece's pairs stay within it (a piece's product reads the piece's
-  columns only, in place too); over packed documents or not (the two-warpgroup kernels'
-  blocks away from the diagonal then run without the mask)."""
+  (fused_hopper_rotation): two of 64 columns by the swap matrix, pairs of 32 (r = 64) or 16 (r = 48)
+  by slices; the fourth and fifth with the two-warpgroup kernels, forward and backward, whose
+  rotations are in place; the last turning in bfloat16 pairs, its forward with the key blocks'
+  tables copied into one slot. MQA, causal, against the float64 reference with gradients. Half
+  layout with 96 rotated dims: pairs (i, i + 48) cross the matrix pieces' boundary (each piece's
+  product reads the whole tile) and dims 96 to 127 pass through; interleaved fully rotated, where
+  each piece's pairs stay within it (a piece's product reads the piece's columns only, in place
+  too); over packed documents or not (the two-warpgroup kernels' blocks away from the diagonal then
+  run without the mask)."""
   rng = np.random.default_rng(rot_dim)
   q = rng.standard_normal((1, T, 2, 2 * D)) * 2
   k, v = rng.standard_normal((1, T, 1, 2 * D)), rng.standard_normal((1, T, 1, 2 * D))
