@@ -300,14 +300,14 @@ def head_major(first, per_head):
   return lambda t: (lax.div(t, per_head), first + lax.rem(t, per_head))
 
 
-def query_block_order(plan: Plan, G: int, first, per_head, n_diag: int = 1):
+def query_block_order(plan: Plan, G: int, first, per_head, n_diag: int = 1, split: bool = True):
   """A dk, dv loop's order (`head_major`'s mapping), and how many of its first steps need the
-  mask. Where the mask is on the diagonal only (tiles.mask_on_diagonal_only), steps
+  mask. Where the mask is on the diagonal only (tiles.mask_on_diagonal_only) and split, steps
   0 .. n_diag * G - 1 are each head's blocks first .. first + n_diag - 1, those the program's
   keys reach into (n_diag = its keys / bq: one for the one-warpgroup kernel, bq == bk; two for
   the two-warpgroup one), head by head; the rest follow head by head, every query of them past
   every key of the program. Returns (block_of, masked steps)."""
-  if not tiles.mask_on_diagonal_only(plan):
+  if not (split and tiles.mask_on_diagonal_only(plan)):
     return head_major(first, per_head), G * per_head
   rest = jnp.maximum(per_head - n_diag, 1)
 

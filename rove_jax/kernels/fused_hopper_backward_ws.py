@@ -242,8 +242,10 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
   per_head = nq - first
   n_steps = G * per_head
   # Both warpgroups' keys reach into the first two query blocks of each head (W * BLOCK keys):
-  # those run first with the mask, the rest without.
-  block_of, n_masked = backward.query_block_order(plan, G, first, per_head, n_diag=W)
+  # those run first with the mask, the rest without. Not at D = 128, where the second loop's
+  # code takes registers this kernel (at 255) does not have, and spills.
+  D = own_s.shape[-1]
+  block_of, n_masked = backward.query_block_order(plan, G, first, per_head, n_diag=W, split=D <= 64)
 
   def fetch(t, slot):
     g, qb = block_of(t)
