@@ -90,7 +90,7 @@ def problem(T: int, S: int, compute_wgs: int, bq: int) -> str | None:
 
 
 def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
-  """(o [B, T, H, D] in q.dtype, logsumexp [B, H, T] float32), as fused_hopper.forward."""
+  """(o [B, T, H, D] in q.dtype, logsumexp [B, H, T] float32), as fused_hopper_forward.forward."""
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
   W, bq, bk, dt = plan.compute_wgs, plan.bq, plan.bk, q_BTHD.dtype
   assert bk == BLOCK_KV == W * bq, (W, bq, bk)
