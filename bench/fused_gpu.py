@@ -81,6 +81,7 @@ HOPPER = {
   "hopper 2wg matrix": dict(compute_wgs=2, slice_swap=False),
   "hopper bf16": dict(bf16_turns=True),
   "hopper 2wg+bwd2wg bf16": dict(compute_wgs=2, backward_wgs=2, bf16_turns=True),
+  "hopper 2wg+tma bf16": dict(compute_wgs=2, producer=True, bf16_turns=True),
 }
 
 

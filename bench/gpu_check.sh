@@ -115,10 +115,10 @@ section xla-options 60 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
 # The fused Hopper kernel (Pallas Mosaic GPU): its numerics compiled on this GPU
 # (FUSED_HOPPER_COMPILED=1 turns interpret mode off), then against cuDNN at 124M shapes (B=8/16,
 # T=1024/4096), RoVE and RoPE, forward and forward + backward: the default ("hopper", pairs
-# swapped by column slices), with the two-warpgroup dq and dk, dv kernels ("+bwd2wg"), the
-# two-warpgroup forward with them ("hopper 2wg+bwd2wg"), and the default and the two-warpgroup
-# kernels turning tiles in bfloat16 pairs ("bf16"; bench/fused_gpu.py HOPPER), the Triton kernel
-# left to fused-gpu. Needs an sm90 GPU (bench/README.md: SECTIONS runs it on its own).
+# swapped by column slices), the two-warpgroup forward and backward kernels ("hopper
+# 2wg+bwd2wg"), both turning tiles in bfloat16 pairs ("bf16"), and the two-warpgroup forward with
+# a producer warpgroup in bfloat16 pairs ("hopper 2wg+tma bf16"; bench/fused_gpu.py HOPPER), the
+# Triton kernel left to fused-gpu. Needs an sm90 GPU (bench/README.md: SECTIONS runs it alone).
 # -v: each test's name and outcome is in the log as it ends, should the cap cut the run short.
 section fused-hopper-tests 150 env FUSED_HOPPER_COMPILED=1 python3 -m pytest -v \
   -p no:cacheprovider tests/core/test_kernels_fused_hopper.py
@@ -126,7 +126,7 @@ section fused-hopper-tests 150 env FUSED_HOPPER_COMPILED=1 python3 -m pytest -v 
 section fused-hopper-bench 220 bash -c 'for shape in "8 1024" "16 1024" "8 4096" "16 4096"; do
   set -- $shape
   python3 -m bench.fused_gpu --batch "$1" --length "$2" --repeats 10 \
-    --kernels "hopper,hopper bf16,hopper+bwd2wg,hopper 2wg+bwd2wg,hopper 2wg+bwd2wg bf16" \
+    --kernels "hopper,hopper bf16,hopper 2wg+bwd2wg,hopper 2wg+bwd2wg bf16,hopper 2wg+tma bf16" \
     --out "'"$OUT"'/fused_hopper_b$1_t$2.json" || echo "fused Hopper B=$1 T=$2: exit $?"
 done'
 
