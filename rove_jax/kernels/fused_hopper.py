@@ -73,7 +73,10 @@ row, and with the swap matrix 2 * D * D more per rotated row (rows rotated: B * 
 B * H * (pairs * bk) for k and again for v (RoVE), B * T * H twice for the output (RoVE));
 transcendentals = N exp; and one sin and cos (trig.sincos(hardware=True): about ten float32
 and integer operations and two of the quarter-rate unit for both, no conversions) per rotated
-pair with slices, per rotated dim with the matrix.
+pair with slices, per rotated dim with the matrix. Where a kernel copies its looped blocks'
+tables instead (rotation.tables_copied, tables_in_one_slot), no sin or cos is taken in its loop,
+and each looped block also reads its rows' 2 r tables (4 r for RoVE's bfloat16 query tables):
+float32, or bfloat16 with bf16_turns (at D = 64, as many bytes as the block's k).
 No pl.CostEstimate is attached: XLA sees the Mosaic GPU call as opaque.
 
 Under an active mesh the kernel runs in jax.shard_map (batch over ("data", "fsdp"), heads over
