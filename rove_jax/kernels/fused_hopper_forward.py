@@ -22,7 +22,7 @@ from rove_jax.kernels import fused_hopper_tiles as tiles
 from rove_jax.kernels import fused_hopper_ws
 from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
 
-ROWS = 64  # wgmma's M: a key block is turned this many rows at a time
+ROWS = 64  # wgmma's M: a key block is turned this many rows at a time (tables computed)
 
 
 def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
@@ -146,11 +146,13 @@ def _forward_body(plan: Plan, nk: int, G: int, in_place: bool, tabled: bool, *re
       plgpu.barrier_wait(tab_bar.at[0])
     rows = kvpos_s.at[0 if tabled else slot]
     # In 64-row pieces (wgmma's M), which halves the registers a 128-key block's tables and
-    # products take at once.
+    # products take at once; with tables copied (bfloat16 pairs, 16 bytes a thread) the whole
+    # block at once: half the stores, each of which Mosaic GPU fences with warpgroup barriers.
     k_r, v_r = (k_s.at[slot], v_s.at[slot]) if in_place else (kr_s, vr_s)
     srcs = [k_s.at[slot]] + ([v_s.at[slot]] if plan.rotate_values else [])
-    for i in range(bk // ROWS):
-      part = pl.ds(i * ROWS, ROWS)
+    rows_at_once = bk if tabled else ROWS
+    for i in range(bk // rows_at_once):
+      part = pl.ds(i * rows_at_once, rows_at_once)
       pieces = [x.at[part] for x in srcs]
       # In place each pair is one ref, which tells the rotation not to copy pass-through dims.
       dsts = pieces if in_place else [x.at[part] for x in (k_r, v_r)]
