@@ -92,6 +92,27 @@ def _scratch(plan: Plan, D: int, dt, n_loop: int, n_own: int, tabled: bool, quer
   ]
 
 
+def _turn_shared(plan: Plan, rot, wg, tiles_s, rows, second: bool, queries: bool) -> None:
+  """A looped block's turns in place, shared by the two warpgroups: with a second tile turned
+  (RoVE's v, or dO) one tile each; else the first tile's rows halved between them where the
+  rotation loads 16 bytes a thread (bf16 turns by copied tables: rotation.bf16_flat), the
+  WGMMA layout elsewhere needing all 64 rows in one warpgroup. rows: the positions or tables
+  (io.looped_rows); queries: q (scaled) and dO rather than k and v."""
+  first_s, second_s = tiles_s
+  if second:
+    pl.when(wg == 0)(lambda: rot.to([(first_s, first_s)], rows, scale_first=queries))
+    pl.when(wg == 1)(lambda: rot.to([(second_s, second_s)], rows))
+    return
+  if not rotation.bf16_flat(plan, rows):
+    pl.when(wg == 0)(lambda: rot.to([(first_s, first_s)], rows, scale_first=queries))
+    return
+  half = BLOCK // W
+  for i in range(W):  # static i: every slice of a swizzled tile static
+    part = pl.ds(i * half, half)
+    x = first_s.at[part]
+    pl.when(wg == i)(lambda x=x, part=part: rot.to([(x, x)], rows.at[part], scale_first=queries))
+
+
 def _run(plan: Plan, part: str, body, out_type, scratch, grid, args):
   return tiles.run_kernel(
     plan,
@@ -190,9 +211,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
     k_s, v_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
     turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
-    pl.when(wg == 0)(lambda: rot.to([(k_s, k_s)], turned))
-    if plan.rotate_values:
-      pl.when(wg == 1)(lambda: rot.to([(v_s, v_s)], turned))
+    _turn_shared(plan, rot, wg, (k_s, v_s), turned, plan.rotate_values, False)
     plgpu.commit_smem()
     _meet(rotated_bar)
     # Block j + 1 into the slot block j - 1 left: both are past block j's barrier.
@@ -273,9 +292,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
       plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
     q_s, do_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
     turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
-    pl.when(wg == 0)(lambda: rot.to([(q_s, q_s)], turned, scale_first=True))
-    if plan.rotate_output:
-      pl.when(wg == 1)(lambda: rot.to([(do_s, do_s)], turned))
+    _turn_shared(plan, rot, wg, (q_s, do_s), turned, plan.rotate_output, True)
     plgpu.commit_smem()
     _meet(rotated_bar)
     # Block t + 1 into the slot block t - 1 left: both are past block t's barrier.

@@ -305,6 +305,13 @@ class Rotation(NamedTuple):
       _cols(dst_ref, rest)[...] = _cols(y, rest).astype(dst_ref.dtype)
 
 
+def bf16_flat(plan: Plan, pos_ref) -> bool:
+  """Whether `Rotation.to` turns tiles at pos_ref in bfloat16 pairs loaded 16 bytes a thread
+  (Ops.load's swizzle): bf16 turns (by slices) with tables from memory. Any number of rows a
+  multiple of 8 then turns, where the WGMMA layout needs 64."""
+  return plan.slice_swap and plan.bf16_turns and len(pos_ref.shape) == 2
+
+
 def tables_copied(plan: Plan, D: int) -> bool:
   """Whether a kernel whose looped blocks' cos and sin may arrive by TMA (`key_tables`, [b,
   2 r] float32 a block, a row of each a position) takes them so, rather than computing them

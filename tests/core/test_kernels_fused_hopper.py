@@ -146,6 +146,7 @@ TURNS_BF16 = ("rove_packed_causal_half_gqa_yarn", "rope_causal_half_mqa")  # bf1
     (MHA, "1wg_bf16", True),
     (TURNS_BF16[0], "2wg_bwd2wg_bf16", False),
     (TURNS_BF16[1], "1wg_bf16", False),
+    (TURNS_BF16[1], "2wg_bwd2wg_bf16", False),
   ],
 )
 def test_matches_float64_reference_with_gradients(case, variant, packed):
@@ -161,7 +162,7 @@ def test_matches_float64_reference_with_gradients(case, variant, packed):
   turn q, k, v and dO in bfloat16 pairs (bf16_turns) with the key blocks' tables copied: RoVE
   with pass-through dims, one warpgroup; RoVE fully rotated with YaRN's factor in q's scaled
   tables beside dO's, two warpgroups; RoPE without documents (the blocks off the diagonal in
-  their own loop), one warpgroup."""
+  their own loop), one warpgroup and two (which halve k's and q's rows between them)."""
   run_case(case, variant=variant, packed=packed)
 
 
