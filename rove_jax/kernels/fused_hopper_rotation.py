@@ -43,6 +43,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -143,6 +144,22 @@ def _turn(a, b, tabs, inverse: bool):
   c, s = tabs
   s = -s if inverse else s
   return a * c - b * s, b * c + a * s
+
+
+def _turn_bf16(a, b, tabs, interpret: bool):
+  """R on bfloat16 pair members a, b by bfloat16 tables (c, s): (a c - b s, b c + a s), as the
+  GPU computes it, a product (mul.bf16x2) and a fused multiply-add (fma.rn.bf16x2) a member,
+  each rounding once to bfloat16. Interpreted, the roundings are spelled out (float32 math, which
+  holds a bfloat16 product exactly, then lax.reduce_precision to bfloat16): XLA on CPU may
+  otherwise keep float32 between bfloat16 operations and round less than the GPU does."""
+  c, s = tabs
+  if not interpret:
+    return a * c - b * s, b * c + a * s
+  a, b, c, s = (x.astype(F32) for x in (a, b, c, s))
+  rnd = lambda x: lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
+  first = rnd(a * c - rnd(b * s))
+  second = rnd(b * c + rnd(a * s))
+  return first.astype(jnp.bfloat16), second.astype(jnp.bfloat16)
 
 
 class Rotation(NamedTuple):
@@ -276,7 +293,7 @@ class Rotation(NamedTuple):
               own = self._half_tables(pos_ref, first, unscaled_at, swizzle)
             narrow = narrow or tuple(x.astype(jnp.bfloat16) for x in own)
             t = narrow
-          for p, x in zip((first, second), _turn(a, b, t, inverse=False)):
+          for p, x in zip((first, second), _turn_bf16(a, b, t, ops.interpret)):
             _cols(dst, p)[...] = x.astype(dst.dtype)
           continue
         tabs = tuple(t.astype(F32) for t in tabs)
