@@ -28,7 +28,10 @@ multiplied by its scale first, which a pair's members share), two values an inst
 (mul.bf16x2, fma.rn.bf16x2), as transformers turns bfloat16 q and k. It skips widening each
 value to float32 and packing it back, and halves the products. The price is about one more
 bfloat16 rounding an element (of b s and of the tables); the float32 accumulators (`f32`)
-stay in float32. bench/RESULTS.md has the instructions and the error against float32 math.
+stay in float32. Interpreted, those roundings are spelled out (`_turn_bf16`), so that the tests
+on CPU see the GPU's. Where tiles and tables all come from shared memory they load 16 bytes a
+thread (Ops.load's swizzle: `bf16_flat`). bench/RESULTS.md has the instructions and the error
+against float32 math.
 
 Either way a rotation runs a column piece at a time, its tables shared by the tiles it turns:
 a [64, 64] tile's tables, products and result in float32 take most of a thread's registers
