@@ -143,11 +143,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, one_slot: bool, *refs):
 
   fetch_tables = lambda j: tiles.fetch_tables(r.get("tables"), loop_tabs, tab_bar.at[0], b, j, bk)
   n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
-  fetch(0, 0)
-  if one_slot:
-    fetch_tables(0)
-  if nk > 1:  # a second block exists (the slice would be out of bounds otherwise)
-    pl.when(n_blocks > 1)(lambda: fetch(1, 1))
+  tiles.first_key_fetches(fetch, nk, n_blocks, fetch_tables if one_slot else None)
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
   in_place = rotation.in_place(plan, D)
@@ -160,10 +156,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, one_slot: bool, *refs):
 
   def step(j, acc, masked=True):
     slot = lax.rem(j, 2)
-    for n in range(n_loop):
-      plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
-    if one_slot:
-      plgpu.barrier_wait(tab_bar.at[0])
+    tiles.wait_block(loop_bar, slot, n_loop, tab_bar.at[0] if one_slot else None)
     tabs = loop_tabs.at[0 if one_slot else slot]
     turned = io.looped_rows(r, loop_rows.at[slot, 0], tabs)
     k_r, v_r = _turn(plan, rot, loop_s.at[slot], rot_s, turned, in_place, False)
@@ -263,8 +256,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
 
   def step(t, carry, masked=True):
     slot = lax.rem(t, 2)
-    for n in range(n_loop):
-      plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
+    tiles.wait_block(loop_bar, slot, n_loop)
     turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
     q_r, do_r = _turn(plan, rot, loop_s.at[slot], rot_s, turned, in_place, True)
     plgpu.commit_smem()

@@ -189,11 +189,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
     bufs = (loop_s, loop_rows, loop_seg, loop_tabs)
     io.fetch_keys(plan, r, bufs, loop_bar, (b, kh, j), slot)
 
-  @pl.when(wg == 0)
-  def _():
-    fetch(0, 0)
-    if nk > 1:  # a second block exists (the slice would be out of bounds otherwise)
-      pl.when(n_blocks > 1)(lambda: fetch(1, 1))
+  pl.when(wg == 0)(lambda: tiles.first_key_fetches(fetch, nk, n_blocks))
 
   for n in range(n_fixed):
     plgpu.barrier_wait(fixed_bar.at[n])
@@ -207,8 +203,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
 
   def step(j, acc, masked=True):
     slot = lax.rem(j, 2)
-    for n in range(n_loop):
-      plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
+    tiles.wait_block(loop_bar, slot, n_loop)
     k_s, v_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
     turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
     _turn_shared(plan, rot, wg, (k_s, v_s), turned, plan.rotate_values, False)
@@ -288,8 +283,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
 
   def step(t, carry, masked=True):
     slot = lax.rem(t, 2)
-    for n in range(n_loop):
-      plgpu.barrier_wait(loop_bar.at[slot * n_loop + n])
+    tiles.wait_block(loop_bar, slot, n_loop)
     q_s, do_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
     turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
     _turn_shared(plan, rot, wg, (q_s, do_s), turned, plan.rotate_output, True)

@@ -123,11 +123,7 @@ def _forward_body(plan: Plan, nk: int, G: int, in_place: bool, tabled: bool, *re
 
   fetch_tables = lambda j: tiles.fetch_tables(kv_pos_ref, kvpos_s, tab_bar.at[0], b, j, bk)
   n_blocks = tiles.last_key_block(plan, q_start, nk) + 1
-  fetch(0, 0)
-  if tabled:
-    fetch_tables(0)
-  if nk > 1:  # a second block exists (the slice would be out of bounds otherwise)
-    pl.when(n_blocks > 1)(lambda: fetch(1, 1))
+  tiles.first_key_fetches(fetch, nk, n_blocks, fetch_tables if tabled else None)
   for n in range(len(copies)):
     plgpu.barrier_wait(fixed_bar.at[n])
 
@@ -140,10 +136,7 @@ def _forward_body(plan: Plan, nk: int, G: int, in_place: bool, tabled: bool, *re
 
   def step(j, carry, masked=True):
     slot = lax.rem(j, 2)
-    for n in range(n_kv_bar):
-      plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
-    if tabled:
-      plgpu.barrier_wait(tab_bar.at[0])
+    tiles.wait_block(kv_bar, slot, n_kv_bar, tab_bar.at[0] if tabled else None)
     rows = kvpos_s.at[0 if tabled else slot]
     # In 64-row pieces (wgmma's M), which halves the registers a 128-key block's tables and
     # products take at once; with tables copied (bfloat16 pairs, 16 bytes a thread) the whole

@@ -198,6 +198,27 @@ def fetch_keys(plan, srcs, dsts, bar, b, kh, j, slot) -> None:
     plgpu.copy_gmem_to_smem(src, dst, bar.at[slot * len(pairs) + i])
 
 
+def first_key_fetches(fetch, nk: int, n_blocks, fetch_tables=None) -> None:
+  """The copies a loop over key blocks starts with: fetch(0, 0) (and fetch_tables(0) where the
+  tables come into one slot of their own), and fetch(1, 1) where the program reads a second
+  block (nk > 1 keeps the slice in bounds)."""
+  fetch(0, 0)
+  if fetch_tables is not None:
+    fetch_tables(0)
+  if nk > 1:
+    pl.when(n_blocks > 1)(lambda: fetch(1, 1))
+
+
+def wait_block(bar, slot, n: int, tables_bar=None) -> None:
+  """Waits for the n copies of a looped block into `slot` (bar.at[slot * n + i], as
+  `fetch_keys` issues them) and, where its tables come into one slot of their own
+  (`fetch_tables`), for those on tables_bar."""
+  for i in range(n):
+    plgpu.barrier_wait(bar.at[slot * n + i])
+  if tables_bar is not None:
+    plgpu.barrier_wait(tables_bar)
+
+
 def fetch_tables(tables_ref, tabs_s, bar, b, j, n: int) -> None:
   """Issues the TMA copy of block j's tables (n rows of example b's `key_tables`) into the one
   slot tabs_s [1, n, 2 r] (rotation.tables_in_one_slot) on barrier `bar`."""

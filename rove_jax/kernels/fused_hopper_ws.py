@@ -155,10 +155,7 @@ def _body(plan: Plan, nk: int, G: int, *refs):
     dsts = lambda s: (k_s.at[s], v_s.at[s], kvpos_s.at[s], kvseg_s.at[s])
     tiles.fetch_keys(plan, srcs, dsts, kv_bar, b, kh, j, slot)
 
-  def first_fetches():
-    fetch(0, 0)
-    if nk > 1:  # a second block exists (the slice would be out of bounds otherwise)
-      pl.when(n_blocks > 1)(lambda: fetch(1, 1))
+  first_fetches = lambda: tiles.first_key_fetches(fetch, nk, n_blocks)
 
   if not plan.producer:
     # Warpgroup 0 copies; block j + 1 goes into the slot block j - 1 left, once both warpgroups
@@ -243,8 +240,7 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
 
   def step(j, carry, masked=True):
     slot = lax.rem(j, 2)
-    for n in range(n_kv_bar):
-      plgpu.barrier_wait(kv_bar.at[slot * n_kv_bar + n])
+    tiles.wait_block(kv_bar, slot, n_kv_bar)
     for i in range(W):
       pl.when(wg == i)(functools.partial(rotate_share, slot, i))
     plgpu.commit_smem()
