@@ -47,10 +47,10 @@ What runs, and why:
     under approximate math (fused_hopper_tiles.exp_minus): two instructions an element where
     an exact exp takes eight (python -m bench.fused_gpu --aot h200 --sass counts them).
   * kernel(compute_wgs=2) runs another forward (rove_jax.kernels.fused_hopper_ws): two compute
-    warpgroups a program, 128 query rows, sharing each key/value block's copy and rotation
-    (half the rotation work a query row), optionally with a producer warpgroup for the
-    copies. The default stays the one-warpgroup forward (rove_jax.kernels.fused_hopper_forward)
-    until timings on an H200 choose.
+    warpgroups a program, 128 query rows, sharing each key/value block's copy and rotation (half the
+    rotation work a query row), optionally with a producer warpgroup for the copies (and with
+    bf16_turns for the turns: fused_hopper_ws.producer_turns). The default stays the one-warpgroup
+    forward (rove_jax.kernels.fused_hopper_forward) until timings on an H200 choose.
   * kernel(backward_wgs=2) runs the backward kernels with two warpgroups a program
     (rove_jax.kernels.fused_hopper_backward_ws: 128 owned rows sharing each looped block's
     copy and rotation); the one-warpgroup ones stay the default until timings choose.

@@ -31,7 +31,11 @@ What runs, and why:
     with the block before, whose buffer is then refilled. Without `producer` compute
     warpgroup 0 issues them. With `producer` a third warpgroup does (warp specialisation): it
     waits on a per-slot "consumed" barrier both compute warpgroups arrive at after their
-    products, and hands registers to them (plgpu.set_max_registers).
+    products, and hands registers to them (plgpu.set_max_registers). With bf16 turns and
+    copied tables it also turns each block as it lands (`producer_turns`) and tells the
+    compute warpgroups on a per-slot "turned" barrier: their loop then holds no turn (RoVE's
+    the same as RoPE's), the turns overlap their products, and the producer runs a block
+    ahead.
   * q's rotation (each warpgroup its own), the masks, the online softmax and the output
     rotation are the one-warpgroup kernel's; the output's float32 pair swap by the swap matrix
     passes its two bfloat16 pieces one after the other through the warpgroup's q tile (no
@@ -112,6 +116,7 @@ def forward(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD):
     plgpu.Barrier(num_barriers=2 * 4),  # a slot's k, v, positions, segments
     plgpu.Barrier(num_arrivals=W),  # a block's rotated shares are all in shared memory
     plgpu.Barrier(num_arrivals=W, num_barriers=2),  # a slot consumed (producer only)
+    plgpu.Barrier(num_barriers=2),  # a slot turned (a producer that turns: `producer_turns`)
   ]
   args, out_type = tiles.forward_io(plan, small, q_BTHD, k_BSKD, v_BSKD)
   if tabled:  # the kv positions' cos and sin rows in their place
@@ -146,7 +151,8 @@ def _body(plan: Plan, nk: int, G: int, *refs):
   wg = lax.axis_index(THREAD)
   kh = lax.div(h, jnp.int32(G))
   k_s, v_s, kvpos_s, kvseg_s = scr[6:10]
-  kv_bar, consumed_bar = scr[12], scr[14]
+  kv_bar, consumed_bar, turned_bar = scr[12], scr[14], scr[15]
+  turns = producer_turns(plan, k_s.shape[-1])
   # Every compute warpgroup's rows lie in one 128-row block, so all read the same key blocks.
   n_blocks = tiles.last_key_block(plan, qb * (W * plan.bq), nk) + 1
 
@@ -170,7 +176,7 @@ def _body(plan: Plan, nk: int, G: int, *refs):
 
   @pl.when(wg == W)
   def _producer():
-    plgpu.set_max_registers(40, action="decrease")
+    plgpu.set_max_registers(PRODUCER_REGISTERS[turns], action="decrease")
     first_fetches()
 
     def refill(j, _):  # block j into the slot block j - 2 held, once both are done with it
@@ -178,7 +184,23 @@ def _body(plan: Plan, nk: int, G: int, *refs):
       plgpu.barrier_wait(consumed_bar.at[slot])
       fetch(j, slot)
 
-    lax.fori_loop(2, n_blocks, refill, None)
+    if turns:
+      rot = rotation.of(plan, tiles.Ops(plan.interpret), scr[0], scr[1])
+
+      def turn(j, _):  # block j turned as it lands; then block j + 1 into block j - 1's slot
+        slot = lax.rem(j, 2)
+        tiles.wait_block(kv_bar, slot, 4 if plan.segmented else 3)
+        for i in range(plan.bk // TURN_ROWS):  # static parts: every slice of a tile static
+          part = pl.ds(i * TURN_ROWS, TURN_ROWS)
+          tiles_ = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
+          rot.to([(x, x) for x in tiles_], kvpos_s.at[slot, part])
+        plgpu.commit_smem()
+        plgpu.barrier_arrive(turned_bar.at[slot])
+        pl.when((j >= 1) & (j + 1 < n_blocks))(lambda: refill(j + 1, None))
+
+      lax.fori_loop(0, n_blocks, turn, None)
+    else:
+      lax.fori_loop(2, n_blocks, refill, None)
 
     # The last two consumptions: the interpreter wants every phase of a barrier waited on by
     # each warpgroup that waits on it at all.
@@ -189,9 +211,27 @@ def _body(plan: Plan, nk: int, G: int, *refs):
 
   @pl.when(wg < W)
   def _consumers():
-    plgpu.set_max_registers(232, action="increase")
+    plgpu.set_max_registers(CONSUMER_REGISTERS[turns], action="increase")
     consumed = lambda slot: plgpu.barrier_arrive(consumed_bar.at[slot])
     _compute(plan, G, ins, outs, scr, n_blocks, lambda j: None, consumed)
+
+
+# Registers a thread (plgpu.set_max_registers) of the producer and of each compute warpgroup,
+# without and with the producer's turns (`producer_turns`): 128 x (p + 2 c) is the program's
+# 384 x 168; turning takes the producer more (a 32-row part's tiles and tables), its compute
+# warpgroups then fewer and no turns.
+PRODUCER_REGISTERS = {False: 40, True: 56}
+CONSUMER_REGISTERS = {False: 232, True: 224}
+TURN_ROWS = 32  # rows the producer turns at a time (16 bytes a thread of each tile and table)
+
+
+def producer_turns(plan: Plan, D: int) -> bool:
+  """Whether the producer warpgroup also turns each key (and value) block as it lands, before
+  the compute warpgroups see it (a "turned" barrier a slot), which then only compute: with
+  `producer`, bf16 turns and copied tables (rotation.tables_copied), whose 16-byte loads take
+  32-row parts. The turns then overlap the compute warpgroups' products rather than delay
+  them; the SM issues as many instructions."""
+  return plan.producer and plan.bf16_turns and rotation.tables_copied(plan, D)
 
 
 def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
@@ -238,14 +278,20 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
     turned = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
     rot.to([(x, x) for x in turned], kvpos_s.at[slot, part])  # positions or their tables
 
+  turned_bar = scr[15]
+  by_producer = producer_turns(plan, k_s.shape[-1])
+
   def step(j, carry, masked=True):
     slot = lax.rem(j, 2)
-    tiles.wait_block(kv_bar, slot, n_kv_bar)
-    for i in range(W):
-      pl.when(wg == i)(functools.partial(rotate_share, slot, i))
-    plgpu.commit_smem()
-    plgpu.barrier_arrive(rotated_bar)
-    plgpu.barrier_wait(rotated_bar)
+    if by_producer:
+      plgpu.barrier_wait(turned_bar.at[slot])
+    else:
+      tiles.wait_block(kv_bar, slot, n_kv_bar)
+      for i in range(W):
+        pl.when(wg == i)(functools.partial(rotate_share, slot, i))
+      plgpu.commit_smem()
+      plgpu.barrier_arrive(rotated_bar)
+      plgpu.barrier_wait(rotated_bar)
     refill(j)
     kv_seg = ops.load(kvseg_s.at[slot], 0) if plan.segmented else None
     s = ops.mma(q_own, k_s.at[slot], transpose_b=True)  # [bq, bk]

@@ -70,6 +70,7 @@ VARIANTS = {
   # q, k, v and dO turned in bfloat16 pairs (slices only)
   "1wg_bf16": dict(bf16_turns=True),
   "2wg_bwd2wg_bf16": dict(compute_wgs=2, backward_wgs=2, bf16_turns=True),
+  "2wg_tma_bf16": dict(compute_wgs=2, producer=True, bf16_turns=True),  # the producer turns
 }
 
 
@@ -246,11 +247,12 @@ def against_xla(kw, kind, n, heads, head_dim, n_rotated, lengths, factor=1.0):
   check("out", got, np.asarray(want, np.float64), TOL[BF16])
 
 
-@pytest.mark.parametrize("variant", ["2wg", "2wg_tma"])
+@pytest.mark.parametrize("variant", ["2wg", "2wg_tma", "2wg_tma_bf16"])
 def test_multi_warpgroup_key_pipeline(variant):
   """T = S = 384, causal, packed documents: programs read one to three shared key blocks, so
   the double-buffered key/value copies refill a slot (at T = 256 a program reads at most two);
-  the output against the XLA kernel in float32."""
+  the output against the XLA kernel in float32. The last has the producer warpgroup turn each
+  block before the compute warpgroups see it (fused_hopper_ws.producer_turns)."""
   against_xla(VARIANTS[variant], "rove", 3 * T // 2, 1, D, D, (150, 130, 104))
 
 
