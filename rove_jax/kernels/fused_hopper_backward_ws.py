@@ -92,19 +92,17 @@ def _scratch(plan: Plan, D: int, dt, n_loop: int, n_own: int, tabled: bool, quer
   ]
 
 
-def _turn_shared(plan: Plan, rot, wg, tiles_s, rows, second: bool, queries: bool) -> None:
+def _turn_shared(rot, wg, tiles_s, rows, second: bool, queries: bool) -> None:
   """A looped block's turns in place, shared by the two warpgroups: with a second tile turned
   (RoVE's v, or dO) one tile each; else the first tile's rows halved between them where the
-  rotation loads 16 bytes a thread (bf16 turns by copied tables: rotation.bf16_flat), the
+  rotation loads 16 bytes a thread (bf16 turns by copied tables: Rotation.flat), the
   WGMMA layout elsewhere needing all 64 rows in one warpgroup. rows: the positions or tables
   (io.looped_rows); queries: q (scaled) and dO rather than k and v."""
   first_s, second_s = tiles_s
-  if second:
+  if second or not rot.flat(rows):
     pl.when(wg == 0)(lambda: rot.to([(first_s, first_s)], rows, scale_first=queries))
-    pl.when(wg == 1)(lambda: rot.to([(second_s, second_s)], rows))
-    return
-  if not rotation.bf16_flat(plan, rows):
-    pl.when(wg == 0)(lambda: rot.to([(first_s, first_s)], rows, scale_first=queries))
+    if second:
+      pl.when(wg == 1)(lambda: rot.to([(second_s, second_s)], rows))
     return
   half = BLOCK // W
   for i in range(W):  # static i: every slice of a swizzled tile static
@@ -206,7 +204,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
     tiles.wait_block(loop_bar, slot, n_loop)
     k_s, v_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
     turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
-    _turn_shared(plan, rot, wg, (k_s, v_s), turned, plan.rotate_values, False)
+    _turn_shared(rot, wg, (k_s, v_s), turned, plan.rotate_values, False)
     plgpu.commit_smem()
     _meet(rotated_bar)
     # Block j + 1 into the slot block j - 1 left: both are past block j's barrier.
@@ -286,7 +284,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
     tiles.wait_block(loop_bar, slot, n_loop)
     q_s, do_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
     turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
-    _turn_shared(plan, rot, wg, (q_s, do_s), turned, plan.rotate_output, True)
+    _turn_shared(rot, wg, (q_s, do_s), turned, plan.rotate_output, True)
     plgpu.commit_smem()
     _meet(rotated_bar)
     # Block t + 1 into the slot block t - 1 left: both are past block t's barrier.

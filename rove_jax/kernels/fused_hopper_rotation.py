@@ -30,7 +30,7 @@ value to float32 and packing it back, and halves the products. The price is abou
 bfloat16 rounding an element (of b s and of the tables); the float32 accumulators (`f32`)
 stay in float32. Interpreted, those roundings are spelled out (`_turn_bf16`), so that the tests
 on CPU see the GPU's. Where tiles and tables all come from shared memory they load 16 bytes a
-thread (Ops.load's swizzle: `bf16_flat`). bench/RESULTS.md has the instructions and the error
+thread (Ops.load's swizzle: `Rotation.flat`). bench/RESULTS.md has the instructions and the error
 against float32 math.
 
 Either way a rotation runs a column piece at a time, its tables shared by the tiles it turns:
@@ -228,6 +228,12 @@ class Rotation(NamedTuple):
       out = y_piece * c - t if inverse else y_piece * c + t
       _cols(dst_ref, piece)[...] = out.astype(dst_ref.dtype)
 
+  def flat(self, pos_ref) -> bool:
+    """Whether `to` turns tiles at pos_ref in bfloat16 pairs loaded 16 bytes a thread (Ops.load's
+    swizzle): bf16 turns (by slices) with tables from memory. Any number of rows a multiple of 8
+    then turns, where the WGMMA layout needs 64."""
+    return self.bf16 and len(pos_ref.shape) == 2
+
   def _local(self) -> bool:
     """Whether both members of every pair lie in one swap-matrix piece: the interleaved layout
     (pairs 2i, 2i + 1), or the half layout with all rotated dims in the first piece."""
@@ -277,7 +283,7 @@ class Rotation(NamedTuple):
     unscaled_at = pos_ref.shape[1] - 2 * self.r if from_memory else 0
     # bfloat16 tiles and tables all from shared memory, all with one swizzle (a piece's
     # columns, 2 bytes each): loaded in the layout of swizzled copies (Ops.load).
-    swizzle = 2 * _slice_cols(self.r) if self.bf16 and from_memory else None
+    swizzle = 2 * _slice_cols(self.r) if self.flat(pos_ref) else None
     for first, second in self._slice_pieces():
       tabs = self._half_tables(pos_ref, first, swizzle=swizzle)
       narrow = None  # the piece's bfloat16 tables, rounded once and shared by its tiles
@@ -291,15 +297,15 @@ class Rotation(NamedTuple):
             scale = query_scale(ops, consts, tabs[0].shape, first)
             t = tuple((x.astype(F32) * scale).astype(jnp.bfloat16) for x in tabs)
           else:
-            own = tabs
-            if unscaled_at:
-              own = self._half_tables(pos_ref, first, unscaled_at, swizzle)
-            narrow = narrow or tuple(x.astype(jnp.bfloat16) for x in own)
+            if narrow is None:
+              own = tabs
+              if unscaled_at:
+                own = self._half_tables(pos_ref, first, unscaled_at, swizzle)
+              narrow = tuple(x.astype(jnp.bfloat16) for x in own)
             t = narrow
           for p, x in zip((first, second), _turn_bf16(a, b, t, ops.interpret)):
             _cols(dst, p)[...] = x.astype(dst.dtype)
           continue
-        tabs = tuple(t.astype(F32) for t in tabs)
         new = _turn(a.astype(F32), b.astype(F32), tabs, inverse=False)
         for p, x in zip((first, second), new):
           if scaled:
@@ -316,7 +322,7 @@ class Rotation(NamedTuple):
 
   def _slices_f32(self, y, pos_ref, dst_ref, inverse: bool) -> None:
     for first, second in self._slice_pieces():
-      tabs = tuple(t.astype(F32) for t in self._half_tables(pos_ref, first))
+      tabs = self._half_tables(pos_ref, first)
       new = _turn(_cols(y, first), _cols(y, second), tabs, inverse)
       for p, x in zip((first, second), new):
         _cols(dst_ref, p)[...] = x.astype(dst_ref.dtype)
@@ -325,25 +331,19 @@ class Rotation(NamedTuple):
       _cols(dst_ref, rest)[...] = _cols(y, rest).astype(dst_ref.dtype)
 
 
-def bf16_flat(plan: Plan, pos_ref) -> bool:
-  """Whether `Rotation.to` turns tiles at pos_ref in bfloat16 pairs loaded 16 bytes a thread
-  (Ops.load's swizzle): bf16 turns (by slices) with tables from memory. Any number of rows a
-  multiple of 8 then turns, where the WGMMA layout needs 64."""
-  return plan.slice_swap and plan.bf16_turns and len(pos_ref.shape) == 2
-
-
 def tables_copied(plan: Plan, D: int) -> bool:
-  """Whether a kernel whose looped blocks' cos and sin may arrive by TMA (`key_tables`, [b,
-  2 r] float32 a block, a row of each a position) takes them so, rather than computing them
-  from the positions in every program that reads the block: with slices (the tables the slice
-  rotation reads) at D = 64, where their two slots (64 rows: 32 KiB, 128 rows: 64 KiB) fit
-  beside the rest of the kernel's shared memory. Each rotated row then takes two shared-memory
-  loads a piece where its sines and cosines took about ten instructions each; the price is
-  those bytes read from L2 with each block, as many as k's and v's. The kernels that take
-  them are those where the shared memory costs no programs an SM (their registers bound them):
-  the two-warpgroup forward, dq and dk, dv, and the one-warpgroup dk, dv
-  (fused_hopper_backward_io.copies_tables). Not the one-warpgroup forward and dq, whose programs
-  an SM 64 and 32 KiB more would take from two to one and from three to two."""
+  """Whether a kernel whose looped blocks' cos and sin may arrive by TMA (`key_tables`, a row of
+  `table_width` a position) takes them beside each block, in two slots, rather than computing
+  them from the positions in every program that reads the block: with slices (the tables the
+  slice rotation reads) at D = 64, where two slots (float32: 64 rows 32 KiB, 128 rows 64 KiB;
+  bfloat16 half that) fit beside the rest of the kernel's shared memory. Each rotated row then
+  takes two shared-memory loads a piece where its sines and cosines took about ten
+  instructions each; the price is those bytes read from L2 with each block, as many as k's and
+  v's in float32. The kernels that take them so are those where the shared memory costs no
+  programs an SM (their registers bound them): the two-warpgroup forward, dq and dk, dv, and
+  the one-warpgroup dk, dv (fused_hopper_backward_io.copies_tables). The one-warpgroup forward
+  and dq, whose programs an SM two slots would halve, take bfloat16 tables into one slot
+  (`tables_in_one_slot`) or compute them."""
   return plan.slice_swap and D == 64
 
 

@@ -189,11 +189,9 @@ def _body(plan: Plan, nk: int, G: int, *refs):
 
       def turn(j, _):  # block j turned as it lands; then block j + 1 into block j - 1's slot
         slot = lax.rem(j, 2)
-        tiles.wait_block(kv_bar, slot, 4 if plan.segmented else 3)
-        for i in range(plan.bk // TURN_ROWS):  # static parts: every slice of a tile static
-          part = pl.ds(i * TURN_ROWS, TURN_ROWS)
-          tiles_ = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
-          rot.to([(x, x) for x in tiles_], kvpos_s.at[slot, part])
+        tiles.wait_block(kv_bar, slot, _block_copies(plan))
+        for i in range(plan.bk // TURN_ROWS):
+          _turn_rows(plan, rot, (k_s, v_s, kvpos_s), slot, pl.ds(i * TURN_ROWS, TURN_ROWS))
         plgpu.commit_smem()
         plgpu.barrier_arrive(turned_bar.at[slot])
         pl.when((j >= 1) & (j + 1 < n_blocks))(lambda: refill(j + 1, None))
@@ -225,6 +223,20 @@ CONSUMER_REGISTERS = {False: 232, True: 224}
 TURN_ROWS = 32  # rows the producer turns at a time (16 bytes a thread of each tile and table)
 
 
+def _block_copies(plan: Plan) -> int:
+  """The TMA copies of a key block (`fetch`: k, v, positions or tables, segment ids)."""
+  return 4 if plan.segmented else 3
+
+
+def _turn_rows(plan: Plan, rot, kv, slot, part) -> None:
+  """Rows `part` (static: every slice of a swizzled tile static) of the key and (RoVE) value
+  block in `slot` turned in place, at their positions or by their tables. kv: the k, v and
+  positions (or tables) buffers, two slots each."""
+  k_s, v_s, kvpos_s = kv
+  turned = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
+  rot.to([(x, x) for x in turned], kvpos_s.at[slot, part])
+
+
 def producer_turns(plan: Plan, D: int) -> bool:
   """Whether the producer warpgroup also turns each key (and value) block as it lands, before
   the compute warpgroups see it (a "turned" barrier a slot), which then only compute: with
@@ -250,7 +262,7 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
   b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
   q_start = qb * (W * bq) + wg * bq
   rows = pl.ds(q_start, bq)
-  n_kv_bar = 4 if plan.segmented else 3
+  n_kv_bar = _block_copies(plan)
   q_own, qpos_own, lse_own = q_s.at[wg], qpos_s.at[wg], lse_s.at[wg]
 
   constants = rotation.constant_copies(plan, (consts_ref, consts_s), (swap_ref, swap_s))
@@ -271,12 +283,8 @@ def _compute(plan: Plan, G: int, ins, outs, scr, n_blocks, refill, consumed):
   plgpu.commit_smem()
   q_seg = ops.load(qseg_s.at[wg], 1) if plan.segmented else None
 
-  def rotate_share(slot, i):
-    """Warpgroup i's rows of the key (and value) block in `slot`, rotated in place; static i
-    keeps every slice of a swizzled tile static."""
-    part = pl.ds(i * share, share)
-    turned = [k_s.at[slot, part]] + ([v_s.at[slot, part]] if plan.rotate_values else [])
-    rot.to([(x, x) for x in turned], kvpos_s.at[slot, part])  # positions or their tables
+  def rotate_share(slot, i):  # warpgroup i's rows of the block in `slot`
+    _turn_rows(plan, rot, (k_s, v_s, kvpos_s), slot, pl.ds(i * share, share))
 
   turned_bar = scr[15]
   by_producer = producer_turns(plan, k_s.shape[-1])
