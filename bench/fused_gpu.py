@@ -59,29 +59,38 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import rove_jax as rj  # noqa: E402
-from rove_jax.kernels import fused_gpu, fused_hopper  # noqa: E402
+from rove_jax.kernels import fused_gpu, fused_hopper, fused_options  # noqa: E402
 
 FNS = {"rove": rj.rove_attention, "rope": rj.rope_attention}
 
 
-# Hopper variants by label: fused_hopper.kernel's keyword arguments. "hopper" is the default
-# (one warpgroup a program; pairs swapped by column slices in the half layout, by the swap
-# matrix elsewhere); "hopper 2wg" two compute warpgroups sharing each rotated key/value block
+def hopper_variant(label: str) -> str:
+  """The model.fused_variant a Hopper label runs: "hopper 2wg+tma bf16" -> "2wg+tma+bf16"."""
+  return label.removeprefix("hopper").lstrip(" +").replace(" ", "+") or "default"
+
+
+# Hopper variants by label ("hopper" and the features of kernels.FUSED_FEATURES): "hopper" is
+# the default (one warpgroup a program; pairs swapped by column slices in the half layout, by
+# the swap matrix elsewhere); "2wg" two compute warpgroups sharing each rotated key/value block
 # (rove_jax.kernels.fused_hopper_ws), "+tma" with a producer warpgroup; "+bwd2wg" the dq and
 # dk, dv kernels with two warpgroups sharing each looped block (fused_hopper_backward_ws);
 # "matrix" the swap matrix where slices would run, forward and backward; "bf16" the looped
-# blocks turned in bfloat16 pairs (the half layout's slices only).
+# blocks turned in bfloat16 pairs (the half layout's slices only). Values: fused_hopper.kernel's
+# keyword arguments.
 HOPPER = {
-  "hopper": {},
-  "hopper matrix": dict(slice_swap=False),
-  "hopper+bwd2wg": dict(backward_wgs=2),
-  "hopper 2wg": dict(compute_wgs=2),
-  "hopper 2wg+tma": dict(compute_wgs=2, producer=True),
-  "hopper 2wg+bwd2wg": dict(compute_wgs=2, backward_wgs=2),
-  "hopper 2wg matrix": dict(compute_wgs=2, slice_swap=False),
-  "hopper bf16": dict(bf16_turns=True),
-  "hopper 2wg+bwd2wg bf16": dict(compute_wgs=2, backward_wgs=2, bf16_turns=True),
-  "hopper 2wg+tma bf16": dict(compute_wgs=2, producer=True, bf16_turns=True),
+  label: fused_options(hopper_variant(label))
+  for label in (
+    "hopper",
+    "hopper matrix",
+    "hopper+bwd2wg",
+    "hopper 2wg",
+    "hopper 2wg+tma",
+    "hopper 2wg+bwd2wg",
+    "hopper 2wg matrix",
+    "hopper bf16",
+    "hopper 2wg+bwd2wg bf16",
+    "hopper 2wg+tma bf16",
+  )
 }
 
 

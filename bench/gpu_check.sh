@@ -136,11 +136,12 @@ section fused-loss 100 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
   --encodings rope,rope+fused --rounds 1 --steps 10 --out "$OUT/fused_loss_124m.json"
 
 # The 124M train step with the fused attention kernel (model.attention_impl=fused: on Hopper the
-# Mosaic GPU kernel, reading q, k, v in place from the projection's output), RoPE and RoVE, and
-# RoVE with the kernel turning tiles in bfloat16 pairs, against the default step (cuDNN) with
-# RoPE; the goal: RoVE's fused step no slower.
+# Mosaic GPU kernel, reading q, k, v in place from the projection's output), RoVE in the default
+# variant, turning tiles in bfloat16 pairs, and with two compute warpgroups and a producer that
+# turns (model.fused_variant), against the default step (cuDNN) with RoPE; the goal: RoVE's
+# fused step no slower. (Fused RoPE moves fused RoVE's bytes; fused-hopper-bench times both.)
 section fused-attention-step 190 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch \
-  --encodings rope,rope+fused_attention,rove+fused_attention,rove+fused_attention+bf16_turns \
+  --encodings rope,rove+fused_attention,rove+fused_attention+bf16,rove+fused_attention+2wg+tma+bf16 \
   --rounds 1 --steps 10 --out "$OUT/fused_attention_124m.json"
 
 section fused-gpu 40 python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \

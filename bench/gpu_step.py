@@ -2,7 +2,7 @@
 
   python -m bench.gpu_step [--preset gpt2_124m] [--batch 16] [--seq 1024] [--gpu h200]
       [--encodings rove,rope,nope] [--no-gpu-options] [--json OUT] [--markdown] [--dump-hlo DIR]
-      [--breakdown N] [--diff] [--attention IMPL] [--loss-impl xla|fused]
+      [--breakdown N] [--diff] [--attention IMPL] [--fused-variant V] [--loss-impl xla|fused]
 
 Compiles the trainer's own step (rove_jax.train.program.make_train_step: loss, gradients, global-
 norm clipping, AdamW, the finiteness check; bfloat16 compute, float32 master weights, attention
@@ -15,7 +15,8 @@ operand precision with their TFLOP, and the compiler's peak temporary memory; th
 other: the optimizer and XLA's copies), kind and jax operation (gpu_census.Census.groups).
 --diff adds, per encoding other than RoPE, the kernels it launches beyond RoPE's step, matched
 by operation and shapes (gpu_census.Census.diff): what the encoding itself costs.
---attention names the attention kernel (model.attention_impl; default "auto").
+--attention names the attention kernel (model.attention_impl; default "auto"), --fused-variant
+the Hopper fused kernel's variant with --attention fused (model.fused_variant, e.g. 2wg+tma+bf16).
 The XLA options are the trainer's for GPUs (rove_jax.train.gpu_options) unless --no-gpu-options.
 --loss-impl fused compiles the step with the output projection and the loss in one Pallas kernel
 (optim.loss_impl=fused, rove_jax/kernels/linear_ce.py), which never writes the logits.
@@ -41,10 +42,17 @@ GiB = 2**30
 
 
 def step_config(
-  preset: str, batch: int, seq: int, encoding: str, attention: str = "auto", loss_impl: str = "xla"
+  preset: str,
+  batch: int,
+  seq: int,
+  encoding: str,
+  attention: str = "auto",
+  loss_impl: str = "xla",
+  fused_variant: str = "default",
 ):
   """The paper's run config for a preset at one GPU's batch: bf16, no accumulation, the
-  attention kernel `attention` (model.attention_impl), the loss `loss_impl` (optim.loss_impl)."""
+  attention kernel `attention` (model.attention_impl) in `fused_variant` (model.fused_variant),
+  the loss `loss_impl` (optim.loss_impl)."""
   from rove_jax.train import overrides, run_config
 
   return overrides.apply(
@@ -55,6 +63,7 @@ def step_config(
       "data.seq_len": seq,
       "optim.grad_accum": 1,
       "model.attention_impl": attention,
+      "model.fused_variant": fused_variant,
       "optim.loss_impl": loss_impl,
     },
   )
@@ -72,14 +81,16 @@ def measure(
   attention: str = "auto",
   log=lambda line: None,
   loss_impl: str = "xla",
+  fused_variant: str = "default",
 ) -> dict:
   """Compiles one encoding's step for `gpu` and returns its census as a dict."""
   from rove_jax.aot import compile as aot
   from rove_jax.aot import gpu_census
 
-  c = step_config(preset, batch, seq, encoding, attention, loss_impl)
+  c = step_config(preset, batch, seq, encoding, attention, loss_impl, fused_variant)
   with tempfile.TemporaryDirectory() as tmp:
     kernel = "" if attention == "auto" else f"_{attention}"
+    kernel += "" if fused_variant == "default" else f"_{fused_variant.replace('+', '_')}"
     loss = "" if loss_impl == "xla" else f"_{loss_impl}_loss"
     path = os.path.join(hlo_dir or tmp, f"{preset}_{encoding}_{gpu}{kernel}{loss}.hlo")
     saved = os.environ.get("ROVE_JAX_GPU_OPTIONS")
@@ -103,6 +114,7 @@ def measure(
     "gpu": gpu,
     "gpu_options": gpu_options,
     "loss_impl": loss_impl,
+    "fused_variant": fused_variant,
     "kernels": census.kernels,
     "bytes": census.bytes,
     "vocab_f32_bytes": census.vocab_f32_bytes,
@@ -219,6 +231,12 @@ def main(argv=None) -> int:
     help="the attention kernel (model.attention_impl), e.g. fused",
   )
   p.add_argument(
+    "--fused-variant",
+    default="default",
+    metavar="V",
+    help="with --attention fused, the Hopper kernel's variant (model.fused_variant)",
+  )
+  p.add_argument(
     "--diff",
     action="store_true",
     help="print the kernels each encoding launches beyond RoPE's step",
@@ -245,6 +263,7 @@ def main(argv=None) -> int:
           attention=args.attention,
           log=log,
           loss_impl=args.loss_impl,
+          fused_variant=args.fused_variant,
         )
       )
       log(f"{enc}: {rows[-1]['kernels']} kernels, {rows[-1]['bytes'] / GB:.2f} GB")
@@ -255,7 +274,9 @@ def main(argv=None) -> int:
     options = "none" if args.no_gpu_options else "the trainer's (rove_jax/train/gpu_options.py)"
     print(
       f"{args.preset}, batch {args.batch} x {args.seq}, bf16, one {args.gpu.upper()}, "
-      f"attention {args.attention}, XLA options: {options}, loss: {args.loss_impl}"
+      f"attention {args.attention}"
+      + (f" ({args.fused_variant})" if args.fused_variant != "default" else "")
+      + f", XLA options: {options}, loss: {args.loss_impl}"
     )
   print(table(rows))
   for r in rows if args.breakdown else ():

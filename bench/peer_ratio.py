@@ -15,8 +15,9 @@ loss on the host after every step, as rove-jax's loop does. The peer is bench/pe
 each of `--encodings` (learned is the like-for-like row; an encoding with "+fused", e.g.
 rope+fused, takes the fused output projection and loss, optim.loss_impl=fused; one with
 "+fused_attention" the attention kernel "fused", model.attention_impl=fused, on a Hopper GPU
-the Mosaic GPU kernel that rotates inside, and "+bf16_turns" with it that kernel turning tiles
-in bfloat16 pairs (fused_hopper.kernel(bf16_turns=True)); suffixes combine). Every side
+the Mosaic GPU kernel that rotates inside, and with it the Hopper kernel's variant features
+(model.fused_variant, kernels.FUSED_FEATURES), e.g. "rove+fused_attention+2wg+tma+bf16";
+suffixes combine). Every side
 runs in its own subprocess, `--rounds` times, interleaved, each timing `--steps` steps after 3
 warm-up steps; a side's speed is the median over all its timed steps. Ratios are JAX / torch
 tokens/s.
@@ -52,37 +53,49 @@ GPU_SHAPES = ("gpt2_124m",)  # bfloat16 on a CUDA GPU; the others float32 on the
 SHAPE = SHAPES["tiny"]
 
 
-# An --encodings entry's suffixes: "+NAME" sets (field, value) of the JAX side.
+# An --encodings entry's suffixes: "+NAME" sets (field, value) of the JAX side; besides these,
+# each of kernels.FUSED_FEATURES joins the fused attention's variant.
 SUFFIXES = {
   "fused": ("loss_impl", "fused"),
   "fused_attention": ("attention_impl", "fused"),
-  "bf16_turns": ("bf16_turns", True),
 }
 
 
 def side_options(encoding: str) -> tuple:
-  """(pos_encoding, loss_impl, attention_impl, bf16_turns) of an --encodings entry such as
-  "rope", "rove+fused", "rove+fused_attention" or "rove+fused_attention+bf16_turns"
-  (SUFFIXES; +bf16_turns: the Hopper kernel turning tiles in bfloat16 pairs, which needs
-  +fused_attention)."""
+  """(pos_encoding, loss_impl, attention_impl, fused_variant) of an --encodings entry such as
+  "rope", "rove+fused", "rove+fused_attention" or "rove+fused_attention+2wg+tma+bf16"
+  (SUFFIXES, then the Hopper kernel's variant features, which need +fused_attention)."""
+  from rove_jax.kernels import FUSED_FEATURES, fused_options
+
   name, *suffixes = encoding.split("+")
-  opts = {"loss_impl": "xla", "attention_impl": "auto", "bf16_turns": False}
+  opts = {"loss_impl": "xla", "attention_impl": "auto"}
+  features = []
   for suffix in suffixes:
+    if suffix in FUSED_FEATURES:
+      features.append(suffix)
+      continue
     if suffix not in SUFFIXES:
       raise ValueError(
         f"--encodings: {encoding}: unknown suffix +{suffix}; the suffixes are "
-        f"{', '.join('+' + s for s in SUFFIXES)}"
+        f"{', '.join('+' + s for s in (*SUFFIXES, *FUSED_FEATURES))}"
       )
     field, value = SUFFIXES[suffix]
     opts[field] = value
-  if opts["bf16_turns"] and opts["attention_impl"] != "fused":
+  variant = "+".join(features) or "default"
+  if features and opts["attention_impl"] != "fused":
     raise ValueError(
-      f"--encodings: {encoding}: +bf16_turns is the fused kernel's; add +fused_attention"
+      f"--encodings: {encoding}: +{variant} is the fused kernel's variant; add +fused_attention"
     )
-  return name, opts["loss_impl"], opts["attention_impl"], opts["bf16_turns"]
+  try:
+    fused_options(variant)
+  except ValueError as e:
+    raise ValueError(f"--encodings: {encoding}: {e}") from None
+  return name, opts["loss_impl"], opts["attention_impl"], variant
 
 
-def model_config(shape: str, encoding: str, attention_impl: str = "auto"):
+def model_config(
+  shape: str, encoding: str, attention_impl: str = "auto", fused_variant: str = "default"
+):
   from rove_jax.nn.model import GPTConfig
 
   sh = SHAPES[shape]
@@ -95,6 +108,7 @@ def model_config(shape: str, encoding: str, attention_impl: str = "auto"):
     pos_encoding=encoding,
     dtype="bfloat16" if shape in GPU_SHAPES else "float32",
     attention_impl=attention_impl,
+    fused_variant=fused_variant,
   )
 
 
@@ -131,16 +145,8 @@ def jax_side(encoding: str, steps: int, warmup: int = 3, shape: str = "tiny") ->
   from rove_jax.train.run_config import OptimConfig
 
   sh = SHAPES[shape]
-  name, loss_impl, attention_impl, bf16_turns = side_options(encoding)
-  if bf16_turns:
-    from rove_jax.kernels import fused_hopper, platform
-
-    if not platform.gpu_is_hopper():
-      raise ValueError(f"{encoding}: +bf16_turns is the Hopper kernel's; this is no sm90 GPU")
-    # The trainer has no option for the Hopper kernel's variants: this side's own process
-    # makes the bf16_turns kernel the module's, which dispatch hands the GPT.
-    fused_hopper.attend = fused_hopper.kernel(bf16_turns=True).attend
-  cfg = model_config(shape, name, attention_impl)
+  name, loss_impl, attention_impl, variant = side_options(encoding)
+  cfg = model_config(shape, name, attention_impl, variant)
   tx = program.make_optimizer(OptimConfig(lr=1e-3, warmup_steps=0), 1000)
   graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param)
   state = program.TrainState(

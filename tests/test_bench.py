@@ -196,21 +196,27 @@ def test_gpu_check_refuses_bad_settings_before_it_starts(tmp_path, env, says):
 
 def test_peer_ratio_sides_by_their_suffixes(capsys):
   """bench.peer_ratio's --encodings entries: +fused takes the fused loss, +fused_attention the
-  attention kernel "fused", +bf16_turns with it the Hopper kernel turning in bfloat16 pairs (not
-  without it); an unknown suffix exits 2 naming the known ones, before any side runs."""
+  attention kernel "fused", and the Hopper kernel's variant features with it (not without it,
+  nor a variant it refuses); an unknown suffix exits 2 naming the known ones, before any side
+  runs."""
   from bench import peer_ratio
 
-  assert peer_ratio.side_options("rope") == ("rope", "xla", "auto", False)
-  assert peer_ratio.side_options("rove+fused_attention") == ("rove", "xla", "fused", False)
-  assert peer_ratio.side_options("rove+fused_attention+fused") == ("rove", "fused", "fused", False)
-  bf16 = peer_ratio.side_options("rove+fused_attention+bf16_turns")
-  assert bf16 == ("rove", "xla", "fused", True)
-  with pytest.raises(ValueError, match=r"rope\+bf16_turns: \+bf16_turns .* add \+fused_attention"):
-    peer_ratio.side_options("rope+bf16_turns")
-  cfg = peer_ratio.model_config("gpt2_124m", "rove", "fused")
+  assert peer_ratio.side_options("rope") == ("rope", "xla", "auto", "default")
+  assert peer_ratio.side_options("rove+fused_attention") == ("rove", "xla", "fused", "default")
+  both = peer_ratio.side_options("rove+fused_attention+fused")
+  assert both == ("rove", "fused", "fused", "default")
+  bf16 = peer_ratio.side_options("rove+fused_attention+2wg+tma+bf16")
+  assert bf16 == ("rove", "xla", "fused", "2wg+tma+bf16")
+  with pytest.raises(ValueError, match=r"rope\+bf16: \+bf16 is .* add \+fused_attention"):
+    peer_ratio.side_options("rope+bf16")
+  with pytest.raises(ValueError, match=r"'tma' .* needs '2wg'"):
+    peer_ratio.side_options("rove+fused_attention+tma")
+  cfg = peer_ratio.model_config("gpt2_124m", "rove", "fused", "bf16")
   assert (cfg.attention_impl, cfg.dtype, cfg.pos_encoding) == ("fused", "bfloat16", "rove")
+  assert cfg.fused_variant == "bf16"
   with pytest.raises(SystemExit) as exit_:
     peer_ratio.main(["--no-torch", "--encodings", "rope,rope+fast"])
   assert exit_.value.code == 2
   err = capsys.readouterr().err
-  assert "rope+fast: unknown suffix +fast; the suffixes are +fused, +fused_attention, +bf16" in err
+  known = "+fused, +fused_attention, +2wg, +tma, +bwd2wg, +bf16, +matrix"
+  assert f"rope+fast: unknown suffix +fast; the suffixes are {known}" in err

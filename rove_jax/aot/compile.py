@@ -24,7 +24,6 @@ and devices: rove_jax.aot.topology (parse_topology, Topology, CHIPS are re-expor
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Callable, Optional
 
@@ -100,7 +99,7 @@ def _eval_program(c, model_cfg, mesh, length, batch, impl):
   from rove_jax.evaluation import scoring  # loads orbax and grain: only eval programs need it
 
   impl = impl or scoring.DEFAULT_KERNEL  # evaluation's own kernel unless told
-  model_cfg = dataclasses.replace(model_cfg, attention_impl=impl)
+  model_cfg = model_cfg.with_kernel(impl)
   if model_cfg.pos_encoding == "learned" and length > model_cfg.max_len:
     raise ValueError(
       f"learned position embeddings cover {model_cfg.max_len} positions; "

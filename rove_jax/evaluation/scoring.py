@@ -158,9 +158,7 @@ class Scorer:
     max_tokens_per_batch: int = 8192,
   ):
     self.run = run
-    self.config = dataclasses.replace(
-      run.model_config, attention_impl=implementation, attention_chunk=chunk_size
-    )
+    self.config = run.model_config.with_kernel(implementation, attention_chunk=chunk_size)
     self.max_tokens_per_batch = max_tokens_per_batch
     self.model = nn_model.build(self.config, run.params)
     self._fns = {}

@@ -13,7 +13,7 @@ them in the rotations.
              whether it rotates inside)
   linear_ce  not attention: the output projection and cross-entropy in one Pallas Triton kernel
              for GPUs (the trainer's optim.loss_impl=fused; imported when chosen)
-  dispatch   "auto", the kernels' limits, `select`
+  dispatch   "auto", the kernels' limits, `select`, the Hopper fused kernel's variants
   platform   the platform being compiled for
 """
 
@@ -22,9 +22,12 @@ from rove_jax.kernels.call import KINDS, Kernel, KernelCall
 from rove_jax.kernels.dispatch import (
   AUTO_CHUNKED_MIN_KV,
   CUDNN_DTYPES,
+  FUSED_FEATURES,
   IMPLEMENTATIONS,
   ROTARY,
+  Settings,
   choose,
+  fused_options,
   select,
 )
 from rove_jax.kernels.mask import Mask
@@ -36,12 +39,15 @@ __all__ = [
   "KernelCall",
   "KINDS",
   "select",
+  "Settings",
   "choose",
   "target_platform",
   "IMPLEMENTATIONS",
   "ROTARY",
   "AUTO_CHUNKED_MIN_KV",
   "CUDNN_DTYPES",
+  "FUSED_FEATURES",
+  "fused_options",
   "chunked",
   "platform",
   "reference",

@@ -31,7 +31,7 @@ general positions) to "xla" instead of refusing it.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax.numpy as jnp
 
@@ -47,6 +47,15 @@ _BY_INDEX = ("splash", "fused")
 # "auto" on CPU picks the chunked kernel (memory linear in length) from this many keys.
 AUTO_CHUNKED_MIN_KV = 8192
 CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # cuDNN flash runs in these
+# The Hopper fused kernel's variants (GPTConfig.fused_variant): "default", or features joined by
+# "+", each one of fused_hopper.kernel's arguments (its docstring says what they do).
+FUSED_FEATURES = {
+  "2wg": ("compute_wgs", 2),  # two compute warpgroups a forward program
+  "tma": ("producer", True),  # with 2wg: a producer warpgroup copies (and turns) key blocks
+  "bwd2wg": ("backward_wgs", 2),  # two warpgroups a dq and a dk, dv program
+  "bf16": ("bf16_turns", True),  # tiles turned in bfloat16 pairs
+  "matrix": ("slice_swap", False),  # pairs swapped by the swap-matrix product, not slices
+}
 
 
 def choose(
@@ -122,28 +131,66 @@ def choose(
   return name
 
 
+class Settings(NamedTuple):
+  """The settings of the kernels that take some, each read only by its kernel."""
+
+  chunk_size: int = chunked.DEFAULT_CHUNK  # "chunked": the block length
+  fused_variant: str = "default"  # "fused" on a Hopper GPU: its variant (fused_options)
+
+
+def fused_options(variant: str) -> dict:
+  """fused_hopper.kernel's keyword arguments for a variant name (FUSED_FEATURES), e.g.
+  "2wg+tma+bf16" -> {compute_wgs: 2, producer: True, bf16_turns: True}; "default" -> {}."""
+  if not isinstance(variant, str):
+    raise ValueError(f"a fused variant is a string, got {variant!r}")
+  if variant == "default":
+    return {}
+  names = variant.split("+")
+  unknown = [n for n in names if n not in FUSED_FEATURES]
+  if unknown or len(set(names)) != len(names):
+    raise ValueError(
+      f"fused variant {variant!r}: expected 'default' or distinct features joined by '+' "
+      f"from {tuple(FUSED_FEATURES)}, e.g. '2wg+tma+bf16'"
+    )
+  if "tma" in names and "2wg" not in names:
+    raise ValueError(f"fused variant {variant!r}: 'tma' (a producer warpgroup) needs '2wg'")
+  if "bf16" in names and "matrix" in names:
+    raise ValueError(f"fused variant {variant!r}: 'bf16' turns by slices, 'matrix' by none")
+  return dict(FUSED_FEATURES[n] for n in names)
+
+
 def select(
   name: str,
   *,
   q,
   k,
   mask,
-  chunk_size: int = chunked.DEFAULT_CHUNK,
   bias: bool = False,
   rope=None,
   fallback: bool = False,
+  settings: Settings = Settings(),
 ) -> Kernel:
-  """The kernel for one call: `choose`'s kernel (arguments as there), the chunked one with
-  blocks of chunk_size."""
+  """The kernel for one call: `choose`'s kernel (arguments as there) in its `settings`: the
+  chunked one with blocks of settings.chunk_size, the Hopper fused one in
+  settings.fused_variant (fused_options; a variant other than "default" is refused where
+  "fused" runs another kernel)."""
   where = platform.target_platform()
   name = choose(
     name, q=q, k=k, mask=mask, bias=bias, rope=rope, platform_name=where, fallback=fallback
   )
   if name == "fused":
     module = _fused(where)
-    return Kernel(name, module.attend, rotates=True, half_pairs=module.HALF_PAIRS)
+    variant = settings.fused_variant
+    options = fused_options(variant)
+    if options and not (where == "gpu" and platform.gpu_is_hopper()):
+      raise ValueError(
+        f"fused variant {variant!r} is the Hopper (sm90) kernel's, but 'fused' here runs "
+        f"{module.__name__} (target {where}); set the variant to 'default'"
+      )
+    attend = module.kernel(**options).attend if options else module.attend
+    return Kernel(name, attend, rotates=True, half_pairs=module.HALF_PAIRS)
   if name == "chunked":
-    return chunked.kernel(chunk_size)
+    return chunked.kernel(settings.chunk_size)
   if name == "splash":
     return Kernel(name, _splash().attend)
   attend = {"reference": reference.attend, "xla": xla.attend, "cudnn": xla.attend_cudnn}[name]

@@ -205,19 +205,19 @@ class Attention(nnx.Module):
     return rotary.Rope(ctx.inv_freq, ctx.attention_factor, self.cfg.rope_layout)
 
   def kernel(self, q_BTHD, k_BSKD, mask, rope, bias: bool) -> kernels.Kernel:
-    """The attention kernel of a call: the config's attention_impl and chunk size, with
-    dispatch's fallback for calls a by-index kernel cannot take (rove_jax.kernels.dispatch).
-    rope is the call's Rope, None where the call rotates nothing (decoding's masked_attention
-    on rotated queries and cache)."""
+    """The attention kernel of a call: the config's attention_impl, chunk size and fused
+    variant, with dispatch's fallback for calls a by-index kernel cannot take
+    (rove_jax.kernels.dispatch). rope is the call's Rope, None where the call rotates nothing
+    (decoding's masked_attention on rotated queries and cache)."""
     return kernels.select(
       self.cfg.attention_impl,
       q=q_BTHD,
       k=k_BSKD,
       mask=mask,
-      chunk_size=self.cfg.attention_chunk,
       bias=bias,
       rope=rope,
       fallback=True,
+      settings=kernels.Settings(self.cfg.attention_chunk, self.cfg.fused_variant),
     )
 
   def bias_fn(self, ctx: Context):

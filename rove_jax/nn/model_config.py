@@ -83,6 +83,11 @@ class GPTConfig:
     "auto", "attention kernel; auto: splash (TPU), cudnn (GPU), xla/chunked (CPU), per call"
   )
   attention_chunk: int = _f(512, "block length of the chunked kernel")
+  fused_variant: str = _f(
+    "default",
+    "with attention_impl=fused on a Hopper GPU, the kernel's variant: default | features "
+    "joined by '+' from 2wg, tma, bwd2wg, bf16, matrix (kernels.dispatch.FUSED_FEATURES)",
+  )
   remat: str = _f(
     "none",
     "none | full (recompute each block in the backward pass) | dots (save matmul outputs only)",
@@ -175,6 +180,14 @@ class GPTConfig:
       raise ValueError(f"GPTConfig: unknown fields {unknown}; known fields: {sorted(known)}")
     return cls(**dict(fields))
 
+  def with_kernel(self, attention_impl: str, **changes) -> "GPTConfig":
+    """This config with another attention kernel (and `changes`): fused_variant is kept where
+    the kernel is still "fused", else back to "default" (a variant of no other kernel)."""
+    variant = self.fused_variant if attention_impl == "fused" else "default"
+    return dataclasses.replace(
+      self, attention_impl=attention_impl, fused_variant=variant, **changes
+    )
+
   def is_rove_layer(self, layer: int) -> bool:
     return self.pos_encoding == "rove" and (self.rove_layers is None or layer in self.rove_layers)
 
@@ -218,6 +231,15 @@ class GPTConfig:
     if self.attention_impl not in kernels.IMPLEMENTATIONS:
       fail(
         f"unknown attention_impl {self.attention_impl!r}; expected one of {kernels.IMPLEMENTATIONS}"
+      )
+    try:
+      kernels.fused_options(self.fused_variant)
+    except ValueError as e:
+      fail(f"fused_variant: {e}")
+    if self.fused_variant != "default" and self.attention_impl != "fused":
+      fail(
+        f"fused_variant={self.fused_variant!r} is a variant of attention_impl=fused, not of "
+        f"{self.attention_impl!r}; set attention_impl=fused or leave fused_variant 'default'"
       )
     if self.attention_impl in kernels.ROTARY and self.pos_encoding not in ROTARY_ENCODINGS:
       fail(

@@ -17,7 +17,7 @@ or what they compute before the attention (FREE below, and pos_encoding):
   rope_scaling    e.g. YaRN to fine-tune for a longer context
   max_len         the training context (data.seq_len follows it); not for learned positions,
                   whose table has max_len rows
-  dtype, param_dtype, attention_impl, attention_chunk, remat, init_std
+  dtype, param_dtype, attention_impl, attention_chunk, fused_variant, remat, init_std
                   compute and memory settings (the tensors are cast to param_dtype; init_std
                   is unused: nothing is initialised randomly)
 
@@ -52,6 +52,7 @@ FREE = (
   "param_dtype",
   "attention_impl",
   "attention_chunk",
+  "fused_variant",
   "remat",
   "init_std",
   "rove_layers",

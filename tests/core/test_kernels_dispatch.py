@@ -78,9 +78,46 @@ def test_select_returns_the_kernel():
   assert kernels.select("reference", q=q, k=k, mask=mask).attend is kernels.reference.attend
   chosen = kernels.select("auto", q=q, k=k, mask=mask)  # CPU, 8 keys
   assert (chosen.name, chosen.attend, chosen.rotates) == ("xla", kernels.xla.attend, False)
-  f = kernels.select("chunked", q=q, k=k, mask=mask, chunk_size=3)
+  f = kernels.select("chunked", q=q, k=k, mask=mask, settings=kernels.Settings(chunk_size=3))
   call = kernels.KernelCall(q + 1, k, k + 2, mask, jnp.arange(8)[None], jnp.arange(8)[None], 0.5)
   np.testing.assert_allclose(f.attend(call), kernels.reference.attend(call), atol=1e-6)
+
+
+def test_fused_variants_name_the_hopper_kernels_arguments():
+  """A variant is "default" or kernels.FUSED_FEATURES joined by "+"; a wrong one is refused by
+  the config that names it, and one other than "default" where "fused" runs no Hopper kernel
+  (here the TPU kernel, interpreted on CPU)."""
+  assert kernels.fused_options("default") == {}
+  want = dict(compute_wgs=2, producer=True, bf16_turns=True)
+  assert kernels.fused_options("2wg+tma+bf16") == want
+  assert kernels.fused_options("bwd2wg+matrix") == dict(backward_wgs=2, slice_swap=False)
+  for bad, says in (
+    ("", "expected 'default' or distinct features"),
+    ("bf16+bf16", "distinct features"),
+    ("2wg+fast", "from \\('2wg', 'tma', 'bwd2wg', 'bf16', 'matrix'\\)"),
+    ("tma", "'tma' \\(a producer warpgroup\\) needs '2wg'"),
+    ("bf16+matrix", "'bf16' turns by slices"),
+    (2, "a fused variant is a string"),
+  ):
+    with pytest.raises(ValueError, match=says):
+      kernels.fused_options(bad)
+  with pytest.raises(ValueError, match="GPTConfig: fused_variant: .*'tma'.* needs '2wg'"):
+    GPTConfig.tiny(attention_impl="fused", fused_variant="tma")
+  with pytest.raises(ValueError, match="fused_variant='bf16' is a variant of attention_impl=fused"):
+    GPTConfig.tiny(attention_impl="cudnn", fused_variant="bf16")
+  cfg = GPTConfig.tiny(attention_impl="fused", fused_variant="bf16")
+  assert cfg.with_kernel("fused", attention_chunk=64).fused_variant == "bf16"
+  assert (cfg.with_kernel("chunked").attention_impl, cfg.with_kernel("xla").fused_variant) == (
+    "chunked",
+    "default",
+  )
+  q = k = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
+  rope, mask = rj.Rope(rj.rope_frequencies(64)), rj.Mask(ordered=True)
+  plain = kernels.select("fused", q=q, k=k, mask=mask, rope=rope)
+  assert plain.rotates and plain.name == "fused"
+  bf16 = kernels.Settings(fused_variant="bf16")
+  with pytest.raises(ValueError, match="'bf16' is the Hopper .*kernels.fused \\(target cpu"):
+    kernels.select("fused", q=q, k=k, mask=mask, rope=rope, settings=bf16)
 
 
 def test_fallback_hands_by_index_kernels_a_general_mask_to_xla():

@@ -182,6 +182,39 @@ def test_rove_attention_dispatches_to_it_on_hopper(hopper_target):
   assert calls == ["rove"]
 
 
+def test_the_gpts_fused_variant_reaches_the_kernel(hopper_target, monkeypatch):
+  """model.fused_variant picks the Hopper kernel's arguments (kernels.fused_options) for each
+  layer's call: a RoVE GPT with attention_impl=fused in variant bf16 runs
+  fused_hopper.kernel(bf16_turns=True), and its logits are those of the same weights through
+  the XLA kernel, to bfloat16's tolerance."""
+  from flax import nnx
+
+  from rove_jax.nn.model import GPT, GPTConfig
+
+  made, kernel = [], fused_hopper.kernel
+
+  def spied(**kw):
+    made.append(kw)
+    return kernel(interpret=INTERPRET, **kw)
+
+  monkeypatch.setattr(fused_hopper, "kernel", spied)
+  cfg = GPTConfig(
+    vocab_size=64,
+    n_layer=1,
+    n_head=2,
+    d_model=2 * D,
+    max_len=T,
+    dtype="bfloat16",
+    attention_impl="fused",
+    fused_variant="bf16",
+  )
+  toks = jnp.asarray(np.random.default_rng(3).integers(0, 64, (1, T)), jnp.int32)
+  logits = jax.jit(lambda t: GPT(cfg, rngs=nnx.Rngs(0))(t))(toks)
+  want = GPT(cfg.with_kernel("xla"), rngs=nnx.Rngs(0))(toks)
+  assert made == [dict(bf16_turns=True)]
+  check("logits", logits, np.asarray(jnp.asarray(want, F32), np.float64), TOL[BF16])
+
+
 @pytest.mark.parametrize(
   "kind,layout,rot_dim,lengths,variant",
   [
