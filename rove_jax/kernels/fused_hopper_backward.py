@@ -344,9 +344,18 @@ def query_products(ops, plan: Plan, acc, operands, starts, segs, stats, masked: 
   if mask is not None:
     s = jnp.where(mask, s, -jnp.inf)
   p = tiles.exp_minus(s, lse, 1)
-  dp = ops.mma(do_r, v_r, transpose_b=True)
-  ds = p * (dp - tiles.across(delta, s.shape, 1))
+  ds = p * minus_delta_plus(ops, do_r, v_r, delta, 1)
   return ops.mma(ds.astype(k_r.dtype), k_r, acc=acc)
+
+
+def minus_delta_plus(ops, a_ref, b_ref, delta, along: int):
+  """a b^T - delta [n, m] (delta one value per row, along=1, or per column, along=0): the
+  product accumulated onto -delta, which spares the subtraction of each element: in these loops
+  ptxas moves zeros into this product's fresh accumulator rather than starting it empty, so
+  moving -delta there instead costs nothing more."""
+  shape = (a_ref.shape[0], b_ref.shape[0])
+  start = ops.wgmma_layout(-tiles.across(delta, shape, along))
+  return ops.mma(a_ref, b_ref, transpose_b=True, acc=start)
 
 
 def key_products(ops, plan: Plan, carry, operands, starts, kv_seg, rows, masked: bool = True):
@@ -369,7 +378,9 @@ def key_products(ops, plan: Plan, carry, operands, starts, kv_seg, rows, masked:
     s_t = jnp.where(mask, s_t, -jnp.inf)
   p_t = tiles.exp_minus(s_t, lse, 0)
   dv_acc = ops.mma(p_t.astype(dt), do_r, acc=dv_acc)
-  dp_t = ops.mma(v_r, do_r, transpose_b=True)
-  ds_t = p_t * (dp_t - tiles.across(delta, s_t.shape, 0))
+  if plan.backward_wgs > 1:
+    ds_t = p_t * minus_delta_plus(ops, v_r, do_r, delta, 0)
+  else:  # 255 registers at D = 128: the accumulator's start would cost more than it saves
+    ds_t = p_t * (ops.mma(v_r, do_r, transpose_b=True) - tiles.across(delta, s_t.shape, 0))
   dk_acc = ops.mma(ds_t.astype(dt), q_r, acc=dk_acc)
   return dk_acc, dv_acc
