@@ -73,7 +73,8 @@ def hopper_variant(label: str) -> str:
 # the default (one warpgroup a program; pairs swapped by column slices in the half layout, by
 # the swap matrix elsewhere); "2wg" two compute warpgroups sharing each rotated key/value block
 # (rove_jax.kernels.fused_hopper_ws), "+tma" with a producer warpgroup; "+bwd2wg" the dq and
-# dk, dv kernels with two warpgroups sharing each looped block (fused_hopper_backward_ws);
+# dk, dv kernels with two warpgroups sharing each looped block (fused_hopper_backward_ws),
+# "+bwdtma" with a producer warpgroup there (fused_hopper_backward_pipe);
 # "matrix" the swap matrix where slices would run, forward and backward; "bf16" the looped
 # blocks turned in bfloat16 pairs (the half layout's slices only). Values: fused_hopper.kernel's
 # keyword arguments.
@@ -90,6 +91,8 @@ HOPPER = {
     "hopper bf16",
     "hopper 2wg+bwd2wg bf16",
     "hopper 2wg+tma bf16",
+    "hopper 2wg+bwd2wg+bwdtma",
+    "hopper 2wg+tma+bwd2wg+bwdtma bf16",
   )
 }
 

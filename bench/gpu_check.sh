@@ -116,17 +116,19 @@ section xla-options 60 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
 # (FUSED_HOPPER_COMPILED=1 turns interpret mode off), then against cuDNN at 124M shapes (B=8/16,
 # T=1024/4096), RoVE and RoPE, forward and forward + backward: the default ("hopper", pairs
 # swapped by column slices), the two-warpgroup forward and backward kernels ("hopper
-# 2wg+bwd2wg"), both turning tiles in bfloat16 pairs ("bf16"), and the two-warpgroup forward with
-# a producer warpgroup in bfloat16 pairs ("hopper 2wg+tma bf16"; bench/fused_gpu.py HOPPER), the
-# Triton kernel left to fused-gpu. Needs an sm90 GPU (bench/README.md: SECTIONS runs it alone).
+# 2wg+bwd2wg"), both turning tiles in bfloat16 pairs ("bf16"), and the two-warpgroup kernels
+# with producer warpgroups that copy and turn, forward and backward, in bfloat16 pairs ("hopper
+# 2wg+tma+bwd2wg+bwdtma bf16"; bench/fused_gpu.py HOPPER), the Triton kernel left to fused-gpu.
+# Needs an sm90 GPU (bench/README.md: SECTIONS runs it alone). About 24 of the 28 tests compile
+# a forward and a backward pass (about 5 s each when compiled without a GPU).
 # -v: each test's name and outcome is in the log as it ends, should the cap cut the run short.
-section fused-hopper-tests 150 env FUSED_HOPPER_COMPILED=1 python3 -m pytest -v \
+section fused-hopper-tests 200 env FUSED_HOPPER_COMPILED=1 python3 -m pytest -v \
   -p no:cacheprovider tests/core/test_kernels_fused_hopper.py
 
 section fused-hopper-bench 220 bash -c 'for shape in "8 1024" "16 1024" "8 4096" "16 4096"; do
   set -- $shape
   python3 -m bench.fused_gpu --batch "$1" --length "$2" --repeats 10 \
-    --kernels "hopper,hopper bf16,hopper 2wg+bwd2wg,hopper 2wg+bwd2wg bf16,hopper 2wg+tma bf16" \
+    --kernels "hopper,hopper bf16,hopper 2wg+bwd2wg,hopper 2wg+bwd2wg bf16,hopper 2wg+tma+bwd2wg+bwdtma bf16" \
     --out "'"$OUT"'/fused_hopper_b$1_t$2.json" || echo "fused Hopper B=$1 T=$2: exit $?"
 done'
 
@@ -137,11 +139,11 @@ section fused-loss 100 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch 
 
 # The 124M train step with the fused attention kernel (model.attention_impl=fused: on Hopper the
 # Mosaic GPU kernel, reading q, k, v in place from the projection's output), RoVE in the default
-# variant, turning tiles in bfloat16 pairs, and with two compute warpgroups and a producer that
-# turns (model.fused_variant), against the default step (cuDNN) with RoPE; the goal: RoVE's
-# fused step no slower. (Fused RoPE moves fused RoVE's bytes; fused-hopper-bench times both.)
+# variant, turning tiles in bfloat16 pairs, and with two compute warpgroups and producers that
+# turn, forward and backward (model.fused_variant), against the default step (cuDNN) with RoPE;
+# the goal: RoVE's fused step no slower. (Fused RoPE moves fused RoVE's bytes; fused-hopper-bench times both.)
 section fused-attention-step 190 python3 -m bench.peer_ratio --shape gpt2_124m --no-torch \
-  --encodings rope,rove+fused_attention,rove+fused_attention+bf16,rove+fused_attention+2wg+tma+bf16 \
+  --encodings rope,rove+fused_attention,rove+fused_attention+bf16,rove+fused_attention+2wg+tma+bwd2wg+bwdtma+bf16 \
   --rounds 1 --steps 10 --out "$OUT/fused_attention_124m.json"
 
 section fused-gpu 40 python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \

@@ -218,5 +218,5 @@ def test_peer_ratio_sides_by_their_suffixes(capsys):
     peer_ratio.main(["--no-torch", "--encodings", "rope,rope+fast"])
   assert exit_.value.code == 2
   err = capsys.readouterr().err
-  known = "+fused, +fused_attention, +2wg, +tma, +bwd2wg, +bf16, +matrix"
+  known = "+fused, +fused_attention, +2wg, +tma, +bwd2wg, +bwdtma, +bf16, +matrix"
   assert f"rope+fast: unknown suffix +fast; the suffixes are {known}" in err

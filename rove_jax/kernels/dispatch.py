@@ -53,6 +53,7 @@ FUSED_FEATURES = {
   "2wg": ("compute_wgs", 2),  # two compute warpgroups a forward program
   "tma": ("producer", True),  # with 2wg: a producer warpgroup copies (and turns) key blocks
   "bwd2wg": ("backward_wgs", 2),  # two warpgroups a dq and a dk, dv program
+  "bwdtma": ("backward_producer", True),  # with bwd2wg: a producer warpgroup there too
   "bf16": ("bf16_turns", True),  # tiles turned in bfloat16 pairs
   "matrix": ("slice_swap", False),  # pairs swapped by the swap-matrix product, not slices
 }
@@ -154,6 +155,8 @@ def fused_options(variant: str) -> dict:
     )
   if "tma" in names and "2wg" not in names:
     raise ValueError(f"fused variant {variant!r}: 'tma' (a producer warpgroup) needs '2wg'")
+  if "bwdtma" in names and "bwd2wg" not in names:
+    raise ValueError(f"fused variant {variant!r}: 'bwdtma' needs 'bwd2wg'")
   if "bf16" in names and "matrix" in names:
     raise ValueError(f"fused variant {variant!r}: 'bf16' turns by slices, 'matrix' by none")
   return dict(FUSED_FEATURES[n] for n in names)

@@ -53,10 +53,11 @@ What runs, and why:
     forward (rove_jax.kernels.fused_hopper_forward) until timings on an H200 choose.
   * kernel(backward_wgs=2) runs the backward kernels with two warpgroups a program
     (rove_jax.kernels.fused_hopper_backward_ws: 128 owned rows sharing each looped block's
-    copy and rotation); the one-warpgroup ones stay the default until timings choose.
+    copy and rotation), with backward_producer a third warpgroup issuing their copies (and with
+    bf16_turns turning the looped blocks: fused_hopper_backward_pipe); the one-warpgroup ones
+    stay the default until timings choose.
   * Not yet done (each is speed, not numerics; timing on an H200 decides them): ping-pong
-    between compute warpgroups, asynchronous wgmma overlapping the softmax, a producer
-    warpgroup in the backward kernels.
+    between compute warpgroups, asynchronous wgmma overlapping the softmax.
 Masks by index, like the other fused kernels: the Mask must be `ordered` (causal or not, with
 segment ids or not, no kv_valid or window); rows that see no key return 0 (lse +inf).
 bfloat16 only: wgmma's 16-bit inputs; float16 would need its own swap and staging dtype and
@@ -154,6 +155,7 @@ def kernel(
   slice_swap: Optional[bool] = None,
   backward_wgs: int = 1,
   bf16_turns: bool = False,
+  backward_producer: bool = False,
 ) -> Kernel:
   """The Hopper fused kernel, one that rotates inside (kernels.call): the contract of
   rove_jax.kernels.fused.kernel.
@@ -177,6 +179,9 @@ def kernel(
       of 128).
     bf16_turns: turn the looped blocks (k, v; q, dO in dk, dv) by slices in bfloat16 pairs
       rather than in float32 (fused_hopper_rotation); needs the slice rotation.
+    backward_producer: with backward_wgs=2, a third warpgroup issues the looped blocks' copies
+      and, with bf16_turns and copied tables, turns them
+      (rove_jax.kernels.fused_hopper_backward_pipe).
   """
   if block_kv not in (64, 128) or isinstance(block_kv, bool):
     raise ValueError(f"block_kv must be 64 or 128, got {block_kv!r}")
@@ -188,6 +193,8 @@ def kernel(
     raise ValueError("producer=True needs compute_wgs=2")
   if backward_wgs not in (1, 2) or isinstance(backward_wgs, bool):
     raise ValueError(f"backward_wgs must be 1 or 2, got {backward_wgs!r}")
+  if backward_producer and backward_wgs == 1:
+    raise ValueError("backward_producer=True needs backward_wgs=2")
 
   def attend(call: KernelCall) -> jax.Array:
     q_BTHD, k_BSKD, v_BSKD = fused.checked_inputs(call)
@@ -228,6 +235,7 @@ def kernel(
       producer=bool(producer),
       slice_swap=slices,
       backward_wgs=backward_wgs,
+      backward_producer=bool(backward_producer),
       packed=_packed(call),
       bf16_turns=bool(bf16_turns),
     )

@@ -50,11 +50,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from rove_jax.kernels import fused_hopper_backward as backward
 from rove_jax.kernels import fused_hopper_backward_io as io
+from rove_jax.kernels import fused_hopper_backward_pipe as pipe
 from rove_jax.kernels import fused_hopper_rotation as rotation
 from rove_jax.kernels import fused_hopper_tiles as tiles
 from rove_jax.kernels.fused_tiles import CONST_ROWS, Plan
 
-W = 2  # compute warpgroups a program
+W = pipe.W  # compute warpgroups a program
 THREAD = "wg"  # plgpu.kernel's thread axis: one warpgroup a thread
 BLOCK = backward.BLOCK  # rows of each warpgroup's key block and of a query block
 
@@ -89,6 +90,8 @@ def _scratch(plan: Plan, D: int, dt, n_loop: int, n_own: int, tabled: bool, quer
     plgpu.Barrier(num_arrivals=W),
     plgpu.Barrier(num_arrivals=W),
     io.loop_tables(plan, b, tabled, queries_looped),  # the looped blocks' tables
+    plgpu.Barrier(num_arrivals=W, num_barriers=2),  # a slot consumed (producer only)
+    plgpu.Barrier(num_barriers=2),  # a slot turned (a producer that turns)
   ]
 
 
@@ -112,15 +115,16 @@ def _turn_shared(rot, wg, tiles_s, rows, second: bool, queries: bool) -> None:
 
 
 def _run(plan: Plan, part: str, body, out_type, scratch, grid, args):
+  producer = plan.backward_producer
   return tiles.run_kernel(
     plan,
-    tiles.named(plan, f"{part}_{W}wg", body),
+    tiles.named(plan, f"{part}_{W}wg" + ("_tma" if producer else ""), body),
     out_type,
     scratch,
     grid[0],
     grid[1],
     *args,
-    num_threads=W,
+    num_threads=W + (1 if producer else 0),
     thread_name=THREAD,
   )
 
@@ -145,6 +149,7 @@ def dq(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
 def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   """(dk [B, S, K, D], dv [B, S, K, D]) in the inputs' dtype, as fused_hopper_backward's."""
   B, T, H, D, S, K = tiles.dims(plan, q_BTHD, k_BSKD)
+  plan = pipe.with_producer(plan, D, queries_looped=True)
   arrays = (q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T)
   args, tabled, n_loop = io.operands(plan, small, arrays, queries_looped=True, wgs=W)
   scratch = _scratch(plan, D, q_BTHD.dtype, n_loop, 4, tabled, True)
@@ -154,32 +159,46 @@ def dkv(plan: Plan, small, q_BTHD, k_BSKD, v_BSKD, do_BTHD, rows_BH3T):
   return _run(plan, "dkv", body, out_type, scratch, grid, args)
 
 
+def _turners(rot, wg, loop_s, rows_of, second: bool, queries: bool):
+  """(turn_shared(slot), turn_part(slot, rows)) of a kernel's looped blocks (pipe.Pipe): the
+  first tile (q scaled, with queries) and the second where it turns (second), by rows_of(slot)
+  (io.looped_rows)."""
+  tiles_of = lambda slot: (loop_s.at[slot, 0], loop_s.at[slot, 1])
+
+  def shared(slot):
+    _turn_shared(rot, wg, tiles_of(slot), rows_of(slot), second, queries)
+
+  def part(slot, rows):
+    first_s, second_s = tiles_of(slot)
+    xs = [first_s.at[rows]] + ([second_s.at[rows]] if second else [])
+    rot.to([(x, x) for x in xs], rows_of(slot).at[rows], scale_first=queries)
+
+  return shared, part
+
+
+def _waiter(bar, n: int):
+  """A function waiting on bar.at[0 .. n - 1]."""
+
+  def wait():
+    for i in range(n):
+      plgpu.barrier_wait(bar.at[i])
+
+  return wait
+
+
 def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
-  """A warpgroup's 64 query rows of the program's 128, against every key block they see."""
+  """A warpgroup's 64 query rows of the program's 128, against every key block they see (and,
+  with plan.backward_producer, the warpgroup that copies and turns the key blocks)."""
   r, (dq_ref,), scr = io.unpack(plan, refs, 1, tabled)
   (consts_s, swap_s, own_s, own_rows, own_seg, loop_s, loop_rows, loop_seg) = scr[:8]
-  fixed_bar, own_bar, loop_bar, rotated_bar, done_bar, loop_tabs = scr[8:]
+  fixed_bar, own_bar, loop_bar, rotated_bar, done_bar, loop_tabs, consumed, turned = scr[8:]
   ops = tiles.Ops(plan.interpret)
   rot = rotation.of(plan, ops, consts_s, swap_s)
   wg = lax.axis_index(THREAD)
   b, h, qb = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("q")
   kh = lax.div(h, jnp.int32(G))
-  q_start = qb * (W * BLOCK) + wg * BLOCK
-  rows = pl.ds(q_start, BLOCK)
-  n_loop = io.loop_copies(plan, False, tabled)
+  D = own_s.shape[-1]
   constants = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
-  n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
-  q_own, do_own, rows_own = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg]
-  copies = [
-    (r["q"].at[b, rows, h], q_own),
-    (r["do"].at[b, rows, h], do_own),
-    (r["q_rows"].at[b, h, :, rows], rows_own),  # position, lse, delta
-  ]
-  if plan.segmented:
-    copies.append((r["q_seg"].at[b, rows], own_seg.at[wg]))
-  for n, (src, dst) in enumerate(copies):
-    plgpu.copy_gmem_to_smem(src, dst, own_bar.at[wg * 6 + n])
-
   # The key blocks the program's last query row sees (all of them without causality).
   n_blocks = tiles.last_key_block(plan, qb * (W * BLOCK) + BLOCK, nk) + 1
 
@@ -187,68 +206,70 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
     bufs = (loop_s, loop_rows, loop_seg, loop_tabs)
     io.fetch_keys(plan, r, bufs, loop_bar, (b, kh, j), slot)
 
-  pl.when(wg == 0)(lambda: tiles.first_key_fetches(fetch, nk, n_blocks))
+  rows_of = lambda slot: io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
+  turns = _turners(rot, wg, loop_s, rows_of, plan.rotate_values, False)
+  n_loop = io.loop_copies(plan, False, tabled)
+  bars = pipe.Bars(loop_bar, n_loop, rotated_bar, consumed, turned)
+  blocks = pipe.Pipe(plan, wg, n_blocks, nk, BLOCK, fetch, *turns, bars)
 
-  for n in range(n_fixed):
-    plgpu.barrier_wait(fixed_bar.at[n])
-  for n in range(len(copies)):
-    plgpu.barrier_wait(own_bar.at[wg * 6 + n])
-  pairs = [(q_own, q_own)] + ([(do_own, do_own)] if plan.rotate_output else [])
-  rot.to(pairs, rows_own.at[0], scale_first=True)  # in place
-  plgpu.commit_smem()
-  stats = (ops.load(rows_own.at[1], 1), ops.load(rows_own.at[2], 1))  # lse, delta
-  q_seg = ops.load(own_seg.at[wg], 1) if plan.segmented else None
-
-  def step(j, acc, masked=True):
-    slot = lax.rem(j, 2)
-    tiles.wait_block(loop_bar, slot, n_loop)
-    k_s, v_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
-    turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
-    _turn_shared(rot, wg, (k_s, v_s), turned, plan.rotate_values, False)
+  def compute():
+    q_start = qb * (W * BLOCK) + wg * BLOCK
+    rows = pl.ds(q_start, BLOCK)
+    n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
+    q_own, do_own, rows_own = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg]
+    copies = [
+      (r["q"].at[b, rows, h], q_own),
+      (r["do"].at[b, rows, h], do_own),
+      (r["q_rows"].at[b, h, :, rows], rows_own),  # position, lse, delta
+    ]
+    if plan.segmented:
+      copies.append((r["q_seg"].at[b, rows], own_seg.at[wg]))
+    for n, (src, dst) in enumerate(copies):
+      plgpu.copy_gmem_to_smem(src, dst, own_bar.at[wg * 6 + n])
+    _waiter(fixed_bar, n_fixed)()
+    for n in range(len(copies)):
+      plgpu.barrier_wait(own_bar.at[wg * 6 + n])
+    pairs = [(q_own, q_own)] + ([(do_own, do_own)] if plan.rotate_output else [])
+    rot.to(pairs, rows_own.at[0], scale_first=True)  # in place
     plgpu.commit_smem()
-    _meet(rotated_bar)
-    # Block j + 1 into the slot block j - 1 left: both are past block j's barrier.
-    pl.when((wg == 0) & (j >= 1) & (j + 1 < n_blocks))(lambda: fetch(j + 1, lax.rem(j + 1, 2)))
-    kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
-    operands = (q_own, do_own, k_s, v_s)
-    starts = (q_start, j * BLOCK)
-    segs = (q_seg, kv_seg)
-    return backward.query_products(ops, plan, acc, operands, starts, segs, stats, masked)
+    stats = (ops.load(rows_own.at[1], 1), ops.load(rows_own.at[2], 1))  # lse, delta
+    q_seg = ops.load(own_seg.at[wg], 1) if plan.segmented else None
 
-  D = own_s.shape[-1]
-  # Each warpgroup runs its key blocks wholly before its first query without the mask
-  # (tiles.key_block_loop): one more for warpgroup 1, but both run all n_blocks, meeting at each.
-  zeros = ops.wgmma_layout(jnp.zeros((BLOCK, D), jnp.float32))
-  acc = tiles.key_block_loop(plan, q_start, n_blocks, step, zeros)
-  _meet(done_bar)  # the loop buffers are free: each warpgroup takes its slot as staging
-  dq_r = acc * rotation.query_scale(ops, consts_s, acc.shape)
-  rot.f32(dq_r, rows_own.at[0], loop_s.at[wg], q_own, inverse=True)
-  tiles.store((q_own, dq_ref.at[b, rows, h]))
+    def step(j, acc, masked=True):
+      slot = lax.rem(j, 2)
+      blocks.ready(j, D)
+      kv_seg = ops.load(loop_seg.at[slot], 0) if plan.segmented else None
+      operands = (q_own, do_own, loop_s.at[slot, 0], loop_s.at[slot, 1])
+      starts = (q_start, j * BLOCK)
+      segs = (q_seg, kv_seg)
+      acc = backward.query_products(ops, plan, acc, operands, starts, segs, stats, masked)
+      blocks.done(j)
+      return acc
+
+    # Each warpgroup runs its key blocks wholly before its first query without the mask
+    # (tiles.key_block_loop): one more for warpgroup 1, but both run all n_blocks, in order.
+    zeros = ops.wgmma_layout(jnp.zeros((BLOCK, D), jnp.float32))
+    acc = tiles.key_block_loop(plan, q_start, n_blocks, step, zeros)
+    _meet(done_bar)  # the loop buffers are free: each warpgroup takes its slot as staging
+    dq_r = acc * rotation.query_scale(ops, consts_s, acc.shape)
+    rot.f32(dq_r, rows_own.at[0], loop_s.at[wg], q_own, inverse=True)
+    tiles.store((q_own, dq_ref.at[b, rows, h]))
+
+  blocks.run(compute, D, _waiter(fixed_bar, len(constants)))
 
 
 def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
-  """A warpgroup's 64 keys of the program's 128, against every query block of its G heads."""
+  """A warpgroup's 64 keys of the program's 128, against every query block of its G heads (and,
+  with plan.backward_producer, the warpgroup that copies and turns the query blocks)."""
   r, (dk_ref, dv_ref), scr = io.unpack(plan, refs, 2, tabled)
   (consts_s, swap_s, own_s, own_rows, own_seg, loop_s, loop_rows, loop_seg) = scr[:8]
-  fixed_bar, own_bar, loop_bar, rotated_bar, done_bar, loop_tabs = scr[8:]
+  fixed_bar, own_bar, loop_bar, rotated_bar, done_bar, loop_tabs, consumed, turned = scr[8:]
   ops = tiles.Ops(plan.interpret)
   rot = rotation.of(plan, ops, consts_s, swap_s)
-  bq, dt = BLOCK, own_s.dtype
+  bq, dt, D = BLOCK, own_s.dtype, own_s.shape[-1]
   wg = lax.axis_index(THREAD)
   b, kh, kb = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("kv")
-  k_start = kb * (W * BLOCK) + wg * BLOCK
-  keys = pl.ds(k_start, BLOCK)
-  n_loop = io.loop_copies(plan, True, tabled)
   constants = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
-  n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
-  k_own, v_own, kv_pos = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg, 0]
-  copies = [(r["k"].at[b, keys, kh], k_own), (r["v"].at[b, keys, kh], v_own)]
-  copies.append((r["kv_pos"].at[b, keys], kv_pos))
-  if plan.segmented:
-    copies.append((r["kv_seg"].at[b, keys], own_seg.at[wg]))
-  for n, (src, dst) in enumerate(copies):
-    plgpu.copy_gmem_to_smem(src, dst, own_bar.at[wg * 4 + n])
-
   # The query blocks from the one holding the program's first key (causal), for each head.
   first = lax.div(kb * (W * BLOCK), jnp.int32(bq)) if plan.causal else jnp.int32(0)
   per_head = nq - first
@@ -256,7 +277,6 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
   # Both warpgroups' keys reach into the first two query blocks of each head (W * BLOCK keys):
   # those run first with the mask, the rest without. Not at D = 128, where the second loop's
   # code takes registers this kernel (at 255) does not have, and spills.
-  D = own_s.shape[-1]
   block_of, n_masked = backward.query_block_order(plan, G, first, per_head, n_diag=W, split=D <= 64)
 
   def fetch(t, slot):
@@ -265,43 +285,52 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
     bufs = (loop_s, loop_rows, loop_seg, loop_tabs)
     io.fetch_queries(plan, r, bufs, loop_bar, where, slot)
 
-  @pl.when(wg == 0)
-  def _():
-    fetch(0, 0)  # n_steps >= G >= 1: every key block has a query block at or after it
-    pl.when(n_steps > 1)(lambda: fetch(1, 1))
+  rows_of = lambda slot: io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
+  turns = _turners(rot, wg, loop_s, rows_of, plan.rotate_output, True)
+  n_loop = io.loop_copies(plan, True, tabled)
+  bars = pipe.Bars(loop_bar, n_loop, rotated_bar, consumed, turned)
+  # n_steps >= G >= 1: every key block has a query block at or after it; a second where
+  # G * nq > 1.
+  blocks = pipe.Pipe(plan, wg, n_steps, G * nq, BLOCK, fetch, *turns, bars)
 
-  for n in range(n_fixed):
-    plgpu.barrier_wait(fixed_bar.at[n])
-  for n in range(len(copies)):
-    plgpu.barrier_wait(own_bar.at[wg * 4 + n])
-  pairs = [(k_own, k_own)] + ([(v_own, v_own)] if plan.rotate_values else [])
-  rot.to(pairs, kv_pos)  # in place
-  plgpu.commit_smem()
-  kv_seg = ops.load(own_seg.at[wg], 1) if plan.segmented else None
-
-  def step(t, carry, masked=True):
-    slot = lax.rem(t, 2)
-    tiles.wait_block(loop_bar, slot, n_loop)
-    q_s, do_s = loop_s.at[slot, 0], loop_s.at[slot, 1]
-    turned = io.looped_rows(r, loop_rows.at[slot, 0], loop_tabs.at[slot])
-    _turn_shared(rot, wg, (q_s, do_s), turned, plan.rotate_output, True)
+  def compute():
+    k_start = kb * (W * BLOCK) + wg * BLOCK
+    keys = pl.ds(k_start, BLOCK)
+    n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
+    k_own, v_own, kv_pos = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg, 0]
+    copies = [(r["k"].at[b, keys, kh], k_own), (r["v"].at[b, keys, kh], v_own)]
+    copies.append((r["kv_pos"].at[b, keys], kv_pos))
+    if plan.segmented:
+      copies.append((r["kv_seg"].at[b, keys], own_seg.at[wg]))
+    for n, (src, dst) in enumerate(copies):
+      plgpu.copy_gmem_to_smem(src, dst, own_bar.at[wg * 4 + n])
+    _waiter(fixed_bar, n_fixed)()
+    for n in range(len(copies)):
+      plgpu.barrier_wait(own_bar.at[wg * 4 + n])
+    pairs = [(k_own, k_own)] + ([(v_own, v_own)] if plan.rotate_values else [])
+    rot.to(pairs, kv_pos)  # in place
     plgpu.commit_smem()
-    _meet(rotated_bar)
-    # Block t + 1 into the slot block t - 1 left: both are past block t's barrier.
-    pl.when((wg == 0) & (t >= 1) & (t + 1 < n_steps))(lambda: fetch(t + 1, lax.rem(t + 1, 2)))
-    starts = (block_of(t)[1] * bq, k_start)
-    operands = (k_own, v_own, q_s, do_s)
-    rows = (loop_rows.at[slot], loop_seg.at[slot])
-    return backward.key_products(ops, plan, carry, operands, starts, kv_seg, rows, masked)
+    kv_seg = ops.load(own_seg.at[wg], 1) if plan.segmented else None
 
-  D = own_s.shape[-1]
-  zeros = ops.wgmma_layout(jnp.zeros((BLOCK, D), jnp.float32))
-  dk_acc, dv_acc = backward.diagonal_first_loop(n_masked, n_steps, step, (zeros, zeros))
-  _meet(done_bar)  # the query buffers are free: each warpgroup takes its slot as staging
-  stage = loop_s.at[wg]
-  rot.f32(dk_acc, kv_pos, stage, k_own, inverse=True)
-  if plan.rotate_values:
-    rot.f32(dv_acc, kv_pos, stage, v_own, inverse=True)
-  else:
-    v_own[...] = dv_acc.astype(dt)
-  tiles.store((k_own, dk_ref.at[b, keys, kh]), (v_own, dv_ref.at[b, keys, kh]))
+    def step(t, carry, masked=True):
+      slot = lax.rem(t, 2)
+      blocks.ready(t, D)
+      starts = (block_of(t)[1] * bq, k_start)
+      operands = (k_own, v_own, loop_s.at[slot, 0], loop_s.at[slot, 1])
+      rows = (loop_rows.at[slot], loop_seg.at[slot])
+      carry = backward.key_products(ops, plan, carry, operands, starts, kv_seg, rows, masked)
+      blocks.done(t)
+      return carry
+
+    zeros = ops.wgmma_layout(jnp.zeros((BLOCK, D), jnp.float32))
+    dk_acc, dv_acc = backward.diagonal_first_loop(n_masked, n_steps, step, (zeros, zeros))
+    _meet(done_bar)  # the query buffers are free: each warpgroup takes its slot as staging
+    stage = loop_s.at[wg]
+    rot.f32(dk_acc, kv_pos, stage, k_own, inverse=True)
+    if plan.rotate_values:
+      rot.f32(dv_acc, kv_pos, stage, v_own, inverse=True)
+    else:
+      v_own[...] = dv_acc.astype(dt)
+    tiles.store((k_own, dk_ref.at[b, keys, kh]), (v_own, dv_ref.at[b, keys, kh]))
+
+  blocks.run(compute, D, _waiter(fixed_bar, len(constants)))

@@ -50,6 +50,7 @@ class Plan(NamedTuple):
   backward_wgs: int = 1  # Hopper dk, dv kernel: compute warpgroups a program
   packed: bool = False  # Hopper: q, k, v read in place from one [B, T, 3, H, D] buffer
   bf16_turns: bool = False  # Hopper: looped tiles turned in bfloat16 pairs (fused_hopper_rotation)
+  backward_producer: bool = False  # Hopper backward_wgs=2: a producer warpgroup (..._pipe)
 
 
 def column(row_ref) -> jax.Array:

@@ -91,10 +91,13 @@ def test_fused_variants_name_the_hopper_kernels_arguments():
   want = dict(compute_wgs=2, producer=True, bf16_turns=True)
   assert kernels.fused_options("2wg+tma+bf16") == want
   assert kernels.fused_options("bwd2wg+matrix") == dict(backward_wgs=2, slice_swap=False)
+  both = dict(backward_wgs=2, backward_producer=True)
+  assert kernels.fused_options("bwd2wg+bwdtma") == both
   for bad, says in (
     ("", "expected 'default' or distinct features"),
     ("bf16+bf16", "distinct features"),
-    ("2wg+fast", "from \\('2wg', 'tma', 'bwd2wg', 'bf16', 'matrix'\\)"),
+    ("2wg+fast", "from \\('2wg', 'tma', 'bwd2wg', 'bwdtma', 'bf16', 'matrix'\\)"),
+    ("bwdtma+bf16", "'bwdtma' needs 'bwd2wg'"),
     ("tma", "'tma' \\(a producer warpgroup\\) needs '2wg'"),
     ("bf16+matrix", "'bf16' turns by slices"),
     (2, "a fused variant is a string"),

@@ -18,6 +18,8 @@ import pytest
 import rove_jax as rj
 from rove_jax import kernels
 from rove_jax.kernels import fused_hopper, platform
+from rove_jax.kernels import fused_hopper_backward_pipe as pipe
+from rove_jax.kernels.fused_tiles import Plan
 from tests.core.test_kernels_fused import (
   BF16,
   F32,
@@ -71,6 +73,11 @@ VARIANTS = {
   "1wg_bf16": dict(bf16_turns=True),
   "2wg_bwd2wg_bf16": dict(compute_wgs=2, backward_wgs=2, bf16_turns=True),
   "2wg_tma_bf16": dict(compute_wgs=2, producer=True, bf16_turns=True),  # the producer turns
+  # producer warpgroups in the backward kernels too: copying, and (bf16) turning
+  "2wg_bwd2wg_bwdtma": dict(compute_wgs=2, backward_wgs=2, backward_producer=True),
+  "2wg_tma_bwd2wg_bwdtma_bf16": dict(
+    compute_wgs=2, producer=True, backward_wgs=2, backward_producer=True, bf16_turns=True
+  ),
 }
 
 
@@ -141,8 +148,8 @@ TURNS_BF16 = ("rove_packed_causal_half_gqa_yarn", "rope_causal_half_mqa")  # bf1
   "case,variant,packed",
   [(c, "1wg", c == MHA) for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa", *TURNS_BF16})]
   + [("rove_causal_interleaved_mqa", "2wg", False)]
-  + [(MHA, "2wg_tma_bwd2wg", True)]
-  + [("rope_packed_bidirectional_half_gqa_partial_yarn", "2wg_bwd2wg", False)]
+  + [(MHA, "2wg_tma_bwd2wg_bwdtma_bf16", True)]
+  + [("rope_packed_bidirectional_half_gqa_partial_yarn", "2wg_bwd2wg_bwdtma", False)]
   + [
     (MHA, "1wg_bf16", True),
     (TURNS_BF16[0], "2wg_bwd2wg_bf16", False),
@@ -154,8 +161,10 @@ def test_matches_float64_reference_with_gradients(case, variant, packed):
   """Every case through the one-warpgroup kernels (the third runs through dispatch below) and
   through the two-warpgroup ones: the forward by the swap matrix (MQA, interleaved), with its
   producer by slices (packed RoVE), and with the two-warpgroup backward kernels (packed RoVE
-  by slices; GQA by the matrix; by slices at D = 128 below; the two-warpgroup forward without
-  a producer by slices is test_slice_swap's first case). The swap matrix where slices would
+  by slices in bfloat16 pairs, forward and backward with producers that turn, q's pass-through
+  dims scaled by the backward's; GQA by the matrix, with a backward producer that only copies;
+  by slices at D = 128 below; the two-warpgroup forward without a producer by slices is
+  test_slice_swap's first case). The swap matrix where slices would
   run is the D = 128 test's first case; the tests against the XLA kernel below add theirs. The
   gradients check the logsumexp each forward leaves for the backward pass, which swaps pairs
   as its forward does. The MHA case reads q, k, v in place from one [B, T, 3, H, D] buffer
@@ -394,9 +403,16 @@ def test_multi_warpgroup_limits():
     (dict(compute_wgs=2, block_kv=64), "shares blocks of 128"),
     (dict(producer=True), "producer=True needs compute_wgs=2"),
     (dict(backward_wgs=3), "backward_wgs must be 1 or 2"),
+    (dict(backward_producer=True), "backward_producer=True needs backward_wgs=2"),
   ):
     with pytest.raises(ValueError, match=reason):
       fused_hopper.kernel(**kw)
+  # The backward producer's share of registers would spill the dk, dv kernel at D = 128 (as
+  # compiled for an H200): that kernel runs without one there; dq and D = 64 keep it.
+  plan = Plan(True, False, 32, True, True, 64, 64, True, backward_wgs=2, backward_producer=True)
+  assert not pipe.with_producer(plan, 2 * D, queries_looped=True).backward_producer
+  assert pipe.with_producer(plan, 2 * D, queries_looped=False).backward_producer
+  assert pipe.with_producer(plan, D, queries_looped=True).backward_producer
   rope = rj.Rope(rj.rope_frequencies(D))
   attend = fused_hopper.kernel(interpret=True, compute_wgs=2)
   slices = fused_hopper.kernel(interpret=True, slice_swap=True)
