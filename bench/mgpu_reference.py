@@ -5,21 +5,26 @@ for an H100 or H200 without a GPU, and its instructions by class, the main loop'
 `python -m bench.fused_gpu --aot h200 --sass` reports the fused kernels'.
 
   python -m bench.mgpu_reference [--aot h200] [--batch 8 --length 1024 --heads 12 --head-dim 64]
-      [--block-kv 128] [--out F]
+      [--block-kv 128] [--backward] [--out F]
 
 Its float16 inputs: the kernel casts p to float16 for the p.v product (bfloat16 q, k, v are
-refused), which issues the same instructions a bfloat16 kernel would. Its backward pass takes
-no causal mask, so only the forward is compiled. Reading it beside the fused kernels' loops (a
-128-key block, both): what the fused kernel adds to a flash-attention loop, and what its loop's
-flash core and overhead cost against one written by JAX's authors. Needs JAX's CUDA plugin and
-the CUDA tools `--sass` needs (rove_jax[gpu-aot]).
+refused), which issues the same instructions a bfloat16 kernel would. Reading it beside the
+fused kernels' loops (a 128-key block, both): what the fused kernel adds to a flash-attention
+loop, and what its loop's flash core and overhead cost against one written by JAX's authors.
+--backward compiles its backward pass too ("dq" and "dk_dv"; it names neither), with two
+compute warpgroups of 64 rows sharing each looped block of 64 and a producer warpgroup: the
+fused kernels' blocks with backward_wgs=2. It takes no causal mask, so the forward is then
+compiled without one too, and its loops compare with the fused kernels' unmasked loops. Needs
+JAX's CUDA plugin and the CUDA tools `--sass` needs (rove_jax[gpu-aot]).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -62,13 +67,22 @@ def compile_reference(args) -> dict:
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   shape = (args.batch, args.length, args.heads, args.head_dim)
   qkv = [jax.ShapeDtypeStruct(shape, jnp.float16, sharding=sharding)] * 3
+  blocks = dict(block_q_dq=64, block_kv_dq=64, block_q_dkv=64, block_kv_dkv=64)
   config = attention_mgpu.TuningConfig(
-    block_q=64, block_kv=args.block_kv, max_concurrent_steps=2, causal=True
+    block_q=64,
+    block_kv=args.block_kv,
+    max_concurrent_steps=2,
+    causal=not args.backward,  # its backward pass has no causal mask
+    **(dict(blocks, compute_wgs_bwd=2) if args.backward else {}),
   )
+  forward = lambda q, k, v: attention_mgpu.attention(q, k, v, config)
+  total = lambda q, k, v: forward(q, k, v).astype(jnp.float32).sum()
+  run = jax.grad(total, (0, 1, 2)) if args.backward else forward
   with jax.set_mesh(mesh):
-    jax.jit(lambda q, k, v: attention_mgpu.attention(q, k, v, config)).lower(*qkv).compile()
+    jax.jit(run).lower(*qkv).compile()
   folder = os.path.join(DUMPS, "mosaic")
   try:
+    _name_backward_kernels(folder)
     report = ptxas_tool.read_mosaic(folder)
     ptx = ptxas_tool.mosaic_files(folder, ".ptx")
     counts = {name: sass.of_ptx(path) for name, path in ptx.items()}
@@ -77,6 +91,21 @@ def compile_reference(args) -> dict:
   print(ptxas_tool.table(report))
   print(sass.table(counts))
   return dict(ptxas=report, sass=counts)
+
+
+# A TMA copy from shared to global memory (an output tile's store), in PTX.
+_TMA_STORE = re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared")
+
+
+def _name_backward_kernels(folder: str) -> None:
+  """Renames the dumps of the reference's two unnamed backward kernels ("anonymous_N.*") by
+  their outputs: "dk_dv" stores two tiles a program, "dq" one."""
+  for ptx in glob.glob(os.path.join(folder, "anonymous_*.ptx")):
+    with open(ptx) as f:
+      name = "dk_dv" if len(_TMA_STORE.findall(f.read())) == 2 else "dq"
+    stem = ptx[: -len(".ptx")]
+    for path in glob.glob(stem + ".*"):
+      os.rename(path, path.replace("anonymous", name))
 
 
 def main(argv=None) -> int:
@@ -91,6 +120,9 @@ def main(argv=None) -> int:
   p.add_argument("--heads", type=int, default=12)
   p.add_argument("--head-dim", type=int, default=64)
   p.add_argument("--block-kv", type=int, default=128, help="its key block (64, 128 or 256)")
+  p.add_argument(
+    "--backward", action="store_true", help="its backward kernels too (without a causal mask)"
+  )
   p.add_argument("--out", help="write the figures here as JSON")
   args = p.parse_args(argv)
   from rove_jax.aot import sass
