@@ -166,8 +166,8 @@ SECOND_LOOP_MIN = 100  # instructions: below it a second loop is a barrier-wait 
 
 def of_ptx(ptx_path: str) -> dict:
   """`mix` of the machine code of one PTX file, with the mix of its `main_loop` under "loop"
-  and of the next largest loop, where it has at least SECOND_LOOP_MIN instructions (the
-  unmasked loop beside a masked one), under "loop 2"."""
+  and of each next largest loop with at least SECOND_LOOP_MIN instructions (the unmasked loop
+  beside a masked one, a producer warpgroup's) under "loop 2", "loop 3", ... (`with_loops`)."""
   problem = missing_tools()
   if problem:
     raise RuntimeError(problem)
@@ -183,23 +183,24 @@ def of_ptx(ptx_path: str) -> dict:
 
 
 def with_loops(listing: str) -> dict:
-  """of_ptx's dict of a listing."""
+  """of_ptx's dict of a listing: "loop" the longest loop's mix, and "loop 2", "loop 3", ...
+  each further loop's from SECOND_LOOP_MIN instructions, longest first (a kernel with a
+  producer warpgroup has its loop beside the compute warpgroups' masked and unmasked ones)."""
   found = [mix(opcodes(body)) for body in loops(listing)]
   out = dict(mix(opcodes(listing)), loop=found[0] if found else mix(opcodes("")))
-  if len(found) > 1 and found[1]["instructions"] >= SECOND_LOOP_MIN:
-    out["loop 2"] = found[1]
+  more = [m for m in found[1:] if m["instructions"] >= SECOND_LOOP_MIN]
+  out.update({f"loop {i}": m for i, m in enumerate(more, start=2)})
   return out
 
 
 def table(report: dict) -> str:
   """A markdown table of {kernel: of_ptx's dict}: a row for the whole kernel and, where it has
-  them, rows for its main loop (one pass: a key or query block) and its second loop."""
+  them, rows for its main loop (one pass: a key or query block) and its further loops."""
   cols = ["instructions", *CLASSES, "other"]
   lines = ["| kernel | part | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
   for name, m in report.items():
-    parts = [("all", m)] + [
-      (part, m[part]) for part in ("loop", "loop 2") if m.get(part, {}).get("instructions")
-    ]
+    loops_ = [k for k in m if k == "loop" or k.startswith("loop ")]
+    parts = [("all", m)] + [(part, m[part]) for part in loops_ if m[part].get("instructions")]
     for part, counts in parts:
       lines.append(f"| {name} | {part} | " + " | ".join(str(counts[c]) for c in cols) + " |")
   return "\n".join(lines)

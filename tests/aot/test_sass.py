@@ -110,14 +110,17 @@ def line(address: int, text: str) -> str:
   return f"        /*{address:04x}*/                   {text} ;"
 
 
-def two_loops(n_first: int, n_second: int) -> str:
-  """A listing with a loop of n_first FFMAs, then one of n_second FMULs, then a barrier-wait
-  stub's two-instruction loop."""
+def two_loops(n_first: int, n_second: int, n_third: int = 0) -> str:
+  """A listing with a loop of n_first FFMAs, then one of n_second FMULs (and of n_third FADDs),
+  then a barrier-wait stub's two-instruction loop."""
   out = []
   for start, n, op, p in (
     (0x100, n_first, "FFMA R1, R2, R3, R4", 0),
     (0x4000, n_second, "FMUL R1, R2, R3", 1),
+    (0x6000, n_third, "FADD R1, R2, R3", 3),
   ):
+    if not n:
+      continue
     out += [line(start + 16 * i, op) for i in range(n)]
     out.append(line(start + 16 * n, f"@P{p} BRA 0x{start:x}"))
   return "\n".join(out + [line(0x8000, "NOP"), line(0x8010, "@P2 BRA 0x8000")])
@@ -138,6 +141,16 @@ def test_a_second_loop_of_its_own_is_reported_beside_the_main_one():
   ]
   assert "loop 2" not in sass.with_loops(two_loops(50, 150))
   assert sass.with_loops(two_loops(50, 150))["loop"]["instructions"] == 151
+  # A producer warpgroup's loop beside the compute warpgroups' two: a third row.
+  three = sass.with_loops(two_loops(120, 150, 130))
+  sizes = [three[k]["instructions"] for k in ("loop", "loop 2", "loop 3")]
+  assert sizes == [151, 131, 121] and "loop 4" not in three
+  assert [r.split(" | ")[1] for r in sass.table({"dq": three}).splitlines()[2:]] == [
+    "all",
+    "loop",
+    "loop 2",
+    "loop 3",
+  ]
 
 
 def test_missing_tools_say_what_to_install(monkeypatch):
