@@ -186,6 +186,16 @@ def _waiter(bar, n: int):
   return wait
 
 
+def _take_own(copies, bar, first, wait_fixed) -> None:
+  """A warpgroup's own tiles and rows: each (source, destination) copy issued on
+  bar.at[first + n]; then the constants (wait_fixed) and they waited for."""
+  for n, (src, dst) in enumerate(copies):
+    plgpu.copy_gmem_to_smem(src, dst, bar.at[first + n])
+  wait_fixed()
+  for n in range(len(copies)):
+    plgpu.barrier_wait(bar.at[first + n])
+
+
 def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
   """A warpgroup's 64 query rows of the program's 128, against every key block they see (and,
   with plan.backward_producer, the warpgroup that copies and turns the key blocks)."""
@@ -224,11 +234,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
     ]
     if plan.segmented:
       copies.append((r["q_seg"].at[b, rows], own_seg.at[wg]))
-    for n, (src, dst) in enumerate(copies):
-      plgpu.copy_gmem_to_smem(src, dst, own_bar.at[wg * 6 + n])
-    _waiter(fixed_bar, n_fixed)()
-    for n in range(len(copies)):
-      plgpu.barrier_wait(own_bar.at[wg * 6 + n])
+    _take_own(copies, own_bar, wg * 6, _waiter(fixed_bar, n_fixed))
     pairs = [(q_own, q_own)] + ([(do_own, do_own)] if plan.rotate_output else [])
     rot.to(pairs, rows_own.at[0], scale_first=True)  # in place
     plgpu.commit_smem()
@@ -302,11 +308,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
     copies.append((r["kv_pos"].at[b, keys], kv_pos))
     if plan.segmented:
       copies.append((r["kv_seg"].at[b, keys], own_seg.at[wg]))
-    for n, (src, dst) in enumerate(copies):
-      plgpu.copy_gmem_to_smem(src, dst, own_bar.at[wg * 4 + n])
-    _waiter(fixed_bar, n_fixed)()
-    for n in range(len(copies)):
-      plgpu.barrier_wait(own_bar.at[wg * 4 + n])
+    _take_own(copies, own_bar, wg * 4, _waiter(fixed_bar, n_fixed))
     pairs = [(k_own, k_own)] + ([(v_own, v_own)] if plan.rotate_values else [])
     rot.to(pairs, kv_pos)  # in place
     plgpu.commit_smem()
