@@ -19,7 +19,9 @@ What runs, and why (dk, dv; dq is the same with queries and keys exchanged):
     program, in place: q with the softmax scale (dq: k) by warpgroup 0 and, RoVE, dO (dq: v)
     by warpgroup 1, which then meet at a barrier before either multiplies. The one-warpgroup
     kernels rotate each looped block once for every 64 owned rows; here once for 128: half the
-    rotation work (its sin/cos tables the largest part) and half the looped reads a row.
+    rotation work (its sin/cos tables the largest part) and half the looped reads a row. With
+    plan.backward_producer a third warpgroup issues those copies and, with bf16 turns by copied
+    tables, turns each block (rove_jax.kernels.fused_hopper_backward_pipe).
   * After the loop both meet at a second barrier, and each turns its accumulators back
     through its own slot of the loop buffers (free then) as staging.
   * T and S must be multiples of 128. Under a causal mask warpgroup 1 of a dk, dv program
@@ -34,8 +36,8 @@ the looped block's rotation once. Shared memory: each warpgroup's two tiles, two
 looped tiles, the swap matrix (not with column slices), rows: about 70 KiB at D = 64, 160 KiB at
 D = 128.
 
-Not yet done (speed; timing on an H200 decides): a producer warpgroup, asynchronous wgmma,
-ping-pong between the two warpgroups.
+Not yet done (speed; timing on an H200 decides): asynchronous wgmma, ping-pong between the two
+warpgroups.
 """
 
 from __future__ import annotations
