@@ -110,6 +110,8 @@ def configure(
     out[name] = model[name]
   if out["pos_encoding"] != "rove" and "rove_layers" not in given:
     out["rove_layers"] = None  # an export of a partly-RoVE run, switched to rope
+  if out["attention_impl"] != "fused" and "fused_variant" not in given:
+    out["fused_variant"] = "default"  # the checkpoint's fused kernel's variant, of no other
   (log or _log)(
     f"init_from={path}: {ckpt.n_layer} layers x {ckpt.d_model}, {ckpt.n_head} "
     f"heads ({ckpt.n_kv_head} kv), vocabulary {ckpt.vocab_size}; pos_encoding "

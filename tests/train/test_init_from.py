@@ -194,6 +194,25 @@ def test_a_shape_override_is_refused_naming_the_field(checkpoint):
   assert (c.model.n_layer, c.model.d_model, c.model.vocab_size) == (2, 32, 64)
 
 
+def test_another_kernel_drops_the_checkpoints_fused_variant():
+  """A checkpoint trained with the Hopper fused kernel in a variant (model.fused_variant) starts
+  a run on another kernel with the default variant (a variant of no other kernel), and keeps
+  it where the run stays on the fused kernel."""
+  from rove_jax.nn.model_config import GPTConfig
+  from rove_jax.nn.pretrained import Inspected
+  from rove_jax.train import init_from
+
+  saved = GPTConfig.tiny(attention_impl="fused", fused_variant="2wg+bf16")
+  ckpt = Inspected("ckpt", saved, "bytes")
+  run = lambda **kw: init_from.configure(ckpt, GPTConfig.tiny(**kw), None, kw, log=lambda m: 0)[0]
+  assert (run(attention_impl="xla").attention_impl, run(attention_impl="xla").fused_variant) == (
+    "xla",
+    "default",
+  )
+  assert run(remat="full").fused_variant == "2wg+bf16"
+  assert run(attention_impl="fused", fused_variant="bf16").fused_variant == "bf16"
+
+
 def test_a_tokenizer_that_is_not_the_checkpoints_is_refused(checkpoint, tmp_path):
   with pytest.raises(
     ValueError,
