@@ -146,8 +146,10 @@ section fused-attention-step 190 python3 -m bench.peer_ratio --shape gpt2_124m -
   --encodings rope,rove+fused_attention,rove+fused_attention+bf16,rove+fused_attention+2wg+tma+bwd2wg+bwdtma+bf16 \
   --rounds 1 --steps 10 --out "$OUT/fused_attention_124m.json"
 
+# The Triton fused kernel (what kernel="fused" runs on GPUs other than Hopper), its backward
+# blocks of 32 and 64, against cuDNN; the Hopper variants are fused-hopper-bench's.
 section fused-gpu 40 python3 -m bench.fused_gpu --backward-block 32,64 --repeats 20 \
-  --out "$OUT/fused_gpu.json"
+  --kernels "triton,triton bwd64" --out "$OUT/fused_gpu.json"
 
 section forward-16k 40 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m bench.isolated \
   --worker long_forward \
