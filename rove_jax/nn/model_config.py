@@ -181,11 +181,12 @@ class GPTConfig:
     return cls(**dict(fields))
 
   def with_kernel(self, attention_impl: str, **changes) -> "GPTConfig":
-    """This config with another attention kernel (and `changes`): fused_variant is kept where
-    the kernel is still "fused", else back to "default" (a variant of no other kernel)."""
-    variant = self.fused_variant if attention_impl == "fused" else "default"
+    """This config with another attention kernel in its default variant (and `changes`):
+    evaluation's. A fused_variant is the training run's tuning for the Hopper kernel, which
+    another kernel does not take and evaluation on another platform would refuse; the default
+    variant computes the same function."""
     return dataclasses.replace(
-      self, attention_impl=attention_impl, fused_variant=variant, **changes
+      self, attention_impl=attention_impl, fused_variant="default", **changes
     )
 
   def is_rove_layer(self, layer: int) -> bool:

@@ -54,6 +54,18 @@ CASES = {
   "rove_packed_causal_half_mha_partial": ("rove", "half", 2, 1, 1, True, (100, 60, 96), 32, False),
   "rove_packed_causal_half_gqa_yarn": ("rove", "half", 1, 4, 2, True, (100, 156), 64, True),
   "rope_causal_half_mqa": ("rope", "half", 1, 2, 1, True, None, 64, False),
+  # the bidirectional case with half its heads, for the two-warpgroup backward kernels
+  "rope_packed_bidirectional_half_mqa_partial_yarn": (
+    "rope",
+    "half",
+    1,
+    2,
+    1,
+    False,
+    (31, 150, 75),
+    48,
+    True,
+  ),
 }
 
 
@@ -142,14 +154,18 @@ def run_case(case, **kw):
 
 MHA = "rove_packed_causal_half_mha_partial"
 TURNS_BF16 = ("rove_packed_causal_half_gqa_yarn", "rope_causal_half_mqa")  # bf16_turns only
+BIDIRECTIONAL_2WG = "rope_packed_bidirectional_half_mqa_partial_yarn"  # two warpgroups only
 
 
 @pytest.mark.parametrize(
   "case,variant,packed",
-  [(c, "1wg", c == MHA) for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa", *TURNS_BF16})]
+  [
+    (c, "1wg", c == MHA)
+    for c in sorted(set(CASES) - {"rove_causal_interleaved_mqa", BIDIRECTIONAL_2WG, *TURNS_BF16})
+  ]
   + [("rove_causal_interleaved_mqa", "2wg", False)]
   + [(MHA, "2wg_tma_bwd2wg_bwdtma_bf16", True)]
-  + [("rope_packed_bidirectional_half_gqa_partial_yarn", "2wg_bwd2wg", False)]
+  + [(BIDIRECTIONAL_2WG, "2wg_bwd2wg", False)]
   + [
     (MHA, "1wg_bf16", True),
     (TURNS_BF16[0], "2wg_bwd2wg_bf16", False),
@@ -162,7 +178,7 @@ def test_matches_float64_reference_with_gradients(case, variant, packed):
   through the two-warpgroup ones: the forward by the swap matrix (MQA, interleaved), with its
   producer by slices (packed RoVE), and with the two-warpgroup backward kernels (packed RoVE by
   slices in bfloat16 pairs, forward and backward with producers that turn, q's pass-through
-  dims scaled by the backward's; GQA by the matrix; by slices at D = 128 below; the
+  dims scaled by the backward's; bidirectional by the matrix; by slices at D = 128 below; the
   two-warpgroup forward without a producer by slices is test_slice_swap's first case). The swap
   matrix where slices would run is the D = 128 test's first case; the tests against the XLA
   kernel below add theirs. The gradients check the logsumexp each forward leaves for the
