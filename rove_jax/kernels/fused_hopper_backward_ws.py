@@ -211,6 +211,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
   kh = lax.div(h, jnp.int32(G))
   D = own_s.shape[-1]
   constants = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
+  wait_fixed = _waiter(fixed_bar, len(constants))  # the compute warpgroups' and the producer's
   # The key blocks the program's last query row sees (all of them without causality).
   n_blocks = tiles.last_key_block(plan, qb * (W * BLOCK) + BLOCK, nk) + 1
 
@@ -227,7 +228,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
   def compute():
     q_start = qb * (W * BLOCK) + wg * BLOCK
     rows = pl.ds(q_start, BLOCK)
-    n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
+    tiles.copy_from_first(wg, constants, fixed_bar)
     q_own, do_own, rows_own = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg]
     copies = [
       (r["q"].at[b, rows, h], q_own),
@@ -236,7 +237,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
     ]
     if plan.segmented:
       copies.append((r["q_seg"].at[b, rows], own_seg.at[wg]))
-    _take_own(copies, own_bar, wg * 6, _waiter(fixed_bar, n_fixed))
+    _take_own(copies, own_bar, wg * 6, wait_fixed)
     pairs = [(q_own, q_own)] + ([(do_own, do_own)] if plan.rotate_output else [])
     rot.to(pairs, rows_own.at[0], scale_first=True)  # in place
     plgpu.commit_smem()
@@ -263,7 +264,7 @@ def _dq_body(plan: Plan, nk: int, G: int, tabled: bool, *refs):
     rot.f32(dq_r, rows_own.at[0], loop_s.at[wg], q_own, inverse=True)
     tiles.store((q_own, dq_ref.at[b, rows, h]))
 
-  blocks.run(compute, D, _waiter(fixed_bar, len(constants)))
+  blocks.run(compute, D, wait_fixed)
 
 
 def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
@@ -278,6 +279,7 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
   wg = lax.axis_index(THREAD)
   b, kh, kb = lax.axis_index("batch"), lax.axis_index("kv_heads"), lax.axis_index("kv")
   constants = rotation.constant_copies(plan, (r["consts"], consts_s), (r["swap"], swap_s))
+  wait_fixed = _waiter(fixed_bar, len(constants))  # the compute warpgroups' and the producer's
   # The query blocks from the one holding the program's first key (causal), for each head.
   first = lax.div(kb * (W * BLOCK), jnp.int32(bq)) if plan.causal else jnp.int32(0)
   per_head = nq - first
@@ -304,13 +306,13 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
   def compute():
     k_start = kb * (W * BLOCK) + wg * BLOCK
     keys = pl.ds(k_start, BLOCK)
-    n_fixed = tiles.copy_from_first(wg, constants, fixed_bar)
+    tiles.copy_from_first(wg, constants, fixed_bar)
     k_own, v_own, kv_pos = own_s.at[wg, 0], own_s.at[wg, 1], own_rows.at[wg, 0]
     copies = [(r["k"].at[b, keys, kh], k_own), (r["v"].at[b, keys, kh], v_own)]
     copies.append((r["kv_pos"].at[b, keys], kv_pos))
     if plan.segmented:
       copies.append((r["kv_seg"].at[b, keys], own_seg.at[wg]))
-    _take_own(copies, own_bar, wg * 4, _waiter(fixed_bar, n_fixed))
+    _take_own(copies, own_bar, wg * 4, wait_fixed)
     pairs = [(k_own, k_own)] + ([(v_own, v_own)] if plan.rotate_values else [])
     rot.to(pairs, kv_pos)  # in place
     plgpu.commit_smem()
@@ -337,4 +339,4 @@ def _dkv_body(plan: Plan, nq: int, G: int, tabled: bool, *refs):
       v_own[...] = dv_acc.astype(dt)
     tiles.store((k_own, dk_ref.at[b, keys, kh]), (v_own, dv_ref.at[b, keys, kh]))
 
-  blocks.run(compute, D, _waiter(fixed_bar, len(constants)))
+  blocks.run(compute, D, wait_fixed)

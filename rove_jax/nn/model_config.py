@@ -86,7 +86,7 @@ class GPTConfig:
   fused_variant: str = _f(
     "default",
     "with attention_impl=fused on a Hopper GPU, the kernel's variant: default | features "
-    "joined by '+' from 2wg, tma, bwd2wg, bf16, matrix (kernels.dispatch.FUSED_FEATURES)",
+    f"joined by '+' from {', '.join(kernels.FUSED_FEATURES)} (kernels.FUSED_FEATURES)",
   )
   remat: str = _f(
     "none",

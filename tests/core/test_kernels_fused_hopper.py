@@ -54,19 +54,16 @@ CASES = {
   "rove_packed_causal_half_mha_partial": ("rove", "half", 2, 1, 1, True, (100, 60, 96), 32, False),
   "rove_packed_causal_half_gqa_yarn": ("rove", "half", 1, 4, 2, True, (100, 156), 64, True),
   "rope_causal_half_mqa": ("rope", "half", 1, 2, 1, True, None, 64, False),
-  # the bidirectional case with half its heads, for the two-warpgroup backward kernels
-  "rope_packed_bidirectional_half_mqa_partial_yarn": (
-    "rope",
-    "half",
-    1,
-    2,
-    1,
-    False,
-    (31, 150, 75),
-    48,
-    True,
-  ),
 }
+# The bidirectional case with half its heads (two on one kv head), for the two-warpgroup
+# backward kernels.
+_bidirectional = CASES["rope_packed_bidirectional_half_gqa_partial_yarn"]
+CASES["rope_packed_bidirectional_half_mqa_partial_yarn"] = (
+  *_bidirectional[:3],
+  2,
+  1,
+  *_bidirectional[5:],
+)
 
 
 # The forward variants (fused_hopper.kernel's arguments): the default, two compute warpgroups
