@@ -167,7 +167,7 @@ BIDIRECTIONAL_2WG = "rope_packed_bidirectional_half_mqa_partial_yarn"  # two war
     (MHA, "1wg_bf16", True),
     (TURNS_BF16[0], "2wg_bwd2wg_bf16", False),
     (TURNS_BF16[1], "1wg_bf16", False),
-    (TURNS_BF16[1], "2wg_bwd2wg_bf16", False),
+    (TURNS_BF16[1], "2wg_tma_bwd2wg_bwdtma_bf16", False),
   ],
 )
 def test_matches_float64_reference_with_gradients(case, variant, packed):
@@ -185,7 +185,9 @@ def test_matches_float64_reference_with_gradients(case, variant, packed):
   key blocks' tables copied: RoVE with pass-through dims, one warpgroup; RoVE fully rotated
   with YaRN's factor in q's scaled tables beside dO's, two warpgroups; RoPE without documents
   (the blocks off the diagonal in their own loop), one warpgroup and two (which halve k's and
-  q's rows between them)."""
+  q's rows between them), the two with producer warpgroups that turn each looped block, forward
+  and backward (the two-warpgroup backward without a producer, in bfloat16 pairs, is the YaRN
+  case's)."""
   run_case(case, variant=variant, packed=packed)
 
 
@@ -244,7 +246,7 @@ def test_the_gpts_fused_variant_reaches_the_kernel(hopper_target, monkeypatch):
     ("rove", "interleaved", 128, (100, 156), "1wg"),
     ("rove", "half", 128, (100, 156), "1wg"),
     ("rove", "half", 128, (100, 156), "2wg_bwd2wg"),
-    ("rove", "interleaved", 128, None, "2wg_bwd2wg"),
+    ("rove", "interleaved", 128, None, "2wg_bwd2wg_bwdtma"),
     ("rove", "half", 128, (100, 156), "1wg_bf16"),
   ],
 )
@@ -252,13 +254,14 @@ def test_head_dim_128_rotates_in_column_pieces(kind, layout, rot_dim, lengths, v
   """D = 128: every rotation (q, k, v, the output, dO, dq, dk, dv) runs a column piece at a time
   (fused_hopper_rotation): two of 64 columns by the swap matrix, pairs of 32 (r = 64) or 16 (r = 48)
   by slices; the fourth and fifth with the two-warpgroup kernels, forward and backward, whose
-  rotations are in place; the last turning in bfloat16 pairs, its forward with the key blocks'
-  tables copied into one slot. MQA, causal, against the float64 reference with gradients. Half
-  layout with 96 rotated dims: pairs (i, i + 48) cross the matrix pieces' boundary (each piece's
-  product reads the whole tile) and dims 96 to 127 pass through; interleaved fully rotated, where
-  each piece's pairs stay within it (a piece's product reads the piece's columns only, in place
-  too); over packed documents or not (the two-warpgroup kernels' blocks away from the diagonal then
-  run without the mask)."""
+  rotations are in place, the fifth's dq with a producer warpgroup that copies each looped key block
+  (its dk, dv runs without one at D = 128: fused_hopper_backward_pipe.with_producer); the last
+  turning in bfloat16 pairs, its forward with the key blocks' tables copied into one slot. MQA,
+  causal, against the float64 reference with gradients. Half layout with 96 rotated dims: pairs (i,
+  i + 48) cross the matrix pieces' boundary (each piece's product reads the whole tile) and dims 96
+  to 127 pass through; interleaved fully rotated, where each piece's pairs stay within it (a piece's
+  product reads the piece's columns only, in place too); over packed documents or not (the
+  two-warpgroup kernels' blocks away from the diagonal then run without the mask)."""
   rng = np.random.default_rng(rot_dim)
   q = rng.standard_normal((1, T, 2, 2 * D)) * 2
   k, v = rng.standard_normal((1, T, 1, 2 * D)), rng.standard_normal((1, T, 1, 2 * D))
