@@ -42,6 +42,10 @@ import time
 # JAX's CUDA plugin registers without a driver only with this set (--aot); before JAX starts.
 if "--aot" in sys.argv:
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+# --interpret runs the Hopper kernels' warpgroups at once on XLA's CPU pool, which needs a thread
+# for each and one more (fused_hopper_tiles.interpret_pool_problem); before JAX starts.
+if "--interpret" in sys.argv and not any(os.environ.get(v) for v in ("PJRT_NPROC", "NPROC")):
+  os.environ["PJRT_NPROC"] = str(max(4, os.cpu_count() or 1))
 # --ptxas and --sass read the PTX XLA writes and the ptxas reports and PTX Mosaic GPU writes:
 # both dump folders are set before JAX starts.
 PTX_DIR = None
@@ -97,25 +101,56 @@ HOPPER = {
 }
 
 
+def hopper_options(label: str) -> dict:
+  """fused_hopper.kernel's keyword arguments for a Hopper label: any "hopper" followed by the
+  features of kernels.FUSED_FEATURES (hopper_variant), not only HOPPER's. ValueError names a
+  feature fused_options refuses."""
+  try:
+    return fused_options(hopper_variant(label))
+  except ValueError as e:
+    raise ValueError(f"--kernels {label!r}: {e}") from None
+
+
+def why_not(options: dict, args) -> str | None:
+  """Why a Hopper variant (its kernel arguments) has no row at these settings, or None."""
+  if (options.get("compute_wgs") or options.get("backward_wgs")) and args.length % 128:
+    return f"its multi-warpgroup kernels take T a multiple of 128, not --length {args.length}"
+  if args.layout != "half" and options.get("bf16_turns"):
+    return "it turns pairs by column slices, which only --layout half has"
+  if args.layout != "half" and "slice_swap" in options:
+    return "--layout interleaved swaps pairs by the matrix anyway: drop 'matrix'"
+  return None
+
+
 def variants(args) -> list:
-  """[(label, backward block)] of the fused kernels, those named by --kernels if given: the
-  Hopper ones (HOPPER; rove_jax.kernels.fused_hopper, Pallas Mosaic GPU, "hopper" being what
-  kernel="fused" runs on an H100/H200; the multi-warpgroup ones where T is a multiple of 128,
-  the "matrix" ones in the half layout, where the default slices), then the Triton kernel
-  (rove_jax.kernels.fused_gpu, what it runs on other GPUs): "triton" at the first of
-  --backward-block, "triton bwd<N>" at each other (timed forward + backward only: the forward
-  is the same)."""
+  """[(label, backward block)] of the fused kernels: the Hopper ones (rove_jax.kernels.
+  fused_hopper, Pallas Mosaic GPU, "hopper" being what kernel="fused" runs on an H100/H200),
+  then the Triton kernel (rove_jax.kernels.fused_gpu, what it runs on other GPUs): "triton" at
+  the first of --backward-block, "triton bwd<N>" at each other (timed forward + backward only:
+  the forward is the same). Without --kernels: HOPPER's labels that these settings take (the
+  multi-warpgroup ones where T is a multiple of 128, the "matrix" ones in the half layout, where
+  the default slices) and every Triton row. With it: those labels, in that order, any Hopper
+  variant among them; ValueError names a label that is unknown or has no row here, and why."""
   blocks = [int(b) for b in str(args.backward_block).split(",")]
-  wanted = set(args.kernels.split(",")) if args.kernels else None
-  hopper = [
-    name
-    for name, kw in HOPPER.items()
-    if (args.length % 128 == 0 or not (kw.get("compute_wgs") or kw.get("backward_wgs")))
-    and (args.layout == "half" or not ("slice_swap" in kw or kw.get("bf16_turns")))
-  ]
-  triton = [("triton" if i == 0 else f"triton bwd{b}", b) for i, b in enumerate(blocks)]
-  rows = [(name, None) for name in hopper] + triton
-  return [(name, b) for name, b in rows if wanted is None or name in wanted]
+  triton = dict(("triton" if i == 0 else f"triton bwd{b}", b) for i, b in enumerate(blocks))
+  if not args.kernels:
+    hopper = [n for n, kw in HOPPER.items() if why_not(kw, args) is None]
+    return [(n, None) for n in hopper] + list(triton.items())
+  rows = []
+  for label in dict.fromkeys(label.strip() for label in args.kernels.split(",")):
+    if label.startswith("hopper"):
+      if why := why_not(hopper_options(label), args):
+        raise ValueError(f"--kernels {label!r}: {why}")
+      rows.append((label, None))
+    elif label in triton:
+      rows.append((label, triton[label]))
+    else:
+      raise ValueError(
+        f"--kernels {label!r}: not a kernel label; the labels are 'hopper' and the features of "
+        f"kernels.FUSED_FEATURES (e.g. {next(reversed(HOPPER))!r}) and, with --backward-block "
+        f"{args.backward_block}, {', '.join(map(repr, triton))}"
+      )
+  return rows
 
 
 def programs(args, baseline: str) -> dict:
@@ -140,9 +175,9 @@ def programs(args, baseline: str) -> dict:
         f = via(baseline)
       elif label == "hopper":
         f = direct(fused_hopper.kernel(interpret=True)) if args.interpret else via("fused")
-      elif label in HOPPER:  # the dispatch picks the default; these are called directly
+      elif label.startswith("hopper"):  # the dispatch picks the default; these called directly
         interpret = True if args.interpret else None  # None: compiled on a GPU target
-        f = direct(fused_hopper.kernel(interpret=interpret, **HOPPER[label]))
+        f = direct(fused_hopper.kernel(interpret=interpret, **hopper_options(label)))
       else:
         f = direct(fused_gpu.kernel(args.block, backward_block, interpret=args.interpret))
 
@@ -343,6 +378,10 @@ def main(argv=None) -> int:
       p.error(problem)
   if args.tiny:
     args.batch, args.length, args.heads, args.repeats = 1, 128, 2, 3
+  try:
+    variants(args)  # the labels, checked before anything compiles
+  except ValueError as e:
+    p.error(str(e))
   if not args.aot and not args.interpret and jax.default_backend() != "gpu":
     print("error: no GPU here; use --aot h100|h200 (compile only) or --interpret", file=sys.stderr)
     return 1

@@ -9,6 +9,7 @@ throughputs, MFU in (0, 1], compile time growing from 1 to 4 layers. Not speed-u
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -220,3 +221,70 @@ def test_peer_ratio_sides_by_their_suffixes(capsys):
   err = capsys.readouterr().err
   known = "+fused, +fused_attention, +2wg, +tma, +bwd2wg, +bwdtma, +bf16, +matrix"
   assert f"rope+fast: unknown suffix +fast; the suffixes are {known}" in err
+
+
+def _fused_gpu_args(**kw):
+  import argparse
+
+  return argparse.Namespace(
+    **{"kernels": None, "backward_block": "32", "length": 1024, "layout": "half", **kw}
+  )
+
+
+def test_fused_gpu_kernel_labels_are_checked_before_anything_compiles(capsys):
+  """bench.fused_gpu --kernels: any Hopper variant by its features, in the order given; an
+  unknown label, a refused variant or one these settings have no row for exits 2 naming it
+  and why (it once dropped such a label without a word)."""
+  from bench import fused_gpu
+
+  rows = fused_gpu.variants(
+    _fused_gpu_args(kernels="hopper bwd2wg+bwdtma bf16,triton bwd64,hopper", backward_block="32,64")
+  )
+  assert rows == [("hopper bwd2wg+bwdtma bf16", None), ("triton bwd64", 64), ("hopper", None)]
+  assert fused_gpu.hopper_options("hopper bwd2wg+bwdtma bf16") == dict(
+    backward_wgs=2, backward_producer=True, bf16_turns=True
+  )
+  everything = fused_gpu.variants(_fused_gpu_args(length=1000))
+  assert [n for n, _ in everything] == ["hopper", "hopper matrix", "hopper bf16", "triton"]
+  for kw, says in [
+    (dict(kernels="hopper,hoper 2wg"), "'hoper 2wg': not a kernel label; the labels are 'hopper'"),
+    (dict(kernels="triton bwd64"), "with --backward-block 32, 'triton'"),
+    (dict(kernels="hopper tma"), "'tma' (a producer warpgroup) needs '2wg'"),
+    (dict(kernels="hopper 2wg", length=1000), "T a multiple of 128, not --length 1000"),
+    (dict(kernels="hopper bf16", layout="interleaved"), "only --layout half has"),
+  ]:
+    with pytest.raises(ValueError, match=re.escape(says)):
+      fused_gpu.variants(_fused_gpu_args(**kw))
+  with pytest.raises(SystemExit) as exit_:
+    fused_gpu.main(["--aot", "h200", "--kernels", "hopper 2wg+bwdtma"])
+  assert exit_.value.code == 2
+  assert (
+    "'hopper 2wg+bwdtma': fused variant '2wg+bwdtma': 'bwdtma' needs" in capsys.readouterr().err
+  )
+
+
+def test_gpu_check_names_only_rows_and_sides_that_exist():
+  """Every --kernels label and --encodings entry bench/gpu_check.sh passes is one that
+  bench.fused_gpu and bench.peer_ratio take at the section's settings: a typo there would
+  cost a section of a GPU's scarce minutes."""
+  from bench import fused_gpu, peer_ratio
+
+  with open(os.path.join(ROOT, "bench", "gpu_check.sh")) as f:
+    script = f.read()
+  sections = script.split("\nsection ")[1:]
+  checked = 0
+  for text in sections:
+    for labels in re.findall(r'--kernels "([^"]+)"', text):
+      block = re.search(r"--backward-block (\S+)", text)
+      lengths = [int(n) for n in re.findall(r'"\d+ (\d+)"', text)] or [1024]
+      for length in lengths:
+        args = _fused_gpu_args(kernels=labels, length=length)
+        if block:
+          args.backward_block = block.group(1)
+        assert [n for n, _ in fused_gpu.variants(args)] == labels.split(","), text
+        checked += 1
+    for encodings in re.findall(r"--encodings (\S+)", text):
+      for entry in encodings.split(","):
+        peer_ratio.side_options(entry)
+        checked += 1
+  assert checked >= 10

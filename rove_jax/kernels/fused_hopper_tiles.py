@@ -16,6 +16,7 @@ shared-memory buffers, the loops and masks) runs as compiled.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Optional
 
 import jax
@@ -276,6 +277,41 @@ def interpret_params():
   return InterpretGPUParams()
 
 
+# The environment variables that size XLA's CPU thread pools, read once when JAX starts its CPU
+# client (XLA's DefaultThreadPoolSize: the first that holds a whole number, else the cores this
+# process may run on).
+POOL_VARIABLES = ("PJRT_NPROC", "NPROC")
+
+
+def cpu_pool_threads() -> tuple[int, str]:
+  """(threads of XLA's CPU pool, what set them), as XLA sizes it."""
+  for name in POOL_VARIABLES:
+    try:
+      return max(0, int(os.environ.get(name, ""))), f"{name}={os.environ[name]}"
+    except ValueError:
+      continue
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return cores or 1, "the cores this process may use"
+
+
+def interpret_pool_problem(warpgroups: int) -> str | None:
+  """Why Mosaic GPU's interpreter could hang on a program of this many warpgroups here, or None.
+  It runs each warpgroup as a computation of its own, all at once, beside the call that waits
+  for them, and their host callbacks (barrier waits among them) take threads of XLA's CPU pool:
+  with fewer than warpgroups + 1, the waiting call and the warpgroups waiting on a barrier can
+  hold every thread while the warpgroup that would release them never runs."""
+  threads, source = cpu_pool_threads()
+  needed = warpgroups + 1
+  if warpgroups == 1 or needed <= threads:
+    return None
+  return (
+    f"Mosaic GPU interpret mode runs this kernel's {warpgroups} warpgroups at once on XLA's CPU "
+    f"thread pool, which has {threads} thread(s) here ({source}), so it could hang. Set "
+    f"PJRT_NPROC={needed} (or more) in the environment before JAX starts, or pick a variant "
+    "with fewer warpgroups"
+  )
+
+
 def named(plan: Plan, part: str, body):
   """body under the kernel name rotary_flash_<part>[_slices]_<rove or rope> (part: fwd,
   fwd_2wg[_tma], dq, dkv; _slices with plan.slice_swap, _slices_bf16 with plan.bf16_turns too),
@@ -294,7 +330,11 @@ def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args, **t
   """plgpu.kernel(body), compiled or interpreted by plan; one warpgroup a program unless
   threads gives num_threads and thread_name. Approximate math: exp2, log, sin and cos take the
   GPU's ex2, lg2, sin.approx and cos.approx (sin and cos only of trig.sincos's reduced angle,
-  within [-pi, pi]); the kernels call no other function it changes (their divisions exact)."""
+  within [-pi, pi]); the kernels call no other function it changes (their divisions exact).
+  Interpreted, RuntimeError where XLA's CPU pool could not run the program's warpgroups at once
+  (interpret_pool_problem)."""
+  if plan.interpret and (problem := interpret_pool_problem(threads.get("num_threads") or 1)):
+    raise RuntimeError(problem)
   return plgpu.kernel(
     body,
     **threads,
