@@ -43,7 +43,8 @@ import time
 if "--aot" in sys.argv:
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 # --interpret runs the Hopper kernels' warpgroups at once on XLA's CPU pool, which needs a thread
-# for each and one more (fused_hopper_tiles.interpret_pool_problem); before JAX starts.
+# for each and one more (fused_hopper_tiles.interpret_pool_problem; main refuses a pool the
+# caller made smaller); before JAX starts.
 if "--interpret" in sys.argv and not any(os.environ.get(v) for v in ("PJRT_NPROC", "NPROC")):
   os.environ["PJRT_NPROC"] = str(max(4, os.cpu_count() or 1))
 # --ptxas and --sass read the PTX XLA writes and the ptxas reports and PTX Mosaic GPU writes:
@@ -379,9 +380,15 @@ def main(argv=None) -> int:
   if args.tiny:
     args.batch, args.length, args.heads, args.repeats = 1, 128, 2, 3
   try:
-    variants(args)  # the labels, checked before anything compiles
+    rows = variants(args)  # the labels, checked before anything compiles
   except ValueError as e:
     p.error(str(e))
+  if args.interpret:
+    from rove_jax.kernels import fused_hopper_tiles as tiles
+
+    hopper = [tiles.warpgroups(hopper_options(n)) for n, _ in rows if n.startswith("hopper")]
+    if problem := tiles.interpret_pool_problem(max(hopper, default=1)):
+      p.error(problem)
   if not args.aot and not args.interpret and jax.default_backend() != "gpu":
     print("error: no GPU here; use --aot h100|h200 (compile only) or --interpret", file=sys.stderr)
     return 1

@@ -59,17 +59,6 @@ def _xla_knows_emitter_flag() -> bool:
   return os.environ[_EMITTER_KNOWN] == "1"
 
 
-# Mosaic GPU's interpreter runs each of a Hopper kernel's warpgroups (three with a producer
-# warpgroup) at once, their host callbacks on XLA's CPU thread pool beside the call waiting for
-# them; the pool has a thread a core: on 2 cores such a kernel could hang, and the kernel refuses
-# to run there (rove_jax.kernels.fused_hopper_tiles.interpret_pool_problem). Four threads then,
-# unless the caller sized the pool (PJRT_NPROC or NPROC, which child processes inherit).
-_POOL_THREADS = 4
-if not any(os.environ.get(v, "").strip().isdigit() for v in ("PJRT_NPROC", "NPROC")):
-  _affinity = getattr(os, "sched_getaffinity", None)
-  if (len(_affinity(0)) if _affinity else os.cpu_count() or 1) < _POOL_THREADS:
-    os.environ["PJRT_NPROC"] = str(_POOL_THREADS)
-
 _defaults = [(_DEVICE_FLAG, "8"), (_OPT_FLAG, "0")]
 if _cpu_only() and _xla_knows_emitter_flag():
   _defaults.append((_EMITTER_FLAG, "false"))

@@ -263,6 +263,19 @@ def test_fused_gpu_kernel_labels_are_checked_before_anything_compiles(capsys):
   )
 
 
+def test_fused_gpu_interpreted_refuses_a_cpu_pool_it_could_hang_on(monkeypatch, capsys):
+  """bench.fused_gpu --interpret sizes XLA's CPU pool for the Hopper kernels' warpgroups before
+  JAX starts; one its caller made too small (PJRT_NPROC) is refused before anything runs."""
+  from bench import fused_gpu
+
+  monkeypatch.setenv("PJRT_NPROC", "3")
+  with pytest.raises(SystemExit) as exit_:
+    fused_gpu.main(["--interpret", "--tiny", "--kernels", "hopper,hopper bwd2wg+bwdtma"])
+  assert exit_.value.code == 2
+  err = capsys.readouterr().err
+  assert "runs this kernel's 3 warpgroups at once" in err and "Set PJRT_NPROC=4" in err
+
+
 def test_gpu_check_names_only_rows_and_sides_that_exist():
   """Every --kernels label and --encodings entry bench/gpu_check.sh passes is one that
   bench.fused_gpu and bench.peer_ratio take at the section's settings: a typo there would
