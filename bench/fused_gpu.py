@@ -44,9 +44,14 @@ if "--aot" in sys.argv:
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 # --interpret runs the Hopper kernels' warpgroups at once on XLA's CPU pool, which needs a thread
 # for each and one more (fused_hopper_tiles.interpret_pool_problem; main refuses a pool the
-# caller made smaller); before JAX starts.
-if "--interpret" in sys.argv and not any(os.environ.get(v) for v in ("PJRT_NPROC", "NPROC")):
-  os.environ["PJRT_NPROC"] = str(max(4, os.cpu_count() or 1))
+# caller made smaller); set before JAX starts its backends (importing it starts none).
+if "--interpret" in sys.argv:
+  from rove_jax.kernels import FUSED_FEATURES
+  from rove_jax.kernels import fused_hopper_tiles as _tiles
+
+  if not any(os.environ.get(v) for v in _tiles.POOL_VARIABLES):
+    most = _tiles.warpgroups(dict(FUSED_FEATURES.values()))  # every feature at once
+    os.environ["PJRT_NPROC"] = str(max(most + 1, os.cpu_count() or 1))
 # --ptxas and --sass read the PTX XLA writes and the ptxas reports and PTX Mosaic GPU writes:
 # both dump folders are set before JAX starts.
 PTX_DIR = None
@@ -64,7 +69,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import rove_jax as rj  # noqa: E402
-from rove_jax.kernels import fused_gpu, fused_hopper, fused_options  # noqa: E402
+from rove_jax.kernels import (  # noqa: E402
+  fused_gpu,
+  fused_hopper,
+  fused_hopper_backward_ws,
+  fused_hopper_ws,
+  fused_options,
+)
 
 FNS = {"rove": rj.rove_attention, "rope": rj.rope_attention}
 
@@ -113,9 +124,13 @@ def hopper_options(label: str) -> dict:
 
 
 def why_not(options: dict, args) -> str | None:
-  """Why a Hopper variant (its kernel arguments) has no row at these settings, or None."""
-  if (options.get("compute_wgs") or options.get("backward_wgs")) and args.length % 128:
-    return f"its multi-warpgroup kernels take T a multiple of 128, not --length {args.length}"
+  """Why a Hopper variant (its kernel arguments) has no row at these settings, or None: the
+  multi-warpgroup kernels' own length limits, or a layout without the variant's slices."""
+  T, wgs = args.length, options.get("compute_wgs", 1)
+  if wgs > 1 and (problem := fused_hopper_ws.problem(T, T, wgs, fused_hopper.BLOCK_Q)):
+    return problem
+  if options.get("backward_wgs", 1) > 1 and (problem := fused_hopper_backward_ws.problem(T, T)):
+    return problem
   if args.layout != "half" and options.get("bf16_turns"):
     return "it turns pairs by column slices, which only --layout half has"
   if args.layout != "half" and "slice_swap" in options:

@@ -250,7 +250,8 @@ def test_fused_gpu_kernel_labels_are_checked_before_anything_compiles(capsys):
     (dict(kernels="hopper,hoper 2wg"), "'hoper 2wg': not a kernel label; the labels are 'hopper'"),
     (dict(kernels="triton bwd64"), "with --backward-block 32, 'triton'"),
     (dict(kernels="hopper tma"), "'tma' (a producer warpgroup) needs '2wg'"),
-    (dict(kernels="hopper 2wg", length=1000), "T a multiple of 128, not --length 1000"),
+    (dict(kernels="hopper 2wg", length=1000), "T=1000 is not a multiple of 128"),
+    (dict(kernels="hopper bwd2wg", length=1000), "T=1000 is not a multiple of 128"),
     (dict(kernels="hopper bf16", layout="interleaved"), "only --layout half has"),
   ]:
     with pytest.raises(ValueError, match=re.escape(says)):

@@ -300,18 +300,18 @@ def warpgroups(options: dict) -> int:
   return max(forward, options.get("backward_wgs", 1) + bool(options.get("backward_producer")))
 
 
-def interpret_pool_problem(warpgroups: int) -> str | None:
-  """Why Mosaic GPU's interpreter could hang on a program of this many warpgroups here, or None.
+def interpret_pool_problem(n: int) -> str | None:
+  """Why Mosaic GPU's interpreter could hang on a program of n warpgroups here, or None.
   It runs each warpgroup as a computation of its own, all at once, beside the call that waits
   for them, and their host callbacks (barrier waits among them) take threads of XLA's CPU pool:
-  with fewer than warpgroups + 1, the waiting call and the warpgroups waiting on a barrier can
+  with fewer than n + 1, the waiting call and the warpgroups waiting on a barrier can
   hold every thread while the warpgroup that would release them never runs."""
   threads, source = cpu_pool_threads()
-  needed = warpgroups + 1
-  if warpgroups == 1 or needed <= threads:
+  needed = n + 1
+  if n == 1 or needed <= threads:
     return None
   return (
-    f"Mosaic GPU interpret mode runs this kernel's {warpgroups} warpgroups at once on XLA's CPU "
+    f"Mosaic GPU interpret mode runs this kernel's {n} warpgroups at once on XLA's CPU "
     f"thread pool, which has {threads} thread(s) here ({source}), so it could hang. Set "
     f"PJRT_NPROC={needed} (or more) in the environment before JAX starts, or pick a variant "
     "with fewer warpgroups"
