@@ -71,9 +71,23 @@ def root_cause(e: BaseException) -> BaseException:
   return e
 
 
-def describe(e: Exception) -> str:
-  text = str(e).splitlines()[0][:200] if str(e) else ""
-  return f"{type(e).__name__}: {text}"
+def describe(e: BaseException) -> str:
+  """One line: the exception's type and first line or, when it wraps another (orbax's
+  "Encountered error while reading array index" wraps tensorstore's reason), its first sentence
+  and the innermost cause's type and first line, which say what was wrong."""
+
+  def line(x: BaseException, limit: int, sentences: int = -1) -> str:
+    text = str(x).splitlines()[0] if str(x).strip() else ""
+    text = ". ".join(text.split(". ")[:sentences]) if sentences > 0 else text
+    return f"{type(x).__name__}: {text[:limit]}"
+
+  root, seen = e, {id(e)}
+  while root.__cause__ is not None and id(root.__cause__) not in seen:  # `raise ... from` only
+    root = root.__cause__
+    seen.add(id(root))
+  if root is e:
+    return line(e, 200)
+  return f"{line(e, 160, sentences=1)}; caused by {line(root, 400)}"
 
 
 def check_step(step: int, meta: dict, state: Optional[dict] = None) -> None:
