@@ -43,13 +43,14 @@ import time
 if "--aot" in sys.argv:
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 # --interpret runs the Hopper kernels' warpgroups at once on XLA's CPU pool, which needs a thread
-# for each and one more (fused_hopper_tiles.interpret_pool_problem; main refuses a pool the
+# for each and one more (mgpu_interpret.interpret_pool_problem; main refuses a pool the
 # caller made smaller); set before JAX starts its backends (importing it starts none).
 if "--interpret" in sys.argv:
   from rove_jax.kernels import FUSED_FEATURES
   from rove_jax.kernels import fused_hopper_tiles as _tiles
+  from rove_jax.kernels import mgpu_interpret as _interpret
 
-  if not any(os.environ.get(v) for v in _tiles.POOL_VARIABLES):
+  if not any(os.environ.get(v) for v in _interpret.POOL_VARIABLES):
     most = _tiles.warpgroups(dict(FUSED_FEATURES.values()))  # every feature at once
     os.environ["PJRT_NPROC"] = str(max(most + 1, os.cpu_count() or 1))
 # --ptxas and --sass read the PTX XLA writes and the ptxas reports and PTX Mosaic GPU writes:
@@ -400,9 +401,10 @@ def main(argv=None) -> int:
     p.error(str(e))
   if args.interpret:
     from rove_jax.kernels import fused_hopper_tiles as tiles
+    from rove_jax.kernels import mgpu_interpret
 
     hopper = [tiles.warpgroups(hopper_options(n)) for n, _ in rows if n.startswith("hopper")]
-    if problem := tiles.interpret_pool_problem(max(hopper, default=1)):
+    if problem := mgpu_interpret.interpret_pool_problem(max(hopper, default=1)):
       p.error(problem)
   if not args.aot and not args.interpret and jax.default_backend() != "gpu":
     print("error: no GPU here; use --aot h100|h200 (compile only) or --interpret", file=sys.stderr)

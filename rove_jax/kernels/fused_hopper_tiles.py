@@ -16,7 +16,6 @@ shared-memory buffers, the loops and masks) runs as compiled.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 import jax
@@ -27,6 +26,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from rove_jax.kernels import trig
 from rove_jax.kernels.fused_tiles import Plan
+from rove_jax.kernels.mgpu_interpret import interpret_params
 
 F32 = jnp.float32
 # A 128-byte swizzle with (8, 64)-element tiles: the layout wgmma reads bfloat16 operands in when
@@ -269,53 +269,10 @@ def softmax_end(carry):
   return acc / across(safe_l, acc.shape, 1), jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
 
 
-def interpret_params():
-  """The `interpret` value that runs a Mosaic GPU kernel on CPU. jax 0.10 exports the class
-  only from its private tree."""
-  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-
-  return InterpretGPUParams()
-
-
-# The environment variables that size XLA's CPU thread pools, read once when JAX starts its CPU
-# client (XLA's DefaultThreadPoolSize: the first that holds a whole number, else the cores this
-# process may run on).
-POOL_VARIABLES = ("PJRT_NPROC", "NPROC")
-
-
-def cpu_pool_threads() -> tuple[int, str]:
-  """(threads of XLA's CPU pool, what set them), as XLA sizes it."""
-  for name in POOL_VARIABLES:
-    try:
-      return max(0, int(os.environ.get(name, ""))), f"{name}={os.environ[name]}"
-    except ValueError:
-      continue
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return cores or 1, "the cores this process may use"
-
-
 def warpgroups(options: dict) -> int:
   """The most warpgroups a program of a variant runs (fused_hopper.kernel's arguments)."""
   forward = options.get("compute_wgs", 1) + bool(options.get("producer"))
   return max(forward, options.get("backward_wgs", 1) + bool(options.get("backward_producer")))
-
-
-def interpret_pool_problem(n: int) -> str | None:
-  """Why Mosaic GPU's interpreter could hang on a program of n warpgroups here, or None.
-  It runs each warpgroup as a computation of its own, all at once, beside the call that waits
-  for them, and their host callbacks (barrier waits among them) take threads of XLA's CPU pool:
-  with fewer than n + 1, the waiting call and the warpgroups waiting on a barrier can
-  hold every thread while the warpgroup that would release them never runs."""
-  threads, source = cpu_pool_threads()
-  needed = n + 1
-  if n == 1 or needed <= threads:
-    return None
-  return (
-    f"Mosaic GPU interpret mode runs this kernel's {n} warpgroups at once on XLA's CPU "
-    f"thread pool, which has {threads} thread(s) here ({source}), so it could hang. Set "
-    f"PJRT_NPROC={needed} (or more) in the environment before JAX starts, or pick a variant "
-    "with fewer warpgroups"
-  )
 
 
 def named(plan: Plan, part: str, body):
@@ -338,7 +295,7 @@ def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args, **t
   GPU's ex2, lg2, sin.approx and cos.approx (sin and cos only of trig.sincos's reduced angle,
   within [-pi, pi]); the kernels call no other function it changes (their divisions exact).
   Interpreted with more than one warpgroup, it can hang where XLA's CPU pool is too small
-  (interpret_pool_problem)."""
+  (mgpu_interpret.interpret_pool_problem)."""
   return plgpu.kernel(
     body,
     **threads,

@@ -8,6 +8,7 @@ runs through rj.rove_attention(kernel="fused") with dispatch seeing a Hopper GPU
 dispatch checks for a Hopper target and how it picks the Hopper kernel. On an H100/H200
 (bench/gpu_check.sh) the same cases run compiled: FUSED_HOPPER_COMPILED=1 turns interpret off."""
 
+import concurrent.futures
 import os
 
 import jax
@@ -495,18 +496,60 @@ def test_the_cpu_pool_a_multi_warpgroup_program_needs_interpreted(monkeypatch):
   3 threads, a producer's program now and then: bench/RESULTS.md), which interpret_pool_problem
   says, naming PJRT_NPROC (bench.fused_gpu --interpret refuses then). The pool's size is read as
   XLA reads it: PJRT_NPROC, else NPROC, when a whole number; else the cores."""
-  from rove_jax.kernels import fused_hopper_tiles as tiles
+  from rove_jax.kernels import mgpu_interpret
 
-  for name in tiles.POOL_VARIABLES:
+  for name in mgpu_interpret.POOL_VARIABLES:
     monkeypatch.delenv(name, raising=False)
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  assert tiles.cpu_pool_threads() == (cores, "the cores this process may use")
+  assert mgpu_interpret.cpu_pool_threads() == (cores, "the cores this process may use")
   monkeypatch.setenv("NPROC", "5")
   monkeypatch.setenv("PJRT_NPROC", "four")
-  assert tiles.cpu_pool_threads() == (5, "NPROC=5")
+  assert mgpu_interpret.cpu_pool_threads() == (5, "NPROC=5")
   monkeypatch.setenv("PJRT_NPROC", "3")
-  assert tiles.cpu_pool_threads() == (3, "PJRT_NPROC=3")
-  assert tiles.interpret_pool_problem(1) is None and tiles.interpret_pool_problem(2) is None
-  problem = tiles.interpret_pool_problem(3)
+  assert mgpu_interpret.cpu_pool_threads() == (3, "PJRT_NPROC=3")
+  assert mgpu_interpret.interpret_pool_problem(1) is None
+  assert mgpu_interpret.interpret_pool_problem(2) is None
+  problem = mgpu_interpret.interpret_pool_problem(3)
   assert "3 warpgroups at once on XLA's CPU thread pool, which has 3 thread(s) here" in problem
   assert "(PJRT_NPROC=3)" in problem and "Set PJRT_NPROC=4 (or more)" in problem
+
+
+def test_each_warpgroup_program_is_compiled_once_and_run_with_its_own_arguments():
+  """The interpreter compiles a warpgroup's program afresh for every warpgroup at every grid
+  point; interpret_params puts mgpu_interpret.ProgramCache in its place. Here a program whose
+  only effect is a host callback recording its arguments runs from three threads at once, as
+  the interpreter's warpgroups do: one compile, and each call sees its own thread id and values
+  (nothing of the first call's baked in). Another shape compiles again; past the limit the least
+  recently used goes."""
+  from jax._src.pallas.mosaic.interpret import thread_map
+  from jax.experimental import io_callback
+
+  from rove_jax.kernels import mgpu_interpret
+
+  assert type(mgpu_interpret.interpret_params()).__name__ == "InterpretGPUParams"
+  installed = mgpu_interpret.compile_each_program_once()
+  assert installed is not None and thread_map._run_jaxpr is installed  # on this jax
+
+  seen = []
+  record = lambda i, x: seen.append((int(i), np.asarray(x).tolist()))
+  body = lambda i, x: io_callback(record, None, i, x * 2.0)
+  program = lambda n: jax.make_jaxpr(body)(jnp.int32(0), np.zeros(n, np.float32))
+  cache = mgpu_interpret.ProgramCache(limit=2)
+  three = program(3)
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    runs = [
+      pool.submit(cache, three.jaxpr, three.consts, jnp.int32(i), np.full(3, i, np.float32))
+      for i in range(3)
+    ]
+    [r.result() for r in runs]
+  jax.effects_barrier()
+  assert sorted(seen) == [(i, [2.0 * i] * 3) for i in range(3)]
+  assert cache.compiled == 1 and len(cache) == 1
+  two, four = program(2), program(4)
+  cache(two.jaxpr, two.consts, jnp.int32(7), np.ones(2, np.float32))
+  cache(four.jaxpr, four.consts, jnp.int32(8), np.ones(4, np.float32))
+  jax.effects_barrier()
+  assert seen[-2:] == [(7, [2.0, 2.0]), (8, [2.0] * 4)]
+  assert cache.compiled == 3 and len(cache) == 2  # the first program dropped
+  cache(three.jaxpr, three.consts, jnp.int32(9), np.zeros(3, np.float32))
+  assert cache.compiled == 4
