@@ -4,9 +4,10 @@ thread pool a multi-warpgroup kernel needs there, and one compile of each warpgr
 
 How the interpreter runs a kernel (jax 0.10 and 0.11): a loop over the grid's points, and at
 each point one thread a warpgroup, each running the kernel's body as a program of its own; the
-shared memory, barriers and TMA copies among them are host callbacks. It traces, lowers and
-compiles that program again for every warpgroup at every grid point (a fresh `jax.jit` each
-time, so no cache of jax's holds it). `interpret_params` therefore has it compile each program
+shared memory, barriers and TMA copies among them are host callbacks. Its
+`thread_map._run_jaxpr` traces, lowers and compiles that program at every call, so for every
+warpgroup at every grid point (jax 0.10 makes a fresh `jax.jit` each time; jax 0.11's source
+still lowers and compiles each call). `interpret_params` therefore has it compile each program
 once (`compile_each_program_once`): the same program of the same argument shapes, run with the
 arguments it is given, so nothing the kernel computes changes.
 """
