@@ -50,14 +50,16 @@ def cpu_pool_threads() -> tuple[int, str]:
   return cores or 1, "the cores this process may use"
 
 
-def interpret_pool_problem(n: int) -> str | None:
+def interpret_pool_problem(n: int, *, jitted: bool = False) -> str | None:
   """Why Mosaic GPU's interpreter could hang on a program of n warpgroups here, or None.
   It runs each warpgroup as a computation of its own, all at once, beside the call that waits
   for them, and their host callbacks (barrier waits among them) take threads of XLA's CPU pool:
   with fewer than n + 1, the waiting call and the warpgroups waiting on a barrier can
-  hold every thread while the warpgroup that would release them never runs."""
+  hold every thread while the warpgroup that would release them never runs. jitted: the kernel
+  runs inside a jitted call, whose waiting callback takes the calling thread, not the pool's,
+  so n threads are enough."""
   threads, source = cpu_pool_threads()
-  needed = n + 1
+  needed = n if jitted else n + 1
   if n == 1 or needed <= threads:
     return None
   return (

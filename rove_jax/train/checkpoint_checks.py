@@ -62,12 +62,15 @@ def not_the_checkpoints_fault(e: BaseException) -> bool:
   return any(m in str(e) for m in _ENV_MARKERS)
 
 
-def root_cause(e: BaseException) -> BaseException:
-  """The innermost exception of a chain (orbax wraps the OSError that says what happened)."""
+def root_cause(e: BaseException, *, implicit: bool = True) -> BaseException:
+  """The innermost exception of a chain (orbax wraps the OSError that says what happened):
+  through `raise ... from` causes and, with implicit, the exceptions raised while handling
+  another."""
   seen = set()
-  while id(e) not in seen and (e.__cause__ or e.__context__) is not None:
+  inner = lambda x: x.__cause__ or (x.__context__ if implicit else None)
+  while id(e) not in seen and inner(e) is not None:
     seen.add(id(e))
-    e = e.__cause__ or e.__context__
+    e = inner(e)
   return e
 
 
@@ -76,18 +79,15 @@ def describe(e: BaseException) -> str:
   "Encountered error while reading array index" wraps tensorstore's reason), its first sentence
   and the innermost cause's type and first line, which say what was wrong."""
 
-  def line(x: BaseException, limit: int, sentences: int = -1) -> str:
+  def line(x: BaseException, limit: int, first_sentence: bool = False) -> str:
     text = str(x).splitlines()[0] if str(x).strip() else ""
-    text = ". ".join(text.split(". ")[:sentences]) if sentences > 0 else text
+    text = text.split(". ")[0] if first_sentence else text
     return f"{type(x).__name__}: {text[:limit]}"
 
-  root, seen = e, {id(e)}
-  while root.__cause__ is not None and id(root.__cause__) not in seen:  # `raise ... from` only
-    root = root.__cause__
-    seen.add(id(root))
+  root = root_cause(e, implicit=False)  # what the wrapper says it wraps, not a later failure
   if root is e:
     return line(e, 200)
-  return f"{line(e, 160, sentences=1)}; caused by {line(root, 400)}"
+  return f"{line(e, 160, first_sentence=True)}; caused by {line(root, 400)}"
 
 
 def check_step(step: int, meta: dict, state: Optional[dict] = None) -> None:

@@ -109,11 +109,12 @@ def rerun_where_the_pool_fits(request, options: dict) -> bool:
   has fewer threads than the warpgroups. Interpreted, the warpgroups' programs run on that pool
   at once, and blocked on each other's barriers they hold its threads; a jitted call's own
   callback runs on the calling thread, so a pool of as many threads as warpgroups is enough
-  here (mgpu_interpret.interpret_pool_problem asks one more, for eager calls; bench/RESULTS.md,
-  nineteenth session). On 2 cores that is the variants with a producer warpgroup."""
+  here (mgpu_interpret.interpret_pool_problem(jitted=True); bench/RESULTS.md, nineteenth
+  session). On 2 cores that is the variants with a producer warpgroup."""
   needed = tiles.warpgroups(options)
-  threads, _ = mgpu_interpret.cpu_pool_threads()
-  if not INTERPRET or needed <= threads or os.environ.get(CHILD):
+  if not INTERPRET or os.environ.get(CHILD):
+    return False
+  if mgpu_interpret.interpret_pool_problem(needed, jitted=True) is None:
     return False
   env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CUR"))}
   env.update({"PJRT_NPROC": str(needed + 1), CHILD: "1"})
@@ -557,6 +558,9 @@ def test_the_cpu_pool_a_multi_warpgroup_program_needs_interpreted(monkeypatch):
   problem = mgpu_interpret.interpret_pool_problem(3)
   assert "3 warpgroups at once on XLA's CPU thread pool, which has 3 thread(s) here" in problem
   assert "(PJRT_NPROC=3)" in problem and "Set PJRT_NPROC=4 (or more)" in problem
+  assert mgpu_interpret.interpret_pool_problem(3, jitted=True) is None  # a jitted call's
+  problem = mgpu_interpret.interpret_pool_problem(4, jitted=True)
+  assert "4 warpgroups" in problem and "Set PJRT_NPROC=4 (or more)" in problem
 
 
 def test_each_warpgroup_program_is_compiled_once_and_run_with_its_own_arguments():
