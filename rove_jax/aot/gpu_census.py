@@ -21,9 +21,10 @@ to a kernel more than once counts once, as the Hopper fused kernel reads q, k an
 from one qkv array through three references to it, each its own third; a GEMM's two operands
 count twice, as both are read whole. This is a model of HBM traffic, not a measurement.
 
-A GEMM is a cuBLAS custom call or a fusion whose backend kind names a GEMM (Triton GEMM
-fusions); its precision is the element types of the dot's two operands inside it, its FLOPs
-2 * (output elements) * (contracted elements).
+A GEMM is a cuBLAS custom call, a custom fusion wrapping one (XLA 0.11's dynamic-slice fusion,
+reading one layer's weights out of the stack in place) or a fusion whose backend kind names a
+GEMM (Triton GEMM fusions); its precision is the element types of the dot's two operands
+inside it, its FLOPs 2 * (output elements) * (contracted elements).
 """
 
 from __future__ import annotations
@@ -266,6 +267,32 @@ def _dot(comps: dict, comp: str, seen=None) -> Optional[Gemm]:
   return None
 
 
+def _library_gemm(rest: str, operands: tuple, shape: str) -> Optional[Gemm]:
+  """A GEMM library call (cuBLAS) as a Gemm: its instruction's rest of line, operand arrays
+  and output shape text."""
+  lhs, rhs = (operands + (None, None))[:2]
+  outputs = arrays(shape)
+  contract = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', rest)
+  if lhs is None or rhs is None or not outputs or not contract:
+    return None
+  k = math.prod(lhs.dims[int(d.strip('" '))] for d in contract[1].split(",") if d.strip())
+  return Gemm(lhs.dtype, rhs.dtype, 2.0 * math.prod(outputs[0].dims) * k)
+
+
+def _wrapped_gemm(comps: dict, comp: str) -> tuple[Optional[Gemm], str]:
+  """The GEMM library call inside an XLA custom fusion (a dynamic-slice fusion: the call reads
+  one layer's weights out of the stack of all layers' in place, with no copy) and its
+  instruction's rest of line (whose metadata names the jax operation); (None, "") if none."""
+  shapes = {name: shape for name, shape, _, _ in comps.get(comp, ())}
+  for _, shape, op, rest in comps.get(comp, ()):
+    target = _TARGET.search(rest)
+    if op == "custom-call" and target and re.search(r"gemm|matmul", target[1]):
+      args = rest.split("), ", 1)[0] if "), " in rest else rest.rsplit(")", 1)[0]
+      ops = tuple(a for o in _OPERAND.findall(args) for a in arrays(shapes.get(o, "")))
+      return _library_gemm(rest, ops, shape), rest
+  return None, ""
+
+
 def _sliced_reads(comps: dict, rest: str) -> dict:
   """{operand index: the arrays it reads} for the operands of a fusion (its instruction's rest
   of line) whose every use inside is a static slice: such a kernel reads those slices, not
@@ -311,27 +338,28 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
       operands = tuple(a for o in names for a in of(o))
       target, fusion_kind = _TARGET.search(rest), _FUSION_KIND.search(rest)
       kind = target[1] if target else (fusion_kind[1] if fusion_kind else "")
-      gemm = None
+      gemm, library, inner = None, op == "custom-call", ""
       if op == "custom-call" and target and re.search(r"gemm|matmul", target[1]):
-        lhs, rhs = (operands + (None, None))[:2]
-        outputs = arrays(shape)
-        contract = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', rest)
-        if lhs is not None and rhs is not None and outputs and contract:
-          k = math.prod(lhs.dims[int(d.strip('" '))] for d in contract[1].split(",") if d.strip())
-          gemm = Gemm(lhs.dtype, rhs.dtype, 2.0 * math.prod(outputs[0].dims) * k)
-      elif op == "fusion" and _GEMM_KIND.search(rest):
+        gemm = _library_gemm(rest, operands, shape)
+      elif op == "fusion":
         callee = re.search(r"calls=%?([\w.\-]+)", rest)
-        gemm = _dot(comps, callee[1]) if callee else None
+        if callee and _GEMM_KIND.search(rest):
+          gemm = _dot(comps, callee[1])
+        elif callee and kind == "__custom_fusion":  # a library call XLA wrapped, e.g. a
+          gemm, inner = _wrapped_gemm(comps, callee[1])  # cuBLAS GEMM reading a slice in place
+          library = True
       outputs = tuple(arrays(shape))
+      read = _sliced_reads(comps, rest) if op == "fusion" else {}
       if gemm is None:  # a buffer given twice to a kernel, not a GEMM, is read once (above)
-        read = _sliced_reads(comps, rest) if op == "fusion" else {}
         first = {}
         for i, o in enumerate(names):
           first.setdefault(o, i)
         operands = tuple(a for o, i in first.items() for a in read.get(i, of(o)))
-      if op == "custom-call":  # a library call's scratch workspace (u8/s8 [n]) is no traffic
+      elif read:
+        operands = tuple(a for i, o in enumerate(names) for a in read.get(i, of(o)))
+      if library:  # a library call's scratch workspace (u8/s8 [n]) is no traffic
         outputs = tuple(a for a in outputs if not (a.dtype in ("u8", "s8") and len(a.dims) == 1))
-      op_name = _OP_NAME.search(rest)
+      op_name = _OP_NAME.search(rest) or (_OP_NAME.search(inner) if library and inner else None)
       out.append(
         Kernel(name, op, kind, op_name[1] if op_name else "", operands, outputs, times, gemm)
       )

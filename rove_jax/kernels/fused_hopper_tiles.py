@@ -32,6 +32,11 @@ F32 = jnp.float32
 # A 128-byte swizzle with (8, 64)-element tiles: the layout wgmma reads bfloat16 operands in when
 # a row is 64 elements or a multiple of them (the head dims taken: 64, 128).
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+# The kernels are written for Mosaic GPU's lane semantics (each thread's share of a tile, with
+# the layouts they ask for by hand), which jax 0.10 uses by default; jax 0.11 made warpgroup
+# semantics (layouts inferred) the default, under which their lowering fails, so they ask for
+# lane semantics by name.
+LANE = plgpu.LoweringSemantics.Lane
 
 
 class Ops(NamedTuple):
@@ -304,7 +309,7 @@ def run_kernel(plan: Plan, body, out_type, scratch, grid, grid_names, *args, **t
     grid=grid,
     grid_names=grid_names,
     interpret=interpret_params() if plan.interpret else None,
-    compiler_params=plgpu.CompilerParams(approx_math=True),
+    compiler_params=plgpu.CompilerParams(approx_math=True, lowering_semantics=LANE),
   )(*args)
 
 

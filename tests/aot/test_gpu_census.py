@@ -130,3 +130,34 @@ ENTRY %main (w: f32[12,8,4], x: f32[8,4]) -> bf16[8,4] {
   whole = hlo.replace("%a = f32[8,4]{1,0} add(%b, %q)", "%a = f32[8,4]{1,0} add(%b, %p)")
   (k,) = gpu_census.read(whole).kernels_list
   assert k.bytes == 12 * 8 * 4 * 4 + 8 * 4 * 4 + 8 * 4 * 2
+
+
+def test_a_gemm_xla_wraps_in_a_custom_fusion_is_a_gemm_reading_its_slice():
+  """XLA 0.11 (jax 0.11) wraps a cuBLAS GEMM that reads one layer's weights out of the stack of
+  all layers' in a custom fusion (a dynamic-slice fusion, in place, no copy), as in the H200
+  train step: it is one GEMM kernel, of the call's precision and FLOPs and of the op_name the
+  call carries, reading the slice and the other operand, writing the product but not cuBLAS's
+  workspace."""
+  hlo = """HloModule m, entry_computation_layout={(bf16[12,8,32]{2,1,0}, bf16[64,8]{1,0})->bf16[64,32]{1,0}}
+
+%dynamic-slice-fusion.1 (p0.1: bf16[12,8,32], p1.1: bf16[64,8]) -> (bf16[64,32], s8[4096]) {
+  %p1.1 = bf16[64,8]{1,0} parameter(1)
+  %p0.1 = bf16[12,8,32]{2,1,0} parameter(0)
+  %slice.85 = bf16[1,8,32]{2,1,0} slice(%p0.1), slice={[1:2], [0:8], [0:32]}
+  %bitcast.2848 = bf16[8,32]{1,0} bitcast(%slice.85)
+  ROOT %custom-call.295 = (bf16[64,32]{1,0}, s8[4096]{0}) custom-call(%p1.1, %bitcast.2848), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/jvp()/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+}
+
+ENTRY %main (w: bf16[12,8,32], x: bf16[64,8]) -> bf16[64,32] {
+  %w = bf16[12,8,32]{2,1,0} parameter(0)
+  %x = bf16[64,8]{1,0} parameter(1)
+  %f = (bf16[64,32]{1,0}, s8[4096]{0}) fusion(%w, %x), kind=kCustom, calls=%dynamic-slice-fusion.1, backend_config={"fusion_backend_config":{"kind":"__custom_fusion","custom_fusion_config":{"name":"dynamic_slice_fusion","kernel_index":0}}}
+  ROOT %y = bf16[64,32]{1,0} get-tuple-element(%f), index=0
+}
+"""
+  c = gpu_census.read(hlo)
+  (k,) = c.kernels_list
+  assert k.gemm == gpu_census.Gemm("bf16", "bf16", 2.0 * 64 * 32 * 8)
+  assert c.gemms_by_precision() == {"bf16 x bf16": {"count": 1, "tflop": 2 * 64 * 32 * 8 / 1e12}}
+  assert k.bytes == 8 * 32 * 2 + 64 * 8 * 2 + 64 * 32 * 2  # w's slice, x, the product
+  assert gpu_census.signature(k)[:3] == ("forward", "__custom_fusion", "dot_general")
