@@ -35,6 +35,7 @@ from typing import Optional
 import numpy as np
 
 from rove_jax.aot import gpu as aot_gpu
+from rove_jax.aot import gpu_census
 
 GiB = 2**30
 
@@ -211,7 +212,8 @@ def analyze(
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
   notes = []
-  if not cost:  # the CUDA plugin implements no cost_analysis
+  hlo_model = not cost
+  if hlo_model:  # the CUDA plugin implements no cost_analysis
     cost = aot_gpu.gpu_costs(compiled)
     notes.append(
       "flops and bytes accessed from XLA's HLO cost model on the CPU client (the "
@@ -243,6 +245,14 @@ def analyze(
       f"{why}: cost_analysis misses their FLOPs; flops add the analytic attention "
       f"FLOPs, bytes accessed are uncorrected"
     )
+  if hlo_model:
+    n_gemms, gemm_flops = gpu_census.read(hlo).library_gemms()
+    if n_gemms:
+      flops += gemm_flops
+      notes.append(
+        f"{n_gemms} cuBLAS GEMMs: the HLO cost model sees no FLOPs in a library call; flops "
+        f"add theirs ({gemm_flops:.3e}) as read from the HLO (rove_jax.aot.gpu_census)"
+      )
   windowed = len(re.findall(r"\bwhile\([^\n]*body=%?[\w.]*windowed_dot_general", hlo))
   if windowed:
     notes.append(
@@ -267,7 +277,7 @@ def analyze(
     fits=None,
   )
   ratio = out["model_to_compiled"]
-  if ratio is not None and not 0.5 <= ratio <= 1.05:
+  if ratio and not 0.5 <= ratio <= 1.05:  # 0: no model FLOPs given
     notes.append(
       f"compiled FLOPs are {1 / ratio:.2f}x the model FLOPs: "
       + (

@@ -17,9 +17,10 @@ which installs jax-cuda12-plugin and jax-cuda12-pjrt at the installed jax's vers
 (nvidia-cuda-nvcc-cu12) and cuDNN (nvidia-cudnn-cu12, which jax checks when tracing it),
 and JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (bench.aot sets it), or the plugin, finding no driver,
 does not register. Known limits of deviceless compiles: cost_analysis() is not implemented by
-the GPU plugin (FLOPs then come from XLA's HLO cost model on the CPU client, see `gpu_costs`),
-cuDNN attention is a custom call whose FLOPs no cost model sees, and its workspace is sized
-when a GPU is present, so temporaries may undercount it. jax asks the local GPU for its compute
+the GPU plugin (FLOPs then come from XLA's HLO cost model on the CPU client, see `gpu_costs`,
+which sees none in library calls: the report adds cuBLAS GEMMs' from the HLO through
+rove_jax.aot.gpu_census, and attention's analytically), and cuDNN's workspace is sized when
+a GPU is present, so temporaries may undercount it. jax asks the local GPU for its compute
 capability when it traces cuDNN attention; `answer_capability_checks` makes the target answer.
 """
 

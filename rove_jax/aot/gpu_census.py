@@ -174,6 +174,16 @@ class Census:
         out[k.gemm.precision]["tflop"] += k.times * k.gemm.flops / 1e12
     return dict(out)
 
+  def library_gemms(self) -> tuple[int, float]:
+    """(count, FLOPs) of the GEMMs a library runs (cuBLAS custom calls, bare or wrapped in
+    XLA's custom fusions): XLA's HLO cost model sees no dot in them, so counts none of it."""
+    calls = [
+      k
+      for k in self.kernels_list
+      if k.gemm is not None and (k.op == "custom-call" or k.kind == "__custom_fusion")
+    ]
+    return sum(k.times for k in calls), sum(k.times * k.gemm.flops for k in calls)
+
   def groups(self) -> list:
     """The kernels grouped by where they come from, most kernels first: (phase, kind, op,
     kernels, bytes) with phase "forward" (under jvp), "backward" (under transpose) or "other"

@@ -365,3 +365,55 @@ def test_gpu_topologies_and_their_target_description():
   text = aot_gpu.target_config(aot_gpu.GPUS["h100"])
   assert "core_count: 132" in text and f"device_memory_size: {81559 * 2**20}" in text
   assert aot.parse_topology("local").devices() == jax.devices()
+
+
+def test_a_gpu_compile_adds_the_cublas_gemm_flops_the_hlo_cost_model_misses():
+  """Compiled for a GPU (no cost_analysis; the CPU client's HLO cost model stands in, here
+  unavailable too), the FLOPs of cuBLAS calls, which no cost model sees, come from the HLO:
+  a [64, 8] x [8, 32] GEMM run 5 times in a loop, plus the analytic attention."""
+  gemm = (
+    '%lt = (bf16[64,32]{1,0}, s8[4096]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt'
+    '$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting'
+    '_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}'
+  )
+  loop = 'body=%body, backend_config={"known_trip_count":{"n":"5"}}'
+  text = f"""HloModule m
+
+%body (t: (bf16[64,8], bf16[8,32])) -> (bf16[64,8], bf16[8,32]) {{
+  %t = (bf16[64,8]{{1,0}}, bf16[8,32]{{1,0}}) parameter(0)
+  %x = bf16[64,8]{{1,0}} get-tuple-element(%t), index=0
+  %w = bf16[8,32]{{1,0}} get-tuple-element(%t), index=1
+  {gemm}
+  ROOT %r = (bf16[64,8]{{1,0}}, bf16[8,32]{{1,0}}) tuple(%x, %w)
+}}
+
+%cond (t: (bf16[64,8], bf16[8,32])) -> pred[] {{
+  %t = (bf16[64,8]{{1,0}}, bf16[8,32]{{1,0}}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}}
+
+ENTRY %main (x: bf16[64,8], w: bf16[8,32]) -> (bf16[64,8], bf16[8,32]) {{
+  %x = bf16[64,8]{{1,0}} parameter(0)
+  %w = bf16[8,32]{{1,0}} parameter(1)
+  %init = (bf16[64,8]{{1,0}}, bf16[8,32]{{1,0}}) tuple(%x, %w)
+  ROOT %loop = (bf16[64,8]{{1,0}}, bf16[8,32]{{1,0}}) while(%init), condition=%cond, {loop}
+}}
+"""
+
+  class OnGpu(_Compiled):
+    def cost_analysis(self):
+      return None
+
+    def as_text(self):
+      return text
+
+  r = hlo.analyze(OnGpu(), None, n_devices=1, tokens=64, model_flops=3560, attention_flops=1e3)
+  assert r["flops"] == 5 * 2 * 64 * 32 * 8 + 1e3 * 64
+  assert r["model_to_compiled"] == pytest.approx(1.0)  # 3560 x 64 tokens
+  notes = " | ".join(r["analysis_notes"])
+  assert "5 cuBLAS GEMMs: the HLO cost model sees no FLOPs in a library call" in notes, notes
+  assert "no FLOPs or bytes: the compiler has no cost_analysis" in notes, notes
+  plain = hlo.analyze(
+    _Compiled(), None, n_devices=4, tokens=400, model_flops=2e7, attention_flops=0.0
+  )
+  assert not any("cuBLAS" in n for n in plain["analysis_notes"])
