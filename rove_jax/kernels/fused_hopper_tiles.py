@@ -16,6 +16,7 @@ shared-memory buffers, the loops and masks) runs as compiled.
 
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple, Optional
 
 import jax
@@ -37,6 +38,9 @@ TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 # semantics (layouts inferred) the default, under which their lowering fails, so they ask for
 # lane semantics by name.
 LANE = plgpu.LoweringSemantics.Lane
+# plgpu.load's index of the whole ref: jax 0.10 requires one (() for all of it), 0.11 takes it
+# optionally and 0.12 takes none.
+WHOLE = ((),) if "idx" in inspect.signature(plgpu.load).parameters else ()
 
 
 class Ops(NamedTuple):
@@ -53,7 +57,7 @@ class Ops(NamedTuple):
       dims = (((1,), (1,)) if transpose_b else ((1,), (0,)), ((), ()))
       out = lax.dot_general(a_val, b_val, dims, preferred_element_type=F32)
       return out if acc is None else acc + out
-    b = plgpu.transpose_ref(b_ref, (1, 0)) if transpose_b else b_ref
+    b = b_ref.transpose((1, 0)) if transpose_b else b_ref  # 0.12 dropped plgpu.transpose_ref
     if acc is None:
 
       def fresh(acc_ref):
@@ -89,7 +93,7 @@ class Ops(NamedTuple):
       layout = plgpu.Layout.WGMMA
     else:
       layout = plgpu.Layout.WGMMA.reduce(along)
-    return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, *WHOLE, layout=layout)
 
   def iota(self, shape, dim: int):
     if self.interpret:
