@@ -277,6 +277,16 @@ def _dot(comps: dict, comp: str, seen=None) -> Optional[Gemm]:
   return None
 
 
+def _operand_names(rest: str) -> list:
+  """The operand names of an instruction, from its rest of line (the text after "op(")."""
+  return _OPERAND.findall(rest.split("), ", 1)[0] if "), " in rest else rest.rsplit(")", 1)[0])
+
+
+def _is_gemm_call(op: str, target) -> bool:
+  """Whether an instruction is a GEMM library call (cuBLAS); target: its _TARGET match."""
+  return op == "custom-call" and target is not None and bool(re.search(r"gemm|matmul", target[1]))
+
+
 def _library_gemm(rest: str, operands: tuple, shape: str) -> Optional[Gemm]:
   """A GEMM library call (cuBLAS) as a Gemm: its instruction's rest of line, operand arrays
   and output shape text."""
@@ -295,10 +305,8 @@ def _wrapped_gemm(comps: dict, comp: str) -> tuple[Optional[Gemm], str]:
   instruction's rest of line (whose metadata names the jax operation); (None, "") if none."""
   shapes = {name: shape for name, shape, _, _ in comps.get(comp, ())}
   for _, shape, op, rest in comps.get(comp, ()):
-    target = _TARGET.search(rest)
-    if op == "custom-call" and target and re.search(r"gemm|matmul", target[1]):
-      args = rest.split("), ", 1)[0] if "), " in rest else rest.rsplit(")", 1)[0]
-      ops = tuple(a for o in _OPERAND.findall(args) for a in arrays(shapes.get(o, "")))
+    if _is_gemm_call(op, _TARGET.search(rest)):
+      ops = tuple(a for o in _operand_names(rest) for a in arrays(shapes.get(o, "")))
       return _library_gemm(rest, ops, shape), rest
   return None, ""
 
@@ -342,14 +350,13 @@ def read(hlo: str, vocab_size: Optional[int] = None) -> Census:
         continue
       if op in FREE:
         continue
-      args = rest.split("), ", 1)[0] if "), " in rest else rest.rsplit(")", 1)[0]
-      names = _OPERAND.findall(args)
+      names = _operand_names(rest)
       of = lambda o: arrays(shapes.get(o, ""))
       operands = tuple(a for o in names for a in of(o))
       target, fusion_kind = _TARGET.search(rest), _FUSION_KIND.search(rest)
       kind = target[1] if target else (fusion_kind[1] if fusion_kind else "")
       gemm, library, inner = None, op == "custom-call", ""
-      if op == "custom-call" and target and re.search(r"gemm|matmul", target[1]):
+      if _is_gemm_call(op, target):
         gemm = _library_gemm(rest, operands, shape)
       elif op == "fusion":
         callee = re.search(r"calls=%?([\w.\-]+)", rest)
